@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# The local AWS emulator: moto server from PyPI in a project venv, on 127.0.0.1 at a free port.
+#
+#   scripts/emulator.sh start     install if needed, start, wait until it answers
+#   scripts/emulator.sh stop      stop it (by pid)
+#   scripts/emulator.sh env       print the variables that point the AWS SDK at it
+#   scripts/emulator.sh create TABLE QUEUE   create the job table, the queue and its DLQ
+#   scripts/emulator.sh reset     drop every resource (POST /moto-api/reset)
+set -euo pipefail
+
+root=$(cd "$(dirname "$0")/.." && pwd)
+venv="$root/.venv"
+state="$root/.emulator"
+moto_version="5.2.5"
+python_bin="${PYTHON:-python3}"
+
+install() {
+  if [ -x "$venv/bin/python" ] && "$venv/bin/python" -c "import moto, flask; assert moto.__version__ == '$moto_version'" 2>/dev/null; then
+    return
+  fi
+  echo "emulator: installing moto[server]==$moto_version into .venv" >&2
+  "$python_bin" -m venv "$venv"
+  "$venv/bin/pip" install --quiet --disable-pip-version-check "moto[server]==$moto_version"
+}
+
+port() { cat "$state/port" 2>/dev/null; }
+
+running() {
+  [ -f "$state/pid" ] && kill -0 "$(cat "$state/pid")" 2>/dev/null
+}
+
+start() {
+  install
+  mkdir -p "$state"
+  if running; then
+    return
+  fi
+  local p
+  p=$("$venv/bin/python" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  echo "$p" > "$state/port"
+  # The moto server speaks every service on one port; nothing listens beyond loopback.
+  nohup "$venv/bin/python" -m moto.server -H 127.0.0.1 -p "$p" > "$state/moto.log" 2>&1 &
+  echo $! > "$state/pid"
+  for _ in $(seq 1 100); do
+    if "$venv/bin/python" -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:$p/moto-api/', timeout=1)" 2>/dev/null; then
+      echo "emulator: moto $moto_version on 127.0.0.1:$p (pid $(cat "$state/pid"))" >&2
+      return
+    fi
+    sleep 0.2
+  done
+  echo "emulator: moto did not start; see $state/moto.log" >&2
+  tail -20 "$state/moto.log" >&2 || true
+  exit 1
+}
+
+stop() {
+  if running; then
+    kill "$(cat "$state/pid")" 2>/dev/null || true
+    echo "emulator: stopped" >&2
+  fi
+  rm -f "$state/pid" "$state/port"
+}
+
+print_env() {
+  running || { echo "emulator: not running (scripts/emulator.sh start)" >&2; exit 1; }
+  cat <<VARS
+export AWS_ENDPOINT_URL=http://127.0.0.1:$(port)
+export AWS_ACCESS_KEY_ID=emulator
+export AWS_SECRET_ACCESS_KEY=emulator
+export AWS_REGION=us-east-1
+export AWS_EC2_METADATA_DISABLED=true
+VARS
+}
+
+case "${1:-}" in
+  start) start ;;
+  stop) stop ;;
+  env) print_env ;;
+  create)
+    running || { echo "emulator: not running" >&2; exit 1; }
+    AWS_ENDPOINT_URL="http://127.0.0.1:$(port)" "$venv/bin/python" "$root/scripts/create_resources.py" "${2:?table}" "${3:?queue}"
+    ;;
+  reset)
+    running || { echo "emulator: not running" >&2; exit 1; }
+    "$venv/bin/python" -c "import urllib.request; urllib.request.urlopen(urllib.request.Request('http://127.0.0.1:$(port)/moto-api/reset', method='POST'))"
+    ;;
+  *) echo "usage: $0 start|stop|env|create TABLE QUEUE|reset" >&2; exit 2 ;;
+esac

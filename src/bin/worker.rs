@@ -1,0 +1,60 @@
+//! The Lambda function: an SQS event source mapping with `ReportBatchItemFailures`.
+//!
+//! Reads its configuration once, builds the AWS clients once, and lends them to every
+//! invocation.
+
+use std::sync::Arc;
+
+use aws_lambda_events::event::sqs::SqsEvent;
+use fenced_jobs::clock::SystemClock;
+use fenced_jobs::config::Config;
+use fenced_jobs::handler::BatchHandler;
+use fenced_jobs::ledger::dynamodb::DynamoLedger;
+use fenced_jobs::processor::{Invocation, Processor};
+use fenced_jobs::provider::AnyProvider;
+use fenced_jobs::visibility::SqsVisibility;
+use lambda_runtime::{Diagnostic, LambdaEvent, service_fn};
+
+#[tokio::main]
+async fn main() -> Result<(), lambda_runtime::Error> {
+    tracing_subscriber::fmt()
+        .json()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_target(false)
+        .with_current_span(false)
+        .init();
+
+    let config = Config::from_env()?;
+    let aws = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
+    let processor = Processor::new(
+        DynamoLedger::new(aws_sdk_dynamodb::Client::new(&aws), config.jobs_table),
+        AnyProvider::from_kind(config.provider),
+        SystemClock,
+        config.settings,
+    );
+    let handler = Arc::new(BatchHandler::new(
+        processor,
+        SqsVisibility::new(aws_sdk_sqs::Client::new(&aws)),
+    ));
+
+    lambda_runtime::run(service_fn(move |event: LambdaEvent<SqsEvent>| {
+        let handler = Arc::clone(&handler);
+        async move {
+            let invocation = Invocation {
+                id: event.context.request_id.clone(),
+                deadline: i64::try_from(event.context.deadline).ok(),
+            };
+            handler
+                .handle(event.payload, invocation)
+                .await
+                .map_err(|e| Diagnostic {
+                    error_type: "UnnamedFailure".to_owned(),
+                    error_message: e.to_string(),
+                })
+        }
+    }))
+    .await
+}

@@ -1,0 +1,182 @@
+//! Configuration, read once from the environment.
+
+use std::env;
+
+use crate::job::{Millis, VisibilityPolicy};
+
+/// Everything the worker reads from its environment. See the README's configuration table.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    /// `JOBS_TABLE`: the ledger table (required).
+    pub jobs_table: String,
+    /// `PROVIDER`: which model provider runs the calls.
+    pub provider: ProviderKind,
+    /// Processing settings.
+    pub settings: Settings,
+}
+
+/// The model providers this build knows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProviderKind {
+    /// The deterministic, network-free provider.
+    Simulated,
+}
+
+/// Settings of the processor and the batch handler.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Settings {
+    /// `MAX_CONCURRENCY`: records processed at once in one invocation.
+    pub max_concurrency: usize,
+    /// `LEASE_SECONDS`: the ledger lease a claim grants.
+    pub lease_ms: Millis,
+    /// `CLOCK_SKEW_MS`: margin added to every lease before another receiver treats it as lapsed.
+    pub skew_ms: Millis,
+    /// `PROVIDER_TIMEOUT_SECONDS`: longest model call; a call cut off is recorded as uncertain.
+    pub provider_timeout_ms: Millis,
+    /// `DEADLINE_MARGIN_MS`: time kept before the Lambda deadline for the final writes, the
+    /// visibility changes and the response.
+    pub deadline_margin_ms: Millis,
+    /// `DEFAULT_MAX_ATTEMPTS`: attempt budget of a job whose message sets none.
+    pub default_max_attempts: u32,
+    /// `DEFAULT_DEADLINE_SECONDS`: deadline, from first sight, of a job whose message sets none.
+    pub default_deadline_ms: Millis,
+    /// `RETENTION_DAYS`: how long after its deadline a job item is kept (DynamoDB TTL).
+    pub retention_days: i64,
+    /// Visibility of failed records (`BACKOFF_BASE_SECONDS`, `BACKOFF_CAP_SECONDS`,
+    /// `DEFER_JITTER_SECONDS`, `AWAITING_DECISION_SECONDS`).
+    pub visibility: VisibilityPolicy,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            max_concurrency: 16,
+            lease_ms: 300_000,
+            skew_ms: 2_000,
+            provider_timeout_ms: 240_000,
+            deadline_margin_ms: 5_000,
+            default_max_attempts: 3,
+            default_deadline_ms: 86_400_000,
+            retention_days: 30,
+            visibility: VisibilityPolicy::default(),
+        }
+    }
+}
+
+/// A configuration value that is missing or wrong.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    /// A required variable is unset or empty.
+    #[error("{0} must be set")]
+    Missing(&'static str),
+    /// A variable does not parse or is out of range.
+    #[error("{name} is invalid: {reason}")]
+    Invalid {
+        /// The variable.
+        name: &'static str,
+        /// Why.
+        reason: String,
+    },
+}
+
+impl Config {
+    /// Reads the process environment.
+    pub fn from_env() -> Result<Config, ConfigError> {
+        Config::from_lookup(|name| env::var(name).ok())
+    }
+
+    /// Reads configuration through `lookup` (the environment, or a map in tests).
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Config, ConfigError> {
+        let get = |name: &str| lookup(name).filter(|v| !v.trim().is_empty());
+        let jobs_table = get("JOBS_TABLE").ok_or(ConfigError::Missing("JOBS_TABLE"))?;
+        let provider = match get("PROVIDER").as_deref() {
+            None | Some("simulated") => ProviderKind::Simulated,
+            Some(other) => {
+                return Err(ConfigError::Invalid {
+                    name: "PROVIDER",
+                    reason: format!("unknown provider {other:?} (known: simulated)"),
+                });
+            }
+        };
+        let d = Settings::default();
+        let number = |name: &'static str, default: i64, min: i64, max: i64| -> Result<i64, ConfigError> {
+            match get(name) {
+                None => Ok(default),
+                Some(raw) => match raw.trim().parse::<i64>() {
+                    Ok(v) if (min..=max).contains(&v) => Ok(v),
+                    _ => Err(ConfigError::Invalid {
+                        name,
+                        reason: format!("expected an integer from {min} to {max}"),
+                    }),
+                },
+            }
+        };
+        let settings = Settings {
+            max_concurrency: number("MAX_CONCURRENCY", d.max_concurrency as i64, 1, 10_000)? as usize,
+            lease_ms: number("LEASE_SECONDS", d.lease_ms / 1000, 1, 43_200)? * 1000,
+            skew_ms: number("CLOCK_SKEW_MS", d.skew_ms, 0, 60_000)?,
+            provider_timeout_ms: number("PROVIDER_TIMEOUT_SECONDS", d.provider_timeout_ms / 1000, 1, 43_200)?
+                * 1000,
+            deadline_margin_ms: number("DEADLINE_MARGIN_MS", d.deadline_margin_ms, 0, 600_000)?,
+            default_max_attempts: number("DEFAULT_MAX_ATTEMPTS", i64::from(d.default_max_attempts), 1, 100)?
+                as u32,
+            default_deadline_ms: number("DEFAULT_DEADLINE_SECONDS", d.default_deadline_ms / 1000, 1, 31_536_000)?
+                * 1000,
+            retention_days: number("RETENTION_DAYS", d.retention_days, 1, 3_650)?,
+            visibility: VisibilityPolicy {
+                backoff_base_s: number("BACKOFF_BASE_SECONDS", d.visibility.backoff_base_s, 0, 43_200)?,
+                backoff_cap_s: number("BACKOFF_CAP_SECONDS", d.visibility.backoff_cap_s, 0, 43_200)?,
+                defer_jitter_s: number("DEFER_JITTER_SECONDS", d.visibility.defer_jitter_s, 0, 3_600)?,
+                awaiting_decision_s: number(
+                    "AWAITING_DECISION_SECONDS",
+                    d.visibility.awaiting_decision_s,
+                    0,
+                    43_200,
+                )?,
+            },
+        };
+        // Without lease renewal the lease must outlast the longest call plus the final write.
+        if settings.provider_timeout_ms + settings.skew_ms >= settings.lease_ms {
+            return Err(ConfigError::Invalid {
+                name: "PROVIDER_TIMEOUT_SECONDS",
+                reason: "must be shorter than LEASE_SECONDS minus CLOCK_SKEW_MS".to_owned(),
+            });
+        }
+        Ok(Config {
+            jobs_table,
+            provider,
+            settings,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn config(vars: &[(&str, &str)]) -> Result<Config, ConfigError> {
+        let map: HashMap<String, String> =
+            vars.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect();
+        Config::from_lookup(|k| map.get(k).cloned())
+    }
+
+    #[test]
+    fn defaults_apply_and_the_table_is_required() {
+        assert_eq!(config(&[]), Err(ConfigError::Missing("JOBS_TABLE")));
+        let c = config(&[("JOBS_TABLE", "jobs")]).expect("valid");
+        assert_eq!(c.settings, Settings::default());
+        assert_eq!(c.provider, ProviderKind::Simulated);
+    }
+
+    #[test]
+    fn bad_values_are_named() {
+        let err = config(&[("JOBS_TABLE", "t"), ("MAX_CONCURRENCY", "0")]).expect_err("invalid");
+        assert!(matches!(err, ConfigError::Invalid { name: "MAX_CONCURRENCY", .. }));
+        let err = config(&[("JOBS_TABLE", "t"), ("PROVIDER", "magic")]).expect_err("invalid");
+        assert!(matches!(err, ConfigError::Invalid { name: "PROVIDER", .. }));
+        let err = config(&[("JOBS_TABLE", "t"), ("LEASE_SECONDS", "60"), ("PROVIDER_TIMEOUT_SECONDS", "60")])
+            .expect_err("invalid");
+        assert!(matches!(err, ConfigError::Invalid { name: "PROVIDER_TIMEOUT_SECONDS", .. }));
+    }
+}

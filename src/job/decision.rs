@@ -1,0 +1,199 @@
+//! What a delivery may do with a job, given the ledger's view of it.
+
+use super::{JobRecord, JobState, Millis};
+
+/// The (epoch, attempts) a claim expects to find. `Expect::FRESH` also matches an absent item,
+/// so a message that carries a new job is claimed with one write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Expect {
+    /// The `owner_epoch` the item must hold.
+    pub epoch: u64,
+    /// The `attempts` the item must hold.
+    pub attempts: u32,
+}
+
+impl Expect {
+    /// An absent item, or one created `ready` by a producer and never claimed.
+    pub const FRESH: Expect = Expect {
+        epoch: 0,
+        attempts: 0,
+    };
+
+    /// True when an absent item satisfies this expectation.
+    pub fn allows_absent(self) -> bool {
+        self == Expect::FRESH
+    }
+}
+
+/// Why a job is settled without a claim.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SettleReason {
+    /// The fixed deadline has passed.
+    DeadlinePassed,
+    /// Every attempt of the budget was used.
+    BudgetSpent,
+}
+
+impl SettleReason {
+    /// The terminal state this reason leads to.
+    pub fn target(self) -> JobState {
+        match self {
+            SettleReason::DeadlinePassed => JobState::Expired,
+            SettleReason::BudgetSpent => JobState::FailedTerminal,
+        }
+    }
+
+    /// The `last_error.kind` recorded with it.
+    pub fn kind(self) -> &'static str {
+        match self {
+            SettleReason::DeadlinePassed => "deadline",
+            SettleReason::BudgetSpent => "budget",
+        }
+    }
+}
+
+/// The next step for a delivery of a job whose ledger item is `record`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Next {
+    /// The message's input differs from the job's: never a new run.
+    Conflict {
+        /// The digest the ledger holds.
+        ledger_digest: String,
+    },
+    /// The job is terminal: the delivery is done.
+    Finished(JobState),
+    /// A live owner holds the job; come back after its lease.
+    Defer {
+        /// Milliseconds until the lease (plus the skew margin) lapses.
+        remaining_ms: Millis,
+    },
+    /// The owner's lease lapsed: only a recovery claim may look at the job now.
+    AwaitRecovery,
+    /// The job is `unknown`: it waits for retrieval or a recorded decision.
+    AwaitDecision,
+    /// Settle the job as terminal with one conditional write, without a claim.
+    Settle(SettleReason),
+    /// Claim the job, expecting these values.
+    Claim(Expect),
+}
+
+/// Decides what a delivery carrying `digest` may do with `record` at `now`.
+///
+/// `skew_ms` widens every lease: a receiver treats a lease as lapsed only `skew_ms` after its
+/// recorded end, so an owner whose clock runs behind is not taken over early.
+pub fn next_step(record: &JobRecord, digest: &str, now: Millis, skew_ms: Millis) -> Next {
+    if record.input_digest != digest {
+        return Next::Conflict {
+            ledger_digest: record.input_digest.clone(),
+        };
+    }
+    if record.state.is_terminal() {
+        return Next::Finished(record.state);
+    }
+    let deadline_passed = now >= record.deadline_at;
+    match record.state {
+        JobState::Running => {
+            let lapses_at = record.owner_until.unwrap_or(0).saturating_add(skew_ms);
+            if now < lapses_at {
+                Next::Defer {
+                    remaining_ms: lapses_at - now,
+                }
+            } else if deadline_passed {
+                // Nobody can accept a result any more, and the settling write raises no epoch
+                // but is conditional on the one seen, so a resumed owner is refused.
+                Next::Settle(SettleReason::DeadlinePassed)
+            } else {
+                Next::AwaitRecovery
+            }
+        }
+        JobState::Unknown if deadline_passed => Next::Settle(SettleReason::DeadlinePassed),
+        JobState::Unknown => Next::AwaitDecision,
+        _ if deadline_passed => Next::Settle(SettleReason::DeadlinePassed),
+        _ if record.attempts >= record.max_attempts => Next::Settle(SettleReason::BudgetSpent),
+        _ => Next::Claim(Expect {
+            epoch: record.owner_epoch,
+            attempts: record.attempts,
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::job::NewJob;
+
+    const NOW: Millis = 1_000_000;
+
+    fn record(state: JobState) -> JobRecord {
+        let mut r = NewJob {
+            job_id: "j".into(),
+            input_digest: "d".into(),
+            contract: "c".into(),
+            input: "{}".into(),
+            metadata: None,
+            deadline_at: NOW + 60_000,
+            max_attempts: 3,
+            expires_at: 0,
+        }
+        .into_record(state, NOW - 10_000);
+        r.owner_epoch = 2;
+        r.attempts = 1;
+        r
+    }
+
+    #[test]
+    fn a_different_digest_is_a_conflict_even_on_a_terminal_job() {
+        let r = record(JobState::Succeeded);
+        assert_eq!(
+            next_step(&r, "other", NOW, 0),
+            Next::Conflict { ledger_digest: "d".into() }
+        );
+    }
+
+    #[test]
+    fn terminal_jobs_are_finished() {
+        for state in [JobState::Succeeded, JobState::FailedTerminal, JobState::Expired] {
+            assert_eq!(next_step(&record(state), "d", NOW, 0), Next::Finished(state));
+        }
+    }
+
+    #[test]
+    fn a_live_lease_defers_for_its_remaining_time_plus_skew() {
+        let mut r = record(JobState::Running);
+        r.owner_until = Some(NOW + 5_000);
+        assert_eq!(next_step(&r, "d", NOW, 1_000), Next::Defer { remaining_ms: 6_000 });
+        // Lapsed, even counting the skew: investigation only, never a claim.
+        assert_eq!(next_step(&r, "d", NOW + 6_000, 1_000), Next::AwaitRecovery);
+        r.deadline_at = NOW;
+        assert_eq!(
+            next_step(&r, "d", NOW + 6_000, 1_000),
+            Next::Settle(SettleReason::DeadlinePassed)
+        );
+    }
+
+    #[test]
+    fn claimable_jobs_are_claimed_at_their_current_values_unless_out_of_time_or_budget() {
+        let r = record(JobState::RetryAuthorized);
+        assert_eq!(
+            next_step(&r, "d", NOW, 0),
+            Next::Claim(Expect { epoch: 2, attempts: 1 })
+        );
+        let mut spent = r.clone();
+        spent.attempts = 3;
+        assert_eq!(next_step(&spent, "d", NOW, 0), Next::Settle(SettleReason::BudgetSpent));
+        assert_eq!(
+            next_step(&r, "d", r.deadline_at, 0),
+            Next::Settle(SettleReason::DeadlinePassed)
+        );
+    }
+
+    #[test]
+    fn unknown_jobs_wait_for_a_decision() {
+        let r = record(JobState::Unknown);
+        assert_eq!(next_step(&r, "d", NOW, 0), Next::AwaitDecision);
+        assert_eq!(
+            next_step(&r, "d", r.deadline_at + 1, 0),
+            Next::Settle(SettleReason::DeadlinePassed)
+        );
+    }
+}

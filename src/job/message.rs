@@ -1,0 +1,567 @@
+//! The message contract: parsing and validating an SQS body into a job, and the input digest.
+//!
+//! Validation walks the JSON by hand rather than through a serde derive so that an error names the
+//! field and the rule, never the value: a prompt must not reach the logs through an error message.
+
+use serde_json::{Map, Value};
+use sha2::{Digest, Sha256};
+use time::OffsetDateTime;
+use time::format_description::well_known::Rfc3339;
+
+/// The largest body SQS accepts (256 KiB).
+pub const MAX_BODY_BYTES: usize = 262_144;
+/// The longest `job_id`.
+pub const MAX_JOB_ID_LEN: usize = 128;
+/// The longest `contract`.
+pub const MAX_CONTRACT_LEN: usize = 64;
+/// The largest `metadata` object, encoded.
+pub const MAX_METADATA_BYTES: usize = 4_096;
+/// The largest `max_attempts` a message may ask for.
+pub const MAX_ATTEMPTS_LIMIT: u32 = 100;
+/// The longest simulated latency (one hour).
+pub const MAX_SIMULATED_LATENCY_MS: u64 = 3_600_000;
+
+const TOP_LEVEL_FIELDS: [&str; 6] = [
+    "job_id",
+    "input",
+    "contract",
+    "deadline_at",
+    "max_attempts",
+    "metadata",
+];
+const SIMULATE_FIELDS: [&str; 3] = ["latency_ms", "outcome", "fail_times"];
+
+/// Why a body is not a valid job. Every variant is poison: retrying cannot fix it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum InvalidMessage {
+    /// The record carried no body at all.
+    #[error("record has no body")]
+    MissingBody,
+    /// The body is larger than SQS allows.
+    #[error("body is {bytes} bytes, more than {MAX_BODY_BYTES}")]
+    TooLarge {
+        /// Size of the body.
+        bytes: usize,
+    },
+    /// The body is not JSON (position only, never content).
+    #[error("body is not JSON (line {line}, column {column})")]
+    NotJson {
+        /// Line of the first syntax error.
+        line: usize,
+        /// Column of the first syntax error.
+        column: usize,
+    },
+    /// The body is JSON but not an object.
+    #[error("body is not a JSON object")]
+    NotObject,
+    /// A top-level field outside the contract (a typo must not silently change a job).
+    #[error("unknown field {0:?}")]
+    UnknownField(String),
+    /// A required field is absent.
+    #[error("missing field `{0}`")]
+    Missing(&'static str),
+    /// A field has the wrong JSON type.
+    #[error("field `{field}` must be {expected}")]
+    WrongType {
+        /// Dotted path of the field.
+        field: &'static str,
+        /// What the contract expects there.
+        expected: &'static str,
+    },
+    /// A field has the right type but breaks a rule of the contract.
+    #[error("field `{field}` is invalid: {rule}")]
+    Invalid {
+        /// Dotted path of the field.
+        field: &'static str,
+        /// The rule it breaks.
+        rule: &'static str,
+    },
+}
+
+/// A validated job, as carried by one message.
+#[derive(Debug, Clone, PartialEq)]
+pub struct JobMessage {
+    /// The application's job id.
+    pub job_id: String,
+    /// The output-contract version.
+    pub contract: String,
+    /// The job input, as sent.
+    pub input: Map<String, Value>,
+    /// Canonical JSON of `input` (sorted keys, no whitespace): what the ledger stores.
+    pub input_canonical: String,
+    /// SHA-256 (lowercase hex) over the contract and the canonical input.
+    pub digest: String,
+    /// Fixed deadline in Unix milliseconds, if the message sets one.
+    pub deadline_at: Option<i64>,
+    /// Attempt budget, if the message sets one.
+    pub max_attempts: Option<u32>,
+    /// The producer's correlation data, canonical JSON; not part of the digest.
+    pub metadata: Option<String>,
+}
+
+/// Simulated-provider controls read from `input.simulate`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Simulation {
+    /// How long the simulated call takes.
+    pub latency_ms: u64,
+    /// What the call ends with once `fail_times` transient errors are spent.
+    pub outcome: SimulatedOutcome,
+    /// Transient errors returned before the outcome (attempts 1..=fail_times fail).
+    pub fail_times: u32,
+}
+
+/// The end of a simulated call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SimulatedOutcome {
+    /// A deterministic answer.
+    #[default]
+    Ok,
+    /// A transient error (rate limit, 5xx before acceptance).
+    Transient,
+    /// A permanent error (the request is rejected).
+    Permanent,
+    /// The call never returns.
+    Hang,
+}
+
+/// Parses and validates one SQS body.
+pub fn parse_body(body: Option<&str>) -> Result<JobMessage, InvalidMessage> {
+    let body = body.ok_or(InvalidMessage::MissingBody)?;
+    if body.len() > MAX_BODY_BYTES {
+        return Err(InvalidMessage::TooLarge { bytes: body.len() });
+    }
+    let value: Value = serde_json::from_str(body).map_err(|e| InvalidMessage::NotJson {
+        line: e.line(),
+        column: e.column(),
+    })?;
+    let Value::Object(mut fields) = value else {
+        return Err(InvalidMessage::NotObject);
+    };
+    if let Some(unknown) = fields
+        .keys()
+        .find(|k| !TOP_LEVEL_FIELDS.contains(&k.as_str()))
+    {
+        return Err(InvalidMessage::UnknownField(truncate(unknown, 40)));
+    }
+
+    let job_id = take_string(&mut fields, "job_id")?;
+    check_identifier(&job_id, "job_id", MAX_JOB_ID_LEN, |c| {
+        c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | ':')
+    })?;
+    let contract = take_string(&mut fields, "contract")?;
+    check_identifier(&contract, "contract", MAX_CONTRACT_LEN, |c| {
+        c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | ':' | '/' | '@' | '+')
+    })?;
+    let input = match fields.remove("input") {
+        None => return Err(InvalidMessage::Missing("input")),
+        Some(Value::Object(input)) => input,
+        Some(_) => return Err(wrong_type("input", "an object")),
+    };
+    validate_input(&input)?;
+    let deadline_at = match fields.remove("deadline_at") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(s)) => Some(parse_rfc3339_ms(&s).ok_or(InvalidMessage::Invalid {
+            field: "deadline_at",
+            rule: "not an RFC 3339 date-time",
+        })?),
+        Some(_) => return Err(wrong_type("deadline_at", "an RFC 3339 string")),
+    };
+    let max_attempts = match fields.remove("max_attempts") {
+        None | Some(Value::Null) => None,
+        Some(Value::Number(n)) => match n.as_u64() {
+            Some(v @ 1..) if v <= u64::from(MAX_ATTEMPTS_LIMIT) => Some(v as u32),
+            _ => {
+                return Err(InvalidMessage::Invalid {
+                    field: "max_attempts",
+                    rule: "must be an integer from 1 to 100",
+                });
+            }
+        },
+        Some(_) => return Err(wrong_type("max_attempts", "an integer")),
+    };
+    let metadata = match fields.remove("metadata") {
+        None | Some(Value::Null) => None,
+        Some(Value::Object(m)) => {
+            let encoded = canonical_json(&Value::Object(m));
+            if encoded.len() > MAX_METADATA_BYTES {
+                return Err(InvalidMessage::Invalid {
+                    field: "metadata",
+                    rule: "larger than 4096 bytes",
+                });
+            }
+            Some(encoded)
+        }
+        Some(_) => return Err(wrong_type("metadata", "an object")),
+    };
+
+    let input_canonical = canonical_json(&Value::Object(input.clone()));
+    let digest = input_digest(&contract, &input_canonical);
+    Ok(JobMessage {
+        job_id,
+        contract,
+        input,
+        input_canonical,
+        digest,
+        deadline_at,
+        max_attempts,
+        metadata,
+    })
+}
+
+/// Reads the simulated-provider controls of an input (absent: an immediate success).
+///
+/// The input was validated when its message was parsed, so this cannot fail on a job that came
+/// through [`parse_body`]; a hand-made input with bad controls falls back to the defaults.
+pub fn simulation_of(input: &Map<String, Value>) -> Simulation {
+    parse_simulation(input.get("simulate")).unwrap_or_default()
+}
+
+/// The input digest: SHA-256 over a domain tag, the contract and the canonical input.
+///
+/// The contract is part of the digest, so the same input under another output contract is a
+/// different job, and a job_id reused for it is a conflict.
+pub fn input_digest(contract: &str, input_canonical: &str) -> String {
+    let mut hasher = Sha256::new();
+    hasher.update(b"fenced-jobs/input/v1\0");
+    hasher.update(contract.as_bytes());
+    hasher.update(b"\0");
+    hasher.update(input_canonical.as_bytes());
+    hex(&hasher.finalize())
+}
+
+/// Canonical JSON: object keys sorted by their UTF-8 bytes, no insignificant whitespace, strings
+/// and numbers as serde_json writes them. Key order in the sender's JSON never changes it.
+pub fn canonical_json(value: &Value) -> String {
+    let mut out = String::new();
+    write_canonical(value, &mut out);
+    out
+}
+
+fn write_canonical(value: &Value, out: &mut String) {
+    match value {
+        Value::Object(map) => {
+            let mut keys: Vec<&String> = map.keys().collect();
+            keys.sort_unstable();
+            out.push('{');
+            for (i, key) in keys.into_iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                out.push_str(&Value::String(key.clone()).to_string());
+                out.push(':');
+                write_canonical(&map[key], out);
+            }
+            out.push('}');
+        }
+        Value::Array(items) => {
+            out.push('[');
+            for (i, item) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                write_canonical(item, out);
+            }
+            out.push(']');
+        }
+        scalar => out.push_str(&scalar.to_string()),
+    }
+}
+
+/// Parses an RFC 3339 date-time to Unix milliseconds.
+pub fn parse_rfc3339_ms(s: &str) -> Option<i64> {
+    let at = OffsetDateTime::parse(s, &Rfc3339).ok()?;
+    i64::try_from(at.unix_timestamp_nanos() / 1_000_000).ok()
+}
+
+/// Formats Unix milliseconds as RFC 3339 (UTC), for people.
+pub fn format_rfc3339_ms(ms: i64) -> String {
+    OffsetDateTime::from_unix_timestamp_nanos(i128::from(ms) * 1_000_000)
+        .ok()
+        .and_then(|t| t.format(&Rfc3339).ok())
+        .unwrap_or_else(|| format!("{ms}ms"))
+}
+
+fn validate_input(input: &Map<String, Value>) -> Result<(), InvalidMessage> {
+    match input.get("model") {
+        None => return Err(InvalidMessage::Missing("input.model")),
+        Some(Value::String(m)) if !m.is_empty() && m.len() <= 256 => {}
+        Some(Value::String(_)) => {
+            return Err(InvalidMessage::Invalid {
+                field: "input.model",
+                rule: "must be 1 to 256 bytes",
+            });
+        }
+        Some(_) => return Err(wrong_type("input.model", "a string")),
+    }
+    match (input.get("messages"), input.get("prompt")) {
+        (None, None) => return Err(InvalidMessage::Missing("input.messages or input.prompt")),
+        (Some(_), Some(_)) => {
+            return Err(InvalidMessage::Invalid {
+                field: "input",
+                rule: "give `messages` or `prompt`, not both",
+            });
+        }
+        (Some(Value::Array(messages)), None) => {
+            if messages.is_empty() {
+                return Err(InvalidMessage::Invalid {
+                    field: "input.messages",
+                    rule: "must not be empty",
+                });
+            }
+            for message in messages {
+                let Value::Object(message) = message else {
+                    return Err(wrong_type("input.messages[]", "an object"));
+                };
+                if !matches!(message.get("role"), Some(Value::String(r)) if !r.is_empty()) {
+                    return Err(wrong_type("input.messages[].role", "a non-empty string"));
+                }
+                if !matches!(
+                    message.get("content"),
+                    Some(Value::String(_) | Value::Array(_))
+                ) {
+                    return Err(wrong_type(
+                        "input.messages[].content",
+                        "a string or an array of parts",
+                    ));
+                }
+            }
+        }
+        (Some(_), None) => return Err(wrong_type("input.messages", "an array")),
+        (None, Some(Value::String(p))) if !p.is_empty() => {}
+        (None, Some(_)) => return Err(wrong_type("input.prompt", "a non-empty string")),
+    }
+    if !matches!(input.get("parameters"), None | Some(Value::Object(_))) {
+        return Err(wrong_type("input.parameters", "an object"));
+    }
+    parse_simulation(input.get("simulate")).map(|_| ())
+}
+
+fn parse_simulation(value: Option<&Value>) -> Result<Simulation, InvalidMessage> {
+    let Some(value) = value else {
+        return Ok(Simulation::default());
+    };
+    let Value::Object(fields) = value else {
+        return Err(wrong_type("input.simulate", "an object"));
+    };
+    if fields.keys().any(|k| !SIMULATE_FIELDS.contains(&k.as_str())) {
+        return Err(InvalidMessage::Invalid {
+            field: "input.simulate",
+            rule: "only latency_ms, outcome and fail_times are allowed",
+        });
+    }
+    let latency_ms = match fields.get("latency_ms") {
+        None => 0,
+        Some(v) => v
+            .as_u64()
+            .filter(|ms| *ms <= MAX_SIMULATED_LATENCY_MS)
+            .ok_or(InvalidMessage::Invalid {
+                field: "input.simulate.latency_ms",
+                rule: "must be an integer from 0 to 3600000",
+            })?,
+    };
+    let outcome = match fields.get("outcome") {
+        None => SimulatedOutcome::Ok,
+        Some(Value::String(s)) => match s.as_str() {
+            "ok" => SimulatedOutcome::Ok,
+            "transient" => SimulatedOutcome::Transient,
+            "permanent" => SimulatedOutcome::Permanent,
+            "hang" => SimulatedOutcome::Hang,
+            _ => {
+                return Err(InvalidMessage::Invalid {
+                    field: "input.simulate.outcome",
+                    rule: "must be ok, transient, permanent or hang",
+                });
+            }
+        },
+        Some(_) => return Err(wrong_type("input.simulate.outcome", "a string")),
+    };
+    let fail_times = match fields.get("fail_times") {
+        None => 0,
+        Some(v) => v
+            .as_u64()
+            .filter(|n| *n <= 100)
+            .ok_or(InvalidMessage::Invalid {
+                field: "input.simulate.fail_times",
+                rule: "must be an integer from 0 to 100",
+            })? as u32,
+    };
+    Ok(Simulation {
+        latency_ms,
+        outcome,
+        fail_times,
+    })
+}
+
+fn take_string(fields: &mut Map<String, Value>, field: &'static str) -> Result<String, InvalidMessage> {
+    match fields.remove(field) {
+        None => Err(InvalidMessage::Missing(field)),
+        Some(Value::String(s)) => Ok(s),
+        Some(_) => Err(wrong_type(field, "a string")),
+    }
+}
+
+fn check_identifier(
+    value: &str,
+    field: &'static str,
+    max_len: usize,
+    allowed: impl Fn(char) -> bool,
+) -> Result<(), InvalidMessage> {
+    if value.is_empty() || value.len() > max_len {
+        return Err(InvalidMessage::Invalid {
+            field,
+            rule: "length out of range",
+        });
+    }
+    if !value.chars().all(allowed) {
+        return Err(InvalidMessage::Invalid {
+            field,
+            rule: "character outside the allowed set",
+        });
+    }
+    Ok(())
+}
+
+fn wrong_type(field: &'static str, expected: &'static str) -> InvalidMessage {
+    InvalidMessage::WrongType { field, expected }
+}
+
+fn truncate(s: &str, max_chars: usize) -> String {
+    s.chars().take(max_chars).collect()
+}
+
+fn hex(bytes: &[u8]) -> String {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut out = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        out.push(DIGITS[usize::from(b >> 4)] as char);
+        out.push(DIGITS[usize::from(b & 0x0f)] as char);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn body(extra: &str) -> String {
+        format!(
+            r#"{{"job_id":"job-1","contract":"summary.v1","input":{{"model":"m","prompt":"hello"}}{extra}}}"#
+        )
+    }
+
+    #[test]
+    fn key_order_does_not_change_the_digest_but_content_and_contract_do() {
+        let a = parse_body(Some(
+            r#"{"job_id":"j","contract":"c1","input":{"model":"m","prompt":"p","parameters":{"t":0.2,"max_tokens":5}}}"#,
+        ))
+        .expect("valid");
+        let b = parse_body(Some(
+            r#"{"input":{"parameters":{"max_tokens":5,"t":0.2},"prompt":"p","model":"m"},"contract":"c1","job_id":"j"}"#,
+        ))
+        .expect("valid");
+        assert_eq!(a.digest, b.digest);
+        assert_eq!(a.input_canonical, b.input_canonical);
+        assert_eq!(
+            a.input_canonical,
+            r#"{"model":"m","parameters":{"max_tokens":5,"t":0.2},"prompt":"p"}"#
+        );
+
+        let other_prompt = input_digest("c1", r#"{"model":"m","prompt":"q"}"#);
+        let other_contract = input_digest("c2", &a.input_canonical);
+        assert_ne!(a.digest, other_prompt);
+        assert_ne!(a.digest, other_contract);
+        assert_eq!(a.digest.len(), 64);
+    }
+
+    #[test]
+    fn metadata_is_not_part_of_the_digest() {
+        let plain = parse_body(Some(&body(""))).expect("valid");
+        let tagged = parse_body(Some(&body(r#","metadata":{"trace":"abc"}"#))).expect("valid");
+        assert_eq!(plain.digest, tagged.digest);
+        assert_eq!(tagged.metadata.as_deref(), Some(r#"{"trace":"abc"}"#));
+    }
+
+    #[test]
+    fn optional_fields_are_parsed() {
+        let job = parse_body(Some(&body(
+            r#","deadline_at":"2026-12-01T00:00:00Z","max_attempts":5"#,
+        )))
+        .expect("valid");
+        assert_eq!(job.deadline_at, Some(1_796_083_200_000));
+        assert_eq!(job.max_attempts, Some(5));
+    }
+
+    #[test]
+    fn every_contract_violation_is_classified_without_echoing_values() {
+        let secret = "TOP-SECRET-PROMPT";
+        let cases: Vec<(String, InvalidMessage)> = vec![
+            ("not json".into(), InvalidMessage::NotJson { line: 1, column: 2 }),
+            ("[1,2]".into(), InvalidMessage::NotObject),
+            (body(r#","jobid":"x""#), InvalidMessage::UnknownField("jobid".into())),
+            (
+                r#"{"contract":"c","input":{"model":"m","prompt":"p"}}"#.into(),
+                InvalidMessage::Missing("job_id"),
+            ),
+            (
+                r#"{"job_id":"has space","contract":"c","input":{"model":"m","prompt":"p"}}"#.into(),
+                InvalidMessage::Invalid { field: "job_id", rule: "character outside the allowed set" },
+            ),
+            (
+                format!(r#"{{"job_id":"{}","contract":"c","input":{{"model":"m","prompt":"p"}}}}"#, "a".repeat(129)),
+                InvalidMessage::Invalid { field: "job_id", rule: "length out of range" },
+            ),
+            (
+                format!(r#"{{"job_id":"j","contract":"c","input":"{secret}"}}"#),
+                InvalidMessage::WrongType { field: "input", expected: "an object" },
+            ),
+            (
+                r#"{"job_id":"j","contract":"c","input":{"prompt":"p"}}"#.into(),
+                InvalidMessage::Missing("input.model"),
+            ),
+            (
+                r#"{"job_id":"j","contract":"c","input":{"model":"m"}}"#.into(),
+                InvalidMessage::Missing("input.messages or input.prompt"),
+            ),
+            (
+                r#"{"job_id":"j","contract":"c","input":{"model":"m","messages":[{"role":"user"}]}}"#.into(),
+                InvalidMessage::WrongType { field: "input.messages[].content", expected: "a string or an array of parts" },
+            ),
+            (
+                body(r#","max_attempts":0"#),
+                InvalidMessage::Invalid { field: "max_attempts", rule: "must be an integer from 1 to 100" },
+            ),
+            (
+                body(r#","max_attempts":"3""#),
+                InvalidMessage::WrongType { field: "max_attempts", expected: "an integer" },
+            ),
+            (
+                body(r#","deadline_at":"tomorrow""#),
+                InvalidMessage::Invalid { field: "deadline_at", rule: "not an RFC 3339 date-time" },
+            ),
+            (
+                r#"{"job_id":"j","contract":"c","input":{"model":"m","prompt":"p","simulate":{"outcome":"boom"}}}"#.into(),
+                InvalidMessage::Invalid { field: "input.simulate.outcome", rule: "must be ok, transient, permanent or hang" },
+            ),
+        ];
+        for (text, expected) in cases {
+            let err = parse_body(Some(&text)).expect_err(&text);
+            assert_eq!(err, expected, "{text}");
+            assert!(!err.to_string().contains(secret));
+        }
+        assert_eq!(parse_body(None), Err(InvalidMessage::MissingBody));
+        let huge = body(&format!(r#","metadata":{{"pad":"{}"}}"#, "x".repeat(MAX_BODY_BYTES)));
+        assert!(matches!(parse_body(Some(&huge)), Err(InvalidMessage::TooLarge { .. })));
+    }
+
+    #[test]
+    fn simulation_controls_are_read_from_the_input() {
+        let job = parse_body(Some(
+            r#"{"job_id":"j","contract":"c","input":{"model":"m","prompt":"p","simulate":{"latency_ms":20,"outcome":"permanent","fail_times":2}}}"#,
+        ))
+        .expect("valid");
+        assert_eq!(
+            simulation_of(&job.input),
+            Simulation { latency_ms: 20, outcome: SimulatedOutcome::Permanent, fail_times: 2 }
+        );
+    }
+}

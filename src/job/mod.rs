@@ -1,0 +1,203 @@
+//! Pure job logic: the ledger record, its states, the message contract and the decisions taken on
+//! them. Nothing here performs I/O, reads a clock or knows an AWS type: callers pass `now`.
+
+pub mod decision;
+pub mod message;
+pub mod outcome;
+pub mod state;
+
+pub use decision::{Expect, Next, next_step};
+pub use message::{InvalidMessage, JobMessage, parse_body};
+pub use outcome::{Failure, RecordOutcome, VisibilityPolicy};
+pub use state::JobState;
+
+/// Unix time in milliseconds. Every instant in the ledger uses it.
+pub type Millis = i64;
+
+/// One job's ledger item, decoded.
+#[derive(Debug, Clone, PartialEq)]
+pub struct JobRecord {
+    /// Partition key: the application's job id.
+    pub job_id: String,
+    /// Current state.
+    pub state: JobState,
+    /// Fencing token: raised by every claim and recovery claim.
+    pub owner_epoch: u64,
+    /// Attempts started so far (cumulative across deliveries).
+    pub attempts: u32,
+    /// Attempt budget, fixed at creation.
+    pub max_attempts: u32,
+    /// Digest of contract + input.
+    pub input_digest: String,
+    /// Output-contract version.
+    pub contract: String,
+    /// Canonical JSON of the input.
+    pub input: String,
+    /// Producer's correlation data (canonical JSON).
+    pub metadata: Option<String>,
+    /// Fixed deadline, set at creation and never moved.
+    pub deadline_at: Millis,
+    /// Who holds (or last held) the job.
+    pub owner_id: Option<String>,
+    /// When the current owner's lease ends.
+    pub owner_until: Option<Millis>,
+    /// One entry per attempt, in order.
+    pub attempt_log: Vec<AttemptRecord>,
+    /// Recovery claims (fencing of a lapsed owner), in order.
+    pub recoveries: Vec<RecoveryRecord>,
+    /// The accepted result (JSON), once succeeded.
+    pub result: Option<String>,
+    /// The last error seen, if any.
+    pub last_error: Option<ErrorRecord>,
+    /// Creation time.
+    pub created_at: Millis,
+    /// Last write time.
+    pub updated_at: Millis,
+    /// DynamoDB TTL attribute, in Unix seconds.
+    pub expires_at: i64,
+}
+
+/// The evidence kept for one attempt.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AttemptRecord {
+    /// 1-based attempt number.
+    pub number: u32,
+    /// The epoch the attempt was claimed at.
+    pub epoch: u64,
+    /// Who claimed it.
+    pub owner_id: String,
+    /// When it was claimed (before the provider call).
+    pub started_at: Millis,
+    /// The provider's reference for the call, when it gives one.
+    pub provider_ref: Option<String>,
+    /// How it ended, as far as the ledger knows.
+    pub outcome: AttemptOutcome,
+    /// When the outcome was recorded.
+    pub finished_at: Option<Millis>,
+}
+
+/// How an attempt ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AttemptOutcome {
+    /// Claimed; no outcome recorded yet.
+    Pending,
+    /// The answer was accepted.
+    Succeeded,
+    /// A definite transient failure: the provider did not do the work.
+    Transient,
+    /// A definite permanent failure.
+    Permanent,
+    /// The call may have run; its outcome is not known.
+    Uncertain,
+    /// The job deadline passed while the attempt was open.
+    Expired,
+}
+
+impl AttemptOutcome {
+    /// The name stored in the ledger.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AttemptOutcome::Pending => "pending",
+            AttemptOutcome::Succeeded => "succeeded",
+            AttemptOutcome::Transient => "transient",
+            AttemptOutcome::Permanent => "permanent",
+            AttemptOutcome::Uncertain => "uncertain",
+            AttemptOutcome::Expired => "expired",
+        }
+    }
+
+    /// Parses a stored name; unknown names read as `Uncertain`, the cautious reading.
+    pub fn parse(s: &str) -> AttemptOutcome {
+        match s {
+            "pending" => AttemptOutcome::Pending,
+            "succeeded" => AttemptOutcome::Succeeded,
+            "transient" => AttemptOutcome::Transient,
+            "permanent" => AttemptOutcome::Permanent,
+            "expired" => AttemptOutcome::Expired,
+            _ => AttemptOutcome::Uncertain,
+        }
+    }
+}
+
+/// A recovery claim: who fenced a lapsed owner, when and why.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RecoveryRecord {
+    /// The epoch the recovery claim raised the job to.
+    pub epoch: u64,
+    /// The recovering owner.
+    pub owner_id: String,
+    /// When.
+    pub at: Millis,
+    /// Why.
+    pub reason: String,
+}
+
+/// The last error recorded on a job. Messages are classifications, never provider text with
+/// prompt or answer content.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ErrorRecord {
+    /// Short machine-readable kind (`transient`, `permanent`, `uncertain`, `deadline`, `budget`).
+    pub kind: String,
+    /// Human-readable detail.
+    pub message: String,
+    /// When it was recorded.
+    pub at: Millis,
+}
+
+/// What a claim creates when the job is not in the ledger yet: the job as its message carries it,
+/// with defaults applied by the caller.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewJob {
+    /// Job id.
+    pub job_id: String,
+    /// Digest of contract + input.
+    pub input_digest: String,
+    /// Output-contract version.
+    pub contract: String,
+    /// Canonical input JSON.
+    pub input: String,
+    /// Producer's correlation data.
+    pub metadata: Option<String>,
+    /// Fixed deadline.
+    pub deadline_at: Millis,
+    /// Attempt budget.
+    pub max_attempts: u32,
+    /// DynamoDB TTL, Unix seconds.
+    pub expires_at: i64,
+}
+
+impl NewJob {
+    /// The record a first write of this job creates, in `state`, before any claim.
+    pub fn into_record(self, state: JobState, now: Millis) -> JobRecord {
+        JobRecord {
+            job_id: self.job_id,
+            state,
+            owner_epoch: 0,
+            attempts: 0,
+            max_attempts: self.max_attempts,
+            input_digest: self.input_digest,
+            contract: self.contract,
+            input: self.input,
+            metadata: self.metadata,
+            deadline_at: self.deadline_at,
+            owner_id: None,
+            owner_until: None,
+            attempt_log: Vec::new(),
+            recoveries: Vec::new(),
+            result: None,
+            last_error: None,
+            created_at: now,
+            updated_at: now,
+            expires_at: self.expires_at,
+        }
+    }
+}
+
+impl JobRecord {
+    /// The attempt currently claimed at the record's epoch, if the last attempt is it.
+    pub fn current_attempt(&self) -> Option<&AttemptRecord> {
+        self.attempt_log
+            .last()
+            .filter(|a| a.epoch == self.owner_epoch)
+    }
+}

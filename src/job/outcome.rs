@@ -1,0 +1,207 @@
+//! The outcome of one SQS record and the visibility its failure is given.
+
+use super::{InvalidMessage, JobState, Millis};
+
+/// SQS keeps a message for at most 12 hours of visibility from its first receive.
+pub const SQS_MAX_VISIBILITY_S: i64 = 43_200;
+/// Kept off the 12-hour cap: the request errors rather than clamps, and the first-receive time
+/// is approximate.
+pub const SQS_CAP_MARGIN_S: i64 = 60;
+/// The cap used when the record does not say when it was first received.
+pub const UNKNOWN_FIRST_RECEIVE_CAP_S: i64 = 900;
+
+/// What happened to one record.
+#[derive(Debug, Clone, PartialEq)]
+pub enum RecordOutcome {
+    /// The job is terminal in the ledger: the record is a success and Lambda deletes it.
+    Done(JobState),
+    /// The record stays in the queue, with its visibility set on purpose.
+    Failed(Failure),
+}
+
+impl RecordOutcome {
+    /// True when the record is reported as a success.
+    pub fn is_success(&self) -> bool {
+        matches!(self, RecordOutcome::Done(_))
+    }
+
+    /// A short stable label for logs and summaries.
+    pub fn label(&self) -> &'static str {
+        match self {
+            RecordOutcome::Done(state) => state.as_str(),
+            RecordOutcome::Failed(failure) => failure.label(),
+        }
+    }
+}
+
+/// Why a record is reported as a batch item failure.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Failure {
+    /// The body is not a valid job: visibility 0, so the redrive policy moves it to the DLQ.
+    Poison(InvalidMessage),
+    /// Same job_id, different input: visibility 0, ledger untouched.
+    Conflict {
+        /// Digest in the ledger.
+        ledger_digest: String,
+        /// Digest of this message.
+        message_digest: String,
+    },
+    /// Another owner holds a live lease.
+    Deferred {
+        /// Time left on that lease.
+        remaining_ms: Millis,
+    },
+    /// Try again later: a transient provider error, a ledger outage, a refused write.
+    Backoff {
+        /// A minimum wait the provider asked for.
+        retry_after_ms: Option<Millis>,
+        /// Short classification, for logs.
+        cause: &'static str,
+    },
+    /// The job is `unknown`: a long wait until someone decides.
+    AwaitingDecision,
+    /// A lapsed lease: the job is left for recovery.
+    AwaitingRecovery,
+}
+
+impl Failure {
+    /// A short stable label for logs and summaries.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Failure::Poison(_) => "poison",
+            Failure::Conflict { .. } => "conflict",
+            Failure::Deferred { .. } => "deferred",
+            Failure::Backoff { .. } => "backoff",
+            Failure::AwaitingDecision => "awaiting_decision",
+            Failure::AwaitingRecovery => "awaiting_recovery",
+        }
+    }
+}
+
+/// How long failed records stay invisible.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct VisibilityPolicy {
+    /// Backoff for the first receive; doubled each receive.
+    pub backoff_base_s: i64,
+    /// Largest backoff.
+    pub backoff_cap_s: i64,
+    /// Largest random addition to a deferral, so deferred copies do not return together.
+    pub defer_jitter_s: i64,
+    /// Wait for a job awaiting a decision.
+    pub awaiting_decision_s: i64,
+}
+
+impl Default for VisibilityPolicy {
+    fn default() -> Self {
+        VisibilityPolicy {
+            backoff_base_s: 5,
+            backoff_cap_s: 900,
+            defer_jitter_s: 5,
+            awaiting_decision_s: 1_800,
+        }
+    }
+}
+
+/// What the record says about its deliveries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Delivery {
+    /// `ApproximateReceiveCount` (1 on the first receive).
+    pub receive_count: u32,
+    /// Seconds since `ApproximateFirstReceiveTimestamp`, if the record carries it.
+    pub since_first_receive_s: Option<i64>,
+}
+
+impl VisibilityPolicy {
+    /// Full-jitter exponential backoff: uniform in `0..=min(cap, base * 2^(count-1))` seconds.
+    pub fn backoff_s(&self, receive_count: u32, rng: &mut fastrand::Rng) -> i64 {
+        let exponent = receive_count.saturating_sub(1).min(30);
+        let ceiling = self
+            .backoff_base_s
+            .saturating_mul(1_i64 << exponent)
+            .min(self.backoff_cap_s)
+            .max(0);
+        rng.i64(0..=ceiling)
+    }
+
+    /// The visibility timeout, in seconds, for a failed record.
+    pub fn visibility_s(&self, failure: &Failure, delivery: Delivery, rng: &mut fastrand::Rng) -> i32 {
+        let wanted = match failure {
+            Failure::Poison(_) | Failure::Conflict { .. } => 0,
+            Failure::Deferred { remaining_ms } => {
+                ceil_seconds(*remaining_ms) + rng.i64(0..=self.defer_jitter_s.max(0))
+            }
+            Failure::Backoff { retry_after_ms, .. } => {
+                let backoff = self.backoff_s(delivery.receive_count, rng);
+                backoff.max(retry_after_ms.map_or(0, ceil_seconds))
+            }
+            Failure::AwaitingRecovery => self.backoff_s(delivery.receive_count, rng),
+            Failure::AwaitingDecision => self.awaiting_decision_s,
+        };
+        let cap = match delivery.since_first_receive_s {
+            Some(elapsed) => SQS_MAX_VISIBILITY_S - SQS_CAP_MARGIN_S - elapsed.max(0),
+            None => UNKNOWN_FIRST_RECEIVE_CAP_S,
+        };
+        wanted.clamp(0, cap.max(0)) as i32
+    }
+}
+
+fn ceil_seconds(ms: Millis) -> i64 {
+    (ms.max(0) + 999) / 1_000
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn delivery(count: u32) -> Delivery {
+        Delivery { receive_count: count, since_first_receive_s: Some(0) }
+    }
+
+    #[test]
+    fn backoff_is_full_jitter_under_a_doubling_ceiling_and_the_cap() {
+        let policy = VisibilityPolicy::default();
+        let mut rng = fastrand::Rng::with_seed(7);
+        for (count, ceiling) in [(1, 5), (2, 10), (3, 20), (5, 80), (8, 640), (9, 900), (40, 900)] {
+            let samples: Vec<i64> = (0..2_000).map(|_| policy.backoff_s(count, &mut rng)).collect();
+            assert!(samples.iter().all(|s| (0..=ceiling).contains(s)), "count {count}");
+            assert_eq!(samples.iter().max(), Some(&ceiling), "count {count} reaches its ceiling");
+            assert_eq!(samples.iter().min(), Some(&0), "count {count} reaches zero");
+        }
+    }
+
+    #[test]
+    fn poison_and_conflict_become_visible_at_once() {
+        let policy = VisibilityPolicy::default();
+        let mut rng = fastrand::Rng::with_seed(1);
+        let poison = Failure::Poison(InvalidMessage::NotObject);
+        let conflict = Failure::Conflict { ledger_digest: "a".into(), message_digest: "b".into() };
+        assert_eq!(policy.visibility_s(&poison, delivery(4), &mut rng), 0);
+        assert_eq!(policy.visibility_s(&conflict, delivery(4), &mut rng), 0);
+    }
+
+    #[test]
+    fn a_deferral_waits_out_the_lease_plus_bounded_jitter() {
+        let policy = VisibilityPolicy::default();
+        let mut rng = fastrand::Rng::with_seed(3);
+        for _ in 0..500 {
+            let v = policy.visibility_s(&Failure::Deferred { remaining_ms: 4_001 }, delivery(1), &mut rng);
+            assert!((5..=10).contains(&v), "{v}");
+        }
+    }
+
+    #[test]
+    fn retry_after_is_a_floor_and_the_twelve_hour_cap_is_never_exceeded() {
+        let policy = VisibilityPolicy::default();
+        let mut rng = fastrand::Rng::with_seed(5);
+        let rate_limited = Failure::Backoff { retry_after_ms: Some(30_000), cause: "transient" };
+        assert!(policy.visibility_s(&rate_limited, delivery(1), &mut rng) >= 30);
+
+        let late = Delivery { receive_count: 1, since_first_receive_s: Some(43_000) };
+        let long = Failure::Deferred { remaining_ms: 3_600_000 };
+        assert_eq!(policy.visibility_s(&long, late, &mut rng), 140);
+        let past = Delivery { receive_count: 1, since_first_receive_s: Some(50_000) };
+        assert_eq!(policy.visibility_s(&long, past, &mut rng), 0);
+        let unknown_age = Delivery { receive_count: 1, since_first_receive_s: None };
+        assert_eq!(policy.visibility_s(&Failure::AwaitingDecision, unknown_age, &mut rng), 900);
+    }
+}

@@ -1,0 +1,191 @@
+//! An in-memory ledger with the same conditional-write contract as DynamoDB, for fast tests.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use super::{
+    ClaimRequest, FinishRequest, JobLedger, LedgerError, RecoverRequest, SettleFrom,
+    SettleRequest, Write,
+};
+use crate::job::{AttemptOutcome, AttemptRecord, JobRecord, JobState, RecoveryRecord};
+
+/// The ledger in a map. Each operation checks its condition and applies its effect under one
+/// lock, which is what a single-item conditional write does in DynamoDB.
+#[derive(Debug, Default)]
+pub struct InMemoryLedger {
+    // A std mutex: the critical sections are short and never cross an await.
+    items: Mutex<HashMap<String, JobRecord>>,
+    writes: AtomicU64,
+    reads: AtomicU64,
+}
+
+impl InMemoryLedger {
+    /// An empty ledger.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Conditional writes attempted so far (applied or refused).
+    pub fn writes(&self) -> u64 {
+        self.writes.load(Ordering::Relaxed)
+    }
+
+    /// Reads so far.
+    pub fn reads(&self) -> u64 {
+        self.reads.load(Ordering::Relaxed)
+    }
+
+    /// A copy of every item, for assertions.
+    pub fn snapshot(&self) -> HashMap<String, JobRecord> {
+        self.lock().clone()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, JobRecord>> {
+        // A panic while holding the lock cannot leave an item half-written (every effect is
+        // built on a clone and inserted whole), so a poisoned lock is still consistent.
+        self.items.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn write(&self, job_id: &str, apply: impl FnOnce(Option<&JobRecord>) -> Option<JobRecord>) -> Write {
+        self.writes.fetch_add(1, Ordering::Relaxed);
+        let mut items = self.lock();
+        let current = items.get(job_id);
+        match apply(current) {
+            Some(next) => {
+                items.insert(job_id.to_owned(), next.clone());
+                Write::Applied(next)
+            }
+            None => Write::Refused(current.cloned()),
+        }
+    }
+}
+
+/// Claim: see [`ClaimRequest`].
+pub fn apply_claim(current: Option<&JobRecord>, req: &ClaimRequest) -> Option<JobRecord> {
+    let allowed = match current {
+        None => req.expect.allows_absent(),
+        Some(r) => {
+            r.state.is_claimable()
+                && r.owner_epoch == req.expect.epoch
+                && r.attempts == req.expect.attempts
+                && r.input_digest == req.job.input_digest
+                && r.attempts < r.max_attempts
+                && r.deadline_at > req.now
+        }
+    };
+    if !allowed {
+        return None;
+    }
+    let mut next = match current {
+        Some(r) => r.clone(),
+        None => req.job.clone().into_record(JobState::Ready, req.now),
+    };
+    next.state = JobState::Running;
+    next.owner_epoch = req.expect.epoch + 1;
+    next.attempts = req.expect.attempts + 1;
+    next.owner_id = Some(req.owner_id.clone());
+    next.owner_until = Some(req.lease_until);
+    next.updated_at = req.now;
+    next.attempt_log.push(AttemptRecord {
+        number: next.attempts,
+        epoch: next.owner_epoch,
+        owner_id: req.owner_id.clone(),
+        started_at: req.now,
+        provider_ref: None,
+        outcome: AttemptOutcome::Pending,
+        finished_at: None,
+    });
+    Some(next)
+}
+
+/// Finish: see [`FinishRequest`].
+pub fn apply_finish(current: Option<&JobRecord>, req: &FinishRequest) -> Option<JobRecord> {
+    let r = current?;
+    let accepting = matches!(req.end, super::AttemptEnd::Succeeded { .. });
+    if r.state != JobState::Running
+        || r.owner_epoch != req.epoch
+        || (accepting && r.deadline_at <= req.now)
+    {
+        return None;
+    }
+    let mut next = r.clone();
+    next.state = req.end.target();
+    next.updated_at = req.now;
+    if let Some(attempt) = req
+        .attempt
+        .checked_sub(1)
+        .and_then(|i| next.attempt_log.get_mut(i as usize))
+    {
+        attempt.outcome = req.end.attempt_outcome();
+        attempt.finished_at = Some(req.now);
+    }
+    if let super::AttemptEnd::Succeeded { result } = &req.end {
+        next.result = Some(result.clone());
+    }
+    if let Some(error) = req.end.error(req.now) {
+        next.last_error = Some(error);
+    }
+    Some(next)
+}
+
+/// Settle: see [`SettleRequest`].
+pub fn apply_settle(current: Option<&JobRecord>, req: &SettleRequest) -> Option<JobRecord> {
+    let mut next = match (&req.from, current) {
+        (SettleFrom::Absent(job), None) => job.clone().into_record(JobState::Ready, req.now),
+        (SettleFrom::Seen { state, epoch }, Some(r)) if r.state == *state && r.owner_epoch == *epoch => {
+            r.clone()
+        }
+        _ => return None,
+    };
+    next.state = req.reason.target();
+    next.updated_at = req.now;
+    next.last_error = Some(req.error());
+    Some(next)
+}
+
+/// Recover: see [`RecoverRequest`].
+pub fn apply_recover(current: Option<&JobRecord>, req: &RecoverRequest) -> Option<JobRecord> {
+    let r = current?;
+    if r.state != JobState::Running
+        || r.owner_epoch != req.seen_epoch
+        || r.owner_until.unwrap_or(0) > req.lapsed_before
+    {
+        return None;
+    }
+    let mut next = r.clone();
+    next.owner_epoch += 1;
+    next.owner_id = Some(req.owner_id.clone());
+    next.owner_until = Some(req.lease_until);
+    next.updated_at = req.now;
+    next.recoveries.push(RecoveryRecord {
+        epoch: next.owner_epoch,
+        owner_id: req.owner_id.clone(),
+        at: req.now,
+        reason: req.reason.clone(),
+    });
+    Some(next)
+}
+
+impl JobLedger for InMemoryLedger {
+    async fn claim(&self, req: ClaimRequest) -> Result<Write, LedgerError> {
+        Ok(self.write(&req.job.job_id, |c| apply_claim(c, &req)))
+    }
+
+    async fn finish(&self, req: FinishRequest) -> Result<Write, LedgerError> {
+        Ok(self.write(&req.job_id, |c| apply_finish(c, &req)))
+    }
+
+    async fn settle(&self, req: SettleRequest) -> Result<Write, LedgerError> {
+        Ok(self.write(&req.job_id, |c| apply_settle(c, &req)))
+    }
+
+    async fn recover(&self, req: RecoverRequest) -> Result<Write, LedgerError> {
+        Ok(self.write(&req.job_id, |c| apply_recover(c, &req)))
+    }
+
+    async fn get(&self, job_id: &str) -> Result<Option<JobRecord>, LedgerError> {
+        self.reads.fetch_add(1, Ordering::Relaxed);
+        Ok(self.lock().get(job_id).cloned())
+    }
+}

@@ -1,0 +1,247 @@
+//! The job ledger: one item per job, changed only by conditional writes.
+//!
+//! Every operation is one conditional write. A refused write returns the item as it stood (so the
+//! caller re-decides without a second read), never an error, and no code path follows a refusal
+//! with an unconditional write. [`memory::InMemoryLedger`] and [`dynamodb::DynamoLedger`] keep the
+//! same contract; the conditions are spelled once per operation in each.
+
+pub mod dynamodb;
+pub mod memory;
+
+use std::future::Future;
+
+use crate::job::decision::{Expect, SettleReason};
+use crate::job::{JobRecord, JobState, Millis, NewJob};
+
+/// The result of a conditional write.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Write {
+    /// The write was applied; the item as it now stands.
+    Applied(JobRecord),
+    /// The condition did not hold; the item as it stood (`None`: there is no item).
+    Refused(Option<JobRecord>),
+}
+
+/// Claims a job for a new attempt.
+///
+/// Condition: the item is absent and `expect` is [`Expect::FRESH`], or the item is `ready` or
+/// `retry_authorized` with exactly `expect`'s epoch and attempts, the same input digest, budget
+/// left and the deadline ahead. Effect: `running`, epoch and attempts raised by one, the lease
+/// set and the attempt appended to the log, all in the same write (and, when absent, the job
+/// created from `job`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ClaimRequest {
+    /// The job as the message carries it.
+    pub job: NewJob,
+    /// What the claimant expects to find.
+    pub expect: Expect,
+    /// Who claims (unique per claim, so a lost response can be recognised).
+    pub owner_id: String,
+    /// The claimant's clock.
+    pub now: Millis,
+    /// End of the lease granted by the claim.
+    pub lease_until: Millis,
+}
+
+/// How an owner ends its attempt.
+#[derive(Debug, Clone, PartialEq)]
+pub enum AttemptEnd {
+    /// Accept the answer (also conditional on the deadline being ahead).
+    Succeeded {
+        /// The answer (JSON).
+        result: String,
+    },
+    /// A definite transient failure with budget and time left: another attempt is permitted.
+    RetryAuthorized {
+        /// Classification of the failure.
+        error: String,
+    },
+    /// A permanent failure, or a transient one with no budget left.
+    FailedTerminal {
+        /// `permanent` or `budget`.
+        kind: &'static str,
+        /// Classification of the failure.
+        error: String,
+    },
+    /// The call may have run without a confirmed outcome: `unknown`, with the evidence.
+    Unknown {
+        /// What is known about the call.
+        evidence: String,
+    },
+    /// The deadline passed during the attempt.
+    Expired,
+}
+
+impl AttemptEnd {
+    /// The state the job moves to.
+    pub fn target(&self) -> JobState {
+        match self {
+            AttemptEnd::Succeeded { .. } => JobState::Succeeded,
+            AttemptEnd::RetryAuthorized { .. } => JobState::RetryAuthorized,
+            AttemptEnd::FailedTerminal { .. } => JobState::FailedTerminal,
+            AttemptEnd::Unknown { .. } => JobState::Unknown,
+            AttemptEnd::Expired => JobState::Expired,
+        }
+    }
+}
+
+/// The owner at `epoch` ends attempt `attempt`.
+///
+/// Condition: `running` at exactly `epoch` (and, to accept a result, the deadline ahead).
+/// The lease is deliberately not part of the condition: see the README, "Accepting after a
+/// lapsed lease".
+#[derive(Debug, Clone, PartialEq)]
+pub struct FinishRequest {
+    /// Job id.
+    pub job_id: String,
+    /// The owner's epoch.
+    pub epoch: u64,
+    /// The attempt number being ended.
+    pub attempt: u32,
+    /// The owner's clock.
+    pub now: Millis,
+    /// How it ends.
+    pub end: AttemptEnd,
+}
+
+/// What a settling write expects to find.
+#[derive(Debug, Clone, PartialEq)]
+pub enum SettleFrom {
+    /// No item: it is created already terminal (a message that arrives after its deadline).
+    Absent(NewJob),
+    /// The item in `state` at `epoch`.
+    Seen {
+        /// The state seen.
+        state: JobState,
+        /// The epoch seen.
+        epoch: u64,
+    },
+}
+
+/// Settles a job that cannot run any more as terminal, without a claim.
+///
+/// Condition: the item is as `from` says. Effect: the reason's terminal state.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SettleRequest {
+    /// Job id.
+    pub job_id: String,
+    /// What the writer saw.
+    pub from: SettleFrom,
+    /// Why.
+    pub reason: SettleReason,
+    /// The writer's clock.
+    pub now: Millis,
+}
+
+/// Fences a lapsed owner: raises the epoch without starting an attempt.
+///
+/// Condition: `running` at `seen_epoch` with `owner_until <= lapsed_before`. Effect: epoch + 1,
+/// the new owner and lease, and a recovery record.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RecoverRequest {
+    /// Job id.
+    pub job_id: String,
+    /// The epoch seen.
+    pub seen_epoch: u64,
+    /// The recovering owner.
+    pub owner_id: String,
+    /// The recoverer's clock.
+    pub now: Millis,
+    /// Leases that ended at or before this instant count as lapsed (now minus the skew margin).
+    pub lapsed_before: Millis,
+    /// End of the recoverer's lease.
+    pub lease_until: Millis,
+    /// Why the recovery happened.
+    pub reason: String,
+}
+
+/// A ledger failure that is not a refused condition. The caller backs off.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LedgerError {
+    /// The table refused the request rate.
+    #[error("ledger throttled during {operation}")]
+    Throttled {
+        /// The operation.
+        operation: &'static str,
+    },
+    /// The request failed or its outcome is unknown (timeout, network, service error).
+    #[error("ledger unavailable during {operation}: {code}")]
+    Unavailable {
+        /// The operation.
+        operation: &'static str,
+        /// The service's error code, or the kind of transport failure.
+        code: String,
+    },
+    /// The stored item cannot be decoded.
+    #[error("ledger item {job_id} is malformed: {detail}")]
+    Corrupt {
+        /// Job id.
+        job_id: String,
+        /// What is wrong.
+        detail: String,
+    },
+}
+
+/// The ledger's operations. Implementations must keep the conditions documented on each request.
+pub trait JobLedger: Send + Sync {
+    /// See [`ClaimRequest`].
+    fn claim(&self, req: ClaimRequest) -> impl Future<Output = Result<Write, LedgerError>> + Send;
+    /// See [`FinishRequest`].
+    fn finish(&self, req: FinishRequest) -> impl Future<Output = Result<Write, LedgerError>> + Send;
+    /// See [`SettleRequest`].
+    fn settle(&self, req: SettleRequest) -> impl Future<Output = Result<Write, LedgerError>> + Send;
+    /// See [`RecoverRequest`].
+    fn recover(&self, req: RecoverRequest)
+    -> impl Future<Output = Result<Write, LedgerError>> + Send;
+    /// A strongly consistent read.
+    fn get(
+        &self,
+        job_id: &str,
+    ) -> impl Future<Output = Result<Option<JobRecord>, LedgerError>> + Send;
+}
+
+impl AttemptEnd {
+    /// The outcome recorded on the attempt.
+    pub fn attempt_outcome(&self) -> crate::job::AttemptOutcome {
+        use crate::job::AttemptOutcome;
+        match self {
+            AttemptEnd::Succeeded { .. } => AttemptOutcome::Succeeded,
+            AttemptEnd::RetryAuthorized { .. } => AttemptOutcome::Transient,
+            AttemptEnd::FailedTerminal { kind: "permanent", .. } => AttemptOutcome::Permanent,
+            AttemptEnd::FailedTerminal { .. } => AttemptOutcome::Transient,
+            AttemptEnd::Unknown { .. } => AttemptOutcome::Uncertain,
+            AttemptEnd::Expired => AttemptOutcome::Expired,
+        }
+    }
+
+    /// The `last_error` recorded on the job, if the end is a failure.
+    pub fn error(&self, at: Millis) -> Option<crate::job::ErrorRecord> {
+        let (kind, message) = match self {
+            AttemptEnd::Succeeded { .. } => return None,
+            AttemptEnd::RetryAuthorized { error } => ("transient", error.clone()),
+            AttemptEnd::FailedTerminal { kind, error } => (*kind, error.clone()),
+            AttemptEnd::Unknown { evidence } => ("uncertain", evidence.clone()),
+            AttemptEnd::Expired => ("deadline", "deadline passed during the attempt".to_owned()),
+        };
+        Some(crate::job::ErrorRecord {
+            kind: kind.to_owned(),
+            message,
+            at,
+        })
+    }
+}
+
+impl SettleRequest {
+    /// The `last_error` a settling write records.
+    pub fn error(&self) -> crate::job::ErrorRecord {
+        let message = match self.reason {
+            SettleReason::DeadlinePassed => "deadline passed before a result was accepted",
+            SettleReason::BudgetSpent => "attempt budget spent",
+        };
+        crate::job::ErrorRecord {
+            kind: self.reason.kind().to_owned(),
+            message: message.to_owned(),
+            at: self.now,
+        }
+    }
+}

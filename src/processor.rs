@@ -1,0 +1,376 @@
+//! One job delivery: claim or classify, call the provider, end the attempt, all through traits.
+//!
+//! The processor never writes unconditionally and never calls the provider without a claim made
+//! in the same delivery. A refused write is answered by re-deciding from the item the refusal
+//! returned.
+
+use std::time::Duration;
+
+use crate::clock::Clock;
+use crate::config::Settings;
+use crate::job::decision::{Expect, Next, SettleReason, next_step};
+use crate::job::{Failure, JobMessage, JobRecord, JobState, Millis, NewJob, RecordOutcome};
+use crate::ledger::{
+    AttemptEnd, ClaimRequest, FinishRequest, JobLedger, LedgerError, SettleFrom, SettleRequest,
+    Write,
+};
+use crate::provider::{Provider, ProviderError, ProviderRequest};
+
+/// Writes one delivery may make before it gives up on a contended job and backs off.
+const MAX_ROUNDS: usize = 4;
+
+/// The invocation a record is processed in.
+#[derive(Debug, Clone)]
+pub struct Invocation {
+    /// Lambda request id (or the local driver's invocation id).
+    pub id: String,
+    /// When the invocation must have returned, if known.
+    pub deadline: Option<Millis>,
+}
+
+/// What processing one record produced.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Processed {
+    /// The record's outcome.
+    pub outcome: RecordOutcome,
+    /// The last ledger item this delivery saw, for later records of the same job.
+    pub view: Option<JobRecord>,
+}
+
+/// Runs deliveries against a ledger and a provider.
+#[derive(Debug)]
+pub struct Processor<L, P, C> {
+    ledger: L,
+    provider: P,
+    clock: C,
+    settings: Settings,
+}
+
+enum Action {
+    Claim(Expect),
+    SettleAbsent,
+    Settle(JobState, u64, SettleReason),
+}
+
+impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
+    /// A processor over these parts.
+    pub fn new(ledger: L, provider: P, clock: C, settings: Settings) -> Self {
+        Processor {
+            ledger,
+            provider,
+            clock,
+            settings,
+        }
+    }
+
+    /// The ledger.
+    pub fn ledger(&self) -> &L {
+        &self.ledger
+    }
+
+    /// The provider.
+    pub fn provider(&self) -> &P {
+        &self.provider
+    }
+
+    /// The settings.
+    pub fn settings(&self) -> &Settings {
+        &self.settings
+    }
+
+    /// The clock.
+    pub fn clock(&self) -> &C {
+        &self.clock
+    }
+
+    /// Processes one delivery of `msg`. `owner_id` must be unique to this delivery.
+    pub async fn process(&self, msg: &JobMessage, owner_id: &str, inv: &Invocation) -> Processed {
+        let now = self.clock.now_ms();
+        if let Some(left) = inv.deadline.map(|d| d - now) {
+            if left <= self.settings.deadline_margin_ms {
+                // Too close to the invocation's end to start anything: leave the job untouched.
+                return failed(backoff("invocation deadline"), None);
+            }
+        }
+        let job = self.new_job(msg, now);
+        let mut action = if job.deadline_at <= now {
+            Action::SettleAbsent
+        } else {
+            Action::Claim(Expect::FRESH)
+        };
+        let mut view = None;
+        for _ in 0..MAX_ROUNDS {
+            let now = self.clock.now_ms();
+            let written = match action {
+                Action::Claim(expect) => {
+                    let req = ClaimRequest {
+                        job: job.clone(),
+                        expect,
+                        owner_id: owner_id.to_owned(),
+                        now,
+                        lease_until: now + self.settings.lease_ms,
+                    };
+                    match self.ledger.claim(req).await {
+                        // A retried claim whose first try was applied comes back refused with
+                        // our own claim in it.
+                        Ok(Write::Refused(Some(seen)))
+                            if seen.state == JobState::Running
+                                && seen.owner_epoch == expect.epoch + 1
+                                && seen.owner_id.as_deref() == Some(owner_id) =>
+                        {
+                            Ok(Write::Applied(seen))
+                        }
+                        other => other,
+                    }
+                }
+                Action::SettleAbsent => {
+                    let req = SettleRequest {
+                        job_id: job.job_id.clone(),
+                        from: SettleFrom::Absent(job.clone()),
+                        reason: SettleReason::DeadlinePassed,
+                        now,
+                    };
+                    self.ledger.settle(req).await
+                }
+                Action::Settle(state, epoch, reason) => {
+                    let req = SettleRequest {
+                        job_id: job.job_id.clone(),
+                        from: SettleFrom::Seen { state, epoch },
+                        reason,
+                        now,
+                    };
+                    self.ledger.settle(req).await
+                }
+            };
+            let seen = match written {
+                Err(e) => return ledger_failure(&job.job_id, &e, view),
+                Ok(Write::Applied(record)) if record.state == JobState::Running => {
+                    return self.run_attempt(msg, record, inv).await;
+                }
+                Ok(Write::Applied(record)) => {
+                    return Processed {
+                        outcome: RecordOutcome::Done(record.state),
+                        view: Some(record),
+                    };
+                }
+                // No item where one was expected (removed by TTL, say): start again from absent.
+                Ok(Write::Refused(None)) => {
+                    action = if job.deadline_at <= now {
+                        Action::SettleAbsent
+                    } else {
+                        Action::Claim(Expect::FRESH)
+                    };
+                    continue;
+                }
+                Ok(Write::Refused(Some(seen))) => seen,
+            };
+            match next_step(&seen, &msg.digest, now, self.settings.skew_ms) {
+                Next::Claim(expect) => action = Action::Claim(expect),
+                Next::Settle(reason) => action = Action::Settle(seen.state, seen.owner_epoch, reason),
+                next => {
+                    return Processed {
+                        outcome: outcome_of(next, &msg.digest),
+                        view: Some(seen),
+                    };
+                }
+            }
+            view = Some(seen);
+        }
+        failed(backoff("contention"), view)
+    }
+
+    /// The outcome of a later record of the same job in the same batch, decided from what the
+    /// first record left in the ledger, with no ledger or provider call.
+    pub fn follow(&self, msg: &JobMessage, view: &JobRecord) -> RecordOutcome {
+        let now = self.clock.now_ms();
+        match next_step(view, &msg.digest, now, self.settings.skew_ms) {
+            // One provider call per job and batch: a duplicate never claims.
+            Next::Claim(_) | Next::Settle(_) => RecordOutcome::Failed(backoff("duplicate in batch")),
+            next => outcome_of(next, &msg.digest),
+        }
+    }
+
+    async fn run_attempt(&self, msg: &JobMessage, claimed: JobRecord, inv: &Invocation) -> Processed {
+        let epoch = claimed.owner_epoch;
+        let attempt = claimed.attempts;
+        let started = self.clock.now_ms();
+        let budget = self.call_budget(&claimed, inv, started);
+        let request = ProviderRequest {
+            job_id: &msg.job_id,
+            attempt,
+            epoch,
+            contract: &msg.contract,
+            input: &msg.input,
+            idempotency_key: format!("{}/{attempt}", msg.job_id),
+        };
+        let called = tokio::time::timeout(
+            Duration::from_millis(budget.max(0) as u64),
+            self.provider.call(&request),
+        )
+        .await;
+        let now = self.clock.now_ms();
+        let mut retry_after_ms = None;
+        let end = match called {
+            Ok(Ok(answer)) => AttemptEnd::Succeeded { result: answer.body },
+            Ok(Err(ProviderError::Transient { retry_after_ms: after, reason })) => {
+                retry_after_ms = after;
+                if now >= claimed.deadline_at {
+                    AttemptEnd::Expired
+                } else if attempt >= claimed.max_attempts {
+                    AttemptEnd::FailedTerminal {
+                        kind: "budget",
+                        error: format!("attempt budget spent; last error: {reason}"),
+                    }
+                } else {
+                    AttemptEnd::RetryAuthorized { error: reason }
+                }
+            }
+            Ok(Err(ProviderError::Permanent { reason })) => AttemptEnd::FailedTerminal {
+                kind: "permanent",
+                error: reason,
+            },
+            Ok(Err(ProviderError::Uncertain { evidence })) => AttemptEnd::Unknown { evidence },
+            Err(_) => AttemptEnd::Unknown {
+                evidence: format!(
+                    "no response within {budget} ms; the request was sent and may have run"
+                ),
+            },
+        };
+        let accepting = matches!(end, AttemptEnd::Succeeded { .. });
+        let target = end.target();
+        let req = FinishRequest {
+            job_id: msg.job_id.clone(),
+            epoch,
+            attempt,
+            now,
+            end,
+        };
+        let seen = match self.ledger.finish(req).await {
+            Ok(Write::Applied(record)) => return settled(record, retry_after_ms),
+            // Our own write, applied on a first try whose response was lost.
+            Ok(Write::Refused(Some(seen))) if seen.owner_epoch == epoch && seen.state == target => {
+                return settled(seen, retry_after_ms);
+            }
+            Ok(Write::Refused(seen)) => seen,
+            Err(e) => return ledger_failure(&msg.job_id, &e, Some(claimed)),
+        };
+        // Refused: another owner took over, or the deadline passed. The answer is dropped here
+        // and never published.
+        tracing::warn!(
+            job_id = %msg.job_id,
+            epoch,
+            current_epoch = seen.as_ref().map(|s| s.owner_epoch),
+            current_state = seen.as_ref().map(|s| s.state.as_str()),
+            accepting,
+            "end of attempt refused; result not published"
+        );
+        let Some(seen) = seen else {
+            return failed(backoff("job vanished"), None);
+        };
+        if accepting && seen.state == JobState::Running && seen.owner_epoch == epoch {
+            // Still ours, so the deadline refused it: expire the job, again conditionally.
+            let req = FinishRequest {
+                job_id: msg.job_id.clone(),
+                epoch,
+                attempt,
+                now,
+                end: AttemptEnd::Expired,
+            };
+            return match self.ledger.finish(req).await {
+                Ok(Write::Applied(record)) => settled(record, None),
+                Ok(Write::Refused(seen)) => failed(backoff("refused"), seen),
+                Err(e) => ledger_failure(&msg.job_id, &e, Some(seen)),
+            };
+        }
+        let outcome = match next_step(&seen, &msg.digest, now, self.settings.skew_ms) {
+            Next::Claim(_) | Next::Settle(_) => RecordOutcome::Failed(backoff("refused")),
+            next => outcome_of(next, &msg.digest),
+        };
+        Processed {
+            outcome,
+            view: Some(seen),
+        }
+    }
+
+    /// How long the provider call may take: the configured timeout, cut to end before the
+    /// lease (less the skew margin), the job deadline and the invocation deadline (less its
+    /// margin), so the final write still happens in time.
+    fn call_budget(&self, claimed: &JobRecord, inv: &Invocation, now: Millis) -> Millis {
+        let s = &self.settings;
+        let mut budget = s.provider_timeout_ms;
+        if let Some(until) = claimed.owner_until {
+            budget = budget.min(until - s.skew_ms - now);
+        }
+        budget = budget.min(claimed.deadline_at - now);
+        if let Some(deadline) = inv.deadline {
+            budget = budget.min(deadline - s.deadline_margin_ms - now);
+        }
+        budget
+    }
+
+    fn new_job(&self, msg: &JobMessage, now: Millis) -> NewJob {
+        let deadline_at = msg
+            .deadline_at
+            .unwrap_or(now + self.settings.default_deadline_ms);
+        NewJob {
+            job_id: msg.job_id.clone(),
+            input_digest: msg.digest.clone(),
+            contract: msg.contract.clone(),
+            input: msg.input_canonical.clone(),
+            metadata: msg.metadata.clone(),
+            deadline_at,
+            max_attempts: msg.max_attempts.unwrap_or(self.settings.default_max_attempts),
+            expires_at: deadline_at.max(now) / 1000 + self.settings.retention_days * 86_400,
+        }
+    }
+}
+
+/// Maps a decision that needs no write to the record's outcome.
+fn outcome_of(next: Next, message_digest: &str) -> RecordOutcome {
+    match next {
+        Next::Finished(state) => RecordOutcome::Done(state),
+        Next::Conflict { ledger_digest } => RecordOutcome::Failed(Failure::Conflict {
+            ledger_digest,
+            message_digest: message_digest.to_owned(),
+        }),
+        Next::Defer { remaining_ms } => RecordOutcome::Failed(Failure::Deferred { remaining_ms }),
+        Next::AwaitDecision => RecordOutcome::Failed(Failure::AwaitingDecision),
+        Next::AwaitRecovery => RecordOutcome::Failed(Failure::AwaitingRecovery),
+        Next::Claim(_) | Next::Settle(_) => RecordOutcome::Failed(backoff("retry")),
+    }
+}
+
+/// The outcome after our own write ended an attempt or settled the job.
+fn settled(record: JobRecord, retry_after_ms: Option<Millis>) -> Processed {
+    let outcome = match record.state {
+        s if s.is_terminal() => RecordOutcome::Done(s),
+        JobState::Unknown => RecordOutcome::Failed(Failure::AwaitingDecision),
+        _ => RecordOutcome::Failed(Failure::Backoff {
+            retry_after_ms,
+            cause: "transient",
+        }),
+    };
+    Processed {
+        outcome,
+        view: Some(record),
+    }
+}
+
+fn ledger_failure(job_id: &str, e: &LedgerError, view: Option<JobRecord>) -> Processed {
+    tracing::warn!(job_id, error = %e, "ledger call failed");
+    failed(backoff("ledger"), view)
+}
+
+fn backoff(cause: &'static str) -> Failure {
+    Failure::Backoff {
+        retry_after_ms: None,
+        cause,
+    }
+}
+
+fn failed(failure: Failure, view: Option<JobRecord>) -> Processed {
+    Processed {
+        outcome: RecordOutcome::Failed(failure),
+        view,
+    }
+}

@@ -1,0 +1,94 @@
+//! The model call behind a trait, so the processor never knows which provider runs.
+
+pub mod simulated;
+
+use std::future::Future;
+
+use serde_json::{Map, Value};
+
+pub use simulated::SimulatedProvider;
+
+/// One attempt's request to a provider.
+#[derive(Debug, Clone)]
+pub struct ProviderRequest<'a> {
+    /// Job id.
+    pub job_id: &'a str,
+    /// Attempt number (cumulative, 1-based).
+    pub attempt: u32,
+    /// The epoch the attempt was claimed at.
+    pub epoch: u64,
+    /// Output-contract version.
+    pub contract: &'a str,
+    /// The job input.
+    pub input: &'a Map<String, Value>,
+    /// Stable per job and attempt: a provider that deduplicates requests sees a retry of the
+    /// same attempt as the same request.
+    pub idempotency_key: String,
+}
+
+/// A provider's answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Answer {
+    /// The result, as JSON text.
+    pub body: String,
+    /// The provider's reference for the call, when it has one.
+    pub provider_ref: Option<String>,
+}
+
+/// How a call failed, as the processor must treat it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ProviderError {
+    /// The provider did not do the work (rate limit, 5xx before acceptance): retry later.
+    #[error("transient provider error: {reason}")]
+    Transient {
+        /// Minimum wait the provider asked for.
+        retry_after_ms: Option<i64>,
+        /// Classification (never prompt or answer text).
+        reason: String,
+    },
+    /// The request will never succeed (rejected input, unknown model).
+    #[error("permanent provider error: {reason}")]
+    Permanent {
+        /// Classification.
+        reason: String,
+    },
+    /// The request may have been processed; the outcome is not known.
+    #[error("uncertain provider outcome: {evidence}")]
+    Uncertain {
+        /// What is known about the call.
+        evidence: String,
+    },
+}
+
+/// A model provider.
+pub trait Provider: Send + Sync {
+    /// Runs one attempt. The caller bounds it in time and treats a cut-off as uncertain.
+    fn call(
+        &self,
+        req: &ProviderRequest<'_>,
+    ) -> impl Future<Output = Result<Answer, ProviderError>> + Send;
+}
+
+/// The provider chosen by configuration.
+#[derive(Debug)]
+pub enum AnyProvider {
+    /// See [`SimulatedProvider`].
+    Simulated(SimulatedProvider),
+}
+
+impl AnyProvider {
+    /// The provider `kind` names.
+    pub fn from_kind(kind: crate::config::ProviderKind) -> Self {
+        match kind {
+            crate::config::ProviderKind::Simulated => AnyProvider::Simulated(SimulatedProvider::new()),
+        }
+    }
+}
+
+impl Provider for AnyProvider {
+    async fn call(&self, req: &ProviderRequest<'_>) -> Result<Answer, ProviderError> {
+        match self {
+            AnyProvider::Simulated(p) => p.call(req).await,
+        }
+    }
+}

@@ -1,0 +1,149 @@
+//! A provider that needs no network: deterministic answers, with latency and outcome taken from
+//! `input.simulate`, so tests and the demo can drive every path.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use sha2::{Digest, Sha256};
+
+use super::{Answer, Provider, ProviderError, ProviderRequest};
+use crate::job::message::{SimulatedOutcome, canonical_json, simulation_of};
+
+/// The simulated provider. It counts its executions (calls started), in total and per job.
+#[derive(Debug, Default)]
+pub struct SimulatedProvider {
+    executions: AtomicU64,
+    per_job: Mutex<HashMap<String, u32>>,
+}
+
+impl SimulatedProvider {
+    /// A provider with zero executions.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Calls started so far.
+    pub fn executions(&self) -> u64 {
+        self.executions.load(Ordering::Relaxed)
+    }
+
+    /// Calls started so far for one job.
+    pub fn executions_for(&self, job_id: &str) -> u32 {
+        self.lock().get(job_id).copied().unwrap_or(0)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, u32>> {
+        self.per_job.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+impl Provider for SimulatedProvider {
+    async fn call(&self, req: &ProviderRequest<'_>) -> Result<Answer, ProviderError> {
+        self.executions.fetch_add(1, Ordering::Relaxed);
+        *self.lock().entry(req.job_id.to_owned()).or_default() += 1;
+
+        let sim = simulation_of(req.input);
+        if sim.latency_ms > 0 {
+            tokio::time::sleep(Duration::from_millis(sim.latency_ms)).await;
+        }
+        // Transient failures are tied to the attempt number, not to this process's memory, so
+        // the behaviour is the same whichever invocation runs the attempt.
+        if req.attempt <= sim.fail_times {
+            return Err(ProviderError::Transient {
+                retry_after_ms: None,
+                reason: format!("simulated transient failure {} of {}", req.attempt, sim.fail_times),
+            });
+        }
+        match sim.outcome {
+            SimulatedOutcome::Ok => Ok(answer(req)),
+            SimulatedOutcome::Transient => Err(ProviderError::Transient {
+                retry_after_ms: None,
+                reason: "simulated transient failure".to_owned(),
+            }),
+            SimulatedOutcome::Permanent => Err(ProviderError::Permanent {
+                reason: "simulated permanent failure".to_owned(),
+            }),
+            SimulatedOutcome::Hang => std::future::pending().await,
+        }
+    }
+}
+
+/// The answer depends on the input and contract only, never on the attempt or the time.
+fn answer(req: &ProviderRequest<'_>) -> Answer {
+    let canonical = canonical_json(&serde_json::Value::Object(req.input.clone()));
+    let digest = Sha256::digest(format!("{}\0{canonical}", req.contract).as_bytes());
+    let tag: String = digest.iter().take(6).map(|b| format!("{b:02x}")).collect();
+    let model = req.input.get("model").and_then(|m| m.as_str()).unwrap_or("");
+    let body = serde_json::json!({
+        "contract": req.contract,
+        "model": model,
+        "output": format!("simulated answer {tag}"),
+        "usage": {"input_chars": canonical.len(), "output_tokens": 3},
+    });
+    Answer {
+        body: body.to_string(),
+        provider_ref: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::{Map, Value, json};
+
+    fn input(v: Value) -> Map<String, Value> {
+        match v {
+            Value::Object(m) => m,
+            _ => Map::new(),
+        }
+    }
+
+    fn request<'a>(input: &'a Map<String, Value>, attempt: u32) -> ProviderRequest<'a> {
+        ProviderRequest {
+            job_id: "j",
+            attempt,
+            epoch: u64::from(attempt),
+            contract: "c",
+            input,
+            idempotency_key: format!("j/{attempt}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn answers_are_deterministic_and_executions_counted() {
+        let p = SimulatedProvider::new();
+        let inp = input(json!({"model": "m", "prompt": "p"}));
+        let a = p.call(&request(&inp, 1)).await.expect("ok");
+        let b = p.call(&request(&inp, 2)).await.expect("ok");
+        assert_eq!(a, b);
+        assert_eq!(p.executions(), 2);
+        assert_eq!(p.executions_for("j"), 2);
+        let other = input(json!({"model": "m", "prompt": "q"}));
+        assert_ne!(p.call(&request(&other, 1)).await.expect("ok"), a);
+    }
+
+    #[tokio::test]
+    async fn fail_times_fails_the_first_attempts_then_takes_the_outcome() {
+        let p = SimulatedProvider::new();
+        let inp = input(json!({"model": "m", "prompt": "p", "simulate": {"fail_times": 2}}));
+        assert!(matches!(p.call(&request(&inp, 1)).await, Err(ProviderError::Transient { .. })));
+        assert!(matches!(p.call(&request(&inp, 2)).await, Err(ProviderError::Transient { .. })));
+        assert!(p.call(&request(&inp, 3)).await.is_ok());
+        let perm = input(json!({"model": "m", "prompt": "p", "simulate": {"outcome": "permanent"}}));
+        assert!(matches!(p.call(&request(&perm, 1)).await, Err(ProviderError::Permanent { .. })));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn latency_is_honoured_and_hang_never_returns() {
+        let p = SimulatedProvider::new();
+        let slow = input(json!({"model": "m", "prompt": "p", "simulate": {"latency_ms": 5000}}));
+        let started = tokio::time::Instant::now();
+        p.call(&request(&slow, 1)).await.expect("ok");
+        assert!(started.elapsed() >= Duration::from_millis(5000));
+        let hang = input(json!({"model": "m", "prompt": "p", "simulate": {"outcome": "hang"}}));
+        let cut = tokio::time::timeout(Duration::from_secs(3600), p.call(&request(&hang, 1))).await;
+        assert!(cut.is_err());
+    }
+}

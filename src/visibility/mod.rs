@@ -1,0 +1,91 @@
+//! Setting the visibility of records that stay in the queue.
+
+pub mod sqs;
+
+use std::future::Future;
+use std::sync::Mutex;
+
+pub use sqs::SqsVisibility;
+
+/// One record's new visibility timeout. The receipt handle is a capability for one delivery:
+/// it is passed to SQS and never logged or stored.
+#[derive(Clone, PartialEq, Eq)]
+pub struct VisibilityChange {
+    /// The delivery's receipt handle.
+    pub receipt_handle: String,
+    /// Seconds from now until the record becomes visible again.
+    pub seconds: i32,
+}
+
+impl std::fmt::Debug for VisibilityChange {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("VisibilityChange")
+            .field("receipt", &fingerprint(&self.receipt_handle))
+            .field("seconds", &self.seconds)
+            .finish()
+    }
+}
+
+/// What a round of visibility changes achieved.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct VisibilityReport {
+    /// API calls made.
+    pub calls: u32,
+    /// Handles changed.
+    pub changed: u32,
+    /// Handles SQS refused (for example `ReceiptHandleIsInvalid`).
+    pub refused: u32,
+    /// Handles whose change failed without an answer (a call that errored).
+    pub uncertain: u32,
+}
+
+/// Changes the visibility of records of one queue, batched. Failures are reported, not raised:
+/// a record whose change failed keeps its current timeout and comes back when it ends.
+pub trait VisibilityControl: Send + Sync {
+    /// Applies `changes` on the queue named by `queue_arn`.
+    fn change(
+        &self,
+        queue_arn: &str,
+        changes: Vec<VisibilityChange>,
+    ) -> impl Future<Output = VisibilityReport> + Send;
+}
+
+/// A short, non-reversible fingerprint of a receipt handle, for correlation in logs.
+pub fn fingerprint(receipt_handle: &str) -> String {
+    use sha2::{Digest, Sha256};
+    let digest = Sha256::digest(receipt_handle.as_bytes());
+    digest.iter().take(4).map(|b| format!("{b:02x}")).collect()
+}
+
+/// Records the changes it is asked for, for tests.
+#[derive(Debug, Default)]
+pub struct RecordingVisibility {
+    changes: Mutex<Vec<(String, VisibilityChange)>>,
+}
+
+impl RecordingVisibility {
+    /// An empty recorder.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Every change so far, with its queue ARN.
+    pub fn changes(&self) -> Vec<(String, VisibilityChange)> {
+        self.changes.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+}
+
+impl VisibilityControl for RecordingVisibility {
+    async fn change(&self, queue_arn: &str, changes: Vec<VisibilityChange>) -> VisibilityReport {
+        let report = VisibilityReport {
+            calls: changes.len().div_ceil(10) as u32,
+            changed: changes.len() as u32,
+            ..VisibilityReport::default()
+        };
+        self.changes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .extend(changes.into_iter().map(|c| (queue_arn.to_owned(), c)));
+        report
+    }
+}

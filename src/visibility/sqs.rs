@@ -1,0 +1,141 @@
+//! Visibility changes through `ChangeMessageVisibilityBatch`, ten handles a call.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use aws_sdk_sqs::Client;
+use aws_sdk_sqs::error::ProvideErrorMetadata;
+use aws_sdk_sqs::types::ChangeMessageVisibilityBatchRequestEntry;
+
+use super::{VisibilityChange, VisibilityControl, VisibilityReport};
+
+/// SQS allows at most ten entries per batch call.
+pub const SQS_BATCH_LIMIT: usize = 10;
+
+/// Visibility control over SQS. Queue URLs are resolved from the event's queue ARN once per
+/// process and cached.
+#[derive(Debug)]
+pub struct SqsVisibility {
+    client: Client,
+    urls: Mutex<HashMap<String, String>>,
+}
+
+impl SqsVisibility {
+    /// Visibility control through `client`.
+    pub fn new(client: Client) -> Self {
+        SqsVisibility {
+            client,
+            urls: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Resolves `arn:aws:sqs:REGION:ACCOUNT:NAME` to the queue URL with `GetQueueUrl`.
+    pub async fn queue_url(&self, queue_arn: &str) -> Option<String> {
+        if let Some(url) = self.urls.lock().unwrap_or_else(|p| p.into_inner()).get(queue_arn) {
+            return Some(url.clone());
+        }
+        let (account, name) = parse_queue_arn(queue_arn)?;
+        let out = self
+            .client
+            .get_queue_url()
+            .queue_name(name)
+            .queue_owner_aws_account_id(account)
+            .send()
+            .await
+            .map_err(|e| tracing::warn!(error = %aws_sdk_sqs::error::DisplayErrorContext(&e), "GetQueueUrl failed"))
+            .ok()?;
+        let url = out.queue_url()?.to_owned();
+        self.urls
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(queue_arn.to_owned(), url.clone());
+        Some(url)
+    }
+}
+
+/// The account and queue name of an SQS queue ARN.
+pub fn parse_queue_arn(arn: &str) -> Option<(&str, &str)> {
+    let mut parts = arn.split(':');
+    let (Some("arn"), Some(_partition), Some("sqs"), Some(_region), Some(account), Some(name), None) = (
+        parts.next(),
+        parts.next(),
+        parts.next(),
+        parts.next(),
+        parts.next(),
+        parts.next(),
+        parts.next(),
+    ) else {
+        return None;
+    };
+    (!account.is_empty() && !name.is_empty()).then_some((account, name))
+}
+
+impl VisibilityControl for SqsVisibility {
+    async fn change(&self, queue_arn: &str, changes: Vec<VisibilityChange>) -> VisibilityReport {
+        let mut report = VisibilityReport::default();
+        if changes.is_empty() {
+            return report;
+        }
+        let Some(url) = self.queue_url(queue_arn).await else {
+            report.uncertain = changes.len() as u32;
+            return report;
+        };
+        for chunk in changes.chunks(SQS_BATCH_LIMIT) {
+            let entries = chunk
+                .iter()
+                .enumerate()
+                .filter_map(|(i, c)| {
+                    ChangeMessageVisibilityBatchRequestEntry::builder()
+                        .id(i.to_string())
+                        .receipt_handle(&c.receipt_handle)
+                        .visibility_timeout(c.seconds)
+                        .build()
+                        .ok()
+                })
+                .collect();
+            report.calls += 1;
+            match self
+                .client
+                .change_message_visibility_batch()
+                .queue_url(&url)
+                .set_entries(Some(entries))
+                .send()
+                .await
+            {
+                Ok(out) => {
+                    report.changed += out.successful().len() as u32;
+                    report.refused += out.failed().len() as u32;
+                    for failed in out.failed() {
+                        tracing::warn!(code = failed.code(), "visibility change refused");
+                    }
+                }
+                Err(e) => {
+                    // Only the code: an SQS error message may quote a receipt handle.
+                    report.uncertain += chunk.len() as u32;
+                    tracing::warn!(code = e.code().unwrap_or("transport"), "visibility change failed");
+                }
+            }
+        }
+        report
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn queue_arns_are_parsed_strictly() {
+        assert_eq!(
+            parse_queue_arn("arn:aws:sqs:eu-west-1:123456789012:jobs"),
+            Some(("123456789012", "jobs"))
+        );
+        assert_eq!(
+            parse_queue_arn("arn:aws:sqs:us-east-1:123456789012:jobs.fifo"),
+            Some(("123456789012", "jobs.fifo"))
+        );
+        assert_eq!(parse_queue_arn("arn:aws:sns:us-east-1:1:t"), None);
+        assert_eq!(parse_queue_arn("arn:aws:sqs:us-east-1:1:q:extra"), None);
+        assert_eq!(parse_queue_arn(""), None);
+    }
+}

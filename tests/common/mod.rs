@@ -1,0 +1,231 @@
+//! Shared set-up for the emulator tests: SDK clients pointed at `AWS_ENDPOINT_URL` (which must
+//! be a loopback address), and tables and queues with unique names so tests run in parallel.
+
+#![allow(dead_code)]
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use aws_sdk_dynamodb::types::{
+    AttributeDefinition, BillingMode, KeySchemaElement, KeyType, ScalarAttributeType,
+};
+use aws_sdk_sqs::types::QueueAttributeName;
+use fenced_jobs::clock::SystemClock;
+use fenced_jobs::config::Settings;
+use fenced_jobs::event_source::LocalEventSource;
+use fenced_jobs::handler::BatchHandler;
+use fenced_jobs::ledger::dynamodb::DynamoLedger;
+use fenced_jobs::processor::Processor;
+use fenced_jobs::provider::Provider;
+use fenced_jobs::sdk_calls::CallCounter;
+use fenced_jobs::visibility::SqsVisibility;
+
+/// Clients on the emulator, with a request counter on each.
+pub struct Emulator {
+    pub ddb: aws_sdk_dynamodb::Client,
+    pub sqs: aws_sdk_sqs::Client,
+    pub calls: CallCounter,
+}
+
+/// A queue and its dead-letter queue.
+pub struct Queue {
+    pub url: String,
+    pub arn: String,
+    pub dlq_url: String,
+}
+
+pub async fn emulator() -> Emulator {
+    let endpoint = std::env::var("AWS_ENDPOINT_URL").unwrap_or_default();
+    let local = ["http://127.0.0.1:", "http://localhost:", "http://[::1]:"];
+    assert!(
+        local.iter().any(|p| endpoint.starts_with(p)),
+        "AWS_ENDPOINT_URL must point at the local emulator (got {endpoint:?}); run `make test`"
+    );
+    let config = aws_config::defaults(aws_config::BehaviorVersion::latest())
+        .region(aws_config::Region::new("us-east-1"))
+        .load()
+        .await;
+    let calls = CallCounter::new();
+    let ddb = aws_sdk_dynamodb::Client::from_conf(
+        aws_sdk_dynamodb::config::Builder::from(&config)
+            .interceptor(calls.clone())
+            .build(),
+    );
+    let sqs = aws_sdk_sqs::Client::from_conf(
+        aws_sdk_sqs::config::Builder::from(&config)
+            .interceptor(calls.clone())
+            .build(),
+    );
+    Emulator { ddb, sqs, calls }
+}
+
+pub fn unique(prefix: &str) -> String {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    format!(
+        "{prefix}-{}-{nanos}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+impl Emulator {
+    pub async fn table(&self) -> String {
+        let name = unique("jobs");
+        self.ddb
+            .create_table()
+            .table_name(&name)
+            .attribute_definitions(
+                AttributeDefinition::builder()
+                    .attribute_name("job_id")
+                    .attribute_type(ScalarAttributeType::S)
+                    .build()
+                    .expect("attribute"),
+            )
+            .key_schema(
+                KeySchemaElement::builder()
+                    .attribute_name("job_id")
+                    .key_type(KeyType::Hash)
+                    .build()
+                    .expect("key"),
+            )
+            .billing_mode(BillingMode::PayPerRequest)
+            .send()
+            .await
+            .expect("create table");
+        name
+    }
+
+    pub async fn queue(&self, visibility_timeout_s: u32) -> Queue {
+        let name = unique("work");
+        let dlq_url = self
+            .sqs
+            .create_queue()
+            .queue_name(format!("{name}-dlq"))
+            .send()
+            .await
+            .expect("create dlq")
+            .queue_url()
+            .expect("dlq url")
+            .to_owned();
+        let dlq_arn = self.arn_of(&dlq_url).await;
+        let redrive = format!(r#"{{"deadLetterTargetArn":"{dlq_arn}","maxReceiveCount":5}}"#);
+        let url = self
+            .sqs
+            .create_queue()
+            .queue_name(&name)
+            .attributes(
+                QueueAttributeName::VisibilityTimeout,
+                visibility_timeout_s.to_string(),
+            )
+            .attributes(QueueAttributeName::RedrivePolicy, redrive)
+            .send()
+            .await
+            .expect("create queue")
+            .queue_url()
+            .expect("queue url")
+            .to_owned();
+        let arn = self.arn_of(&url).await;
+        Queue { url, arn, dlq_url }
+    }
+
+    async fn arn_of(&self, url: &str) -> String {
+        self.sqs
+            .get_queue_attributes()
+            .queue_url(url)
+            .attribute_names(QueueAttributeName::QueueArn)
+            .send()
+            .await
+            .expect("queue attributes")
+            .attributes()
+            .and_then(|a| a.get(&QueueAttributeName::QueueArn))
+            .expect("arn")
+            .clone()
+    }
+
+    pub fn ledger(&self, table: &str) -> DynamoLedger {
+        DynamoLedger::new(self.ddb.clone(), table)
+    }
+
+    pub fn handler<P: Provider>(
+        &self,
+        table: &str,
+        provider: P,
+        settings: Settings,
+    ) -> BatchHandler<DynamoLedger, P, SystemClock, SqsVisibility> {
+        BatchHandler::new(
+            Processor::new(self.ledger(table), provider, SystemClock, settings),
+            SqsVisibility::new(self.sqs.clone()),
+        )
+        .with_seed(42)
+    }
+
+    pub async fn source(&self, queue: &Queue) -> LocalEventSource {
+        let mut source = LocalEventSource::connect(self.sqs.clone(), &queue.url)
+            .await
+            .expect("connect");
+        source.wait_seconds = 0;
+        source
+    }
+
+    pub async fn send(&self, queue: &Queue, body: &str) -> String {
+        self.sqs
+            .send_message()
+            .queue_url(&queue.url)
+            .message_body(body)
+            .send()
+            .await
+            .expect("send")
+            .message_id()
+            .expect("message id")
+            .to_owned()
+    }
+
+    /// Receives what is visible now, without deleting it (a second consumer's view).
+    pub async fn peek(&self, queue_url: &str, wait_s: i32) -> Vec<aws_sdk_sqs::types::Message> {
+        self.sqs
+            .receive_message()
+            .queue_url(queue_url)
+            .max_number_of_messages(10)
+            .wait_time_seconds(wait_s)
+            .send()
+            .await
+            .expect("receive")
+            .messages()
+            .to_vec()
+    }
+
+    pub async fn item_count(&self, table: &str) -> usize {
+        self.ddb
+            .scan()
+            .table_name(table)
+            .send()
+            .await
+            .expect("scan")
+            .items()
+            .len()
+    }
+}
+
+/// Settings for fast tests: short backoff, short deferral jitter.
+pub fn fast_settings() -> Settings {
+    let mut s = Settings::default();
+    s.visibility.backoff_base_s = 1;
+    s.visibility.backoff_cap_s = 1;
+    s.visibility.defer_jitter_s = 1;
+    s
+}
+
+/// A job body with the given id, prompt and extra input fields (JSON, without braces).
+pub fn job(id: &str, prompt: &str, extra_input: &str) -> String {
+    let extra = if extra_input.is_empty() {
+        String::new()
+    } else {
+        format!(",{extra_input}")
+    };
+    format!(
+        r#"{{"job_id":"{id}","contract":"summary.v1","input":{{"model":"sim-1","prompt":"{prompt}"{extra}}}}}"#
+    )
+}
