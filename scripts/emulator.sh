@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The local AWS emulator: moto server from PyPI in a project venv, on 127.0.0.1 at a free port.
 #
+#   scripts/emulator.sh install   create .venv with scripts/requirements.txt (moto, cfn-lint)
 #   scripts/emulator.sh start     install if needed, start, wait until it answers
 #   scripts/emulator.sh stop      stop it (by pid)
 #   scripts/emulator.sh env       print the variables that point the AWS SDK at it
@@ -11,16 +12,19 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 venv="$root/.venv"
 state="$root/.emulator"
-moto_version="5.2.5"
 python_bin="${PYTHON:-python3}"
 
+# Installs scripts/requirements.txt into .venv, once per version of that file.
 install() {
-  if [ -x "$venv/bin/python" ] && "$venv/bin/python" -c "import moto, flask; assert moto.__version__ == '$moto_version'" 2>/dev/null; then
+  local want stamp="$venv/.requirements"
+  want=$(cat "$root/scripts/requirements.txt")
+  if [ -x "$venv/bin/python" ] && [ "$(cat "$stamp" 2>/dev/null)" = "$want" ]; then
     return
   fi
-  echo "emulator: installing moto[server]==$moto_version into .venv" >&2
+  echo "emulator: installing scripts/requirements.txt into .venv" >&2
   "$python_bin" -m venv "$venv"
-  "$venv/bin/pip" install --quiet --disable-pip-version-check "moto[server]==$moto_version"
+  "$venv/bin/pip" install --quiet --disable-pip-version-check -r "$root/scripts/requirements.txt"
+  printf '%s' "$want" > "$stamp"
 }
 
 port() { cat "$state/port" 2>/dev/null; }
@@ -43,7 +47,7 @@ start() {
   echo $! > "$state/pid"
   for _ in $(seq 1 100); do
     if "$venv/bin/python" -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:$p/moto-api/', timeout=1)" 2>/dev/null; then
-      echo "emulator: moto $moto_version on 127.0.0.1:$p (pid $(cat "$state/pid"))" >&2
+      echo "emulator: moto on 127.0.0.1:$p (pid $(cat "$state/pid"))" >&2
       return
     fi
     sleep 0.2
@@ -73,6 +77,7 @@ VARS
 }
 
 case "${1:-}" in
+  install) install ;;
   start) start ;;
   stop) stop ;;
   env) print_env ;;
@@ -84,5 +89,5 @@ case "${1:-}" in
     running || { echo "emulator: not running" >&2; exit 1; }
     "$venv/bin/python" -c "import urllib.request; urllib.request.urlopen(urllib.request.Request('http://127.0.0.1:$(port)/moto-api/reset', method='POST'))"
     ;;
-  *) echo "usage: $0 start|stop|env|create TABLE QUEUE|reset" >&2; exit 2 ;;
+  *) echo "usage: $0 install|start|stop|env|create TABLE QUEUE|reset" >&2; exit 2 ;;
 esac

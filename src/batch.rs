@@ -75,7 +75,10 @@ mod tests {
 
     #[test]
     fn an_unnamed_failure_fails_the_batch_but_an_unnamed_success_does_not() {
-        assert_eq!(failures([(Some("a"), false), (None, true)]), Ok(vec!["a".to_owned()]));
+        assert_eq!(
+            failures([(Some("a"), false), (None, true)]),
+            Ok(vec!["a".to_owned()])
+        );
         assert_eq!(
             failures([(Some("a"), true), (Some(""), false)]),
             Err(UnnamedFailure { index: 1 })
@@ -87,7 +90,13 @@ mod tests {
     fn the_event_source_rejects_empty_or_foreign_identifiers() {
         let ids = ["m1", "m2", "m3"];
         assert_eq!(successes(&ids, &["m2"]), Ok(vec!["m1", "m3"]));
-        assert_eq!(successes(&ids, &[""]), Err(InvalidResponse::EmptyIdentifier));
-        assert_eq!(successes(&ids, &["zz"]), Err(InvalidResponse::UnknownIdentifier));
+        assert_eq!(
+            successes(&ids, &[""]),
+            Err(InvalidResponse::EmptyIdentifier)
+        );
+        assert_eq!(
+            successes(&ids, &["zz"]),
+            Err(InvalidResponse::UnknownIdentifier)
+        );
     }
 }

@@ -99,34 +99,63 @@ impl Config {
             }
         };
         let d = Settings::default();
-        let number = |name: &'static str, default: i64, min: i64, max: i64| -> Result<i64, ConfigError> {
-            match get(name) {
-                None => Ok(default),
-                Some(raw) => match raw.trim().parse::<i64>() {
-                    Ok(v) if (min..=max).contains(&v) => Ok(v),
-                    _ => Err(ConfigError::Invalid {
-                        name,
-                        reason: format!("expected an integer from {min} to {max}"),
-                    }),
-                },
-            }
-        };
+        let number =
+            |name: &'static str, default: i64, min: i64, max: i64| -> Result<i64, ConfigError> {
+                match get(name) {
+                    None => Ok(default),
+                    Some(raw) => match raw.trim().parse::<i64>() {
+                        Ok(v) if (min..=max).contains(&v) => Ok(v),
+                        _ => Err(ConfigError::Invalid {
+                            name,
+                            reason: format!("expected an integer from {min} to {max}"),
+                        }),
+                    },
+                }
+            };
         let settings = Settings {
-            max_concurrency: number("MAX_CONCURRENCY", d.max_concurrency as i64, 1, 10_000)? as usize,
+            max_concurrency: number("MAX_CONCURRENCY", d.max_concurrency as i64, 1, 10_000)?
+                as usize,
             lease_ms: number("LEASE_SECONDS", d.lease_ms / 1000, 1, 43_200)? * 1000,
             skew_ms: number("CLOCK_SKEW_MS", d.skew_ms, 0, 60_000)?,
-            provider_timeout_ms: number("PROVIDER_TIMEOUT_SECONDS", d.provider_timeout_ms / 1000, 1, 43_200)?
-                * 1000,
+            provider_timeout_ms: number(
+                "PROVIDER_TIMEOUT_SECONDS",
+                d.provider_timeout_ms / 1000,
+                1,
+                43_200,
+            )? * 1000,
             deadline_margin_ms: number("DEADLINE_MARGIN_MS", d.deadline_margin_ms, 0, 600_000)?,
-            default_max_attempts: number("DEFAULT_MAX_ATTEMPTS", i64::from(d.default_max_attempts), 1, 100)?
-                as u32,
-            default_deadline_ms: number("DEFAULT_DEADLINE_SECONDS", d.default_deadline_ms / 1000, 1, 31_536_000)?
-                * 1000,
+            default_max_attempts: number(
+                "DEFAULT_MAX_ATTEMPTS",
+                i64::from(d.default_max_attempts),
+                1,
+                100,
+            )? as u32,
+            default_deadline_ms: number(
+                "DEFAULT_DEADLINE_SECONDS",
+                d.default_deadline_ms / 1000,
+                1,
+                31_536_000,
+            )? * 1000,
             retention_days: number("RETENTION_DAYS", d.retention_days, 1, 3_650)?,
             visibility: VisibilityPolicy {
-                backoff_base_s: number("BACKOFF_BASE_SECONDS", d.visibility.backoff_base_s, 0, 43_200)?,
-                backoff_cap_s: number("BACKOFF_CAP_SECONDS", d.visibility.backoff_cap_s, 0, 43_200)?,
-                defer_jitter_s: number("DEFER_JITTER_SECONDS", d.visibility.defer_jitter_s, 0, 3_600)?,
+                backoff_base_s: number(
+                    "BACKOFF_BASE_SECONDS",
+                    d.visibility.backoff_base_s,
+                    0,
+                    43_200,
+                )?,
+                backoff_cap_s: number(
+                    "BACKOFF_CAP_SECONDS",
+                    d.visibility.backoff_cap_s,
+                    0,
+                    43_200,
+                )?,
+                defer_jitter_s: number(
+                    "DEFER_JITTER_SECONDS",
+                    d.visibility.defer_jitter_s,
+                    0,
+                    3_600,
+                )?,
                 awaiting_decision_s: number(
                     "AWAITING_DECISION_SECONDS",
                     d.visibility.awaiting_decision_s,
@@ -156,8 +185,10 @@ mod tests {
     use std::collections::HashMap;
 
     fn config(vars: &[(&str, &str)]) -> Result<Config, ConfigError> {
-        let map: HashMap<String, String> =
-            vars.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect();
+        let map: HashMap<String, String> = vars
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
         Config::from_lookup(|k| map.get(k).cloned())
     }
 
@@ -172,11 +203,33 @@ mod tests {
     #[test]
     fn bad_values_are_named() {
         let err = config(&[("JOBS_TABLE", "t"), ("MAX_CONCURRENCY", "0")]).expect_err("invalid");
-        assert!(matches!(err, ConfigError::Invalid { name: "MAX_CONCURRENCY", .. }));
+        assert!(matches!(
+            err,
+            ConfigError::Invalid {
+                name: "MAX_CONCURRENCY",
+                ..
+            }
+        ));
         let err = config(&[("JOBS_TABLE", "t"), ("PROVIDER", "magic")]).expect_err("invalid");
-        assert!(matches!(err, ConfigError::Invalid { name: "PROVIDER", .. }));
-        let err = config(&[("JOBS_TABLE", "t"), ("LEASE_SECONDS", "60"), ("PROVIDER_TIMEOUT_SECONDS", "60")])
-            .expect_err("invalid");
-        assert!(matches!(err, ConfigError::Invalid { name: "PROVIDER_TIMEOUT_SECONDS", .. }));
+        assert!(matches!(
+            err,
+            ConfigError::Invalid {
+                name: "PROVIDER",
+                ..
+            }
+        ));
+        let err = config(&[
+            ("JOBS_TABLE", "t"),
+            ("LEASE_SECONDS", "60"),
+            ("PROVIDER_TIMEOUT_SECONDS", "60"),
+        ])
+        .expect_err("invalid");
+        assert!(matches!(
+            err,
+            ConfigError::Invalid {
+                name: "PROVIDER_TIMEOUT_SECONDS",
+                ..
+            }
+        ));
     }
 }

@@ -82,7 +82,11 @@ impl LocalEventSource {
                 operation: "GetQueueAttributes",
                 detail: "no QueueArn".to_owned(),
             })?;
-        let region = queue_arn.split(':').nth(3).unwrap_or("us-east-1").to_owned();
+        let region = queue_arn
+            .split(':')
+            .nth(3)
+            .unwrap_or("us-east-1")
+            .to_owned();
         Ok(LocalEventSource {
             client,
             queue_url: queue_url.to_owned(),
@@ -281,6 +285,10 @@ where
 {
     DriverError::Sqs {
         operation,
-        detail: DisplayErrorContext(e).to_string().chars().take(300).collect(),
+        detail: DisplayErrorContext(e)
+            .to_string()
+            .chars()
+            .take(300)
+            .collect(),
     }
 }

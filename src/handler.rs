@@ -136,7 +136,12 @@ impl<L: JobLedger, P: Provider, C: Clock, V: VisibilityControl> BatchHandler<L, 
 
         let mut outcomes: Vec<Option<RecordOutcome>> = entries
             .iter()
-            .map(|e| e.parsed.as_ref().err().map(|err| RecordOutcome::Failed(Failure::Poison(err.clone()))))
+            .map(|e| {
+                e.parsed
+                    .as_ref()
+                    .err()
+                    .map(|err| RecordOutcome::Failed(Failure::Poison(err.clone())))
+            })
             .collect();
         let concurrency = self.processor.settings().max_concurrency;
         let finished: Vec<Vec<(usize, RecordOutcome)>> = stream::iter(groups)
@@ -148,7 +153,9 @@ impl<L: JobLedger, P: Provider, C: Clock, V: VisibilityControl> BatchHandler<L, 
             outcomes[index] = Some(outcome);
         }
 
-        let mut rng = self.seed.map_or_else(fastrand::Rng::new, fastrand::Rng::with_seed);
+        let mut rng = self
+            .seed
+            .map_or_else(fastrand::Rng::new, fastrand::Rng::with_seed);
         let now = self.processor.clock().now_ms();
         let mut records = Vec::with_capacity(entries.len());
         let mut changes: HashMap<&str, Vec<VisibilityChange>> = HashMap::new();
@@ -241,11 +248,18 @@ impl<L: JobLedger, P: Provider, C: Clock, V: VisibilityControl> BatchHandler<L, 
             let owner_id = format!(
                 "{}/{}",
                 inv.id,
-                entry.record.message_id.as_deref().unwrap_or("no-message-id")
+                entry
+                    .record
+                    .message_id
+                    .as_deref()
+                    .unwrap_or("no-message-id")
             );
             let run = AssertUnwindSafe(self.processor.process(msg, &owner_id, inv)).catch_unwind();
             match run.await {
-                Ok(Processed { outcome, view: seen }) => {
+                Ok(Processed {
+                    outcome,
+                    view: seen,
+                }) => {
                     view = seen;
                     out.push((index, outcome));
                 }
@@ -266,22 +280,36 @@ impl<L: JobLedger, P: Provider, C: Clock, V: VisibilityControl> BatchHandler<L, 
 }
 
 fn delivery_of(record: &SqsMessage, now: i64) -> Delivery {
-    let attr = |name: &str| record.attributes.get(name).and_then(|v| v.parse::<i64>().ok());
+    let attr = |name: &str| {
+        record
+            .attributes
+            .get(name)
+            .and_then(|v| v.parse::<i64>().ok())
+    };
     Delivery {
-        receive_count: attr("ApproximateReceiveCount").map_or(1, |n| n.clamp(1, i64::from(u32::MAX)) as u32),
-        since_first_receive_s: attr("ApproximateFirstReceiveTimestamp").map(|t| (now - t).max(0) / 1000),
+        receive_count: attr("ApproximateReceiveCount")
+            .map_or(1, |n| n.clamp(1, i64::from(u32::MAX)) as u32),
+        since_first_receive_s: attr("ApproximateFirstReceiveTimestamp")
+            .map(|t| (now - t).max(0) / 1000),
     }
 }
 
 fn log_record(report: &RecordReport, entry: &Entry<'_>) {
     let message_id = report.message_id.as_deref().unwrap_or("");
     let job_id = report.job_id.as_deref().unwrap_or("");
-    let receive_count = entry.record.attributes.get("ApproximateReceiveCount").map(String::as_str);
+    let receive_count = entry
+        .record
+        .attributes
+        .get("ApproximateReceiveCount")
+        .map(String::as_str);
     match &report.outcome {
         RecordOutcome::Failed(Failure::Poison(reason)) => {
             tracing::warn!(message_id, receive_count, reason = %reason, "poison record")
         }
-        RecordOutcome::Failed(Failure::Conflict { ledger_digest, message_digest }) => tracing::warn!(
+        RecordOutcome::Failed(Failure::Conflict {
+            ledger_digest,
+            message_digest,
+        }) => tracing::warn!(
             message_id,
             job_id,
             ledger_digest = %ledger_digest,

@@ -166,7 +166,9 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
             };
             match next_step(&seen, &msg.digest, now, self.settings.skew_ms) {
                 Next::Claim(expect) => action = Action::Claim(expect),
-                Next::Settle(reason) => action = Action::Settle(seen.state, seen.owner_epoch, reason),
+                Next::Settle(reason) => {
+                    action = Action::Settle(seen.state, seen.owner_epoch, reason)
+                }
                 next => {
                     return Processed {
                         outcome: outcome_of(next, &msg.digest),
@@ -185,12 +187,19 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         let now = self.clock.now_ms();
         match next_step(view, &msg.digest, now, self.settings.skew_ms) {
             // One provider call per job and batch: a duplicate never claims.
-            Next::Claim(_) | Next::Settle(_) => RecordOutcome::Failed(backoff("duplicate in batch")),
+            Next::Claim(_) | Next::Settle(_) => {
+                RecordOutcome::Failed(backoff("duplicate in batch"))
+            }
             next => outcome_of(next, &msg.digest),
         }
     }
 
-    async fn run_attempt(&self, msg: &JobMessage, claimed: JobRecord, inv: &Invocation) -> Processed {
+    async fn run_attempt(
+        &self,
+        msg: &JobMessage,
+        claimed: JobRecord,
+        inv: &Invocation,
+    ) -> Processed {
         let epoch = claimed.owner_epoch;
         let attempt = claimed.attempts;
         let started = self.clock.now_ms();
@@ -211,8 +220,13 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         let now = self.clock.now_ms();
         let mut retry_after_ms = None;
         let end = match called {
-            Ok(Ok(answer)) => AttemptEnd::Succeeded { result: answer.body },
-            Ok(Err(ProviderError::Transient { retry_after_ms: after, reason })) => {
+            Ok(Ok(answer)) => AttemptEnd::Succeeded {
+                result: answer.body,
+            },
+            Ok(Err(ProviderError::Transient {
+                retry_after_ms: after,
+                reason,
+            })) => {
                 retry_after_ms = after;
                 if now >= claimed.deadline_at {
                     AttemptEnd::Expired
@@ -319,7 +333,9 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
             input: msg.input_canonical.clone(),
             metadata: msg.metadata.clone(),
             deadline_at,
-            max_attempts: msg.max_attempts.unwrap_or(self.settings.default_max_attempts),
+            max_attempts: msg
+                .max_attempts
+                .unwrap_or(self.settings.default_max_attempts),
             expires_at: deadline_at.max(now) / 1000 + self.settings.retention_days * 86_400,
         }
     }

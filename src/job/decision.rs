@@ -146,14 +146,23 @@ mod tests {
         let r = record(JobState::Succeeded);
         assert_eq!(
             next_step(&r, "other", NOW, 0),
-            Next::Conflict { ledger_digest: "d".into() }
+            Next::Conflict {
+                ledger_digest: "d".into()
+            }
         );
     }
 
     #[test]
     fn terminal_jobs_are_finished() {
-        for state in [JobState::Succeeded, JobState::FailedTerminal, JobState::Expired] {
-            assert_eq!(next_step(&record(state), "d", NOW, 0), Next::Finished(state));
+        for state in [
+            JobState::Succeeded,
+            JobState::FailedTerminal,
+            JobState::Expired,
+        ] {
+            assert_eq!(
+                next_step(&record(state), "d", NOW, 0),
+                Next::Finished(state)
+            );
         }
     }
 
@@ -161,7 +170,12 @@ mod tests {
     fn a_live_lease_defers_for_its_remaining_time_plus_skew() {
         let mut r = record(JobState::Running);
         r.owner_until = Some(NOW + 5_000);
-        assert_eq!(next_step(&r, "d", NOW, 1_000), Next::Defer { remaining_ms: 6_000 });
+        assert_eq!(
+            next_step(&r, "d", NOW, 1_000),
+            Next::Defer {
+                remaining_ms: 6_000
+            }
+        );
         // Lapsed, even counting the skew: investigation only, never a claim.
         assert_eq!(next_step(&r, "d", NOW + 6_000, 1_000), Next::AwaitRecovery);
         r.deadline_at = NOW;
@@ -176,11 +190,17 @@ mod tests {
         let r = record(JobState::RetryAuthorized);
         assert_eq!(
             next_step(&r, "d", NOW, 0),
-            Next::Claim(Expect { epoch: 2, attempts: 1 })
+            Next::Claim(Expect {
+                epoch: 2,
+                attempts: 1
+            })
         );
         let mut spent = r.clone();
         spent.attempts = 3;
-        assert_eq!(next_step(&spent, "d", NOW, 0), Next::Settle(SettleReason::BudgetSpent));
+        assert_eq!(
+            next_step(&spent, "d", NOW, 0),
+            Next::Settle(SettleReason::BudgetSpent)
+        );
         assert_eq!(
             next_step(&r, "d", r.deadline_at, 0),
             Next::Settle(SettleReason::DeadlinePassed)

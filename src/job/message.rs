@@ -343,7 +343,10 @@ fn parse_simulation(value: Option<&Value>) -> Result<Simulation, InvalidMessage>
     let Value::Object(fields) = value else {
         return Err(wrong_type("input.simulate", "an object"));
     };
-    if fields.keys().any(|k| !SIMULATE_FIELDS.contains(&k.as_str())) {
+    if fields
+        .keys()
+        .any(|k| !SIMULATE_FIELDS.contains(&k.as_str()))
+    {
         return Err(InvalidMessage::Invalid {
             field: "input.simulate",
             rule: "only latency_ms, outcome and fail_times are allowed",
@@ -392,7 +395,10 @@ fn parse_simulation(value: Option<&Value>) -> Result<Simulation, InvalidMessage>
     })
 }
 
-fn take_string(fields: &mut Map<String, Value>, field: &'static str) -> Result<String, InvalidMessage> {
+fn take_string(
+    fields: &mut Map<String, Value>,
+    field: &'static str,
+) -> Result<String, InvalidMessage> {
     match fields.remove(field) {
         None => Err(InvalidMessage::Missing(field)),
         Some(Value::String(s)) => Ok(s),
@@ -549,8 +555,14 @@ mod tests {
             assert!(!err.to_string().contains(secret));
         }
         assert_eq!(parse_body(None), Err(InvalidMessage::MissingBody));
-        let huge = body(&format!(r#","metadata":{{"pad":"{}"}}"#, "x".repeat(MAX_BODY_BYTES)));
-        assert!(matches!(parse_body(Some(&huge)), Err(InvalidMessage::TooLarge { .. })));
+        let huge = body(&format!(
+            r#","metadata":{{"pad":"{}"}}"#,
+            "x".repeat(MAX_BODY_BYTES)
+        ));
+        assert!(matches!(
+            parse_body(Some(&huge)),
+            Err(InvalidMessage::TooLarge { .. })
+        ));
     }
 
     #[test]
@@ -561,7 +573,11 @@ mod tests {
         .expect("valid");
         assert_eq!(
             simulation_of(&job.input),
-            Simulation { latency_ms: 20, outcome: SimulatedOutcome::Permanent, fail_times: 2 }
+            Simulation {
+                latency_ms: 20,
+                outcome: SimulatedOutcome::Permanent,
+                fail_times: 2
+            }
         );
     }
 }

@@ -124,7 +124,12 @@ impl VisibilityPolicy {
     }
 
     /// The visibility timeout, in seconds, for a failed record.
-    pub fn visibility_s(&self, failure: &Failure, delivery: Delivery, rng: &mut fastrand::Rng) -> i32 {
+    pub fn visibility_s(
+        &self,
+        failure: &Failure,
+        delivery: Delivery,
+        rng: &mut fastrand::Rng,
+    ) -> i32 {
         let wanted = match failure {
             Failure::Poison(_) | Failure::Conflict { .. } => 0,
             Failure::Deferred { remaining_ms } => {
@@ -154,17 +159,37 @@ mod tests {
     use super::*;
 
     fn delivery(count: u32) -> Delivery {
-        Delivery { receive_count: count, since_first_receive_s: Some(0) }
+        Delivery {
+            receive_count: count,
+            since_first_receive_s: Some(0),
+        }
     }
 
     #[test]
     fn backoff_is_full_jitter_under_a_doubling_ceiling_and_the_cap() {
         let policy = VisibilityPolicy::default();
         let mut rng = fastrand::Rng::with_seed(7);
-        for (count, ceiling) in [(1, 5), (2, 10), (3, 20), (5, 80), (8, 640), (9, 900), (40, 900)] {
-            let samples: Vec<i64> = (0..2_000).map(|_| policy.backoff_s(count, &mut rng)).collect();
-            assert!(samples.iter().all(|s| (0..=ceiling).contains(s)), "count {count}");
-            assert_eq!(samples.iter().max(), Some(&ceiling), "count {count} reaches its ceiling");
+        for (count, ceiling) in [
+            (1, 5),
+            (2, 10),
+            (3, 20),
+            (5, 80),
+            (8, 640),
+            (9, 900),
+            (40, 900),
+        ] {
+            let samples: Vec<i64> = (0..2_000)
+                .map(|_| policy.backoff_s(count, &mut rng))
+                .collect();
+            assert!(
+                samples.iter().all(|s| (0..=ceiling).contains(s)),
+                "count {count}"
+            );
+            assert_eq!(
+                samples.iter().max(),
+                Some(&ceiling),
+                "count {count} reaches its ceiling"
+            );
             assert_eq!(samples.iter().min(), Some(&0), "count {count} reaches zero");
         }
     }
@@ -174,7 +199,10 @@ mod tests {
         let policy = VisibilityPolicy::default();
         let mut rng = fastrand::Rng::with_seed(1);
         let poison = Failure::Poison(InvalidMessage::NotObject);
-        let conflict = Failure::Conflict { ledger_digest: "a".into(), message_digest: "b".into() };
+        let conflict = Failure::Conflict {
+            ledger_digest: "a".into(),
+            message_digest: "b".into(),
+        };
         assert_eq!(policy.visibility_s(&poison, delivery(4), &mut rng), 0);
         assert_eq!(policy.visibility_s(&conflict, delivery(4), &mut rng), 0);
     }
@@ -184,7 +212,13 @@ mod tests {
         let policy = VisibilityPolicy::default();
         let mut rng = fastrand::Rng::with_seed(3);
         for _ in 0..500 {
-            let v = policy.visibility_s(&Failure::Deferred { remaining_ms: 4_001 }, delivery(1), &mut rng);
+            let v = policy.visibility_s(
+                &Failure::Deferred {
+                    remaining_ms: 4_001,
+                },
+                delivery(1),
+                &mut rng,
+            );
             assert!((5..=10).contains(&v), "{v}");
         }
     }
@@ -193,15 +227,32 @@ mod tests {
     fn retry_after_is_a_floor_and_the_twelve_hour_cap_is_never_exceeded() {
         let policy = VisibilityPolicy::default();
         let mut rng = fastrand::Rng::with_seed(5);
-        let rate_limited = Failure::Backoff { retry_after_ms: Some(30_000), cause: "transient" };
+        let rate_limited = Failure::Backoff {
+            retry_after_ms: Some(30_000),
+            cause: "transient",
+        };
         assert!(policy.visibility_s(&rate_limited, delivery(1), &mut rng) >= 30);
 
-        let late = Delivery { receive_count: 1, since_first_receive_s: Some(43_000) };
-        let long = Failure::Deferred { remaining_ms: 3_600_000 };
+        let late = Delivery {
+            receive_count: 1,
+            since_first_receive_s: Some(43_000),
+        };
+        let long = Failure::Deferred {
+            remaining_ms: 3_600_000,
+        };
         assert_eq!(policy.visibility_s(&long, late, &mut rng), 140);
-        let past = Delivery { receive_count: 1, since_first_receive_s: Some(50_000) };
+        let past = Delivery {
+            receive_count: 1,
+            since_first_receive_s: Some(50_000),
+        };
         assert_eq!(policy.visibility_s(&long, past, &mut rng), 0);
-        let unknown_age = Delivery { receive_count: 1, since_first_receive_s: None };
-        assert_eq!(policy.visibility_s(&Failure::AwaitingDecision, unknown_age, &mut rng), 900);
+        let unknown_age = Delivery {
+            receive_count: 1,
+            since_first_receive_s: None,
+        };
+        assert_eq!(
+            policy.visibility_s(&Failure::AwaitingDecision, unknown_age, &mut rng),
+            900
+        );
     }
 }

@@ -92,10 +92,17 @@ mod tests {
         for state in JobState::ALL {
             assert_eq!(state.as_str().parse::<JobState>(), Ok(state));
         }
-        let terminal: Vec<_> = JobState::ALL.into_iter().filter(|s| s.is_terminal()).collect();
+        let terminal: Vec<_> = JobState::ALL
+            .into_iter()
+            .filter(|s| s.is_terminal())
+            .collect();
         assert_eq!(
             terminal,
-            [JobState::Succeeded, JobState::FailedTerminal, JobState::Expired]
+            [
+                JobState::Succeeded,
+                JobState::FailedTerminal,
+                JobState::Expired
+            ]
         );
         assert!("Running".parse::<JobState>().is_err());
     }

@@ -14,8 +14,7 @@ use super::{
     SettleRequest, Write,
 };
 use crate::job::{
-    AttemptOutcome, AttemptRecord, ErrorRecord, JobRecord, JobState, Millis, NewJob,
-    RecoveryRecord,
+    AttemptOutcome, AttemptRecord, ErrorRecord, JobRecord, JobState, Millis, NewJob, RecoveryRecord,
 };
 
 type Item = HashMap<String, AttributeValue>;
@@ -173,7 +172,10 @@ impl JobLedger for DynamoLedger {
             (":until", n(req.lease_until)),
             (":now", n(req.now)),
             (":empty", AttributeValue::L(Vec::new())),
-            (":attempt", AttributeValue::L(vec![encode_attempt(&attempt)])),
+            (
+                ":attempt",
+                AttributeValue::L(vec![encode_attempt(&attempt)]),
+            ),
         ]);
         self.update("claim", &job.job_id, &update, &condition, values)
             .await
@@ -231,11 +233,21 @@ impl JobLedger for DynamoLedger {
                 (update, "attribute_not_exists(#id)".to_owned())
             }
             SettleFrom::Seen { state, epoch } => {
-                // Invariant: the writer saw this state at this epoch; anything newer wins.
-                values.extend([(":from", s(state.as_str())), (":epoch", n(*epoch))]);
+                // Invariant: the writer saw this state at this epoch; anything newer wins, and a
+                // terminal item is never rewritten.
+                values.extend([
+                    (":from", s(state.as_str())),
+                    (":epoch", n(*epoch)),
+                    (":ready", s(JobState::Ready.as_str())),
+                    (":running", s(JobState::Running.as_str())),
+                    (":unknown", s(JobState::Unknown.as_str())),
+                    (":retry", s(JobState::RetryAuthorized.as_str())),
+                ]);
                 (
                     "SET #state = :to, #updated = :now, #err = :err".to_owned(),
-                    "#state = :from AND #epoch = :epoch".to_owned(),
+                    "#state = :from AND #epoch = :epoch \
+                     AND #state IN (:ready, :running, :unknown, :retry)"
+                        .to_owned(),
                 )
             }
         };
@@ -263,7 +275,10 @@ impl JobLedger for DynamoLedger {
             (":cutoff", n(req.lapsed_before)),
             (":running", s(JobState::Running.as_str())),
             (":empty", AttributeValue::L(Vec::new())),
-            (":recovery", AttributeValue::L(vec![encode_recovery(&recovery)])),
+            (
+                ":recovery",
+                AttributeValue::L(vec![encode_recovery(&recovery)]),
+            ),
         ];
         self.update("recover", &req.job_id, update, condition, values)
             .await
@@ -397,7 +412,8 @@ pub fn decode(item: &Item) -> Result<JobRecord, LedgerError> {
             .map(str::to_owned)
             .ok_or_else(|| corrupt(format!("missing string `{name}`")))
     };
-    let req_n = |name: &str| get_n(item, name).ok_or_else(|| corrupt(format!("missing number `{name}`")));
+    let req_n =
+        |name: &str| get_n(item, name).ok_or_else(|| corrupt(format!("missing number `{name}`")));
     let state: JobState = req_s("state")?
         .parse()
         .map_err(|e: crate::job::state::UnknownState| corrupt(e.to_string()))?;
@@ -421,7 +437,8 @@ pub fn decode(item: &Item) -> Result<JobRecord, LedgerError> {
         state,
         owner_epoch: to_u64(req_n("owner_epoch")?).ok_or_else(|| corrupt("owner_epoch".into()))?,
         attempts: to_u32(req_n("attempts")?).ok_or_else(|| corrupt("attempts".into()))?,
-        max_attempts: to_u32(req_n("max_attempts")?).ok_or_else(|| corrupt("max_attempts".into()))?,
+        max_attempts: to_u32(req_n("max_attempts")?)
+            .ok_or_else(|| corrupt("max_attempts".into()))?,
         input_digest: req_s("input_digest")?,
         contract: req_s("contract")?,
         input: req_s("input")?,
@@ -507,7 +524,10 @@ mod tests {
             ("state".to_owned(), s("dancing")),
         ]);
         assert!(matches!(decode(&item), Err(LedgerError::Corrupt { .. })));
-        let item = HashMap::from([("job_id".to_owned(), s("j")), ("state".to_owned(), s("ready"))]);
+        let item = HashMap::from([
+            ("job_id".to_owned(), s("j")),
+            ("state".to_owned(), s("ready")),
+        ]);
         assert!(matches!(decode(&item), Err(LedgerError::Corrupt { .. })));
     }
 }

@@ -5,8 +5,8 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::{
-    ClaimRequest, FinishRequest, JobLedger, LedgerError, RecoverRequest, SettleFrom,
-    SettleRequest, Write,
+    ClaimRequest, FinishRequest, JobLedger, LedgerError, RecoverRequest, SettleFrom, SettleRequest,
+    Write,
 };
 use crate::job::{AttemptOutcome, AttemptRecord, JobRecord, JobState, RecoveryRecord};
 
@@ -47,7 +47,11 @@ impl InMemoryLedger {
         self.items.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn write(&self, job_id: &str, apply: impl FnOnce(Option<&JobRecord>) -> Option<JobRecord>) -> Write {
+    fn write(
+        &self,
+        job_id: &str,
+        apply: impl FnOnce(Option<&JobRecord>) -> Option<JobRecord>,
+    ) -> Write {
         self.writes.fetch_add(1, Ordering::Relaxed);
         let mut items = self.lock();
         let current = items.get(job_id);
@@ -133,7 +137,9 @@ pub fn apply_finish(current: Option<&JobRecord>, req: &FinishRequest) -> Option<
 pub fn apply_settle(current: Option<&JobRecord>, req: &SettleRequest) -> Option<JobRecord> {
     let mut next = match (&req.from, current) {
         (SettleFrom::Absent(job), None) => job.clone().into_record(JobState::Ready, req.now),
-        (SettleFrom::Seen { state, epoch }, Some(r)) if r.state == *state && r.owner_epoch == *epoch => {
+        (SettleFrom::Seen { state, epoch }, Some(r))
+            if !r.state.is_terminal() && r.state == *state && r.owner_epoch == *epoch =>
+        {
             r.clone()
         }
         _ => return None,

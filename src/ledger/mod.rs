@@ -120,7 +120,7 @@ pub enum SettleFrom {
 
 /// Settles a job that cannot run any more as terminal, without a claim.
 ///
-/// Condition: the item is as `from` says. Effect: the reason's terminal state.
+/// Condition: the item is as `from` says, and not terminal. Effect: the reason's terminal state.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SettleRequest {
     /// Job id.
@@ -187,12 +187,16 @@ pub trait JobLedger: Send + Sync {
     /// See [`ClaimRequest`].
     fn claim(&self, req: ClaimRequest) -> impl Future<Output = Result<Write, LedgerError>> + Send;
     /// See [`FinishRequest`].
-    fn finish(&self, req: FinishRequest) -> impl Future<Output = Result<Write, LedgerError>> + Send;
-    /// See [`SettleRequest`].
-    fn settle(&self, req: SettleRequest) -> impl Future<Output = Result<Write, LedgerError>> + Send;
-    /// See [`RecoverRequest`].
-    fn recover(&self, req: RecoverRequest)
+    fn finish(&self, req: FinishRequest)
     -> impl Future<Output = Result<Write, LedgerError>> + Send;
+    /// See [`SettleRequest`].
+    fn settle(&self, req: SettleRequest)
+    -> impl Future<Output = Result<Write, LedgerError>> + Send;
+    /// See [`RecoverRequest`].
+    fn recover(
+        &self,
+        req: RecoverRequest,
+    ) -> impl Future<Output = Result<Write, LedgerError>> + Send;
     /// A strongly consistent read.
     fn get(
         &self,
@@ -207,7 +211,9 @@ impl AttemptEnd {
         match self {
             AttemptEnd::Succeeded { .. } => AttemptOutcome::Succeeded,
             AttemptEnd::RetryAuthorized { .. } => AttemptOutcome::Transient,
-            AttemptEnd::FailedTerminal { kind: "permanent", .. } => AttemptOutcome::Permanent,
+            AttemptEnd::FailedTerminal {
+                kind: "permanent", ..
+            } => AttemptOutcome::Permanent,
             AttemptEnd::FailedTerminal { .. } => AttemptOutcome::Transient,
             AttemptEnd::Unknown { .. } => AttemptOutcome::Uncertain,
             AttemptEnd::Expired => AttemptOutcome::Expired,
@@ -243,5 +249,39 @@ impl SettleRequest {
             message: message.to_owned(),
             at: self.now,
         }
+    }
+}
+
+impl<L: JobLedger> JobLedger for std::sync::Arc<L> {
+    fn claim(&self, req: ClaimRequest) -> impl Future<Output = Result<Write, LedgerError>> + Send {
+        (**self).claim(req)
+    }
+
+    fn finish(
+        &self,
+        req: FinishRequest,
+    ) -> impl Future<Output = Result<Write, LedgerError>> + Send {
+        (**self).finish(req)
+    }
+
+    fn settle(
+        &self,
+        req: SettleRequest,
+    ) -> impl Future<Output = Result<Write, LedgerError>> + Send {
+        (**self).settle(req)
+    }
+
+    fn recover(
+        &self,
+        req: RecoverRequest,
+    ) -> impl Future<Output = Result<Write, LedgerError>> + Send {
+        (**self).recover(req)
+    }
+
+    fn get(
+        &self,
+        job_id: &str,
+    ) -> impl Future<Output = Result<Option<JobRecord>, LedgerError>> + Send {
+        (**self).get(job_id)
     }
 }

@@ -80,7 +80,9 @@ impl AnyProvider {
     /// The provider `kind` names.
     pub fn from_kind(kind: crate::config::ProviderKind) -> Self {
         match kind {
-            crate::config::ProviderKind::Simulated => AnyProvider::Simulated(SimulatedProvider::new()),
+            crate::config::ProviderKind::Simulated => {
+                AnyProvider::Simulated(SimulatedProvider::new())
+            }
         }
     }
 }

@@ -53,7 +53,10 @@ impl Provider for SimulatedProvider {
         if req.attempt <= sim.fail_times {
             return Err(ProviderError::Transient {
                 retry_after_ms: None,
-                reason: format!("simulated transient failure {} of {}", req.attempt, sim.fail_times),
+                reason: format!(
+                    "simulated transient failure {} of {}",
+                    req.attempt, sim.fail_times
+                ),
             });
         }
         match sim.outcome {
@@ -75,7 +78,11 @@ fn answer(req: &ProviderRequest<'_>) -> Answer {
     let canonical = canonical_json(&serde_json::Value::Object(req.input.clone()));
     let digest = Sha256::digest(format!("{}\0{canonical}", req.contract).as_bytes());
     let tag: String = digest.iter().take(6).map(|b| format!("{b:02x}")).collect();
-    let model = req.input.get("model").and_then(|m| m.as_str()).unwrap_or("");
+    let model = req
+        .input
+        .get("model")
+        .and_then(|m| m.as_str())
+        .unwrap_or("");
     let body = serde_json::json!({
         "contract": req.contract,
         "model": model,
@@ -128,11 +135,21 @@ mod tests {
     async fn fail_times_fails_the_first_attempts_then_takes_the_outcome() {
         let p = SimulatedProvider::new();
         let inp = input(json!({"model": "m", "prompt": "p", "simulate": {"fail_times": 2}}));
-        assert!(matches!(p.call(&request(&inp, 1)).await, Err(ProviderError::Transient { .. })));
-        assert!(matches!(p.call(&request(&inp, 2)).await, Err(ProviderError::Transient { .. })));
+        assert!(matches!(
+            p.call(&request(&inp, 1)).await,
+            Err(ProviderError::Transient { .. })
+        ));
+        assert!(matches!(
+            p.call(&request(&inp, 2)).await,
+            Err(ProviderError::Transient { .. })
+        ));
         assert!(p.call(&request(&inp, 3)).await.is_ok());
-        let perm = input(json!({"model": "m", "prompt": "p", "simulate": {"outcome": "permanent"}}));
-        assert!(matches!(p.call(&request(&perm, 1)).await, Err(ProviderError::Permanent { .. })));
+        let perm =
+            input(json!({"model": "m", "prompt": "p", "simulate": {"outcome": "permanent"}}));
+        assert!(matches!(
+            p.call(&request(&perm, 1)).await,
+            Err(ProviderError::Permanent { .. })
+        ));
     }
 
     #[tokio::test(start_paused = true)]

@@ -71,7 +71,10 @@ impl RecordingVisibility {
 
     /// Every change so far, with its queue ARN.
     pub fn changes(&self) -> Vec<(String, VisibilityChange)> {
-        self.changes.lock().unwrap_or_else(|p| p.into_inner()).clone()
+        self.changes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 }
 

@@ -31,7 +31,12 @@ impl SqsVisibility {
 
     /// Resolves `arn:aws:sqs:REGION:ACCOUNT:NAME` to the queue URL with `GetQueueUrl`.
     pub async fn queue_url(&self, queue_arn: &str) -> Option<String> {
-        if let Some(url) = self.urls.lock().unwrap_or_else(|p| p.into_inner()).get(queue_arn) {
+        if let Some(url) = self
+            .urls
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(queue_arn)
+        {
             return Some(url.clone());
         }
         let (account, name) = parse_queue_arn(queue_arn)?;
@@ -56,7 +61,15 @@ impl SqsVisibility {
 /// The account and queue name of an SQS queue ARN.
 pub fn parse_queue_arn(arn: &str) -> Option<(&str, &str)> {
     let mut parts = arn.split(':');
-    let (Some("arn"), Some(_partition), Some("sqs"), Some(_region), Some(account), Some(name), None) = (
+    let (
+        Some("arn"),
+        Some(_partition),
+        Some("sqs"),
+        Some(_region),
+        Some(account),
+        Some(name),
+        None,
+    ) = (
         parts.next(),
         parts.next(),
         parts.next(),
@@ -64,7 +77,8 @@ pub fn parse_queue_arn(arn: &str) -> Option<(&str, &str)> {
         parts.next(),
         parts.next(),
         parts.next(),
-    ) else {
+    )
+    else {
         return None;
     };
     (!account.is_empty() && !name.is_empty()).then_some((account, name))
@@ -112,7 +126,10 @@ impl VisibilityControl for SqsVisibility {
                 Err(e) => {
                     // Only the code: an SQS error message may quote a receipt handle.
                     report.uncertain += chunk.len() as u32;
-                    tracing::warn!(code = e.code().unwrap_or("transport"), "visibility change failed");
+                    tracing::warn!(
+                        code = e.code().unwrap_or("transport"),
+                        "visibility change failed"
+                    );
                 }
             }
         }

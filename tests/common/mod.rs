@@ -12,8 +12,8 @@ use aws_sdk_dynamodb::types::{
 use aws_sdk_sqs::types::QueueAttributeName;
 use fenced_jobs::clock::SystemClock;
 use fenced_jobs::config::Settings;
-use fenced_jobs::event_source::LocalEventSource;
-use fenced_jobs::handler::BatchHandler;
+use fenced_jobs::event_source::{LocalEventSource, PollReport};
+use fenced_jobs::handler::{BatchHandler, BatchReport};
 use fenced_jobs::ledger::dynamodb::DynamoLedger;
 use fenced_jobs::processor::Processor;
 use fenced_jobs::provider::Provider;
@@ -228,4 +228,22 @@ pub fn job(id: &str, prompt: &str, extra_input: &str) -> String {
     format!(
         r#"{{"job_id":"{id}","contract":"summary.v1","input":{{"model":"sim-1","prompt":"{prompt}"{extra}}}}}"#
     )
+}
+
+/// One delivery through the local event source, keeping the handler's own report.
+pub async fn deliver<P: Provider>(
+    source: &LocalEventSource,
+    handler: &BatchHandler<DynamoLedger, P, SystemClock, SqsVisibility>,
+) -> (PollReport, Option<BatchReport>) {
+    let slot = std::sync::Mutex::new(None);
+    let slot_ref = &slot;
+    let poll = source
+        .poll_once(|event, inv| async move {
+            let report = handler.handle_batch(&event, &inv).await;
+            *slot_ref.lock().expect("slot") = Some(report.clone());
+            report.into_response()
+        })
+        .await
+        .expect("poll");
+    (poll, slot.into_inner().expect("slot"))
 }

@@ -1,0 +1,28 @@
+# The two commands of the README need no set-up: they install what they need.
+.PHONY: demo test check fmt clippy emulator-start emulator-stop clean
+
+demo: ## Run the main job end to end on the local emulator
+	scripts/demo.sh
+
+test: ## Lint the template and run every test (emulator started and stopped here)
+	scripts/test.sh
+
+check: ## Formatting and lints, as CI runs them
+	cargo fmt --all -- --check
+	cargo clippy --all-targets -- -D warnings
+
+fmt:
+	cargo fmt --all
+
+clippy:
+	cargo clippy --all-targets -- -D warnings
+
+emulator-start: ## Start the emulator and leave it running (see `scripts/emulator.sh env`)
+	scripts/emulator.sh start
+
+emulator-stop:
+	scripts/emulator.sh stop
+
+clean:
+	scripts/emulator.sh stop
+	rm -rf .venv .emulator target

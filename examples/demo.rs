@@ -1,0 +1,258 @@
+//! The main job, end to end on the local emulator: a mix of jobs goes through the queue, the
+//! local event source mapping drives the real handler, and a summary shows how each job ended.
+//!
+//! Run it with `make demo` (which starts the emulator and creates the resources).
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use fenced_jobs::clock::SystemClock;
+use fenced_jobs::config::Settings;
+use fenced_jobs::event_source::LocalEventSource;
+use fenced_jobs::handler::BatchHandler;
+use fenced_jobs::job::JobState;
+use fenced_jobs::ledger::JobLedger;
+use fenced_jobs::ledger::dynamodb::DynamoLedger;
+use fenced_jobs::processor::Processor;
+use fenced_jobs::provider::SimulatedProvider;
+use fenced_jobs::sdk_calls::CallCounter;
+use fenced_jobs::visibility::SqsVisibility;
+
+/// (label, job_id, what the demo expects, body)
+fn jobs() -> Vec<(&'static str, &'static str, &'static str, String)> {
+    let job = |id: &str, prompt: &str, simulate: &str| {
+        format!(
+            r#"{{"job_id":"{id}","contract":"summary.v1","input":{{"model":"sim-1","messages":[{{"role":"user","content":"{prompt}"}}],"parameters":{{"temperature":0}},"simulate":{simulate}}},"metadata":{{"source":"demo"}}}}"#
+        )
+    };
+    vec![
+        (
+            "normal",
+            "demo-summary",
+            "succeeded, 1 call",
+            job(
+                "demo-summary",
+                "Summarise the quarterly report.",
+                r#"{"latency_ms":300}"#,
+            ),
+        ),
+        (
+            "duplicate delivery (1/2)",
+            "demo-extract",
+            "succeeded, 1 call",
+            job(
+                "demo-extract",
+                "Extract the parties.",
+                r#"{"latency_ms":200}"#,
+            ),
+        ),
+        (
+            "duplicate delivery (2/2)",
+            "demo-extract",
+            "",
+            job(
+                "demo-extract",
+                "Extract the parties.",
+                r#"{"latency_ms":200}"#,
+            ),
+        ),
+        (
+            "transient, then success",
+            "demo-eval",
+            "succeeded, 3 calls",
+            job("demo-eval", "Grade this answer.", r#"{"fail_times":2}"#),
+        ),
+        (
+            "permanent failure",
+            "demo-reject",
+            "failed_terminal, 1 call",
+            job(
+                "demo-reject",
+                "Unsupported request.",
+                r#"{"outcome":"permanent"}"#,
+            ),
+        ),
+        (
+            "conflict (same id, new input)",
+            "demo-summary",
+            "to the DLQ",
+            job("demo-summary", "A different document!", r#"{}"#),
+        ),
+        (
+            "poison (not JSON)",
+            "-",
+            "to the DLQ",
+            "{this is not json".to_owned(),
+        ),
+        (
+            "poison (bad job_id)",
+            "-",
+            "to the DLQ",
+            r#"{"job_id":"no spaces allowed","contract":"c","input":{"model":"m","prompt":"p"}}"#
+                .to_owned(),
+        ),
+    ]
+}
+
+fn env(name: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| {
+        eprintln!("{name} is not set: run `make demo`");
+        std::process::exit(2)
+    })
+}
+
+#[tokio::main]
+async fn main() {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("error")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let endpoint = env("AWS_ENDPOINT_URL");
+    if !endpoint.starts_with("http://127.0.0.1:") {
+        eprintln!("the demo only runs against the local emulator, not {endpoint}");
+        std::process::exit(2);
+    }
+    let (table, queue_url, dlq_url) = (env("JOBS_TABLE"), env("QUEUE_URL"), env("DLQ_URL"));
+
+    let aws = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
+    let calls = CallCounter::new();
+    let ddb = aws_sdk_dynamodb::Client::from_conf(
+        aws_sdk_dynamodb::config::Builder::from(&aws)
+            .interceptor(calls.clone())
+            .build(),
+    );
+    let sqs = aws_sdk_sqs::Client::from_conf(
+        aws_sdk_sqs::config::Builder::from(&aws)
+            .interceptor(calls.clone())
+            .build(),
+    );
+    let mut settings = Settings::default();
+    settings.visibility.backoff_base_s = 1;
+    settings.visibility.backoff_cap_s = 2;
+    let ledger = DynamoLedger::new(ddb.clone(), &table);
+    let handler = BatchHandler::new(
+        Processor::new(
+            ledger.clone(),
+            SimulatedProvider::new(),
+            SystemClock,
+            settings,
+        ),
+        SqsVisibility::new(sqs.clone()),
+    );
+    let mut source = LocalEventSource::connect(sqs.clone(), &queue_url)
+        .await
+        .unwrap_or_else(|e| {
+            eprintln!("cannot reach the queue: {e}");
+            std::process::exit(1)
+        });
+    source.wait_seconds = 1;
+
+    println!("Sending {} messages to {}", jobs().len(), queue_url);
+    for (label, _, _, body) in jobs() {
+        sqs.send_message()
+            .queue_url(&queue_url)
+            .message_body(body)
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("send {label}: {e}"));
+    }
+
+    let started = Instant::now();
+    let (mut batches, mut deleted, mut failed) = (0, 0, 0);
+    loop {
+        let poll = source
+            .poll_once(|event, inv| handler.handle(event, inv))
+            .await
+            .unwrap_or_else(|e| panic!("poll: {e}"));
+        if poll.received > 0 {
+            batches += 1;
+            deleted += poll.deleted;
+            failed += poll.failed;
+        }
+        let (visible, in_flight) = source.depth().await.unwrap_or((1, 1));
+        if visible == 0 && in_flight == 0 {
+            break;
+        }
+        if started.elapsed() > Duration::from_secs(120) {
+            println!("(stopping after 120 s with {visible} visible and {in_flight} in flight)");
+            break;
+        }
+    }
+    println!(
+        "Queue drained in {:.1} s: {batches} batches, {deleted} records acknowledged, {failed} failures reported (and retried or sent to the DLQ).\n",
+        started.elapsed().as_secs_f64()
+    );
+
+    let provider = handler.processor().provider();
+    println!(
+        "{:<31} {:<14} {:<16} {:>8} {:>6} {:>6}  expected",
+        "message", "job_id", "final state", "attempts", "epoch", "calls"
+    );
+    let mut shown = BTreeMap::new();
+    for (label, job_id, expected, _) in jobs() {
+        let (state, attempts, epoch) = if job_id == "-" {
+            ("(not a job)".to_owned(), String::new(), String::new())
+        } else {
+            match ledger.get(job_id).await {
+                Ok(Some(r)) => (
+                    r.state.to_string(),
+                    r.attempts.to_string(),
+                    r.owner_epoch.to_string(),
+                ),
+                Ok(None) => ("(absent)".to_owned(), String::new(), String::new()),
+                Err(e) => (format!("error: {e}"), String::new(), String::new()),
+            }
+        };
+        let calls = if job_id == "-" {
+            String::new()
+        } else {
+            provider.executions_for(job_id).to_string()
+        };
+        println!(
+            "{label:<31} {job_id:<14} {state:<16} {attempts:>8} {epoch:>6} {calls:>6}  {expected}"
+        );
+        if job_id != "-" {
+            shown.insert(job_id, state);
+        }
+    }
+
+    let dead = sqs
+        .get_queue_attributes()
+        .queue_url(&dlq_url)
+        .attribute_names(aws_sdk_sqs::types::QueueAttributeName::ApproximateNumberOfMessages)
+        .send()
+        .await
+        .ok()
+        .and_then(|o| o.attributes().and_then(|a| a.values().next().cloned()))
+        .unwrap_or_else(|| "?".to_owned());
+    println!(
+        "\nDead-letter queue: {dead} messages (the conflict and the two poison messages, after maxReceiveCount = 5 receives at visibility 0)."
+    );
+    println!("Provider calls: {} in all.", provider.executions());
+    let counts = calls.counts();
+    let line = |service: &str| {
+        counts
+            .iter()
+            .filter(|(k, _)| k.starts_with(service))
+            .map(|(k, v)| format!("{} {v}", &k[service.len() + 1..]))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    println!(
+        "DynamoDB requests: {} ({}).",
+        calls.total("dynamodb"),
+        line("dynamodb")
+    );
+    println!("SQS requests: {} ({}).", calls.total("sqs"), line("sqs"));
+
+    let all_terminal = shown
+        .values()
+        .all(|s| s.parse::<JobState>().is_ok_and(JobState::is_terminal));
+    if !all_terminal {
+        eprintln!("some jobs did not reach a terminal state");
+        std::process::exit(1);
+    }
+}

@@ -1,0 +1,339 @@
+//! The batch handler over the in-memory ledger: fast tests of batch behaviour (deduplication,
+//! panics, missing ids, budgets, deadlines, hangs) without the emulator.
+
+use std::sync::Arc;
+
+use aws_lambda_events::event::sqs::{SqsEvent, SqsMessage};
+use fenced_jobs::clock::{Clock, SystemClock};
+use fenced_jobs::config::Settings;
+use fenced_jobs::handler::BatchHandler;
+use fenced_jobs::job::{Failure, JobState, RecordOutcome};
+use fenced_jobs::ledger::JobLedger;
+use fenced_jobs::ledger::memory::InMemoryLedger;
+use fenced_jobs::processor::{Invocation, Processor};
+use fenced_jobs::provider::{Answer, Provider, ProviderError, ProviderRequest, SimulatedProvider};
+use fenced_jobs::visibility::RecordingVisibility;
+
+const ARN: &str = "arn:aws:sqs:us-east-1:123456789012:jobs";
+
+type Handler<P> = BatchHandler<Arc<InMemoryLedger>, P, SystemClock, RecordingVisibility>;
+
+fn handler<P: Provider>(
+    ledger: Arc<InMemoryLedger>,
+    provider: P,
+    settings: Settings,
+) -> Handler<P> {
+    BatchHandler::new(
+        Processor::new(ledger, provider, SystemClock, settings),
+        RecordingVisibility::new(),
+    )
+    .with_seed(1)
+}
+
+fn record(id: Option<&str>, body: &str) -> SqsMessage {
+    let mut m = SqsMessage::default();
+    m.message_id = id.map(str::to_owned);
+    m.receipt_handle = Some(format!("handle-{}", id.unwrap_or("none")));
+    m.body = Some(body.to_owned());
+    m.event_source_arn = Some(ARN.to_owned());
+    m.attributes
+        .insert("ApproximateReceiveCount".into(), "1".into());
+    m.attributes.insert(
+        "ApproximateFirstReceiveTimestamp".into(),
+        SystemClock.now_ms().to_string(),
+    );
+    m
+}
+
+fn event(records: Vec<SqsMessage>) -> SqsEvent {
+    let mut e = SqsEvent::default();
+    e.records = records;
+    e
+}
+
+fn invocation() -> Invocation {
+    Invocation {
+        id: "inv-1".into(),
+        deadline: Some(SystemClock.now_ms() + 60_000),
+    }
+}
+
+fn job(id: &str, extra_input: &str) -> String {
+    format!(
+        r#"{{"job_id":"{id}","contract":"c","input":{{"model":"m","prompt":"p"{extra_input}}}}}"#
+    )
+}
+
+#[tokio::test]
+async fn duplicates_in_one_batch_make_one_provider_call() {
+    let ledger = Arc::new(InMemoryLedger::new());
+    let h = handler(
+        ledger.clone(),
+        SimulatedProvider::new(),
+        Settings::default(),
+    );
+    let body = job("dup", "");
+    let report = h
+        .handle_batch(
+            &event(vec![
+                record(Some("m1"), &body),
+                record(Some("m2"), &body),
+                record(Some("m3"), &body),
+            ]),
+            &invocation(),
+        )
+        .await;
+    assert_eq!(h.processor().provider().executions(), 1);
+    assert_eq!(report.response, Ok(vec![]));
+    assert!(
+        report
+            .records
+            .iter()
+            .all(|r| r.outcome == RecordOutcome::Done(JobState::Succeeded))
+    );
+    // The duplicates cost no ledger call either: a claim and an acceptance in all.
+    assert_eq!(ledger.writes(), 2);
+}
+
+#[tokio::test]
+async fn a_duplicate_of_a_job_that_must_retry_does_not_claim_again_in_the_same_batch() {
+    let ledger = Arc::new(InMemoryLedger::new());
+    let h = handler(
+        ledger.clone(),
+        SimulatedProvider::new(),
+        Settings::default(),
+    );
+    let body = job("flaky", r#","simulate":{"fail_times":1}"#);
+    let report = h
+        .handle_batch(
+            &event(vec![record(Some("m1"), &body), record(Some("m2"), &body)]),
+            &invocation(),
+        )
+        .await;
+    assert_eq!(h.processor().provider().executions(), 1);
+    assert_eq!(report.response, Ok(vec!["m1".to_owned(), "m2".to_owned()]));
+    let item = ledger.get("flaky").await.expect("get").expect("item");
+    assert_eq!((item.state, item.attempts), (JobState::RetryAuthorized, 1));
+
+    // Next delivery: the retry is authorised and succeeds.
+    let report = h
+        .handle_batch(&event(vec![record(Some("m3"), &body)]), &invocation())
+        .await;
+    assert_eq!(report.response, Ok(vec![]));
+    assert_eq!(h.processor().provider().executions(), 2);
+}
+
+struct PanicsOn(&'static str, SimulatedProvider);
+
+impl Provider for PanicsOn {
+    async fn call(&self, req: &ProviderRequest<'_>) -> Result<Answer, ProviderError> {
+        assert_ne!(req.job_id, self.0, "provider bug");
+        self.1.call(req).await
+    }
+}
+
+#[tokio::test]
+async fn a_panic_fails_only_its_own_record() {
+    let ledger = Arc::new(InMemoryLedger::new());
+    let h = handler(
+        ledger.clone(),
+        PanicsOn("boom", SimulatedProvider::new()),
+        Settings::default(),
+    );
+    let report = h
+        .handle_batch(
+            &event(vec![
+                record(Some("m1"), &job("fine-1", "")),
+                record(Some("m2"), &job("boom", "")),
+                record(Some("m3"), &job("fine-2", "")),
+            ]),
+            &invocation(),
+        )
+        .await;
+    assert_eq!(report.response, Ok(vec!["m2".to_owned()]));
+    assert!(matches!(
+        report.records[1].outcome,
+        RecordOutcome::Failed(Failure::Backoff { cause: "panic", .. })
+    ));
+    assert_eq!(
+        ledger.get("fine-2").await.expect("get").map(|r| r.state),
+        Some(JobState::Succeeded)
+    );
+}
+
+#[tokio::test]
+async fn a_failed_record_without_a_message_id_fails_the_whole_batch() {
+    let ledger = Arc::new(InMemoryLedger::new());
+    let h = handler(ledger, SimulatedProvider::new(), Settings::default());
+    // A successful record without an id is fine: it is simply not reported.
+    let ok = h
+        .handle(
+            event(vec![
+                record(None, &job("fine", "")),
+                record(Some("m2"), "garbage"),
+            ]),
+            invocation(),
+        )
+        .await;
+    let ok = ok.expect("response");
+    assert_eq!(ok.batch_item_failures.len(), 1);
+    assert_eq!(ok.batch_item_failures[0].item_identifier, "m2");
+    // A failed one cannot be named, and an empty identifier is never produced.
+    let unnamed = h
+        .handle(
+            event(vec![
+                record(Some("m1"), &job("x", "")),
+                record(Some(""), "garbage"),
+            ]),
+            invocation(),
+        )
+        .await;
+    assert!(unnamed.is_err());
+}
+
+#[tokio::test]
+async fn every_failure_gets_its_visibility_and_successes_get_none() {
+    let ledger = Arc::new(InMemoryLedger::new());
+    let h = handler(ledger, SimulatedProvider::new(), Settings::default());
+    let report = h
+        .handle_batch(
+            &event(vec![
+                record(Some("poison"), "{}"),
+                record(Some("ok"), &job("ok", "")),
+                record(
+                    Some("perm"),
+                    &job("perm", r#","simulate":{"outcome":"permanent"}"#),
+                ),
+                record(
+                    Some("flaky"),
+                    &job("flaky", r#","simulate":{"outcome":"transient"}"#),
+                ),
+            ]),
+            &invocation(),
+        )
+        .await;
+    let changes = h.visibility().changes();
+    let seconds: Vec<(String, i32)> = changes
+        .iter()
+        .map(|(arn, c)| {
+            (c.receipt_handle.clone(), {
+                assert_eq!(arn, ARN);
+                c.seconds
+            })
+        })
+        .collect();
+    assert_eq!(seconds.len(), 2, "{seconds:?}");
+    assert_eq!(seconds[0], ("handle-poison".to_owned(), 0));
+    assert_eq!(seconds[1].0, "handle-flaky");
+    assert!((0..=5).contains(&seconds[1].1));
+    assert_eq!(
+        report.response,
+        Ok(vec!["poison".to_owned(), "flaky".to_owned()])
+    );
+}
+
+#[tokio::test]
+async fn transient_failures_stop_at_the_attempt_budget() {
+    let ledger = Arc::new(InMemoryLedger::new());
+    let h = handler(
+        ledger.clone(),
+        SimulatedProvider::new(),
+        Settings::default(),
+    );
+    let body = r#"{"job_id":"never","contract":"c","max_attempts":2,"input":{"model":"m","prompt":"p","simulate":{"outcome":"transient"}}}"#;
+    for n in 0..4 {
+        h.handle_batch(
+            &event(vec![record(Some(&format!("m{n}")), body)]),
+            &invocation(),
+        )
+        .await;
+    }
+    let item = ledger.get("never").await.expect("get").expect("item");
+    assert_eq!((item.state, item.attempts), (JobState::FailedTerminal, 2));
+    assert_eq!(item.last_error.map(|e| e.kind), Some("budget".to_owned()));
+    assert_eq!(h.processor().provider().executions(), 2);
+}
+
+#[tokio::test]
+async fn a_job_past_its_deadline_expires_without_a_provider_call() {
+    let ledger = Arc::new(InMemoryLedger::new());
+    let h = handler(
+        ledger.clone(),
+        SimulatedProvider::new(),
+        Settings::default(),
+    );
+    let body = r#"{"job_id":"late","contract":"c","deadline_at":"2020-01-01T00:00:00Z","input":{"model":"m","prompt":"p"}}"#;
+    let report = h
+        .handle_batch(&event(vec![record(Some("m1"), body)]), &invocation())
+        .await;
+    assert_eq!(
+        report.records[0].outcome,
+        RecordOutcome::Done(JobState::Expired)
+    );
+    assert_eq!(h.processor().provider().executions(), 0);
+    assert_eq!(
+        ledger.get("late").await.expect("get").map(|r| r.state),
+        Some(JobState::Expired)
+    );
+}
+
+#[tokio::test]
+async fn a_hung_call_is_cut_off_and_recorded_as_uncertain_never_retried_blindly() {
+    let ledger = Arc::new(InMemoryLedger::new());
+    let settings = Settings {
+        provider_timeout_ms: 200,
+        ..Settings::default()
+    };
+    let h = handler(ledger.clone(), SimulatedProvider::new(), settings);
+    let body = job("stuck", r#","simulate":{"outcome":"hang"}"#);
+    let report = h
+        .handle_batch(&event(vec![record(Some("m1"), &body)]), &invocation())
+        .await;
+    assert_eq!(
+        report.records[0].outcome,
+        RecordOutcome::Failed(Failure::AwaitingDecision)
+    );
+    assert_eq!(report.records[0].visibility_s, Some(1_800));
+    let item = ledger.get("stuck").await.expect("get").expect("item");
+    assert_eq!(item.state, JobState::Unknown);
+    assert_eq!(
+        item.last_error.map(|e| e.kind),
+        Some("uncertain".to_owned())
+    );
+
+    // Another delivery waits for a decision: no second call.
+    let again = h
+        .handle_batch(&event(vec![record(Some("m2"), &body)]), &invocation())
+        .await;
+    assert_eq!(
+        again.records[0].outcome,
+        RecordOutcome::Failed(Failure::AwaitingDecision)
+    );
+    assert_eq!(h.processor().provider().executions(), 1);
+}
+
+#[tokio::test]
+async fn no_work_starts_inside_the_invocation_safety_margin() {
+    let ledger = Arc::new(InMemoryLedger::new());
+    let h = handler(
+        ledger.clone(),
+        SimulatedProvider::new(),
+        Settings::default(),
+    );
+    let nearly_over = Invocation {
+        id: "inv".into(),
+        deadline: Some(SystemClock.now_ms() + 1_000),
+    };
+    let report = h
+        .handle_batch(
+            &event(vec![record(Some("m1"), &job("later", ""))]),
+            &nearly_over,
+        )
+        .await;
+    assert!(matches!(
+        report.records[0].outcome,
+        RecordOutcome::Failed(Failure::Backoff { .. })
+    ));
+    assert_eq!(ledger.writes(), 0);
+    assert_eq!(h.processor().provider().executions(), 0);
+}

@@ -1,0 +1,297 @@
+//! The in-memory ledger and the DynamoDB ledger (on the emulator, through the SDK) run the same
+//! sequence of operations, stale epochs and lapsed leases included, and must agree on every
+//! outcome and on every final item. This keeps the fast fake honest.
+
+mod common;
+
+use fenced_jobs::job::decision::SettleReason;
+use fenced_jobs::job::{Expect, JobRecord, NewJob};
+use fenced_jobs::ledger::memory::InMemoryLedger;
+use fenced_jobs::ledger::{
+    AttemptEnd, ClaimRequest, FinishRequest, JobLedger, RecoverRequest, SettleFrom, SettleRequest,
+    Write,
+};
+
+const T: i64 = 1_800_000_000_000;
+
+fn job(id: &str, digest: &str, max_attempts: u32, deadline_at: i64) -> NewJob {
+    NewJob {
+        job_id: id.into(),
+        input_digest: digest.into(),
+        contract: "summary.v1".into(),
+        input: r#"{"model":"m","prompt":"p"}"#.into(),
+        metadata: Some(r#"{"trace":"t-1"}"#.into()),
+        deadline_at,
+        max_attempts,
+        expires_at: deadline_at / 1000 + 86_400,
+    }
+}
+
+fn claim(job: &NewJob, expect: Expect, owner: &str, now: i64) -> ClaimRequest {
+    ClaimRequest {
+        job: job.clone(),
+        expect,
+        owner_id: owner.into(),
+        now,
+        lease_until: now + 60_000,
+    }
+}
+
+fn finish(id: &str, epoch: u64, attempt: u32, now: i64, end: AttemptEnd) -> FinishRequest {
+    FinishRequest {
+        job_id: id.into(),
+        epoch,
+        attempt,
+        now,
+        end,
+    }
+}
+
+fn expect(epoch: u64, attempts: u32) -> Expect {
+    Expect { epoch, attempts }
+}
+
+fn ok(result: &str) -> AttemptEnd {
+    AttemptEnd::Succeeded {
+        result: result.into(),
+    }
+}
+
+fn retry() -> AttemptEnd {
+    AttemptEnd::RetryAuthorized {
+        error: "rate limited".into(),
+    }
+}
+
+/// One line per operation: what the ledger answered.
+fn line(step: &str, w: Write) -> String {
+    match w {
+        Write::Applied(r) => format!(
+            "{step}: applied {} e{} a{}",
+            r.state, r.owner_epoch, r.attempts
+        ),
+        Write::Refused(Some(r)) => format!(
+            "{step}: refused, saw {} e{} a{}",
+            r.state, r.owner_epoch, r.attempts
+        ),
+        Write::Refused(None) => format!("{step}: refused, no item"),
+    }
+}
+
+async fn scenario<L: JobLedger>(ledger: &L, prefix: &str) -> (Vec<String>, Vec<Option<JobRecord>>) {
+    let id = |s: &str| format!("{prefix}{s}");
+    let a = job(&id("a"), "d-a", 3, T + 3_600_000);
+    let mut log = Vec::new();
+    macro_rules! step {
+        ($name:expr, $op:expr) => {
+            log.push(line($name, $op.await.expect("ledger call")))
+        };
+    }
+    step!(
+        "claim fresh",
+        ledger.claim(claim(&a, Expect::FRESH, "w1", T))
+    );
+    step!(
+        "claim duplicate",
+        ledger.claim(claim(&a, Expect::FRESH, "w2", T + 1))
+    );
+    step!(
+        "finish stale epoch",
+        ledger.finish(finish(&a.job_id, 0, 1, T + 2, ok("stale")))
+    );
+    let recover = |now: i64| RecoverRequest {
+        job_id: a.job_id.clone(),
+        seen_epoch: 1,
+        owner_id: "w3".into(),
+        now,
+        lapsed_before: now - 2_000,
+        lease_until: now + 60_000,
+        reason: "lease lapsed".into(),
+    };
+    step!("recover live lease", ledger.recover(recover(T + 1_000)));
+    step!("recover lapsed lease", ledger.recover(recover(T + 120_000)));
+    step!(
+        "fenced owner accepts",
+        ledger.finish(finish(&a.job_id, 1, 1, T + 121_000, ok("old")))
+    );
+    step!(
+        "new owner releases",
+        ledger.finish(finish(&a.job_id, 2, 1, T + 122_000, retry()))
+    );
+    step!(
+        "claim with old expectation",
+        ledger.claim(claim(&a, Expect::FRESH, "w4", T + 123_000))
+    );
+    let other_input = job(&a.job_id, "d-other", 3, T + 3_600_000);
+    step!(
+        "claim other digest",
+        ledger.claim(claim(&other_input, expect(2, 1), "w4", T + 124_000))
+    );
+    step!(
+        "claim retry",
+        ledger.claim(claim(&a, expect(2, 1), "w4", T + 125_000))
+    );
+    step!(
+        "accept after deadline",
+        ledger.finish(finish(&a.job_id, 3, 2, T + 3_600_000, ok("late")))
+    );
+    step!(
+        "accept",
+        ledger.finish(finish(&a.job_id, 3, 2, T + 126_000, ok("answer")))
+    );
+    let settle = |id: &str, from: SettleFrom, reason, now| SettleRequest {
+        job_id: id.into(),
+        from,
+        reason,
+        now,
+    };
+    let seen = |state, epoch| SettleFrom::Seen { state, epoch };
+    use fenced_jobs::job::JobState::*;
+    step!(
+        "settle a terminal job",
+        ledger.settle(settle(
+            &a.job_id,
+            seen(Succeeded, 3),
+            SettleReason::DeadlinePassed,
+            T + 127_000
+        ))
+    );
+    step!(
+        "accept twice",
+        ledger.finish(finish(&a.job_id, 3, 2, T + 128_000, ok("again")))
+    );
+
+    let b = job(&id("b"), "d-b", 1, T + 3_600_000);
+    step!("b claim", ledger.claim(claim(&b, Expect::FRESH, "w1", T)));
+    step!(
+        "b release",
+        ledger.finish(finish(&b.job_id, 1, 1, T + 1, retry()))
+    );
+    step!(
+        "b claim past budget",
+        ledger.claim(claim(&b, expect(1, 1), "w2", T + 2))
+    );
+    step!(
+        "b settle budget",
+        ledger.settle(settle(
+            &b.job_id,
+            seen(RetryAuthorized, 1),
+            SettleReason::BudgetSpent,
+            T + 3
+        ))
+    );
+
+    let c = job(&id("c"), "d-c", 3, T - 1);
+    let absent = || SettleFrom::Absent(c.clone());
+    step!(
+        "c settle absent",
+        ledger.settle(settle(&c.job_id, absent(), SettleReason::DeadlinePassed, T))
+    );
+    step!(
+        "c settle absent again",
+        ledger.settle(settle(
+            &c.job_id,
+            absent(),
+            SettleReason::DeadlinePassed,
+            T + 1
+        ))
+    );
+
+    let d = job(&id("d"), "d-d", 3, T + 10_000);
+    step!("d claim", ledger.claim(claim(&d, Expect::FRESH, "w1", T)));
+    let unknown = AttemptEnd::Unknown {
+        evidence: "timed out after sending".into(),
+    };
+    step!(
+        "d uncertain",
+        ledger.finish(finish(&d.job_id, 1, 1, T + 5_000, unknown))
+    );
+    step!(
+        "d claim unknown",
+        ledger.claim(claim(&d, expect(1, 1), "w2", T + 6_000))
+    );
+    step!(
+        "d claim after deadline",
+        ledger.claim(claim(&d, Expect::FRESH, "w2", T + 20_000))
+    );
+    step!(
+        "d settle deadline",
+        ledger.settle(settle(
+            &d.job_id,
+            seen(Unknown, 1),
+            SettleReason::DeadlinePassed,
+            T + 20_000
+        ))
+    );
+    step!(
+        "e settle missing",
+        ledger.settle(settle(
+            &id("e"),
+            seen(Ready, 0),
+            SettleReason::DeadlinePassed,
+            T
+        ))
+    );
+
+    let mut items = Vec::new();
+    for s in ["a", "b", "c", "d", "e"] {
+        let mut item = ledger.get(&id(s)).await.expect("get");
+        if let Some(item) = item.as_mut() {
+            item.job_id = s.to_owned();
+        }
+        items.push(item);
+    }
+    (log, items)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_in_memory_ledger_and_dynamodb_agree_on_every_conditional_write() {
+    let memory = InMemoryLedger::new();
+    let (memory_log, memory_items) = scenario(&memory, "").await;
+
+    let aws = common::emulator().await;
+    let table = aws.table().await;
+    let dynamo = aws.ledger(&table);
+    let (dynamo_log, dynamo_items) = scenario(&dynamo, "").await;
+
+    for (m, d) in memory_log.iter().zip(&dynamo_log) {
+        assert_eq!(m, d);
+    }
+    assert_eq!(memory_log.len(), dynamo_log.len());
+    assert_eq!(memory_items, dynamo_items);
+
+    // The expected story, so that both agreeing on a wrong answer fails too.
+    let expected = [
+        "claim fresh: applied running e1 a1",
+        "claim duplicate: refused, saw running e1 a1",
+        "finish stale epoch: refused, saw running e1 a1",
+        "recover live lease: refused, saw running e1 a1",
+        "recover lapsed lease: applied running e2 a1",
+        "fenced owner accepts: refused, saw running e2 a1",
+        "new owner releases: applied retry_authorized e2 a1",
+        "claim with old expectation: refused, saw retry_authorized e2 a1",
+        "claim other digest: refused, saw retry_authorized e2 a1",
+        "claim retry: applied running e3 a2",
+        "accept after deadline: refused, saw running e3 a2",
+        "accept: applied succeeded e3 a2",
+        "settle a terminal job: refused, saw succeeded e3 a2",
+        "accept twice: refused, saw succeeded e3 a2",
+        "b claim: applied running e1 a1",
+        "b release: applied retry_authorized e1 a1",
+        "b claim past budget: refused, saw retry_authorized e1 a1",
+        "b settle budget: applied failed_terminal e1 a1",
+        "c settle absent: applied expired e0 a0",
+        "c settle absent again: refused, saw expired e0 a0",
+        "d claim: applied running e1 a1",
+        "d uncertain: applied unknown e1 a1",
+        "d claim unknown: refused, saw unknown e1 a1",
+        "d claim after deadline: refused, saw unknown e1 a1",
+        "d settle deadline: applied expired e1 a1",
+        "e settle missing: refused, no item",
+    ];
+    assert_eq!(memory_log, expected);
+    let a = memory_items[0].as_ref().expect("a");
+    assert_eq!(a.result.as_deref(), Some("answer"));
+    assert_eq!(a.attempt_log.len(), 2);
+    assert_eq!(a.recoveries.len(), 1);
+}
