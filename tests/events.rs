@@ -1,0 +1,67 @@
+//! The sample events in `events/` are real `SqsEvent`s that the handler accepts, and their
+//! documented outcomes hold.
+
+use std::sync::Arc;
+
+use aws_lambda_events::event::sqs::SqsEvent;
+use fenced_jobs::clock::{Clock, SystemClock};
+use fenced_jobs::config::Settings;
+use fenced_jobs::handler::BatchHandler;
+use fenced_jobs::job::parse_body;
+use fenced_jobs::ledger::memory::InMemoryLedger;
+use fenced_jobs::processor::{Invocation, Processor};
+use fenced_jobs::provider::SimulatedProvider;
+use fenced_jobs::visibility::RecordingVisibility;
+
+async fn run(path: &str) -> (Vec<String>, u64) {
+    let text = std::fs::read_to_string(path).expect("event file");
+    let event: SqsEvent = serde_json::from_str(&text).expect("an SqsEvent");
+    let handler = BatchHandler::new(
+        Processor::new(
+            Arc::new(InMemoryLedger::new()),
+            SimulatedProvider::new(),
+            SystemClock,
+            Settings::default(),
+        ),
+        RecordingVisibility::new(),
+    );
+    let inv = Invocation {
+        id: "events-test".into(),
+        deadline: Some(SystemClock.now_ms() + 60_000),
+    };
+    let response = handler.handle(event, inv).await.expect("response");
+    let failures = response
+        .batch_item_failures
+        .into_iter()
+        .map(|f| f.item_identifier)
+        .collect();
+    (failures, handler.processor().provider().executions())
+}
+
+#[test]
+fn the_documented_message_is_valid() {
+    let text = std::fs::read_to_string("events/job.json").expect("job.json");
+    let job = parse_body(Some(&text)).expect("valid job");
+    assert_eq!(job.job_id, "summary-2026-11-29-0001");
+    assert!(job.metadata.is_some());
+}
+
+#[tokio::test]
+async fn one_job_succeeds() {
+    assert_eq!(run("events/sqs-one-job.json").await, (vec![], 1));
+}
+
+#[tokio::test]
+async fn the_mixed_batch_fails_the_transient_and_the_poison_records_only() {
+    let (failures, calls) = run("events/sqs-mixed-batch.json").await;
+    assert_eq!(
+        failures,
+        [
+            "6d1c8a3e-0002-4f4e-9b8e-000000000003",
+            "6d1c8a3e-0002-4f4e-9b8e-000000000005",
+            "6d1c8a3e-0002-4f4e-9b8e-000000000006",
+        ]
+    );
+    // extract (once for two records), eval, reject.
+    assert_eq!(calls, 3);
+}
