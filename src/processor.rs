@@ -18,6 +18,8 @@ use crate::provider::{Provider, ProviderError, ProviderRequest};
 
 /// Writes one delivery may make before it gives up on a contended job and backs off.
 const MAX_ROUNDS: usize = 4;
+/// A call is not started with less time than this left before its bound.
+const MIN_CALL_BUDGET_MS: Millis = 100;
 
 /// The invocation a record is processed in.
 #[derive(Debug, Clone)]
@@ -212,11 +214,20 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
             input: &msg.input,
             idempotency_key: format!("{}/{attempt}", msg.job_id),
         };
-        let called = tokio::time::timeout(
-            Duration::from_millis(budget.max(0) as u64),
-            self.provider.call(&request),
-        )
-        .await;
+        let called = if budget < MIN_CALL_BUDGET_MS {
+            // No time left to make the call: it is not sent, which is a definite failure of
+            // this attempt, so another one may be authorised.
+            Ok(Err(ProviderError::Transient {
+                retry_after_ms: None,
+                reason: "no time left to make the call".to_owned(),
+            }))
+        } else {
+            tokio::time::timeout(
+                Duration::from_millis(budget as u64),
+                self.provider.call(&request),
+            )
+            .await
+        };
         let now = self.clock.now_ms();
         let mut retry_after_ms = None;
         let end = match called {

@@ -118,7 +118,7 @@ impl DynamoLedger {
                     // fall back to a consistent read.
                     None => Ok(Write::Refused(self.get(job_id).await?)),
                 },
-                other => Err(classify(operation, other.code(), other)),
+                other => Err(classify(operation, other.code())),
             },
             Err(other) => Err(transport_error(operation, &other)),
         }
@@ -294,7 +294,7 @@ impl JobLedger for DynamoLedger {
             .send()
             .await
             .map_err(|e| match e {
-                SdkError::ServiceError(se) => classify("get", se.err().code(), se.err()),
+                SdkError::ServiceError(se) => classify("get", se.err().code()),
                 other => transport_error("get", &other),
             })?;
         out.item().map(decode).transpose()
@@ -316,7 +316,7 @@ fn new_job_values(job: &NewJob) -> Vec<(&'static str, AttributeValue)> {
     values
 }
 
-fn classify(operation: &'static str, code: Option<&str>, err: &dyn std::fmt::Debug) -> LedgerError {
+fn classify(operation: &'static str, code: Option<&str>) -> LedgerError {
     match code {
         Some(
             "ProvisionedThroughputExceededException"
@@ -327,9 +327,10 @@ fn classify(operation: &'static str, code: Option<&str>, err: &dyn std::fmt::Deb
             operation,
             code: code.to_owned(),
         },
+        // The message is not kept: a service message may quote request values.
         None => LedgerError::Unavailable {
             operation,
-            code: format!("unclassified: {err:?}").chars().take(200).collect(),
+            code: "unclassified".to_owned(),
         },
     }
 }
