@@ -27,8 +27,15 @@ pub enum ProviderKind {
 pub struct Settings {
     /// `MAX_CONCURRENCY`: records processed at once in one invocation.
     pub max_concurrency: usize,
-    /// `LEASE_SECONDS`: the ledger lease a claim grants.
+    /// `LEASE_SECONDS`: the ledger lease a claim grants and each renewal extends.
     pub lease_ms: Millis,
+    /// `QUEUE_VISIBILITY_TIMEOUT_SECONDS`: the queue's visibility timeout; each heartbeat
+    /// extends a record's visibility to this much from now.
+    pub queue_visibility_s: i64,
+    /// `HEARTBEAT_SECONDS`: interval of the heartbeat that extends visibility and renews leases;
+    /// default a third of the shorter of the queue's visibility timeout and the lease; 0 turns
+    /// it off (then the lease must outlast the longest call).
+    pub heartbeat_ms: Millis,
     /// `CLOCK_SKEW_MS`: margin added to every lease before another receiver treats it as lapsed.
     pub skew_ms: Millis,
     /// `PROVIDER_TIMEOUT_SECONDS`: longest model call; a call cut off is recorded as uncertain.
@@ -51,7 +58,9 @@ impl Default for Settings {
     fn default() -> Self {
         Settings {
             max_concurrency: 16,
-            lease_ms: 300_000,
+            lease_ms: 60_000,
+            queue_visibility_s: 30,
+            heartbeat_ms: 10_000,
             skew_ms: 2_000,
             provider_timeout_ms: 240_000,
             deadline_margin_ms: 5_000,
@@ -77,6 +86,36 @@ pub enum ConfigError {
         /// Why.
         reason: String,
     },
+}
+
+impl Settings {
+    /// Checks the relations between settings.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.heartbeat_ms > 0 {
+            // One missed renewal must not lose the lease.
+            if 2 * self.heartbeat_ms + self.skew_ms >= self.lease_ms {
+                return Err(ConfigError::Invalid {
+                    name: "HEARTBEAT_SECONDS",
+                    reason: "must be less than half of LEASE_SECONDS minus CLOCK_SKEW_MS"
+                        .to_owned(),
+                });
+            }
+            if self.heartbeat_ms >= self.queue_visibility_s * 1000 {
+                return Err(ConfigError::Invalid {
+                    name: "HEARTBEAT_SECONDS",
+                    reason: "must be shorter than QUEUE_VISIBILITY_TIMEOUT_SECONDS".to_owned(),
+                });
+            }
+        } else if self.provider_timeout_ms + self.skew_ms >= self.lease_ms {
+            // Without renewal the lease must outlast the longest call.
+            return Err(ConfigError::Invalid {
+                name: "PROVIDER_TIMEOUT_SECONDS",
+                reason: "must be shorter than LEASE_SECONDS minus CLOCK_SKEW_MS when HEARTBEAT_SECONDS is 0"
+                    .to_owned(),
+            });
+        }
+        Ok(())
+    }
 }
 
 impl Config {
@@ -116,6 +155,13 @@ impl Config {
             max_concurrency: number("MAX_CONCURRENCY", d.max_concurrency as i64, 1, 10_000)?
                 as usize,
             lease_ms: number("LEASE_SECONDS", d.lease_ms / 1000, 1, 43_200)? * 1000,
+            queue_visibility_s: number(
+                "QUEUE_VISIBILITY_TIMEOUT_SECONDS",
+                d.queue_visibility_s,
+                1,
+                43_200,
+            )?,
+            heartbeat_ms: 0,
             skew_ms: number("CLOCK_SKEW_MS", d.skew_ms, 0, 60_000)?,
             provider_timeout_ms: number(
                 "PROVIDER_TIMEOUT_SECONDS",
@@ -164,13 +210,11 @@ impl Config {
                 )?,
             },
         };
-        // Without lease renewal the lease must outlast the longest call plus the final write.
-        if settings.provider_timeout_ms + settings.skew_ms >= settings.lease_ms {
-            return Err(ConfigError::Invalid {
-                name: "PROVIDER_TIMEOUT_SECONDS",
-                reason: "must be shorter than LEASE_SECONDS minus CLOCK_SKEW_MS".to_owned(),
-            });
-        }
+        let mut settings = settings;
+        let default_heartbeat_s = settings.queue_visibility_s.min(settings.lease_ms / 1000) / 3;
+        settings.heartbeat_ms =
+            number("HEARTBEAT_SECONDS", default_heartbeat_s.max(1), 0, 43_200)? * 1000;
+        settings.validate()?;
         Ok(Config {
             jobs_table,
             provider,
@@ -220,6 +264,7 @@ mod tests {
         ));
         let err = config(&[
             ("JOBS_TABLE", "t"),
+            ("HEARTBEAT_SECONDS", "0"),
             ("LEASE_SECONDS", "60"),
             ("PROVIDER_TIMEOUT_SECONDS", "60"),
         ])
@@ -231,5 +276,34 @@ mod tests {
                 ..
             }
         ));
+        let err = config(&[
+            ("JOBS_TABLE", "t"),
+            ("LEASE_SECONDS", "20"),
+            ("HEARTBEAT_SECONDS", "10"),
+        ])
+        .expect_err("invalid");
+        assert!(matches!(
+            err,
+            ConfigError::Invalid {
+                name: "HEARTBEAT_SECONDS",
+                ..
+            }
+        ));
+    }
+
+    #[test]
+    fn the_heartbeat_defaults_to_a_third_of_the_shorter_window() {
+        let c = config(&[
+            ("JOBS_TABLE", "t"),
+            ("QUEUE_VISIBILITY_TIMEOUT_SECONDS", "1830"),
+        ])
+        .expect("valid");
+        assert_eq!(c.settings.heartbeat_ms, 20_000);
+        let c = config(&[
+            ("JOBS_TABLE", "t"),
+            ("QUEUE_VISIBILITY_TIMEOUT_SECONDS", "12"),
+        ])
+        .expect("valid");
+        assert_eq!(c.settings.heartbeat_ms, 4_000);
     }
 }

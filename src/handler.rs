@@ -12,12 +12,15 @@ use std::panic::AssertUnwindSafe;
 use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent, SqsMessage};
 use futures::{FutureExt, StreamExt, stream};
 
+use tokio_util::sync::CancellationToken;
+
 use crate::batch::{self, UnnamedFailure};
 use crate::clock::Clock;
+use crate::heartbeat::{Delivered, Flights, Heartbeat, StatsSnapshot};
 use crate::job::outcome::Delivery;
-use crate::job::{Failure, JobMessage, RecordOutcome, parse_body};
+use crate::job::{Failure, JobMessage, JobRecord, RecordOutcome, parse_body};
 use crate::ledger::JobLedger;
-use crate::processor::{Invocation, Processed, Processor};
+use crate::processor::{Invocation, Processed, Processor, Slot};
 use crate::provider::Provider;
 use crate::visibility::{VisibilityChange, VisibilityControl, VisibilityReport};
 
@@ -47,8 +50,10 @@ pub struct RecordReport {
 pub struct BatchReport {
     /// One entry per record, in batch order.
     pub records: Vec<RecordReport>,
-    /// The visibility changes made.
+    /// The final visibility changes made for failed records.
     pub visibility: VisibilityReport,
+    /// The heartbeat's and the processor's counts.
+    pub stats: StatsSnapshot,
     /// The response, or the reason the whole batch must fail.
     pub response: Result<Vec<String>, UnnamedFailure>,
 }
@@ -121,34 +126,49 @@ impl<L: JobLedger, P: Provider, C: Clock, V: VisibilityControl> BatchHandler<L, 
                 parsed: parse_body(record.body.as_deref()),
             })
             .collect();
+        let fifo = entries.iter().any(|e| {
+            e.record
+                .event_source_arn
+                .as_deref()
+                .is_some_and(|arn| arn.ends_with(".fifo"))
+        });
+        let lanes = lanes(&entries, fifo);
 
-        let mut groups: Vec<Vec<usize>> = Vec::new();
-        let mut group_of: HashMap<&str, usize> = HashMap::new();
-        for (index, entry) in entries.iter().enumerate() {
-            if let Ok(msg) = &entry.parsed {
-                let g = *group_of.entry(msg.job_id.as_str()).or_insert_with(|| {
-                    groups.push(Vec::new());
-                    groups.len() - 1
-                });
-                groups[g].push(index);
-            }
-        }
+        let settings = self.processor.settings();
+        let clock = self.processor.clock();
+        let flights = Flights::new(
+            entries
+                .iter()
+                .map(|e| Delivered {
+                    queue_arn: e.record.event_source_arn.clone(),
+                    receipt_handle: e.record.receipt_handle.clone(),
+                    first_receive: attribute(e.record, "ApproximateFirstReceiveTimestamp"),
+                })
+                .collect(),
+            clock.now_ms(),
+            settings.queue_visibility_s,
+        );
+        let stop = CancellationToken::new();
+        let work = async {
+            let finished: Vec<Vec<(usize, RecordOutcome)>> = stream::iter(lanes)
+                .map(|lane| self.run_lane(lane, &entries, inv, &flights, fifo))
+                .buffer_unordered(settings.max_concurrency)
+                .collect()
+                .await;
+            stop.cancel();
+            finished
+        };
+        let heartbeat = Heartbeat {
+            flights: &flights,
+            ledger: self.processor.ledger(),
+            visibility: &self.visibility,
+            clock,
+            settings,
+        };
+        // The heartbeat finishes its tick in progress before the final visibilities are set.
+        let (finished, ()) = tokio::join!(work, heartbeat.run(stop.clone()));
 
-        let mut outcomes: Vec<Option<RecordOutcome>> = entries
-            .iter()
-            .map(|e| {
-                e.parsed
-                    .as_ref()
-                    .err()
-                    .map(|err| RecordOutcome::Failed(Failure::Poison(err.clone())))
-            })
-            .collect();
-        let concurrency = self.processor.settings().max_concurrency;
-        let finished: Vec<Vec<(usize, RecordOutcome)>> = stream::iter(groups)
-            .map(|group| self.run_group(group, &entries, inv))
-            .buffer_unordered(concurrency)
-            .collect()
-            .await;
+        let mut outcomes: Vec<Option<RecordOutcome>> = vec![None; entries.len()];
         for (index, outcome) in finished.into_iter().flatten() {
             outcomes[index] = Some(outcome);
         }
@@ -156,7 +176,7 @@ impl<L: JobLedger, P: Provider, C: Clock, V: VisibilityControl> BatchHandler<L, 
         let mut rng = self
             .seed
             .map_or_else(fastrand::Rng::new, fastrand::Rng::with_seed);
-        let now = self.processor.clock().now_ms();
+        let now = clock.now_ms();
         let mut records = Vec::with_capacity(entries.len());
         let mut changes: HashMap<&str, Vec<VisibilityChange>> = HashMap::new();
         for (entry, outcome) in entries.iter().zip(outcomes) {
@@ -166,7 +186,7 @@ impl<L: JobLedger, P: Provider, C: Clock, V: VisibilityControl> BatchHandler<L, 
             }));
             let mut visibility_s = None;
             if let RecordOutcome::Failed(failure) = &outcome {
-                let seconds = self.processor.settings().visibility.visibility_s(
+                let seconds = settings.visibility.visibility_s(
                     failure,
                     delivery_of(entry.record, now),
                     &mut rng,
@@ -194,11 +214,7 @@ impl<L: JobLedger, P: Provider, C: Clock, V: VisibilityControl> BatchHandler<L, 
 
         let mut visibility = VisibilityReport::default();
         for (arn, changes) in changes {
-            let r = self.visibility.change(arn, changes).await;
-            visibility.calls += r.calls;
-            visibility.changed += r.changed;
-            visibility.refused += r.refused;
-            visibility.uncertain += r.uncertain;
+            visibility.add(&self.visibility.change(arn, changes).await);
         }
 
         let response = batch::failures(
@@ -206,6 +222,7 @@ impl<L: JobLedger, P: Provider, C: Clock, V: VisibilityControl> BatchHandler<L, 
                 .iter()
                 .map(|r| (r.message_id.as_deref(), r.outcome.is_success())),
         );
+        let stats = flights.stats.snapshot();
         let succeeded = records.iter().filter(|r| r.outcome.is_success()).count();
         match &response {
             Ok(failed) => tracing::info!(
@@ -213,10 +230,21 @@ impl<L: JobLedger, P: Provider, C: Clock, V: VisibilityControl> BatchHandler<L, 
                 records = records.len(),
                 succeeded,
                 failed = failed.len(),
-                visibility_calls = visibility.calls,
-                visibility_changed = visibility.changed,
-                visibility_refused = visibility.refused,
-                visibility_uncertain = visibility.uncertain,
+                final_visibility_calls = visibility.calls,
+                final_visibility_changed = visibility.changed,
+                final_visibility_refused = visibility.refused,
+                final_visibility_uncertain = visibility.uncertain,
+                heartbeat_ticks = stats.heartbeat_ticks,
+                visibility_renewal_calls = stats.visibility_calls,
+                visibility_renewed = stats.visibility_renewed,
+                visibility_renewal_refused = stats.visibility_refused,
+                visibility_renewal_uncertain = stats.visibility_uncertain,
+                lease_renewed = stats.lease_renewed,
+                lease_renewal_refused = stats.lease_refused,
+                lease_renewal_uncertain = stats.lease_uncertain,
+                ownership_lost = stats.ownership_lost,
+                deadline_cutoffs = stats.deadline_cutoffs,
+                recoveries = stats.recoveries,
                 "batch done"
             ),
             Err(e) => tracing::error!(invocation = %inv.id, error = %e, "failing the whole batch"),
@@ -224,59 +252,116 @@ impl<L: JobLedger, P: Provider, C: Clock, V: VisibilityControl> BatchHandler<L, 
         BatchReport {
             records,
             visibility,
+            stats,
             response,
         }
     }
 
-    /// Runs the records of one job in order. The first goes through the ledger; the others
-    /// follow its view, or go through the ledger themselves if it left none.
-    async fn run_group(
+    /// Runs one lane in order: the records of one job (standard queue) or of one message group
+    /// (FIFO). A record whose job an earlier record of the lane already went through the ledger
+    /// for follows that record's view instead. On FIFO, after the first failure the rest of the
+    /// lane is skipped.
+    async fn run_lane(
         &self,
-        group: Vec<usize>,
+        lane: Vec<usize>,
         entries: &[Entry<'_>],
         inv: &Invocation,
+        flights: &Flights,
+        fifo: bool,
     ) -> Vec<(usize, RecordOutcome)> {
-        let mut view = None;
-        let mut out = Vec::with_capacity(group.len());
-        for index in group {
+        let mut views: Vec<JobRecord> = Vec::new();
+        let mut blocked = false;
+        let mut out = Vec::with_capacity(lane.len());
+        for index in lane {
             let entry = &entries[index];
-            let Ok(msg) = &entry.parsed else { continue };
-            if let Some(seen) = &view {
-                out.push((index, self.processor.follow(msg, seen)));
-                continue;
-            }
-            let owner_id = format!(
-                "{}/{}",
-                inv.id,
-                entry
-                    .record
-                    .message_id
-                    .as_deref()
-                    .unwrap_or("no-message-id")
-            );
-            let run = AssertUnwindSafe(self.processor.process(msg, &owner_id, inv)).catch_unwind();
-            match run.await {
-                Ok(Processed {
-                    outcome,
-                    view: seen,
-                }) => {
-                    view = seen;
-                    out.push((index, outcome));
-                }
-                Err(_) => {
-                    tracing::error!(job_id = %msg.job_id, "record processing panicked");
-                    out.push((
-                        index,
-                        RecordOutcome::Failed(Failure::Backoff {
-                            retry_after_ms: None,
-                            cause: "panic",
-                        }),
-                    ));
-                }
-            }
+            let outcome = match &entry.parsed {
+                _ if blocked => RecordOutcome::Failed(Failure::Skipped),
+                Err(invalid) => RecordOutcome::Failed(Failure::Poison(invalid.clone())),
+                Ok(msg) => match views.iter().find(|v| v.job_id == msg.job_id) {
+                    Some(view) => self.processor.follow(msg, view),
+                    None => {
+                        let (outcome, view) =
+                            self.process_one(msg, entry, index, inv, flights).await;
+                        views.extend(view);
+                        outcome
+                    }
+                },
+            };
+            flights.done(index);
+            blocked = fifo && !outcome.is_success();
+            out.push((index, outcome));
         }
         out
     }
+
+    /// One record through the ledger, with a panic caught and turned into a failure of that
+    /// record alone.
+    async fn process_one(
+        &self,
+        msg: &JobMessage,
+        entry: &Entry<'_>,
+        index: usize,
+        inv: &Invocation,
+        flights: &Flights,
+    ) -> (RecordOutcome, Option<JobRecord>) {
+        let owner_id = format!(
+            "{}/{}",
+            inv.id,
+            entry
+                .record
+                .message_id
+                .as_deref()
+                .unwrap_or("no-message-id")
+        );
+        let slot = Slot { flights, index };
+        let run =
+            AssertUnwindSafe(self.processor.process(msg, &owner_id, inv, slot)).catch_unwind();
+        match run.await {
+            Ok(Processed { outcome, view }) => (outcome, view),
+            Err(_) => {
+                tracing::error!(job_id = %msg.job_id, "record processing panicked");
+                let failure = Failure::Backoff {
+                    retry_after_ms: None,
+                    cause: "panic",
+                };
+                (RecordOutcome::Failed(failure), None)
+            }
+        }
+    }
+}
+
+/// Splits a batch into lanes that run concurrently, each in batch order. Standard queue: one
+/// lane per job (poison records alone). FIFO: one lane per message group, poison included, since
+/// a poison record is a failure that stops its group.
+fn lanes(entries: &[Entry<'_>], fifo: bool) -> Vec<Vec<usize>> {
+    let mut lanes: Vec<Vec<usize>> = Vec::new();
+    let mut lane_of: HashMap<&str, usize> = HashMap::new();
+    for (index, entry) in entries.iter().enumerate() {
+        let key = if fifo {
+            entry
+                .record
+                .attributes
+                .get("MessageGroupId")
+                .map(String::as_str)
+        } else {
+            entry.parsed.as_ref().ok().map(|m| m.job_id.as_str())
+        };
+        match key {
+            Some(key) => {
+                let lane = *lane_of.entry(key).or_insert_with(|| {
+                    lanes.push(Vec::new());
+                    lanes.len() - 1
+                });
+                lanes[lane].push(index);
+            }
+            None => lanes.push(vec![index]),
+        }
+    }
+    lanes
+}
+
+fn attribute(record: &SqsMessage, name: &str) -> Option<i64> {
+    record.attributes.get(name).and_then(|v| v.parse().ok())
 }
 
 fn delivery_of(record: &SqsMessage, now: i64) -> Delivery {

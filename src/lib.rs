@@ -30,6 +30,7 @@ pub mod clock;
 pub mod config;
 pub mod event_source;
 pub mod handler;
+pub mod heartbeat;
 pub mod job;
 pub mod ledger;
 pub mod processor;

@@ -8,11 +8,12 @@ use std::time::Duration;
 
 use crate::clock::Clock;
 use crate::config::Settings;
+use crate::heartbeat::Flights;
 use crate::job::decision::{Expect, Next, SettleReason, next_step};
 use crate::job::{Failure, JobMessage, JobRecord, JobState, Millis, NewJob, RecordOutcome};
 use crate::ledger::{
-    AttemptEnd, ClaimRequest, FinishRequest, JobLedger, LedgerError, SettleFrom, SettleRequest,
-    Write,
+    AttemptEnd, ClaimRequest, FinishRequest, JobLedger, LedgerError, RecoverRequest, SettleFrom,
+    SettleRequest, Write,
 };
 use crate::provider::{Provider, ProviderError, ProviderRequest};
 
@@ -52,6 +53,16 @@ enum Action {
     Claim(Expect),
     SettleAbsent,
     Settle(JobState, u64, SettleReason),
+    Recover(u64),
+}
+
+/// Where a record sits in its invocation: the heartbeat's view of the batch and its index.
+#[derive(Debug, Clone, Copy)]
+pub struct Slot<'a> {
+    /// The invocation's flights.
+    pub flights: &'a Flights,
+    /// The record's index in the batch.
+    pub index: usize,
 }
 
 impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
@@ -86,7 +97,13 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
     }
 
     /// Processes one delivery of `msg`. `owner_id` must be unique to this delivery.
-    pub async fn process(&self, msg: &JobMessage, owner_id: &str, inv: &Invocation) -> Processed {
+    pub async fn process(
+        &self,
+        msg: &JobMessage,
+        owner_id: &str,
+        inv: &Invocation,
+        slot: Slot<'_>,
+    ) -> Processed {
         let now = self.clock.now_ms();
         if let Some(left) = inv.deadline.map(|d| d - now) {
             if left <= self.settings.deadline_margin_ms {
@@ -143,11 +160,29 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
                     };
                     self.ledger.settle(req).await
                 }
+                Action::Recover(seen_epoch) => {
+                    let req = RecoverRequest {
+                        job_id: job.job_id.clone(),
+                        seen_epoch,
+                        owner_id: owner_id.to_owned(),
+                        now,
+                        lapsed_before: now - self.settings.skew_ms,
+                        lease_until: now + self.settings.lease_ms,
+                        reason: format!("lease of epoch {seen_epoch} lapsed"),
+                    };
+                    match self.ledger.recover(req).await {
+                        Ok(Write::Applied(fenced)) => {
+                            slot.flights.stats.recovery();
+                            return self.after_recovery(msg, fenced, seen_epoch).await;
+                        }
+                        other => other,
+                    }
+                }
             };
             let seen = match written {
                 Err(e) => return ledger_failure(&job.job_id, &e, view),
                 Ok(Write::Applied(record)) if record.state == JobState::Running => {
-                    return self.run_attempt(msg, record, inv).await;
+                    return self.run_attempt(msg, record, inv, slot).await;
                 }
                 Ok(Write::Applied(record)) => {
                     return Processed {
@@ -171,6 +206,9 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
                 Next::Settle(reason) => {
                     action = Action::Settle(seen.state, seen.owner_epoch, reason)
                 }
+                // An expired lease authorises investigation only: fence, then look at the
+                // evidence; never a new call.
+                Next::AwaitRecovery => action = Action::Recover(seen.owner_epoch),
                 next => {
                     return Processed {
                         outcome: outcome_of(next, &msg.digest),
@@ -196,16 +234,58 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         }
     }
 
+    /// After a recovery claim fenced a lapsed owner: the attempt it left may have run, and no
+    /// provider retrieval is available here, so the job becomes `unknown` with that evidence,
+    /// conditional on the new epoch. It waits for a decision; it is never simply re-run.
+    async fn after_recovery(
+        &self,
+        msg: &JobMessage,
+        fenced: JobRecord,
+        lapsed_epoch: u64,
+    ) -> Processed {
+        let attempt = fenced.attempts;
+        let evidence = format!(
+            "owner at epoch {lapsed_epoch} let its lease lapse during attempt {attempt}; \
+             the call may have run and its outcome cannot be retrieved"
+        );
+        tracing::warn!(
+            job_id = %msg.job_id,
+            lapsed_epoch,
+            epoch = fenced.owner_epoch,
+            "recovered a job whose lease lapsed"
+        );
+        let req = FinishRequest {
+            job_id: msg.job_id.clone(),
+            epoch: fenced.owner_epoch,
+            attempt,
+            now: self.clock.now_ms(),
+            end: AttemptEnd::Unknown { evidence },
+        };
+        match self.ledger.finish(req).await {
+            Ok(Write::Applied(record)) => settled(record, None),
+            Ok(Write::Refused(seen)) => failed(backoff("refused"), seen),
+            Err(e) => ledger_failure(&msg.job_id, &e, Some(fenced)),
+        }
+    }
+
     async fn run_attempt(
         &self,
         msg: &JobMessage,
         claimed: JobRecord,
         inv: &Invocation,
+        slot: Slot<'_>,
     ) -> Processed {
         let epoch = claimed.owner_epoch;
         let attempt = claimed.attempts;
         let started = self.clock.now_ms();
-        let budget = self.call_budget(&claimed, inv, started);
+        let (budget, bound) = self.call_budget(&claimed, inv, started);
+        let lost = slot.flights.running(
+            slot.index,
+            &msg.job_id,
+            epoch,
+            claimed.owner_until.unwrap_or(started),
+            claimed.deadline_at,
+        );
         let request = ProviderRequest {
             job_id: &msg.job_id,
             attempt,
@@ -222,12 +302,24 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
                 reason: "no time left to make the call".to_owned(),
             }))
         } else {
-            tokio::time::timeout(
-                Duration::from_millis(budget as u64),
-                self.provider.call(&request),
-            )
-            .await
+            tokio::select! {
+                // Ownership lost (renewal refused or about to lapse): stop here, the answer
+                // could not be accepted anyway.
+                _ = lost.cancelled() => Ok(Err(ProviderError::Uncertain {
+                    evidence: "call cancelled after the lease could not be renewed; \
+                               the request was sent and may have run"
+                        .to_owned(),
+                })),
+                called = tokio::time::timeout(
+                    Duration::from_millis(budget as u64),
+                    self.provider.call(&request),
+                ) => called,
+            }
         };
+        slot.flights.call_ended(slot.index);
+        if called.is_err() && bound == Bound::Invocation {
+            slot.flights.stats.deadline_cutoff();
+        }
         let now = self.clock.now_ms();
         let mut retry_after_ms = None;
         let end = match called {
@@ -257,7 +349,8 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
             Ok(Err(ProviderError::Uncertain { evidence })) => AttemptEnd::Unknown { evidence },
             Err(_) => AttemptEnd::Unknown {
                 evidence: format!(
-                    "no response within {budget} ms; the request was sent and may have run"
+                    "cut off by the {} after {budget} ms; the request was sent and may have run",
+                    bound.as_str()
                 ),
             },
         };
@@ -317,20 +410,28 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         }
     }
 
-    /// How long the provider call may take: the configured timeout, cut to end before the
-    /// lease (less the skew margin), the job deadline and the invocation deadline (less its
-    /// margin), so the final write still happens in time.
-    fn call_budget(&self, claimed: &JobRecord, inv: &Invocation, now: Millis) -> Millis {
+    /// How long the provider call may take, and what bounds it: the configured timeout, the job
+    /// deadline, the invocation deadline less its margin (so the final write, the visibility
+    /// changes and the response still fit) and, when no heartbeat renews it, the lease less the
+    /// skew margin.
+    fn call_budget(&self, claimed: &JobRecord, inv: &Invocation, now: Millis) -> (Millis, Bound) {
         let s = &self.settings;
-        let mut budget = s.provider_timeout_ms;
-        if let Some(until) = claimed.owner_until {
-            budget = budget.min(until - s.skew_ms - now);
-        }
-        budget = budget.min(claimed.deadline_at - now);
+        let mut limit = (s.provider_timeout_ms, Bound::ProviderTimeout);
+        let mut cap = |ms: Millis, bound: Bound| {
+            if ms < limit.0 {
+                limit = (ms, bound);
+            }
+        };
+        cap(claimed.deadline_at - now, Bound::JobDeadline);
         if let Some(deadline) = inv.deadline {
-            budget = budget.min(deadline - s.deadline_margin_ms - now);
+            cap(deadline - s.deadline_margin_ms - now, Bound::Invocation);
         }
-        budget
+        if s.heartbeat_ms <= 0 {
+            if let Some(until) = claimed.owner_until {
+                cap(until - s.skew_ms - now, Bound::Lease);
+            }
+        }
+        limit
     }
 
     fn new_job(&self, msg: &JobMessage, now: Millis) -> NewJob {
@@ -348,6 +449,26 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
                 .max_attempts
                 .unwrap_or(self.settings.default_max_attempts),
             expires_at: deadline_at.max(now) / 1000 + self.settings.retention_days * 86_400,
+        }
+    }
+}
+
+/// What bounds a provider call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Bound {
+    ProviderTimeout,
+    JobDeadline,
+    Invocation,
+    Lease,
+}
+
+impl Bound {
+    fn as_str(self) -> &'static str {
+        match self {
+            Bound::ProviderTimeout => "provider timeout",
+            Bound::JobDeadline => "job deadline",
+            Bound::Invocation => "Lambda deadline",
+            Bound::Lease => "lease",
         }
     }
 }

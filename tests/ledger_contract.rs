@@ -108,8 +108,18 @@ async fn scenario<L: JobLedger>(ledger: &L, prefix: &str) -> (Vec<String>, Vec<O
         lease_until: now + 60_000,
         reason: "lease lapsed".into(),
     };
+    let renew = |epoch: u64, now: i64| fenced_jobs::ledger::RenewRequest {
+        job_id: a.job_id.clone(),
+        epoch,
+        now,
+        lease_until: now + 60_000,
+    };
+    step!("renew stale epoch", ledger.renew(renew(0, T + 500)));
+    step!("renew", ledger.renew(renew(1, T + 500)));
+    step!("renew lapsed lease", ledger.renew(renew(1, T + 61_000)));
     step!("recover live lease", ledger.recover(recover(T + 1_000)));
     step!("recover lapsed lease", ledger.recover(recover(T + 120_000)));
+    step!("fenced owner renews", ledger.renew(renew(1, T + 120_500)));
     step!(
         "fenced owner accepts",
         ledger.finish(finish(&a.job_id, 1, 1, T + 121_000, ok("old")))
@@ -265,8 +275,12 @@ async fn the_in_memory_ledger_and_dynamodb_agree_on_every_conditional_write() {
         "claim fresh: applied running e1 a1",
         "claim duplicate: refused, saw running e1 a1",
         "finish stale epoch: refused, saw running e1 a1",
+        "renew stale epoch: refused, saw running e1 a1",
+        "renew: applied running e1 a1",
+        "renew lapsed lease: refused, saw running e1 a1",
         "recover live lease: refused, saw running e1 a1",
         "recover lapsed lease: applied running e2 a1",
+        "fenced owner renews: refused, saw running e2 a1",
         "fenced owner accepts: refused, saw running e2 a1",
         "new owner releases: applied retry_authorized e2 a1",
         "claim with old expectation: refused, saw retry_authorized e2 a1",

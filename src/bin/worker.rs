@@ -47,8 +47,8 @@ async fn main() -> Result<(), lambda_runtime::Error> {
                 id: event.context.request_id.clone(),
                 deadline: i64::try_from(event.context.deadline).ok(),
             };
-            handler
-                .handle(event.payload, invocation)
+            // Boxed: the handler's future is deep, and one allocation per invocation is nothing.
+            Box::pin(handler.handle(event.payload, invocation))
                 .await
                 .map_err(|e| Diagnostic {
                     error_type: "UnnamedFailure".to_owned(),

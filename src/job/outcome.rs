@@ -62,6 +62,8 @@ pub enum Failure {
     AwaitingDecision,
     /// A lapsed lease: the job is left for recovery.
     AwaitingRecovery,
+    /// FIFO: an earlier record of the same message group failed, so this one was not processed.
+    Skipped,
 }
 
 impl Failure {
@@ -74,6 +76,7 @@ impl Failure {
             Failure::Backoff { .. } => "backoff",
             Failure::AwaitingDecision => "awaiting_decision",
             Failure::AwaitingRecovery => "awaiting_recovery",
+            Failure::Skipped => "skipped",
         }
     }
 }
@@ -131,7 +134,9 @@ impl VisibilityPolicy {
         rng: &mut fastrand::Rng,
     ) -> i32 {
         let wanted = match failure {
-            Failure::Poison(_) | Failure::Conflict { .. } => 0,
+            // A skipped FIFO record may be visible at once: SQS returns no record of its group
+            // while the failed one before it is invisible, so order is kept.
+            Failure::Poison(_) | Failure::Conflict { .. } | Failure::Skipped => 0,
             Failure::Deferred { remaining_ms } => {
                 ceil_seconds(*remaining_ms) + rng.i64(0..=self.defer_jitter_s.max(0))
             }

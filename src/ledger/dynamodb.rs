@@ -10,8 +10,8 @@ use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
 use aws_sdk_dynamodb::types::{AttributeValue, ReturnValue, ReturnValuesOnConditionCheckFailure};
 
 use super::{
-    AttemptEnd, ClaimRequest, FinishRequest, JobLedger, LedgerError, RecoverRequest, SettleFrom,
-    SettleRequest, Write,
+    AttemptEnd, ClaimRequest, FinishRequest, JobLedger, LedgerError, RecoverRequest, RenewRequest,
+    SettleFrom, SettleRequest, Write,
 };
 use crate::job::{
     AttemptOutcome, AttemptRecord, ErrorRecord, JobRecord, JobState, Millis, NewJob, RecoveryRecord,
@@ -281,6 +281,20 @@ impl JobLedger for DynamoLedger {
             ),
         ];
         self.update("recover", &req.job_id, update, condition, values)
+            .await
+    }
+
+    async fn renew(&self, req: RenewRequest) -> Result<Write, LedgerError> {
+        // Invariant: only the current owner extends its lease, and only before it lapses.
+        let update = "SET #until = :until, #updated = :now";
+        let condition = "#state = :running AND #epoch = :epoch AND #until >= :now";
+        let values = vec![
+            (":until", n(req.lease_until)),
+            (":now", n(req.now)),
+            (":running", s(JobState::Running.as_str())),
+            (":epoch", n(req.epoch)),
+        ];
+        self.update("renew", &req.job_id, update, condition, values)
             .await
     }
 

@@ -5,8 +5,8 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::{
-    ClaimRequest, FinishRequest, JobLedger, LedgerError, RecoverRequest, SettleFrom, SettleRequest,
-    Write,
+    ClaimRequest, FinishRequest, JobLedger, LedgerError, RecoverRequest, RenewRequest, SettleFrom,
+    SettleRequest, Write,
 };
 use crate::job::{AttemptOutcome, AttemptRecord, JobRecord, JobState, RecoveryRecord};
 
@@ -173,6 +173,21 @@ pub fn apply_recover(current: Option<&JobRecord>, req: &RecoverRequest) -> Optio
     Some(next)
 }
 
+/// Renew: see [`RenewRequest`].
+pub fn apply_renew(current: Option<&JobRecord>, req: &RenewRequest) -> Option<JobRecord> {
+    let r = current?;
+    if r.state != JobState::Running
+        || r.owner_epoch != req.epoch
+        || r.owner_until.unwrap_or(0) < req.now
+    {
+        return None;
+    }
+    let mut next = r.clone();
+    next.owner_until = Some(req.lease_until);
+    next.updated_at = req.now;
+    Some(next)
+}
+
 impl JobLedger for InMemoryLedger {
     async fn claim(&self, req: ClaimRequest) -> Result<Write, LedgerError> {
         Ok(self.write(&req.job.job_id, |c| apply_claim(c, &req)))
@@ -188,6 +203,10 @@ impl JobLedger for InMemoryLedger {
 
     async fn recover(&self, req: RecoverRequest) -> Result<Write, LedgerError> {
         Ok(self.write(&req.job_id, |c| apply_recover(c, &req)))
+    }
+
+    async fn renew(&self, req: RenewRequest) -> Result<Write, LedgerError> {
+        Ok(self.write(&req.job_id, |c| apply_renew(c, &req)))
     }
 
     async fn get(&self, job_id: &str) -> Result<Option<JobRecord>, LedgerError> {

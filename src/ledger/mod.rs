@@ -155,6 +155,22 @@ pub struct RecoverRequest {
     pub reason: String,
 }
 
+/// The owner at `epoch` extends its lease.
+///
+/// Condition: `running` at exactly `epoch`, with the lease not yet lapsed by the writer's clock
+/// (`owner_until >= now`): a lapsed lease is never revived. Effect: `owner_until` set.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RenewRequest {
+    /// Job id.
+    pub job_id: String,
+    /// The owner's epoch.
+    pub epoch: u64,
+    /// The owner's clock.
+    pub now: Millis,
+    /// The new end of the lease.
+    pub lease_until: Millis,
+}
+
 /// A ledger failure that is not a refused condition. The caller backs off.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum LedgerError {
@@ -197,6 +213,8 @@ pub trait JobLedger: Send + Sync {
         &self,
         req: RecoverRequest,
     ) -> impl Future<Output = Result<Write, LedgerError>> + Send;
+    /// See [`RenewRequest`].
+    fn renew(&self, req: RenewRequest) -> impl Future<Output = Result<Write, LedgerError>> + Send;
     /// A strongly consistent read.
     fn get(
         &self,
@@ -276,6 +294,10 @@ impl<L: JobLedger> JobLedger for std::sync::Arc<L> {
         req: RecoverRequest,
     ) -> impl Future<Output = Result<Write, LedgerError>> + Send {
         (**self).recover(req)
+    }
+
+    fn renew(&self, req: RenewRequest) -> impl Future<Output = Result<Write, LedgerError>> + Send {
+        (**self).renew(req)
     }
 
     fn get(

@@ -26,6 +26,26 @@ impl std::fmt::Debug for VisibilityChange {
     }
 }
 
+/// What became of one requested change.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChangeResult {
+    /// SQS confirmed it.
+    Changed,
+    /// SQS refused it (for example `ReceiptHandleIsInvalid`: the delivery is over).
+    Refused,
+    /// No answer (the call failed or timed out): it may or may not have happened.
+    Uncertain,
+}
+
+/// Per-change results of one [`VisibilityControl::change`], in the order of the request.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ChangeResults {
+    /// API calls made.
+    pub calls: u32,
+    /// One result per requested change.
+    pub results: Vec<ChangeResult>,
+}
+
 /// What a round of visibility changes achieved.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct VisibilityReport {
@@ -39,6 +59,20 @@ pub struct VisibilityReport {
     pub uncertain: u32,
 }
 
+impl VisibilityReport {
+    /// Adds one call's results.
+    pub fn add(&mut self, results: &ChangeResults) {
+        self.calls += results.calls;
+        for r in &results.results {
+            match r {
+                ChangeResult::Changed => self.changed += 1,
+                ChangeResult::Refused => self.refused += 1,
+                ChangeResult::Uncertain => self.uncertain += 1,
+            }
+        }
+    }
+}
+
 /// Changes the visibility of records of one queue, batched. Failures are reported, not raised:
 /// a record whose change failed keeps its current timeout and comes back when it ends.
 pub trait VisibilityControl: Send + Sync {
@@ -47,7 +81,7 @@ pub trait VisibilityControl: Send + Sync {
         &self,
         queue_arn: &str,
         changes: Vec<VisibilityChange>,
-    ) -> impl Future<Output = VisibilityReport> + Send;
+    ) -> impl Future<Output = ChangeResults> + Send;
 }
 
 /// A short, non-reversible fingerprint of a receipt handle, for correlation in logs.
@@ -57,16 +91,25 @@ pub fn fingerprint(receipt_handle: &str) -> String {
     digest.iter().take(4).map(|b| format!("{b:02x}")).collect()
 }
 
-/// Records the changes it is asked for, for tests.
+/// Records the changes it is asked for, for tests; refuses the handles it is told to.
 #[derive(Debug, Default)]
 pub struct RecordingVisibility {
     changes: Mutex<Vec<(String, VisibilityChange)>>,
+    refused: Mutex<Vec<String>>,
 }
 
 impl RecordingVisibility {
     /// An empty recorder.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// From now on, refuses changes to this handle (as SQS does once a delivery is over).
+    pub fn refuse(&self, receipt_handle: &str) {
+        self.refused
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(receipt_handle.to_owned());
     }
 
     /// Every change so far, with its queue ARN.
@@ -79,16 +122,27 @@ impl RecordingVisibility {
 }
 
 impl VisibilityControl for RecordingVisibility {
-    async fn change(&self, queue_arn: &str, changes: Vec<VisibilityChange>) -> VisibilityReport {
-        let report = VisibilityReport {
-            calls: changes.len().div_ceil(10) as u32,
-            changed: changes.len() as u32,
-            ..VisibilityReport::default()
-        };
+    async fn change(&self, queue_arn: &str, changes: Vec<VisibilityChange>) -> ChangeResults {
+        let refused = self
+            .refused
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        let results = changes
+            .iter()
+            .map(|c| {
+                if refused.contains(&c.receipt_handle) {
+                    ChangeResult::Refused
+                } else {
+                    ChangeResult::Changed
+                }
+            })
+            .collect();
+        let calls = changes.len().div_ceil(10) as u32;
         self.changes
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .extend(changes.into_iter().map(|c| (queue_arn.to_owned(), c)));
-        report
+        ChangeResults { calls, results }
     }
 }

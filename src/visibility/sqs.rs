@@ -7,7 +7,7 @@ use aws_sdk_sqs::Client;
 use aws_sdk_sqs::error::ProvideErrorMetadata;
 use aws_sdk_sqs::types::ChangeMessageVisibilityBatchRequestEntry;
 
-use super::{VisibilityChange, VisibilityControl, VisibilityReport};
+use super::{ChangeResult, ChangeResults, VisibilityChange, VisibilityControl};
 
 /// SQS allows at most ten entries per batch call.
 pub const SQS_BATCH_LIMIT: usize = 10;
@@ -85,16 +85,19 @@ pub fn parse_queue_arn(arn: &str) -> Option<(&str, &str)> {
 }
 
 impl VisibilityControl for SqsVisibility {
-    async fn change(&self, queue_arn: &str, changes: Vec<VisibilityChange>) -> VisibilityReport {
-        let mut report = VisibilityReport::default();
+    async fn change(&self, queue_arn: &str, changes: Vec<VisibilityChange>) -> ChangeResults {
+        let mut out = ChangeResults {
+            calls: 0,
+            results: vec![ChangeResult::Uncertain; changes.len()],
+        };
         if changes.is_empty() {
-            return report;
+            return out;
         }
         let Some(url) = self.queue_url(queue_arn).await else {
-            report.uncertain = changes.len() as u32;
-            return report;
+            return out;
         };
-        for chunk in changes.chunks(SQS_BATCH_LIMIT) {
+        for (chunk_index, chunk) in changes.chunks(SQS_BATCH_LIMIT).enumerate() {
+            let offset = chunk_index * SQS_BATCH_LIMIT;
             let entries = chunk
                 .iter()
                 .enumerate()
@@ -107,7 +110,7 @@ impl VisibilityControl for SqsVisibility {
                         .ok()
                 })
                 .collect();
-            report.calls += 1;
+            out.calls += 1;
             match self
                 .client
                 .change_message_visibility_batch()
@@ -116,16 +119,31 @@ impl VisibilityControl for SqsVisibility {
                 .send()
                 .await
             {
-                Ok(out) => {
-                    report.changed += out.successful().len() as u32;
-                    report.refused += out.failed().len() as u32;
-                    for failed in out.failed() {
+                Ok(res) => {
+                    let mut mark = |id: &str, result| {
+                        if let Some(slot) = id
+                            .parse::<usize>()
+                            .ok()
+                            .and_then(|i| out.results.get_mut(offset + i))
+                        {
+                            *slot = result;
+                        }
+                    };
+                    for ok in res.successful() {
+                        mark(ok.id(), ChangeResult::Changed);
+                    }
+                    for failed in res.failed() {
+                        // Only the code: an SQS error message may quote a receipt handle.
                         tracing::warn!(code = failed.code(), "visibility change refused");
+                        let result = if failed.sender_fault() {
+                            ChangeResult::Refused
+                        } else {
+                            ChangeResult::Uncertain
+                        };
+                        mark(failed.id(), result);
                     }
                 }
                 Err(e) => {
-                    // Only the code: an SQS error message may quote a receipt handle.
-                    report.uncertain += chunk.len() as u32;
                     tracing::warn!(
                         code = e.code().unwrap_or("transport"),
                         "visibility change failed"
@@ -133,7 +151,7 @@ impl VisibilityControl for SqsVisibility {
                 }
             }
         }
-        report
+        out
     }
 }
 

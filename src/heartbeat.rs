@@ -1,0 +1,460 @@
+//! One heartbeat per invocation: while records are in flight it keeps their SQS visibility
+//! extended (batched, ten handles a call) and renews the ledger lease of every claimed job
+//! (conditional on its epoch). The two renewals are tracked separately; a job whose lease is
+//! refused or about to lapse has its local provider call cancelled.
+
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::clock::Clock;
+use crate::config::Settings;
+use crate::job::Millis;
+use crate::job::outcome::{SQS_CAP_MARGIN_S, SQS_MAX_VISIBILITY_S, UNKNOWN_FIRST_RECEIVE_CAP_S};
+use crate::ledger::{JobLedger, RenewRequest, Write};
+use crate::visibility::{ChangeResult, VisibilityChange, VisibilityControl};
+
+/// Retries of an uncertain renewal within one tick, while the remaining validity allows them.
+const RENEWAL_RETRIES: u32 = 2;
+/// First pause before such a retry; doubled each time.
+const RETRY_PAUSE_MS: Millis = 100;
+
+/// Per-invocation counts, logged with the batch and returned in its report.
+#[derive(Debug, Default)]
+pub struct Stats {
+    heartbeat_ticks: AtomicU64,
+    visibility_calls: AtomicU64,
+    visibility_renewed: AtomicU64,
+    visibility_refused: AtomicU64,
+    visibility_uncertain: AtomicU64,
+    lease_renewed: AtomicU64,
+    lease_refused: AtomicU64,
+    lease_uncertain: AtomicU64,
+    ownership_lost: AtomicU64,
+    deadline_cutoffs: AtomicU64,
+    recoveries: AtomicU64,
+}
+
+/// A copy of [`Stats`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StatsSnapshot {
+    /// Heartbeat ticks.
+    pub heartbeat_ticks: u64,
+    /// `ChangeMessageVisibilityBatch` calls made by the heartbeat.
+    pub visibility_calls: u64,
+    /// Handles whose visibility was extended.
+    pub visibility_renewed: u64,
+    /// Handles SQS refused to extend.
+    pub visibility_refused: u64,
+    /// Handles whose extension is uncertain after its retries.
+    pub visibility_uncertain: u64,
+    /// Leases renewed.
+    pub lease_renewed: u64,
+    /// Lease renewals refused (epoch superseded or lease lapsed).
+    pub lease_refused: u64,
+    /// Lease renewals uncertain after their retries.
+    pub lease_uncertain: u64,
+    /// Records whose provider call was cancelled because ownership was lost or about to be.
+    pub ownership_lost: u64,
+    /// Provider calls cut short by the Lambda deadline.
+    pub deadline_cutoffs: u64,
+    /// Recovery claims made on jobs whose owner let its lease lapse.
+    pub recoveries: u64,
+}
+
+impl Stats {
+    /// Counts a cut-off by the Lambda deadline.
+    pub fn deadline_cutoff(&self) {
+        self.deadline_cutoffs.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts a recovery claim.
+    pub fn recovery(&self) {
+        self.recoveries.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The counts so far.
+    pub fn snapshot(&self) -> StatsSnapshot {
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        StatsSnapshot {
+            heartbeat_ticks: get(&self.heartbeat_ticks),
+            visibility_calls: get(&self.visibility_calls),
+            visibility_renewed: get(&self.visibility_renewed),
+            visibility_refused: get(&self.visibility_refused),
+            visibility_uncertain: get(&self.visibility_uncertain),
+            lease_renewed: get(&self.lease_renewed),
+            lease_refused: get(&self.lease_refused),
+            lease_uncertain: get(&self.lease_uncertain),
+            ownership_lost: get(&self.ownership_lost),
+            deadline_cutoffs: get(&self.deadline_cutoffs),
+            recoveries: get(&self.recoveries),
+        }
+    }
+}
+
+fn bump(counter: &AtomicU64, by: u64) {
+    counter.fetch_add(by, Ordering::Relaxed);
+}
+
+/// One record of the batch, as the heartbeat sees it.
+#[derive(Debug)]
+struct Flight {
+    /// Where and how to extend its visibility (absent: it cannot be extended).
+    delivery: Option<(String, String)>,
+    /// No visibility may be requested past this instant (12 hours from the first receive).
+    visibility_cap: Millis,
+    /// When the record becomes visible unless extended (an estimate, kept conservative).
+    visible_until: Millis,
+    /// SQS refused an extension: the delivery is over, stop extending.
+    visibility_stopped: bool,
+    stage: Stage,
+}
+
+#[derive(Debug)]
+enum Stage {
+    /// Received, not yet decided.
+    Pending,
+    /// Claimed: a provider call runs under this lease.
+    Running(Lease),
+    /// Decided: nothing more to extend.
+    Done,
+}
+
+#[derive(Debug)]
+struct Lease {
+    job_id: String,
+    epoch: u64,
+    lease_until: Millis,
+    deadline_at: Millis,
+    cancel: CancellationToken,
+}
+
+/// The records of one invocation and their renewal state, shared by the processor (which
+/// registers claims) and the heartbeat (which renews them).
+#[derive(Debug, Default)]
+pub struct Flights {
+    // A std mutex: held only to copy or update entries, never across an await.
+    entries: Mutex<Vec<Flight>>,
+    /// The invocation's counts.
+    pub stats: Stats,
+}
+
+/// A record as the batch delivers it to the heartbeat.
+#[derive(Debug, Clone, Default)]
+pub struct Delivered {
+    /// `eventSourceARN`.
+    pub queue_arn: Option<String>,
+    /// The receipt handle of this delivery.
+    pub receipt_handle: Option<String>,
+    /// `ApproximateFirstReceiveTimestamp`, Unix ms.
+    pub first_receive: Option<Millis>,
+}
+
+impl Flights {
+    /// Flights for a batch received at about `now` from a queue whose visibility timeout is
+    /// `queue_visibility_s`.
+    pub fn new(records: Vec<Delivered>, now: Millis, queue_visibility_s: i64) -> Self {
+        let entries = records
+            .into_iter()
+            .map(|d| {
+                let visibility_cap = match d.first_receive {
+                    Some(t) => t + (SQS_MAX_VISIBILITY_S - SQS_CAP_MARGIN_S) * 1000,
+                    None => now + UNKNOWN_FIRST_RECEIVE_CAP_S * 1000,
+                };
+                // The receive happened before `now`, so this estimate errs early.
+                let visible_until = d.first_receive.map_or(now, |t| t.min(now)).max(now - 1_000)
+                    + queue_visibility_s * 1000;
+                Flight {
+                    delivery: d.queue_arn.zip(d.receipt_handle),
+                    visibility_cap,
+                    visible_until,
+                    visibility_stopped: false,
+                    stage: Stage::Pending,
+                }
+            })
+            .collect();
+        Flights {
+            entries: Mutex::new(entries),
+            stats: Stats::default(),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Flight>> {
+        self.entries.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Registers the claim of record `index`; the returned token is cancelled if ownership is
+    /// lost. An index outside the batch gets a token nobody cancels.
+    pub fn running(
+        &self,
+        index: usize,
+        job_id: &str,
+        epoch: u64,
+        lease_until: Millis,
+        deadline_at: Millis,
+    ) -> CancellationToken {
+        let cancel = CancellationToken::new();
+        if let Some(flight) = self.lock().get_mut(index) {
+            flight.stage = Stage::Running(Lease {
+                job_id: job_id.to_owned(),
+                epoch,
+                lease_until,
+                deadline_at,
+                cancel: cancel.clone(),
+            });
+        }
+        cancel
+    }
+
+    /// The provider call of record `index` ended: its lease is no longer renewed, its
+    /// visibility still is until the record is decided.
+    pub fn call_ended(&self, index: usize) {
+        if let Some(flight) = self.lock().get_mut(index) {
+            if matches!(flight.stage, Stage::Running(_)) {
+                flight.stage = Stage::Pending;
+            }
+        }
+    }
+
+    /// Record `index` is decided: no more renewals for it.
+    pub fn done(&self, index: usize) {
+        if let Some(flight) = self.lock().get_mut(index) {
+            flight.stage = Stage::Done;
+        }
+    }
+
+    /// The current lease end of record `index`, if it is running.
+    pub fn lease_until(&self, index: usize) -> Option<Millis> {
+        match self.lock().get(index).map(|f| &f.stage) {
+            Some(Stage::Running(lease)) => Some(lease.lease_until),
+            _ => None,
+        }
+    }
+}
+
+/// The heartbeat of one invocation.
+#[derive(Debug)]
+pub struct Heartbeat<'a, L, V, C> {
+    /// The invocation's records.
+    pub flights: &'a Flights,
+    /// Where leases are renewed.
+    pub ledger: &'a L,
+    /// Where visibility is extended.
+    pub visibility: &'a V,
+    /// The clock.
+    pub clock: &'a C,
+    /// Interval, extension and lease lengths.
+    pub settings: &'a Settings,
+}
+
+impl<L: JobLedger, V: VisibilityControl, C: Clock> Heartbeat<'_, L, V, C> {
+    /// Ticks every `settings.heartbeat_ms` until `stop` is cancelled. A tick in progress is
+    /// finished first, so no extension can land after the caller's final visibility changes.
+    pub async fn run(self, stop: CancellationToken) {
+        let interval = self.settings.heartbeat_ms;
+        if interval <= 0 {
+            return;
+        }
+        loop {
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = tokio::time::sleep(Duration::from_millis(interval as u64)) => {}
+            }
+            self.tick().await;
+        }
+    }
+
+    /// One round of renewals.
+    pub async fn tick(&self) {
+        bump(&self.flights.stats.heartbeat_ticks, 1);
+        tokio::join!(self.extend_visibility(), self.renew_leases());
+    }
+
+    async fn extend_visibility(&self) {
+        let stats = &self.flights.stats;
+        let mut pending: Vec<usize> = {
+            let entries = self.flights.lock();
+            (0..entries.len())
+                .filter(|&i| {
+                    let f = &entries[i];
+                    f.delivery.is_some() && !f.visibility_stopped && !matches!(f.stage, Stage::Done)
+                })
+                .collect()
+        };
+        for attempt in 0..=RENEWAL_RETRIES {
+            let now = self.clock.now_ms();
+            // Group by queue, with the seconds each record may be given now.
+            let mut by_queue: Vec<(String, Vec<(usize, VisibilityChange)>)> = Vec::new();
+            {
+                let entries = self.flights.lock();
+                for &i in &pending {
+                    let f = &entries[i];
+                    let Some(seconds) = self.extension_s(f, now) else {
+                        continue;
+                    };
+                    let Some((arn, handle)) = &f.delivery else {
+                        continue;
+                    };
+                    let change = VisibilityChange {
+                        receipt_handle: handle.clone(),
+                        seconds,
+                    };
+                    match by_queue.iter_mut().find(|(a, _)| a == arn) {
+                        Some((_, list)) => list.push((i, change)),
+                        None => by_queue.push((arn.clone(), vec![(i, change)])),
+                    }
+                }
+            }
+            let mut uncertain = Vec::new();
+            for (arn, list) in by_queue {
+                let (indices, changes): (Vec<usize>, Vec<VisibilityChange>) =
+                    list.into_iter().unzip();
+                let seconds: Vec<i32> = changes.iter().map(|c| c.seconds).collect();
+                let results = self.visibility.change(&arn, changes).await;
+                bump(&stats.visibility_calls, u64::from(results.calls));
+                let mut entries = self.flights.lock();
+                for ((i, secs), result) in indices.into_iter().zip(seconds).zip(results.results) {
+                    match result {
+                        ChangeResult::Changed => {
+                            bump(&stats.visibility_renewed, 1);
+                            entries[i].visible_until = now + i64::from(secs) * 1000;
+                        }
+                        ChangeResult::Refused => {
+                            bump(&stats.visibility_refused, 1);
+                            entries[i].visibility_stopped = true;
+                        }
+                        ChangeResult::Uncertain => uncertain.push(i),
+                    }
+                }
+            }
+            if uncertain.is_empty() {
+                return;
+            }
+            // Retry only records whose current visibility outlasts the pause.
+            let pause = RETRY_PAUSE_MS << attempt;
+            let now = self.clock.now_ms();
+            let retryable: Vec<usize> = {
+                let entries = self.flights.lock();
+                uncertain
+                    .iter()
+                    .copied()
+                    .filter(|&i| {
+                        attempt < RENEWAL_RETRIES && entries[i].visible_until > now + pause
+                    })
+                    .collect()
+            };
+            bump(
+                &stats.visibility_uncertain,
+                (uncertain.len() - retryable.len()) as u64,
+            );
+            if retryable.is_empty() {
+                return;
+            }
+            pending = retryable;
+            tokio::time::sleep(Duration::from_millis(pause as u64)).await;
+        }
+    }
+
+    /// Seconds to request for a record now, or `None` when it must not be extended: never past
+    /// 12 hours from the first receive, never past the job's deadline, never for finished work.
+    fn extension_s(&self, f: &Flight, now: Millis) -> Option<i32> {
+        let mut until = now + self.settings.queue_visibility_s * 1000;
+        until = until.min(f.visibility_cap);
+        match &f.stage {
+            Stage::Done => return None,
+            Stage::Running(lease) => until = until.min(lease.deadline_at),
+            Stage::Pending => {}
+        }
+        let seconds = (until - now) / 1000;
+        (seconds >= 1).then_some(seconds.min(i64::from(i32::MAX)) as i32)
+    }
+
+    async fn renew_leases(&self) {
+        let leases: Vec<(usize, String, u64)> = {
+            let entries = self.flights.lock();
+            entries
+                .iter()
+                .enumerate()
+                .filter_map(|(i, f)| match &f.stage {
+                    Stage::Running(l) if !l.cancel.is_cancelled() => {
+                        Some((i, l.job_id.clone(), l.epoch))
+                    }
+                    _ => None,
+                })
+                .collect()
+        };
+        let renewals = leases
+            .into_iter()
+            .map(|(index, job_id, epoch)| self.renew_one(index, job_id, epoch));
+        futures::future::join_all(renewals).await;
+    }
+
+    async fn renew_one(&self, index: usize, job_id: String, epoch: u64) {
+        let stats = &self.flights.stats;
+        let skew = self.settings.skew_ms;
+        for attempt in 0..=RENEWAL_RETRIES {
+            let now = self.clock.now_ms();
+            let req = RenewRequest {
+                job_id: job_id.clone(),
+                epoch,
+                now,
+                lease_until: now + self.settings.lease_ms,
+            };
+            match self.ledger.renew(req).await {
+                Ok(Write::Applied(record)) => {
+                    bump(&stats.lease_renewed, 1);
+                    if let Some(Flight {
+                        stage: Stage::Running(lease),
+                        ..
+                    }) = self.flights.lock().get_mut(index)
+                    {
+                        lease.lease_until = record.owner_until.unwrap_or(lease.lease_until);
+                    }
+                    return;
+                }
+                Ok(Write::Refused(seen)) => {
+                    bump(&stats.lease_refused, 1);
+                    tracing::warn!(
+                        job_id = %job_id,
+                        epoch,
+                        current_epoch = seen.as_ref().map(|s| s.owner_epoch),
+                        "lease renewal refused: ownership lost, cancelling the call"
+                    );
+                    self.cancel(index);
+                    return;
+                }
+                Err(e) => {
+                    let lease_until = self.flights.lease_until(index).unwrap_or(0);
+                    let pause = RETRY_PAUSE_MS << attempt;
+                    let now = self.clock.now_ms();
+                    if attempt < RENEWAL_RETRIES && now + pause < lease_until - skew {
+                        tokio::time::sleep(Duration::from_millis(pause as u64)).await;
+                        continue;
+                    }
+                    bump(&stats.lease_uncertain, 1);
+                    tracing::warn!(job_id = %job_id, epoch, error = %e, "lease renewal uncertain");
+                    // The lease still protects the job until it lapses; stop before it does.
+                    if lease_until - skew <= now + self.settings.heartbeat_ms {
+                        self.cancel(index);
+                    }
+                    return;
+                }
+            }
+        }
+    }
+
+    fn cancel(&self, index: usize) {
+        if let Some(Flight {
+            stage: Stage::Running(lease),
+            ..
+        }) = self.flights.lock().get(index)
+        {
+            if !lease.cancel.is_cancelled() {
+                lease.cancel.cancel();
+                bump(&self.flights.stats.ownership_lost, 1);
+            }
+        }
+    }
+}
