@@ -56,7 +56,7 @@ pub struct LocalEventSource {
     queue_url: String,
     queue_arn: String,
     region: String,
-    /// Records per batch (1 to 10).
+    /// Records per batch (several receives of at most ten are gathered into one batch).
     pub batch_size: i32,
     /// Long-poll wait in seconds (0 to 20).
     pub wait_seconds: i32,
@@ -110,18 +110,34 @@ impl LocalEventSource {
         Fut: Future<Output = Result<SqsBatchResponse, E>>,
         E: std::fmt::Display,
     {
-        let received = self
-            .client
-            .receive_message()
-            .queue_url(&self.queue_url)
-            .max_number_of_messages(self.batch_size.clamp(1, 10))
-            .wait_time_seconds(self.wait_seconds.clamp(0, 20))
-            .message_system_attribute_names(MessageSystemAttributeName::All)
-            .message_attribute_names("All")
-            .send()
-            .await
-            .map_err(|e| sqs_error("ReceiveMessage", &e))?;
-        let messages = received.messages();
+        // Like the event source mapping's batching: keep receiving (ten at most a call) until
+        // the batch is full or the queue has nothing more right now.
+        let mut messages: Vec<Message> = Vec::new();
+        let wanted = self.batch_size.max(1) as usize;
+        while messages.len() < wanted {
+            let wait = if messages.is_empty() {
+                self.wait_seconds.clamp(0, 20)
+            } else {
+                0
+            };
+            let received = self
+                .client
+                .receive_message()
+                .queue_url(&self.queue_url)
+                .max_number_of_messages((wanted - messages.len()).min(10) as i32)
+                .wait_time_seconds(wait)
+                .message_system_attribute_names(MessageSystemAttributeName::All)
+                .message_attribute_names("All")
+                .send()
+                .await
+                .map_err(|e| sqs_error("ReceiveMessage", &e))?;
+            let got = received.messages();
+            if got.is_empty() {
+                break;
+            }
+            messages.extend_from_slice(got);
+        }
+        let messages = messages.as_slice();
         let mut report = PollReport {
             received: messages.len(),
             ..PollReport::default()

@@ -337,3 +337,101 @@ async fn no_work_starts_inside_the_invocation_safety_margin() {
     assert_eq!(ledger.writes(), 0);
     assert_eq!(h.processor().provider().executions(), 0);
 }
+
+#[tokio::test]
+async fn losing_the_lease_cancels_the_call_and_its_answer_is_never_published() {
+    use fenced_jobs::ledger::{AttemptEnd, FinishRequest, RecoverRequest, Write};
+    let ledger = Arc::new(InMemoryLedger::new());
+    let mut settings = Settings::default();
+    settings.heartbeat_ms = 200;
+    settings.lease_ms = 1_000;
+    settings.skew_ms = 100;
+    let h = handler(ledger.clone(), SimulatedProvider::new(), settings);
+    let body = job("taken", r#","simulate":{"latency_ms":5000}"#);
+
+    // A rival whose clock is ahead fences the owner 300 ms into its call and commits its answer.
+    let rival = async {
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        let later = SystemClock.now_ms() + 600_000;
+        let fenced = ledger
+            .recover(RecoverRequest {
+                job_id: "taken".into(),
+                seen_epoch: 1,
+                owner_id: "rival".into(),
+                now: later,
+                lapsed_before: later - 100,
+                lease_until: later + 60_000,
+                reason: "test".into(),
+            })
+            .await
+            .expect("recover");
+        assert!(matches!(fenced, Write::Applied(_)), "{fenced:?}");
+        let accepted = ledger
+            .finish(FinishRequest {
+                job_id: "taken".into(),
+                epoch: 2,
+                attempt: 1,
+                now: later,
+                end: AttemptEnd::Succeeded {
+                    result: "\"rival\"".into(),
+                },
+            })
+            .await
+            .expect("finish");
+        assert!(matches!(accepted, Write::Applied(_)));
+    };
+    let started = std::time::Instant::now();
+    let (batch, inv) = (event(vec![record(Some("m1"), &body)]), invocation());
+    let (report, ()) = tokio::join!(h.handle_batch(&batch, &inv), rival);
+
+    // The next renewal is refused, the 5 s call is cancelled, and the job is terminal anyway.
+    assert!(
+        started.elapsed() < std::time::Duration::from_millis(2_000),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(report.stats.lease_refused, 1, "{:?}", report.stats);
+    assert_eq!(report.stats.ownership_lost, 1);
+    assert_eq!(
+        report.records[0].outcome,
+        RecordOutcome::Done(JobState::Succeeded)
+    );
+    let item = ledger.get("taken").await.expect("get").expect("item");
+    assert_eq!(item.result.as_deref(), Some("\"rival\""));
+}
+
+#[tokio::test]
+async fn a_refused_visibility_extension_stops_extending_that_record_only() {
+    let ledger = Arc::new(InMemoryLedger::new());
+    let mut settings = Settings::default();
+    settings.heartbeat_ms = 100;
+    settings.lease_ms = 1_000;
+    settings.skew_ms = 100;
+    let h = handler(ledger, SimulatedProvider::new(), settings);
+    h.visibility().refuse("handle-gone");
+    let slow = |id: &str| job(id, r#","simulate":{"latency_ms":550}"#);
+    let report = h
+        .handle_batch(
+            &event(vec![
+                record(Some("gone"), &slow("a")),
+                record(Some("kept"), &slow("b")),
+            ]),
+            &invocation(),
+        )
+        .await;
+    let extended = |handle: &str| {
+        h.visibility()
+            .changes()
+            .iter()
+            .filter(|(_, c)| c.receipt_handle == handle)
+            .count()
+    };
+    assert_eq!(
+        extended("handle-gone"),
+        1,
+        "one refused attempt, then no more"
+    );
+    assert!(extended("handle-kept") >= 4);
+    assert_eq!(report.stats.visibility_refused, 1);
+    assert_eq!(report.response, Ok(vec![]));
+}

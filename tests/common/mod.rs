@@ -247,3 +247,68 @@ pub async fn deliver<P: Provider>(
         .expect("poll");
     (poll, slot.into_inner().expect("slot"))
 }
+
+impl Emulator {
+    /// A FIFO queue (content-based deduplication) with its FIFO DLQ.
+    pub async fn fifo_queue(&self, visibility_timeout_s: u32) -> Queue {
+        let name = unique("work");
+        let dlq_url = self
+            .sqs
+            .create_queue()
+            .queue_name(format!("{name}-dlq.fifo"))
+            .attributes(QueueAttributeName::FifoQueue, "true")
+            .send()
+            .await
+            .expect("create fifo dlq")
+            .queue_url()
+            .expect("dlq url")
+            .to_owned();
+        let dlq_arn = self.arn_of(&dlq_url).await;
+        let redrive = format!(r#"{{"deadLetterTargetArn":"{dlq_arn}","maxReceiveCount":5}}"#);
+        let url = self
+            .sqs
+            .create_queue()
+            .queue_name(format!("{name}.fifo"))
+            .attributes(QueueAttributeName::FifoQueue, "true")
+            .attributes(QueueAttributeName::ContentBasedDeduplication, "true")
+            .attributes(
+                QueueAttributeName::VisibilityTimeout,
+                visibility_timeout_s.to_string(),
+            )
+            .attributes(QueueAttributeName::RedrivePolicy, redrive)
+            .send()
+            .await
+            .expect("create fifo queue")
+            .queue_url()
+            .expect("queue url")
+            .to_owned();
+        let arn = self.arn_of(&url).await;
+        Queue { url, arn, dlq_url }
+    }
+
+    pub async fn send_in_group(&self, queue: &Queue, group: &str, body: &str) -> String {
+        self.sqs
+            .send_message()
+            .queue_url(&queue.url)
+            .message_group_id(group)
+            .message_body(body)
+            .send()
+            .await
+            .expect("send")
+            .message_id()
+            .expect("message id")
+            .to_owned()
+    }
+}
+
+/// Settings for the slow-record tests: a heartbeat of `heartbeat_ms` on a queue whose
+/// visibility timeout is `visibility_s`, with a lease of `lease_ms`.
+pub fn slow_settings(visibility_s: i64, heartbeat_ms: i64, lease_ms: i64) -> Settings {
+    let mut s = fast_settings();
+    s.queue_visibility_s = visibility_s;
+    s.heartbeat_ms = heartbeat_ms;
+    s.lease_ms = lease_ms;
+    s.skew_ms = 200;
+    s.validate().expect("valid settings");
+    s
+}

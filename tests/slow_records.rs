@@ -1,0 +1,338 @@
+//! Slow records on the emulator: the heartbeat keeps them invisible and their leases alive,
+//! a paused worker is fenced, the Lambda deadline is kept, and FIFO groups keep their order.
+
+mod common;
+
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use common::{deliver, emulator, job, slow_settings};
+use fenced_jobs::job::{AttemptOutcome, Failure, JobState, RecordOutcome};
+use fenced_jobs::ledger::JobLedger;
+use fenced_jobs::provider::{Answer, Provider, ProviderError, ProviderRequest, SimulatedProvider};
+
+fn slow_job(id: &str, latency_ms: u64) -> String {
+    job(
+        id,
+        "a long report",
+        &format!(r#""simulate":{{"latency_ms":{latency_ms}}}"#),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_outlasting_the_visibility_timeout_is_not_redelivered_while_it_runs() {
+    // GIVEN a queue with a 2 s visibility timeout and a call that takes 6 s
+    let aws = emulator().await;
+    let table = aws.table().await;
+    let queue = aws.queue(2).await;
+    let handler = aws.handler(
+        &table,
+        SimulatedProvider::new(),
+        slow_settings(2, 600, 3_000),
+    );
+    let source = aws.source(&queue).await;
+    aws.send(&queue, &slow_job("slow-1", 6_000)).await;
+
+    // WHEN it runs while a second consumer keeps polling the queue
+    let second_consumer = async {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let until = Instant::now() + Duration::from_millis(5_000);
+        let mut received = 0;
+        while Instant::now() < until {
+            received += aws.peek(&queue.url, 1).await.len();
+        }
+        received
+    };
+    let ((poll, report), stolen) = tokio::join!(deliver(&source, &handler), second_consumer);
+
+    // THEN the second consumer never got it, and the job succeeded with one call
+    assert_eq!(stolen, 0, "the record was redelivered during the call");
+    assert_eq!((poll.received, poll.deleted), (1, 1));
+    assert_eq!(handler.processor().provider().executions(), 1);
+    let item = aws
+        .ledger(&table)
+        .get("slow-1")
+        .await
+        .expect("get")
+        .expect("item");
+    assert_eq!((item.state, item.owner_epoch), (JobState::Succeeded, 1));
+    let stats = report.expect("report").stats;
+    assert!(stats.heartbeat_ticks >= 8, "{stats:?}");
+    assert_eq!(stats.visibility_renewed, stats.heartbeat_ticks, "{stats:?}");
+    assert!(stats.lease_renewed >= 8, "{stats:?}");
+    assert_eq!(stats.ownership_lost, 0);
+}
+
+/// Blocks its thread for `freeze` before answering: with the heartbeat on the same thread, the
+/// whole worker stops, as in a stop-the-world pause.
+struct FreezesWorker {
+    inner: SimulatedProvider,
+    freeze: Duration,
+}
+
+impl Provider for FreezesWorker {
+    async fn call(&self, req: &ProviderRequest<'_>) -> Result<Answer, ProviderError> {
+        std::thread::sleep(self.freeze);
+        self.inner.call(req).await
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_worker_is_deferred_to_then_fenced_and_cannot_accept_when_it_resumes() {
+    let aws = emulator().await;
+    let table = aws.table().await;
+    let queue = aws.queue(2).await;
+    aws.send(&queue, &slow_job("paused-1", 0)).await;
+
+    // Worker A claims the job (lease 4 s), then freezes for 7 s: no heartbeat, no renewal.
+    let (a_table, a_url) = (table.clone(), queue.url.clone());
+    let worker_a = std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        runtime.block_on(async move {
+            let aws = emulator().await;
+            let provider = FreezesWorker {
+                inner: SimulatedProvider::new(),
+                freeze: Duration::from_millis(7_000),
+            };
+            let handler = aws.handler(&a_table, provider, slow_settings(2, 600, 4_000));
+            let queue = common::Queue {
+                url: a_url,
+                arn: String::new(),
+                dlq_url: String::new(),
+            };
+            let source = aws.source(&queue).await;
+            let (poll, report) = deliver(&source, &handler).await;
+            (
+                poll,
+                report,
+                handler.processor().provider().inner.executions(),
+            )
+        })
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    // Worker B polls: the message comes back after 2 s, while A's lease still runs.
+    let handler_b = aws.handler(
+        &table,
+        SimulatedProvider::new(),
+        slow_settings(2, 600, 4_000),
+    );
+    let source_b = aws.source(&queue).await;
+    let mut seen_by_b = Vec::new();
+    let give_up = Instant::now() + Duration::from_secs(12);
+    while Instant::now() < give_up {
+        let (poll, report) = deliver(&source_b, &handler_b).await;
+        if poll.received > 0 {
+            let outcome = report.expect("report").records[0].outcome.clone();
+            let done = outcome == RecordOutcome::Failed(Failure::AwaitingDecision);
+            seen_by_b.push(outcome);
+            if done {
+                break;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    assert!(
+        matches!(
+            seen_by_b.first(),
+            Some(RecordOutcome::Failed(Failure::Deferred { .. }))
+        ),
+        "B first defers to the live lease: {seen_by_b:?}"
+    );
+    assert_eq!(
+        seen_by_b.last(),
+        Some(&RecordOutcome::Failed(Failure::AwaitingDecision)),
+        "after the lease lapses B fences A and records the attempt as uncertain: {seen_by_b:?}"
+    );
+    assert_eq!(
+        handler_b.processor().provider().executions(),
+        0,
+        "B never calls the model"
+    );
+
+    // A resumes with its answer: refused, never published.
+    let (poll_a, report_a, a_calls) = worker_a.join().expect("worker A");
+    assert_eq!(a_calls, 1);
+    assert_eq!(poll_a.deleted, 0);
+    let a_outcome = &report_a.expect("A's report").records[0].outcome;
+    assert_eq!(a_outcome, &RecordOutcome::Failed(Failure::AwaitingDecision));
+    let item = aws
+        .ledger(&table)
+        .get("paused-1")
+        .await
+        .expect("get")
+        .expect("item");
+    assert_eq!((item.state, item.owner_epoch), (JobState::Unknown, 2));
+    assert_eq!(item.result, None);
+    assert_eq!(item.recoveries.len(), 1);
+    assert_eq!(item.attempt_log[0].outcome, AttemptOutcome::Uncertain);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_outlasting_the_lambda_deadline_returns_in_time_with_cut_short_attempts_recorded() {
+    let aws = emulator().await;
+    let table = aws.table().await;
+    let queue = aws.queue(30).await;
+    let mut settings = slow_settings(30, 2_000, 10_000);
+    settings.max_concurrency = 2;
+    settings.deadline_margin_ms = 1_000;
+    let handler = aws.handler(&table, SimulatedProvider::new(), settings);
+    let mut source = aws.source(&queue).await;
+    source.function_timeout_ms = 3_000;
+    for id in ["late-1", "late-2", "late-3"] {
+        aws.send(&queue, &slow_job(id, 20_000)).await;
+    }
+
+    let started = Instant::now();
+    let (poll, report) = deliver(&source, &handler).await;
+    let elapsed = started.elapsed();
+
+    assert!(
+        elapsed < Duration::from_millis(3_000),
+        "returned after {elapsed:?}"
+    );
+    assert_eq!((poll.received, poll.failed, poll.deleted), (3, 3, 0));
+    let report = report.expect("report");
+    assert_eq!(report.stats.deadline_cutoffs, 2);
+    let ledger = aws.ledger(&table);
+    let mut unknown = 0;
+    for id in ["late-1", "late-2", "late-3"] {
+        match ledger.get(id).await.expect("get") {
+            Some(item) => {
+                assert_eq!(item.state, JobState::Unknown);
+                let error = item.last_error.expect("evidence");
+                assert!(error.message.contains("Lambda deadline"), "{error:?}");
+                unknown += 1;
+            }
+            None => {} // never started: no call inside the safety margin
+        }
+    }
+    assert_eq!(unknown, 2);
+    assert_eq!(handler.processor().provider().executions(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_heartbeat_tick_over_25_slow_records_makes_3_visibility_calls() {
+    let aws = emulator().await;
+    let table = aws.table().await;
+    let queue = aws.queue(4).await;
+    let mut settings = slow_settings(4, 1_500, 6_000);
+    settings.max_concurrency = 25;
+    let handler = aws.handler(&table, SimulatedProvider::new(), settings);
+    let mut source = aws.source(&queue).await;
+    source.batch_size = 25;
+    for i in 0..25 {
+        aws.send(&queue, &slow_job(&format!("many-{i}"), 4_000))
+            .await;
+    }
+    aws.calls.reset();
+
+    // Between the first tick (1.5 s) and the second (3 s), count what the first one sent.
+    let observer = async {
+        tokio::time::sleep(Duration::from_millis(2_250)).await;
+        (
+            aws.calls.get("sqs", "ChangeMessageVisibilityBatch"),
+            aws.calls.get("dynamodb", "UpdateItem"),
+        )
+    };
+    let ((poll, report), (visibility_calls, updates)) =
+        tokio::join!(deliver(&source, &handler), observer);
+
+    assert_eq!(poll.received, 25);
+    assert_eq!(visibility_calls, 3, "25 handles in calls of at most 10");
+    assert_eq!(updates, 25 + 25, "25 claims, then one lease renewal each");
+    assert_eq!(poll.deleted, 25);
+    let stats = report.expect("report").stats;
+    assert_eq!(
+        stats.visibility_calls,
+        3 * stats.heartbeat_ticks,
+        "{stats:?}"
+    );
+    assert_eq!(stats.lease_renewed, 25 * stats.heartbeat_ticks, "{stats:?}");
+}
+
+/// Records the order of calls.
+struct Ordered {
+    inner: SimulatedProvider,
+    calls: Mutex<Vec<String>>,
+}
+
+impl Provider for Ordered {
+    async fn call(&self, req: &ProviderRequest<'_>) -> Result<Answer, ProviderError> {
+        self.calls
+            .lock()
+            .expect("calls")
+            .push(req.job_id.to_owned());
+        self.inner.call(req).await
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fifo_groups_run_in_order_and_stop_at_their_first_failure() {
+    let aws = emulator().await;
+    let table = aws.table().await;
+    let queue = aws.fifo_queue(30).await;
+    let provider = Ordered {
+        inner: SimulatedProvider::new(),
+        calls: Mutex::new(Vec::new()),
+    };
+    let handler = aws.handler(&table, provider, common::fast_settings());
+    let source = aws.source(&queue).await;
+    let mut ids = std::collections::HashMap::new();
+    for (group, name, body) in [
+        ("g1", "a1", slow_job("fifo-a1", 200)),
+        ("g2", "b1", slow_job("fifo-b1", 100)),
+        (
+            "g1",
+            "a2",
+            job("fifo-a2", "fails", r#""simulate":{"outcome":"transient"}"#),
+        ),
+        ("g2", "b2", slow_job("fifo-b2", 0)),
+        ("g1", "a3", slow_job("fifo-a3", 0)),
+        ("g2", "b3", slow_job("fifo-b3", 0)),
+    ] {
+        ids.insert(name, aws.send_in_group(&queue, group, &body).await);
+    }
+
+    let (poll, report) = deliver(&source, &handler).await;
+    assert_eq!(poll.received, 6);
+    let report = report.expect("report");
+    let mut failed = report.response.clone().expect("named failures");
+    failed.sort();
+    let mut expected = vec![ids["a2"].clone(), ids["a3"].clone()];
+    expected.sort();
+    assert_eq!(failed, expected);
+    assert_eq!(
+        report.outcome_of(&ids["a3"]),
+        Some(&RecordOutcome::Failed(Failure::Skipped))
+    );
+
+    let calls = handler
+        .processor()
+        .provider()
+        .calls
+        .lock()
+        .expect("calls")
+        .clone();
+    let order = |prefix: &str| -> Vec<&str> {
+        calls
+            .iter()
+            .map(String::as_str)
+            .filter(|c| c.starts_with(prefix))
+            .collect()
+    };
+    assert_eq!(
+        order("fifo-a"),
+        ["fifo-a1", "fifo-a2"],
+        "a3 is never processed"
+    );
+    assert_eq!(order("fifo-b"), ["fifo-b1", "fifo-b2", "fifo-b3"]);
+    assert_eq!(aws.ledger(&table).get("fifo-a3").await.expect("get"), None);
+    // The groups ran side by side: b1 started before a1 ended.
+    let b1 = calls.iter().position(|c| c == "fifo-b1").expect("b1");
+    let a2 = calls.iter().position(|c| c == "fifo-a2").expect("a2");
+    assert!(b1 < a2, "{calls:?}");
+}
