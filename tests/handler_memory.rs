@@ -342,10 +342,12 @@ async fn no_work_starts_inside_the_invocation_safety_margin() {
 async fn losing_the_lease_cancels_the_call_and_its_answer_is_never_published() {
     use fenced_jobs::ledger::{AttemptEnd, FinishRequest, RecoverRequest, Write};
     let ledger = Arc::new(InMemoryLedger::new());
-    let mut settings = Settings::default();
-    settings.heartbeat_ms = 200;
-    settings.lease_ms = 1_000;
-    settings.skew_ms = 100;
+    let settings = Settings {
+        heartbeat_ms: 200,
+        lease_ms: 1_000,
+        skew_ms: 100,
+        ..Settings::default()
+    };
     let h = handler(ledger.clone(), SimulatedProvider::new(), settings);
     let body = job("taken", r#","simulate":{"latency_ms":5000}"#);
 
@@ -403,10 +405,12 @@ async fn losing_the_lease_cancels_the_call_and_its_answer_is_never_published() {
 #[tokio::test]
 async fn a_refused_visibility_extension_stops_extending_that_record_only() {
     let ledger = Arc::new(InMemoryLedger::new());
-    let mut settings = Settings::default();
-    settings.heartbeat_ms = 100;
-    settings.lease_ms = 1_000;
-    settings.skew_ms = 100;
+    let settings = Settings {
+        heartbeat_ms: 100,
+        lease_ms: 1_000,
+        skew_ms: 100,
+        ..Settings::default()
+    };
     let h = handler(ledger, SimulatedProvider::new(), settings);
     h.visibility().refuse("handle-gone");
     let slow = |id: &str| job(id, r#","simulate":{"latency_ms":550}"#);
