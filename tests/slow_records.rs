@@ -216,8 +216,8 @@ async fn a_batch_outlasting_the_lambda_deadline_returns_in_time_with_cut_short_a
 async fn one_heartbeat_tick_over_25_slow_records_makes_3_visibility_calls() {
     let aws = emulator().await;
     let table = aws.table().await;
-    let queue = aws.queue(4).await;
-    let mut settings = slow_settings(4, 1_500, 6_000);
+    let queue = aws.queue(6).await;
+    let mut settings = slow_settings(6, 2_000, 8_000);
     settings.max_concurrency = 25;
     let handler = aws.handler(&table, SimulatedProvider::new(), settings);
     let mut source = aws.source(&queue).await;
@@ -228,9 +228,9 @@ async fn one_heartbeat_tick_over_25_slow_records_makes_3_visibility_calls() {
     }
     aws.calls.reset();
 
-    // Between the first tick (1.5 s) and the second (3 s), count what the first one sent.
+    // Between the first tick (2 s) and the second (4 s), count what the first one sent.
     let observer = async {
-        tokio::time::sleep(Duration::from_millis(2_250)).await;
+        tokio::time::sleep(Duration::from_millis(3_000)).await;
         (
             aws.calls.get("sqs", "ChangeMessageVisibilityBatch"),
             aws.calls.get("dynamodb", "UpdateItem"),
