@@ -414,6 +414,9 @@ impl<L: JobLedger, V: VisibilityControl, C: Clock> Heartbeat<'_, L, V, C> {
                     }
                     return;
                 }
+                // The call ended while the renewal was on its way: the refusal is our own
+                // final write, not a lost lease.
+                Ok(Write::Refused(_)) if self.flights.lease_until(index).is_none() => return,
                 Ok(Write::Refused(seen)) => {
                     bump(&stats.lease_refused, 1);
                     tracing::warn!(

@@ -223,7 +223,7 @@ async fn one_heartbeat_tick_over_25_slow_records_makes_3_visibility_calls() {
     let mut source = aws.source(&queue).await;
     source.batch_size = 25;
     for i in 0..25 {
-        aws.send(&queue, &slow_job(&format!("many-{i}"), 4_000))
+        aws.send(&queue, &slow_job(&format!("many-{i}"), 7_000))
             .await;
     }
     aws.calls.reset();
@@ -243,13 +243,18 @@ async fn one_heartbeat_tick_over_25_slow_records_makes_3_visibility_calls() {
     assert_eq!(visibility_calls, 3, "25 handles in calls of at most 10");
     assert_eq!(updates, 25 + 25, "25 claims, then one lease renewal each");
     assert_eq!(poll.deleted, 25);
+    // A later tick may find some records already done: never more than that per tick.
     let stats = report.expect("report").stats;
-    assert_eq!(
-        stats.visibility_calls,
-        3 * stats.heartbeat_ticks,
+    assert!(stats.heartbeat_ticks >= 2, "{stats:?}");
+    assert!(
+        stats.visibility_calls <= 3 * stats.heartbeat_ticks,
         "{stats:?}"
     );
-    assert_eq!(stats.lease_renewed, 25 * stats.heartbeat_ticks, "{stats:?}");
+    assert!(
+        stats.lease_renewed <= 25 * stats.heartbeat_ticks,
+        "{stats:?}"
+    );
+    assert_eq!(stats.lease_refused, 0, "{stats:?}");
 }
 
 /// Records the order of calls.
