@@ -6,11 +6,14 @@ use std::sync::Mutex;
 use aws_sdk_sqs::Client;
 use aws_sdk_sqs::error::ProvideErrorMetadata;
 use aws_sdk_sqs::types::ChangeMessageVisibilityBatchRequestEntry;
+use futures::{StreamExt, stream};
 
 use super::{ChangeResult, ChangeResults, VisibilityChange, VisibilityControl};
 
 /// SQS allows at most ten entries per batch call.
 pub const SQS_BATCH_LIMIT: usize = 10;
+/// Batch calls in flight at once.
+const PARALLEL_CALLS: usize = 8;
 
 /// Visibility control over SQS. Queue URLs are resolved from the event's queue ARN once per
 /// process and cached.
@@ -84,74 +87,86 @@ pub fn parse_queue_arn(arn: &str) -> Option<(&str, &str)> {
     (!account.is_empty() && !name.is_empty()).then_some((account, name))
 }
 
-impl VisibilityControl for SqsVisibility {
-    async fn change(&self, queue_arn: &str, changes: Vec<VisibilityChange>) -> ChangeResults {
-        let mut out = ChangeResults {
-            calls: 0,
-            results: vec![ChangeResult::Uncertain; changes.len()],
-        };
-        if changes.is_empty() {
-            return out;
-        }
-        let Some(url) = self.queue_url(queue_arn).await else {
-            return out;
-        };
-        for (chunk_index, chunk) in changes.chunks(SQS_BATCH_LIMIT).enumerate() {
-            let offset = chunk_index * SQS_BATCH_LIMIT;
-            let entries = chunk
-                .iter()
-                .enumerate()
-                .filter_map(|(i, c)| {
-                    ChangeMessageVisibilityBatchRequestEntry::builder()
-                        .id(i.to_string())
-                        .receipt_handle(&c.receipt_handle)
-                        .visibility_timeout(c.seconds)
-                        .build()
-                        .ok()
-                })
-                .collect();
-            out.calls += 1;
-            match self
-                .client
-                .change_message_visibility_batch()
-                .queue_url(&url)
-                .set_entries(Some(entries))
-                .send()
-                .await
-            {
-                Ok(res) => {
-                    let mut mark = |id: &str, result| {
-                        if let Some(slot) = id
-                            .parse::<usize>()
-                            .ok()
-                            .and_then(|i| out.results.get_mut(offset + i))
-                        {
-                            *slot = result;
-                        }
-                    };
-                    for ok in res.successful() {
-                        mark(ok.id(), ChangeResult::Changed);
+impl SqsVisibility {
+    /// One `ChangeMessageVisibilityBatch` call for at most ten changes; results in their order.
+    async fn change_chunk(&self, url: &str, chunk: &[VisibilityChange]) -> Vec<ChangeResult> {
+        let mut results = vec![ChangeResult::Uncertain; chunk.len()];
+        let entries = chunk
+            .iter()
+            .enumerate()
+            .filter_map(|(i, c)| {
+                ChangeMessageVisibilityBatchRequestEntry::builder()
+                    .id(i.to_string())
+                    .receipt_handle(&c.receipt_handle)
+                    .visibility_timeout(c.seconds)
+                    .build()
+                    .ok()
+            })
+            .collect();
+        let sent = self
+            .client
+            .change_message_visibility_batch()
+            .queue_url(url)
+            .set_entries(Some(entries))
+            .send()
+            .await;
+        match sent {
+            Ok(res) => {
+                let mut mark = |id: &str, result| {
+                    if let Some(slot) = id.parse::<usize>().ok().and_then(|i| results.get_mut(i)) {
+                        *slot = result;
                     }
-                    for failed in res.failed() {
-                        // Only the code: an SQS error message may quote a receipt handle.
-                        tracing::warn!(code = failed.code(), "visibility change refused");
-                        let result = if failed.sender_fault() {
-                            ChangeResult::Refused
-                        } else {
-                            ChangeResult::Uncertain
-                        };
-                        mark(failed.id(), result);
-                    }
+                };
+                for ok in res.successful() {
+                    mark(ok.id(), ChangeResult::Changed);
                 }
-                Err(e) => {
-                    tracing::warn!(
-                        code = e.code().unwrap_or("transport"),
-                        "visibility change failed"
-                    );
+                for failed in res.failed() {
+                    // Only the code: an SQS error message may quote a receipt handle.
+                    tracing::warn!(code = failed.code(), "visibility change refused");
+                    let result = if failed.sender_fault() {
+                        ChangeResult::Refused
+                    } else {
+                        ChangeResult::Uncertain
+                    };
+                    mark(failed.id(), result);
                 }
             }
+            Err(e) => {
+                tracing::warn!(
+                    code = e.code().unwrap_or("transport"),
+                    "visibility change failed"
+                );
+            }
         }
-        out
+        results
+    }
+}
+
+impl VisibilityControl for SqsVisibility {
+    async fn change(&self, queue_arn: &str, changes: Vec<VisibilityChange>) -> ChangeResults {
+        if changes.is_empty() {
+            return ChangeResults::default();
+        }
+        let Some(url) = self.queue_url(queue_arn).await else {
+            return ChangeResults {
+                calls: 0,
+                results: vec![ChangeResult::Uncertain; changes.len()],
+            };
+        };
+        // Calls run concurrently (a large batch's changes must fit in the deadline margin);
+        // `buffered` keeps their results in request order.
+        let owned: Vec<Vec<VisibilityChange>> =
+            changes.chunks(SQS_BATCH_LIMIT).map(<[_]>::to_vec).collect();
+        let url = url.as_str();
+        let chunks: Vec<Vec<ChangeResult>> = stream::iter(owned)
+            .map(|chunk| async move { self.change_chunk(url, &chunk).await })
+            .buffered(PARALLEL_CALLS)
+            .collect()
+            .await;
+        ChangeResults {
+            calls: chunks.len() as u32,
+            results: chunks.into_iter().flatten().collect(),
+        }
     }
 }
 
