@@ -1,11 +1,14 @@
 # The two commands of the README need no set-up: they install what they need.
-.PHONY: demo test check fmt clippy emulator-start emulator-stop clean
+.PHONY: demo test bench check fmt clippy emulator-start emulator-stop clean
 
 demo: ## Run the main job end to end on the local emulator
 	scripts/demo.sh
 
 test: ## Lint the template and run every test (emulator started and stopped here)
 	scripts/test.sh
+
+bench: ## Benchmarks (release build; never part of `make test`)
+	scripts/bench.sh
 
 check: ## Formatting and lints, as CI runs them
 	cargo fmt --all -- --check
