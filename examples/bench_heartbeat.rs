@@ -14,7 +14,7 @@ use fenced_jobs::job::{Expect, NewJob};
 use fenced_jobs::ledger::dynamodb::DynamoLedger;
 use fenced_jobs::ledger::memory::InMemoryLedger;
 use fenced_jobs::ledger::{ClaimRequest, JobLedger};
-use fenced_jobs::sdk_calls::CallCounter;
+use fenced_jobs::sdk_calls::counted_clients;
 use fenced_jobs::visibility::{RecordingVisibility, SqsVisibility, VisibilityControl};
 
 const SIZES: [usize; 3] = [10, 100, 1_000];
@@ -127,17 +127,7 @@ async fn in_memory(n: usize) -> (f64, f64, u64) {
 
 async fn emulator(n: usize) -> (f64, f64, u64) {
     let config = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
-    let calls = CallCounter::new();
-    let ddb = aws_sdk_dynamodb::Client::from_conf(
-        aws_sdk_dynamodb::config::Builder::from(&config)
-            .interceptor(calls.clone())
-            .build(),
-    );
-    let sqs = aws_sdk_sqs::Client::from_conf(
-        aws_sdk_sqs::config::Builder::from(&config)
-            .interceptor(calls.clone())
-            .build(),
-    );
+    let (ddb, sqs, calls) = counted_clients(&config);
     let suffix = format!("{}-{n}", std::process::id());
     let table = format!("bench-{suffix}");
     ddb.create_table()

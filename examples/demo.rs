@@ -15,7 +15,7 @@ use fenced_jobs::ledger::JobLedger;
 use fenced_jobs::ledger::dynamodb::DynamoLedger;
 use fenced_jobs::processor::Processor;
 use fenced_jobs::provider::SimulatedProvider;
-use fenced_jobs::sdk_calls::CallCounter;
+use fenced_jobs::sdk_calls::counted_clients;
 use fenced_jobs::visibility::SqsVisibility;
 
 /// (label, job_id, what the demo expects, body)
@@ -75,19 +75,19 @@ fn jobs() -> Vec<(&'static str, &'static str, &'static str, String)> {
         (
             "conflict (same id, new input)",
             "demo-summary",
-            "to the DLQ",
+            "message to the DLQ, job unchanged",
             job("demo-summary", "A different document!", r#"{}"#),
         ),
         (
             "poison (not JSON)",
             "-",
-            "to the DLQ",
+            "message to the DLQ",
             "{this is not json".to_owned(),
         ),
         (
             "poison (bad job_id)",
             "-",
-            "to the DLQ",
+            "message to the DLQ",
             r#"{"job_id":"no spaces allowed","contract":"c","input":{"model":"m","prompt":"p"}}"#
                 .to_owned(),
         ),
@@ -118,17 +118,7 @@ async fn main() {
     let (table, queue_url, dlq_url) = (env("JOBS_TABLE"), env("QUEUE_URL"), env("DLQ_URL"));
 
     let aws = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
-    let calls = CallCounter::new();
-    let ddb = aws_sdk_dynamodb::Client::from_conf(
-        aws_sdk_dynamodb::config::Builder::from(&aws)
-            .interceptor(calls.clone())
-            .build(),
-    );
-    let sqs = aws_sdk_sqs::Client::from_conf(
-        aws_sdk_sqs::config::Builder::from(&aws)
-            .interceptor(calls.clone())
-            .build(),
-    );
+    let (ddb, sqs, calls) = counted_clients(&aws);
     let mut settings = Settings::default();
     settings.visibility.backoff_base_s = 1;
     settings.visibility.backoff_cap_s = 2;

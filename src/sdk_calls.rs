@@ -56,6 +56,24 @@ impl CallCounter {
     }
 }
 
+/// DynamoDB and SQS clients from one SDK configuration, both counting into one [`CallCounter`].
+pub fn counted_clients(
+    config: &aws_config::SdkConfig,
+) -> (aws_sdk_dynamodb::Client, aws_sdk_sqs::Client, CallCounter) {
+    let calls = CallCounter::new();
+    let ddb = aws_sdk_dynamodb::Client::from_conf(
+        aws_sdk_dynamodb::config::Builder::from(config)
+            .interceptor(calls.clone())
+            .build(),
+    );
+    let sqs = aws_sdk_sqs::Client::from_conf(
+        aws_sdk_sqs::config::Builder::from(config)
+            .interceptor(calls.clone())
+            .build(),
+    );
+    (ddb, sqs, calls)
+}
+
 impl Intercept for CallCounter {
     fn name(&self) -> &'static str {
         "CallCounter"

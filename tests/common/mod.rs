@@ -17,7 +17,7 @@ use fenced_jobs::handler::{BatchHandler, BatchReport};
 use fenced_jobs::ledger::dynamodb::DynamoLedger;
 use fenced_jobs::processor::Processor;
 use fenced_jobs::provider::Provider;
-use fenced_jobs::sdk_calls::CallCounter;
+use fenced_jobs::sdk_calls::{CallCounter, counted_clients};
 use fenced_jobs::visibility::SqsVisibility;
 
 /// Clients on the emulator, with a request counter on each.
@@ -45,17 +45,7 @@ pub async fn emulator() -> Emulator {
         .region(aws_config::Region::new("us-east-1"))
         .load()
         .await;
-    let calls = CallCounter::new();
-    let ddb = aws_sdk_dynamodb::Client::from_conf(
-        aws_sdk_dynamodb::config::Builder::from(&config)
-            .interceptor(calls.clone())
-            .build(),
-    );
-    let sqs = aws_sdk_sqs::Client::from_conf(
-        aws_sdk_sqs::config::Builder::from(&config)
-            .interceptor(calls.clone())
-            .build(),
-    );
+    let (ddb, sqs, calls) = counted_clients(&config);
     Emulator { ddb, sqs, calls }
 }
 
@@ -99,28 +89,52 @@ impl Emulator {
     }
 
     pub async fn queue(&self, visibility_timeout_s: u32) -> Queue {
+        self.make_queue(visibility_timeout_s, false).await
+    }
+
+    /// A FIFO queue (content-based deduplication) with its FIFO DLQ.
+    pub async fn fifo_queue(&self, visibility_timeout_s: u32) -> Queue {
+        self.make_queue(visibility_timeout_s, true).await
+    }
+
+    async fn make_queue(&self, visibility_timeout_s: u32, fifo: bool) -> Queue {
         let name = unique("work");
-        let dlq_url = self
-            .sqs
-            .create_queue()
-            .queue_name(format!("{name}-dlq"))
-            .send()
-            .await
-            .expect("create dlq")
-            .queue_url()
-            .expect("dlq url")
-            .to_owned();
+        let suffix = if fifo { ".fifo" } else { "" };
+        let with_fifo =
+            |req: aws_sdk_sqs::operation::create_queue::builders::CreateQueueFluentBuilder| {
+                if fifo {
+                    req.attributes(QueueAttributeName::FifoQueue, "true")
+                } else {
+                    req
+                }
+            };
+        let dlq_url = with_fifo(
+            self.sqs
+                .create_queue()
+                .queue_name(format!("{name}-dlq{suffix}")),
+        )
+        .send()
+        .await
+        .expect("create dlq")
+        .queue_url()
+        .expect("dlq url")
+        .to_owned();
         let dlq_arn = self.arn_of(&dlq_url).await;
         let redrive = format!(r#"{{"deadLetterTargetArn":"{dlq_arn}","maxReceiveCount":5}}"#);
-        let url = self
-            .sqs
-            .create_queue()
-            .queue_name(&name)
-            .attributes(
-                QueueAttributeName::VisibilityTimeout,
-                visibility_timeout_s.to_string(),
-            )
-            .attributes(QueueAttributeName::RedrivePolicy, redrive)
+        let mut create = with_fifo(
+            self.sqs
+                .create_queue()
+                .queue_name(format!("{name}{suffix}")),
+        )
+        .attributes(
+            QueueAttributeName::VisibilityTimeout,
+            visibility_timeout_s.to_string(),
+        )
+        .attributes(QueueAttributeName::RedrivePolicy, redrive);
+        if fifo {
+            create = create.attributes(QueueAttributeName::ContentBasedDeduplication, "true");
+        }
+        let url = create
             .send()
             .await
             .expect("create queue")
@@ -249,43 +263,6 @@ pub async fn deliver<P: Provider>(
 }
 
 impl Emulator {
-    /// A FIFO queue (content-based deduplication) with its FIFO DLQ.
-    pub async fn fifo_queue(&self, visibility_timeout_s: u32) -> Queue {
-        let name = unique("work");
-        let dlq_url = self
-            .sqs
-            .create_queue()
-            .queue_name(format!("{name}-dlq.fifo"))
-            .attributes(QueueAttributeName::FifoQueue, "true")
-            .send()
-            .await
-            .expect("create fifo dlq")
-            .queue_url()
-            .expect("dlq url")
-            .to_owned();
-        let dlq_arn = self.arn_of(&dlq_url).await;
-        let redrive = format!(r#"{{"deadLetterTargetArn":"{dlq_arn}","maxReceiveCount":5}}"#);
-        let url = self
-            .sqs
-            .create_queue()
-            .queue_name(format!("{name}.fifo"))
-            .attributes(QueueAttributeName::FifoQueue, "true")
-            .attributes(QueueAttributeName::ContentBasedDeduplication, "true")
-            .attributes(
-                QueueAttributeName::VisibilityTimeout,
-                visibility_timeout_s.to_string(),
-            )
-            .attributes(QueueAttributeName::RedrivePolicy, redrive)
-            .send()
-            .await
-            .expect("create fifo queue")
-            .queue_url()
-            .expect("queue url")
-            .to_owned();
-        let arn = self.arn_of(&url).await;
-        Queue { url, arn, dlq_url }
-    }
-
     pub async fn send_in_group(&self, queue: &Queue, group: &str, body: &str) -> String {
         self.sqs
             .send_message()

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Runs a command with the local emulator up and the AWS SDK pointed at it: starts the emulator
+# unless it already runs (then leaves it running), exports its variables, and stops what it
+# started when the command ends, however it ends.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+started_here=0
+if ! [ -f .emulator/pid ] || ! kill -0 "$(cat .emulator/pid)" 2>/dev/null; then
+  scripts/emulator.sh start
+  started_here=1
+fi
+cleanup() { if [ "$started_here" = 1 ]; then scripts/emulator.sh stop; fi; }
+trap cleanup EXIT
+eval "$(scripts/emulator.sh env)"
+"$@"
