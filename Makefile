@@ -1,5 +1,5 @@
 # The two commands of the README need no set-up: they install what they need.
-.PHONY: demo test bench check fmt clippy emulator-start emulator-stop clean
+.PHONY: demo test bench build check fmt clippy emulator-start emulator-stop clean
 
 demo: ## Run the main job end to end on the local emulator
 	scripts/demo.sh
@@ -9,6 +9,9 @@ test: ## Lint the template and run every test (emulator started and stopped here
 
 bench: ## Benchmarks (release build; never part of `make test`)
 	scripts/bench.sh
+
+build: ## The deployable arm64 zip (cargo-lambda from PyPI): target/lambda/worker/bootstrap.zip
+	scripts/build.sh
 
 check: ## Formatting and lints, as CI runs them
 	cargo fmt --all -- --check

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# make bench: release build, then the benchmarks with the emulator up; prints markdown tables.
+# make bench: release builds, then every benchmark with the emulator up; prints markdown.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 echo "machine: $(nproc) cores, $(uname -m), $(date -u +%Y-%m-%d)"
-cargo build --release --quiet --example bench_heartbeat
-echo '$ target/release/examples/bench_heartbeat'
-scripts/with-emulator.sh target/release/examples/bench_heartbeat
+cargo build --release --quiet --bin worker --example bench_heartbeat --example bench_batch
+# moto behind a keep-alive server, as DynamoDB and SQS keep connections alive.
+scripts/emulator.sh stop
+EMULATOR_KEEPALIVE=1 scripts/with-emulator.sh scripts/bench-steps.sh

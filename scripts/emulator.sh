@@ -3,6 +3,7 @@
 #
 #   scripts/emulator.sh install   create .venv with scripts/requirements.txt (moto, cfn-lint)
 #   scripts/emulator.sh start     install if needed, start, wait until it answers
+#                                 (EMULATOR_KEEPALIVE=1: behind waitress, which keeps connections alive)
 #   scripts/emulator.sh stop      stop it (by pid)
 #   scripts/emulator.sh env       print the variables that point the AWS SDK at it
 #   scripts/emulator.sh create TABLE QUEUE   create the job table, the queue and its DLQ
@@ -43,7 +44,12 @@ start() {
   p=$("$venv/bin/python" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
   echo "$p" > "$state/port"
   # The moto server speaks every service on one port; nothing listens beyond loopback.
-  nohup "$venv/bin/python" -m moto.server -H 127.0.0.1 -p "$p" > "$state/moto.log" 2>&1 &
+  if [ "${EMULATOR_KEEPALIVE:-0}" = 1 ]; then
+    # The same moto application behind a keep-alive server (benchmarks).
+    nohup "$venv/bin/python" "$root/scripts/moto_keepalive.py" "$p" > "$state/moto.log" 2>&1 &
+  else
+    nohup "$venv/bin/python" -m moto.server -H 127.0.0.1 -p "$p" > "$state/moto.log" 2>&1 &
+  fi
   echo $! > "$state/pid"
   for _ in $(seq 1 100); do
     if "$venv/bin/python" -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:$p/moto-api/', timeout=1)" 2>/dev/null; then

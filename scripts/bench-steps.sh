@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# The benchmark steps; run by scripts/bench.sh with the emulator up.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+echo; echo '$ target/release/examples/bench_heartbeat'
+target/release/examples/bench_heartbeat
+
+echo; echo '$ target/release/examples/bench_batch'
+target/release/examples/bench_batch
+
+echo; echo '$ /usr/bin/time -v target/release/examples/bench_batch peak 10000'
+/usr/bin/time -v target/release/examples/bench_batch peak 10000 2> /tmp/fenced-jobs-peak.txt
+grep -E "Maximum resident set size|Elapsed" /tmp/fenced-jobs-peak.txt
+
+echo; echo "cold start: hyperfine over target/release/worker against a mock Runtime API"
+command -v hyperfine >/dev/null || { echo "hyperfine is not installed (apt-get install hyperfine)"; exit 0; }
+eval "$(scripts/emulator.sh create "jobs-cold-$$" "jobs-cold-$$")"
+port=$(.venv/bin/python -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+# The sample one-job event without its simulated latency: the first run claims and accepts the
+# job, every later run finds it finished (one DynamoDB call), as a redelivery would.
+.venv/bin/python -c "
+import json
+e = json.load(open('events/sqs-one-job.json'))
+body = json.loads(e['Records'][0]['body'])
+body['input'].pop('simulate', None)
+e['Records'][0]['body'] = json.dumps(body)
+json.dump(e, open('/tmp/fenced-jobs-cold-event.json', 'w'))
+"
+.venv/bin/python scripts/mock_runtime_api.py "$port" /tmp/fenced-jobs-cold-event.json &
+mock=$!
+trap 'kill $mock 2>/dev/null || true' EXIT
+sleep 0.5
+export AWS_LAMBDA_RUNTIME_API="127.0.0.1:$port" AWS_LAMBDA_FUNCTION_NAME=worker \
+  AWS_LAMBDA_FUNCTION_VERSION='$LATEST' AWS_LAMBDA_FUNCTION_MEMORY_SIZE=128 \
+  AWS_LAMBDA_LOG_STREAM_NAME=bench AWS_LAMBDA_LOG_GROUP_NAME=bench RUST_LOG=warn
+hyperfine -N --warmup 3 --runs 30 -i --export-json /tmp/fenced-jobs-cold.json \
+  --output=null target/release/worker
+.venv/bin/python -c "import json; r = json.load(open('/tmp/fenced-jobs-cold.json'))['results'][0]; print(f\"cold start (process start to exit after one event): median {r['median']*1000:.1f} ms, min {r['min']*1000:.1f} ms\")"
+
+echo; echo "sizes"
+ls -l target/release/worker | awk '{print "x86_64 release binary: " $5 " bytes"}'
+if [ -f target/lambda/worker/bootstrap.zip ]; then
+  ls -l target/lambda/worker/bootstrap.zip | awk '{print "arm64 deployable zip (make build): " $5 " bytes"}'
+else
+  echo "arm64 deployable zip: run make build first"
+fi

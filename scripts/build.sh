@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# make build: the deployable arm64 zip of the worker, with cargo-lambda from PyPI.
+# Output: target/lambda/worker/bootstrap.zip
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/emulator.sh install
+if ! .venv/bin/python -c "import importlib.metadata as m; m.version('cargo-lambda')" >/dev/null 2>&1; then
+  .venv/bin/pip install --quiet --disable-pip-version-check -r scripts/requirements-build.txt
+fi
+rustup target list --installed | grep -q aarch64-unknown-linux-gnu || rustup target add aarch64-unknown-linux-gnu
+PATH="$PWD/.venv/bin:$PATH" cargo lambda build --release --arm64 --output-format zip --bin worker
+ls -l target/lambda/worker/bootstrap.zip
