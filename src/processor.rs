@@ -286,12 +286,14 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
             claimed.owner_until.unwrap_or(started),
             claimed.deadline_at,
         );
+        let input = msg.input();
         let request = ProviderRequest {
             job_id: &msg.job_id,
             attempt,
             epoch,
             contract: &msg.contract,
-            input: &msg.input,
+            input: &input,
+            input_json: &msg.input_canonical,
             idempotency_key: format!("{}/{attempt}", msg.job_id),
         };
         let called = if budget < MIN_CALL_BUDGET_MS {

@@ -85,9 +85,9 @@ pub struct JobMessage {
     pub job_id: String,
     /// The output-contract version.
     pub contract: String,
-    /// The job input, as sent.
-    pub input: Map<String, Value>,
-    /// Canonical JSON of `input` (sorted keys, no whitespace): what the ledger stores.
+    /// Canonical JSON of the job input (sorted keys, no whitespace): what the ledger stores and
+    /// the digest covers. The parsed input is not kept: a large batch would hold every record's
+    /// tree for the whole invocation; [`JobMessage::input`] rebuilds it for the call.
     pub input_canonical: String,
     /// SHA-256 (lowercase hex) over the contract and the canonical input.
     pub digest: String,
@@ -194,18 +194,25 @@ pub fn parse_body(body: Option<&str>) -> Result<JobMessage, InvalidMessage> {
         Some(_) => return Err(wrong_type("metadata", "an object")),
     };
 
-    let input_canonical = canonical_json(&Value::Object(input.clone()));
+    let input_canonical = canonical_json(&Value::Object(input));
     let digest = input_digest(&contract, &input_canonical);
     Ok(JobMessage {
         job_id,
         contract,
-        input,
         input_canonical,
         digest,
         deadline_at,
         max_attempts,
         metadata,
     })
+}
+
+impl JobMessage {
+    /// The job input as an object, parsed again from its canonical JSON (which this crate wrote
+    /// from an object, so it parses; anything else reads as an empty object).
+    pub fn input(&self) -> Map<String, Value> {
+        serde_json::from_str(&self.input_canonical).unwrap_or_default()
+    }
 }
 
 /// Reads the simulated-provider controls of an input (absent: an immediate success).
@@ -572,7 +579,7 @@ mod tests {
         ))
         .expect("valid");
         assert_eq!(
-            simulation_of(&job.input),
+            simulation_of(&job.input()),
             Simulation {
                 latency_ms: 20,
                 outcome: SimulatedOutcome::Permanent,

@@ -21,6 +21,8 @@ pub struct ProviderRequest<'a> {
     pub contract: &'a str,
     /// The job input.
     pub input: &'a Map<String, Value>,
+    /// The same input as canonical JSON (sorted keys, no whitespace).
+    pub input_json: &'a str,
     /// Stable per job and attempt: a provider that deduplicates requests sees a retry of the
     /// same attempt as the same request.
     pub idempotency_key: String,

@@ -9,7 +9,7 @@ use std::time::Duration;
 use sha2::{Digest, Sha256};
 
 use super::{Answer, Provider, ProviderError, ProviderRequest};
-use crate::job::message::{SimulatedOutcome, canonical_json, simulation_of};
+use crate::job::message::{SimulatedOutcome, simulation_of};
 
 /// The simulated provider. It counts its executions (calls started), in total and per job.
 #[derive(Debug, Default)]
@@ -75,8 +75,11 @@ impl Provider for SimulatedProvider {
 
 /// The answer depends on the input and contract only, never on the attempt or the time.
 fn answer(req: &ProviderRequest<'_>) -> Answer {
-    let canonical = canonical_json(&serde_json::Value::Object(req.input.clone()));
-    let digest = Sha256::digest(format!("{}\0{canonical}", req.contract).as_bytes());
+    let mut hasher = Sha256::new();
+    hasher.update(req.contract.as_bytes());
+    hasher.update(b"\0");
+    hasher.update(req.input_json.as_bytes());
+    let digest = hasher.finalize();
     let tag: String = digest.iter().take(6).map(|b| format!("{b:02x}")).collect();
     let model = req
         .input
@@ -87,7 +90,7 @@ fn answer(req: &ProviderRequest<'_>) -> Answer {
         "contract": req.contract,
         "model": model,
         "output": format!("simulated answer {tag}"),
-        "usage": {"input_chars": canonical.len(), "output_tokens": 3},
+        "usage": {"input_chars": req.input_json.len(), "output_tokens": 3},
     });
     Answer {
         body: body.to_string(),
@@ -98,22 +101,28 @@ fn answer(req: &ProviderRequest<'_>) -> Answer {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::job::message::canonical_json;
     use serde_json::{Map, Value, json};
 
-    fn input(v: Value) -> Map<String, Value> {
+    /// An input and its canonical JSON, as the processor hands them over.
+    struct Input(Map<String, Value>, String);
+
+    fn input(v: Value) -> Input {
+        let json = canonical_json(&v);
         match v {
-            Value::Object(m) => m,
-            _ => Map::new(),
+            Value::Object(m) => Input(m, json),
+            _ => Input(Map::new(), json),
         }
     }
 
-    fn request<'a>(input: &'a Map<String, Value>, attempt: u32) -> ProviderRequest<'a> {
+    fn request(input: &Input, attempt: u32) -> ProviderRequest<'_> {
         ProviderRequest {
             job_id: "j",
             attempt,
             epoch: u64::from(attempt),
             contract: "c",
-            input,
+            input: &input.0,
+            input_json: &input.1,
             idempotency_key: format!("j/{attempt}"),
         }
     }
