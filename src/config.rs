@@ -22,6 +22,17 @@ pub enum ProviderKind {
     Simulated,
 }
 
+/// What happens to an attempt whose outcome is unknown (the call may have run).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ReplayPolicy {
+    /// `never`: the job becomes `unknown` and waits for retrieval or an operator.
+    #[default]
+    Never,
+    /// `replay`: possible duplicate inference and cost are accepted; the decision is recorded
+    /// and another attempt authorised, within the same attempt budget and deadline.
+    Replay,
+}
+
 /// Settings of the processor and the batch handler.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Settings {
@@ -49,6 +60,8 @@ pub struct Settings {
     pub default_deadline_ms: Millis,
     /// `RETENTION_DAYS`: how long after its deadline a job item is kept (DynamoDB TTL).
     pub retention_days: i64,
+    /// `REPLAY_POLICY`: `never` (default) or `replay`.
+    pub replay: ReplayPolicy,
     /// Visibility of failed records (`BACKOFF_BASE_SECONDS`, `BACKOFF_CAP_SECONDS`,
     /// `DEFER_JITTER_SECONDS`, `AWAITING_DECISION_SECONDS`).
     pub visibility: VisibilityPolicy,
@@ -67,6 +80,7 @@ impl Default for Settings {
             default_max_attempts: 3,
             default_deadline_ms: 86_400_000,
             retention_days: 30,
+            replay: ReplayPolicy::Never,
             visibility: VisibilityPolicy::default(),
         }
     }
@@ -183,6 +197,16 @@ impl Config {
                 31_536_000,
             )? * 1000,
             retention_days: number("RETENTION_DAYS", d.retention_days, 1, 3_650)?,
+            replay: match get("REPLAY_POLICY").as_deref() {
+                None | Some("never") => ReplayPolicy::Never,
+                Some("replay") => ReplayPolicy::Replay,
+                Some(_) => {
+                    return Err(ConfigError::Invalid {
+                        name: "REPLAY_POLICY",
+                        reason: "expected never or replay".to_owned(),
+                    });
+                }
+            },
             visibility: VisibilityPolicy {
                 backoff_base_s: number(
                     "BACKOFF_BASE_SECONDS",
@@ -254,6 +278,17 @@ mod tests {
                 ..
             }
         ));
+        let err =
+            config(&[("JOBS_TABLE", "t"), ("REPLAY_POLICY", "sometimes")]).expect_err("invalid");
+        assert!(matches!(
+            err,
+            ConfigError::Invalid {
+                name: "REPLAY_POLICY",
+                ..
+            }
+        ));
+        let c = config(&[("JOBS_TABLE", "t"), ("REPLAY_POLICY", "replay")]).expect("valid");
+        assert_eq!(c.settings.replay, ReplayPolicy::Replay);
         let err = config(&[("JOBS_TABLE", "t"), ("PROVIDER", "magic")]).expect_err("invalid");
         assert!(matches!(
             err,

@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use crate::clock::Clock;
-use crate::config::Settings;
+use crate::config::{ReplayPolicy, Settings};
 use crate::heartbeat::Flights;
 use crate::job::decision::{Expect, Next, SettleReason, next_step};
 use crate::job::{Failure, JobMessage, JobRecord, JobState, Millis, NewJob, RecordOutcome};
@@ -254,12 +254,13 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
             epoch = fenced.owner_epoch,
             "recovered a job whose lease lapsed"
         );
+        let now = self.clock.now_ms();
         let req = FinishRequest {
             job_id: msg.job_id.clone(),
             epoch: fenced.owner_epoch,
             attempt,
-            now: self.clock.now_ms(),
-            end: AttemptEnd::Unknown { evidence },
+            now,
+            end: self.uncertain(evidence, &fenced, now),
         };
         match self.ledger.finish(req).await {
             Ok(Write::Applied(record)) => settled(record, None),
@@ -348,13 +349,16 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
                 kind: "permanent",
                 error: reason,
             },
-            Ok(Err(ProviderError::Uncertain { evidence })) => AttemptEnd::Unknown { evidence },
-            Err(_) => AttemptEnd::Unknown {
-                evidence: format!(
+            Ok(Err(ProviderError::Uncertain { evidence })) => {
+                self.uncertain(evidence, &claimed, now)
+            }
+            Err(_) => {
+                let evidence = format!(
                     "cut off by the {} after {budget} ms; the request was sent and may have run",
                     bound.as_str()
-                ),
-            },
+                );
+                self.uncertain(evidence, &claimed, now)
+            }
         };
         let accepting = matches!(end, AttemptEnd::Succeeded { .. });
         let target = end.target();
@@ -409,6 +413,23 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         Processed {
             outcome,
             view: Some(seen),
+        }
+    }
+
+    /// How an attempt with an unknown outcome ends: `unknown`, waiting for a decision, unless the
+    /// replay policy accepts a possible duplicate call and the job has budget and time left, in
+    /// which case that decision is recorded and another attempt authorised.
+    fn uncertain(&self, evidence: String, job: &JobRecord, now: Millis) -> AttemptEnd {
+        let replay = self.settings.replay == ReplayPolicy::Replay
+            && job.attempts < job.max_attempts
+            && now < job.deadline_at;
+        if replay {
+            AttemptEnd::Replay {
+                evidence,
+                by: "replay-policy".to_owned(),
+            }
+        } else {
+            AttemptEnd::Unknown { evidence }
         }
     }
 
@@ -497,7 +518,7 @@ fn settled(record: JobRecord, retry_after_ms: Option<Millis>) -> Processed {
         JobState::Unknown => RecordOutcome::Failed(Failure::AwaitingDecision),
         _ => RecordOutcome::Failed(Failure::Backoff {
             retry_after_ms,
-            cause: "transient",
+            cause: "retry authorized",
         }),
     };
     Processed {

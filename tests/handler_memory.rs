@@ -439,3 +439,42 @@ async fn a_refused_visibility_extension_stops_extending_that_record_only() {
     assert_eq!(report.stats.visibility_refused, 1);
     assert_eq!(report.response, Ok(vec![]));
 }
+
+#[tokio::test]
+async fn a_replay_policy_records_its_decision_and_stays_within_the_budget() {
+    use fenced_jobs::config::ReplayPolicy;
+    let ledger = Arc::new(InMemoryLedger::new());
+    let settings = Settings {
+        provider_timeout_ms: 100,
+        replay: ReplayPolicy::Replay,
+        ..Settings::default()
+    };
+    let h = handler(ledger.clone(), SimulatedProvider::new(), settings);
+    let body = r#"{"job_id":"again","contract":"c","max_attempts":2,"input":{"model":"m","prompt":"p","simulate":{"outcome":"hang"}}}"#;
+
+    // Attempt 1 is cut off: its outcome is unknown, and the policy authorises attempt 2.
+    let first = h
+        .handle_batch(&event(vec![record(Some("m1"), body)]), &invocation())
+        .await;
+    assert!(matches!(
+        first.records[0].outcome,
+        RecordOutcome::Failed(Failure::Backoff { .. })
+    ));
+    let item = ledger.get("again").await.expect("get").expect("item");
+    assert_eq!((item.state, item.attempts), (JobState::RetryAuthorized, 1));
+    assert_eq!(item.decisions.len(), 1);
+    assert_eq!(item.decisions[0].by, "replay-policy");
+
+    // Attempt 2 is cut off too, with no budget left: unknown, waiting for an operator.
+    let second = h
+        .handle_batch(&event(vec![record(Some("m2"), body)]), &invocation())
+        .await;
+    assert_eq!(
+        second.records[0].outcome,
+        RecordOutcome::Failed(Failure::AwaitingDecision)
+    );
+    let item = ledger.get("again").await.expect("get").expect("item");
+    assert_eq!((item.state, item.attempts), (JobState::Unknown, 2));
+    assert_eq!(item.decisions.len(), 1);
+    assert_eq!(h.processor().provider().executions(), 2);
+}

@@ -243,8 +243,23 @@ async fn scenario<L: JobLedger>(ledger: &L, prefix: &str) -> (Vec<String>, Vec<O
         ))
     );
 
+    let f = job(&id("f"), "d-f", 3, T + 10_000);
+    step!("f claim", ledger.claim(claim(&f, Expect::FRESH, "w1", T)));
+    let replay = AttemptEnd::Replay {
+        evidence: "cut off".into(),
+        by: "replay-policy".into(),
+    };
+    step!(
+        "f replay",
+        ledger.finish(finish(&f.job_id, 1, 1, T + 1_000, replay))
+    );
+    step!(
+        "f claim replayed",
+        ledger.claim(claim(&f, expect(1, 1), "w2", T + 2_000))
+    );
+
     let mut items = Vec::new();
-    for s in ["a", "b", "c", "d", "e"] {
+    for s in ["a", "b", "c", "d", "e", "f"] {
         let mut item = ledger.get(&id(s)).await.expect("get");
         if let Some(item) = item.as_mut() {
             item.job_id = s.to_owned();
@@ -302,10 +317,17 @@ async fn the_in_memory_ledger_and_dynamodb_agree_on_every_conditional_write() {
         "d claim after deadline: refused, saw unknown e1 a1",
         "d settle deadline: applied expired e1 a1",
         "e settle missing: refused, no item",
+        "f claim: applied running e1 a1",
+        "f replay: applied retry_authorized e1 a1",
+        "f claim replayed: applied running e2 a2",
     ];
     assert_eq!(memory_log, expected);
     let a = memory_items[0].as_ref().expect("a");
     assert_eq!(a.result.as_deref(), Some("answer"));
     assert_eq!(a.attempt_log.len(), 2);
     assert_eq!(a.recoveries.len(), 1);
+    let f = memory_items[5].as_ref().expect("f");
+    assert_eq!(f.decisions.len(), 1);
+    assert_eq!(f.decisions[0].action, "replay");
+    assert_eq!(f.decisions[0].by, "replay-policy");
 }

@@ -45,6 +45,8 @@ pub struct JobRecord {
     pub attempt_log: Vec<AttemptRecord>,
     /// Recovery claims (fencing of a lapsed owner), in order.
     pub recoveries: Vec<RecoveryRecord>,
+    /// Recorded decisions about uncertain attempts (replay policy, later operators), in order.
+    pub decisions: Vec<DecisionRecord>,
     /// The accepted result (JSON), once succeeded.
     pub result: Option<String>,
     /// The last error seen, if any.
@@ -132,6 +134,21 @@ pub struct RecoveryRecord {
     pub reason: String,
 }
 
+/// A recorded decision about an uncertain attempt: who allowed what, when and why.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DecisionRecord {
+    /// The epoch the decision was written at.
+    pub epoch: u64,
+    /// What was decided (`replay`).
+    pub action: String,
+    /// Who decided (`replay-policy`, or an operator).
+    pub by: String,
+    /// Why.
+    pub reason: String,
+    /// When.
+    pub at: Millis,
+}
+
 /// The last error recorded on a job. Messages are classifications, never provider text with
 /// prompt or answer content.
 #[derive(Debug, Clone, PartialEq)]
@@ -184,6 +201,7 @@ impl NewJob {
             owner_until: None,
             attempt_log: Vec::new(),
             recoveries: Vec::new(),
+            decisions: Vec::new(),
             result: None,
             last_error: None,
             created_at: now,

@@ -14,13 +14,14 @@ use super::{
     SettleFrom, SettleRequest, Write,
 };
 use crate::job::{
-    AttemptOutcome, AttemptRecord, ErrorRecord, JobRecord, JobState, Millis, NewJob, RecoveryRecord,
+    AttemptOutcome, AttemptRecord, DecisionRecord, ErrorRecord, JobRecord, JobState, Millis,
+    NewJob, RecoveryRecord,
 };
 
 type Item = HashMap<String, AttributeValue>;
 
 /// Attribute names, each used through a `#placeholder` (several are DynamoDB reserved words).
-const NAMES: [(&str, &str); 21] = [
+const NAMES: [(&str, &str); 22] = [
     ("#id", "job_id"),
     ("#state", "state"),
     ("#epoch", "owner_epoch"),
@@ -35,6 +36,7 @@ const NAMES: [(&str, &str); 21] = [
     ("#until", "owner_until"),
     ("#log", "attempt_log"),
     ("#rec", "recoveries"),
+    ("#dec", "decisions"),
     ("#result", "result"),
     ("#err", "last_error"),
     ("#created", "created_at"),
@@ -205,6 +207,14 @@ impl JobLedger for DynamoLedger {
         if let Some(error) = req.end.error(req.now) {
             update.push_str(", #err = :err");
             values.push((":err", encode_error(&error)));
+        }
+        if let Some(decision) = req.decision() {
+            update.push_str(", #dec = list_append(if_not_exists(#dec, :empty), :decision)");
+            values.push((":empty", AttributeValue::L(Vec::new())));
+            values.push((
+                ":decision",
+                AttributeValue::L(vec![encode_decision(&decision)]),
+            ));
         }
         self.update("finish", &req.job_id, &update, &condition, values)
             .await
@@ -407,6 +417,27 @@ fn encode_recovery(r: &RecoveryRecord) -> AttributeValue {
     ]))
 }
 
+fn encode_decision(d: &DecisionRecord) -> AttributeValue {
+    AttributeValue::M(HashMap::from([
+        ("epoch".to_owned(), n(d.epoch)),
+        ("action".to_owned(), s(&d.action)),
+        ("by".to_owned(), s(&d.by)),
+        ("reason".to_owned(), s(&d.reason)),
+        ("at".to_owned(), n(d.at)),
+    ]))
+}
+
+fn decode_decision(v: &AttributeValue) -> Option<DecisionRecord> {
+    let m = v.as_m().ok()?;
+    Some(DecisionRecord {
+        epoch: to_u64(get_n(m, "epoch")?)?,
+        action: get_s(m, "action")?.to_owned(),
+        by: get_s(m, "by")?.to_owned(),
+        reason: get_s(m, "reason")?.to_owned(),
+        at: get_n(m, "at")?,
+    })
+}
+
 fn encode_error(e: &ErrorRecord) -> AttributeValue {
     AttributeValue::M(HashMap::from([
         ("kind".to_owned(), s(&e.kind)),
@@ -448,6 +479,14 @@ pub fn decode(item: &Item) -> Result<JobRecord, LedgerError> {
             .collect::<Result<_, _>>()?,
         Some(_) => return Err(corrupt("recoveries is not a list".to_owned())),
     };
+    let decisions = match item.get("decisions") {
+        None => Vec::new(),
+        Some(AttributeValue::L(entries)) => entries
+            .iter()
+            .map(|e| decode_decision(e).ok_or_else(|| corrupt("malformed decision".to_owned())))
+            .collect::<Result<_, _>>()?,
+        Some(_) => return Err(corrupt("decisions is not a list".to_owned())),
+    };
     Ok(JobRecord {
         state,
         owner_epoch: to_u64(req_n("owner_epoch")?).ok_or_else(|| corrupt("owner_epoch".into()))?,
@@ -463,6 +502,7 @@ pub fn decode(item: &Item) -> Result<JobRecord, LedgerError> {
         owner_until: get_n(item, "owner_until"),
         attempt_log,
         recoveries,
+        decisions,
         result: get_s(item, "result").map(str::to_owned),
         last_error: item.get("last_error").and_then(decode_error),
         created_at: req_n("created_at")?,

@@ -130,6 +130,7 @@ pub fn apply_finish(current: Option<&JobRecord>, req: &FinishRequest) -> Option<
     if let Some(error) = req.end.error(req.now) {
         next.last_error = Some(error);
     }
+    next.decisions.extend(req.decision());
     Some(next)
 }
 

@@ -68,6 +68,15 @@ pub enum AttemptEnd {
         /// What is known about the call.
         evidence: String,
     },
+    /// The call's outcome is unknown, and the configured replay policy accepts a possible
+    /// duplicate call: `retry_authorized`, with the decision recorded. Only with budget and time
+    /// left (the caller checks; the next claim checks again).
+    Replay {
+        /// What is known about the call.
+        evidence: String,
+        /// Who decided (`replay-policy`).
+        by: String,
+    },
     /// The deadline passed during the attempt.
     Expired,
 }
@@ -80,6 +89,7 @@ impl AttemptEnd {
             AttemptEnd::RetryAuthorized { .. } => JobState::RetryAuthorized,
             AttemptEnd::FailedTerminal { .. } => JobState::FailedTerminal,
             AttemptEnd::Unknown { .. } => JobState::Unknown,
+            AttemptEnd::Replay { .. } => JobState::RetryAuthorized,
             AttemptEnd::Expired => JobState::Expired,
         }
     }
@@ -233,7 +243,7 @@ impl AttemptEnd {
                 kind: "permanent", ..
             } => AttemptOutcome::Permanent,
             AttemptEnd::FailedTerminal { .. } => AttemptOutcome::Transient,
-            AttemptEnd::Unknown { .. } => AttemptOutcome::Uncertain,
+            AttemptEnd::Unknown { .. } | AttemptEnd::Replay { .. } => AttemptOutcome::Uncertain,
             AttemptEnd::Expired => AttemptOutcome::Expired,
         }
     }
@@ -244,7 +254,9 @@ impl AttemptEnd {
             AttemptEnd::Succeeded { .. } => return None,
             AttemptEnd::RetryAuthorized { error } => ("transient", error.clone()),
             AttemptEnd::FailedTerminal { kind, error } => (*kind, error.clone()),
-            AttemptEnd::Unknown { evidence } => ("uncertain", evidence.clone()),
+            AttemptEnd::Unknown { evidence } | AttemptEnd::Replay { evidence, .. } => {
+                ("uncertain", evidence.clone())
+            }
             AttemptEnd::Expired => ("deadline", "deadline passed during the attempt".to_owned()),
         };
         Some(crate::job::ErrorRecord {
@@ -252,6 +264,25 @@ impl AttemptEnd {
             message,
             at,
         })
+    }
+}
+
+impl FinishRequest {
+    /// The decision this end records, if it is one.
+    pub fn decision(&self) -> Option<crate::job::DecisionRecord> {
+        match &self.end {
+            AttemptEnd::Replay { by, .. } => Some(crate::job::DecisionRecord {
+                epoch: self.epoch,
+                action: "replay".to_owned(),
+                by: by.clone(),
+                reason: format!(
+                    "attempt {} may have run; the replay policy accepts a possible duplicate call",
+                    self.attempt
+                ),
+                at: self.now,
+            }),
+            _ => None,
+        }
     }
 }
 
