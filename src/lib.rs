@@ -15,6 +15,7 @@
 //!   visibility.
 //! - [`event_source`]: a local event source mapping for the emulator (demo and tests).
 //! - [`config`], [`clock`], [`sdk_calls`]: configuration, injected time, request counting.
+//! - [`operator`]: reading and deciding about jobs; `bin/jobctl.rs` is its command line.
 //! - `bin/worker.rs`: the Lambda entry point.
 //!
 //! # Data flow of one invocation
@@ -33,6 +34,7 @@ pub mod handler;
 pub mod heartbeat;
 pub mod job;
 pub mod ledger;
+pub mod operator;
 pub mod processor;
 pub mod provider;
 pub mod sdk_calls;

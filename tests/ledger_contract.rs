@@ -8,8 +8,8 @@ use fenced_jobs::job::decision::SettleReason;
 use fenced_jobs::job::{Expect, JobRecord, NewJob};
 use fenced_jobs::ledger::memory::InMemoryLedger;
 use fenced_jobs::ledger::{
-    AttemptEnd, ClaimRequest, FinishRequest, JobLedger, RecoverRequest, SettleFrom, SettleRequest,
-    Write,
+    AttemptEnd, ClaimRequest, DecideRequest, FinishRequest, JobLedger, OperatorAction,
+    RecoverRequest, SettleFrom, SettleRequest, Write,
 };
 
 const T: i64 = 1_800_000_000_000;
@@ -258,8 +258,54 @@ async fn scenario<L: JobLedger>(ledger: &L, prefix: &str) -> (Vec<String>, Vec<O
         ledger.claim(claim(&f, expect(1, 1), "w2", T + 2_000))
     );
 
+    let g = job(&id("g"), "d-g", 3, T + 10_000);
+    let decide = |epoch: u64, action: OperatorAction, now: i64| DecideRequest {
+        job_id: g.job_id.clone(),
+        epoch,
+        action,
+        by: "operator:alice".into(),
+        reason: "provider dashboard shows no completion".into(),
+        now,
+    };
+    let uncertain = || AttemptEnd::Unknown {
+        evidence: "cut off".into(),
+    };
+    step!("g claim", ledger.claim(claim(&g, Expect::FRESH, "w1", T)));
+    step!(
+        "g decide while running",
+        ledger.decide(decide(1, OperatorAction::AuthorizeRetry, T + 1))
+    );
+    step!(
+        "g uncertain",
+        ledger.finish(finish(&g.job_id, 1, 1, T + 2, uncertain()))
+    );
+    step!(
+        "g decide stale epoch",
+        ledger.decide(decide(0, OperatorAction::AuthorizeRetry, T + 3))
+    );
+    step!(
+        "g authorize retry",
+        ledger.decide(decide(1, OperatorAction::AuthorizeRetry, T + 4))
+    );
+    step!(
+        "g decide again",
+        ledger.decide(decide(1, OperatorAction::Fail, T + 5))
+    );
+    step!(
+        "g claim authorized",
+        ledger.claim(claim(&g, expect(2, 1), "w2", T + 6))
+    );
+    step!(
+        "g uncertain again",
+        ledger.finish(finish(&g.job_id, 3, 2, T + 7, uncertain()))
+    );
+    step!(
+        "g fail",
+        ledger.decide(decide(3, OperatorAction::Fail, T + 8))
+    );
+
     let mut items = Vec::new();
-    for s in ["a", "b", "c", "d", "e", "f"] {
+    for s in ["a", "b", "c", "d", "e", "f", "g"] {
         let mut item = ledger.get(&id(s)).await.expect("get");
         if let Some(item) = item.as_mut() {
             item.job_id = s.to_owned();
@@ -320,6 +366,15 @@ async fn the_in_memory_ledger_and_dynamodb_agree_on_every_conditional_write() {
         "f claim: applied running e1 a1",
         "f replay: applied retry_authorized e1 a1",
         "f claim replayed: applied running e2 a2",
+        "g claim: applied running e1 a1",
+        "g decide while running: refused, saw running e1 a1",
+        "g uncertain: applied unknown e1 a1",
+        "g decide stale epoch: refused, saw unknown e1 a1",
+        "g authorize retry: applied retry_authorized e2 a1",
+        "g decide again: refused, saw retry_authorized e2 a1",
+        "g claim authorized: applied running e3 a2",
+        "g uncertain again: applied unknown e3 a2",
+        "g fail: applied failed_terminal e4 a2",
     ];
     assert_eq!(memory_log, expected);
     let a = memory_items[0].as_ref().expect("a");
@@ -330,4 +385,8 @@ async fn the_in_memory_ledger_and_dynamodb_agree_on_every_conditional_write() {
     assert_eq!(f.decisions.len(), 1);
     assert_eq!(f.decisions[0].action, "replay");
     assert_eq!(f.decisions[0].by, "replay-policy");
+    let g = memory_items[6].as_ref().expect("g");
+    let actions: Vec<&str> = g.decisions.iter().map(|d| d.action.as_str()).collect();
+    assert_eq!(actions, ["authorize_retry", "fail"]);
+    assert_eq!(g.decisions[1].by, "operator:alice");
 }

@@ -10,8 +10,8 @@ use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
 use aws_sdk_dynamodb::types::{AttributeValue, ReturnValue, ReturnValuesOnConditionCheckFailure};
 
 use super::{
-    AttemptEnd, ClaimRequest, FinishRequest, JobLedger, LedgerError, RecoverRequest, RenewRequest,
-    SettleFrom, SettleRequest, Write,
+    AttemptEnd, ClaimRequest, DecideRequest, FinishRequest, JobLedger, LedgerError, RecoverRequest,
+    RenewRequest, SettleFrom, SettleRequest, Write,
 };
 use crate::job::{
     AttemptOutcome, AttemptRecord, DecisionRecord, ErrorRecord, JobRecord, JobState, Millis,
@@ -305,6 +305,29 @@ impl JobLedger for DynamoLedger {
             (":epoch", n(req.epoch)),
         ];
         self.update("renew", &req.job_id, update, condition, values)
+            .await
+    }
+
+    async fn decide(&self, req: DecideRequest) -> Result<Write, LedgerError> {
+        // Invariant: an `unknown` job leaves that state only by a recorded decision, which
+        // raises the epoch so nothing holding the old one can write again.
+        let update = "SET #state = :to, #epoch = :new_epoch, #owner = :by, #updated = :now, \
+                      #dec = list_append(if_not_exists(#dec, :empty), :decision)";
+        let condition = "#state = :unknown AND #epoch = :epoch";
+        let values = vec![
+            (":to", s(req.action.target().as_str())),
+            (":new_epoch", n(req.epoch + 1)),
+            (":by", s(&req.by)),
+            (":now", n(req.now)),
+            (":empty", AttributeValue::L(Vec::new())),
+            (
+                ":decision",
+                AttributeValue::L(vec![encode_decision(&req.decision())]),
+            ),
+            (":unknown", s(JobState::Unknown.as_str())),
+            (":epoch", n(req.epoch)),
+        ];
+        self.update("decide", &req.job_id, update, condition, values)
             .await
     }
 

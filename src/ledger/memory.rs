@@ -5,8 +5,8 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::{
-    ClaimRequest, FinishRequest, JobLedger, LedgerError, RecoverRequest, RenewRequest, SettleFrom,
-    SettleRequest, Write,
+    ClaimRequest, DecideRequest, FinishRequest, JobLedger, LedgerError, RecoverRequest,
+    RenewRequest, SettleFrom, SettleRequest, Write,
 };
 use crate::job::{AttemptOutcome, AttemptRecord, JobRecord, JobState, RecoveryRecord};
 
@@ -189,6 +189,21 @@ pub fn apply_renew(current: Option<&JobRecord>, req: &RenewRequest) -> Option<Jo
     Some(next)
 }
 
+/// Decide: see [`DecideRequest`].
+pub fn apply_decide(current: Option<&JobRecord>, req: &DecideRequest) -> Option<JobRecord> {
+    let r = current?;
+    if r.state != JobState::Unknown || r.owner_epoch != req.epoch {
+        return None;
+    }
+    let mut next = r.clone();
+    next.state = req.action.target();
+    next.owner_epoch += 1;
+    next.owner_id = Some(req.by.clone());
+    next.updated_at = req.now;
+    next.decisions.push(req.decision());
+    Some(next)
+}
+
 impl JobLedger for InMemoryLedger {
     async fn claim(&self, req: ClaimRequest) -> Result<Write, LedgerError> {
         Ok(self.write(&req.job.job_id, |c| apply_claim(c, &req)))
@@ -208,6 +223,10 @@ impl JobLedger for InMemoryLedger {
 
     async fn renew(&self, req: RenewRequest) -> Result<Write, LedgerError> {
         Ok(self.write(&req.job_id, |c| apply_renew(c, &req)))
+    }
+
+    async fn decide(&self, req: DecideRequest) -> Result<Write, LedgerError> {
+        Ok(self.write(&req.job_id, |c| apply_decide(c, &req)))
     }
 
     async fn get(&self, job_id: &str) -> Result<Option<JobRecord>, LedgerError> {

@@ -181,6 +181,66 @@ pub struct RenewRequest {
     pub lease_until: Millis,
 }
 
+/// What an operator decides about a job that is `unknown`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OperatorAction {
+    /// Accept a possible duplicate call: `retry_authorized`.
+    AuthorizeRetry,
+    /// Give the job up: `failed_terminal`.
+    Fail,
+}
+
+impl OperatorAction {
+    /// The state the job moves to.
+    pub fn target(self) -> JobState {
+        match self {
+            OperatorAction::AuthorizeRetry => JobState::RetryAuthorized,
+            OperatorAction::Fail => JobState::FailedTerminal,
+        }
+    }
+
+    /// The `action` recorded in the decision.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OperatorAction::AuthorizeRetry => "authorize_retry",
+            OperatorAction::Fail => "fail",
+        }
+    }
+}
+
+/// An operator's decision about an `unknown` job.
+///
+/// Condition: `unknown` at exactly `epoch`. Effect: epoch + 1 (fencing anything still holding
+/// the old epoch), the action's state, and the decision recorded with who, why and when.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DecideRequest {
+    /// Job id.
+    pub job_id: String,
+    /// The epoch the operator saw.
+    pub epoch: u64,
+    /// What is decided.
+    pub action: OperatorAction,
+    /// The operator's identity.
+    pub by: String,
+    /// Why.
+    pub reason: String,
+    /// The operator's clock.
+    pub now: Millis,
+}
+
+impl DecideRequest {
+    /// The decision recorded on the job.
+    pub fn decision(&self) -> crate::job::DecisionRecord {
+        crate::job::DecisionRecord {
+            epoch: self.epoch + 1,
+            action: self.action.as_str().to_owned(),
+            by: self.by.clone(),
+            reason: self.reason.clone(),
+            at: self.now,
+        }
+    }
+}
+
 /// A ledger failure that is not a refused condition. The caller backs off.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum LedgerError {
@@ -225,6 +285,9 @@ pub trait JobLedger: Send + Sync {
     ) -> impl Future<Output = Result<Write, LedgerError>> + Send;
     /// See [`RenewRequest`].
     fn renew(&self, req: RenewRequest) -> impl Future<Output = Result<Write, LedgerError>> + Send;
+    /// See [`DecideRequest`].
+    fn decide(&self, req: DecideRequest)
+    -> impl Future<Output = Result<Write, LedgerError>> + Send;
     /// A strongly consistent read.
     fn get(
         &self,
@@ -329,6 +392,13 @@ impl<L: JobLedger> JobLedger for std::sync::Arc<L> {
 
     fn renew(&self, req: RenewRequest) -> impl Future<Output = Result<Write, LedgerError>> + Send {
         (**self).renew(req)
+    }
+
+    fn decide(
+        &self,
+        req: DecideRequest,
+    ) -> impl Future<Output = Result<Write, LedgerError>> + Send {
+        (**self).decide(req)
     }
 
     fn get(

@@ -1,0 +1,124 @@
+//! `jobctl`: the operator's command line over the job ledger.
+
+use clap::{Parser, Subcommand};
+use fenced_jobs::clock::{Clock, SystemClock};
+use fenced_jobs::ledger::OperatorAction;
+use fenced_jobs::ledger::dynamodb::DynamoLedger;
+use fenced_jobs::operator::{self, OperatorError};
+
+/// Inspect jobs and decide about the ones whose last attempt has an unknown outcome.
+#[derive(Parser)]
+#[command(version)]
+struct Cli {
+    /// The ledger table.
+    #[arg(long, env = "JOBS_TABLE")]
+    table: String,
+    /// Print JSON instead of text.
+    #[arg(long, global = true)]
+    json: bool,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Show a job: state, epoch, lease, deadline, attempts, recoveries and decisions.
+    Show {
+        /// The job id.
+        job_id: String,
+        /// Include the accepted answer.
+        #[arg(long)]
+        result: bool,
+    },
+    /// Authorise another attempt of an `unknown` job (accepting a possible duplicate call),
+    /// then send it a new trigger message.
+    AuthorizeRetry {
+        /// The job id.
+        job_id: String,
+        /// Why (recorded on the job).
+        #[arg(long)]
+        reason: String,
+        /// Who decides (recorded on the job).
+        #[arg(long, env = "USER", default_value = "operator")]
+        operator: String,
+        /// The queue to send the trigger to.
+        #[arg(long, env = "QUEUE_URL")]
+        queue_url: String,
+    },
+    /// Give an `unknown` job up: `failed_terminal`.
+    Fail {
+        /// The job id.
+        job_id: String,
+        /// Why (recorded on the job).
+        #[arg(long)]
+        reason: String,
+        /// Who decides (recorded on the job).
+        #[arg(long, env = "USER", default_value = "operator")]
+        operator: String,
+    },
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() {
+    let cli = Cli::parse();
+    let config = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
+    let ledger = DynamoLedger::new(aws_sdk_dynamodb::Client::new(&config), &cli.table);
+    let result = match cli.command {
+        Command::Show { job_id, result } => operator::show(&ledger, &job_id)
+            .await
+            .map(|record| print(&record, cli.json, result)),
+        Command::AuthorizeRetry {
+            job_id,
+            reason,
+            operator: by,
+            queue_url,
+        } => {
+            let now = SystemClock.now_ms();
+            match operator::decide(
+                &ledger,
+                &job_id,
+                OperatorAction::AuthorizeRetry,
+                &by,
+                &reason,
+                now,
+            )
+            .await
+            {
+                Ok(record) => {
+                    let sqs = aws_sdk_sqs::Client::new(&config);
+                    operator::send_trigger(&sqs, &queue_url, &record)
+                        .await
+                        .map(|_| print(&record, cli.json, false))
+                }
+                Err(e) => Err(e),
+            }
+        }
+        Command::Fail {
+            job_id,
+            reason,
+            operator: by,
+        } => {
+            let now = SystemClock.now_ms();
+            operator::decide(&ledger, &job_id, OperatorAction::Fail, &by, &reason, now)
+                .await
+                .map(|record| print(&record, cli.json, false))
+        }
+    };
+    if let Err(e) = result {
+        eprintln!("jobctl: {e}");
+        std::process::exit(match e {
+            OperatorError::NotFound(_)
+            | OperatorError::NotUnknown { .. }
+            | OperatorError::Changed(_) => 1,
+            _ => 2,
+        });
+    }
+}
+
+fn print(record: &fenced_jobs::job::JobRecord, json: bool, with_result: bool) {
+    if json {
+        println!("{}", operator::to_json(record, with_result));
+    } else {
+        print!("{}", operator::to_text(record, with_result));
+    }
+}

@@ -1,0 +1,238 @@
+//! What an operator does with a job: read it, decide about an `unknown` one, and send it a new
+//! trigger. The `jobctl` binary is a thin command line over these functions.
+
+use serde_json::{Value, json};
+
+use crate::job::message::format_rfc3339_ms;
+use crate::job::{JobRecord, JobState, Millis};
+use crate::ledger::{DecideRequest, JobLedger, LedgerError, OperatorAction, Write};
+
+/// Why an operator's command did nothing.
+#[derive(Debug, thiserror::Error)]
+pub enum OperatorError {
+    /// No such job.
+    #[error("job {0} is not in the ledger")]
+    NotFound(String),
+    /// The job is not waiting for a decision.
+    #[error("job {job_id} is {state}; only an unknown job can be decided")]
+    NotUnknown {
+        /// Job id.
+        job_id: String,
+        /// Its state.
+        state: JobState,
+    },
+    /// The job changed between the read and the write; read it again and re-decide.
+    #[error("job {0} changed while deciding; nothing was written")]
+    Changed(String),
+    /// The ledger failed.
+    #[error(transparent)]
+    Ledger(#[from] LedgerError),
+    /// The trigger could not be sent (the decision is recorded; send it again).
+    #[error("decision recorded, but the trigger message was not sent: {0}")]
+    NotSent(String),
+}
+
+/// Reads a job, consistently.
+pub async fn show<L: JobLedger>(ledger: &L, job_id: &str) -> Result<JobRecord, OperatorError> {
+    ledger
+        .get(job_id)
+        .await?
+        .ok_or_else(|| OperatorError::NotFound(job_id.to_owned()))
+}
+
+/// Decides about an `unknown` job with one conditional write on the epoch just read.
+pub async fn decide<L: JobLedger>(
+    ledger: &L,
+    job_id: &str,
+    action: OperatorAction,
+    by: &str,
+    reason: &str,
+    now: Millis,
+) -> Result<JobRecord, OperatorError> {
+    let seen = show(ledger, job_id).await?;
+    if seen.state != JobState::Unknown {
+        return Err(OperatorError::NotUnknown {
+            job_id: job_id.to_owned(),
+            state: seen.state,
+        });
+    }
+    let req = DecideRequest {
+        job_id: job_id.to_owned(),
+        epoch: seen.owner_epoch,
+        action,
+        by: by.to_owned(),
+        reason: reason.to_owned(),
+        now,
+    };
+    match ledger.decide(req).await? {
+        Write::Applied(record) => Ok(record),
+        Write::Refused(_) => Err(OperatorError::Changed(job_id.to_owned())),
+    }
+}
+
+/// The message body that triggers a job again, rebuilt from its ledger item: the same job id,
+/// contract and input (so the same digest), the fixed deadline and budget.
+pub fn trigger_body(record: &JobRecord) -> String {
+    let input: Value = serde_json::from_str(&record.input).unwrap_or(Value::Null);
+    let mut body = json!({
+        "job_id": record.job_id,
+        "contract": record.contract,
+        "input": input,
+        "deadline_at": format_rfc3339_ms(record.deadline_at),
+        "max_attempts": record.max_attempts,
+    });
+    if let Some(metadata) = record
+        .metadata
+        .as_deref()
+        .and_then(|m| serde_json::from_str::<Value>(m).ok())
+    {
+        body["metadata"] = metadata;
+    }
+    body.to_string()
+}
+
+/// Sends the trigger for `record` to the queue (after the decision is recorded: ledger first).
+pub async fn send_trigger(
+    sqs: &aws_sdk_sqs::Client,
+    queue_url: &str,
+    record: &JobRecord,
+) -> Result<String, OperatorError> {
+    let mut send = sqs
+        .send_message()
+        .queue_url(queue_url)
+        .message_body(trigger_body(record));
+    if queue_url.ends_with(".fifo") {
+        send = send
+            .message_group_id(&record.job_id)
+            .message_deduplication_id(format!("{}-{}", record.job_id, record.owner_epoch));
+    }
+    let out = send.send().await.map_err(|e| {
+        OperatorError::NotSent(aws_sdk_sqs::error::DisplayErrorContext(&e).to_string())
+    })?;
+    Ok(out.message_id().unwrap_or_default().to_owned())
+}
+
+/// The record for scripts. The answer is included only when asked for.
+pub fn to_json(record: &JobRecord, with_result: bool) -> Value {
+    let attempts: Vec<Value> = record
+        .attempt_log
+        .iter()
+        .map(|a| {
+            json!({
+                "number": a.number, "epoch": a.epoch, "owner_id": a.owner_id,
+                "started_at": format_rfc3339_ms(a.started_at),
+                "provider_ref": a.provider_ref, "outcome": a.outcome.as_str(),
+                "finished_at": a.finished_at.map(format_rfc3339_ms),
+            })
+        })
+        .collect();
+    let decisions: Vec<Value> = record
+        .decisions
+        .iter()
+        .map(|d| json!({"epoch": d.epoch, "action": d.action, "by": d.by, "reason": d.reason, "at": format_rfc3339_ms(d.at)}))
+        .collect();
+    let recoveries: Vec<Value> = record
+        .recoveries
+        .iter()
+        .map(|r| json!({"epoch": r.epoch, "owner_id": r.owner_id, "reason": r.reason, "at": format_rfc3339_ms(r.at)}))
+        .collect();
+    let mut out = json!({
+        "job_id": record.job_id,
+        "state": record.state.as_str(),
+        "owner_epoch": record.owner_epoch,
+        "owner_id": record.owner_id,
+        "owner_until": record.owner_until.map(format_rfc3339_ms),
+        "deadline_at": format_rfc3339_ms(record.deadline_at),
+        "attempts": record.attempts,
+        "max_attempts": record.max_attempts,
+        "contract": record.contract,
+        "input_digest": record.input_digest,
+        "attempt_log": attempts,
+        "recoveries": recoveries,
+        "decisions": decisions,
+        "last_error": record.last_error.as_ref().map(|e| json!({"kind": e.kind, "message": e.message, "at": format_rfc3339_ms(e.at)})),
+        "result_bytes": record.result.as_ref().map(String::len),
+        "created_at": format_rfc3339_ms(record.created_at),
+        "updated_at": format_rfc3339_ms(record.updated_at),
+    });
+    if with_result {
+        out["result"] = record
+            .result
+            .as_deref()
+            .and_then(|r| serde_json::from_str(r).ok())
+            .unwrap_or(Value::Null);
+    }
+    out
+}
+
+/// The record for people: one field a line, then the attempts and decisions as tables.
+pub fn to_text(record: &JobRecord, with_result: bool) -> String {
+    let mut out = String::new();
+    let mut line = |k: &str, v: String| out.push_str(&format!("{k:<13} {v}\n"));
+    line("job_id", record.job_id.clone());
+    line("state", record.state.to_string());
+    line("epoch", record.owner_epoch.to_string());
+    line(
+        "owner",
+        record.owner_id.clone().unwrap_or_else(|| "-".into()),
+    );
+    line(
+        "lease until",
+        record.owner_until.map_or("-".into(), format_rfc3339_ms),
+    );
+    line("deadline", format_rfc3339_ms(record.deadline_at));
+    line(
+        "attempts",
+        format!("{} of {}", record.attempts, record.max_attempts),
+    );
+    line("contract", record.contract.clone());
+    line("digest", record.input_digest.clone());
+    if let Some(e) = &record.last_error {
+        line("last error", format!("{}: {}", e.kind, e.message));
+    }
+    line(
+        "result",
+        match (&record.result, with_result) {
+            (None, _) => "-".into(),
+            (Some(r), true) => r.clone(),
+            (Some(r), false) => format!("{} bytes (--result to print it)", r.len()),
+        },
+    );
+    out.push_str("\nattempt  epoch  outcome     started                   provider_ref\n");
+    for a in &record.attempt_log {
+        out.push_str(&format!(
+            "{:<8} {:<6} {:<11} {:<25} {}\n",
+            a.number,
+            a.epoch,
+            a.outcome.as_str(),
+            format_rfc3339_ms(a.started_at),
+            a.provider_ref.as_deref().unwrap_or("-")
+        ));
+    }
+    if !record.recoveries.is_empty() || !record.decisions.is_empty() {
+        out.push_str(
+            "\nepoch  what             by                       when                      why\n",
+        );
+        for r in &record.recoveries {
+            out.push_str(&format!(
+                "{:<6} {:<16} {:<24} {:<25} {}\n",
+                r.epoch,
+                "recovery",
+                r.owner_id,
+                format_rfc3339_ms(r.at),
+                r.reason
+            ));
+        }
+        for d in &record.decisions {
+            out.push_str(&format!(
+                "{:<6} {:<16} {:<24} {:<25} {}\n",
+                d.epoch,
+                d.action,
+                d.by,
+                format_rfc3339_ms(d.at),
+                d.reason
+            ));
+        }
+    }
+    out
+}

@@ -1,0 +1,186 @@
+//! The operator's path on the emulator: an `unknown` job is re-run only after a recorded
+//! decision, and `jobctl` shows the record.
+
+mod common;
+
+use common::{deliver, emulator, fast_settings, job};
+use fenced_jobs::clock::{Clock, SystemClock};
+use fenced_jobs::job::{Failure, JobState, RecordOutcome};
+use fenced_jobs::ledger::{JobLedger, OperatorAction};
+use fenced_jobs::operator::{self, OperatorError};
+use fenced_jobs::provider::SimulatedProvider;
+
+/// A job whose only attempt was cut off: `unknown`.
+async fn unknown_job(aws: &common::Emulator, table: &str, queue: &common::Queue, id: &str) {
+    let mut settings = fast_settings();
+    settings.provider_timeout_ms = 200;
+    let handler = aws.handler(table, SimulatedProvider::new(), settings);
+    let source = aws.source(queue).await;
+    aws.send(queue, &job(id, "slow", r#""simulate":{"latency_ms":1000}"#))
+        .await;
+    let (_, report) = deliver(&source, &handler).await;
+    let outcome = &report.expect("report").records[0].outcome;
+    assert_eq!(outcome, &RecordOutcome::Failed(Failure::AwaitingDecision));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unknown_job_runs_again_only_after_an_operator_authorises_it() {
+    let aws = emulator().await;
+    let table = aws.table().await;
+    let queue = aws.queue(30).await;
+    unknown_job(&aws, &table, &queue, "op-retry").await;
+    let ledger = aws.ledger(&table);
+
+    // Another delivery without a decision does not call the model.
+    let patient = aws.handler(&table, SimulatedProvider::new(), fast_settings());
+    let source = aws.source(&queue).await;
+    aws.send(
+        &queue,
+        &job("op-retry", "slow", r#""simulate":{"latency_ms":1000}"#),
+    )
+    .await;
+    let (_, report) = deliver(&source, &patient).await;
+    assert_eq!(
+        report.expect("report").records[0].outcome,
+        RecordOutcome::Failed(Failure::AwaitingDecision)
+    );
+    assert_eq!(patient.processor().provider().executions(), 0);
+
+    // The operator authorises a retry: the epoch rises, the decision is recorded, a trigger is sent.
+    let now = SystemClock.now_ms();
+    let decided = operator::decide(
+        &ledger,
+        "op-retry",
+        OperatorAction::AuthorizeRetry,
+        "alice",
+        "no completion upstream",
+        now,
+    )
+    .await
+    .expect("decide");
+    assert_eq!(
+        (decided.state, decided.owner_epoch),
+        (JobState::RetryAuthorized, 2)
+    );
+    assert_eq!(decided.decisions.len(), 1);
+    assert_eq!(
+        (
+            decided.decisions[0].by.as_str(),
+            decided.decisions[0].action.as_str()
+        ),
+        ("alice", "authorize_retry")
+    );
+    operator::send_trigger(&aws.sqs, &queue.url, &decided)
+        .await
+        .expect("trigger");
+    // Deciding again is refused: the job is no longer unknown.
+    let again = operator::decide(
+        &ledger,
+        "op-retry",
+        OperatorAction::Fail,
+        "bob",
+        "late",
+        now,
+    )
+    .await;
+    assert!(matches!(
+        again,
+        Err(OperatorError::NotUnknown {
+            state: JobState::RetryAuthorized,
+            ..
+        })
+    ));
+
+    // The trigger runs attempt 2 within the same budget.
+    let (poll, _) = deliver(&source, &patient).await;
+    assert_eq!((poll.received, poll.deleted), (1, 1));
+    let done = ledger.get("op-retry").await.expect("get").expect("item");
+    assert_eq!(
+        (done.state, done.attempts, done.owner_epoch),
+        (JobState::Succeeded, 2, 3)
+    );
+    assert_eq!(patient.processor().provider().executions(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_decision_is_terminal_and_jobctl_shows_it() {
+    let aws = emulator().await;
+    let table = aws.table().await;
+    let queue = aws.queue(30).await;
+    unknown_job(&aws, &table, &queue, "op-fail").await;
+    let ledger = aws.ledger(&table);
+    let now = SystemClock.now_ms();
+    let failed = operator::decide(
+        &ledger,
+        "op-fail",
+        OperatorAction::Fail,
+        "alice",
+        "duplicate cost not acceptable",
+        now,
+    )
+    .await
+    .expect("decide");
+    assert_eq!(failed.state, JobState::FailedTerminal);
+
+    // A later delivery is acknowledged without a call.
+    let handler = aws.handler(&table, SimulatedProvider::new(), fast_settings());
+    let source = aws.source(&queue).await;
+    aws.send(
+        &queue,
+        &job("op-fail", "slow", r#""simulate":{"latency_ms":1000}"#),
+    )
+    .await;
+    let (poll, _) = deliver(&source, &handler).await;
+    assert_eq!(poll.deleted, 1);
+    assert_eq!(handler.processor().provider().executions(), 0);
+
+    // The operator's command line shows the record and the decision.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_jobctl"))
+        .args(["--table", &table, "--json", "show", "op-fail"])
+        .output()
+        .expect("jobctl runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let shown: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(shown["state"], "failed_terminal");
+    assert_eq!(shown["decisions"][0]["action"], "fail");
+    assert_eq!(shown["attempt_log"][0]["outcome"], "uncertain");
+    let text = std::process::Command::new(env!("CARGO_BIN_EXE_jobctl"))
+        .args(["--table", &table, "show", "op-fail"])
+        .output()
+        .expect("jobctl runs");
+    assert!(String::from_utf8_lossy(&text.stdout).contains("failed_terminal"));
+    let missing = std::process::Command::new(env!("CARGO_BIN_EXE_jobctl"))
+        .args(["--table", &table, "fail", "no-such-job", "--reason", "x"])
+        .output()
+        .expect("jobctl runs");
+    assert_eq!(missing.status.code(), Some(1));
+}
+
+#[test]
+fn a_trigger_rebuilt_from_the_ledger_has_the_same_digest() {
+    let body = job("t-1", "hello", r#""parameters":{"temperature":0}"#);
+    let msg = fenced_jobs::job::parse_body(Some(&body)).expect("valid");
+    let record = fenced_jobs::job::NewJob {
+        job_id: msg.job_id.clone(),
+        input_digest: msg.digest.clone(),
+        contract: msg.contract.clone(),
+        input: msg.input_canonical.clone(),
+        metadata: Some(r#"{"trace":"x"}"#.into()),
+        deadline_at: 1_900_000_000_000,
+        max_attempts: 4,
+        expires_at: 0,
+    }
+    .into_record(JobState::RetryAuthorized, 0);
+    let again =
+        fenced_jobs::job::parse_body(Some(&operator::trigger_body(&record))).expect("valid");
+    assert_eq!(again.digest, msg.digest);
+    assert_eq!(
+        (again.deadline_at, again.max_attempts),
+        (Some(1_900_000_000_000), Some(4))
+    );
+    assert_eq!(again.metadata.as_deref(), Some(r#"{"trace":"x"}"#));
+}
