@@ -26,8 +26,23 @@ sqs = session.client("sqs", endpoint_url=endpoint)
 if table not in ddb.list_tables()["TableNames"]:
     ddb.create_table(
         TableName=table,
-        AttributeDefinitions=[{"AttributeName": "job_id", "AttributeType": "S"}],
+        AttributeDefinitions=[
+            {"AttributeName": "job_id", "AttributeType": "S"},
+            {"AttributeName": "attention", "AttributeType": "S"},
+            {"AttributeName": "updated_at", "AttributeType": "N"},
+        ],
         KeySchema=[{"AttributeName": "job_id", "KeyType": "HASH"}],
+        # The sparse index of jobs that are not terminal (jobctl list).
+        GlobalSecondaryIndexes=[
+            {
+                "IndexName": "attention-index",
+                "KeySchema": [
+                    {"AttributeName": "attention", "KeyType": "HASH"},
+                    {"AttributeName": "updated_at", "KeyType": "RANGE"},
+                ],
+                "Projection": {"ProjectionType": "KEYS_ONLY"},
+            }
+        ],
         BillingMode="PAY_PER_REQUEST",
     )
     ddb.update_time_to_live(

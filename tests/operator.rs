@@ -184,3 +184,67 @@ fn a_trigger_rebuilt_from_the_ledger_has_the_same_digest() {
     );
     assert_eq!(again.metadata.as_deref(), Some(r#"{"trace":"x"}"#));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jobctl_lists_jobs_by_state_from_the_sparse_index() {
+    let aws = emulator().await;
+    let table = aws.table().await;
+    let queue = aws.queue(30).await;
+    unknown_job(&aws, &table, &queue, "list-unknown-1").await;
+    unknown_job(&aws, &table, &queue, "list-unknown-2").await;
+    // A finished job leaves the index.
+    let handler = aws.handler(&table, SimulatedProvider::new(), fast_settings());
+    let source = aws.source(&queue).await;
+    aws.send(&queue, &job("list-done", "quick", "")).await;
+    deliver(&source, &handler).await;
+
+    let ledger = aws.ledger(&table);
+    let unknown = ledger.list(JobState::Unknown, 10).await.expect("list");
+    let ids: Vec<&str> = unknown.iter().map(|(id, _)| id.as_str()).collect();
+    assert_eq!(ids, ["list-unknown-1", "list-unknown-2"], "oldest first");
+    assert!(
+        ledger
+            .list(JobState::Running, 10)
+            .await
+            .expect("list")
+            .is_empty()
+    );
+
+    // A decision moves a job to another state in the index.
+    let now = SystemClock.now_ms();
+    operator::decide(
+        &ledger,
+        "list-unknown-1",
+        OperatorAction::AuthorizeRetry,
+        "alice",
+        "retry",
+        now,
+    )
+    .await
+    .expect("decide");
+    let retry = ledger
+        .list(JobState::RetryAuthorized, 10)
+        .await
+        .expect("list");
+    assert_eq!(retry.len(), 1);
+    assert_eq!(
+        ledger
+            .list(JobState::Unknown, 10)
+            .await
+            .expect("list")
+            .len(),
+        1
+    );
+
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_jobctl"))
+        .args(["--table", &table, "--json", "list", "--state", "unknown"])
+        .output()
+        .expect("jobctl runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rows: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(rows[0]["job_id"], "list-unknown-2");
+}

@@ -2,6 +2,8 @@
 
 use clap::{Parser, Subcommand};
 use fenced_jobs::clock::{Clock, SystemClock};
+use fenced_jobs::job::JobState;
+use fenced_jobs::job::message::format_rfc3339_ms;
 use fenced_jobs::ledger::OperatorAction;
 use fenced_jobs::ledger::dynamodb::DynamoLedger;
 use fenced_jobs::operator::{self, OperatorError};
@@ -29,6 +31,16 @@ enum Command {
         /// Include the accepted answer.
         #[arg(long)]
         result: bool,
+    },
+    /// List the jobs in one state, oldest update first (a query of the sparse attention index,
+    /// not a scan; terminal states are not indexed).
+    List {
+        /// ready, running, unknown or retry_authorized.
+        #[arg(long, default_value = "unknown")]
+        state: String,
+        /// At most this many.
+        #[arg(long, default_value_t = 50)]
+        limit: usize,
     },
     /// Authorise another attempt of an `unknown` job (accepting a possible duplicate call),
     /// then send it a new trigger message.
@@ -67,6 +79,7 @@ async fn main() {
         Command::Show { job_id, result } => operator::show(&ledger, &job_id)
             .await
             .map(|record| print(&record, cli.json, result)),
+        Command::List { state, limit } => list(&ledger, &state, limit, cli.json).await,
         Command::AuthorizeRetry {
             job_id,
             reason,
@@ -113,6 +126,35 @@ async fn main() {
             _ => 2,
         });
     }
+}
+
+async fn list(
+    ledger: &DynamoLedger,
+    state: &str,
+    limit: usize,
+    json: bool,
+) -> Result<(), OperatorError> {
+    let state: JobState = match state.parse() {
+        Ok(s) if !JobState::is_terminal(s) => s,
+        _ => {
+            eprintln!("jobctl: --state takes ready, running, unknown or retry_authorized");
+            std::process::exit(2);
+        }
+    };
+    let jobs = ledger.list(state, limit).await?;
+    if json {
+        let rows: Vec<serde_json::Value> = jobs
+            .iter()
+            .map(|(id, at)| serde_json::json!({"job_id": id, "state": state.as_str(), "updated_at": format_rfc3339_ms(*at)}))
+            .collect();
+        println!("{}", serde_json::Value::Array(rows));
+    } else {
+        println!("{:<40} {:<17} updated", "job_id", "state");
+        for (id, at) in &jobs {
+            println!("{id:<40} {:<17} {}", state.as_str(), format_rfc3339_ms(*at));
+        }
+    }
+    Ok(())
 }
 
 fn print(record: &fenced_jobs::job::JobRecord, json: bool, with_result: bool) {

@@ -14,6 +14,26 @@ pub use state::JobState;
 /// Unix time in milliseconds. Every instant in the ledger uses it.
 pub type Millis = i64;
 
+/// How many partitions the attention index spreads each state over.
+pub const ATTENTION_SHARDS: u8 = 16;
+
+/// The key of a job in the sparse attention index: its state and a shard from its id
+/// (`unknown#07`), or `None` for a terminal job, which leaves the index. Sharding keeps the many
+/// `running` jobs of a busy table from landing on one index partition.
+pub fn attention_key(state: JobState, job_id: &str) -> Option<String> {
+    use sha2::{Digest, Sha256};
+    if state.is_terminal() {
+        return None;
+    }
+    let shard = Sha256::digest(job_id.as_bytes())[0] % ATTENTION_SHARDS;
+    Some(attention_shard(state, shard))
+}
+
+/// The attention-index key of one shard of a state.
+pub fn attention_shard(state: JobState, shard: u8) -> String {
+    format!("{}#{shard:02}", state.as_str())
+}
+
 /// One job's ledger item, decoded.
 #[derive(Debug, Clone, PartialEq)]
 pub struct JobRecord {

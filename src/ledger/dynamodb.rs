@@ -14,14 +14,18 @@ use super::{
     RenewRequest, SettleFrom, SettleRequest, Write,
 };
 use crate::job::{
-    AttemptOutcome, AttemptRecord, DecisionRecord, ErrorRecord, JobRecord, JobState, Millis,
-    NewJob, RecoveryRecord,
+    ATTENTION_SHARDS, AttemptOutcome, AttemptRecord, DecisionRecord, ErrorRecord, JobRecord,
+    JobState, Millis, NewJob, RecoveryRecord, attention_key, attention_shard,
 };
 
 type Item = HashMap<String, AttributeValue>;
 
+/// The sparse index of jobs that are not terminal: key `attention` (`state#shard`), sort key
+/// `updated_at`, keys only. Terminal items carry no `attention` and are not in it.
+pub const ATTENTION_INDEX: &str = "attention-index";
+
 /// Attribute names, each used through a `#placeholder` (several are DynamoDB reserved words).
-const NAMES: [(&str, &str); 22] = [
+const NAMES: [(&str, &str); 23] = [
     ("#id", "job_id"),
     ("#state", "state"),
     ("#epoch", "owner_epoch"),
@@ -37,6 +41,7 @@ const NAMES: [(&str, &str); 22] = [
     ("#log", "attempt_log"),
     ("#rec", "recoveries"),
     ("#dec", "decisions"),
+    ("#attn", "attention"),
     ("#result", "result"),
     ("#err", "last_error"),
     ("#created", "created_at"),
@@ -67,6 +72,50 @@ impl DynamoLedger {
         &self.table
     }
 
+    /// Jobs in `state` (not terminal), oldest update first, at most `limit`: a query of each
+    /// shard of the sparse attention index, never a scan of the table.
+    pub async fn list(
+        &self,
+        state: JobState,
+        limit: usize,
+    ) -> Result<Vec<(String, Millis)>, LedgerError> {
+        let mut found = Vec::new();
+        for shard in 0..ATTENTION_SHARDS {
+            let mut start = None;
+            loop {
+                let out = self
+                    .client
+                    .query()
+                    .table_name(&self.table)
+                    .index_name(ATTENTION_INDEX)
+                    .key_condition_expression("#attn = :key")
+                    .expression_attribute_names("#attn", "attention")
+                    .expression_attribute_values(":key", s(&attention_shard(state, shard)))
+                    .limit(limit.clamp(1, 1000) as i32)
+                    .set_exclusive_start_key(start)
+                    .send()
+                    .await
+                    .map_err(|e| match e {
+                        SdkError::ServiceError(se) => classify("list", se.err().code()),
+                        other => transport_error("list", &other),
+                    })?;
+                for item in out.items() {
+                    if let (Some(id), Some(at)) = (get_s(item, "job_id"), get_n(item, "updated_at"))
+                    {
+                        found.push((id.to_owned(), at));
+                    }
+                }
+                start = out.last_evaluated_key().cloned();
+                if start.is_none() || found.len() >= limit * usize::from(ATTENTION_SHARDS) {
+                    break;
+                }
+            }
+        }
+        found.sort_by_key(|(_, at)| *at);
+        found.truncate(limit);
+        Ok(found)
+    }
+
     /// Sends one conditional `UpdateItem`. Only the placeholders the expressions use are sent
     /// (DynamoDB rejects unused ones).
     async fn update(
@@ -75,8 +124,21 @@ impl DynamoLedger {
         job_id: &str,
         update: &str,
         condition: &str,
-        values: Vec<(&str, AttributeValue)>,
+        mut values: Vec<(&str, AttributeValue)>,
+        target: Option<JobState>,
     ) -> Result<Write, LedgerError> {
+        // Every write that sets a state keeps the sparse attention index in step with it.
+        let mut update = update.to_owned();
+        if let Some(state) = target {
+            match attention_key(state, job_id) {
+                Some(key) => {
+                    update.push_str(", #attn = :attn");
+                    values.push((":attn", s(&key)));
+                }
+                None => update.push_str(" REMOVE #attn"),
+            }
+        }
+        let update = update.as_str();
         let used = |token: &str| uses_token(update, token) || uses_token(condition, token);
         let names: HashMap<String, String> = NAMES
             .iter()
@@ -179,8 +241,15 @@ impl JobLedger for DynamoLedger {
                 AttributeValue::L(vec![encode_attempt(&attempt)]),
             ),
         ]);
-        self.update("claim", &job.job_id, &update, &condition, values)
-            .await
+        self.update(
+            "claim",
+            &job.job_id,
+            &update,
+            &condition,
+            values,
+            Some(JobState::Running),
+        )
+        .await
     }
 
     async fn finish(&self, req: FinishRequest) -> Result<Write, LedgerError> {
@@ -216,7 +285,8 @@ impl JobLedger for DynamoLedger {
                 AttributeValue::L(vec![encode_decision(&decision)]),
             ));
         }
-        self.update("finish", &req.job_id, &update, &condition, values)
+        let target = Some(req.end.target());
+        self.update("finish", &req.job_id, &update, &condition, values, target)
             .await
     }
 
@@ -261,7 +331,8 @@ impl JobLedger for DynamoLedger {
                 )
             }
         };
-        self.update("settle", &req.job_id, &update, &condition, values)
+        let target = Some(req.reason.target());
+        self.update("settle", &req.job_id, &update, &condition, values, target)
             .await
     }
 
@@ -290,7 +361,7 @@ impl JobLedger for DynamoLedger {
                 AttributeValue::L(vec![encode_recovery(&recovery)]),
             ),
         ];
-        self.update("recover", &req.job_id, update, condition, values)
+        self.update("recover", &req.job_id, update, condition, values, None)
             .await
     }
 
@@ -304,7 +375,7 @@ impl JobLedger for DynamoLedger {
             (":running", s(JobState::Running.as_str())),
             (":epoch", n(req.epoch)),
         ];
-        self.update("renew", &req.job_id, update, condition, values)
+        self.update("renew", &req.job_id, update, condition, values, None)
             .await
     }
 
@@ -327,7 +398,8 @@ impl JobLedger for DynamoLedger {
             (":unknown", s(JobState::Unknown.as_str())),
             (":epoch", n(req.epoch)),
         ];
-        self.update("decide", &req.job_id, update, condition, values)
+        let target = Some(req.action.target());
+        self.update("decide", &req.job_id, update, condition, values, target)
             .await
     }
 

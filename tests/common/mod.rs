@@ -7,13 +7,15 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use aws_sdk_dynamodb::types::{
-    AttributeDefinition, BillingMode, KeySchemaElement, KeyType, ScalarAttributeType,
+    AttributeDefinition, BillingMode, GlobalSecondaryIndex, KeySchemaElement, KeyType, Projection,
+    ProjectionType, ScalarAttributeType,
 };
 use aws_sdk_sqs::types::QueueAttributeName;
 use fenced_jobs::clock::SystemClock;
 use fenced_jobs::config::Settings;
 use fenced_jobs::event_source::{LocalEventSource, PollReport};
 use fenced_jobs::handler::{BatchHandler, BatchReport};
+use fenced_jobs::ledger::dynamodb::ATTENTION_INDEX;
 use fenced_jobs::ledger::dynamodb::DynamoLedger;
 use fenced_jobs::processor::Processor;
 use fenced_jobs::provider::Provider;
@@ -80,6 +82,45 @@ impl Emulator {
                     .key_type(KeyType::Hash)
                     .build()
                     .expect("key"),
+            )
+            .attribute_definitions(
+                AttributeDefinition::builder()
+                    .attribute_name("attention")
+                    .attribute_type(ScalarAttributeType::S)
+                    .build()
+                    .expect("attribute"),
+            )
+            .attribute_definitions(
+                AttributeDefinition::builder()
+                    .attribute_name("updated_at")
+                    .attribute_type(ScalarAttributeType::N)
+                    .build()
+                    .expect("attribute"),
+            )
+            .global_secondary_indexes(
+                GlobalSecondaryIndex::builder()
+                    .index_name(ATTENTION_INDEX)
+                    .key_schema(
+                        KeySchemaElement::builder()
+                            .attribute_name("attention")
+                            .key_type(KeyType::Hash)
+                            .build()
+                            .expect("key"),
+                    )
+                    .key_schema(
+                        KeySchemaElement::builder()
+                            .attribute_name("updated_at")
+                            .key_type(KeyType::Range)
+                            .build()
+                            .expect("key"),
+                    )
+                    .projection(
+                        Projection::builder()
+                            .projection_type(ProjectionType::KeysOnly)
+                            .build(),
+                    )
+                    .build()
+                    .expect("index"),
             )
             .billing_mode(BillingMode::PayPerRequest)
             .send()
