@@ -236,3 +236,129 @@ pub fn to_text(record: &JobRecord, with_result: bool) -> String {
     }
     out
 }
+
+/// What a redrive would do with one dead-lettered message, judged from its body and the ledger.
+#[derive(Debug, Clone, PartialEq)]
+pub enum DlqVerdict {
+    /// The body is not a valid job: it would be poison again.
+    Poison(String),
+    /// Same job_id, other input: a conflict again.
+    Conflict,
+    /// The job is terminal: a redelivery would only be acknowledged.
+    Terminal(JobState),
+    /// The job is not terminal (or not in the ledger yet): a redrive gives it another delivery.
+    Redrive(Option<JobState>),
+}
+
+impl DlqVerdict {
+    /// A short label for tables.
+    pub fn label(&self) -> String {
+        match self {
+            DlqVerdict::Poison(reason) => format!("poison ({reason})"),
+            DlqVerdict::Conflict => "conflict".to_owned(),
+            DlqVerdict::Terminal(state) => format!("terminal ({state}): nothing to redrive"),
+            DlqVerdict::Redrive(Some(state)) => format!("redrive ({state})"),
+            DlqVerdict::Redrive(None) => "redrive (not in the ledger)".to_owned(),
+        }
+    }
+}
+
+/// Judges one dead-lettered body against the ledger's item for its job.
+pub fn dlq_verdict(body: Option<&str>, record: Option<&JobRecord>) -> DlqVerdict {
+    match crate::job::parse_body(body) {
+        Err(invalid) => DlqVerdict::Poison(invalid.to_string()),
+        Ok(msg) => match record {
+            Some(r) if r.input_digest != msg.digest => DlqVerdict::Conflict,
+            Some(r) if r.state.is_terminal() => DlqVerdict::Terminal(r.state),
+            Some(r) => DlqVerdict::Redrive(Some(r.state)),
+            None => DlqVerdict::Redrive(None),
+        },
+    }
+}
+
+/// One dead-lettered message and its verdict.
+#[derive(Debug, Clone)]
+pub struct DlqEntry {
+    /// The DLQ message id.
+    pub message_id: String,
+    /// The job id, when the body names one.
+    pub job_id: Option<String>,
+    /// What a redrive would do.
+    pub verdict: DlqVerdict,
+    body: String,
+    receipt_handle: String,
+}
+
+/// Reads up to `max` messages of the DLQ (each stays there, invisible for `hold_s` seconds) and
+/// judges each against the ledger.
+pub async fn dlq_inspect<L: JobLedger>(
+    ledger: &L,
+    sqs: &aws_sdk_sqs::Client,
+    dlq_url: &str,
+    max: usize,
+    hold_s: i32,
+) -> Result<Vec<DlqEntry>, OperatorError> {
+    let mut entries: Vec<DlqEntry> = Vec::new();
+    while entries.len() < max {
+        let out = sqs
+            .receive_message()
+            .queue_url(dlq_url)
+            .max_number_of_messages((max - entries.len()).min(10) as i32)
+            .visibility_timeout(hold_s)
+            .send()
+            .await
+            .map_err(|e| {
+                OperatorError::NotSent(aws_sdk_sqs::error::DisplayErrorContext(&e).to_string())
+            })?;
+        if out.messages().is_empty() {
+            break;
+        }
+        for m in out.messages() {
+            let body = m.body().unwrap_or_default().to_owned();
+            let job_id = crate::job::parse_body(Some(&body)).ok().map(|j| j.job_id);
+            let record = match &job_id {
+                Some(id) => ledger.get(id).await?,
+                None => None,
+            };
+            entries.push(DlqEntry {
+                message_id: m.message_id().unwrap_or_default().to_owned(),
+                verdict: dlq_verdict(Some(&body), record.as_ref()),
+                job_id,
+                body,
+                receipt_handle: m.receipt_handle().unwrap_or_default().to_owned(),
+            });
+        }
+    }
+    Ok(entries)
+}
+
+/// Sends the redrivable entries back to the work queue, then deletes them from the DLQ; the
+/// others stay in the DLQ. Returns how many were moved.
+pub async fn dlq_redrive(
+    sqs: &aws_sdk_sqs::Client,
+    dlq_url: &str,
+    queue_url: &str,
+    entries: &[DlqEntry],
+) -> Result<usize, OperatorError> {
+    let mut moved = 0;
+    for entry in entries
+        .iter()
+        .filter(|e| matches!(e.verdict, DlqVerdict::Redrive(_)))
+    {
+        let err = |e: String| OperatorError::NotSent(e);
+        sqs.send_message()
+            .queue_url(queue_url)
+            .message_body(&entry.body)
+            .send()
+            .await
+            .map_err(|e| err(aws_sdk_sqs::error::DisplayErrorContext(&e).to_string()))?;
+        sqs.delete_message()
+            .queue_url(dlq_url)
+            .receipt_handle(&entry.receipt_handle)
+            .send()
+            .await
+            .map_err(|e| err(aws_sdk_sqs::error::DisplayErrorContext(&e).to_string()))?;
+        moved += 1;
+    }
+    Ok(moved)
+}

@@ -248,3 +248,77 @@ async fn jobctl_lists_jobs_by_state_from_the_sparse_index() {
     let rows: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
     assert_eq!(rows[0]["job_id"], "list-unknown-2");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dlq_inspect_pairs_messages_with_ledger_states_and_redrive_moves_only_live_jobs() {
+    let aws = emulator().await;
+    let table = aws.table().await;
+    let queue = aws.queue(30).await;
+    unknown_job(&aws, &table, &queue, "dlq-unknown").await;
+    let handler = aws.handler(&table, SimulatedProvider::new(), fast_settings());
+    let source = aws.source(&queue).await;
+    aws.send(&queue, &job("dlq-done", "quick", "")).await;
+    deliver(&source, &handler).await;
+    // Dead letters, as the redrive policy would leave them.
+    let dlq = common::Queue {
+        url: queue.dlq_url.clone(),
+        arn: String::new(),
+        dlq_url: String::new(),
+    };
+    for body in [
+        job("dlq-unknown", "slow", r#""simulate":{"latency_ms":1000}"#),
+        job("dlq-done", "quick", ""),
+        job("dlq-done", "changed", ""),
+        job("dlq-new", "never seen", ""),
+        "{broken".to_owned(),
+    ] {
+        aws.send(&dlq, &body).await;
+    }
+
+    let ledger = aws.ledger(&table);
+    let entries = operator::dlq_inspect(&ledger, &aws.sqs, &queue.dlq_url, 10, 2)
+        .await
+        .expect("inspect");
+    let mut verdicts: Vec<String> = entries.iter().map(|e| e.verdict.label()).collect();
+    verdicts.sort();
+    assert_eq!(verdicts.len(), 5);
+    assert!(
+        verdicts.iter().any(|v| v == "redrive (unknown)"),
+        "{verdicts:?}"
+    );
+    assert!(
+        verdicts.iter().any(|v| v == "redrive (not in the ledger)"),
+        "{verdicts:?}"
+    );
+    assert!(
+        verdicts
+            .iter()
+            .any(|v| v == "terminal (succeeded): nothing to redrive"),
+        "{verdicts:?}"
+    );
+    assert!(verdicts.iter().any(|v| v == "conflict"), "{verdicts:?}");
+    assert!(
+        verdicts.iter().any(|v| v.starts_with("poison")),
+        "{verdicts:?}"
+    );
+
+    // Redrive moves the two live ones; the other three stay in the DLQ.
+    let moved = operator::dlq_redrive(&aws.sqs, &queue.dlq_url, &queue.url, &entries)
+        .await
+        .expect("redrive");
+    assert_eq!(moved, 2);
+    tokio::time::sleep(std::time::Duration::from_millis(2_200)).await;
+    assert_eq!(aws.peek(&queue.dlq_url, 0).await.len(), 3);
+    let mut requeued: Vec<String> = aws
+        .peek(&queue.url, 0)
+        .await
+        .iter()
+        .filter_map(|m| m.body().map(str::to_owned))
+        .collect();
+    requeued.sort();
+    assert_eq!(requeued.len(), 2);
+    assert!(
+        requeued[0].contains("dlq-new") && requeued[1].contains("dlq-unknown"),
+        "{requeued:?}"
+    );
+}

@@ -57,6 +57,17 @@ enum Command {
         #[arg(long, env = "QUEUE_URL")]
         queue_url: String,
     },
+    /// Dead-letter queue: each message paired with its job's ledger state.
+    Dlq {
+        #[command(subcommand)]
+        command: DlqCommand,
+        /// The dead-letter queue.
+        #[arg(long, env = "DLQ_URL")]
+        dlq_url: String,
+        /// At most this many messages.
+        #[arg(long, default_value_t = 100)]
+        max: usize,
+    },
     /// Give an `unknown` job up: `failed_terminal`.
     Fail {
         /// The job id.
@@ -70,6 +81,18 @@ enum Command {
     },
 }
 
+#[derive(Subcommand)]
+enum DlqCommand {
+    /// Show what a redrive would do with each message (they stay in the DLQ).
+    Inspect,
+    /// Move the messages whose jobs are not terminal back to the work queue.
+    Redrive {
+        /// The work queue.
+        #[arg(long, env = "QUEUE_URL")]
+        queue_url: String,
+    },
+}
+
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
     let cli = Cli::parse();
@@ -80,6 +103,14 @@ async fn main() {
             .await
             .map(|record| print(&record, cli.json, result)),
         Command::List { state, limit } => list(&ledger, &state, limit, cli.json).await,
+        Command::Dlq {
+            command,
+            dlq_url,
+            max,
+        } => {
+            let sqs = aws_sdk_sqs::Client::new(&config);
+            dlq(&ledger, &sqs, &dlq_url, max, command, cli.json).await
+        }
         Command::AuthorizeRetry {
             job_id,
             reason,
@@ -152,6 +183,48 @@ async fn list(
         println!("{:<40} {:<17} updated", "job_id", "state");
         for (id, at) in &jobs {
             println!("{id:<40} {:<17} {}", state.as_str(), format_rfc3339_ms(*at));
+        }
+    }
+    Ok(())
+}
+
+async fn dlq(
+    ledger: &DynamoLedger,
+    sqs: &aws_sdk_sqs::Client,
+    dlq_url: &str,
+    max: usize,
+    command: DlqCommand,
+    json: bool,
+) -> Result<(), OperatorError> {
+    // Held invisible for a minute: long enough to redrive, short enough to inspect again.
+    let entries = operator::dlq_inspect(ledger, sqs, dlq_url, max, 60).await?;
+    let moved = match command {
+        DlqCommand::Inspect => None,
+        DlqCommand::Redrive { queue_url } => {
+            Some(operator::dlq_redrive(sqs, dlq_url, &queue_url, &entries).await?)
+        }
+    };
+    if json {
+        let rows: Vec<serde_json::Value> = entries
+            .iter()
+            .map(|e| serde_json::json!({"message_id": e.message_id, "job_id": e.job_id, "verdict": e.verdict.label()}))
+            .collect();
+        println!(
+            "{}",
+            serde_json::json!({"messages": rows, "redriven": moved})
+        );
+    } else {
+        println!("{:<38} {:<32} verdict", "message_id", "job_id");
+        for e in &entries {
+            println!(
+                "{:<38} {:<32} {}",
+                e.message_id,
+                e.job_id.as_deref().unwrap_or("-"),
+                e.verdict.label()
+            );
+        }
+        if let Some(moved) = moved {
+            println!("\nredriven: {moved} of {}", entries.len());
         }
     }
     Ok(())
