@@ -1,11 +1,14 @@
 # The two commands of the README need no set-up: they install what they need.
-.PHONY: demo test bench build check fmt clippy emulator-start emulator-stop clean
+.PHONY: demo test drill bench build check fmt clippy emulator-start emulator-stop clean
 
 demo: ## Run the main job end to end on the local emulator
 	scripts/demo.sh
 
 test: ## Lint the template and run every test (emulator started and stopped here)
 	scripts/test.sh
+
+drill: ## The recovery drill on the emulator, with its timeline
+	scripts/drill.sh
 
 bench: ## Benchmarks (release build; never part of `make test`)
 	scripts/bench.sh

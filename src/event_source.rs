@@ -62,6 +62,8 @@ pub struct LocalEventSource {
     pub wait_seconds: i32,
     /// The invocation deadline handed to the handler, from the start of each invocation.
     pub function_timeout_ms: i64,
+    /// Drills: skip the deletes and count them as failed, as when `DeleteMessageBatch` fails.
+    pub fail_deletes: bool,
 }
 
 impl LocalEventSource {
@@ -95,6 +97,7 @@ impl LocalEventSource {
             batch_size: 10,
             wait_seconds: 1,
             function_timeout_ms: 60_000,
+            fail_deletes: false,
         })
     }
 
@@ -187,6 +190,10 @@ impl LocalEventSource {
             .filter(|m| m.message_id().is_some_and(|id| successes.contains(&id)))
             .filter_map(Message::receipt_handle)
             .collect();
+        if self.fail_deletes {
+            report.delete_failures = handles.len();
+            return Ok(report);
+        }
         for chunk in handles.chunks(10) {
             let entries = chunk
                 .iter()

@@ -6,7 +6,7 @@ mod common;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use common::{deliver, emulator, job, slow_settings};
+use common::{FreezesWorker, deliver, emulator, job, slow_settings};
 use fenced_jobs::job::{AttemptOutcome, Failure, JobState, RecordOutcome};
 use fenced_jobs::ledger::JobLedger;
 use fenced_jobs::provider::{Answer, Provider, ProviderError, ProviderRequest, SimulatedProvider};
@@ -61,20 +61,6 @@ async fn a_record_outlasting_the_visibility_timeout_is_not_redelivered_while_it_
     assert_eq!(stats.visibility_renewed, stats.heartbeat_ticks, "{stats:?}");
     assert!(stats.lease_renewed >= 8, "{stats:?}");
     assert_eq!(stats.ownership_lost, 0);
-}
-
-/// Blocks its thread for `freeze` before answering: with the heartbeat on the same thread, the
-/// whole worker stops, as in a stop-the-world pause.
-struct FreezesWorker {
-    inner: SimulatedProvider,
-    freeze: Duration,
-}
-
-impl Provider for FreezesWorker {
-    async fn call(&self, req: &ProviderRequest<'_>) -> Result<Answer, ProviderError> {
-        std::thread::sleep(self.freeze);
-        self.inner.call(req).await
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

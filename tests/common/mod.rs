@@ -330,3 +330,20 @@ pub fn slow_settings(visibility_s: i64, heartbeat_ms: i64, lease_ms: i64) -> Set
     s.validate().expect("valid settings");
     s
 }
+
+/// Blocks its thread for `freeze` before answering: with the heartbeat on the same thread, the
+/// whole worker stops, as in a stop-the-world pause.
+pub struct FreezesWorker {
+    pub inner: fenced_jobs::provider::SimulatedProvider,
+    pub freeze: std::time::Duration,
+}
+
+impl Provider for FreezesWorker {
+    async fn call(
+        &self,
+        req: &fenced_jobs::provider::ProviderRequest<'_>,
+    ) -> Result<fenced_jobs::provider::Answer, fenced_jobs::provider::ProviderError> {
+        std::thread::sleep(self.freeze);
+        self.inner.call(req).await
+    }
+}
