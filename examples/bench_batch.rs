@@ -142,29 +142,14 @@ async fn sdk_handler() -> (
     let config = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
     let (ddb, sqs, calls) = counted_clients(&config);
     let table = format!("bench-batch-{}", std::process::id());
-    let exists = ddb.describe_table().table_name(&table).send().await.is_ok();
-    if !exists {
-        use aws_sdk_dynamodb::types::{
-            AttributeDefinition, BillingMode, KeySchemaElement, KeyType, ScalarAttributeType,
-        };
-        ddb.create_table()
-            .table_name(&table)
-            .attribute_definitions(
-                AttributeDefinition::builder()
-                    .attribute_name("job_id")
-                    .attribute_type(ScalarAttributeType::S)
-                    .build()
-                    .expect("attribute"),
-            )
-            .key_schema(
-                KeySchemaElement::builder()
-                    .attribute_name("job_id")
-                    .key_type(KeyType::Hash)
-                    .build()
-                    .expect("key"),
-            )
-            .billing_mode(BillingMode::PayPerRequest)
-            .send()
+    if ddb
+        .describe_table()
+        .table_name(&table)
+        .send()
+        .await
+        .is_err()
+    {
+        DynamoLedger::create_table(&ddb, &table)
             .await
             .expect("table");
     }

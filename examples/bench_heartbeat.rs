@@ -130,24 +130,7 @@ async fn emulator(n: usize) -> (f64, f64, u64) {
     let (ddb, sqs, calls) = counted_clients(&config);
     let suffix = format!("{}-{n}", std::process::id());
     let table = format!("bench-{suffix}");
-    ddb.create_table()
-        .table_name(&table)
-        .attribute_definitions(
-            aws_sdk_dynamodb::types::AttributeDefinition::builder()
-                .attribute_name("job_id")
-                .attribute_type(aws_sdk_dynamodb::types::ScalarAttributeType::S)
-                .build()
-                .expect("attribute"),
-        )
-        .key_schema(
-            aws_sdk_dynamodb::types::KeySchemaElement::builder()
-                .attribute_name("job_id")
-                .key_type(aws_sdk_dynamodb::types::KeyType::Hash)
-                .build()
-                .expect("key"),
-        )
-        .billing_mode(aws_sdk_dynamodb::types::BillingMode::PayPerRequest)
-        .send()
+    DynamoLedger::create_table(&ddb, &table)
         .await
         .expect("table");
     let url = sqs

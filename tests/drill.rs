@@ -8,7 +8,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{FreezesWorker, Queue, deliver, emulator, job, slow_settings};
+use common::{deliver, emulator, job, slow_settings};
 use fenced_jobs::clock::{Clock, SystemClock};
 use fenced_jobs::event_source::PollReport;
 use fenced_jobs::handler::BatchReport;
@@ -110,32 +110,7 @@ async fn the_recovery_drill() {
     aws.send(&queue, &job(JOB, "a long report", "")).await;
 
     // Worker A claims the job, then its process freezes for 7 s (no heartbeat, no renewal).
-    let (a_table, a_url) = (table.clone(), queue.url.clone());
-    let worker_a = std::thread::spawn(move || {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("runtime");
-        runtime.block_on(async move {
-            let aws = emulator().await;
-            let provider = FreezesWorker {
-                inner: SimulatedProvider::new(),
-                freeze: Duration::from_millis(7_000),
-            };
-            let handler = aws.handler(&a_table, provider, slow_settings(2, 600, 4_000));
-            let queue = Queue {
-                url: a_url,
-                arn: String::new(),
-                dlq_url: String::new(),
-            };
-            let (poll, report) = deliver(&aws.source(&queue).await, &handler).await;
-            (
-                poll,
-                report.expect("report"),
-                handler.processor().provider().inner.executions(),
-            )
-        })
-    });
+    let worker_a = common::spawn_frozen_worker(&table, &queue.url, Duration::from_millis(7_000));
     tokio::time::sleep(Duration::from_millis(500)).await;
     let item = ledger.get(JOB).await.expect("get").expect("claimed");
     timeline.row(
@@ -192,6 +167,7 @@ async fn the_recovery_drill() {
 
     // A resumes with an answer: its epoch is stale, the acceptance is refused.
     let (a_poll, a_report, a_calls) = worker_a.join().expect("worker A");
+    let a_report = a_report.expect("A's report");
     let item = ledger.get(JOB).await.expect("get").expect("item");
     timeline.row(
         "A",

@@ -6,7 +6,7 @@ mod common;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use common::{FreezesWorker, deliver, emulator, job, slow_settings};
+use common::{deliver, emulator, job, slow_settings};
 use fenced_jobs::job::{AttemptOutcome, Failure, JobState, RecordOutcome};
 use fenced_jobs::ledger::JobLedger;
 use fenced_jobs::provider::{Answer, Provider, ProviderError, ProviderRequest, SimulatedProvider};
@@ -71,33 +71,7 @@ async fn a_paused_worker_is_deferred_to_then_fenced_and_cannot_accept_when_it_re
     aws.send(&queue, &slow_job("paused-1", 0)).await;
 
     // Worker A claims the job (lease 4 s), then freezes for 7 s: no heartbeat, no renewal.
-    let (a_table, a_url) = (table.clone(), queue.url.clone());
-    let worker_a = std::thread::spawn(move || {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("runtime");
-        runtime.block_on(async move {
-            let aws = emulator().await;
-            let provider = FreezesWorker {
-                inner: SimulatedProvider::new(),
-                freeze: Duration::from_millis(7_000),
-            };
-            let handler = aws.handler(&a_table, provider, slow_settings(2, 600, 4_000));
-            let queue = common::Queue {
-                url: a_url,
-                arn: String::new(),
-                dlq_url: String::new(),
-            };
-            let source = aws.source(&queue).await;
-            let (poll, report) = deliver(&source, &handler).await;
-            (
-                poll,
-                report,
-                handler.processor().provider().inner.executions(),
-            )
-        })
-    });
+    let worker_a = common::spawn_frozen_worker(&table, &queue.url, Duration::from_millis(7_000));
     tokio::time::sleep(Duration::from_millis(500)).await;
 
     // Worker B polls: the message comes back after 2 s, while A's lease still runs.

@@ -72,6 +72,60 @@ impl DynamoLedger {
         &self.table
     }
 
+    /// Creates a ledger table as `template.yaml` defines it (key `job_id`, the sparse attention
+    /// index, on demand), for local set-ups, tests and benchmarks. TTL is not switched on here.
+    pub async fn create_table(client: &Client, name: &str) -> Result<(), LedgerError> {
+        use aws_sdk_dynamodb::types::{
+            AttributeDefinition, BillingMode, GlobalSecondaryIndex, KeySchemaElement, KeyType,
+            Projection, ProjectionType, ScalarAttributeType,
+        };
+        let attribute = |name: &str, kind| {
+            AttributeDefinition::builder()
+                .attribute_name(name)
+                .attribute_type(kind)
+                .build()
+        };
+        let key = |name: &str, kind| {
+            KeySchemaElement::builder()
+                .attribute_name(name)
+                .key_type(kind)
+                .build()
+        };
+        let invalid = |e: aws_sdk_dynamodb::error::BuildError| LedgerError::Unavailable {
+            operation: "create_table",
+            code: e.to_string(),
+        };
+        let index = GlobalSecondaryIndex::builder()
+            .index_name(ATTENTION_INDEX)
+            .key_schema(key("attention", KeyType::Hash).map_err(invalid)?)
+            .key_schema(key("updated_at", KeyType::Range).map_err(invalid)?)
+            .projection(
+                Projection::builder()
+                    .projection_type(ProjectionType::KeysOnly)
+                    .build(),
+            )
+            .build()
+            .map_err(invalid)?;
+        client
+            .create_table()
+            .table_name(name)
+            .attribute_definitions(attribute("job_id", ScalarAttributeType::S).map_err(invalid)?)
+            .attribute_definitions(attribute("attention", ScalarAttributeType::S).map_err(invalid)?)
+            .attribute_definitions(
+                attribute("updated_at", ScalarAttributeType::N).map_err(invalid)?,
+            )
+            .key_schema(key("job_id", KeyType::Hash).map_err(invalid)?)
+            .global_secondary_indexes(index)
+            .billing_mode(BillingMode::PayPerRequest)
+            .send()
+            .await
+            .map_err(|e| match e {
+                SdkError::ServiceError(se) => classify("create_table", se.err().code()),
+                other => transport_error("create_table", &other),
+            })?;
+        Ok(())
+    }
+
     /// Jobs in `state` (not terminal), oldest update first, at most `limit`: a query of each
     /// shard of the sparse attention index, never a scan of the table.
     pub async fn list(

@@ -6,16 +6,11 @@
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use aws_sdk_dynamodb::types::{
-    AttributeDefinition, BillingMode, GlobalSecondaryIndex, KeySchemaElement, KeyType, Projection,
-    ProjectionType, ScalarAttributeType,
-};
 use aws_sdk_sqs::types::QueueAttributeName;
 use fenced_jobs::clock::SystemClock;
 use fenced_jobs::config::Settings;
 use fenced_jobs::event_source::{LocalEventSource, PollReport};
 use fenced_jobs::handler::{BatchHandler, BatchReport};
-use fenced_jobs::ledger::dynamodb::ATTENTION_INDEX;
 use fenced_jobs::ledger::dynamodb::DynamoLedger;
 use fenced_jobs::processor::Processor;
 use fenced_jobs::provider::Provider;
@@ -66,64 +61,7 @@ pub fn unique(prefix: &str) -> String {
 impl Emulator {
     pub async fn table(&self) -> String {
         let name = unique("jobs");
-        self.ddb
-            .create_table()
-            .table_name(&name)
-            .attribute_definitions(
-                AttributeDefinition::builder()
-                    .attribute_name("job_id")
-                    .attribute_type(ScalarAttributeType::S)
-                    .build()
-                    .expect("attribute"),
-            )
-            .key_schema(
-                KeySchemaElement::builder()
-                    .attribute_name("job_id")
-                    .key_type(KeyType::Hash)
-                    .build()
-                    .expect("key"),
-            )
-            .attribute_definitions(
-                AttributeDefinition::builder()
-                    .attribute_name("attention")
-                    .attribute_type(ScalarAttributeType::S)
-                    .build()
-                    .expect("attribute"),
-            )
-            .attribute_definitions(
-                AttributeDefinition::builder()
-                    .attribute_name("updated_at")
-                    .attribute_type(ScalarAttributeType::N)
-                    .build()
-                    .expect("attribute"),
-            )
-            .global_secondary_indexes(
-                GlobalSecondaryIndex::builder()
-                    .index_name(ATTENTION_INDEX)
-                    .key_schema(
-                        KeySchemaElement::builder()
-                            .attribute_name("attention")
-                            .key_type(KeyType::Hash)
-                            .build()
-                            .expect("key"),
-                    )
-                    .key_schema(
-                        KeySchemaElement::builder()
-                            .attribute_name("updated_at")
-                            .key_type(KeyType::Range)
-                            .build()
-                            .expect("key"),
-                    )
-                    .projection(
-                        Projection::builder()
-                            .projection_type(ProjectionType::KeysOnly)
-                            .build(),
-                    )
-                    .build()
-                    .expect("index"),
-            )
-            .billing_mode(BillingMode::PayPerRequest)
-            .send()
+        DynamoLedger::create_table(&self.ddb, &name)
             .await
             .expect("create table");
         name
@@ -346,4 +284,40 @@ impl Provider for FreezesWorker {
         std::thread::sleep(self.freeze);
         self.inner.call(req).await
     }
+}
+
+/// Worker A of the pause scenarios, on its own thread and runtime: it takes one batch from the
+/// queue with a lease of 4 s (heartbeat 0.6 s, queue visibility 2 s), and its call freezes the
+/// whole thread for `freeze`. Returns its poll, its report and its provider calls.
+pub fn spawn_frozen_worker(
+    table: &str,
+    queue_url: &str,
+    freeze: std::time::Duration,
+) -> std::thread::JoinHandle<(PollReport, Option<BatchReport>, u64)> {
+    let (table, url) = (table.to_owned(), queue_url.to_owned());
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        runtime.block_on(async move {
+            let aws = emulator().await;
+            let provider = FreezesWorker {
+                inner: fenced_jobs::provider::SimulatedProvider::new(),
+                freeze,
+            };
+            let handler = aws.handler(&table, provider, slow_settings(2, 600, 4_000));
+            let queue = Queue {
+                url,
+                arn: String::new(),
+                dlq_url: String::new(),
+            };
+            let (poll, report) = deliver(&aws.source(&queue).await, &handler).await;
+            (
+                poll,
+                report,
+                handler.processor().provider().inner.executions(),
+            )
+        })
+    })
 }
