@@ -67,6 +67,7 @@ async fn claim_all<L: JobLedger>(ledger: &L, flights: &Flights, n: usize) {
             owner_id: "bench".into(),
             now,
             lease_until: now + 600_000,
+            provider_ref: None,
         };
         ledger.claim(req).await.expect("claim");
         flights.running(i, &format!("bench-{i}"), 1, now + 600_000, now + 3_600_000);

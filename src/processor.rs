@@ -15,10 +15,12 @@ use crate::ledger::{
     AttemptEnd, ClaimRequest, FinishRequest, JobLedger, LedgerError, RecoverRequest, SettleFrom,
     SettleRequest, Write,
 };
-use crate::provider::{Provider, ProviderError, ProviderRequest};
+use crate::provider::{Provider, ProviderError, ProviderRequest, Retrieval};
 
 /// Writes one delivery may make before it gives up on a contended job and backs off.
 const MAX_ROUNDS: usize = 4;
+/// Pause between two retrievals of a call that is still running.
+const RETRIEVAL_POLL_MS: Millis = 1_000;
 /// A call is not started with less time than this left before its bound.
 const MIN_CALL_BUDGET_MS: Millis = 100;
 
@@ -128,6 +130,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
                         owner_id: owner_id.to_owned(),
                         now,
                         lease_until: now + self.settings.lease_ms,
+                        provider_ref: self.provider.reference(&job.job_id, expect.attempts + 1),
                     };
                     match self.ledger.claim(req).await {
                         // A retried claim whose first try was applied comes back refused with
@@ -173,7 +176,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
                     match self.ledger.recover(req).await {
                         Ok(Write::Applied(fenced)) => {
                             slot.flights.stats.recovery();
-                            return self.after_recovery(msg, fenced, seen_epoch).await;
+                            return self.after_recovery(msg, fenced, seen_epoch, inv).await;
                         }
                         other => other,
                     }
@@ -234,36 +237,90 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         }
     }
 
-    /// After a recovery claim fenced a lapsed owner: the attempt it left may have run, and no
-    /// provider retrieval is available here, so the job becomes `unknown` with that evidence,
-    /// conditional on the new epoch. It waits for a decision; it is never simply re-run.
+    /// After a recovery claim fenced a lapsed owner, look at the evidence of the attempt it left.
+    /// With a provider reference and a provider that can be asked, the provider's word decides
+    /// (completed: accepted under the new epoch; definitely failed: retry or fail; still running:
+    /// poll while this invocation and the new lease allow, then leave the job to the next
+    /// delivery). Otherwise the attempt may have run and the job becomes `unknown` (or, under
+    /// the replay policy, `retry_authorized` with the decision recorded). Never a new call.
     async fn after_recovery(
         &self,
         msg: &JobMessage,
         fenced: JobRecord,
         lapsed_epoch: u64,
+        inv: &Invocation,
     ) -> Processed {
         let attempt = fenced.attempts;
-        let evidence = format!(
-            "owner at epoch {lapsed_epoch} let its lease lapse during attempt {attempt}; \
-             the call may have run and its outcome cannot be retrieved"
-        );
         tracing::warn!(
             job_id = %msg.job_id,
             lapsed_epoch,
             epoch = fenced.owner_epoch,
             "recovered a job whose lease lapsed"
         );
-        let now = self.clock.now_ms();
+        let input = msg.input();
+        let request = ProviderRequest {
+            job_id: &msg.job_id,
+            attempt,
+            epoch: fenced.owner_epoch,
+            contract: &msg.contract,
+            input: &input,
+            input_json: &msg.input_canonical,
+            idempotency_key: format!("{}/{attempt}", msg.job_id),
+        };
+        let evidence = |why: &str| {
+            format!(
+                "owner at epoch {lapsed_epoch} let its lease lapse during attempt {attempt}; {why}"
+            )
+        };
+        let reference = fenced
+            .attempt_log
+            .last()
+            .and_then(|a| a.provider_ref.clone().map(|r| (r, a.started_at)));
+        let (end, retry_after_ms) = loop {
+            let now = self.clock.now_ms();
+            let Some((provider_ref, started_at)) = &reference else {
+                let why = "the call may have run and no reference was recorded";
+                break (self.uncertain(evidence(why), &fenced, now), None);
+            };
+            match self
+                .provider
+                .retrieve(provider_ref, *started_at, &request)
+                .await
+            {
+                Retrieval::Completed(answer) => break self.end_of(Ok(answer), &fenced, now),
+                Retrieval::Failed(error) => break self.end_of(Err(error), &fenced, now),
+                Retrieval::NotFound => {
+                    let why = "the provider does not know the call";
+                    break (self.uncertain(evidence(why), &fenced, now), None);
+                }
+                Retrieval::Unsupported => {
+                    let why = "the call may have run and the provider cannot be asked";
+                    break (self.uncertain(evidence(why), &fenced, now), None);
+                }
+                Retrieval::Running => {
+                    let lease_end = fenced.owner_until.unwrap_or(now) - self.settings.skew_ms;
+                    let invocation_end = inv
+                        .deadline
+                        .map_or(Millis::MAX, |d| d - self.settings.deadline_margin_ms);
+                    if now + RETRIEVAL_POLL_MS >= lease_end.min(invocation_end) {
+                        // Still running upstream: keep the job (our lease) for the next delivery.
+                        let remaining_ms =
+                            fenced.owner_until.unwrap_or(now) + self.settings.skew_ms - now;
+                        return failed(Failure::Deferred { remaining_ms }, Some(fenced));
+                    }
+                    tokio::time::sleep(Duration::from_millis(RETRIEVAL_POLL_MS as u64)).await;
+                }
+            }
+        };
         let req = FinishRequest {
             job_id: msg.job_id.clone(),
             epoch: fenced.owner_epoch,
             attempt,
-            now,
-            end: self.uncertain(evidence, &fenced, now),
+            now: self.clock.now_ms(),
+            end,
         };
         match self.ledger.finish(req).await {
-            Ok(Write::Applied(record)) => settled(record, None),
+            Ok(Write::Applied(record)) => settled(record, retry_after_ms),
             Ok(Write::Refused(seen)) => failed(backoff("refused"), seen),
             Err(e) => ledger_failure(&msg.job_id, &e, Some(fenced)),
         }
@@ -324,40 +381,14 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
             slot.flights.stats.deadline_cutoff();
         }
         let now = self.clock.now_ms();
-        let mut retry_after_ms = None;
-        let end = match called {
-            Ok(Ok(answer)) => AttemptEnd::Succeeded {
-                result: answer.body,
-            },
-            Ok(Err(ProviderError::Transient {
-                retry_after_ms: after,
-                reason,
-            })) => {
-                retry_after_ms = after;
-                if now >= claimed.deadline_at {
-                    AttemptEnd::Expired
-                } else if attempt >= claimed.max_attempts {
-                    AttemptEnd::FailedTerminal {
-                        kind: "budget",
-                        error: format!("attempt budget spent; last error: {reason}"),
-                    }
-                } else {
-                    AttemptEnd::RetryAuthorized { error: reason }
-                }
-            }
-            Ok(Err(ProviderError::Permanent { reason })) => AttemptEnd::FailedTerminal {
-                kind: "permanent",
-                error: reason,
-            },
-            Ok(Err(ProviderError::Uncertain { evidence })) => {
-                self.uncertain(evidence, &claimed, now)
-            }
+        let (end, retry_after_ms) = match called {
+            Ok(result) => self.end_of(result, &claimed, now),
             Err(_) => {
                 let evidence = format!(
                     "cut off by the {} after {budget} ms; the request was sent and may have run",
                     bound.as_str()
                 );
-                self.uncertain(evidence, &claimed, now)
+                (self.uncertain(evidence, &claimed, now), None)
             }
         };
         let accepting = matches!(end, AttemptEnd::Succeeded { .. });
@@ -413,6 +444,50 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         Processed {
             outcome,
             view: Some(seen),
+        }
+    }
+
+    /// How an attempt ends, from what the provider said (by the call or by a retrieval), and
+    /// the wait the provider asked for, if any.
+    fn end_of(
+        &self,
+        result: Result<crate::provider::Answer, ProviderError>,
+        job: &JobRecord,
+        now: Millis,
+    ) -> (AttemptEnd, Option<Millis>) {
+        match result {
+            Ok(answer) => (
+                AttemptEnd::Succeeded {
+                    result: answer.body,
+                },
+                None,
+            ),
+            Err(ProviderError::Transient {
+                retry_after_ms,
+                reason,
+            }) => {
+                let end = if now >= job.deadline_at {
+                    AttemptEnd::Expired
+                } else if job.attempts >= job.max_attempts {
+                    AttemptEnd::FailedTerminal {
+                        kind: "budget",
+                        error: format!("attempt budget spent; last error: {reason}"),
+                    }
+                } else {
+                    AttemptEnd::RetryAuthorized { error: reason }
+                };
+                (end, retry_after_ms)
+            }
+            Err(ProviderError::Permanent { reason }) => (
+                AttemptEnd::FailedTerminal {
+                    kind: "permanent",
+                    error: reason,
+                },
+                None,
+            ),
+            Err(ProviderError::Uncertain { evidence }) => {
+                (self.uncertain(evidence, job, now), None)
+            }
         }
     }
 

@@ -18,6 +18,9 @@ use fenced_jobs::operator;
 use fenced_jobs::provider::SimulatedProvider;
 
 const JOB: &str = "drill-1";
+/// The provider cannot be asked about the call afterwards, so the recovery finds an attempt
+/// whose outcome is unknown.
+const NOT_RETRIEVABLE: &str = r#""simulate":{"retrievable":false}"#;
 
 struct Timeline {
     started: Instant,
@@ -107,7 +110,8 @@ async fn the_recovery_drill() {
         deliveries: 1,
         rows: Vec::new(),
     };
-    aws.send(&queue, &job(JOB, "a long report", "")).await;
+    aws.send(&queue, &job(JOB, "a long report", NOT_RETRIEVABLE))
+        .await;
 
     // Worker A claims the job, then its process freezes for 7 s (no heartbeat, no renewal).
     let worker_a = common::spawn_frozen_worker(&table, &queue.url, Duration::from_millis(7_000));
@@ -180,7 +184,8 @@ async fn the_recovery_drill() {
     assert_eq!((item.state, item.owner_epoch), (JobState::Unknown, 2));
 
     // Another delivery cannot re-run the uncertain attempt without a decision.
-    aws.send(&queue, &job(JOB, "a long report", "")).await;
+    aws.send(&queue, &job(JOB, "a long report", NOT_RETRIEVABLE))
+        .await;
     let (poll, report) = deliver(&source_b, &b).await;
     let report = report.expect("report");
     assert_eq!(

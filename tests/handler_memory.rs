@@ -478,3 +478,114 @@ async fn a_replay_policy_records_its_decision_and_stays_within_the_budget() {
     assert_eq!(item.decisions.len(), 1);
     assert_eq!(h.processor().provider().executions(), 2);
 }
+
+/// A job claimed by a worker that vanished a minute ago, with its call's reference recorded.
+async fn lapsed_claim(ledger: &InMemoryLedger, body: &str) {
+    use fenced_jobs::job::{Expect, NewJob};
+    use fenced_jobs::ledger::ClaimRequest;
+    let msg = fenced_jobs::job::parse_body(Some(body)).expect("valid");
+    let then = SystemClock.now_ms() - 120_000;
+    let job = NewJob {
+        job_id: msg.job_id.clone(),
+        input_digest: msg.digest.clone(),
+        contract: msg.contract.clone(),
+        input: msg.input_canonical.clone(),
+        metadata: None,
+        deadline_at: then + 3_600_000,
+        max_attempts: 3,
+        expires_at: 0,
+    };
+    let claimed = ledger
+        .claim(ClaimRequest {
+            job,
+            expect: Expect::FRESH,
+            owner_id: "vanished".into(),
+            now: then,
+            lease_until: then + 60_000,
+            provider_ref: Some(format!("sim:{}/1", msg.job_id)),
+        })
+        .await
+        .expect("claim");
+    assert!(matches!(claimed, fenced_jobs::ledger::Write::Applied(_)));
+}
+
+#[tokio::test]
+async fn a_recovery_asks_the_provider_and_its_answer_decides_without_a_new_call() {
+    let ledger = Arc::new(InMemoryLedger::new());
+    let h = handler(
+        ledger.clone(),
+        SimulatedProvider::new(),
+        Settings::default(),
+    );
+    let cases = [
+        ("done", "", RecordOutcome::Done(JobState::Succeeded)),
+        (
+            "rejected",
+            r#","simulate":{"outcome":"permanent"}"#,
+            RecordOutcome::Done(JobState::FailedTerminal),
+        ),
+        (
+            "forgotten",
+            r#","simulate":{"retrievable":false}"#,
+            RecordOutcome::Failed(Failure::AwaitingDecision),
+        ),
+    ];
+    for (id, simulate, expected) in cases {
+        let body = job(id, simulate);
+        lapsed_claim(&ledger, &body).await;
+        let report = h
+            .handle_batch(&event(vec![record(Some(id), &body)]), &invocation())
+            .await;
+        assert_eq!(report.records[0].outcome, expected, "{id}");
+        let item = ledger.get(id).await.expect("get").expect("item");
+        assert_eq!(
+            (item.owner_epoch, item.attempts, item.recoveries.len()),
+            (2, 1, 1),
+            "{id}"
+        );
+    }
+    let done = ledger.get("done").await.expect("get").expect("item");
+    assert!(done.result.is_some());
+    assert_eq!(
+        h.processor().provider().executions(),
+        0,
+        "answers came from retrieval"
+    );
+    assert_eq!(h.processor().provider().retrievals(), 3);
+}
+
+#[tokio::test]
+async fn a_recovered_call_still_running_is_polled_then_kept_for_the_next_delivery() {
+    let ledger = Arc::new(InMemoryLedger::new());
+    let h = handler(
+        ledger.clone(),
+        SimulatedProvider::new(),
+        Settings::default(),
+    );
+    let body = job("long", r#","simulate":{"outcome":"hang"}"#);
+    lapsed_claim(&ledger, &body).await;
+    // An invocation with about two seconds of usable time.
+    let short = Invocation {
+        id: "inv".into(),
+        deadline: Some(SystemClock.now_ms() + 7_000),
+    };
+    let report = h
+        .handle_batch(&event(vec![record(Some("m1"), &body)]), &short)
+        .await;
+    assert!(matches!(
+        report.records[0].outcome,
+        RecordOutcome::Failed(Failure::Deferred { .. })
+    ));
+    assert_eq!(report.stats.recoveries, 1);
+    let item = ledger.get("long").await.expect("get").expect("item");
+    assert_eq!(
+        (item.state, item.owner_epoch),
+        (JobState::Running, 2),
+        "held for the next delivery"
+    );
+    assert!(
+        h.processor().provider().retrievals() >= 2,
+        "polled while time allowed"
+    );
+    assert_eq!(h.processor().provider().executions(), 0);
+}

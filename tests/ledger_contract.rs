@@ -34,6 +34,7 @@ fn claim(job: &NewJob, expect: Expect, owner: &str, now: i64) -> ClaimRequest {
         owner_id: owner.into(),
         now,
         lease_until: now + 60_000,
+        provider_ref: Some(format!("ref:{}/{}", job.job_id, expect.attempts + 1)),
     }
 }
 

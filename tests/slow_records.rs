@@ -68,7 +68,16 @@ async fn a_paused_worker_is_deferred_to_then_fenced_and_cannot_accept_when_it_re
     let aws = emulator().await;
     let table = aws.table().await;
     let queue = aws.queue(2).await;
-    aws.send(&queue, &slow_job("paused-1", 0)).await;
+    // The provider cannot be asked about the call afterwards: its outcome stays unknown.
+    aws.send(
+        &queue,
+        &job(
+            "paused-1",
+            "a long report",
+            r#""simulate":{"retrievable":false}"#,
+        ),
+    )
+    .await;
 
     // Worker A claims the job (lease 4 s), then freezes for 7 s: no heartbeat, no renewal.
     let worker_a = common::spawn_frozen_worker(&table, &queue.url, Duration::from_millis(7_000));
@@ -129,6 +138,75 @@ async fn a_paused_worker_is_deferred_to_then_fenced_and_cannot_accept_when_it_re
     assert_eq!(item.result, None);
     assert_eq!(item.recoveries.len(), 1);
     assert_eq!(item.attempt_log[0].outcome, AttemptOutcome::Uncertain);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_recovery_takes_the_paused_workers_answer_from_the_provider_without_a_new_call() {
+    let aws = emulator().await;
+    let table = aws.table().await;
+    let queue = aws.queue(2).await;
+    aws.send(&queue, &slow_job("retrieved-1", 0)).await;
+
+    // A claims (recording the call's reference with the claim), then freezes for 7 s.
+    let worker_a = common::spawn_frozen_worker(&table, &queue.url, Duration::from_millis(7_000));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    // B waits out A's lease, fences A and asks the provider: the call completed.
+    let handler_b = aws.handler(
+        &table,
+        SimulatedProvider::new(),
+        slow_settings(2, 600, 4_000),
+    );
+    let source_b = aws.source(&queue).await;
+    let give_up = Instant::now() + Duration::from_secs(12);
+    let mut acknowledged = false;
+    let mut seen = Vec::new();
+    while Instant::now() < give_up && !acknowledged {
+        let (poll, report) = deliver(&source_b, &handler_b).await;
+        seen.extend(report.map(|r| r.records[0].outcome.clone()));
+        acknowledged = poll.deleted == 1;
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    assert!(
+        acknowledged,
+        "B acknowledged once the answer was retrieved: {seen:?}"
+    );
+    let item = aws
+        .ledger(&table)
+        .get("retrieved-1")
+        .await
+        .expect("get")
+        .expect("item");
+    assert_eq!(
+        (item.state, item.owner_epoch, item.attempts),
+        (JobState::Succeeded, 2, 1)
+    );
+    assert_eq!(item.attempt_log[0].outcome, AttemptOutcome::Succeeded);
+    assert_eq!(
+        item.attempt_log[0].provider_ref.as_deref(),
+        Some("sim:retrieved-1/1")
+    );
+    assert_eq!(
+        handler_b.processor().provider().executions(),
+        0,
+        "no second call"
+    );
+    assert!(handler_b.processor().provider().retrievals() >= 1);
+
+    // A resumes: the job is terminal, so its record is a success; its own write was refused.
+    let (_, report_a, a_calls) = worker_a.join().expect("worker A");
+    assert_eq!(a_calls, 1);
+    assert_eq!(
+        report_a.expect("report").records[0].outcome,
+        RecordOutcome::Done(JobState::Succeeded)
+    );
+    let after = aws
+        .ledger(&table)
+        .get("retrieved-1")
+        .await
+        .expect("get")
+        .expect("item");
+    assert_eq!(after, item, "A wrote nothing after the recovery");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -101,6 +101,7 @@ async fn a_duplicate_while_a_live_owner_holds_the_job_defers_without_a_provider_
             owner_id: "other-worker".into(),
             now,
             lease_until: now + 20_000,
+            provider_ref: None,
         })
         .await
         .expect("claim");

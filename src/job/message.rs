@@ -29,7 +29,7 @@ const TOP_LEVEL_FIELDS: [&str; 6] = [
     "max_attempts",
     "metadata",
 ];
-const SIMULATE_FIELDS: [&str; 3] = ["latency_ms", "outcome", "fail_times"];
+const SIMULATE_FIELDS: [&str; 4] = ["latency_ms", "outcome", "fail_times", "retrievable"];
 
 /// Why a body is not a valid job. Every variant is poison: retrying cannot fix it.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -100,7 +100,7 @@ pub struct JobMessage {
 }
 
 /// Simulated-provider controls read from `input.simulate`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Simulation {
     /// How long the simulated call takes.
     pub latency_ms: u64,
@@ -108,6 +108,19 @@ pub struct Simulation {
     pub outcome: SimulatedOutcome,
     /// Transient errors returned before the outcome (attempts 1..=fail_times fail).
     pub fail_times: u32,
+    /// Whether the provider can be asked about an attempt afterwards (default true).
+    pub retrievable: bool,
+}
+
+impl Default for Simulation {
+    fn default() -> Self {
+        Simulation {
+            latency_ms: 0,
+            outcome: SimulatedOutcome::Ok,
+            fail_times: 0,
+            retrievable: true,
+        }
+    }
 }
 
 /// The end of a simulated call.
@@ -356,7 +369,7 @@ fn parse_simulation(value: Option<&Value>) -> Result<Simulation, InvalidMessage>
     {
         return Err(InvalidMessage::Invalid {
             field: "input.simulate",
-            rule: "only latency_ms, outcome and fail_times are allowed",
+            rule: "only latency_ms, outcome, fail_times and retrievable are allowed",
         });
     }
     let latency_ms = match fields.get("latency_ms") {
@@ -395,10 +408,16 @@ fn parse_simulation(value: Option<&Value>) -> Result<Simulation, InvalidMessage>
                 rule: "must be an integer from 0 to 100",
             })? as u32,
     };
+    let retrievable = match fields.get("retrievable") {
+        None => true,
+        Some(Value::Bool(b)) => *b,
+        Some(_) => return Err(wrong_type("input.simulate.retrievable", "a boolean")),
+    };
     Ok(Simulation {
         latency_ms,
         outcome,
         fail_times,
+        retrievable,
     })
 }
 
@@ -583,7 +602,8 @@ mod tests {
             Simulation {
                 latency_ms: 20,
                 outcome: SimulatedOutcome::Permanent,
-                fail_times: 2
+                fail_times: 2,
+                retrievable: true,
             }
         );
     }

@@ -273,7 +273,7 @@ impl JobLedger for DynamoLedger {
             epoch: req.expect.epoch + 1,
             owner_id: req.owner_id.clone(),
             started_at: req.now,
-            provider_ref: None,
+            provider_ref: req.provider_ref.clone(),
             outcome: AttemptOutcome::Pending,
             finished_at: None,
         };

@@ -96,7 +96,7 @@ pub fn apply_claim(current: Option<&JobRecord>, req: &ClaimRequest) -> Option<Jo
         epoch: next.owner_epoch,
         owner_id: req.owner_id.clone(),
         started_at: req.now,
-        provider_ref: None,
+        provider_ref: req.provider_ref.clone(),
         outcome: AttemptOutcome::Pending,
         finished_at: None,
     });

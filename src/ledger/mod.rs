@@ -41,6 +41,9 @@ pub struct ClaimRequest {
     pub now: Millis,
     /// End of the lease granted by the claim.
     pub lease_until: Millis,
+    /// The reference the provider will know this attempt by, when the client assigns it (an
+    /// idempotency key): recorded with the attempt, so a recovery can ask the provider.
+    pub provider_ref: Option<String>,
 }
 
 /// How an owner ends its attempt.

@@ -62,6 +62,21 @@ pub enum ProviderError {
     },
 }
 
+/// What a provider says about an earlier attempt it was asked for by reference.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Retrieval {
+    /// It finished with this answer.
+    Completed(Answer),
+    /// It definitely failed (a transient failure means it did not do the work).
+    Failed(ProviderError),
+    /// It is still running.
+    Running,
+    /// The provider does not know it (never received, or forgotten).
+    NotFound,
+    /// This provider cannot be asked.
+    Unsupported,
+}
+
 /// A model provider.
 pub trait Provider: Send + Sync {
     /// Runs one attempt. The caller bounds it in time and treats a cut-off as uncertain.
@@ -69,6 +84,22 @@ pub trait Provider: Send + Sync {
         &self,
         req: &ProviderRequest<'_>,
     ) -> impl Future<Output = Result<Answer, ProviderError>> + Send;
+
+    /// The reference the provider will know an attempt by, if the client assigns it before the
+    /// call (an idempotency key). It is recorded with the claim, so it costs no extra write.
+    fn reference(&self, _job_id: &str, _attempt: u32) -> Option<String> {
+        None
+    }
+
+    /// Asks about an earlier attempt by its reference (`started_at` is when it was claimed).
+    fn retrieve(
+        &self,
+        _provider_ref: &str,
+        _started_at: crate::job::Millis,
+        _req: &ProviderRequest<'_>,
+    ) -> impl Future<Output = Retrieval> + Send {
+        async { Retrieval::Unsupported }
+    }
 }
 
 /// The provider chosen by configuration.
@@ -93,6 +124,23 @@ impl Provider for AnyProvider {
     async fn call(&self, req: &ProviderRequest<'_>) -> Result<Answer, ProviderError> {
         match self {
             AnyProvider::Simulated(p) => p.call(req).await,
+        }
+    }
+
+    fn reference(&self, job_id: &str, attempt: u32) -> Option<String> {
+        match self {
+            AnyProvider::Simulated(p) => p.reference(job_id, attempt),
+        }
+    }
+
+    async fn retrieve(
+        &self,
+        provider_ref: &str,
+        started_at: crate::job::Millis,
+        req: &ProviderRequest<'_>,
+    ) -> Retrieval {
+        match self {
+            AnyProvider::Simulated(p) => p.retrieve(provider_ref, started_at, req).await,
         }
     }
 }

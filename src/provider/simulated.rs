@@ -8,13 +8,16 @@ use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 
-use super::{Answer, Provider, ProviderError, ProviderRequest};
+use super::{Answer, Provider, ProviderError, ProviderRequest, Retrieval};
+use crate::clock::{Clock, SystemClock};
+use crate::job::Millis;
 use crate::job::message::{SimulatedOutcome, simulation_of};
 
 /// The simulated provider. It counts its executions (calls started), in total and per job.
 #[derive(Debug, Default)]
 pub struct SimulatedProvider {
     executions: AtomicU64,
+    retrievals: AtomicU64,
     per_job: Mutex<HashMap<String, u32>>,
 }
 
@@ -27,6 +30,11 @@ impl SimulatedProvider {
     /// Calls started so far.
     pub fn executions(&self) -> u64 {
         self.executions.load(Ordering::Relaxed)
+    }
+
+    /// Retrievals by reference so far (they are not executions).
+    pub fn retrievals(&self) -> u64 {
+        self.retrievals.load(Ordering::Relaxed)
     }
 
     /// Calls started so far for one job.
@@ -69,6 +77,48 @@ impl Provider for SimulatedProvider {
                 reason: "simulated permanent failure".to_owned(),
             }),
             SimulatedOutcome::Hang => std::future::pending().await,
+        }
+    }
+
+    /// Every attempt gets a reference before its call (like an idempotency key).
+    fn reference(&self, job_id: &str, attempt: u32) -> Option<String> {
+        Some(format!("sim:{job_id}/{attempt}"))
+    }
+
+    /// What the simulated upstream says about an attempt started at `started_at`: the same
+    /// outcome its call has, once its latency has passed since it started; `hang` is forever
+    /// running; `"retrievable": false` makes the provider not know it.
+    async fn retrieve(
+        &self,
+        _provider_ref: &str,
+        started_at: Millis,
+        req: &ProviderRequest<'_>,
+    ) -> Retrieval {
+        self.retrievals.fetch_add(1, Ordering::Relaxed);
+        let sim = simulation_of(req.input);
+        if !sim.retrievable {
+            return Retrieval::NotFound;
+        }
+        if req.attempt <= sim.fail_times {
+            return Retrieval::Failed(ProviderError::Transient {
+                retry_after_ms: None,
+                reason: format!(
+                    "simulated transient failure {} of {}",
+                    req.attempt, sim.fail_times
+                ),
+            });
+        }
+        let finished = SystemClock.now_ms() - started_at >= sim.latency_ms as Millis;
+        match sim.outcome {
+            SimulatedOutcome::Ok if finished => Retrieval::Completed(answer(req)),
+            SimulatedOutcome::Ok | SimulatedOutcome::Hang => Retrieval::Running,
+            SimulatedOutcome::Transient => Retrieval::Failed(ProviderError::Transient {
+                retry_after_ms: None,
+                reason: "simulated transient failure".to_owned(),
+            }),
+            SimulatedOutcome::Permanent => Retrieval::Failed(ProviderError::Permanent {
+                reason: "simulated permanent failure".to_owned(),
+            }),
         }
     }
 }

@@ -284,6 +284,10 @@ impl Provider for FreezesWorker {
         std::thread::sleep(self.freeze);
         self.inner.call(req).await
     }
+
+    fn reference(&self, job_id: &str, attempt: u32) -> Option<String> {
+        self.inner.reference(job_id, attempt)
+    }
 }
 
 /// Worker A of the pause scenarios, on its own thread and runtime: it takes one batch from the
