@@ -96,7 +96,7 @@ pub async fn send_trigger(
     sqs: &aws_sdk_sqs::Client,
     queue_url: &str,
     record: &JobRecord,
-) -> Result<String, OperatorError> {
+) -> Result<Option<String>, OperatorError> {
     let mut send = sqs
         .send_message()
         .queue_url(queue_url)
@@ -109,7 +109,7 @@ pub async fn send_trigger(
     let out = send.send().await.map_err(|e| {
         OperatorError::NotSent(aws_sdk_sqs::error::DisplayErrorContext(&e).to_string())
     })?;
-    Ok(out.message_id().unwrap_or_default().to_owned())
+    Ok(out.message_id().map(str::to_owned))
 }
 
 /// The record for scripts. The answer is included only when asked for.
@@ -280,7 +280,7 @@ pub fn dlq_verdict(body: Option<&str>, record: Option<&JobRecord>) -> DlqVerdict
 #[derive(Debug, Clone)]
 pub struct DlqEntry {
     /// The DLQ message id.
-    pub message_id: String,
+    pub message_id: Option<String>,
     /// The job id, when the body names one.
     pub job_id: Option<String>,
     /// What a redrive would do.
@@ -321,7 +321,7 @@ pub async fn dlq_inspect<L: JobLedger>(
                 None => None,
             };
             entries.push(DlqEntry {
-                message_id: m.message_id().unwrap_or_default().to_owned(),
+                message_id: m.message_id().map(str::to_owned),
                 verdict: dlq_verdict(Some(&body), record.as_ref()),
                 job_id,
                 body,

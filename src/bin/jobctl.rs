@@ -218,7 +218,7 @@ async fn dlq(
         for e in &entries {
             println!(
                 "{:<38} {:<32} {}",
-                e.message_id,
+                e.message_id.as_deref().unwrap_or("-"),
                 e.job_id.as_deref().unwrap_or("-"),
                 e.verdict.label()
             );
