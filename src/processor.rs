@@ -55,7 +55,7 @@ enum Action {
     Claim(Expect),
     SettleAbsent,
     Settle(JobState, u64, SettleReason),
-    Recover(u64),
+    Recover(u64, JobState),
 }
 
 /// Where a record sits in its invocation: the heartbeat's view of the batch and its index.
@@ -163,7 +163,14 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
                     };
                     self.ledger.settle(req).await
                 }
-                Action::Recover(seen_epoch) => {
+                Action::Recover(seen_epoch, seen_state) => {
+                    let reason = if seen_state == JobState::Unknown {
+                        format!(
+                            "asking the provider about the unknown attempt of epoch {seen_epoch}"
+                        )
+                    } else {
+                        format!("lease of epoch {seen_epoch} lapsed")
+                    };
                     let req = RecoverRequest {
                         job_id: job.job_id.clone(),
                         seen_epoch,
@@ -171,7 +178,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
                         now,
                         lapsed_before: now - self.settings.skew_ms,
                         lease_until: now + self.settings.lease_ms,
-                        reason: format!("lease of epoch {seen_epoch} lapsed"),
+                        reason,
                     };
                     match self.ledger.recover(req).await {
                         Ok(Write::Applied(fenced)) => {
@@ -211,7 +218,11 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
                 }
                 // An expired lease authorises investigation only: fence, then look at the
                 // evidence; never a new call.
-                Next::AwaitRecovery => action = Action::Recover(seen.owner_epoch),
+                Next::AwaitRecovery => action = Action::Recover(seen.owner_epoch, seen.state),
+                // An unknown attempt with a reference: ask the provider again, under a new epoch.
+                Next::AwaitDecision if self.can_ask_about(&seen) => {
+                    action = Action::Recover(seen.owner_epoch, seen.state)
+                }
                 next => {
                     return Processed {
                         outcome: outcome_of(next, &msg.digest),
@@ -267,11 +278,11 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
             input_json: &msg.input_canonical,
             idempotency_key: format!("{}/{attempt}", msg.job_id),
         };
-        let evidence = |why: &str| {
-            format!(
-                "owner at epoch {lapsed_epoch} let its lease lapse during attempt {attempt}; {why}"
-            )
-        };
+        let recovered_because = fenced
+            .recoveries
+            .last()
+            .map_or("recovered", |r| r.reason.as_str());
+        let evidence = |why: &str| format!("attempt {attempt}, {recovered_because}: {why}");
         let reference = fenced
             .attempt_log
             .last()
@@ -445,6 +456,15 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
             outcome,
             view: Some(seen),
         }
+    }
+
+    /// Whether the provider can be asked about the job's last attempt.
+    fn can_ask_about(&self, job: &JobRecord) -> bool {
+        self.provider.can_retrieve()
+            && job
+                .attempt_log
+                .last()
+                .is_some_and(|a| a.provider_ref.is_some())
     }
 
     /// How an attempt ends, from what the provider said (by the call or by a retrieval), and

@@ -285,7 +285,10 @@ async fn a_hung_call_is_cut_off_and_recorded_as_uncertain_never_retried_blindly(
         ..Settings::default()
     };
     let h = handler(ledger.clone(), SimulatedProvider::new(), settings);
-    let body = job("stuck", r#","simulate":{"outcome":"hang"}"#);
+    let body = job(
+        "stuck",
+        r#","simulate":{"outcome":"hang","retrievable":false}"#,
+    );
     let report = h
         .handle_batch(&event(vec![record(Some("m1"), &body)]), &invocation())
         .await;
@@ -588,4 +591,46 @@ async fn a_recovered_call_still_running_is_polled_then_kept_for_the_next_deliver
         "polled while time allowed"
     );
     assert_eq!(h.processor().provider().executions(), 0);
+}
+
+#[tokio::test]
+async fn a_call_cut_off_but_completed_upstream_is_retrieved_on_the_next_delivery() {
+    let ledger = Arc::new(InMemoryLedger::new());
+    let settings = Settings {
+        provider_timeout_ms: 100,
+        ..Settings::default()
+    };
+    let h = handler(ledger.clone(), SimulatedProvider::new(), settings);
+    let body = job("late-answer", r#","simulate":{"latency_ms":400}"#);
+
+    let first = h
+        .handle_batch(&event(vec![record(Some("m1"), &body)]), &invocation())
+        .await;
+    assert_eq!(
+        first.records[0].outcome,
+        RecordOutcome::Failed(Failure::AwaitingDecision)
+    );
+    tokio::time::sleep(std::time::Duration::from_millis(450)).await;
+
+    // The next delivery takes the unknown job back (epoch raised) and asks the provider.
+    let second = h
+        .handle_batch(&event(vec![record(Some("m2"), &body)]), &invocation())
+        .await;
+    assert_eq!(
+        second.records[0].outcome,
+        RecordOutcome::Done(JobState::Succeeded)
+    );
+    let item = ledger.get("late-answer").await.expect("get").expect("item");
+    assert_eq!((item.owner_epoch, item.attempts), (2, 1));
+    assert!(
+        item.recoveries[0].reason.contains("unknown attempt"),
+        "{:?}",
+        item.recoveries
+    );
+    assert_eq!(
+        h.processor().provider().executions(),
+        1,
+        "the answer came from retrieval"
+    );
+    assert_eq!(h.processor().provider().retrievals(), 1);
 }

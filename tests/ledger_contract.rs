@@ -305,8 +305,33 @@ async fn scenario<L: JobLedger>(ledger: &L, prefix: &str) -> (Vec<String>, Vec<O
         ledger.decide(decide(3, OperatorAction::Fail, T + 8))
     );
 
+    let h = job(&id("h"), "d-h", 3, T + 10_000);
+    let recover_h = |epoch: u64, now: i64| RecoverRequest {
+        job_id: h.job_id.clone(),
+        seen_epoch: epoch,
+        owner_id: "w9".into(),
+        now,
+        lapsed_before: now - 2_000,
+        lease_until: now + 60_000,
+        reason: "asking the provider".into(),
+    };
+    let cut_off = AttemptEnd::Unknown {
+        evidence: "cut off".into(),
+    };
+    step!("h claim", ledger.claim(claim(&h, Expect::FRESH, "w1", T)));
+    step!(
+        "h uncertain",
+        ledger.finish(finish(&h.job_id, 1, 1, T + 1, cut_off))
+    );
+    step!("h recover stale epoch", ledger.recover(recover_h(0, T + 2)));
+    step!("h recover unknown", ledger.recover(recover_h(1, T + 3)));
+    step!(
+        "h accept retrieved",
+        ledger.finish(finish(&h.job_id, 2, 1, T + 4, ok("retrieved")))
+    );
+
     let mut items = Vec::new();
-    for s in ["a", "b", "c", "d", "e", "f", "g"] {
+    for s in ["a", "b", "c", "d", "e", "f", "g", "h"] {
         let mut item = ledger.get(&id(s)).await.expect("get");
         if let Some(item) = item.as_mut() {
             item.job_id = s.to_owned();
@@ -376,6 +401,11 @@ async fn the_in_memory_ledger_and_dynamodb_agree_on_every_conditional_write() {
         "g claim authorized: applied running e3 a2",
         "g uncertain again: applied unknown e3 a2",
         "g fail: applied failed_terminal e4 a2",
+        "h claim: applied running e1 a1",
+        "h uncertain: applied unknown e1 a1",
+        "h recover stale epoch: refused, saw unknown e1 a1",
+        "h recover unknown: applied running e2 a1",
+        "h accept retrieved: applied succeeded e2 a1",
     ];
     assert_eq!(memory_log, expected);
     let a = memory_items[0].as_ref().expect("a");

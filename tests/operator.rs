@@ -16,8 +16,15 @@ async fn unknown_job(aws: &common::Emulator, table: &str, queue: &common::Queue,
     settings.provider_timeout_ms = 200;
     let handler = aws.handler(table, SimulatedProvider::new(), settings);
     let source = aws.source(queue).await;
-    aws.send(queue, &job(id, "slow", r#""simulate":{"latency_ms":1000}"#))
-        .await;
+    aws.send(
+        queue,
+        &job(
+            id,
+            "slow",
+            r#""simulate":{"latency_ms":1000,"retrievable":false}"#,
+        ),
+    )
+    .await;
     let (_, report) = deliver(&source, &handler).await;
     let outcome = &report.expect("report").records[0].outcome;
     assert_eq!(outcome, &RecordOutcome::Failed(Failure::AwaitingDecision));
@@ -31,12 +38,17 @@ async fn an_unknown_job_runs_again_only_after_an_operator_authorises_it() {
     unknown_job(&aws, &table, &queue, "op-retry").await;
     let ledger = aws.ledger(&table);
 
-    // Another delivery without a decision does not call the model.
+    // Another delivery without a decision does not call the model. (It asks the provider again,
+    // under a new epoch, and the provider does not know the call: still unknown.)
     let patient = aws.handler(&table, SimulatedProvider::new(), fast_settings());
     let source = aws.source(&queue).await;
     aws.send(
         &queue,
-        &job("op-retry", "slow", r#""simulate":{"latency_ms":1000}"#),
+        &job(
+            "op-retry",
+            "slow",
+            r#""simulate":{"latency_ms":1000,"retrievable":false}"#,
+        ),
     )
     .await;
     let (_, report) = deliver(&source, &patient).await;
@@ -60,7 +72,7 @@ async fn an_unknown_job_runs_again_only_after_an_operator_authorises_it() {
     .expect("decide");
     assert_eq!(
         (decided.state, decided.owner_epoch),
-        (JobState::RetryAuthorized, 2)
+        (JobState::RetryAuthorized, 3)
     );
     assert_eq!(decided.decisions.len(), 1);
     assert_eq!(
@@ -97,7 +109,7 @@ async fn an_unknown_job_runs_again_only_after_an_operator_authorises_it() {
     let done = ledger.get("op-retry").await.expect("get").expect("item");
     assert_eq!(
         (done.state, done.attempts, done.owner_epoch),
-        (JobState::Succeeded, 2, 3)
+        (JobState::Succeeded, 2, 4)
     );
     assert_eq!(patient.processor().provider().executions(), 1);
 }
@@ -127,7 +139,11 @@ async fn a_failed_decision_is_terminal_and_jobctl_shows_it() {
     let source = aws.source(&queue).await;
     aws.send(
         &queue,
-        &job("op-fail", "slow", r#""simulate":{"latency_ms":1000}"#),
+        &job(
+            "op-fail",
+            "slow",
+            r#""simulate":{"latency_ms":1000,"retrievable":false}"#,
+        ),
     )
     .await;
     let (poll, _) = deliver(&source, &handler).await;
@@ -266,7 +282,11 @@ async fn dlq_inspect_pairs_messages_with_ledger_states_and_redrive_moves_only_li
         dlq_url: String::new(),
     };
     for body in [
-        job("dlq-unknown", "slow", r#""simulate":{"latency_ms":1000}"#),
+        job(
+            "dlq-unknown",
+            "slow",
+            r#""simulate":{"latency_ms":1000,"retrievable":false}"#,
+        ),
         job("dlq-done", "quick", ""),
         job("dlq-done", "changed", ""),
         job("dlq-new", "never seen", ""),

@@ -397,10 +397,13 @@ impl JobLedger for DynamoLedger {
             at: req.now,
             reason: req.reason.clone(),
         };
-        // Invariant: a lapsed owner is fenced by raising the epoch it holds; no attempt starts.
-        let update = "SET #epoch = :new_epoch, #owner = :owner, #until = :until, #updated = :now, \
+        // Invariant: a lapsed owner (or an unknown job) is fenced by raising the epoch it holds;
+        // no attempt starts.
+        let update = "SET #state = :running, #epoch = :new_epoch, #owner = :owner, \
+                      #until = :until, #updated = :now, \
                       #rec = list_append(if_not_exists(#rec, :empty), :recovery)";
-        let condition = "#state = :running AND #epoch = :epoch AND #until <= :cutoff";
+        let condition = "#epoch = :epoch AND \
+                         ((#state = :running AND #until <= :cutoff) OR #state = :unknown)";
         let values = vec![
             (":new_epoch", n(req.seen_epoch + 1)),
             (":epoch", n(req.seen_epoch)),
@@ -409,13 +412,15 @@ impl JobLedger for DynamoLedger {
             (":now", n(req.now)),
             (":cutoff", n(req.lapsed_before)),
             (":running", s(JobState::Running.as_str())),
+            (":unknown", s(JobState::Unknown.as_str())),
             (":empty", AttributeValue::L(Vec::new())),
             (
                 ":recovery",
                 AttributeValue::L(vec![encode_recovery(&recovery)]),
             ),
         ];
-        self.update("recover", &req.job_id, update, condition, values, None)
+        let target = Some(JobState::Running);
+        self.update("recover", &req.job_id, update, condition, values, target)
             .await
     }
 

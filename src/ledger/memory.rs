@@ -154,13 +154,12 @@ pub fn apply_settle(current: Option<&JobRecord>, req: &SettleRequest) -> Option<
 /// Recover: see [`RecoverRequest`].
 pub fn apply_recover(current: Option<&JobRecord>, req: &RecoverRequest) -> Option<JobRecord> {
     let r = current?;
-    if r.state != JobState::Running
-        || r.owner_epoch != req.seen_epoch
-        || r.owner_until.unwrap_or(0) > req.lapsed_before
-    {
+    let lapsed = r.state == JobState::Running && r.owner_until.unwrap_or(0) <= req.lapsed_before;
+    if r.owner_epoch != req.seen_epoch || !(lapsed || r.state == JobState::Unknown) {
         return None;
     }
     let mut next = r.clone();
+    next.state = JobState::Running;
     next.owner_epoch += 1;
     next.owner_id = Some(req.owner_id.clone());
     next.owner_until = Some(req.lease_until);

@@ -146,10 +146,11 @@ pub struct SettleRequest {
     pub now: Millis,
 }
 
-/// Fences a lapsed owner: raises the epoch without starting an attempt.
+/// Fences a lapsed owner, or takes an `unknown` job back to ask the provider about it: raises
+/// the epoch without starting an attempt.
 ///
-/// Condition: `running` at `seen_epoch` with `owner_until <= lapsed_before`. Effect: epoch + 1,
-/// the new owner and lease, and a recovery record.
+/// Condition: at `seen_epoch`, either `running` with `owner_until <= lapsed_before`, or
+/// `unknown`. Effect: `running`, epoch + 1, the new owner and lease, and a recovery record.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RecoverRequest {
     /// Job id.

@@ -91,6 +91,11 @@ pub trait Provider: Send + Sync {
         None
     }
 
+    /// Whether [`Provider::retrieve`] can answer at all.
+    fn can_retrieve(&self) -> bool {
+        false
+    }
+
     /// Asks about an earlier attempt by its reference (`started_at` is when it was claimed).
     fn retrieve(
         &self,
@@ -130,6 +135,12 @@ impl Provider for AnyProvider {
     fn reference(&self, job_id: &str, attempt: u32) -> Option<String> {
         match self {
             AnyProvider::Simulated(p) => p.reference(job_id, attempt),
+        }
+    }
+
+    fn can_retrieve(&self) -> bool {
+        match self {
+            AnyProvider::Simulated(p) => p.can_retrieve(),
         }
     }
 

@@ -80,6 +80,10 @@ impl Provider for SimulatedProvider {
         }
     }
 
+    fn can_retrieve(&self) -> bool {
+        true
+    }
+
     /// Every attempt gets a reference before its call (like an idempotency key).
     fn reference(&self, job_id: &str, attempt: u32) -> Option<String> {
         Some(format!("sim:{job_id}/{attempt}"))
