@@ -192,11 +192,13 @@ async fn the_recovery_drill() {
         report.records[0].outcome,
         RecordOutcome::Failed(Failure::AwaitingDecision)
     );
+    let item = ledger.get(JOB).await.expect("get").expect("item");
+    assert_eq!(item.state, JobState::Unknown);
     timeline.row(
         "B",
         Some((&poll, &report)),
         &item,
-        "no recorded decision: waits, no model call",
+        "provider asked again, does not know the call: waits for a decision",
     );
 
     // The operator decides; the trigger runs attempt 2; its deletion fails.
