@@ -1,5 +1,5 @@
 # The two commands of the README need no set-up: they install what they need.
-.PHONY: demo test drill bench build check fmt clippy emulator-start emulator-stop clean
+.PHONY: demo test drill bench build invoke check fmt clippy emulator-start emulator-stop clean
 
 demo: ## Run the main job end to end on the local emulator
 	scripts/demo.sh
@@ -15,6 +15,9 @@ bench: ## Benchmarks (release build; never part of `make test`)
 
 build: ## The deployable arm64 zip (cargo-lambda from PyPI): target/lambda/worker/bootstrap.zip
 	scripts/build.sh
+
+invoke: ## The worker under cargo lambda watch against the emulator, with a sample event (EVENT=...)
+	scripts/invoke.sh
 
 check: ## Formatting and lints, as CI runs them
 	cargo fmt --all -- --check

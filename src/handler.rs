@@ -401,13 +401,20 @@ fn log_record(report: &RecordReport, entry: &Entry<'_>) {
             message_digest = %message_digest,
             "conflict: job_id reused with a different input"
         ),
-        outcome => tracing::info!(
-            message_id,
-            job_id,
-            receive_count,
-            outcome = outcome.label(),
-            visibility_s = report.visibility_s,
-            "record done"
-        ),
+        outcome => {
+            let cause = match outcome {
+                RecordOutcome::Failed(Failure::Backoff { cause, .. }) => Some(*cause),
+                _ => None,
+            };
+            tracing::info!(
+                message_id,
+                job_id,
+                receive_count,
+                outcome = outcome.label(),
+                cause,
+                visibility_s = report.visibility_s,
+                "record done"
+            )
+        }
     }
 }

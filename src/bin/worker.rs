@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use aws_lambda_events::event::sqs::SqsEvent;
-use fenced_jobs::clock::SystemClock;
+use fenced_jobs::clock::{Clock, SystemClock};
 use fenced_jobs::config::Config;
 use fenced_jobs::handler::BatchHandler;
 use fenced_jobs::ledger::dynamodb::DynamoLedger;
@@ -43,10 +43,27 @@ async fn main() -> Result<(), lambda_runtime::Error> {
     lambda_runtime::run(service_fn(move |event: LambdaEvent<SqsEvent>| {
         let handler = Arc::clone(&handler);
         async move {
+            // A deadline hours in the past is not a deadline (some local runtime emulators send
+            // one): treat it as unknown rather than refusing all work.
+            let now = SystemClock.now_ms();
+            let deadline = i64::try_from(event.context.deadline)
+                .ok()
+                .filter(|d| *d > now - 3_600_000);
+            if deadline.is_none() {
+                tracing::warn!(
+                    deadline_ms = event.context.deadline,
+                    "no usable invocation deadline"
+                );
+            }
             let invocation = Invocation {
                 id: event.context.request_id.clone(),
-                deadline: i64::try_from(event.context.deadline).ok(),
+                deadline,
             };
+            tracing::debug!(
+                records = event.payload.records.len(),
+                remaining_ms = invocation.deadline.map(|d| d - now),
+                "invocation"
+            );
             // Boxed: the handler's future is deep, and one allocation per invocation is nothing.
             Box::pin(handler.handle(event.payload, invocation))
                 .await
