@@ -101,11 +101,6 @@ impl LocalEventSource {
         })
     }
 
-    /// The queue's ARN, as records carry it in `eventSourceARN`.
-    pub fn queue_arn(&self) -> &str {
-        &self.queue_arn
-    }
-
     /// Receives one batch (if any), invokes `handler`, and deletes the successes.
     pub async fn poll_once<F, Fut, E>(&self, handler: F) -> Result<PollReport, DriverError>
     where

@@ -230,12 +230,3 @@ impl NewJob {
         }
     }
 }
-
-impl JobRecord {
-    /// The attempt currently claimed at the record's epoch, if the last attempt is it.
-    pub fn current_attempt(&self) -> Option<&AttemptRecord> {
-        self.attempt_log
-            .last()
-            .filter(|a| a.epoch == self.owner_epoch)
-    }
-}

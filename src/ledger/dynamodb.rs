@@ -119,10 +119,7 @@ impl DynamoLedger {
             .billing_mode(BillingMode::PayPerRequest)
             .send()
             .await
-            .map_err(|e| match e {
-                SdkError::ServiceError(se) => classify("create_table", se.err().code()),
-                other => transport_error("create_table", &other),
-            })?;
+            .map_err(|e| sdk_error("create_table", &e))?;
         Ok(())
     }
 
@@ -149,10 +146,7 @@ impl DynamoLedger {
                     .set_exclusive_start_key(start)
                     .send()
                     .await
-                    .map_err(|e| match e {
-                        SdkError::ServiceError(se) => classify("list", se.err().code()),
-                        other => transport_error("list", &other),
-                    })?;
+                    .map_err(|e| sdk_error("list", &e))?;
                 for item in out.items() {
                     if let (Some(id), Some(at)) = (get_s(item, "job_id"), get_n(item, "updated_at"))
                     {
@@ -471,10 +465,7 @@ impl JobLedger for DynamoLedger {
             .consistent_read(true)
             .send()
             .await
-            .map_err(|e| match e {
-                SdkError::ServiceError(se) => classify("get", se.err().code()),
-                other => transport_error("get", &other),
-            })?;
+            .map_err(|e| sdk_error("get", &e))?;
         out.item().map(decode).transpose()
     }
 }
@@ -510,6 +501,17 @@ fn classify(operation: &'static str, code: Option<&str>) -> LedgerError {
             operation,
             code: "unclassified".to_owned(),
         },
+    }
+}
+
+/// Classifies a failed request that was not a refused condition.
+fn sdk_error<E: ProvideErrorMetadata, R>(
+    operation: &'static str,
+    err: &SdkError<E, R>,
+) -> LedgerError {
+    match err {
+        SdkError::ServiceError(se) => classify(operation, se.err().code()),
+        other => transport_error(operation, other),
     }
 }
 

@@ -17,7 +17,6 @@ pub struct InMemoryLedger {
     // A std mutex: the critical sections are short and never cross an await.
     items: Mutex<HashMap<String, JobRecord>>,
     writes: AtomicU64,
-    reads: AtomicU64,
 }
 
 impl InMemoryLedger {
@@ -29,16 +28,6 @@ impl InMemoryLedger {
     /// Conditional writes attempted so far (applied or refused).
     pub fn writes(&self) -> u64 {
         self.writes.load(Ordering::Relaxed)
-    }
-
-    /// Reads so far.
-    pub fn reads(&self) -> u64 {
-        self.reads.load(Ordering::Relaxed)
-    }
-
-    /// A copy of every item, for assertions.
-    pub fn snapshot(&self) -> HashMap<String, JobRecord> {
-        self.lock().clone()
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, JobRecord>> {
@@ -229,7 +218,6 @@ impl JobLedger for InMemoryLedger {
     }
 
     async fn get(&self, job_id: &str) -> Result<Option<JobRecord>, LedgerError> {
-        self.reads.fetch_add(1, Ordering::Relaxed);
         Ok(self.lock().get(job_id).cloned())
     }
 }

@@ -164,9 +164,19 @@ impl Emulator {
     }
 
     pub async fn send(&self, queue: &Queue, body: &str) -> String {
+        self.send_to(queue, None, body).await
+    }
+
+    pub async fn send_in_group(&self, queue: &Queue, group: &str, body: &str) -> String {
+        self.send_to(queue, Some(group), body).await
+    }
+
+    /// Sends one message (in a message group, on a FIFO queue); returns its message id.
+    async fn send_to(&self, queue: &Queue, group: Option<&str>, body: &str) -> String {
         self.sqs
             .send_message()
             .queue_url(&queue.url)
+            .set_message_group_id(group.map(str::to_owned))
             .message_body(body)
             .send()
             .await
@@ -241,21 +251,7 @@ pub async fn deliver<P: Provider>(
     (poll, slot.into_inner().expect("slot"))
 }
 
-impl Emulator {
-    pub async fn send_in_group(&self, queue: &Queue, group: &str, body: &str) -> String {
-        self.sqs
-            .send_message()
-            .queue_url(&queue.url)
-            .message_group_id(group)
-            .message_body(body)
-            .send()
-            .await
-            .expect("send")
-            .message_id()
-            .expect("message id")
-            .to_owned()
-    }
-}
+impl Emulator {}
 
 /// Settings for the slow-record tests: a heartbeat of `heartbeat_ms` on a queue whose
 /// visibility timeout is `visibility_s`, with a lease of `lease_ms`.
