@@ -3,23 +3,69 @@
 use std::env;
 
 use crate::job::{Millis, VisibilityPolicy};
+use crate::provider::bedrock::BedrockSettings;
+use crate::provider::openai::{OpenAiApi, OpenAiSettings};
 
 /// Everything the worker reads from its environment. See the README's configuration table.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Config {
     /// `JOBS_TABLE`: the ledger table (required).
     pub jobs_table: String,
-    /// `PROVIDER`: which model provider runs the calls.
-    pub provider: ProviderKind,
+    /// `PROVIDER`: which model provider runs the calls, and how to reach it.
+    pub provider: ProviderConfig,
     /// Processing settings.
     pub settings: Settings,
 }
 
 /// The model providers this build knows.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ProviderKind {
-    /// The deterministic, network-free provider.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ProviderConfig {
+    /// `simulated`: the deterministic, network-free provider.
     Simulated,
+    /// `openai`: an OpenAI-compatible HTTP server.
+    OpenAi {
+        /// Where and how.
+        settings: OpenAiSettings,
+        /// Where the API key comes from.
+        key: KeySource,
+    },
+    /// `bedrock`: Amazon Bedrock `Converse`.
+    Bedrock(BedrockSettings),
+}
+
+/// Where a provider's API key comes from. Never from the template's own text.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KeySource {
+    /// No key (a local OpenAI-compatible server that needs none).
+    None,
+    /// `OPENAI_API_KEY`: the key itself, from the environment (local use).
+    Value(Secret),
+    /// `OPENAI_API_KEY_SECRET_ID`: a Secrets Manager secret (the key, or JSON with `api_key`).
+    SecretsManager(String),
+    /// `OPENAI_API_KEY_PARAMETER`: an SSM `SecureString` parameter.
+    Parameter(String),
+}
+
+/// A credential. Its `Debug` shows nothing of it, so it cannot reach a log by accident.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(String);
+
+impl Secret {
+    /// Wraps a credential.
+    pub fn new(value: impl Into<String>) -> Self {
+        Secret(value.into())
+    }
+
+    /// The credential, for the one place that sends it.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Secret(..)")
+    }
 }
 
 /// What happens to an attempt whose outcome is unknown (the call may have run).
@@ -51,6 +97,8 @@ pub struct Settings {
     pub skew_ms: Millis,
     /// `PROVIDER_TIMEOUT_SECONDS`: longest model call; a call cut off is recorded as uncertain.
     pub provider_timeout_ms: Millis,
+    /// `POLL_INTERVAL_MS`: pause between two retrievals of a provider call that is still running.
+    pub poll_ms: Millis,
     /// `DEADLINE_MARGIN_MS`: time kept before the Lambda deadline for the final writes, the
     /// visibility changes and the response.
     pub deadline_margin_ms: Millis,
@@ -76,6 +124,7 @@ impl Default for Settings {
             heartbeat_ms: 10_000,
             skew_ms: 2_000,
             provider_timeout_ms: 240_000,
+            poll_ms: 1_000,
             deadline_margin_ms: 5_000,
             default_max_attempts: 3,
             default_deadline_ms: 86_400_000,
@@ -142,15 +191,6 @@ impl Config {
     pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Config, ConfigError> {
         let get = |name: &str| lookup(name).filter(|v| !v.trim().is_empty());
         let jobs_table = get("JOBS_TABLE").ok_or(ConfigError::Missing("JOBS_TABLE"))?;
-        let provider = match get("PROVIDER").as_deref() {
-            None | Some("simulated") => ProviderKind::Simulated,
-            Some(other) => {
-                return Err(ConfigError::Invalid {
-                    name: "PROVIDER",
-                    reason: format!("unknown provider {other:?} (known: simulated)"),
-                });
-            }
-        };
         let d = Settings::default();
         let number =
             |name: &'static str, default: i64, min: i64, max: i64| -> Result<i64, ConfigError> {
@@ -183,6 +223,7 @@ impl Config {
                 1,
                 43_200,
             )? * 1000,
+            poll_ms: number("POLL_INTERVAL_MS", d.poll_ms, 10, 600_000)?,
             deadline_margin_ms: number("DEADLINE_MARGIN_MS", d.deadline_margin_ms, 0, 600_000)?,
             default_max_attempts: number(
                 "DEFAULT_MAX_ATTEMPTS",
@@ -234,6 +275,66 @@ impl Config {
                 )?,
             },
         };
+        let provider = match get("PROVIDER").as_deref() {
+            None | Some("simulated") => ProviderConfig::Simulated,
+            Some("openai") => {
+                let o = OpenAiSettings::default();
+                let settings = OpenAiSettings {
+                    base_url: get("OPENAI_BASE_URL").unwrap_or(o.base_url),
+                    api: match get("OPENAI_API").as_deref() {
+                        None | Some("responses") => OpenAiApi::Responses,
+                        Some("chat") => OpenAiApi::Chat,
+                        Some(_) => {
+                            return Err(ConfigError::Invalid {
+                                name: "OPENAI_API",
+                                reason: "expected responses or chat".to_owned(),
+                            });
+                        }
+                    },
+                    model: get("OPENAI_MODEL"),
+                    connect_timeout_ms: number(
+                        "OPENAI_CONNECT_TIMEOUT_MS",
+                        o.connect_timeout_ms,
+                        1,
+                        60_000,
+                    )?,
+                    request_timeout_ms: number(
+                        "OPENAI_REQUEST_TIMEOUT_SECONDS",
+                        o.request_timeout_ms / 1000,
+                        1,
+                        900,
+                    )? * 1000,
+                };
+                let sources = [
+                    get("OPENAI_API_KEY").map(|v| KeySource::Value(Secret::new(v))),
+                    get("OPENAI_API_KEY_SECRET_ID").map(KeySource::SecretsManager),
+                    get("OPENAI_API_KEY_PARAMETER").map(KeySource::Parameter),
+                ];
+                let mut given = sources.into_iter().flatten();
+                let key = given.next().unwrap_or(KeySource::None);
+                if given.next().is_some() {
+                    return Err(ConfigError::Invalid {
+                        name: "OPENAI_API_KEY",
+                        reason: "give one of OPENAI_API_KEY, OPENAI_API_KEY_SECRET_ID and \
+                                 OPENAI_API_KEY_PARAMETER"
+                            .to_owned(),
+                    });
+                }
+                ProviderConfig::OpenAi { settings, key }
+            }
+            Some("bedrock") => ProviderConfig::Bedrock(BedrockSettings {
+                model_id: get("BEDROCK_MODEL_ID"),
+                endpoint_url: get("BEDROCK_ENDPOINT_URL"),
+            }),
+            Some(other) => {
+                return Err(ConfigError::Invalid {
+                    name: "PROVIDER",
+                    reason: format!(
+                        "unknown provider {other:?} (known: simulated, openai, bedrock)"
+                    ),
+                });
+            }
+        };
         let mut settings = settings;
         let default_heartbeat_s = settings.queue_visibility_s.min(settings.lease_ms / 1000) / 3;
         settings.heartbeat_ms =
@@ -265,7 +366,7 @@ mod tests {
         assert_eq!(config(&[]), Err(ConfigError::Missing("JOBS_TABLE")));
         let c = config(&[("JOBS_TABLE", "jobs")]).expect("valid");
         assert_eq!(c.settings, Settings::default());
-        assert_eq!(c.provider, ProviderKind::Simulated);
+        assert_eq!(c.provider, ProviderConfig::Simulated);
     }
 
     #[test]
@@ -324,6 +425,51 @@ mod tests {
                 ..
             }
         ));
+    }
+
+    #[test]
+    fn providers_are_configured_and_keys_never_printed() {
+        let c = config(&[
+            ("JOBS_TABLE", "t"),
+            ("PROVIDER", "openai"),
+            ("OPENAI_BASE_URL", "http://127.0.0.1:9/v1"),
+            ("OPENAI_API_KEY", "sk-very-secret"),
+            ("OPENAI_API", "chat"),
+        ])
+        .expect("valid");
+        let ProviderConfig::OpenAi { settings, key } = &c.provider else {
+            panic!("openai expected");
+        };
+        assert_eq!(settings.api, OpenAiApi::Chat);
+        assert_eq!(settings.base_url, "http://127.0.0.1:9/v1");
+        assert_eq!(key, &KeySource::Value(Secret::new("sk-very-secret")));
+        assert!(!format!("{c:?}").contains("very-secret"));
+        let two_keys = config(&[
+            ("JOBS_TABLE", "t"),
+            ("PROVIDER", "openai"),
+            ("OPENAI_API_KEY", "k"),
+            ("OPENAI_API_KEY_PARAMETER", "/p"),
+        ]);
+        assert!(matches!(
+            two_keys,
+            Err(ConfigError::Invalid {
+                name: "OPENAI_API_KEY",
+                ..
+            })
+        ));
+        let c = config(&[
+            ("JOBS_TABLE", "t"),
+            ("PROVIDER", "bedrock"),
+            ("BEDROCK_MODEL_ID", "anthropic.claude"),
+        ])
+        .expect("valid");
+        assert_eq!(
+            c.provider,
+            ProviderConfig::Bedrock(BedrockSettings {
+                model_id: Some("anthropic.claude".to_owned()),
+                endpoint_url: None
+            })
+        );
     }
 
     #[test]

@@ -6,21 +6,23 @@
 
 use std::time::Duration;
 
+use tokio_util::sync::CancellationToken;
+
 use crate::clock::Clock;
 use crate::config::{ReplayPolicy, Settings};
 use crate::heartbeat::Flights;
 use crate::job::decision::{Expect, Next, SettleReason, next_step};
 use crate::job::{Failure, JobMessage, JobRecord, JobState, Millis, NewJob, RecordOutcome};
 use crate::ledger::{
-    AttemptEnd, ClaimRequest, FinishRequest, JobLedger, LedgerError, RecoverRequest, SettleFrom,
-    SettleRequest, Write,
+    AttemptEnd, ClaimRequest, FinishRequest, JobLedger, LedgerError, RecordRefRequest,
+    RecoverRequest, RenewRequest, SettleFrom, SettleRequest, Write,
 };
-use crate::provider::{Provider, ProviderError, ProviderRequest, Retrieval};
+use crate::provider::{Provider, ProviderError, ProviderRequest, Retrieval, Submission};
 
 /// Writes one delivery may make before it gives up on a contended job and backs off.
 const MAX_ROUNDS: usize = 4;
-/// Pause between two retrievals of a call that is still running.
-const RETRIEVAL_POLL_MS: Millis = 1_000;
+/// Tries at recording a background call's reference before it is cancelled.
+const RECORD_TRIES: usize = 3;
 /// A call is not started with less time than this left before its bound.
 const MIN_CALL_BUDGET_MS: Millis = 100;
 
@@ -183,7 +185,9 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
                     match self.ledger.recover(req).await {
                         Ok(Write::Applied(fenced)) => {
                             slot.flights.stats.recovery();
-                            return self.after_recovery(msg, fenced, seen_epoch, inv).await;
+                            return self
+                                .after_recovery(msg, fenced, seen_epoch, inv, slot)
+                                .await;
                         }
                         other => other,
                     }
@@ -251,15 +255,17 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
     /// After a recovery claim fenced a lapsed owner, look at the evidence of the attempt it left.
     /// With a provider reference and a provider that can be asked, the provider's word decides
     /// (completed: accepted under the new epoch; definitely failed: retry or fail; still running:
-    /// poll while this invocation and the new lease allow, then leave the job to the next
-    /// delivery). Otherwise the attempt may have run and the job becomes `unknown` (or, under
-    /// the replay policy, `retry_authorized` with the decision recorded). Never a new call.
+    /// poll while this invocation allows, the lease renewed by the heartbeat, then hand the job
+    /// to the next delivery). Otherwise the attempt may have run and the job becomes `unknown`
+    /// (or, under the replay policy, `retry_authorized` with the decision recorded). Never a new
+    /// call.
     async fn after_recovery(
         &self,
         msg: &JobMessage,
         fenced: JobRecord,
         lapsed_epoch: u64,
         inv: &Invocation,
+        slot: Slot<'_>,
     ) -> Processed {
         let attempt = fenced.attempts;
         tracing::warn!(
@@ -268,60 +274,44 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
             epoch = fenced.owner_epoch,
             "recovered a job whose lease lapsed"
         );
-        let input = msg.input();
-        let request = ProviderRequest {
-            job_id: &msg.job_id,
-            attempt,
-            epoch: fenced.owner_epoch,
-            contract: &msg.contract,
-            input: &input,
-            input_json: &msg.input_canonical,
-            idempotency_key: format!("{}/{attempt}", msg.job_id),
-        };
         let recovered_because = fenced
             .recoveries
             .last()
-            .map_or("recovered", |r| r.reason.as_str());
+            .map_or("recovered", |r| r.reason.as_str())
+            .to_owned();
         let evidence = |why: &str| format!("attempt {attempt}, {recovered_because}: {why}");
         let reference = fenced
             .attempt_log
             .last()
             .and_then(|a| a.provider_ref.clone().map(|r| (r, a.started_at)));
-        let (end, retry_after_ms) = loop {
-            let now = self.clock.now_ms();
-            let Some((provider_ref, started_at)) = &reference else {
+        let now = self.clock.now_ms();
+        let waited = match reference {
+            None => {
                 let why = "the call may have run and no reference was recorded";
-                break (self.uncertain(evidence(why), &fenced, now), None);
-            };
-            match self
-                .provider
-                .retrieve(provider_ref, *started_at, &request)
-                .await
-            {
-                Retrieval::Completed(answer) => break self.end_of(Ok(answer), &fenced, now),
-                Retrieval::Failed(error) => break self.end_of(Err(error), &fenced, now),
-                Retrieval::NotFound => {
-                    let why = "the provider does not know the call";
-                    break (self.uncertain(evidence(why), &fenced, now), None);
-                }
-                Retrieval::Unsupported => {
-                    let why = "the call may have run and the provider cannot be asked";
-                    break (self.uncertain(evidence(why), &fenced, now), None);
-                }
-                Retrieval::Running => {
-                    let lease_end = fenced.owner_until.unwrap_or(now) - self.settings.skew_ms;
-                    let invocation_end = inv
-                        .deadline
-                        .map_or(Millis::MAX, |d| d - self.settings.deadline_margin_ms);
-                    if now + RETRIEVAL_POLL_MS >= lease_end.min(invocation_end) {
-                        // Still running upstream: keep the job (our lease) for the next delivery.
-                        let remaining_ms =
-                            fenced.owner_until.unwrap_or(now) + self.settings.skew_ms - now;
-                        return failed(Failure::Deferred { remaining_ms }, Some(fenced));
-                    }
-                    tokio::time::sleep(Duration::from_millis(RETRIEVAL_POLL_MS as u64)).await;
-                }
+                Waited::Ended(self.uncertain(evidence(why), &fenced, now), None)
             }
+            Some((provider_ref, started_at)) => {
+                let input = msg.input();
+                let request = self.request(msg, &fenced, &input);
+                let lost = slot.flights.running(
+                    slot.index,
+                    &msg.job_id,
+                    fenced.owner_epoch,
+                    fenced.owner_until.unwrap_or(now),
+                    fenced.deadline_at,
+                );
+                let polled = self
+                    .poll(&provider_ref, started_at, &request, &fenced, inv, &lost)
+                    .await;
+                slot.flights.call_ended(slot.index);
+                self.conclude(polled, &provider_ref, &fenced, evidence)
+                    .await
+            }
+        };
+        let (end, retry_after_ms) = match waited {
+            Waited::Ended(end, retry_after_ms) => (end, retry_after_ms),
+            Waited::Handover => return self.hand_over(&msg.job_id, fenced).await,
+            Waited::Lost => return failed(backoff("ownership lost"), Some(fenced)),
         };
         let req = FinishRequest {
             job_id: msg.job_id.clone(),
@@ -356,16 +346,8 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
             claimed.deadline_at,
         );
         let input = msg.input();
-        let request = ProviderRequest {
-            job_id: &msg.job_id,
-            attempt,
-            epoch,
-            contract: &msg.contract,
-            input: &input,
-            input_json: &msg.input_canonical,
-            idempotency_key: format!("{}/{attempt}", msg.job_id),
-        };
-        let called = if budget < MIN_CALL_BUDGET_MS {
+        let request = self.request(msg, &claimed, &input);
+        let submitted = if budget < MIN_CALL_BUDGET_MS {
             // No time left to make the call: it is not sent, which is a definite failure of
             // this attempt, so another one may be authorised.
             Ok(Err(ProviderError::Transient {
@@ -383,25 +365,40 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
                 })),
                 called = tokio::time::timeout(
                     Duration::from_millis(budget as u64),
-                    self.provider.call(&request),
+                    self.provider.submit(&request),
                 ) => called,
             }
         };
-        slot.flights.call_ended(slot.index);
-        if called.is_err() && bound == Bound::Invocation {
-            slot.flights.stats.deadline_cutoff();
-        }
-        let now = self.clock.now_ms();
-        let (end, retry_after_ms) = match called {
-            Ok(result) => self.end_of(result, &claimed, now),
+        let waited = match submitted {
+            Ok(Ok(Submission::Answered(answer))) => {
+                Waited::from(self.end_of(Ok(answer), &claimed, self.clock.now_ms()))
+            }
+            Ok(Err(error)) => Waited::from(self.end_of(Err(error), &claimed, self.clock.now_ms())),
+            Ok(Ok(Submission::Started(provider_ref))) => {
+                self.follow_background(msg, &claimed, &request, provider_ref, inv, &lost)
+                    .await
+            }
             Err(_) => {
+                if bound == Bound::Invocation {
+                    slot.flights.stats.deadline_cutoff();
+                }
                 let evidence = format!(
                     "cut off by the {} after {budget} ms; the request was sent and may have run",
                     bound.as_str()
                 );
-                (self.uncertain(evidence, &claimed, now), None)
+                Waited::Ended(
+                    self.uncertain(evidence, &claimed, self.clock.now_ms()),
+                    None,
+                )
             }
         };
+        slot.flights.call_ended(slot.index);
+        let (end, retry_after_ms) = match waited {
+            Waited::Ended(end, retry_after_ms) => (end, retry_after_ms),
+            Waited::Handover => return self.hand_over(&msg.job_id, claimed).await,
+            Waited::Lost => return failed(backoff("ownership lost"), Some(claimed)),
+        };
+        let now = self.clock.now_ms();
         let accepting = matches!(end, AttemptEnd::Succeeded { .. });
         let target = end.target();
         let req = FinishRequest {
@@ -455,6 +452,178 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         Processed {
             outcome,
             view: Some(seen),
+        }
+    }
+
+    /// Follows a call the provider runs in the background: records its reference (one write
+    /// conditional on the epoch) before waiting, then polls for the answer. A reference that
+    /// cannot be recorded is cancelled upstream: no later owner could collect it.
+    async fn follow_background(
+        &self,
+        msg: &JobMessage,
+        claimed: &JobRecord,
+        request: &ProviderRequest<'_>,
+        provider_ref: String,
+        inv: &Invocation,
+        lost: &CancellationToken,
+    ) -> Waited {
+        let attempt = claimed.attempts;
+        // A retry of an applied write applies again (same epoch, same attempt), so a lost
+        // response needs no special case.
+        let mut tries = 0;
+        let failed_because = loop {
+            tries += 1;
+            let req = RecordRefRequest {
+                job_id: msg.job_id.clone(),
+                epoch: claimed.owner_epoch,
+                attempt,
+                provider_ref: provider_ref.clone(),
+                now: self.clock.now_ms(),
+            };
+            match self.ledger.record_ref(req).await {
+                Ok(Write::Applied(_)) => break None,
+                Ok(Write::Refused(_)) => {
+                    break Some("ownership was lost before the reference was recorded");
+                }
+                Err(e) => {
+                    tracing::warn!(job_id = %msg.job_id, error = %e, tries, "recording the reference failed");
+                    if tries >= RECORD_TRIES {
+                        break Some("the reference could not be recorded");
+                    }
+                }
+            }
+        };
+        if let Some(why) = failed_because {
+            self.provider.cancel(&provider_ref).await;
+            let evidence = format!("attempt {attempt} was submitted; {why}; cancel requested");
+            let now = self.clock.now_ms();
+            return Waited::Ended(self.uncertain(evidence, claimed, now), None);
+        }
+        let polled = self
+            .poll(
+                &provider_ref,
+                self.clock.now_ms(),
+                request,
+                claimed,
+                inv,
+                lost,
+            )
+            .await;
+        let evidence = |why: &str| format!("attempt {attempt} ({provider_ref}): {why}");
+        self.conclude(polled, &provider_ref, claimed, evidence)
+            .await
+    }
+
+    /// Asks the provider about `provider_ref` until it answers, the job deadline or this
+    /// invocation's end (less its margin) comes, or ownership is lost.
+    async fn poll(
+        &self,
+        provider_ref: &str,
+        started_at: Millis,
+        request: &ProviderRequest<'_>,
+        owner: &JobRecord,
+        inv: &Invocation,
+        lost: &CancellationToken,
+    ) -> Polled {
+        let invocation_end = inv
+            .deadline
+            .map_or(Millis::MAX, |d| d - self.settings.deadline_margin_ms);
+        let until = owner.deadline_at.min(invocation_end);
+        loop {
+            let retrieved = tokio::select! {
+                _ = lost.cancelled() => return Polled::Lost,
+                r = self.provider.retrieve(provider_ref, started_at, request) => r,
+            };
+            match retrieved {
+                Retrieval::Completed(answer) => return Polled::Answer(Ok(answer)),
+                Retrieval::Failed(error) => return Polled::Answer(Err(error)),
+                Retrieval::NotFound => return Polled::NotFound,
+                Retrieval::Unsupported => return Polled::Unsupported,
+                Retrieval::Running => {}
+            }
+            let now = self.clock.now_ms();
+            if now >= until {
+                return Polled::TimeUp;
+            }
+            let pause = self.settings.poll_ms.min(until - now).max(1);
+            tokio::select! {
+                _ = lost.cancelled() => return Polled::Lost,
+                _ = tokio::time::sleep(Duration::from_millis(pause as u64)) => {}
+            }
+        }
+    }
+
+    /// What a poll means for the attempt.
+    async fn conclude(
+        &self,
+        polled: Polled,
+        provider_ref: &str,
+        owner: &JobRecord,
+        evidence: impl Fn(&str) -> String,
+    ) -> Waited {
+        let now = self.clock.now_ms();
+        match polled {
+            Polled::Answer(result) => Waited::from(self.end_of(result, owner, now)),
+            Polled::NotFound => {
+                let why = "the provider does not know the call";
+                Waited::Ended(self.uncertain(evidence(why), owner, now), None)
+            }
+            Polled::Unsupported => {
+                let why = "the call may have run and the provider cannot be asked";
+                Waited::Ended(self.uncertain(evidence(why), owner, now), None)
+            }
+            // The heartbeat could not keep the lease: whoever takes the job over finds the
+            // reference and asks for the same call.
+            Polled::Lost => Waited::Lost,
+            Polled::TimeUp if now >= owner.deadline_at => {
+                tracing::info!(job_id = %owner.job_id, "deadline passed while the call ran; cancelling it");
+                self.provider.cancel(provider_ref).await;
+                Waited::Ended(AttemptEnd::Expired, None)
+            }
+            Polled::TimeUp => Waited::Handover,
+        }
+    }
+
+    /// Ends our lease now (the call still runs upstream under its recorded reference), so the
+    /// next delivery takes the job over and resumes polling without waiting for a lapse.
+    async fn hand_over(&self, job_id: &str, owner: JobRecord) -> Processed {
+        let now = self.clock.now_ms();
+        let req = RenewRequest {
+            job_id: job_id.to_owned(),
+            epoch: owner.owner_epoch,
+            now,
+            lease_until: now,
+        };
+        let view = match self.ledger.renew(req).await {
+            Ok(Write::Applied(record)) => record,
+            Ok(Write::Refused(seen)) => return failed(backoff("refused"), seen),
+            Err(e) => return ledger_failure(job_id, &e, Some(owner)),
+        };
+        tracing::info!(
+            job_id,
+            epoch = view.owner_epoch,
+            "call still running upstream; handed over to the next delivery"
+        );
+        let remaining_ms = self.settings.skew_ms;
+        failed(Failure::Deferred { remaining_ms }, Some(view))
+    }
+
+    /// The provider request of the owner's current attempt.
+    fn request<'a>(
+        &self,
+        msg: &'a JobMessage,
+        owner: &JobRecord,
+        input: &'a serde_json::Map<String, serde_json::Value>,
+    ) -> ProviderRequest<'a> {
+        let attempt = owner.attempts;
+        ProviderRequest {
+            job_id: &msg.job_id,
+            attempt,
+            epoch: owner.owner_epoch,
+            contract: &msg.contract,
+            input,
+            input_json: &msg.input_canonical,
+            idempotency_key: format!("{}/{attempt}", msg.job_id),
         }
     }
 
@@ -569,6 +738,36 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
             expires_at: deadline_at.max(now) / 1000 + self.settings.retention_days * 86_400,
         }
     }
+}
+
+/// How waiting for a provider ended.
+enum Waited {
+    /// The attempt ends so, after the provider's requested wait, if any.
+    Ended(AttemptEnd, Option<Millis>),
+    /// Still running upstream at the end of this invocation: hand the job to the next delivery.
+    Handover,
+    /// Ownership was lost while waiting.
+    Lost,
+}
+
+impl From<(AttemptEnd, Option<Millis>)> for Waited {
+    fn from((end, retry_after_ms): (AttemptEnd, Option<Millis>)) -> Self {
+        Waited::Ended(end, retry_after_ms)
+    }
+}
+
+/// What polling a background call found.
+enum Polled {
+    /// The provider's answer or definite failure.
+    Answer(Result<crate::provider::Answer, ProviderError>),
+    /// The provider does not know the reference.
+    NotFound,
+    /// The provider cannot be asked.
+    Unsupported,
+    /// Still running when time ran out.
+    TimeUp,
+    /// Ownership lost while polling.
+    Lost,
 }
 
 /// What bounds a provider call.

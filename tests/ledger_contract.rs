@@ -9,7 +9,7 @@ use fenced_jobs::job::{Expect, JobRecord, NewJob};
 use fenced_jobs::ledger::memory::InMemoryLedger;
 use fenced_jobs::ledger::{
     AttemptEnd, ClaimRequest, DecideRequest, FinishRequest, JobLedger, OperatorAction,
-    RecoverRequest, SettleFrom, SettleRequest, Write,
+    RecordRefRequest, RecoverRequest, SettleFrom, SettleRequest, Write,
 };
 
 const T: i64 = 1_800_000_000_000;
@@ -330,8 +330,39 @@ async fn scenario<L: JobLedger>(ledger: &L, prefix: &str) -> (Vec<String>, Vec<O
         ledger.finish(finish(&h.job_id, 2, 1, T + 4, ok("retrieved")))
     );
 
+    let i = job(&id("i"), "d-i", 3, T + 10_000);
+    let record_ref = |epoch: u64, attempt: u32, r: &str| RecordRefRequest {
+        job_id: i.job_id.clone(),
+        epoch,
+        attempt,
+        provider_ref: r.into(),
+        now: T + 2,
+    };
+    step!(
+        "i record before claim",
+        ledger.record_ref(record_ref(1, 1, "resp_0"))
+    );
+    step!("i claim", ledger.claim(claim(&i, Expect::FRESH, "w1", T)));
+    step!(
+        "i record stale epoch",
+        ledger.record_ref(record_ref(0, 1, "resp_x"))
+    );
+    step!(
+        "i record other attempt",
+        ledger.record_ref(record_ref(1, 2, "resp_y"))
+    );
+    step!("i record", ledger.record_ref(record_ref(1, 1, "resp_1")));
+    step!(
+        "i uncertain",
+        ledger.finish(finish(&i.job_id, 1, 1, T + 3, uncertain()))
+    );
+    step!(
+        "i record after the end",
+        ledger.record_ref(record_ref(1, 1, "resp_z"))
+    );
+
     let mut items = Vec::new();
-    for s in ["a", "b", "c", "d", "e", "f", "g", "h"] {
+    for s in ["a", "b", "c", "d", "e", "f", "g", "h", "i"] {
         let mut item = ledger.get(&id(s)).await.expect("get");
         if let Some(item) = item.as_mut() {
             item.job_id = s.to_owned();
@@ -406,6 +437,13 @@ async fn the_in_memory_ledger_and_dynamodb_agree_on_every_conditional_write() {
         "h recover stale epoch: refused, saw unknown e1 a1",
         "h recover unknown: applied running e2 a1",
         "h accept retrieved: applied succeeded e2 a1",
+        "i record before claim: refused, no item",
+        "i claim: applied running e1 a1",
+        "i record stale epoch: refused, saw running e1 a1",
+        "i record other attempt: refused, saw running e1 a1",
+        "i record: applied running e1 a1",
+        "i uncertain: applied unknown e1 a1",
+        "i record after the end: refused, saw unknown e1 a1",
     ];
     assert_eq!(memory_log, expected);
     let a = memory_items[0].as_ref().expect("a");
@@ -420,4 +458,6 @@ async fn the_in_memory_ledger_and_dynamodb_agree_on_every_conditional_write() {
     let actions: Vec<&str> = g.decisions.iter().map(|d| d.action.as_str()).collect();
     assert_eq!(actions, ["authorize_retry", "fail"]);
     assert_eq!(g.decisions[1].by, "operator:alice");
+    let i = memory_items[8].as_ref().expect("i");
+    assert_eq!(i.attempt_log[0].provider_ref.as_deref(), Some("resp_1"));
 }

@@ -29,9 +29,10 @@ async fn main() -> Result<(), lambda_runtime::Error> {
 
     let config = Config::from_env()?;
     let aws = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
+    let provider = AnyProvider::from_config(&config.provider, &aws).await?;
     let processor = Processor::new(
         DynamoLedger::new(aws_sdk_dynamodb::Client::new(&aws), config.jobs_table),
-        AnyProvider::from_kind(config.provider),
+        provider,
         SystemClock,
         config.settings,
     );

@@ -10,8 +10,8 @@ use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
 use aws_sdk_dynamodb::types::{AttributeValue, ReturnValue, ReturnValuesOnConditionCheckFailure};
 
 use super::{
-    AttemptEnd, ClaimRequest, DecideRequest, FinishRequest, JobLedger, LedgerError, RecoverRequest,
-    RenewRequest, SettleFrom, SettleRequest, Write,
+    AttemptEnd, ClaimRequest, DecideRequest, FinishRequest, JobLedger, LedgerError,
+    RecordRefRequest, RecoverRequest, RenewRequest, SettleFrom, SettleRequest, Write,
 };
 use crate::job::{
     ATTENTION_SHARDS, AttemptOutcome, AttemptRecord, DecisionRecord, ErrorRecord, JobRecord,
@@ -25,7 +25,7 @@ type Item = HashMap<String, AttributeValue>;
 pub const ATTENTION_INDEX: &str = "attention-index";
 
 /// Attribute names, each used through a `#placeholder` (several are DynamoDB reserved words).
-const NAMES: [(&str, &str); 23] = [
+const NAMES: [(&str, &str); 24] = [
     ("#id", "job_id"),
     ("#state", "state"),
     ("#epoch", "owner_epoch"),
@@ -49,6 +49,7 @@ const NAMES: [(&str, &str); 23] = [
     ("#ttl", "expires_at"),
     ("#outcome", "outcome"),
     ("#finished", "finished_at"),
+    ("#ref", "provider_ref"),
 ];
 
 /// The DynamoDB job ledger.
@@ -429,6 +430,22 @@ impl JobLedger for DynamoLedger {
             (":epoch", n(req.epoch)),
         ];
         self.update("renew", &req.job_id, update, condition, values, None)
+            .await
+    }
+
+    async fn record_ref(&self, req: RecordRefRequest) -> Result<Write, LedgerError> {
+        // Invariant: only the owner at the current epoch attaches a reference to its attempt.
+        let index = req.attempt.saturating_sub(1);
+        let update = format!("SET #log[{index}].#ref = :ref, #updated = :now");
+        let condition = "#state = :running AND #epoch = :epoch AND #attempts = :attempt";
+        let values = vec![
+            (":ref", s(&req.provider_ref)),
+            (":now", n(req.now)),
+            (":running", s(JobState::Running.as_str())),
+            (":epoch", n(req.epoch)),
+            (":attempt", n(req.attempt)),
+        ];
+        self.update("record_ref", &req.job_id, &update, condition, values, None)
             .await
     }
 

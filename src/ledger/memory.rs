@@ -5,8 +5,8 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::{
-    ClaimRequest, DecideRequest, FinishRequest, JobLedger, LedgerError, RecoverRequest,
-    RenewRequest, SettleFrom, SettleRequest, Write,
+    ClaimRequest, DecideRequest, FinishRequest, JobLedger, LedgerError, RecordRefRequest,
+    RecoverRequest, RenewRequest, SettleFrom, SettleRequest, Write,
 };
 use crate::job::{AttemptOutcome, AttemptRecord, JobRecord, JobState, RecoveryRecord};
 
@@ -177,6 +177,21 @@ pub fn apply_renew(current: Option<&JobRecord>, req: &RenewRequest) -> Option<Jo
     Some(next)
 }
 
+/// Record a reference: see [`RecordRefRequest`].
+pub fn apply_record_ref(current: Option<&JobRecord>, req: &RecordRefRequest) -> Option<JobRecord> {
+    let r = current?;
+    if r.state != JobState::Running || r.owner_epoch != req.epoch || r.attempts != req.attempt {
+        return None;
+    }
+    let mut next = r.clone();
+    let attempt = next
+        .attempt_log
+        .get_mut(req.attempt.checked_sub(1)? as usize)?;
+    attempt.provider_ref = Some(req.provider_ref.clone());
+    next.updated_at = req.now;
+    Some(next)
+}
+
 /// Decide: see [`DecideRequest`].
 pub fn apply_decide(current: Option<&JobRecord>, req: &DecideRequest) -> Option<JobRecord> {
     let r = current?;
@@ -211,6 +226,10 @@ impl JobLedger for InMemoryLedger {
 
     async fn renew(&self, req: RenewRequest) -> Result<Write, LedgerError> {
         Ok(self.write(&req.job_id, |c| apply_renew(c, &req)))
+    }
+
+    async fn record_ref(&self, req: RecordRefRequest) -> Result<Write, LedgerError> {
+        Ok(self.write(&req.job_id, |c| apply_record_ref(c, &req)))
     }
 
     async fn decide(&self, req: DecideRequest) -> Result<Write, LedgerError> {

@@ -185,6 +185,26 @@ pub struct RenewRequest {
     pub lease_until: Millis,
 }
 
+/// The owner at `epoch` records the reference a provider assigned to its attempt (a background
+/// call's id), before it waits for the answer, so that a later owner can ask for it.
+///
+/// Condition: `running` at exactly `epoch`, on attempt `attempt`. Effect: the attempt's
+/// `provider_ref` set. The lease is not part of the condition: a fenced owner is refused by the
+/// epoch, and an owner whose lease lapsed unnoticed still holds the only copy of the reference.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RecordRefRequest {
+    /// Job id.
+    pub job_id: String,
+    /// The owner's epoch.
+    pub epoch: u64,
+    /// The attempt the reference belongs to.
+    pub attempt: u32,
+    /// The provider's reference.
+    pub provider_ref: String,
+    /// The owner's clock.
+    pub now: Millis,
+}
+
 /// What an operator decides about a job that is `unknown`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OperatorAction {
@@ -289,6 +309,11 @@ pub trait JobLedger: Send + Sync {
     ) -> impl Future<Output = Result<Write, LedgerError>> + Send;
     /// See [`RenewRequest`].
     fn renew(&self, req: RenewRequest) -> impl Future<Output = Result<Write, LedgerError>> + Send;
+    /// See [`RecordRefRequest`].
+    fn record_ref(
+        &self,
+        req: RecordRefRequest,
+    ) -> impl Future<Output = Result<Write, LedgerError>> + Send;
     /// See [`DecideRequest`].
     fn decide(&self, req: DecideRequest)
     -> impl Future<Output = Result<Write, LedgerError>> + Send;
@@ -396,6 +421,13 @@ impl<L: JobLedger> JobLedger for std::sync::Arc<L> {
 
     fn renew(&self, req: RenewRequest) -> impl Future<Output = Result<Write, LedgerError>> + Send {
         (**self).renew(req)
+    }
+
+    fn record_ref(
+        &self,
+        req: RecordRefRequest,
+    ) -> impl Future<Output = Result<Write, LedgerError>> + Send {
+        (**self).record_ref(req)
     }
 
     fn decide(

@@ -1,12 +1,19 @@
 //! The model call behind a trait, so the processor never knows which provider runs.
 
+pub mod bedrock;
+pub mod openai;
+pub mod secrets;
 pub mod simulated;
 
 use std::future::Future;
 
 use serde_json::{Map, Value};
 
+pub use bedrock::BedrockProvider;
+pub use openai::OpenAiProvider;
 pub use simulated::SimulatedProvider;
+
+use crate::config::ProviderConfig;
 
 /// One attempt's request to a provider.
 #[derive(Debug, Clone)]
@@ -77,6 +84,16 @@ pub enum Retrieval {
     Unsupported,
 }
 
+/// What starting an attempt produced.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Submission {
+    /// The provider answered in the same exchange.
+    Answered(Answer),
+    /// The provider runs the call in the background under this reference: the caller records
+    /// it (conditionally on its epoch) before it polls [`Provider::retrieve`] for the answer.
+    Started(String),
+}
+
 /// A model provider.
 pub trait Provider: Send + Sync {
     /// Runs one attempt. The caller bounds it in time and treats a cut-off as uncertain.
@@ -84,6 +101,20 @@ pub trait Provider: Send + Sync {
         &self,
         req: &ProviderRequest<'_>,
     ) -> impl Future<Output = Result<Answer, ProviderError>> + Send;
+
+    /// Starts one attempt: a provider with background calls returns their reference at once;
+    /// the others answer as [`Provider::call`] does.
+    fn submit(
+        &self,
+        req: &ProviderRequest<'_>,
+    ) -> impl Future<Output = Result<Submission, ProviderError>> + Send {
+        async move { self.call(req).await.map(Submission::Answered) }
+    }
+
+    /// Asks the provider to stop a background call nobody will collect (best effort).
+    fn cancel(&self, _provider_ref: &str) -> impl Future<Output = ()> + Send {
+        async {}
+    }
 
     /// The reference the provider will know an attempt by, if the client assigns it before the
     /// call (an idempotency key). It is recorded with the claim, so it costs no extra write.
@@ -112,36 +143,69 @@ pub trait Provider: Send + Sync {
 pub enum AnyProvider {
     /// See [`SimulatedProvider`].
     Simulated(SimulatedProvider),
+    /// See [`OpenAiProvider`].
+    OpenAi(OpenAiProvider),
+    /// See [`BedrockProvider`].
+    Bedrock(BedrockProvider),
 }
 
+/// A provider that could not be set up (its key could not be read, say).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("provider setup failed: {0}")]
+pub struct SetupError(pub String);
+
 impl AnyProvider {
-    /// The provider `kind` names.
-    pub fn from_kind(kind: crate::config::ProviderKind) -> Self {
-        match kind {
-            crate::config::ProviderKind::Simulated => {
-                AnyProvider::Simulated(SimulatedProvider::new())
+    /// The provider `config` names; its key, if any, read once from where the config says.
+    pub async fn from_config(
+        config: &ProviderConfig,
+        aws: &aws_config::SdkConfig,
+    ) -> Result<Self, SetupError> {
+        Ok(match config {
+            ProviderConfig::Simulated => AnyProvider::Simulated(SimulatedProvider::new()),
+            ProviderConfig::OpenAi { settings, key } => {
+                let key = secrets::resolve(key, aws).await?;
+                if key.is_none() {
+                    tracing::warn!("no OpenAI API key configured; requests go unauthenticated");
+                }
+                AnyProvider::OpenAi(OpenAiProvider::new(settings.clone(), key).map_err(SetupError)?)
             }
-        }
+            ProviderConfig::Bedrock(settings) => {
+                AnyProvider::Bedrock(BedrockProvider::new(aws, settings))
+            }
+        })
     }
+}
+
+/// Forwards a call to whichever provider is configured.
+macro_rules! each {
+    ($self:expr, $p:ident => $body:expr) => {
+        match $self {
+            AnyProvider::Simulated($p) => $body,
+            AnyProvider::OpenAi($p) => $body,
+            AnyProvider::Bedrock($p) => $body,
+        }
+    };
 }
 
 impl Provider for AnyProvider {
     async fn call(&self, req: &ProviderRequest<'_>) -> Result<Answer, ProviderError> {
-        match self {
-            AnyProvider::Simulated(p) => p.call(req).await,
-        }
+        each!(self, p => p.call(req).await)
+    }
+
+    async fn submit(&self, req: &ProviderRequest<'_>) -> Result<Submission, ProviderError> {
+        each!(self, p => p.submit(req).await)
+    }
+
+    async fn cancel(&self, provider_ref: &str) {
+        each!(self, p => p.cancel(provider_ref).await)
     }
 
     fn reference(&self, job_id: &str, attempt: u32) -> Option<String> {
-        match self {
-            AnyProvider::Simulated(p) => p.reference(job_id, attempt),
-        }
+        each!(self, p => p.reference(job_id, attempt))
     }
 
     fn can_retrieve(&self) -> bool {
-        match self {
-            AnyProvider::Simulated(p) => p.can_retrieve(),
-        }
+        each!(self, p => p.can_retrieve())
     }
 
     async fn retrieve(
@@ -150,8 +214,6 @@ impl Provider for AnyProvider {
         started_at: crate::job::Millis,
         req: &ProviderRequest<'_>,
     ) -> Retrieval {
-        match self {
-            AnyProvider::Simulated(p) => p.retrieve(provider_ref, started_at, req).await,
-        }
+        each!(self, p => p.retrieve(provider_ref, started_at, req).await)
     }
 }

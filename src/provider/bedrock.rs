@@ -1,0 +1,272 @@
+//! Amazon Bedrock through the `Converse` API of the AWS SDK.
+//!
+//! Bedrock cannot be asked about an earlier call, so a call interrupted after it was sent is
+//! uncertain. The SDK's own retries are off: a retry after a timeout could run the model twice,
+//! and every retry decision belongs to the ledger.
+
+use std::time::Duration;
+
+use aws_sdk_bedrockruntime::Client;
+use aws_sdk_bedrockruntime::error::{ProvideErrorMetadata, SdkError};
+use aws_sdk_bedrockruntime::types::{
+    ContentBlock, ConversationRole, ConverseOutput, InferenceConfiguration, Message,
+    SystemContentBlock,
+};
+use serde_json::{Map, Value, json};
+
+use super::{Answer, Provider, ProviderError, ProviderRequest};
+
+/// How to reach Bedrock.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct BedrockSettings {
+    /// `BEDROCK_MODEL_ID`: when set, the model of every call (otherwise the job's
+    /// `input.model`).
+    pub model_id: Option<String>,
+    /// `BEDROCK_ENDPOINT_URL`: another endpoint (a VPC endpoint, or a local server in tests).
+    pub endpoint_url: Option<String>,
+}
+
+/// The Bedrock provider.
+#[derive(Debug, Clone)]
+pub struct BedrockProvider {
+    client: Client,
+    model_id: Option<String>,
+}
+
+impl BedrockProvider {
+    /// A provider on the shared AWS configuration, with retries off.
+    pub fn new(aws: &aws_config::SdkConfig, settings: &BedrockSettings) -> Self {
+        let mut config = aws_sdk_bedrockruntime::config::Builder::from(aws)
+            .retry_config(aws_sdk_bedrockruntime::config::retry::RetryConfig::disabled())
+            .timeout_config(
+                aws_sdk_bedrockruntime::config::timeout::TimeoutConfig::builder()
+                    .connect_timeout(Duration::from_secs(5))
+                    .build(),
+            );
+        if let Some(url) = &settings.endpoint_url {
+            config = config.endpoint_url(url);
+        }
+        BedrockProvider {
+            client: Client::from_conf(config.build()),
+            model_id: settings.model_id.clone(),
+        }
+    }
+}
+
+impl Provider for BedrockProvider {
+    async fn call(&self, req: &ProviderRequest<'_>) -> Result<Answer, ProviderError> {
+        let model = self
+            .model_id
+            .as_deref()
+            .or_else(|| req.input.get("model").and_then(Value::as_str))
+            .unwrap_or_default();
+        let (system, messages) =
+            conversation(req.input).map_err(|reason| ProviderError::Permanent {
+                reason: reason.to_owned(),
+            })?;
+        let out = self
+            .client
+            .converse()
+            .model_id(model)
+            .set_system((!system.is_empty()).then_some(system))
+            .set_messages(Some(messages))
+            .set_inference_config(inference(req.input.get("parameters")))
+            .send()
+            .await
+            .map_err(|e| classify(&e))?;
+        let text: String = match out.output() {
+            Some(ConverseOutput::Message(message)) => message
+                .content()
+                .iter()
+                .filter_map(|block| block.as_text().ok())
+                .map(String::as_str)
+                .collect(),
+            _ => {
+                return Err(ProviderError::Permanent {
+                    reason: "converse answered without a message".to_owned(),
+                });
+            }
+        };
+        let usage = out.usage().map_or(
+            Value::Null,
+            |u| json!({"input_tokens": u.input_tokens(), "output_tokens": u.output_tokens()}),
+        );
+        let body = json!({
+            "contract": req.contract,
+            "model": model,
+            "output": text,
+            "stop_reason": out.stop_reason().as_str(),
+            "usage": usage,
+        });
+        Ok(Answer {
+            body: body.to_string(),
+            provider_ref: None,
+        })
+    }
+}
+
+/// The job's conversation as Converse system blocks and messages. System messages become
+/// system blocks; text parts of array contents are kept, other parts are refused.
+fn conversation(
+    input: &Map<String, Value>,
+) -> Result<(Vec<SystemContentBlock>, Vec<Message>), &'static str> {
+    let user = |text: &str| {
+        Message::builder()
+            .role(ConversationRole::User)
+            .content(ContentBlock::Text(text.to_owned()))
+            .build()
+            .map_err(|_| "message could not be built")
+    };
+    if let Some(Value::String(prompt)) = input.get("prompt") {
+        return Ok((Vec::new(), vec![user(prompt)?]));
+    }
+    let Some(Value::Array(entries)) = input.get("messages") else {
+        return Err("no prompt or messages");
+    };
+    let mut system = Vec::new();
+    let mut messages = Vec::new();
+    for entry in entries {
+        let texts: Vec<String> = match entry.get("content") {
+            Some(Value::String(s)) => vec![s.clone()],
+            Some(Value::Array(parts)) => parts
+                .iter()
+                .map(|p| match p.get("text") {
+                    Some(Value::String(t)) => Ok(t.clone()),
+                    _ => Err("only text parts are supported by this provider"),
+                })
+                .collect::<Result<_, _>>()?,
+            _ => return Err("message without content"),
+        };
+        let role = match entry.get("role").and_then(Value::as_str) {
+            Some("system" | "developer") => {
+                system.extend(texts.into_iter().map(SystemContentBlock::Text));
+                continue;
+            }
+            Some("user") => ConversationRole::User,
+            Some("assistant") => ConversationRole::Assistant,
+            _ => return Err("message role must be system, user or assistant"),
+        };
+        let message = Message::builder()
+            .role(role)
+            .set_content(Some(texts.into_iter().map(ContentBlock::Text).collect()))
+            .build()
+            .map_err(|_| "message could not be built")?;
+        messages.push(message);
+    }
+    Ok((system, messages))
+}
+
+/// Inference parameters from the job's `parameters` (both OpenAI and Bedrock spellings).
+fn inference(parameters: Option<&Value>) -> Option<InferenceConfiguration> {
+    let p = parameters?.as_object()?;
+    let number = |names: &[&str]| names.iter().find_map(|n| p.get(*n)?.as_f64());
+    let stop = match p.get("stop").or_else(|| p.get("stopSequences")) {
+        Some(Value::String(s)) => Some(vec![s.clone()]),
+        Some(Value::Array(a)) => Some(
+            a.iter()
+                .filter_map(|v| v.as_str().map(str::to_owned))
+                .collect(),
+        ),
+        _ => None,
+    };
+    Some(
+        InferenceConfiguration::builder()
+            .set_max_tokens(number(&["max_tokens", "maxTokens"]).map(|v| v as i32))
+            .set_temperature(number(&["temperature"]).map(|v| v as f32))
+            .set_top_p(number(&["top_p", "topP"]).map(|v| v as f32))
+            .set_stop_sequences(stop)
+            .build(),
+    )
+}
+
+/// A failed `Converse`, classified by what it says about the work.
+fn classify<E: ProvideErrorMetadata, R>(e: &SdkError<E, R>) -> ProviderError {
+    match e {
+        SdkError::ServiceError(service) => {
+            let code = service.err().code().unwrap_or("unknown").to_owned();
+            let transient = matches!(
+                code.as_str(),
+                "ThrottlingException"
+                    | "ServiceUnavailableException"
+                    | "InternalServerException"
+                    | "ModelNotReadyException"
+                    | "ModelTimeoutException"
+                    | "ModelErrorException"
+                    | "AccessDeniedException"
+            );
+            if transient {
+                ProviderError::Transient {
+                    retry_after_ms: None,
+                    reason: code,
+                }
+            } else {
+                ProviderError::Permanent { reason: code }
+            }
+        }
+        SdkError::ConstructionFailure(_) => ProviderError::Permanent {
+            reason: "request could not be built".to_owned(),
+        },
+        SdkError::DispatchFailure(d) if d.as_connector_error().is_some_and(refused_connection) => {
+            ProviderError::Transient {
+                retry_after_ms: None,
+                reason: "connection failed".to_owned(),
+            }
+        }
+        SdkError::TimeoutError(_) => ProviderError::Uncertain {
+            evidence: "timeout after the request was sent; it may have run".to_owned(),
+        },
+        _ => ProviderError::Uncertain {
+            evidence: "connection lost after the request was sent; it may have run".to_owned(),
+        },
+    }
+}
+
+/// Whether the connection was refused, so that nothing was sent.
+fn refused_connection(e: &aws_smithy_runtime_api::client::result::ConnectorError) -> bool {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(err) = source {
+        if let Some(io) = err.downcast_ref::<std::io::Error>() {
+            if io.kind() == std::io::ErrorKind::ConnectionRefused {
+                return true;
+            }
+        }
+        source = err.source();
+    }
+    false
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn messages_map_to_system_blocks_and_turns() {
+        let input = json!({"model": "m", "messages": [
+            {"role": "system", "content": "be brief"},
+            {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
+            {"role": "assistant", "content": "ok"},
+        ]});
+        let (system, messages) = conversation(input.as_object().expect("object")).expect("valid");
+        assert_eq!(system.len(), 1);
+        assert_eq!(messages.len(), 2);
+        assert_eq!(messages[0].content().len(), 2);
+        assert_eq!(messages[1].role(), &ConversationRole::Assistant);
+        let image = json!({"model": "m", "messages": [
+            {"role": "user", "content": [{"type": "image_url", "image_url": "x"}]}
+        ]});
+        assert!(conversation(image.as_object().expect("object")).is_err());
+    }
+
+    #[test]
+    fn parameters_take_either_spelling() {
+        let config = inference(Some(
+            &json!({"max_tokens": 50, "temperature": 0.5, "topP": 0.9, "stop": "END"}),
+        ))
+        .expect("config");
+        assert_eq!(config.max_tokens(), Some(50));
+        assert_eq!(config.temperature(), Some(0.5));
+        assert_eq!(config.top_p(), Some(0.9));
+        assert_eq!(config.stop_sequences(), ["END"]);
+        assert!(inference(None).is_none());
+    }
+}

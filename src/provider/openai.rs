@@ -1,0 +1,574 @@
+//! An OpenAI-compatible HTTP provider: the Responses API in background mode, with plain Chat
+//! Completions for servers that do not have it.
+//!
+//! In background mode the submit returns the response id at once; the processor records it in
+//! the ledger (conditional on its epoch) before it polls `GET /responses/{id}`, so a later owner
+//! can collect the same call instead of making a new one. Errors are classified by what they
+//! say about the work: refused before acceptance (429, 5xx, a failed connect) is transient,
+//! rejected (other 4xx) is permanent, and a request that was sent without an answer (timeout,
+//! dropped connection) is uncertain. Reasons carry status codes and error codes, never the
+//! provider's message text, which may quote the prompt.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use reqwest::header::{HeaderMap, HeaderValue};
+use reqwest::{Client, StatusCode};
+use serde_json::{Map, Value, json};
+
+use super::{Answer, Provider, ProviderError, ProviderRequest, Retrieval, Submission};
+use crate::config::Secret;
+use crate::job::Millis;
+
+/// Which OpenAI API the provider speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OpenAiApi {
+    /// The Responses API in background mode (retrievable); falls back to Chat Completions when
+    /// the server has no `/responses`.
+    Responses,
+    /// Chat Completions only (no retrieval: an interrupted call is uncertain).
+    Chat,
+}
+
+/// How to reach an OpenAI-compatible server.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OpenAiSettings {
+    /// `OPENAI_BASE_URL`, up to and including the version (`https://api.openai.com/v1`).
+    pub base_url: String,
+    /// `OPENAI_API`: `responses` (default) or `chat`.
+    pub api: OpenAiApi,
+    /// `OPENAI_MODEL`: when set, the model of every call (otherwise the job's `input.model`).
+    pub model: Option<String>,
+    /// `OPENAI_CONNECT_TIMEOUT_MS`.
+    pub connect_timeout_ms: Millis,
+    /// `OPENAI_REQUEST_TIMEOUT_SECONDS`: one background request (submit, poll, cancel). A Chat
+    /// Completions call is bounded by the processor's provider timeout instead.
+    pub request_timeout_ms: Millis,
+}
+
+impl Default for OpenAiSettings {
+    fn default() -> Self {
+        OpenAiSettings {
+            base_url: "https://api.openai.com/v1".to_owned(),
+            api: OpenAiApi::Responses,
+            model: None,
+            connect_timeout_ms: 5_000,
+            request_timeout_ms: 30_000,
+        }
+    }
+}
+
+/// The OpenAI-compatible provider.
+#[derive(Debug)]
+pub struct OpenAiProvider {
+    http: Client,
+    settings: OpenAiSettings,
+    key: Option<Secret>,
+    /// Set once the server answered that it has no Responses API.
+    chat_only: AtomicBool,
+}
+
+impl OpenAiProvider {
+    /// A provider for `settings`, authenticating with `key` when there is one.
+    pub fn new(settings: OpenAiSettings, key: Option<Secret>) -> Result<Self, String> {
+        let http = Client::builder()
+            .connect_timeout(Duration::from_millis(settings.connect_timeout_ms as u64))
+            .pool_idle_timeout(Duration::from_secs(60))
+            .build()
+            .map_err(|e| format!("HTTP client: {e}"))?;
+        let chat_only = AtomicBool::new(settings.api == OpenAiApi::Chat);
+        Ok(OpenAiProvider {
+            http,
+            settings: OpenAiSettings {
+                base_url: settings.base_url.trim_end_matches('/').to_owned(),
+                ..settings
+            },
+            key,
+            chat_only,
+        })
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.settings.base_url)
+    }
+
+    fn post(&self, path: &str, req: &ProviderRequest<'_>) -> reqwest::RequestBuilder {
+        let builder = self
+            .http
+            .post(self.url(path))
+            .header("Idempotency-Key", &req.idempotency_key);
+        self.authorised(builder)
+    }
+
+    fn authorised(&self, builder: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
+        match &self.key {
+            Some(key) => builder.bearer_auth(key.expose()),
+            None => builder,
+        }
+    }
+
+    fn model<'a>(&'a self, req: &'a ProviderRequest<'_>) -> &'a str {
+        self.settings
+            .model
+            .as_deref()
+            .or_else(|| req.input.get("model").and_then(Value::as_str))
+            .unwrap_or_default()
+    }
+
+    fn background_timeout(&self) -> Duration {
+        Duration::from_millis(self.settings.request_timeout_ms as u64)
+    }
+
+    async fn chat(&self, req: &ProviderRequest<'_>) -> Result<Answer, ProviderError> {
+        let mut body = Map::new();
+        body.insert("model".into(), json!(self.model(req)));
+        body.insert("messages".into(), Value::Array(messages(req.input)));
+        if let Some(Value::Object(params)) = req.input.get("parameters") {
+            for (k, v) in params {
+                body.entry(k.clone()).or_insert_with(|| v.clone());
+            }
+        }
+        let sent = self.post("/chat/completions", req).json(&body).send().await;
+        let (status, headers, json) = read(sent).await?;
+        if !status.is_success() {
+            return Err(classify(status, &headers, &json));
+        }
+        let choice = json.pointer("/choices/0/message");
+        match choice
+            .and_then(|m| m.get("content"))
+            .and_then(Value::as_str)
+        {
+            Some(text) => Ok(answer(req, self.model(req), text, &json, None)),
+            None if choice.and_then(|m| m.get("refusal")).is_some() => {
+                Err(ProviderError::Permanent {
+                    reason: "the model refused".to_owned(),
+                })
+            }
+            None => Err(ProviderError::Permanent {
+                reason: "chat completion without message content".to_owned(),
+            }),
+        }
+    }
+
+    /// What a Responses API object says about its call.
+    fn response_status(&self, req: &ProviderRequest<'_>, json: &Value) -> Retrieval {
+        let id = json.get("id").and_then(Value::as_str);
+        match json.get("status").and_then(Value::as_str) {
+            Some("completed") => match output_text(json) {
+                Some(text) => Retrieval::Completed(answer(
+                    req,
+                    self.model(req),
+                    &text,
+                    json,
+                    id.map(str::to_owned),
+                )),
+                None => Retrieval::Failed(ProviderError::Permanent {
+                    reason: "completed response without output text".to_owned(),
+                }),
+            },
+            Some("queued" | "in_progress") => Retrieval::Running,
+            Some("cancelled") => Retrieval::Failed(ProviderError::Transient {
+                retry_after_ms: None,
+                reason: "response cancelled".to_owned(),
+            }),
+            Some("incomplete") => {
+                let why = json
+                    .pointer("/incomplete_details/reason")
+                    .and_then(Value::as_str)
+                    .unwrap_or("unspecified");
+                Retrieval::Failed(ProviderError::Permanent {
+                    reason: format!("response incomplete: {}", code_text(why)),
+                })
+            }
+            Some("failed") => {
+                let code = json
+                    .pointer("/error/code")
+                    .and_then(Value::as_str)
+                    .unwrap_or("unspecified");
+                let reason = format!("response failed: {}", code_text(code));
+                Retrieval::Failed(if matches!(code, "server_error" | "rate_limit_exceeded") {
+                    ProviderError::Transient {
+                        retry_after_ms: None,
+                        reason,
+                    }
+                } else {
+                    ProviderError::Permanent { reason }
+                })
+            }
+            _ => Retrieval::Failed(ProviderError::Uncertain {
+                evidence: "response object without a known status".to_owned(),
+            }),
+        }
+    }
+}
+
+impl Provider for OpenAiProvider {
+    async fn call(&self, req: &ProviderRequest<'_>) -> Result<Answer, ProviderError> {
+        match self.submit(req).await? {
+            Submission::Answered(answer) => Ok(answer),
+            Submission::Started(_) => Err(ProviderError::Uncertain {
+                evidence: "background call started without a caller to follow it".to_owned(),
+            }),
+        }
+    }
+
+    async fn submit(&self, req: &ProviderRequest<'_>) -> Result<Submission, ProviderError> {
+        if self.chat_only.load(Ordering::Relaxed) {
+            return self.chat(req).await.map(Submission::Answered);
+        }
+        let mut body = Map::new();
+        body.insert("model".into(), json!(self.model(req)));
+        body.insert("input".into(), responses_input(req.input));
+        body.insert("background".into(), json!(true));
+        body.insert("store".into(), json!(true));
+        if let Some(Value::Object(params)) = req.input.get("parameters") {
+            for (k, v) in params {
+                let k = if k == "max_tokens" {
+                    "max_output_tokens"
+                } else {
+                    k
+                };
+                body.entry(k.to_owned()).or_insert_with(|| v.clone());
+            }
+        }
+        let sent = self
+            .post("/responses", req)
+            .timeout(self.background_timeout())
+            .json(&body)
+            .send()
+            .await;
+        let (status, headers, json) = read(sent).await?;
+        if no_responses_api(status, &json) {
+            // Nothing reached a model: the same attempt goes to Chat Completions.
+            if !self.chat_only.swap(true, Ordering::Relaxed) {
+                tracing::warn!(%status, "no Responses API on this server; using Chat Completions");
+            }
+            return self.chat(req).await.map(Submission::Answered);
+        }
+        if !status.is_success() {
+            return Err(classify(status, &headers, &json));
+        }
+        match (self.response_status(req, &json), json.get("id")) {
+            (Retrieval::Running, Some(Value::String(id))) if !id.is_empty() => {
+                Ok(Submission::Started(id.clone()))
+            }
+            (Retrieval::Completed(answer), _) => Ok(Submission::Answered(answer)),
+            (Retrieval::Failed(error), _) => Err(error),
+            _ => Err(ProviderError::Uncertain {
+                evidence: "background submit answered without a response id".to_owned(),
+            }),
+        }
+    }
+
+    fn can_retrieve(&self) -> bool {
+        !self.chat_only.load(Ordering::Relaxed)
+    }
+
+    async fn retrieve(
+        &self,
+        provider_ref: &str,
+        _started_at: Millis,
+        req: &ProviderRequest<'_>,
+    ) -> Retrieval {
+        let sent = self
+            .authorised(
+                self.http
+                    .get(self.url(&format!("/responses/{provider_ref}"))),
+            )
+            .timeout(self.background_timeout())
+            .send()
+            .await;
+        match read(sent).await {
+            Ok((StatusCode::NOT_FOUND, _, _)) => Retrieval::NotFound,
+            Ok((status, _, json)) if status.is_success() => self.response_status(req, &json),
+            // The provider could not be asked this time (rate limit, outage, network): the
+            // call's state is unchanged as far as anyone knows; ask again at the next poll.
+            Ok((status, _, _)) => {
+                tracing::warn!(%status, "retrieval refused; polling again");
+                Retrieval::Running
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "retrieval failed; polling again");
+                Retrieval::Running
+            }
+        }
+    }
+
+    async fn cancel(&self, provider_ref: &str) {
+        let sent = self
+            .authorised(
+                self.http
+                    .post(self.url(&format!("/responses/{provider_ref}/cancel"))),
+            )
+            .timeout(self.background_timeout())
+            .send()
+            .await;
+        match sent {
+            Ok(r) if r.status().is_success() => tracing::info!("background call cancelled"),
+            Ok(r) => tracing::warn!(status = %r.status(), "cancel refused"),
+            Err(e) => tracing::warn!(error = %transport_kind(&e), "cancel failed"),
+        }
+    }
+}
+
+/// Sends a request and reads its whole answer; a transport failure is classified.
+async fn read(
+    sent: Result<reqwest::Response, reqwest::Error>,
+) -> Result<(StatusCode, HeaderMap, Value), ProviderError> {
+    let response = sent.map_err(|e| transport_error(&e))?;
+    let status = response.status();
+    let headers = response.headers().clone();
+    let bytes = response.bytes().await.map_err(|e| {
+        if status.is_success() {
+            // The work was done and its answer lost on the way.
+            transport_error(&e)
+        } else {
+            ProviderError::Transient {
+                retry_after_ms: retry_after_ms(&headers),
+                reason: format!("HTTP {}", status.as_u16()),
+            }
+        }
+    })?;
+    let json = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+    if status.is_success() && json.is_null() {
+        return Err(ProviderError::Uncertain {
+            evidence: format!("HTTP {} with a body that is not JSON", status.as_u16()),
+        });
+    }
+    Ok((status, headers, json))
+}
+
+/// A request that never produced a response.
+fn transport_error(e: &reqwest::Error) -> ProviderError {
+    if e.is_connect() {
+        // Nothing was sent.
+        ProviderError::Transient {
+            retry_after_ms: None,
+            reason: "connection failed".to_owned(),
+        }
+    } else if e.is_builder() {
+        ProviderError::Permanent {
+            reason: "request could not be built".to_owned(),
+        }
+    } else {
+        ProviderError::Uncertain {
+            evidence: format!(
+                "{} after the request was sent; it may have run",
+                transport_kind(e)
+            ),
+        }
+    }
+}
+
+fn transport_kind(e: &reqwest::Error) -> &'static str {
+    if e.is_timeout() {
+        "timeout"
+    } else if e.is_connect() {
+        "connection failed"
+    } else if e.is_decode() || e.is_body() {
+        "answer cut off"
+    } else {
+        "connection lost"
+    }
+}
+
+/// An error status, classified: 408, 409, 425, 429 and 5xx did no work and may be retried; so
+/// may 401 and 403 (credentials are configuration, not the job's fault); any other 4xx rejects
+/// the request for good.
+fn classify(status: StatusCode, headers: &HeaderMap, json: &Value) -> ProviderError {
+    let code = json
+        .pointer("/error/code")
+        .and_then(Value::as_str)
+        .or_else(|| json.pointer("/error/type").and_then(Value::as_str));
+    let reason = match code {
+        Some(code) => format!("HTTP {} {}", status.as_u16(), code_text(code)),
+        None => format!("HTTP {}", status.as_u16()),
+    };
+    let transient =
+        status.is_server_error() || matches!(status.as_u16(), 401 | 403 | 408 | 409 | 425 | 429);
+    if transient {
+        ProviderError::Transient {
+            retry_after_ms: retry_after_ms(headers),
+            reason,
+        }
+    } else {
+        ProviderError::Permanent { reason }
+    }
+}
+
+/// A 404 or 405 on `POST /responses` that is not about the model: the server has no such API.
+fn no_responses_api(status: StatusCode, json: &Value) -> bool {
+    let about_model = json
+        .pointer("/error/code")
+        .and_then(Value::as_str)
+        .is_some_and(|c| c.contains("model"));
+    matches!(status.as_u16(), 404 | 405) && !about_model
+}
+
+/// The wait a response asks for: `retry-after-ms`, or `retry-after` in seconds or as an HTTP
+/// date.
+pub fn retry_after_ms(headers: &HeaderMap) -> Option<Millis> {
+    let text = |name: &str| {
+        headers
+            .get(name)
+            .and_then(|v: &HeaderValue| v.to_str().ok())
+    };
+    if let Some(ms) = text("retry-after-ms").and_then(|v| v.trim().parse::<f64>().ok()) {
+        return Some(ms.max(0.0) as Millis);
+    }
+    let value = text("retry-after")?.trim();
+    if let Ok(seconds) = value.parse::<f64>() {
+        return Some((seconds.max(0.0) * 1000.0) as Millis);
+    }
+    let at =
+        time::OffsetDateTime::parse(value, &time::format_description::well_known::Rfc2822).ok()?;
+    let ms = (at - time::OffsetDateTime::now_utc()).whole_milliseconds();
+    Some(ms.max(0) as Millis)
+}
+
+/// A provider code, made safe to record: short, and only identifier characters.
+fn code_text(code: &str) -> String {
+    code.chars()
+        .filter(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))
+        .take(64)
+        .collect()
+}
+
+/// The job's conversation as Chat Completions messages.
+fn messages(input: &Map<String, Value>) -> Vec<Value> {
+    match (input.get("messages"), input.get("prompt")) {
+        (Some(Value::Array(messages)), _) => messages.clone(),
+        (_, Some(prompt)) => vec![json!({"role": "user", "content": prompt})],
+        _ => Vec::new(),
+    }
+}
+
+/// The job's conversation as Responses API input (a prompt is sent as plain text).
+fn responses_input(input: &Map<String, Value>) -> Value {
+    match (input.get("messages"), input.get("prompt")) {
+        (Some(messages @ Value::Array(_)), _) => messages.clone(),
+        (_, Some(prompt)) => prompt.clone(),
+        _ => Value::Null,
+    }
+}
+
+/// The text of a Responses API object: every `output_text` part of every message, in order.
+fn output_text(json: &Value) -> Option<String> {
+    let mut text = None::<String>;
+    for item in json.get("output")?.as_array()? {
+        for part in item
+            .get("content")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
+            if part.get("type").and_then(Value::as_str) == Some("output_text") {
+                if let Some(t) = part.get("text").and_then(Value::as_str) {
+                    text.get_or_insert_with(String::new).push_str(t);
+                }
+            }
+        }
+    }
+    text
+}
+
+/// The answer recorded in the ledger: the same shape for every provider.
+fn answer(
+    req: &ProviderRequest<'_>,
+    model: &str,
+    text: &str,
+    json: &Value,
+    provider_ref: Option<String>,
+) -> Answer {
+    let body = json!({
+        "contract": req.contract,
+        "model": json.get("model").and_then(Value::as_str).unwrap_or(model),
+        "output": text,
+        "usage": json.get("usage").cloned().unwrap_or(Value::Null),
+    });
+    Answer {
+        body: body.to_string(),
+        provider_ref,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn statuses_are_classified_by_what_they_say_about_the_work() {
+        let mut headers = HeaderMap::new();
+        headers.insert("retry-after", HeaderValue::from_static("7"));
+        let body = json!({"error": {"code": "rate_limit_exceeded", "message": "secret prompt"}});
+        let e = classify(StatusCode::TOO_MANY_REQUESTS, &headers, &body);
+        assert_eq!(
+            e,
+            ProviderError::Transient {
+                retry_after_ms: Some(7_000),
+                reason: "HTTP 429 rate_limit_exceeded".to_owned()
+            }
+        );
+        let e = classify(StatusCode::BAD_REQUEST, &HeaderMap::new(), &Value::Null);
+        assert_eq!(
+            e,
+            ProviderError::Permanent {
+                reason: "HTTP 400".to_owned()
+            }
+        );
+        let e = classify(StatusCode::BAD_GATEWAY, &HeaderMap::new(), &Value::Null);
+        assert!(matches!(e, ProviderError::Transient { .. }));
+        let e = classify(StatusCode::UNAUTHORIZED, &HeaderMap::new(), &Value::Null);
+        assert!(matches!(e, ProviderError::Transient { .. }));
+    }
+
+    #[test]
+    fn retry_after_reads_milliseconds_seconds_and_dates() {
+        let mut h = HeaderMap::new();
+        h.insert("retry-after-ms", HeaderValue::from_static("1500"));
+        h.insert("retry-after", HeaderValue::from_static("9"));
+        assert_eq!(retry_after_ms(&h), Some(1_500));
+        let mut h = HeaderMap::new();
+        h.insert("retry-after", HeaderValue::from_static("2.5"));
+        assert_eq!(retry_after_ms(&h), Some(2_500));
+        let mut h = HeaderMap::new();
+        h.insert(
+            "retry-after",
+            HeaderValue::from_static("Wed, 21 Oct 2015 07:28:00 GMT"),
+        );
+        assert_eq!(
+            retry_after_ms(&h),
+            Some(0),
+            "a date in the past asks no wait"
+        );
+        let mut h = HeaderMap::new();
+        h.insert("retry-after", HeaderValue::from_static("soon"));
+        assert_eq!(retry_after_ms(&h), None);
+    }
+
+    #[test]
+    fn only_a_missing_api_falls_back_to_chat() {
+        assert!(no_responses_api(StatusCode::NOT_FOUND, &Value::Null));
+        assert!(no_responses_api(
+            StatusCode::METHOD_NOT_ALLOWED,
+            &Value::Null
+        ));
+        let unknown_model = json!({"error": {"code": "model_not_found"}});
+        assert!(!no_responses_api(StatusCode::NOT_FOUND, &unknown_model));
+        assert!(!no_responses_api(StatusCode::BAD_REQUEST, &Value::Null));
+    }
+
+    #[test]
+    fn output_text_joins_every_text_part_and_codes_are_sanitised() {
+        let json = json!({"output": [
+            {"type": "reasoning", "summary": []},
+            {"type": "message", "content": [
+                {"type": "output_text", "text": "Hello, "},
+                {"type": "output_text", "text": "world"}
+            ]}
+        ]});
+        assert_eq!(output_text(&json).as_deref(), Some("Hello, world"));
+        assert_eq!(output_text(&json!({"output": []})), None);
+        assert_eq!(code_text("bad code: <script>"), "badcodescript");
+    }
+}

@@ -1,0 +1,80 @@
+//! Reads a provider's API key once, at start-up, from where the configuration says.
+
+use serde_json::Value;
+
+use super::SetupError;
+use crate::config::{KeySource, Secret};
+
+/// The key `source` names: from the environment, a Secrets Manager secret (the key itself, or
+/// JSON with an `api_key` field) or an SSM `SecureString` parameter. Errors name the source,
+/// never the value.
+pub async fn resolve(
+    source: &KeySource,
+    aws: &aws_config::SdkConfig,
+) -> Result<Option<Secret>, SetupError> {
+    match source {
+        KeySource::None => Ok(None),
+        KeySource::Value(secret) => Ok(Some(secret.clone())),
+        KeySource::SecretsManager(id) => {
+            let out = aws_sdk_secretsmanager::Client::new(aws)
+                .get_secret_value()
+                .secret_id(id)
+                .send()
+                .await
+                .map_err(|e| {
+                    SetupError(format!(
+                        "secret {id}: {}",
+                        aws_smithy_types::error::display::DisplayErrorContext(&e)
+                    ))
+                })?;
+            let text = out
+                .secret_string()
+                .ok_or_else(|| SetupError(format!("secret {id} has no string value")))?;
+            Ok(Some(Secret::new(key_of(text))))
+        }
+        KeySource::Parameter(name) => {
+            let out = aws_sdk_ssm::Client::new(aws)
+                .get_parameter()
+                .name(name)
+                .with_decryption(true)
+                .send()
+                .await
+                .map_err(|e| {
+                    SetupError(format!(
+                        "parameter {name}: {}",
+                        aws_smithy_types::error::display::DisplayErrorContext(&e)
+                    ))
+                })?;
+            let value = out
+                .parameter()
+                .and_then(|p| p.value())
+                .ok_or_else(|| SetupError(format!("parameter {name} has no value")))?;
+            Ok(Some(Secret::new(value.trim())))
+        }
+    }
+}
+
+/// The key in a secret's text: the `api_key` (or `OPENAI_API_KEY`) field of a JSON object, or
+/// the whole text.
+fn key_of(text: &str) -> String {
+    match serde_json::from_str::<Value>(text) {
+        Ok(Value::Object(fields)) => ["api_key", "OPENAI_API_KEY"]
+            .iter()
+            .find_map(|k| fields.get(*k).and_then(Value::as_str))
+            .unwrap_or_default()
+            .to_owned(),
+        _ => text.trim().to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_secret_holds_the_key_or_json_with_it() {
+        assert_eq!(key_of("sk-1\n"), "sk-1");
+        assert_eq!(key_of(r#"{"api_key":"sk-2","other":1}"#), "sk-2");
+        assert_eq!(key_of(r#"{"OPENAI_API_KEY":"sk-3"}"#), "sk-3");
+    }
+}

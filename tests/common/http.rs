@@ -1,0 +1,210 @@
+//! A scripted HTTP/1.1 server on 127.0.0.1 for the provider tests: each request is recorded
+//! and answered by a route function (a JSON reply, a slow reply, or a dropped connection).
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+/// A request as the server read it.
+#[derive(Debug, Clone)]
+pub struct Request {
+    pub method: String,
+    pub path: String,
+    pub headers: Vec<(String, String)>,
+    pub body: String,
+}
+
+impl Request {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_str(&self.body).unwrap_or(serde_json::Value::Null)
+    }
+}
+
+/// How the server answers.
+#[derive(Debug, Clone)]
+pub enum Reply {
+    /// A response with a JSON body and extra headers.
+    Json {
+        status: u16,
+        headers: Vec<(&'static str, String)>,
+        body: String,
+    },
+    /// The reply, after a pause.
+    Slow(Duration, Box<Reply>),
+    /// Read the request, then close the connection without answering.
+    Drop,
+}
+
+impl Reply {
+    pub fn json(status: u16, body: serde_json::Value) -> Reply {
+        Reply::Json {
+            status,
+            headers: Vec::new(),
+            body: body.to_string(),
+        }
+    }
+
+    pub fn with_header(self, name: &'static str, value: &str) -> Reply {
+        match self {
+            Reply::Json {
+                status,
+                mut headers,
+                body,
+            } => {
+                headers.push((name, value.to_owned()));
+                Reply::Json {
+                    status,
+                    headers,
+                    body,
+                }
+            }
+            other => other,
+        }
+    }
+}
+
+type Route = dyn Fn(&Request, &[Request]) -> Reply + Send + Sync;
+
+/// The running server. Dropping it stops accepting.
+pub struct HttpStub {
+    pub url: String,
+    requests: Arc<Mutex<Vec<Request>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl HttpStub {
+    /// Starts a server; `route` sees each request and every request before it.
+    pub async fn start(
+        route: impl Fn(&Request, &[Request]) -> Reply + Send + Sync + 'static,
+    ) -> HttpStub {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let url = format!("http://{}", listener.local_addr().expect("addr"));
+        let requests = Arc::new(Mutex::new(Vec::new()));
+        let route: Arc<Route> = Arc::new(route);
+        let seen = Arc::clone(&requests);
+        let task = tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                let (route, seen) = (Arc::clone(&route), Arc::clone(&seen));
+                tokio::spawn(serve(stream, route, seen));
+            }
+        });
+        HttpStub {
+            url,
+            requests,
+            task,
+        }
+    }
+
+    pub fn requests(&self) -> Vec<Request> {
+        self.requests.lock().expect("requests").clone()
+    }
+
+    /// How many requests had this method and a path starting with `prefix`.
+    pub fn count(&self, method: &str, prefix: &str) -> usize {
+        self.requests()
+            .iter()
+            .filter(|r| r.method == method && r.path.starts_with(prefix))
+            .count()
+    }
+}
+
+impl Drop for HttpStub {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+async fn serve(mut stream: TcpStream, route: Arc<Route>, seen: Arc<Mutex<Vec<Request>>>) {
+    loop {
+        let Some(request) = read_request(&mut stream).await else {
+            return;
+        };
+        let reply = {
+            let mut all = seen.lock().expect("requests");
+            let reply = route(&request, &all);
+            all.push(request);
+            reply
+        };
+        if !write_reply(&mut stream, reply).await {
+            return;
+        }
+    }
+}
+
+async fn read_request(stream: &mut TcpStream) -> Option<Request> {
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    let head_end = loop {
+        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            break i;
+        }
+        let n = stream.read(&mut chunk).await.ok()?;
+        if n == 0 {
+            return None;
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    };
+    let head = String::from_utf8_lossy(&buf[..head_end]).into_owned();
+    let mut lines = head.split("\r\n");
+    let mut first = lines.next()?.split(' ');
+    let (method, path) = (first.next()?.to_owned(), first.next()?.to_owned());
+    let headers: Vec<(String, String)> = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_owned(), v.trim().to_owned()))
+        .collect();
+    let length: usize = headers
+        .iter()
+        .find(|(k, _)| k.eq_ignore_ascii_case("content-length"))
+        .and_then(|(_, v)| v.parse().ok())
+        .unwrap_or(0);
+    let mut body = buf[head_end + 4..].to_vec();
+    while body.len() < length {
+        let n = stream.read(&mut chunk).await.ok()?;
+        if n == 0 {
+            return None;
+        }
+        body.extend_from_slice(&chunk[..n]);
+    }
+    Some(Request {
+        method,
+        path,
+        headers,
+        body: String::from_utf8_lossy(&body).into_owned(),
+    })
+}
+
+/// Writes the reply; false when the connection is to be closed.
+async fn write_reply(stream: &mut TcpStream, reply: Reply) -> bool {
+    match reply {
+        Reply::Drop => false,
+        Reply::Slow(pause, reply) => {
+            tokio::time::sleep(pause).await;
+            Box::pin(write_reply(stream, *reply)).await
+        }
+        Reply::Json {
+            status,
+            headers,
+            body,
+        } => {
+            let mut out = format!(
+                "HTTP/1.1 {status} X\r\ncontent-type: application/json\r\ncontent-length: {}\r\n",
+                body.len()
+            );
+            for (k, v) in headers {
+                out.push_str(&format!("{k}: {v}\r\n"));
+            }
+            out.push_str("\r\n");
+            out.push_str(&body);
+            stream.write_all(out.as_bytes()).await.is_ok()
+        }
+    }
+}

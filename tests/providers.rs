@@ -1,0 +1,380 @@
+//! The HTTP providers against a scripted local server speaking each wire format: how every
+//! answer is classified, background calls and their retrieval, and the fallback to Chat
+//! Completions. No test reaches the internet.
+
+mod common;
+
+use std::time::Duration;
+
+use common::http::{HttpStub, Reply};
+use fenced_jobs::config::Secret;
+use fenced_jobs::provider::bedrock::{BedrockProvider, BedrockSettings};
+use fenced_jobs::provider::openai::{OpenAiApi, OpenAiProvider, OpenAiSettings};
+use fenced_jobs::provider::{
+    Answer, Provider, ProviderError, ProviderRequest, Retrieval, Submission,
+};
+use serde_json::{Map, Value, json};
+
+fn input(value: Value) -> Map<String, Value> {
+    value.as_object().cloned().expect("object")
+}
+
+fn request<'a>(input: &'a Map<String, Value>, json: &'a str) -> ProviderRequest<'a> {
+    ProviderRequest {
+        job_id: "job-7",
+        attempt: 2,
+        epoch: 3,
+        contract: "summary.v1",
+        input,
+        input_json: json,
+        idempotency_key: "job-7/2".to_owned(),
+    }
+}
+
+fn openai(url: &str, api: OpenAiApi) -> OpenAiProvider {
+    let settings = OpenAiSettings {
+        base_url: format!("{url}/v1"),
+        api,
+        model: None,
+        connect_timeout_ms: 1_000,
+        request_timeout_ms: 1_000,
+    };
+    OpenAiProvider::new(settings, Some(Secret::new("sk-test-secret"))).expect("client")
+}
+
+fn completed(id: &str, text: &str) -> Value {
+    json!({
+        "id": id, "object": "response", "status": "completed", "model": "gpt-test",
+        "output": [{"type": "message", "role": "assistant",
+                    "content": [{"type": "output_text", "text": text}]}],
+        "usage": {"input_tokens": 5, "output_tokens": 2}
+    })
+}
+
+fn chat_answer(text: &str) -> Value {
+    json!({
+        "id": "chatcmpl-1", "object": "chat.completion", "model": "gpt-test",
+        "choices": [{"index": 0, "finish_reason": "stop",
+                     "message": {"role": "assistant", "content": text}}],
+        "usage": {"prompt_tokens": 5, "completion_tokens": 2}
+    })
+}
+
+fn output_of(answer: &Answer) -> String {
+    let body: Value = serde_json::from_str(&answer.body).expect("json body");
+    body["output"].as_str().expect("output").to_owned()
+}
+
+/// One chat call against a server that always gives `reply`.
+async fn chat_once(reply: Reply) -> (Result<Answer, ProviderError>, HttpStub) {
+    let stub = HttpStub::start(move |_, _| reply.clone()).await;
+    let provider = openai(&stub.url, OpenAiApi::Chat);
+    let inp = input(json!({"model": "gpt-test", "prompt": "Summarise this.",
+                           "parameters": {"temperature": 0.2}}));
+    let result = provider.call(&request(&inp, "{}")).await;
+    (result, stub)
+}
+
+#[tokio::test]
+async fn chat_completions_answers_and_errors_are_classified() {
+    let (result, stub) = chat_once(Reply::json(200, chat_answer("A summary."))).await;
+    assert_eq!(output_of(&result.expect("answer")), "A summary.");
+    let sent = &stub.requests()[0];
+    assert_eq!(sent.path, "/v1/chat/completions");
+    assert_eq!(sent.header("authorization"), Some("Bearer sk-test-secret"));
+    assert_eq!(sent.header("idempotency-key"), Some("job-7/2"));
+    let body = sent.json();
+    assert_eq!(body["model"], "gpt-test");
+    assert_eq!(body["messages"][0]["content"], "Summarise this.");
+    assert_eq!(body["temperature"], 0.2);
+
+    let (result, _) = chat_once(
+        Reply::json(429, json!({"error": {"code": "rate_limit_exceeded"}}))
+            .with_header("retry-after", "7"),
+    )
+    .await;
+    assert_eq!(
+        result,
+        Err(ProviderError::Transient {
+            retry_after_ms: Some(7_000),
+            reason: "HTTP 429 rate_limit_exceeded".to_owned()
+        })
+    );
+
+    let (result, _) = chat_once(Reply::json(500, json!({"error": {"type": "server_error"}}))).await;
+    assert!(
+        matches!(result, Err(ProviderError::Transient { ref reason, .. }) if reason == "HTTP 500 server_error"),
+        "{result:?}"
+    );
+
+    let (result, _) = chat_once(Reply::json(
+        400,
+        json!({"error": {"code": "invalid_value", "message": "Summarise this. is bad"}}),
+    ))
+    .await;
+    let Err(ProviderError::Permanent { reason }) = result else {
+        panic!("permanent expected: {result:?}");
+    };
+    assert_eq!(reason, "HTTP 400 invalid_value");
+    assert!(
+        !reason.contains("Summarise"),
+        "the provider's message is not kept"
+    );
+
+    // The request went out and the connection died without an answer: it may have run.
+    let (result, _) = chat_once(Reply::Drop).await;
+    assert!(
+        matches!(result, Err(ProviderError::Uncertain { .. })),
+        "{result:?}"
+    );
+}
+
+#[tokio::test]
+async fn nothing_listening_is_transient_and_a_slow_background_request_is_uncertain() {
+    // A port that was free a moment ago: the connect fails, nothing was sent.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port();
+    let provider = openai(&format!("http://127.0.0.1:{port}"), OpenAiApi::Chat);
+    let inp = input(json!({"model": "m", "prompt": "p"}));
+    let result = provider.call(&request(&inp, "{}")).await;
+    assert!(
+        matches!(result, Err(ProviderError::Transient { ref reason, .. }) if reason == "connection failed"),
+        "{result:?}"
+    );
+
+    // Slower than the request timeout (1 s): the submit was sent, its fate is unknown.
+    let stub = HttpStub::start(|_, _| {
+        Reply::Slow(
+            Duration::from_secs(3),
+            Box::new(Reply::json(
+                200,
+                json!({"id": "resp_slow", "status": "queued"}),
+            )),
+        )
+    })
+    .await;
+    let provider = openai(&stub.url, OpenAiApi::Responses);
+    let result = provider.submit(&request(&inp, "{}")).await;
+    let Err(ProviderError::Uncertain { evidence }) = result else {
+        panic!("uncertain expected: {result:?}");
+    };
+    assert!(evidence.starts_with("timeout"), "{evidence}");
+}
+
+#[tokio::test]
+async fn a_background_response_is_submitted_then_completes_on_the_third_poll() {
+    let stub = HttpStub::start(|req, before| {
+        let polls = before.iter().filter(|r| r.method == "GET").count();
+        match (req.method.as_str(), req.path.as_str()) {
+            ("POST", "/v1/responses") => {
+                Reply::json(200, json!({"id": "resp_42", "status": "queued"}))
+            }
+            ("GET", "/v1/responses/resp_42") if polls < 2 => {
+                Reply::json(200, json!({"id": "resp_42", "status": "in_progress"}))
+            }
+            ("GET", "/v1/responses/resp_42") => {
+                Reply::json(200, completed("resp_42", "Done at last."))
+            }
+            _ => Reply::json(404, json!({})),
+        }
+    })
+    .await;
+    let provider = openai(&stub.url, OpenAiApi::Responses);
+    assert!(provider.can_retrieve());
+    let inp = input(json!({"model": "gpt-test", "messages": [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Summarise."}
+    ], "parameters": {"max_tokens": 64}}));
+    let req = request(&inp, "{}");
+    let submitted = provider.submit(&req).await.expect("submitted");
+    assert_eq!(submitted, Submission::Started("resp_42".to_owned()));
+    let body = stub.requests()[0].json();
+    assert_eq!(body["background"], true);
+    assert_eq!(body["store"], true);
+    assert_eq!(body["max_output_tokens"], 64);
+    assert_eq!(body["input"][1]["content"], "Summarise.");
+
+    assert_eq!(
+        provider.retrieve("resp_42", 0, &req).await,
+        Retrieval::Running
+    );
+    assert_eq!(
+        provider.retrieve("resp_42", 0, &req).await,
+        Retrieval::Running
+    );
+    let Retrieval::Completed(answer) = provider.retrieve("resp_42", 0, &req).await else {
+        panic!("completed expected on the third poll");
+    };
+    assert_eq!(output_of(&answer), "Done at last.");
+    assert_eq!(answer.provider_ref.as_deref(), Some("resp_42"));
+    assert_eq!(
+        provider.retrieve("resp_unknown", 0, &req).await,
+        Retrieval::NotFound
+    );
+    provider.cancel("resp_42").await;
+    assert_eq!(stub.count("POST", "/v1/responses/resp_42/cancel"), 1);
+    assert_eq!(
+        stub.count("POST", "/v1/responses"),
+        2,
+        "one submit, one cancel"
+    );
+}
+
+#[tokio::test]
+async fn failed_and_cancelled_background_responses_are_definite_failures() {
+    let stub = HttpStub::start(|req, _| match req.path.as_str() {
+        "/v1/responses/resp_f" => Reply::json(
+            200,
+            json!({"id": "resp_f", "status": "failed", "error": {"code": "server_error"}}),
+        ),
+        "/v1/responses/resp_c" => Reply::json(200, json!({"id": "resp_c", "status": "cancelled"})),
+        "/v1/responses/resp_i" => Reply::json(
+            200,
+            json!({"id": "resp_i", "status": "incomplete",
+                   "incomplete_details": {"reason": "max_output_tokens"}}),
+        ),
+        _ => Reply::json(503, json!({})),
+    })
+    .await;
+    let provider = openai(&stub.url, OpenAiApi::Responses);
+    let inp = input(json!({"model": "m", "prompt": "p"}));
+    let req = request(&inp, "{}");
+    assert!(matches!(
+        provider.retrieve("resp_f", 0, &req).await,
+        Retrieval::Failed(ProviderError::Transient { .. })
+    ));
+    assert!(matches!(
+        provider.retrieve("resp_c", 0, &req).await,
+        Retrieval::Failed(ProviderError::Transient { .. })
+    ));
+    assert_eq!(
+        provider.retrieve("resp_i", 0, &req).await,
+        Retrieval::Failed(ProviderError::Permanent {
+            reason: "response incomplete: max_output_tokens".to_owned()
+        })
+    );
+    // The provider cannot be asked right now: nothing is known, so the poll goes on.
+    assert_eq!(
+        provider.retrieve("resp_x", 0, &req).await,
+        Retrieval::Running
+    );
+}
+
+#[tokio::test]
+async fn a_server_without_the_responses_api_gets_chat_completions() {
+    let stub = HttpStub::start(|req, _| match req.path.as_str() {
+        "/v1/chat/completions" => Reply::json(200, chat_answer("From chat.")),
+        _ => Reply::json(404, json!({"detail": "Not Found"})),
+    })
+    .await;
+    let provider = openai(&stub.url, OpenAiApi::Responses);
+    let inp = input(json!({"model": "m", "prompt": "p"}));
+    let req = request(&inp, "{}");
+    for _ in 0..2 {
+        let Ok(Submission::Answered(answer)) = provider.submit(&req).await else {
+            panic!("an answer from chat expected");
+        };
+        assert_eq!(output_of(&answer), "From chat.");
+    }
+    assert_eq!(
+        stub.count("POST", "/v1/responses"),
+        1,
+        "asked once, then remembered"
+    );
+    assert_eq!(stub.count("POST", "/v1/chat/completions"), 2);
+    assert!(!provider.can_retrieve(), "chat calls cannot be asked about");
+
+    // An unknown model is the job's problem, not a missing API.
+    let stub =
+        HttpStub::start(|_, _| Reply::json(404, json!({"error": {"code": "model_not_found"}})))
+            .await;
+    let provider = openai(&stub.url, OpenAiApi::Responses);
+    assert!(matches!(
+        provider.submit(&req).await,
+        Err(ProviderError::Permanent { .. })
+    ));
+    assert_eq!(stub.count("POST", "/v1/chat/completions"), 0);
+}
+
+fn bedrock(url: &str) -> BedrockProvider {
+    let aws = aws_config::SdkConfig::builder()
+        .region(aws_config::Region::new("us-east-1"))
+        .credentials_provider(aws_sdk_dynamodb::config::SharedCredentialsProvider::new(
+            aws_sdk_dynamodb::config::Credentials::for_tests(),
+        ))
+        .behavior_version(aws_config::BehaviorVersion::latest())
+        .build();
+    BedrockProvider::new(
+        &aws,
+        &BedrockSettings {
+            model_id: None,
+            endpoint_url: Some(url.to_owned()),
+        },
+    )
+}
+
+async fn converse_once(reply: Reply) -> (Result<Answer, ProviderError>, HttpStub) {
+    let stub = HttpStub::start(move |_, _| reply.clone()).await;
+    let provider = bedrock(&stub.url);
+    let inp = input(json!({"model": "anthropic.claude-test", "messages": [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Summarise."}
+    ], "parameters": {"max_tokens": 100}}));
+    let result = provider.call(&request(&inp, "{}")).await;
+    (result, stub)
+}
+
+fn bedrock_error(status: u16, kind: &str) -> Reply {
+    Reply::json(status, json!({"message": "Summarise. was rejected"}))
+        .with_header("x-amzn-errortype", kind)
+}
+
+#[tokio::test]
+async fn bedrock_converse_answers_and_errors_are_classified() {
+    let (result, stub) = converse_once(Reply::json(
+        200,
+        json!({
+            "output": {"message": {"role": "assistant", "content": [{"text": "Brief."}]}},
+            "stopReason": "end_turn",
+            "usage": {"inputTokens": 9, "outputTokens": 1, "totalTokens": 10},
+            "metrics": {"latencyMs": 12}
+        }),
+    ))
+    .await;
+    let answer = result.expect("answer");
+    assert_eq!(output_of(&answer), "Brief.");
+    let sent = &stub.requests()[0];
+    assert_eq!(sent.path, "/model/anthropic.claude-test/converse");
+    let body = sent.json();
+    assert_eq!(body["system"][0]["text"], "Be brief.");
+    assert_eq!(body["messages"][0]["content"][0]["text"], "Summarise.");
+    assert_eq!(body["inferenceConfig"]["maxTokens"], 100);
+    assert!(sent.header("authorization").is_some(), "signed");
+
+    let (result, stub) = converse_once(bedrock_error(429, "ThrottlingException")).await;
+    assert_eq!(
+        result,
+        Err(ProviderError::Transient {
+            retry_after_ms: None,
+            reason: "ThrottlingException".to_owned()
+        })
+    );
+    assert_eq!(stub.requests().len(), 1, "no SDK retries");
+    let (result, _) = converse_once(bedrock_error(500, "InternalServerException")).await;
+    assert!(matches!(result, Err(ProviderError::Transient { .. })));
+    let (result, _) = converse_once(bedrock_error(400, "ValidationException")).await;
+    assert_eq!(
+        result,
+        Err(ProviderError::Permanent {
+            reason: "ValidationException".to_owned()
+        })
+    );
+    let (result, _) = converse_once(Reply::Drop).await;
+    assert!(
+        matches!(result, Err(ProviderError::Uncertain { .. })),
+        "{result:?}"
+    );
+}
