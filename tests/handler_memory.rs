@@ -1,6 +1,8 @@
 //! The batch handler over the in-memory ledger: fast tests of batch behaviour (deduplication,
 //! panics, missing ids, budgets, deadlines, hangs) without the emulator.
 
+mod common;
+
 use std::sync::Arc;
 
 use aws_lambda_events::event::sqs::{SqsEvent, SqsMessage};
@@ -633,4 +635,216 @@ async fn a_call_cut_off_but_completed_upstream_is_retrieved_on_the_next_delivery
         "the answer came from retrieval"
     );
     assert_eq!(h.processor().provider().retrievals(), 1);
+}
+
+/// A server with the Responses API whose one background call completes on poll `n`; cancels
+/// are accepted. The route can look at the ledger when it is first polled.
+async fn background_server(
+    n: usize,
+    on_first_poll: impl Fn() + Send + Sync + 'static,
+) -> common::http::HttpStub {
+    use common::http::Reply;
+    use serde_json::json;
+    common::http::HttpStub::start(move |req, before| {
+        let polls = before.iter().filter(|r| r.method == "GET").count();
+        match (req.method.as_str(), req.path.as_str()) {
+            ("POST", "/v1/responses") => {
+                Reply::json(200, json!({"id": "resp_1", "status": "queued"}))
+            }
+            ("POST", "/v1/responses/resp_1/cancel") => {
+                Reply::json(200, json!({"id": "resp_1", "status": "cancelled"}))
+            }
+            ("GET", _) if polls + 1 < n => {
+                if polls == 0 {
+                    on_first_poll();
+                }
+                Reply::json(200, json!({"id": "resp_1", "status": "in_progress"}))
+            }
+            ("GET", _) => Reply::json(
+                200,
+                json!({"id": "resp_1", "status": "completed", "output": [{"type": "message",
+                       "content": [{"type": "output_text", "text": "Summary."}]}]}),
+            ),
+            _ => Reply::json(404, json!({})),
+        }
+    })
+    .await
+}
+
+fn openai(url: &str) -> fenced_jobs::provider::OpenAiProvider {
+    use fenced_jobs::provider::openai::{OpenAiApi, OpenAiSettings};
+    let settings = OpenAiSettings {
+        base_url: format!("{url}/v1"),
+        api: OpenAiApi::Responses,
+        connect_timeout_ms: 1_000,
+        request_timeout_ms: 2_000,
+        ..OpenAiSettings::default()
+    };
+    fenced_jobs::provider::OpenAiProvider::new(settings, None).expect("client")
+}
+
+fn polling_settings() -> Settings {
+    Settings {
+        poll_ms: 50,
+        ..Settings::default()
+    }
+}
+
+#[tokio::test]
+async fn a_background_call_is_recorded_before_it_is_polled_and_accepted_when_it_completes() {
+    let ledger = Arc::new(InMemoryLedger::new());
+    let recorded_at_first_poll = Arc::new(std::sync::Mutex::new(None));
+    let (l, seen) = (ledger.clone(), recorded_at_first_poll.clone());
+    let server = background_server(3, move || {
+        let item = futures::executor::block_on(l.get("bg")).expect("get");
+        *seen.lock().expect("seen") =
+            item.and_then(|i| i.attempt_log.last().and_then(|a| a.provider_ref.clone()));
+    })
+    .await;
+    let h = handler(ledger.clone(), openai(&server.url), polling_settings());
+    let report = h
+        .handle_batch(
+            &event(vec![record(Some("m1"), &job("bg", ""))]),
+            &invocation(),
+        )
+        .await;
+    assert_eq!(
+        report.records[0].outcome,
+        RecordOutcome::Done(JobState::Succeeded)
+    );
+    assert_eq!(
+        recorded_at_first_poll.lock().expect("seen").as_deref(),
+        Some("resp_1"),
+        "the reference was in the ledger before the first poll"
+    );
+    assert_eq!(server.count("POST", "/v1/responses"), 1);
+    assert_eq!(server.count("GET", "/v1/responses/resp_1"), 3);
+    let item = ledger.get("bg").await.expect("get").expect("item");
+    assert_eq!((item.owner_epoch, item.attempts), (1, 1));
+    assert!(item.result.expect("result").contains("Summary."));
+}
+
+/// Takes the job over (a recovery claim) just before the owner records its reference, as a
+/// receiver would after the owner's lease lapsed unnoticed.
+struct TakenOverBeforeRecording(Arc<InMemoryLedger>);
+
+impl JobLedger for TakenOverBeforeRecording {
+    async fn claim(
+        &self,
+        req: fenced_jobs::ledger::ClaimRequest,
+    ) -> Result<fenced_jobs::ledger::Write, fenced_jobs::ledger::LedgerError> {
+        self.0.claim(req).await
+    }
+    async fn finish(
+        &self,
+        req: fenced_jobs::ledger::FinishRequest,
+    ) -> Result<fenced_jobs::ledger::Write, fenced_jobs::ledger::LedgerError> {
+        self.0.finish(req).await
+    }
+    async fn settle(
+        &self,
+        req: fenced_jobs::ledger::SettleRequest,
+    ) -> Result<fenced_jobs::ledger::Write, fenced_jobs::ledger::LedgerError> {
+        self.0.settle(req).await
+    }
+    async fn recover(
+        &self,
+        req: fenced_jobs::ledger::RecoverRequest,
+    ) -> Result<fenced_jobs::ledger::Write, fenced_jobs::ledger::LedgerError> {
+        self.0.recover(req).await
+    }
+    async fn renew(
+        &self,
+        req: fenced_jobs::ledger::RenewRequest,
+    ) -> Result<fenced_jobs::ledger::Write, fenced_jobs::ledger::LedgerError> {
+        self.0.renew(req).await
+    }
+    async fn record_ref(
+        &self,
+        req: fenced_jobs::ledger::RecordRefRequest,
+    ) -> Result<fenced_jobs::ledger::Write, fenced_jobs::ledger::LedgerError> {
+        let now = SystemClock.now_ms();
+        let takeover = fenced_jobs::ledger::RecoverRequest {
+            job_id: req.job_id.clone(),
+            seen_epoch: req.epoch,
+            owner_id: "other-receiver".into(),
+            now,
+            lapsed_before: now + 3_600_000,
+            lease_until: now + 60_000,
+            reason: "lease lapsed".into(),
+        };
+        self.0.recover(takeover).await?;
+        self.0.record_ref(req).await
+    }
+    async fn decide(
+        &self,
+        req: fenced_jobs::ledger::DecideRequest,
+    ) -> Result<fenced_jobs::ledger::Write, fenced_jobs::ledger::LedgerError> {
+        self.0.decide(req).await
+    }
+    async fn get(
+        &self,
+        job_id: &str,
+    ) -> Result<Option<fenced_jobs::job::JobRecord>, fenced_jobs::ledger::LedgerError> {
+        self.0.get(job_id).await
+    }
+}
+
+#[tokio::test]
+async fn a_background_call_whose_reference_cannot_be_recorded_is_cancelled() {
+    let inner = Arc::new(InMemoryLedger::new());
+    let server = background_server(1, || {}).await;
+    let h = BatchHandler::new(
+        Processor::new(
+            TakenOverBeforeRecording(inner.clone()),
+            openai(&server.url),
+            SystemClock,
+            polling_settings(),
+        ),
+        RecordingVisibility::new(),
+    );
+    let report = h
+        .handle_batch(
+            &event(vec![record(Some("m1"), &job("lost", ""))]),
+            &invocation(),
+        )
+        .await;
+    // The new owner's lease is live: this delivery defers to it.
+    assert!(
+        matches!(
+            report.records[0].outcome,
+            RecordOutcome::Failed(Failure::Deferred { .. })
+        ),
+        "{:?}",
+        report.records[0].outcome
+    );
+    assert_eq!(server.count("POST", "/v1/responses/resp_1/cancel"), 1);
+    assert_eq!(
+        server.count("GET", "/v1/responses/resp_1"),
+        0,
+        "never polled"
+    );
+    let item = inner.get("lost").await.expect("get").expect("item");
+    assert_eq!((item.state, item.owner_epoch), (JobState::Running, 2));
+    assert_eq!(item.attempt_log[0].provider_ref, None);
+}
+
+#[tokio::test]
+async fn a_background_call_still_running_at_the_job_deadline_is_cancelled_and_expired() {
+    let ledger = Arc::new(InMemoryLedger::new());
+    let server = background_server(usize::MAX, || {}).await;
+    let h = handler(ledger.clone(), openai(&server.url), polling_settings());
+    let deadline = fenced_jobs::job::message::format_rfc3339_ms(SystemClock.now_ms() + 1_000);
+    let body = format!(
+        r#"{{"job_id":"late","contract":"c","deadline_at":"{deadline}","input":{{"model":"m","prompt":"p"}}}}"#
+    );
+    let report = h
+        .handle_batch(&event(vec![record(Some("m1"), &body)]), &invocation())
+        .await;
+    assert_eq!(
+        report.records[0].outcome,
+        RecordOutcome::Done(JobState::Expired)
+    );
+    assert_eq!(server.count("POST", "/v1/responses/resp_1/cancel"), 1);
+    assert!(server.count("GET", "/v1/responses/resp_1") >= 5);
 }
