@@ -30,18 +30,21 @@ if table not in ddb.list_tables()["TableNames"]:
             {"AttributeName": "job_id", "AttributeType": "S"},
             {"AttributeName": "attention", "AttributeType": "S"},
             {"AttributeName": "updated_at", "AttributeType": "N"},
+            {"AttributeName": "deadline_at", "AttributeType": "N"},
         ],
         KeySchema=[{"AttributeName": "job_id", "KeyType": "HASH"}],
-        # The sparse index of jobs that are not terminal (jobctl list).
+        # The sparse indexes of jobs that are not terminal: by last change (jobctl list, the
+        # reconciler's re-sends) and by deadline (the reconciler's expiry).
         GlobalSecondaryIndexes=[
             {
-                "IndexName": "attention-index",
+                "IndexName": name,
                 "KeySchema": [
                     {"AttributeName": "attention", "KeyType": "HASH"},
-                    {"AttributeName": "updated_at", "KeyType": "RANGE"},
+                    {"AttributeName": sort, "KeyType": "RANGE"},
                 ],
                 "Projection": {"ProjectionType": "KEYS_ONLY"},
             }
+            for name, sort in [("attention-index", "updated_at"), ("deadline-index", "deadline_at")]
         ],
         BillingMode="PAY_PER_REQUEST",
     )

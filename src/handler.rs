@@ -18,7 +18,7 @@ use crate::batch::{self, UnnamedFailure};
 use crate::clock::Clock;
 use crate::heartbeat::{Delivered, Flights, Heartbeat, StatsSnapshot};
 use crate::job::outcome::Delivery;
-use crate::job::{Failure, JobMessage, JobRecord, RecordOutcome, parse_body};
+use crate::job::{Failure, JobMessage, JobRecord, RecordOutcome, Trigger, parse_trigger};
 use crate::ledger::JobLedger;
 use crate::processor::{Invocation, Processed, Processor, Slot};
 use crate::provider::Provider;
@@ -54,6 +54,8 @@ pub struct BatchReport {
     pub visibility: VisibilityReport,
     /// The heartbeat's and the processor's counts.
     pub stats: StatsSnapshot,
+    /// Provider call latencies in milliseconds (at most 100).
+    pub provider_latency_ms: Vec<u64>,
     /// The response, or the reason the whole batch must fail.
     pub response: Result<Vec<String>, UnnamedFailure>,
 }
@@ -77,7 +79,7 @@ impl BatchReport {
 
 struct Entry<'a> {
     record: &'a SqsMessage,
-    parsed: Result<JobMessage, crate::job::InvalidMessage>,
+    parsed: Result<Trigger, crate::job::InvalidMessage>,
 }
 
 impl<L: JobLedger, P: Provider, C: Clock, V: VisibilityControl> BatchHandler<L, P, C, V> {
@@ -123,7 +125,7 @@ impl<L: JobLedger, P: Provider, C: Clock, V: VisibilityControl> BatchHandler<L, 
             .iter()
             .map(|record| Entry {
                 record,
-                parsed: parse_body(record.body.as_deref()),
+                parsed: parse_trigger(record.body.as_deref()),
             })
             .collect();
         let fifo = entries.iter().any(|e| {
@@ -204,7 +206,7 @@ impl<L: JobLedger, P: Provider, C: Clock, V: VisibilityControl> BatchHandler<L, 
             }
             let report = RecordReport {
                 message_id: entry.record.message_id.clone(),
-                job_id: entry.parsed.as_ref().ok().map(|m| m.job_id.clone()),
+                job_id: entry.parsed.as_ref().ok().map(|m| m.job_id().to_owned()),
                 outcome,
                 visibility_s,
             };
@@ -253,6 +255,7 @@ impl<L: JobLedger, P: Provider, C: Clock, V: VisibilityControl> BatchHandler<L, 
             records,
             visibility,
             stats,
+            provider_latency_ms: flights.stats.latencies(),
             response,
         }
     }
@@ -277,11 +280,16 @@ impl<L: JobLedger, P: Provider, C: Clock, V: VisibilityControl> BatchHandler<L, 
             let outcome = match &entry.parsed {
                 _ if blocked => RecordOutcome::Failed(Failure::Skipped),
                 Err(invalid) => RecordOutcome::Failed(Failure::Poison(invalid.clone())),
-                Ok(msg) => match views.iter().find(|v| v.job_id == msg.job_id) {
-                    Some(view) => self.processor.follow(msg, view),
+                Ok(trigger) => match views.iter().find(|v| v.job_id == trigger.job_id()) {
+                    Some(view) => match trigger {
+                        Trigger::Job(msg) => self.processor.follow(msg, view),
+                        Trigger::Ref(_) => {
+                            self.processor.follow(&JobMessage::from_record(view), view)
+                        }
+                    },
                     None => {
                         let (outcome, view) =
-                            self.process_one(msg, entry, index, inv, flights).await;
+                            self.process_one(trigger, entry, index, inv, flights).await;
                         views.extend(view);
                         outcome
                     }
@@ -298,7 +306,7 @@ impl<L: JobLedger, P: Provider, C: Clock, V: VisibilityControl> BatchHandler<L, 
     /// record alone.
     async fn process_one(
         &self,
-        msg: &JobMessage,
+        trigger: &Trigger,
         entry: &Entry<'_>,
         index: usize,
         inv: &Invocation,
@@ -314,12 +322,15 @@ impl<L: JobLedger, P: Provider, C: Clock, V: VisibilityControl> BatchHandler<L, 
                 .unwrap_or("no-message-id")
         );
         let slot = Slot { flights, index };
-        let run =
-            AssertUnwindSafe(self.processor.process(msg, &owner_id, inv, slot)).catch_unwind();
+        let run = AssertUnwindSafe(
+            self.processor
+                .process_trigger(trigger, &owner_id, inv, slot),
+        )
+        .catch_unwind();
         match run.await {
             Ok(Processed { outcome, view }) => (outcome, view),
             Err(_) => {
-                tracing::error!(job_id = %msg.job_id, "record processing panicked");
+                tracing::error!(job_id = trigger.job_id(), "record processing panicked");
                 let failure = Failure::Backoff {
                     retry_after_ms: None,
                     cause: "panic",
@@ -344,7 +355,7 @@ fn lanes(entries: &[Entry<'_>], fifo: bool) -> Vec<Vec<usize>> {
                 .get("MessageGroupId")
                 .map(String::as_str)
         } else {
-            entry.parsed.as_ref().ok().map(|m| m.job_id.as_str())
+            entry.parsed.as_ref().ok().map(Trigger::job_id)
         };
         match key {
             Some(key) => {

@@ -35,7 +35,11 @@ pub struct Stats {
     ownership_lost: AtomicU64,
     deadline_cutoffs: AtomicU64,
     recoveries: AtomicU64,
+    latencies: std::sync::Mutex<Vec<u64>>,
 }
+
+/// Provider latencies kept per invocation (the most one metric document takes).
+pub const MAX_LATENCY_SAMPLES: usize = 100;
 
 /// A copy of [`Stats`].
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -73,6 +77,23 @@ impl Stats {
     /// Counts a recovery claim.
     pub fn recovery(&self) {
         self.recoveries.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Records how long one provider call took (from its start to its answer or failure); the
+    /// first [`MAX_LATENCY_SAMPLES`] of an invocation are kept.
+    pub fn provider_latency(&self, ms: u64) {
+        let mut samples = self.latencies.lock().unwrap_or_else(|p| p.into_inner());
+        if samples.len() < MAX_LATENCY_SAMPLES {
+            samples.push(ms);
+        }
+    }
+
+    /// The provider latencies recorded so far, in milliseconds.
+    pub fn latencies(&self) -> Vec<u64> {
+        self.latencies
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     /// The counts so far.

@@ -8,7 +8,8 @@
 //! - [`batch`]: pure: which records a batch response names, and what makes a response invalid.
 //! - [`ledger`]: the `JobLedger` trait, one conditional write per transition;
 //!   [`ledger::dynamodb`] (DynamoDB) and [`ledger::memory`] (same contract, for tests).
-//! - [`provider`]: the `Provider` trait for the model call, and the simulated provider.
+//! - [`provider`]: the `Provider` trait for the model call: simulated, OpenAI-compatible and
+//!   Bedrock providers.
 //! - [`visibility`]: batched `ChangeMessageVisibility` for records that stay in the queue.
 //! - [`processor`]: one delivery: claim or classify, call, end the attempt; traits only.
 //! - [`handler`]: one `SqsEvent` to one `SqsBatchResponse`: grouping, concurrency, panics,
@@ -16,6 +17,9 @@
 //! - [`event_source`]: a local event source mapping for the emulator (demo and tests).
 //! - [`config`], [`clock`], [`sdk_calls`]: configuration, injected time, request counting.
 //! - [`operator`]: reading and deciding about jobs; `bin/jobctl.rs` is its command line.
+//! - [`producer`]: `submit`: ledger first (`ready`), then the triggers, then the enqueue.
+//! - [`reconcile`]: re-sends lost triggers and expires jobs past their deadline, from the
+//!   sparse indexes; `bin/reconciler.rs` is its scheduled Lambda function.
 //! - `bin/worker.rs`: the Lambda entry point.
 //!
 //! # Data flow of one invocation
@@ -34,8 +38,11 @@ pub mod handler;
 pub mod heartbeat;
 pub mod job;
 pub mod ledger;
+pub mod metrics;
 pub mod operator;
 pub mod processor;
+pub mod producer;
 pub mod provider;
+pub mod reconcile;
 pub mod sdk_calls;
 pub mod visibility;

@@ -4,7 +4,7 @@
 use serde_json::{Value, json};
 
 use crate::job::message::format_rfc3339_ms;
-use crate::job::{JobRecord, JobState, Millis};
+use crate::job::{InvalidMessage, JobRecord, JobState, Millis, Trigger};
 use crate::ledger::{DecideRequest, JobLedger, LedgerError, OperatorAction, Write};
 
 /// Why an operator's command did nothing.
@@ -265,9 +265,14 @@ impl DlqVerdict {
 
 /// Judges one dead-lettered body against the ledger's item for its job.
 pub fn dlq_verdict(body: Option<&str>, record: Option<&JobRecord>) -> DlqVerdict {
-    match crate::job::parse_body(body) {
+    match crate::job::parse_trigger(body) {
         Err(invalid) => DlqVerdict::Poison(invalid.to_string()),
-        Ok(msg) => match record {
+        Ok(Trigger::Ref(_)) => match record {
+            Some(r) if r.state.is_terminal() => DlqVerdict::Terminal(r.state),
+            Some(r) => DlqVerdict::Redrive(Some(r.state)),
+            None => DlqVerdict::Poison(InvalidMessage::UnknownJob.to_string()),
+        },
+        Ok(Trigger::Job(msg)) => match record {
             Some(r) if r.input_digest != msg.digest => DlqVerdict::Conflict,
             Some(r) if r.state.is_terminal() => DlqVerdict::Terminal(r.state),
             Some(r) => DlqVerdict::Redrive(Some(r.state)),
@@ -315,7 +320,9 @@ pub async fn dlq_inspect<L: JobLedger>(
         }
         for m in out.messages() {
             let body = m.body().unwrap_or_default().to_owned();
-            let job_id = crate::job::parse_body(Some(&body)).ok().map(|j| j.job_id);
+            let job_id = crate::job::parse_trigger(Some(&body))
+                .ok()
+                .map(|t| t.job_id().to_owned());
             let record = match &job_id {
                 Some(id) => ledger.get(id).await?,
                 None => None,

@@ -12,7 +12,10 @@ use crate::clock::Clock;
 use crate::config::{ReplayPolicy, Settings};
 use crate::heartbeat::Flights;
 use crate::job::decision::{Expect, Next, SettleReason, next_step};
-use crate::job::{Failure, JobMessage, JobRecord, JobState, Millis, NewJob, RecordOutcome};
+use crate::job::{
+    Failure, InvalidMessage, JobMessage, JobRecord, JobState, Millis, NewJob, RecordOutcome,
+    Trigger,
+};
 use crate::ledger::{
     AttemptEnd, ClaimRequest, FinishRequest, JobLedger, LedgerError, RecordRefRequest,
     RecoverRequest, RenewRequest, SettleFrom, SettleRequest, Write,
@@ -108,6 +111,42 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         inv: &Invocation,
         slot: Slot<'_>,
     ) -> Processed {
+        self.process_from(msg, None, owner_id, inv, slot).await
+    }
+
+    /// Processes one delivery of a trigger. A trigger that carries only a job id costs one
+    /// consistent read, then goes on from the item it found; one for a job the ledger does not
+    /// hold is poison.
+    pub async fn process_trigger(
+        &self,
+        trigger: &Trigger,
+        owner_id: &str,
+        inv: &Invocation,
+        slot: Slot<'_>,
+    ) -> Processed {
+        let job_id = match trigger {
+            Trigger::Job(msg) => return self.process(msg, owner_id, inv, slot).await,
+            Trigger::Ref(job_id) => job_id,
+        };
+        match self.ledger.get(job_id).await {
+            Ok(Some(item)) => {
+                let msg = JobMessage::from_record(&item);
+                self.process_from(&msg, Some(item), owner_id, inv, slot)
+                    .await
+            }
+            Ok(None) => failed(Failure::Poison(InvalidMessage::UnknownJob), None),
+            Err(e) => ledger_failure(job_id, &e, None),
+        }
+    }
+
+    async fn process_from(
+        &self,
+        msg: &JobMessage,
+        mut start: Option<JobRecord>,
+        owner_id: &str,
+        inv: &Invocation,
+        slot: Slot<'_>,
+    ) -> Processed {
         let now = self.clock.now_ms();
         if let Some(left) = inv.deadline.map(|d| d - now) {
             if left <= self.settings.deadline_margin_ms {
@@ -124,96 +163,104 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         let mut view = None;
         for _ in 0..MAX_ROUNDS {
             let now = self.clock.now_ms();
-            let written = match action {
-                Action::Claim(expect) => {
-                    let req = ClaimRequest {
-                        job: job.clone(),
-                        expect,
-                        owner_id: owner_id.to_owned(),
-                        now,
-                        lease_until: now + self.settings.lease_ms,
-                        provider_ref: self.provider.reference(&job.job_id, expect.attempts + 1),
-                    };
-                    match self.ledger.claim(req).await {
-                        // A retried claim whose first try was applied comes back refused with
-                        // our own claim in it.
-                        Ok(Write::Refused(Some(seen)))
-                            if seen.state == JobState::Running
-                                && seen.owner_epoch == expect.epoch + 1
-                                && seen.owner_id.as_deref() == Some(owner_id) =>
-                        {
-                            Ok(Write::Applied(seen))
+            let seen = match start.take() {
+                // The caller already read the item: decide from it, no write yet.
+                Some(seen) => seen,
+                None => {
+                    let written = match action {
+                        Action::Claim(expect) => {
+                            let req = ClaimRequest {
+                                job: job.clone(),
+                                expect,
+                                owner_id: owner_id.to_owned(),
+                                now,
+                                lease_until: now + self.settings.lease_ms,
+                                provider_ref: self
+                                    .provider
+                                    .reference(&job.job_id, expect.attempts + 1),
+                            };
+                            match self.ledger.claim(req).await {
+                                // A retried claim whose first try was applied comes back refused with
+                                // our own claim in it.
+                                Ok(Write::Refused(Some(seen)))
+                                    if seen.state == JobState::Running
+                                        && seen.owner_epoch == expect.epoch + 1
+                                        && seen.owner_id.as_deref() == Some(owner_id) =>
+                                {
+                                    Ok(Write::Applied(seen))
+                                }
+                                other => other,
+                            }
                         }
-                        other => other,
+                        Action::SettleAbsent => {
+                            let req = SettleRequest {
+                                job_id: job.job_id.clone(),
+                                from: SettleFrom::Absent(job.clone()),
+                                reason: SettleReason::DeadlinePassed,
+                                now,
+                            };
+                            self.ledger.settle(req).await
+                        }
+                        Action::Settle(state, epoch, reason) => {
+                            let req = SettleRequest {
+                                job_id: job.job_id.clone(),
+                                from: SettleFrom::Seen { state, epoch },
+                                reason,
+                                now,
+                            };
+                            self.ledger.settle(req).await
+                        }
+                        Action::Recover(seen_epoch, seen_state) => {
+                            let reason = if seen_state == JobState::Unknown {
+                                format!(
+                                    "asking the provider about the unknown attempt of epoch {seen_epoch}"
+                                )
+                            } else {
+                                format!("lease of epoch {seen_epoch} lapsed")
+                            };
+                            let req = RecoverRequest {
+                                job_id: job.job_id.clone(),
+                                seen_epoch,
+                                owner_id: owner_id.to_owned(),
+                                now,
+                                lapsed_before: now - self.settings.skew_ms,
+                                lease_until: now + self.settings.lease_ms,
+                                reason,
+                            };
+                            match self.ledger.recover(req).await {
+                                Ok(Write::Applied(fenced)) => {
+                                    slot.flights.stats.recovery();
+                                    return self
+                                        .after_recovery(msg, fenced, seen_epoch, inv, slot)
+                                        .await;
+                                }
+                                other => other,
+                            }
+                        }
+                    };
+                    match written {
+                        Err(e) => return ledger_failure(&job.job_id, &e, view),
+                        Ok(Write::Applied(record)) if record.state == JobState::Running => {
+                            return self.run_attempt(msg, record, inv, slot).await;
+                        }
+                        Ok(Write::Applied(record)) => {
+                            return Processed {
+                                outcome: RecordOutcome::Done(record.state),
+                                view: Some(record),
+                            };
+                        }
+                        // No item where one was expected (removed by TTL, say): start again from absent.
+                        Ok(Write::Refused(None)) => {
+                            action = if job.deadline_at <= now {
+                                Action::SettleAbsent
+                            } else {
+                                Action::Claim(Expect::FRESH)
+                            };
+                            continue;
+                        }
+                        Ok(Write::Refused(Some(seen))) => seen,
                     }
                 }
-                Action::SettleAbsent => {
-                    let req = SettleRequest {
-                        job_id: job.job_id.clone(),
-                        from: SettleFrom::Absent(job.clone()),
-                        reason: SettleReason::DeadlinePassed,
-                        now,
-                    };
-                    self.ledger.settle(req).await
-                }
-                Action::Settle(state, epoch, reason) => {
-                    let req = SettleRequest {
-                        job_id: job.job_id.clone(),
-                        from: SettleFrom::Seen { state, epoch },
-                        reason,
-                        now,
-                    };
-                    self.ledger.settle(req).await
-                }
-                Action::Recover(seen_epoch, seen_state) => {
-                    let reason = if seen_state == JobState::Unknown {
-                        format!(
-                            "asking the provider about the unknown attempt of epoch {seen_epoch}"
-                        )
-                    } else {
-                        format!("lease of epoch {seen_epoch} lapsed")
-                    };
-                    let req = RecoverRequest {
-                        job_id: job.job_id.clone(),
-                        seen_epoch,
-                        owner_id: owner_id.to_owned(),
-                        now,
-                        lapsed_before: now - self.settings.skew_ms,
-                        lease_until: now + self.settings.lease_ms,
-                        reason,
-                    };
-                    match self.ledger.recover(req).await {
-                        Ok(Write::Applied(fenced)) => {
-                            slot.flights.stats.recovery();
-                            return self
-                                .after_recovery(msg, fenced, seen_epoch, inv, slot)
-                                .await;
-                        }
-                        other => other,
-                    }
-                }
-            };
-            let seen = match written {
-                Err(e) => return ledger_failure(&job.job_id, &e, view),
-                Ok(Write::Applied(record)) if record.state == JobState::Running => {
-                    return self.run_attempt(msg, record, inv, slot).await;
-                }
-                Ok(Write::Applied(record)) => {
-                    return Processed {
-                        outcome: RecordOutcome::Done(record.state),
-                        view: Some(record),
-                    };
-                }
-                // No item where one was expected (removed by TTL, say): start again from absent.
-                Ok(Write::Refused(None)) => {
-                    action = if job.deadline_at <= now {
-                        Action::SettleAbsent
-                    } else {
-                        Action::Claim(Expect::FRESH)
-                    };
-                    continue;
-                }
-                Ok(Write::Refused(Some(seen))) => seen,
             };
             match next_step(&seen, &msg.digest, now, self.settings.skew_ms) {
                 Next::Claim(expect) => action = Action::Claim(expect),
@@ -393,6 +440,10 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
             }
         };
         slot.flights.call_ended(slot.index);
+        let took = self.clock.now_ms() - started;
+        slot.flights
+            .stats
+            .provider_latency(u64::try_from(took).unwrap_or(0));
         let (end, retry_after_ms) = match waited {
             Waited::Ended(end, retry_after_ms) => (end, retry_after_ms),
             Waited::Handover => return self.hand_over(&msg.job_id, claimed).await,
@@ -722,21 +773,25 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
     }
 
     fn new_job(&self, msg: &JobMessage, now: Millis) -> NewJob {
-        let deadline_at = msg
-            .deadline_at
-            .unwrap_or(now + self.settings.default_deadline_ms);
-        NewJob {
-            job_id: msg.job_id.clone(),
-            input_digest: msg.digest.clone(),
-            contract: msg.contract.clone(),
-            input: msg.input_canonical.clone(),
-            metadata: msg.metadata.clone(),
-            deadline_at,
-            max_attempts: msg
-                .max_attempts
-                .unwrap_or(self.settings.default_max_attempts),
-            expires_at: deadline_at.max(now) / 1000 + self.settings.retention_days * 86_400,
-        }
+        new_job(msg, now, &self.settings)
+    }
+}
+
+/// The job a message creates at `now`: the message's deadline and budget, or the defaults,
+/// and a TTL of the deadline plus the retention.
+pub fn new_job(msg: &JobMessage, now: Millis, settings: &Settings) -> NewJob {
+    let deadline_at = msg
+        .deadline_at
+        .unwrap_or(now + settings.default_deadline_ms);
+    NewJob {
+        job_id: msg.job_id.clone(),
+        input_digest: msg.digest.clone(),
+        contract: msg.contract.clone(),
+        input: msg.input_canonical.clone(),
+        metadata: msg.metadata.clone(),
+        deadline_at,
+        max_attempts: msg.max_attempts.unwrap_or(settings.default_max_attempts),
+        expires_at: deadline_at.max(now) / 1000 + settings.retention_days * 86_400,
     }
 }
 

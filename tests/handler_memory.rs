@@ -729,6 +729,18 @@ async fn a_background_call_is_recorded_before_it_is_polled_and_accepted_when_it_
 struct TakenOverBeforeRecording(Arc<InMemoryLedger>);
 
 impl JobLedger for TakenOverBeforeRecording {
+    async fn create(
+        &self,
+        req: fenced_jobs::ledger::CreateRequest,
+    ) -> Result<fenced_jobs::ledger::Write, fenced_jobs::ledger::LedgerError> {
+        self.0.create(req).await
+    }
+    async fn mark_enqueued(
+        &self,
+        req: fenced_jobs::ledger::EnqueuedRequest,
+    ) -> Result<fenced_jobs::ledger::Write, fenced_jobs::ledger::LedgerError> {
+        self.0.mark_enqueued(req).await
+    }
     async fn claim(
         &self,
         req: fenced_jobs::ledger::ClaimRequest,

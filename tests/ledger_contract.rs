@@ -8,8 +8,8 @@ use fenced_jobs::job::decision::SettleReason;
 use fenced_jobs::job::{Expect, JobRecord, NewJob};
 use fenced_jobs::ledger::memory::InMemoryLedger;
 use fenced_jobs::ledger::{
-    AttemptEnd, ClaimRequest, DecideRequest, FinishRequest, JobLedger, OperatorAction,
-    RecordRefRequest, RecoverRequest, SettleFrom, SettleRequest, Write,
+    AttemptEnd, ClaimRequest, CreateRequest, DecideRequest, EnqueuedRequest, FinishRequest,
+    JobLedger, OperatorAction, RecordRefRequest, RecoverRequest, SettleFrom, SettleRequest, Write,
 };
 
 const T: i64 = 1_800_000_000_000;
@@ -361,8 +361,51 @@ async fn scenario<L: JobLedger>(ledger: &L, prefix: &str) -> (Vec<String>, Vec<O
         ledger.record_ref(record_ref(1, 1, "resp_z"))
     );
 
+    let j = job(&id("j"), "d-j", 3, T + 10_000);
+    let other = job(&j.job_id, "d-other", 3, T + 10_000);
+    let create = |job: &NewJob, now: i64| CreateRequest {
+        job: job.clone(),
+        now,
+    };
+    let enqueued = |now: i64| EnqueuedRequest {
+        job_id: j.job_id.clone(),
+        now,
+    };
+    step!(
+        "j enqueued before create",
+        ledger.mark_enqueued(enqueued(T))
+    );
+    step!("j create", ledger.create(create(&j, T)));
+    step!("j create again", ledger.create(create(&j, T + 1)));
+    step!(
+        "j create other digest",
+        ledger.create(create(&other, T + 1))
+    );
+    step!("j enqueued", ledger.mark_enqueued(enqueued(T + 2)));
+    step!(
+        "j claim fresh",
+        ledger.claim(claim(&j, Expect::FRESH, "w1", T + 3))
+    );
+    step!(
+        "j enqueued while running",
+        ledger.mark_enqueued(enqueued(T + 4))
+    );
+    let expire = |now: i64| SettleRequest {
+        job_id: j.job_id.clone(),
+        from: SettleFrom::PastDeadline,
+        reason: SettleReason::DeadlinePassed,
+        now,
+    };
+    step!("j expire before deadline", ledger.settle(expire(T + 9_999)));
+    step!("j expire", ledger.settle(expire(T + 10_000)));
+    step!(
+        "j owner accepts after expiry",
+        ledger.finish(finish(&j.job_id, 1, 1, T + 10_001, ok("late")))
+    );
+    step!("j expire again", ledger.settle(expire(T + 10_002)));
+
     let mut items = Vec::new();
-    for s in ["a", "b", "c", "d", "e", "f", "g", "h", "i"] {
+    for s in ["a", "b", "c", "d", "e", "f", "g", "h", "i", "j"] {
         let mut item = ledger.get(&id(s)).await.expect("get");
         if let Some(item) = item.as_mut() {
             item.job_id = s.to_owned();
@@ -444,6 +487,17 @@ async fn the_in_memory_ledger_and_dynamodb_agree_on_every_conditional_write() {
         "i record: applied running e1 a1",
         "i uncertain: applied unknown e1 a1",
         "i record after the end: refused, saw unknown e1 a1",
+        "j enqueued before create: refused, no item",
+        "j create: applied ready e0 a0",
+        "j create again: refused, saw ready e0 a0",
+        "j create other digest: refused, saw ready e0 a0",
+        "j enqueued: applied ready e0 a0",
+        "j claim fresh: applied running e1 a1",
+        "j enqueued while running: refused, saw running e1 a1",
+        "j expire before deadline: refused, saw running e1 a1",
+        "j expire: applied expired e1 a1",
+        "j owner accepts after expiry: refused, saw expired e1 a1",
+        "j expire again: refused, saw expired e1 a1",
     ];
     assert_eq!(memory_log, expected);
     let a = memory_items[0].as_ref().expect("a");
@@ -460,4 +514,7 @@ async fn the_in_memory_ledger_and_dynamodb_agree_on_every_conditional_write() {
     assert_eq!(g.decisions[1].by, "operator:alice");
     let i = memory_items[8].as_ref().expect("i");
     assert_eq!(i.attempt_log[0].provider_ref.as_deref(), Some("resp_1"));
+    let j = memory_items[9].as_ref().expect("j");
+    assert_eq!(j.enqueued_at, Some(T + 2));
+    assert_eq!(j.input_digest, "d-j");
 }

@@ -68,6 +68,27 @@ enum Command {
         #[arg(long, default_value_t = 100)]
         max: usize,
     },
+    /// Submit jobs (one JSON object a line, from FILE or stdin): each is written to the ledger
+    /// as `ready` unless it is there, then its trigger is sent.
+    Submit {
+        /// The JSONL file; `-` or nothing for stdin.
+        file: Option<std::path::PathBuf>,
+        /// The work queue.
+        #[arg(long, env = "QUEUE_URL")]
+        queue_url: String,
+    },
+    /// Re-send lost triggers, expire jobs past their deadline, count `unknown` jobs.
+    Reconcile {
+        /// The work queue.
+        #[arg(long, env = "QUEUE_URL")]
+        queue_url: String,
+        /// Re-send `ready` jobs unchanged and unsent for this long.
+        #[arg(long, default_value_t = 300)]
+        ready_after_seconds: i64,
+        /// Re-send `retry_authorized` jobs unchanged for this long.
+        #[arg(long, default_value_t = 1200)]
+        retry_after_seconds: i64,
+    },
     /// Give an `unknown` job up: `failed_terminal`.
     Fail {
         /// The job id.
@@ -136,6 +157,42 @@ async fn main() {
                 }
                 Err(e) => Err(e),
             }
+        }
+        Command::Submit { file, queue_url } => {
+            let sqs = aws_sdk_sqs::Client::new(&config);
+            submit(&ledger, &sqs, &queue_url, file, cli.json).await
+        }
+        Command::Reconcile {
+            queue_url,
+            ready_after_seconds,
+            retry_after_seconds,
+        } => {
+            let sqs = aws_sdk_sqs::Client::new(&config);
+            let settings = fenced_jobs::reconcile::ReconcileSettings {
+                ready_after_ms: ready_after_seconds * 1000,
+                retry_after_ms: retry_after_seconds * 1000,
+                ..Default::default()
+            };
+            let now = SystemClock.now_ms();
+            fenced_jobs::reconcile::reconcile(&ledger, &sqs, &queue_url, now, &settings)
+                .await
+                .map(|report| {
+                    if cli.json {
+                        println!("{}", serde_json::json!(report));
+                    } else {
+                        println!(
+                            "expired {} (refused {}), examined {}, re-sent {} (failed {}), unknown {}, errors {}",
+                            report.expired,
+                            report.expire_refused,
+                            report.examined,
+                            report.resent,
+                            report.send_failed,
+                            report.unknown,
+                            report.errors
+                        );
+                    }
+                })
+                .map_err(OperatorError::from)
         }
         Command::Fail {
             job_id,
@@ -226,6 +283,84 @@ async fn dlq(
         if let Some(moved) = moved {
             println!("\nredriven: {moved} of {}", entries.len());
         }
+    }
+    Ok(())
+}
+
+async fn submit(
+    ledger: &DynamoLedger,
+    sqs: &aws_sdk_sqs::Client,
+    queue_url: &str,
+    file: Option<std::path::PathBuf>,
+    json: bool,
+) -> Result<(), OperatorError> {
+    use std::io::{BufRead, IsTerminal, Write};
+    let reader: Box<dyn BufRead> = match file {
+        Some(path) if path.as_os_str() != "-" => match std::fs::File::open(&path) {
+            Ok(f) => Box::new(std::io::BufReader::new(f)),
+            Err(e) => {
+                eprintln!("jobctl: {}: {e}", path.display());
+                std::process::exit(2);
+            }
+        },
+        _ => Box::new(std::io::stdin().lock()),
+    };
+    let terminal = std::io::stderr().is_terminal();
+    let settings = fenced_jobs::config::Settings::default();
+    let report = fenced_jobs::producer::submit(
+        ledger,
+        sqs,
+        queue_url,
+        reader.lines(),
+        || SystemClock.now_ms(),
+        &settings,
+        |r| {
+            if terminal {
+                eprint!(
+                    "\r{} lines: {} created, {} present, {} sent",
+                    r.lines, r.created, r.already_present, r.sent
+                );
+                let _ = std::io::stderr().flush();
+            }
+        },
+    )
+    .await;
+    if terminal {
+        eprintln!();
+    }
+    if json {
+        println!("{}", serde_json::json!(report));
+    } else {
+        println!(
+            "lines {}: created {}, already present {}, conflicts {}, invalid {}, ledger failed {}, sent {}, failed to send {}",
+            report.lines,
+            report.created,
+            report.already_present,
+            report.conflicts.len(),
+            report.invalid.len(),
+            report.ledger_failed.len(),
+            report.sent,
+            report.send_failed.len()
+        );
+        for (line, reason) in report.invalid.iter().take(20) {
+            println!("  line {line}: invalid: {reason}");
+        }
+        for (line, job_id) in report.conflicts.iter().take(20) {
+            println!("  line {line}: conflict: {job_id} is held with another input");
+        }
+        for (line, reason) in report.ledger_failed.iter().take(20) {
+            println!("  line {line}: not written: {reason}");
+        }
+        for (job_id, reason) in report.send_failed.iter().take(20) {
+            println!("  {job_id}: not sent ({reason}); the reconciler will send it");
+        }
+    }
+    let clean = report.invalid.is_empty()
+        && report.conflicts.is_empty()
+        && report.ledger_failed.is_empty()
+        && report.send_failed.is_empty();
+    if !clean {
+        std::process::exit(1);
     }
     Ok(())
 }

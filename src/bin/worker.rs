@@ -10,6 +10,7 @@ use fenced_jobs::clock::{Clock, SystemClock};
 use fenced_jobs::config::Config;
 use fenced_jobs::handler::BatchHandler;
 use fenced_jobs::ledger::dynamodb::DynamoLedger;
+use fenced_jobs::metrics;
 use fenced_jobs::processor::{Invocation, Processor};
 use fenced_jobs::provider::AnyProvider;
 use fenced_jobs::visibility::SqsVisibility;
@@ -41,8 +42,10 @@ async fn main() -> Result<(), lambda_runtime::Error> {
         SqsVisibility::new(aws_sdk_sqs::Client::new(&aws)),
     ));
 
+    let target = Arc::new(metrics::MetricsTarget::from_env());
     lambda_runtime::run(service_fn(move |event: LambdaEvent<SqsEvent>| {
         let handler = Arc::clone(&handler);
+        let target = Arc::clone(&target);
         async move {
             // A deadline hours in the past is not a deadline (some local runtime emulators send
             // one): treat it as unknown rather than refusing all work.
@@ -66,12 +69,14 @@ async fn main() -> Result<(), lambda_runtime::Error> {
                 "invocation"
             );
             // Boxed: the handler's future is deep, and one allocation per invocation is nothing.
-            Box::pin(handler.handle(event.payload, invocation))
-                .await
-                .map_err(|e| Diagnostic {
-                    error_type: "UnnamedFailure".to_owned(),
-                    error_message: e.to_string(),
-                })
+            let report = Box::pin(handler.handle_batch(&event.payload, &invocation)).await;
+            // One metric document per invocation, on its own stdout line (EMF).
+            let doc = metrics::invocation(&target, SystemClock.now_ms(), &report);
+            println!("{doc}");
+            report.into_response().map_err(|e| Diagnostic {
+                error_type: "UnnamedFailure".to_owned(),
+                error_message: e.to_string(),
+            })
         }
     }))
     .await

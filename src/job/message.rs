@@ -76,6 +76,53 @@ pub enum InvalidMessage {
         /// The rule it breaks.
         rule: &'static str,
     },
+    /// A trigger carrying only a `job_id` names a job the ledger does not hold.
+    #[error("job_id-only trigger for a job the ledger does not hold")]
+    UnknownJob,
+}
+
+/// What a message asks for: a whole job, or (`{"job_id": ...}` alone) a job the ledger holds.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Trigger {
+    /// The message carries the job.
+    Job(JobMessage),
+    /// The message names a job whose input is in the ledger.
+    Ref(String),
+}
+
+impl Trigger {
+    /// The job id either form names.
+    pub fn job_id(&self) -> &str {
+        match self {
+            Trigger::Job(msg) => &msg.job_id,
+            Trigger::Ref(job_id) => job_id,
+        }
+    }
+}
+
+/// Parses a message body as a trigger: `{"job_id": ...}` alone names a job the ledger holds;
+/// anything else must be a whole job ([`parse_body`]).
+pub fn parse_trigger(body: Option<&str>) -> Result<Trigger, InvalidMessage> {
+    let text = body.ok_or(InvalidMessage::MissingBody)?;
+    // Cheap pre-check: only a short body can be a bare reference.
+    if text.len() <= 256 {
+        if let Ok(Value::Object(fields)) = serde_json::from_str::<Value>(text) {
+            if fields.len() == 1 {
+                if let Some(id) = fields.get("job_id") {
+                    let Value::String(id) = id else {
+                        return Err(wrong_type("job_id", "a string"));
+                    };
+                    check_identifier(id, "job_id", MAX_JOB_ID_LEN, job_id_char)?;
+                    return Ok(Trigger::Ref(id.clone()));
+                }
+            }
+        }
+    }
+    parse_body(body).map(Trigger::Job)
+}
+
+fn job_id_char(c: char) -> bool {
+    c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | ':')
 }
 
 /// A validated job, as carried by one message.
@@ -158,9 +205,7 @@ pub fn parse_body(body: Option<&str>) -> Result<JobMessage, InvalidMessage> {
     }
 
     let job_id = take_string(&mut fields, "job_id")?;
-    check_identifier(&job_id, "job_id", MAX_JOB_ID_LEN, |c| {
-        c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | ':')
-    })?;
+    check_identifier(&job_id, "job_id", MAX_JOB_ID_LEN, job_id_char)?;
     let contract = take_string(&mut fields, "contract")?;
     check_identifier(&contract, "contract", MAX_CONTRACT_LEN, |c| {
         c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | ':' | '/' | '@' | '+')
@@ -221,6 +266,19 @@ pub fn parse_body(body: Option<&str>) -> Result<JobMessage, InvalidMessage> {
 }
 
 impl JobMessage {
+    /// The job as the ledger holds it (for a trigger that carries only its id).
+    pub fn from_record(record: &crate::job::JobRecord) -> JobMessage {
+        JobMessage {
+            job_id: record.job_id.clone(),
+            contract: record.contract.clone(),
+            input_canonical: record.input.clone(),
+            digest: record.input_digest.clone(),
+            deadline_at: Some(record.deadline_at),
+            max_attempts: Some(record.max_attempts),
+            metadata: record.metadata.clone(),
+        }
+    }
+
     /// The job input as an object, parsed again from its canonical JSON (which this crate wrote
     /// from an object, so it parses; anything else reads as an empty object).
     pub fn input(&self) -> Map<String, Value> {

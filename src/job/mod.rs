@@ -7,7 +7,7 @@ pub mod outcome;
 pub mod state;
 
 pub use decision::{Expect, Next, next_step};
-pub use message::{InvalidMessage, JobMessage, parse_body};
+pub use message::{InvalidMessage, JobMessage, Trigger, parse_body, parse_trigger};
 pub use outcome::{Failure, RecordOutcome, VisibilityPolicy};
 pub use state::JobState;
 
@@ -77,6 +77,8 @@ pub struct JobRecord {
     pub updated_at: Millis,
     /// DynamoDB TTL attribute, in Unix seconds.
     pub expires_at: i64,
+    /// When the producer or the reconciler last sent a trigger for the job.
+    pub enqueued_at: Option<Millis>,
 }
 
 /// The evidence kept for one attempt.
@@ -227,6 +229,7 @@ impl NewJob {
             created_at: now,
             updated_at: now,
             expires_at: self.expires_at,
+            enqueued_at: None,
         }
     }
 }

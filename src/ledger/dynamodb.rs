@@ -10,8 +10,9 @@ use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
 use aws_sdk_dynamodb::types::{AttributeValue, ReturnValue, ReturnValuesOnConditionCheckFailure};
 
 use super::{
-    AttemptEnd, ClaimRequest, DecideRequest, FinishRequest, JobLedger, LedgerError,
-    RecordRefRequest, RecoverRequest, RenewRequest, SettleFrom, SettleRequest, Write,
+    AttemptEnd, ClaimRequest, CreateRequest, DecideRequest, EnqueuedRequest, FinishRequest,
+    JobLedger, LedgerError, RecordRefRequest, RecoverRequest, RenewRequest, SettleFrom,
+    SettleRequest, Write,
 };
 use crate::job::{
     ATTENTION_SHARDS, AttemptOutcome, AttemptRecord, DecisionRecord, ErrorRecord, JobRecord,
@@ -24,8 +25,12 @@ type Item = HashMap<String, AttributeValue>;
 /// `updated_at`, keys only. Terminal items carry no `attention` and are not in it.
 pub const ATTENTION_INDEX: &str = "attention-index";
 
+/// The sparse index of the same jobs by deadline: key `attention`, sort key `deadline_at`, keys
+/// only. The reconciler finds jobs past their deadline with it.
+pub const DEADLINE_INDEX: &str = "deadline-index";
+
 /// Attribute names, each used through a `#placeholder` (several are DynamoDB reserved words).
-const NAMES: [(&str, &str); 24] = [
+const NAMES: [(&str, &str); 25] = [
     ("#id", "job_id"),
     ("#state", "state"),
     ("#epoch", "owner_epoch"),
@@ -50,6 +55,7 @@ const NAMES: [(&str, &str); 24] = [
     ("#outcome", "outcome"),
     ("#finished", "finished_at"),
     ("#ref", "provider_ref"),
+    ("#enq", "enqueued_at"),
 ];
 
 /// The DynamoDB job ledger.
@@ -96,17 +102,19 @@ impl DynamoLedger {
             operation: "create_table",
             code: e.to_string(),
         };
-        let index = GlobalSecondaryIndex::builder()
-            .index_name(ATTENTION_INDEX)
-            .key_schema(key("attention", KeyType::Hash).map_err(invalid)?)
-            .key_schema(key("updated_at", KeyType::Range).map_err(invalid)?)
-            .projection(
-                Projection::builder()
-                    .projection_type(ProjectionType::KeysOnly)
-                    .build(),
-            )
-            .build()
-            .map_err(invalid)?;
+        let index = |name: &str, sort: &str| {
+            GlobalSecondaryIndex::builder()
+                .index_name(name)
+                .key_schema(key("attention", KeyType::Hash).map_err(invalid)?)
+                .key_schema(key(sort, KeyType::Range).map_err(invalid)?)
+                .projection(
+                    Projection::builder()
+                        .projection_type(ProjectionType::KeysOnly)
+                        .build(),
+                )
+                .build()
+                .map_err(invalid)
+        };
         client
             .create_table()
             .table_name(name)
@@ -115,8 +123,12 @@ impl DynamoLedger {
             .attribute_definitions(
                 attribute("updated_at", ScalarAttributeType::N).map_err(invalid)?,
             )
+            .attribute_definitions(
+                attribute("deadline_at", ScalarAttributeType::N).map_err(invalid)?,
+            )
             .key_schema(key("job_id", KeyType::Hash).map_err(invalid)?)
-            .global_secondary_indexes(index)
+            .global_secondary_indexes(index(ATTENTION_INDEX, "updated_at")?)
+            .global_secondary_indexes(index(DEADLINE_INDEX, "deadline_at")?)
             .billing_mode(BillingMode::PayPerRequest)
             .send()
             .await
@@ -131,7 +143,41 @@ impl DynamoLedger {
         state: JobState,
         limit: usize,
     ) -> Result<Vec<(String, Millis)>, LedgerError> {
-        let mut found = Vec::new();
+        self.keys_below(ATTENTION_INDEX, "updated_at", state, Millis::MAX, limit)
+            .await
+    }
+
+    /// Jobs in `state` last changed before `before`, oldest first, at most `limit`.
+    pub async fn untouched_since(
+        &self,
+        state: JobState,
+        before: Millis,
+        limit: usize,
+    ) -> Result<Vec<(String, Millis)>, LedgerError> {
+        self.keys_below(ATTENTION_INDEX, "updated_at", state, before, limit)
+            .await
+    }
+
+    /// Jobs in `state` whose deadline is at or before `now`, earliest first, at most `limit`.
+    pub async fn past_deadline(
+        &self,
+        state: JobState,
+        now: Millis,
+        limit: usize,
+    ) -> Result<Vec<(String, Millis)>, LedgerError> {
+        self.keys_below(
+            DEADLINE_INDEX,
+            "deadline_at",
+            state,
+            now.saturating_add(1),
+            limit,
+        )
+        .await
+    }
+
+    /// How many jobs are in `state` (a count query of each shard; no items are read).
+    pub async fn count(&self, state: JobState) -> Result<u64, LedgerError> {
+        let mut total = 0u64;
         for shard in 0..ATTENTION_SHARDS {
             let mut start = None;
             loop {
@@ -143,19 +189,60 @@ impl DynamoLedger {
                     .key_condition_expression("#attn = :key")
                     .expression_attribute_names("#attn", "attention")
                     .expression_attribute_values(":key", s(&attention_shard(state, shard)))
+                    .select(aws_sdk_dynamodb::types::Select::Count)
+                    .set_exclusive_start_key(start)
+                    .send()
+                    .await
+                    .map_err(|e| sdk_error("count", &e))?;
+                total += u64::try_from(out.count()).unwrap_or(0);
+                start = out.last_evaluated_key().cloned();
+                if start.is_none() {
+                    break;
+                }
+            }
+        }
+        Ok(total)
+    }
+
+    /// Keys of jobs in `state` from `index` whose sort key `sort` is below `before`, smallest
+    /// first, at most `limit`: a query of each shard, never a scan of the table.
+    async fn keys_below(
+        &self,
+        index: &str,
+        sort: &str,
+        state: JobState,
+        before: Millis,
+        limit: usize,
+    ) -> Result<Vec<(String, Millis)>, LedgerError> {
+        let mut found = Vec::new();
+        for shard in 0..ATTENTION_SHARDS {
+            let mut start = None;
+            let mut from_shard = 0;
+            loop {
+                let out = self
+                    .client
+                    .query()
+                    .table_name(&self.table)
+                    .index_name(index)
+                    .key_condition_expression("#attn = :key AND #sort < :before")
+                    .expression_attribute_names("#attn", "attention")
+                    .expression_attribute_names("#sort", sort)
+                    .expression_attribute_values(":key", s(&attention_shard(state, shard)))
+                    .expression_attribute_values(":before", n(before))
                     .limit(limit.clamp(1, 1000) as i32)
                     .set_exclusive_start_key(start)
                     .send()
                     .await
-                    .map_err(|e| sdk_error("list", &e))?;
+                    .map_err(|e| sdk_error("query", &e))?;
                 for item in out.items() {
-                    if let (Some(id), Some(at)) = (get_s(item, "job_id"), get_n(item, "updated_at"))
-                    {
+                    if let (Some(id), Some(at)) = (get_s(item, "job_id"), get_n(item, sort)) {
                         found.push((id.to_owned(), at));
+                        from_shard += 1;
                     }
                 }
                 start = out.last_evaluated_key().cloned();
-                if start.is_none() || found.len() >= limit * usize::from(ATTENTION_SHARDS) {
+                // Each shard is sorted: its first `limit` keys are all it can contribute.
+                if start.is_none() || from_shard >= limit {
                     break;
                 }
             }
@@ -361,6 +448,21 @@ impl JobLedger for DynamoLedger {
                 }
                 (update, "attribute_not_exists(#id)".to_owned())
             }
+            SettleFrom::PastDeadline => {
+                // Invariant: past its deadline no job may run or accept, so whoever owns it is
+                // fenced by the state change; a terminal item is never rewritten.
+                values.extend([
+                    (":ready", s(JobState::Ready.as_str())),
+                    (":running", s(JobState::Running.as_str())),
+                    (":unknown", s(JobState::Unknown.as_str())),
+                    (":retry", s(JobState::RetryAuthorized.as_str())),
+                ]);
+                (
+                    "SET #state = :to, #updated = :now, #err = :err".to_owned(),
+                    "#deadline <= :now AND #state IN (:ready, :running, :unknown, :retry)"
+                        .to_owned(),
+                )
+            }
             SettleFrom::Seen { state, epoch } => {
                 // Invariant: the writer saw this state at this epoch; anything newer wins, and a
                 // terminal item is never rewritten.
@@ -431,6 +533,48 @@ impl JobLedger for DynamoLedger {
         ];
         self.update("renew", &req.job_id, update, condition, values, None)
             .await
+    }
+
+    async fn create(&self, req: CreateRequest) -> Result<Write, LedgerError> {
+        let job = &req.job;
+        // Invariant: a job is created once; its input, digest, deadline and budget never change.
+        let mut update = String::from(
+            "SET #state = :ready, #epoch = :zero, #attempts = :zero, #max = :max, \
+             #digest = :digest, #contract = :contract, #input = :input, #deadline = :deadline, \
+             #log = :empty, #created = :now, #updated = :now, #ttl = :ttl",
+        );
+        if job.metadata.is_some() {
+            update.push_str(", #meta = :meta");
+        }
+        let mut values = new_job_values(job);
+        values.extend([
+            (":ready", s(JobState::Ready.as_str())),
+            (":zero", n(0)),
+            (":empty", AttributeValue::L(Vec::new())),
+            (":now", n(req.now)),
+        ]);
+        let target = Some(JobState::Ready);
+        let condition = "attribute_not_exists(#id)";
+        self.update("create", &job.job_id, &update, condition, values, target)
+            .await
+    }
+
+    async fn mark_enqueued(&self, req: EnqueuedRequest) -> Result<Write, LedgerError> {
+        let values = vec![
+            (":now", n(req.now)),
+            (":ready", s(JobState::Ready.as_str())),
+            (":retry", s(JobState::RetryAuthorized.as_str())),
+        ];
+        let condition = "#state IN (:ready, :retry)";
+        self.update(
+            "mark_enqueued",
+            &req.job_id,
+            "SET #enq = :now",
+            condition,
+            values,
+            None,
+        )
+        .await
     }
 
     async fn record_ref(&self, req: RecordRefRequest) -> Result<Write, LedgerError> {
@@ -681,6 +825,7 @@ pub fn decode(item: &Item) -> Result<JobRecord, LedgerError> {
         created_at: req_n("created_at")?,
         updated_at: req_n("updated_at")?,
         expires_at: req_n("expires_at")?,
+        enqueued_at: get_n(item, "enqueued_at"),
         job_id: job_id.clone(),
     })
 }

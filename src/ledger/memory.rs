@@ -5,8 +5,8 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::{
-    ClaimRequest, DecideRequest, FinishRequest, JobLedger, LedgerError, RecordRefRequest,
-    RecoverRequest, RenewRequest, SettleFrom, SettleRequest, Write,
+    ClaimRequest, CreateRequest, DecideRequest, EnqueuedRequest, FinishRequest, JobLedger,
+    LedgerError, RecordRefRequest, RecoverRequest, RenewRequest, SettleFrom, SettleRequest, Write,
 };
 use crate::job::{AttemptOutcome, AttemptRecord, JobRecord, JobState, RecoveryRecord};
 
@@ -127,6 +127,11 @@ pub fn apply_finish(current: Option<&JobRecord>, req: &FinishRequest) -> Option<
 pub fn apply_settle(current: Option<&JobRecord>, req: &SettleRequest) -> Option<JobRecord> {
     let mut next = match (&req.from, current) {
         (SettleFrom::Absent(job), None) => job.clone().into_record(JobState::Ready, req.now),
+        (SettleFrom::PastDeadline, Some(r))
+            if !r.state.is_terminal() && r.deadline_at <= req.now =>
+        {
+            r.clone()
+        }
         (SettleFrom::Seen { state, epoch }, Some(r))
             if !r.state.is_terminal() && r.state == *state && r.owner_epoch == *epoch =>
         {
@@ -174,6 +179,28 @@ pub fn apply_renew(current: Option<&JobRecord>, req: &RenewRequest) -> Option<Jo
     let mut next = r.clone();
     next.owner_until = Some(req.lease_until);
     next.updated_at = req.now;
+    Some(next)
+}
+
+/// Create: see [`CreateRequest`].
+pub fn apply_create(current: Option<&JobRecord>, req: &CreateRequest) -> Option<JobRecord> {
+    match current {
+        Some(_) => None,
+        None => Some(req.job.clone().into_record(JobState::Ready, req.now)),
+    }
+}
+
+/// Mark enqueued: see [`EnqueuedRequest`].
+pub fn apply_mark_enqueued(
+    current: Option<&JobRecord>,
+    req: &EnqueuedRequest,
+) -> Option<JobRecord> {
+    let r = current?;
+    if !r.state.is_claimable() {
+        return None;
+    }
+    let mut next = r.clone();
+    next.enqueued_at = Some(req.now);
     Some(next)
 }
 
@@ -226,6 +253,14 @@ impl JobLedger for InMemoryLedger {
 
     async fn renew(&self, req: RenewRequest) -> Result<Write, LedgerError> {
         Ok(self.write(&req.job_id, |c| apply_renew(c, &req)))
+    }
+
+    async fn create(&self, req: CreateRequest) -> Result<Write, LedgerError> {
+        Ok(self.write(&req.job.job_id, |c| apply_create(c, &req)))
+    }
+
+    async fn mark_enqueued(&self, req: EnqueuedRequest) -> Result<Write, LedgerError> {
+        Ok(self.write(&req.job_id, |c| apply_mark_enqueued(c, &req)))
     }
 
     async fn record_ref(&self, req: RecordRefRequest) -> Result<Write, LedgerError> {

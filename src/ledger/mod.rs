@@ -122,6 +122,9 @@ pub struct FinishRequest {
 pub enum SettleFrom {
     /// No item: it is created already terminal (a message that arrives after its deadline).
     Absent(NewJob),
+    /// Any item that is not terminal and whose deadline is at or before `now`, whoever owns
+    /// it (the reconciler's expiry: the deadline is the fence).
+    PastDeadline,
     /// The item in `state` at `epoch`.
     Seen {
         /// The state seen.
@@ -183,6 +186,30 @@ pub struct RenewRequest {
     pub now: Millis,
     /// The new end of the lease.
     pub lease_until: Millis,
+}
+
+/// Creates a job, `ready`, before its trigger is sent (the producer's outbox).
+///
+/// Condition: no item. Effect: the job at epoch 0 with no attempts. A refusal returns the item
+/// there, whose digest tells an idempotent repeat from a conflict.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CreateRequest {
+    /// The job.
+    pub job: NewJob,
+    /// The producer's clock.
+    pub now: Millis,
+}
+
+/// Records that a trigger for a waiting job was sent.
+///
+/// Condition: `ready` or `retry_authorized`. Effect: `enqueued_at` set (and nothing else, so
+/// the job's place in the attention index does not move).
+#[derive(Debug, Clone, PartialEq)]
+pub struct EnqueuedRequest {
+    /// Job id.
+    pub job_id: String,
+    /// When the trigger was sent.
+    pub now: Millis,
 }
 
 /// The owner at `epoch` records the reference a provider assigned to its attempt (a background
@@ -309,6 +336,14 @@ pub trait JobLedger: Send + Sync {
     ) -> impl Future<Output = Result<Write, LedgerError>> + Send;
     /// See [`RenewRequest`].
     fn renew(&self, req: RenewRequest) -> impl Future<Output = Result<Write, LedgerError>> + Send;
+    /// See [`CreateRequest`].
+    fn create(&self, req: CreateRequest)
+    -> impl Future<Output = Result<Write, LedgerError>> + Send;
+    /// See [`EnqueuedRequest`].
+    fn mark_enqueued(
+        &self,
+        req: EnqueuedRequest,
+    ) -> impl Future<Output = Result<Write, LedgerError>> + Send;
     /// See [`RecordRefRequest`].
     fn record_ref(
         &self,
@@ -421,6 +456,20 @@ impl<L: JobLedger> JobLedger for std::sync::Arc<L> {
 
     fn renew(&self, req: RenewRequest) -> impl Future<Output = Result<Write, LedgerError>> + Send {
         (**self).renew(req)
+    }
+
+    fn create(
+        &self,
+        req: CreateRequest,
+    ) -> impl Future<Output = Result<Write, LedgerError>> + Send {
+        (**self).create(req)
+    }
+
+    fn mark_enqueued(
+        &self,
+        req: EnqueuedRequest,
+    ) -> impl Future<Output = Result<Write, LedgerError>> + Send {
+        (**self).mark_enqueued(req)
     }
 
     fn record_ref(

@@ -1,0 +1,359 @@
+//! CloudWatch Embedded Metric Format: one JSON document per invocation, printed on its own line
+//! to stdout, which Lambda's log stream turns into metrics without an API call.
+
+use serde_json::{Map, Value, json};
+
+use crate::handler::BatchReport;
+use crate::job::{Failure, JobState, Millis, RecordOutcome};
+use crate::reconcile::ReconcileReport;
+
+/// `METRICS_NAMESPACE`'s default.
+pub const DEFAULT_NAMESPACE: &str = "FencedJobs";
+
+/// Where metrics go: the namespace and the `Function` dimension's value.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MetricsTarget {
+    /// `METRICS_NAMESPACE`.
+    pub namespace: String,
+    /// The function's name (`AWS_LAMBDA_FUNCTION_NAME`), or `local`.
+    pub function: String,
+}
+
+impl MetricsTarget {
+    /// From the environment.
+    pub fn from_env() -> Self {
+        let var = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
+        MetricsTarget {
+            namespace: var("METRICS_NAMESPACE").unwrap_or_else(|| DEFAULT_NAMESPACE.to_owned()),
+            function: var("AWS_LAMBDA_FUNCTION_NAME").unwrap_or_else(|| "local".to_owned()),
+        }
+    }
+}
+
+/// A metric value: a count, or several samples of one measurement.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Sample {
+    /// One value.
+    One(f64),
+    /// Up to 100 values (each is a sample for CloudWatch's statistics).
+    Many(Vec<f64>),
+}
+
+/// One EMF document with the `Function` dimension.
+pub fn document(target: &MetricsTarget, at: Millis, metrics: &[(&str, &str, Sample)]) -> Value {
+    let mut root = Map::new();
+    let mut definitions = Vec::new();
+    for (name, unit, sample) in metrics {
+        let value = match sample {
+            Sample::One(v) => json!(v),
+            // An empty sample list is left out: EMF wants at least one value.
+            Sample::Many(values) if values.is_empty() => continue,
+            Sample::Many(values) => json!(values),
+        };
+        definitions.push(json!({"Name": name, "Unit": unit}));
+        root.insert((*name).to_owned(), value);
+    }
+    root.insert("Function".to_owned(), json!(target.function));
+    root.insert(
+        "_aws".to_owned(),
+        json!({
+            "Timestamp": at,
+            "CloudWatchMetrics": [{
+                "Namespace": target.namespace,
+                "Dimensions": [["Function"]],
+                "Metrics": definitions,
+            }]
+        }),
+    );
+    Value::Object(root)
+}
+
+/// The worker's document for one invocation: counts per outcome, provider latency, lease
+/// renewals and lost ownerships.
+pub fn invocation(target: &MetricsTarget, at: Millis, report: &BatchReport) -> Value {
+    let count = |pred: &dyn Fn(&RecordOutcome) -> bool| {
+        Sample::One(report.records.iter().filter(|r| pred(&r.outcome)).count() as f64)
+    };
+    let stats = &report.stats;
+    let metrics = [
+        ("Records", "Count", Sample::One(report.records.len() as f64)),
+        (
+            "Succeeded",
+            "Count",
+            count(&|o| *o == RecordOutcome::Done(JobState::Succeeded)),
+        ),
+        (
+            "FailedTerminal",
+            "Count",
+            count(&|o| *o == RecordOutcome::Done(JobState::FailedTerminal)),
+        ),
+        (
+            "Expired",
+            "Count",
+            count(&|o| *o == RecordOutcome::Done(JobState::Expired)),
+        ),
+        (
+            "DeferredToLiveOwner",
+            "Count",
+            count(&|o| matches!(o, RecordOutcome::Failed(Failure::Deferred { .. }))),
+        ),
+        (
+            "Transient",
+            "Count",
+            count(&|o| matches!(o, RecordOutcome::Failed(Failure::Backoff { .. }))),
+        ),
+        (
+            "Poison",
+            "Count",
+            count(&|o| matches!(o, RecordOutcome::Failed(Failure::Poison(_)))),
+        ),
+        (
+            "Conflict",
+            "Count",
+            count(&|o| matches!(o, RecordOutcome::Failed(Failure::Conflict { .. }))),
+        ),
+        (
+            "Unknown",
+            "Count",
+            count(&|o| matches!(o, RecordOutcome::Failed(Failure::AwaitingDecision))),
+        ),
+        ("Recovered", "Count", Sample::One(stats.recoveries as f64)),
+        (
+            "ProviderLatency",
+            "Milliseconds",
+            Sample::Many(
+                report
+                    .provider_latency_ms
+                    .iter()
+                    .map(|&ms| ms as f64)
+                    .collect(),
+            ),
+        ),
+        (
+            "LeaseRenewals",
+            "Count",
+            Sample::One(stats.lease_renewed as f64),
+        ),
+        (
+            "LeaseRenewalsRefused",
+            "Count",
+            Sample::One(stats.lease_refused as f64),
+        ),
+        (
+            "LostOwnerships",
+            "Count",
+            Sample::One(stats.ownership_lost as f64),
+        ),
+        (
+            "DeadlineCutoffs",
+            "Count",
+            Sample::One(stats.deadline_cutoffs as f64),
+        ),
+    ];
+    document(target, at, &metrics)
+}
+
+/// The reconciler's document for one run (`UnknownJobs` feeds the "stuck in unknown" alarm).
+pub fn reconciliation(target: &MetricsTarget, at: Millis, report: &ReconcileReport) -> Value {
+    let metrics = [
+        ("Expired", "Count", Sample::One(report.expired as f64)),
+        ("Resent", "Count", Sample::One(report.resent as f64)),
+        (
+            "ResendFailed",
+            "Count",
+            Sample::One(report.send_failed as f64),
+        ),
+        ("UnknownJobs", "Count", Sample::One(report.unknown as f64)),
+        (
+            "ReconcileErrors",
+            "Count",
+            Sample::One(report.errors as f64),
+        ),
+    ];
+    document(target, at, &metrics)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::handler::RecordReport;
+
+    /// The EMF specification's rules for a document: `_aws` with a numeric `Timestamp` and a
+    /// `CloudWatchMetrics` array of directives, each with a non-empty `Namespace`, `Dimensions`
+    /// as an array of arrays of at most 30 names, each present at the root as a string, and at
+    /// most 100 `Metrics`, each with a `Name` present at the root as a number or an array of at
+    /// most 100 numbers, and a `Unit` from CloudWatch's list.
+    fn check_emf(doc: &Value) -> Result<(), String> {
+        const UNITS: [&str; 27] = [
+            "Seconds",
+            "Microseconds",
+            "Milliseconds",
+            "Bytes",
+            "Kilobytes",
+            "Megabytes",
+            "Gigabytes",
+            "Terabytes",
+            "Bits",
+            "Kilobits",
+            "Megabits",
+            "Gigabits",
+            "Terabits",
+            "Percent",
+            "Count",
+            "Bytes/Second",
+            "Kilobytes/Second",
+            "Megabytes/Second",
+            "Gigabytes/Second",
+            "Terabytes/Second",
+            "Bits/Second",
+            "Kilobits/Second",
+            "Megabits/Second",
+            "Gigabits/Second",
+            "Terabits/Second",
+            "Count/Second",
+            "None",
+        ];
+        let root = doc.as_object().ok_or("root is not an object")?;
+        let aws = root
+            .get("_aws")
+            .and_then(Value::as_object)
+            .ok_or("no _aws")?;
+        if !aws.get("Timestamp").is_some_and(Value::is_u64) {
+            return Err("Timestamp must be a non-negative integer".into());
+        }
+        let directives = aws
+            .get("CloudWatchMetrics")
+            .and_then(Value::as_array)
+            .ok_or("no CloudWatchMetrics array")?;
+        for d in directives {
+            let ns = d.get("Namespace").and_then(Value::as_str).unwrap_or("");
+            if ns.is_empty() || ns.len() > 1024 {
+                return Err("Namespace must be 1 to 1024 characters".into());
+            }
+            for set in d
+                .get("Dimensions")
+                .and_then(Value::as_array)
+                .ok_or("no Dimensions")?
+            {
+                let set = set.as_array().ok_or("a dimension set is not an array")?;
+                if set.len() > 30 {
+                    return Err("more than 30 dimensions".into());
+                }
+                for name in set {
+                    let name = name.as_str().ok_or("dimension name not a string")?;
+                    if !root.get(name).is_some_and(Value::is_string) {
+                        return Err(format!("dimension {name} has no string value"));
+                    }
+                }
+            }
+            let metrics = d
+                .get("Metrics")
+                .and_then(Value::as_array)
+                .ok_or("no Metrics")?;
+            if metrics.len() > 100 {
+                return Err("more than 100 metrics".into());
+            }
+            for m in metrics {
+                let name = m
+                    .get("Name")
+                    .and_then(Value::as_str)
+                    .ok_or("metric without Name")?;
+                if let Some(unit) = m.get("Unit") {
+                    if !unit.as_str().is_some_and(|u| UNITS.contains(&u)) {
+                        return Err(format!("{name}: unit not allowed"));
+                    }
+                }
+                match root.get(name) {
+                    Some(Value::Number(_)) => {}
+                    Some(Value::Array(values))
+                        if !values.is_empty()
+                            && values.len() <= 100
+                            && values.iter().all(Value::is_number) => {}
+                    _ => return Err(format!("{name} has no numeric value at the root")),
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn target() -> MetricsTarget {
+        MetricsTarget {
+            namespace: "Test".into(),
+            function: "worker".into(),
+        }
+    }
+
+    fn report(outcomes: Vec<RecordOutcome>, latencies: Vec<u64>) -> BatchReport {
+        BatchReport {
+            records: outcomes
+                .into_iter()
+                .map(|outcome| RecordReport {
+                    message_id: Some("m".into()),
+                    job_id: Some("j".into()),
+                    outcome,
+                    visibility_s: None,
+                })
+                .collect(),
+            visibility: Default::default(),
+            stats: Default::default(),
+            provider_latency_ms: latencies,
+            response: Ok(Vec::new()),
+        }
+    }
+
+    #[test]
+    fn an_invocation_document_meets_the_emf_rules_and_counts_outcomes() {
+        let r = report(
+            vec![
+                RecordOutcome::Done(JobState::Succeeded),
+                RecordOutcome::Done(JobState::Succeeded),
+                RecordOutcome::Failed(Failure::Deferred { remaining_ms: 5 }),
+                RecordOutcome::Failed(Failure::AwaitingDecision),
+            ],
+            vec![120, 340],
+        );
+        let doc = invocation(&target(), 1_700_000_000_000, &r);
+        check_emf(&doc).expect("valid EMF");
+        assert_eq!(doc["Succeeded"], 2.0);
+        assert_eq!(doc["DeferredToLiveOwner"], 1.0);
+        assert_eq!(doc["Unknown"], 1.0);
+        assert_eq!(doc["Poison"], 0.0);
+        assert_eq!(doc["ProviderLatency"], json!([120.0, 340.0]));
+        assert_eq!(doc["_aws"]["CloudWatchMetrics"][0]["Namespace"], "Test");
+    }
+
+    #[test]
+    fn no_latency_samples_means_no_latency_metric() {
+        let doc = invocation(&target(), 1, &report(Vec::new(), Vec::new()));
+        check_emf(&doc).expect("valid EMF");
+        assert!(doc.get("ProviderLatency").is_none());
+        let names: Vec<&str> = doc["_aws"]["CloudWatchMetrics"][0]["Metrics"]
+            .as_array()
+            .expect("metrics")
+            .iter()
+            .filter_map(|m| m["Name"].as_str())
+            .collect();
+        assert!(!names.contains(&"ProviderLatency"));
+    }
+
+    #[test]
+    fn the_checker_rejects_what_the_spec_rejects() {
+        let good = reconciliation(&target(), 5, &ReconcileReport::default());
+        check_emf(&good).expect("valid EMF");
+        let mut no_value = good.clone();
+        no_value
+            .as_object_mut()
+            .expect("object")
+            .remove("UnknownJobs");
+        assert!(check_emf(&no_value).is_err());
+        let mut no_dimension = good.clone();
+        no_dimension
+            .as_object_mut()
+            .expect("object")
+            .remove("Function");
+        assert!(check_emf(&no_dimension).is_err());
+        let mut bad_time = good;
+        bad_time["_aws"]["Timestamp"] = json!("now");
+        assert!(check_emf(&bad_time).is_err());
+    }
+}

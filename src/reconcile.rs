@@ -1,0 +1,174 @@
+//! The reconciler: repairs what a crash or a lost message left behind, from the sparse indexes
+//! only (no scan of the table).
+//!
+//! - Jobs past their deadline that are not terminal become `expired`, with a write conditional
+//!   on the deadline having passed and the job not being terminal: whoever owns it is fenced.
+//! - `ready` jobs untouched for `ready_after` whose trigger was never recorded as sent (a
+//!   producer that stopped between its ledger write and its send) or was sent longer ago than
+//!   `enqueue_stale_after` (a lost message), and `retry_authorized` jobs untouched for
+//!   `retry_after` and not re-sent since, get a new trigger carrying only their id, and the
+//!   enqueue is recorded. A trigger too many is harmless: the ledger lets one claim win.
+//! - `unknown` jobs are counted, for the alarm that asks an operator to decide.
+
+use futures::stream::{self, StreamExt};
+
+use crate::job::decision::SettleReason;
+use crate::job::{JobState, Millis};
+use crate::ledger::dynamodb::DynamoLedger;
+use crate::ledger::{EnqueuedRequest, JobLedger, LedgerError, SettleFrom, SettleRequest, Write};
+use crate::producer::{Outgoing, send_triggers};
+
+/// Ledger calls in flight at once.
+const CONCURRENCY: usize = 16;
+
+/// How eager the reconciler is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReconcileSettings {
+    /// `RECONCILE_READY_AFTER_SECONDS`: a `ready` job this long without a change or an enqueue
+    /// is re-sent (a producer that stopped between its ledger write and its send).
+    pub ready_after_ms: Millis,
+    /// `RECONCILE_RETRY_AFTER_SECONDS`: the same for `retry_authorized` (its message waits out a
+    /// backoff of up to `BACKOFF_CAP_SECONDS`, so this must be longer).
+    pub retry_after_ms: Millis,
+    /// `RECONCILE_ENQUEUE_STALE_SECONDS`: a `ready` job whose trigger was sent this long ago is
+    /// re-sent (long, so a backlog does not fill with duplicates; shorter than the queue's
+    /// retention).
+    pub enqueue_stale_after_ms: Millis,
+    /// `RECONCILE_MAX_JOBS`: most jobs each step handles in one run.
+    pub max_jobs: usize,
+}
+
+impl Default for ReconcileSettings {
+    fn default() -> Self {
+        ReconcileSettings {
+            ready_after_ms: 300_000,
+            retry_after_ms: 1_200_000,
+            enqueue_stale_after_ms: 21_600_000,
+            max_jobs: 1_000,
+        }
+    }
+}
+
+/// What one run did.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct ReconcileReport {
+    /// Jobs moved to `expired`.
+    pub expired: u64,
+    /// Expiries refused (the job changed since the index was read).
+    pub expire_refused: u64,
+    /// Waiting jobs looked at for a re-send.
+    pub examined: u64,
+    /// Triggers re-sent.
+    pub resent: u64,
+    /// Triggers SQS did not take (tried again next run).
+    pub send_failed: u64,
+    /// Jobs in `unknown`, waiting for an operator.
+    pub unknown: u64,
+    /// Ledger calls that failed (tried again next run).
+    pub errors: u64,
+}
+
+/// One run at `now`.
+pub async fn reconcile(
+    ledger: &DynamoLedger,
+    sqs: &aws_sdk_sqs::Client,
+    queue_url: &str,
+    now: Millis,
+    settings: &ReconcileSettings,
+) -> Result<ReconcileReport, LedgerError> {
+    let mut report = ReconcileReport::default();
+    expire(ledger, now, settings.max_jobs, &mut report).await?;
+    let mut due = Vec::new();
+    for (state, after, enqueue_after) in [
+        (
+            JobState::Ready,
+            settings.ready_after_ms,
+            settings.enqueue_stale_after_ms,
+        ),
+        (
+            JobState::RetryAuthorized,
+            settings.retry_after_ms,
+            settings.retry_after_ms,
+        ),
+    ] {
+        let keys = ledger
+            .untouched_since(state, now - after, settings.max_jobs)
+            .await?;
+        report.examined += keys.len() as u64;
+        let items: Vec<_> = stream::iter(keys)
+            .map(|(job_id, _)| async move { ledger.get(&job_id).await })
+            .buffer_unordered(CONCURRENCY)
+            .collect()
+            .await;
+        for item in items {
+            match item {
+                Ok(Some(job))
+                    if job.state == state
+                        && job.updated_at <= now - after
+                        && job.enqueued_at.is_none_or(|at| at <= now - enqueue_after) =>
+                {
+                    due.push(Outgoing::by_id(&job.job_id));
+                }
+                Ok(_) => {}
+                Err(_) => report.errors += 1,
+            }
+        }
+    }
+    let suffix = format!("reconcile-{}", now / 60_000);
+    let mut sent = Vec::new();
+    for (job_id, result) in send_triggers(sqs, queue_url, &due, &suffix).await {
+        match result {
+            Ok(()) => sent.push(job_id),
+            Err(reason) => {
+                tracing::warn!(job_id, reason, "re-send failed");
+                report.send_failed += 1;
+            }
+        }
+    }
+    report.resent = sent.len() as u64;
+    let recorded: Vec<_> = stream::iter(sent)
+        .map(|job_id| async move { ledger.mark_enqueued(EnqueuedRequest { job_id, now }).await })
+        .buffer_unordered(CONCURRENCY)
+        .collect()
+        .await;
+    report.errors += recorded.iter().filter(|r| r.is_err()).count() as u64;
+    report.unknown = ledger.count(JobState::Unknown).await?;
+    Ok(report)
+}
+
+async fn expire(
+    ledger: &DynamoLedger,
+    now: Millis,
+    max_jobs: usize,
+    report: &mut ReconcileReport,
+) -> Result<(), LedgerError> {
+    for state in [
+        JobState::Ready,
+        JobState::RetryAuthorized,
+        JobState::Running,
+        JobState::Unknown,
+    ] {
+        let keys = ledger.past_deadline(state, now, max_jobs).await?;
+        let written: Vec<_> = stream::iter(keys)
+            .map(|(job_id, _)| async move {
+                let req = SettleRequest {
+                    job_id,
+                    from: SettleFrom::PastDeadline,
+                    reason: SettleReason::DeadlinePassed,
+                    now,
+                };
+                ledger.settle(req).await
+            })
+            .buffer_unordered(CONCURRENCY)
+            .collect()
+            .await;
+        for w in written {
+            match w {
+                Ok(Write::Applied(_)) => report.expired += 1,
+                Ok(Write::Refused(_)) => report.expire_refused += 1,
+                Err(_) => report.errors += 1,
+            }
+        }
+    }
+    Ok(())
+}

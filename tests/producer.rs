@@ -1,0 +1,229 @@
+//! The producer and the reconciler on the emulator: ledger first, then the trigger; triggers
+//! that carry only a job id; repairs of a producer that stopped between its two steps; expiry.
+
+mod common;
+
+use common::{deliver, emulator, fast_settings, job};
+use fenced_jobs::clock::{Clock, SystemClock};
+use fenced_jobs::job::{Failure, InvalidMessage, JobState, RecordOutcome, parse_body};
+use fenced_jobs::ledger::{ClaimRequest, CreateRequest, JobLedger, Write};
+use fenced_jobs::processor::new_job;
+use fenced_jobs::producer::submit;
+use fenced_jobs::provider::SimulatedProvider;
+use fenced_jobs::reconcile::{ReconcileSettings, reconcile};
+
+fn lines(text: &str) -> impl Iterator<Item = std::io::Result<String>> + '_ {
+    text.lines().map(|l| Ok(l.to_owned()))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn submit_writes_the_ledger_first_then_sends_and_the_worker_runs_every_job() {
+    // GIVEN a file with three jobs, a repeat, a conflicting reuse of an id, a bad line and a
+    // job too large to travel whole (a queue with a 1 s visibility timeout, so that a peek
+    // does not hide the messages for long)
+    let aws = emulator().await;
+    let table = aws.table().await;
+    let queue = aws.queue(1).await;
+    let ledger = aws.ledger(&table);
+    let big = "x".repeat(70_000);
+    let file = [
+        job("p-1", "first", ""),
+        job("p-2", "second", ""),
+        String::new(),
+        job("p-1", "first", ""),
+        job("p-1", "another input", ""),
+        "{not json".to_owned(),
+        job("p-big", &big, ""),
+    ]
+    .join("\n");
+
+    // WHEN it is submitted
+    let mut progress_calls = 0;
+    let report = submit(
+        &ledger,
+        &aws.sqs,
+        &queue.url,
+        lines(&file),
+        || SystemClock.now_ms(),
+        &fast_settings(),
+        |_| progress_calls += 1,
+    )
+    .await;
+
+    // THEN each line is accounted for, and only new jobs were sent
+    assert_eq!(report.lines, 6);
+    assert_eq!(report.created, 3);
+    assert_eq!(report.already_present, 1);
+    assert_eq!(report.conflicts, vec![(5, "p-1".to_owned())]);
+    assert_eq!(report.invalid.len(), 1);
+    assert_eq!(report.invalid[0].0, 6);
+    assert_eq!(report.sent, 3);
+    assert!(report.send_failed.is_empty() && report.ledger_failed.is_empty());
+    assert_eq!(progress_calls, 1);
+    for id in ["p-1", "p-2", "p-big"] {
+        let item = ledger.get(id).await.expect("get").expect("item");
+        assert_eq!(item.state, JobState::Ready);
+        assert!(item.enqueued_at.is_some(), "{id}: enqueue recorded");
+    }
+    let bodies: Vec<String> = aws
+        .peek(&queue.url, 1)
+        .await
+        .iter()
+        .filter_map(|m| m.body().map(str::to_owned))
+        .collect();
+    assert!(
+        bodies.contains(&r#"{"job_id":"p-big"}"#.to_owned()),
+        "a large job travels by id"
+    );
+
+    // AND the worker runs all three (the by-id trigger reads its input from the ledger)
+    tokio::time::sleep(std::time::Duration::from_millis(1_100)).await;
+    let handler = aws.handler(&table, SimulatedProvider::new(), fast_settings());
+    let source = aws.source(&queue).await;
+    let mut done = 0;
+    for _ in 0..5 {
+        let (poll, _) = deliver(&source, &handler).await;
+        done += poll.deleted;
+        if done == 3 {
+            break;
+        }
+    }
+    assert_eq!(done, 3);
+    for id in ["p-1", "p-2", "p-big"] {
+        let item = ledger.get(id).await.expect("get").expect("item");
+        assert_eq!(
+            (item.state, item.attempts),
+            (JobState::Succeeded, 1),
+            "{id}"
+        );
+    }
+    assert_eq!(handler.processor().provider().executions(), 3);
+
+    // AND submitting the same file again sends nothing new
+    let again = submit(
+        &ledger,
+        &aws.sqs,
+        &queue.url,
+        lines(&file),
+        || SystemClock.now_ms(),
+        &fast_settings(),
+        |_| {},
+    )
+    .await;
+    assert_eq!(
+        (again.created, again.already_present, again.sent),
+        (0, 4, 0)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_trigger_naming_a_job_the_ledger_does_not_hold_is_poison() {
+    let aws = emulator().await;
+    let table = aws.table().await;
+    let queue = aws.queue(30).await;
+    let handler = aws.handler(&table, SimulatedProvider::new(), fast_settings());
+    let source = aws.source(&queue).await;
+    aws.send(&queue, r#"{"job_id":"never-submitted"}"#).await;
+    let (_, report) = deliver(&source, &handler).await;
+    let report = report.expect("report");
+    assert_eq!(
+        report.records[0].outcome,
+        RecordOutcome::Failed(Failure::Poison(InvalidMessage::UnknownJob))
+    );
+    assert_eq!(report.records[0].visibility_s, Some(0));
+    assert_eq!(aws.item_count(&table).await, 0, "nothing was created");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_reconciler_repairs_a_stopped_producer_and_expires_jobs_past_their_deadline() {
+    let aws = emulator().await;
+    let table = aws.table().await;
+    let queue = aws.queue(30).await;
+    let ledger = aws.ledger(&table);
+    let now = SystemClock.now_ms();
+    let settings = fast_settings();
+    let create = |body: String, at: i64| {
+        let msg = parse_body(Some(&body)).expect("valid");
+        CreateRequest {
+            job: new_job(&msg, at, &settings),
+            now: at,
+        }
+    };
+    // GIVEN a producer that wrote a job and stopped before sending it
+    ledger
+        .create(create(job("stranded", "p", ""), now - 10_000))
+        .await
+        .expect("create");
+    // AND a job that is running past its deadline, and one ready past it
+    let late = |id: &str| {
+        let deadline = fenced_jobs::job::message::format_rfc3339_ms(now - 1_000);
+        format!(
+            r#"{{"job_id":"{id}","contract":"c","deadline_at":"{deadline}","input":{{"model":"m","prompt":"p"}}}}"#
+        )
+    };
+    ledger
+        .create(create(late("late-running"), now - 60_000))
+        .await
+        .expect("create");
+    let claimed = ledger
+        .claim(ClaimRequest {
+            job: create(late("late-running"), now - 60_000).job,
+            expect: fenced_jobs::job::Expect::FRESH,
+            owner_id: "w1".into(),
+            now: now - 59_000,
+            lease_until: now + 60_000,
+            provider_ref: None,
+        })
+        .await
+        .expect("claim");
+    assert!(matches!(claimed, Write::Applied(_)));
+    ledger
+        .create(create(late("late-ready"), now - 60_000))
+        .await
+        .expect("create");
+
+    // WHEN the reconciler runs
+    let quick = ReconcileSettings {
+        ready_after_ms: 5_000,
+        ..ReconcileSettings::default()
+    };
+    let report = reconcile(&ledger, &aws.sqs, &queue.url, now, &quick)
+        .await
+        .expect("reconcile");
+
+    // THEN the late jobs are expired (the live owner fenced) and the stranded one re-sent
+    assert_eq!(report.expired, 2, "{report:?}");
+    assert_eq!(report.resent, 1, "{report:?}");
+    assert_eq!(report.unknown, 0);
+    for id in ["late-running", "late-ready"] {
+        let item = ledger.get(id).await.expect("get").expect("item");
+        assert_eq!(item.state, JobState::Expired, "{id}");
+    }
+    let owner_accepts = ledger
+        .finish(fenced_jobs::ledger::FinishRequest {
+            job_id: "late-running".into(),
+            epoch: 1,
+            attempt: 1,
+            now: now + 1,
+            end: fenced_jobs::ledger::AttemptEnd::Succeeded {
+                result: "{}".into(),
+            },
+        })
+        .await
+        .expect("finish");
+    assert!(matches!(owner_accepts, Write::Refused(_)));
+
+    // AND a second run right away sends nothing more
+    let again = reconcile(&ledger, &aws.sqs, &queue.url, now + 1_000, &quick)
+        .await
+        .expect("reconcile");
+    assert_eq!((again.expired, again.resent), (0, 0), "{again:?}");
+
+    // AND the worker runs the re-sent job
+    let handler = aws.handler(&table, SimulatedProvider::new(), fast_settings());
+    let source = aws.source(&queue).await;
+    let (poll, _) = deliver(&source, &handler).await;
+    assert_eq!(poll.deleted, 1);
+    let item = ledger.get("stranded").await.expect("get").expect("item");
+    assert_eq!(item.state, JobState::Succeeded);
+}
