@@ -1,5 +1,5 @@
 # The two commands of the README need no set-up: they install what they need.
-.PHONY: demo test drill bench build invoke check fmt clippy emulator-start emulator-stop clean
+.PHONY: demo test drill bench build invoke deploy check fmt clippy emulator-start emulator-stop clean
 
 demo: ## Run the main job end to end on the local emulator
 	scripts/demo.sh
@@ -13,8 +13,11 @@ drill: ## The recovery drill on the emulator, with its timeline
 bench: ## Benchmarks (release build; never part of `make test`)
 	scripts/bench.sh
 
-build: ## The deployable arm64 zip (cargo-lambda from PyPI): target/lambda/worker/bootstrap.zip
+build: ## The deployable arm64 zips (cargo-lambda from PyPI): target/lambda/{worker,reconciler}/bootstrap.zip
 	scripts/build.sh
+
+deploy: ## sam build + sam deploy --guided (needs the SAM CLI and AWS credentials)
+	scripts/deploy.sh
 
 invoke: ## The worker under cargo lambda watch against the emulator, with a sample event (EVENT=...)
 	scripts/invoke.sh

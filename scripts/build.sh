@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# make build: the deployable arm64 zip of the worker, with cargo-lambda from PyPI.
-# Output: target/lambda/worker/bootstrap.zip
+# make build: the deployable arm64 zips of the worker and the reconciler, with cargo-lambda from
+# PyPI. Output: target/lambda/{worker,reconciler}/bootstrap.zip
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/emulator.sh install
@@ -8,5 +8,6 @@ if ! .venv/bin/python -c "import importlib.metadata as m; m.version('cargo-lambd
   .venv/bin/pip install --quiet --disable-pip-version-check -r scripts/requirements-build.txt
 fi
 rustup target list --installed | grep -q aarch64-unknown-linux-gnu || rustup target add aarch64-unknown-linux-gnu
-PATH="$PWD/.venv/bin:$PATH" cargo lambda build --release --arm64 --output-format zip --bin worker
-ls -l target/lambda/worker/bootstrap.zip
+PATH="$PWD/.venv/bin:$PATH" cargo lambda build --release --arm64 --output-format zip \
+  --bin worker --bin reconciler
+ls -l target/lambda/worker/bootstrap.zip target/lambda/reconciler/bootstrap.zip

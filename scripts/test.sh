@@ -6,5 +6,7 @@ cd "$(dirname "$0")/.."
 scripts/emulator.sh install
 echo "== cfn-lint template.yaml" >&2
 .venv/bin/cfn-lint template.yaml
+echo "== template consistency" >&2
+.venv/bin/python scripts/check_template.py --self-test template.yaml
 echo "== cargo test" >&2
 scripts/with-emulator.sh cargo test --all-targets "$@"

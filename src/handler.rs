@@ -16,7 +16,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::batch::{self, UnnamedFailure};
 use crate::clock::Clock;
-use crate::heartbeat::{Delivered, Flights, Heartbeat, StatsSnapshot};
+use crate::heartbeat::{Delivered, Flights, Heartbeat, Renewals, StatsSnapshot};
 use crate::job::outcome::Delivery;
 use crate::job::{Failure, JobMessage, JobRecord, RecordOutcome, Trigger, parse_trigger};
 use crate::ledger::JobLedger;
@@ -43,6 +43,34 @@ pub struct RecordReport {
     pub outcome: RecordOutcome,
     /// The visibility timeout set, for a failure that could be given one.
     pub visibility_s: Option<i32>,
+    /// The job as the ledger last showed it to this record, if it got that far.
+    pub job: Option<JobSummary>,
+    /// The lease renewals made for this record's call.
+    pub renewals: Renewals,
+}
+
+/// What the ledger said about a record's job, for its log line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JobSummary {
+    /// The owner epoch.
+    pub epoch: u64,
+    /// Attempts so far.
+    pub attempts: u32,
+    /// The job's deadline, Unix ms.
+    pub deadline_at: crate::job::Millis,
+    /// Why the job was last taken over, if it ever was.
+    pub recovery: Option<String>,
+}
+
+impl JobSummary {
+    fn of(record: &JobRecord) -> Self {
+        JobSummary {
+            epoch: record.owner_epoch,
+            attempts: record.attempts,
+            deadline_at: record.deadline_at,
+            recovery: record.recoveries.last().map(|r| r.reason.clone()),
+        }
+    }
 }
 
 /// Everything one batch produced.
@@ -152,7 +180,7 @@ impl<L: JobLedger, P: Provider, C: Clock, V: VisibilityControl> BatchHandler<L, 
         );
         let stop = CancellationToken::new();
         let work = async {
-            let finished: Vec<Vec<(usize, RecordOutcome)>> = stream::iter(lanes)
+            let finished: Vec<Vec<Finished>> = stream::iter(lanes)
                 .map(|lane| self.run_lane(lane, &entries, inv, &flights, fifo))
                 .buffer_unordered(settings.max_concurrency)
                 .collect()
@@ -170,9 +198,10 @@ impl<L: JobLedger, P: Provider, C: Clock, V: VisibilityControl> BatchHandler<L, 
         // The heartbeat finishes its tick in progress before the final visibilities are set.
         let (finished, ()) = tokio::join!(work, heartbeat.run(stop.clone()));
 
-        let mut outcomes: Vec<Option<RecordOutcome>> = vec![None; entries.len()];
-        for (index, outcome) in finished.into_iter().flatten() {
-            outcomes[index] = Some(outcome);
+        let mut outcomes: Vec<Option<(RecordOutcome, Option<JobSummary>)>> =
+            vec![None; entries.len()];
+        for (index, outcome, job) in finished.into_iter().flatten() {
+            outcomes[index] = Some((outcome, job));
         }
 
         let mut rng = self
@@ -181,11 +210,14 @@ impl<L: JobLedger, P: Provider, C: Clock, V: VisibilityControl> BatchHandler<L, 
         let now = clock.now_ms();
         let mut records = Vec::with_capacity(entries.len());
         let mut changes: HashMap<&str, Vec<VisibilityChange>> = HashMap::new();
-        for (entry, outcome) in entries.iter().zip(outcomes) {
-            let outcome = outcome.unwrap_or(RecordOutcome::Failed(Failure::Backoff {
-                retry_after_ms: None,
-                cause: "not processed",
-            }));
+        for (index, (entry, outcome)) in entries.iter().zip(outcomes).enumerate() {
+            let (outcome, job) = outcome.unwrap_or((
+                RecordOutcome::Failed(Failure::Backoff {
+                    retry_after_ms: None,
+                    cause: "not processed",
+                }),
+                None,
+            ));
             let mut visibility_s = None;
             if let RecordOutcome::Failed(failure) = &outcome {
                 let seconds = settings.visibility.visibility_s(
@@ -209,8 +241,10 @@ impl<L: JobLedger, P: Provider, C: Clock, V: VisibilityControl> BatchHandler<L, 
                 job_id: entry.parsed.as_ref().ok().map(|m| m.job_id().to_owned()),
                 outcome,
                 visibility_s,
+                job,
+                renewals: flights.renewals(index),
             };
-            log_record(&report, entry);
+            log_record(&report, entry, now);
             records.push(report);
         }
 
@@ -271,7 +305,7 @@ impl<L: JobLedger, P: Provider, C: Clock, V: VisibilityControl> BatchHandler<L, 
         inv: &Invocation,
         flights: &Flights,
         fifo: bool,
-    ) -> Vec<(usize, RecordOutcome)> {
+    ) -> Vec<Finished> {
         let mut views: Vec<JobRecord> = Vec::new();
         let mut blocked = false;
         let mut out = Vec::with_capacity(lane.len());
@@ -297,7 +331,13 @@ impl<L: JobLedger, P: Provider, C: Clock, V: VisibilityControl> BatchHandler<L, 
             };
             flights.done(index);
             blocked = fifo && !outcome.is_success();
-            out.push((index, outcome));
+            let job = entry
+                .parsed
+                .as_ref()
+                .ok()
+                .and_then(|t| views.iter().find(|v| v.job_id == t.job_id()))
+                .map(JobSummary::of);
+            out.push((index, outcome, job));
         }
         out
     }
@@ -340,6 +380,9 @@ impl<L: JobLedger, P: Provider, C: Clock, V: VisibilityControl> BatchHandler<L, 
         }
     }
 }
+
+/// A record's index, outcome and job summary, as its lane finished it.
+type Finished = (usize, RecordOutcome, Option<JobSummary>);
 
 /// Splits a batch into lanes that run concurrently, each in batch order. Standard queue: one
 /// lane per job (poison records alone). FIFO: one lane per message group, poison included, since
@@ -390,17 +433,17 @@ fn delivery_of(record: &SqsMessage, now: i64) -> Delivery {
     }
 }
 
-fn log_record(report: &RecordReport, entry: &Entry<'_>) {
+fn log_record(report: &RecordReport, entry: &Entry<'_>, now: crate::job::Millis) {
     let message_id = report.message_id.as_deref().unwrap_or("");
     let job_id = report.job_id.as_deref().unwrap_or("");
-    let receive_count = entry
+    let delivery_count = entry
         .record
         .attributes
         .get("ApproximateReceiveCount")
         .map(String::as_str);
     match &report.outcome {
         RecordOutcome::Failed(Failure::Poison(reason)) => {
-            tracing::warn!(message_id, receive_count, reason = %reason, "poison record")
+            tracing::warn!(message_id, delivery_count, reason = %reason, "poison record")
         }
         RecordOutcome::Failed(Failure::Conflict {
             ledger_digest,
@@ -408,6 +451,7 @@ fn log_record(report: &RecordReport, entry: &Entry<'_>) {
         }) => tracing::warn!(
             message_id,
             job_id,
+            delivery_count,
             ledger_digest = %ledger_digest,
             message_digest = %message_digest,
             "conflict: job_id reused with a different input"
@@ -417,10 +461,17 @@ fn log_record(report: &RecordReport, entry: &Entry<'_>) {
                 RecordOutcome::Failed(Failure::Backoff { cause, .. }) => Some(*cause),
                 _ => None,
             };
+            let job = report.job.as_ref();
             tracing::info!(
                 message_id,
                 job_id,
-                receive_count,
+                delivery_count,
+                epoch = job.map(|j| j.epoch),
+                attempts = job.map(|j| j.attempts),
+                deadline_left_ms = job.map(|j| j.deadline_at - now),
+                renewal = report.renewals.label(),
+                renewals = report.renewals.renewed,
+                recovery_reason = job.and_then(|j| j.recovery.as_deref()),
                 outcome = outcome.label(),
                 cause,
                 visibility_s = report.visibility_s,

@@ -131,6 +131,33 @@ struct Flight {
     /// SQS refused an extension: the delivery is over, stop extending.
     visibility_stopped: bool,
     stage: Stage,
+    renewals: Renewals,
+}
+
+/// The lease renewals of one record, for its log line.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Renewals {
+    /// Renewals applied.
+    pub renewed: u32,
+    /// Renewals refused (ownership lost).
+    pub refused: u32,
+    /// Renewals whose outcome stayed unknown after their retries.
+    pub uncertain: u32,
+}
+
+impl Renewals {
+    /// The outcome to log: the worst that happened, or `none`.
+    pub fn label(self) -> &'static str {
+        if self.refused > 0 {
+            "refused"
+        } else if self.uncertain > 0 {
+            "uncertain"
+        } else if self.renewed > 0 {
+            "renewed"
+        } else {
+            "none"
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -193,6 +220,7 @@ impl Flights {
                     visible_until,
                     visibility_stopped: false,
                     stage: Stage::Pending,
+                    renewals: Renewals::default(),
                 }
             })
             .collect();
@@ -236,6 +264,20 @@ impl Flights {
             if matches!(flight.stage, Stage::Running(_)) {
                 flight.stage = Stage::Pending;
             }
+        }
+    }
+
+    /// The lease renewals of record `index` so far.
+    pub fn renewals(&self, index: usize) -> Renewals {
+        self.lock()
+            .get(index)
+            .map(|f| f.renewals)
+            .unwrap_or_default()
+    }
+
+    fn count_renewal(&self, index: usize, count: impl FnOnce(&mut Renewals)) {
+        if let Some(flight) = self.lock().get_mut(index) {
+            count(&mut flight.renewals);
         }
     }
 
@@ -428,10 +470,12 @@ impl<L: JobLedger, V: VisibilityControl, C: Clock> Heartbeat<'_, L, V, C> {
                     bump(&stats.lease_renewed, 1);
                     if let Some(Flight {
                         stage: Stage::Running(lease),
+                        renewals,
                         ..
                     }) = self.flights.lock().get_mut(index)
                     {
                         lease.lease_until = record.owner_until.unwrap_or(lease.lease_until);
+                        renewals.renewed += 1;
                     }
                     return;
                 }
@@ -440,6 +484,7 @@ impl<L: JobLedger, V: VisibilityControl, C: Clock> Heartbeat<'_, L, V, C> {
                 Ok(Write::Refused(_)) if self.flights.lease_until(index).is_none() => return,
                 Ok(Write::Refused(seen)) => {
                     bump(&stats.lease_refused, 1);
+                    self.flights.count_renewal(index, |r| r.refused += 1);
                     tracing::warn!(
                         job_id = %job_id,
                         epoch,
@@ -458,6 +503,7 @@ impl<L: JobLedger, V: VisibilityControl, C: Clock> Heartbeat<'_, L, V, C> {
                         continue;
                     }
                     bump(&stats.lease_uncertain, 1);
+                    self.flights.count_renewal(index, |r| r.uncertain += 1);
                     tracing::warn!(job_id = %job_id, epoch, error = %e, "lease renewal uncertain");
                     // The lease still protects the job until it lapses; stop before it does.
                     if lease_until - skew <= now + self.settings.heartbeat_ms {

@@ -292,6 +292,8 @@ mod tests {
                     job_id: Some("j".into()),
                     outcome,
                     visibility_s: None,
+                    job: None,
+                    renewals: Default::default(),
                 })
                 .collect(),
             visibility: Default::default(),

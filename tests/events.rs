@@ -65,3 +65,37 @@ async fn the_mixed_batch_fails_the_transient_and_the_poison_records_only() {
     // extract (once for two records), eval, reject.
     assert_eq!(calls, 3);
 }
+
+#[tokio::test]
+async fn a_duplicate_in_one_batch_makes_one_call_and_both_records_succeed() {
+    assert_eq!(run("events/sqs-duplicate.json").await, (vec![], 1));
+}
+
+#[tokio::test]
+async fn poison_records_fail_alone_and_the_good_record_succeeds() {
+    let (failures, calls) = run("events/sqs-poison.json").await;
+    assert_eq!(
+        failures,
+        [
+            "7a2e0c41-0004-4b1d-8c55-000000000001",
+            "7a2e0c41-0004-4b1d-8c55-000000000002",
+            "7a2e0c41-0004-4b1d-8c55-000000000003",
+        ]
+    );
+    assert_eq!(calls, 1);
+}
+
+#[tokio::test]
+async fn a_fifo_group_stops_at_its_first_failure_and_other_groups_go_on() {
+    let (failures, calls) = run("events/sqs-fifo-batch.json").await;
+    // tenant-a: the first succeeds, the second fails (transient), the third is skipped;
+    // tenant-b goes on.
+    assert_eq!(
+        failures,
+        [
+            "7a2e0c41-0005-4b1d-8c55-000000000002",
+            "7a2e0c41-0005-4b1d-8c55-000000000003",
+        ]
+    );
+    assert_eq!(calls, 3);
+}

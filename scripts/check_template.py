@@ -1,0 +1,151 @@
+"""The template's own consistency, beyond what cfn-lint checks.
+
+    check_template.py template.yaml       check the template (exit 1 with every problem found)
+    check_template.py --self-test FILE    also prove each rule fails on a broken copy
+
+Rules: the work queue's visibility timeout is at least six times the worker's timeout plus the
+batching window (for the parameter defaults); every SQS event source reports batch item
+failures; the DLQ keeps messages 14 days and the redrive allows at least 5 receives; no IAM
+action has a wildcard; the table is on demand with TTL, point-in-time recovery and both sparse
+indexes; no environment variable holds a key in plain text.
+"""
+
+import copy
+import sys
+
+from cfnlint.decode import decode
+
+
+def resolve(template, value):
+    """A literal, or a parameter's default behind a Ref."""
+    if isinstance(value, dict) and "Ref" in value:
+        return template.get("Parameters", {}).get(value["Ref"], {}).get("Default")
+    return value
+
+
+def functions(template):
+    for name, res in template.get("Resources", {}).items():
+        if res.get("Type") == "AWS::Serverless::Function":
+            yield name, res
+
+
+def statements(template):
+    for name, res in template.get("Resources", {}).items():
+        props = res.get("Properties", {})
+        for policy in props.get("Policies", []) or []:
+            if isinstance(policy, dict):
+                for stmt in policy.get("Statement", []):
+                    if isinstance(stmt, dict) and "Fn::If" in stmt:
+                        stmt = stmt["Fn::If"][1]
+                    if isinstance(stmt, dict):
+                        yield name, stmt
+
+
+def problems(template):
+    found = []
+    globals_fn = template.get("Globals", {}).get("Function", {})
+    resources = template.get("Resources", {})
+
+    worker = resources.get("WorkerFunction", {}).get("Properties", {})
+    timeout = int(resolve(template, worker.get("Timeout", globals_fn.get("Timeout", 3))))
+    for name, fn in functions(template):
+        for event in (fn["Properties"].get("Events") or {}).values():
+            if event.get("Type") != "SQS":
+                continue
+            props = event.get("Properties", {})
+            if "ReportBatchItemFailures" not in (props.get("FunctionResponseTypes") or []):
+                found.append(f"{name}: SQS event without ReportBatchItemFailures")
+            window = int(resolve(template, props.get("MaximumBatchingWindowInSeconds", 0)) or 0)
+            queue_ref = props.get("Queue", {}).get("Fn::GetAtt", [None])[0]
+            queue = resources.get(queue_ref, {}).get("Properties", {})
+            visibility = int(resolve(template, queue.get("VisibilityTimeout", 30)))
+            if visibility < 6 * timeout + window:
+                found.append(
+                    f"{queue_ref}: visibility {visibility} s < 6 x timeout {timeout} s + window {window} s"
+                )
+            redrive = queue.get("RedrivePolicy", {})
+            if int(redrive.get("maxReceiveCount", 0)) < 5:
+                found.append(f"{queue_ref}: maxReceiveCount below 5")
+            dlq_ref = redrive.get("deadLetterTargetArn", {}).get("Fn::GetAtt", [None])[0]
+            dlq = resources.get(dlq_ref, {}).get("Properties", {})
+            if int(dlq.get("MessageRetentionPeriod", 0)) != 1209600:
+                found.append(f"{dlq_ref}: DLQ retention is not 14 days")
+        env = (fn["Properties"].get("Environment") or {}).get("Variables", {})
+        for key, value in env.items():
+            if "KEY" in key and "SECRET" not in key and "PARAMETER" not in key and isinstance(value, str):
+                found.append(f"{name}: {key} holds a literal value")
+
+    for name, stmt in statements(template):
+        actions = stmt.get("Action", [])
+        for action in actions if isinstance(actions, list) else [actions]:
+            if isinstance(action, str) and "*" in action:
+                found.append(f"{name}: wildcard action {action}")
+
+    table = resources.get("JobsTable", {}).get("Properties", {})
+    if table.get("BillingMode") != "PAY_PER_REQUEST":
+        found.append("JobsTable: not on demand")
+    if not table.get("TimeToLiveSpecification", {}).get("Enabled"):
+        found.append("JobsTable: TTL off")
+    pitr = table.get("PointInTimeRecoverySpecification", {})
+    if not pitr.get("PointInTimeRecoveryEnabled"):
+        found.append("JobsTable: point-in-time recovery off")
+    indexes = {i.get("IndexName") for i in table.get("GlobalSecondaryIndexes", [])}
+    for index in ("attention-index", "deadline-index"):
+        if index not in indexes:
+            found.append(f"JobsTable: no {index}")
+    return found
+
+
+def self_test(template):
+    """Every rule must catch a copy broken on purpose."""
+
+    def broken(change):
+        t = copy.deepcopy(template)
+        change(t)
+        return problems(t)
+
+    r = lambda t: t["Resources"]
+    cases = {
+        "visibility": lambda t: r(t)["JobsQueue"]["Properties"].__setitem__("VisibilityTimeout", 900),
+        "batch item failures": lambda t: r(t)["WorkerFunction"]["Properties"]["Events"]["Jobs"][
+            "Properties"
+        ].__setitem__("FunctionResponseTypes", []),
+        "wildcard": lambda t: r(t)["WorkerFunction"]["Properties"]["Policies"][0]["Statement"][0].__setitem__(
+            "Action", "dynamodb:*"
+        ),
+        "receive count": lambda t: r(t)["JobsQueue"]["Properties"]["RedrivePolicy"].__setitem__(
+            "maxReceiveCount", 1
+        ),
+        "dlq retention": lambda t: r(t)["JobsDeadLetterQueue"]["Properties"].__setitem__(
+            "MessageRetentionPeriod", 345600
+        ),
+        "pitr": lambda t: r(t)["JobsTable"]["Properties"].pop("PointInTimeRecoverySpecification"),
+        "index": lambda t: r(t)["JobsTable"]["Properties"]["GlobalSecondaryIndexes"].pop(),
+        "literal key": lambda t: r(t)["WorkerFunction"]["Properties"]["Environment"]["Variables"].__setitem__(
+            "OPENAI_API_KEY", "sk-live"
+        ),
+    }
+    missed = [name for name, change in cases.items() if not broken(change)]
+    return [f"self-test: the {name} rule did not catch a broken copy" for name in missed]
+
+
+def main():
+    args = sys.argv[1:]
+    test = "--self-test" in args
+    path = [a for a in args if a != "--self-test"][0]
+    template, matches = decode(path)
+    if matches:
+        print("\n".join(str(m) for m in matches))
+        return 1
+    found = problems(template)
+    if test and not found:
+        found = self_test(template)
+    for p in found:
+        print(f"template: {p}")
+    if not found:
+        print(f"template: consistent{' (self-test passed)' if test else ''}")
+    return 1 if found else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

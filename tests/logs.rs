@@ -1,0 +1,139 @@
+//! The logs of a full batch (success through a real HTTP provider, a call whose connection
+//! drops, poison, a conflict, a job-id trigger) carry what an operator needs per record and
+//! nothing secret: no receipt handle, prompt, answer or credential.
+
+mod common;
+
+use std::io::Write;
+use std::sync::{Arc, Mutex};
+
+use aws_lambda_events::event::sqs::{SqsEvent, SqsMessage};
+use common::http::{HttpStub, Reply};
+use fenced_jobs::clock::{Clock, SystemClock};
+use fenced_jobs::config::{Secret, Settings};
+use fenced_jobs::handler::BatchHandler;
+use fenced_jobs::ledger::memory::InMemoryLedger;
+use fenced_jobs::processor::{Invocation, Processor};
+use fenced_jobs::provider::OpenAiProvider;
+use fenced_jobs::provider::openai::{OpenAiApi, OpenAiSettings};
+use fenced_jobs::visibility::RecordingVisibility;
+use serde_json::{Value, json};
+
+const API_KEY: &str = "sk-CANARY-KEY-5521";
+const PROMPT: &str = "CANARY-PROMPT-8830";
+const ANSWER: &str = "CANARY-ANSWER-1177";
+const HANDLE: &str = "CANARY-HANDLE-4406";
+
+#[derive(Clone, Default)]
+struct Captured(Arc<Mutex<Vec<u8>>>);
+
+impl Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().expect("buffer").extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+fn record(id: &str, body: &str) -> SqsMessage {
+    let mut m = SqsMessage::default();
+    m.message_id = Some(id.to_owned());
+    m.receipt_handle = Some(format!("{HANDLE}-{id}"));
+    m.body = Some(body.to_owned());
+    m.event_source_arn = Some("arn:aws:sqs:us-east-1:123456789012:jobs".to_owned());
+    m.attributes
+        .insert("ApproximateReceiveCount".into(), "2".into());
+    m
+}
+
+fn job(id: &str, prompt: &str) -> String {
+    json!({"job_id": id, "contract": "c", "input": {"model": "m", "prompt": prompt}}).to_string()
+}
+
+#[tokio::test]
+async fn a_full_batch_logs_each_record_without_secrets() {
+    let captured = Captured::default();
+    let sink = captured.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .json()
+        .with_writer(move || sink.clone())
+        .with_max_level(tracing::Level::DEBUG)
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+
+    let server = HttpStub::start(|req, _| {
+        let body = req.json();
+        let prompt = body["messages"][0]["content"].as_str().unwrap_or_default();
+        if prompt.ends_with("drop") {
+            return Reply::Drop;
+        }
+        Reply::json(
+            200,
+            json!({"choices": [{"message": {"role": "assistant", "content": ANSWER}}],
+                   "error_echo": prompt}),
+        )
+    })
+    .await;
+    let settings = OpenAiSettings {
+        base_url: format!("{}/v1", server.url),
+        api: OpenAiApi::Chat,
+        ..OpenAiSettings::default()
+    };
+    let provider = OpenAiProvider::new(settings, Some(Secret::new(API_KEY))).expect("client");
+    let ledger = Arc::new(InMemoryLedger::new());
+    let handler = BatchHandler::new(
+        Processor::new(ledger.clone(), provider, SystemClock, Settings::default()),
+        RecordingVisibility::new(),
+    );
+    let mut event = SqsEvent::default();
+    event.records = vec![
+        record("m-ok", &job("log-ok", PROMPT)),
+        record("m-drop", &job("log-drop", &format!("{PROMPT} drop"))),
+        record(
+            "m-poison",
+            &format!(r#"{{"job_id":"{PROMPT} !","contract":"c"}}"#),
+        ),
+        record("m-conflict", &job("log-ok", &format!("{PROMPT} other"))),
+        record("m-by-id", r#"{"job_id":"log-ok"}"#),
+    ];
+    let inv = Invocation {
+        id: "inv-logs".into(),
+        deadline: Some(SystemClock.now_ms() + 60_000),
+    };
+    let report = handler.handle_batch(&event, &inv).await;
+    assert!(report.records[0].outcome.is_success());
+    drop(_guard);
+
+    let text = String::from_utf8(captured.0.lock().expect("buffer").clone()).expect("utf-8");
+    for secret in [API_KEY, PROMPT, ANSWER, HANDLE] {
+        assert!(!text.contains(secret), "{secret} reached the logs:\n{text}");
+    }
+    let lines: Vec<Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("every log line is JSON"))
+        .collect();
+    let done = |message_id: &str| {
+        lines
+            .iter()
+            .find(|l| l["fields"]["message_id"] == message_id)
+            .unwrap_or_else(|| panic!("no line for {message_id}:\n{text}"))
+            .clone()
+    };
+    let ok = done("m-ok");
+    assert_eq!(ok["fields"]["job_id"], "log-ok");
+    assert_eq!(ok["fields"]["delivery_count"], "2");
+    assert_eq!(ok["fields"]["epoch"], 1);
+    assert_eq!(ok["fields"]["attempts"], 1);
+    assert_eq!(ok["fields"]["outcome"], "succeeded");
+    assert_eq!(ok["fields"]["renewal"], "none");
+    assert!(ok["fields"]["deadline_left_ms"].as_i64().expect("deadline") > 0);
+    assert_eq!(done("m-drop")["fields"]["outcome"], "awaiting_decision");
+    assert_eq!(done("m-poison")["fields"]["message"], "poison record");
+    assert_eq!(done("m-by-id")["fields"]["outcome"], "succeeded");
+    assert!(
+        lines.iter().any(|l| l["fields"]["message"] == "batch done"),
+        "{text}"
+    );
+}
