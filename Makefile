@@ -1,5 +1,5 @@
 # The two commands of the README need no set-up: they install what they need.
-.PHONY: demo test drill bench build invoke deploy check fmt clippy emulator-start emulator-stop clean
+.PHONY: demo test drill chaos fuzz bench build invoke deploy check fmt clippy emulator-start emulator-stop clean
 
 demo: ## Run the main job end to end on the local emulator
 	scripts/demo.sh
@@ -9,6 +9,12 @@ test: ## Lint the template and run every test (emulator started and stopped here
 
 drill: ## The recovery drill on the emulator, with its timeline
 	scripts/drill.sh
+
+chaos: ## Fault-injection simulation, 10,000 jobs, every fault kind (SEED=1 SEEDS=1 JOBS=10000)
+	cargo run --release --example chaos -- --seed $(or $(SEED),1) --seeds $(or $(SEEDS),1) --jobs $(or $(JOBS),10000)
+
+fuzz: ## Each fuzz target for FUZZ_SECONDS (default 600) with cargo-fuzz on nightly
+	scripts/fuzz.sh
 
 bench: ## Benchmarks (release build; never part of `make test`)
 	scripts/bench.sh

@@ -1,0 +1,987 @@
+//! A seeded, reproducible model of the world around the real handler: a standard SQS queue with
+//! a DLQ, Lambda consumers that crash, pause and time out, a DynamoDB ledger that throttles and
+//! loses responses, and a provider with a long-tailed latency, errors, hangs and lost
+//! connections. Time is virtual (tokio's paused clock), so hours pass in seconds and a seed
+//! replays the same run.
+//!
+//! The handler, processor, heartbeat and ledger contract are the crate's own; only the world
+//! around them is modelled. Invariants are checked as the run goes and at its end.
+
+#![allow(dead_code)]
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use aws_lambda_events::event::sqs::{SqsEvent, SqsMessage};
+use fenced_jobs::clock::Clock;
+use fenced_jobs::config::{ReplayPolicy, Settings};
+use fenced_jobs::handler::BatchHandler;
+use fenced_jobs::job::{AttemptOutcome, JobRecord, JobState, Millis, parse_trigger};
+use fenced_jobs::ledger::memory::InMemoryLedger;
+use fenced_jobs::ledger::{
+    ClaimRequest, CreateRequest, DecideRequest, EnqueuedRequest, FinishRequest, JobLedger,
+    LedgerError, RecordRefRequest, RecoverRequest, RenewRequest, SettleRequest, Write,
+};
+use fenced_jobs::processor::{Invocation, Processor};
+use fenced_jobs::provider::{Answer, Provider, ProviderError, ProviderRequest, Retrieval};
+use fenced_jobs::visibility::{ChangeResult, ChangeResults, VisibilityChange, VisibilityControl};
+
+const QUEUE_ARN: &str = "arn:aws:sqs:us-east-1:123456789012:chaos";
+const START_MS: Millis = 1_800_000_000_000;
+
+/// How a run is set up.
+#[derive(Debug, Clone)]
+pub struct ChaosConfig {
+    /// Seed of every random choice.
+    pub seed: u64,
+    /// Jobs submitted at the start.
+    pub jobs: usize,
+    /// Concurrent Lambda consumers.
+    pub consumers: usize,
+    /// Records per invocation.
+    pub batch_size: usize,
+    /// Fault probabilities; all zero turns faults off.
+    pub faults: FaultRates,
+}
+
+/// The probability of each fault, per opportunity.
+#[derive(Debug, Clone)]
+pub struct FaultRates {
+    /// A receive also returns a message that is in flight (a second delivery).
+    pub duplicate_delivery: f64,
+    /// A deleted message comes back once.
+    pub delivery_after_delete: f64,
+    /// A visibility change fails (not applied) or times out (applied, no answer).
+    pub visibility_failure: f64,
+    /// A delete fails (the message stays).
+    pub delete_failure: f64,
+    /// An invocation's process vanishes at a random moment (no response).
+    pub crash: f64,
+    /// An invocation's worker stops the world for longer than the lease.
+    pub pause: f64,
+    /// An invocation never returns (Lambda times it out: no response).
+    pub invocation_timeout: f64,
+    /// A ledger call is throttled (not applied).
+    pub ddb_throttle: f64,
+    /// A ledger call times out: applied or not, the response is lost.
+    pub ddb_timeout: f64,
+    /// The provider refuses before doing the work (429/5xx).
+    pub provider_transient: f64,
+    /// The provider rejects the request for good.
+    pub provider_permanent: f64,
+    /// The provider never answers.
+    pub provider_hang: f64,
+    /// The provider ran the call and the connection was lost before the answer.
+    pub connection_lost: f64,
+    /// A provider forgets a call (retrieval answers "not found").
+    pub provider_forgets: f64,
+}
+
+impl FaultRates {
+    /// Every fault kind enabled.
+    pub fn all() -> Self {
+        FaultRates {
+            duplicate_delivery: 0.02,
+            delivery_after_delete: 0.01,
+            visibility_failure: 0.02,
+            delete_failure: 0.02,
+            crash: 0.02,
+            pause: 0.05,
+            invocation_timeout: 0.005,
+            ddb_throttle: 0.01,
+            ddb_timeout: 0.01,
+            provider_transient: 0.05,
+            provider_permanent: 0.01,
+            provider_hang: 0.005,
+            connection_lost: 0.02,
+            provider_forgets: 0.2,
+        }
+    }
+}
+
+/// What a run found.
+#[derive(Debug, Clone, Default)]
+pub struct ChaosReport {
+    /// Jobs.
+    pub jobs: usize,
+    /// Records delivered to invocations.
+    pub deliveries: u64,
+    /// Invocations started.
+    pub invocations: u64,
+    /// Faults injected, by kind.
+    pub faults: BTreeMap<&'static str, u64>,
+    /// Invariant violations (empty on a good run).
+    pub violations: Vec<String>,
+    /// Provider executions per job: mean and max.
+    pub executions_mean: f64,
+    /// See `executions_mean`.
+    pub executions_max: u64,
+    /// Jobs by final state.
+    pub end_states: BTreeMap<String, u64>,
+    /// Virtual time the run took.
+    pub virtual_ms: Millis,
+}
+
+/// Virtual wall-clock time: tokio's (paused) clock from a fixed start.
+#[derive(Clone)]
+pub struct VirtualClock {
+    origin: tokio::time::Instant,
+}
+
+impl Clock for VirtualClock {
+    fn now_ms(&self) -> Millis {
+        START_MS + self.origin.elapsed().as_millis() as Millis
+    }
+}
+
+/// Shared state of the world: randomness, fault counts, violations.
+struct World {
+    rng: Mutex<fastrand::Rng>,
+    rates: FaultRates,
+    faults: Mutex<BTreeMap<&'static str, u64>>,
+    violations: Mutex<Vec<String>>,
+    clock: VirtualClock,
+    /// Terminal states and results as first seen, to catch any later change.
+    terminal: Mutex<HashMap<String, (JobState, Option<String>)>>,
+}
+
+impl World {
+    fn roll(&self, p: f64) -> bool {
+        p > 0.0 && self.rng.lock().expect("rng").f64() < p
+    }
+
+    fn fault(&self, kind: &'static str, p: f64) -> bool {
+        let hit = self.roll(p);
+        if hit {
+            *self.faults.lock().expect("faults").entry(kind).or_default() += 1;
+        }
+        hit
+    }
+
+    fn range(&self, lo: u64, hi: u64) -> u64 {
+        self.rng.lock().expect("rng").u64(lo..=hi)
+    }
+
+    fn violation(&self, what: String) {
+        self.violations.lock().expect("violations").push(what);
+    }
+
+    fn now(&self) -> Millis {
+        self.clock.now_ms()
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// SQS
+
+struct Msg {
+    id: String,
+    job_id: String,
+    body: String,
+    receive_count: u32,
+    visible_at: Millis,
+    first_receive: Option<Millis>,
+    handle: u64,
+    deleted: bool,
+    in_dlq: bool,
+    /// A second delivery of the current one will happen at this instant (a duplicate).
+    duplicate_at: Option<Millis>,
+    /// The message comes back at this instant after its deletion (once).
+    resurrect_at: Option<Millis>,
+}
+
+/// A standard queue with a redrive policy.
+struct Queue {
+    msgs: Mutex<Vec<Msg>>,
+    next_handle: AtomicI64,
+    visibility_ms: Millis,
+    max_receive: u32,
+}
+
+impl Queue {
+    fn receive(&self, world: &World, max: usize) -> Vec<SqsMessage> {
+        let now = world.now();
+        let mut msgs = self.msgs.lock().expect("queue");
+        let mut out = Vec::new();
+        for m in msgs.iter_mut() {
+            if out.len() >= max {
+                break;
+            }
+            if m.in_dlq {
+                continue;
+            }
+            if m.deleted {
+                match m.resurrect_at {
+                    Some(at) if at <= now => {
+                        m.resurrect_at = None;
+                        m.deleted = false;
+                        m.visible_at = now;
+                    }
+                    _ => continue,
+                }
+            }
+            if m.visible_at > now {
+                // In flight: delivered again only as a planned duplicate.
+                match m.duplicate_at {
+                    Some(at) if at <= now => m.duplicate_at = None,
+                    _ => continue,
+                }
+            }
+            if m.receive_count >= self.max_receive {
+                m.in_dlq = true;
+                continue;
+            }
+            m.receive_count += 1;
+            m.handle = self.next_handle.fetch_add(1, Ordering::Relaxed) as u64;
+            m.visible_at = now + self.visibility_ms;
+            if world.fault("duplicate_delivery", world.rates.duplicate_delivery) {
+                m.duplicate_at =
+                    Some(now + world.range(100, self.visibility_ms as u64 - 1) as Millis);
+            }
+            let first = *m.first_receive.get_or_insert(now);
+            let mut r = SqsMessage::default();
+            r.message_id = Some(m.id.clone());
+            r.receipt_handle = Some(format!("{}#{}", m.id, m.handle));
+            r.body = Some(m.body.clone());
+            r.event_source_arn = Some(QUEUE_ARN.to_owned());
+            r.attributes.insert(
+                "ApproximateReceiveCount".into(),
+                m.receive_count.to_string(),
+            );
+            r.attributes
+                .insert("ApproximateFirstReceiveTimestamp".into(), first.to_string());
+            out.push(r);
+        }
+        out
+    }
+
+    fn find<'a>(msgs: &'a mut [Msg], handle: &str) -> Option<(&'a mut Msg, bool)> {
+        let (id, seq) = handle.split_once('#')?;
+        let seq: u64 = seq.parse().ok()?;
+        let m = msgs.iter_mut().find(|m| m.id == id)?;
+        let current = m.handle == seq && !m.deleted && !m.in_dlq;
+        Some((m, current))
+    }
+
+    /// Deletes by handle; an old handle "succeeds" without deleting.
+    fn delete(&self, world: &World, handle: &str) {
+        if world.fault("delete_failure", world.rates.delete_failure) {
+            return;
+        }
+        let mut msgs = self.msgs.lock().expect("queue");
+        match Queue::find(&mut msgs, handle) {
+            Some((m, true)) => {
+                m.deleted = true;
+                if world.fault("delivery_after_delete", world.rates.delivery_after_delete) {
+                    m.resurrect_at = Some(world.now() + world.range(1_000, 120_000) as Millis);
+                }
+            }
+            Some((_, false)) => {
+                *world
+                    .faults
+                    .lock()
+                    .expect("faults")
+                    .entry("stale_handle_delete")
+                    .or_default() += 1;
+            }
+            None => {}
+        }
+    }
+
+    fn change(&self, world: &World, handle: &str, seconds: i32) -> ChangeResult {
+        if world.fault("visibility_failure", world.rates.visibility_failure / 2.0) {
+            return ChangeResult::Uncertain;
+        }
+        let timed_out = world.fault("visibility_timeout", world.rates.visibility_failure / 2.0);
+        let now = world.now();
+        let mut msgs = self.msgs.lock().expect("queue");
+        let result = match Queue::find(&mut msgs, handle) {
+            Some((m, true)) => {
+                m.visible_at = now + Millis::from(seconds) * 1000;
+                ChangeResult::Changed
+            }
+            _ => ChangeResult::Refused,
+        };
+        if timed_out {
+            ChangeResult::Uncertain
+        } else {
+            result
+        }
+    }
+
+    /// Messages neither deleted nor dead-lettered.
+    fn live(&self) -> usize {
+        let msgs = self.msgs.lock().expect("queue");
+        msgs.iter().filter(|m| !m.deleted && !m.in_dlq).count()
+    }
+
+    /// The operator's pass over the DLQ: redrive the jobs that are not terminal (those waiting
+    /// for a decision stay for a person), drop the ones that are.
+    fn redrive(&self, ledger: &InMemoryLedger) -> u64 {
+        let mut moved = 0;
+        let mut msgs = self.msgs.lock().expect("queue");
+        for m in msgs.iter_mut().filter(|m| m.in_dlq && !m.deleted) {
+            let state = futures::executor::block_on(ledger.get(&m.job_id))
+                .ok()
+                .flatten()
+                .map(|r| r.state);
+            match state {
+                Some(s) if s.is_terminal() => m.deleted = true,
+                Some(JobState::Unknown) => {}
+                _ => {
+                    m.in_dlq = false;
+                    m.receive_count = 0;
+                    moved += 1;
+                }
+            }
+        }
+        moved
+    }
+
+    /// Messages in the DLQ whose jobs wait for an operator.
+    fn parked(&self) -> usize {
+        let msgs = self.msgs.lock().expect("queue");
+        msgs.iter().filter(|m| m.in_dlq && !m.deleted).count()
+    }
+}
+
+/// A consumer's view of the queue's visibility API.
+struct SimVisibility {
+    world: Arc<World>,
+    queue: Arc<Queue>,
+    gate: Arc<PauseGate>,
+}
+
+impl VisibilityControl for SimVisibility {
+    async fn change(&self, _arn: &str, changes: Vec<VisibilityChange>) -> ChangeResults {
+        self.gate.pass(&self.world).await;
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        let results = changes
+            .iter()
+            .map(|c| self.queue.change(&self.world, &c.receipt_handle, c.seconds))
+            .collect();
+        ChangeResults {
+            calls: changes.len().div_ceil(10) as u32,
+            results,
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Lambda: a stop-the-world pause of one worker
+
+#[derive(Default)]
+struct PauseGate {
+    from: AtomicI64,
+    until: AtomicI64,
+}
+
+impl PauseGate {
+    /// Waits out a pause in progress: the worker does no I/O while it is stopped.
+    async fn pass(&self, world: &World) {
+        let now = world.now();
+        let (from, until) = (
+            self.from.load(Ordering::Relaxed),
+            self.until.load(Ordering::Relaxed),
+        );
+        if from <= now && now < until {
+            tokio::time::sleep(Duration::from_millis((until - now) as u64)).await;
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// DynamoDB
+
+/// One consumer's ledger client: the shared table with throttling, lost responses and pauses,
+/// and the contract's invariants checked on every applied write.
+struct SimLedger {
+    world: Arc<World>,
+    table: Arc<InMemoryLedger>,
+    gate: Arc<PauseGate>,
+}
+
+impl SimLedger {
+    async fn call(
+        &self,
+        operation: &'static str,
+        job_id: &str,
+        apply: impl std::future::Future<Output = Result<Write, LedgerError>>,
+    ) -> Result<Write, LedgerError> {
+        self.gate.pass(&self.world).await;
+        tokio::time::sleep(Duration::from_millis(self.world.range(2, 20))).await;
+        if self
+            .world
+            .fault("ddb_throttle", self.world.rates.ddb_throttle)
+        {
+            return Err(LedgerError::Throttled { operation });
+        }
+        // A timeout: half the time the write was applied before the response was lost.
+        let timeout = self
+            .world
+            .fault("ddb_timeout", self.world.rates.ddb_timeout);
+        if timeout && self.world.roll(0.5) {
+            return Err(LedgerError::Unavailable {
+                operation,
+                code: "timeout".into(),
+            });
+        }
+        let written = apply.await?;
+        if let Write::Applied(record) = &written {
+            self.check(job_id, record);
+        }
+        if timeout {
+            return Err(LedgerError::Unavailable {
+                operation,
+                code: "timeout".into(),
+            });
+        }
+        Ok(written)
+    }
+
+    fn check(&self, job_id: &str, record: &JobRecord) {
+        if record.attempts > record.max_attempts {
+            self.world.violation(format!(
+                "{job_id}: {} attempts over a budget of {}",
+                record.attempts, record.max_attempts
+            ));
+        }
+        let mut terminal = self.world.terminal.lock().expect("terminal");
+        match terminal.get(job_id) {
+            Some((state, result)) if *state != record.state || *result != record.result => {
+                self.world.violation(format!(
+                    "{job_id}: terminal {} changed to {}",
+                    state.as_str(),
+                    record.state.as_str()
+                ));
+            }
+            Some(_) => {}
+            None if record.state.is_terminal() => {
+                terminal.insert(job_id.to_owned(), (record.state, record.result.clone()));
+            }
+            None => {}
+        }
+    }
+}
+
+impl JobLedger for SimLedger {
+    async fn claim(&self, req: ClaimRequest) -> Result<Write, LedgerError> {
+        let id = req.job.job_id.clone();
+        self.call("claim", &id, self.table.claim(req)).await
+    }
+    async fn finish(&self, req: FinishRequest) -> Result<Write, LedgerError> {
+        let id = req.job_id.clone();
+        let epoch = req.epoch;
+        // What the table held just before: a write applied for anyone but the current owner
+        // would be a stale result accepted.
+        let apply = async {
+            let before = self.table.get(&id).await?;
+            let written = self.table.finish(req).await?;
+            if let (Write::Applied(_), Some(b)) = (&written, &before) {
+                if b.owner_epoch != epoch || b.state != JobState::Running {
+                    self.world.violation(format!(
+                        "{id}: a write of epoch {epoch} was applied over epoch {} ({})",
+                        b.owner_epoch,
+                        b.state.as_str()
+                    ));
+                }
+            }
+            Ok(written)
+        };
+        self.call("finish", &id, apply).await
+    }
+    async fn settle(&self, req: SettleRequest) -> Result<Write, LedgerError> {
+        let id = req.job_id.clone();
+        self.call("settle", &id, self.table.settle(req)).await
+    }
+    async fn recover(&self, req: RecoverRequest) -> Result<Write, LedgerError> {
+        let id = req.job_id.clone();
+        self.call("recover", &id, self.table.recover(req)).await
+    }
+    async fn renew(&self, req: RenewRequest) -> Result<Write, LedgerError> {
+        let id = req.job_id.clone();
+        self.call("renew", &id, self.table.renew(req)).await
+    }
+    async fn create(&self, req: CreateRequest) -> Result<Write, LedgerError> {
+        let id = req.job.job_id.clone();
+        self.call("create", &id, self.table.create(req)).await
+    }
+    async fn mark_enqueued(&self, req: EnqueuedRequest) -> Result<Write, LedgerError> {
+        let id = req.job_id.clone();
+        self.call("mark_enqueued", &id, self.table.mark_enqueued(req))
+            .await
+    }
+    async fn record_ref(&self, req: RecordRefRequest) -> Result<Write, LedgerError> {
+        let id = req.job_id.clone();
+        self.call("record_ref", &id, self.table.record_ref(req))
+            .await
+    }
+    async fn decide(&self, req: DecideRequest) -> Result<Write, LedgerError> {
+        let id = req.job_id.clone();
+        self.call("decide", &id, self.table.decide(req)).await
+    }
+    async fn get(&self, job_id: &str) -> Result<Option<JobRecord>, LedgerError> {
+        self.gate.pass(&self.world).await;
+        tokio::time::sleep(Duration::from_millis(self.world.range(2, 10))).await;
+        if self
+            .world
+            .fault("ddb_throttle", self.world.rates.ddb_throttle)
+        {
+            return Err(LedgerError::Throttled { operation: "get" });
+        }
+        self.table.get(job_id).await
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Provider
+
+/// What the provider did with one attempt.
+#[derive(Clone)]
+struct Execution {
+    done_at: Millis,
+    answer: Result<String, ProviderError>,
+    forgotten: bool,
+}
+
+#[derive(Clone)]
+struct SimProvider {
+    world: Arc<World>,
+    table: Arc<InMemoryLedger>,
+    runs: Arc<Mutex<HashMap<(String, u32), Execution>>>,
+    per_job: Arc<Mutex<HashMap<String, u64>>>,
+}
+
+impl SimProvider {
+    /// Checks that the attempt was recorded before it ran, and that a second attempt had a
+    /// recorded cause.
+    async fn check_attempt(&self, req: &ProviderRequest<'_>) {
+        let item = self.table.get(req.job_id).await.ok().flatten();
+        let Some(item) = item else {
+            self.world
+                .violation(format!("{}: executed without a ledger item", req.job_id));
+            return;
+        };
+        let recorded = item
+            .attempt_log
+            .get(req.attempt as usize - 1)
+            .is_some_and(|a| a.epoch == req.epoch);
+        if item.owner_epoch != req.epoch || item.attempts != req.attempt || !recorded {
+            self.world.violation(format!(
+                "{}: attempt {} at epoch {} executed without its attempt record",
+                req.job_id, req.attempt, req.epoch
+            ));
+        }
+        if req.attempt > 1 {
+            let previous = &item.attempt_log[req.attempt as usize - 2];
+            let definite = matches!(
+                previous.outcome,
+                AttemptOutcome::Transient | AttemptOutcome::Permanent
+            );
+            let decided = item
+                .decisions
+                .iter()
+                .any(|d| matches!(d.action.as_str(), "replay" | "authorize_retry"));
+            if !definite && !decided {
+                self.world.violation(format!(
+                    "{}: attempt {} ran after an attempt ending {} without a recorded decision",
+                    req.job_id,
+                    req.attempt,
+                    previous.outcome.as_str()
+                ));
+            }
+        }
+    }
+
+    fn latency(&self) -> u64 {
+        // Mostly seconds, with a long tail of minutes.
+        if self.world.roll(0.03) {
+            self.world.range(60_000, 600_000)
+        } else {
+            self.world.range(200, 8_000)
+        }
+    }
+}
+
+impl Provider for SimProvider {
+    async fn call(&self, req: &ProviderRequest<'_>) -> Result<Answer, ProviderError> {
+        let w = &self.world;
+        if w.fault("provider_transient", w.rates.provider_transient) {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            return Err(ProviderError::Transient {
+                retry_after_ms: Some(1_000),
+                reason: "HTTP 429".into(),
+            });
+        }
+        self.check_attempt(req).await;
+        let key = (req.job_id.to_owned(), req.attempt);
+        if self.runs.lock().expect("runs").contains_key(&key) {
+            w.violation(format!(
+                "{}: attempt {} executed twice",
+                req.job_id, req.attempt
+            ));
+        }
+        *self
+            .per_job
+            .lock()
+            .expect("per job")
+            .entry(req.job_id.to_owned())
+            .or_default() += 1;
+        let latency = self.latency();
+        let now = w.now();
+        let permanent = w.fault("provider_permanent", w.rates.provider_permanent);
+        let answer = if permanent {
+            Err(ProviderError::Permanent {
+                reason: "HTTP 400".into(),
+            })
+        } else {
+            Ok(format!(
+                r#"{{"job":"{}","attempt":{}}}"#,
+                req.job_id, req.attempt
+            ))
+        };
+        let hang = w.fault("provider_hang", w.rates.provider_hang);
+        let lost = !hang && w.fault("connection_lost", w.rates.connection_lost);
+        let forgotten = w.roll(w.rates.provider_forgets);
+        self.runs.lock().expect("runs").insert(
+            key,
+            Execution {
+                done_at: if hang {
+                    Millis::MAX
+                } else {
+                    now + latency as Millis
+                },
+                answer: answer.clone(),
+                forgotten,
+            },
+        );
+        if hang {
+            std::future::pending::<()>().await;
+        }
+        tokio::time::sleep(Duration::from_millis(latency)).await;
+        if lost {
+            return Err(ProviderError::Uncertain {
+                evidence: "connection lost after the request was sent".into(),
+            });
+        }
+        answer.map(|body| Answer {
+            body,
+            provider_ref: None,
+        })
+    }
+
+    fn reference(&self, job_id: &str, attempt: u32) -> Option<String> {
+        Some(format!("{job_id}/{attempt}"))
+    }
+
+    fn can_retrieve(&self) -> bool {
+        true
+    }
+
+    async fn retrieve(
+        &self,
+        provider_ref: &str,
+        _started_at: Millis,
+        _req: &ProviderRequest<'_>,
+    ) -> Retrieval {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let Some((job, attempt)) = provider_ref.rsplit_once('/') else {
+            return Retrieval::NotFound;
+        };
+        let key = (job.to_owned(), attempt.parse().unwrap_or(0));
+        let run = self.runs.lock().expect("runs").get(&key).cloned();
+        match run {
+            None => Retrieval::NotFound,
+            Some(run) if run.forgotten => Retrieval::NotFound,
+            Some(run) if run.done_at > self.world.now() => Retrieval::Running,
+            Some(run) => match run.answer {
+                Ok(body) => Retrieval::Completed(Answer {
+                    body,
+                    provider_ref: Some(provider_ref.to_owned()),
+                }),
+                Err(e) => Retrieval::Failed(e),
+            },
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The run
+
+fn settings(replay: bool) -> Settings {
+    let mut s = Settings {
+        max_concurrency: 8,
+        lease_ms: 60_000,
+        queue_visibility_s: 30,
+        heartbeat_ms: 10_000,
+        skew_ms: 2_000,
+        provider_timeout_ms: 240_000,
+        poll_ms: 5_000,
+        deadline_margin_ms: 5_000,
+        ..Settings::default()
+    };
+    s.replay = if replay {
+        ReplayPolicy::Replay
+    } else {
+        ReplayPolicy::Never
+    };
+    s
+}
+
+/// Runs the world; call inside a current-thread runtime whose clock is paused.
+pub async fn run(config: &ChaosConfig) -> ChaosReport {
+    let world = Arc::new(World {
+        rng: Mutex::new(fastrand::Rng::with_seed(config.seed)),
+        rates: config.faults.clone(),
+        faults: Mutex::new(BTreeMap::new()),
+        violations: Mutex::new(Vec::new()),
+        clock: VirtualClock {
+            origin: tokio::time::Instant::now(),
+        },
+        terminal: Mutex::new(HashMap::new()),
+    });
+    let table = Arc::new(InMemoryLedger::new());
+    let queue = Arc::new(Queue {
+        msgs: Mutex::new(Vec::new()),
+        next_handle: AtomicI64::new(1),
+        visibility_ms: 30_000,
+        max_receive: 5,
+    });
+    let replay = config.seed % 2 == 1;
+    let mut job_ids = Vec::with_capacity(config.jobs);
+    {
+        let mut msgs = queue.msgs.lock().expect("queue");
+        for i in 0..config.jobs {
+            let job_id = format!("job-{i:06}");
+            let deadline = START_MS + world.range(3_600_000, 14_400_000) as Millis;
+            let body = format!(
+                r#"{{"job_id":"{job_id}","contract":"chaos.v1","deadline_at":"{}","max_attempts":{},"input":{{"model":"m","prompt":"p{i}"}}}}"#,
+                fenced_jobs::job::message::format_rfc3339_ms(deadline),
+                world.range(1, 4)
+            );
+            msgs.push(Msg {
+                id: format!("msg-{i:06}"),
+                job_id: job_id.clone(),
+                body,
+                receive_count: 0,
+                visible_at: START_MS + world.range(0, 600_000) as Millis,
+                first_receive: None,
+                handle: 0,
+                deleted: false,
+                in_dlq: false,
+                duplicate_at: None,
+                resurrect_at: None,
+            });
+            job_ids.push(job_id);
+        }
+    }
+    let provider = SimProvider {
+        world: Arc::clone(&world),
+        table: Arc::clone(&table),
+        runs: Arc::new(Mutex::new(HashMap::new())),
+        per_job: Arc::new(Mutex::new(HashMap::new())),
+    };
+    let deliveries = Arc::new(AtomicI64::new(0));
+    let invocations = Arc::new(AtomicI64::new(0));
+    let horizon = START_MS + 24 * 3_600_000;
+    let finished = Arc::new(std::sync::atomic::AtomicBool::new(false));
+
+    let consumers = (0..config.consumers).map(|c| {
+        let gate = Arc::new(PauseGate::default());
+        let handler = BatchHandler::new(
+            Processor::new(
+                SimLedger {
+                    world: Arc::clone(&world),
+                    table: Arc::clone(&table),
+                    gate: Arc::clone(&gate),
+                },
+                provider.clone(),
+                world.clock.clone(),
+                settings(replay),
+            ),
+            SimVisibility {
+                world: Arc::clone(&world),
+                queue: Arc::clone(&queue),
+                gate: Arc::clone(&gate),
+            },
+        )
+        .with_seed(config.seed.wrapping_add(c as u64));
+        let (world, queue, table) = (Arc::clone(&world), Arc::clone(&queue), Arc::clone(&table));
+        let (deliveries, invocations) = (Arc::clone(&deliveries), Arc::clone(&invocations));
+        let finished = Arc::clone(&finished);
+        async move {
+            while !finished.load(Ordering::Relaxed) {
+                let records = queue.receive(&world, config.batch_size);
+                if records.is_empty() {
+                    tokio::time::sleep(Duration::from_millis(1_000 + c as u64 * 97)).await;
+                    continue;
+                }
+                deliveries.fetch_add(records.len() as i64, Ordering::Relaxed);
+                let n = invocations.fetch_add(1, Ordering::Relaxed);
+                let mut event = SqsEvent::default();
+                event.records = records;
+                let timeout_ms: Millis = 300_000;
+                let inv = Invocation {
+                    id: format!("inv-{n}"),
+                    deadline: Some(world.now() + timeout_ms),
+                };
+                if world.fault("pause", world.rates.pause) {
+                    let from = world.now() + world.range(0, 20_000) as Millis;
+                    gate.from.store(from, Ordering::Relaxed);
+                    gate.until.store(
+                        from + world.range(70_000, 200_000) as Millis,
+                        Ordering::Relaxed,
+                    );
+                }
+                let cut = if world.fault("crash", world.rates.crash) {
+                    world.range(1, 60_000)
+                } else if world.fault("invocation_timeout", world.rates.invocation_timeout) {
+                    timeout_ms as u64
+                } else {
+                    timeout_ms as u64 + 60_000
+                };
+                let handled = tokio::time::timeout(
+                    Duration::from_millis(cut),
+                    handler.handle_batch(&event, &inv),
+                )
+                .await;
+                // A crashed or timed-out invocation returns nothing: nothing is deleted.
+                let Ok(report) = handled else { continue };
+                let Ok(failed) = report.response else {
+                    continue;
+                };
+                for record in &event.records {
+                    let id = record.message_id.as_deref().unwrap_or_default();
+                    if failed.iter().any(|f| f == id) {
+                        continue;
+                    }
+                    let job_id = parse_trigger(record.body.as_deref())
+                        .map(|t| t.job_id().to_owned())
+                        .unwrap_or_default();
+                    let state = table.get(&job_id).await.ok().flatten().map(|r| r.state);
+                    if !state.is_some_and(JobState::is_terminal) {
+                        world.violation(format!(
+                            "{job_id}: message acknowledged while the job is {:?}",
+                            state.map(JobState::as_str)
+                        ));
+                    }
+                    queue.delete(&world, record.receipt_handle.as_deref().unwrap_or_default());
+                }
+            }
+        }
+    });
+    // The operator looks at the DLQ every 10 minutes; the run ends when the queue is empty and
+    // the DLQ holds only jobs waiting for a decision.
+    let operator = {
+        let (world, queue, table) = (Arc::clone(&world), Arc::clone(&queue), Arc::clone(&table));
+        let finished = Arc::clone(&finished);
+        async move {
+            let mut ticks = 0u64;
+            loop {
+                tokio::time::sleep(Duration::from_millis(60_000)).await;
+                ticks += 1;
+                let empty = queue.live() == 0;
+                if ticks % 10 == 0 || empty {
+                    let moved = queue.redrive(&table);
+                    if moved > 0 {
+                        *world
+                            .faults
+                            .lock()
+                            .expect("faults")
+                            .entry("dlq_redrive")
+                            .or_default() += moved;
+                    }
+                    if empty && moved == 0 {
+                        break;
+                    }
+                }
+                if world.now() > horizon {
+                    world.violation("the run did not settle within 24 virtual hours".into());
+                    break;
+                }
+            }
+            finished.store(true, Ordering::Relaxed);
+        }
+    };
+    futures::future::join(futures::future::join_all(consumers), operator).await;
+
+    // End of the run: every job terminal, or unknown with its evidence recorded.
+    let mut report = ChaosReport {
+        jobs: config.jobs,
+        deliveries: deliveries.load(Ordering::Relaxed) as u64,
+        invocations: invocations.load(Ordering::Relaxed) as u64,
+        virtual_ms: world.now() - START_MS,
+        ..ChaosReport::default()
+    };
+    let mut seen = HashSet::new();
+    for job_id in &job_ids {
+        let item = table.get(job_id).await.ok().flatten();
+        let state = item.as_ref().map(|r| r.state);
+        let label = state.map_or("absent", JobState::as_str).to_owned();
+        *report.end_states.entry(label).or_default() += 1;
+        match item {
+            Some(r) if r.state.is_terminal() => {}
+            Some(r) if r.state == JobState::Unknown && r.last_error.is_some() => {}
+            Some(r) => world.violation(format!(
+                "{job_id}: ended {} without a decision or evidence",
+                r.state.as_str()
+            )),
+            None => world.violation(format!("{job_id}: lost (no ledger item)")),
+        }
+        seen.insert(job_id.clone());
+    }
+    let per_job = provider.per_job.lock().expect("per job").clone();
+    let total: u64 = per_job.values().sum();
+    report.executions_mean = total as f64 / config.jobs.max(1) as f64;
+    report.executions_max = per_job.values().copied().max().unwrap_or(0);
+    report.faults = world.faults.lock().expect("faults").clone();
+    report.violations = world.violations.lock().expect("violations").clone();
+    report
+}
+
+/// Runs the world on its own current-thread runtime with a paused clock.
+pub fn run_blocking(config: &ChaosConfig) -> ChaosReport {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .expect("runtime");
+    runtime.block_on(run(config))
+}
+
+impl ChaosReport {
+    /// The figures, as printed by `make chaos`.
+    pub fn print(&self, config: &ChaosConfig) {
+        println!(
+            "seed {}: {} jobs, {} consumers, {} invocations, {} deliveries, {:.1} virtual hours",
+            config.seed,
+            self.jobs,
+            config.consumers,
+            self.invocations,
+            self.deliveries,
+            self.virtual_ms as f64 / 3_600_000.0
+        );
+        let faults: Vec<String> = self
+            .faults
+            .iter()
+            .map(|(k, v)| format!("{k} {v}"))
+            .collect();
+        println!("  faults injected: {}", faults.join(", "));
+        println!(
+            "  provider executions per job: mean {:.3}, max {}",
+            self.executions_mean, self.executions_max
+        );
+        let states: Vec<String> = self
+            .end_states
+            .iter()
+            .map(|(k, v)| format!("{k} {v}"))
+            .collect();
+        println!("  jobs ending: {}", states.join(", "));
+        println!("  invariant violations: {}", self.violations.len());
+        for v in self.violations.iter().take(20) {
+            println!("    {v}");
+        }
+    }
+}

@@ -1,0 +1,48 @@
+//! The fault-injection simulation at a small size for a fixed set of seeds: every fault kind
+//! enabled, every invariant checked (`make chaos` runs the full size).
+
+#[path = "../examples/chaos/sim.rs"]
+mod sim;
+
+#[test]
+fn fixed_seeds_keep_every_invariant_under_every_fault() {
+    for seed in 1..=4 {
+        let config = sim::ChaosConfig {
+            seed,
+            jobs: 400,
+            consumers: 8,
+            batch_size: 10,
+            faults: sim::FaultRates::all(),
+        };
+        let report = sim::run_blocking(&config);
+        assert!(
+            report.violations.is_empty(),
+            "seed {seed}: {:#?}\nreplay: cargo run --release --example chaos -- --seed {seed} --jobs 400 --consumers 8",
+            report.violations
+        );
+        assert_eq!(report.end_states.values().sum::<u64>(), 400);
+        // The run really was faulty, and most jobs still succeeded.
+        assert!(report.faults.len() >= 8, "seed {seed}: {:?}", report.faults);
+        assert!(
+            report.end_states.get("succeeded").copied().unwrap_or(0) > 300,
+            "seed {seed}: {:?}",
+            report.end_states
+        );
+    }
+}
+
+#[test]
+fn the_same_seed_replays_the_same_run() {
+    let config = sim::ChaosConfig {
+        seed: 11,
+        jobs: 200,
+        consumers: 4,
+        batch_size: 10,
+        faults: sim::FaultRates::all(),
+    };
+    let a = sim::run_blocking(&config);
+    let b = sim::run_blocking(&config);
+    assert_eq!(a.faults, b.faults);
+    assert_eq!(a.end_states, b.end_states);
+    assert_eq!(a.deliveries, b.deliveries);
+}
