@@ -201,7 +201,7 @@ pub fn parse_body(body: Option<&str>) -> Result<JobMessage, InvalidMessage> {
         .keys()
         .find(|k| !TOP_LEVEL_FIELDS.contains(&k.as_str()))
     {
-        return Err(InvalidMessage::UnknownField(truncate(unknown, 40)));
+        return Err(InvalidMessage::UnknownField(field_name_for_logs(unknown)));
     }
 
     let job_id = take_string(&mut fields, "job_id")?;
@@ -515,8 +515,19 @@ fn wrong_type(field: &'static str, expected: &'static str) -> InvalidMessage {
     InvalidMessage::WrongType { field, expected }
 }
 
-fn truncate(s: &str, max_chars: usize) -> String {
-    s.chars().take(max_chars).collect()
+/// An unknown field's name as an error may show it: a short identifier as it is; anything else
+/// (long, or with characters an identifier has not, which may be text from the job) only by
+/// its length.
+fn field_name_for_logs(name: &str) -> String {
+    let identifier = name.len() <= 40
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'));
+    if identifier {
+        name.to_owned()
+    } else {
+        format!("<{} bytes, not shown>", name.len())
+    }
 }
 
 fn hex(bytes: &[u8]) -> String {
@@ -588,6 +599,19 @@ mod tests {
             ("not json".into(), InvalidMessage::NotJson { line: 1, column: 2 }),
             ("[1,2]".into(), InvalidMessage::NotObject),
             (body(r#","jobid":"x""#), InvalidMessage::UnknownField("jobid".into())),
+            // Found by fuzzing: a field name with control characters was echoed, escaped, at
+            // six times its length; a name that is not an identifier is never shown.
+            (
+                format!(
+                    r#"{{"job_id":"j","contract":"c","input":{{}},"deadline{}_at":"x"}}"#,
+                    "\\u007f".repeat(47)
+                ),
+                InvalidMessage::UnknownField("<58 bytes, not shown>".into()),
+            ),
+            (
+                body(r#","Summarise the secret memo for Alice":1"#),
+                InvalidMessage::UnknownField("<35 bytes, not shown>".into()),
+            ),
             (
                 r#"{"contract":"c","input":{"model":"m","prompt":"p"}}"#.into(),
                 InvalidMessage::Missing("job_id"),
