@@ -381,6 +381,42 @@ impl<L: JobLedger, P: Provider, C: Clock, V: VisibilityControl> BatchHandler<L, 
     }
 }
 
+/// An event without a readable `Records` array: nothing in it can be named, so nothing may be
+/// acknowledged, and the invocation fails (Lambda never sends such an event).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("the event has no Records array")]
+pub struct NoRecords;
+
+/// An SQS event from its JSON, leniently: a record that does not deserialize as an SQS message
+/// keeps its string fields (`messageId`, `receiptHandle`, `eventSourceARN`, `body`), so it can
+/// still be classified and named; one bad record never fails the others.
+pub fn event_from_json(value: &serde_json::Value) -> Result<SqsEvent, NoRecords> {
+    let Some(serde_json::Value::Array(records)) = value.get("Records") else {
+        return Err(NoRecords);
+    };
+    let mut event = SqsEvent::default();
+    event.records = records
+        .iter()
+        .map(|r| serde_json::from_value::<SqsMessage>(r.clone()).unwrap_or_else(|_| salvage(r)))
+        .collect();
+    Ok(event)
+}
+
+fn salvage(record: &serde_json::Value) -> SqsMessage {
+    let text = |key: &str| {
+        record
+            .get(key)
+            .and_then(serde_json::Value::as_str)
+            .map(str::to_owned)
+    };
+    let mut m = SqsMessage::default();
+    m.message_id = text("messageId");
+    m.receipt_handle = text("receiptHandle");
+    m.event_source_arn = text("eventSourceARN");
+    m.body = text("body");
+    m
+}
+
 /// A record's index, outcome and job summary, as its lane finished it.
 type Finished = (usize, RecordOutcome, Option<JobSummary>);
 

@@ -860,3 +860,145 @@ async fn a_background_call_still_running_at_the_job_deadline_is_cancelled_and_ex
     assert_eq!(server.count("POST", "/v1/responses/resp_1/cancel"), 1);
     assert!(server.count("GET", "/v1/responses/resp_1") >= 5);
 }
+
+/// The README's table of bad inputs, row by row: each gets its classified outcome, the good
+/// record beside it still succeeds, and nothing fails the whole batch.
+#[tokio::test]
+async fn every_kind_of_bad_input_gets_its_documented_outcome() {
+    let past = fenced_jobs::job::message::format_rfc3339_ms(SystemClock.now_ms() - 60_000);
+    let body = |extra: &str| {
+        format!(r#"{{"job_id":"j-ok","contract":"c","input":{{"model":"m","prompt":"p"}}{extra}}}"#)
+    };
+    let rows: Vec<(&str, String, &str)> = vec![
+        ("malformed JSON", r#"{"job_id":"x","#.into(), "poison"),
+        (
+            "wrong type",
+            r#"{"job_id":"x","contract":"c","input":"text"}"#.into(),
+            "poison",
+        ),
+        (
+            "missing field",
+            r#"{"job_id":"x","input":{"model":"m","prompt":"p"}}"#.into(),
+            "poison",
+        ),
+        (
+            "oversized body",
+            format!(r#"{{"pad":"{}"}}"#, "x".repeat(262_145)),
+            "poison",
+        ),
+        (
+            "oversized job_id",
+            format!(
+                r#"{{"job_id":"{}","contract":"c","input":{{"model":"m","prompt":"p"}}}}"#,
+                "x".repeat(129)
+            ),
+            "poison",
+        ),
+        (
+            "oversized metadata",
+            body(&format!(r#","metadata":{{"k":"{}"}}"#, "x".repeat(5_000))),
+            "poison",
+        ),
+        (
+            "invalid UTF-8 escape",
+            r#"{"job_id":"x\udc00","contract":"c","input":{"model":"m","prompt":"p"}}"#.into(),
+            "poison",
+        ),
+        (
+            "control character in job_id",
+            r#"{"job_id":"x\u0001y","contract":"c","input":{"model":"m","prompt":"p"}}"#.into(),
+            "poison",
+        ),
+        (
+            "huge attempt budget",
+            body(r#","max_attempts":1000000"#),
+            "poison",
+        ),
+        (
+            "deadline in the past",
+            format!(
+                r#"{{"job_id":"j-late","contract":"c","deadline_at":"{past}","input":{{"model":"m","prompt":"p"}}}}"#
+            ),
+            "expired",
+        ),
+        (
+            "job_id alone, unknown job",
+            r#"{"job_id":"nobody"}"#.into(),
+            "poison",
+        ),
+    ];
+    let ledger = Arc::new(InMemoryLedger::new());
+    let h = handler(
+        ledger.clone(),
+        SimulatedProvider::new(),
+        Settings::default(),
+    );
+    let mut records = vec![record(Some("good"), &body(""))];
+    for (i, (_, text, _)) in rows.iter().enumerate() {
+        records.push(record(Some(&format!("bad-{i}")), text));
+    }
+    let report = h.handle_batch(&event(records), &invocation()).await;
+    assert_eq!(
+        report.records[0].outcome,
+        RecordOutcome::Done(JobState::Succeeded)
+    );
+    for (i, (name, _, expected)) in rows.iter().enumerate() {
+        let r = &report.records[i + 1];
+        assert_eq!(r.outcome.label(), *expected, "{name}: {:?}", r.outcome);
+        if *expected == "poison" {
+            assert_eq!(r.visibility_s, Some(0), "{name}: straight to the DLQ");
+        }
+    }
+    assert!(
+        report.response.is_ok(),
+        "no bad record fails the whole batch"
+    );
+    assert_eq!(h.processor().provider().executions(), 1);
+
+    // A conflicting digest: same job_id, another input.
+    let conflict = h
+        .handle_batch(
+            &event(vec![record(
+                Some("c1"),
+                r#"{"job_id":"j-ok","contract":"c","input":{"model":"m","prompt":"other"}}"#,
+            )]),
+            &invocation(),
+        )
+        .await;
+    assert_eq!(conflict.records[0].outcome.label(), "conflict");
+    assert_eq!(conflict.records[0].visibility_s, Some(0));
+}
+
+#[test]
+fn events_are_read_leniently_record_by_record_and_never_without_records() {
+    use fenced_jobs::handler::event_from_json;
+    use serde_json::json;
+    assert!(event_from_json(&json!({})).is_err(), "no Records");
+    assert!(event_from_json(&json!({"Records": null})).is_err());
+    assert!(event_from_json(&json!([1, 2])).is_err());
+    let event = event_from_json(&json!({"Records": [
+        {"messageId": "m1", "receiptHandle": "h1", "body": "{}", "attributes": 5},
+        {"messageId": 7, "body": "x"},
+        {"messageId": "m3", "receiptHandle": "h3", "body": "{}", "attributes": {}}
+    ]}))
+    .expect("records");
+    assert_eq!(event.records.len(), 3);
+    assert_eq!(event.records[0].message_id.as_deref(), Some("m1"));
+    assert_eq!(event.records[0].receipt_handle.as_deref(), Some("h1"));
+    assert_eq!(event.records[1].message_id, None);
+    assert_eq!(event.records[2].message_id.as_deref(), Some("m3"));
+}
+
+#[tokio::test]
+async fn a_failed_record_without_a_receipt_handle_is_still_named() {
+    let ledger = Arc::new(InMemoryLedger::new());
+    let h = handler(ledger, SimulatedProvider::new(), Settings::default());
+    let mut r = record(Some("no-handle"), "{bad");
+    r.receipt_handle = None;
+    let report = h.handle_batch(&event(vec![r]), &invocation()).await;
+    assert_eq!(report.response, Ok(vec!["no-handle".to_owned()]));
+    assert_eq!(
+        report.records[0].visibility_s, None,
+        "no handle: no visibility change"
+    );
+}

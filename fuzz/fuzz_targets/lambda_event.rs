@@ -42,7 +42,10 @@ fn runtime() -> &'static tokio::runtime::Runtime {
 fn event_of(data: &[u8]) -> Option<SqsEvent> {
     match data.split_first() {
         None => None,
-        Some((0, rest)) => serde_json::from_slice(rest).ok(),
+        Some((0, rest)) => {
+            let value: serde_json::Value = serde_json::from_slice(rest).ok()?;
+            fenced_jobs::handler::event_from_json(&value).ok()
+        }
         Some((_, rest)) => {
             let mut event = SqsEvent::default();
             for (i, body) in rest.split(|b| *b == 0xFF).take(20).enumerate() {

@@ -5,10 +5,9 @@
 
 use std::sync::Arc;
 
-use aws_lambda_events::event::sqs::SqsEvent;
 use fenced_jobs::clock::{Clock, SystemClock};
 use fenced_jobs::config::Config;
-use fenced_jobs::handler::BatchHandler;
+use fenced_jobs::handler::{BatchHandler, event_from_json};
 use fenced_jobs::ledger::dynamodb::DynamoLedger;
 use fenced_jobs::metrics;
 use fenced_jobs::processor::{Invocation, Processor};
@@ -43,7 +42,7 @@ async fn main() -> Result<(), lambda_runtime::Error> {
     ));
 
     let target = Arc::new(metrics::MetricsTarget::from_env());
-    lambda_runtime::run(service_fn(move |event: LambdaEvent<SqsEvent>| {
+    lambda_runtime::run(service_fn(move |event: LambdaEvent<serde_json::Value>| {
         let handler = Arc::clone(&handler);
         let target = Arc::clone(&target);
         async move {
@@ -64,12 +63,22 @@ async fn main() -> Result<(), lambda_runtime::Error> {
                 deadline,
             };
             tracing::debug!(
-                records = event.payload.records.len(),
+                records = event
+                    .payload
+                    .get("Records")
+                    .and_then(|r| r.as_array())
+                    .map(Vec::len),
                 remaining_ms = invocation.deadline.map(|d| d - now),
                 "invocation"
             );
             // Boxed: the handler's future is deep, and one allocation per invocation is nothing.
-            let report = Box::pin(handler.handle_batch(&event.payload, &invocation)).await;
+            // Read leniently: one malformed record is classified alone; an event without
+            // Records fails the invocation, so nothing is acknowledged.
+            let payload = event_from_json(&event.payload).map_err(|e| Diagnostic {
+                error_type: "NoRecords".to_owned(),
+                error_message: e.to_string(),
+            })?;
+            let report = Box::pin(handler.handle_batch(&payload, &invocation)).await;
             // One metric document per invocation, on its own stdout line (EMF).
             let doc = metrics::invocation(&target, SystemClock.now_ms(), &report);
             println!("{doc}");

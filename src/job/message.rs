@@ -575,6 +575,24 @@ mod tests {
     }
 
     #[test]
+    fn a_job_rebuilt_from_its_canonical_input_keeps_its_digest() {
+        // Found by fuzzing: a number too large for an integer was parsed to a slightly
+        // different float the second time, so a job re-sent from the ledger (as
+        // `authorize-retry` does) became a conflict with itself.
+        let first = parse_body(Some(
+            r#"{"job_id":"j","contract":"c","input":{"model":"m","prompt":"p","parameters":{"max_tokens":22222222222222222222222222222222222222222222222222222222222222222222222222222300,"t":0.1}}}"#,
+        ))
+        .expect("valid");
+        let again = parse_body(Some(&format!(
+            r#"{{"job_id":"j","contract":"c","input":{}}}"#,
+            first.input_canonical
+        )))
+        .expect("valid");
+        assert_eq!(again.input_canonical, first.input_canonical);
+        assert_eq!(again.digest, first.digest);
+    }
+
+    #[test]
     fn metadata_is_not_part_of_the_digest() {
         let plain = parse_body(Some(&body(""))).expect("valid");
         let tagged = parse_body(Some(&body(r#","metadata":{"trace":"abc"}"#))).expect("valid");
