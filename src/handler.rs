@@ -329,7 +329,7 @@ impl<L: JobLedger, P: Provider, C: Clock, V: VisibilityControl> BatchHandler<L, 
                     }
                 },
             };
-            flights.done(index);
+            flights.done(index, outcome.is_success());
             blocked = fifo && !outcome.is_success();
             let job = entry
                 .parsed

@@ -168,6 +168,9 @@ enum Stage {
     Running(Lease),
     /// Decided: nothing more to extend.
     Done,
+    /// Succeeded: kept invisible until the invocation returns and Lambda deletes it, so a long
+    /// batch does not hand it to another receiver in the meantime.
+    Acknowledging,
 }
 
 #[derive(Debug)]
@@ -281,10 +284,15 @@ impl Flights {
         }
     }
 
-    /// Record `index` is decided: no more renewals for it.
-    pub fn done(&self, index: usize) {
+    /// Record `index` is decided: no more lease renewals for it, and no more visibility
+    /// extensions unless it `succeeded` (then it stays invisible until the batch returns).
+    pub fn done(&self, index: usize, succeeded: bool) {
         if let Some(flight) = self.lock().get_mut(index) {
-            flight.stage = Stage::Done;
+            flight.stage = if succeeded {
+                Stage::Acknowledging
+            } else {
+                Stage::Done
+            };
         }
     }
 
@@ -421,14 +429,15 @@ impl<L: JobLedger, V: VisibilityControl, C: Clock> Heartbeat<'_, L, V, C> {
     }
 
     /// Seconds to request for a record now, or `None` when it must not be extended: never past
-    /// 12 hours from the first receive, never past the job's deadline, never for finished work.
+    /// 12 hours from the first receive, never past the job's deadline, never for a failed record
+    /// (its final visibility is set when the batch ends).
     fn extension_s(&self, f: &Flight, now: Millis) -> Option<i32> {
         let mut until = now + self.settings.queue_visibility_s * 1000;
         until = until.min(f.visibility_cap);
         match &f.stage {
             Stage::Done => return None,
             Stage::Running(lease) => until = until.min(lease.deadline_at),
-            Stage::Pending => {}
+            Stage::Pending | Stage::Acknowledging => {}
         }
         let seconds = (until - now) / 1000;
         (seconds >= 1).then_some(seconds.min(i64::from(i32::MAX)) as i32)

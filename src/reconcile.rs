@@ -7,7 +7,10 @@
 //!   producer that stopped between its ledger write and its send) or was sent longer ago than
 //!   `enqueue_stale_after` (a lost message), and `retry_authorized` jobs untouched for
 //!   `retry_after` and not re-sent since, get a new trigger carrying only their id, and the
-//!   enqueue is recorded. A trigger too many is harmless: the ledger lets one claim win.
+//!   enqueue is recorded. So do `running` jobs untouched for `ready_after` (a heartbeat renews
+//!   the lease, and with it the job's `updated_at`, every few seconds): their owner is gone and
+//!   their message may be in the DLQ; the delivery that follows makes the recovery claim. A
+//!   trigger too many is harmless: the ledger lets one claim win.
 //! - `unknown` jobs are counted, for the alarm that asks an operator to decide.
 
 use futures::stream::{self, StreamExt};
@@ -90,6 +93,11 @@ pub async fn reconcile(
             settings.retry_after_ms,
             settings.retry_after_ms,
         ),
+        (
+            JobState::Running,
+            settings.ready_after_ms,
+            settings.ready_after_ms,
+        ),
     ] {
         let keys = ledger
             .untouched_since(state, now - after, settings.max_jobs)
@@ -105,6 +113,7 @@ pub async fn reconcile(
                 Ok(Some(job))
                     if job.state == state
                         && job.updated_at <= now - after
+                        && job.owner_until.is_none_or(|until| until <= now - after)
                         && job.enqueued_at.is_none_or(|at| at <= now - enqueue_after) =>
                 {
                     due.push(Outgoing::by_id(&job.job_id));

@@ -29,6 +29,18 @@ async fn with_pause<F: Future>(fut: F, after: Duration, pause: Duration) -> F::O
     fut.await
 }
 
+/// Whether every job is terminal, or `unknown` (waiting for an operator: its message stays
+/// invisible for the awaiting-decision wait).
+async fn settled(ledger: &fenced_jobs::ledger::dynamodb::DynamoLedger) -> bool {
+    for i in 0..JOBS {
+        let item = ledger.get(&format!("cx-{i:03}")).await.ok().flatten();
+        if !item.is_some_and(|r| r.state.is_terminal() || r.state == JobState::Unknown) {
+            return false;
+        }
+    }
+    true
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hundreds_of_jobs_under_crashes_and_pauses_keep_every_invariant() {
     let aws = emulator().await;
@@ -75,6 +87,7 @@ async fn hundreds_of_jobs_under_crashes_and_pauses_keep_every_invariant() {
     let crashes = AtomicU64::new(0);
     let pauses = AtomicU64::new(0);
     let acked_early = AtomicU64::new(0);
+    let resent = AtomicU64::new(0);
     let started = Instant::now();
     let consumers = (0..CONSUMERS).map(|c| {
         let handler = aws.handler(
@@ -83,7 +96,7 @@ async fn hundreds_of_jobs_under_crashes_and_pauses_keep_every_invariant() {
             slow_settings(2, 600, 3_000),
         );
         let ledger = aws.ledger(&table);
-        let (crashes, pauses, acked_early) = (&crashes, &pauses, &acked_early);
+        let (crashes, pauses, acked_early, resent) = (&crashes, &pauses, &acked_early, &resent);
         let aws = &aws;
         let queue = &queue;
         async move {
@@ -132,9 +145,25 @@ async fn hundreds_of_jobs_under_crashes_and_pauses_keep_every_invariant() {
                     .expect("poll");
                 executions = handler.processor().provider().executions();
                 if poll.received == 0 {
-                    let (visible, in_flight) = source.depth().await.expect("depth");
-                    if visible == 0 && in_flight == 0 {
+                    if settled(ledger).await {
                         break;
+                    }
+                    // The reconciler, as its schedule would run it, with short thresholds: it
+                    // re-sends jobs whose messages went to the DLQ after too many receives.
+                    if c == 0 {
+                        let now =
+                            fenced_jobs::clock::Clock::now_ms(&fenced_jobs::clock::SystemClock);
+                        let quick = fenced_jobs::reconcile::ReconcileSettings {
+                            ready_after_ms: 4_000,
+                            retry_after_ms: 4_000,
+                            ..Default::default()
+                        };
+                        let report = fenced_jobs::reconcile::reconcile(
+                            ledger, &aws.sqs, &queue.url, now, &quick,
+                        )
+                        .await
+                        .expect("reconcile");
+                        resent.fetch_add(report.resent, Ordering::Relaxed);
                     }
                 }
             }
@@ -160,7 +189,7 @@ async fn hundreds_of_jobs_under_crashes_and_pauses_keep_every_invariant() {
         assert!(
             item.state.is_terminal()
                 || (item.state == JobState::Unknown && item.last_error.is_some()),
-            "{id} ended {} after {:?}",
+            "{id} ended {} after {:?}: {item:#?}",
             item.state,
             started.elapsed()
         );
@@ -195,9 +224,10 @@ async fn hundreds_of_jobs_under_crashes_and_pauses_keep_every_invariant() {
         "{states:?}"
     );
     eprintln!(
-        "{JOBS} jobs, {CONSUMERS} consumers, {} crashes, {} pauses, {executions} executions, {attempts_total} attempts, {states:?}, {:.1} s",
+        "{JOBS} jobs, {CONSUMERS} consumers, {} crashes, {} pauses, {} re-sent, {executions} executions, {attempts_total} attempts, {states:?}, {:.1} s",
         crashes.load(Ordering::Relaxed),
         pauses.load(Ordering::Relaxed),
+        resent.load(Ordering::Relaxed),
         started.elapsed().as_secs_f64()
     );
 }

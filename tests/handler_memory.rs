@@ -1002,3 +1002,40 @@ async fn a_failed_record_without_a_receipt_handle_is_still_named() {
         "no handle: no visibility change"
     );
 }
+
+#[tokio::test]
+async fn a_record_that_succeeded_early_stays_invisible_while_its_batch_runs_on() {
+    let ledger = Arc::new(InMemoryLedger::new());
+    let settings = Settings {
+        queue_visibility_s: 2,
+        heartbeat_ms: 300,
+        lease_ms: 3_000,
+        skew_ms: 200,
+        ..Settings::default()
+    };
+    settings.validate().expect("valid");
+    let h = handler(ledger, SimulatedProvider::new(), settings);
+    let report = h
+        .handle_batch(
+            &event(vec![
+                record(Some("fast"), &job("fast", "")),
+                record(
+                    Some("slow"),
+                    &job("slow", r#","simulate":{"latency_ms":1500}"#),
+                ),
+            ]),
+            &invocation(),
+        )
+        .await;
+    assert_eq!(report.response, Ok(vec![]));
+    let fast_extensions = h
+        .visibility()
+        .changes()
+        .iter()
+        .filter(|(_, c)| c.receipt_handle == "handle-fast")
+        .count();
+    assert!(
+        fast_extensions >= 3,
+        "the finished record was left to reappear: {fast_extensions} extensions"
+    );
+}

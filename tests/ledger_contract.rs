@@ -403,6 +403,10 @@ async fn scenario<L: JobLedger>(ledger: &L, prefix: &str) -> (Vec<String>, Vec<O
         ledger.finish(finish(&j.job_id, 1, 1, T + 10_001, ok("late")))
     );
     step!("j expire again", ledger.settle(expire(T + 10_002)));
+    step!(
+        "j enqueued after expiry",
+        ledger.mark_enqueued(enqueued(T + 10_003))
+    );
 
     let mut items = Vec::new();
     for s in ["a", "b", "c", "d", "e", "f", "g", "h", "i", "j"] {
@@ -493,11 +497,12 @@ async fn the_in_memory_ledger_and_dynamodb_agree_on_every_conditional_write() {
         "j create other digest: refused, saw ready e0 a0",
         "j enqueued: applied ready e0 a0",
         "j claim fresh: applied running e1 a1",
-        "j enqueued while running: refused, saw running e1 a1",
+        "j enqueued while running: applied running e1 a1",
         "j expire before deadline: refused, saw running e1 a1",
         "j expire: applied expired e1 a1",
         "j owner accepts after expiry: refused, saw expired e1 a1",
         "j expire again: refused, saw expired e1 a1",
+        "j enqueued after expiry: refused, saw expired e1 a1",
     ];
     assert_eq!(memory_log, expected);
     let a = memory_items[0].as_ref().expect("a");
@@ -515,6 +520,6 @@ async fn the_in_memory_ledger_and_dynamodb_agree_on_every_conditional_write() {
     let i = memory_items[8].as_ref().expect("i");
     assert_eq!(i.attempt_log[0].provider_ref.as_deref(), Some("resp_1"));
     let j = memory_items[9].as_ref().expect("j");
-    assert_eq!(j.enqueued_at, Some(T + 2));
+    assert_eq!(j.enqueued_at, Some(T + 4));
     assert_eq!(j.input_digest, "d-j");
 }

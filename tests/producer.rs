@@ -182,6 +182,24 @@ async fn the_reconciler_repairs_a_stopped_producer_and_expires_jobs_past_their_d
         .await
         .expect("create");
 
+    // AND a job whose owner vanished long ago (its message may be in the DLQ)
+    ledger
+        .create(create(job("abandoned", "p", ""), now - 700_000))
+        .await
+        .expect("create");
+    let abandoned = ledger
+        .claim(ClaimRequest {
+            job: create(job("abandoned", "p", ""), now - 700_000).job,
+            expect: fenced_jobs::job::Expect::FRESH,
+            owner_id: "gone".into(),
+            now: now - 700_000,
+            lease_until: now - 640_000,
+            provider_ref: None,
+        })
+        .await
+        .expect("claim");
+    assert!(matches!(abandoned, Write::Applied(_)));
+
     // WHEN the reconciler runs
     let quick = ReconcileSettings {
         ready_after_ms: 5_000,
@@ -191,9 +209,10 @@ async fn the_reconciler_repairs_a_stopped_producer_and_expires_jobs_past_their_d
         .await
         .expect("reconcile");
 
-    // THEN the late jobs are expired (the live owner fenced) and the stranded one re-sent
+    // THEN the late jobs are expired (the live owner fenced), the stranded and the abandoned
+    // ones re-sent
     assert_eq!(report.expired, 2, "{report:?}");
-    assert_eq!(report.resent, 1, "{report:?}");
+    assert_eq!(report.resent, 2, "{report:?}");
     assert_eq!(report.unknown, 0);
     for id in ["late-running", "late-ready"] {
         let item = ledger.get(id).await.expect("get").expect("item");
@@ -219,11 +238,15 @@ async fn the_reconciler_repairs_a_stopped_producer_and_expires_jobs_past_their_d
         .expect("reconcile");
     assert_eq!((again.expired, again.resent), (0, 0), "{again:?}");
 
-    // AND the worker runs the re-sent job
+    // AND the worker runs the stranded job, and fences and investigates the abandoned one
+    // (no reference: its attempt may have run, so it waits for a decision)
     let handler = aws.handler(&table, SimulatedProvider::new(), fast_settings());
     let source = aws.source(&queue).await;
     let (poll, _) = deliver(&source, &handler).await;
-    assert_eq!(poll.deleted, 1);
+    assert_eq!((poll.received, poll.deleted), (2, 1));
     let item = ledger.get("stranded").await.expect("get").expect("item");
     assert_eq!(item.state, JobState::Succeeded);
+    let item = ledger.get("abandoned").await.expect("get").expect("item");
+    assert_eq!((item.state, item.owner_epoch), (JobState::Unknown, 2));
+    assert_eq!(handler.processor().provider().executions(), 1);
 }

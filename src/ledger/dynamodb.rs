@@ -564,8 +564,9 @@ impl JobLedger for DynamoLedger {
             (":now", n(req.now)),
             (":ready", s(JobState::Ready.as_str())),
             (":retry", s(JobState::RetryAuthorized.as_str())),
+            (":running", s(JobState::Running.as_str())),
         ];
-        let condition = "#state IN (:ready, :retry)";
+        let condition = "#state IN (:ready, :retry, :running)";
         self.update(
             "mark_enqueued",
             &req.job_id,

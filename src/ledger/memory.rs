@@ -196,7 +196,7 @@ pub fn apply_mark_enqueued(
     req: &EnqueuedRequest,
 ) -> Option<JobRecord> {
     let r = current?;
-    if !r.state.is_claimable() {
+    if !(r.state.is_claimable() || r.state == JobState::Running) {
         return None;
     }
     let mut next = r.clone();

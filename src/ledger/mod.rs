@@ -200,9 +200,9 @@ pub struct CreateRequest {
     pub now: Millis,
 }
 
-/// Records that a trigger for a waiting job was sent.
+/// Records that a trigger for a job was sent.
 ///
-/// Condition: `ready` or `retry_authorized`. Effect: `enqueued_at` set (and nothing else, so
+/// Condition: `ready`, `retry_authorized` or `running` (not terminal, not `unknown`). Effect: `enqueued_at` set (and nothing else, so
 /// the job's place in the attention index does not move).
 #[derive(Debug, Clone, PartialEq)]
 pub struct EnqueuedRequest {
