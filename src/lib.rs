@@ -15,7 +15,8 @@
 //! - [`handler`]: one `SqsEvent` to one `SqsBatchResponse`: grouping, concurrency, panics,
 //!   visibility.
 //! - [`event_source`]: a local event source mapping for the emulator (demo and tests).
-//! - [`config`], [`clock`], [`sdk_calls`]: configuration, injected time, request counting.
+//! - [`config`], [`clock`], [`sdk_calls`], [`logs`], [`metrics`]: configuration, injected time,
+//!   request counting, JSON logs, embedded metrics.
 //! - [`operator`]: reading and deciding about jobs; `bin/jobctl.rs` is its command line.
 //! - [`producer`]: `submit`: ledger first (`ready`), then the triggers, then the enqueue.
 //! - [`reconcile`]: re-sends lost triggers and expires jobs past their deadline, from the
@@ -38,6 +39,7 @@ pub mod handler;
 pub mod heartbeat;
 pub mod job;
 pub mod ledger;
+pub mod logs;
 pub mod metrics;
 pub mod operator;
 pub mod processor;

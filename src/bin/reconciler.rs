@@ -9,15 +9,7 @@ use lambda_runtime::{Diagnostic, LambdaEvent, service_fn};
 
 #[tokio::main]
 async fn main() -> Result<(), lambda_runtime::Error> {
-    tracing_subscriber::fmt()
-        .json()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_target(false)
-        .with_current_span(false)
-        .init();
+    fenced_jobs::logs::init();
 
     let var = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
     let table = var("JOBS_TABLE").ok_or("JOBS_TABLE must be set")?;
