@@ -579,7 +579,11 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         let invocation_end = inv
             .deadline
             .map_or(Millis::MAX, |d| d - self.settings.deadline_margin_ms);
-        let until = owner.deadline_at.min(invocation_end);
+        let mut until = owner.deadline_at.min(invocation_end);
+        if self.settings.heartbeat_ms <= 0 {
+            // Nothing renews the lease: stop before it lapses and hand the job over.
+            until = until.min(owner.owner_until.unwrap_or(Millis::MAX) - self.settings.skew_ms);
+        }
         loop {
             let retrieved = tokio::select! {
                 _ = lost.cancelled() => return Polled::Lost,
