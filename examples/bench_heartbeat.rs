@@ -120,7 +120,7 @@ async fn in_memory(n: usize) -> (f64, f64, u64) {
     claim_all(&ledger, &flights, n).await;
     let writes_before = ledger.writes();
     let (ticks, cpu) = ticks(&flights, &ledger, &visibility).await;
-    let stats = flights.stats.snapshot();
+    let stats = flights.snapshot();
     let sqs = stats.visibility_calls as f64 / ticks as f64;
     let ddb = (ledger.writes() - writes_before) as f64 / ticks as f64;
     (sqs, ddb, cpu)
@@ -199,7 +199,7 @@ async fn emulator(n: usize) -> (f64, f64, u64) {
         .expect("queue url resolves");
     calls.reset();
     let (ticks, cpu) = ticks(&flights, &ledger, &visibility).await;
-    let stats = flights.stats.snapshot();
+    let stats = flights.snapshot();
     let expected = n as u64 * ticks;
     assert_eq!(
         stats.lease_renewed, expected,

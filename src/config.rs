@@ -192,19 +192,7 @@ impl Config {
         let get = |name: &str| lookup(name).filter(|v| !v.trim().is_empty());
         let jobs_table = get("JOBS_TABLE").ok_or(ConfigError::Missing("JOBS_TABLE"))?;
         let d = Settings::default();
-        let number =
-            |name: &'static str, default: i64, min: i64, max: i64| -> Result<i64, ConfigError> {
-                match get(name) {
-                    None => Ok(default),
-                    Some(raw) => match raw.trim().parse::<i64>() {
-                        Ok(v) if (min..=max).contains(&v) => Ok(v),
-                        _ => Err(ConfigError::Invalid {
-                            name,
-                            reason: format!("expected an integer from {min} to {max}"),
-                        }),
-                    },
-                }
-            };
+        let number = |name, default, min, max| integer(&get, name, default, min, max);
         let settings = Settings {
             max_concurrency: number("MAX_CONCURRENCY", d.max_concurrency as i64, 1, 10_000)?
                 as usize,
@@ -348,6 +336,49 @@ impl Config {
     }
 }
 
+/// The reconciler's environment: `JOBS_TABLE`, `QUEUE_URL` and the `RECONCILE_*` settings.
+pub fn reconciler_from_lookup(
+    lookup: impl Fn(&str) -> Option<String>,
+) -> Result<(String, String, crate::reconcile::ReconcileSettings), ConfigError> {
+    let get = |name: &str| lookup(name).filter(|v| !v.trim().is_empty());
+    let table = get("JOBS_TABLE").ok_or(ConfigError::Missing("JOBS_TABLE"))?;
+    let queue_url = get("QUEUE_URL").ok_or(ConfigError::Missing("QUEUE_URL"))?;
+    let d = crate::reconcile::ReconcileSettings::default();
+    let seconds = |name, default_ms: Millis| {
+        Ok::<_, ConfigError>(integer(&get, name, default_ms / 1000, 1, 31_536_000)? * 1000)
+    };
+    let settings = crate::reconcile::ReconcileSettings {
+        ready_after_ms: seconds("RECONCILE_READY_AFTER_SECONDS", d.ready_after_ms)?,
+        retry_after_ms: seconds("RECONCILE_RETRY_AFTER_SECONDS", d.retry_after_ms)?,
+        enqueue_stale_after_ms: seconds(
+            "RECONCILE_ENQUEUE_STALE_SECONDS",
+            d.enqueue_stale_after_ms,
+        )?,
+        max_jobs: integer(&get, "RECONCILE_MAX_JOBS", d.max_jobs as i64, 1, 100_000)? as usize,
+    };
+    Ok((table, queue_url, settings))
+}
+
+/// The integer variable `name`, `default` when unset, refused outside `min..=max`.
+fn integer(
+    get: &impl Fn(&str) -> Option<String>,
+    name: &'static str,
+    default: i64,
+    min: i64,
+    max: i64,
+) -> Result<i64, ConfigError> {
+    match get(name) {
+        None => Ok(default),
+        Some(raw) => match raw.trim().parse::<i64>() {
+            Ok(v) if (min..=max).contains(&v) => Ok(v),
+            _ => Err(ConfigError::Invalid {
+                name,
+                reason: format!("expected an integer from {min} to {max}"),
+            }),
+        },
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -470,6 +501,41 @@ mod tests {
                 endpoint_url: None
             })
         );
+    }
+
+    #[test]
+    fn the_reconciler_reads_its_own_variables() {
+        let map = |vars: &[(&str, &str)]| {
+            let vars: HashMap<String, String> = vars
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect();
+            reconciler_from_lookup(move |k| vars.get(k).cloned())
+        };
+        assert_eq!(
+            map(&[("JOBS_TABLE", "t")]).map(|_| ()),
+            Err(ConfigError::Missing("QUEUE_URL"))
+        );
+        let (table, queue, s) = map(&[
+            ("JOBS_TABLE", "t"),
+            ("QUEUE_URL", "q"),
+            ("RECONCILE_READY_AFTER_SECONDS", "60"),
+        ])
+        .expect("valid");
+        assert_eq!((table.as_str(), queue.as_str()), ("t", "q"));
+        assert_eq!(s.ready_after_ms, 60_000);
+        assert_eq!(s.retry_after_ms, 1_200_000);
+        assert!(matches!(
+            map(&[
+                ("JOBS_TABLE", "t"),
+                ("QUEUE_URL", "q"),
+                ("RECONCILE_MAX_JOBS", "0")
+            ]),
+            Err(ConfigError::Invalid {
+                name: "RECONCILE_MAX_JOBS",
+                ..
+            })
+        ));
     }
 
     #[test]

@@ -11,6 +11,7 @@ use std::panic::AssertUnwindSafe;
 
 use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent, SqsMessage};
 use futures::{FutureExt, StreamExt, stream};
+use serde::Deserialize;
 
 use tokio_util::sync::CancellationToken;
 
@@ -258,7 +259,7 @@ impl<L: JobLedger, P: Provider, C: Clock, V: VisibilityControl> BatchHandler<L, 
                 .iter()
                 .map(|r| (r.message_id.as_deref(), r.outcome.is_success())),
         );
-        let stats = flights.stats.snapshot();
+        let stats = flights.snapshot();
         let succeeded = records.iter().filter(|r| r.outcome.is_success()).count();
         match &response {
             Ok(failed) => tracing::info!(
@@ -397,7 +398,7 @@ pub fn event_from_json(value: &serde_json::Value) -> Result<SqsEvent, NoRecords>
     let mut event = SqsEvent::default();
     event.records = records
         .iter()
-        .map(|r| serde_json::from_value::<SqsMessage>(r.clone()).unwrap_or_else(|_| salvage(r)))
+        .map(|r| SqsMessage::deserialize(r).unwrap_or_else(|_| salvage(r)))
         .collect();
     Ok(event)
 }

@@ -29,9 +29,6 @@ pub struct Stats {
     visibility_renewed: AtomicU64,
     visibility_refused: AtomicU64,
     visibility_uncertain: AtomicU64,
-    lease_renewed: AtomicU64,
-    lease_refused: AtomicU64,
-    lease_uncertain: AtomicU64,
     ownership_lost: AtomicU64,
     deadline_cutoffs: AtomicU64,
     recoveries: AtomicU64,
@@ -96,8 +93,9 @@ impl Stats {
             .clone()
     }
 
-    /// The counts so far.
-    pub fn snapshot(&self) -> StatsSnapshot {
+    /// The counts so far, without the lease renewals (they are kept per record: see
+    /// [`Flights::snapshot`]).
+    fn counts(&self) -> StatsSnapshot {
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
         StatsSnapshot {
             heartbeat_ticks: get(&self.heartbeat_ticks),
@@ -105,12 +103,10 @@ impl Stats {
             visibility_renewed: get(&self.visibility_renewed),
             visibility_refused: get(&self.visibility_refused),
             visibility_uncertain: get(&self.visibility_uncertain),
-            lease_renewed: get(&self.lease_renewed),
-            lease_refused: get(&self.lease_refused),
-            lease_uncertain: get(&self.lease_uncertain),
             ownership_lost: get(&self.ownership_lost),
             deadline_cutoffs: get(&self.deadline_cutoffs),
             recoveries: get(&self.recoveries),
+            ..StatsSnapshot::default()
         }
     }
 }
@@ -268,6 +264,17 @@ impl Flights {
                 flight.stage = Stage::Pending;
             }
         }
+    }
+
+    /// The invocation's counts so far, lease renewals summed over its records.
+    pub fn snapshot(&self) -> StatsSnapshot {
+        let mut snapshot = self.stats.counts();
+        for flight in self.lock().iter() {
+            snapshot.lease_renewed += u64::from(flight.renewals.renewed);
+            snapshot.lease_refused += u64::from(flight.renewals.refused);
+            snapshot.lease_uncertain += u64::from(flight.renewals.uncertain);
+        }
+        snapshot
     }
 
     /// The lease renewals of record `index` so far.
@@ -464,7 +471,6 @@ impl<L: JobLedger, V: VisibilityControl, C: Clock> Heartbeat<'_, L, V, C> {
     }
 
     async fn renew_one(&self, index: usize, job_id: String, epoch: u64) {
-        let stats = &self.flights.stats;
         let skew = self.settings.skew_ms;
         for attempt in 0..=RENEWAL_RETRIES {
             let now = self.clock.now_ms();
@@ -476,7 +482,6 @@ impl<L: JobLedger, V: VisibilityControl, C: Clock> Heartbeat<'_, L, V, C> {
             };
             match self.ledger.renew(req).await {
                 Ok(Write::Applied(record)) => {
-                    bump(&stats.lease_renewed, 1);
                     if let Some(Flight {
                         stage: Stage::Running(lease),
                         renewals,
@@ -492,7 +497,6 @@ impl<L: JobLedger, V: VisibilityControl, C: Clock> Heartbeat<'_, L, V, C> {
                 // final write, not a lost lease.
                 Ok(Write::Refused(_)) if self.flights.lease_until(index).is_none() => return,
                 Ok(Write::Refused(seen)) => {
-                    bump(&stats.lease_refused, 1);
                     self.flights.count_renewal(index, |r| r.refused += 1);
                     tracing::warn!(
                         job_id = %job_id,
@@ -511,7 +515,6 @@ impl<L: JobLedger, V: VisibilityControl, C: Clock> Heartbeat<'_, L, V, C> {
                         tokio::time::sleep(Duration::from_millis(pause as u64)).await;
                         continue;
                     }
-                    bump(&stats.lease_uncertain, 1);
                     self.flights.count_renewal(index, |r| r.uncertain += 1);
                     tracing::warn!(job_id = %job_id, epoch, error = %e, "lease renewal uncertain");
                     // The lease still protects the job until it lapses; stop before it does.

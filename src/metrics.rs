@@ -4,7 +4,7 @@
 use serde_json::{Map, Value, json};
 
 use crate::handler::BatchReport;
-use crate::job::{Failure, JobState, Millis, RecordOutcome};
+use crate::job::Millis;
 use crate::reconcile::ReconcileReport;
 
 /// `METRICS_NAMESPACE`'s default.
@@ -68,66 +68,43 @@ pub fn document(target: &MetricsTarget, at: Millis, metrics: &[(&str, &str, Samp
     Value::Object(root)
 }
 
+/// Outcome labels ([`RecordOutcome::label`]) counted per invocation, and their metric names.
+const OUTCOME_METRICS: [(&str, &str); 8] = [
+    ("succeeded", "Succeeded"),
+    ("failed_terminal", "FailedTerminal"),
+    ("expired", "Expired"),
+    ("deferred", "DeferredToLiveOwner"),
+    ("backoff", "Transient"),
+    ("poison", "Poison"),
+    ("conflict", "Conflict"),
+    ("awaiting_decision", "Unknown"),
+];
+
 /// The worker's document for one invocation: counts per outcome, provider latency, lease
 /// renewals and lost ownerships.
 pub fn invocation(target: &MetricsTarget, at: Millis, report: &BatchReport) -> Value {
-    let count = |pred: &dyn Fn(&RecordOutcome) -> bool| {
-        Sample::One(report.records.iter().filter(|r| pred(&r.outcome)).count() as f64)
+    let count = |label: &str| {
+        let n = report
+            .records
+            .iter()
+            .filter(|r| r.outcome.label() == label)
+            .count();
+        Sample::One(n as f64)
     };
     let stats = &report.stats;
-    let metrics = [
-        ("Records", "Count", Sample::One(report.records.len() as f64)),
-        (
-            "Succeeded",
-            "Count",
-            count(&|o| *o == RecordOutcome::Done(JobState::Succeeded)),
-        ),
-        (
-            "FailedTerminal",
-            "Count",
-            count(&|o| *o == RecordOutcome::Done(JobState::FailedTerminal)),
-        ),
-        (
-            "Expired",
-            "Count",
-            count(&|o| *o == RecordOutcome::Done(JobState::Expired)),
-        ),
-        (
-            "DeferredToLiveOwner",
-            "Count",
-            count(&|o| matches!(o, RecordOutcome::Failed(Failure::Deferred { .. }))),
-        ),
-        (
-            "Transient",
-            "Count",
-            count(&|o| matches!(o, RecordOutcome::Failed(Failure::Backoff { .. }))),
-        ),
-        (
-            "Poison",
-            "Count",
-            count(&|o| matches!(o, RecordOutcome::Failed(Failure::Poison(_)))),
-        ),
-        (
-            "Conflict",
-            "Count",
-            count(&|o| matches!(o, RecordOutcome::Failed(Failure::Conflict { .. }))),
-        ),
-        (
-            "Unknown",
-            "Count",
-            count(&|o| matches!(o, RecordOutcome::Failed(Failure::AwaitingDecision))),
-        ),
+    let latencies = report.provider_latency_ms.iter().map(|&ms| ms as f64);
+    let mut metrics = vec![("Records", "Count", Sample::One(report.records.len() as f64))];
+    metrics.extend(
+        OUTCOME_METRICS
+            .iter()
+            .map(|(label, name)| (*name, "Count", count(label))),
+    );
+    metrics.extend([
         ("Recovered", "Count", Sample::One(stats.recoveries as f64)),
         (
             "ProviderLatency",
             "Milliseconds",
-            Sample::Many(
-                report
-                    .provider_latency_ms
-                    .iter()
-                    .map(|&ms| ms as f64)
-                    .collect(),
-            ),
+            Sample::Many(latencies.collect()),
         ),
         (
             "LeaseRenewals",
@@ -149,7 +126,7 @@ pub fn invocation(target: &MetricsTarget, at: Millis, report: &BatchReport) -> V
             "Count",
             Sample::One(stats.deadline_cutoffs as f64),
         ),
-    ];
+    ]);
     document(target, at, &metrics)
 }
 
@@ -177,6 +154,7 @@ pub fn reconciliation(target: &MetricsTarget, at: Millis, report: &ReconcileRepo
 mod tests {
     use super::*;
     use crate::handler::RecordReport;
+    use crate::job::{Failure, InvalidMessage, JobState, RecordOutcome};
 
     /// The EMF specification's rules for a document: `_aws` with a numeric `Timestamp` and a
     /// `CloudWatchMetrics` array of directives, each with a non-empty `Namespace`, `Dimensions`
@@ -322,6 +300,30 @@ mod tests {
         assert_eq!(doc["Poison"], 0.0);
         assert_eq!(doc["ProviderLatency"], json!([120.0, 340.0]));
         assert_eq!(doc["_aws"]["CloudWatchMetrics"][0]["Namespace"], "Test");
+    }
+
+    #[test]
+    fn every_outcome_metric_counts_a_real_outcome() {
+        let one_of_each = vec![
+            RecordOutcome::Done(JobState::Succeeded),
+            RecordOutcome::Done(JobState::FailedTerminal),
+            RecordOutcome::Done(JobState::Expired),
+            RecordOutcome::Failed(Failure::Deferred { remaining_ms: 1 }),
+            RecordOutcome::Failed(Failure::Backoff {
+                retry_after_ms: None,
+                cause: "x",
+            }),
+            RecordOutcome::Failed(Failure::Poison(InvalidMessage::MissingBody)),
+            RecordOutcome::Failed(Failure::Conflict {
+                ledger_digest: "a".into(),
+                message_digest: "b".into(),
+            }),
+            RecordOutcome::Failed(Failure::AwaitingDecision),
+        ];
+        let doc = invocation(&target(), 1, &report(one_of_each, Vec::new()));
+        for (_, name) in OUTCOME_METRICS {
+            assert_eq!(doc[name], 1.0, "{name}");
+        }
     }
 
     #[test]

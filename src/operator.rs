@@ -70,46 +70,22 @@ pub async fn decide<L: JobLedger>(
     }
 }
 
-/// The message body that triggers a job again, rebuilt from its ledger item: the same job id,
-/// contract and input (so the same digest), the fixed deadline and budget.
-pub fn trigger_body(record: &JobRecord) -> String {
-    let input: Value = serde_json::from_str(&record.input).unwrap_or(Value::Null);
-    let mut body = json!({
-        "job_id": record.job_id,
-        "contract": record.contract,
-        "input": input,
-        "deadline_at": format_rfc3339_ms(record.deadline_at),
-        "max_attempts": record.max_attempts,
-    });
-    if let Some(metadata) = record
-        .metadata
-        .as_deref()
-        .and_then(|m| serde_json::from_str::<Value>(m).ok())
-    {
-        body["metadata"] = metadata;
-    }
-    body.to_string()
-}
-
 /// Sends the trigger for `record` to the queue (after the decision is recorded: ledger first).
+/// It carries only the job id: the worker reads the job from the ledger, so the trigger can
+/// never disagree with it.
 pub async fn send_trigger(
     sqs: &aws_sdk_sqs::Client,
     queue_url: &str,
     record: &JobRecord,
-) -> Result<Option<String>, OperatorError> {
-    let mut send = sqs
-        .send_message()
-        .queue_url(queue_url)
-        .message_body(trigger_body(record));
-    if queue_url.ends_with(".fifo") {
-        send = send
-            .message_group_id(&record.job_id)
-            .message_deduplication_id(format!("{}-{}", record.job_id, record.owner_epoch));
+) -> Result<(), OperatorError> {
+    let trigger = [crate::producer::Outgoing::by_id(&record.job_id)];
+    let suffix = format!("epoch-{}", record.owner_epoch);
+    let sent = crate::producer::send_triggers(sqs, queue_url, &trigger, &suffix).await;
+    match sent.into_iter().next() {
+        Some((_, Ok(()))) => Ok(()),
+        Some((_, Err(reason))) => Err(OperatorError::NotSent(reason)),
+        None => Err(OperatorError::NotSent("nothing sent".to_owned())),
     }
-    let out = send.send().await.map_err(|e| {
-        OperatorError::NotSent(aws_sdk_sqs::error::DisplayErrorContext(&e).to_string())
-    })?;
-    Ok(out.message_id().map(str::to_owned))
 }
 
 /// The record for scripts. The answer is included only when asked for.
@@ -265,19 +241,16 @@ impl DlqVerdict {
 
 /// Judges one dead-lettered body against the ledger's item for its job.
 pub fn dlq_verdict(body: Option<&str>, record: Option<&JobRecord>) -> DlqVerdict {
-    match crate::job::parse_trigger(body) {
-        Err(invalid) => DlqVerdict::Poison(invalid.to_string()),
-        Ok(Trigger::Ref(_)) => match record {
-            Some(r) if r.state.is_terminal() => DlqVerdict::Terminal(r.state),
-            Some(r) => DlqVerdict::Redrive(Some(r.state)),
-            None => DlqVerdict::Poison(InvalidMessage::UnknownJob.to_string()),
-        },
-        Ok(Trigger::Job(msg)) => match record {
-            Some(r) if r.input_digest != msg.digest => DlqVerdict::Conflict,
-            Some(r) if r.state.is_terminal() => DlqVerdict::Terminal(r.state),
-            Some(r) => DlqVerdict::Redrive(Some(r.state)),
-            None => DlqVerdict::Redrive(None),
-        },
+    let trigger = match crate::job::parse_trigger(body) {
+        Err(invalid) => return DlqVerdict::Poison(invalid.to_string()),
+        Ok(trigger) => trigger,
+    };
+    match (record, &trigger) {
+        (Some(r), Trigger::Job(msg)) if r.input_digest != msg.digest => DlqVerdict::Conflict,
+        (Some(r), _) if r.state.is_terminal() => DlqVerdict::Terminal(r.state),
+        (Some(r), _) => DlqVerdict::Redrive(Some(r.state)),
+        (None, Trigger::Ref(_)) => DlqVerdict::Poison(InvalidMessage::UnknownJob.to_string()),
+        (None, Trigger::Job(_)) => DlqVerdict::Redrive(None),
     }
 }
 

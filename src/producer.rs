@@ -17,8 +17,8 @@ const SQS_MAX_BYTES: usize = 262_144;
 /// read); a larger one travels as `{"job_id": ...}` and the worker reads the input from the
 /// ledger.
 pub const INLINE_BODY_MAX: usize = 65_536;
-/// Ledger writes in flight at once.
-const CONCURRENCY: usize = 16;
+/// Ledger calls in flight at once (the producer's and the reconciler's).
+pub const CONCURRENCY: usize = 16;
 
 /// One trigger to send.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -211,9 +211,10 @@ async fn submit_chunk<L: JobLedger>(
     }
     let created: Vec<_> = stream::iter(&jobs)
         .map(|(number, text, msg)| async move {
+            let at = now();
             let req = CreateRequest {
-                job: new_job(msg, now(), settings),
-                now: now(),
+                job: new_job(msg, at, settings),
+                now: at,
             };
             (*number, *text, msg, ledger.create(req).await)
         })

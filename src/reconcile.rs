@@ -19,10 +19,7 @@ use crate::job::decision::SettleReason;
 use crate::job::{JobState, Millis};
 use crate::ledger::dynamodb::DynamoLedger;
 use crate::ledger::{EnqueuedRequest, JobLedger, LedgerError, SettleFrom, SettleRequest, Write};
-use crate::producer::{Outgoing, send_triggers};
-
-/// Ledger calls in flight at once.
-const CONCURRENCY: usize = 16;
+use crate::producer::{CONCURRENCY, Outgoing, send_triggers};
 
 /// How eager the reconciler is.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -177,7 +177,7 @@ async fn a_failed_decision_is_terminal_and_jobctl_shows_it() {
 }
 
 #[test]
-fn a_trigger_rebuilt_from_the_ledger_has_the_same_digest() {
+fn a_re_trigger_names_the_job_and_the_worker_reads_it_back_with_the_same_digest() {
     let body = job("t-1", "hello", r#""parameters":{"temperature":0}"#);
     let msg = fenced_jobs::job::parse_body(Some(&body)).expect("valid");
     let record = fenced_jobs::job::NewJob {
@@ -191,8 +191,14 @@ fn a_trigger_rebuilt_from_the_ledger_has_the_same_digest() {
         expires_at: 0,
     }
     .into_record(JobState::RetryAuthorized, 0);
-    let again =
-        fenced_jobs::job::parse_body(Some(&operator::trigger_body(&record))).expect("valid");
+    // The operator's trigger carries only the id ...
+    let trigger = fenced_jobs::producer::Outgoing::by_id(&record.job_id);
+    assert_eq!(
+        fenced_jobs::job::parse_trigger(Some(&trigger.body)).expect("valid"),
+        fenced_jobs::job::Trigger::Ref("t-1".to_owned())
+    );
+    // ... and the worker rebuilds the job from the ledger: same digest, deadline, budget.
+    let again = fenced_jobs::job::JobMessage::from_record(&record);
     assert_eq!(again.digest, msg.digest);
     assert_eq!(
         (again.deadline_at, again.max_attempts),

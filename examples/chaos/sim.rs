@@ -7,9 +7,7 @@
 //! The handler, processor, heartbeat and ledger contract are the crate's own; only the world
 //! around them is modelled. Invariants are checked as the run goes and at its end.
 
-#![allow(dead_code)]
-
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -338,12 +336,6 @@ impl Queue {
             }
         }
         moved
-    }
-
-    /// Messages in the DLQ whose jobs wait for an operator.
-    fn parked(&self) -> usize {
-        let msgs = self.msgs.lock().expect("queue");
-        msgs.iter().filter(|m| m.in_dlq && !m.deleted).count()
     }
 }
 
@@ -915,7 +907,6 @@ pub async fn run(config: &ChaosConfig) -> ChaosReport {
         virtual_ms: world.now() - START_MS,
         ..ChaosReport::default()
     };
-    let mut seen = HashSet::new();
     for job_id in &job_ids {
         let item = table.get(job_id).await.ok().flatten();
         let state = item.as_ref().map(|r| r.state);
@@ -930,7 +921,6 @@ pub async fn run(config: &ChaosConfig) -> ChaosReport {
             )),
             None => world.violation(format!("{job_id}: lost (no ledger item)")),
         }
-        seen.insert(job_id.clone());
     }
     let per_job = provider.per_job.lock().expect("per job").clone();
     let total: u64 = per_job.values().sum();

@@ -153,7 +153,7 @@ async fn main() {
                     let sqs = aws_sdk_sqs::Client::new(&config);
                     operator::send_trigger(&sqs, &queue_url, &record)
                         .await
-                        .map(|_| print(&record, cli.json, false))
+                        .map(|()| print(&record, cli.json, false))
                 }
                 Err(e) => Err(e),
             }
