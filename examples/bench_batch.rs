@@ -11,15 +11,15 @@ use std::time::{Duration, Instant};
 
 use aws_lambda_events::event::sqs::{SqsEvent, SqsMessage};
 use fenced_jobs::clock::{Clock, SystemClock};
-use fenced_jobs::config::Settings;
-use fenced_jobs::handler::BatchHandler;
 use fenced_jobs::ledger::JobLedger;
 use fenced_jobs::ledger::dynamodb::DynamoLedger;
 use fenced_jobs::ledger::memory::InMemoryLedger;
-use fenced_jobs::processor::{Invocation, Processor};
 use fenced_jobs::provider::SimulatedProvider;
-use fenced_jobs::sdk_calls::{CallCounter, counted_clients};
-use fenced_jobs::visibility::{RecordingVisibility, SqsVisibility, VisibilityControl};
+use fenced_jobs::queue::{RecordingVisibility, SqsVisibility, VisibilityControl};
+use fenced_jobs::testing::sdk_calls::{CallCounter, counted_clients};
+use fenced_jobs::worker::Settings;
+use fenced_jobs::worker::handler::BatchHandler;
+use fenced_jobs::worker::processor::{Invocation, Processor};
 
 const ARN: &str = "arn:aws:sqs:us-east-1:123456789012:bench";
 const SIZES: [usize; 4] = [10, 100, 1_000, 10_000];

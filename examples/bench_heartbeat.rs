@@ -8,14 +8,14 @@
 use std::time::{Duration, Instant};
 
 use fenced_jobs::clock::{Clock, SystemClock};
-use fenced_jobs::config::Settings;
-use fenced_jobs::heartbeat::{Delivered, Flights, Heartbeat};
 use fenced_jobs::job::{Expect, NewJob};
 use fenced_jobs::ledger::dynamodb::DynamoLedger;
 use fenced_jobs::ledger::memory::InMemoryLedger;
 use fenced_jobs::ledger::{ClaimRequest, JobLedger};
-use fenced_jobs::sdk_calls::counted_clients;
-use fenced_jobs::visibility::{RecordingVisibility, SqsVisibility, VisibilityControl};
+use fenced_jobs::queue::{RecordingVisibility, SqsVisibility, VisibilityControl};
+use fenced_jobs::testing::sdk_calls::counted_clients;
+use fenced_jobs::worker::Settings;
+use fenced_jobs::worker::heartbeat::{Delivered, Flights, Heartbeat};
 
 const SIZES: [usize; 3] = [10, 100, 1_000];
 const ROUNDS: usize = 5;

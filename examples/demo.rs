@@ -7,16 +7,16 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use fenced_jobs::clock::SystemClock;
-use fenced_jobs::config::Settings;
-use fenced_jobs::event_source::LocalEventSource;
-use fenced_jobs::handler::BatchHandler;
 use fenced_jobs::job::JobState;
 use fenced_jobs::ledger::JobLedger;
 use fenced_jobs::ledger::dynamodb::DynamoLedger;
-use fenced_jobs::processor::Processor;
 use fenced_jobs::provider::SimulatedProvider;
-use fenced_jobs::sdk_calls::counted_clients;
-use fenced_jobs::visibility::SqsVisibility;
+use fenced_jobs::queue::SqsVisibility;
+use fenced_jobs::testing::event_source::LocalEventSource;
+use fenced_jobs::testing::sdk_calls::counted_clients;
+use fenced_jobs::worker::Settings;
+use fenced_jobs::worker::handler::BatchHandler;
+use fenced_jobs::worker::processor::Processor;
 
 /// (label, job_id, what the demo expects, body)
 fn jobs() -> Vec<(&'static str, &'static str, &'static str, String)> {

@@ -8,5 +8,7 @@ echo "== cfn-lint template.yaml" >&2
 .venv/bin/cfn-lint template.yaml
 echo "== template consistency" >&2
 .venv/bin/python scripts/check_template.py --self-test template.yaml
+echo "== module layout" >&2
+.venv/bin/python scripts/check_layout.py --self-test src
 echo "== cargo test" >&2
 scripts/with-emulator.sh cargo test --all-targets "$@"

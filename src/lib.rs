@@ -3,25 +3,23 @@
 //!
 //! # Layout
 //!
-//! - [`job`]: pure logic, no I/O, no clock, no AWS types: the ledger record, its states, the
-//!   message contract and digest, the decision for a delivery, record outcomes and visibility.
-//! - [`batch`]: pure: which records a batch response names, and what makes a response invalid.
-//! - [`ledger`]: the `JobLedger` trait, one conditional write per transition;
-//!   [`ledger::dynamodb`] (DynamoDB) and [`ledger::memory`] (same contract, for tests).
-//! - [`provider`]: the `Provider` trait for the model call: simulated, OpenAI-compatible and
-//!   Bedrock providers.
-//! - [`visibility`]: batched `ChangeMessageVisibility` for records that stay in the queue.
-//! - [`processor`]: one delivery: claim or classify, call, end the attempt; traits only.
-//! - [`handler`]: one `SqsEvent` to one `SqsBatchResponse`: grouping, concurrency, panics,
-//!   visibility.
-//! - [`event_source`]: a local event source mapping for the emulator (demo and tests).
-//! - [`config`], [`clock`], [`sdk_calls`], [`logs`], [`metrics`]: configuration, injected time,
-//!   request counting, JSON logs, embedded metrics.
-//! - [`operator`]: reading and deciding about jobs; `bin/jobctl.rs` is its command line.
-//! - [`producer`]: `submit`: ledger first (`ready`), then the triggers, then the enqueue.
-//! - [`reconcile`]: re-sends lost triggers and expires jobs past their deadline, from the
-//!   sparse indexes; `bin/reconciler.rs` is its scheduled Lambda function.
-//! - `bin/worker.rs`: the Lambda entry point.
+//! Read it as floors; a module imports only from the floors below it (checked by
+//! `scripts/check_layout.py` in `make test`):
+//!
+//! 1. [`job`]: pure logic, no I/O, no clock, no AWS types: the ledger record, its states, the
+//!    message contract and digest, the decision for a delivery, record outcomes and visibility.
+//!    Beside it, [`clock`] (injected time) and [`vars`] (reading settings from the environment).
+//! 2. [`ledger`]: the `JobLedger` trait (one conditional write per transition) and the
+//!    `LedgerIndex` trait (the sparse indexes), in DynamoDB ([`ledger::dynamodb`]) and in memory
+//!    ([`ledger::memory`], same contract). [`provider`]: the `Provider` trait for the model call
+//!    (simulated, OpenAI-compatible, Bedrock) and its keys. [`queue`]: the visibility of records
+//!    and the sending of triggers, on SQS. [`report`]: what a run did, as plain data.
+//! 3. [`worker`]: the batch handler, the processor (one delivery), the heartbeat, the batch
+//!    response and the worker's settings. [`ops`]: the producer, the reconciler, operator
+//!    decisions and the metric documents.
+//! 4. [`config`] assembles each binary's configuration; [`logs`] sets up logging;
+//!    `testing` (feature `test-support`) holds the local event source and the request counter;
+//!    `bin/worker.rs`, `bin/reconciler.rs` and `bin/jobctl.rs` are the entry points.
 //!
 //! # Data flow of one invocation
 //!
@@ -31,20 +29,16 @@
 //! the invocation deadline -> one conditional write ending the attempt -> visibility for every
 //! failure -> the batch response (successes are terminal jobs only).
 
-pub mod batch;
 pub mod clock;
 pub mod config;
-pub mod event_source;
-pub mod handler;
-pub mod heartbeat;
 pub mod job;
 pub mod ledger;
 pub mod logs;
-pub mod metrics;
-pub mod operator;
-pub mod processor;
-pub mod producer;
+pub mod ops;
 pub mod provider;
-pub mod reconcile;
-pub mod sdk_calls;
-pub mod visibility;
+pub mod queue;
+pub mod report;
+#[cfg(feature = "test-support")]
+pub mod testing;
+pub mod vars;
+pub mod worker;

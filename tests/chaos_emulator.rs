@@ -153,13 +153,16 @@ async fn hundreds_of_jobs_under_crashes_and_pauses_keep_every_invariant() {
                     if c == 0 {
                         let now =
                             fenced_jobs::clock::Clock::now_ms(&fenced_jobs::clock::SystemClock);
-                        let quick = fenced_jobs::reconcile::ReconcileSettings {
+                        let quick = fenced_jobs::ops::reconcile::ReconcileSettings {
                             ready_after_ms: 4_000,
                             retry_after_ms: 4_000,
                             ..Default::default()
                         };
-                        let report = fenced_jobs::reconcile::reconcile(
-                            ledger, &aws.sqs, &queue.url, now, &quick,
+                        let report = fenced_jobs::ops::reconcile::reconcile(
+                            ledger,
+                            &fenced_jobs::queue::SqsTriggers::new(aws.sqs.clone(), &queue.url),
+                            now,
+                            &quick,
                         )
                         .await
                         .expect("reconcile");

@@ -10,12 +10,12 @@ use std::time::{Duration, Instant};
 
 use common::{deliver, emulator, job, slow_settings};
 use fenced_jobs::clock::{Clock, SystemClock};
-use fenced_jobs::event_source::PollReport;
-use fenced_jobs::handler::BatchReport;
 use fenced_jobs::job::{Failure, JobRecord, JobState, RecordOutcome};
 use fenced_jobs::ledger::{JobLedger, OperatorAction};
-use fenced_jobs::operator;
+use fenced_jobs::ops::operator;
 use fenced_jobs::provider::SimulatedProvider;
+use fenced_jobs::testing::event_source::PollReport;
+use fenced_jobs::worker::handler::BatchReport;
 
 const JOB: &str = "drill-1";
 /// The provider cannot be asked about the call afterwards, so the recovery finds an attempt
@@ -212,9 +212,12 @@ async fn the_recovery_drill() {
     )
     .await
     .expect("decide");
-    operator::send_trigger(&aws.sqs, &queue.url, &decided)
-        .await
-        .expect("trigger");
+    operator::send_trigger(
+        &fenced_jobs::queue::SqsTriggers::new(aws.sqs.clone(), &queue.url),
+        &decided,
+    )
+    .await
+    .expect("trigger");
     timeline.row(
         "operator",
         None,

@@ -5,13 +5,13 @@ use std::sync::Arc;
 
 use aws_lambda_events::event::sqs::SqsEvent;
 use fenced_jobs::clock::{Clock, SystemClock};
-use fenced_jobs::config::Settings;
-use fenced_jobs::handler::BatchHandler;
 use fenced_jobs::job::parse_body;
 use fenced_jobs::ledger::memory::InMemoryLedger;
-use fenced_jobs::processor::{Invocation, Processor};
 use fenced_jobs::provider::SimulatedProvider;
-use fenced_jobs::visibility::RecordingVisibility;
+use fenced_jobs::queue::RecordingVisibility;
+use fenced_jobs::worker::Settings;
+use fenced_jobs::worker::handler::BatchHandler;
+use fenced_jobs::worker::processor::{Invocation, Processor};
 
 async fn run(path: &str) -> (Vec<String>, u64) {
     let text = std::fs::read_to_string(path).expect("event file");

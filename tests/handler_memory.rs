@@ -1,5 +1,9 @@
 //! The batch handler over the in-memory ledger: fast tests of batch behaviour (deduplication,
 //! panics, missing ids, budgets, deadlines, hangs) without the emulator.
+//!
+//! Why this file is long: every test here drives the same handler over the same in-memory fakes,
+//! and one test binary links once; split into several files it would link the crate and the SDK
+//! once per file, which costs more build time on a small machine than the length costs a reader.
 
 mod common;
 
@@ -7,14 +11,14 @@ use std::sync::Arc;
 
 use aws_lambda_events::event::sqs::{SqsEvent, SqsMessage};
 use fenced_jobs::clock::{Clock, SystemClock};
-use fenced_jobs::config::Settings;
-use fenced_jobs::handler::BatchHandler;
 use fenced_jobs::job::{Failure, JobState, RecordOutcome};
 use fenced_jobs::ledger::JobLedger;
 use fenced_jobs::ledger::memory::InMemoryLedger;
-use fenced_jobs::processor::{Invocation, Processor};
 use fenced_jobs::provider::{Answer, Provider, ProviderError, ProviderRequest, SimulatedProvider};
-use fenced_jobs::visibility::RecordingVisibility;
+use fenced_jobs::queue::RecordingVisibility;
+use fenced_jobs::worker::Settings;
+use fenced_jobs::worker::handler::BatchHandler;
+use fenced_jobs::worker::processor::{Invocation, Processor};
 
 const ARN: &str = "arn:aws:sqs:us-east-1:123456789012:jobs";
 
@@ -447,7 +451,7 @@ async fn a_refused_visibility_extension_stops_extending_that_record_only() {
 
 #[tokio::test]
 async fn a_replay_policy_records_its_decision_and_stays_within_the_budget() {
-    use fenced_jobs::config::ReplayPolicy;
+    use fenced_jobs::worker::ReplayPolicy;
     let ledger = Arc::new(InMemoryLedger::new());
     let settings = Settings {
         provider_timeout_ms: 100,
@@ -971,7 +975,7 @@ async fn every_kind_of_bad_input_gets_its_documented_outcome() {
 
 #[test]
 fn events_are_read_leniently_record_by_record_and_never_without_records() {
-    use fenced_jobs::handler::event_from_json;
+    use fenced_jobs::worker::handler::event_from_json;
     use serde_json::json;
     assert!(event_from_json(&json!({})).is_err(), "no Records");
     assert!(event_from_json(&json!({"Records": null})).is_err());

@@ -10,13 +10,14 @@ use std::sync::{Arc, Mutex};
 use aws_lambda_events::event::sqs::{SqsEvent, SqsMessage};
 use common::http::{HttpStub, Reply};
 use fenced_jobs::clock::{Clock, SystemClock};
-use fenced_jobs::config::{Secret, Settings};
-use fenced_jobs::handler::BatchHandler;
 use fenced_jobs::ledger::memory::InMemoryLedger;
-use fenced_jobs::processor::{Invocation, Processor};
 use fenced_jobs::provider::OpenAiProvider;
+use fenced_jobs::provider::Secret;
 use fenced_jobs::provider::openai::{OpenAiApi, OpenAiSettings};
-use fenced_jobs::visibility::RecordingVisibility;
+use fenced_jobs::queue::RecordingVisibility;
+use fenced_jobs::worker::Settings;
+use fenced_jobs::worker::handler::BatchHandler;
+use fenced_jobs::worker::processor::{Invocation, Processor};
 use serde_json::{Value, json};
 
 const API_KEY: &str = "sk-CANARY-KEY-5521";

@@ -9,11 +9,11 @@ use std::time::{Duration, Instant};
 
 use common::http::{HttpStub, Reply};
 use common::{deliver, emulator, slow_settings};
-use fenced_jobs::config::{KeySource, ProviderConfig};
 use fenced_jobs::job::{Failure, JobState, RecordOutcome};
 use fenced_jobs::ledger::JobLedger;
 use fenced_jobs::provider::openai::{OpenAiApi, OpenAiSettings};
 use fenced_jobs::provider::{AnyProvider, Provider};
+use fenced_jobs::provider::{KeySource, ProviderConfig};
 use serde_json::json;
 
 /// A server whose one background call takes `run_for` from its submit.

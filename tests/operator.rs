@@ -6,9 +6,10 @@ mod common;
 use common::{deliver, emulator, fast_settings, job};
 use fenced_jobs::clock::{Clock, SystemClock};
 use fenced_jobs::job::{Failure, JobState, RecordOutcome};
-use fenced_jobs::ledger::{JobLedger, OperatorAction};
-use fenced_jobs::operator::{self, OperatorError};
+use fenced_jobs::ledger::{JobLedger, LedgerIndex, OperatorAction};
+use fenced_jobs::ops::operator::{self, OperatorError};
 use fenced_jobs::provider::SimulatedProvider;
+use fenced_jobs::queue::SqsTriggers;
 
 /// A job whose only attempt was cut off: `unknown`.
 async fn unknown_job(aws: &common::Emulator, table: &str, queue: &common::Queue, id: &str) {
@@ -82,7 +83,7 @@ async fn an_unknown_job_runs_again_only_after_an_operator_authorises_it() {
         ),
         ("alice", "authorize_retry")
     );
-    operator::send_trigger(&aws.sqs, &queue.url, &decided)
+    operator::send_trigger(&SqsTriggers::new(aws.sqs.clone(), &queue.url), &decided)
         .await
         .expect("trigger");
     // Deciding again is refused: the job is no longer unknown.
@@ -192,7 +193,7 @@ fn a_re_trigger_names_the_job_and_the_worker_reads_it_back_with_the_same_digest(
     }
     .into_record(JobState::RetryAuthorized, 0);
     // The operator's trigger carries only the id ...
-    let trigger = fenced_jobs::producer::Outgoing::by_id(&record.job_id);
+    let trigger = fenced_jobs::queue::Outgoing::by_id(&record.job_id);
     assert_eq!(
         fenced_jobs::job::parse_trigger(Some(&trigger.body)).expect("valid"),
         fenced_jobs::job::Trigger::Ref("t-1".to_owned())

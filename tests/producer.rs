@@ -5,12 +5,13 @@ mod common;
 
 use common::{deliver, emulator, fast_settings, job};
 use fenced_jobs::clock::{Clock, SystemClock};
+use fenced_jobs::job::NewJob;
 use fenced_jobs::job::{Failure, InvalidMessage, JobState, RecordOutcome, parse_body};
 use fenced_jobs::ledger::{ClaimRequest, CreateRequest, JobLedger, Write};
-use fenced_jobs::processor::new_job;
-use fenced_jobs::producer::submit;
+use fenced_jobs::ops::producer::submit;
+use fenced_jobs::ops::reconcile::{ReconcileSettings, reconcile};
 use fenced_jobs::provider::SimulatedProvider;
-use fenced_jobs::reconcile::{ReconcileSettings, reconcile};
+use fenced_jobs::queue::SqsTriggers;
 
 fn lines(text: &str) -> impl Iterator<Item = std::io::Result<String>> + '_ {
     text.lines().map(|l| Ok(l.to_owned()))
@@ -41,11 +42,10 @@ async fn submit_writes_the_ledger_first_then_sends_and_the_worker_runs_every_job
     let mut progress_calls = 0;
     let report = submit(
         &ledger,
-        &aws.sqs,
-        &queue.url,
+        &SqsTriggers::new(aws.sqs.clone(), &queue.url),
         lines(&file),
         || SystemClock.now_ms(),
-        &fast_settings(),
+        &fast_settings().job_defaults,
         |_| progress_calls += 1,
     )
     .await;
@@ -102,11 +102,10 @@ async fn submit_writes_the_ledger_first_then_sends_and_the_worker_runs_every_job
     // AND submitting the same file again sends nothing new
     let again = submit(
         &ledger,
-        &aws.sqs,
-        &queue.url,
+        &SqsTriggers::new(aws.sqs.clone(), &queue.url),
         lines(&file),
         || SystemClock.now_ms(),
-        &fast_settings(),
+        &fast_settings().job_defaults,
         |_| {},
     )
     .await;
@@ -145,7 +144,7 @@ async fn the_reconciler_repairs_a_stopped_producer_and_expires_jobs_past_their_d
     let create = |body: String, at: i64| {
         let msg = parse_body(Some(&body)).expect("valid");
         CreateRequest {
-            job: new_job(&msg, at, &settings),
+            job: NewJob::from_message(&msg, at, &settings.job_defaults),
             now: at,
         }
     };
@@ -205,9 +204,14 @@ async fn the_reconciler_repairs_a_stopped_producer_and_expires_jobs_past_their_d
         ready_after_ms: 5_000,
         ..ReconcileSettings::default()
     };
-    let report = reconcile(&ledger, &aws.sqs, &queue.url, now, &quick)
-        .await
-        .expect("reconcile");
+    let report = reconcile(
+        &ledger,
+        &SqsTriggers::new(aws.sqs.clone(), &queue.url),
+        now,
+        &quick,
+    )
+    .await
+    .expect("reconcile");
 
     // THEN the late jobs are expired (the live owner fenced), the stranded and the abandoned
     // ones re-sent
@@ -233,9 +237,14 @@ async fn the_reconciler_repairs_a_stopped_producer_and_expires_jobs_past_their_d
     assert!(matches!(owner_accepts, Write::Refused(_)));
 
     // AND a second run right away sends nothing more
-    let again = reconcile(&ledger, &aws.sqs, &queue.url, now + 1_000, &quick)
-        .await
-        .expect("reconcile");
+    let again = reconcile(
+        &ledger,
+        &SqsTriggers::new(aws.sqs.clone(), &queue.url),
+        now + 1_000,
+        &quick,
+    )
+    .await
+    .expect("reconcile");
     assert_eq!((again.expired, again.resent), (0, 0), "{again:?}");
 
     // AND the worker runs the stranded job, and fences and investigates the abandoned one

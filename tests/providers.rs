@@ -7,7 +7,7 @@ mod common;
 use std::time::Duration;
 
 use common::http::{HttpStub, Reply};
-use fenced_jobs::config::Secret;
+use fenced_jobs::provider::Secret;
 use fenced_jobs::provider::bedrock::{BedrockProvider, BedrockSettings};
 use fenced_jobs::provider::openai::{OpenAiApi, OpenAiProvider, OpenAiSettings};
 use fenced_jobs::provider::{

@@ -6,6 +6,10 @@
 //!
 //! The handler, processor, heartbeat and ledger contract are the crate's own; only the world
 //! around them is modelled. Invariants are checked as the run goes and at its end.
+//!
+//! Why this file is long: the world's parts (queue, consumers, ledger client, provider) share
+//! one private state and one set of fault counters; the sections below (SQS, Lambda, DynamoDB,
+//! provider, the run) are where it would split.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicI64, Ordering};
@@ -14,17 +18,17 @@ use std::time::Duration;
 
 use aws_lambda_events::event::sqs::{SqsEvent, SqsMessage};
 use fenced_jobs::clock::Clock;
-use fenced_jobs::config::{ReplayPolicy, Settings};
-use fenced_jobs::handler::BatchHandler;
 use fenced_jobs::job::{AttemptOutcome, JobRecord, JobState, Millis, parse_trigger};
 use fenced_jobs::ledger::memory::InMemoryLedger;
 use fenced_jobs::ledger::{
     ClaimRequest, CreateRequest, DecideRequest, EnqueuedRequest, FinishRequest, JobLedger,
     LedgerError, RecordRefRequest, RecoverRequest, RenewRequest, SettleRequest, Write,
 };
-use fenced_jobs::processor::{Invocation, Processor};
 use fenced_jobs::provider::{Answer, Provider, ProviderError, ProviderRequest, Retrieval};
-use fenced_jobs::visibility::{ChangeResult, ChangeResults, VisibilityChange, VisibilityControl};
+use fenced_jobs::queue::{ChangeResult, ChangeResults, VisibilityChange, VisibilityControl};
+use fenced_jobs::worker::handler::BatchHandler;
+use fenced_jobs::worker::processor::{Invocation, Processor};
+use fenced_jobs::worker::{ReplayPolicy, Settings};
 
 const QUEUE_ARN: &str = "arn:aws:sqs:us-east-1:123456789012:chaos";
 const START_MS: Millis = 1_800_000_000_000;

@@ -8,13 +8,13 @@ use std::sync::{Arc, OnceLock};
 
 use aws_lambda_events::event::sqs::{SqsEvent, SqsMessage};
 use fenced_jobs::clock::{Clock, SystemClock};
-use fenced_jobs::config::Settings;
-use fenced_jobs::handler::BatchHandler;
+use fenced_jobs::worker::Settings;
+use fenced_jobs::worker::handler::BatchHandler;
 use fenced_jobs::job::{Failure, RecordOutcome};
 use fenced_jobs::ledger::memory::InMemoryLedger;
-use fenced_jobs::processor::{Invocation, Processor};
+use fenced_jobs::worker::processor::{Invocation, Processor};
 use fenced_jobs::provider::{Answer, Provider, ProviderError, ProviderRequest};
-use fenced_jobs::visibility::RecordingVisibility;
+use fenced_jobs::queue::RecordingVisibility;
 use libfuzzer_sys::fuzz_target;
 
 /// Answers at once, whatever the input asks (no simulated latency to wait for).
@@ -44,7 +44,7 @@ fn event_of(data: &[u8]) -> Option<SqsEvent> {
         None => None,
         Some((0, rest)) => {
             let value: serde_json::Value = serde_json::from_slice(rest).ok()?;
-            fenced_jobs::handler::event_from_json(&value).ok()
+            fenced_jobs::worker::handler::event_from_json(&value).ok()
         }
         Some((_, rest)) => {
             let mut event = SqsEvent::default();

@@ -3,7 +3,8 @@
 
 #![no_main]
 
-use fenced_jobs::job::{Trigger, parse_trigger};
+use fenced_jobs::job::Trigger;
+use fenced_jobs::provider::parse_trigger;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

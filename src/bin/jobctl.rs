@@ -2,11 +2,13 @@
 
 use clap::{Parser, Subcommand};
 use fenced_jobs::clock::{Clock, SystemClock};
+use fenced_jobs::job::JobDefaults;
 use fenced_jobs::job::JobState;
 use fenced_jobs::job::message::format_rfc3339_ms;
-use fenced_jobs::ledger::OperatorAction;
 use fenced_jobs::ledger::dynamodb::DynamoLedger;
-use fenced_jobs::operator::{self, OperatorError};
+use fenced_jobs::ledger::{LedgerIndex, OperatorAction};
+use fenced_jobs::ops::operator::{self, OperatorError};
+use fenced_jobs::queue::SqsTriggers;
 
 /// Inspect jobs and decide about the ones whose last attempt has an unknown outcome.
 #[derive(Parser)]
@@ -151,7 +153,7 @@ async fn main() {
             {
                 Ok(record) => {
                     let sqs = aws_sdk_sqs::Client::new(&config);
-                    operator::send_trigger(&sqs, &queue_url, &record)
+                    operator::send_trigger(&SqsTriggers::new(sqs, queue_url), &record)
                         .await
                         .map(|()| print(&record, cli.json, false))
                 }
@@ -160,7 +162,7 @@ async fn main() {
         }
         Command::Submit { file, queue_url } => {
             let sqs = aws_sdk_sqs::Client::new(&config);
-            submit(&ledger, &sqs, &queue_url, file, cli.json).await
+            submit(&ledger, &SqsTriggers::new(sqs, queue_url), file, cli.json).await
         }
         Command::Reconcile {
             queue_url,
@@ -168,13 +170,18 @@ async fn main() {
             retry_after_seconds,
         } => {
             let sqs = aws_sdk_sqs::Client::new(&config);
-            let settings = fenced_jobs::reconcile::ReconcileSettings {
+            let settings = fenced_jobs::ops::reconcile::ReconcileSettings {
                 ready_after_ms: ready_after_seconds * 1000,
                 retry_after_ms: retry_after_seconds * 1000,
                 ..Default::default()
             };
             let now = SystemClock.now_ms();
-            fenced_jobs::reconcile::reconcile(&ledger, &sqs, &queue_url, now, &settings)
+            fenced_jobs::ops::reconcile::reconcile(
+                &ledger,
+                &SqsTriggers::new(sqs, queue_url),
+                now,
+                &settings,
+            )
                 .await
                 .map(|report| {
                     if cli.json {
@@ -289,8 +296,7 @@ async fn dlq(
 
 async fn submit(
     ledger: &DynamoLedger,
-    sqs: &aws_sdk_sqs::Client,
-    queue_url: &str,
+    sender: &SqsTriggers,
     file: Option<std::path::PathBuf>,
     json: bool,
 ) -> Result<(), OperatorError> {
@@ -306,14 +312,13 @@ async fn submit(
         _ => Box::new(std::io::stdin().lock()),
     };
     let terminal = std::io::stderr().is_terminal();
-    let settings = fenced_jobs::config::Settings::default();
-    let report = fenced_jobs::producer::submit(
+    let defaults = JobDefaults::default();
+    let report = fenced_jobs::ops::producer::submit(
         ledger,
-        sqs,
-        queue_url,
+        sender,
         reader.lines(),
         || SystemClock.now_ms(),
-        &settings,
+        &defaults,
         |r| {
             if terminal {
                 eprint!(

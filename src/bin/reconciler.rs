@@ -3,8 +3,9 @@
 
 use fenced_jobs::clock::{Clock, SystemClock};
 use fenced_jobs::ledger::dynamodb::DynamoLedger;
-use fenced_jobs::metrics::{self, MetricsTarget};
-use fenced_jobs::reconcile::{ReconcileReport, reconcile};
+use fenced_jobs::ops::metrics::{self, MetricsTarget};
+use fenced_jobs::ops::reconcile::{ReconcileReport, reconcile};
+use fenced_jobs::queue::SqsTriggers;
 use lambda_runtime::{Diagnostic, LambdaEvent, service_fn};
 
 #[tokio::main]
@@ -15,17 +16,18 @@ async fn main() -> Result<(), lambda_runtime::Error> {
         fenced_jobs::config::reconciler_from_lookup(|name| std::env::var(name).ok())?;
     let aws = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
     let ledger = DynamoLedger::new(aws_sdk_dynamodb::Client::new(&aws), table);
-    let sqs = aws_sdk_sqs::Client::new(&aws);
+    let sender = SqsTriggers::new(aws_sdk_sqs::Client::new(&aws), queue_url);
     let target = MetricsTarget::from_env();
 
     lambda_runtime::run(service_fn(|_: LambdaEvent<serde_json::Value>| async {
         let now = SystemClock.now_ms();
-        let report: ReconcileReport = reconcile(&ledger, &sqs, &queue_url, now, &settings)
-            .await
-            .map_err(|e| Diagnostic {
-                error_type: "LedgerError".to_owned(),
-                error_message: e.to_string(),
-            })?;
+        let report: ReconcileReport =
+            reconcile(&ledger, &sender, now, &settings)
+                .await
+                .map_err(|e| Diagnostic {
+                    error_type: "LedgerError".to_owned(),
+                    error_message: e.to_string(),
+                })?;
         tracing::info!(
             expired = report.expired,
             expire_refused = report.expire_refused,

@@ -7,12 +7,12 @@ use std::sync::Arc;
 
 use fenced_jobs::clock::{Clock, SystemClock};
 use fenced_jobs::config::Config;
-use fenced_jobs::handler::{BatchHandler, event_from_json};
 use fenced_jobs::ledger::dynamodb::DynamoLedger;
-use fenced_jobs::metrics;
-use fenced_jobs::processor::{Invocation, Processor};
+use fenced_jobs::ops::metrics;
 use fenced_jobs::provider::AnyProvider;
-use fenced_jobs::visibility::SqsVisibility;
+use fenced_jobs::queue::SqsVisibility;
+use fenced_jobs::worker::handler::{BatchHandler, event_from_json};
+use fenced_jobs::worker::processor::{Invocation, Processor};
 use lambda_runtime::{Diagnostic, LambdaEvent, service_fn};
 
 #[tokio::main]

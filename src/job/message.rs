@@ -18,8 +18,6 @@ pub const MAX_CONTRACT_LEN: usize = 64;
 pub const MAX_METADATA_BYTES: usize = 4_096;
 /// The largest `max_attempts` a message may ask for.
 pub const MAX_ATTEMPTS_LIMIT: u32 = 100;
-/// The longest simulated latency (one hour).
-pub const MAX_SIMULATED_LATENCY_MS: u64 = 3_600_000;
 
 const TOP_LEVEL_FIELDS: [&str; 6] = [
     "job_id",
@@ -29,7 +27,6 @@ const TOP_LEVEL_FIELDS: [&str; 6] = [
     "max_attempts",
     "metadata",
 ];
-const SIMULATE_FIELDS: [&str; 4] = ["latency_ms", "outcome", "fail_times", "retrievable"];
 
 /// Why a body is not a valid job. Every variant is poison: retrying cannot fix it.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -103,6 +100,14 @@ impl Trigger {
 /// Parses a message body as a trigger: `{"job_id": ...}` alone names a job the ledger holds;
 /// anything else must be a whole job ([`parse_body`]).
 pub fn parse_trigger(body: Option<&str>) -> Result<Trigger, InvalidMessage> {
+    parse_trigger_with(body, no_check)
+}
+
+/// [`parse_trigger`], with `check` applied to a job's input.
+pub fn parse_trigger_with(
+    body: Option<&str>,
+    check: InputCheck,
+) -> Result<Trigger, InvalidMessage> {
     let text = body.ok_or(InvalidMessage::MissingBody)?;
     // Cheap pre-check: only a short body can be a bare reference.
     if text.len() <= 256 {
@@ -118,7 +123,7 @@ pub fn parse_trigger(body: Option<&str>) -> Result<Trigger, InvalidMessage> {
             }
         }
     }
-    parse_body(body).map(Trigger::Job)
+    parse_body_with(body, check).map(Trigger::Job)
 }
 
 fn job_id_char(c: char) -> bool {
@@ -146,46 +151,24 @@ pub struct JobMessage {
     pub metadata: Option<String>,
 }
 
-/// Simulated-provider controls read from `input.simulate`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Simulation {
-    /// How long the simulated call takes.
-    pub latency_ms: u64,
-    /// What the call ends with once `fail_times` transient errors are spent.
-    pub outcome: SimulatedOutcome,
-    /// Transient errors returned before the outcome (attempts 1..=fail_times fail).
-    pub fail_times: u32,
-    /// Whether the provider can be asked about an attempt afterwards (default true).
-    pub retrievable: bool,
+/// Rules for a job's input beyond the contract's, supplied by what runs the job (the simulated
+/// provider checks its controls): a body that breaks them is poison like any other.
+pub type InputCheck = fn(&Map<String, Value>) -> Result<(), InvalidMessage>;
+
+fn no_check(_: &Map<String, Value>) -> Result<(), InvalidMessage> {
+    Ok(())
 }
 
-impl Default for Simulation {
-    fn default() -> Self {
-        Simulation {
-            latency_ms: 0,
-            outcome: SimulatedOutcome::Ok,
-            fail_times: 0,
-            retrievable: true,
-        }
-    }
-}
-
-/// The end of a simulated call.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum SimulatedOutcome {
-    /// A deterministic answer.
-    #[default]
-    Ok,
-    /// A transient error (rate limit, 5xx before acceptance).
-    Transient,
-    /// A permanent error (the request is rejected).
-    Permanent,
-    /// The call never returns.
-    Hang,
-}
-
-/// Parses and validates one SQS body.
+/// Parses and validates one SQS body against the contract.
 pub fn parse_body(body: Option<&str>) -> Result<JobMessage, InvalidMessage> {
+    parse_body_with(body, no_check)
+}
+
+/// Parses and validates one SQS body against the contract and `check`.
+pub fn parse_body_with(
+    body: Option<&str>,
+    check: InputCheck,
+) -> Result<JobMessage, InvalidMessage> {
     let body = body.ok_or(InvalidMessage::MissingBody)?;
     if body.len() > MAX_BODY_BYTES {
         return Err(InvalidMessage::TooLarge { bytes: body.len() });
@@ -216,6 +199,7 @@ pub fn parse_body(body: Option<&str>) -> Result<JobMessage, InvalidMessage> {
         Some(_) => return Err(wrong_type("input", "an object")),
     };
     validate_input(&input)?;
+    check(&input)?;
     let deadline_at = match fields.remove("deadline_at") {
         None | Some(Value::Null) => None,
         Some(Value::String(s)) => Some(parse_rfc3339_ms(&s).ok_or(InvalidMessage::Invalid {
@@ -284,14 +268,6 @@ impl JobMessage {
     pub fn input(&self) -> Map<String, Value> {
         serde_json::from_str(&self.input_canonical).unwrap_or_default()
     }
-}
-
-/// Reads the simulated-provider controls of an input (absent: an immediate success).
-///
-/// The input was validated when its message was parsed, so this cannot fail on a job that came
-/// through [`parse_body`]; a hand-made input with bad controls falls back to the defaults.
-pub fn simulation_of(input: &Map<String, Value>) -> Simulation {
-    parse_simulation(input.get("simulate")).unwrap_or_default()
 }
 
 /// The input digest: SHA-256 over a domain tag, the contract and the canonical input.
@@ -411,72 +387,7 @@ fn validate_input(input: &Map<String, Value>) -> Result<(), InvalidMessage> {
     if !matches!(input.get("parameters"), None | Some(Value::Object(_))) {
         return Err(wrong_type("input.parameters", "an object"));
     }
-    parse_simulation(input.get("simulate")).map(|_| ())
-}
-
-fn parse_simulation(value: Option<&Value>) -> Result<Simulation, InvalidMessage> {
-    let Some(value) = value else {
-        return Ok(Simulation::default());
-    };
-    let Value::Object(fields) = value else {
-        return Err(wrong_type("input.simulate", "an object"));
-    };
-    if fields
-        .keys()
-        .any(|k| !SIMULATE_FIELDS.contains(&k.as_str()))
-    {
-        return Err(InvalidMessage::Invalid {
-            field: "input.simulate",
-            rule: "only latency_ms, outcome, fail_times and retrievable are allowed",
-        });
-    }
-    let latency_ms = match fields.get("latency_ms") {
-        None => 0,
-        Some(v) => v
-            .as_u64()
-            .filter(|ms| *ms <= MAX_SIMULATED_LATENCY_MS)
-            .ok_or(InvalidMessage::Invalid {
-                field: "input.simulate.latency_ms",
-                rule: "must be an integer from 0 to 3600000",
-            })?,
-    };
-    let outcome = match fields.get("outcome") {
-        None => SimulatedOutcome::Ok,
-        Some(Value::String(s)) => match s.as_str() {
-            "ok" => SimulatedOutcome::Ok,
-            "transient" => SimulatedOutcome::Transient,
-            "permanent" => SimulatedOutcome::Permanent,
-            "hang" => SimulatedOutcome::Hang,
-            _ => {
-                return Err(InvalidMessage::Invalid {
-                    field: "input.simulate.outcome",
-                    rule: "must be ok, transient, permanent or hang",
-                });
-            }
-        },
-        Some(_) => return Err(wrong_type("input.simulate.outcome", "a string")),
-    };
-    let fail_times = match fields.get("fail_times") {
-        None => 0,
-        Some(v) => v
-            .as_u64()
-            .filter(|n| *n <= 100)
-            .ok_or(InvalidMessage::Invalid {
-                field: "input.simulate.fail_times",
-                rule: "must be an integer from 0 to 100",
-            })? as u32,
-    };
-    let retrievable = match fields.get("retrievable") {
-        None => true,
-        Some(Value::Bool(b)) => *b,
-        Some(_) => return Err(wrong_type("input.simulate.retrievable", "a boolean")),
-    };
-    Ok(Simulation {
-        latency_ms,
-        outcome,
-        fail_times,
-        retrievable,
-    })
+    Ok(())
 }
 
 fn take_string(
@@ -512,7 +423,14 @@ fn check_identifier(
 }
 
 fn wrong_type(field: &'static str, expected: &'static str) -> InvalidMessage {
-    InvalidMessage::WrongType { field, expected }
+    InvalidMessage::wrong_type(field, expected)
+}
+
+impl InvalidMessage {
+    /// A field of the wrong JSON type.
+    pub fn wrong_type(field: &'static str, expected: &'static str) -> InvalidMessage {
+        InvalidMessage::WrongType { field, expected }
+    }
 }
 
 /// An unknown field's name as an error may show it: a short identifier as it is; anything else
@@ -670,10 +588,6 @@ mod tests {
                 body(r#","deadline_at":"tomorrow""#),
                 InvalidMessage::Invalid { field: "deadline_at", rule: "not an RFC 3339 date-time" },
             ),
-            (
-                r#"{"job_id":"j","contract":"c","input":{"model":"m","prompt":"p","simulate":{"outcome":"boom"}}}"#.into(),
-                InvalidMessage::Invalid { field: "input.simulate.outcome", rule: "must be ok, transient, permanent or hang" },
-            ),
         ];
         for (text, expected) in cases {
             let err = parse_body(Some(&text)).expect_err(&text);
@@ -689,22 +603,5 @@ mod tests {
             parse_body(Some(&huge)),
             Err(InvalidMessage::TooLarge { .. })
         ));
-    }
-
-    #[test]
-    fn simulation_controls_are_read_from_the_input() {
-        let job = parse_body(Some(
-            r#"{"job_id":"j","contract":"c","input":{"model":"m","prompt":"p","simulate":{"latency_ms":20,"outcome":"permanent","fail_times":2}}}"#,
-        ))
-        .expect("valid");
-        assert_eq!(
-            simulation_of(&job.input()),
-            Simulation {
-                latency_ms: 20,
-                outcome: SimulatedOutcome::Permanent,
-                fail_times: 2,
-                retrievable: true,
-            }
-        );
     }
 }

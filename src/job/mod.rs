@@ -205,7 +205,45 @@ pub struct NewJob {
     pub expires_at: i64,
 }
 
+/// What a job gets when its message does not say: a deadline, an attempt budget, and how long
+/// its item is kept after the deadline.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct JobDefaults {
+    /// `DEFAULT_DEADLINE_SECONDS`: deadline, from first sight, of a job whose message sets none.
+    pub deadline_ms: Millis,
+    /// `DEFAULT_MAX_ATTEMPTS`: attempt budget of a job whose message sets none.
+    pub max_attempts: u32,
+    /// `RETENTION_DAYS`: how long after its deadline a job item is kept (DynamoDB TTL).
+    pub retention_days: i64,
+}
+
+impl Default for JobDefaults {
+    fn default() -> Self {
+        JobDefaults {
+            deadline_ms: 86_400_000,
+            max_attempts: 3,
+            retention_days: 30,
+        }
+    }
+}
+
 impl NewJob {
+    /// The job a message creates at `now`: the message's deadline and budget, or the defaults,
+    /// and a TTL of the deadline plus the retention.
+    pub fn from_message(msg: &JobMessage, now: Millis, defaults: &JobDefaults) -> NewJob {
+        let deadline_at = msg.deadline_at.unwrap_or(now + defaults.deadline_ms);
+        NewJob {
+            job_id: msg.job_id.clone(),
+            input_digest: msg.digest.clone(),
+            contract: msg.contract.clone(),
+            input: msg.input_canonical.clone(),
+            metadata: msg.metadata.clone(),
+            deadline_at,
+            max_attempts: msg.max_attempts.unwrap_or(defaults.max_attempts),
+            expires_at: deadline_at.max(now) / 1000 + defaults.retention_days * 86_400,
+        }
+    }
+
     /// The record a first write of this job creates, in `state`, before any claim.
     pub fn into_record(self, state: JobState, now: Millis) -> JobRecord {
         JobRecord {

@@ -6,9 +6,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::{
     ClaimRequest, CreateRequest, DecideRequest, EnqueuedRequest, FinishRequest, JobLedger,
-    LedgerError, RecordRefRequest, RecoverRequest, RenewRequest, SettleFrom, SettleRequest, Write,
+    LedgerError, LedgerIndex, RecordRefRequest, RecoverRequest, RenewRequest, SettleFrom,
+    SettleRequest, Write,
 };
-use crate::job::{AttemptOutcome, AttemptRecord, JobRecord, JobState, RecoveryRecord};
+use crate::job::{AttemptOutcome, AttemptRecord, JobRecord, JobState, Millis, RecoveryRecord};
 
 /// The ledger in a map. Each operation checks its condition and applies its effect under one
 /// lock, which is what a single-item conditional write does in DynamoDB.
@@ -51,6 +52,59 @@ impl InMemoryLedger {
             }
             None => Write::Refused(current.cloned()),
         }
+    }
+}
+
+/// The sparse indexes as DynamoDB keeps them: terminal jobs are in none of them.
+impl LedgerIndex for InMemoryLedger {
+    async fn untouched_since(
+        &self,
+        state: JobState,
+        before: Millis,
+        limit: usize,
+    ) -> Result<Vec<(String, Millis)>, LedgerError> {
+        Ok(self.indexed(state, limit, |job| {
+            (job.updated_at < before).then_some(job.updated_at)
+        }))
+    }
+
+    async fn past_deadline(
+        &self,
+        state: JobState,
+        now: Millis,
+        limit: usize,
+    ) -> Result<Vec<(String, Millis)>, LedgerError> {
+        Ok(self.indexed(state, limit, |job| {
+            (job.deadline_at <= now).then_some(job.deadline_at)
+        }))
+    }
+
+    async fn count(&self, state: JobState) -> Result<u64, LedgerError> {
+        Ok(self.indexed(state, usize::MAX, |_| Some(0)).len() as u64)
+    }
+}
+
+impl InMemoryLedger {
+    /// Non-terminal jobs in `state` for which `key` gives a sort key, smallest first, at most
+    /// `limit`.
+    fn indexed(
+        &self,
+        state: JobState,
+        limit: usize,
+        key: impl Fn(&JobRecord) -> Option<Millis>,
+    ) -> Vec<(String, Millis)> {
+        if state.is_terminal() {
+            return Vec::new();
+        }
+        let mut found: Vec<(String, Millis)> = self
+            .lock()
+            .values()
+            .filter(|job| job.state == state)
+            .filter_map(|job| key(job).map(|at| (job.job_id.clone(), at)))
+            .collect();
+        found.sort_by(|a, b| a.1.cmp(&b.1).then_with(|| a.0.cmp(&b.0)));
+        found.truncate(limit);
+        found
     }
 }
 

@@ -15,6 +15,7 @@ use aws_sdk_bedrockruntime::types::{
 use serde_json::{Map, Value, json};
 
 use super::{Answer, Provider, ProviderError, ProviderRequest};
+use crate::vars::Vars;
 
 /// How to reach Bedrock.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -24,6 +25,16 @@ pub struct BedrockSettings {
     pub model_id: Option<String>,
     /// `BEDROCK_ENDPOINT_URL`: another endpoint (a VPC endpoint, or a local server in tests).
     pub endpoint_url: Option<String>,
+}
+
+impl BedrockSettings {
+    /// Reads the `BEDROCK_*` settings.
+    pub fn from_vars(vars: &Vars<'_>) -> BedrockSettings {
+        BedrockSettings {
+            model_id: vars.get("BEDROCK_MODEL_ID"),
+            endpoint_url: vars.get("BEDROCK_ENDPOINT_URL"),
+        }
+    }
 }
 
 /// The Bedrock provider.

@@ -1,8 +1,8 @@
 //! The model call behind a trait, so the processor never knows which provider runs.
 
 pub mod bedrock;
+pub mod keys;
 pub mod openai;
-pub mod secrets;
 pub mod simulated;
 
 use std::future::Future;
@@ -13,7 +13,58 @@ pub use bedrock::BedrockProvider;
 pub use openai::OpenAiProvider;
 pub use simulated::SimulatedProvider;
 
-use crate::config::ProviderConfig;
+pub use keys::{KeySource, Secret};
+
+use crate::job::message::parse_trigger_with;
+use crate::job::{InvalidMessage, Trigger};
+use crate::vars::{ConfigError, Vars};
+use bedrock::BedrockSettings;
+use openai::OpenAiSettings;
+
+/// Parses one SQS body as the worker and the producer accept it: the message contract, and the
+/// simulated provider's controls (checked whichever provider runs, so a body means the same
+/// everywhere).
+pub fn parse_trigger(body: Option<&str>) -> Result<Trigger, InvalidMessage> {
+    parse_trigger_with(body, simulated::check_controls)
+}
+
+/// The model providers this build knows, and how to reach the one chosen.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ProviderConfig {
+    /// `simulated`: the deterministic, network-free provider.
+    Simulated,
+    /// `openai`: an OpenAI-compatible HTTP server.
+    OpenAi {
+        /// Where and how.
+        settings: OpenAiSettings,
+        /// Where the API key comes from.
+        key: KeySource,
+    },
+    /// `bedrock`: Amazon Bedrock `Converse`.
+    Bedrock(BedrockSettings),
+}
+
+impl ProviderConfig {
+    /// `PROVIDER` and the chosen provider's own settings.
+    pub fn from_vars(vars: &Vars<'_>) -> Result<ProviderConfig, ConfigError> {
+        Ok(match vars.get("PROVIDER").as_deref() {
+            None | Some("simulated") => ProviderConfig::Simulated,
+            Some("openai") => ProviderConfig::OpenAi {
+                settings: OpenAiSettings::from_vars(vars)?,
+                key: KeySource::from_vars(vars)?,
+            },
+            Some("bedrock") => ProviderConfig::Bedrock(BedrockSettings::from_vars(vars)),
+            Some(other) => {
+                return Err(ConfigError::Invalid {
+                    name: "PROVIDER",
+                    reason: format!(
+                        "unknown provider {other:?} (known: simulated, openai, bedrock)"
+                    ),
+                });
+            }
+        })
+    }
+}
 
 /// One attempt's request to a provider.
 #[derive(Debug, Clone)]
@@ -163,7 +214,7 @@ impl AnyProvider {
         Ok(match config {
             ProviderConfig::Simulated => AnyProvider::Simulated(SimulatedProvider::new()),
             ProviderConfig::OpenAi { settings, key } => {
-                let key = secrets::resolve(key, aws).await?;
+                let key = keys::resolve(key, aws).await?;
                 if key.is_none() {
                     tracing::warn!("no OpenAI API key configured; requests go unauthenticated");
                 }

@@ -16,9 +16,10 @@ use reqwest::header::{HeaderMap, HeaderValue};
 use reqwest::{Client, StatusCode};
 use serde_json::{Map, Value, json};
 
+use super::keys::Secret;
 use super::{Answer, Provider, ProviderError, ProviderRequest, Retrieval, Submission};
-use crate::config::Secret;
 use crate::job::Millis;
+use crate::vars::{ConfigError, Vars};
 
 /// Which OpenAI API the provider speaks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -55,6 +56,37 @@ impl Default for OpenAiSettings {
             connect_timeout_ms: 5_000,
             request_timeout_ms: 30_000,
         }
+    }
+}
+
+impl OpenAiSettings {
+    /// Reads the `OPENAI_*` settings (the key is read by [`super::keys::KeySource`]).
+    pub fn from_vars(vars: &Vars<'_>) -> Result<OpenAiSettings, ConfigError> {
+        let o = OpenAiSettings::default();
+        Ok(OpenAiSettings {
+            base_url: vars.get("OPENAI_BASE_URL").unwrap_or(o.base_url),
+            api: vars.choice(
+                "OPENAI_API",
+                OpenAiApi::Responses,
+                &[
+                    ("responses", OpenAiApi::Responses),
+                    ("chat", OpenAiApi::Chat),
+                ],
+            )?,
+            model: vars.get("OPENAI_MODEL"),
+            connect_timeout_ms: vars.integer(
+                "OPENAI_CONNECT_TIMEOUT_MS",
+                o.connect_timeout_ms,
+                1,
+                60_000,
+            )?,
+            request_timeout_ms: vars.integer(
+                "OPENAI_REQUEST_TIMEOUT_SECONDS",
+                o.request_timeout_ms / 1000,
+                1,
+                900,
+            )? * 1000,
+        })
     }
 }
 

@@ -10,14 +10,14 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use aws_sdk_sqs::types::QueueAttributeName;
 use fenced_jobs::clock::SystemClock;
-use fenced_jobs::config::Settings;
-use fenced_jobs::event_source::{LocalEventSource, PollReport};
-use fenced_jobs::handler::{BatchHandler, BatchReport};
 use fenced_jobs::ledger::dynamodb::DynamoLedger;
-use fenced_jobs::processor::Processor;
 use fenced_jobs::provider::Provider;
-use fenced_jobs::sdk_calls::{CallCounter, counted_clients};
-use fenced_jobs::visibility::SqsVisibility;
+use fenced_jobs::queue::SqsVisibility;
+use fenced_jobs::testing::event_source::{LocalEventSource, PollReport};
+use fenced_jobs::testing::sdk_calls::{CallCounter, counted_clients};
+use fenced_jobs::worker::Settings;
+use fenced_jobs::worker::handler::{BatchHandler, BatchReport};
+use fenced_jobs::worker::processor::Processor;
 
 /// Clients on the emulator, with a request counter on each.
 pub struct Emulator {

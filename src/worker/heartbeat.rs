@@ -9,12 +9,14 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
+use super::processor::AttemptWatch;
+use super::settings::Settings;
 use crate::clock::Clock;
-use crate::config::Settings;
 use crate::job::Millis;
 use crate::job::outcome::{SQS_CAP_MARGIN_S, SQS_MAX_VISIBILITY_S, UNKNOWN_FIRST_RECEIVE_CAP_S};
 use crate::ledger::{JobLedger, RenewRequest, Write};
-use crate::visibility::{ChangeResult, VisibilityChange, VisibilityControl};
+use crate::queue::{ChangeResult, VisibilityChange, VisibilityControl};
+pub use crate::report::{Renewals, StatsSnapshot};
 
 /// Retries of an uncertain renewal within one tick, while the remaining validity allows them.
 const RENEWAL_RETRIES: u32 = 2;
@@ -37,33 +39,6 @@ pub struct Stats {
 
 /// Provider latencies kept per invocation (the most one metric document takes).
 pub const MAX_LATENCY_SAMPLES: usize = 100;
-
-/// A copy of [`Stats`].
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct StatsSnapshot {
-    /// Heartbeat ticks.
-    pub heartbeat_ticks: u64,
-    /// `ChangeMessageVisibilityBatch` calls made by the heartbeat.
-    pub visibility_calls: u64,
-    /// Handles whose visibility was extended.
-    pub visibility_renewed: u64,
-    /// Handles SQS refused to extend.
-    pub visibility_refused: u64,
-    /// Handles whose extension is uncertain after its retries.
-    pub visibility_uncertain: u64,
-    /// Leases renewed.
-    pub lease_renewed: u64,
-    /// Lease renewals refused (epoch superseded or lease lapsed).
-    pub lease_refused: u64,
-    /// Lease renewals uncertain after their retries.
-    pub lease_uncertain: u64,
-    /// Records whose provider call was cancelled because ownership was lost or about to be.
-    pub ownership_lost: u64,
-    /// Provider calls cut short by the Lambda deadline.
-    pub deadline_cutoffs: u64,
-    /// Recovery claims made on jobs whose owner let its lease lapse.
-    pub recoveries: u64,
-}
 
 impl Stats {
     /// Counts a cut-off by the Lambda deadline.
@@ -128,32 +103,6 @@ struct Flight {
     visibility_stopped: bool,
     stage: Stage,
     renewals: Renewals,
-}
-
-/// The lease renewals of one record, for its log line.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Renewals {
-    /// Renewals applied.
-    pub renewed: u32,
-    /// Renewals refused (ownership lost).
-    pub refused: u32,
-    /// Renewals whose outcome stayed unknown after their retries.
-    pub uncertain: u32,
-}
-
-impl Renewals {
-    /// The outcome to log: the worst that happened, or `none`.
-    pub fn label(self) -> &'static str {
-        if self.refused > 0 {
-            "refused"
-        } else if self.uncertain > 0 {
-            "uncertain"
-        } else if self.renewed > 0 {
-            "renewed"
-        } else {
-            "none"
-        }
-    }
 }
 
 #[derive(Debug)]
@@ -309,6 +258,52 @@ impl Flights {
             Some(Stage::Running(lease)) => Some(lease.lease_until),
             _ => None,
         }
+    }
+}
+
+/// One record of the batch, as the processor sees it: the [`AttemptWatch`] of its attempt.
+#[derive(Debug, Clone, Copy)]
+pub struct RecordSlot<'a> {
+    flights: &'a Flights,
+    index: usize,
+}
+
+impl Flights {
+    /// The watch of record `index`.
+    pub fn slot(&self, index: usize) -> RecordSlot<'_> {
+        RecordSlot {
+            flights: self,
+            index,
+        }
+    }
+}
+
+impl AttemptWatch for RecordSlot<'_> {
+    fn running(
+        &self,
+        job_id: &str,
+        epoch: u64,
+        lease_until: Millis,
+        deadline_at: Millis,
+    ) -> CancellationToken {
+        self.flights
+            .running(self.index, job_id, epoch, lease_until, deadline_at)
+    }
+
+    fn call_ended(&self) {
+        self.flights.call_ended(self.index);
+    }
+
+    fn recovered(&self) {
+        self.flights.stats.recovery();
+    }
+
+    fn deadline_cutoff(&self) {
+        self.flights.stats.deadline_cutoff();
+    }
+
+    fn provider_latency(&self, ms: u64) {
+        self.flights.stats.provider_latency(ms);
     }
 }
 

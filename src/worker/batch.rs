@@ -5,13 +5,7 @@
 //! cannot be named, and an empty identifier would fail the whole batch anyway, so the whole
 //! batch is failed on purpose instead (see the README).
 
-/// A failed record has no message id, so only a whole-batch failure keeps it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-#[error("record {index} failed and has no messageId; failing the whole batch")]
-pub struct UnnamedFailure {
-    /// Position of the record in the batch.
-    pub index: usize,
-}
+pub use crate::report::UnnamedFailure;
 
 /// The ids to report as failures, from `(message_id, succeeded)` per record.
 pub fn failures<'a>(

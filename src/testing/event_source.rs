@@ -17,9 +17,9 @@ use aws_sdk_sqs::types::{
     DeleteMessageBatchRequestEntry, Message, MessageSystemAttributeName, QueueAttributeName,
 };
 
-use crate::batch;
 use crate::clock::{Clock, SystemClock};
-use crate::processor::Invocation;
+use crate::worker::Invocation;
+use crate::worker::batch;
 
 /// A failure of the driver itself (not of the handler).
 #[derive(Debug, thiserror::Error)]

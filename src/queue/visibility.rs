@@ -1,11 +1,8 @@
 //! Setting the visibility of records that stay in the queue.
 
-pub mod sqs;
-
 use std::future::Future;
+#[cfg(any(test, feature = "test-support"))]
 use std::sync::Mutex;
-
-pub use sqs::SqsVisibility;
 
 /// One record's new visibility timeout. The receipt handle is a capability for one delivery:
 /// it is passed to SQS and never logged or stored.
@@ -92,12 +89,14 @@ pub fn fingerprint(receipt_handle: &str) -> String {
 }
 
 /// Records the changes it is asked for, for tests; refuses the handles it is told to.
+#[cfg(any(test, feature = "test-support"))]
 #[derive(Debug, Default)]
 pub struct RecordingVisibility {
     changes: Mutex<Vec<(String, VisibilityChange)>>,
     refused: Mutex<Vec<String>>,
 }
 
+#[cfg(any(test, feature = "test-support"))]
 impl RecordingVisibility {
     /// An empty recorder.
     pub fn new() -> Self {
@@ -121,6 +120,7 @@ impl RecordingVisibility {
     }
 }
 
+#[cfg(any(test, feature = "test-support"))]
 impl VisibilityControl for RecordingVisibility {
     async fn change(&self, queue_arn: &str, changes: Vec<VisibilityChange>) -> ChangeResults {
         let refused = self

@@ -3,9 +3,8 @@
 
 use serde_json::{Map, Value, json};
 
-use crate::handler::BatchReport;
 use crate::job::Millis;
-use crate::reconcile::ReconcileReport;
+use crate::report::{BatchReport, ReconcileReport};
 
 /// `METRICS_NAMESPACE`'s default.
 pub const DEFAULT_NAMESPACE: &str = "FencedJobs";
@@ -153,8 +152,8 @@ pub fn reconciliation(target: &MetricsTarget, at: Millis, report: &ReconcileRepo
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::handler::RecordReport;
     use crate::job::{Failure, InvalidMessage, JobState, RecordOutcome};
+    use crate::report::RecordReport;
 
     /// The EMF specification's rules for a document: `_aws` with a numeric `Timestamp` and a
     /// `CloudWatchMetrics` array of directives, each with a non-empty `Namespace`, `Dimensions`

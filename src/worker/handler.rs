@@ -15,15 +15,16 @@ use serde::Deserialize;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::batch::{self, UnnamedFailure};
+use super::batch::{self, UnnamedFailure};
+use super::heartbeat::{Delivered, Flights, Heartbeat};
+use super::processor::{Invocation, Processed, Processor};
 use crate::clock::Clock;
-use crate::heartbeat::{Delivered, Flights, Heartbeat, Renewals, StatsSnapshot};
 use crate::job::outcome::Delivery;
-use crate::job::{Failure, JobMessage, JobRecord, RecordOutcome, Trigger, parse_trigger};
+use crate::job::{Failure, JobMessage, JobRecord, RecordOutcome, Trigger};
 use crate::ledger::JobLedger;
-use crate::processor::{Invocation, Processed, Processor, Slot};
-use crate::provider::Provider;
-use crate::visibility::{VisibilityChange, VisibilityControl, VisibilityReport};
+use crate::provider::{Provider, parse_trigger};
+use crate::queue::{VisibilityChange, VisibilityControl, VisibilityReport};
+pub use crate::report::{BatchReport, JobSummary, RecordReport};
 
 /// Handles SQS batches.
 #[derive(Debug)]
@@ -31,79 +32,6 @@ pub struct BatchHandler<L, P, C, V> {
     processor: Processor<L, P, C>,
     visibility: V,
     seed: Option<u64>,
-}
-
-/// One record's outcome, as the handler reports it.
-#[derive(Debug, Clone, PartialEq)]
-pub struct RecordReport {
-    /// The record's message id, if it had one.
-    pub message_id: Option<String>,
-    /// The job id, when the body was valid.
-    pub job_id: Option<String>,
-    /// What happened.
-    pub outcome: RecordOutcome,
-    /// The visibility timeout set, for a failure that could be given one.
-    pub visibility_s: Option<i32>,
-    /// The job as the ledger last showed it to this record, if it got that far.
-    pub job: Option<JobSummary>,
-    /// The lease renewals made for this record's call.
-    pub renewals: Renewals,
-}
-
-/// What the ledger said about a record's job, for its log line.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct JobSummary {
-    /// The owner epoch.
-    pub epoch: u64,
-    /// Attempts so far.
-    pub attempts: u32,
-    /// The job's deadline, Unix ms.
-    pub deadline_at: crate::job::Millis,
-    /// Why the job was last taken over, if it ever was.
-    pub recovery: Option<String>,
-}
-
-impl JobSummary {
-    fn of(record: &JobRecord) -> Self {
-        JobSummary {
-            epoch: record.owner_epoch,
-            attempts: record.attempts,
-            deadline_at: record.deadline_at,
-            recovery: record.recoveries.last().map(|r| r.reason.clone()),
-        }
-    }
-}
-
-/// Everything one batch produced.
-#[derive(Debug, Clone, PartialEq)]
-pub struct BatchReport {
-    /// One entry per record, in batch order.
-    pub records: Vec<RecordReport>,
-    /// The final visibility changes made for failed records.
-    pub visibility: VisibilityReport,
-    /// The heartbeat's and the processor's counts.
-    pub stats: StatsSnapshot,
-    /// Provider call latencies in milliseconds (at most 100).
-    pub provider_latency_ms: Vec<u64>,
-    /// The response, or the reason the whole batch must fail.
-    pub response: Result<Vec<String>, UnnamedFailure>,
-}
-
-impl BatchReport {
-    /// The response Lambda gets, or the error that fails the whole batch.
-    pub fn into_response(self) -> Result<SqsBatchResponse, UnnamedFailure> {
-        let mut response = SqsBatchResponse::default();
-        response.set_failures(self.response?);
-        Ok(response)
-    }
-
-    /// The outcome of the record with this message id.
-    pub fn outcome_of(&self, message_id: &str) -> Option<&RecordOutcome> {
-        self.records
-            .iter()
-            .find(|r| r.message_id.as_deref() == Some(message_id))
-            .map(|r| &r.outcome)
-    }
 }
 
 struct Entry<'a> {
@@ -362,10 +290,10 @@ impl<L: JobLedger, P: Provider, C: Clock, V: VisibilityControl> BatchHandler<L, 
                 .as_deref()
                 .unwrap_or("no-message-id")
         );
-        let slot = Slot { flights, index };
+        let watch = flights.slot(index);
         let run = AssertUnwindSafe(
             self.processor
-                .process_trigger(trigger, &owner_id, inv, slot),
+                .process_trigger(trigger, &owner_id, inv, &watch),
         )
         .catch_unwind();
         match run.await {

@@ -4,124 +4,17 @@
 //! next `submit` of the same file).
 
 use futures::stream::{self, StreamExt};
-use serde_json::json;
 
-use crate::config::Settings;
-use crate::job::{JobState, Millis, Trigger, parse_trigger};
+use super::CONCURRENCY;
+use crate::job::{JobDefaults, JobState, Millis, NewJob, Trigger};
 use crate::ledger::{CreateRequest, EnqueuedRequest, JobLedger, Write};
-use crate::processor::new_job;
+use crate::provider::parse_trigger;
+use crate::queue::{Outgoing, TriggerSender};
 
-/// SQS's limit on one message and on one `SendMessageBatch` request.
-const SQS_MAX_BYTES: usize = 262_144;
 /// A body up to this size travels whole (one 64 KiB billing chunk, and the worker needs no
 /// read); a larger one travels as `{"job_id": ...}` and the worker reads the input from the
 /// ledger.
 pub const INLINE_BODY_MAX: usize = 65_536;
-/// Ledger calls in flight at once (the producer's and the reconciler's).
-pub const CONCURRENCY: usize = 16;
-
-/// One trigger to send.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Outgoing {
-    /// The job it triggers.
-    pub job_id: String,
-    /// The message body.
-    pub body: String,
-}
-
-impl Outgoing {
-    /// A trigger that carries only the job id.
-    pub fn by_id(job_id: &str) -> Outgoing {
-        Outgoing {
-            job_id: job_id.to_owned(),
-            body: json!({ "job_id": job_id }).to_string(),
-        }
-    }
-}
-
-/// Sends triggers with `SendMessageBatch`: ten a request, and never more than SQS takes in one
-/// request. Every entry SQS reports as failed (and every entry of a request that failed as a
-/// whole) comes back with its reason; the others were sent. On a FIFO queue each job is its own
-/// message group, deduplicated by job id and `dedup_suffix`.
-pub async fn send_triggers(
-    sqs: &aws_sdk_sqs::Client,
-    queue_url: &str,
-    triggers: &[Outgoing],
-    dedup_suffix: &str,
-) -> Vec<(String, Result<(), String>)> {
-    use aws_sdk_sqs::types::SendMessageBatchRequestEntry;
-    let fifo = queue_url.ends_with(".fifo");
-    let mut batches: Vec<&[Outgoing]> = Vec::new();
-    let mut start = 0;
-    let mut bytes = 0;
-    for (i, t) in triggers.iter().enumerate() {
-        if i - start == 10 || bytes + t.body.len() > SQS_MAX_BYTES {
-            batches.push(&triggers[start..i]);
-            start = i;
-            bytes = 0;
-        }
-        bytes += t.body.len();
-    }
-    if start < triggers.len() {
-        batches.push(&triggers[start..]);
-    }
-    let mut results = Vec::with_capacity(triggers.len());
-    for batch in batches {
-        let entries: Vec<SendMessageBatchRequestEntry> = batch
-            .iter()
-            .enumerate()
-            .filter_map(|(i, t)| {
-                let mut entry = SendMessageBatchRequestEntry::builder()
-                    .id(i.to_string())
-                    .message_body(&t.body);
-                if fifo {
-                    entry = entry
-                        .message_group_id(&t.job_id)
-                        .message_deduplication_id(dedup_id(&t.job_id, dedup_suffix));
-                }
-                entry.build().ok()
-            })
-            .collect();
-        match sqs
-            .send_message_batch()
-            .queue_url(queue_url)
-            .set_entries(Some(entries))
-            .send()
-            .await
-        {
-            Ok(out) => {
-                let failed: std::collections::HashMap<&str, String> = out
-                    .failed()
-                    .iter()
-                    .map(|f| (f.id(), f.code().to_owned()))
-                    .collect();
-                for (i, t) in batch.iter().enumerate() {
-                    let result = match failed.get(i.to_string().as_str()) {
-                        Some(code) => Err(code.clone()),
-                        None => Ok(()),
-                    };
-                    results.push((t.job_id.clone(), result));
-                }
-            }
-            Err(e) => {
-                let reason = aws_sdk_sqs::error::DisplayErrorContext(&e).to_string();
-                results.extend(
-                    batch
-                        .iter()
-                        .map(|t| (t.job_id.clone(), Err(reason.clone()))),
-                );
-            }
-        }
-    }
-    results
-}
-
-/// A FIFO deduplication id (at most 128 characters, from the job id and a suffix).
-fn dedup_id(job_id: &str, suffix: &str) -> String {
-    let mut id = format!("{job_id}-{suffix}");
-    id.truncate(128);
-    id
-}
 
 /// What `submit` did, line by line summed up.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
@@ -149,11 +42,10 @@ pub struct SubmitReport {
 /// enqueues. `progress` is called after every chunk of lines.
 pub async fn submit<L: JobLedger>(
     ledger: &L,
-    sqs: &aws_sdk_sqs::Client,
-    queue_url: &str,
+    sender: &impl TriggerSender,
     lines: impl Iterator<Item = std::io::Result<String>>,
     now: impl Fn() -> Millis,
-    settings: &Settings,
+    defaults: &JobDefaults,
     mut progress: impl FnMut(&SubmitReport),
 ) -> SubmitReport {
     let mut report = SubmitReport::default();
@@ -174,7 +66,7 @@ pub async fn submit<L: JobLedger>(
             }
         }
         report.lines += chunk.len() as u64;
-        submit_chunk(ledger, sqs, queue_url, &chunk, &now, settings, &mut report).await;
+        submit_chunk(ledger, sender, &chunk, &now, defaults, &mut report).await;
         progress(&report);
     }
     report
@@ -182,11 +74,10 @@ pub async fn submit<L: JobLedger>(
 
 async fn submit_chunk<L: JobLedger>(
     ledger: &L,
-    sqs: &aws_sdk_sqs::Client,
-    queue_url: &str,
+    sender: &impl TriggerSender,
     chunk: &[(u64, String)],
     now: &impl Fn() -> Millis,
-    settings: &Settings,
+    defaults: &JobDefaults,
     report: &mut SubmitReport,
 ) {
     let mut jobs = Vec::new();
@@ -213,7 +104,7 @@ async fn submit_chunk<L: JobLedger>(
         .map(|(number, text, msg)| async move {
             let at = now();
             let req = CreateRequest {
-                job: new_job(msg, at, settings),
+                job: NewJob::from_message(msg, at, defaults),
                 now: at,
             };
             (*number, *text, msg, ledger.create(req).await)
@@ -260,7 +151,7 @@ async fn submit_chunk<L: JobLedger>(
         }
     }
     let sent_at = now();
-    let results = send_triggers(sqs, queue_url, &outgoing, "submit").await;
+    let results = sender.send(&outgoing, "submit").await;
     let mut sent = Vec::new();
     for (job_id, result) in results {
         match result {

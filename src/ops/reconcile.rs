@@ -15,11 +15,15 @@
 
 use futures::stream::{self, StreamExt};
 
+use super::CONCURRENCY;
 use crate::job::decision::SettleReason;
 use crate::job::{JobState, Millis};
-use crate::ledger::dynamodb::DynamoLedger;
-use crate::ledger::{EnqueuedRequest, JobLedger, LedgerError, SettleFrom, SettleRequest, Write};
-use crate::producer::{CONCURRENCY, Outgoing, send_triggers};
+use crate::ledger::{
+    EnqueuedRequest, JobLedger, LedgerError, LedgerIndex, SettleFrom, SettleRequest, Write,
+};
+use crate::queue::{Outgoing, TriggerSender};
+pub use crate::report::ReconcileReport;
+use crate::vars::{ConfigError, Vars};
 
 /// How eager the reconciler is.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -49,30 +53,29 @@ impl Default for ReconcileSettings {
     }
 }
 
-/// What one run did.
-#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
-pub struct ReconcileReport {
-    /// Jobs moved to `expired`.
-    pub expired: u64,
-    /// Expiries refused (the job changed since the index was read).
-    pub expire_refused: u64,
-    /// Waiting jobs looked at for a re-send.
-    pub examined: u64,
-    /// Triggers re-sent.
-    pub resent: u64,
-    /// Triggers SQS did not take (tried again next run).
-    pub send_failed: u64,
-    /// Jobs in `unknown`, waiting for an operator.
-    pub unknown: u64,
-    /// Ledger calls that failed (tried again next run).
-    pub errors: u64,
+impl ReconcileSettings {
+    /// Reads the `RECONCILE_*` settings.
+    pub fn from_vars(vars: &Vars<'_>) -> Result<ReconcileSettings, ConfigError> {
+        let d = ReconcileSettings::default();
+        let seconds = |name, default_ms: Millis| {
+            Ok::<_, ConfigError>(vars.integer(name, default_ms / 1000, 1, 31_536_000)? * 1000)
+        };
+        Ok(ReconcileSettings {
+            ready_after_ms: seconds("RECONCILE_READY_AFTER_SECONDS", d.ready_after_ms)?,
+            retry_after_ms: seconds("RECONCILE_RETRY_AFTER_SECONDS", d.retry_after_ms)?,
+            enqueue_stale_after_ms: seconds(
+                "RECONCILE_ENQUEUE_STALE_SECONDS",
+                d.enqueue_stale_after_ms,
+            )?,
+            max_jobs: vars.integer("RECONCILE_MAX_JOBS", d.max_jobs as i64, 1, 100_000)? as usize,
+        })
+    }
 }
 
 /// One run at `now`.
-pub async fn reconcile(
-    ledger: &DynamoLedger,
-    sqs: &aws_sdk_sqs::Client,
-    queue_url: &str,
+pub async fn reconcile<L: JobLedger + LedgerIndex>(
+    ledger: &L,
+    sender: &impl TriggerSender,
     now: Millis,
     settings: &ReconcileSettings,
 ) -> Result<ReconcileReport, LedgerError> {
@@ -122,7 +125,7 @@ pub async fn reconcile(
     }
     let suffix = format!("reconcile-{}", now / 60_000);
     let mut sent = Vec::new();
-    for (job_id, result) in send_triggers(sqs, queue_url, &due, &suffix).await {
+    for (job_id, result) in sender.send(&due, &suffix).await {
         match result {
             Ok(()) => sent.push(job_id),
             Err(reason) => {
@@ -142,8 +145,8 @@ pub async fn reconcile(
     Ok(report)
 }
 
-async fn expire(
-    ledger: &DynamoLedger,
+async fn expire<L: JobLedger + LedgerIndex>(
+    ledger: &L,
     now: Millis,
     max_jobs: usize,
     report: &mut ReconcileReport,

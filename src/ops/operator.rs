@@ -6,6 +6,7 @@ use serde_json::{Value, json};
 use crate::job::message::format_rfc3339_ms;
 use crate::job::{InvalidMessage, JobRecord, JobState, Millis, Trigger};
 use crate::ledger::{DecideRequest, JobLedger, LedgerError, OperatorAction, Write};
+use crate::queue::{Outgoing, TriggerSender};
 
 /// Why an operator's command did nothing.
 #[derive(Debug, thiserror::Error)]
@@ -74,13 +75,12 @@ pub async fn decide<L: JobLedger>(
 /// It carries only the job id: the worker reads the job from the ledger, so the trigger can
 /// never disagree with it.
 pub async fn send_trigger(
-    sqs: &aws_sdk_sqs::Client,
-    queue_url: &str,
+    sender: &impl TriggerSender,
     record: &JobRecord,
 ) -> Result<(), OperatorError> {
-    let trigger = [crate::producer::Outgoing::by_id(&record.job_id)];
+    let trigger = [Outgoing::by_id(&record.job_id)];
     let suffix = format!("epoch-{}", record.owner_epoch);
-    let sent = crate::producer::send_triggers(sqs, queue_url, &trigger, &suffix).await;
+    let sent = sender.send(&trigger, &suffix).await;
     match sent.into_iter().next() {
         Some((_, Ok(()))) => Ok(()),
         Some((_, Err(reason))) => Err(OperatorError::NotSent(reason)),

@@ -1,4 +1,5 @@
-//! Visibility changes through `ChangeMessageVisibilityBatch`, ten handles a call.
+//! The queue on SQS: visibility changes through `ChangeMessageVisibilityBatch` (ten handles a
+//! call), triggers through `SendMessageBatch`.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -8,12 +9,87 @@ use aws_sdk_sqs::error::ProvideErrorMetadata;
 use aws_sdk_sqs::types::ChangeMessageVisibilityBatchRequestEntry;
 use futures::{StreamExt, stream};
 
+use super::triggers::{Outgoing, Sent, TriggerSender, batches, dedup_id};
 use super::{ChangeResult, ChangeResults, VisibilityChange, VisibilityControl};
 
 /// SQS allows at most ten entries per batch call.
 pub const SQS_BATCH_LIMIT: usize = 10;
 /// Batch calls in flight at once.
 const PARALLEL_CALLS: usize = 8;
+
+/// Sends triggers to one queue with `SendMessageBatch`.
+#[derive(Debug, Clone)]
+pub struct SqsTriggers {
+    client: Client,
+    queue_url: String,
+}
+
+impl SqsTriggers {
+    /// A sender to the queue at `queue_url`.
+    pub fn new(client: Client, queue_url: impl Into<String>) -> Self {
+        SqsTriggers {
+            client,
+            queue_url: queue_url.into(),
+        }
+    }
+}
+
+impl TriggerSender for SqsTriggers {
+    async fn send(&self, triggers: &[Outgoing], dedup_suffix: &str) -> Vec<Sent> {
+        use aws_sdk_sqs::types::SendMessageBatchRequestEntry;
+        let fifo = self.queue_url.ends_with(".fifo");
+        let mut results = Vec::with_capacity(triggers.len());
+        for batch in batches(triggers) {
+            let entries: Vec<SendMessageBatchRequestEntry> = batch
+                .iter()
+                .enumerate()
+                .filter_map(|(i, t)| {
+                    let mut entry = SendMessageBatchRequestEntry::builder()
+                        .id(i.to_string())
+                        .message_body(&t.body);
+                    if fifo {
+                        entry = entry
+                            .message_group_id(&t.job_id)
+                            .message_deduplication_id(dedup_id(&t.job_id, dedup_suffix));
+                    }
+                    entry.build().ok()
+                })
+                .collect();
+            match self
+                .client
+                .send_message_batch()
+                .queue_url(&self.queue_url)
+                .set_entries(Some(entries))
+                .send()
+                .await
+            {
+                Ok(out) => {
+                    let failed: HashMap<&str, String> = out
+                        .failed()
+                        .iter()
+                        .map(|f| (f.id(), f.code().to_owned()))
+                        .collect();
+                    for (i, t) in batch.iter().enumerate() {
+                        let result = match failed.get(i.to_string().as_str()) {
+                            Some(code) => Err(code.clone()),
+                            None => Ok(()),
+                        };
+                        results.push((t.job_id.clone(), result));
+                    }
+                }
+                Err(e) => {
+                    let reason = aws_sdk_sqs::error::DisplayErrorContext(&e).to_string();
+                    results.extend(
+                        batch
+                            .iter()
+                            .map(|t| (t.job_id.clone(), Err(reason.clone()))),
+                    );
+                }
+            }
+        }
+        results
+    }
+}
 
 /// Visibility control over SQS. Queue URLs are resolved from the event's queue ARN once per
 /// process and cached.

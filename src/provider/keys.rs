@@ -1,9 +1,70 @@
-//! Reads a provider's API key once, at start-up, from where the configuration says.
+//! A provider's API key: where it comes from (never the template's own text), read once at
+//! start-up, and held so that it cannot reach a log.
 
 use serde_json::Value;
 
 use super::SetupError;
-use crate::config::{KeySource, Secret};
+use crate::vars::{ConfigError, Vars};
+
+/// Where a provider's API key comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KeySource {
+    /// No key (a local OpenAI-compatible server that needs none).
+    None,
+    /// `OPENAI_API_KEY`: the key itself, from the environment (local use).
+    Value(Secret),
+    /// `OPENAI_API_KEY_SECRET_ID`: a Secrets Manager secret (the key, or JSON with `api_key`).
+    SecretsManager(String),
+    /// `OPENAI_API_KEY_PARAMETER`: an SSM `SecureString` parameter.
+    Parameter(String),
+}
+
+impl KeySource {
+    /// The one key source the variables name (none, or more than one, is refused).
+    pub fn from_vars(vars: &Vars<'_>) -> Result<KeySource, ConfigError> {
+        let sources = [
+            vars.get("OPENAI_API_KEY")
+                .map(|v| KeySource::Value(Secret::new(v))),
+            vars.get("OPENAI_API_KEY_SECRET_ID")
+                .map(KeySource::SecretsManager),
+            vars.get("OPENAI_API_KEY_PARAMETER")
+                .map(KeySource::Parameter),
+        ];
+        let mut given = sources.into_iter().flatten();
+        let key = given.next().unwrap_or(KeySource::None);
+        if given.next().is_some() {
+            return Err(ConfigError::Invalid {
+                name: "OPENAI_API_KEY",
+                reason: "give one of OPENAI_API_KEY, OPENAI_API_KEY_SECRET_ID and \
+                         OPENAI_API_KEY_PARAMETER"
+                    .to_owned(),
+            });
+        }
+        Ok(key)
+    }
+}
+
+/// A credential. Its `Debug` shows nothing of it, so it cannot reach a log by accident.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(String);
+
+impl Secret {
+    /// Wraps a credential.
+    pub fn new(value: impl Into<String>) -> Self {
+        Secret(value.into())
+    }
+
+    /// The credential, for the one place that sends it.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Secret(..)")
+    }
+}
 
 /// The key `source` names: from the environment, a Secrets Manager secret (the key itself, or
 /// JSON with an `api_key` field) or an SSM `SecureString` parameter. Errors name the source,

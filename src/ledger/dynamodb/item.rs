@@ -1,0 +1,212 @@
+//! The item codec: a [`JobRecord`] to DynamoDB attribute values and back. A missing or
+//! mistyped attribute decodes as `Corrupt`, never a panic.
+
+use std::collections::HashMap;
+
+use aws_sdk_dynamodb::types::AttributeValue;
+
+use crate::job::{
+    AttemptOutcome, AttemptRecord, DecisionRecord, ErrorRecord, JobRecord, JobState, Millis,
+    RecoveryRecord,
+};
+use crate::ledger::LedgerError;
+
+/// A stored item.
+pub type Item = HashMap<String, AttributeValue>;
+
+pub(super) fn s(v: &str) -> AttributeValue {
+    AttributeValue::S(v.to_owned())
+}
+
+pub(super) fn n(v: impl ToString) -> AttributeValue {
+    AttributeValue::N(v.to_string())
+}
+
+pub(super) fn encode_attempt(a: &AttemptRecord) -> AttributeValue {
+    let mut m = HashMap::from([
+        ("number".to_owned(), n(a.number)),
+        ("epoch".to_owned(), n(a.epoch)),
+        ("owner_id".to_owned(), s(&a.owner_id)),
+        ("started_at".to_owned(), n(a.started_at)),
+        ("outcome".to_owned(), s(a.outcome.as_str())),
+    ]);
+    if let Some(r) = &a.provider_ref {
+        m.insert("provider_ref".to_owned(), s(r));
+    }
+    if let Some(f) = a.finished_at {
+        m.insert("finished_at".to_owned(), n(f));
+    }
+    AttributeValue::M(m)
+}
+
+pub(super) fn encode_recovery(r: &RecoveryRecord) -> AttributeValue {
+    AttributeValue::M(HashMap::from([
+        ("epoch".to_owned(), n(r.epoch)),
+        ("owner_id".to_owned(), s(&r.owner_id)),
+        ("at".to_owned(), n(r.at)),
+        ("reason".to_owned(), s(&r.reason)),
+    ]))
+}
+
+pub(super) fn encode_decision(d: &DecisionRecord) -> AttributeValue {
+    AttributeValue::M(HashMap::from([
+        ("epoch".to_owned(), n(d.epoch)),
+        ("action".to_owned(), s(&d.action)),
+        ("by".to_owned(), s(&d.by)),
+        ("reason".to_owned(), s(&d.reason)),
+        ("at".to_owned(), n(d.at)),
+    ]))
+}
+
+pub(super) fn decode_decision(v: &AttributeValue) -> Option<DecisionRecord> {
+    let m = v.as_m().ok()?;
+    Some(DecisionRecord {
+        epoch: to_u64(get_n(m, "epoch")?)?,
+        action: get_s(m, "action")?.to_owned(),
+        by: get_s(m, "by")?.to_owned(),
+        reason: get_s(m, "reason")?.to_owned(),
+        at: get_n(m, "at")?,
+    })
+}
+
+pub(super) fn encode_error(e: &ErrorRecord) -> AttributeValue {
+    AttributeValue::M(HashMap::from([
+        ("kind".to_owned(), s(&e.kind)),
+        ("message".to_owned(), s(&e.message)),
+        ("at".to_owned(), n(e.at)),
+    ]))
+}
+
+/// Decodes a stored item. A missing or mistyped attribute is `Corrupt`, never a panic.
+pub fn decode(item: &Item) -> Result<JobRecord, LedgerError> {
+    let job_id = get_s(item, "job_id").unwrap_or("?").to_owned();
+    let corrupt = |detail: String| LedgerError::Corrupt {
+        job_id: job_id.clone(),
+        detail,
+    };
+    let req_s = |name: &str| {
+        get_s(item, name)
+            .map(str::to_owned)
+            .ok_or_else(|| corrupt(format!("missing string `{name}`")))
+    };
+    let req_n =
+        |name: &str| get_n(item, name).ok_or_else(|| corrupt(format!("missing number `{name}`")));
+    let state: JobState = req_s("state")?
+        .parse()
+        .map_err(|e: crate::job::state::UnknownState| corrupt(e.to_string()))?;
+    let attempt_log = match item.get("attempt_log") {
+        None => Vec::new(),
+        Some(AttributeValue::L(entries)) => entries
+            .iter()
+            .map(|e| decode_attempt(e).ok_or_else(|| corrupt("malformed attempt".to_owned())))
+            .collect::<Result<_, _>>()?,
+        Some(_) => return Err(corrupt("attempt_log is not a list".to_owned())),
+    };
+    let recoveries = match item.get("recoveries") {
+        None => Vec::new(),
+        Some(AttributeValue::L(entries)) => entries
+            .iter()
+            .map(|e| decode_recovery(e).ok_or_else(|| corrupt("malformed recovery".to_owned())))
+            .collect::<Result<_, _>>()?,
+        Some(_) => return Err(corrupt("recoveries is not a list".to_owned())),
+    };
+    let decisions = match item.get("decisions") {
+        None => Vec::new(),
+        Some(AttributeValue::L(entries)) => entries
+            .iter()
+            .map(|e| decode_decision(e).ok_or_else(|| corrupt("malformed decision".to_owned())))
+            .collect::<Result<_, _>>()?,
+        Some(_) => return Err(corrupt("decisions is not a list".to_owned())),
+    };
+    Ok(JobRecord {
+        state,
+        owner_epoch: to_u64(req_n("owner_epoch")?).ok_or_else(|| corrupt("owner_epoch".into()))?,
+        attempts: to_u32(req_n("attempts")?).ok_or_else(|| corrupt("attempts".into()))?,
+        max_attempts: to_u32(req_n("max_attempts")?)
+            .ok_or_else(|| corrupt("max_attempts".into()))?,
+        input_digest: req_s("input_digest")?,
+        contract: req_s("contract")?,
+        input: req_s("input")?,
+        metadata: get_s(item, "metadata").map(str::to_owned),
+        deadline_at: req_n("deadline_at")?,
+        owner_id: get_s(item, "owner_id").map(str::to_owned),
+        owner_until: get_n(item, "owner_until"),
+        attempt_log,
+        recoveries,
+        decisions,
+        result: get_s(item, "result").map(str::to_owned),
+        last_error: item.get("last_error").and_then(decode_error),
+        created_at: req_n("created_at")?,
+        updated_at: req_n("updated_at")?,
+        expires_at: req_n("expires_at")?,
+        enqueued_at: get_n(item, "enqueued_at"),
+        job_id: job_id.clone(),
+    })
+}
+
+pub(super) fn decode_attempt(v: &AttributeValue) -> Option<AttemptRecord> {
+    let m = v.as_m().ok()?;
+    Some(AttemptRecord {
+        number: to_u32(get_n(m, "number")?)?,
+        epoch: to_u64(get_n(m, "epoch")?)?,
+        owner_id: get_s(m, "owner_id")?.to_owned(),
+        started_at: get_n(m, "started_at")?,
+        provider_ref: get_s(m, "provider_ref").map(str::to_owned),
+        outcome: AttemptOutcome::parse(get_s(m, "outcome")?),
+        finished_at: get_n(m, "finished_at"),
+    })
+}
+
+pub(super) fn decode_recovery(v: &AttributeValue) -> Option<RecoveryRecord> {
+    let m = v.as_m().ok()?;
+    Some(RecoveryRecord {
+        epoch: to_u64(get_n(m, "epoch")?)?,
+        owner_id: get_s(m, "owner_id")?.to_owned(),
+        at: get_n(m, "at")?,
+        reason: get_s(m, "reason")?.to_owned(),
+    })
+}
+
+pub(super) fn decode_error(v: &AttributeValue) -> Option<ErrorRecord> {
+    let m = v.as_m().ok()?;
+    Some(ErrorRecord {
+        kind: get_s(m, "kind")?.to_owned(),
+        message: get_s(m, "message")?.to_owned(),
+        at: get_n(m, "at")?,
+    })
+}
+
+pub(super) fn get_s<'a>(item: &'a Item, name: &str) -> Option<&'a str> {
+    item.get(name)?.as_s().ok().map(String::as_str)
+}
+
+pub(super) fn get_n(item: &Item, name: &str) -> Option<Millis> {
+    item.get(name)?.as_n().ok()?.parse().ok()
+}
+
+pub(super) fn to_u64(v: i64) -> Option<u64> {
+    u64::try_from(v).ok()
+}
+
+pub(super) fn to_u32(v: i64) -> Option<u32> {
+    u32::try_from(v).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_malformed_item_is_corrupt_not_a_panic() {
+        let item = HashMap::from([
+            ("job_id".to_owned(), s("j")),
+            ("state".to_owned(), s("dancing")),
+        ]);
+        assert!(matches!(decode(&item), Err(LedgerError::Corrupt { .. })));
+        let item = HashMap::from([
+            ("job_id".to_owned(), s("j")),
+            ("state".to_owned(), s("ready")),
+        ]);
+        assert!(matches!(decode(&item), Err(LedgerError::Corrupt { .. })));
+    }
+}

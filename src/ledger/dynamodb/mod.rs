@@ -1,0 +1,221 @@
+//! The ledger in DynamoDB: one item per job, every transition one `UpdateItem` with a
+//! `ConditionExpression`, `ReturnValues=ALL_NEW` when applied and
+//! `ReturnValuesOnConditionCheckFailure=ALL_OLD` when refused.
+//!
+//! - this file: the client, the one conditional `UpdateItem` every transition goes through, and
+//!   the classification of failed requests;
+//! - [`operations`]: one function per transition, each with its condition;
+//! - [`item`]: the item codec (attribute values to and from [`JobRecord`]);
+//! - [`index`]: the table definition and the sparse-index queries ([`LedgerIndex`]).
+
+mod index;
+mod item;
+mod operations;
+
+use std::collections::HashMap;
+
+use aws_sdk_dynamodb::Client;
+use aws_sdk_dynamodb::error::{ProvideErrorMetadata, SdkError};
+use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
+use aws_sdk_dynamodb::types::{AttributeValue, ReturnValue, ReturnValuesOnConditionCheckFailure};
+
+pub use index::{ATTENTION_INDEX, DEADLINE_INDEX};
+pub use item::decode;
+use item::s;
+
+#[cfg(doc)]
+use super::LedgerIndex;
+use super::{JobLedger, LedgerError, Write};
+#[cfg(doc)]
+use crate::job::JobRecord;
+use crate::job::{JobState, attention_key};
+
+/// Attribute names, each used through a `#placeholder` (several are DynamoDB reserved words).
+const NAMES: [(&str, &str); 25] = [
+    ("#id", "job_id"),
+    ("#state", "state"),
+    ("#epoch", "owner_epoch"),
+    ("#attempts", "attempts"),
+    ("#max", "max_attempts"),
+    ("#digest", "input_digest"),
+    ("#contract", "contract"),
+    ("#input", "input"),
+    ("#meta", "metadata"),
+    ("#deadline", "deadline_at"),
+    ("#owner", "owner_id"),
+    ("#until", "owner_until"),
+    ("#log", "attempt_log"),
+    ("#rec", "recoveries"),
+    ("#dec", "decisions"),
+    ("#attn", "attention"),
+    ("#result", "result"),
+    ("#err", "last_error"),
+    ("#created", "created_at"),
+    ("#updated", "updated_at"),
+    ("#ttl", "expires_at"),
+    ("#outcome", "outcome"),
+    ("#finished", "finished_at"),
+    ("#ref", "provider_ref"),
+    ("#enq", "enqueued_at"),
+];
+
+/// The DynamoDB job ledger.
+#[derive(Debug, Clone)]
+pub struct DynamoLedger {
+    client: Client,
+    table: String,
+}
+
+impl DynamoLedger {
+    /// A ledger on `table` through `client`.
+    pub fn new(client: Client, table: impl Into<String>) -> Self {
+        DynamoLedger {
+            client,
+            table: table.into(),
+        }
+    }
+
+    /// The table name.
+    pub fn table(&self) -> &str {
+        &self.table
+    }
+
+    /// Sends one conditional `UpdateItem`. Only the placeholders the expressions use are sent
+    /// (DynamoDB rejects unused ones).
+    async fn update(
+        &self,
+        operation: &'static str,
+        job_id: &str,
+        update: &str,
+        condition: &str,
+        mut values: Vec<(&str, AttributeValue)>,
+        target: Option<JobState>,
+    ) -> Result<Write, LedgerError> {
+        // Every write that sets a state keeps the sparse attention index in step with it.
+        let mut update = update.to_owned();
+        if let Some(state) = target {
+            match attention_key(state, job_id) {
+                Some(key) => {
+                    update.push_str(", #attn = :attn");
+                    values.push((":attn", s(&key)));
+                }
+                None => update.push_str(" REMOVE #attn"),
+            }
+        }
+        let update = update.as_str();
+        let used = |token: &str| uses_token(update, token) || uses_token(condition, token);
+        let names: HashMap<String, String> = NAMES
+            .iter()
+            .filter(|(token, _)| used(token))
+            .map(|(token, name)| ((*token).to_owned(), (*name).to_owned()))
+            .collect();
+        let values: HashMap<String, AttributeValue> = values
+            .into_iter()
+            .filter(|(token, _)| used(token))
+            .map(|(token, value)| (token.to_owned(), value))
+            .collect();
+        let sent = self
+            .client
+            .update_item()
+            .table_name(&self.table)
+            .key("job_id", s(job_id))
+            .update_expression(update)
+            .condition_expression(condition)
+            .set_expression_attribute_names(Some(names))
+            .set_expression_attribute_values(Some(values))
+            .return_values(ReturnValue::AllNew)
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+            .send()
+            .await;
+        match sent {
+            Ok(out) => match out.attributes() {
+                Some(item) => Ok(Write::Applied(decode(item)?)),
+                // ALL_NEW always returns the item; an emulator that omits it gets one more read.
+                None => match self.get(job_id).await? {
+                    Some(record) => Ok(Write::Applied(record)),
+                    None => Err(LedgerError::Corrupt {
+                        job_id: job_id.to_owned(),
+                        detail: "applied write left no item".to_owned(),
+                    }),
+                },
+            },
+            Err(SdkError::ServiceError(e)) => match e.err() {
+                UpdateItemError::ConditionalCheckFailedException(refused) => match refused.item() {
+                    Some(old) => Ok(Write::Refused(Some(decode(old)?))),
+                    // ALL_OLD is absent when there was no item, and some emulators omit it:
+                    // fall back to a consistent read.
+                    None => Ok(Write::Refused(self.get(job_id).await?)),
+                },
+                other => Err(classify(operation, other.code())),
+            },
+            Err(other) => Err(transport_error(operation, &other)),
+        }
+    }
+}
+
+fn classify(operation: &'static str, code: Option<&str>) -> LedgerError {
+    match code {
+        Some(
+            "ProvisionedThroughputExceededException"
+            | "ThrottlingException"
+            | "RequestLimitExceeded",
+        ) => LedgerError::Throttled { operation },
+        Some(code) => LedgerError::Unavailable {
+            operation,
+            code: code.to_owned(),
+        },
+        // The message is not kept: a service message may quote request values.
+        None => LedgerError::Unavailable {
+            operation,
+            code: "unclassified".to_owned(),
+        },
+    }
+}
+
+/// Classifies a failed request that was not a refused condition.
+fn sdk_error<E: ProvideErrorMetadata, R>(
+    operation: &'static str,
+    err: &SdkError<E, R>,
+) -> LedgerError {
+    match err {
+        SdkError::ServiceError(se) => classify(operation, se.err().code()),
+        other => transport_error(operation, other),
+    }
+}
+
+fn transport_error<E, R>(operation: &'static str, err: &SdkError<E, R>) -> LedgerError {
+    let code = match err {
+        SdkError::TimeoutError(_) => "timeout",
+        SdkError::DispatchFailure(_) => "dispatch_failure",
+        SdkError::ResponseError(_) => "response_error",
+        SdkError::ConstructionFailure(_) => "construction_failure",
+        _ => "sdk_error",
+    };
+    LedgerError::Unavailable {
+        operation,
+        code: code.to_owned(),
+    }
+}
+
+/// True when `expr` uses `token` as a whole placeholder (`:now` is not used by `:now_x`).
+fn uses_token(expr: &str, token: &str) -> bool {
+    expr.match_indices(token).any(|(at, _)| {
+        expr[at + token.len()..]
+            .chars()
+            .next()
+            .is_none_or(|c| !(c.is_ascii_alphanumeric() || c == '_'))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn placeholders_match_whole_tokens_only() {
+        assert!(uses_token("#a = :now", ":now"));
+        assert!(!uses_token("#a = :now_x", ":now"));
+        assert!(uses_token("#log[0].#outcome = :o", "#log"));
+        assert!(!uses_token("#logs = :o", "#log"));
+    }
+}

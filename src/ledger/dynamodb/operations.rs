@@ -1,0 +1,335 @@
+//! One conditional write per transition. Each condition names the expected state and, for an
+//! owner, the expected epoch; the comments state the invariant each one keeps.
+
+use aws_sdk_dynamodb::types::AttributeValue;
+
+use super::item::{decode, encode_attempt, encode_decision, encode_error, encode_recovery, n, s};
+use super::{DynamoLedger, sdk_error};
+use crate::job::{AttemptOutcome, AttemptRecord, JobRecord, JobState, NewJob, RecoveryRecord};
+use crate::ledger::{
+    AttemptEnd, ClaimRequest, CreateRequest, DecideRequest, EnqueuedRequest, FinishRequest,
+    JobLedger, LedgerError, RecordRefRequest, RecoverRequest, RenewRequest, SettleFrom,
+    SettleRequest, Write,
+};
+
+impl JobLedger for DynamoLedger {
+    async fn claim(&self, req: ClaimRequest) -> Result<Write, LedgerError> {
+        let job = &req.job;
+        // Invariant: epoch and attempts rise together with the attempt record, before any
+        // provider call; the values are the expected ones plus one, so a stale expectation is
+        // refused rather than applied twice.
+        let mut update = String::from(
+            "SET #state = :running, #epoch = :new_epoch, #attempts = :new_attempts, \
+             #owner = :owner, #until = :until, #updated = :now, \
+             #log = list_append(if_not_exists(#log, :empty), :attempt), \
+             #input = if_not_exists(#input, :input), #digest = if_not_exists(#digest, :digest), \
+             #contract = if_not_exists(#contract, :contract), \
+             #deadline = if_not_exists(#deadline, :deadline), #max = if_not_exists(#max, :max), \
+             #created = if_not_exists(#created, :now), #ttl = if_not_exists(#ttl, :ttl)",
+        );
+        if job.metadata.is_some() {
+            update.push_str(", #meta = if_not_exists(#meta, :meta)");
+        }
+        let claimable = "(#state IN (:ready, :retry) AND #epoch = :epoch AND #attempts = :attempts \
+             AND #digest = :digest AND #attempts < #max AND #deadline > :now)";
+        let condition = if req.expect.allows_absent() {
+            format!("attribute_not_exists(#id) OR {claimable}")
+        } else {
+            claimable.to_owned()
+        };
+        let attempt = AttemptRecord {
+            number: req.expect.attempts + 1,
+            epoch: req.expect.epoch + 1,
+            owner_id: req.owner_id.clone(),
+            started_at: req.now,
+            provider_ref: req.provider_ref.clone(),
+            outcome: AttemptOutcome::Pending,
+            finished_at: None,
+        };
+        let mut values = new_job_values(job);
+        values.extend([
+            (":running", s(JobState::Running.as_str())),
+            (":ready", s(JobState::Ready.as_str())),
+            (":retry", s(JobState::RetryAuthorized.as_str())),
+            (":epoch", n(req.expect.epoch)),
+            (":attempts", n(req.expect.attempts)),
+            (":new_epoch", n(req.expect.epoch + 1)),
+            (":new_attempts", n(req.expect.attempts + 1)),
+            (":owner", s(&req.owner_id)),
+            (":until", n(req.lease_until)),
+            (":now", n(req.now)),
+            (":empty", AttributeValue::L(Vec::new())),
+            (
+                ":attempt",
+                AttributeValue::L(vec![encode_attempt(&attempt)]),
+            ),
+        ]);
+        self.update(
+            "claim",
+            &job.job_id,
+            &update,
+            &condition,
+            values,
+            Some(JobState::Running),
+        )
+        .await
+    }
+
+    async fn finish(&self, req: FinishRequest) -> Result<Write, LedgerError> {
+        let index = req.attempt.saturating_sub(1);
+        let mut update = format!(
+            "SET #state = :to, #updated = :now, #log[{index}].#outcome = :outcome, \
+             #log[{index}].#finished = :now"
+        );
+        // Invariant: only the owner at the current epoch, still running, ends its attempt; a
+        // result is accepted only before the deadline.
+        let mut condition = String::from("#state = :running AND #epoch = :epoch");
+        let mut values = vec![
+            (":to", s(req.end.target().as_str())),
+            (":now", n(req.now)),
+            (":outcome", s(req.end.attempt_outcome().as_str())),
+            (":running", s(JobState::Running.as_str())),
+            (":epoch", n(req.epoch)),
+        ];
+        if let AttemptEnd::Succeeded { result } = &req.end {
+            update.push_str(", #result = :result");
+            condition.push_str(" AND #deadline > :now");
+            values.push((":result", s(result)));
+        }
+        if let Some(error) = req.end.error(req.now) {
+            update.push_str(", #err = :err");
+            values.push((":err", encode_error(&error)));
+        }
+        if let Some(decision) = req.decision() {
+            update.push_str(", #dec = list_append(if_not_exists(#dec, :empty), :decision)");
+            values.push((":empty", AttributeValue::L(Vec::new())));
+            values.push((
+                ":decision",
+                AttributeValue::L(vec![encode_decision(&decision)]),
+            ));
+        }
+        let target = Some(req.end.target());
+        self.update("finish", &req.job_id, &update, &condition, values, target)
+            .await
+    }
+
+    async fn settle(&self, req: SettleRequest) -> Result<Write, LedgerError> {
+        let mut values = vec![
+            (":to", s(req.reason.target().as_str())),
+            (":now", n(req.now)),
+            (":err", encode_error(&req.error())),
+        ];
+        let (update, condition) = match &req.from {
+            SettleFrom::Absent(job) => {
+                // Invariant: a job that arrives after its deadline is recorded terminal, once.
+                values.extend(new_job_values(job));
+                values.extend([(":zero", n(0)), (":empty", AttributeValue::L(Vec::new()))]);
+                let mut update = String::from(
+                    "SET #state = :to, #epoch = :zero, #attempts = :zero, #max = :max, \
+                     #digest = :digest, #contract = :contract, #input = :input, \
+                     #deadline = :deadline, #log = :empty, #err = :err, #created = :now, \
+                     #updated = :now, #ttl = :ttl",
+                );
+                if job.metadata.is_some() {
+                    update.push_str(", #meta = :meta");
+                }
+                (update, "attribute_not_exists(#id)".to_owned())
+            }
+            SettleFrom::PastDeadline => {
+                // Invariant: past its deadline no job may run or accept, so whoever owns it is
+                // fenced by the state change; a terminal item is never rewritten.
+                values.extend([
+                    (":ready", s(JobState::Ready.as_str())),
+                    (":running", s(JobState::Running.as_str())),
+                    (":unknown", s(JobState::Unknown.as_str())),
+                    (":retry", s(JobState::RetryAuthorized.as_str())),
+                ]);
+                (
+                    "SET #state = :to, #updated = :now, #err = :err".to_owned(),
+                    "#deadline <= :now AND #state IN (:ready, :running, :unknown, :retry)"
+                        .to_owned(),
+                )
+            }
+            SettleFrom::Seen { state, epoch } => {
+                // Invariant: the writer saw this state at this epoch; anything newer wins, and a
+                // terminal item is never rewritten.
+                values.extend([
+                    (":from", s(state.as_str())),
+                    (":epoch", n(*epoch)),
+                    (":ready", s(JobState::Ready.as_str())),
+                    (":running", s(JobState::Running.as_str())),
+                    (":unknown", s(JobState::Unknown.as_str())),
+                    (":retry", s(JobState::RetryAuthorized.as_str())),
+                ]);
+                (
+                    "SET #state = :to, #updated = :now, #err = :err".to_owned(),
+                    "#state = :from AND #epoch = :epoch \
+                     AND #state IN (:ready, :running, :unknown, :retry)"
+                        .to_owned(),
+                )
+            }
+        };
+        let target = Some(req.reason.target());
+        self.update("settle", &req.job_id, &update, &condition, values, target)
+            .await
+    }
+
+    async fn recover(&self, req: RecoverRequest) -> Result<Write, LedgerError> {
+        let recovery = RecoveryRecord {
+            epoch: req.seen_epoch + 1,
+            owner_id: req.owner_id.clone(),
+            at: req.now,
+            reason: req.reason.clone(),
+        };
+        // Invariant: a lapsed owner (or an unknown job) is fenced by raising the epoch it holds;
+        // no attempt starts.
+        let update = "SET #state = :running, #epoch = :new_epoch, #owner = :owner, \
+                      #until = :until, #updated = :now, \
+                      #rec = list_append(if_not_exists(#rec, :empty), :recovery)";
+        let condition = "#epoch = :epoch AND \
+                         ((#state = :running AND #until <= :cutoff) OR #state = :unknown)";
+        let values = vec![
+            (":new_epoch", n(req.seen_epoch + 1)),
+            (":epoch", n(req.seen_epoch)),
+            (":owner", s(&req.owner_id)),
+            (":until", n(req.lease_until)),
+            (":now", n(req.now)),
+            (":cutoff", n(req.lapsed_before)),
+            (":running", s(JobState::Running.as_str())),
+            (":unknown", s(JobState::Unknown.as_str())),
+            (":empty", AttributeValue::L(Vec::new())),
+            (
+                ":recovery",
+                AttributeValue::L(vec![encode_recovery(&recovery)]),
+            ),
+        ];
+        let target = Some(JobState::Running);
+        self.update("recover", &req.job_id, update, condition, values, target)
+            .await
+    }
+
+    async fn renew(&self, req: RenewRequest) -> Result<Write, LedgerError> {
+        // Invariant: only the current owner extends its lease, and only before it lapses.
+        let update = "SET #until = :until, #updated = :now";
+        let condition = "#state = :running AND #epoch = :epoch AND #until >= :now";
+        let values = vec![
+            (":until", n(req.lease_until)),
+            (":now", n(req.now)),
+            (":running", s(JobState::Running.as_str())),
+            (":epoch", n(req.epoch)),
+        ];
+        self.update("renew", &req.job_id, update, condition, values, None)
+            .await
+    }
+
+    async fn create(&self, req: CreateRequest) -> Result<Write, LedgerError> {
+        let job = &req.job;
+        // Invariant: a job is created once; its input, digest, deadline and budget never change.
+        let mut update = String::from(
+            "SET #state = :ready, #epoch = :zero, #attempts = :zero, #max = :max, \
+             #digest = :digest, #contract = :contract, #input = :input, #deadline = :deadline, \
+             #log = :empty, #created = :now, #updated = :now, #ttl = :ttl",
+        );
+        if job.metadata.is_some() {
+            update.push_str(", #meta = :meta");
+        }
+        let mut values = new_job_values(job);
+        values.extend([
+            (":ready", s(JobState::Ready.as_str())),
+            (":zero", n(0)),
+            (":empty", AttributeValue::L(Vec::new())),
+            (":now", n(req.now)),
+        ]);
+        let target = Some(JobState::Ready);
+        let condition = "attribute_not_exists(#id)";
+        self.update("create", &job.job_id, &update, condition, values, target)
+            .await
+    }
+
+    async fn mark_enqueued(&self, req: EnqueuedRequest) -> Result<Write, LedgerError> {
+        let values = vec![
+            (":now", n(req.now)),
+            (":ready", s(JobState::Ready.as_str())),
+            (":retry", s(JobState::RetryAuthorized.as_str())),
+            (":running", s(JobState::Running.as_str())),
+        ];
+        let condition = "#state IN (:ready, :retry, :running)";
+        self.update(
+            "mark_enqueued",
+            &req.job_id,
+            "SET #enq = :now",
+            condition,
+            values,
+            None,
+        )
+        .await
+    }
+
+    async fn record_ref(&self, req: RecordRefRequest) -> Result<Write, LedgerError> {
+        // Invariant: only the owner at the current epoch attaches a reference to its attempt.
+        let index = req.attempt.saturating_sub(1);
+        let update = format!("SET #log[{index}].#ref = :ref, #updated = :now");
+        let condition = "#state = :running AND #epoch = :epoch AND #attempts = :attempt";
+        let values = vec![
+            (":ref", s(&req.provider_ref)),
+            (":now", n(req.now)),
+            (":running", s(JobState::Running.as_str())),
+            (":epoch", n(req.epoch)),
+            (":attempt", n(req.attempt)),
+        ];
+        self.update("record_ref", &req.job_id, &update, condition, values, None)
+            .await
+    }
+
+    async fn decide(&self, req: DecideRequest) -> Result<Write, LedgerError> {
+        // Invariant: an `unknown` job leaves that state only by a recorded decision, which
+        // raises the epoch so nothing holding the old one can write again.
+        let update = "SET #state = :to, #epoch = :new_epoch, #owner = :by, #updated = :now, \
+                      #dec = list_append(if_not_exists(#dec, :empty), :decision)";
+        let condition = "#state = :unknown AND #epoch = :epoch";
+        let values = vec![
+            (":to", s(req.action.target().as_str())),
+            (":new_epoch", n(req.epoch + 1)),
+            (":by", s(&req.by)),
+            (":now", n(req.now)),
+            (":empty", AttributeValue::L(Vec::new())),
+            (
+                ":decision",
+                AttributeValue::L(vec![encode_decision(&req.decision())]),
+            ),
+            (":unknown", s(JobState::Unknown.as_str())),
+            (":epoch", n(req.epoch)),
+        ];
+        let target = Some(req.action.target());
+        self.update("decide", &req.job_id, update, condition, values, target)
+            .await
+    }
+
+    async fn get(&self, job_id: &str) -> Result<Option<JobRecord>, LedgerError> {
+        let out = self
+            .client
+            .get_item()
+            .table_name(&self.table)
+            .key("job_id", s(job_id))
+            .consistent_read(true)
+            .send()
+            .await
+            .map_err(|e| sdk_error("get", &e))?;
+        out.item().map(decode).transpose()
+    }
+}
+
+fn new_job_values(job: &NewJob) -> Vec<(&'static str, AttributeValue)> {
+    let mut values = vec![
+        (":input", s(&job.input)),
+        (":digest", s(&job.input_digest)),
+        (":contract", s(&job.contract)),
+        (":deadline", n(job.deadline_at)),
+        (":max", n(job.max_attempts)),
+        (":ttl", n(job.expires_at)),
+    ];
+    if let Some(meta) = &job.metadata {
+        values.push((":meta", s(meta)));
+    }
+    values
+}

@@ -1,0 +1,154 @@
+//! Triggers: the messages that make the worker look at a job. Which triggers share one
+//! `SendMessageBatch` request, and the FIFO deduplication policy, are decided here once for
+//! every sender.
+
+use std::future::Future;
+
+use serde_json::json;
+
+/// SQS's limit on one message and on one `SendMessageBatch` request.
+pub const SQS_MAX_BYTES: usize = 262_144;
+/// Entries in one `SendMessageBatch` request.
+pub const SEND_BATCH_LIMIT: usize = 10;
+
+/// One trigger to send.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Outgoing {
+    /// The job it triggers.
+    pub job_id: String,
+    /// The message body.
+    pub body: String,
+}
+
+impl Outgoing {
+    /// A trigger that carries only the job id.
+    pub fn by_id(job_id: &str) -> Outgoing {
+        Outgoing {
+            job_id: job_id.to_owned(),
+            body: json!({ "job_id": job_id }).to_string(),
+        }
+    }
+}
+
+/// What became of one trigger: sent, or the reason it was not.
+pub type Sent = (String, Result<(), String>);
+
+/// Sends triggers to the work queue.
+///
+/// Every trigger comes back with its result, in order: sent, or the reason it was not (an entry
+/// the queue refused, or a request that failed as a whole). On a FIFO queue each job is its own
+/// message group, deduplicated by [`dedup_id`] of the job id and `dedup_suffix`, so a repeat
+/// with the same suffix within five minutes is dropped by the queue.
+pub trait TriggerSender: Send + Sync {
+    /// Sends `triggers`.
+    fn send(
+        &self,
+        triggers: &[Outgoing],
+        dedup_suffix: &str,
+    ) -> impl Future<Output = Vec<Sent>> + Send;
+}
+
+/// Splits `triggers` into `SendMessageBatch` requests: ten entries at most, and never more
+/// bytes than SQS takes in one request.
+pub fn batches(triggers: &[Outgoing]) -> Vec<&[Outgoing]> {
+    let mut batches = Vec::new();
+    let mut start = 0;
+    let mut bytes = 0;
+    for (i, t) in triggers.iter().enumerate() {
+        if i - start == SEND_BATCH_LIMIT || bytes + t.body.len() > SQS_MAX_BYTES {
+            batches.push(&triggers[start..i]);
+            start = i;
+            bytes = 0;
+        }
+        bytes += t.body.len();
+    }
+    if start < triggers.len() {
+        batches.push(&triggers[start..]);
+    }
+    batches
+}
+
+/// A FIFO deduplication id (at most 128 characters, from the job id and a suffix).
+pub fn dedup_id(job_id: &str, suffix: &str) -> String {
+    let mut id = format!("{job_id}-{suffix}");
+    id.truncate(128);
+    id
+}
+
+/// Records the triggers it is asked to send, for tests; refuses the jobs it is told to.
+#[cfg(any(test, feature = "test-support"))]
+#[derive(Debug, Default)]
+pub struct RecordingTriggers {
+    sent: std::sync::Mutex<Vec<(Outgoing, String)>>,
+    refused: std::sync::Mutex<Vec<String>>,
+}
+
+#[cfg(any(test, feature = "test-support"))]
+impl RecordingTriggers {
+    /// An empty recorder.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// From now on, refuses the triggers of this job.
+    pub fn refuse(&self, job_id: &str) {
+        self.refused
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(job_id.to_owned());
+    }
+
+    /// Every trigger sent so far, with its deduplication suffix.
+    pub fn sent(&self) -> Vec<(Outgoing, String)> {
+        self.sent.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+}
+
+#[cfg(any(test, feature = "test-support"))]
+impl TriggerSender for RecordingTriggers {
+    async fn send(&self, triggers: &[Outgoing], dedup_suffix: &str) -> Vec<Sent> {
+        let refused = self
+            .refused
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        let mut sent = self.sent.lock().unwrap_or_else(|p| p.into_inner());
+        triggers
+            .iter()
+            .map(|t| {
+                if refused.contains(&t.job_id) {
+                    (t.job_id.clone(), Err("refused".to_owned()))
+                } else {
+                    sent.push((t.clone(), dedup_suffix.to_owned()));
+                    (t.job_id.clone(), Ok(()))
+                }
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn batches_hold_ten_entries_and_stay_under_the_request_limit() {
+        let small: Vec<Outgoing> = (0..23).map(|i| Outgoing::by_id(&format!("j{i}"))).collect();
+        let sizes: Vec<usize> = batches(&small).iter().map(|b| b.len()).collect();
+        assert_eq!(sizes, vec![10, 10, 3]);
+        let big = |id: &str| Outgoing {
+            job_id: id.to_owned(),
+            body: "x".repeat(100_000),
+        };
+        let large = vec![big("a"), big("b"), big("c")];
+        let sizes: Vec<usize> = batches(&large).iter().map(|b| b.len()).collect();
+        assert_eq!(sizes, vec![2, 1]);
+        assert!(batches(&[]).is_empty());
+    }
+
+    #[test]
+    fn deduplication_ids_fit_fifo_limits() {
+        assert_eq!(dedup_id("job", "epoch-2"), "job-epoch-2");
+        assert_eq!(dedup_id(&"j".repeat(200), "s").len(), 128);
+    }
+}

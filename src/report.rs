@@ -1,0 +1,162 @@
+//! What a run did, as plain data: one invocation of the worker ([`BatchReport`]) and one run of
+//! the reconciler ([`ReconcileReport`]). The worker and the reconciler fill them in; logs,
+//! metrics and tests read them.
+
+use aws_lambda_events::event::sqs::SqsBatchResponse;
+
+use crate::job::{JobRecord, Millis, RecordOutcome};
+use crate::queue::VisibilityReport;
+
+/// One record's outcome, as the handler reports it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RecordReport {
+    /// The record's message id, if it had one.
+    pub message_id: Option<String>,
+    /// The job id, when the body was valid.
+    pub job_id: Option<String>,
+    /// What happened.
+    pub outcome: RecordOutcome,
+    /// The visibility timeout set, for a failure that could be given one.
+    pub visibility_s: Option<i32>,
+    /// The job as the ledger last showed it to this record, if it got that far.
+    pub job: Option<JobSummary>,
+    /// The lease renewals made for this record's call.
+    pub renewals: Renewals,
+}
+
+/// What the ledger said about a record's job, for its log line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JobSummary {
+    /// The owner epoch.
+    pub epoch: u64,
+    /// Attempts so far.
+    pub attempts: u32,
+    /// The job's deadline, Unix ms.
+    pub deadline_at: Millis,
+    /// Why the job was last taken over, if it ever was.
+    pub recovery: Option<String>,
+}
+
+impl JobSummary {
+    /// The summary of `record`.
+    pub fn of(record: &JobRecord) -> Self {
+        JobSummary {
+            epoch: record.owner_epoch,
+            attempts: record.attempts,
+            deadline_at: record.deadline_at,
+            recovery: record.recoveries.last().map(|r| r.reason.clone()),
+        }
+    }
+}
+
+/// Everything one batch produced.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BatchReport {
+    /// One entry per record, in batch order.
+    pub records: Vec<RecordReport>,
+    /// The final visibility changes made for failed records.
+    pub visibility: VisibilityReport,
+    /// The heartbeat's and the processor's counts.
+    pub stats: StatsSnapshot,
+    /// Provider call latencies in milliseconds (at most 100).
+    pub provider_latency_ms: Vec<u64>,
+    /// The response, or the reason the whole batch must fail.
+    pub response: Result<Vec<String>, UnnamedFailure>,
+}
+
+impl BatchReport {
+    /// The response Lambda gets, or the error that fails the whole batch.
+    pub fn into_response(self) -> Result<SqsBatchResponse, UnnamedFailure> {
+        let mut response = SqsBatchResponse::default();
+        response.set_failures(self.response?);
+        Ok(response)
+    }
+
+    /// The outcome of the record with this message id.
+    pub fn outcome_of(&self, message_id: &str) -> Option<&RecordOutcome> {
+        self.records
+            .iter()
+            .find(|r| r.message_id.as_deref() == Some(message_id))
+            .map(|r| &r.outcome)
+    }
+}
+
+/// The counts of one invocation: the heartbeat's renewals and the processor's events.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StatsSnapshot {
+    /// Heartbeat ticks.
+    pub heartbeat_ticks: u64,
+    /// `ChangeMessageVisibilityBatch` calls made by the heartbeat.
+    pub visibility_calls: u64,
+    /// Handles whose visibility was extended.
+    pub visibility_renewed: u64,
+    /// Handles SQS refused to extend.
+    pub visibility_refused: u64,
+    /// Handles whose extension is uncertain after its retries.
+    pub visibility_uncertain: u64,
+    /// Leases renewed.
+    pub lease_renewed: u64,
+    /// Lease renewals refused (epoch superseded or lease lapsed).
+    pub lease_refused: u64,
+    /// Lease renewals uncertain after their retries.
+    pub lease_uncertain: u64,
+    /// Records whose provider call was cancelled because ownership was lost or about to be.
+    pub ownership_lost: u64,
+    /// Provider calls cut short by the Lambda deadline.
+    pub deadline_cutoffs: u64,
+    /// Recovery claims made on jobs whose owner let its lease lapse.
+    pub recoveries: u64,
+}
+
+/// The lease renewals of one record, for its log line.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Renewals {
+    /// Renewals applied.
+    pub renewed: u32,
+    /// Renewals refused (ownership lost).
+    pub refused: u32,
+    /// Renewals whose outcome stayed unknown after their retries.
+    pub uncertain: u32,
+}
+
+impl Renewals {
+    /// The outcome to log: the worst that happened, or `none`.
+    pub fn label(self) -> &'static str {
+        if self.refused > 0 {
+            "refused"
+        } else if self.uncertain > 0 {
+            "uncertain"
+        } else if self.renewed > 0 {
+            "renewed"
+        } else {
+            "none"
+        }
+    }
+}
+
+/// A failed record has no message id, so only a whole-batch failure keeps it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("record {index} failed and has no messageId; failing the whole batch")]
+pub struct UnnamedFailure {
+    /// Position of the record in the batch.
+    pub index: usize,
+}
+
+/// What one run did.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct ReconcileReport {
+    /// Jobs moved to `expired`.
+    pub expired: u64,
+    /// Expiries refused (the job changed since the index was read).
+    pub expire_refused: u64,
+    /// Waiting jobs looked at for a re-send.
+    pub examined: u64,
+    /// Triggers re-sent.
+    pub resent: u64,
+    /// Triggers SQS did not take (tried again next run).
+    pub send_failed: u64,
+    /// Jobs in `unknown`, waiting for an operator.
+    pub unknown: u64,
+    /// Ledger calls that failed (tried again next run).
+    pub errors: u64,
+}

@@ -1,0 +1,17 @@
+//! The worker: one `SqsEvent` in, one batch response out.
+//!
+//! - [`handler`]: the batch: parsing, grouping by job, concurrency, panics, final visibility;
+//! - [`processor`]: one delivery: claim or classify, call, end the attempt;
+//! - [`heartbeat`]: keeps records invisible and leases renewed while calls run;
+//! - [`batch`]: pure: which records the response names;
+//! - [`settings`]: the worker's own settings.
+
+pub mod batch;
+pub mod handler;
+pub mod heartbeat;
+pub mod processor;
+pub mod settings;
+
+pub use handler::BatchHandler;
+pub use processor::{Invocation, Processor};
+pub use settings::{ReplayPolicy, Settings};

@@ -1,0 +1,167 @@
+//! Ending an attempt: what the provider's word makes of it (`end_of`, `uncertain`), the one
+//! conditional write that records it, and the hand-over of a call still running upstream.
+
+use super::{Processed, Processor, backoff, failed, ledger_failure, outcome_of, settled};
+use crate::clock::Clock;
+use crate::job::decision::{Next, next_step};
+use crate::job::{Failure, JobMessage, JobRecord, JobState, Millis, RecordOutcome};
+use crate::ledger::{AttemptEnd, FinishRequest, JobLedger, RenewRequest, Write};
+use crate::provider::{Answer, Provider, ProviderError};
+use crate::worker::settings::ReplayPolicy;
+
+impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
+    /// Ends the owner's attempt with one write conditional on its epoch. A refusal that shows
+    /// our own write (applied on a try whose response was lost) counts as applied; an accepted
+    /// answer refused only by the deadline expires the job; any other refusal drops the answer
+    /// unpublished and re-decides from the item the refusal returned.
+    pub(super) async fn finish_attempt(
+        &self,
+        msg: &JobMessage,
+        claimed: JobRecord,
+        end: AttemptEnd,
+        retry_after_ms: Option<Millis>,
+    ) -> Processed {
+        let epoch = claimed.owner_epoch;
+        let attempt = claimed.attempts;
+        let now = self.clock.now_ms();
+        let accepting = matches!(end, AttemptEnd::Succeeded { .. });
+        let target = end.target();
+        let req = FinishRequest {
+            job_id: msg.job_id.clone(),
+            epoch,
+            attempt,
+            now,
+            end,
+        };
+        let seen = match self.ledger.finish(req).await {
+            Ok(Write::Applied(record)) => return settled(record, retry_after_ms),
+            // Our own write, applied on a first try whose response was lost.
+            Ok(Write::Refused(Some(seen))) if seen.owner_epoch == epoch && seen.state == target => {
+                return settled(seen, retry_after_ms);
+            }
+            Ok(Write::Refused(seen)) => seen,
+            Err(e) => return ledger_failure(&msg.job_id, &e, Some(claimed)),
+        };
+        // Refused: another owner took over, or the deadline passed. The answer is dropped here
+        // and never published.
+        tracing::warn!(
+            job_id = %msg.job_id,
+            epoch,
+            current_epoch = seen.as_ref().map(|s| s.owner_epoch),
+            current_state = seen.as_ref().map(|s| s.state.as_str()),
+            accepting,
+            "end of attempt refused; result not published"
+        );
+        let Some(seen) = seen else {
+            return failed(backoff("job vanished"), None);
+        };
+        if accepting && seen.state == JobState::Running && seen.owner_epoch == epoch {
+            // Still ours, so the deadline refused it: expire the job, again conditionally.
+            let req = FinishRequest {
+                job_id: msg.job_id.clone(),
+                epoch,
+                attempt,
+                now,
+                end: AttemptEnd::Expired,
+            };
+            return match self.ledger.finish(req).await {
+                Ok(Write::Applied(record)) => settled(record, None),
+                Ok(Write::Refused(seen)) => failed(backoff("refused"), seen),
+                Err(e) => ledger_failure(&msg.job_id, &e, Some(seen)),
+            };
+        }
+        let outcome = match next_step(&seen, &msg.digest, now, self.settings.skew_ms) {
+            Next::Claim(_) | Next::Settle(_) => RecordOutcome::Failed(backoff("refused")),
+            next => outcome_of(next, &msg.digest),
+        };
+        Processed {
+            outcome,
+            view: Some(seen),
+        }
+    }
+
+    /// Ends our lease now (the call still runs upstream under its recorded reference), so the
+    /// next delivery takes the job over and resumes polling without waiting for a lapse.
+    pub(super) async fn hand_over(&self, job_id: &str, owner: JobRecord) -> Processed {
+        let now = self.clock.now_ms();
+        let req = RenewRequest {
+            job_id: job_id.to_owned(),
+            epoch: owner.owner_epoch,
+            now,
+            lease_until: now,
+        };
+        let view = match self.ledger.renew(req).await {
+            Ok(Write::Applied(record)) => record,
+            Ok(Write::Refused(seen)) => return failed(backoff("refused"), seen),
+            Err(e) => return ledger_failure(job_id, &e, Some(owner)),
+        };
+        tracing::info!(
+            job_id,
+            epoch = view.owner_epoch,
+            "call still running upstream; handed over to the next delivery"
+        );
+        let remaining_ms = self.settings.skew_ms;
+        failed(Failure::Deferred { remaining_ms }, Some(view))
+    }
+
+    /// How an attempt ends, from what the provider said (by the call or by a retrieval), and
+    /// the wait the provider asked for, if any.
+    pub(super) fn end_of(
+        &self,
+        result: Result<Answer, ProviderError>,
+        job: &JobRecord,
+        now: Millis,
+    ) -> (AttemptEnd, Option<Millis>) {
+        match result {
+            Ok(answer) => (
+                AttemptEnd::Succeeded {
+                    result: answer.body,
+                },
+                None,
+            ),
+            Err(ProviderError::Transient {
+                retry_after_ms,
+                reason,
+            }) => {
+                let end = if now >= job.deadline_at {
+                    AttemptEnd::Expired
+                } else if job.attempts >= job.max_attempts {
+                    AttemptEnd::FailedTerminal {
+                        kind: "budget",
+                        error: format!("attempt budget spent; last error: {reason}"),
+                    }
+                } else {
+                    AttemptEnd::RetryAuthorized { error: reason }
+                };
+                (end, retry_after_ms)
+            }
+            Err(ProviderError::Permanent { reason }) => (
+                AttemptEnd::FailedTerminal {
+                    kind: "permanent",
+                    error: reason,
+                },
+                None,
+            ),
+            Err(ProviderError::Uncertain { evidence }) => {
+                (self.uncertain(evidence, job, now), None)
+            }
+        }
+    }
+
+    /// How an attempt with an unknown outcome ends: `unknown`, waiting for a decision, unless the
+    /// replay policy accepts a possible duplicate call and the job has budget and time left, in
+    /// which case that decision is recorded and another attempt authorised.
+    pub(super) fn uncertain(&self, evidence: String, job: &JobRecord, now: Millis) -> AttemptEnd {
+        let replay = self.settings.replay == ReplayPolicy::Replay
+            && job.attempts < job.max_attempts
+            && now < job.deadline_at;
+        if replay {
+            AttemptEnd::Replay {
+                evidence,
+                by: "replay-policy".to_owned(),
+            }
+        } else {
+            AttemptEnd::Unknown { evidence }
+        }
+    }
+}

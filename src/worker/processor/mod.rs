@@ -1,0 +1,387 @@
+//! One job delivery: claim or classify, call the provider, end the attempt, all through traits.
+//!
+//! The processor never writes unconditionally and never calls the provider without a claim made
+//! in the same delivery. A refused write is answered by re-deciding from the item the refusal
+//! returned. It knows nothing of batches: whoever keeps a running attempt alive (the heartbeat)
+//! is an [`AttemptWatch`].
+//!
+//! - this file: the entry points and the claim (or settle, or recovery claim) loop;
+//! - [`run`](self::run): the call, and a background call's polling;
+//! - [`finish`](self::finish): how an attempt ends, and the write that records it;
+//! - [`recover`](self::recover): what a recovery claim does with the evidence it finds.
+
+mod finish;
+mod recover;
+mod run;
+
+use tokio_util::sync::CancellationToken;
+
+use super::settings::Settings;
+use crate::clock::Clock;
+use crate::job::decision::{Expect, Next, SettleReason, next_step};
+use crate::job::{
+    Failure, InvalidMessage, JobMessage, JobRecord, JobState, Millis, NewJob, RecordOutcome,
+    Trigger,
+};
+use crate::ledger::{
+    AttemptEnd, ClaimRequest, JobLedger, LedgerError, RecoverRequest, SettleFrom, SettleRequest,
+    Write,
+};
+use crate::provider::Provider;
+
+/// Writes one delivery may make before it gives up on a contended job and backs off.
+const MAX_ROUNDS: usize = 4;
+/// Tries at recording a background call's reference before it is cancelled.
+const RECORD_TRIES: usize = 3;
+/// A call is not started with less time than this left before its bound.
+const MIN_CALL_BUDGET_MS: Millis = 100;
+
+/// The invocation a record is processed in.
+#[derive(Debug, Clone)]
+pub struct Invocation {
+    /// Lambda request id (or the local driver's invocation id).
+    pub id: String,
+    /// When the invocation must have returned, if known.
+    pub deadline: Option<Millis>,
+}
+
+/// What processing one record produced.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Processed {
+    /// The record's outcome.
+    pub outcome: RecordOutcome,
+    /// The last ledger item this delivery saw, for later records of the same job.
+    pub view: Option<JobRecord>,
+}
+
+/// Runs deliveries against a ledger and a provider.
+#[derive(Debug)]
+pub struct Processor<L, P, C> {
+    ledger: L,
+    provider: P,
+    clock: C,
+    settings: Settings,
+}
+
+enum Action {
+    Claim(Expect),
+    SettleAbsent,
+    Settle(JobState, u64, SettleReason),
+    Recover(u64, JobState),
+}
+
+/// What the processor tells whoever keeps a running attempt alive (the invocation's heartbeat)
+/// about one record, and the events it counts. The processor knows nothing of batches.
+pub trait AttemptWatch: Sync {
+    /// A provider call starts under this claim; the token is cancelled if ownership is lost
+    /// (a renewal refused, or the lease about to lapse).
+    fn running(
+        &self,
+        job_id: &str,
+        epoch: u64,
+        lease_until: Millis,
+        deadline_at: Millis,
+    ) -> CancellationToken;
+    /// The call ended: its lease is no longer renewed.
+    fn call_ended(&self);
+    /// A recovery claim fenced a lapsed owner.
+    fn recovered(&self);
+    /// The call was cut short by the invocation's deadline.
+    fn deadline_cutoff(&self);
+    /// The call took `ms` from its start to its answer or failure.
+    fn provider_latency(&self, ms: u64);
+}
+
+impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
+    /// A processor over these parts.
+    pub fn new(ledger: L, provider: P, clock: C, settings: Settings) -> Self {
+        Processor {
+            ledger,
+            provider,
+            clock,
+            settings,
+        }
+    }
+
+    /// The ledger.
+    pub fn ledger(&self) -> &L {
+        &self.ledger
+    }
+
+    /// The provider.
+    pub fn provider(&self) -> &P {
+        &self.provider
+    }
+
+    /// The settings.
+    pub fn settings(&self) -> &Settings {
+        &self.settings
+    }
+
+    /// The clock.
+    pub fn clock(&self) -> &C {
+        &self.clock
+    }
+
+    /// Processes one delivery of `msg`. `owner_id` must be unique to this delivery.
+    pub async fn process(
+        &self,
+        msg: &JobMessage,
+        owner_id: &str,
+        inv: &Invocation,
+        watch: &dyn AttemptWatch,
+    ) -> Processed {
+        self.process_from(msg, None, owner_id, inv, watch).await
+    }
+
+    /// Processes one delivery of a trigger. A trigger that carries only a job id costs one
+    /// consistent read, then goes on from the item it found; one for a job the ledger does not
+    /// hold is poison.
+    pub async fn process_trigger(
+        &self,
+        trigger: &Trigger,
+        owner_id: &str,
+        inv: &Invocation,
+        watch: &dyn AttemptWatch,
+    ) -> Processed {
+        let job_id = match trigger {
+            Trigger::Job(msg) => return self.process(msg, owner_id, inv, watch).await,
+            Trigger::Ref(job_id) => job_id,
+        };
+        match self.ledger.get(job_id).await {
+            Ok(Some(item)) => {
+                let msg = JobMessage::from_record(&item);
+                self.process_from(&msg, Some(item), owner_id, inv, watch)
+                    .await
+            }
+            Ok(None) => failed(Failure::Poison(InvalidMessage::UnknownJob), None),
+            Err(e) => ledger_failure(job_id, &e, None),
+        }
+    }
+
+    async fn process_from(
+        &self,
+        msg: &JobMessage,
+        mut start: Option<JobRecord>,
+        owner_id: &str,
+        inv: &Invocation,
+        watch: &dyn AttemptWatch,
+    ) -> Processed {
+        let now = self.clock.now_ms();
+        if let Some(left) = inv.deadline.map(|d| d - now) {
+            if left <= self.settings.deadline_margin_ms {
+                // Too close to the invocation's end to start anything: leave the job untouched.
+                return failed(backoff("invocation deadline"), None);
+            }
+        }
+        let job = NewJob::from_message(msg, now, &self.settings.job_defaults);
+        let mut action = if job.deadline_at <= now {
+            Action::SettleAbsent
+        } else {
+            Action::Claim(Expect::FRESH)
+        };
+        let mut view = None;
+        for _ in 0..MAX_ROUNDS {
+            let now = self.clock.now_ms();
+            let seen = match start.take() {
+                // The caller already read the item: decide from it, no write yet.
+                Some(seen) => seen,
+                None => {
+                    let written = match action {
+                        Action::Claim(expect) => {
+                            let req = ClaimRequest {
+                                job: job.clone(),
+                                expect,
+                                owner_id: owner_id.to_owned(),
+                                now,
+                                lease_until: now + self.settings.lease_ms,
+                                provider_ref: self
+                                    .provider
+                                    .reference(&job.job_id, expect.attempts + 1),
+                            };
+                            match self.ledger.claim(req).await {
+                                // A retried claim whose first try was applied comes back refused with
+                                // our own claim in it.
+                                Ok(Write::Refused(Some(seen)))
+                                    if seen.state == JobState::Running
+                                        && seen.owner_epoch == expect.epoch + 1
+                                        && seen.owner_id.as_deref() == Some(owner_id) =>
+                                {
+                                    Ok(Write::Applied(seen))
+                                }
+                                other => other,
+                            }
+                        }
+                        Action::SettleAbsent => {
+                            let req = SettleRequest {
+                                job_id: job.job_id.clone(),
+                                from: SettleFrom::Absent(job.clone()),
+                                reason: SettleReason::DeadlinePassed,
+                                now,
+                            };
+                            self.ledger.settle(req).await
+                        }
+                        Action::Settle(state, epoch, reason) => {
+                            let req = SettleRequest {
+                                job_id: job.job_id.clone(),
+                                from: SettleFrom::Seen { state, epoch },
+                                reason,
+                                now,
+                            };
+                            self.ledger.settle(req).await
+                        }
+                        Action::Recover(seen_epoch, seen_state) => {
+                            let reason = if seen_state == JobState::Unknown {
+                                format!(
+                                    "asking the provider about the unknown attempt of epoch {seen_epoch}"
+                                )
+                            } else {
+                                format!("lease of epoch {seen_epoch} lapsed")
+                            };
+                            let req = RecoverRequest {
+                                job_id: job.job_id.clone(),
+                                seen_epoch,
+                                owner_id: owner_id.to_owned(),
+                                now,
+                                lapsed_before: now - self.settings.skew_ms,
+                                lease_until: now + self.settings.lease_ms,
+                                reason,
+                            };
+                            match self.ledger.recover(req).await {
+                                Ok(Write::Applied(fenced)) => {
+                                    watch.recovered();
+                                    return self
+                                        .after_recovery(msg, fenced, seen_epoch, inv, watch)
+                                        .await;
+                                }
+                                other => other,
+                            }
+                        }
+                    };
+                    match written {
+                        Err(e) => return ledger_failure(&job.job_id, &e, view),
+                        Ok(Write::Applied(record)) if record.state == JobState::Running => {
+                            return self.run_attempt(msg, record, inv, watch).await;
+                        }
+                        Ok(Write::Applied(record)) => {
+                            return Processed {
+                                outcome: RecordOutcome::Done(record.state),
+                                view: Some(record),
+                            };
+                        }
+                        // No item where one was expected (removed by TTL, say): start again from absent.
+                        Ok(Write::Refused(None)) => {
+                            action = if job.deadline_at <= now {
+                                Action::SettleAbsent
+                            } else {
+                                Action::Claim(Expect::FRESH)
+                            };
+                            continue;
+                        }
+                        Ok(Write::Refused(Some(seen))) => seen,
+                    }
+                }
+            };
+            match next_step(&seen, &msg.digest, now, self.settings.skew_ms) {
+                Next::Claim(expect) => action = Action::Claim(expect),
+                Next::Settle(reason) => {
+                    action = Action::Settle(seen.state, seen.owner_epoch, reason)
+                }
+                // An expired lease authorises investigation only: fence, then look at the
+                // evidence; never a new call.
+                Next::AwaitRecovery => action = Action::Recover(seen.owner_epoch, seen.state),
+                // An unknown attempt with a reference: ask the provider again, under a new epoch.
+                Next::AwaitDecision if self.can_ask_about(&seen) => {
+                    action = Action::Recover(seen.owner_epoch, seen.state)
+                }
+                next => {
+                    return Processed {
+                        outcome: outcome_of(next, &msg.digest),
+                        view: Some(seen),
+                    };
+                }
+            }
+            view = Some(seen);
+        }
+        failed(backoff("contention"), view)
+    }
+
+    /// The outcome of a later record of the same job in the same batch, decided from what the
+    /// first record left in the ledger, with no ledger or provider call.
+    pub fn follow(&self, msg: &JobMessage, view: &JobRecord) -> RecordOutcome {
+        let now = self.clock.now_ms();
+        match next_step(view, &msg.digest, now, self.settings.skew_ms) {
+            // One provider call per job and batch: a duplicate never claims.
+            Next::Claim(_) | Next::Settle(_) => {
+                RecordOutcome::Failed(backoff("duplicate in batch"))
+            }
+            next => outcome_of(next, &msg.digest),
+        }
+    }
+}
+
+/// How waiting for a provider ended.
+enum Waited {
+    /// The attempt ends so, after the provider's requested wait, if any.
+    Ended(AttemptEnd, Option<Millis>),
+    /// Still running upstream at the end of this invocation: hand the job to the next delivery.
+    Handover,
+    /// Ownership was lost while waiting.
+    Lost,
+}
+
+impl From<(AttemptEnd, Option<Millis>)> for Waited {
+    fn from((end, retry_after_ms): (AttemptEnd, Option<Millis>)) -> Self {
+        Waited::Ended(end, retry_after_ms)
+    }
+}
+
+/// Maps a decision that needs no write to the record's outcome.
+fn outcome_of(next: Next, message_digest: &str) -> RecordOutcome {
+    match next {
+        Next::Finished(state) => RecordOutcome::Done(state),
+        Next::Conflict { ledger_digest } => RecordOutcome::Failed(Failure::Conflict {
+            ledger_digest,
+            message_digest: message_digest.to_owned(),
+        }),
+        Next::Defer { remaining_ms } => RecordOutcome::Failed(Failure::Deferred { remaining_ms }),
+        Next::AwaitDecision => RecordOutcome::Failed(Failure::AwaitingDecision),
+        Next::AwaitRecovery => RecordOutcome::Failed(Failure::AwaitingRecovery),
+        Next::Claim(_) | Next::Settle(_) => RecordOutcome::Failed(backoff("retry")),
+    }
+}
+
+/// The outcome after our own write ended an attempt or settled the job.
+fn settled(record: JobRecord, retry_after_ms: Option<Millis>) -> Processed {
+    let outcome = match record.state {
+        s if s.is_terminal() => RecordOutcome::Done(s),
+        JobState::Unknown => RecordOutcome::Failed(Failure::AwaitingDecision),
+        _ => RecordOutcome::Failed(Failure::Backoff {
+            retry_after_ms,
+            cause: "retry authorized",
+        }),
+    };
+    Processed {
+        outcome,
+        view: Some(record),
+    }
+}
+
+fn ledger_failure(job_id: &str, e: &LedgerError, view: Option<JobRecord>) -> Processed {
+    tracing::warn!(job_id, error = %e, "ledger call failed");
+    failed(backoff("ledger"), view)
+}
+
+fn backoff(cause: &'static str) -> Failure {
+    Failure::Backoff {
+        retry_after_ms: None,
+        cause,
+    }
+}
+
+fn failed(failure: Failure, view: Option<JobRecord>) -> Processed {
+    Processed {
+        outcome: RecordOutcome::Failed(failure),
+        view,
+    }
+}

@@ -1,0 +1,95 @@
+//! After a recovery claim: the evidence the lapsed owner left decides, never a new call.
+
+use super::{
+    AttemptWatch, Invocation, Processed, Processor, Waited, backoff, failed, ledger_failure,
+    settled,
+};
+use crate::clock::Clock;
+use crate::job::{JobMessage, JobRecord};
+use crate::ledger::{FinishRequest, JobLedger, Write};
+use crate::provider::Provider;
+
+impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
+    /// After a recovery claim fenced a lapsed owner, look at the evidence of the attempt it left.
+    /// With a provider reference and a provider that can be asked, the provider's word decides
+    /// (completed: accepted under the new epoch; definitely failed: retry or fail; still running:
+    /// poll while this invocation allows, the lease renewed by the heartbeat, then hand the job
+    /// to the next delivery). Otherwise the attempt may have run and the job becomes `unknown`
+    /// (or, under the replay policy, `retry_authorized` with the decision recorded). Never a new
+    /// call.
+    pub(super) async fn after_recovery(
+        &self,
+        msg: &JobMessage,
+        fenced: JobRecord,
+        lapsed_epoch: u64,
+        inv: &Invocation,
+        watch: &dyn AttemptWatch,
+    ) -> Processed {
+        let attempt = fenced.attempts;
+        tracing::warn!(
+            job_id = %msg.job_id,
+            lapsed_epoch,
+            epoch = fenced.owner_epoch,
+            "recovered a job whose lease lapsed"
+        );
+        let recovered_because = fenced
+            .recoveries
+            .last()
+            .map_or("recovered", |r| r.reason.as_str())
+            .to_owned();
+        let evidence = |why: &str| format!("attempt {attempt}, {recovered_because}: {why}");
+        let reference = fenced
+            .attempt_log
+            .last()
+            .and_then(|a| a.provider_ref.clone().map(|r| (r, a.started_at)));
+        let now = self.clock.now_ms();
+        let waited = match reference {
+            None => {
+                let why = "the call may have run and no reference was recorded";
+                Waited::Ended(self.uncertain(evidence(why), &fenced, now), None)
+            }
+            Some((provider_ref, started_at)) => {
+                let input = msg.input();
+                let request = self.request(msg, &fenced, &input);
+                let lost = watch.running(
+                    &msg.job_id,
+                    fenced.owner_epoch,
+                    fenced.owner_until.unwrap_or(now),
+                    fenced.deadline_at,
+                );
+                let polled = self
+                    .poll(&provider_ref, started_at, &request, &fenced, inv, &lost)
+                    .await;
+                watch.call_ended();
+                self.conclude(polled, &provider_ref, &fenced, evidence)
+                    .await
+            }
+        };
+        let (end, retry_after_ms) = match waited {
+            Waited::Ended(end, retry_after_ms) => (end, retry_after_ms),
+            Waited::Handover => return self.hand_over(&msg.job_id, fenced).await,
+            Waited::Lost => return failed(backoff("ownership lost"), Some(fenced)),
+        };
+        let req = FinishRequest {
+            job_id: msg.job_id.clone(),
+            epoch: fenced.owner_epoch,
+            attempt,
+            now: self.clock.now_ms(),
+            end,
+        };
+        match self.ledger.finish(req).await {
+            Ok(Write::Applied(record)) => settled(record, retry_after_ms),
+            Ok(Write::Refused(seen)) => failed(backoff("refused"), seen),
+            Err(e) => ledger_failure(&msg.job_id, &e, Some(fenced)),
+        }
+    }
+
+    /// Whether the provider can be asked about the job's last attempt.
+    pub(super) fn can_ask_about(&self, job: &JobRecord) -> bool {
+        self.provider.can_retrieve()
+            && job
+                .attempt_log
+                .last()
+                .is_some_and(|a| a.provider_ref.is_some())
+    }
+}

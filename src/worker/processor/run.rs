@@ -1,0 +1,302 @@
+//! Running a claimed attempt: the call within its budget, a background call followed by
+//! polling (its reference recorded before the first poll), and what the provider's word means
+//! for the attempt.
+
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use super::{
+    AttemptWatch, Invocation, MIN_CALL_BUDGET_MS, Processed, Processor, RECORD_TRIES, Waited,
+    backoff, failed,
+};
+use crate::clock::Clock;
+use crate::job::{JobMessage, JobRecord, Millis};
+use crate::ledger::{AttemptEnd, JobLedger, RecordRefRequest, Write};
+use crate::provider::{Provider, ProviderError, ProviderRequest, Retrieval, Submission};
+
+impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
+    pub(super) async fn run_attempt(
+        &self,
+        msg: &JobMessage,
+        claimed: JobRecord,
+        inv: &Invocation,
+        watch: &dyn AttemptWatch,
+    ) -> Processed {
+        let epoch = claimed.owner_epoch;
+        let started = self.clock.now_ms();
+        let (budget, bound) = self.call_budget(&claimed, inv, started);
+        let lost = watch.running(
+            &msg.job_id,
+            epoch,
+            claimed.owner_until.unwrap_or(started),
+            claimed.deadline_at,
+        );
+        let input = msg.input();
+        let request = self.request(msg, &claimed, &input);
+        let submitted = if budget < MIN_CALL_BUDGET_MS {
+            // No time left to make the call: it is not sent, which is a definite failure of
+            // this attempt, so another one may be authorised.
+            Ok(Err(ProviderError::Transient {
+                retry_after_ms: None,
+                reason: "no time left to make the call".to_owned(),
+            }))
+        } else {
+            tokio::select! {
+                // Ownership lost (renewal refused or about to lapse): stop here, the answer
+                // could not be accepted anyway.
+                _ = lost.cancelled() => Ok(Err(ProviderError::Uncertain {
+                    evidence: "call cancelled after the lease could not be renewed; \
+                               the request was sent and may have run"
+                        .to_owned(),
+                })),
+                called = tokio::time::timeout(
+                    Duration::from_millis(budget as u64),
+                    self.provider.submit(&request),
+                ) => called,
+            }
+        };
+        let waited = match submitted {
+            Ok(Ok(Submission::Answered(answer))) => {
+                Waited::from(self.end_of(Ok(answer), &claimed, self.clock.now_ms()))
+            }
+            Ok(Err(error)) => Waited::from(self.end_of(Err(error), &claimed, self.clock.now_ms())),
+            Ok(Ok(Submission::Started(provider_ref))) => {
+                self.follow_background(msg, &claimed, &request, provider_ref, inv, &lost)
+                    .await
+            }
+            Err(_) => {
+                if bound == Bound::Invocation {
+                    watch.deadline_cutoff();
+                }
+                let evidence = format!(
+                    "cut off by the {} after {budget} ms; the request was sent and may have run",
+                    bound.as_str()
+                );
+                Waited::Ended(
+                    self.uncertain(evidence, &claimed, self.clock.now_ms()),
+                    None,
+                )
+            }
+        };
+        watch.call_ended();
+        let took = self.clock.now_ms() - started;
+        watch.provider_latency(u64::try_from(took).unwrap_or(0));
+        let (end, retry_after_ms) = match waited {
+            Waited::Ended(end, retry_after_ms) => (end, retry_after_ms),
+            Waited::Handover => return self.hand_over(&msg.job_id, claimed).await,
+            Waited::Lost => return failed(backoff("ownership lost"), Some(claimed)),
+        };
+        self.finish_attempt(msg, claimed, end, retry_after_ms).await
+    }
+
+    /// Follows a call the provider runs in the background: records its reference (one write
+    /// conditional on the epoch) before waiting, then polls for the answer. A reference that
+    /// cannot be recorded is cancelled upstream: no later owner could collect it.
+    async fn follow_background(
+        &self,
+        msg: &JobMessage,
+        claimed: &JobRecord,
+        request: &ProviderRequest<'_>,
+        provider_ref: String,
+        inv: &Invocation,
+        lost: &CancellationToken,
+    ) -> Waited {
+        let attempt = claimed.attempts;
+        // A retry of an applied write applies again (same epoch, same attempt), so a lost
+        // response needs no special case.
+        let mut tries = 0;
+        let failed_because = loop {
+            tries += 1;
+            let req = RecordRefRequest {
+                job_id: msg.job_id.clone(),
+                epoch: claimed.owner_epoch,
+                attempt,
+                provider_ref: provider_ref.clone(),
+                now: self.clock.now_ms(),
+            };
+            match self.ledger.record_ref(req).await {
+                Ok(Write::Applied(_)) => break None,
+                Ok(Write::Refused(_)) => {
+                    break Some("ownership was lost before the reference was recorded");
+                }
+                Err(e) => {
+                    tracing::warn!(job_id = %msg.job_id, error = %e, tries, "recording the reference failed");
+                    if tries >= RECORD_TRIES {
+                        break Some("the reference could not be recorded");
+                    }
+                }
+            }
+        };
+        if let Some(why) = failed_because {
+            self.provider.cancel(&provider_ref).await;
+            let evidence = format!("attempt {attempt} was submitted; {why}; cancel requested");
+            let now = self.clock.now_ms();
+            return Waited::Ended(self.uncertain(evidence, claimed, now), None);
+        }
+        let polled = self
+            .poll(
+                &provider_ref,
+                self.clock.now_ms(),
+                request,
+                claimed,
+                inv,
+                lost,
+            )
+            .await;
+        let evidence = |why: &str| format!("attempt {attempt} ({provider_ref}): {why}");
+        self.conclude(polled, &provider_ref, claimed, evidence)
+            .await
+    }
+
+    /// Asks the provider about `provider_ref` until it answers, the job deadline or this
+    /// invocation's end (less its margin) comes, or ownership is lost.
+    pub(super) async fn poll(
+        &self,
+        provider_ref: &str,
+        started_at: Millis,
+        request: &ProviderRequest<'_>,
+        owner: &JobRecord,
+        inv: &Invocation,
+        lost: &CancellationToken,
+    ) -> Polled {
+        let invocation_end = inv
+            .deadline
+            .map_or(Millis::MAX, |d| d - self.settings.deadline_margin_ms);
+        let mut until = owner.deadline_at.min(invocation_end);
+        if self.settings.heartbeat_ms <= 0 {
+            // Nothing renews the lease: stop before it lapses and hand the job over.
+            until = until.min(owner.owner_until.unwrap_or(Millis::MAX) - self.settings.skew_ms);
+        }
+        loop {
+            let retrieved = tokio::select! {
+                _ = lost.cancelled() => return Polled::Lost,
+                r = self.provider.retrieve(provider_ref, started_at, request) => r,
+            };
+            match retrieved {
+                Retrieval::Completed(answer) => return Polled::Answer(Ok(answer)),
+                Retrieval::Failed(error) => return Polled::Answer(Err(error)),
+                Retrieval::NotFound => return Polled::NotFound,
+                Retrieval::Unsupported => return Polled::Unsupported,
+                Retrieval::Running => {}
+            }
+            let now = self.clock.now_ms();
+            if now >= until {
+                return Polled::TimeUp;
+            }
+            let pause = self.settings.poll_ms.min(until - now).max(1);
+            tokio::select! {
+                _ = lost.cancelled() => return Polled::Lost,
+                _ = tokio::time::sleep(Duration::from_millis(pause as u64)) => {}
+            }
+        }
+    }
+
+    /// What a poll means for the attempt.
+    pub(super) async fn conclude(
+        &self,
+        polled: Polled,
+        provider_ref: &str,
+        owner: &JobRecord,
+        evidence: impl Fn(&str) -> String,
+    ) -> Waited {
+        let now = self.clock.now_ms();
+        match polled {
+            Polled::Answer(result) => Waited::from(self.end_of(result, owner, now)),
+            Polled::NotFound => {
+                let why = "the provider does not know the call";
+                Waited::Ended(self.uncertain(evidence(why), owner, now), None)
+            }
+            Polled::Unsupported => {
+                let why = "the call may have run and the provider cannot be asked";
+                Waited::Ended(self.uncertain(evidence(why), owner, now), None)
+            }
+            // The heartbeat could not keep the lease: whoever takes the job over finds the
+            // reference and asks for the same call.
+            Polled::Lost => Waited::Lost,
+            Polled::TimeUp if now >= owner.deadline_at => {
+                tracing::info!(job_id = %owner.job_id, "deadline passed while the call ran; cancelling it");
+                self.provider.cancel(provider_ref).await;
+                Waited::Ended(AttemptEnd::Expired, None)
+            }
+            Polled::TimeUp => Waited::Handover,
+        }
+    }
+
+    /// The provider request of the owner's current attempt.
+    pub(super) fn request<'a>(
+        &self,
+        msg: &'a JobMessage,
+        owner: &JobRecord,
+        input: &'a serde_json::Map<String, serde_json::Value>,
+    ) -> ProviderRequest<'a> {
+        let attempt = owner.attempts;
+        ProviderRequest {
+            job_id: &msg.job_id,
+            attempt,
+            epoch: owner.owner_epoch,
+            contract: &msg.contract,
+            input,
+            input_json: &msg.input_canonical,
+            idempotency_key: format!("{}/{attempt}", msg.job_id),
+        }
+    }
+
+    /// How long the provider call may take, and what bounds it: the configured timeout, the job
+    /// deadline, the invocation deadline less its margin (so the final write, the visibility
+    /// changes and the response still fit) and, when no heartbeat renews it, the lease less the
+    /// skew margin.
+    fn call_budget(&self, claimed: &JobRecord, inv: &Invocation, now: Millis) -> (Millis, Bound) {
+        let s = &self.settings;
+        let mut limit = (s.provider_timeout_ms, Bound::ProviderTimeout);
+        let mut cap = |ms: Millis, bound: Bound| {
+            if ms < limit.0 {
+                limit = (ms, bound);
+            }
+        };
+        cap(claimed.deadline_at - now, Bound::JobDeadline);
+        if let Some(deadline) = inv.deadline {
+            cap(deadline - s.deadline_margin_ms - now, Bound::Invocation);
+        }
+        if s.heartbeat_ms <= 0 {
+            if let Some(until) = claimed.owner_until {
+                cap(until - s.skew_ms - now, Bound::Lease);
+            }
+        }
+        limit
+    }
+}
+
+/// What polling a background call found.
+pub(super) enum Polled {
+    /// The provider's answer or definite failure.
+    Answer(Result<crate::provider::Answer, ProviderError>),
+    /// The provider does not know the reference.
+    NotFound,
+    /// The provider cannot be asked.
+    Unsupported,
+    /// Still running when time ran out.
+    TimeUp,
+    /// Ownership lost while polling.
+    Lost,
+}
+
+/// What bounds a provider call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Bound {
+    ProviderTimeout,
+    JobDeadline,
+    Invocation,
+    Lease,
+}
+
+impl Bound {
+    fn as_str(self) -> &'static str {
+        match self {
+            Bound::ProviderTimeout => "provider timeout",
+            Bound::JobDeadline => "job deadline",
+            Bound::Invocation => "Lambda deadline",
+            Bound::Lease => "lease",
+        }
+    }
+}

@@ -1,0 +1,159 @@
+//! The worker's settings: processing, heartbeat, time margins, replay and the visibility of
+//! failed records, each read from its variable (see the README's configuration table).
+
+use crate::job::{JobDefaults, Millis, VisibilityPolicy};
+use crate::vars::{ConfigError, Vars};
+
+/// What happens to an attempt whose outcome is unknown (the call may have run).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ReplayPolicy {
+    /// `never`: the job becomes `unknown` and waits for retrieval or an operator.
+    #[default]
+    Never,
+    /// `replay`: possible duplicate inference and cost are accepted; the decision is recorded
+    /// and another attempt authorised, within the same attempt budget and deadline.
+    Replay,
+}
+
+/// Settings of the processor and the batch handler.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Settings {
+    /// `MAX_CONCURRENCY`: records processed at once in one invocation.
+    pub max_concurrency: usize,
+    /// `LEASE_SECONDS`: the ledger lease a claim grants and each renewal extends.
+    pub lease_ms: Millis,
+    /// `QUEUE_VISIBILITY_TIMEOUT_SECONDS`: the queue's visibility timeout; each heartbeat
+    /// extends a record's visibility to this much from now.
+    pub queue_visibility_s: i64,
+    /// `HEARTBEAT_SECONDS`: interval of the heartbeat that extends visibility and renews leases;
+    /// default a third of the shorter of the queue's visibility timeout and the lease; 0 turns
+    /// it off (then the lease must outlast the longest call).
+    pub heartbeat_ms: Millis,
+    /// `CLOCK_SKEW_MS`: margin added to every lease before another receiver treats it as lapsed.
+    pub skew_ms: Millis,
+    /// `PROVIDER_TIMEOUT_SECONDS`: longest model call; a call cut off is recorded as uncertain.
+    pub provider_timeout_ms: Millis,
+    /// `POLL_INTERVAL_MS`: pause between two retrievals of a provider call that is still running.
+    pub poll_ms: Millis,
+    /// `DEADLINE_MARGIN_MS`: time kept before the Lambda deadline for the final writes, the
+    /// visibility changes and the response.
+    pub deadline_margin_ms: Millis,
+    /// What a job gets when its message does not say (`DEFAULT_DEADLINE_SECONDS`,
+    /// `DEFAULT_MAX_ATTEMPTS`, `RETENTION_DAYS`).
+    pub job_defaults: JobDefaults,
+    /// `REPLAY_POLICY`: `never` (default) or `replay`.
+    pub replay: ReplayPolicy,
+    /// Visibility of failed records (`BACKOFF_BASE_SECONDS`, `BACKOFF_CAP_SECONDS`,
+    /// `DEFER_JITTER_SECONDS`, `AWAITING_DECISION_SECONDS`).
+    pub visibility: VisibilityPolicy,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            max_concurrency: 16,
+            lease_ms: 60_000,
+            queue_visibility_s: 30,
+            heartbeat_ms: 10_000,
+            skew_ms: 2_000,
+            provider_timeout_ms: 240_000,
+            poll_ms: 1_000,
+            deadline_margin_ms: 5_000,
+            job_defaults: JobDefaults::default(),
+            replay: ReplayPolicy::Never,
+            visibility: VisibilityPolicy::default(),
+        }
+    }
+}
+
+impl Settings {
+    /// Reads the settings, each from its variable, the default where it is unset, and checks
+    /// the relations between them.
+    pub fn from_vars(vars: &Vars<'_>) -> Result<Settings, ConfigError> {
+        let d = Settings::default();
+        let number = |name, default, min, max| vars.integer(name, default, min, max);
+        let seconds =
+            |name, default_ms: Millis, max| Ok(number(name, default_ms / 1000, 1, max)? * 1000);
+        let queue_visibility_s = number(
+            "QUEUE_VISIBILITY_TIMEOUT_SECONDS",
+            d.queue_visibility_s,
+            1,
+            43_200,
+        )?;
+        let lease_ms = seconds("LEASE_SECONDS", d.lease_ms, 43_200)?;
+        let default_heartbeat_s = queue_visibility_s.min(lease_ms / 1000) / 3;
+        let v = d.visibility;
+        let j = d.job_defaults;
+        let settings = Settings {
+            max_concurrency: number("MAX_CONCURRENCY", d.max_concurrency as i64, 1, 10_000)?
+                as usize,
+            lease_ms,
+            queue_visibility_s,
+            heartbeat_ms: number("HEARTBEAT_SECONDS", default_heartbeat_s.max(1), 0, 43_200)?
+                * 1000,
+            skew_ms: number("CLOCK_SKEW_MS", d.skew_ms, 0, 60_000)?,
+            provider_timeout_ms: seconds(
+                "PROVIDER_TIMEOUT_SECONDS",
+                d.provider_timeout_ms,
+                43_200,
+            )?,
+            poll_ms: number("POLL_INTERVAL_MS", d.poll_ms, 10, 600_000)?,
+            deadline_margin_ms: number("DEADLINE_MARGIN_MS", d.deadline_margin_ms, 0, 600_000)?,
+            job_defaults: JobDefaults {
+                max_attempts: number("DEFAULT_MAX_ATTEMPTS", i64::from(j.max_attempts), 1, 100)?
+                    as u32,
+                deadline_ms: seconds("DEFAULT_DEADLINE_SECONDS", j.deadline_ms, 31_536_000)?,
+                retention_days: number("RETENTION_DAYS", j.retention_days, 1, 3_650)?,
+            },
+            replay: vars.choice(
+                "REPLAY_POLICY",
+                ReplayPolicy::Never,
+                &[
+                    ("never", ReplayPolicy::Never),
+                    ("replay", ReplayPolicy::Replay),
+                ],
+            )?,
+            visibility: VisibilityPolicy {
+                backoff_base_s: number("BACKOFF_BASE_SECONDS", v.backoff_base_s, 0, 43_200)?,
+                backoff_cap_s: number("BACKOFF_CAP_SECONDS", v.backoff_cap_s, 0, 43_200)?,
+                defer_jitter_s: number("DEFER_JITTER_SECONDS", v.defer_jitter_s, 0, 3_600)?,
+                awaiting_decision_s: number(
+                    "AWAITING_DECISION_SECONDS",
+                    v.awaiting_decision_s,
+                    0,
+                    43_200,
+                )?,
+            },
+        };
+        settings.validate()?;
+        Ok(settings)
+    }
+
+    /// Checks the relations between settings.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.heartbeat_ms > 0 {
+            // One missed renewal must not lose the lease.
+            if 2 * self.heartbeat_ms + self.skew_ms >= self.lease_ms {
+                return Err(ConfigError::Invalid {
+                    name: "HEARTBEAT_SECONDS",
+                    reason: "must be less than half of LEASE_SECONDS minus CLOCK_SKEW_MS"
+                        .to_owned(),
+                });
+            }
+            if self.heartbeat_ms >= self.queue_visibility_s * 1000 {
+                return Err(ConfigError::Invalid {
+                    name: "HEARTBEAT_SECONDS",
+                    reason: "must be shorter than QUEUE_VISIBILITY_TIMEOUT_SECONDS".to_owned(),
+                });
+            }
+        } else if self.provider_timeout_ms + self.skew_ms >= self.lease_ms {
+            // Without renewal the lease must outlast the longest call.
+            return Err(ConfigError::Invalid {
+                name: "PROVIDER_TIMEOUT_SECONDS",
+                reason: "must be shorter than LEASE_SECONDS minus CLOCK_SKEW_MS when HEARTBEAT_SECONDS is 0"
+                    .to_owned(),
+            });
+        }
+        Ok(())
+    }
+}
