@@ -184,4 +184,22 @@ async fn the_api_key_is_read_from_secrets_manager_or_ssm_and_sent() {
         .await
         .expect_err("missing parameter");
     assert!(err.0.contains("/no/such/parameter"), "{err}");
+
+    // A secret without the key field is a start-up error, not a run of 401s.
+    let keyless = common::unique("openai-key");
+    aws_sdk_secretsmanager::Client::new(&aws)
+        .create_secret()
+        .name(&keyless)
+        .secret_string(r#"{"user":"someone"}"#)
+        .send()
+        .await
+        .expect("create secret");
+    let config = ProviderConfig::OpenAi {
+        settings: openai_settings(&server.url),
+        key: KeySource::SecretsManager(keyless.clone()),
+    };
+    let err = AnyProvider::from_config(&config, &aws)
+        .await
+        .expect_err("keyless secret");
+    assert!(err.0.contains(&keyless), "{err}");
 }

@@ -107,6 +107,26 @@ async fn chat_completions_answers_and_errors_are_classified() {
         "{result:?}"
     );
 
+    // A gateway that gave up while the model may still run, and a key already in use: the
+    // call may have run, so no retry without a decision.
+    for status in [409, 502, 504, 524] {
+        let (result, _) = chat_once(Reply::json(status, json!({}))).await;
+        assert!(
+            matches!(result, Err(ProviderError::Uncertain { .. })),
+            "{status}: {result:?}"
+        );
+    }
+    let (result, _) = chat_once(Reply::json(500, json!({}))).await;
+    assert!(
+        matches!(result, Err(ProviderError::Uncertain { .. })),
+        "{result:?}"
+    );
+    let (result, _) = chat_once(Reply::json(503, json!({}))).await;
+    assert!(
+        matches!(result, Err(ProviderError::Transient { .. })),
+        "{result:?}"
+    );
+
     let (result, _) = chat_once(Reply::json(
         400,
         json!({"error": {"code": "invalid_value", "message": "Summarise this. is bad"}}),
@@ -256,11 +276,60 @@ async fn failed_and_cancelled_background_responses_are_definite_failures() {
             reason: "response incomplete: max_output_tokens".to_owned()
         })
     );
-    // The provider cannot be asked right now: nothing is known, so the poll goes on.
+    // The provider cannot be asked right now: nothing is known, and it is never read as
+    // running.
     assert_eq!(
         provider.retrieve("resp_x", 0, &req).await,
-        Retrieval::Running
+        Retrieval::Unreachable {
+            retry_after_ms: None
+        }
     );
+}
+
+#[tokio::test]
+async fn retrieval_errors_say_not_found_denied_or_ask_again() {
+    let stub = HttpStub::start(|req, _| match req.path.as_str() {
+        "/v1/responses/resp_400" => Reply::json(400, json!({"error": {"code": "invalid_id"}})),
+        "/v1/responses/resp_410" => Reply::json(410, json!({})),
+        "/v1/responses/resp_401" => Reply::json(401, json!({})),
+        "/v1/responses/resp_403" => Reply::json(403, json!({})),
+        "/v1/responses/resp_429" => Reply::json(429, json!({})).with_header("retry-after", "3"),
+        "/v1/responses/resp_502" => Reply::json(502, json!({})),
+        _ => Reply::json(500, json!({"error": {"type": "server_error"}})),
+    })
+    .await;
+    let provider = openai(&stub.url, OpenAiApi::Responses);
+    let inp = input(json!({"model": "m", "prompt": "p"}));
+    let req = request(&inp, "{}");
+    for id in ["resp_400", "resp_410"] {
+        assert_eq!(
+            provider.retrieve(id, 0, &req).await,
+            Retrieval::NotFound,
+            "{id}"
+        );
+    }
+    for id in ["resp_401", "resp_403"] {
+        assert_eq!(
+            provider.retrieve(id, 0, &req).await,
+            Retrieval::Denied,
+            "{id}"
+        );
+    }
+    assert_eq!(
+        provider.retrieve("resp_429", 0, &req).await,
+        Retrieval::Unreachable {
+            retry_after_ms: Some(3_000)
+        }
+    );
+    for id in ["resp_502", "resp_500"] {
+        assert_eq!(
+            provider.retrieve(id, 0, &req).await,
+            Retrieval::Unreachable {
+                retry_after_ms: None
+            },
+            "{id}"
+        );
+    }
 }
 
 #[tokio::test]
@@ -371,6 +440,17 @@ async fn bedrock_converse_answers_and_errors_are_classified() {
         Err(ProviderError::Permanent {
             reason: "ValidationException".to_owned()
         })
+    );
+    let (result, _) = converse_once(bedrock_error(400, "ServiceQuotaExceededException")).await;
+    assert!(
+        matches!(result, Err(ProviderError::Transient { .. })),
+        "{result:?}"
+    );
+    // A code this client does not know may have run the model: never permanent.
+    let (result, _) = converse_once(bedrock_error(424, "ModelStreamErrorException")).await;
+    assert!(
+        matches!(result, Err(ProviderError::Uncertain { .. })),
+        "{result:?}"
     );
     let (result, _) = converse_once(Reply::Drop).await;
     assert!(

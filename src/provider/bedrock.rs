@@ -193,27 +193,7 @@ fn inference(parameters: Option<&Value>) -> Option<InferenceConfiguration> {
 /// A failed `Converse`, classified by what it says about the work.
 fn classify<E: ProvideErrorMetadata, R>(e: &SdkError<E, R>) -> ProviderError {
     match e {
-        SdkError::ServiceError(service) => {
-            let code = service.err().code().unwrap_or("unknown").to_owned();
-            let transient = matches!(
-                code.as_str(),
-                "ThrottlingException"
-                    | "ServiceUnavailableException"
-                    | "InternalServerException"
-                    | "ModelNotReadyException"
-                    | "ModelTimeoutException"
-                    | "ModelErrorException"
-                    | "AccessDeniedException"
-            );
-            if transient {
-                ProviderError::Transient {
-                    retry_after_ms: None,
-                    reason: code,
-                }
-            } else {
-                ProviderError::Permanent { reason: code }
-            }
-        }
+        SdkError::ServiceError(service) => code_error(service.err().code().unwrap_or("unknown")),
         SdkError::ConstructionFailure(_) => ProviderError::Permanent {
             reason: "request could not be built".to_owned(),
         },
@@ -230,6 +210,46 @@ fn classify<E: ProvideErrorMetadata, R>(e: &SdkError<E, R>) -> ProviderError {
             evidence: "connection lost after the request was sent; it may have run".to_owned(),
         },
     }
+}
+
+/// A Bedrock error code, classified. Transient: refused before any work (throttling, quotas,
+/// capacity, access), or a definite failure the service reports (the model timed out or
+/// failed and will give no answer). Permanent: the request itself is wrong, so a retry gives
+/// the same. Any other code may have run the model: uncertain, never permanent, since a
+/// terminal state cannot be taken back.
+fn code_error(code: &str) -> ProviderError {
+    const TRANSIENT: [&str; 8] = [
+        "ThrottlingException",
+        "ServiceQuotaExceededException",
+        "ServiceUnavailableException",
+        "InternalServerException",
+        "ModelNotReadyException",
+        "ModelTimeoutException",
+        "ModelErrorException",
+        "AccessDeniedException",
+    ];
+    const PERMANENT: [&str; 2] = ["ValidationException", "ResourceNotFoundException"];
+    let reason = code_text(code);
+    if TRANSIENT.contains(&code) {
+        ProviderError::Transient {
+            retry_after_ms: None,
+            reason,
+        }
+    } else if PERMANENT.contains(&code) {
+        ProviderError::Permanent { reason }
+    } else {
+        ProviderError::Uncertain {
+            evidence: format!("{reason} after the request was sent; it may have run"),
+        }
+    }
+}
+
+/// A service's error code, made safe to record: short, identifier characters only.
+fn code_text(code: &str) -> String {
+    code.chars()
+        .filter(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))
+        .take(64)
+        .collect()
 }
 
 /// Whether the connection was refused, so that nothing was sent.
@@ -249,6 +269,36 @@ fn refused_connection(e: &aws_smithy_runtime_api::client::result::ConnectorError
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn error_codes_are_never_permanent_unless_the_request_is_wrong() {
+        for code in [
+            "ThrottlingException",
+            "ServiceQuotaExceededException",
+            "AccessDeniedException",
+        ] {
+            assert!(
+                matches!(code_error(code), ProviderError::Transient { .. }),
+                "{code}"
+            );
+        }
+        for code in ["ValidationException", "ResourceNotFoundException"] {
+            assert!(
+                matches!(code_error(code), ProviderError::Permanent { .. }),
+                "{code}"
+            );
+        }
+        for code in [
+            "ModelStreamErrorException",
+            "SomethingNewException",
+            "unknown",
+        ] {
+            assert!(
+                matches!(code_error(code), ProviderError::Uncertain { .. }),
+                "{code}"
+            );
+        }
+    }
 
     #[test]
     fn messages_map_to_system_blocks_and_turns() {

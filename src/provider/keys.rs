@@ -91,7 +91,7 @@ pub async fn resolve(
             let text = out
                 .secret_string()
                 .ok_or_else(|| SetupError(format!("secret {id} has no string value")))?;
-            Ok(Some(Secret::new(key_of(text))))
+            non_empty(key_of(text), || format!("secret {id} holds no API key"))
         }
         KeySource::Parameter(name) => {
             let out = aws_sdk_ssm::Client::new(aws)
@@ -110,9 +110,19 @@ pub async fn resolve(
                 .parameter()
                 .and_then(|p| p.value())
                 .ok_or_else(|| SetupError(format!("parameter {name} has no value")))?;
-            Ok(Some(Secret::new(value.trim())))
+            non_empty(value.trim().to_owned(), || {
+                format!("parameter {name} is empty")
+            })
         }
     }
+}
+
+/// A key that was read: an empty one is a start-up error, not a run of 401s.
+fn non_empty(key: String, why: impl FnOnce() -> String) -> Result<Option<Secret>, SetupError> {
+    if key.trim().is_empty() {
+        return Err(SetupError(why()));
+    }
+    Ok(Some(Secret::new(key)))
 }
 
 /// The key in a secret's text: the `api_key` (or `OPENAI_API_KEY`) field of a JSON object, or
@@ -137,5 +147,15 @@ mod tests {
         assert_eq!(key_of("sk-1\n"), "sk-1");
         assert_eq!(key_of(r#"{"api_key":"sk-2","other":1}"#), "sk-2");
         assert_eq!(key_of(r#"{"OPENAI_API_KEY":"sk-3"}"#), "sk-3");
+    }
+
+    #[test]
+    fn an_empty_key_is_a_start_up_error() {
+        assert!(non_empty(key_of(r#"{"other":"x"}"#), || "no key".to_owned()).is_err());
+        assert!(non_empty("  ".to_owned(), || "empty".to_owned()).is_err());
+        assert!(matches!(
+            non_empty("sk-1".to_owned(), || String::new()),
+            Ok(Some(_))
+        ));
     }
 }

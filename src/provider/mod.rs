@@ -129,7 +129,16 @@ pub enum Retrieval {
     Failed(ProviderError),
     /// It is still running.
     Running,
-    /// The provider does not know it (never received, or forgotten).
+    /// The provider could not be asked this time (rate limit, outage, network, timeout):
+    /// nothing is known about the call. Ask again while time allows; never read as running.
+    Unreachable {
+        /// Minimum wait the provider asked for.
+        retry_after_ms: Option<i64>,
+    },
+    /// The provider refused to say (401, 403): credentials, which an operator may fix. Asked
+    /// again a bounded number of times, then the attempt is uncertain.
+    Denied,
+    /// The provider does not know it (never received, forgotten, or a 400/410 for it).
     NotFound,
     /// This provider cannot be asked.
     Unsupported,

@@ -311,17 +311,14 @@ impl Provider for OpenAiProvider {
             .send()
             .await;
         match read(sent).await {
-            Ok((StatusCode::NOT_FOUND, _, _)) => Retrieval::NotFound,
             Ok((status, _, json)) if status.is_success() => self.response_status(req, &json),
-            // The provider could not be asked this time (rate limit, outage, network): the
-            // call's state is unchanged as far as anyone knows; ask again at the next poll.
-            Ok((status, _, _)) => {
-                tracing::warn!(%status, "retrieval refused; polling again");
-                Retrieval::Running
-            }
+            Ok((status, headers, _)) => retrieval_error(status, &headers),
             Err(e) => {
-                tracing::warn!(error = %e, "retrieval failed; polling again");
-                Retrieval::Running
+                // Nothing was learnt about the call: ask again at the next poll.
+                tracing::warn!(error = %e, "retrieval failed; asking again");
+                Retrieval::Unreachable {
+                    retry_after_ms: None,
+                }
             }
         }
     }
@@ -343,24 +340,36 @@ impl Provider for OpenAiProvider {
     }
 }
 
-/// Sends a request and reads its whole answer; a transport failure is classified.
+/// The most of a response body that is read. An answer beyond it could not be stored in the
+/// ledger item anyway.
+pub const MAX_RESPONSE_BYTES: usize = 1_048_576;
+
+/// Sends a request and reads its whole answer (at most [`MAX_RESPONSE_BYTES`]); a transport
+/// failure is classified.
 async fn read(
     sent: Result<reqwest::Response, reqwest::Error>,
 ) -> Result<(StatusCode, HeaderMap, Value), ProviderError> {
-    let response = sent.map_err(|e| transport_error(&e))?;
+    let mut response = sent.map_err(|e| transport_error(&e))?;
     let status = response.status();
     let headers = response.headers().clone();
-    let bytes = response.bytes().await.map_err(|e| {
-        if status.is_success() {
-            // The work was done and its answer lost on the way.
-            transport_error(&e)
-        } else {
-            ProviderError::Transient {
-                retry_after_ms: retry_after_ms(&headers),
-                reason: format!("HTTP {}", status.as_u16()),
+    let mut bytes = Vec::new();
+    loop {
+        match response.chunk().await {
+            Ok(Some(chunk)) if bytes.len() + chunk.len() > MAX_RESPONSE_BYTES => {
+                // An answer this large could never be stored: the same call would give it
+                // again, so it is a permanent failure, not a reason to pay for a retry.
+                return Err(ProviderError::Permanent {
+                    reason: format!("answer larger than {MAX_RESPONSE_BYTES} bytes"),
+                });
             }
+            Ok(Some(chunk)) => bytes.extend_from_slice(&chunk),
+            Ok(None) => break,
+            // The work was done and its answer lost on the way.
+            Err(e) if status.is_success() => return Err(transport_error(&e)),
+            // The status alone says what happened; the body that was cut off adds nothing.
+            Err(_) => return Err(classify(status, &headers, &Value::Null)),
         }
-    })?;
+    }
     let json = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
     if status.is_success() && json.is_null() {
         return Err(ProviderError::Uncertain {
@@ -404,9 +413,14 @@ fn transport_kind(e: &reqwest::Error) -> &'static str {
     }
 }
 
-/// An error status, classified: 408, 409, 425, 429 and 5xx did no work and may be retried; so
-/// may 401 and 403 (credentials are configuration, not the job's fault); any other 4xx rejects
-/// the request for good.
+/// An error status of a call, classified by what it proves about the work (the README's table):
+///
+/// - transient, refused before any work: 429, 503, 408, 425, 401 and 403 (credentials are
+///   configuration, not the job's fault), and a 500 that carries the provider's own error
+///   object (a proxy's 500 does not);
+/// - uncertain, the call may have run: 409 (a request with this idempotency key is in flight),
+///   502, 504, the 52x of proxies and load balancers, and any other 5xx;
+/// - permanent: any other 4xx.
 fn classify(status: StatusCode, headers: &HeaderMap, json: &Value) -> ProviderError {
     let code = json
         .pointer("/error/code")
@@ -416,15 +430,35 @@ fn classify(status: StatusCode, headers: &HeaderMap, json: &Value) -> ProviderEr
         Some(code) => format!("HTTP {} {}", status.as_u16(), code_text(code)),
         None => format!("HTTP {}", status.as_u16()),
     };
-    let transient =
-        status.is_server_error() || matches!(status.as_u16(), 401 | 403 | 408 | 409 | 425 | 429);
-    if transient {
-        ProviderError::Transient {
+    let providers_own_error = json.get("error").is_some_and(Value::is_object);
+    match status.as_u16() {
+        401 | 403 | 408 | 425 | 429 | 503 => ProviderError::Transient {
             retry_after_ms: retry_after_ms(headers),
             reason,
+        },
+        500 if providers_own_error => ProviderError::Transient {
+            retry_after_ms: retry_after_ms(headers),
+            reason,
+        },
+        409 | 500..=599 => ProviderError::Uncertain {
+            evidence: format!("{reason} after the request was sent; it may have run"),
+        },
+        _ => ProviderError::Permanent { reason },
+    }
+}
+
+/// An error status of a retrieval: 400, 404 and 410 say the provider does not know the call;
+/// 401 and 403 refuse to say; anything else (429, 5xx) says nothing about it, so ask again.
+fn retrieval_error(status: StatusCode, headers: &HeaderMap) -> Retrieval {
+    match status.as_u16() {
+        400 | 404 | 410 => Retrieval::NotFound,
+        401 | 403 => Retrieval::Denied,
+        _ => {
+            tracing::warn!(%status, "retrieval refused; asking again");
+            Retrieval::Unreachable {
+                retry_after_ms: retry_after_ms(headers),
+            }
         }
-    } else {
-        ProviderError::Permanent { reason }
     }
 }
 
@@ -548,10 +582,28 @@ mod tests {
                 reason: "HTTP 400".to_owned()
             }
         );
-        let e = classify(StatusCode::BAD_GATEWAY, &HeaderMap::new(), &Value::Null);
-        assert!(matches!(e, ProviderError::Transient { .. }));
-        let e = classify(StatusCode::UNAUTHORIZED, &HeaderMap::new(), &Value::Null);
-        assert!(matches!(e, ProviderError::Transient { .. }));
+        let own = json!({"error": {"type": "server_error"}});
+        let kind = |status: u16, body: &Value| {
+            let status = StatusCode::from_u16(status).expect("status");
+            match classify(status, &HeaderMap::new(), body) {
+                ProviderError::Transient { .. } => "transient",
+                ProviderError::Uncertain { .. } => "uncertain",
+                ProviderError::Permanent { .. } => "permanent",
+            }
+        };
+        // Refused before any work.
+        for status in [401, 403, 408, 425, 429, 503] {
+            assert_eq!(kind(status, &Value::Null), "transient", "{status}");
+        }
+        assert_eq!(kind(500, &own), "transient");
+        // A gateway or proxy failing while the model may still run, or a key in use.
+        for status in [409, 500, 501, 502, 504, 520, 522, 524, 599] {
+            assert_eq!(kind(status, &Value::Null), "uncertain", "{status}");
+        }
+        assert_eq!(kind(502, &own), "uncertain");
+        for status in [400, 404, 413, 422] {
+            assert_eq!(kind(status, &Value::Null), "permanent", "{status}");
+        }
     }
 
     #[test]

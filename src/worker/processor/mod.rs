@@ -33,6 +33,8 @@ use crate::provider::Provider;
 const MAX_ROUNDS: usize = 4;
 /// Tries at recording a background call's reference before it is cancelled.
 const RECORD_TRIES: usize = 3;
+/// Retrievals answered 401/403 before a background attempt is recorded uncertain.
+const MAX_DENIED_RETRIEVALS: u32 = 3;
 /// A call is not started with less time than this left before its bound.
 const MIN_CALL_BUDGET_MS: Millis = 100;
 

@@ -61,7 +61,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
                     .poll(&provider_ref, started_at, &request, &fenced, inv, &lost)
                     .await;
                 watch.call_ended();
-                self.conclude(polled, &provider_ref, &fenced, evidence)
+                self.conclude(polled, &provider_ref, &fenced, inv, evidence)
                     .await
             }
         };

@@ -7,8 +7,8 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use super::{
-    AttemptWatch, Invocation, MIN_CALL_BUDGET_MS, Processed, Processor, RECORD_TRIES, Waited,
-    backoff, failed,
+    AttemptWatch, Invocation, MAX_DENIED_RETRIEVALS, MIN_CALL_BUDGET_MS, Processed, Processor,
+    RECORD_TRIES, Waited, backoff, failed,
 };
 use crate::clock::Clock;
 use crate::job::{JobMessage, JobRecord, Millis};
@@ -129,7 +129,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
             }
         };
         if let Some(why) = failed_because {
-            self.provider.cancel(&provider_ref).await;
+            self.cancel(&provider_ref, inv).await;
             let evidence = format!("attempt {attempt} was submitted; {why}; cancel requested");
             let now = self.clock.now_ms();
             return Waited::Ended(self.uncertain(evidence, claimed, now), None);
@@ -145,7 +145,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
             )
             .await;
         let evidence = |why: &str| format!("attempt {attempt} ({provider_ref}): {why}");
-        self.conclude(polled, &provider_ref, claimed, evidence)
+        self.conclude(polled, &provider_ref, claimed, inv, evidence)
             .await
     }
 
@@ -168,27 +168,59 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
             // Nothing renews the lease: stop before it lapses and hand the job over.
             until = until.min(owner.owner_until.unwrap_or(Millis::MAX) - self.settings.skew_ms);
         }
+        let mut denied = 0;
         loop {
+            // A retrieval that stalls is bounded by the time left, like the wait between two.
+            let left = (until - self.clock.now_ms()).max(1);
             let retrieved = tokio::select! {
                 _ = lost.cancelled() => return Polled::Lost,
-                r = self.provider.retrieve(provider_ref, started_at, request) => r,
+                r = tokio::time::timeout(
+                    Duration::from_millis(left as u64),
+                    self.provider.retrieve(provider_ref, started_at, request),
+                ) => r.unwrap_or(Retrieval::Unreachable { retry_after_ms: None }),
             };
+            let mut wait = self.settings.poll_ms;
             match retrieved {
                 Retrieval::Completed(answer) => return Polled::Answer(Ok(answer)),
                 Retrieval::Failed(error) => return Polled::Answer(Err(error)),
                 Retrieval::NotFound => return Polled::NotFound,
                 Retrieval::Unsupported => return Polled::Unsupported,
                 Retrieval::Running => {}
+                Retrieval::Unreachable { retry_after_ms } => {
+                    wait = wait.max(retry_after_ms.unwrap_or(0));
+                }
+                Retrieval::Denied => {
+                    denied += 1;
+                    if denied >= MAX_DENIED_RETRIEVALS {
+                        return Polled::Denied;
+                    }
+                }
             }
             let now = self.clock.now_ms();
             if now >= until {
                 return Polled::TimeUp;
             }
-            let pause = self.settings.poll_ms.min(until - now).max(1);
+            let pause = wait.min(until - now).max(1);
             tokio::select! {
                 _ = lost.cancelled() => return Polled::Lost,
                 _ = tokio::time::sleep(Duration::from_millis(pause as u64)) => {}
             }
+        }
+    }
+
+    /// Asks the provider to cancel a background call, waiting at most until this invocation's
+    /// margin: a cancel that stalls must not delay the batch response. A cancel not sent is
+    /// harmless; the call's answer is never accepted.
+    pub(super) async fn cancel(&self, provider_ref: &str, inv: &Invocation) {
+        let left = inv.deadline.map_or(CANCEL_WAIT_MS, |d| {
+            d - self.settings.deadline_margin_ms - self.clock.now_ms()
+        });
+        let wait = Duration::from_millis(left.clamp(1, CANCEL_WAIT_MS) as u64);
+        if tokio::time::timeout(wait, self.provider.cancel(provider_ref))
+            .await
+            .is_err()
+        {
+            tracing::warn!("cancel request abandoned: no time left to wait for it");
         }
     }
 
@@ -198,6 +230,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         polled: Polled,
         provider_ref: &str,
         owner: &JobRecord,
+        inv: &Invocation,
         evidence: impl Fn(&str) -> String,
     ) -> Waited {
         let now = self.clock.now_ms();
@@ -211,12 +244,16 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
                 let why = "the call may have run and the provider cannot be asked";
                 Waited::Ended(self.uncertain(evidence(why), owner, now), None)
             }
+            Polled::Denied => {
+                let why = "the provider refused to say what became of the call (401/403)";
+                Waited::Ended(self.uncertain(evidence(why), owner, now), None)
+            }
             // The heartbeat could not keep the lease: whoever takes the job over finds the
             // reference and asks for the same call.
             Polled::Lost => Waited::Lost,
             Polled::TimeUp if now >= owner.deadline_at => {
                 tracing::info!(job_id = %owner.job_id, "deadline passed while the call ran; cancelling it");
-                self.provider.cancel(provider_ref).await;
+                self.cancel(provider_ref, inv).await;
                 Waited::Ended(AttemptEnd::Expired, None)
             }
             Polled::TimeUp => Waited::Handover,
@@ -267,6 +304,9 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
     }
 }
 
+/// The longest wait for a cancel request, however much time the invocation has.
+const CANCEL_WAIT_MS: Millis = 5_000;
+
 /// What polling a background call found.
 pub(super) enum Polled {
     /// The provider's answer or definite failure.
@@ -275,6 +315,8 @@ pub(super) enum Polled {
     NotFound,
     /// The provider cannot be asked.
     Unsupported,
+    /// The provider refused to answer, again and again.
+    Denied,
     /// Still running when time ran out.
     TimeUp,
     /// Ownership lost while polling.
