@@ -154,7 +154,7 @@ mod tests {
         assert!(non_empty(key_of(r#"{"other":"x"}"#), || "no key".to_owned()).is_err());
         assert!(non_empty("  ".to_owned(), || "empty".to_owned()).is_err());
         assert!(matches!(
-            non_empty("sk-1".to_owned(), || String::new()),
+            non_empty("sk-1".to_owned(), String::new),
             Ok(Some(_))
         ));
     }
