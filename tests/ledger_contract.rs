@@ -109,18 +109,33 @@ async fn scenario<L: JobLedger>(ledger: &L, prefix: &str) -> (Vec<String>, Vec<O
         lease_until: now + 60_000,
         reason: "lease lapsed".into(),
     };
-    let renew = |epoch: u64, now: i64| fenced_jobs::ledger::RenewRequest {
+    let renew = |epoch: u64, expected: i64, now: i64| fenced_jobs::ledger::RenewRequest {
         job_id: a.job_id.clone(),
         epoch,
+        expected_until: Some(expected),
         now,
         lease_until: now + 60_000,
     };
-    step!("renew stale epoch", ledger.renew(renew(0, T + 500)));
-    step!("renew", ledger.renew(renew(1, T + 500)));
-    step!("renew lapsed lease", ledger.renew(renew(1, T + 61_000)));
+    // The claim's lease ends at T + 60 s; each renewal extends the lease it names.
+    step!(
+        "renew stale epoch",
+        ledger.renew(renew(0, T + 60_000, T + 500))
+    );
+    step!("renew", ledger.renew(renew(1, T + 60_000, T + 500)));
+    step!(
+        "renew a lease that changed",
+        ledger.renew(renew(1, T + 60_000, T + 600))
+    );
+    step!(
+        "renew lapsed lease nobody took over",
+        ledger.renew(renew(1, T + 60_500, T + 61_000))
+    );
     step!("recover live lease", ledger.recover(recover(T + 1_000)));
-    step!("recover lapsed lease", ledger.recover(recover(T + 120_000)));
-    step!("fenced owner renews", ledger.renew(renew(1, T + 120_500)));
+    step!("recover lapsed lease", ledger.recover(recover(T + 124_000)));
+    step!(
+        "fenced owner renews",
+        ledger.renew(renew(1, T + 121_000, T + 124_500))
+    );
     step!(
         "fenced owner accepts",
         ledger.finish(finish(&a.job_id, 1, 1, T + 121_000, ok("old")))
@@ -442,7 +457,8 @@ async fn the_in_memory_ledger_and_dynamodb_agree_on_every_conditional_write() {
         "finish stale epoch: refused, saw running e1 a1",
         "renew stale epoch: refused, saw running e1 a1",
         "renew: applied running e1 a1",
-        "renew lapsed lease: refused, saw running e1 a1",
+        "renew a lease that changed: refused, saw running e1 a1",
+        "renew lapsed lease nobody took over: applied running e1 a1",
         "recover live lease: refused, saw running e1 a1",
         "recover lapsed lease: applied running e2 a1",
         "fenced owner renews: refused, saw running e2 a1",

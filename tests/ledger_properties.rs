@@ -26,7 +26,7 @@ enum Op {
     Finish(usize, u64, u32, i64, AttemptEnd),
     Settle(usize, SettleFrom, SettleReason, i64),
     Recover(usize, u64, i64),
-    Renew(usize, u64, i64),
+    Renew(usize, u64, Option<i64>, i64),
     Decide(usize, u64, OperatorAction, i64),
     Enqueued(usize, i64),
     RecordRef(usize, u64, u32, i64),
@@ -111,7 +111,16 @@ fn op(rng: &mut fastrand::Rng, now: i64, items: &[Option<JobRecord>]) -> Op {
             Op::Settle(j, from, reason, now)
         }
         6 => Op::Recover(j, pick_epoch(rng), now),
-        7 => Op::Renew(j, pick_epoch(rng), now),
+        7 => {
+            // The lease as it stands, a stale one, or none (a hand-over).
+            let until = item.and_then(|r| r.owner_until);
+            let expected = match rng.u8(0..4) {
+                0 => None,
+                1 => until.map(|u| u - 1),
+                _ => until,
+            };
+            Op::Renew(j, pick_epoch(rng), expected, now)
+        }
         8 => {
             let action = if rng.bool() {
                 OperatorAction::AuthorizeRetry
@@ -195,11 +204,12 @@ async fn apply<L: JobLedger>(ledger: &L, prefix: &str, op: &Op) -> Write {
                 })
                 .await
         }
-        Op::Renew(j, epoch, now) => {
+        Op::Renew(j, epoch, expected_until, now) => {
             ledger
                 .renew(RenewRequest {
                     job_id: id(j),
                     epoch: *epoch,
+                    expected_until: *expected_until,
                     now: *now,
                     lease_until: now + 30_000,
                 })

@@ -64,6 +64,46 @@ async fn a_record_outlasting_the_visibility_timeout_is_not_redelivered_while_it_
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_frozen_past_its_lease_that_nobody_took_over_goes_on_and_accepts() {
+    // GIVEN a job whose call runs 2 s after the worker's freeze, and no other consumer
+    let aws = emulator().await;
+    let table = aws.table().await;
+    let queue = aws.queue(2).await;
+    aws.send(
+        &queue,
+        &job(
+            "lapsed-1",
+            "a long report",
+            r#""simulate":{"latency_ms":2000}"#,
+        ),
+    )
+    .await;
+
+    // WHEN worker A claims it (lease 4 s), freezes for 7 s, then resumes
+    let worker_a = common::spawn_frozen_worker(&table, &queue.url, Duration::from_millis(7_000));
+    let (poll_a, report_a, a_calls) = worker_a.join().expect("worker A");
+
+    // THEN its first renewal after the lapse goes on under the unchanged epoch, and its answer
+    // is accepted: nobody took over, so nothing was lost
+    assert_eq!(a_calls, 1);
+    let report_a = report_a.expect("A's report");
+    assert_eq!(
+        report_a.records[0].outcome,
+        RecordOutcome::Done(JobState::Succeeded)
+    );
+    assert_eq!(report_a.stats.ownership_lost, 0, "{:?}", report_a.stats);
+    assert!(report_a.stats.lease_renewed >= 1, "{:?}", report_a.stats);
+    assert_eq!(poll_a.deleted, 1);
+    let item = aws
+        .ledger(&table)
+        .get("lapsed-1")
+        .await
+        .expect("get")
+        .expect("item");
+    assert_eq!((item.state, item.owner_epoch), (JobState::Succeeded, 1));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_paused_worker_is_deferred_to_then_fenced_and_cannot_accept_when_it_resumes() {
     let aws = emulator().await;
     let table = aws.table().await;

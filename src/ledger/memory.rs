@@ -226,7 +226,9 @@ pub fn apply_renew(current: Option<&JobRecord>, req: &RenewRequest) -> Option<Jo
     let r = current?;
     if r.state != JobState::Running
         || r.owner_epoch != req.epoch
-        || r.owner_until.unwrap_or(0) < req.now
+        || req
+            .expected_until
+            .is_some_and(|until| r.owner_until != Some(until))
     {
         return None;
     }

@@ -206,16 +206,24 @@ pub struct RecoverRequest {
     pub reason: String,
 }
 
-/// The owner at `epoch` extends its lease.
+/// The owner at `epoch` extends (or ends) its lease.
 ///
-/// Condition: `running` at exactly `epoch`, with the lease not yet lapsed by the writer's clock
-/// (`owner_until >= now`): a lapsed lease is never revived. Effect: `owner_until` set.
+/// Condition: `running` at exactly `epoch` and, when `expected_until` is given, with exactly the
+/// lease the owner last wrote. Effect: `owner_until` set.
+///
+/// A lapsed lease that nobody took over is renewed: a takeover raises the epoch first, so an
+/// unchanged epoch means the job is still the owner's, and renewing saves the call it runs. A
+/// lease that changed under the same epoch (the owner's own hand-over ended it) is not
+/// extended, so a renewal in flight cannot undo a hand-over.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RenewRequest {
     /// Job id.
     pub job_id: String,
     /// The owner's epoch.
     pub epoch: u64,
+    /// The lease the owner last wrote (the heartbeat's renewals); `None` for the owner's own
+    /// end of its lease (a hand-over), which needs no lease to be current.
+    pub expected_until: Option<Millis>,
     /// The owner's clock.
     pub now: Millis,
     /// The new end of the lease.

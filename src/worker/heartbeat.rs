@@ -12,8 +12,8 @@ use tokio_util::sync::CancellationToken;
 use super::processor::AttemptWatch;
 use super::settings::Settings;
 use crate::clock::Clock;
-use crate::job::Millis;
 use crate::job::outcome::{SQS_CAP_MARGIN_S, SQS_MAX_VISIBILITY_S, UNKNOWN_FIRST_RECEIVE_CAP_S};
+use crate::job::{JobState, Millis};
 use crate::ledger::{JobLedger, RenewRequest, Write};
 use crate::queue::{ChangeResult, VisibilityChange, VisibilityControl};
 pub use crate::report::{Renewals, StatsSnapshot};
@@ -469,9 +469,13 @@ impl<L: JobLedger, V: VisibilityControl, C: Clock> Heartbeat<'_, L, V, C> {
         let skew = self.settings.skew_ms;
         for attempt in 0..=RENEWAL_RETRIES {
             let now = self.clock.now_ms();
+            let Some(expected) = self.flights.lease_until(index) else {
+                return; // the call ended meanwhile
+            };
             let req = RenewRequest {
                 job_id: job_id.clone(),
                 epoch,
+                expected_until: Some(expected),
                 now,
                 lease_until: now + self.settings.lease_ms,
             };
@@ -491,6 +495,21 @@ impl<L: JobLedger, V: VisibilityControl, C: Clock> Heartbeat<'_, L, V, C> {
                 // The call ended while the renewal was on its way: the refusal is our own
                 // final write, not a lost lease.
                 Ok(Write::Refused(_)) if self.flights.lease_until(index).is_none() => return,
+                // Still ours, with a lease we did not expect: an earlier renewal of ours was
+                // applied and its answer lost. Renew from the lease as it stands.
+                Ok(Write::Refused(Some(seen)))
+                    if seen.state == JobState::Running
+                        && seen.owner_epoch == epoch
+                        && attempt < RENEWAL_RETRIES =>
+                {
+                    if let Some(Flight {
+                        stage: Stage::Running(lease),
+                        ..
+                    }) = self.flights.lock().get_mut(index)
+                    {
+                        lease.lease_until = seen.owner_until.unwrap_or(lease.lease_until);
+                    }
+                }
                 Ok(Write::Refused(seen)) => {
                     self.flights.count_renewal(index, |r| r.refused += 1);
                     tracing::warn!(

@@ -209,16 +209,21 @@ impl JobLedger for DynamoLedger {
     }
 
     async fn renew(&self, req: RenewRequest) -> Result<Write, LedgerError> {
-        // Invariant: only the current owner extends its lease, and only before it lapses.
+        // Invariant: only the current owner moves its lease, and a renewal only extends the
+        // lease it knows (never one its own hand-over ended).
         let update = "SET #until = :until, #updated = :now";
-        let condition = "#state = :running AND #epoch = :epoch AND #until >= :now";
-        let values = vec![
+        let mut condition = String::from("#state = :running AND #epoch = :epoch");
+        let mut values = vec![
             (":until", n(req.lease_until)),
             (":now", n(req.now)),
             (":running", s(JobState::Running.as_str())),
             (":epoch", n(req.epoch)),
         ];
-        self.update("renew", &req.job_id, update, condition, values, None)
+        if let Some(expected) = req.expected_until {
+            condition.push_str(" AND #until = :expected_until");
+            values.push((":expected_until", n(expected)));
+        }
+        self.update("renew", &req.job_id, update, &condition, values, None)
             .await
     }
 

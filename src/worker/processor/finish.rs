@@ -87,6 +87,8 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         let req = RenewRequest {
             job_id: job_id.to_owned(),
             epoch: owner.owner_epoch,
+            // Ending our own lease needs no particular lease to be current.
+            expected_until: None,
             now,
             lease_until: now,
         };
