@@ -1043,3 +1043,86 @@ async fn a_record_that_succeeded_early_stays_invisible_while_its_batch_runs_on()
         "the finished record was left to reappear: {fast_extensions} extensions"
     );
 }
+
+/// A provider that answers at once and cannot be asked about a call afterwards.
+struct Synchronous(SimulatedProvider);
+
+impl Provider for Synchronous {
+    async fn call(&self, req: &ProviderRequest<'_>) -> Result<Answer, ProviderError> {
+        self.0.call(req).await
+    }
+}
+
+#[tokio::test]
+async fn no_claim_is_made_without_time_for_the_call() {
+    // GIVEN an invocation with 7 s left before its margin, and a synchronous provider whose
+    // least useful call time is 20 s
+    let ledger = Arc::new(InMemoryLedger::new());
+    let h = handler(
+        ledger.clone(),
+        Synchronous(SimulatedProvider::new()),
+        Settings::default(),
+    );
+    let short = Invocation {
+        id: "inv".into(),
+        deadline: Some(SystemClock.now_ms() + 12_000),
+    };
+    // WHEN a fresh job arrives
+    let report = h
+        .handle_batch(&event(vec![record(Some("m1"), &job("late", ""))]), &short)
+        .await;
+    // THEN it backs off with the ledger untouched and no call made: no uncertainty is made
+    assert!(
+        matches!(
+            report.records[0].outcome,
+            RecordOutcome::Failed(Failure::Backoff { .. })
+        ),
+        "{:?}",
+        report.records[0].outcome
+    );
+    assert_eq!(ledger.writes(), 0);
+    assert_eq!(h.processor().provider().0.executions(), 0);
+
+    // AND with the same time left, a provider that can be asked later (and hand the job over)
+    // claims and runs it
+    let h = handler(
+        ledger.clone(),
+        SimulatedProvider::new(),
+        Settings::default(),
+    );
+    let report = h
+        .handle_batch(&event(vec![record(Some("m2"), &job("late", ""))]), &short)
+        .await;
+    assert_eq!(
+        report.records[0].outcome,
+        RecordOutcome::Done(JobState::Succeeded)
+    );
+}
+
+#[tokio::test]
+async fn a_call_cut_off_by_the_jobs_own_deadline_expires_the_job() {
+    // GIVEN a job whose deadline comes 1.5 s after it arrives and whose call takes 10 s
+    let ledger = Arc::new(InMemoryLedger::new());
+    let h = handler(
+        ledger.clone(),
+        SimulatedProvider::new(),
+        Settings::default(),
+    );
+    let deadline = fenced_jobs::job::message::format_rfc3339_ms(SystemClock.now_ms() + 1_500);
+    let body = format!(
+        r#"{{"job_id":"short-lived","contract":"c","deadline_at":"{deadline}","input":{{"model":"m","prompt":"p","simulate":{{"latency_ms":10000}}}}}}"#
+    );
+    // WHEN it is processed
+    let report = h
+        .handle_batch(&event(vec![record(Some("m1"), &body)]), &invocation())
+        .await;
+    // THEN the call is cut off at the deadline and the job expires: an answer could never have
+    // been accepted, so there is nothing uncertain to decide
+    assert_eq!(
+        report.records[0].outcome,
+        RecordOutcome::Done(JobState::Expired)
+    );
+    let item = ledger.get("short-lived").await.expect("get").expect("item");
+    assert_eq!(item.state, JobState::Expired);
+    assert_eq!(h.processor().provider().executions(), 1);
+}

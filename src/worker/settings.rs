@@ -38,6 +38,12 @@ pub struct Settings {
     /// `DEADLINE_MARGIN_MS`: time kept before the Lambda deadline for the final writes, the
     /// visibility changes and the response.
     pub deadline_margin_ms: Millis,
+    /// `MIN_CALL_SECONDS`: no claim for a provider that cannot be asked about a call afterwards
+    /// unless this much time is left before the margin (a call cut off would be uncertain).
+    pub min_call_ms: Millis,
+    /// `MIN_BACKGROUND_CALL_SECONDS`: the same for a provider that can be asked afterwards (the
+    /// call is submitted, its reference recorded, and the job handed over if it runs long).
+    pub min_background_call_ms: Millis,
     /// What a job gets when its message does not say (`DEFAULT_DEADLINE_SECONDS`,
     /// `DEFAULT_MAX_ATTEMPTS`, `RETENTION_DAYS`).
     pub job_defaults: JobDefaults,
@@ -59,6 +65,8 @@ impl Default for Settings {
             provider_timeout_ms: 240_000,
             poll_ms: 1_000,
             deadline_margin_ms: 5_000,
+            min_call_ms: 20_000,
+            min_background_call_ms: 1_000,
             job_defaults: JobDefaults::default(),
             replay: ReplayPolicy::Never,
             visibility: VisibilityPolicy::default(),
@@ -99,6 +107,13 @@ impl Settings {
             )?,
             poll_ms: number("POLL_INTERVAL_MS", d.poll_ms, 10, 600_000)?,
             deadline_margin_ms: number("DEADLINE_MARGIN_MS", d.deadline_margin_ms, 0, 600_000)?,
+            min_call_ms: number("MIN_CALL_SECONDS", d.min_call_ms / 1000, 0, 900)? * 1000,
+            min_background_call_ms: number(
+                "MIN_BACKGROUND_CALL_SECONDS",
+                d.min_background_call_ms / 1000,
+                0,
+                900,
+            )? * 1000,
             job_defaults: JobDefaults {
                 max_attempts: number("DEFAULT_MAX_ATTEMPTS", i64::from(j.max_attempts), 1, 100)?
                     as u32,

@@ -185,6 +185,12 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         let mut view = None;
         for _ in 0..MAX_ROUNDS {
             let now = self.clock.now_ms();
+            let calls = matches!(action, Action::Claim(_) | Action::Recover(..));
+            if calls && start.is_none() && !self.has_time_for_call(inv, now) {
+                // A claim now would send a call only to cut it off, making the job `unknown`:
+                // leave the ledger untouched and let a later delivery claim it.
+                return failed(backoff("too little time left for a call"), view);
+            }
             let seen = match start.take() {
                 // The caller already read the item: decide from it, no write yet.
                 Some(seen) => seen,
@@ -306,6 +312,22 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
             view = Some(seen);
         }
         failed(backoff("contention"), view)
+    }
+
+    /// Whether this invocation still has time for the call a claim would start: the least
+    /// useful call time for this provider (shorter when the call can be asked about later and
+    /// handed over), never more than the provider timeout, before the invocation's margin.
+    fn has_time_for_call(&self, inv: &Invocation, now: Millis) -> bool {
+        let Some(deadline) = inv.deadline else {
+            return true;
+        };
+        let s = &self.settings;
+        let least = if self.provider.can_retrieve() {
+            s.min_background_call_ms
+        } else {
+            s.min_call_ms
+        };
+        deadline - s.deadline_margin_ms - now >= least.min(s.provider_timeout_ms)
     }
 
     /// The outcome of a later record of the same job in the same batch, decided from what the

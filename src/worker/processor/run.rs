@@ -65,6 +65,8 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
                 self.follow_background(msg, &claimed, &request, provider_ref, inv, &lost)
                     .await
             }
+            // The job's own deadline cut the call off: an answer could not be accepted anyway.
+            Err(_) if bound == Bound::JobDeadline => Waited::Ended(AttemptEnd::Expired, None),
             Err(_) => {
                 if bound == Bound::Invocation {
                     watch.deadline_cutoff();
