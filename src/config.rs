@@ -3,7 +3,9 @@
 //! module only assembles them for each binary.
 
 use std::env;
+use std::time::Duration;
 
+use crate::job::Millis;
 use crate::ops::reconcile::ReconcileSettings;
 use crate::provider::ProviderConfig;
 pub use crate::vars::ConfigError;
@@ -19,6 +21,67 @@ pub struct Config {
     pub provider: ProviderConfig,
     /// Processing settings.
     pub settings: Settings,
+    /// Bounds on every DynamoDB and SQS call.
+    pub sdk: SdkTimeouts,
+}
+
+/// Bounds on each DynamoDB and SQS call, which the SDK leaves unbounded by default: a stalled
+/// call must never hold a batch past its deadline. Not applied to the model provider, whose
+/// calls are bounded by `PROVIDER_TIMEOUT_SECONDS` and the invocation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SdkTimeouts {
+    /// `AWS_CONNECT_TIMEOUT_MS`: establishing a connection.
+    pub connect_ms: Millis,
+    /// `AWS_ATTEMPT_TIMEOUT_MS`: one attempt of a request.
+    pub attempt_ms: Millis,
+    /// `AWS_OPERATION_TIMEOUT_MS`: a request with all its retries.
+    pub operation_ms: Millis,
+}
+
+impl Default for SdkTimeouts {
+    fn default() -> Self {
+        SdkTimeouts {
+            connect_ms: 1_000,
+            attempt_ms: 2_000,
+            operation_ms: 5_000,
+        }
+    }
+}
+
+impl SdkTimeouts {
+    /// Reads `AWS_CONNECT_TIMEOUT_MS`, `AWS_ATTEMPT_TIMEOUT_MS` and `AWS_OPERATION_TIMEOUT_MS`.
+    pub fn from_lookup(
+        lookup: impl Fn(&str) -> Option<String>,
+    ) -> Result<SdkTimeouts, ConfigError> {
+        let vars = Vars::new(&lookup);
+        let d = SdkTimeouts::default();
+        let t = SdkTimeouts {
+            connect_ms: vars.integer("AWS_CONNECT_TIMEOUT_MS", d.connect_ms, 10, 60_000)?,
+            attempt_ms: vars.integer("AWS_ATTEMPT_TIMEOUT_MS", d.attempt_ms, 10, 300_000)?,
+            operation_ms: vars.integer("AWS_OPERATION_TIMEOUT_MS", d.operation_ms, 10, 900_000)?,
+        };
+        if t.attempt_ms > t.operation_ms {
+            return Err(ConfigError::Invalid {
+                name: "AWS_ATTEMPT_TIMEOUT_MS",
+                reason: "must not be longer than AWS_OPERATION_TIMEOUT_MS".to_owned(),
+            });
+        }
+        Ok(t)
+    }
+
+    /// `aws` with these bounds, for the DynamoDB and SQS clients.
+    pub fn apply(&self, aws: &aws_config::SdkConfig) -> aws_config::SdkConfig {
+        let ms = |v: Millis| Duration::from_millis(u64::try_from(v).unwrap_or(0));
+        aws.to_builder()
+            .timeout_config(
+                aws_config::timeout::TimeoutConfig::builder()
+                    .connect_timeout(ms(self.connect_ms))
+                    .operation_attempt_timeout(ms(self.attempt_ms))
+                    .operation_timeout(ms(self.operation_ms))
+                    .build(),
+            )
+            .build()
+    }
 }
 
 impl Config {
@@ -33,10 +96,12 @@ impl Config {
         let jobs_table = vars.required("JOBS_TABLE")?;
         let settings = Settings::from_vars(&vars)?;
         let provider = ProviderConfig::from_vars(&vars)?;
+        let sdk = SdkTimeouts::from_lookup(&lookup)?;
         Ok(Config {
             jobs_table,
             provider,
             settings,
+            sdk,
         })
     }
 }

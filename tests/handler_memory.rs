@@ -1126,3 +1126,258 @@ async fn a_call_cut_off_by_the_jobs_own_deadline_expires_the_job() {
     assert_eq!(item.state, JobState::Expired);
     assert_eq!(h.processor().provider().executions(), 1);
 }
+
+#[tokio::test]
+async fn an_answer_too_large_for_the_item_fails_the_job_once_and_is_never_retried() {
+    // GIVEN a job whose answer is about 450 KB, more than a DynamoDB item holds
+    let ledger = Arc::new(InMemoryLedger::new());
+    let h = handler(
+        ledger.clone(),
+        SimulatedProvider::new(),
+        Settings::default(),
+    );
+    let body = job("huge", r#","simulate":{"answer_bytes":450000}"#);
+    // WHEN it is processed, and delivered again
+    let first = h
+        .handle_batch(&event(vec![record(Some("m1"), &body)]), &invocation())
+        .await;
+    let again = h
+        .handle_batch(&event(vec![record(Some("m2"), &body)]), &invocation())
+        .await;
+    // THEN the attempt ends failed_terminal with the reason, one call paid, nothing looping
+    for report in [&first, &again] {
+        assert_eq!(
+            report.records[0].outcome,
+            RecordOutcome::Done(JobState::FailedTerminal)
+        );
+    }
+    assert_eq!(h.processor().provider().executions(), 1);
+    let item = ledger.get("huge").await.expect("get").expect("item");
+    assert_eq!(item.result, None);
+    let error = item.last_error.expect("error");
+    assert_eq!(error.kind, "too_large");
+    assert!(error.message.contains("bytes"), "{}", error.message);
+}
+
+/// A ledger whose first end-of-attempt writes fail without an answer, or whose end-of-attempt
+/// writes never answer at all.
+struct FlakyFinish {
+    inner: InMemoryLedger,
+    failures: std::sync::atomic::AtomicU32,
+    stall: bool,
+}
+
+impl JobLedger for FlakyFinish {
+    async fn claim(
+        &self,
+        req: fenced_jobs::ledger::ClaimRequest,
+    ) -> Result<fenced_jobs::ledger::Write, fenced_jobs::ledger::LedgerError> {
+        self.inner.claim(req).await
+    }
+    async fn finish(
+        &self,
+        req: fenced_jobs::ledger::FinishRequest,
+    ) -> Result<fenced_jobs::ledger::Write, fenced_jobs::ledger::LedgerError> {
+        use std::sync::atomic::Ordering;
+        if self.stall {
+            std::future::pending::<()>().await;
+        }
+        if self
+            .failures
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok()
+        {
+            return Err(fenced_jobs::ledger::LedgerError::Unavailable {
+                operation: "finish",
+                code: "timeout".into(),
+            });
+        }
+        self.inner.finish(req).await
+    }
+    async fn settle(
+        &self,
+        req: fenced_jobs::ledger::SettleRequest,
+    ) -> Result<fenced_jobs::ledger::Write, fenced_jobs::ledger::LedgerError> {
+        self.inner.settle(req).await
+    }
+    async fn recover(
+        &self,
+        req: fenced_jobs::ledger::RecoverRequest,
+    ) -> Result<fenced_jobs::ledger::Write, fenced_jobs::ledger::LedgerError> {
+        self.inner.recover(req).await
+    }
+    async fn renew(
+        &self,
+        req: fenced_jobs::ledger::RenewRequest,
+    ) -> Result<fenced_jobs::ledger::Write, fenced_jobs::ledger::LedgerError> {
+        self.inner.renew(req).await
+    }
+    async fn create(
+        &self,
+        req: fenced_jobs::ledger::CreateRequest,
+    ) -> Result<fenced_jobs::ledger::Write, fenced_jobs::ledger::LedgerError> {
+        self.inner.create(req).await
+    }
+    async fn mark_enqueued(
+        &self,
+        req: fenced_jobs::ledger::EnqueuedRequest,
+    ) -> Result<fenced_jobs::ledger::Write, fenced_jobs::ledger::LedgerError> {
+        self.inner.mark_enqueued(req).await
+    }
+    async fn record_ref(
+        &self,
+        req: fenced_jobs::ledger::RecordRefRequest,
+    ) -> Result<fenced_jobs::ledger::Write, fenced_jobs::ledger::LedgerError> {
+        self.inner.record_ref(req).await
+    }
+    async fn decide(
+        &self,
+        req: fenced_jobs::ledger::DecideRequest,
+    ) -> Result<fenced_jobs::ledger::Write, fenced_jobs::ledger::LedgerError> {
+        self.inner.decide(req).await
+    }
+    async fn get(
+        &self,
+        job_id: &str,
+    ) -> Result<Option<fenced_jobs::job::JobRecord>, fenced_jobs::ledger::LedgerError> {
+        self.inner.get(job_id).await
+    }
+}
+
+#[tokio::test]
+async fn a_paid_answer_survives_failing_acceptance_writes() {
+    // GIVEN a ledger whose first two end-of-attempt writes fail
+    let ledger = FlakyFinish {
+        inner: InMemoryLedger::new(),
+        failures: std::sync::atomic::AtomicU32::new(2),
+        stall: false,
+    };
+    let h = BatchHandler::new(
+        Processor::new(
+            ledger,
+            SimulatedProvider::new(),
+            SystemClock,
+            Settings::default(),
+        ),
+        RecordingVisibility::new(),
+    );
+    // WHEN a job is processed
+    let report = h
+        .handle_batch(
+            &event(vec![record(Some("m1"), &job("paid", ""))]),
+            &invocation(),
+        )
+        .await;
+    // THEN the acceptance is tried again within the invocation and lands: one call, succeeded
+    assert_eq!(
+        report.records[0].outcome,
+        RecordOutcome::Done(JobState::Succeeded)
+    );
+    assert_eq!(h.processor().provider().executions(), 1);
+}
+
+fn tight_settings() -> Settings {
+    Settings {
+        deadline_margin_ms: 1_000,
+        min_background_call_ms: 100,
+        poll_ms: 100,
+        ..Settings::default()
+    }
+}
+
+#[tokio::test]
+async fn a_stalled_ledger_write_cannot_hold_the_response_past_the_deadline() {
+    // GIVEN a ledger whose acceptance write never answers, and 2 s left in the invocation
+    let ledger = Arc::new(FlakyFinish {
+        inner: InMemoryLedger::new(),
+        failures: std::sync::atomic::AtomicU32::new(0),
+        stall: true,
+    });
+    let h = BatchHandler::new(
+        Processor::new(
+            ledger.clone(),
+            SimulatedProvider::new(),
+            SystemClock,
+            tight_settings(),
+        ),
+        RecordingVisibility::new(),
+    );
+    let inv = Invocation {
+        id: "inv".into(),
+        deadline: Some(SystemClock.now_ms() + 2_000),
+    };
+    // WHEN a job is processed
+    let started = std::time::Instant::now();
+    let report = h
+        .handle_batch(&event(vec![record(Some("m1"), &job("stuck", ""))]), &inv)
+        .await;
+    // THEN the response comes before the deadline, the record backs off, and its job stays
+    // fenced under its claim
+    assert!(started.elapsed() < std::time::Duration::from_millis(2_000));
+    assert!(
+        matches!(
+            report.records[0].outcome,
+            RecordOutcome::Failed(Failure::Backoff { .. })
+        ),
+        "{:?}",
+        report.records[0].outcome
+    );
+    let item = ledger.inner.get("stuck").await.expect("get").expect("item");
+    assert_eq!((item.state, item.owner_epoch), (JobState::Running, 1));
+}
+
+/// A provider that starts background calls and whose retrievals never answer.
+struct HangingRetrieval;
+
+impl Provider for HangingRetrieval {
+    async fn call(&self, _: &ProviderRequest<'_>) -> Result<Answer, ProviderError> {
+        std::future::pending().await
+    }
+    async fn submit(
+        &self,
+        _: &ProviderRequest<'_>,
+    ) -> Result<fenced_jobs::provider::Submission, ProviderError> {
+        Ok(fenced_jobs::provider::Submission::Started("resp-1".into()))
+    }
+    fn can_retrieve(&self) -> bool {
+        true
+    }
+    async fn retrieve(
+        &self,
+        _: &str,
+        _: i64,
+        _: &ProviderRequest<'_>,
+    ) -> fenced_jobs::provider::Retrieval {
+        std::future::pending().await
+    }
+}
+
+#[tokio::test]
+async fn a_retrieval_that_hangs_is_bounded_and_the_job_handed_over_in_time() {
+    // GIVEN a background call whose retrievals never answer, and 3 s left in the invocation
+    let ledger = Arc::new(InMemoryLedger::new());
+    let h = handler(ledger.clone(), HangingRetrieval, tight_settings());
+    let inv = Invocation {
+        id: "inv".into(),
+        deadline: Some(SystemClock.now_ms() + 3_000),
+    };
+    // WHEN it is processed
+    let started = std::time::Instant::now();
+    let report = h
+        .handle_batch(&event(vec![record(Some("m1"), &job("polled", ""))]), &inv)
+        .await;
+    // THEN the retrieval is abandoned at the invocation's margin and the job handed over (its
+    // reference recorded, its lease ended) before the deadline
+    assert!(started.elapsed() < std::time::Duration::from_millis(3_000));
+    assert!(
+        matches!(
+            report.records[0].outcome,
+            RecordOutcome::Failed(Failure::Deferred { .. })
+        ),
+        "{:?}",
+        report.records[0].outcome
+    );
+    let item = ledger.get("polled").await.expect("get").expect("item");
+    assert_eq!(item.state, JobState::Running);
+    assert_eq!(item.attempt_log[0].provider_ref.as_deref(), Some("resp-1"));
+}

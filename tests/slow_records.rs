@@ -6,7 +6,9 @@ mod common;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use common::http::{HttpStub, Reply};
 use common::{deliver, emulator, job, slow_settings};
+use fenced_jobs::config::SdkTimeouts;
 use fenced_jobs::job::{AttemptOutcome, Failure, JobState, RecordOutcome};
 use fenced_jobs::ledger::JobLedger;
 use fenced_jobs::provider::{Answer, Provider, ProviderError, ProviderRequest, SimulatedProvider};
@@ -416,4 +418,135 @@ async fn fifo_groups_run_in_order_and_stop_at_their_first_failure() {
     let b1 = calls.iter().position(|c| c == "fifo-b1").expect("b1");
     let a2 = calls.iter().position(|c| c == "fifo-a2").expect("a2");
     assert!(b1 < a2, "{calls:?}");
+}
+
+/// A proxy in front of the emulator that answers every request whose `x-amz-target` or
+/// `Action` names one of `stalled` only after a minute, and passes the others on.
+async fn stalling_proxy(stalled: &'static [&'static str]) -> HttpStub {
+    let upstream = std::env::var("AWS_ENDPOINT_URL").expect("emulator");
+    HttpStub::start(move |req, _| {
+        let target = req.header("x-amz-target").unwrap_or_default();
+        let stall = stalled
+            .iter()
+            .any(|op| target.ends_with(op) || req.body.contains(&format!("Action={op}")));
+        let forward = Reply::Forward(upstream.clone());
+        if stall {
+            Reply::Slow(Duration::from_secs(60), Box::new(forward))
+        } else {
+            forward
+        }
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stalled_ledger_and_visibility_calls_never_hold_the_response_past_the_deadline() {
+    let aws = emulator().await;
+    let table = aws.table().await;
+    let timeouts = SdkTimeouts {
+        connect_ms: 500,
+        attempt_ms: 700,
+        operation_ms: 1_500,
+    };
+    for (stalled, job_id) in [
+        (&["UpdateItem"][..], "stall-ddb"),
+        (&["ChangeMessageVisibilityBatch"][..], "stall-sqs"),
+    ] {
+        // GIVEN a worker whose UpdateItem (or ChangeMessageVisibilityBatch) calls stall, with
+        // 4 s per invocation
+        let queue = aws.queue(2).await;
+        aws.send(
+            &queue,
+            &job(job_id, "a report", r#""simulate":{"latency_ms":1500}"#),
+        )
+        .await;
+        let proxy = stalling_proxy(stalled).await;
+        let via = common::through(&proxy.url, timeouts).await;
+        let mut settings = slow_settings(2, 600, 4_000);
+        settings.deadline_margin_ms = 1_000;
+        settings.min_background_call_ms = 100;
+        let handler = via.handler(&table, SimulatedProvider::new(), settings);
+        let mut source = aws.source(&queue).await;
+        source.function_timeout_ms = 4_000;
+
+        // WHEN it handles the job
+        let started = Instant::now();
+        let (poll, report) = deliver(&source, &handler).await;
+
+        // THEN it answers before its deadline, whatever stalled
+        assert_eq!(poll.received, 1, "{stalled:?}");
+        assert!(
+            started.elapsed() < Duration::from_millis(4_000),
+            "{stalled:?}: {:?}",
+            started.elapsed()
+        );
+        let report = report.expect("report");
+        assert_eq!(report.records.len(), 1);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_the_table_refuses_fails_the_job_once_and_no_answer_is_referenced() {
+    // GIVEN a proxy that refuses, as DynamoDB does, an UpdateItem that would make the item too
+    // large (here, over 100 KB; the emulator would half-apply it)
+    let aws = emulator().await;
+    let table = aws.table().await;
+    let queue = aws.queue(2).await;
+    let upstream = std::env::var("AWS_ENDPOINT_URL").expect("emulator");
+    let proxy = HttpStub::start(move |req, _| {
+        let update = req.header("x-amz-target") == Some("DynamoDB_20120810.UpdateItem");
+        if update && req.body.len() > 100_000 {
+            Reply::json(
+                400,
+                serde_json::json!({
+                    "__type": "com.amazonaws.dynamodb.v20120810#ValidationException",
+                    "message": "Item size has exceeded the maximum allowed size"
+                }),
+            )
+        } else {
+            Reply::Forward(upstream.clone())
+        }
+    })
+    .await;
+    let via = common::through(&proxy.url, SdkTimeouts::default()).await;
+    let handler = via.handler(&table, SimulatedProvider::new(), common::fast_settings());
+    let source = aws.source(&queue).await;
+    aws.send(
+        &queue,
+        &job(
+            "big-answer",
+            "a report",
+            r#""simulate":{"answer_bytes":150000}"#,
+        ),
+    )
+    .await;
+
+    // WHEN the job is processed
+    let (_, report) = deliver(&source, &handler).await;
+
+    // THEN the refusal is final: the attempt ends failed_terminal with its reason, one call was
+    // paid, and the item holds no answer
+    assert_eq!(
+        report.expect("report").records[0].outcome,
+        RecordOutcome::Done(JobState::FailedTerminal)
+    );
+    assert_eq!(handler.processor().provider().executions(), 1);
+    let item = aws
+        .ledger(&table)
+        .get("big-answer")
+        .await
+        .expect("get")
+        .expect("item");
+    assert_eq!(item.state, JobState::FailedTerminal);
+    assert_eq!(item.result, None);
+    assert_eq!(item.last_error.expect("error").kind, "too_large");
+    let refused = proxy
+        .requests()
+        .iter()
+        .filter(|r| r.body.len() > 100_000)
+        .count();
+    assert_eq!(
+        refused, 1,
+        "the oversized write was sent once, never retried"
+    );
 }

@@ -14,7 +14,8 @@ async fn main() -> Result<(), lambda_runtime::Error> {
 
     let (table, queue_url, settings) =
         fenced_jobs::config::reconciler_from_lookup(|name| std::env::var(name).ok())?;
-    let aws = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
+    let sdk = fenced_jobs::config::SdkTimeouts::from_lookup(|name| std::env::var(name).ok())?;
+    let aws = sdk.apply(&aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await);
     let ledger = DynamoLedger::new(aws_sdk_dynamodb::Client::new(&aws), table);
     let sender = SqsTriggers::new(aws_sdk_sqs::Client::new(&aws), queue_url);
     let target = MetricsTarget::from_env();

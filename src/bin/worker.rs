@@ -22,15 +22,17 @@ async fn main() -> Result<(), lambda_runtime::Error> {
     let config = Config::from_env()?;
     let aws = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
     let provider = AnyProvider::from_config(&config.provider, &aws).await?;
+    // DynamoDB and SQS calls are bounded; the provider keeps its own bounds.
+    let bounded = config.sdk.apply(&aws);
     let processor = Processor::new(
-        DynamoLedger::new(aws_sdk_dynamodb::Client::new(&aws), config.jobs_table),
+        DynamoLedger::new(aws_sdk_dynamodb::Client::new(&bounded), config.jobs_table),
         provider,
         SystemClock,
         config.settings,
     );
     let handler = Arc::new(BatchHandler::new(
         processor,
-        SqsVisibility::new(aws_sdk_sqs::Client::new(&aws)),
+        SqsVisibility::new(aws_sdk_sqs::Client::new(&bounded)),
     ));
 
     let target = Arc::new(metrics::MetricsTarget::from_env());

@@ -34,6 +34,13 @@ pub fn attention_shard(state: JobState, shard: u8) -> String {
     format!("{}#{shard:02}", state.as_str())
 }
 
+/// DynamoDB's limit on one item, attribute names and values together.
+pub const MAX_ITEM_BYTES: usize = 400 * 1024;
+
+/// Room kept under [`MAX_ITEM_BYTES`] for what the estimate of [`JobRecord::item_bytes`] leaves
+/// out and for the writes that follow an acceptance.
+pub const ITEM_HEADROOM_BYTES: usize = 8 * 1024;
+
 /// One job's ledger item, decoded.
 #[derive(Debug, Clone, PartialEq)]
 pub struct JobRecord {
@@ -79,6 +86,52 @@ pub struct JobRecord {
     pub expires_at: i64,
     /// When the producer or the reconciler last sent a trigger for the job.
     pub enqueued_at: Option<Millis>,
+}
+
+impl JobRecord {
+    /// An upper estimate of the item's size in DynamoDB: every string at its length, every
+    /// number and attribute name at a generous fixed size, and every attempt, recovery and
+    /// decision record in full.
+    pub fn item_bytes(&self) -> usize {
+        const FIELD: usize = 40; // an attribute name and a number, generously
+        let opt = |s: &Option<String>| s.as_ref().map_or(0, String::len);
+        let attempts: usize = self
+            .attempt_log
+            .iter()
+            .map(|a| 8 * FIELD + a.owner_id.len() + opt(&a.provider_ref))
+            .sum();
+        let recoveries: usize = self
+            .recoveries
+            .iter()
+            .map(|r| 5 * FIELD + r.owner_id.len() + r.reason.len())
+            .sum();
+        let decisions: usize = self
+            .decisions
+            .iter()
+            .map(|d| 6 * FIELD + d.action.len() + d.by.len() + d.reason.len())
+            .sum();
+        let error = self
+            .last_error
+            .as_ref()
+            .map_or(0, |e| 4 * FIELD + e.kind.len() + e.message.len());
+        24 * FIELD
+            + self.job_id.len()
+            + self.input_digest.len()
+            + self.contract.len()
+            + self.input.len()
+            + opt(&self.metadata)
+            + opt(&self.owner_id)
+            + opt(&self.result)
+            + attempts
+            + recoveries
+            + decisions
+            + error
+    }
+
+    /// Whether the item could also hold `result` as its accepted answer.
+    pub fn can_hold_result(&self, result: &str) -> bool {
+        self.item_bytes() + result.len() + ITEM_HEADROOM_BYTES <= MAX_ITEM_BYTES
+    }
 }
 
 /// The evidence kept for one attempt.

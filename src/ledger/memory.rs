@@ -9,7 +9,9 @@ use super::{
     LedgerError, LedgerIndex, RecordRefRequest, RecoverRequest, RenewRequest, SettleFrom,
     SettleRequest, Write,
 };
-use crate::job::{AttemptOutcome, AttemptRecord, JobRecord, JobState, Millis, RecoveryRecord};
+use crate::job::{
+    AttemptOutcome, AttemptRecord, JobRecord, JobState, MAX_ITEM_BYTES, Millis, RecoveryRecord,
+};
 
 /// The ledger in a map. Each operation checks its condition and applies its effect under one
 /// lock, which is what a single-item conditional write does in DynamoDB.
@@ -37,20 +39,28 @@ impl InMemoryLedger {
         self.items.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// One conditional write: `apply` gives the new item, or `None` when the condition fails.
+    /// An item that would pass DynamoDB's size limit is refused as DynamoDB refuses it
+    /// (`ValidationException`), with nothing applied.
     fn write(
         &self,
+        operation: &'static str,
         job_id: &str,
         apply: impl FnOnce(Option<&JobRecord>) -> Option<JobRecord>,
-    ) -> Write {
+    ) -> Result<Write, LedgerError> {
         self.writes.fetch_add(1, Ordering::Relaxed);
         let mut items = self.lock();
         let current = items.get(job_id);
         match apply(current) {
+            Some(next) if next.item_bytes() > MAX_ITEM_BYTES => Err(LedgerError::Rejected {
+                operation,
+                code: "ValidationException".to_owned(),
+            }),
             Some(next) => {
                 items.insert(job_id.to_owned(), next.clone());
-                Write::Applied(next)
+                Ok(Write::Applied(next))
             }
-            None => Write::Refused(current.cloned()),
+            None => Ok(Write::Refused(current.cloned())),
         }
     }
 }
@@ -292,39 +302,41 @@ pub fn apply_decide(current: Option<&JobRecord>, req: &DecideRequest) -> Option<
 
 impl JobLedger for InMemoryLedger {
     async fn claim(&self, req: ClaimRequest) -> Result<Write, LedgerError> {
-        Ok(self.write(&req.job.job_id, |c| apply_claim(c, &req)))
+        self.write("claim", &req.job.job_id, |c| apply_claim(c, &req))
     }
 
     async fn finish(&self, req: FinishRequest) -> Result<Write, LedgerError> {
-        Ok(self.write(&req.job_id, |c| apply_finish(c, &req)))
+        self.write("finish", &req.job_id, |c| apply_finish(c, &req))
     }
 
     async fn settle(&self, req: SettleRequest) -> Result<Write, LedgerError> {
-        Ok(self.write(&req.job_id, |c| apply_settle(c, &req)))
+        self.write("settle", &req.job_id, |c| apply_settle(c, &req))
     }
 
     async fn recover(&self, req: RecoverRequest) -> Result<Write, LedgerError> {
-        Ok(self.write(&req.job_id, |c| apply_recover(c, &req)))
+        self.write("recover", &req.job_id, |c| apply_recover(c, &req))
     }
 
     async fn renew(&self, req: RenewRequest) -> Result<Write, LedgerError> {
-        Ok(self.write(&req.job_id, |c| apply_renew(c, &req)))
+        self.write("renew", &req.job_id, |c| apply_renew(c, &req))
     }
 
     async fn create(&self, req: CreateRequest) -> Result<Write, LedgerError> {
-        Ok(self.write(&req.job.job_id, |c| apply_create(c, &req)))
+        self.write("create", &req.job.job_id, |c| apply_create(c, &req))
     }
 
     async fn mark_enqueued(&self, req: EnqueuedRequest) -> Result<Write, LedgerError> {
-        Ok(self.write(&req.job_id, |c| apply_mark_enqueued(c, &req)))
+        self.write("mark_enqueued", &req.job_id, |c| {
+            apply_mark_enqueued(c, &req)
+        })
     }
 
     async fn record_ref(&self, req: RecordRefRequest) -> Result<Write, LedgerError> {
-        Ok(self.write(&req.job_id, |c| apply_record_ref(c, &req)))
+        self.write("record_ref", &req.job_id, |c| apply_record_ref(c, &req))
     }
 
     async fn decide(&self, req: DecideRequest) -> Result<Write, LedgerError> {
-        Ok(self.write(&req.job_id, |c| apply_decide(c, &req)))
+        self.write("decide", &req.job_id, |c| apply_decide(c, &req))
     }
 
     async fn get(&self, job_id: &str) -> Result<Option<JobRecord>, LedgerError> {

@@ -351,6 +351,15 @@ pub enum LedgerError {
         /// The service's error code, or the kind of transport failure.
         code: String,
     },
+    /// The table refused the request itself (`ValidationException`, such as an item over
+    /// 400 KB): the same request will never succeed, so it is never retried.
+    #[error("ledger refused the request during {operation}: {code}")]
+    Rejected {
+        /// The operation.
+        operation: &'static str,
+        /// The service's error code.
+        code: String,
+    },
     /// The stored item cannot be decoded.
     #[error("ledger item {job_id} is malformed: {detail}")]
     Corrupt {

@@ -15,7 +15,15 @@ use crate::job::{InvalidMessage, Millis};
 
 /// The longest simulated latency (one hour).
 pub const MAX_SIMULATED_LATENCY_MS: u64 = 3_600_000;
-const SIMULATE_FIELDS: [&str; 4] = ["latency_ms", "outcome", "fail_times", "retrievable"];
+const SIMULATE_FIELDS: [&str; 5] = [
+    "latency_ms",
+    "outcome",
+    "fail_times",
+    "retrievable",
+    "answer_bytes",
+];
+/// The largest simulated answer padding.
+pub const MAX_SIMULATED_ANSWER_BYTES: u64 = 2_000_000;
 
 /// Simulated-provider controls read from `input.simulate`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -28,6 +36,8 @@ pub struct Simulation {
     pub fail_times: u32,
     /// Whether the provider can be asked about an attempt afterwards (default true).
     pub retrievable: bool,
+    /// Padding added to the answer's output, to make large answers (default 0).
+    pub answer_bytes: usize,
 }
 
 impl Default for Simulation {
@@ -37,6 +47,7 @@ impl Default for Simulation {
             outcome: SimulatedOutcome::Ok,
             fail_times: 0,
             retrievable: true,
+            answer_bytes: 0,
         }
     }
 }
@@ -83,7 +94,7 @@ fn parse_simulation(value: Option<&Value>) -> Result<Simulation, InvalidMessage>
     {
         return Err(InvalidMessage::Invalid {
             field: "input.simulate",
-            rule: "only latency_ms, outcome, fail_times and retrievable are allowed",
+            rule: "only latency_ms, outcome, fail_times, retrievable and answer_bytes are allowed",
         });
     }
     let latency_ms = match fields.get("latency_ms") {
@@ -127,6 +138,16 @@ fn parse_simulation(value: Option<&Value>) -> Result<Simulation, InvalidMessage>
                 rule: "must be an integer from 0 to 100",
             })? as u32,
     };
+    let answer_bytes = match fields.get("answer_bytes") {
+        None => 0,
+        Some(v) => v
+            .as_u64()
+            .filter(|n| *n <= MAX_SIMULATED_ANSWER_BYTES)
+            .ok_or(InvalidMessage::Invalid {
+                field: "input.simulate.answer_bytes",
+                rule: "must be an integer from 0 to 2000000",
+            })? as usize,
+    };
     let retrievable = match fields.get("retrievable") {
         None => true,
         Some(Value::Bool(b)) => *b,
@@ -142,6 +163,7 @@ fn parse_simulation(value: Option<&Value>) -> Result<Simulation, InvalidMessage>
         outcome,
         fail_times,
         retrievable,
+        answer_bytes,
     })
 }
 
@@ -275,7 +297,10 @@ fn answer(req: &ProviderRequest<'_>) -> Answer {
     let body = serde_json::json!({
         "contract": req.contract,
         "model": model,
-        "output": format!("simulated answer {tag}"),
+        "output": format!(
+            "simulated answer {tag}{}",
+            ".".repeat(simulation_of(req.input).answer_bytes)
+        ),
         "usage": {"input_chars": req.input_json.len(), "output_tokens": 3},
     });
     Answer {
@@ -301,6 +326,7 @@ mod tests {
                 outcome: SimulatedOutcome::Permanent,
                 fail_times: 2,
                 retrievable: true,
+                answer_bytes: 0,
             }
         );
     }

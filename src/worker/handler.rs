@@ -8,6 +8,8 @@
 
 use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;
+use std::sync::Mutex;
+use std::time::Duration;
 
 use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent, SqsMessage};
 use futures::{FutureExt, StreamExt, stream};
@@ -107,15 +109,22 @@ impl<L: JobLedger, P: Provider, C: Clock, V: VisibilityControl> BatchHandler<L, 
             clock.now_ms(),
             settings.queue_visibility_s,
         );
+        // Each record's outcome as its lane decides it, so that whatever was decided before the
+        // backstop is reported even if the rest of the batch is abandoned.
+        let decided: Mutex<Vec<Option<Decided>>> = Mutex::new(vec![None; entries.len()]);
+        // The backstop: whatever stalls (a ledger call, a retrieval, a heartbeat tick), the
+        // batch stops here, half the margin before the deadline, and the response still fits.
+        let backstop = inv.deadline.map(|d| d - settings.deadline_margin_ms / 2);
         let stop = CancellationToken::new();
         let work = async {
-            let finished: Vec<Vec<Finished>> = stream::iter(lanes)
-                .map(|lane| self.run_lane(lane, &entries, inv, &flights, fifo))
+            let lanes = stream::iter(lanes)
+                .map(|lane| self.run_lane(lane, &entries, inv, &flights, fifo, &decided))
                 .buffer_unordered(settings.max_concurrency)
-                .collect()
-                .await;
+                .for_each(|()| async {});
+            if within(clock, backstop, lanes).await.is_none() {
+                tracing::warn!(invocation = %inv.id, "batch stopped at the backstop; undecided records back off");
+            }
             stop.cancel();
-            finished
         };
         let heartbeat = Heartbeat {
             flights: &flights,
@@ -124,14 +133,10 @@ impl<L: JobLedger, P: Provider, C: Clock, V: VisibilityControl> BatchHandler<L, 
             clock,
             settings,
         };
-        // The heartbeat finishes its tick in progress before the final visibilities are set.
-        let (finished, ()) = tokio::join!(work, heartbeat.run(stop.clone()));
-
-        let mut outcomes: Vec<Option<(RecordOutcome, Option<JobSummary>)>> =
-            vec![None; entries.len()];
-        for (index, outcome, job) in finished.into_iter().flatten() {
-            outcomes[index] = Some((outcome, job));
-        }
+        // The heartbeat finishes its tick in progress before the final visibilities are set,
+        // unless that tick stalls past the backstop.
+        tokio::join!(work, within(clock, backstop, heartbeat.run(stop.clone())));
+        let outcomes = decided.into_inner().unwrap_or_else(|p| p.into_inner());
 
         let mut rng = self
             .seed
@@ -140,6 +145,7 @@ impl<L: JobLedger, P: Provider, C: Clock, V: VisibilityControl> BatchHandler<L, 
         let mut records = Vec::with_capacity(entries.len());
         let mut changes: HashMap<&str, Vec<VisibilityChange>> = HashMap::new();
         for (index, (entry, outcome)) in entries.iter().zip(outcomes).enumerate() {
+            // Undecided at the backstop: its job, if claimed, stays fenced under its lease.
             let (outcome, job) = outcome.unwrap_or((
                 RecordOutcome::Failed(Failure::Backoff {
                     retry_after_ms: None,
@@ -177,9 +183,18 @@ impl<L: JobLedger, P: Provider, C: Clock, V: VisibilityControl> BatchHandler<L, 
             records.push(report);
         }
 
+        // The final visibilities, bounded too: a record whose change does not land in time
+        // comes back when its current timeout ends.
         let mut visibility = VisibilityReport::default();
-        for (arn, changes) in changes {
-            visibility.add(&self.visibility.change(arn, changes).await);
+        let last_call = inv.deadline.map(|d| d - settings.deadline_margin_ms / 5);
+        let changed = within(clock, last_call, async {
+            for (arn, changes) in changes {
+                visibility.add(&self.visibility.change(arn, changes).await);
+            }
+        })
+        .await;
+        if changed.is_none() {
+            tracing::warn!(invocation = %inv.id, "final visibility changes cut short by the deadline");
         }
 
         let response = batch::failures(
@@ -234,10 +249,10 @@ impl<L: JobLedger, P: Provider, C: Clock, V: VisibilityControl> BatchHandler<L, 
         inv: &Invocation,
         flights: &Flights,
         fifo: bool,
-    ) -> Vec<Finished> {
+        decided: &Mutex<Vec<Option<Decided>>>,
+    ) {
         let mut views: Vec<JobRecord> = Vec::new();
         let mut blocked = false;
-        let mut out = Vec::with_capacity(lane.len());
         for index in lane {
             let entry = &entries[index];
             let outcome = match &entry.parsed {
@@ -266,9 +281,8 @@ impl<L: JobLedger, P: Provider, C: Clock, V: VisibilityControl> BatchHandler<L, 
                 .ok()
                 .and_then(|t| views.iter().find(|v| v.job_id == t.job_id()))
                 .map(JobSummary::of);
-            out.push((index, outcome, job));
+            decided.lock().unwrap_or_else(|p| p.into_inner())[index] = Some((outcome, job));
         }
-        out
     }
 
     /// One record through the ledger, with a panic caught and turned into a failure of that
@@ -346,8 +360,25 @@ fn salvage(record: &serde_json::Value) -> SqsMessage {
     m
 }
 
-/// A record's index, outcome and job summary, as its lane finished it.
-type Finished = (usize, RecordOutcome, Option<JobSummary>);
+/// A record's outcome and job summary, as its lane decided it.
+type Decided = (RecordOutcome, Option<JobSummary>);
+
+/// Runs `fut` until the instant `until` (by `clock`), if there is one; `None` when cut off.
+async fn within<T>(
+    clock: &impl Clock,
+    until: Option<crate::job::Millis>,
+    fut: impl std::future::Future<Output = T>,
+) -> Option<T> {
+    match until {
+        None => Some(fut.await),
+        Some(at) => {
+            let left = u64::try_from(at - clock.now_ms()).unwrap_or(0);
+            tokio::time::timeout(Duration::from_millis(left), fut)
+                .await
+                .ok()
+        }
+    }
+}
 
 /// Splits a batch into lanes that run concurrently, each in batch order. Standard queue: one
 /// lane per job (poison records alone). FIFO: one lane per message group, poison included, since

@@ -1,5 +1,7 @@
 //! A scripted HTTP/1.1 server on 127.0.0.1 for the provider tests: each request is recorded
 //! and answered by a route function (a JSON reply, a slow reply, or a dropped connection).
+//! With [`Reply::Forward`] it is a loopback proxy in front of the emulator that stalls or
+//! refuses chosen requests and passes the others on.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -42,6 +44,9 @@ pub enum Reply {
     Slow(Duration, Box<Reply>),
     /// Read the request, then close the connection without answering.
     Drop,
+    /// Pass the request to the server at this base URL (`http://127.0.0.1:PORT`) and relay its
+    /// answer.
+    Forward(String),
 }
 
 impl Reply {
@@ -129,12 +134,12 @@ async fn serve(mut stream: TcpStream, route: Arc<Route>, seen: Arc<Mutex<Vec<Req
             return;
         };
         let reply = {
-            let mut all = seen.lock().expect("requests");
-            let reply = route(&request, &all);
-            all.push(request);
-            reply
+            let all = seen.lock().expect("requests");
+            route(&request, &all)
         };
-        if !write_reply(&mut stream, reply).await {
+        let keep = write_reply(&mut stream, reply, &request).await;
+        seen.lock().expect("requests").push(request);
+        if !keep {
             return;
         }
     }
@@ -183,12 +188,53 @@ async fn read_request(stream: &mut TcpStream) -> Option<Request> {
 }
 
 /// Writes the reply; false when the connection is to be closed.
-async fn write_reply(stream: &mut TcpStream, reply: Reply) -> bool {
+async fn write_reply(stream: &mut TcpStream, reply: Reply, request: &Request) -> bool {
     match reply {
         Reply::Drop => false,
         Reply::Slow(pause, reply) => {
             tokio::time::sleep(pause).await;
-            Box::pin(write_reply(stream, *reply)).await
+            Box::pin(write_reply(stream, *reply, request)).await
+        }
+        Reply::Forward(base) => {
+            // One upstream connection per request, closed by the upstream after its answer:
+            // the bytes are relayed as they are, whatever their framing, and the client's
+            // connection is closed after them.
+            let Some(authority) = base.strip_prefix("http://") else {
+                return false;
+            };
+            let Ok(mut upstream) = TcpStream::connect(authority).await else {
+                return false;
+            };
+            let mut out = format!("{} {} HTTP/1.1\r\n", request.method, request.path);
+            for (k, v) in &request.headers {
+                if !k.eq_ignore_ascii_case("connection") {
+                    out.push_str(&format!("{k}: {v}\r\n"));
+                }
+            }
+            out.push_str("connection: close\r\n\r\n");
+            out.push_str(&request.body);
+            if upstream.write_all(out.as_bytes()).await.is_err() {
+                return false;
+            }
+            let mut answer = Vec::new();
+            if upstream.read_to_end(&mut answer).await.is_err() {
+                return false;
+            }
+            // Tell the client this connection ends here, so it never reuses it.
+            let Some(end) = answer.windows(4).position(|w| w == b"\r\n\r\n") else {
+                return false;
+            };
+            let head = String::from_utf8_lossy(&answer[..end]);
+            let mut relayed: String = head
+                .split("\r\n")
+                .filter(|line| !line.to_ascii_lowercase().starts_with("connection:"))
+                .map(|line| format!("{line}\r\n"))
+                .collect();
+            relayed.push_str("connection: close\r\n\r\n");
+            let mut bytes = relayed.into_bytes();
+            bytes.extend_from_slice(&answer[end + 4..]);
+            let _ = stream.write_all(&bytes).await;
+            false
         }
         Reply::Json {
             status,

@@ -48,6 +48,18 @@ pub async fn emulator() -> Emulator {
     Emulator { ddb, sqs, calls }
 }
 
+/// The same emulator, reached through `proxy_url` (a loopback proxy that may stall or refuse
+/// chosen requests), with the worker's bounds on every call.
+pub async fn through(proxy_url: &str, timeouts: fenced_jobs::config::SdkTimeouts) -> Emulator {
+    let config = aws_config::defaults(aws_config::BehaviorVersion::latest())
+        .region(aws_config::Region::new("us-east-1"))
+        .endpoint_url(proxy_url)
+        .load()
+        .await;
+    let (ddb, sqs, calls) = counted_clients(&timeouts.apply(&config));
+    Emulator { ddb, sqs, calls }
+}
+
 pub fn unique(prefix: &str) -> String {
     static NEXT: AtomicU32 = AtomicU32::new(0);
     let nanos = SystemTime::now()

@@ -160,6 +160,10 @@ fn classify(operation: &'static str, code: Option<&str>) -> LedgerError {
             | "ThrottlingException"
             | "RequestLimitExceeded",
         ) => LedgerError::Throttled { operation },
+        Some("ValidationException") => LedgerError::Rejected {
+            operation,
+            code: "ValidationException".to_owned(),
+        },
         Some(code) => LedgerError::Unavailable {
             operation,
             code: code.to_owned(),

@@ -1,11 +1,15 @@
 //! Ending an attempt: what the provider's word makes of it (`end_of`, `uncertain`), the one
 //! conditional write that records it, and the hand-over of a call still running upstream.
 
-use super::{Processed, Processor, backoff, failed, ledger_failure, outcome_of, settled};
+use std::time::Duration;
+
+use super::{
+    Invocation, Processed, Processor, backoff, failed, ledger_failure, outcome_of, settled,
+};
 use crate::clock::Clock;
 use crate::job::decision::{Next, next_step};
 use crate::job::{Failure, JobMessage, JobRecord, JobState, Millis, RecordOutcome};
-use crate::ledger::{AttemptEnd, FinishRequest, JobLedger, RenewRequest, Write};
+use crate::ledger::{AttemptEnd, FinishRequest, JobLedger, LedgerError, RenewRequest, Write};
 use crate::provider::{Answer, Provider, ProviderError};
 use crate::worker::settings::ReplayPolicy;
 
@@ -14,33 +18,60 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
     /// our own write (applied on a try whose response was lost) counts as applied; an accepted
     /// answer refused only by the deadline expires the job; any other refusal drops the answer
     /// unpublished and re-decides from the item the refusal returned.
+    ///
+    /// A write that fails is tried again while this invocation and the job's deadline allow,
+    /// the lease renewed before each try: a paid answer is not dropped for one ledger hiccup.
+    /// An answer the item cannot hold ends the attempt `failed_terminal` instead.
     pub(super) async fn finish_attempt(
         &self,
         msg: &JobMessage,
         claimed: JobRecord,
-        end: AttemptEnd,
+        mut end: AttemptEnd,
         retry_after_ms: Option<Millis>,
+        inv: &Invocation,
     ) -> Processed {
         let epoch = claimed.owner_epoch;
         let attempt = claimed.attempts;
-        let now = self.clock.now_ms();
-        let accepting = matches!(end, AttemptEnd::Succeeded { .. });
-        let target = end.target();
-        let req = FinishRequest {
-            job_id: msg.job_id.clone(),
-            epoch,
-            attempt,
-            now,
-            end,
-        };
-        let seen = match self.ledger.finish(req).await {
-            Ok(Write::Applied(record)) => return settled(record, retry_after_ms),
-            // Our own write, applied on a first try whose response was lost.
-            Ok(Write::Refused(Some(seen))) if seen.owner_epoch == epoch && seen.state == target => {
-                return settled(seen, retry_after_ms);
+        let mut tries = 0;
+        let (seen, accepting, now) = loop {
+            tries += 1;
+            let now = self.clock.now_ms();
+            let accepting = matches!(end, AttemptEnd::Succeeded { .. });
+            let target = end.target();
+            let req = FinishRequest {
+                job_id: msg.job_id.clone(),
+                epoch,
+                attempt,
+                now,
+                end: end.clone(),
+            };
+            match self.ledger.finish(req).await {
+                Ok(Write::Applied(record)) => return settled(record, retry_after_ms),
+                // Our own write, applied on a first try whose response was lost.
+                Ok(Write::Refused(Some(seen)))
+                    if seen.owner_epoch == epoch && seen.state == target =>
+                {
+                    return settled(seen, retry_after_ms);
+                }
+                Ok(Write::Refused(seen)) => break (seen, accepting, now),
+                // The table refused the answer itself (too large after all): record the
+                // attempt's end without it.
+                Err(LedgerError::Rejected { code, .. }) if accepting => {
+                    tracing::warn!(job_id = %msg.job_id, code, "the answer could not be stored");
+                    end = too_large("the ledger refused the item with the answer");
+                }
+                Err(e) => {
+                    let pause = FINISH_RETRY_PAUSE_MS << tries.min(6);
+                    if !self.may_retry_finish(&claimed, inv, tries, pause) {
+                        return ledger_failure(&msg.job_id, &e, Some(claimed));
+                    }
+                    tracing::warn!(job_id = %msg.job_id, error = %e, tries, "ending the attempt failed; trying again");
+                    tokio::time::sleep(Duration::from_millis(pause as u64)).await;
+                    if let Some(seen) = self.keep_lease(&msg.job_id, epoch).await {
+                        break (Some(seen), accepting, self.clock.now_ms());
+                    }
+                }
             }
-            Ok(Write::Refused(seen)) => seen,
-            Err(e) => return ledger_failure(&msg.job_id, &e, Some(claimed)),
         };
         // Refused: another owner took over, or the deadline passed. The answer is dropped here
         // and never published.
@@ -80,6 +111,44 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         }
     }
 
+    /// Whether a failed end-of-attempt write may be tried again after `pause`: a few times, and
+    /// only while the job's deadline and this invocation (less its margin) leave room.
+    fn may_retry_finish(
+        &self,
+        owner: &JobRecord,
+        inv: &Invocation,
+        tries: u32,
+        pause: Millis,
+    ) -> bool {
+        let now = self.clock.now_ms();
+        let invocation_end = inv
+            .deadline
+            .map_or(Millis::MAX, |d| d - self.settings.deadline_margin_ms);
+        tries < FINISH_TRIES && now + pause < owner.deadline_at.min(invocation_end)
+    }
+
+    /// Renews our lease under our epoch before another try at ending the attempt (the heartbeat
+    /// no longer renews it once the call ended). Returns the item when the job is no longer
+    /// ours; a renewal that fails is no reason to stop trying.
+    async fn keep_lease(&self, job_id: &str, epoch: u64) -> Option<JobRecord> {
+        let now = self.clock.now_ms();
+        let req = RenewRequest {
+            job_id: job_id.to_owned(),
+            epoch,
+            expected_until: None,
+            now,
+            lease_until: now + self.settings.lease_ms,
+        };
+        match self.ledger.renew(req).await {
+            Ok(Write::Refused(Some(seen)))
+                if seen.owner_epoch != epoch || seen.state != JobState::Running =>
+            {
+                Some(seen)
+            }
+            _ => None,
+        }
+    }
+
     /// Ends our lease now (the call still runs upstream under its recorded reference), so the
     /// next delivery takes the job over and resumes polling without waiting for a lapse.
     pub(super) async fn hand_over(&self, job_id: &str, owner: JobRecord) -> Processed {
@@ -115,6 +184,13 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         now: Millis,
     ) -> (AttemptEnd, Option<Millis>) {
         match result {
+            Ok(answer) if !job.can_hold_result(&answer.body) => (
+                too_large(&format!(
+                    "the answer has {} bytes, more than the ledger item can hold",
+                    answer.body.len()
+                )),
+                None,
+            ),
             Ok(answer) => (
                 AttemptEnd::Succeeded {
                     result: answer.body,
@@ -165,5 +241,19 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         } else {
             AttemptEnd::Unknown { evidence }
         }
+    }
+}
+
+/// Tries at ending an attempt whose write fails, within the invocation and the job's deadline.
+const FINISH_TRIES: u32 = 5;
+/// Pause before the second try; doubled for each one after.
+const FINISH_RETRY_PAUSE_MS: Millis = 100;
+
+/// An attempt whose answer cannot be stored: the same call would give it again, so it is
+/// terminal, with the reason recorded.
+fn too_large(why: &str) -> AttemptEnd {
+    AttemptEnd::FailedTerminal {
+        kind: "too_large",
+        error: why.to_owned(),
     }
 }

@@ -1,12 +1,9 @@
 //! After a recovery claim: the evidence the lapsed owner left decides, never a new call.
 
-use super::{
-    AttemptWatch, Invocation, Processed, Processor, Waited, backoff, failed, ledger_failure,
-    settled,
-};
+use super::{AttemptWatch, Invocation, Processed, Processor, Waited, backoff, failed};
 use crate::clock::Clock;
 use crate::job::{JobMessage, JobRecord};
-use crate::ledger::{FinishRequest, JobLedger, Write};
+use crate::ledger::JobLedger;
 use crate::provider::Provider;
 
 impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
@@ -70,18 +67,8 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
             Waited::Handover => return self.hand_over(&msg.job_id, fenced).await,
             Waited::Lost => return failed(backoff("ownership lost"), Some(fenced)),
         };
-        let req = FinishRequest {
-            job_id: msg.job_id.clone(),
-            epoch: fenced.owner_epoch,
-            attempt,
-            now: self.clock.now_ms(),
-            end,
-        };
-        match self.ledger.finish(req).await {
-            Ok(Write::Applied(record)) => settled(record, retry_after_ms),
-            Ok(Write::Refused(seen)) => failed(backoff("refused"), seen),
-            Err(e) => ledger_failure(&msg.job_id, &e, Some(fenced)),
-        }
+        self.finish_attempt(msg, fenced, end, retry_after_ms, inv)
+            .await
     }
 
     /// Whether the provider can be asked about the job's last attempt.

@@ -89,7 +89,8 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
             Waited::Handover => return self.hand_over(&msg.job_id, claimed).await,
             Waited::Lost => return failed(backoff("ownership lost"), Some(claimed)),
         };
-        self.finish_attempt(msg, claimed, end, retry_after_ms).await
+        self.finish_attempt(msg, claimed, end, retry_after_ms, inv)
+            .await
     }
 
     /// Follows a call the provider runs in the background: records its reference (one write
