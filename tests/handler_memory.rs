@@ -1160,11 +1160,30 @@ async fn an_answer_too_large_for_the_item_fails_the_job_once_and_is_never_retrie
 }
 
 /// A ledger whose first end-of-attempt writes fail without an answer, or whose end-of-attempt
-/// writes never answer at all.
+/// writes never answer at all, or whose first claims and recovery claims are applied and their
+/// answers lost.
+#[derive(Default)]
 struct FlakyFinish {
     inner: InMemoryLedger,
     failures: std::sync::atomic::AtomicU32,
     stall: bool,
+    lost_claims: std::sync::atomic::AtomicU32,
+    lost_recoveries: std::sync::atomic::AtomicU32,
+}
+
+/// Takes one from `counter` if it is above zero.
+fn take_one(counter: &std::sync::atomic::AtomicU32) -> bool {
+    use std::sync::atomic::Ordering;
+    counter
+        .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+        .is_ok()
+}
+
+fn lost(operation: &'static str) -> fenced_jobs::ledger::LedgerError {
+    fenced_jobs::ledger::LedgerError::Unavailable {
+        operation,
+        code: "timeout".into(),
+    }
 }
 
 impl JobLedger for FlakyFinish {
@@ -1172,25 +1191,21 @@ impl JobLedger for FlakyFinish {
         &self,
         req: fenced_jobs::ledger::ClaimRequest,
     ) -> Result<fenced_jobs::ledger::Write, fenced_jobs::ledger::LedgerError> {
-        self.inner.claim(req).await
+        let written = self.inner.claim(req).await;
+        if take_one(&self.lost_claims) {
+            return Err(lost("claim"));
+        }
+        written
     }
     async fn finish(
         &self,
         req: fenced_jobs::ledger::FinishRequest,
     ) -> Result<fenced_jobs::ledger::Write, fenced_jobs::ledger::LedgerError> {
-        use std::sync::atomic::Ordering;
         if self.stall {
             std::future::pending::<()>().await;
         }
-        if self
-            .failures
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
-            .is_ok()
-        {
-            return Err(fenced_jobs::ledger::LedgerError::Unavailable {
-                operation: "finish",
-                code: "timeout".into(),
-            });
+        if take_one(&self.failures) {
+            return Err(lost("finish"));
         }
         self.inner.finish(req).await
     }
@@ -1204,7 +1219,11 @@ impl JobLedger for FlakyFinish {
         &self,
         req: fenced_jobs::ledger::RecoverRequest,
     ) -> Result<fenced_jobs::ledger::Write, fenced_jobs::ledger::LedgerError> {
-        self.inner.recover(req).await
+        let written = self.inner.recover(req).await;
+        if take_one(&self.lost_recoveries) {
+            return Err(lost("recover"));
+        }
+        written
     }
     async fn renew(
         &self,
@@ -1248,9 +1267,8 @@ impl JobLedger for FlakyFinish {
 async fn a_paid_answer_survives_failing_acceptance_writes() {
     // GIVEN a ledger whose first two end-of-attempt writes fail
     let ledger = FlakyFinish {
-        inner: InMemoryLedger::new(),
         failures: std::sync::atomic::AtomicU32::new(2),
-        stall: false,
+        ..FlakyFinish::default()
     };
     let h = BatchHandler::new(
         Processor::new(
@@ -1289,9 +1307,8 @@ fn tight_settings() -> Settings {
 async fn a_stalled_ledger_write_cannot_hold_the_response_past_the_deadline() {
     // GIVEN a ledger whose acceptance write never answers, and 2 s left in the invocation
     let ledger = Arc::new(FlakyFinish {
-        inner: InMemoryLedger::new(),
-        failures: std::sync::atomic::AtomicU32::new(0),
         stall: true,
+        ..FlakyFinish::default()
     });
     let h = BatchHandler::new(
         Processor::new(
@@ -1380,4 +1397,78 @@ async fn a_retrieval_that_hangs_is_bounded_and_the_job_handed_over_in_time() {
     let item = ledger.get("polled").await.expect("get").expect("item");
     assert_eq!(item.state, JobState::Running);
     assert_eq!(item.attempt_log[0].provider_ref.as_deref(), Some("resp-1"));
+}
+
+#[tokio::test]
+async fn a_claim_whose_answer_was_lost_is_recognised_and_its_call_made_once() {
+    // GIVEN a ledger that applies the first claim and loses its answer
+    let ledger = Arc::new(FlakyFinish {
+        lost_claims: std::sync::atomic::AtomicU32::new(1),
+        ..FlakyFinish::default()
+    });
+    let h = BatchHandler::new(
+        Processor::new(
+            ledger.clone(),
+            SimulatedProvider::new(),
+            SystemClock,
+            Settings::default(),
+        ),
+        RecordingVisibility::new(),
+    );
+    // WHEN a job is processed
+    let report = h
+        .handle_batch(
+            &event(vec![record(Some("m1"), &job("lost-claim", ""))]),
+            &invocation(),
+        )
+        .await;
+    // THEN the worker reads its own claim back and goes on: one call, succeeded, no job left
+    // running without a call (which would later turn unknown)
+    assert_eq!(
+        report.records[0].outcome,
+        RecordOutcome::Done(JobState::Succeeded)
+    );
+    assert_eq!(h.processor().provider().executions(), 1);
+    let item = ledger
+        .inner
+        .get("lost-claim")
+        .await
+        .expect("get")
+        .expect("item");
+    assert_eq!((item.owner_epoch, item.attempts), (1, 1));
+}
+
+#[tokio::test]
+async fn a_recovery_claim_whose_answer_was_lost_is_recognised_not_deferred_to() {
+    // GIVEN a job whose owner's lease lapsed, and a ledger that applies the next recovery claim
+    // and loses its answer
+    let ledger = Arc::new(FlakyFinish {
+        lost_recoveries: std::sync::atomic::AtomicU32::new(1),
+        ..FlakyFinish::default()
+    });
+    let body = job("lost-recovery", "");
+    lapsed_claim(&ledger.inner, &body).await;
+    let h = BatchHandler::new(
+        Processor::new(
+            ledger.clone(),
+            SimulatedProvider::new(),
+            SystemClock,
+            Settings::default(),
+        ),
+        RecordingVisibility::new(),
+    );
+    // WHEN it is delivered
+    let report = h
+        .handle_batch(&event(vec![record(Some("m1"), &body)]), &invocation())
+        .await;
+    // THEN the worker recognises its own recovery claim (no deferral to itself for a whole
+    // lease) and collects the answer from the provider without a new call
+    assert_eq!(
+        report.records[0].outcome,
+        RecordOutcome::Done(JobState::Succeeded),
+        "{:?}",
+        report.records[0].outcome
+    );
+    assert_eq!(report.stats.recoveries, 1);
+    assert_eq!(h.processor().provider().executions(), 0);
 }

@@ -207,18 +207,13 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
                                     .provider
                                     .reference(&job.job_id, expect.attempts + 1),
                             };
-                            match self.ledger.claim(req).await {
-                                // A retried claim whose first try was applied comes back refused with
-                                // our own claim in it.
-                                Ok(Write::Refused(Some(seen)))
-                                    if seen.state == JobState::Running
-                                        && seen.owner_epoch == expect.epoch + 1
-                                        && seen.owner_id.as_deref() == Some(owner_id) =>
-                                {
-                                    Ok(Write::Applied(seen))
-                                }
-                                other => other,
-                            }
+                            let written = self.ledger.claim(req).await;
+                            self.recognise(written, &job.job_id, |seen| {
+                                seen.state == JobState::Running
+                                    && seen.owner_epoch == expect.epoch + 1
+                                    && seen.owner_id.as_deref() == Some(owner_id)
+                            })
+                            .await
                         }
                         Action::SettleAbsent => {
                             let req = SettleRequest {
@@ -255,7 +250,14 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
                                 lease_until: now + self.settings.lease_ms,
                                 reason,
                             };
-                            match self.ledger.recover(req).await {
+                            let written = self.ledger.recover(req).await;
+                            let written = self
+                                .recognise(written, &job.job_id, |seen| {
+                                    seen.owner_epoch == seen_epoch + 1
+                                        && seen.owner_id.as_deref() == Some(owner_id)
+                                })
+                                .await;
+                            match written {
                                 Ok(Write::Applied(fenced)) => {
                                     watch.recovered();
                                     return self
@@ -314,10 +316,35 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         failed(backoff("contention"), view)
     }
 
+    /// Our own write recognised when its answer was lost: a retry refused by our first try, or
+    /// a request that failed without an answer after which one consistent read shows our write
+    /// (`ours`: the owner id is unique to this delivery). A failed request after which the read
+    /// shows something else is refused by what the read shows; if the read fails too, the
+    /// failure stands.
+    async fn recognise(
+        &self,
+        written: Result<Write, LedgerError>,
+        job_id: &str,
+        ours: impl Fn(&JobRecord) -> bool,
+    ) -> Result<Write, LedgerError> {
+        match written {
+            Ok(Write::Refused(Some(seen))) if ours(&seen) => Ok(Write::Applied(seen)),
+            Err(e) => match self.ledger.get(job_id).await {
+                Ok(Some(seen)) if ours(&seen) => {
+                    tracing::info!(job_id, "our write was applied though its answer was lost");
+                    Ok(Write::Applied(seen))
+                }
+                Ok(seen) => Ok(Write::Refused(seen)),
+                Err(_) => Err(e),
+            },
+            other => other,
+        }
+    }
+
     /// Whether this invocation still has time for the call a claim would start: the least
     /// useful call time for this provider (shorter when the call can be asked about later and
     /// handed over), never more than the provider timeout, before the invocation's margin.
-    fn has_time_for_call(&self, inv: &Invocation, now: Millis) -> bool {
+    pub(super) fn has_time_for_call(&self, inv: &Invocation, now: Millis) -> bool {
         let Some(deadline) = inv.deadline else {
             return true;
         };

@@ -34,9 +34,10 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         );
         let input = msg.input();
         let request = self.request(msg, &claimed, &input);
-        let submitted = if budget < MIN_CALL_BUDGET_MS {
-            // No time left to make the call: it is not sent, which is a definite failure of
-            // this attempt, so another one may be authorised.
+        let submitted = if budget < MIN_CALL_BUDGET_MS || !self.has_time_for_call(inv, started) {
+            // No time left to make the call (a claim whose answer came late): it is not sent,
+            // which is a definite failure of this attempt, so the attempt ends with a write on
+            // our epoch (a rival's claim would have raised it) and another may be authorised.
             Ok(Err(ProviderError::Transient {
                 retry_after_ms: None,
                 reason: "no time left to make the call".to_owned(),

@@ -12,11 +12,15 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use reqwest::header::{HeaderMap, HeaderValue};
-use reqwest::{Client, StatusCode};
+use reqwest::Client;
 use serde_json::{Map, Value, json};
 
 use super::keys::Secret;
+mod status;
+
+pub use status::{MAX_RESPONSE_BYTES, retry_after_ms};
+use status::{classify, code_text, no_responses_api, read, retrieval_error, transport_kind};
+
 use super::{Answer, Provider, ProviderError, ProviderRequest, Retrieval, Submission};
 use crate::job::Millis;
 use crate::vars::{ConfigError, Vars};
@@ -340,166 +344,6 @@ impl Provider for OpenAiProvider {
     }
 }
 
-/// The most of a response body that is read. An answer beyond it could not be stored in the
-/// ledger item anyway.
-pub const MAX_RESPONSE_BYTES: usize = 1_048_576;
-
-/// Sends a request and reads its whole answer (at most [`MAX_RESPONSE_BYTES`]); a transport
-/// failure is classified.
-async fn read(
-    sent: Result<reqwest::Response, reqwest::Error>,
-) -> Result<(StatusCode, HeaderMap, Value), ProviderError> {
-    let mut response = sent.map_err(|e| transport_error(&e))?;
-    let status = response.status();
-    let headers = response.headers().clone();
-    let mut bytes = Vec::new();
-    loop {
-        match response.chunk().await {
-            Ok(Some(chunk)) if bytes.len() + chunk.len() > MAX_RESPONSE_BYTES => {
-                // An answer this large could never be stored: the same call would give it
-                // again, so it is a permanent failure, not a reason to pay for a retry.
-                return Err(ProviderError::Permanent {
-                    reason: format!("answer larger than {MAX_RESPONSE_BYTES} bytes"),
-                });
-            }
-            Ok(Some(chunk)) => bytes.extend_from_slice(&chunk),
-            Ok(None) => break,
-            // The work was done and its answer lost on the way.
-            Err(e) if status.is_success() => return Err(transport_error(&e)),
-            // The status alone says what happened; the body that was cut off adds nothing.
-            Err(_) => return Err(classify(status, &headers, &Value::Null)),
-        }
-    }
-    let json = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
-    if status.is_success() && json.is_null() {
-        return Err(ProviderError::Uncertain {
-            evidence: format!("HTTP {} with a body that is not JSON", status.as_u16()),
-        });
-    }
-    Ok((status, headers, json))
-}
-
-/// A request that never produced a response.
-fn transport_error(e: &reqwest::Error) -> ProviderError {
-    if e.is_connect() {
-        // Nothing was sent.
-        ProviderError::Transient {
-            retry_after_ms: None,
-            reason: "connection failed".to_owned(),
-        }
-    } else if e.is_builder() {
-        ProviderError::Permanent {
-            reason: "request could not be built".to_owned(),
-        }
-    } else {
-        ProviderError::Uncertain {
-            evidence: format!(
-                "{} after the request was sent; it may have run",
-                transport_kind(e)
-            ),
-        }
-    }
-}
-
-fn transport_kind(e: &reqwest::Error) -> &'static str {
-    if e.is_timeout() {
-        "timeout"
-    } else if e.is_connect() {
-        "connection failed"
-    } else if e.is_decode() || e.is_body() {
-        "answer cut off"
-    } else {
-        "connection lost"
-    }
-}
-
-/// An error status of a call, classified by what it proves about the work (the README's table):
-///
-/// - transient, refused before any work: 429, 503, 408, 425, 401 and 403 (credentials are
-///   configuration, not the job's fault), and a 500 that carries the provider's own error
-///   object (a proxy's 500 does not);
-/// - uncertain, the call may have run: 409 (a request with this idempotency key is in flight),
-///   502, 504, the 52x of proxies and load balancers, and any other 5xx;
-/// - permanent: any other 4xx.
-fn classify(status: StatusCode, headers: &HeaderMap, json: &Value) -> ProviderError {
-    let code = json
-        .pointer("/error/code")
-        .and_then(Value::as_str)
-        .or_else(|| json.pointer("/error/type").and_then(Value::as_str));
-    let reason = match code {
-        Some(code) => format!("HTTP {} {}", status.as_u16(), code_text(code)),
-        None => format!("HTTP {}", status.as_u16()),
-    };
-    let providers_own_error = json.get("error").is_some_and(Value::is_object);
-    match status.as_u16() {
-        401 | 403 | 408 | 425 | 429 | 503 => ProviderError::Transient {
-            retry_after_ms: retry_after_ms(headers),
-            reason,
-        },
-        500 if providers_own_error => ProviderError::Transient {
-            retry_after_ms: retry_after_ms(headers),
-            reason,
-        },
-        409 | 500..=599 => ProviderError::Uncertain {
-            evidence: format!("{reason} after the request was sent; it may have run"),
-        },
-        _ => ProviderError::Permanent { reason },
-    }
-}
-
-/// An error status of a retrieval: 400, 404 and 410 say the provider does not know the call;
-/// 401 and 403 refuse to say; anything else (429, 5xx) says nothing about it, so ask again.
-fn retrieval_error(status: StatusCode, headers: &HeaderMap) -> Retrieval {
-    match status.as_u16() {
-        400 | 404 | 410 => Retrieval::NotFound,
-        401 | 403 => Retrieval::Denied,
-        _ => {
-            tracing::warn!(%status, "retrieval refused; asking again");
-            Retrieval::Unreachable {
-                retry_after_ms: retry_after_ms(headers),
-            }
-        }
-    }
-}
-
-/// A 404 or 405 on `POST /responses` that is not about the model: the server has no such API.
-fn no_responses_api(status: StatusCode, json: &Value) -> bool {
-    let about_model = json
-        .pointer("/error/code")
-        .and_then(Value::as_str)
-        .is_some_and(|c| c.contains("model"));
-    matches!(status.as_u16(), 404 | 405) && !about_model
-}
-
-/// The wait a response asks for: `retry-after-ms`, or `retry-after` in seconds or as an HTTP
-/// date.
-pub fn retry_after_ms(headers: &HeaderMap) -> Option<Millis> {
-    let text = |name: &str| {
-        headers
-            .get(name)
-            .and_then(|v: &HeaderValue| v.to_str().ok())
-    };
-    if let Some(ms) = text("retry-after-ms").and_then(|v| v.trim().parse::<f64>().ok()) {
-        return Some(ms.max(0.0) as Millis);
-    }
-    let value = text("retry-after")?.trim();
-    if let Ok(seconds) = value.parse::<f64>() {
-        return Some((seconds.max(0.0) * 1000.0) as Millis);
-    }
-    let at =
-        time::OffsetDateTime::parse(value, &time::format_description::well_known::Rfc2822).ok()?;
-    let ms = (at - time::OffsetDateTime::now_utc()).whole_milliseconds();
-    Some(ms.max(0) as Millis)
-}
-
-/// A provider code, made safe to record: short, and only identifier characters.
-fn code_text(code: &str) -> String {
-    code.chars()
-        .filter(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))
-        .take(64)
-        .collect()
-}
-
 /// The job's conversation as Chat Completions messages.
 fn messages(input: &Map<String, Value>) -> Vec<Value> {
     match (input.get("messages"), input.get("prompt")) {
@@ -561,74 +405,7 @@ fn answer(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn statuses_are_classified_by_what_they_say_about_the_work() {
-        let mut headers = HeaderMap::new();
-        headers.insert("retry-after", HeaderValue::from_static("7"));
-        let body = json!({"error": {"code": "rate_limit_exceeded", "message": "secret prompt"}});
-        let e = classify(StatusCode::TOO_MANY_REQUESTS, &headers, &body);
-        assert_eq!(
-            e,
-            ProviderError::Transient {
-                retry_after_ms: Some(7_000),
-                reason: "HTTP 429 rate_limit_exceeded".to_owned()
-            }
-        );
-        let e = classify(StatusCode::BAD_REQUEST, &HeaderMap::new(), &Value::Null);
-        assert_eq!(
-            e,
-            ProviderError::Permanent {
-                reason: "HTTP 400".to_owned()
-            }
-        );
-        let own = json!({"error": {"type": "server_error"}});
-        let kind = |status: u16, body: &Value| {
-            let status = StatusCode::from_u16(status).expect("status");
-            match classify(status, &HeaderMap::new(), body) {
-                ProviderError::Transient { .. } => "transient",
-                ProviderError::Uncertain { .. } => "uncertain",
-                ProviderError::Permanent { .. } => "permanent",
-            }
-        };
-        // Refused before any work.
-        for status in [401, 403, 408, 425, 429, 503] {
-            assert_eq!(kind(status, &Value::Null), "transient", "{status}");
-        }
-        assert_eq!(kind(500, &own), "transient");
-        // A gateway or proxy failing while the model may still run, or a key in use.
-        for status in [409, 500, 501, 502, 504, 520, 522, 524, 599] {
-            assert_eq!(kind(status, &Value::Null), "uncertain", "{status}");
-        }
-        assert_eq!(kind(502, &own), "uncertain");
-        for status in [400, 404, 413, 422] {
-            assert_eq!(kind(status, &Value::Null), "permanent", "{status}");
-        }
-    }
-
-    #[test]
-    fn retry_after_reads_milliseconds_seconds_and_dates() {
-        let mut h = HeaderMap::new();
-        h.insert("retry-after-ms", HeaderValue::from_static("1500"));
-        h.insert("retry-after", HeaderValue::from_static("9"));
-        assert_eq!(retry_after_ms(&h), Some(1_500));
-        let mut h = HeaderMap::new();
-        h.insert("retry-after", HeaderValue::from_static("2.5"));
-        assert_eq!(retry_after_ms(&h), Some(2_500));
-        let mut h = HeaderMap::new();
-        h.insert(
-            "retry-after",
-            HeaderValue::from_static("Wed, 21 Oct 2015 07:28:00 GMT"),
-        );
-        assert_eq!(
-            retry_after_ms(&h),
-            Some(0),
-            "a date in the past asks no wait"
-        );
-        let mut h = HeaderMap::new();
-        h.insert("retry-after", HeaderValue::from_static("soon"));
-        assert_eq!(retry_after_ms(&h), None);
-    }
+    use reqwest::StatusCode;
 
     #[test]
     fn only_a_missing_api_falls_back_to_chat() {
