@@ -1472,3 +1472,22 @@ async fn a_recovery_claim_whose_answer_was_lost_is_recognised_not_deferred_to() 
     assert_eq!(report.stats.recoveries, 1);
     assert_eq!(h.processor().provider().executions(), 0);
 }
+
+#[tokio::test]
+async fn extreme_event_timestamps_are_classified_not_a_panic() {
+    // GIVEN records whose ApproximateFirstReceiveTimestamp is at either end of the integers
+    let ledger = Arc::new(InMemoryLedger::new());
+    let h = handler(ledger, SimulatedProvider::new(), Settings::default());
+    let mut records = Vec::new();
+    for (id, stamp) in [("max", i64::MAX), ("min", i64::MIN)] {
+        let mut r = record(Some(id), &job(&format!("stamp-{id}"), ""));
+        r.attributes
+            .insert("ApproximateFirstReceiveTimestamp".into(), stamp.to_string());
+        records.push(r);
+    }
+    // WHEN the batch is handled (in a debug build, where overflow panics)
+    let report = h.handle_batch(&event(records), &invocation()).await;
+    // THEN each record gets an outcome
+    assert_eq!(report.records.len(), 2);
+    assert!(report.response.is_ok());
+}

@@ -148,7 +148,9 @@ impl VisibilityPolicy {
             Failure::AwaitingDecision => self.awaiting_decision_s,
         };
         let cap = match delivery.since_first_receive_s {
-            Some(elapsed) => SQS_MAX_VISIBILITY_S - SQS_CAP_MARGIN_S - elapsed.max(0),
+            Some(elapsed) => {
+                (SQS_MAX_VISIBILITY_S - SQS_CAP_MARGIN_S).saturating_sub(elapsed.max(0))
+            }
             None => UNKNOWN_FIRST_RECEIVE_CAP_S,
         };
         wanted.clamp(0, cap.max(0)) as i32

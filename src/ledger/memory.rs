@@ -343,3 +343,84 @@ impl JobLedger for InMemoryLedger {
         Ok(self.lock().get(job_id).cloned())
     }
 }
+
+/// A ledger behind a connection that loses answers, for tests: the chosen operations are
+/// applied and then fail as a timeout would, a set number of times each.
+#[cfg(any(test, feature = "test-support"))]
+#[derive(Debug, Default)]
+pub struct LosesAnswers<L> {
+    /// The ledger that applies the writes.
+    pub inner: L,
+    lose: Mutex<HashMap<&'static str, u32>>,
+}
+
+#[cfg(any(test, feature = "test-support"))]
+impl<L: JobLedger> LosesAnswers<L> {
+    /// `inner`, losing nothing yet.
+    pub fn new(inner: L) -> Self {
+        LosesAnswers {
+            inner,
+            lose: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Loses the answers of the next `times` writes of `operation` (`claim`, `decide`, ...).
+    pub fn lose(&self, operation: &'static str, times: u32) {
+        self.lose
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(operation, times);
+    }
+
+    fn answer(
+        &self,
+        operation: &'static str,
+        written: Result<Write, LedgerError>,
+    ) -> Result<Write, LedgerError> {
+        let mut lose = self.lose.lock().unwrap_or_else(|p| p.into_inner());
+        match lose.get_mut(operation) {
+            Some(n) if *n > 0 && written.is_ok() => {
+                *n -= 1;
+                Err(LedgerError::Unavailable {
+                    operation,
+                    code: "timeout".to_owned(),
+                })
+            }
+            _ => written,
+        }
+    }
+}
+
+#[cfg(any(test, feature = "test-support"))]
+impl<L: JobLedger> JobLedger for LosesAnswers<L> {
+    async fn claim(&self, req: ClaimRequest) -> Result<Write, LedgerError> {
+        self.answer("claim", self.inner.claim(req).await)
+    }
+    async fn finish(&self, req: FinishRequest) -> Result<Write, LedgerError> {
+        self.answer("finish", self.inner.finish(req).await)
+    }
+    async fn settle(&self, req: SettleRequest) -> Result<Write, LedgerError> {
+        self.answer("settle", self.inner.settle(req).await)
+    }
+    async fn recover(&self, req: RecoverRequest) -> Result<Write, LedgerError> {
+        self.answer("recover", self.inner.recover(req).await)
+    }
+    async fn renew(&self, req: RenewRequest) -> Result<Write, LedgerError> {
+        self.answer("renew", self.inner.renew(req).await)
+    }
+    async fn create(&self, req: CreateRequest) -> Result<Write, LedgerError> {
+        self.answer("create", self.inner.create(req).await)
+    }
+    async fn mark_enqueued(&self, req: EnqueuedRequest) -> Result<Write, LedgerError> {
+        self.answer("mark_enqueued", self.inner.mark_enqueued(req).await)
+    }
+    async fn record_ref(&self, req: RecordRefRequest) -> Result<Write, LedgerError> {
+        self.answer("record_ref", self.inner.record_ref(req).await)
+    }
+    async fn decide(&self, req: DecideRequest) -> Result<Write, LedgerError> {
+        self.answer("decide", self.inner.decide(req).await)
+    }
+    async fn get(&self, job_id: &str) -> Result<Option<JobRecord>, LedgerError> {
+        self.inner.get(job_id).await
+    }
+}

@@ -65,9 +65,22 @@ pub async fn decide<L: JobLedger>(
         reason: reason.to_owned(),
         now,
     };
-    match ledger.decide(req).await? {
-        Write::Applied(record) => Ok(record),
-        Write::Refused(_) => Err(OperatorError::Changed(job_id.to_owned())),
+    let decision = req.decision();
+    // Our decision, applied though its answer was lost: the epoch it raised, the state it set,
+    // and the same decision (who, why, when) last in the item's record.
+    let ours = |item: &JobRecord| {
+        item.owner_epoch == decision.epoch
+            && item.state == action.target()
+            && item.decisions.last() == Some(&decision)
+    };
+    match ledger.decide(req).await {
+        Ok(Write::Applied(record)) => Ok(record),
+        Ok(Write::Refused(Some(item))) if ours(&item) => Ok(item),
+        Ok(Write::Refused(_)) => Err(OperatorError::Changed(job_id.to_owned())),
+        Err(e) => match ledger.get(job_id).await {
+            Ok(Some(item)) if ours(&item) => Ok(item),
+            _ => Err(e.into()),
+        },
     }
 }
 
@@ -341,4 +354,79 @@ pub async fn dlq_redrive(
         moved += 1;
     }
     Ok(moved)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::job::{JobState, NewJob};
+    use crate::ledger::memory::{InMemoryLedger, LosesAnswers};
+    use crate::ledger::{AttemptEnd, ClaimRequest, FinishRequest};
+    use crate::queue::RecordingTriggers;
+
+    async fn unknown_job(ledger: &impl JobLedger, job_id: &str) {
+        let job = NewJob {
+            job_id: job_id.to_owned(),
+            input_digest: "d".into(),
+            contract: "c".into(),
+            input: "{}".into(),
+            metadata: None,
+            deadline_at: 10_000_000,
+            max_attempts: 3,
+            expires_at: 0,
+        };
+        let claim = ClaimRequest {
+            job,
+            expect: crate::job::Expect::FRESH,
+            owner_id: "w".into(),
+            now: 1_000,
+            lease_until: 61_000,
+            provider_ref: None,
+        };
+        assert!(matches!(ledger.claim(claim).await, Ok(Write::Applied(_))));
+        let end = FinishRequest {
+            job_id: job_id.to_owned(),
+            epoch: 1,
+            attempt: 1,
+            now: 2_000,
+            end: AttemptEnd::Unknown {
+                evidence: "cut off".into(),
+            },
+        };
+        assert!(matches!(ledger.finish(end).await, Ok(Write::Applied(_))));
+    }
+
+    #[tokio::test]
+    async fn a_decision_whose_answer_was_lost_reports_success_and_its_trigger_is_sent() {
+        // GIVEN an unknown job, and a ledger that applies the next decision and loses its answer
+        let ledger = LosesAnswers::new(InMemoryLedger::new());
+        unknown_job(&ledger, "j").await;
+        ledger.lose("decide", 1);
+        // WHEN an operator authorises a retry
+        let decided = decide(
+            &ledger,
+            "j",
+            OperatorAction::AuthorizeRetry,
+            "alice",
+            "checked upstream",
+            3_000,
+        )
+        .await
+        .expect("recognised as applied");
+        // THEN the decision is reported as made, and its trigger goes out
+        assert_eq!(
+            (decided.state, decided.owner_epoch),
+            (JobState::RetryAuthorized, 2)
+        );
+        let triggers = RecordingTriggers::new();
+        send_trigger(&triggers, &decided).await.expect("sent");
+        assert_eq!(triggers.sent().len(), 1);
+
+        // AND another operator's decision on the same epoch is still refused
+        let again = decide(&ledger, "j", OperatorAction::Fail, "bob", "no", 4_000).await;
+        assert!(
+            matches!(again, Err(OperatorError::NotUnknown { .. })),
+            "{again:?}"
+        );
+    }
 }

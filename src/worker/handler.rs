@@ -425,7 +425,7 @@ fn delivery_of(record: &SqsMessage, now: i64) -> Delivery {
         receive_count: attr("ApproximateReceiveCount")
             .map_or(1, |n| n.clamp(1, i64::from(u32::MAX)) as u32),
         since_first_receive_s: attr("ApproximateFirstReceiveTimestamp")
-            .map(|t| (now - t).max(0) / 1000),
+            .map(|t| now.saturating_sub(t).max(0) / 1000),
     }
 }
 
@@ -464,7 +464,7 @@ fn log_record(report: &RecordReport, entry: &Entry<'_>, now: crate::job::Millis)
                 delivery_count,
                 epoch = job.map(|j| j.epoch),
                 attempts = job.map(|j| j.attempts),
-                deadline_left_ms = job.map(|j| j.deadline_at - now),
+                deadline_left_ms = job.map(|j| j.deadline_at.saturating_sub(now)),
                 renewal = report.renewals.label(),
                 renewals = report.renewals.renewed,
                 recovery_reason = job.and_then(|j| j.recovery.as_deref()),

@@ -156,7 +156,8 @@ impl Flights {
             .into_iter()
             .map(|d| {
                 let visibility_cap = match d.first_receive {
-                    Some(t) => t + (SQS_MAX_VISIBILITY_S - SQS_CAP_MARGIN_S) * 1000,
+                    // Saturating: the timestamp comes from the event, whatever it holds.
+                    Some(t) => t.saturating_add((SQS_MAX_VISIBILITY_S - SQS_CAP_MARGIN_S) * 1000),
                     None => now + UNKNOWN_FIRST_RECEIVE_CAP_S * 1000,
                 };
                 // The receive happened before `now`, so this estimate errs early.
