@@ -349,3 +349,34 @@ async fn dlq_inspect_pairs_messages_with_ledger_states_and_redrive_moves_only_li
         "{requeued:?}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dlq_redrive_works_on_fifo_queues() {
+    // GIVEN a dead letter in a FIFO queue's DLQ, for a job the ledger does not hold yet
+    let aws = emulator().await;
+    let table = aws.table().await;
+    let queue = aws.fifo_queue(30).await;
+    aws.sqs
+        .send_message()
+        .queue_url(&queue.dlq_url)
+        .message_group_id("fifo-dead")
+        .message_deduplication_id("dead-1")
+        .message_body(job("fifo-dead", "never seen", ""))
+        .send()
+        .await
+        .expect("dead letter");
+    let ledger = aws.ledger(&table);
+    let entries = operator::dlq_inspect(&ledger, &aws.sqs, &queue.dlq_url, 10, 2)
+        .await
+        .expect("inspect");
+    assert_eq!(entries.len(), 1);
+    // WHEN it is redriven
+    let moved = operator::dlq_redrive(&aws.sqs, &queue.dlq_url, &queue.url, &entries)
+        .await
+        .expect("redrive");
+    // THEN it is back in the work queue, in its job's message group
+    assert_eq!(moved, 1);
+    let requeued = aws.peek(&queue.url, 0).await;
+    assert_eq!(requeued.len(), 1);
+    assert!(requeued[0].body().is_some_and(|b| b.contains("fifo-dead")));
+}

@@ -6,6 +6,7 @@ use serde_json::{Value, json};
 use crate::job::message::format_rfc3339_ms;
 use crate::job::{InvalidMessage, JobRecord, JobState, Millis, Trigger};
 use crate::ledger::{DecideRequest, JobLedger, LedgerError, OperatorAction, Write};
+use crate::queue::triggers::dedup_id;
 use crate::queue::{Outgoing, TriggerSender};
 
 /// Why an operator's command did nothing.
@@ -339,10 +340,20 @@ pub async fn dlq_redrive(
         .filter(|e| matches!(e.verdict, DlqVerdict::Redrive(_)))
     {
         let err = |e: String| OperatorError::NotSent(e);
-        sqs.send_message()
+        let mut send = sqs
+            .send_message()
             .queue_url(queue_url)
-            .message_body(&entry.body)
-            .send()
+            .message_body(&entry.body);
+        if queue_url.ends_with(".fifo") {
+            // The producer's FIFO policy: each job its own group; a redrive of this dead
+            // letter is deduplicated by its message id.
+            let job_id = entry.job_id.as_deref().unwrap_or("unnamed");
+            let suffix = format!("redrive-{}", entry.message_id.as_deref().unwrap_or(""));
+            send = send
+                .message_group_id(job_id)
+                .message_deduplication_id(dedup_id(job_id, &suffix));
+        }
+        send.send()
             .await
             .map_err(|e| err(aws_sdk_sqs::error::DisplayErrorContext(&e).to_string()))?;
         sqs.delete_message()

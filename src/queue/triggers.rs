@@ -68,11 +68,26 @@ pub fn batches(triggers: &[Outgoing]) -> Vec<&[Outgoing]> {
     batches
 }
 
-/// A FIFO deduplication id (at most 128 characters, from the job id and a suffix).
+/// SQS's limit on a FIFO deduplication id.
+pub const MAX_DEDUP_ID_LEN: usize = 128;
+
+/// A FIFO deduplication id from the job id and a suffix: `job-suffix` when that fits in 128
+/// characters; otherwise the start of the job id and a digest of both, so that two suffixes
+/// never share an id, however long the job id.
 pub fn dedup_id(job_id: &str, suffix: &str) -> String {
-    let mut id = format!("{job_id}-{suffix}");
-    id.truncate(128);
-    id
+    let plain = format!("{job_id}-{suffix}");
+    if plain.len() <= MAX_DEDUP_ID_LEN {
+        return plain;
+    }
+    use sha2::{Digest, Sha256};
+    let digest: String = Sha256::digest(plain.as_bytes())
+        .iter()
+        .take(16)
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let keep = MAX_DEDUP_ID_LEN - 1 - digest.len();
+    let start: String = job_id.chars().take(keep).collect();
+    format!("{start}-{digest}")
 }
 
 /// Records the triggers it is asked to send, for tests; refuses the jobs it is told to.
@@ -147,8 +162,18 @@ mod tests {
     }
 
     #[test]
-    fn deduplication_ids_fit_fifo_limits() {
+    fn deduplication_ids_fit_fifo_limits_and_stay_unique() {
         assert_eq!(dedup_id("job", "epoch-2"), "job-epoch-2");
-        assert_eq!(dedup_id(&"j".repeat(200), "s").len(), 128);
+        let long = "j".repeat(128);
+        let (a, b) = (dedup_id(&long, "epoch-2"), dedup_id(&long, "epoch-3"));
+        assert!(a.len() <= MAX_DEDUP_ID_LEN && b.len() <= MAX_DEDUP_ID_LEN);
+        assert_ne!(
+            a, b,
+            "a re-send under a new epoch must not be dropped as a duplicate"
+        );
+        assert_ne!(
+            dedup_id(&"k".repeat(200), "s"),
+            dedup_id(&"k".repeat(201), "s")
+        );
     }
 }
