@@ -919,6 +919,15 @@ async fn every_kind_of_bad_input_gets_its_documented_outcome() {
             "poison",
         ),
         (
+            "nested past the parser's depth limit",
+            format!(
+                r#"{{"job_id":"x","contract":"c","input":{{"model":"m","prompt":"p","deep":{}{}}}}}"#,
+                "[".repeat(300),
+                "]".repeat(300)
+            ),
+            "poison",
+        ),
+        (
             "deadline in the past",
             format!(
                 r#"{{"job_id":"j-late","contract":"c","deadline_at":"{past}","input":{{"model":"m","prompt":"p"}}}}"#
@@ -1490,4 +1499,44 @@ async fn extreme_event_timestamps_are_classified_not_a_panic() {
     // THEN each record gets an outcome
     assert_eq!(report.records.len(), 2);
     assert!(report.response.is_ok());
+}
+
+#[tokio::test]
+async fn turning_on_the_replay_policy_does_not_replay_jobs_already_unknown() {
+    // GIVEN a job that became unknown before the replay policy was turned on, and a provider
+    // that does not know its call
+    let ledger = Arc::new(InMemoryLedger::new());
+    let body = job("old-unknown", r#","simulate":{"retrievable":false}"#);
+    lapsed_claim(&ledger, &body).await;
+    let ended = ledger
+        .finish(fenced_jobs::ledger::FinishRequest {
+            job_id: "old-unknown".into(),
+            epoch: 1,
+            attempt: 1,
+            now: SystemClock.now_ms(),
+            end: fenced_jobs::ledger::AttemptEnd::Unknown {
+                evidence: "cut off".into(),
+            },
+        })
+        .await
+        .expect("finish");
+    assert!(matches!(ended, fenced_jobs::ledger::Write::Applied(_)));
+    let settings = Settings {
+        replay: fenced_jobs::worker::ReplayPolicy::Replay,
+        ..Settings::default()
+    };
+    let h = handler(ledger.clone(), SimulatedProvider::new(), settings);
+    // WHEN it is delivered again
+    let report = h
+        .handle_batch(&event(vec![record(Some("m1"), &body)]), &invocation())
+        .await;
+    // THEN it is asked about and stays unknown: no replay, no new call
+    assert_eq!(
+        report.records[0].outcome,
+        RecordOutcome::Failed(Failure::AwaitingDecision)
+    );
+    let item = ledger.get("old-unknown").await.expect("get").expect("item");
+    assert_eq!(item.state, JobState::Unknown);
+    assert!(item.decisions.is_empty());
+    assert_eq!(h.processor().provider().executions(), 0);
 }

@@ -48,6 +48,14 @@ pub enum InvalidMessage {
         /// Column of the first syntax error.
         column: usize,
     },
+    /// The body nests deeper than the parser follows (128 levels).
+    #[error("body nests deeper than 128 levels (line {line}, column {column})")]
+    TooDeep {
+        /// Line where the limit was reached.
+        line: usize,
+        /// Column where the limit was reached.
+        column: usize,
+    },
     /// The body is JSON but not an object.
     #[error("body is not a JSON object")]
     NotObject,
@@ -173,9 +181,14 @@ pub fn parse_body_with(
     if body.len() > MAX_BODY_BYTES {
         return Err(InvalidMessage::TooLarge { bytes: body.len() });
     }
-    let value: Value = serde_json::from_str(body).map_err(|e| InvalidMessage::NotJson {
-        line: e.line(),
-        column: e.column(),
+    let value: Value = serde_json::from_str(body).map_err(|e| {
+        let (line, column) = (e.line(), e.column());
+        // serde_json has no category for its nesting limit; its message is the only sign.
+        if e.to_string().starts_with("recursion limit exceeded") {
+            InvalidMessage::TooDeep { line, column }
+        } else {
+            InvalidMessage::NotJson { line, column }
+        }
     })?;
     let Value::Object(mut fields) = value else {
         return Err(InvalidMessage::NotObject);
@@ -595,6 +608,16 @@ mod tests {
             assert!(!err.to_string().contains(secret));
         }
         assert_eq!(parse_body(None), Err(InvalidMessage::MissingBody));
+        let deep = format!(
+            r#"{{"job_id":"j","input":{}{}}}"#,
+            "[".repeat(200),
+            "]".repeat(200)
+        );
+        assert!(
+            matches!(parse_body(Some(&deep)), Err(InvalidMessage::TooDeep { .. })),
+            "{:?}",
+            parse_body(Some(&deep))
+        );
         let huge = body(&format!(
             r#","metadata":{{"pad":"{}"}}"#,
             "x".repeat(MAX_BODY_BYTES)

@@ -8,7 +8,7 @@ use super::{
 };
 use crate::clock::Clock;
 use crate::job::decision::{Next, next_step};
-use crate::job::{Failure, JobMessage, JobRecord, JobState, Millis, RecordOutcome};
+use crate::job::{AttemptOutcome, Failure, JobMessage, JobRecord, JobState, Millis, RecordOutcome};
 use crate::ledger::{AttemptEnd, FinishRequest, JobLedger, LedgerError, RenewRequest, Write};
 use crate::provider::{Answer, Provider, ProviderError};
 use crate::worker::settings::ReplayPolicy;
@@ -228,9 +228,17 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
 
     /// How an attempt with an unknown outcome ends: `unknown`, waiting for a decision, unless the
     /// replay policy accepts a possible duplicate call and the job has budget and time left, in
-    /// which case that decision is recorded and another attempt authorised.
+    /// which case that decision is recorded and another attempt authorised. An attempt already
+    /// recorded uncertain (a job that was `unknown` before this delivery asked about it again)
+    /// is never replayed by the policy: it applies when the uncertainty arises, so turning it on
+    /// does not replay old `unknown` jobs.
     pub(super) fn uncertain(&self, evidence: String, job: &JobRecord, now: Millis) -> AttemptEnd {
+        let already_unknown = job
+            .attempt_log
+            .last()
+            .is_some_and(|a| a.outcome == AttemptOutcome::Uncertain);
         let replay = self.settings.replay == ReplayPolicy::Replay
+            && !already_unknown
             && job.attempts < job.max_attempts
             && now < job.deadline_at;
         if replay {
