@@ -8,6 +8,7 @@ mod sim;
 
 #[test]
 fn fixed_seeds_keep_every_invariant_under_every_fault() {
+    let mut seen = std::collections::BTreeSet::new();
     for seed in 1..=4 {
         let config = sim::ChaosConfig {
             seed,
@@ -17,6 +18,7 @@ fn fixed_seeds_keep_every_invariant_under_every_fault() {
             faults: sim::FaultRates::all(),
         };
         let report = sim::run_blocking(&config);
+        seen.extend(report.faults.keys().copied());
         assert!(
             report.violations.is_empty(),
             "seed {seed}: {:#?}\nreplay: cargo run --release --example chaos -- --seed {seed} --jobs 400 --consumers 8",
@@ -30,6 +32,19 @@ fn fixed_seeds_keep_every_invariant_under_every_fault() {
             "seed {seed}: {:?}",
             report.end_states
         );
+    }
+    // Every edge the worker guards against was met on these seeds.
+    for kind in [
+        "gateway_error",
+        "oversized_answer",
+        "ddb_stall",
+        "ddb_timeout",
+        "retrieval_stall",
+        "short_invocation",
+        "lapse_alone",
+        "reconciler_resent",
+    ] {
+        assert!(seen.contains(kind), "{kind} never injected: {seen:?}");
     }
 }
 

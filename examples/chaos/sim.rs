@@ -19,13 +19,16 @@ use std::time::Duration;
 use aws_lambda_events::event::sqs::{SqsEvent, SqsMessage};
 use fenced_jobs::clock::Clock;
 use fenced_jobs::job::{AttemptOutcome, JobRecord, JobState, Millis, parse_trigger};
+use fenced_jobs::ledger::LedgerIndex;
 use fenced_jobs::ledger::memory::InMemoryLedger;
 use fenced_jobs::ledger::{
     ClaimRequest, CreateRequest, DecideRequest, EnqueuedRequest, FinishRequest, JobLedger,
     LedgerError, RecordRefRequest, RecoverRequest, RenewRequest, SettleRequest, Write,
 };
 use fenced_jobs::provider::{Answer, Provider, ProviderError, ProviderRequest, Retrieval};
-use fenced_jobs::queue::{ChangeResult, ChangeResults, VisibilityChange, VisibilityControl};
+use fenced_jobs::queue::{
+    ChangeResult, ChangeResults, Outgoing, Sent, TriggerSender, VisibilityChange, VisibilityControl,
+};
 use fenced_jobs::worker::handler::BatchHandler;
 use fenced_jobs::worker::processor::{Invocation, Processor};
 use fenced_jobs::worker::{ReplayPolicy, Settings};
@@ -63,8 +66,6 @@ pub struct FaultRates {
     pub crash: f64,
     /// An invocation's worker stops the world for longer than the lease.
     pub pause: f64,
-    /// An invocation never returns (Lambda times it out: no response).
-    pub invocation_timeout: f64,
     /// A ledger call is throttled (not applied).
     pub ddb_throttle: f64,
     /// A ledger call times out: applied or not, the response is lost.
@@ -79,6 +80,20 @@ pub struct FaultRates {
     pub connection_lost: f64,
     /// A provider forgets a call (retrieval answers "not found").
     pub provider_forgets: f64,
+    /// A gateway answers an error status (502, 504, 524, 409, a bare 500) after the model ran;
+    /// the worker classifies it with the real OpenAI status table.
+    pub gateway_error: f64,
+    /// The model's answer is too large for a ledger item.
+    pub oversized_answer: f64,
+    /// A ledger call stalls for minutes instead of failing (an unbounded client).
+    pub ddb_stall: f64,
+    /// A provider retrieval stalls for minutes.
+    pub retrieval_stall: f64,
+    /// An invocation gets a short timeout (8 to 40 s), so claims come late in it.
+    pub short_invocation: f64,
+    /// A worker stops the world past its lease while its messages stay invisible, so nobody
+    /// takes its jobs over.
+    pub lapse_alone: f64,
 }
 
 impl FaultRates {
@@ -91,7 +106,6 @@ impl FaultRates {
             delete_failure: 0.02,
             crash: 0.02,
             pause: 0.05,
-            invocation_timeout: 0.005,
             ddb_throttle: 0.01,
             ddb_timeout: 0.01,
             provider_transient: 0.05,
@@ -99,6 +113,12 @@ impl FaultRates {
             provider_hang: 0.005,
             connection_lost: 0.02,
             provider_forgets: 0.2,
+            gateway_error: 0.02,
+            oversized_answer: 0.003,
+            ddb_stall: 0.002,
+            retrieval_stall: 0.02,
+            short_invocation: 0.05,
+            lapse_alone: 0.01,
         }
     }
 }
@@ -313,6 +333,37 @@ impl Queue {
         }
     }
 
+    /// Keeps the messages of these receipt handles invisible until `until` (their visibility
+    /// outlasts a pause of the worker that holds them).
+    fn hold(&self, handles: &[String], until: Millis) {
+        let mut msgs = self.msgs.lock().expect("queue");
+        for handle in handles {
+            if let Some((m, true)) = Queue::find(&mut msgs, handle) {
+                m.visible_at = m.visible_at.max(until);
+                m.duplicate_at = None;
+            }
+        }
+    }
+
+    /// A new message for a job (a trigger the reconciler sends).
+    fn push(&self, job_id: &str, body: &str, now: Millis) {
+        let mut msgs = self.msgs.lock().expect("queue");
+        let id = format!("msg-r{:06}", msgs.len());
+        msgs.push(Msg {
+            id,
+            job_id: job_id.to_owned(),
+            body: body.to_owned(),
+            receive_count: 0,
+            visible_at: now,
+            first_receive: None,
+            handle: 0,
+            deleted: false,
+            in_dlq: false,
+            duplicate_at: None,
+            resurrect_at: None,
+        });
+    }
+
     /// Messages neither deleted nor dead-lettered.
     fn live(&self) -> usize {
         let msgs = self.msgs.lock().expect("queue");
@@ -408,6 +459,10 @@ impl SimLedger {
     ) -> Result<Write, LedgerError> {
         self.gate.pass(&self.world).await;
         tokio::time::sleep(Duration::from_millis(self.world.range(2, 20))).await;
+        if self.world.fault("ddb_stall", self.world.rates.ddb_stall) {
+            // No answer for minutes: only the worker's own bounds end the wait.
+            tokio::time::sleep(Duration::from_millis(self.world.range(60_000, 900_000))).await;
+        }
         if self
             .world
             .fault("ddb_throttle", self.world.rates.ddb_throttle)
@@ -520,6 +575,9 @@ impl JobLedger for SimLedger {
     }
     async fn get(&self, job_id: &str) -> Result<Option<JobRecord>, LedgerError> {
         self.gate.pass(&self.world).await;
+        if self.world.fault("ddb_stall", self.world.rates.ddb_stall) {
+            tokio::time::sleep(Duration::from_millis(self.world.range(60_000, 900_000))).await;
+        }
         tokio::time::sleep(Duration::from_millis(self.world.range(2, 10))).await;
         if self
             .world
@@ -528,6 +586,48 @@ impl JobLedger for SimLedger {
             return Err(LedgerError::Throttled { operation: "get" });
         }
         self.table.get(job_id).await
+    }
+}
+
+/// The reconciler reads the sparse indexes of the shared table (reads: no faults).
+impl LedgerIndex for SimLedger {
+    async fn untouched_since(
+        &self,
+        state: JobState,
+        before: Millis,
+        limit: usize,
+    ) -> Result<Vec<(String, Millis)>, LedgerError> {
+        self.table.untouched_since(state, before, limit).await
+    }
+    async fn past_deadline(
+        &self,
+        state: JobState,
+        now: Millis,
+        limit: usize,
+    ) -> Result<Vec<(String, Millis)>, LedgerError> {
+        self.table.past_deadline(state, now, limit).await
+    }
+    async fn count(&self, state: JobState) -> Result<u64, LedgerError> {
+        self.table.count(state).await
+    }
+}
+
+/// The reconciler's triggers: new messages on the simulated queue.
+struct SimTriggers {
+    world: Arc<World>,
+    queue: Arc<Queue>,
+}
+
+impl TriggerSender for SimTriggers {
+    async fn send(&self, triggers: &[Outgoing], _dedup_suffix: &str) -> Vec<Sent> {
+        let now = self.world.now();
+        triggers
+            .iter()
+            .map(|t| {
+                self.queue.push(&t.job_id, &t.body, now);
+                (t.job_id.clone(), Ok(()))
+            })
+            .collect()
     }
 }
 
@@ -540,6 +640,9 @@ struct Execution {
     done_at: Millis,
     answer: Result<String, ProviderError>,
     forgotten: bool,
+    /// The worker was told, truthfully, that the call failed (a definite failure); false when
+    /// the model ran and its outcome reached the worker as anything else.
+    definite_failure: bool,
 }
 
 #[derive(Clone)]
@@ -571,6 +674,26 @@ impl SimProvider {
             ));
         }
         if req.attempt > 1 {
+            // Ground truth: the previous attempt ran the model and the worker was never told
+            // that it failed, so only a recorded decision may authorise this one.
+            let ran = self
+                .runs
+                .lock()
+                .expect("runs")
+                .get(&(req.job_id.to_owned(), req.attempt - 1))
+                .map(|run| run.definite_failure);
+            let decided_now = item
+                .decisions
+                .iter()
+                .any(|d| matches!(d.action.as_str(), "replay" | "authorize_retry"));
+            if ran == Some(false) && !decided_now {
+                self.world.violation(format!(
+                    "{}: attempt {} executed after attempt {} ran with no definite failure and no decision",
+                    req.job_id,
+                    req.attempt,
+                    req.attempt - 1
+                ));
+            }
             let previous = &item.attempt_log[req.attempt as usize - 2];
             let definite = matches!(
                 previous.outcome,
@@ -632,6 +755,12 @@ impl Provider for SimProvider {
             Err(ProviderError::Permanent {
                 reason: "HTTP 400".into(),
             })
+        } else if w.fault("oversized_answer", w.rates.oversized_answer) {
+            Ok(format!(
+                r#"{{"job":"{}","pad":"{}"}}"#,
+                req.job_id,
+                "x".repeat(450_000)
+            ))
         } else {
             Ok(format!(
                 r#"{{"job":"{}","attempt":{}}}"#,
@@ -640,6 +769,13 @@ impl Provider for SimProvider {
         };
         let hang = w.fault("provider_hang", w.rates.provider_hang);
         let lost = !hang && w.fault("connection_lost", w.rates.connection_lost);
+        // A gateway in front of the model gives up while the model still runs, and answers
+        // with its own status: the worker reads it through the real status table.
+        let gateway =
+            (!hang && !lost && w.fault("gateway_error", w.rates.gateway_error)).then(|| {
+                let status = [502, 504, 524, 409, 500][w.range(0, 4) as usize];
+                fenced_jobs::provider::openai::classify_status(status, &serde_json::json!({}))
+            });
         let forgotten = w.roll(w.rates.provider_forgets);
         self.runs.lock().expect("runs").insert(
             key,
@@ -651,6 +787,7 @@ impl Provider for SimProvider {
                 },
                 answer: answer.clone(),
                 forgotten,
+                definite_failure: permanent && !lost && gateway.is_none(),
             },
         );
         if hang {
@@ -661,6 +798,9 @@ impl Provider for SimProvider {
             return Err(ProviderError::Uncertain {
                 evidence: "connection lost after the request was sent".into(),
             });
+        }
+        if let Some(error) = gateway {
+            return Err(error);
         }
         answer.map(|body| Answer {
             body,
@@ -683,6 +823,12 @@ impl Provider for SimProvider {
         _req: &ProviderRequest<'_>,
     ) -> Retrieval {
         tokio::time::sleep(Duration::from_millis(20)).await;
+        if self
+            .world
+            .fault("retrieval_stall", self.world.rates.retrieval_stall)
+        {
+            tokio::time::sleep(Duration::from_millis(self.world.range(60_000, 600_000))).await;
+        }
         let Some((job, attempt)) = provider_ref.rsplit_once('/') else {
             return Retrieval::NotFound;
         };
@@ -818,12 +964,30 @@ pub async fn run(config: &ChaosConfig) -> ChaosReport {
                 let n = invocations.fetch_add(1, Ordering::Relaxed);
                 let mut event = SqsEvent::default();
                 event.records = records;
-                let timeout_ms: Millis = 300_000;
+                let timeout_ms: Millis =
+                    if world.fault("short_invocation", world.rates.short_invocation) {
+                        world.range(8_000, 40_000) as Millis
+                    } else {
+                        300_000
+                    };
                 let inv = Invocation {
                     id: format!("inv-{n}"),
                     deadline: Some(world.now() + timeout_ms),
                 };
-                if world.fault("pause", world.rates.pause) {
+                if world.fault("lapse_alone", world.rates.lapse_alone) {
+                    // Past the lease, while the batch's messages stay invisible: nobody else
+                    // can take its jobs over.
+                    let from = world.now() + world.range(0, 5_000) as Millis;
+                    let until = from + world.range(70_000, 150_000) as Millis;
+                    gate.from.store(from, Ordering::Relaxed);
+                    gate.until.store(until, Ordering::Relaxed);
+                    let handles: Vec<String> = event
+                        .records
+                        .iter()
+                        .filter_map(|r| r.receipt_handle.clone())
+                        .collect();
+                    queue.hold(&handles, until + 30_000);
+                } else if world.fault("pause", world.rates.pause) {
                     let from = world.now() + world.range(0, 20_000) as Millis;
                     gate.from.store(from, Ordering::Relaxed);
                     gate.until.store(
@@ -831,12 +995,12 @@ pub async fn run(config: &ChaosConfig) -> ChaosReport {
                         Ordering::Relaxed,
                     );
                 }
-                let cut = if world.fault("crash", world.rates.crash) {
+                // Lambda ends the invocation at its deadline; a crash ends it earlier.
+                let crash = world.fault("crash", world.rates.crash);
+                let cut = if crash {
                     world.range(1, 60_000)
-                } else if world.fault("invocation_timeout", world.rates.invocation_timeout) {
-                    timeout_ms as u64
                 } else {
-                    timeout_ms as u64 + 60_000
+                    timeout_ms as u64
                 };
                 let handled = tokio::time::timeout(
                     Duration::from_millis(cut),
@@ -844,7 +1008,22 @@ pub async fn run(config: &ChaosConfig) -> ChaosReport {
                 )
                 .await;
                 // A crashed or timed-out invocation returns nothing: nothing is deleted.
-                let Ok(report) = handled else { continue };
+                let Ok(report) = handled else {
+                    if !crash {
+                        world.violation(format!(
+                            "{}: no response before the invocation's deadline",
+                            inv.id
+                        ));
+                    }
+                    continue;
+                };
+                if world.now() > inv.deadline.unwrap_or(Millis::MAX) {
+                    world.violation(format!(
+                        "{}: response posted {} ms after the invocation's deadline",
+                        inv.id,
+                        world.now() - inv.deadline.unwrap_or(0)
+                    ));
+                }
                 let Ok(failed) = report.response else {
                     continue;
                 };
@@ -875,10 +1054,14 @@ pub async fn run(config: &ChaosConfig) -> ChaosReport {
         let finished = Arc::clone(&finished);
         async move {
             let mut ticks = 0u64;
+            let mut quiet = 0u64;
             loop {
                 tokio::time::sleep(Duration::from_millis(60_000)).await;
                 ticks += 1;
-                let empty = queue.live() == 0;
+                // Empty for 45 minutes in a row: the reconciler (every 10 minutes, re-sending
+                // what was untouched for 20) has had its chance to re-trigger stranded jobs.
+                quiet = if queue.live() == 0 { quiet + 1 } else { 0 };
+                let empty = quiet >= 45;
                 if ticks % 10 == 0 || empty {
                     let moved = queue.redrive(&table);
                     if moved > 0 {
@@ -901,7 +1084,35 @@ pub async fn run(config: &ChaosConfig) -> ChaosReport {
             finished.store(true, Ordering::Relaxed);
         }
     };
-    futures::future::join(futures::future::join_all(consumers), operator).await;
+    // The reconciler on its schedule (every 10 virtual minutes), on the same table through a
+    // client with the same faults, sending its triggers to the queue.
+    let reconciler = {
+        let ledger = SimLedger {
+            world: Arc::clone(&world),
+            table: Arc::clone(&table),
+            gate: Arc::new(PauseGate::default()),
+        };
+        let triggers = SimTriggers {
+            world: Arc::clone(&world),
+            queue: Arc::clone(&queue),
+        };
+        let (world, finished) = (Arc::clone(&world), Arc::clone(&finished));
+        async move {
+            let settings = fenced_jobs::ops::reconcile::ReconcileSettings::default();
+            while !finished.load(Ordering::Relaxed) {
+                tokio::time::sleep(Duration::from_millis(600_000)).await;
+                let now = world.now();
+                if let Ok(r) =
+                    fenced_jobs::ops::reconcile::reconcile(&ledger, &triggers, now, &settings).await
+                {
+                    let mut faults = world.faults.lock().expect("faults");
+                    *faults.entry("reconciler_expired").or_default() += r.expired;
+                    *faults.entry("reconciler_resent").or_default() += r.resent;
+                }
+            }
+        }
+    };
+    futures::future::join3(futures::future::join_all(consumers), operator, reconciler).await;
 
     // End of the run: every job terminal, or unknown with its evidence recorded.
     let mut report = ChaosReport {
@@ -916,8 +1127,27 @@ pub async fn run(config: &ChaosConfig) -> ChaosReport {
         let state = item.as_ref().map(|r| r.state);
         let label = state.map_or("absent", JobState::as_str).to_owned();
         *report.end_states.entry(label).or_default() += 1;
+        // An unknown job whose last call finished with an answer the provider still holds was
+        // left uncollected.
+        let collectable = item.as_ref().is_some_and(|r| {
+            r.state == JobState::Unknown
+                && r.attempt_log
+                    .last()
+                    .is_some_and(|a| a.provider_ref.is_some())
+                && provider
+                    .runs
+                    .lock()
+                    .expect("runs")
+                    .get(&(job_id.clone(), r.attempts))
+                    .is_some_and(|run| {
+                        run.answer.is_ok() && !run.forgotten && run.done_at <= world.now()
+                    })
+        });
         match item {
             Some(r) if r.state.is_terminal() => {}
+            Some(_) if collectable => world.violation(format!(
+                "{job_id}: ended unknown with a collectable answer left uncollected"
+            )),
             Some(r) if r.state == JobState::Unknown && r.last_error.is_some() => {}
             Some(r) => world.violation(format!(
                 "{job_id}: ended {} without a decision or evidence",

@@ -262,7 +262,7 @@ pub fn apply_mark_enqueued(
     req: &EnqueuedRequest,
 ) -> Option<JobRecord> {
     let r = current?;
-    if !(r.state.is_claimable() || r.state == JobState::Running) {
+    if !(r.state.is_claimable() || matches!(r.state, JobState::Running | JobState::Unknown)) {
         return None;
     }
     let mut next = r.clone();

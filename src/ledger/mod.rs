@@ -244,8 +244,9 @@ pub struct CreateRequest {
 
 /// Records that a trigger for a job was sent.
 ///
-/// Condition: `ready`, `retry_authorized` or `running` (not terminal, not `unknown`). Effect: `enqueued_at` set (and nothing else, so
-/// the job's place in the attention index does not move).
+/// Condition: not terminal (`ready`, `retry_authorized`, `running` or `unknown`). Effect:
+/// `enqueued_at` set (and nothing else, so the job's place in the attention index does not
+/// move).
 #[derive(Debug, Clone, PartialEq)]
 pub struct EnqueuedRequest {
     /// Job id.

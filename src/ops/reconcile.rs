@@ -11,7 +11,9 @@
 //!   the lease, and with it the job's `updated_at`, every few seconds): their owner is gone and
 //!   their message may be in the DLQ; the delivery that follows makes the recovery claim. A
 //!   trigger too many is harmless: the ledger lets one claim win.
-//! - `unknown` jobs are counted, for the alarm that asks an operator to decide.
+//! - `unknown` jobs are counted, for the alarm that asks an operator to decide; those whose last
+//!   attempt has a provider reference and that nobody touched for `retry_after` get a trigger,
+//!   so that a delivery asks the provider again even when their message was dead-lettered.
 
 use futures::stream::{self, StreamExt};
 
@@ -98,6 +100,13 @@ pub async fn reconcile<L: JobLedger + LedgerIndex>(
             settings.ready_after_ms,
             settings.ready_after_ms,
         ),
+        // An unknown job whose call the provider can be asked about: a new delivery asks, so a
+        // dead-lettered message never strands a collectable answer.
+        (
+            JobState::Unknown,
+            settings.retry_after_ms,
+            settings.retry_after_ms,
+        ),
     ] {
         let keys = ledger
             .untouched_since(state, now - after, settings.max_jobs)
@@ -114,7 +123,8 @@ pub async fn reconcile<L: JobLedger + LedgerIndex>(
                     if job.state == state
                         && job.updated_at <= now - after
                         && job.owner_until.is_none_or(|until| until <= now - after)
-                        && job.enqueued_at.is_none_or(|at| at <= now - enqueue_after) =>
+                        && job.enqueued_at.is_none_or(|at| at <= now - enqueue_after)
+                        && (state != JobState::Unknown || has_reference(&job)) =>
                 {
                     due.push(Outgoing::by_id(&job.job_id));
                 }
@@ -143,6 +153,13 @@ pub async fn reconcile<L: JobLedger + LedgerIndex>(
     report.errors += recorded.iter().filter(|r| r.is_err()).count() as u64;
     report.unknown = ledger.count(JobState::Unknown).await?;
     Ok(report)
+}
+
+/// Whether the job's last attempt has a provider reference to ask about.
+fn has_reference(job: &crate::job::JobRecord) -> bool {
+    job.attempt_log
+        .last()
+        .is_some_and(|a| a.provider_ref.is_some())
 }
 
 async fn expire<L: JobLedger + LedgerIndex>(

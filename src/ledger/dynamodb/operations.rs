@@ -257,8 +257,9 @@ impl JobLedger for DynamoLedger {
             (":ready", s(JobState::Ready.as_str())),
             (":retry", s(JobState::RetryAuthorized.as_str())),
             (":running", s(JobState::Running.as_str())),
+            (":unknown", s(JobState::Unknown.as_str())),
         ];
-        let condition = "#state IN (:ready, :retry, :running)";
+        let condition = "#state IN (:ready, :retry, :running, :unknown)";
         self.update(
             "mark_enqueued",
             &req.job_id,

@@ -18,7 +18,7 @@ use serde_json::{Map, Value, json};
 use super::keys::Secret;
 mod status;
 
-pub use status::{MAX_RESPONSE_BYTES, retry_after_ms};
+pub use status::{MAX_RESPONSE_BYTES, classify_status, retry_after_ms};
 use status::{classify, code_text, no_responses_api, read, retrieval_error, transport_kind};
 
 use super::{Answer, Provider, ProviderError, ProviderRequest, Retrieval, Submission};

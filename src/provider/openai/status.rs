@@ -116,6 +116,17 @@ pub(super) fn classify(status: StatusCode, headers: &HeaderMap, json: &Value) ->
     }
 }
 
+/// [`classify`] for a status code and a JSON body alone (no headers): what the fault
+/// simulation's gateways answer goes through the same table as a real server's.
+pub fn classify_status(status: u16, body: &Value) -> ProviderError {
+    match StatusCode::from_u16(status) {
+        Ok(status) => classify(status, &HeaderMap::new(), body),
+        Err(_) => ProviderError::Uncertain {
+            evidence: format!("HTTP {status}"),
+        },
+    }
+}
+
 /// An error status of a retrieval: 400, 404 and 410 say the provider does not know the call;
 /// 401 and 403 refuse to say; anything else (429, 5xx) says nothing about it, so ask again.
 pub(super) fn retrieval_error(status: StatusCode, headers: &HeaderMap) -> Retrieval {
