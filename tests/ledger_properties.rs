@@ -32,13 +32,13 @@ enum Op {
     RecordRef(usize, u64, u32, i64),
 }
 
-fn new_job(digest: &str, max_attempts: u32, deadline_at: i64) -> NewJob {
+fn new_job(digest: &str, max_attempts: u32, deadline_at: i64, metadata: bool) -> NewJob {
     NewJob {
         job_id: String::new(),
         input_digest: digest.into(),
         contract: "c".into(),
         input: r#"{"model":"m","prompt":"p"}"#.into(),
-        metadata: None,
+        metadata: metadata.then(|| r#"{"trace":"t"}"#.to_owned()),
         deadline_at,
         max_attempts,
         expires_at: deadline_at / 1000 + 86_400,
@@ -62,6 +62,7 @@ fn op(rng: &mut fastrand::Rng, now: i64, items: &[Option<JobRecord>]) -> Op {
         if rng.u8(0..8) == 0 { "d2" } else { "d1" },
         rng.u32(1..=3),
         T + rng.i64(-60_000..600_000),
+        rng.bool(),
     );
     match rng.u8(0..10) {
         0 => Op::Create(j, job),
@@ -92,7 +93,13 @@ fn op(rng: &mut fastrand::Rng, now: i64, items: &[Option<JobRecord>]) -> Op {
                 },
                 _ => AttemptEnd::Expired,
             };
-            Op::Finish(j, pick_epoch(rng), attempts.max(1), now, end)
+            // Mostly the current attempt; sometimes one the log does not have.
+            let attempt = if rng.u8(0..8) == 0 {
+                attempts + 1
+            } else {
+                attempts.max(1)
+            };
+            Op::Finish(j, pick_epoch(rng), attempt, now, end)
         }
         5 => {
             let from = match rng.u8(0..3) {

@@ -138,6 +138,10 @@ pub fn apply_claim(current: Option<&JobRecord>, req: &ClaimRequest) -> Option<Jo
         Some(r) => r.clone(),
         None => req.job.clone().into_record(JobState::Ready, req.now),
     };
+    // As DynamoDB's `if_not_exists`: metadata the item lacks is taken from the message.
+    if next.metadata.is_none() {
+        next.metadata = req.job.metadata.clone();
+    }
     next.state = JobState::Running;
     next.owner_epoch = req.expect.epoch + 1;
     next.attempts = req.expect.attempts + 1;
@@ -162,6 +166,7 @@ pub fn apply_finish(current: Option<&JobRecord>, req: &FinishRequest) -> Option<
     let accepting = matches!(req.end, super::AttemptEnd::Succeeded { .. });
     if r.state != JobState::Running
         || r.owner_epoch != req.epoch
+        || r.attempts != req.attempt
         || (accepting && r.deadline_at <= req.now)
     {
         return None;
@@ -212,7 +217,10 @@ pub fn apply_settle(current: Option<&JobRecord>, req: &SettleRequest) -> Option<
 /// Recover: see [`RecoverRequest`].
 pub fn apply_recover(current: Option<&JobRecord>, req: &RecoverRequest) -> Option<JobRecord> {
     let r = current?;
-    let lapsed = r.state == JobState::Running && r.owner_until.unwrap_or(0) <= req.lapsed_before;
+    // A missing lease is not a lapsed one (DynamoDB compares nothing with a missing attribute).
+    let lapsed = r.state == JobState::Running
+        && r.owner_until
+            .is_some_and(|until| until <= req.lapsed_before);
     if r.owner_epoch != req.seen_epoch || !(lapsed || r.state == JobState::Unknown) {
         return None;
     }

@@ -134,8 +134,8 @@ impl AttemptEnd {
 
 /// The owner at `epoch` ends attempt `attempt`.
 ///
-/// Condition: `running` at exactly `epoch` (and, to accept a result, the deadline ahead).
-/// The lease is deliberately not part of the condition: see the README, "Accepting after a
+/// Condition: `running` at exactly `epoch`, with `attempt` the job's current attempt (and, to
+/// accept a result, the deadline ahead). The lease is deliberately not part of the condition: see the README, "Accepting after a
 /// lapsed lease".
 #[derive(Debug, Clone, PartialEq)]
 pub struct FinishRequest {

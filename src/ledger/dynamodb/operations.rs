@@ -83,13 +83,16 @@ impl JobLedger for DynamoLedger {
         );
         // Invariant: only the owner at the current epoch, still running, ends its attempt; a
         // result is accepted only before the deadline.
-        let mut condition = String::from("#state = :running AND #epoch = :epoch");
+        // The attempt ended is the current one, so its entry in the log exists.
+        let mut condition =
+            String::from("#state = :running AND #epoch = :epoch AND #attempts = :attempt");
         let mut values = vec![
             (":to", s(req.end.target().as_str())),
             (":now", n(req.now)),
             (":outcome", s(req.end.attempt_outcome().as_str())),
             (":running", s(JobState::Running.as_str())),
             (":epoch", n(req.epoch)),
+            (":attempt", n(req.attempt)),
         ];
         if let AttemptEnd::Succeeded { result } = &req.end {
             update.push_str(", #result = :result");
