@@ -1540,3 +1540,27 @@ async fn turning_on_the_replay_policy_does_not_replay_jobs_already_unknown() {
     assert!(item.decisions.is_empty());
     assert_eq!(h.processor().provider().executions(), 0);
 }
+
+#[tokio::test]
+async fn the_queues_real_visibility_timeout_wins_over_a_longer_configured_one() {
+    // GIVEN a worker configured for a 30 s visibility timeout (heartbeat every 10 s) on a queue
+    // whose real timeout is 3 s, and a call that takes 2.5 s
+    let ledger = Arc::new(InMemoryLedger::new());
+    let h = handler(ledger, SimulatedProvider::new(), Settings::default());
+    h.visibility().set_visibility_timeout(3);
+    let body = job("short-queue", r#","simulate":{"latency_ms":2500}"#);
+    // WHEN it runs
+    let report = h
+        .handle_batch(&event(vec![record(Some("m1"), &body)]), &invocation())
+        .await;
+    // THEN the heartbeat keeps the record invisible by the queue's clock: it ticks within the
+    // real timeout and never asks for more than it
+    assert_eq!(
+        report.records[0].outcome,
+        RecordOutcome::Done(JobState::Succeeded)
+    );
+    assert!(report.stats.heartbeat_ticks >= 1, "{:?}", report.stats);
+    let changes = h.visibility().changes();
+    assert!(!changes.is_empty());
+    assert!(changes.iter().all(|(_, c)| c.seconds <= 3), "{changes:?}");
+}

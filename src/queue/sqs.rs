@@ -97,6 +97,7 @@ impl TriggerSender for SqsTriggers {
 pub struct SqsVisibility {
     client: Client,
     urls: Mutex<HashMap<String, String>>,
+    timeouts: Mutex<HashMap<String, i64>>,
 }
 
 impl SqsVisibility {
@@ -105,6 +106,7 @@ impl SqsVisibility {
         SqsVisibility {
             client,
             urls: Mutex::new(HashMap::new()),
+            timeouts: Mutex::new(HashMap::new()),
         }
     }
 
@@ -219,6 +221,38 @@ impl SqsVisibility {
 }
 
 impl VisibilityControl for SqsVisibility {
+    /// The queue's `VisibilityTimeout`, read once per execution environment and queue.
+    async fn visibility_timeout_s(&self, queue_arn: &str) -> Option<i64> {
+        if let Some(s) = self
+            .timeouts
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(queue_arn)
+        {
+            return Some(*s);
+        }
+        let url = self.queue_url(queue_arn).await?;
+        let out = self
+            .client
+            .get_queue_attributes()
+            .queue_url(url)
+            .attribute_names(aws_sdk_sqs::types::QueueAttributeName::VisibilityTimeout)
+            .send()
+            .await
+            .map_err(|e| tracing::warn!(error = %aws_sdk_sqs::error::DisplayErrorContext(&e), "GetQueueAttributes failed"))
+            .ok()?;
+        let seconds: i64 = out
+            .attributes()?
+            .get(&aws_sdk_sqs::types::QueueAttributeName::VisibilityTimeout)?
+            .parse()
+            .ok()?;
+        self.timeouts
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(queue_arn.to_owned(), seconds);
+        Some(seconds)
+    }
+
     async fn change(&self, queue_arn: &str, changes: Vec<VisibilityChange>) -> ChangeResults {
         if changes.is_empty() {
             return ChangeResults::default();

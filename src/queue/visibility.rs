@@ -79,6 +79,12 @@ pub trait VisibilityControl: Send + Sync {
         queue_arn: &str,
         changes: Vec<VisibilityChange>,
     ) -> impl Future<Output = ChangeResults> + Send;
+
+    /// The queue's real visibility timeout in seconds, if it can be learnt (once per queue and
+    /// execution environment); `None` leaves the configured one in force.
+    fn visibility_timeout_s(&self, _queue_arn: &str) -> impl Future<Output = Option<i64>> + Send {
+        async { None }
+    }
 }
 
 /// A short, non-reversible fingerprint of a receipt handle, for correlation in logs.
@@ -94,6 +100,7 @@ pub fn fingerprint(receipt_handle: &str) -> String {
 pub struct RecordingVisibility {
     changes: Mutex<Vec<(String, VisibilityChange)>>,
     refused: Mutex<Vec<String>>,
+    timeout_s: Mutex<Option<i64>>,
 }
 
 #[cfg(any(test, feature = "test-support"))]
@@ -111,6 +118,11 @@ impl RecordingVisibility {
             .push(receipt_handle.to_owned());
     }
 
+    /// From now on, reports this as every queue's real visibility timeout.
+    pub fn set_visibility_timeout(&self, seconds: i64) {
+        *self.timeout_s.lock().unwrap_or_else(|p| p.into_inner()) = Some(seconds);
+    }
+
     /// Every change so far, with its queue ARN.
     pub fn changes(&self) -> Vec<(String, VisibilityChange)> {
         self.changes
@@ -122,6 +134,10 @@ impl RecordingVisibility {
 
 #[cfg(any(test, feature = "test-support"))]
 impl VisibilityControl for RecordingVisibility {
+    async fn visibility_timeout_s(&self, _queue_arn: &str) -> Option<i64> {
+        *self.timeout_s.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     async fn change(&self, queue_arn: &str, changes: Vec<VisibilityChange>) -> ChangeResults {
         let refused = self
             .refused

@@ -95,7 +95,7 @@ impl<L: JobLedger, P: Provider, C: Clock, V: VisibilityControl> BatchHandler<L, 
         });
         let lanes = lanes(&entries, fifo);
 
-        let settings = self.processor.settings();
+        let settings = &self.learnt_settings(&entries).await;
         let clock = self.processor.clock();
         let flights = Flights::new(
             entries
@@ -236,6 +236,38 @@ impl<L: JobLedger, P: Provider, C: Clock, V: VisibilityControl> BatchHandler<L, 
             provider_latency_ms: flights.stats.latencies(),
             response,
         }
+    }
+
+    /// The settings for this batch: the configured ones, with the queue's real visibility
+    /// timeout (learnt once per queue and environment) where it is shorter than the configured
+    /// one, and the heartbeat quickened to a third of it, so that a record is never left to
+    /// reappear because the configuration disagrees with the queue.
+    async fn learnt_settings(&self, entries: &[Entry<'_>]) -> crate::worker::Settings {
+        let mut settings = self.processor.settings().clone();
+        let mut arns: Vec<&str> = entries
+            .iter()
+            .filter_map(|e| e.record.event_source_arn.as_deref())
+            .collect();
+        arns.sort_unstable();
+        arns.dedup();
+        for arn in arns {
+            let Some(real) = self.visibility.visibility_timeout_s(arn).await else {
+                continue;
+            };
+            if real < settings.queue_visibility_s {
+                tracing::warn!(
+                    queue_visibility_s = real,
+                    configured_s = settings.queue_visibility_s,
+                    "the queue's visibility timeout is shorter than QUEUE_VISIBILITY_TIMEOUT_SECONDS; using the queue's"
+                );
+                settings.queue_visibility_s = real.max(1);
+                if settings.heartbeat_ms > 0 {
+                    settings.heartbeat_ms =
+                        settings.heartbeat_ms.min(real.max(1) * 1000 / 3).max(100);
+                }
+            }
+        }
+        settings
     }
 
     /// Runs one lane in order: the records of one job (standard queue) or of one message group
