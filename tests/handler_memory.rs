@@ -13,7 +13,7 @@ use aws_lambda_events::event::sqs::{SqsEvent, SqsMessage};
 use fenced_jobs::clock::{Clock, SystemClock};
 use fenced_jobs::job::{Failure, JobState, RecordOutcome};
 use fenced_jobs::ledger::JobLedger;
-use fenced_jobs::ledger::memory::InMemoryLedger;
+use fenced_jobs::ledger::memory::{Fault, FaultyLedger, InMemoryLedger};
 use fenced_jobs::provider::{Answer, Provider, ProviderError, ProviderRequest, SimulatedProvider};
 use fenced_jobs::queue::RecordingVisibility;
 use fenced_jobs::worker::Settings;
@@ -1168,117 +1168,16 @@ async fn an_answer_too_large_for_the_item_fails_the_job_once_and_is_never_retrie
     assert!(error.message.contains("bytes"), "{}", error.message);
 }
 
-/// A ledger whose first end-of-attempt writes fail without an answer, or whose end-of-attempt
-/// writes never answer at all, or whose first claims and recovery claims are applied and their
-/// answers lost.
-#[derive(Default)]
-struct FlakyFinish {
-    inner: InMemoryLedger,
-    failures: std::sync::atomic::AtomicU32,
-    stall: bool,
-    lost_claims: std::sync::atomic::AtomicU32,
-    lost_recoveries: std::sync::atomic::AtomicU32,
-}
-
-/// Takes one from `counter` if it is above zero.
-fn take_one(counter: &std::sync::atomic::AtomicU32) -> bool {
-    use std::sync::atomic::Ordering;
-    counter
-        .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
-        .is_ok()
-}
-
-fn lost(operation: &'static str) -> fenced_jobs::ledger::LedgerError {
-    fenced_jobs::ledger::LedgerError::Unavailable {
-        operation,
-        code: "timeout".into(),
-    }
-}
-
-impl JobLedger for FlakyFinish {
-    async fn claim(
-        &self,
-        req: fenced_jobs::ledger::ClaimRequest,
-    ) -> Result<fenced_jobs::ledger::Write, fenced_jobs::ledger::LedgerError> {
-        let written = self.inner.claim(req).await;
-        if take_one(&self.lost_claims) {
-            return Err(lost("claim"));
-        }
-        written
-    }
-    async fn finish(
-        &self,
-        req: fenced_jobs::ledger::FinishRequest,
-    ) -> Result<fenced_jobs::ledger::Write, fenced_jobs::ledger::LedgerError> {
-        if self.stall {
-            std::future::pending::<()>().await;
-        }
-        if take_one(&self.failures) {
-            return Err(lost("finish"));
-        }
-        self.inner.finish(req).await
-    }
-    async fn settle(
-        &self,
-        req: fenced_jobs::ledger::SettleRequest,
-    ) -> Result<fenced_jobs::ledger::Write, fenced_jobs::ledger::LedgerError> {
-        self.inner.settle(req).await
-    }
-    async fn recover(
-        &self,
-        req: fenced_jobs::ledger::RecoverRequest,
-    ) -> Result<fenced_jobs::ledger::Write, fenced_jobs::ledger::LedgerError> {
-        let written = self.inner.recover(req).await;
-        if take_one(&self.lost_recoveries) {
-            return Err(lost("recover"));
-        }
-        written
-    }
-    async fn renew(
-        &self,
-        req: fenced_jobs::ledger::RenewRequest,
-    ) -> Result<fenced_jobs::ledger::Write, fenced_jobs::ledger::LedgerError> {
-        self.inner.renew(req).await
-    }
-    async fn create(
-        &self,
-        req: fenced_jobs::ledger::CreateRequest,
-    ) -> Result<fenced_jobs::ledger::Write, fenced_jobs::ledger::LedgerError> {
-        self.inner.create(req).await
-    }
-    async fn mark_enqueued(
-        &self,
-        req: fenced_jobs::ledger::EnqueuedRequest,
-    ) -> Result<fenced_jobs::ledger::Write, fenced_jobs::ledger::LedgerError> {
-        self.inner.mark_enqueued(req).await
-    }
-    async fn record_ref(
-        &self,
-        req: fenced_jobs::ledger::RecordRefRequest,
-    ) -> Result<fenced_jobs::ledger::Write, fenced_jobs::ledger::LedgerError> {
-        self.inner.record_ref(req).await
-    }
-    async fn decide(
-        &self,
-        req: fenced_jobs::ledger::DecideRequest,
-    ) -> Result<fenced_jobs::ledger::Write, fenced_jobs::ledger::LedgerError> {
-        self.inner.decide(req).await
-    }
-    async fn get(
-        &self,
-        job_id: &str,
-    ) -> Result<Option<fenced_jobs::job::JobRecord>, fenced_jobs::ledger::LedgerError> {
-        self.inner.get(job_id).await
-    }
+fn faulty(operation: &'static str, fault: Fault, times: u32) -> FaultyLedger<InMemoryLedger> {
+    let ledger = FaultyLedger::new(InMemoryLedger::new());
+    ledger.inject(operation, fault, times);
+    ledger
 }
 
 #[tokio::test]
 async fn a_paid_answer_survives_failing_acceptance_writes() {
     // GIVEN a ledger whose first two end-of-attempt writes fail
-    let ledger = FlakyFinish {
-        failures: std::sync::atomic::AtomicU32::new(2),
-        ..FlakyFinish::default()
-    };
+    let ledger = faulty("finish", Fault::Fail, 2);
     let h = BatchHandler::new(
         Processor::new(
             ledger,
@@ -1315,10 +1214,7 @@ fn tight_settings() -> Settings {
 #[tokio::test]
 async fn a_stalled_ledger_write_cannot_hold_the_response_past_the_deadline() {
     // GIVEN a ledger whose acceptance write never answers, and 2 s left in the invocation
-    let ledger = Arc::new(FlakyFinish {
-        stall: true,
-        ..FlakyFinish::default()
-    });
+    let ledger = Arc::new(faulty("finish", Fault::Stall, u32::MAX));
     let h = BatchHandler::new(
         Processor::new(
             ledger.clone(),
@@ -1411,10 +1307,7 @@ async fn a_retrieval_that_hangs_is_bounded_and_the_job_handed_over_in_time() {
 #[tokio::test]
 async fn a_claim_whose_answer_was_lost_is_recognised_and_its_call_made_once() {
     // GIVEN a ledger that applies the first claim and loses its answer
-    let ledger = Arc::new(FlakyFinish {
-        lost_claims: std::sync::atomic::AtomicU32::new(1),
-        ..FlakyFinish::default()
-    });
+    let ledger = Arc::new(faulty("claim", Fault::LoseAnswer, 1));
     let h = BatchHandler::new(
         Processor::new(
             ledger.clone(),
@@ -1451,10 +1344,7 @@ async fn a_claim_whose_answer_was_lost_is_recognised_and_its_call_made_once() {
 async fn a_recovery_claim_whose_answer_was_lost_is_recognised_not_deferred_to() {
     // GIVEN a job whose owner's lease lapsed, and a ledger that applies the next recovery claim
     // and loses its answer
-    let ledger = Arc::new(FlakyFinish {
-        lost_recoveries: std::sync::atomic::AtomicU32::new(1),
-        ..FlakyFinish::default()
-    });
+    let ledger = Arc::new(faulty("recover", Fault::LoseAnswer, 1));
     let body = job("lost-recovery", "");
     lapsed_claim(&ledger.inner, &body).await;
     let h = BatchHandler::new(

@@ -352,81 +352,104 @@ impl JobLedger for InMemoryLedger {
     }
 }
 
-/// A ledger behind a connection that loses answers, for tests: the chosen operations are
-/// applied and then fail as a timeout would, a set number of times each.
+/// What a [`FaultyLedger`] does to an operation.
+#[cfg(any(test, feature = "test-support"))]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    /// Applied, then failed as a timeout would: the answer is lost.
+    LoseAnswer,
+    /// Failed without being applied.
+    Fail,
+    /// Never answered, and never applied.
+    Stall,
+}
+
+/// A ledger behind a faulty connection, for tests: chosen operations lose their answers, fail
+/// or stall, a set number of times each.
 #[cfg(any(test, feature = "test-support"))]
 #[derive(Debug, Default)]
-pub struct LosesAnswers<L> {
+pub struct FaultyLedger<L> {
     /// The ledger that applies the writes.
     pub inner: L,
-    lose: Mutex<HashMap<&'static str, u32>>,
+    faults: Mutex<HashMap<&'static str, (Fault, u32)>>,
 }
 
 #[cfg(any(test, feature = "test-support"))]
-impl<L: JobLedger> LosesAnswers<L> {
-    /// `inner`, losing nothing yet.
+impl<L: JobLedger> FaultyLedger<L> {
+    /// `inner`, with no fault yet.
     pub fn new(inner: L) -> Self {
-        LosesAnswers {
+        FaultyLedger {
             inner,
-            lose: Mutex::new(HashMap::new()),
+            faults: Mutex::new(HashMap::new()),
         }
     }
 
-    /// Loses the answers of the next `times` writes of `operation` (`claim`, `decide`, ...).
-    pub fn lose(&self, operation: &'static str, times: u32) {
-        self.lose
+    /// The next `times` calls of `operation` (`claim`, `finish`, `decide`, ...) meet `fault`.
+    pub fn inject(&self, operation: &'static str, fault: Fault, times: u32) {
+        self.faults
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .insert(operation, times);
+            .insert(operation, (fault, times));
     }
 
-    fn answer(
+    fn take(&self, operation: &'static str) -> Option<Fault> {
+        let mut faults = self.faults.lock().unwrap_or_else(|p| p.into_inner());
+        match faults.get_mut(operation) {
+            Some((fault, n)) if *n > 0 => {
+                *n -= 1;
+                Some(*fault)
+            }
+            _ => None,
+        }
+    }
+
+    async fn call(
         &self,
         operation: &'static str,
-        written: Result<Write, LedgerError>,
+        write: impl std::future::Future<Output = Result<Write, LedgerError>>,
     ) -> Result<Write, LedgerError> {
-        let mut lose = self.lose.lock().unwrap_or_else(|p| p.into_inner());
-        match lose.get_mut(operation) {
-            Some(n) if *n > 0 && written.is_ok() => {
-                *n -= 1;
-                Err(LedgerError::Unavailable {
-                    operation,
-                    code: "timeout".to_owned(),
-                })
-            }
-            _ => written,
+        let lost = || LedgerError::Unavailable {
+            operation,
+            code: "timeout".to_owned(),
+        };
+        match self.take(operation) {
+            None => write.await,
+            Some(Fault::LoseAnswer) => write.await.and_then(|_| Err(lost())),
+            Some(Fault::Fail) => Err(lost()),
+            Some(Fault::Stall) => std::future::pending().await,
         }
     }
 }
 
 #[cfg(any(test, feature = "test-support"))]
-impl<L: JobLedger> JobLedger for LosesAnswers<L> {
+impl<L: JobLedger> JobLedger for FaultyLedger<L> {
     async fn claim(&self, req: ClaimRequest) -> Result<Write, LedgerError> {
-        self.answer("claim", self.inner.claim(req).await)
+        self.call("claim", self.inner.claim(req)).await
     }
     async fn finish(&self, req: FinishRequest) -> Result<Write, LedgerError> {
-        self.answer("finish", self.inner.finish(req).await)
+        self.call("finish", self.inner.finish(req)).await
     }
     async fn settle(&self, req: SettleRequest) -> Result<Write, LedgerError> {
-        self.answer("settle", self.inner.settle(req).await)
+        self.call("settle", self.inner.settle(req)).await
     }
     async fn recover(&self, req: RecoverRequest) -> Result<Write, LedgerError> {
-        self.answer("recover", self.inner.recover(req).await)
+        self.call("recover", self.inner.recover(req)).await
     }
     async fn renew(&self, req: RenewRequest) -> Result<Write, LedgerError> {
-        self.answer("renew", self.inner.renew(req).await)
+        self.call("renew", self.inner.renew(req)).await
     }
     async fn create(&self, req: CreateRequest) -> Result<Write, LedgerError> {
-        self.answer("create", self.inner.create(req).await)
+        self.call("create", self.inner.create(req)).await
     }
     async fn mark_enqueued(&self, req: EnqueuedRequest) -> Result<Write, LedgerError> {
-        self.answer("mark_enqueued", self.inner.mark_enqueued(req).await)
+        self.call("mark_enqueued", self.inner.mark_enqueued(req))
+            .await
     }
     async fn record_ref(&self, req: RecordRefRequest) -> Result<Write, LedgerError> {
-        self.answer("record_ref", self.inner.record_ref(req).await)
+        self.call("record_ref", self.inner.record_ref(req)).await
     }
     async fn decide(&self, req: DecideRequest) -> Result<Write, LedgerError> {
-        self.answer("decide", self.inner.decide(req).await)
+        self.call("decide", self.inner.decide(req)).await
     }
     async fn get(&self, job_id: &str) -> Result<Option<JobRecord>, LedgerError> {
         self.inner.get(job_id).await

@@ -371,7 +371,7 @@ pub async fn dlq_redrive(
 mod tests {
     use super::*;
     use crate::job::{JobState, NewJob};
-    use crate::ledger::memory::{InMemoryLedger, LosesAnswers};
+    use crate::ledger::memory::{Fault, FaultyLedger, InMemoryLedger};
     use crate::ledger::{AttemptEnd, ClaimRequest, FinishRequest};
     use crate::queue::RecordingTriggers;
 
@@ -410,9 +410,9 @@ mod tests {
     #[tokio::test]
     async fn a_decision_whose_answer_was_lost_reports_success_and_its_trigger_is_sent() {
         // GIVEN an unknown job, and a ledger that applies the next decision and loses its answer
-        let ledger = LosesAnswers::new(InMemoryLedger::new());
+        let ledger = FaultyLedger::new(InMemoryLedger::new());
         unknown_job(&ledger, "j").await;
-        ledger.lose("decide", 1);
+        ledger.inject("decide", Fault::LoseAnswer, 1);
         // WHEN an operator authorises a retry
         let decided = decide(
             &ledger,
