@@ -850,7 +850,7 @@ async fn a_background_call_still_running_at_the_job_deadline_is_cancelled_and_ex
     let ledger = Arc::new(InMemoryLedger::new());
     let server = background_server(usize::MAX, || {}).await;
     let h = handler(ledger.clone(), openai(&server.url), polling_settings());
-    let deadline = fenced_jobs::job::message::format_rfc3339_ms(SystemClock.now_ms() + 1_000);
+    let deadline = fenced_jobs::job::message::format_rfc3339_ms(SystemClock.now_ms() + 3_000);
     let body = format!(
         r#"{{"job_id":"late","contract":"c","deadline_at":"{deadline}","input":{{"model":"m","prompt":"p"}}}}"#
     );
@@ -1110,14 +1110,15 @@ async fn no_claim_is_made_without_time_for_the_call() {
 
 #[tokio::test]
 async fn a_call_cut_off_by_the_jobs_own_deadline_expires_the_job() {
-    // GIVEN a job whose deadline comes 1.5 s after it arrives and whose call takes 10 s
+    // GIVEN a job whose deadline comes 3 s after it arrives (past the 2 s skew margin, so it is
+    // claimed) and whose call takes 10 s
     let ledger = Arc::new(InMemoryLedger::new());
     let h = handler(
         ledger.clone(),
         SimulatedProvider::new(),
         Settings::default(),
     );
-    let deadline = fenced_jobs::job::message::format_rfc3339_ms(SystemClock.now_ms() + 1_500);
+    let deadline = fenced_jobs::job::message::format_rfc3339_ms(SystemClock.now_ms() + 3_000);
     let body = format!(
         r#"{{"job_id":"short-lived","contract":"c","deadline_at":"{deadline}","input":{{"model":"m","prompt":"p","simulate":{{"latency_ms":10000}}}}}}"#
     );
@@ -1453,4 +1454,36 @@ async fn the_queues_real_visibility_timeout_wins_over_a_longer_configured_one() 
     let changes = h.visibility().changes();
     assert!(!changes.is_empty());
     assert!(changes.iter().all(|(_, c)| c.seconds <= 3), "{changes:?}");
+}
+
+#[tokio::test]
+async fn an_answer_within_the_skew_margin_of_the_deadline_is_not_accepted() {
+    // GIVEN a job whose deadline comes 3 s after it arrives, a 2 s skew margin, and a call
+    // that answers after 1.5 s, inside the margin
+    let ledger = Arc::new(InMemoryLedger::new());
+    let h = handler(
+        ledger.clone(),
+        SimulatedProvider::new(),
+        Settings::default(),
+    );
+    let deadline = fenced_jobs::job::message::format_rfc3339_ms(SystemClock.now_ms() + 3_000);
+    let body = format!(
+        r#"{{"job_id":"near-deadline","contract":"c","deadline_at":"{deadline}","input":{{"model":"m","prompt":"p","simulate":{{"latency_ms":1500}}}}}}"#
+    );
+    // WHEN it is processed
+    let report = h
+        .handle_batch(&event(vec![record(Some("m1"), &body)]), &invocation())
+        .await;
+    // THEN the answer is not accepted (a clock behind by the margin could accept it after the
+    // deadline): the job expires
+    assert_eq!(
+        report.records[0].outcome,
+        RecordOutcome::Done(JobState::Expired)
+    );
+    let item = ledger
+        .get("near-deadline")
+        .await
+        .expect("get")
+        .expect("item");
+    assert_eq!(item.result, None);
 }

@@ -79,8 +79,12 @@ pub enum Next {
 
 /// Decides what a delivery carrying `digest` may do with `record` at `now`.
 ///
-/// `skew_ms` widens every lease: a receiver treats a lease as lapsed only `skew_ms` after its
-/// recorded end, so an owner whose clock runs behind is not taken over early.
+/// `skew_ms` is the margin for clocks that disagree, applied on every side: a receiver treats a
+/// lease as lapsed only `skew_ms` after its recorded end (an owner whose clock runs behind is not
+/// taken over early); a job is settled as past its deadline only `skew_ms` after it (no clock
+/// that runs ahead expires a job early), and no attempt is claimed within `skew_ms` of it (an
+/// answer then could not be accepted safely). Inside that window the delivery defers until it
+/// ends.
 pub fn next_step(record: &JobRecord, digest: &str, now: Millis, skew_ms: Millis) -> Next {
     if record.input_digest != digest {
         return Next::Conflict {
@@ -90,7 +94,12 @@ pub fn next_step(record: &JobRecord, digest: &str, now: Millis, skew_ms: Millis)
     if record.state.is_terminal() {
         return Next::Finished(record.state);
     }
-    let deadline_passed = now >= record.deadline_at;
+    let expires_at = record.deadline_at.saturating_add(skew_ms);
+    let deadline_passed = now >= expires_at;
+    let closing = now.saturating_add(skew_ms) >= record.deadline_at;
+    let wait_for_expiry = Next::Defer {
+        remaining_ms: expires_at.saturating_sub(now).max(1),
+    };
     match record.state {
         JobState::Running => {
             let lapses_at = record.owner_until.unwrap_or(0).saturating_add(skew_ms);
@@ -102,6 +111,8 @@ pub fn next_step(record: &JobRecord, digest: &str, now: Millis, skew_ms: Millis)
                 // Nobody can accept a result any more, and the settling write raises no epoch
                 // but is conditional on the one seen, so a resumed owner is refused.
                 Next::Settle(SettleReason::DeadlinePassed)
+            } else if closing {
+                wait_for_expiry
             } else {
                 Next::AwaitRecovery
             }
@@ -109,6 +120,7 @@ pub fn next_step(record: &JobRecord, digest: &str, now: Millis, skew_ms: Millis)
         JobState::Unknown if deadline_passed => Next::Settle(SettleReason::DeadlinePassed),
         JobState::Unknown => Next::AwaitDecision,
         _ if deadline_passed => Next::Settle(SettleReason::DeadlinePassed),
+        _ if closing => wait_for_expiry,
         _ if record.attempts >= record.max_attempts => Next::Settle(SettleReason::BudgetSpent),
         _ => Next::Claim(Expect {
             epoch: record.owner_epoch,
@@ -203,6 +215,32 @@ mod tests {
         );
         assert_eq!(
             next_step(&r, "d", r.deadline_at, 0),
+            Next::Settle(SettleReason::DeadlinePassed)
+        );
+    }
+
+    #[test]
+    fn the_skew_margin_applies_on_both_sides_of_the_deadline() {
+        let r = record(JobState::Ready);
+        let skew = 2_000;
+        // Well before: claim. Within the margin before: no claim (an answer could not be
+        // accepted safely). Within the margin after: no expiry yet. Past it: expire.
+        assert!(matches!(
+            next_step(&r, "d", r.deadline_at - skew - 1, skew),
+            Next::Claim(_)
+        ));
+        assert_eq!(
+            next_step(&r, "d", r.deadline_at - skew, skew),
+            Next::Defer {
+                remaining_ms: 2 * skew
+            }
+        );
+        assert_eq!(
+            next_step(&r, "d", r.deadline_at + skew - 1, skew),
+            Next::Defer { remaining_ms: 1 }
+        );
+        assert_eq!(
+            next_step(&r, "d", r.deadline_at + skew, skew),
             Next::Settle(SettleReason::DeadlinePassed)
         );
     }

@@ -42,6 +42,9 @@ pub struct ReconcileSettings {
     pub enqueue_stale_after_ms: Millis,
     /// `RECONCILE_MAX_JOBS`: most jobs each step handles in one run.
     pub max_jobs: usize,
+    /// `CLOCK_SKEW_MS`: a job is expired only this long after its deadline, so that a clock
+    /// running ahead never expires a job its owner may still finish.
+    pub skew_ms: Millis,
 }
 
 impl Default for ReconcileSettings {
@@ -51,6 +54,7 @@ impl Default for ReconcileSettings {
             retry_after_ms: 1_200_000,
             enqueue_stale_after_ms: 21_600_000,
             max_jobs: 1_000,
+            skew_ms: 2_000,
         }
     }
 }
@@ -70,6 +74,7 @@ impl ReconcileSettings {
                 d.enqueue_stale_after_ms,
             )?,
             max_jobs: vars.integer("RECONCILE_MAX_JOBS", d.max_jobs as i64, 1, 100_000)? as usize,
+            skew_ms: vars.integer("CLOCK_SKEW_MS", d.skew_ms, 0, 60_000)?,
         })
     }
 }
@@ -82,7 +87,9 @@ pub async fn reconcile<L: JobLedger + LedgerIndex>(
     settings: &ReconcileSettings,
 ) -> Result<ReconcileReport, LedgerError> {
     let mut report = ReconcileReport::default();
-    expire(ledger, now, settings.max_jobs, &mut report).await?;
+    // The deadline as every clock within the margin sees it passed.
+    let expiry_clock = now.saturating_sub(settings.skew_ms);
+    expire(ledger, expiry_clock, settings.max_jobs, &mut report).await?;
     let mut due = Vec::new();
     for (state, after, enqueue_after) in [
         (
@@ -197,4 +204,52 @@ async fn expire<L: JobLedger + LedgerIndex>(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::job::{Expect, NewJob};
+    use crate::ledger::ClaimRequest;
+    use crate::ledger::memory::InMemoryLedger;
+    use crate::queue::RecordingTriggers;
+
+    #[tokio::test]
+    async fn a_job_is_expired_only_past_its_deadline_and_the_skew_margin() {
+        // GIVEN a running job whose deadline is T, and a reconciler with a 2 s margin
+        const T: Millis = 1_800_000_000_000;
+        let ledger = InMemoryLedger::new();
+        let job = NewJob {
+            job_id: "j".into(),
+            input_digest: "d".into(),
+            contract: "c".into(),
+            input: "{}".into(),
+            metadata: None,
+            deadline_at: T,
+            max_attempts: 3,
+            expires_at: 0,
+        };
+        let claim = ClaimRequest {
+            job,
+            expect: Expect::FRESH,
+            owner_id: "w".into(),
+            now: T - 60_000,
+            lease_until: T - 30_000,
+            provider_ref: None,
+        };
+        assert!(matches!(ledger.claim(claim).await, Ok(Write::Applied(_))));
+        let settings = ReconcileSettings::default();
+        let triggers = RecordingTriggers::new();
+        // WHEN it runs 1 s after the deadline, then 2 s after
+        let early = reconcile(&ledger, &triggers, T + 1_000, &settings)
+            .await
+            .expect("run");
+        let late = reconcile(&ledger, &triggers, T + 2_000, &settings)
+            .await
+            .expect("run");
+        // THEN only the second run expires it: a clock ahead by the margin never expires early
+        assert_eq!((early.expired, late.expired), (0, 1));
+        let item = ledger.get("j").await.expect("get").expect("item");
+        assert_eq!(item.state, JobState::Expired);
+    }
 }

@@ -32,6 +32,14 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
     ) -> Processed {
         let epoch = claimed.owner_epoch;
         let attempt = claimed.attempts;
+        if matches!(end, AttemptEnd::Succeeded { .. })
+            && self.clock.now_ms().saturating_add(self.settings.skew_ms) >= claimed.deadline_at
+        {
+            // Within the clock-skew margin of the deadline an answer is not accepted: a clock
+            // behind by the margin could accept it after the deadline. The attempt is over.
+            tracing::warn!(job_id = %msg.job_id, "answer came within the skew margin of the deadline; not accepted");
+            end = AttemptEnd::Expired;
+        }
         let mut tries = 0;
         let (seen, accepting, now) = loop {
             tries += 1;

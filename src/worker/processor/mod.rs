@@ -177,8 +177,14 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
             }
         }
         let job = NewJob::from_message(msg, now, &self.settings.job_defaults);
-        let mut action = if job.deadline_at <= now {
+        // The deadline with the clock-skew margin on both sides, as `next_step` applies it.
+        let skew = self.settings.skew_ms;
+        let mut action = if now >= job.deadline_at.saturating_add(skew) {
             Action::SettleAbsent
+        } else if now.saturating_add(skew) >= job.deadline_at {
+            // Too close to the deadline to claim, not yet surely past it to expire.
+            let remaining_ms = job.deadline_at.saturating_add(skew) - now;
+            return failed(Failure::Deferred { remaining_ms }, None);
         } else {
             Action::Claim(Expect::FRESH)
         };
@@ -281,7 +287,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
                         }
                         // No item where one was expected (removed by TTL, say): start again from absent.
                         Ok(Write::Refused(None)) => {
-                            action = if job.deadline_at <= now {
+                            action = if now >= job.deadline_at.saturating_add(skew) {
                                 Action::SettleAbsent
                             } else {
                                 Action::Claim(Expect::FRESH)
