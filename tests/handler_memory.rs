@@ -298,11 +298,13 @@ async fn a_hung_call_is_cut_off_and_recorded_as_uncertain_never_retried_blindly(
     let report = h
         .handle_batch(&event(vec![record(Some("m1"), &body)]), &invocation())
         .await;
+    // The provider was not asked yet and has a reference for the call: a short backoff, and
+    // the next delivery asks (the half-hour wait comes once it could not say).
     assert_eq!(
         report.records[0].outcome,
-        RecordOutcome::Failed(Failure::AwaitingDecision)
+        RecordOutcome::Failed(Failure::AwaitingRecovery)
     );
-    assert_eq!(report.records[0].visibility_s, Some(1_800));
+    assert!(report.records[0].visibility_s.is_some_and(|s| s <= 5));
     let item = ledger.get("stuck").await.expect("get").expect("item");
     assert_eq!(item.state, JobState::Unknown);
     assert_eq!(
@@ -474,13 +476,14 @@ async fn a_replay_policy_records_its_decision_and_stays_within_the_budget() {
     assert_eq!(item.decisions.len(), 1);
     assert_eq!(item.decisions[0].by, "replay-policy");
 
-    // Attempt 2 is cut off too, with no budget left: unknown, waiting for an operator.
+    // Attempt 2 is cut off too, with no budget left: unknown; the provider will be asked
+    // about it on the next delivery, soon.
     let second = h
         .handle_batch(&event(vec![record(Some("m2"), body)]), &invocation())
         .await;
     assert_eq!(
         second.records[0].outcome,
-        RecordOutcome::Failed(Failure::AwaitingDecision)
+        RecordOutcome::Failed(Failure::AwaitingRecovery)
     );
     let item = ledger.get("again").await.expect("get").expect("item");
     assert_eq!((item.state, item.attempts), (JobState::Unknown, 2));
@@ -614,7 +617,7 @@ async fn a_call_cut_off_but_completed_upstream_is_retrieved_on_the_next_delivery
         .await;
     assert_eq!(
         first.records[0].outcome,
-        RecordOutcome::Failed(Failure::AwaitingDecision)
+        RecordOutcome::Failed(Failure::AwaitingRecovery)
     );
     tokio::time::sleep(std::time::Duration::from_millis(450)).await;
 
@@ -1486,4 +1489,42 @@ async fn an_answer_within_the_skew_margin_of_the_deadline_is_not_accepted() {
         .expect("get")
         .expect("item");
     assert_eq!(item.result, None);
+}
+
+#[tokio::test]
+async fn an_attempt_cut_off_with_an_askable_reference_waits_briefly_then_is_collected() {
+    // GIVEN an invocation with 2 s of usable time and a call that takes 3 s, from a provider
+    // that can be asked about it afterwards
+    let ledger = Arc::new(InMemoryLedger::new());
+    let h = handler(
+        ledger.clone(),
+        SimulatedProvider::new(),
+        Settings::default(),
+    );
+    let body = job("cut-short", r#","simulate":{"latency_ms":3000}"#);
+    let short = Invocation {
+        id: "inv-1".into(),
+        deadline: Some(SystemClock.now_ms() + 7_000),
+    };
+    // WHEN the call is cut off by the invocation's deadline
+    let first = h
+        .handle_batch(&event(vec![record(Some("m1"), &body)]), &short)
+        .await;
+    // THEN the job is unknown, but its record comes back after a short backoff (its next
+    // delivery asks the provider), not after the half-hour wait for an operator
+    assert_eq!(
+        first.records[0].outcome,
+        RecordOutcome::Failed(Failure::AwaitingRecovery)
+    );
+    assert!(first.records[0].visibility_s.is_some_and(|s| s <= 5));
+    // AND the next delivery collects the answer without a new call
+    tokio::time::sleep(std::time::Duration::from_millis(1_200)).await;
+    let second = h
+        .handle_batch(&event(vec![record(Some("m1"), &body)]), &invocation())
+        .await;
+    assert_eq!(
+        second.records[0].outcome,
+        RecordOutcome::Done(JobState::Succeeded)
+    );
+    assert_eq!(h.processor().provider().executions(), 1);
 }

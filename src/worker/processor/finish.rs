@@ -28,6 +28,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         claimed: JobRecord,
         mut end: AttemptEnd,
         retry_after_ms: Option<Millis>,
+        asked: bool,
         inv: &Invocation,
     ) -> Processed {
         let epoch = claimed.owner_epoch;
@@ -54,12 +55,14 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
                 end: end.clone(),
             };
             match self.ledger.finish(req).await {
-                Ok(Write::Applied(record)) => return settled(record, retry_after_ms),
+                Ok(Write::Applied(record)) => {
+                    return self.waiting(settled(record, retry_after_ms), asked);
+                }
                 // Our own write, applied on a first try whose response was lost.
                 Ok(Write::Refused(Some(seen)))
                     if seen.owner_epoch == epoch && seen.state == target =>
                 {
-                    return settled(seen, retry_after_ms);
+                    return self.waiting(settled(seen, retry_after_ms), asked);
                 }
                 Ok(Write::Refused(seen)) => break (seen, accepting, now),
                 // The table refused the answer itself (too large after all): record the
@@ -116,6 +119,23 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         Processed {
             outcome,
             view: Some(seen),
+        }
+    }
+
+    /// An attempt that just became `unknown` with a reference the provider can be asked about,
+    /// and that nobody asked about yet, waits a short, growing backoff: its next delivery asks.
+    /// Once the provider was asked and could not say, the long wait for a decision applies.
+    fn waiting(&self, processed: Processed, asked: bool) -> Processed {
+        match (&processed.outcome, &processed.view) {
+            (RecordOutcome::Failed(Failure::AwaitingDecision), Some(job))
+                if !asked && self.can_ask_about(job) =>
+            {
+                Processed {
+                    outcome: RecordOutcome::Failed(Failure::AwaitingRecovery),
+                    view: processed.view,
+                }
+            }
+            _ => processed,
         }
     }
 

@@ -385,6 +385,9 @@ enum Waited {
     Handover,
     /// Ownership was lost while waiting.
     Lost,
+    /// The attempt ends so after the provider was asked about the call and could not say:
+    /// nothing is gained by asking again soon.
+    Asked(AttemptEnd),
 }
 
 impl From<(AttemptEnd, Option<Millis>)> for Waited {

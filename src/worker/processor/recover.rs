@@ -62,12 +62,13 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
                     .await
             }
         };
-        let (end, retry_after_ms) = match waited {
-            Waited::Ended(end, retry_after_ms) => (end, retry_after_ms),
+        let (end, retry_after_ms, asked) = match waited {
+            Waited::Ended(end, retry_after_ms) => (end, retry_after_ms, false),
+            Waited::Asked(end) => (end, None, true),
             Waited::Handover => return self.hand_over(&msg.job_id, fenced).await,
             Waited::Lost => return failed(backoff("ownership lost"), Some(fenced)),
         };
-        self.finish_attempt(msg, fenced, end, retry_after_ms, inv)
+        self.finish_attempt(msg, fenced, end, retry_after_ms, asked, inv)
             .await
     }
 

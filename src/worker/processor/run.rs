@@ -85,12 +85,13 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         watch.call_ended();
         let took = self.clock.now_ms() - started;
         watch.provider_latency(u64::try_from(took).unwrap_or(0));
-        let (end, retry_after_ms) = match waited {
-            Waited::Ended(end, retry_after_ms) => (end, retry_after_ms),
+        let (end, retry_after_ms, asked) = match waited {
+            Waited::Ended(end, retry_after_ms) => (end, retry_after_ms, false),
+            Waited::Asked(end) => (end, None, true),
             Waited::Handover => return self.hand_over(&msg.job_id, claimed).await,
             Waited::Lost => return failed(backoff("ownership lost"), Some(claimed)),
         };
-        self.finish_attempt(msg, claimed, end, retry_after_ms, inv)
+        self.finish_attempt(msg, claimed, end, retry_after_ms, asked, inv)
             .await
     }
 
@@ -242,15 +243,15 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
             Polled::Answer(result) => Waited::from(self.end_of(result, owner, now)),
             Polled::NotFound => {
                 let why = "the provider does not know the call";
-                Waited::Ended(self.uncertain(evidence(why), owner, now), None)
+                Waited::Asked(self.uncertain(evidence(why), owner, now))
             }
             Polled::Unsupported => {
                 let why = "the call may have run and the provider cannot be asked";
-                Waited::Ended(self.uncertain(evidence(why), owner, now), None)
+                Waited::Asked(self.uncertain(evidence(why), owner, now))
             }
             Polled::Denied => {
                 let why = "the provider refused to say what became of the call (401/403)";
-                Waited::Ended(self.uncertain(evidence(why), owner, now), None)
+                Waited::Asked(self.uncertain(evidence(why), owner, now))
             }
             // The heartbeat could not keep the lease: whoever takes the job over finds the
             // reference and asks for the same call.
