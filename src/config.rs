@@ -106,6 +106,14 @@ impl Config {
     }
 }
 
+/// The provider the environment names (`PROVIDER` and its settings), for a binary that needs
+/// only that of the worker's configuration (the reconciler cancels expired background calls).
+pub fn provider_from_lookup(
+    lookup: impl Fn(&str) -> Option<String>,
+) -> Result<ProviderConfig, ConfigError> {
+    ProviderConfig::from_vars(&Vars::new(&lookup))
+}
+
 /// The reconciler's environment: `JOBS_TABLE`, `QUEUE_URL` and the `RECONCILE_*` settings.
 pub fn reconciler_from_lookup(
     lookup: impl Fn(&str) -> Option<String>,

@@ -147,6 +147,8 @@ pub struct UnnamedFailure {
 pub struct ReconcileReport {
     /// Jobs moved to `expired`.
     pub expired: u64,
+    /// Background calls of expired jobs whose cancel was sent upstream.
+    pub cancelled: u64,
     /// Expiries refused (the job changed since the index was read).
     pub expire_refused: u64,
     /// Waiting jobs looked at for a re-send.

@@ -161,6 +161,7 @@ async fn hundreds_of_jobs_under_crashes_and_pauses_keep_every_invariant() {
                         let report = fenced_jobs::ops::reconcile::reconcile(
                             ledger,
                             &fenced_jobs::queue::SqsTriggers::new(aws.sqs.clone(), &queue.url),
+                            &SimulatedProvider::new(),
                             now,
                             &quick,
                         )

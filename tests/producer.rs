@@ -207,6 +207,7 @@ async fn the_reconciler_repairs_a_stopped_producer_and_expires_jobs_past_their_d
     let report = reconcile(
         &ledger,
         &SqsTriggers::new(aws.sqs.clone(), &queue.url),
+        &SimulatedProvider::new(),
         now,
         &quick,
     )
@@ -240,6 +241,7 @@ async fn the_reconciler_repairs_a_stopped_producer_and_expires_jobs_past_their_d
     let again = reconcile(
         &ledger,
         &SqsTriggers::new(aws.sqs.clone(), &queue.url),
+        &SimulatedProvider::new(),
         now + 1_000,
         &quick,
     )

@@ -812,6 +812,30 @@ impl Provider for SimProvider {
         Some(format!("{job_id}/{attempt}"))
     }
 
+    async fn cancel(&self, provider_ref: &str) {
+        let Some((job, attempt)) = provider_ref.rsplit_once('/') else {
+            return;
+        };
+        let key = (job.to_owned(), attempt.parse().unwrap_or(0));
+        let now = self.world.now();
+        if let Some(run) = self.runs.lock().expect("runs").get_mut(&key) {
+            if run.done_at > now {
+                run.done_at = now;
+                run.answer = Err(ProviderError::Transient {
+                    retry_after_ms: None,
+                    reason: "response cancelled".into(),
+                });
+                *self
+                    .world
+                    .faults
+                    .lock()
+                    .expect("faults")
+                    .entry("upstream_cancelled")
+                    .or_default() += 1;
+            }
+        }
+    }
+
     fn can_retrieve(&self) -> bool {
         true
     }
@@ -1085,7 +1109,9 @@ pub async fn run(config: &ChaosConfig) -> ChaosReport {
         }
     };
     // The reconciler on its schedule (every 10 virtual minutes), on the same table through a
-    // client with the same faults, sending its triggers to the queue.
+    // client with the same faults, sending its triggers to the queue and cancelling the calls
+    // of the jobs it expires.
+    let canceller = provider.clone();
     let reconciler = {
         let ledger = SimLedger {
             world: Arc::clone(&world),
@@ -1102,8 +1128,10 @@ pub async fn run(config: &ChaosConfig) -> ChaosReport {
             while !finished.load(Ordering::Relaxed) {
                 tokio::time::sleep(Duration::from_millis(600_000)).await;
                 let now = world.now();
-                if let Ok(r) =
-                    fenced_jobs::ops::reconcile::reconcile(&ledger, &triggers, now, &settings).await
+                if let Ok(r) = fenced_jobs::ops::reconcile::reconcile(
+                    &ledger, &triggers, &canceller, now, &settings,
+                )
+                .await
                 {
                     let mut faults = world.faults.lock().expect("faults");
                     *faults.entry("reconciler_expired").or_default() += r.expired;

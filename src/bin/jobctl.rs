@@ -175,31 +175,14 @@ async fn main() {
                 retry_after_ms: retry_after_seconds * 1000,
                 ..Default::default()
             };
-            let now = SystemClock.now_ms();
-            fenced_jobs::ops::reconcile::reconcile(
+            reconcile(
                 &ledger,
-                &SqsTriggers::new(sqs, queue_url),
-                now,
+                &config,
+                SqsTriggers::new(sqs, queue_url),
                 &settings,
+                cli.json,
             )
-                .await
-                .map(|report| {
-                    if cli.json {
-                        println!("{}", serde_json::json!(report));
-                    } else {
-                        println!(
-                            "expired {} (refused {}), examined {}, re-sent {} (failed {}), unknown {}, errors {}",
-                            report.expired,
-                            report.expire_refused,
-                            report.examined,
-                            report.resent,
-                            report.send_failed,
-                            report.unknown,
-                            report.errors
-                        );
-                    }
-                })
-                .map_err(OperatorError::from)
+            .await
         }
         Command::Fail {
             job_id,
@@ -376,4 +359,39 @@ fn print(record: &fenced_jobs::job::JobRecord, json: bool, with_result: bool) {
     } else {
         print!("{}", operator::to_text(record, with_result));
     }
+}
+
+/// One reconciler run by hand, with the provider the environment names (to cancel the
+/// background calls of the jobs it expires).
+async fn reconcile(
+    ledger: &DynamoLedger,
+    aws: &aws_config::SdkConfig,
+    triggers: SqsTriggers,
+    settings: &fenced_jobs::ops::reconcile::ReconcileSettings,
+    json: bool,
+) -> Result<(), OperatorError> {
+    let provider = fenced_jobs::config::provider_from_lookup(|name| std::env::var(name).ok())
+        .map_err(|e| OperatorError::NotSent(e.to_string()))?;
+    let provider = fenced_jobs::provider::AnyProvider::from_config(&provider, aws)
+        .await
+        .map_err(|e| OperatorError::NotSent(e.to_string()))?;
+    let now = SystemClock.now_ms();
+    let report =
+        fenced_jobs::ops::reconcile::reconcile(ledger, &triggers, &provider, now, settings).await?;
+    if json {
+        println!("{}", serde_json::json!(report));
+    } else {
+        println!(
+            "expired {} (refused {}, calls cancelled {}), examined {}, re-sent {} (failed {}), unknown {}, errors {}",
+            report.expired,
+            report.expire_refused,
+            report.cancelled,
+            report.examined,
+            report.resent,
+            report.send_failed,
+            report.unknown,
+            report.errors
+        );
+    }
+    Ok(())
 }

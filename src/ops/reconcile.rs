@@ -2,7 +2,8 @@
 //! only (no scan of the table).
 //!
 //! - Jobs past their deadline that are not terminal become `expired`, with a write conditional
-//!   on the deadline having passed and the job not being terminal: whoever owns it is fenced.
+//!   on the deadline having passed and the job not being terminal: whoever owns it is fenced,
+//!   and a background call it may have left running upstream is cancelled.
 //! - `ready` jobs untouched for `ready_after` whose trigger was never recorded as sent (a
 //!   producer that stopped between its ledger write and its send) or was sent longer ago than
 //!   `enqueue_stale_after` (a lost message), and `retry_authorized` jobs untouched for
@@ -23,9 +24,15 @@ use crate::job::{JobState, Millis};
 use crate::ledger::{
     EnqueuedRequest, JobLedger, LedgerError, LedgerIndex, SettleFrom, SettleRequest, Write,
 };
+use std::time::Duration;
+
+use crate::provider::Provider;
 use crate::queue::{Outgoing, TriggerSender};
 pub use crate::report::ReconcileReport;
 use crate::vars::{ConfigError, Vars};
+
+/// The longest wait for one cancel request.
+const CANCEL_WAIT_MS: u64 = 5_000;
 
 /// How eager the reconciler is.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -83,13 +90,21 @@ impl ReconcileSettings {
 pub async fn reconcile<L: JobLedger + LedgerIndex>(
     ledger: &L,
     sender: &impl TriggerSender,
+    provider: &impl Provider,
     now: Millis,
     settings: &ReconcileSettings,
 ) -> Result<ReconcileReport, LedgerError> {
     let mut report = ReconcileReport::default();
     // The deadline as every clock within the margin sees it passed.
     let expiry_clock = now.saturating_sub(settings.skew_ms);
-    expire(ledger, expiry_clock, settings.max_jobs, &mut report).await?;
+    expire(
+        ledger,
+        provider,
+        expiry_clock,
+        settings.max_jobs,
+        &mut report,
+    )
+    .await?;
     let mut due = Vec::new();
     for (state, after, enqueue_after) in [
         (
@@ -171,6 +186,7 @@ fn has_reference(job: &crate::job::JobRecord) -> bool {
 
 async fn expire<L: JobLedger + LedgerIndex>(
     ledger: &L,
+    provider: &impl Provider,
     now: Millis,
     max_jobs: usize,
     report: &mut ReconcileReport,
@@ -197,7 +213,20 @@ async fn expire<L: JobLedger + LedgerIndex>(
             .await;
         for w in written {
             match w {
-                Ok(Write::Applied(_)) => report.expired += 1,
+                Ok(Write::Applied(job)) => {
+                    report.expired += 1;
+                    // A call that may still run upstream is cancelled: its answer can never be
+                    // accepted now, and the provider would go on charging for it.
+                    let running = matches!(state, JobState::Running | JobState::Unknown);
+                    if let Some(r) = job.attempt_log.last().and_then(|a| a.provider_ref.as_ref()) {
+                        if running && provider.can_retrieve() {
+                            let wait = Duration::from_millis(CANCEL_WAIT_MS);
+                            if tokio::time::timeout(wait, provider.cancel(r)).await.is_ok() {
+                                report.cancelled += 1;
+                            }
+                        }
+                    }
+                }
                 Ok(Write::Refused(_)) => report.expire_refused += 1,
                 Err(_) => report.errors += 1,
             }
@@ -213,6 +242,71 @@ mod tests {
     use crate::ledger::ClaimRequest;
     use crate::ledger::memory::InMemoryLedger;
     use crate::queue::RecordingTriggers;
+
+    /// A provider with background calls that records what it is asked to cancel.
+    #[derive(Default)]
+    struct Cancels(std::sync::Mutex<Vec<String>>);
+
+    impl Provider for Cancels {
+        async fn call(
+            &self,
+            _: &crate::provider::ProviderRequest<'_>,
+        ) -> Result<crate::provider::Answer, crate::provider::ProviderError> {
+            std::future::pending().await
+        }
+        fn can_retrieve(&self) -> bool {
+            true
+        }
+        async fn cancel(&self, provider_ref: &str) {
+            self.0
+                .lock()
+                .expect("cancels")
+                .push(provider_ref.to_owned());
+        }
+    }
+
+    #[tokio::test]
+    async fn expiring_a_running_job_cancels_its_call_upstream() {
+        // GIVEN a running job past its deadline whose attempt has a provider reference
+        const T: Millis = 1_800_000_000_000;
+        let ledger = InMemoryLedger::new();
+        let job = NewJob {
+            job_id: "bg".into(),
+            input_digest: "d".into(),
+            contract: "c".into(),
+            input: "{}".into(),
+            metadata: None,
+            deadline_at: T,
+            max_attempts: 3,
+            expires_at: 0,
+        };
+        let claim = ClaimRequest {
+            job,
+            expect: Expect::FRESH,
+            owner_id: "w".into(),
+            now: T - 60_000,
+            lease_until: T + 600_000,
+            provider_ref: Some("resp_9".into()),
+        };
+        assert!(matches!(ledger.claim(claim).await, Ok(Write::Applied(_))));
+        let provider = Cancels::default();
+        // WHEN the reconciler expires it
+        let report = reconcile(
+            &ledger,
+            &RecordingTriggers::new(),
+            &provider,
+            T + 10_000,
+            &ReconcileSettings::default(),
+        )
+        .await
+        .expect("run");
+        // THEN the call is cancelled upstream: its answer can never be accepted
+        assert_eq!((report.expired, report.cancelled), (1, 1));
+        assert_eq!(
+            *provider.0.lock().expect("cancels"),
+            vec!["resp_9".to_owned()]
+        );
+    }
 
     #[tokio::test]
     async fn a_job_is_expired_only_past_its_deadline_and_the_skew_margin() {
@@ -241,10 +335,11 @@ mod tests {
         let settings = ReconcileSettings::default();
         let triggers = RecordingTriggers::new();
         // WHEN it runs 1 s after the deadline, then 2 s after
-        let early = reconcile(&ledger, &triggers, T + 1_000, &settings)
+        let provider = crate::provider::SimulatedProvider::new();
+        let early = reconcile(&ledger, &triggers, &provider, T + 1_000, &settings)
             .await
             .expect("run");
-        let late = reconcile(&ledger, &triggers, T + 2_000, &settings)
+        let late = reconcile(&ledger, &triggers, &provider, T + 2_000, &settings)
             .await
             .expect("run");
         // THEN only the second run expires it: a clock ahead by the margin never expires early
