@@ -153,9 +153,9 @@ async fn the_reconciler_repairs_a_stopped_producer_and_expires_jobs_past_their_d
         .create(create(job("stranded", "p", ""), now - 10_000))
         .await
         .expect("create");
-    // AND a job that is running past its deadline, and one ready past it
+    // AND a job that is running past its deadline (and the skew margin), and one ready past it
     let late = |id: &str| {
-        let deadline = fenced_jobs::job::message::format_rfc3339_ms(now - 1_000);
+        let deadline = fenced_jobs::job::message::format_rfc3339_ms(now - 5_000);
         format!(
             r#"{{"job_id":"{id}","contract":"c","deadline_at":"{deadline}","input":{{"model":"m","prompt":"p"}}}}"#
         )
