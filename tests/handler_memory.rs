@@ -1111,6 +1111,14 @@ async fn no_claim_is_made_without_time_for_the_call() {
     );
 }
 
+/// A job whose deadline comes `due_ms` after now and whose simulated call takes `latency_ms`.
+fn job_due_in(job_id: &str, due_ms: i64, latency_ms: u64) -> String {
+    let deadline = fenced_jobs::job::message::format_rfc3339_ms(SystemClock.now_ms() + due_ms);
+    format!(
+        r#"{{"job_id":"{job_id}","contract":"c","deadline_at":"{deadline}","input":{{"model":"m","prompt":"p","simulate":{{"latency_ms":{latency_ms}}}}}}}"#
+    )
+}
+
 #[tokio::test]
 async fn a_call_cut_off_by_the_jobs_own_deadline_expires_the_job() {
     // GIVEN a job whose deadline comes 3 s after it arrives (past the 2 s skew margin, so it is
@@ -1121,10 +1129,7 @@ async fn a_call_cut_off_by_the_jobs_own_deadline_expires_the_job() {
         SimulatedProvider::new(),
         Settings::default(),
     );
-    let deadline = fenced_jobs::job::message::format_rfc3339_ms(SystemClock.now_ms() + 3_000);
-    let body = format!(
-        r#"{{"job_id":"short-lived","contract":"c","deadline_at":"{deadline}","input":{{"model":"m","prompt":"p","simulate":{{"latency_ms":10000}}}}}}"#
-    );
+    let body = job_due_in("short-lived", 3_000, 10_000);
     // WHEN it is processed
     let report = h
         .handle_batch(&event(vec![record(Some("m1"), &body)]), &invocation())
@@ -1469,10 +1474,7 @@ async fn an_answer_within_the_skew_margin_of_the_deadline_is_not_accepted() {
         SimulatedProvider::new(),
         Settings::default(),
     );
-    let deadline = fenced_jobs::job::message::format_rfc3339_ms(SystemClock.now_ms() + 3_000);
-    let body = format!(
-        r#"{{"job_id":"near-deadline","contract":"c","deadline_at":"{deadline}","input":{{"model":"m","prompt":"p","simulate":{{"latency_ms":1500}}}}}}"#
-    );
+    let body = job_due_in("near-deadline", 3_000, 1_500);
     // WHEN it is processed
     let report = h
         .handle_batch(&event(vec![record(Some("m1"), &body)]), &invocation())

@@ -265,13 +265,17 @@ mod tests {
         }
     }
 
-    #[tokio::test]
-    async fn expiring_a_running_job_cancels_its_call_upstream() {
-        // GIVEN a running job past its deadline whose attempt has a provider reference
-        const T: Millis = 1_800_000_000_000;
-        let ledger = InMemoryLedger::new();
+    const T: Millis = 1_800_000_000_000;
+
+    /// A job claimed a minute before its deadline `T`, its lease ending at `lease_until`.
+    async fn running_job(
+        ledger: &InMemoryLedger,
+        job_id: &str,
+        lease_until: Millis,
+        provider_ref: Option<&str>,
+    ) {
         let job = NewJob {
-            job_id: "bg".into(),
+            job_id: job_id.into(),
             input_digest: "d".into(),
             contract: "c".into(),
             input: "{}".into(),
@@ -285,10 +289,17 @@ mod tests {
             expect: Expect::FRESH,
             owner_id: "w".into(),
             now: T - 60_000,
-            lease_until: T + 600_000,
-            provider_ref: Some("resp_9".into()),
+            lease_until,
+            provider_ref: provider_ref.map(str::to_owned),
         };
         assert!(matches!(ledger.claim(claim).await, Ok(Write::Applied(_))));
+    }
+
+    #[tokio::test]
+    async fn expiring_a_running_job_cancels_its_call_upstream() {
+        // GIVEN a running job past its deadline whose attempt has a provider reference
+        let ledger = InMemoryLedger::new();
+        running_job(&ledger, "bg", T + 600_000, Some("resp_9")).await;
         let provider = Cancels::default();
         // WHEN the reconciler expires it
         let report = reconcile(
@@ -311,27 +322,8 @@ mod tests {
     #[tokio::test]
     async fn a_job_is_expired_only_past_its_deadline_and_the_skew_margin() {
         // GIVEN a running job whose deadline is T, and a reconciler with a 2 s margin
-        const T: Millis = 1_800_000_000_000;
         let ledger = InMemoryLedger::new();
-        let job = NewJob {
-            job_id: "j".into(),
-            input_digest: "d".into(),
-            contract: "c".into(),
-            input: "{}".into(),
-            metadata: None,
-            deadline_at: T,
-            max_attempts: 3,
-            expires_at: 0,
-        };
-        let claim = ClaimRequest {
-            job,
-            expect: Expect::FRESH,
-            owner_id: "w".into(),
-            now: T - 60_000,
-            lease_until: T - 30_000,
-            provider_ref: None,
-        };
-        assert!(matches!(ledger.claim(claim).await, Ok(Write::Applied(_))));
+        running_job(&ledger, "j", T - 30_000, None).await;
         let settings = ReconcileSettings::default();
         let triggers = RecordingTriggers::new();
         // WHEN it runs 1 s after the deadline, then 2 s after
