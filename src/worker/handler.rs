@@ -34,6 +34,8 @@ pub struct BatchHandler<L, P, C, V> {
     processor: Processor<L, P, C>,
     visibility: V,
     seed: Option<u64>,
+    /// The queue's shorter visibility timeout was reported (once per execution environment).
+    warned_visibility: std::sync::atomic::AtomicBool,
 }
 
 struct Entry<'a> {
@@ -48,6 +50,7 @@ impl<L: JobLedger, P: Provider, C: Clock, V: VisibilityControl> BatchHandler<L, 
             processor,
             visibility,
             seed: None,
+            warned_visibility: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -255,11 +258,16 @@ impl<L: JobLedger, P: Provider, C: Clock, V: VisibilityControl> BatchHandler<L, 
                 continue;
             };
             if real < settings.queue_visibility_s {
-                tracing::warn!(
-                    queue_visibility_s = real,
-                    configured_s = settings.queue_visibility_s,
-                    "the queue's visibility timeout is shorter than QUEUE_VISIBILITY_TIMEOUT_SECONDS; using the queue's"
-                );
+                let first = !self
+                    .warned_visibility
+                    .swap(true, std::sync::atomic::Ordering::Relaxed);
+                if first {
+                    tracing::warn!(
+                        queue_visibility_s = real,
+                        configured_s = settings.queue_visibility_s,
+                        "the queue's visibility timeout is shorter than QUEUE_VISIBILITY_TIMEOUT_SECONDS; using the queue's"
+                    );
+                }
                 settings.queue_visibility_s = real.max(1);
                 if settings.heartbeat_ms > 0 {
                     settings.heartbeat_ms =
