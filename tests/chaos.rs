@@ -40,6 +40,7 @@ fn fixed_seeds_keep_every_invariant_under_every_fault() {
         "ddb_stall",
         "ddb_timeout",
         "retrieval_stall",
+        "retrieval_error",
         "short_invocation",
         "lapse_alone",
         "reconciler_resent",

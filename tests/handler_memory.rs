@@ -22,13 +22,9 @@ use fenced_jobs::worker::processor::{Invocation, Processor};
 
 const ARN: &str = "arn:aws:sqs:us-east-1:123456789012:jobs";
 
-type Handler<P> = BatchHandler<Arc<InMemoryLedger>, P, SystemClock, RecordingVisibility>;
+type Handler<L, P> = BatchHandler<L, P, SystemClock, RecordingVisibility>;
 
-fn handler<P: Provider>(
-    ledger: Arc<InMemoryLedger>,
-    provider: P,
-    settings: Settings,
-) -> Handler<P> {
+fn handler<L: JobLedger, P: Provider>(ledger: L, provider: P, settings: Settings) -> Handler<L, P> {
     BatchHandler::new(
         Processor::new(ledger, provider, SystemClock, settings),
         RecordingVisibility::new(),
@@ -813,14 +809,10 @@ impl JobLedger for TakenOverBeforeRecording {
 async fn a_background_call_whose_reference_cannot_be_recorded_is_cancelled() {
     let inner = Arc::new(InMemoryLedger::new());
     let server = background_server(1, || {}).await;
-    let h = BatchHandler::new(
-        Processor::new(
-            TakenOverBeforeRecording(inner.clone()),
-            openai(&server.url),
-            SystemClock,
-            polling_settings(),
-        ),
-        RecordingVisibility::new(),
+    let h = handler(
+        TakenOverBeforeRecording(inner.clone()),
+        openai(&server.url),
+        polling_settings(),
     );
     let report = h
         .handle_batch(
@@ -1187,15 +1179,7 @@ fn faulty(operation: &'static str, fault: Fault, times: u32) -> FaultyLedger<InM
 async fn a_paid_answer_survives_failing_acceptance_writes() {
     // GIVEN a ledger whose first two end-of-attempt writes fail
     let ledger = faulty("finish", Fault::Fail, 2);
-    let h = BatchHandler::new(
-        Processor::new(
-            ledger,
-            SimulatedProvider::new(),
-            SystemClock,
-            Settings::default(),
-        ),
-        RecordingVisibility::new(),
-    );
+    let h = handler(ledger, SimulatedProvider::new(), Settings::default());
     // WHEN a job is processed
     let report = h
         .handle_batch(
@@ -1224,15 +1208,7 @@ fn tight_settings() -> Settings {
 async fn a_stalled_ledger_write_cannot_hold_the_response_past_the_deadline() {
     // GIVEN a ledger whose acceptance write never answers, and 2 s left in the invocation
     let ledger = Arc::new(faulty("finish", Fault::Stall, u32::MAX));
-    let h = BatchHandler::new(
-        Processor::new(
-            ledger.clone(),
-            SimulatedProvider::new(),
-            SystemClock,
-            tight_settings(),
-        ),
-        RecordingVisibility::new(),
-    );
+    let h = handler(ledger.clone(), SimulatedProvider::new(), tight_settings());
     let inv = Invocation {
         id: "inv".into(),
         deadline: Some(SystemClock.now_ms() + 2_000),
@@ -1317,14 +1293,10 @@ async fn a_retrieval_that_hangs_is_bounded_and_the_job_handed_over_in_time() {
 async fn a_claim_whose_answer_was_lost_is_recognised_and_its_call_made_once() {
     // GIVEN a ledger that applies the first claim and loses its answer
     let ledger = Arc::new(faulty("claim", Fault::LoseAnswer, 1));
-    let h = BatchHandler::new(
-        Processor::new(
-            ledger.clone(),
-            SimulatedProvider::new(),
-            SystemClock,
-            Settings::default(),
-        ),
-        RecordingVisibility::new(),
+    let h = handler(
+        ledger.clone(),
+        SimulatedProvider::new(),
+        Settings::default(),
     );
     // WHEN a job is processed
     let report = h
@@ -1356,14 +1328,10 @@ async fn a_recovery_claim_whose_answer_was_lost_is_recognised_not_deferred_to() 
     let ledger = Arc::new(faulty("recover", Fault::LoseAnswer, 1));
     let body = job("lost-recovery", "");
     lapsed_claim(&ledger.inner, &body).await;
-    let h = BatchHandler::new(
-        Processor::new(
-            ledger.clone(),
-            SimulatedProvider::new(),
-            SystemClock,
-            Settings::default(),
-        ),
-        RecordingVisibility::new(),
+    let h = handler(
+        ledger.clone(),
+        SimulatedProvider::new(),
+        Settings::default(),
     );
     // WHEN it is delivered
     let report = h

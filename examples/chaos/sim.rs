@@ -89,6 +89,8 @@ pub struct FaultRates {
     pub ddb_stall: f64,
     /// A provider retrieval stalls for minutes.
     pub retrieval_stall: f64,
+    /// A provider retrieval is refused (a 429 or 5xx: ask again; a 401/403: denied).
+    pub retrieval_error: f64,
     /// An invocation gets a short timeout (8 to 40 s), so claims come late in it.
     pub short_invocation: f64,
     /// A worker stops the world past its lease while its messages stay invisible, so nobody
@@ -117,6 +119,7 @@ impl FaultRates {
             oversized_answer: 0.003,
             ddb_stall: 0.002,
             retrieval_stall: 0.02,
+            retrieval_error: 0.03,
             short_invocation: 0.05,
             lapse_alone: 0.01,
         }
@@ -345,16 +348,17 @@ impl Queue {
         }
     }
 
-    /// A new message for a job (a trigger the reconciler sends).
-    fn push(&self, job_id: &str, body: &str, now: Millis) {
+    /// A new message for a job (a producer's or the reconciler's trigger), visible from
+    /// `visible_at`.
+    fn push(&self, job_id: &str, body: &str, visible_at: Millis) {
         let mut msgs = self.msgs.lock().expect("queue");
-        let id = format!("msg-r{:06}", msgs.len());
+        let id = format!("msg-{:06}", msgs.len());
         msgs.push(Msg {
             id,
             job_id: job_id.to_owned(),
             body: body.to_owned(),
             receive_count: 0,
-            visible_at: now,
+            visible_at,
             first_receive: None,
             handle: 0,
             deleted: false,
@@ -853,6 +857,19 @@ impl Provider for SimProvider {
         {
             tokio::time::sleep(Duration::from_millis(self.world.range(60_000, 600_000))).await;
         }
+        if self
+            .world
+            .fault("retrieval_error", self.world.rates.retrieval_error)
+        {
+            // The provider could not be asked this time: nothing is learnt about the call.
+            return if self.world.roll(0.3) {
+                Retrieval::Denied
+            } else {
+                Retrieval::Unreachable {
+                    retry_after_ms: Some(self.world.range(0, 2_000) as Millis),
+                }
+            };
+        }
         let Some((job, attempt)) = provider_ref.rsplit_once('/') else {
             return Retrieval::NotFound;
         };
@@ -917,31 +934,17 @@ pub async fn run(config: &ChaosConfig) -> ChaosReport {
     });
     let replay = config.seed % 2 == 1;
     let mut job_ids = Vec::with_capacity(config.jobs);
-    {
-        let mut msgs = queue.msgs.lock().expect("queue");
-        for i in 0..config.jobs {
-            let job_id = format!("job-{i:06}");
-            let deadline = START_MS + world.range(3_600_000, 14_400_000) as Millis;
-            let body = format!(
-                r#"{{"job_id":"{job_id}","contract":"chaos.v1","deadline_at":"{}","max_attempts":{},"input":{{"model":"m","prompt":"p{i}"}}}}"#,
-                fenced_jobs::job::message::format_rfc3339_ms(deadline),
-                world.range(1, 4)
-            );
-            msgs.push(Msg {
-                id: format!("msg-{i:06}"),
-                job_id: job_id.clone(),
-                body,
-                receive_count: 0,
-                visible_at: START_MS + world.range(0, 600_000) as Millis,
-                first_receive: None,
-                handle: 0,
-                deleted: false,
-                in_dlq: false,
-                duplicate_at: None,
-                resurrect_at: None,
-            });
-            job_ids.push(job_id);
-        }
+    for i in 0..config.jobs {
+        let job_id = format!("job-{i:06}");
+        let deadline = START_MS + world.range(3_600_000, 14_400_000) as Millis;
+        let body = format!(
+            r#"{{"job_id":"{job_id}","contract":"chaos.v1","deadline_at":"{}","max_attempts":{},"input":{{"model":"m","prompt":"p{i}"}}}}"#,
+            fenced_jobs::job::message::format_rfc3339_ms(deadline),
+            world.range(1, 4)
+        );
+        let visible_at = START_MS + world.range(0, 600_000) as Millis;
+        queue.push(&job_id, &body, visible_at);
+        job_ids.push(job_id);
     }
     let provider = SimProvider {
         world: Arc::clone(&world),

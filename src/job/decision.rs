@@ -77,6 +77,35 @@ pub enum Next {
     Claim(Expect),
 }
 
+/// Where `now` stands against a deadline, with the clock-skew margin on both sides.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeadlinePhase {
+    /// More than the margin ahead: claims and acceptances are allowed.
+    Open,
+    /// Within the margin on either side: no claim, no acceptance, no expiry by anyone but the
+    /// owner ending its own attempt; wait this long for the deadline to be surely past.
+    Closing {
+        /// Until `deadline + skew`.
+        remaining_ms: Millis,
+    },
+    /// More than the margin behind: every clock within the margin agrees it has passed.
+    Passed,
+}
+
+/// The phase of `deadline_at` at `now`, for clocks up to `skew_ms` apart.
+pub fn deadline_phase(deadline_at: Millis, now: Millis, skew_ms: Millis) -> DeadlinePhase {
+    let expires_at = deadline_at.saturating_add(skew_ms);
+    if now >= expires_at {
+        DeadlinePhase::Passed
+    } else if now.saturating_add(skew_ms) >= deadline_at {
+        DeadlinePhase::Closing {
+            remaining_ms: (expires_at - now).max(1),
+        }
+    } else {
+        DeadlinePhase::Open
+    }
+}
+
 /// Decides what a delivery carrying `digest` may do with `record` at `now`.
 ///
 /// `skew_ms` is the margin for clocks that disagree, applied on every side: a receiver treats a
@@ -94,11 +123,12 @@ pub fn next_step(record: &JobRecord, digest: &str, now: Millis, skew_ms: Millis)
     if record.state.is_terminal() {
         return Next::Finished(record.state);
     }
-    let expires_at = record.deadline_at.saturating_add(skew_ms);
-    let deadline_passed = now >= expires_at;
-    let closing = now.saturating_add(skew_ms) >= record.deadline_at;
-    let wait_for_expiry = Next::Defer {
-        remaining_ms: expires_at.saturating_sub(now).max(1),
+    let phase = deadline_phase(record.deadline_at, now, skew_ms);
+    let deadline_passed = phase == DeadlinePhase::Passed;
+    // Inside the margin: wait until the deadline is surely past.
+    let closing = match phase {
+        DeadlinePhase::Closing { remaining_ms } => Some(Next::Defer { remaining_ms }),
+        _ => None,
     };
     match record.state {
         JobState::Running => {
@@ -111,8 +141,8 @@ pub fn next_step(record: &JobRecord, digest: &str, now: Millis, skew_ms: Millis)
                 // Nobody can accept a result any more, and the settling write raises no epoch
                 // but is conditional on the one seen, so a resumed owner is refused.
                 Next::Settle(SettleReason::DeadlinePassed)
-            } else if closing {
-                wait_for_expiry
+            } else if let Some(wait) = closing {
+                wait
             } else {
                 Next::AwaitRecovery
             }
@@ -120,12 +150,16 @@ pub fn next_step(record: &JobRecord, digest: &str, now: Millis, skew_ms: Millis)
         JobState::Unknown if deadline_passed => Next::Settle(SettleReason::DeadlinePassed),
         JobState::Unknown => Next::AwaitDecision,
         _ if deadline_passed => Next::Settle(SettleReason::DeadlinePassed),
-        _ if closing => wait_for_expiry,
-        _ if record.attempts >= record.max_attempts => Next::Settle(SettleReason::BudgetSpent),
-        _ => Next::Claim(Expect {
-            epoch: record.owner_epoch,
-            attempts: record.attempts,
-        }),
+        _ => match closing {
+            Some(wait) => wait,
+            None if record.attempts >= record.max_attempts => {
+                Next::Settle(SettleReason::BudgetSpent)
+            }
+            None => Next::Claim(Expect {
+                epoch: record.owner_epoch,
+                attempts: record.attempts,
+            }),
+        },
     }
 }
 

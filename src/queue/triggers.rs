@@ -90,12 +90,11 @@ pub fn dedup_id(job_id: &str, suffix: &str) -> String {
     format!("{start}-{digest}")
 }
 
-/// Records the triggers it is asked to send, for tests; refuses the jobs it is told to.
+/// Records the triggers it is asked to send, for tests.
 #[cfg(any(test, feature = "test-support"))]
 #[derive(Debug, Default)]
 pub struct RecordingTriggers {
     sent: std::sync::Mutex<Vec<(Outgoing, String)>>,
-    refused: std::sync::Mutex<Vec<String>>,
 }
 
 #[cfg(any(test, feature = "test-support"))]
@@ -103,14 +102,6 @@ impl RecordingTriggers {
     /// An empty recorder.
     pub fn new() -> Self {
         Self::default()
-    }
-
-    /// From now on, refuses the triggers of this job.
-    pub fn refuse(&self, job_id: &str) {
-        self.refused
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(job_id.to_owned());
     }
 
     /// Every trigger sent so far, with its deduplication suffix.
@@ -122,21 +113,12 @@ impl RecordingTriggers {
 #[cfg(any(test, feature = "test-support"))]
 impl TriggerSender for RecordingTriggers {
     async fn send(&self, triggers: &[Outgoing], dedup_suffix: &str) -> Vec<Sent> {
-        let refused = self
-            .refused
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone();
         let mut sent = self.sent.lock().unwrap_or_else(|p| p.into_inner());
         triggers
             .iter()
             .map(|t| {
-                if refused.contains(&t.job_id) {
-                    (t.job_id.clone(), Err("refused".to_owned()))
-                } else {
-                    sent.push((t.clone(), dedup_suffix.to_owned()));
-                    (t.job_id.clone(), Ok(()))
-                }
+                sent.push((t.clone(), dedup_suffix.to_owned()));
+                (t.job_id.clone(), Ok(()))
             })
             .collect()
     }

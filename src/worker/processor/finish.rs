@@ -7,7 +7,7 @@ use super::{
     Invocation, Processed, Processor, backoff, failed, ledger_failure, outcome_of, settled,
 };
 use crate::clock::Clock;
-use crate::job::decision::{Next, next_step};
+use crate::job::decision::{DeadlinePhase, Next, deadline_phase, next_step};
 use crate::job::{AttemptOutcome, Failure, JobMessage, JobRecord, JobState, Millis, RecordOutcome};
 use crate::ledger::{AttemptEnd, FinishRequest, JobLedger, LedgerError, RenewRequest, Write};
 use crate::provider::{Answer, Provider, ProviderError};
@@ -33,9 +33,12 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
     ) -> Processed {
         let epoch = claimed.owner_epoch;
         let attempt = claimed.attempts;
-        if matches!(end, AttemptEnd::Succeeded { .. })
-            && self.clock.now_ms().saturating_add(self.settings.skew_ms) >= claimed.deadline_at
-        {
+        let phase = deadline_phase(
+            claimed.deadline_at,
+            self.clock.now_ms(),
+            self.settings.skew_ms,
+        );
+        if matches!(end, AttemptEnd::Succeeded { .. }) && phase != DeadlinePhase::Open {
             // Within the clock-skew margin of the deadline an answer is not accepted: a clock
             // behind by the margin could accept it after the deadline. The attempt is over.
             tracing::warn!(job_id = %msg.job_id, "answer came within the skew margin of the deadline; not accepted");

@@ -18,7 +18,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::settings::Settings;
 use crate::clock::Clock;
-use crate::job::decision::{Expect, Next, SettleReason, next_step};
+use crate::job::decision::{DeadlinePhase, Expect, Next, SettleReason, deadline_phase, next_step};
 use crate::job::{
     Failure, InvalidMessage, JobMessage, JobRecord, JobState, Millis, NewJob, RecordOutcome,
     Trigger,
@@ -179,14 +179,13 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         let job = NewJob::from_message(msg, now, &self.settings.job_defaults);
         // The deadline with the clock-skew margin on both sides, as `next_step` applies it.
         let skew = self.settings.skew_ms;
-        let mut action = if now >= job.deadline_at.saturating_add(skew) {
-            Action::SettleAbsent
-        } else if now.saturating_add(skew) >= job.deadline_at {
+        let mut action = match deadline_phase(job.deadline_at, now, skew) {
+            DeadlinePhase::Passed => Action::SettleAbsent,
             // Too close to the deadline to claim, not yet surely past it to expire.
-            let remaining_ms = job.deadline_at.saturating_add(skew) - now;
-            return failed(Failure::Deferred { remaining_ms }, None);
-        } else {
-            Action::Claim(Expect::FRESH)
+            DeadlinePhase::Closing { remaining_ms } => {
+                return failed(Failure::Deferred { remaining_ms }, None);
+            }
+            DeadlinePhase::Open => Action::Claim(Expect::FRESH),
         };
         let mut view = None;
         for _ in 0..MAX_ROUNDS {
@@ -287,10 +286,9 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
                         }
                         // No item where one was expected (removed by TTL, say): start again from absent.
                         Ok(Write::Refused(None)) => {
-                            action = if now >= job.deadline_at.saturating_add(skew) {
-                                Action::SettleAbsent
-                            } else {
-                                Action::Claim(Expect::FRESH)
+                            action = match deadline_phase(job.deadline_at, now, skew) {
+                                DeadlinePhase::Passed => Action::SettleAbsent,
+                                _ => Action::Claim(Expect::FRESH),
                             };
                             continue;
                         }
