@@ -50,6 +50,7 @@ fn job(i: usize, now: i64) -> NewJob {
         input_digest: "d".into(),
         contract: "c".into(),
         input: r#"{"model":"m","prompt":"p"}"#.into(),
+        input_ref: None,
         metadata: None,
         deadline_at: now + 3_600_000,
         max_attempts: 3,

@@ -22,7 +22,7 @@ import tempfile
 # Bottom first. A module on floor N may import from floors 0..=N (cycles aside).
 FLOORS = [
     ["job", "clock", "vars"],  # pure logic, injected time, reading settings
-    ["ledger", "provider", "queue"],  # the three outside systems, each behind a trait
+    ["ledger", "provider", "queue", "blobs", "events"],  # the outside systems, each behind a trait
     ["report"],  # what a run did, as plain data
     ["worker", "ops"],  # the function, and the operations around it
     ["config", "logs", "testing"],  # assembly, set-up, test support

@@ -5,6 +5,7 @@
 use std::env;
 use std::time::Duration;
 
+use crate::events::aws::AwsSink;
 use crate::job::Millis;
 use crate::ops::reconcile::ReconcileSettings;
 use crate::provider::ProviderConfig;
@@ -23,6 +24,9 @@ pub struct Config {
     pub settings: Settings,
     /// Bounds on every DynamoDB and SQS call.
     pub sdk: SdkTimeouts,
+    /// `RESULTS_BUCKET`: where answers and inputs above `INLINE_MAX_BYTES` are stored (unset:
+    /// every answer inline, and one the item cannot hold ends `failed_terminal`).
+    pub results_bucket: Option<String>,
 }
 
 /// Bounds on each DynamoDB and SQS call, which the SDK leaves unbounded by default: a stalled
@@ -102,7 +106,55 @@ impl Config {
             provider,
             settings,
             sdk,
+            results_bucket: vars.get("RESULTS_BUCKET"),
         })
+    }
+}
+
+/// An S3 client on `aws`: path-style addressing when an endpoint is set (a local emulator has no
+/// bucket host names).
+pub fn s3_client(aws: &aws_config::SdkConfig) -> aws_sdk_s3::Client {
+    let config = aws_sdk_s3::config::Builder::from(aws)
+        .force_path_style(aws.endpoint_url().is_some())
+        .build();
+    aws_sdk_s3::Client::from_conf(config)
+}
+
+/// Where the dispatcher publishes: `EVENT_BUS_NAME` (EventBridge), `EVENT_TOPIC_ARN` (SNS) or
+/// `EVENT_QUEUE_URL` (SQS); exactly one must be set.
+pub fn sink_from_env(aws: &aws_config::SdkConfig) -> Result<AwsSink, ConfigError> {
+    sink_from_lookup(aws, |name| env::var(name).ok())
+}
+
+/// [`sink_from_env`], reading through `lookup`.
+pub fn sink_from_lookup(
+    aws: &aws_config::SdkConfig,
+    lookup: impl Fn(&str) -> Option<String>,
+) -> Result<AwsSink, ConfigError> {
+    let vars = Vars::new(&lookup);
+    let set = |name| vars.get(name);
+    match (
+        set("EVENT_BUS_NAME"),
+        set("EVENT_TOPIC_ARN"),
+        set("EVENT_QUEUE_URL"),
+    ) {
+        (Some(bus), None, None) => Ok(AwsSink::EventBridge {
+            client: aws_sdk_eventbridge::Client::new(aws),
+            bus,
+        }),
+        (None, Some(topic_arn), None) => Ok(AwsSink::Sns {
+            client: aws_sdk_sns::Client::new(aws),
+            topic_arn,
+        }),
+        (None, None, Some(queue_url)) => Ok(AwsSink::Sqs {
+            client: aws_sdk_sqs::Client::new(aws),
+            queue_url,
+        }),
+        _ => Err(ConfigError::Invalid {
+            name: "EVENT_BUS_NAME",
+            reason: "set exactly one of EVENT_BUS_NAME, EVENT_TOPIC_ARN and EVENT_QUEUE_URL"
+                .to_owned(),
+        }),
     }
 }
 

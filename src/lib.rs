@@ -13,13 +13,16 @@
 //!    `LedgerIndex` trait (the sparse indexes), in DynamoDB ([`ledger::dynamodb`]) and in memory
 //!    ([`ledger::memory`], same contract). [`provider`]: the `Provider` trait for the model call
 //!    (simulated, OpenAI-compatible, Bedrock) and its keys. [`queue`]: the visibility of records
-//!    and the sending of triggers, on SQS. [`report`]: what a run did, as plain data.
+//!    and the sending of triggers, on SQS. [`blobs`]: objects in S3 (large answers and inputs,
+//!    Extended Client payloads). [`events`]: completion events and where they are published.
+//!    [`report`]: what a run did, as plain data.
 //! 3. [`worker`]: the batch handler, the processor (one delivery), the heartbeat, the batch
 //!    response and the worker's settings. [`ops`]: the producer, the reconciler, operator
-//!    decisions and the metric documents.
+//!    decisions, the dispatcher of completion events and the metric documents.
 //! 4. [`config`] assembles each binary's configuration; [`logs`] sets up logging;
 //!    `testing` (feature `test-support`) holds the local event source and the request counter;
-//!    `bin/worker.rs`, `bin/reconciler.rs` and `bin/jobctl.rs` are the entry points.
+//!    `bin/worker.rs`, `bin/reconciler.rs`, `bin/dispatcher.rs` and `bin/jobctl.rs` are the
+//!    entry points.
 //!
 //! # Data flow of one invocation
 //!
@@ -29,8 +32,10 @@
 //! the invocation deadline -> one conditional write ending the attempt -> visibility for every
 //! failure -> the batch response (successes are terminal jobs only).
 
+pub mod blobs;
 pub mod clock;
 pub mod config;
+pub mod events;
 pub mod job;
 pub mod ledger;
 pub mod logs;

@@ -498,6 +498,7 @@ async fn lapsed_claim(ledger: &InMemoryLedger, body: &str) {
         input_digest: msg.digest.clone(),
         contract: msg.contract.clone(),
         input: msg.input_canonical.clone(),
+        input_ref: None,
         metadata: None,
         deadline_at: then + 3_600_000,
         max_attempts: 3,

@@ -20,6 +20,7 @@ fn job(id: &str, digest: &str, max_attempts: u32, deadline_at: i64) -> NewJob {
         input_digest: digest.into(),
         contract: "summary.v1".into(),
         input: r#"{"model":"m","prompt":"p"}"#.into(),
+        input_ref: None,
         metadata: Some(r#"{"trace":"t-1"}"#.into()),
         deadline_at,
         max_attempts,

@@ -7,7 +7,7 @@
 mod common;
 
 use fenced_jobs::job::decision::SettleReason;
-use fenced_jobs::job::{Expect, JobRecord, JobState, NewJob};
+use fenced_jobs::job::{BlobRef, Expect, JobRecord, JobState, NewJob, ResultBody};
 use fenced_jobs::ledger::memory::InMemoryLedger;
 use fenced_jobs::ledger::{
     AttemptEnd, ClaimRequest, CreateRequest, DecideRequest, EnqueuedRequest, FinishRequest,
@@ -33,11 +33,23 @@ enum Op {
 }
 
 fn new_job(digest: &str, max_attempts: u32, deadline_at: i64, metadata: bool) -> NewJob {
+    // One job in three (those with a budget of two) keeps its input as an object.
+    let stored = max_attempts == 2;
     NewJob {
         job_id: String::new(),
         input_digest: digest.into(),
         contract: "c".into(),
-        input: r#"{"model":"m","prompt":"p"}"#.into(),
+        input: if stored {
+            String::new()
+        } else {
+            r#"{"model":"m","prompt":"p"}"#.into()
+        },
+        input_ref: stored.then(|| BlobRef {
+            bucket: "results".into(),
+            key: format!("inputs/j/{digest}.json"),
+            size: 26,
+            sha256: "e".repeat(64),
+        }),
         metadata: metadata.then(|| r#"{"trace":"t"}"#.to_owned()),
         deadline_at,
         max_attempts,
@@ -76,8 +88,16 @@ fn op(rng: &mut fastrand::Rng, now: i64, items: &[Option<JobRecord>]) -> Op {
         }
         3 | 4 => {
             let end = match rng.u8(0..6) {
+                0 if rng.bool() => AttemptEnd::Succeeded {
+                    result: format!("r{}", rng.u8(..)).into(),
+                },
                 0 => AttemptEnd::Succeeded {
-                    result: format!("r{}", rng.u8(..)),
+                    result: ResultBody::Stored(BlobRef {
+                        bucket: "results".into(),
+                        key: format!("results/j/{}/d.json", rng.u8(..)),
+                        size: rng.u64(..1 << 40),
+                        sha256: "d".repeat(64),
+                    }),
                 },
                 1 => AttemptEnd::RetryAuthorized { error: "e".into() },
                 2 => AttemptEnd::FailedTerminal {

@@ -189,6 +189,7 @@ fn a_re_trigger_names_the_job_and_the_worker_reads_it_back_with_the_same_digest(
         input_digest: msg.digest.clone(),
         contract: msg.contract.clone(),
         input: msg.input_canonical.clone(),
+        input_ref: None,
         metadata: Some(r#"{"trace":"x"}"#.into()),
         deadline_at: 1_900_000_000_000,
         max_attempts: 4,

@@ -8,7 +8,7 @@ use fenced_jobs::clock::{Clock, SystemClock};
 use fenced_jobs::job::NewJob;
 use fenced_jobs::job::{Failure, InvalidMessage, JobState, RecordOutcome, parse_body};
 use fenced_jobs::ledger::{ClaimRequest, CreateRequest, JobLedger, Write};
-use fenced_jobs::ops::producer::submit;
+use fenced_jobs::ops::producer::{Intake, submit};
 use fenced_jobs::ops::reconcile::{ReconcileSettings, reconcile};
 use fenced_jobs::provider::SimulatedProvider;
 use fenced_jobs::queue::SqsTriggers;
@@ -45,7 +45,10 @@ async fn submit_writes_the_ledger_first_then_sends_and_the_worker_runs_every_job
         &SqsTriggers::new(aws.sqs.clone(), &queue.url),
         lines(&file),
         || SystemClock.now_ms(),
-        &fast_settings().job_defaults,
+        &Intake {
+            defaults: fast_settings().job_defaults,
+            ..Intake::default()
+        },
         |_| progress_calls += 1,
     )
     .await;
@@ -105,7 +108,10 @@ async fn submit_writes_the_ledger_first_then_sends_and_the_worker_runs_every_job
         &SqsTriggers::new(aws.sqs.clone(), &queue.url),
         lines(&file),
         || SystemClock.now_ms(),
-        &fast_settings().job_defaults,
+        &Intake {
+            defaults: fast_settings().job_defaults,
+            ..Intake::default()
+        },
         |_| {},
     )
     .await;

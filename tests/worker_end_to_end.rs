@@ -420,6 +420,7 @@ fn new_job(msg: &fenced_jobs::job::JobMessage, now: i64) -> fenced_jobs::job::Ne
         input_digest: msg.digest.clone(),
         contract: msg.contract.clone(),
         input: msg.input_canonical.clone(),
+        input_ref: None,
         metadata: None,
         deadline_at: now + 3_600_000,
         max_attempts: 3,

@@ -614,6 +614,15 @@ impl LedgerIndex for SimLedger {
     async fn count(&self, state: JobState) -> Result<u64, LedgerError> {
         self.table.count(state).await
     }
+    async fn finished(
+        &self,
+        day: &str,
+        since: Millis,
+        cursor: Option<&(String, Millis)>,
+        limit: usize,
+    ) -> Result<Vec<(String, Millis)>, LedgerError> {
+        self.table.finished(day, since, cursor, limit).await
+    }
 }
 
 /// The reconciler's triggers: new messages on the simulated queue.

@@ -1,13 +1,16 @@
 //! `jobctl`: the operator's command line over the job ledger.
 
 use clap::{Parser, Subcommand};
+use fenced_jobs::blobs::s3::S3Blobs;
 use fenced_jobs::clock::{Clock, SystemClock};
-use fenced_jobs::job::JobDefaults;
+use fenced_jobs::config::s3_client;
 use fenced_jobs::job::JobState;
 use fenced_jobs::job::message::format_rfc3339_ms;
 use fenced_jobs::ledger::dynamodb::DynamoLedger;
 use fenced_jobs::ledger::{LedgerIndex, OperatorAction};
 use fenced_jobs::ops::operator::{self, OperatorError};
+use fenced_jobs::ops::producer::Intake;
+use fenced_jobs::ops::results::{self, ResultError};
 use fenced_jobs::queue::SqsTriggers;
 
 /// Inspect jobs and decide about the ones whose last attempt has an unknown outcome.
@@ -17,6 +20,12 @@ struct Cli {
     /// The ledger table.
     #[arg(long, env = "JOBS_TABLE")]
     table: String,
+    /// The results bucket: large answers are read from it, large inputs written to it.
+    #[arg(long, env = "RESULTS_BUCKET", global = true)]
+    results_bucket: Option<String>,
+    /// Answers and inputs above this many bytes are kept in the results bucket.
+    #[arg(long, env = "INLINE_MAX_BYTES", global = true, default_value_t = fenced_jobs::job::DEFAULT_INLINE_MAX_BYTES)]
+    inline_max_bytes: usize,
     /// Print JSON instead of text.
     #[arg(long, global = true)]
     json: bool,
@@ -79,6 +88,29 @@ enum Command {
         #[arg(long, env = "QUEUE_URL")]
         queue_url: String,
     },
+    /// Print a job's accepted answer, from the ledger item or from the results bucket (checked
+    /// against the size and SHA-256 its acceptance recorded).
+    Result {
+        /// The job id.
+        job_id: String,
+        /// Write it to FILE instead of standard output.
+        #[arg(long)]
+        output: Option<std::path::PathBuf>,
+    },
+    /// Write the jobs that finished since a time as JSON lines (job id, state, metadata, answer
+    /// or its reference, or the error), read day by day from the finished index, not a scan.
+    /// For a dump of the whole table use DynamoDB's export to S3.
+    Export {
+        /// succeeded, failed_terminal or expired (default: all three).
+        #[arg(long)]
+        state: Option<String>,
+        /// RFC 3339 time (default: 24 hours ago).
+        #[arg(long)]
+        since: Option<String>,
+        /// Write to FILE instead of standard output.
+        #[arg(long)]
+        output: Option<std::path::PathBuf>,
+    },
     /// Re-send lost triggers, expire jobs past their deadline, count `unknown` jobs.
     Reconcile {
         /// The work queue.
@@ -121,7 +153,25 @@ async fn main() {
     let cli = Cli::parse();
     let config = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
     let ledger = DynamoLedger::new(aws_sdk_dynamodb::Client::new(&config), &cli.table);
+    let blobs = S3Blobs::new(s3_client(&config), cli.results_bucket.clone());
     let result = match cli.command {
+        Command::Result { job_id, output } => {
+            match results::result(&ledger, Some(&blobs), &job_id).await {
+                Ok(bytes) => write_out(output.as_deref(), &bytes),
+                Err(e) => {
+                    eprintln!("jobctl: {e}");
+                    std::process::exit(match e {
+                        ResultError::NotFound(_) | ResultError::NoAnswer { .. } => 1,
+                        _ => 2,
+                    });
+                }
+            }
+        }
+        Command::Export {
+            state,
+            since,
+            output,
+        } => export(&ledger, state, since, output).await,
         Command::Show { job_id, result } => operator::show(&ledger, &job_id)
             .await
             .map(|record| print(&record, cli.json, result)),
@@ -162,7 +212,13 @@ async fn main() {
         }
         Command::Submit { file, queue_url } => {
             let sqs = aws_sdk_sqs::Client::new(&config);
-            submit(&ledger, &SqsTriggers::new(sqs, queue_url), file, cli.json).await
+            let intake = Intake {
+                blobs: Some(&blobs),
+                inline_max_bytes: cli.inline_max_bytes,
+                ..Intake::default()
+            };
+            let sender = SqsTriggers::new(sqs, queue_url);
+            submit(&ledger, &sender, file, &intake, cli.json).await
         }
         Command::Reconcile {
             queue_url,
@@ -281,6 +337,7 @@ async fn submit(
     ledger: &DynamoLedger,
     sender: &SqsTriggers,
     file: Option<std::path::PathBuf>,
+    intake: &Intake<'_>,
     json: bool,
 ) -> Result<(), OperatorError> {
     use std::io::{BufRead, IsTerminal, Write};
@@ -295,13 +352,12 @@ async fn submit(
         _ => Box::new(std::io::stdin().lock()),
     };
     let terminal = std::io::stderr().is_terminal();
-    let defaults = JobDefaults::default();
     let report = fenced_jobs::ops::producer::submit(
         ledger,
         sender,
         reader.lines(),
         || SystemClock.now_ms(),
-        &defaults,
+        intake,
         |r| {
             if terminal {
                 eprint!(
@@ -394,4 +450,70 @@ async fn reconcile(
         );
     }
     Ok(())
+}
+
+/// Writes `bytes` to `path`, or to standard output.
+fn write_out(path: Option<&std::path::Path>, bytes: &[u8]) -> Result<(), OperatorError> {
+    use std::io::Write;
+    let written = match path {
+        Some(path) => std::fs::write(path, bytes),
+        None => {
+            let mut out = std::io::stdout().lock();
+            out.write_all(bytes).and_then(|()| out.write_all(b"\n"))
+        }
+    };
+    written.map_err(|e| {
+        eprintln!("jobctl: {e}");
+        std::process::exit(2)
+    })
+}
+
+async fn export(
+    ledger: &DynamoLedger,
+    state: Option<String>,
+    since: Option<String>,
+    output: Option<std::path::PathBuf>,
+) -> Result<(), OperatorError> {
+    use std::io::{IsTerminal, Write};
+    let usage = |what: &str| -> ! {
+        eprintln!("jobctl: {what}");
+        std::process::exit(2)
+    };
+    let state = match state.as_deref().map(str::parse::<JobState>) {
+        None => None,
+        Some(Ok(s)) if s.is_terminal() => Some(s),
+        Some(_) => usage("--state takes succeeded, failed_terminal or expired"),
+    };
+    let now = SystemClock.now_ms();
+    let since = match since.as_deref() {
+        None => now - 86_400_000,
+        Some(text) => fenced_jobs::job::message::parse_rfc3339_ms(text)
+            .unwrap_or_else(|| usage("--since takes an RFC 3339 time, like 2026-11-30T00:00:00Z")),
+    };
+    let mut out: Box<dyn Write> = match &output {
+        Some(path) => match std::fs::File::create(path) {
+            Ok(f) => Box::new(std::io::BufWriter::new(f)),
+            Err(e) => usage(&format!("{}: {e}", path.display())),
+        },
+        None => Box::new(std::io::BufWriter::new(std::io::stdout().lock())),
+    };
+    let terminal = std::io::stderr().is_terminal();
+    let report = results::export(ledger, since, now, state, &mut out, |r, day| {
+        if terminal {
+            eprint!("\r{day}: {} written, {} filtered", r.written, r.filtered);
+            let _ = std::io::stderr().flush();
+        }
+    })
+    .await;
+    if terminal {
+        eprintln!();
+    }
+    let _ = out.flush();
+    match report {
+        Ok(r) => {
+            eprintln!("exported {} jobs from {} days", r.written, r.days);
+            Ok(())
+        }
+        Err(e) => usage(&e.to_string()),
+    }
 }

@@ -5,8 +5,9 @@
 
 use std::sync::Arc;
 
+use fenced_jobs::blobs::s3::S3Blobs;
 use fenced_jobs::clock::{Clock, SystemClock};
-use fenced_jobs::config::Config;
+use fenced_jobs::config::{Config, s3_client};
 use fenced_jobs::ledger::dynamodb::DynamoLedger;
 use fenced_jobs::ops::metrics;
 use fenced_jobs::provider::AnyProvider;
@@ -24,12 +25,14 @@ async fn main() -> Result<(), lambda_runtime::Error> {
     let provider = AnyProvider::from_config(&config.provider, &aws).await?;
     // DynamoDB and SQS calls are bounded; the provider keeps its own bounds.
     let bounded = config.sdk.apply(&aws);
+    let blobs = S3Blobs::new(s3_client(&bounded), config.results_bucket);
     let processor = Processor::new(
         DynamoLedger::new(aws_sdk_dynamodb::Client::new(&bounded), config.jobs_table),
         provider,
         SystemClock,
         config.settings,
-    );
+    )
+    .with_blobs(Arc::new(blobs));
     let handler = Arc::new(BatchHandler::new(
         processor,
         SqsVisibility::new(aws_sdk_sqs::Client::new(&bounded)),

@@ -176,6 +176,7 @@ mod tests {
             input_digest: "d".into(),
             contract: "c".into(),
             input: "{}".into(),
+            input_ref: None,
             metadata: None,
             deadline_at: NOW + 60_000,
             max_attempts: 3,

@@ -8,8 +8,17 @@ use sha2::{Digest, Sha256};
 use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 
-/// The largest body SQS accepts (256 KiB).
-pub const MAX_BODY_BYTES: usize = 262_144;
+/// The largest body SQS and its Lambda trigger accept (1 MiB).
+pub const MAX_BODY_BYTES: usize = 1_048_576;
+/// The largest payload read through an Extended Client pointer: the job, input included, is held
+/// in memory while it runs.
+pub const MAX_PAYLOAD_BYTES: usize = 16 * 1_048_576;
+/// The class names an Amazon SQS Extended Client pointer body starts with (the payload
+/// offloading library's, and the Java client's before it).
+const POINTER_CLASSES: [&str; 2] = [
+    "software.amazon.payloadoffloading.PayloadS3Pointer",
+    "com.amazon.sqs.javamessaging.MessageS3Pointer",
+];
 /// The longest `job_id`.
 pub const MAX_JOB_ID_LEN: usize = 128;
 /// The longest `contract`.
@@ -34,12 +43,20 @@ pub enum InvalidMessage {
     /// The record carried no body at all.
     #[error("record has no body")]
     MissingBody,
-    /// The body is larger than SQS allows.
-    #[error("body is {bytes} bytes, more than {MAX_BODY_BYTES}")]
+    /// The body is larger than SQS allows (or a payload larger than [`MAX_PAYLOAD_BYTES`]).
+    #[error("body is {bytes} bytes, more than {limit}")]
     TooLarge {
         /// Size of the body.
         bytes: usize,
+        /// The limit it breaks.
+        limit: usize,
     },
+    /// An Extended Client pointer whose object is not there (deleted, or never written).
+    #[error("the payload the pointer names does not exist")]
+    PayloadMissing,
+    /// The input stored for a job is not the content its digest covers.
+    #[error("the stored input does not match the job's digest")]
+    InputMismatch,
     /// The body is not JSON (position only, never content).
     #[error("body is not JSON (line {line}, column {column})")]
     NotJson {
@@ -117,6 +134,14 @@ pub fn parse_trigger_with(
     check: InputCheck,
 ) -> Result<Trigger, InvalidMessage> {
     let text = body.ok_or(InvalidMessage::MissingBody)?;
+    if let Some(id) = bare_reference(text)? {
+        return Ok(Trigger::Ref(id));
+    }
+    parse_body_with(body, check).map(Trigger::Job)
+}
+
+/// The job id of a `{"job_id": ...}` body, if that is all it is.
+fn bare_reference(text: &str) -> Result<Option<String>, InvalidMessage> {
     // Cheap pre-check: only a short body can be a bare reference.
     if text.len() <= 256 {
         if let Ok(Value::Object(fields)) = serde_json::from_str::<Value>(text) {
@@ -126,12 +151,12 @@ pub fn parse_trigger_with(
                         return Err(wrong_type("job_id", "a string"));
                     };
                     check_identifier(id, "job_id", MAX_JOB_ID_LEN, job_id_char)?;
-                    return Ok(Trigger::Ref(id.clone()));
+                    return Ok(Some(id.clone()));
                 }
             }
         }
     }
-    parse_body_with(body, check).map(Trigger::Job)
+    Ok(None)
 }
 
 fn job_id_char(c: char) -> bool {
@@ -157,6 +182,9 @@ pub struct JobMessage {
     pub max_attempts: Option<u32>,
     /// The producer's correlation data, canonical JSON; not part of the digest.
     pub metadata: Option<String>,
+    /// Where the input is stored when it is too large for the ledger item (`input_canonical`
+    /// still holds it, for the call).
+    pub input_ref: Option<super::BlobRef>,
 }
 
 /// Rules for a job's input beyond the contract's, supplied by what runs the job (the simulated
@@ -177,9 +205,72 @@ pub fn parse_body_with(
     body: Option<&str>,
     check: InputCheck,
 ) -> Result<JobMessage, InvalidMessage> {
-    let body = body.ok_or(InvalidMessage::MissingBody)?;
-    if body.len() > MAX_BODY_BYTES {
-        return Err(InvalidMessage::TooLarge { bytes: body.len() });
+    parse_job(
+        body.ok_or(InvalidMessage::MissingBody)?,
+        check,
+        MAX_BODY_BYTES,
+    )
+}
+
+/// Parses the payload an Extended Client pointer named, like a body but with the payload limit.
+pub fn parse_payload_with(payload: &str, check: InputCheck) -> Result<Trigger, InvalidMessage> {
+    if let Some(id) = bare_reference(payload)? {
+        return Ok(Trigger::Ref(id));
+    }
+    parse_job(payload, check, MAX_PAYLOAD_BYTES).map(Trigger::Job)
+}
+
+/// Where an Amazon SQS Extended Client pointer body says its payload is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PayloadPointer {
+    /// S3 bucket.
+    pub bucket: String,
+    /// Object key.
+    pub key: String,
+}
+
+/// Reads `body` as an Extended Client pointer (`["<class>", {"s3BucketName": ..,
+/// "s3Key": ..}]`): `None` when it is not one, an error when it has the pointer's class but not
+/// its shape.
+pub fn parse_pointer(body: &str) -> Option<Result<PayloadPointer, InvalidMessage>> {
+    // A pointer is short and is a JSON array: anything else is left to the job parser.
+    if body.len() > 4_096 || !body.trim_start().starts_with('[') {
+        return None;
+    }
+    let Ok(Value::Array(parts)) = serde_json::from_str::<Value>(body) else {
+        return None;
+    };
+    let class = parts.first()?.as_str()?;
+    if !POINTER_CLASSES.contains(&class) {
+        return None;
+    }
+    let shape = || InvalidMessage::Invalid {
+        field: "pointer",
+        rule: "must be [class, {\"s3BucketName\": string, \"s3Key\": string}]",
+    };
+    let fields = match parts.as_slice() {
+        [_, Value::Object(fields)] => fields,
+        _ => return Some(Err(shape())),
+    };
+    let text = |name: &str| {
+        fields
+            .get(name)
+            .and_then(Value::as_str)
+            .filter(|v| !v.is_empty() && v.len() <= 1_024)
+            .map(str::to_owned)
+    };
+    Some(match (text("s3BucketName"), text("s3Key")) {
+        (Some(bucket), Some(key)) => Ok(PayloadPointer { bucket, key }),
+        _ => Err(shape()),
+    })
+}
+
+fn parse_job(body: &str, check: InputCheck, limit: usize) -> Result<JobMessage, InvalidMessage> {
+    if body.len() > limit {
+        return Err(InvalidMessage::TooLarge {
+            bytes: body.len(),
+            limit,
+        });
     }
     let value: Value = serde_json::from_str(body).map_err(|e| {
         let (line, column) = (e.line(), e.column());
@@ -259,6 +350,7 @@ pub fn parse_body_with(
         deadline_at,
         max_attempts,
         metadata,
+        input_ref: None,
     })
 }
 
@@ -273,6 +365,7 @@ impl JobMessage {
             deadline_at: Some(record.deadline_at),
             max_attempts: Some(record.max_attempts),
             metadata: record.metadata.clone(),
+            input_ref: record.input_ref.clone(),
         }
     }
 
@@ -461,7 +554,8 @@ fn field_name_for_logs(name: &str) -> String {
     }
 }
 
-fn hex(bytes: &[u8]) -> String {
+/// Lowercase hex of `bytes`.
+pub(crate) fn hex(bytes: &[u8]) -> String {
     const DIGITS: &[u8; 16] = b"0123456789abcdef";
     let mut out = String::with_capacity(bytes.len() * 2);
     for b in bytes {

@@ -1,11 +1,13 @@
 //! Pure job logic: the ledger record, its states, the message contract and the decisions taken on
 //! them. Nothing here performs I/O, reads a clock or knows an AWS type: callers pass `now`.
 
+pub mod artifact;
 pub mod decision;
 pub mod message;
 pub mod outcome;
 pub mod state;
 
+pub use artifact::{BlobRef, ResultBody};
 pub use decision::{Expect, Next, next_step};
 pub use message::{InvalidMessage, JobMessage, Trigger, parse_body, parse_trigger};
 pub use outcome::{Failure, RecordOutcome, VisibilityPolicy};
@@ -34,8 +36,28 @@ pub fn attention_shard(state: JobState, shard: u8) -> String {
     format!("{}#{shard:02}", state.as_str())
 }
 
+/// The day (UTC, `YYYY-MM-DD`) a job that became terminal at `at` is filed under in the finished
+/// index, which `jobctl export` reads day by day.
+pub fn finished_day(at: Millis) -> String {
+    let date = time::OffsetDateTime::from_unix_timestamp(at.div_euclid(1000))
+        .map_or(time::OffsetDateTime::UNIX_EPOCH.date(), |t| t.date());
+    format!(
+        "{:04}-{:02}-{:02}",
+        date.year(),
+        u8::from(date.month()),
+        date.day()
+    )
+}
+
 /// DynamoDB's limit on one item, attribute names and values together.
 pub const MAX_ITEM_BYTES: usize = 400 * 1024;
+
+/// `INLINE_MAX_BYTES` when unset: answers and inputs up to 64 KiB stay in the item.
+pub const DEFAULT_INLINE_MAX_BYTES: usize = 64 * 1024;
+
+/// The largest `INLINE_MAX_BYTES` may be: an inline answer and an inline input together stay
+/// well inside one item.
+pub const INLINE_LIMIT_BYTES: usize = 160 * 1024;
 
 /// Room kept under [`MAX_ITEM_BYTES`] for what the estimate of [`JobRecord::item_bytes`] leaves
 /// out and for the writes that follow an acceptance.
@@ -58,8 +80,10 @@ pub struct JobRecord {
     pub input_digest: String,
     /// Output-contract version.
     pub contract: String,
-    /// Canonical JSON of the input.
+    /// Canonical JSON of the input; empty when it is stored (`input_ref`).
     pub input: String,
+    /// Where the input is stored when it is too large for the item.
+    pub input_ref: Option<BlobRef>,
     /// Producer's correlation data (canonical JSON).
     pub metadata: Option<String>,
     /// Fixed deadline, set at creation and never moved.
@@ -74,8 +98,10 @@ pub struct JobRecord {
     pub recoveries: Vec<RecoveryRecord>,
     /// Recorded decisions about uncertain attempts (replay policy, later operators), in order.
     pub decisions: Vec<DecisionRecord>,
-    /// The accepted result (JSON), once succeeded.
+    /// The accepted result (JSON), once succeeded, when it is inline.
     pub result: Option<String>,
+    /// Where the accepted result is stored, once succeeded, when it is not inline.
+    pub result_ref: Option<BlobRef>,
     /// The last error seen, if any.
     pub last_error: Option<ErrorRecord>,
     /// Creation time.
@@ -110,6 +136,10 @@ impl JobRecord {
             .iter()
             .map(|d| 6 * FIELD + d.action.len() + d.by.len() + d.reason.len())
             .sum();
+        let blob = |r: &Option<BlobRef>| {
+            r.as_ref()
+                .map_or(0, |r| 4 * FIELD + r.bucket.len() + r.key.len())
+        };
         let error = self
             .last_error
             .as_ref()
@@ -122,6 +152,8 @@ impl JobRecord {
             + opt(&self.metadata)
             + opt(&self.owner_id)
             + opt(&self.result)
+            + blob(&self.result_ref)
+            + blob(&self.input_ref)
             + attempts
             + recoveries
             + decisions
@@ -246,8 +278,10 @@ pub struct NewJob {
     pub input_digest: String,
     /// Output-contract version.
     pub contract: String,
-    /// Canonical input JSON.
+    /// Canonical input JSON; empty when it is stored (`input_ref`).
     pub input: String,
+    /// Where the input is stored when it is too large for the item.
+    pub input_ref: Option<BlobRef>,
     /// Producer's correlation data.
     pub metadata: Option<String>,
     /// Fixed deadline.
@@ -289,7 +323,12 @@ impl NewJob {
             job_id: msg.job_id.clone(),
             input_digest: msg.digest.clone(),
             contract: msg.contract.clone(),
-            input: msg.input_canonical.clone(),
+            input: if msg.input_ref.is_some() {
+                String::new()
+            } else {
+                msg.input_canonical.clone()
+            },
+            input_ref: msg.input_ref.clone(),
             metadata: msg.metadata.clone(),
             deadline_at,
             max_attempts: msg.max_attempts.unwrap_or(defaults.max_attempts),
@@ -308,6 +347,7 @@ impl NewJob {
             input_digest: self.input_digest,
             contract: self.contract,
             input: self.input,
+            input_ref: self.input_ref,
             metadata: self.metadata,
             deadline_at: self.deadline_at,
             owner_id: None,
@@ -316,6 +356,7 @@ impl NewJob {
             recoveries: Vec::new(),
             decisions: Vec::new(),
             result: None,
+            result_ref: None,
             last_error: None,
             created_at: now,
             updated_at: now,

@@ -92,6 +92,31 @@ impl LedgerIndex for InMemoryLedger {
     async fn count(&self, state: JobState) -> Result<u64, LedgerError> {
         Ok(self.indexed(state, usize::MAX, |_| Some(0)).len() as u64)
     }
+
+    async fn finished(
+        &self,
+        day: &str,
+        since: Millis,
+        cursor: Option<&(String, Millis)>,
+        limit: usize,
+    ) -> Result<Vec<(String, Millis)>, LedgerError> {
+        let mut found: Vec<(String, Millis)> = self
+            .lock()
+            .values()
+            .filter(|job| {
+                job.state.is_terminal()
+                    && job.updated_at >= since
+                    && crate::job::finished_day(job.updated_at) == day
+            })
+            .map(|job| (job.job_id.clone(), job.updated_at))
+            .collect();
+        found.sort_by(|a, b| (a.1, &a.0).cmp(&(b.1, &b.0)));
+        Ok(found
+            .into_iter()
+            .filter(|(id, at)| cursor.is_none_or(|(cid, cat)| (at, id) > (cat, cid)))
+            .take(limit)
+            .collect())
+    }
 }
 
 impl InMemoryLedger {
@@ -138,7 +163,11 @@ pub fn apply_claim(current: Option<&JobRecord>, req: &ClaimRequest) -> Option<Jo
         Some(r) => r.clone(),
         None => req.job.clone().into_record(JobState::Ready, req.now),
     };
-    // As DynamoDB's `if_not_exists`: metadata the item lacks is taken from the message.
+    // As DynamoDB's `if_not_exists`: metadata and an input reference the item lacks are taken
+    // from the message (the reference names the same content: its key is the input digest).
+    if next.input_ref.is_none() {
+        next.input_ref = req.job.input_ref.clone();
+    }
     if next.metadata.is_none() {
         next.metadata = req.job.metadata.clone();
     }
@@ -183,7 +212,10 @@ pub fn apply_finish(current: Option<&JobRecord>, req: &FinishRequest) -> Option<
         attempt.finished_at = Some(req.now);
     }
     if let super::AttemptEnd::Succeeded { result } = &req.end {
-        next.result = Some(result.clone());
+        match result {
+            crate::job::ResultBody::Inline(text) => next.result = Some(text.clone()),
+            crate::job::ResultBody::Stored(blob) => next.result_ref = Some(blob.clone()),
+        }
     }
     if let Some(error) = req.end.error(req.now) {
         next.last_error = Some(error);

@@ -11,7 +11,7 @@ pub mod memory;
 use std::future::Future;
 
 use crate::job::decision::{Expect, SettleReason};
-use crate::job::{JobRecord, JobState, Millis, NewJob};
+use crate::job::{JobRecord, JobState, Millis, NewJob, ResultBody};
 
 /// The ledger's sparse indexes: jobs that are not terminal, by state, by last change and by
 /// deadline. The reconciler and `jobctl list` read through it, never by a scan.
@@ -31,6 +31,17 @@ pub trait LedgerIndex: Send + Sync {
         &self,
         state: JobState,
         now: Millis,
+        limit: usize,
+    ) -> impl Future<Output = Result<Vec<(String, Millis)>, LedgerError>> + Send;
+
+    /// Jobs that became terminal on `day` (UTC, `YYYY-MM-DD`) at or after `since`, by that time
+    /// and job id, after `cursor`, at most `limit`, with that time. The next page starts after
+    /// the last one returned.
+    fn finished(
+        &self,
+        day: &str,
+        since: Millis,
+        cursor: Option<&(String, Millis)>,
         limit: usize,
     ) -> impl Future<Output = Result<Vec<(String, Millis)>, LedgerError>> + Send;
 
@@ -85,8 +96,8 @@ pub struct ClaimRequest {
 pub enum AttemptEnd {
     /// Accept the answer (also conditional on the deadline being ahead).
     Succeeded {
-        /// The answer (JSON).
-        result: String,
+        /// The answer: inline, or the object it was written to before this acceptance.
+        result: ResultBody,
     },
     /// A definite transient failure with budget and time left: another attempt is permitted.
     RetryAuthorized {

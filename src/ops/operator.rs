@@ -381,6 +381,7 @@ mod tests {
             input_digest: "d".into(),
             contract: "c".into(),
             input: "{}".into(),
+            input_ref: None,
             metadata: None,
             deadline_at: 10_000_000,
             max_attempts: 3,

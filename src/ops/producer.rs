@@ -6,8 +6,13 @@
 use futures::stream::{self, StreamExt};
 
 use super::CONCURRENCY;
-use crate::job::{JobDefaults, JobState, Millis, NewJob, Trigger};
-use crate::ledger::{CreateRequest, EnqueuedRequest, JobLedger, Write};
+use crate::blobs::BlobStore;
+use crate::job::artifact::input_key;
+use crate::job::{
+    DEFAULT_INLINE_MAX_BYTES, INLINE_LIMIT_BYTES, JobDefaults, JobMessage, JobState, Millis,
+    NewJob, Trigger,
+};
+use crate::ledger::{CreateRequest, EnqueuedRequest, JobLedger, LedgerError, Write};
 use crate::provider::parse_trigger;
 use crate::queue::{Outgoing, TriggerSender};
 
@@ -15,6 +20,29 @@ use crate::queue::{Outgoing, TriggerSender};
 /// read); a larger one travels as `{"job_id": ...}` and the worker reads the input from the
 /// ledger.
 pub const INLINE_BODY_MAX: usize = 65_536;
+
+/// How `submit` takes jobs in: the defaults for what a line leaves out, and where an input too
+/// large to keep inline is stored.
+#[derive(Debug, Clone, Copy)]
+pub struct Intake<'a> {
+    /// Deadline, budget and retention of a job whose line does not set them.
+    pub defaults: JobDefaults,
+    /// The results bucket: an input above `inline_max_bytes` is stored there and the ledger
+    /// keeps its reference and digest. `None`: inputs stay inline (up to the item's limit).
+    pub blobs: Option<&'a dyn BlobStore>,
+    /// `INLINE_MAX_BYTES`.
+    pub inline_max_bytes: usize,
+}
+
+impl Default for Intake<'_> {
+    fn default() -> Self {
+        Intake {
+            defaults: JobDefaults::default(),
+            blobs: None,
+            inline_max_bytes: DEFAULT_INLINE_MAX_BYTES,
+        }
+    }
+}
 
 /// What `submit` did, line by line summed up.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
@@ -45,7 +73,7 @@ pub async fn submit<L: JobLedger>(
     sender: &impl TriggerSender,
     lines: impl Iterator<Item = std::io::Result<String>>,
     now: impl Fn() -> Millis,
-    defaults: &JobDefaults,
+    intake: &Intake<'_>,
     mut progress: impl FnMut(&SubmitReport),
 ) -> SubmitReport {
     let mut report = SubmitReport::default();
@@ -66,10 +94,42 @@ pub async fn submit<L: JobLedger>(
             }
         }
         report.lines += chunk.len() as u64;
-        submit_chunk(ledger, sender, &chunk, &now, defaults, &mut report).await;
+        submit_chunk(ledger, sender, &chunk, &now, intake, &mut report).await;
         progress(&report);
     }
     report
+}
+
+/// The message with its input stored when it is above the inline limit; without a store, an
+/// input the item cannot hold is refused.
+async fn store_input(intake: &Intake<'_>, msg: &JobMessage) -> Result<JobMessage, LedgerError> {
+    let size = msg.input_canonical.len();
+    if size <= intake.inline_max_bytes {
+        return Ok(msg.clone());
+    }
+    match intake.blobs.filter(|b| b.bucket().is_some()) {
+        Some(store) => {
+            let key = input_key(&msg.job_id, &msg.digest);
+            let blob = store
+                .put(&key, msg.input_canonical.as_bytes())
+                .await
+                .map_err(|e| LedgerError::Unavailable {
+                    operation: "store input",
+                    code: e.to_string(),
+                })?;
+            Ok(JobMessage {
+                input_ref: Some(blob),
+                ..msg.clone()
+            })
+        }
+        None if size <= INLINE_LIMIT_BYTES => Ok(msg.clone()),
+        None => Err(LedgerError::Rejected {
+            operation: "create",
+            code: format!(
+                "the input has {size} bytes; without a results bucket the limit is {INLINE_LIMIT_BYTES}"
+            ),
+        }),
+    }
 }
 
 async fn submit_chunk<L: JobLedger>(
@@ -77,7 +137,7 @@ async fn submit_chunk<L: JobLedger>(
     sender: &impl TriggerSender,
     chunk: &[(u64, String)],
     now: &impl Fn() -> Millis,
-    defaults: &JobDefaults,
+    intake: &Intake<'_>,
     report: &mut SubmitReport,
 ) {
     let mut jobs = Vec::new();
@@ -103,11 +163,17 @@ async fn submit_chunk<L: JobLedger>(
     let created: Vec<_> = stream::iter(&jobs)
         .map(|(number, text, msg)| async move {
             let at = now();
-            let req = CreateRequest {
-                job: NewJob::from_message(msg, at, defaults),
-                now: at,
+            let written = match store_input(intake, msg).await {
+                Ok(msg) => {
+                    let req = CreateRequest {
+                        job: NewJob::from_message(&msg, at, &intake.defaults),
+                        now: at,
+                    };
+                    ledger.create(req).await
+                }
+                Err(e) => Err(e),
             };
-            (*number, *text, msg, ledger.create(req).await)
+            (*number, *text, msg, written)
         })
         .buffered(CONCURRENCY)
         .collect()

@@ -279,6 +279,7 @@ mod tests {
             input_digest: "d".into(),
             contract: "c".into(),
             input: "{}".into(),
+            input_ref: None,
             metadata: None,
             deadline_at: T,
             max_attempts: 3,

@@ -15,7 +15,7 @@ pub use simulated::SimulatedProvider;
 
 pub use keys::{KeySource, Secret};
 
-use crate::job::message::parse_trigger_with;
+use crate::job::message::{parse_payload_with, parse_trigger_with};
 use crate::job::{InvalidMessage, Trigger};
 use crate::vars::{ConfigError, Vars};
 use bedrock::BedrockSettings;
@@ -26,6 +26,12 @@ use openai::OpenAiSettings;
 /// everywhere).
 pub fn parse_trigger(body: Option<&str>) -> Result<Trigger, InvalidMessage> {
     parse_trigger_with(body, simulated::check_controls)
+}
+
+/// Parses the payload an Extended Client pointer named, with the same rules as a body (and the
+/// payload size limit).
+pub fn parse_payload(payload: &str) -> Result<Trigger, InvalidMessage> {
+    parse_payload_with(payload, simulated::check_controls)
 }
 
 /// The model providers this build knows, and how to reach the one chosen.

@@ -19,14 +19,17 @@ use tokio_util::sync::CancellationToken;
 
 use super::batch::{self, UnnamedFailure};
 use super::heartbeat::{Delivered, Flights, Heartbeat};
-use super::processor::{Invocation, Processed, Processor};
+use super::processor::{Invocation, Processed, Processor, resolve_body};
 use crate::clock::Clock;
 use crate::job::outcome::Delivery;
 use crate::job::{Failure, JobMessage, JobRecord, RecordOutcome, Trigger};
 use crate::ledger::JobLedger;
-use crate::provider::{Provider, parse_trigger};
+use crate::provider::Provider;
 use crate::queue::{VisibilityChange, VisibilityControl, VisibilityReport};
 pub use crate::report::{BatchReport, JobSummary, RecordReport};
+
+/// Extended Client payloads read at once.
+const PAYLOAD_READS: usize = 16;
 
 /// Handles SQS batches.
 #[derive(Debug)]
@@ -40,7 +43,9 @@ pub struct BatchHandler<L, P, C, V> {
 
 struct Entry<'a> {
     record: &'a SqsMessage,
-    parsed: Result<Trigger, crate::job::InvalidMessage>,
+    /// The trigger, or why the record fails without reaching the ledger (poison, or a pointer's
+    /// payload that cannot be read now).
+    parsed: Result<Trigger, Failure>,
 }
 
 impl<L: JobLedger, P: Provider, C: Clock, V: VisibilityControl> BatchHandler<L, P, C, V> {
@@ -82,14 +87,19 @@ impl<L: JobLedger, P: Provider, C: Clock, V: VisibilityControl> BatchHandler<L, 
 
     /// Handles a batch and reports every record.
     pub async fn handle_batch(&self, event: &SqsEvent, inv: &Invocation) -> BatchReport {
-        let entries: Vec<Entry<'_>> = event
-            .records
-            .iter()
-            .map(|record| Entry {
-                record,
-                parsed: parse_trigger(record.body.as_deref()),
+        // A body is parsed at once; an Extended Client pointer's payload is read first, a few at
+        // a time, records kept in order.
+        let blobs = self.processor.blobs();
+        let entries: Vec<Entry<'_>> = stream::iter(&event.records)
+            .map(|record| async move {
+                Entry {
+                    record,
+                    parsed: resolve_body(blobs, record.body.as_deref()).await,
+                }
             })
-            .collect();
+            .buffered(PAYLOAD_READS)
+            .collect()
+            .await;
         let fifo = entries.iter().any(|e| {
             e.record
                 .event_source_arn
@@ -297,7 +307,7 @@ impl<L: JobLedger, P: Provider, C: Clock, V: VisibilityControl> BatchHandler<L, 
             let entry = &entries[index];
             let outcome = match &entry.parsed {
                 _ if blocked => RecordOutcome::Failed(Failure::Skipped),
-                Err(invalid) => RecordOutcome::Failed(Failure::Poison(invalid.clone())),
+                Err(failure) => RecordOutcome::Failed(failure.clone()),
                 Ok(trigger) => match views.iter().find(|v| v.job_id == trigger.job_id()) {
                     Some(view) => match trigger {
                         Trigger::Job(msg) => self.processor.follow(msg, view),

@@ -44,6 +44,9 @@ pub struct Settings {
     /// `MIN_BACKGROUND_CALL_SECONDS`: the same for a provider that can be asked afterwards (the
     /// call is submitted, its reference recorded, and the job handed over if it runs long).
     pub min_background_call_ms: Millis,
+    /// `INLINE_MAX_BYTES`: the largest answer or input kept inline in the ledger item; a larger
+    /// one is stored in `RESULTS_BUCKET` (when set) and the item keeps its reference.
+    pub inline_max_bytes: usize,
     /// What a job gets when its message does not say (`DEFAULT_DEADLINE_SECONDS`,
     /// `DEFAULT_MAX_ATTEMPTS`, `RETENTION_DAYS`).
     pub job_defaults: JobDefaults,
@@ -67,6 +70,7 @@ impl Default for Settings {
             deadline_margin_ms: 5_000,
             min_call_ms: 20_000,
             min_background_call_ms: 1_000,
+            inline_max_bytes: crate::job::DEFAULT_INLINE_MAX_BYTES,
             job_defaults: JobDefaults::default(),
             replay: ReplayPolicy::Never,
             visibility: VisibilityPolicy::default(),
@@ -114,6 +118,12 @@ impl Settings {
                 0,
                 900,
             )? * 1000,
+            inline_max_bytes: number(
+                "INLINE_MAX_BYTES",
+                d.inline_max_bytes as i64,
+                0,
+                crate::job::INLINE_LIMIT_BYTES as i64,
+            )? as usize,
             job_defaults: JobDefaults {
                 max_attempts: number("DEFAULT_MAX_ATTEMPTS", i64::from(j.max_attempts), 1, 100)?
                     as u32,

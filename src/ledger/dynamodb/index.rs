@@ -16,13 +16,17 @@ pub const ATTENTION_INDEX: &str = "attention-index";
 /// only. The reconciler finds jobs past their deadline with it.
 pub const DEADLINE_INDEX: &str = "deadline-index";
 
+/// The sparse index of terminal jobs by the day they finished: key `finished_on`, sort key
+/// `updated_at` (a terminal item is never written again), keys only. `jobctl export` reads it.
+pub const FINISHED_INDEX: &str = "finished-index";
+
 impl DynamoLedger {
     /// Creates a ledger table as `template.yaml` defines it (key `job_id`, the sparse attention
     /// index, on demand), for local set-ups, tests and benchmarks. TTL is not switched on here.
     pub async fn create_table(client: &Client, name: &str) -> Result<(), LedgerError> {
         use aws_sdk_dynamodb::types::{
             AttributeDefinition, BillingMode, GlobalSecondaryIndex, KeySchemaElement, KeyType,
-            Projection, ProjectionType, ScalarAttributeType,
+            Projection, ProjectionType, ScalarAttributeType, StreamSpecification, StreamViewType,
         };
         let attribute = |name: &str, kind| {
             AttributeDefinition::builder()
@@ -40,10 +44,10 @@ impl DynamoLedger {
             operation: "create_table",
             code: e.to_string(),
         };
-        let index = |name: &str, sort: &str| {
+        let index = |name: &str, partition: &str, sort: &str| {
             GlobalSecondaryIndex::builder()
                 .index_name(name)
-                .key_schema(key("attention", KeyType::Hash).map_err(invalid)?)
+                .key_schema(key(partition, KeyType::Hash).map_err(invalid)?)
                 .key_schema(key(sort, KeyType::Range).map_err(invalid)?)
                 .projection(
                     Projection::builder()
@@ -64,9 +68,20 @@ impl DynamoLedger {
             .attribute_definitions(
                 attribute("deadline_at", ScalarAttributeType::N).map_err(invalid)?,
             )
+            .attribute_definitions(
+                attribute("finished_on", ScalarAttributeType::S).map_err(invalid)?,
+            )
             .key_schema(key("job_id", KeyType::Hash).map_err(invalid)?)
-            .global_secondary_indexes(index(ATTENTION_INDEX, "updated_at")?)
-            .global_secondary_indexes(index(DEADLINE_INDEX, "deadline_at")?)
+            .global_secondary_indexes(index(ATTENTION_INDEX, "attention", "updated_at")?)
+            .global_secondary_indexes(index(DEADLINE_INDEX, "attention", "deadline_at")?)
+            .global_secondary_indexes(index(FINISHED_INDEX, "finished_on", "updated_at")?)
+            .stream_specification(
+                StreamSpecification::builder()
+                    .stream_enabled(true)
+                    .stream_view_type(StreamViewType::NewAndOldImages)
+                    .build()
+                    .map_err(invalid)?,
+            )
             .billing_mode(BillingMode::PayPerRequest)
             .send()
             .await
@@ -150,6 +165,48 @@ impl LedgerIndex for DynamoLedger {
             limit,
         )
         .await
+    }
+
+    /// Jobs finished on `day` at or after `since`, in (time, job id) order after `cursor`.
+    async fn finished(
+        &self,
+        day: &str,
+        since: Millis,
+        cursor: Option<&(String, Millis)>,
+        limit: usize,
+    ) -> Result<Vec<(String, Millis)>, LedgerError> {
+        let start = cursor.map(|(id, at)| {
+            std::collections::HashMap::from([
+                ("job_id".to_owned(), s(id)),
+                ("finished_on".to_owned(), s(day)),
+                ("updated_at".to_owned(), n(*at)),
+            ])
+        });
+        let out = self
+            .client
+            .query()
+            .table_name(&self.table)
+            .index_name(FINISHED_INDEX)
+            .key_condition_expression("#fin = :day AND #updated >= :since")
+            .expression_attribute_names("#fin", "finished_on")
+            .expression_attribute_names("#updated", "updated_at")
+            .expression_attribute_values(":day", s(day))
+            .expression_attribute_values(":since", n(since))
+            .limit(limit.clamp(1, 1000) as i32)
+            .set_exclusive_start_key(start)
+            .send()
+            .await
+            .map_err(|e| sdk_error("query", &e))?;
+        Ok(out
+            .items()
+            .iter()
+            .filter_map(|item| {
+                Some((
+                    get_s(item, "job_id")?.to_owned(),
+                    get_n(item, "updated_at")?,
+                ))
+            })
+            .collect())
     }
 
     /// How many jobs are in `state` (a count query of each shard; no items are read).

@@ -6,8 +6,8 @@ use std::collections::HashMap;
 use aws_sdk_dynamodb::types::AttributeValue;
 
 use crate::job::{
-    AttemptOutcome, AttemptRecord, DecisionRecord, ErrorRecord, JobRecord, JobState, Millis,
-    RecoveryRecord,
+    AttemptOutcome, AttemptRecord, BlobRef, DecisionRecord, ErrorRecord, JobRecord, JobState,
+    Millis, RecoveryRecord,
 };
 use crate::ledger::LedgerError;
 
@@ -37,6 +37,25 @@ pub(super) fn encode_attempt(a: &AttemptRecord) -> AttributeValue {
         m.insert("finished_at".to_owned(), n(f));
     }
     AttributeValue::M(m)
+}
+
+pub(super) fn encode_blob(b: &BlobRef) -> AttributeValue {
+    AttributeValue::M(HashMap::from([
+        ("bucket".to_owned(), s(&b.bucket)),
+        ("key".to_owned(), s(&b.key)),
+        ("size".to_owned(), n(b.size)),
+        ("sha256".to_owned(), s(&b.sha256)),
+    ]))
+}
+
+pub(super) fn decode_blob(v: &AttributeValue) -> Option<BlobRef> {
+    let m = v.as_m().ok()?;
+    Some(BlobRef {
+        bucket: get_s(m, "bucket")?.to_owned(),
+        key: get_s(m, "key")?.to_owned(),
+        size: to_u64(get_n(m, "size")?)?,
+        sha256: get_s(m, "sha256")?.to_owned(),
+    })
 }
 
 pub(super) fn encode_recovery(r: &RecoveryRecord) -> AttributeValue {
@@ -127,6 +146,7 @@ pub fn decode(item: &Item) -> Result<JobRecord, LedgerError> {
         input_digest: req_s("input_digest")?,
         contract: req_s("contract")?,
         input: req_s("input")?,
+        input_ref: optional_blob(item, "input_ref").map_err(|e| corrupt(e))?,
         metadata: get_s(item, "metadata").map(str::to_owned),
         deadline_at: req_n("deadline_at")?,
         owner_id: get_s(item, "owner_id").map(str::to_owned),
@@ -135,6 +155,7 @@ pub fn decode(item: &Item) -> Result<JobRecord, LedgerError> {
         recoveries,
         decisions,
         result: get_s(item, "result").map(str::to_owned),
+        result_ref: optional_blob(item, "result_ref").map_err(|e| corrupt(e))?,
         last_error: item.get("last_error").and_then(decode_error),
         created_at: req_n("created_at")?,
         updated_at: req_n("updated_at")?,
@@ -142,6 +163,15 @@ pub fn decode(item: &Item) -> Result<JobRecord, LedgerError> {
         enqueued_at: get_n(item, "enqueued_at"),
         job_id: job_id.clone(),
     })
+}
+
+fn optional_blob(item: &Item, name: &str) -> Result<Option<BlobRef>, String> {
+    match item.get(name) {
+        None => Ok(None),
+        Some(v) => decode_blob(v)
+            .map(Some)
+            .ok_or_else(|| format!("malformed `{name}`")),
+    }
 }
 
 pub(super) fn decode_attempt(v: &AttributeValue) -> Option<AttemptRecord> {
@@ -192,6 +222,65 @@ pub(super) fn to_u32(v: i64) -> Option<u32> {
     u32::try_from(v).ok()
 }
 
+/// An item from its DynamoDB JSON form (`{"state": {"S": "ready"}, ...}`), as a stream record
+/// in a Lambda event carries it. `None` when a value is not DynamoDB JSON.
+pub fn from_json_image(image: &serde_json::Map<String, serde_json::Value>) -> Option<Item> {
+    image
+        .iter()
+        .map(|(name, v)| Some((name.clone(), value_from_json(v)?)))
+        .collect()
+}
+
+fn value_from_json(v: &serde_json::Value) -> Option<AttributeValue> {
+    use serde_json::Value;
+    let (tag, inner) = v.as_object()?.iter().next()?;
+    let strings = |v: &Value| -> Option<Vec<String>> {
+        v.as_array()?
+            .iter()
+            .map(|s| s.as_str().map(str::to_owned))
+            .collect()
+    };
+    Some(match tag.as_str() {
+        "S" => AttributeValue::S(inner.as_str()?.to_owned()),
+        "N" => AttributeValue::N(inner.as_str()?.to_owned()),
+        "BOOL" => AttributeValue::Bool(inner.as_bool()?),
+        "NULL" => AttributeValue::Null(true),
+        "M" => AttributeValue::M(from_json_image(inner.as_object()?)?),
+        "L" => AttributeValue::L(
+            inner
+                .as_array()?
+                .iter()
+                .map(value_from_json)
+                .collect::<Option<_>>()?,
+        ),
+        "SS" => AttributeValue::Ss(strings(inner)?),
+        "NS" => AttributeValue::Ns(strings(inner)?),
+        "B" => AttributeValue::B(aws_smithy_types::Blob::new(
+            aws_smithy_types::base64::decode(inner.as_str()?).ok()?,
+        )),
+        _ => return None,
+    })
+}
+
+/// An item in DynamoDB JSON, the form a Lambda event carries.
+pub fn to_json_image(item: &Item) -> serde_json::Value {
+    use serde_json::{Value, json};
+    fn value(v: &AttributeValue) -> Value {
+        match v {
+            AttributeValue::S(s) => json!({ "S": s }),
+            AttributeValue::N(n) => json!({ "N": n }),
+            AttributeValue::Bool(b) => json!({ "BOOL": b }),
+            AttributeValue::M(m) => json!({ "M": to_json_image(m) }),
+            AttributeValue::L(l) => json!({ "L": l.iter().map(value).collect::<Vec<_>>() }),
+            AttributeValue::Ss(ss) => json!({ "SS": ss }),
+            AttributeValue::Ns(ns) => json!({ "NS": ns }),
+            AttributeValue::B(b) => json!({ "B": aws_smithy_types::base64::encode(b.as_ref()) }),
+            _ => json!({ "NULL": true }),
+        }
+    }
+    Value::Object(item.iter().map(|(k, v)| (k.clone(), value(v))).collect())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -208,5 +297,28 @@ mod tests {
             ("state".to_owned(), s("ready")),
         ]);
         assert!(matches!(decode(&item), Err(LedgerError::Corrupt { .. })));
+    }
+
+    #[test]
+    fn the_json_image_of_an_item_reads_back_as_the_item() {
+        let item = HashMap::from([
+            ("job_id".to_owned(), s("j")),
+            ("owner_epoch".to_owned(), n(3)),
+            ("flag".to_owned(), AttributeValue::Bool(true)),
+            (
+                "log".to_owned(),
+                AttributeValue::L(vec![AttributeValue::M(HashMap::from([(
+                    "x".to_owned(),
+                    AttributeValue::Ss(vec!["a".into()]),
+                )]))]),
+            ),
+        ]);
+        let image = to_json_image(&item);
+        assert_eq!(
+            from_json_image(image.as_object().expect("object")),
+            Some(item)
+        );
+        let bad = serde_json::json!({ "state": { "Q": "x" } });
+        assert_eq!(from_json_image(bad.as_object().expect("object")), None);
     }
 }

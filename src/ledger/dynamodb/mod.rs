@@ -20,18 +20,18 @@ use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
 use aws_sdk_dynamodb::types::{AttributeValue, ReturnValue, ReturnValuesOnConditionCheckFailure};
 
 pub use index::{ATTENTION_INDEX, DEADLINE_INDEX};
-pub use item::decode;
 use item::s;
+pub use item::{Item, decode, from_json_image, to_json_image};
 
 #[cfg(doc)]
 use super::LedgerIndex;
 use super::{JobLedger, LedgerError, Write};
 #[cfg(doc)]
 use crate::job::JobRecord;
-use crate::job::{JobState, attention_key};
+use crate::job::{JobState, attention_key, finished_day};
 
 /// Attribute names, each used through a `#placeholder` (several are DynamoDB reserved words).
-const NAMES: [(&str, &str); 25] = [
+const NAMES: [(&str, &str); 28] = [
     ("#id", "job_id"),
     ("#state", "state"),
     ("#epoch", "owner_epoch"),
@@ -57,6 +57,9 @@ const NAMES: [(&str, &str); 25] = [
     ("#finished", "finished_at"),
     ("#ref", "provider_ref"),
     ("#enq", "enqueued_at"),
+    ("#rref", "result_ref"),
+    ("#inref", "input_ref"),
+    ("#fin", "finished_on"),
 ];
 
 /// The DynamoDB job ledger.
@@ -93,7 +96,14 @@ impl DynamoLedger {
     ) -> Result<Write, LedgerError> {
         // Every write that sets a state keeps the sparse attention index in step with it.
         let mut update = update.to_owned();
+        // A terminal state also enters the finished index, by the day of the write (`:now`).
         if let Some(state) = target {
+            let now = values.iter().find(|(token, _)| *token == ":now");
+            if let (true, Some(AttributeValue::N(now))) = (state.is_terminal(), now.map(|v| &v.1)) {
+                let day = finished_day(now.parse().unwrap_or_default());
+                update.push_str(", #fin = :fin");
+                values.push((":fin", s(&day)));
+            }
             match attention_key(state, job_id) {
                 Some(key) => {
                     update.push_str(", #attn = :attn");

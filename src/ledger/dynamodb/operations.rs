@@ -3,9 +3,13 @@
 
 use aws_sdk_dynamodb::types::AttributeValue;
 
-use super::item::{decode, encode_attempt, encode_decision, encode_error, encode_recovery, n, s};
+use super::item::{
+    decode, encode_attempt, encode_blob, encode_decision, encode_error, encode_recovery, n, s,
+};
 use super::{DynamoLedger, sdk_error};
-use crate::job::{AttemptOutcome, AttemptRecord, JobRecord, JobState, NewJob, RecoveryRecord};
+use crate::job::{
+    AttemptOutcome, AttemptRecord, JobRecord, JobState, NewJob, RecoveryRecord, ResultBody,
+};
 use crate::ledger::{
     AttemptEnd, ClaimRequest, CreateRequest, DecideRequest, EnqueuedRequest, FinishRequest,
     JobLedger, LedgerError, RecordRefRequest, RecoverRequest, RenewRequest, SettleFrom,
@@ -29,6 +33,9 @@ impl JobLedger for DynamoLedger {
         );
         if job.metadata.is_some() {
             update.push_str(", #meta = if_not_exists(#meta, :meta)");
+        }
+        if job.input_ref.is_some() {
+            update.push_str(", #inref = if_not_exists(#inref, :inref)");
         }
         let claimable = "(#state IN (:ready, :retry) AND #epoch = :epoch AND #attempts = :attempts \
              AND #digest = :digest AND #attempts < #max AND #deadline > :now)";
@@ -94,10 +101,23 @@ impl JobLedger for DynamoLedger {
             (":epoch", n(req.epoch)),
             (":attempt", n(req.attempt)),
         ];
-        if let AttemptEnd::Succeeded { result } = &req.end {
-            update.push_str(", #result = :result");
+        match &req.end {
+            AttemptEnd::Succeeded {
+                result: ResultBody::Inline(result),
+            } => {
+                update.push_str(", #result = :result");
+                values.push((":result", s(result)));
+            }
+            AttemptEnd::Succeeded {
+                result: ResultBody::Stored(blob),
+            } => {
+                update.push_str(", #rref = :rref");
+                values.push((":rref", encode_blob(blob)));
+            }
+            _ => {}
+        }
+        if matches!(req.end, AttemptEnd::Succeeded { .. }) {
             condition.push_str(" AND #deadline > :now");
-            values.push((":result", s(result)));
         }
         if let Some(error) = req.end.error(req.now) {
             update.push_str(", #err = :err");
@@ -135,6 +155,9 @@ impl JobLedger for DynamoLedger {
                 );
                 if job.metadata.is_some() {
                     update.push_str(", #meta = :meta");
+                }
+                if job.input_ref.is_some() {
+                    update.push_str(", #inref = :inref");
                 }
                 (update, "attribute_not_exists(#id)".to_owned())
             }
@@ -241,6 +264,9 @@ impl JobLedger for DynamoLedger {
         if job.metadata.is_some() {
             update.push_str(", #meta = :meta");
         }
+        if job.input_ref.is_some() {
+            update.push_str(", #inref = :inref");
+        }
         let mut values = new_job_values(job);
         values.extend([
             (":ready", s(JobState::Ready.as_str())),
@@ -339,6 +365,9 @@ fn new_job_values(job: &NewJob) -> Vec<(&'static str, AttributeValue)> {
     ];
     if let Some(meta) = &job.metadata {
         values.push((":meta", s(meta)));
+    }
+    if let Some(blob) = &job.input_ref {
+        values.push((":inref", encode_blob(blob)));
     }
     values
 }

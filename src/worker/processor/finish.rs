@@ -8,7 +8,9 @@ use super::{
 };
 use crate::clock::Clock;
 use crate::job::decision::{DeadlinePhase, Next, deadline_phase, next_step};
-use crate::job::{AttemptOutcome, Failure, JobMessage, JobRecord, JobState, Millis, RecordOutcome};
+use crate::job::{
+    AttemptOutcome, Failure, JobMessage, JobRecord, JobState, Millis, RecordOutcome, ResultBody,
+};
 use crate::ledger::{AttemptEnd, FinishRequest, JobLedger, LedgerError, RenewRequest, Write};
 use crate::provider::{Answer, Provider, ProviderError};
 use crate::worker::settings::ReplayPolicy;
@@ -43,6 +45,12 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
             // behind by the margin could accept it after the deadline. The attempt is over.
             tracing::warn!(job_id = %msg.job_id, "answer came within the skew margin of the deadline; not accepted");
             end = AttemptEnd::Expired;
+        }
+        if let AttemptEnd::Succeeded {
+            result: ResultBody::Inline(body),
+        } = end
+        {
+            end = self.place_result(&claimed, body, inv).await;
         }
         let mut tries = 0;
         let (seen, accepting, now) = loop {
@@ -88,7 +96,8 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
             }
         };
         // Refused: another owner took over, or the deadline passed. The answer is dropped here
-        // and never published.
+        // and never published; its object, if it was stored, is removed.
+        self.discard(&end, seen.as_ref()).await;
         tracing::warn!(
             job_id = %msg.job_id,
             epoch,
@@ -215,16 +224,10 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         now: Millis,
     ) -> (AttemptEnd, Option<Millis>) {
         match result {
-            Ok(answer) if !job.can_hold_result(&answer.body) => (
-                too_large(&format!(
-                    "the answer has {} bytes, more than the ledger item can hold",
-                    answer.body.len()
-                )),
-                None,
-            ),
+            // Where the answer is kept is decided when the attempt ends (`place_result`).
             Ok(answer) => (
                 AttemptEnd::Succeeded {
-                    result: answer.body,
+                    result: ResultBody::Inline(answer.body),
                 },
                 None,
             ),
@@ -290,7 +293,7 @@ const FINISH_RETRY_PAUSE_MS: Millis = 100;
 
 /// An attempt whose answer cannot be stored: the same call would give it again, so it is
 /// terminal, with the reason recorded.
-fn too_large(why: &str) -> AttemptEnd {
+pub(super) fn too_large(why: &str) -> AttemptEnd {
     AttemptEnd::FailedTerminal {
         kind: "too_large",
         error: why.to_owned(),

@@ -11,12 +11,18 @@
 //! - [`recover`](self::recover): what a recovery claim does with the evidence it finds.
 
 mod finish;
+mod payload;
 mod recover;
 mod run;
+
+pub use payload::resolve_body;
+
+use std::sync::Arc;
 
 use tokio_util::sync::CancellationToken;
 
 use super::settings::Settings;
+use crate::blobs::BlobStore;
 use crate::clock::Clock;
 use crate::job::decision::{DeadlinePhase, Expect, Next, SettleReason, deadline_phase, next_step};
 use crate::job::{
@@ -63,6 +69,7 @@ pub struct Processor<L, P, C> {
     provider: P,
     clock: C,
     settings: Settings,
+    blobs: Option<Arc<dyn BlobStore>>,
 }
 
 enum Action {
@@ -102,7 +109,20 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
             provider,
             clock,
             settings,
+            blobs: None,
         }
+    }
+
+    /// Adds an object store: answers and inputs above `INLINE_MAX_BYTES` (or too large for the
+    /// item) are written to its bucket, and stored inputs and Extended Client payloads read.
+    pub fn with_blobs(mut self, blobs: Arc<dyn BlobStore>) -> Self {
+        self.blobs = Some(blobs);
+        self
+    }
+
+    /// The object store, if any.
+    pub fn blobs(&self) -> Option<&dyn BlobStore> {
+        self.blobs.as_deref()
     }
 
     /// The ledger.
@@ -147,15 +167,22 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         watch: &dyn AttemptWatch,
     ) -> Processed {
         let job_id = match trigger {
-            Trigger::Job(msg) => return self.process(msg, owner_id, inv, watch).await,
+            Trigger::Job(msg) => {
+                return match self.offload_input(msg).await {
+                    Ok(msg) => self.process(&msg, owner_id, inv, watch).await,
+                    Err(failure) => failed(failure, None),
+                };
+            }
             Trigger::Ref(job_id) => job_id,
         };
         match self.ledger.get(job_id).await {
-            Ok(Some(item)) => {
-                let msg = JobMessage::from_record(&item);
-                self.process_from(&msg, Some(item), owner_id, inv, watch)
-                    .await
-            }
+            Ok(Some(item)) => match self.stored_input(&item).await {
+                Ok(msg) => {
+                    self.process_from(&msg, Some(item), owner_id, inv, watch)
+                        .await
+                }
+                Err(failure) => failed(failure, Some(item)),
+            },
             Ok(None) => failed(Failure::Poison(InvalidMessage::UnknownJob), None),
             Err(e) => ledger_failure(job_id, &e, None),
         }

@@ -1,0 +1,26 @@
+//! The dispatcher: a DynamoDB stream event source mapping on the ledger table, with
+//! `ReportBatchItemFailures`. Publishes one completion event per job that became terminal or
+//! `unknown`, to EventBridge (`EVENT_BUS_NAME`), SNS (`EVENT_TOPIC_ARN`) or SQS
+//! (`EVENT_QUEUE_URL`), whichever is set.
+
+use std::sync::Arc;
+
+use fenced_jobs::config::{SdkTimeouts, sink_from_env};
+use fenced_jobs::ops::dispatch::{StreamEvent, dispatch};
+use lambda_runtime::{LambdaEvent, service_fn};
+
+#[tokio::main]
+async fn main() -> Result<(), lambda_runtime::Error> {
+    fenced_jobs::logs::init();
+    let aws = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
+    let bounded = SdkTimeouts::from_lookup(|name| std::env::var(name).ok())?.apply(&aws);
+    let sink = Arc::new(sink_from_env(&bounded)?);
+    lambda_runtime::run(service_fn(move |event: LambdaEvent<StreamEvent>| {
+        let sink = Arc::clone(&sink);
+        async move {
+            let report = dispatch(&event.payload, sink.as_ref()).await;
+            Ok::<_, lambda_runtime::Error>(report.response())
+        }
+    }))
+    .await
+}

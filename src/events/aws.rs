@@ -1,0 +1,189 @@
+//! The event sinks on AWS: an EventBridge bus (the default), an SNS topic or an SQS queue. Each
+//! sends up to ten events a request; on a FIFO topic or queue the job id is the message group
+//! and the event id the deduplication id.
+
+use super::{CompletionEvent, EventSink};
+
+/// The `source` of every event on the bus.
+pub const EVENT_SOURCE: &str = "fenced-jobs";
+/// Events in one request (the limit of all three APIs).
+const BATCH: usize = 10;
+
+/// A sink on AWS.
+#[derive(Debug, Clone)]
+pub enum AwsSink {
+    /// `PutEvents` to a bus.
+    EventBridge {
+        /// Client.
+        client: aws_sdk_eventbridge::Client,
+        /// Bus name or ARN.
+        bus: String,
+    },
+    /// `PublishBatch` to a topic.
+    Sns {
+        /// Client.
+        client: aws_sdk_sns::Client,
+        /// Topic ARN.
+        topic_arn: String,
+    },
+    /// `SendMessageBatch` to a queue.
+    Sqs {
+        /// Client.
+        client: aws_sdk_sqs::Client,
+        /// Queue URL.
+        queue_url: String,
+    },
+}
+
+impl EventSink for AwsSink {
+    async fn publish(&self, events: &[CompletionEvent]) -> Result<(), (usize, String)> {
+        for (n, chunk) in events.chunks(BATCH).enumerate() {
+            let start = n * BATCH;
+            let failed = match self {
+                AwsSink::EventBridge { client, bus } => put_events(client, bus, chunk).await,
+                AwsSink::Sns { client, topic_arn } => publish_batch(client, topic_arn, chunk).await,
+                AwsSink::Sqs { client, queue_url } => send_batch(client, queue_url, chunk).await,
+            };
+            if let Err((i, why)) = failed {
+                return Err((start + i, why));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The first refused entry of a request, from the per-entry answers.
+fn first_failed(entries: impl IntoIterator<Item = Option<String>>) -> Result<(), (usize, String)> {
+    match entries
+        .into_iter()
+        .enumerate()
+        .find_map(|(i, e)| e.map(|code| (i, code)))
+    {
+        Some(failed) => Err(failed),
+        None => Ok(()),
+    }
+}
+
+async fn put_events(
+    client: &aws_sdk_eventbridge::Client,
+    bus: &str,
+    events: &[CompletionEvent],
+) -> Result<(), (usize, String)> {
+    use aws_sdk_eventbridge::types::PutEventsRequestEntry;
+    let entries = events
+        .iter()
+        .map(|e| {
+            PutEventsRequestEntry::builder()
+                .event_bus_name(bus)
+                .source(EVENT_SOURCE)
+                .detail_type(e.detail_type())
+                .detail(e.detail.to_string())
+                .resources(e.job_id.clone())
+                .build()
+        })
+        .collect();
+    let out = client
+        .put_events()
+        .set_entries(Some(entries))
+        .send()
+        .await
+        .map_err(|e| {
+            (
+                0,
+                aws_sdk_eventbridge::error::DisplayErrorContext(&e).to_string(),
+            )
+        })?;
+    if out.failed_entry_count() == 0 {
+        return Ok(());
+    }
+    first_failed(
+        out.entries()
+            .iter()
+            .map(|e| e.error_code().map(str::to_owned)),
+    )
+}
+
+async fn publish_batch(
+    client: &aws_sdk_sns::Client,
+    topic_arn: &str,
+    events: &[CompletionEvent],
+) -> Result<(), (usize, String)> {
+    use aws_sdk_sns::types::{MessageAttributeValue, PublishBatchRequestEntry};
+    let fifo = topic_arn.ends_with(".fifo");
+    let entries = events
+        .iter()
+        .enumerate()
+        .filter_map(|(i, e)| {
+            let state = MessageAttributeValue::builder()
+                .data_type("String")
+                .string_value(e.state.as_str())
+                .build()
+                .ok()?;
+            let mut entry = PublishBatchRequestEntry::builder()
+                .id(i.to_string())
+                .message(e.detail.to_string())
+                .message_attributes("state", state);
+            if fifo {
+                entry = entry
+                    .message_group_id(&e.job_id)
+                    .message_deduplication_id(&e.id);
+            }
+            entry.build().ok()
+        })
+        .collect();
+    let out = client
+        .publish_batch()
+        .topic_arn(topic_arn)
+        .set_publish_batch_request_entries(Some(entries))
+        .send()
+        .await
+        .map_err(|e| (0, aws_sdk_sns::error::DisplayErrorContext(&e).to_string()))?;
+    let failed: Vec<(usize, String)> = out
+        .failed()
+        .iter()
+        .filter_map(|f| Some((f.id().parse().ok()?, f.code().to_owned())))
+        .collect();
+    first_failed((0..events.len()).map(|i| {
+        failed
+            .iter()
+            .find(|(at, _)| *at == i)
+            .map(|(_, c)| c.clone())
+    }))
+}
+
+async fn send_batch(
+    client: &aws_sdk_sqs::Client,
+    queue_url: &str,
+    events: &[CompletionEvent],
+) -> Result<(), (usize, String)> {
+    use aws_sdk_sqs::types::SendMessageBatchRequestEntry;
+    let fifo = queue_url.ends_with(".fifo");
+    let entries = events
+        .iter()
+        .enumerate()
+        .filter_map(|(i, e)| {
+            let mut entry = SendMessageBatchRequestEntry::builder()
+                .id(i.to_string())
+                .message_body(e.detail.to_string());
+            if fifo {
+                entry = entry
+                    .message_group_id(&e.job_id)
+                    .message_deduplication_id(&e.id);
+            }
+            entry.build().ok()
+        })
+        .collect();
+    let out = client
+        .send_message_batch()
+        .queue_url(queue_url)
+        .set_entries(Some(entries))
+        .send()
+        .await
+        .map_err(|e| (0, aws_sdk_sqs::error::DisplayErrorContext(&e).to_string()))?;
+    first_failed((0..events.len()).map(|i| {
+        out.failed()
+            .iter()
+            .find(|f| f.id() == i.to_string())
+            .map(|f| f.code().to_owned())
+    }))
+}

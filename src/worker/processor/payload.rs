@@ -1,0 +1,206 @@
+//! Payloads outside the item: an Extended Client pointer's body read from S3, a large input
+//! stored before the claim and read back for the call, a large answer stored before its
+//! acceptance (and removed again when the acceptance is refused).
+
+use std::time::Duration;
+
+use super::{Invocation, Processor, backoff};
+use crate::blobs::{BlobError, BlobStore, read_checked};
+use crate::clock::Clock;
+use crate::job::artifact::{input_key, result_key, sha256_hex};
+use crate::job::message::{MAX_PAYLOAD_BYTES, input_digest, parse_pointer};
+use crate::job::{
+    Failure, INLINE_LIMIT_BYTES, InvalidMessage, JobMessage, JobRecord, ResultBody, Trigger,
+};
+use crate::ledger::{AttemptEnd, JobLedger};
+use crate::provider::{Provider, ProviderError, parse_payload, parse_trigger};
+
+/// Tries at writing an answer to the store before the attempt ends without it.
+const STORE_TRIES: u32 = 3;
+/// Pause before the second try; doubled after.
+const STORE_PAUSE_MS: u64 = 200;
+
+/// Parses a record's body; an Extended Client pointer is followed to its payload (read through
+/// `blobs`), which is then parsed like any body. A payload that is gone is poison; a store that
+/// cannot be reached is a backoff.
+pub async fn resolve_body(
+    blobs: Option<&dyn BlobStore>,
+    body: Option<&str>,
+) -> Result<Trigger, Failure> {
+    let pointer = match body.and_then(parse_pointer) {
+        None => return parse_trigger(body).map_err(Failure::Poison),
+        Some(Err(invalid)) => return Err(Failure::Poison(invalid)),
+        Some(Ok(pointer)) => pointer,
+    };
+    let Some(blobs) = blobs else {
+        return Err(backoff("no object store for a pointer body"));
+    };
+    let bytes = blobs
+        .get(&pointer.bucket, &pointer.key, MAX_PAYLOAD_BYTES)
+        .await
+        .map_err(|e| match e {
+            BlobError::NotFound => Failure::Poison(InvalidMessage::PayloadMissing),
+            BlobError::TooLarge { bytes, limit } => Failure::Poison(InvalidMessage::TooLarge {
+                bytes: bytes as usize,
+                limit,
+            }),
+            e => {
+                tracing::warn!(error = %e, "reading a pointer's payload failed");
+                backoff("payload unavailable")
+            }
+        })?;
+    let text = String::from_utf8(bytes)
+        .map_err(|_| Failure::Poison(InvalidMessage::NotJson { line: 1, column: 1 }))?;
+    parse_payload(&text).map_err(Failure::Poison)
+}
+
+impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
+    /// The message with its input stored, when the input is above `INLINE_MAX_BYTES` and a
+    /// results bucket is set (or when the item could not hold it at all). The key derives from
+    /// the input digest, so a redelivery writes the same object again.
+    pub(super) async fn offload_input(&self, msg: &JobMessage) -> Result<JobMessage, Failure> {
+        let size = msg.input_canonical.len();
+        if msg.input_ref.is_some() || size <= self.settings.inline_max_bytes {
+            return Ok(msg.clone());
+        }
+        let store = self.blobs().filter(|b| b.bucket().is_some());
+        let Some(store) = store else {
+            if size <= INLINE_LIMIT_BYTES {
+                return Ok(msg.clone());
+            }
+            return Err(Failure::Poison(InvalidMessage::TooLarge {
+                bytes: size,
+                limit: INLINE_LIMIT_BYTES,
+            }));
+        };
+        let key = input_key(&msg.job_id, &msg.digest);
+        match store.put(&key, msg.input_canonical.as_bytes()).await {
+            Ok(blob) => Ok(JobMessage {
+                input_ref: Some(blob),
+                ..msg.clone()
+            }),
+            Err(e) => {
+                tracing::warn!(job_id = %msg.job_id, error = %e, "storing the input failed");
+                Err(backoff("input store"))
+            }
+        }
+    }
+
+    /// The message a ledger item stands for, its stored input read back (only when the job may
+    /// still run) and checked against the job's digest.
+    pub(super) async fn stored_input(&self, item: &JobRecord) -> Result<JobMessage, Failure> {
+        let mut msg = JobMessage::from_record(item);
+        let Some(blob) = item
+            .input_ref
+            .as_ref()
+            .filter(|_| !item.state.is_terminal())
+        else {
+            return Ok(msg);
+        };
+        let Some(store) = self.blobs() else {
+            return Err(backoff("no object store for a stored input"));
+        };
+        let bytes = match read_checked(store, blob, MAX_PAYLOAD_BYTES).await {
+            Ok(bytes) => bytes,
+            Err(BlobError::NotFound) => {
+                return Err(Failure::Poison(InvalidMessage::PayloadMissing));
+            }
+            Err(e) => {
+                tracing::warn!(job_id = %item.job_id, error = %e, "reading the stored input failed");
+                return Err(backoff("input store"));
+            }
+        };
+        let text =
+            String::from_utf8(bytes).map_err(|_| Failure::Poison(InvalidMessage::InputMismatch))?;
+        if input_digest(&item.contract, &text) != item.input_digest {
+            return Err(Failure::Poison(InvalidMessage::InputMismatch));
+        }
+        msg.input_canonical = text;
+        Ok(msg)
+    }
+
+    /// How an accepted answer is written: inline when it is small enough and the item can hold
+    /// it; otherwise stored first (under the job, the owner's epoch and the digest), so the
+    /// acceptance only references it. Without a bucket, an answer the item cannot hold ends the
+    /// attempt `failed_terminal`; an answer that could not be stored after a few tries ends it
+    /// like a transient failure (the job is not left waiting for an answer nobody holds).
+    pub(super) async fn place_result(
+        &self,
+        claimed: &JobRecord,
+        body: String,
+        inv: &Invocation,
+    ) -> AttemptEnd {
+        let fits = claimed.can_hold_result(&body);
+        if fits && body.len() <= self.settings.inline_max_bytes {
+            return inline(body);
+        }
+        let Some(store) = self.blobs().filter(|b| b.bucket().is_some()) else {
+            if fits {
+                return inline(body);
+            }
+            return super::finish::too_large(&format!(
+                "the answer has {} bytes, more than the ledger item can hold, and no \
+                 RESULTS_BUCKET is set",
+                body.len()
+            ));
+        };
+        let key = result_key(
+            &claimed.job_id,
+            claimed.owner_epoch,
+            &sha256_hex(body.as_bytes()),
+        );
+        for tries in 1..=STORE_TRIES {
+            match store.put(&key, body.as_bytes()).await {
+                Ok(blob) => {
+                    return AttemptEnd::Succeeded {
+                        result: ResultBody::Stored(blob),
+                    };
+                }
+                Err(e) => {
+                    tracing::warn!(job_id = %claimed.job_id, error = %e, tries, "storing the answer failed");
+                    let pause = STORE_PAUSE_MS << tries;
+                    let end = inv
+                        .deadline
+                        .map_or(i64::MAX, |d| d - self.settings.deadline_margin_ms);
+                    if tries == STORE_TRIES || self.clock.now_ms() + pause as i64 >= end {
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(pause)).await;
+                }
+            }
+        }
+        if fits {
+            return inline(body);
+        }
+        let failure = ProviderError::Transient {
+            retry_after_ms: None,
+            reason: "the answer could not be written to the results bucket".to_owned(),
+        };
+        self.end_of(Err(failure), claimed, self.clock.now_ms()).0
+    }
+
+    /// Removes the object of an answer whose acceptance was refused, unless the item references
+    /// it after all. A removal that fails leaves an orphan for the bucket's lifecycle rule.
+    pub(super) async fn discard(&self, end: &AttemptEnd, seen: Option<&JobRecord>) {
+        let AttemptEnd::Succeeded {
+            result: ResultBody::Stored(blob),
+        } = end
+        else {
+            return;
+        };
+        if seen.and_then(|s| s.result_ref.as_ref()) == Some(blob) {
+            return;
+        }
+        if let Some(store) = self.blobs() {
+            if let Err(e) = store.delete(&blob.key).await {
+                tracing::warn!(error = %e, "removing a refused answer's object failed");
+            }
+        }
+    }
+}
+
+fn inline(body: String) -> AttemptEnd {
+    AttemptEnd::Succeeded {
+        result: ResultBody::Inline(body),
+    }
+}
