@@ -3,10 +3,10 @@
 
 mod common;
 
-use common::{deliver, emulator, fast_settings, job};
+use common::{TakenOverDuringTheCall, deliver, emulator, fast_settings, job};
 use fenced_jobs::job::{AttemptOutcome, Failure, JobState, RecordOutcome};
-use fenced_jobs::ledger::{AttemptEnd, FinishRequest, JobLedger, RecoverRequest, Write};
-use fenced_jobs::provider::{Answer, Provider, ProviderError, ProviderRequest, SimulatedProvider};
+use fenced_jobs::ledger::{JobLedger, Write};
+use fenced_jobs::provider::SimulatedProvider;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fresh_job_succeeds_with_one_provider_call_and_two_ledger_writes() {
@@ -139,52 +139,6 @@ async fn a_duplicate_while_a_live_owner_holds_the_job_defers_without_a_provider_
         .expect("item");
     assert_eq!((item.state, item.owner_epoch), (JobState::Running, 1));
     assert_eq!(item.owner_id.as_deref(), Some("other-worker"));
-}
-
-/// A provider that, while its own call is in flight, lets a second worker fence this one and
-/// commit its own answer: what happens when a paused worker resumes after a takeover.
-struct TakenOverDuringTheCall {
-    inner: SimulatedProvider,
-    rival: fenced_jobs::ledger::dynamodb::DynamoLedger,
-}
-
-impl Provider for TakenOverDuringTheCall {
-    async fn call(&self, req: &ProviderRequest<'_>) -> Result<Answer, ProviderError> {
-        let answer = self.inner.call(req).await?;
-        // The rival's clock is ten minutes ahead: to it the lease has lapsed.
-        let later = fenced_jobs::clock::Clock::now_ms(&fenced_jobs::clock::SystemClock) + 600_000;
-        let fenced = self
-            .rival
-            .recover(RecoverRequest {
-                job_id: req.job_id.to_owned(),
-                seen_epoch: req.epoch,
-                owner_id: "rival".into(),
-                now: later,
-                lapsed_before: later - 2_000,
-                lease_until: later + 60_000,
-                reason: "lease lapsed".into(),
-            })
-            .await
-            .expect("recover");
-        let Write::Applied(fenced) = fenced else {
-            panic!("recovery refused: {fenced:?}")
-        };
-        let accepted = self
-            .rival
-            .finish(FinishRequest {
-                job_id: req.job_id.to_owned(),
-                epoch: fenced.owner_epoch,
-                attempt: fenced.attempts,
-                now: later,
-                end: AttemptEnd::Succeeded {
-                    result: r#"{"output":"rival answer"}"#.into(),
-                },
-            })
-            .await
-            .expect("rival accepts");
-        assert!(matches!(accepted, Write::Applied(_)));
-        Ok(answer)
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

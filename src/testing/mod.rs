@@ -4,3 +4,4 @@
 
 pub mod event_source;
 pub mod sdk_calls;
+pub mod stream_source;

@@ -11,7 +11,9 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use aws_sdk_sqs::types::QueueAttributeName;
 use fenced_jobs::clock::SystemClock;
 use fenced_jobs::ledger::dynamodb::DynamoLedger;
+use fenced_jobs::ledger::{AttemptEnd, FinishRequest, JobLedger, RecoverRequest, Write};
 use fenced_jobs::provider::Provider;
+use fenced_jobs::provider::{Answer, ProviderError, ProviderRequest, SimulatedProvider};
 use fenced_jobs::queue::SqsVisibility;
 use fenced_jobs::testing::event_source::{LocalEventSource, PollReport};
 use fenced_jobs::testing::sdk_calls::{CallCounter, counted_clients};
@@ -24,6 +26,35 @@ pub struct Emulator {
     pub ddb: aws_sdk_dynamodb::Client,
     pub sqs: aws_sdk_sqs::Client,
     pub calls: CallCounter,
+    pub s3: aws_sdk_s3::Client,
+    pub events: aws_sdk_eventbridge::Client,
+    pub streams: aws_sdk_dynamodbstreams::Client,
+}
+
+impl Emulator {
+    fn on(config: &aws_config::SdkConfig) -> Emulator {
+        let (ddb, sqs, calls) = counted_clients(config);
+        Emulator {
+            ddb,
+            sqs,
+            calls,
+            s3: fenced_jobs::config::s3_client(config),
+            events: aws_sdk_eventbridge::Client::new(config),
+            streams: aws_sdk_dynamodbstreams::Client::new(config),
+        }
+    }
+
+    /// A new S3 bucket.
+    pub async fn bucket(&self) -> String {
+        let name = unique("bucket").to_lowercase();
+        self.s3
+            .create_bucket()
+            .bucket(&name)
+            .send()
+            .await
+            .expect("create bucket");
+        name
+    }
 }
 
 /// A queue and its dead-letter queue.
@@ -44,8 +75,7 @@ pub async fn emulator() -> Emulator {
         .region(aws_config::Region::new("us-east-1"))
         .load()
         .await;
-    let (ddb, sqs, calls) = counted_clients(&config);
-    Emulator { ddb, sqs, calls }
+    Emulator::on(&config)
 }
 
 /// The same emulator, reached through `proxy_url` (a loopback proxy that may stall or refuse
@@ -56,8 +86,7 @@ pub async fn through(proxy_url: &str, timeouts: fenced_jobs::config::SdkTimeouts
         .endpoint_url(proxy_url)
         .load()
         .await;
-    let (ddb, sqs, calls) = counted_clients(&timeouts.apply(&config));
-    Emulator { ddb, sqs, calls }
+    Emulator::on(&timeouts.apply(&config))
 }
 
 pub fn unique(prefix: &str) -> String {
@@ -265,7 +294,51 @@ pub async fn deliver<P: Provider>(
     (poll, slot.into_inner().expect("slot"))
 }
 
-impl Emulator {}
+/// A provider that, while its own call is in flight, lets a second worker fence this one and
+/// commit its own answer: what happens when a paused worker resumes after a takeover.
+pub struct TakenOverDuringTheCall {
+    pub inner: SimulatedProvider,
+    pub rival: DynamoLedger,
+}
+
+impl Provider for TakenOverDuringTheCall {
+    async fn call(&self, req: &ProviderRequest<'_>) -> Result<Answer, ProviderError> {
+        let answer = self.inner.call(req).await?;
+        // The rival's clock is ten minutes ahead: to it the lease has lapsed.
+        let later = fenced_jobs::clock::Clock::now_ms(&fenced_jobs::clock::SystemClock) + 600_000;
+        let fenced = self
+            .rival
+            .recover(RecoverRequest {
+                job_id: req.job_id.to_owned(),
+                seen_epoch: req.epoch,
+                owner_id: "rival".into(),
+                now: later,
+                lapsed_before: later - 2_000,
+                lease_until: later + 60_000,
+                reason: "lease lapsed".into(),
+            })
+            .await
+            .expect("recover");
+        let Write::Applied(fenced) = fenced else {
+            panic!("recovery refused: {fenced:?}")
+        };
+        let accepted = self
+            .rival
+            .finish(FinishRequest {
+                job_id: req.job_id.to_owned(),
+                epoch: fenced.owner_epoch,
+                attempt: fenced.attempts,
+                now: later,
+                end: AttemptEnd::Succeeded {
+                    result: r#"{"output":"rival answer"}"#.into(),
+                },
+            })
+            .await
+            .expect("rival accepts");
+        assert!(matches!(accepted, Write::Applied(_)));
+        Ok(answer)
+    }
+}
 
 /// Settings for the slow-record tests: a heartbeat of `heartbeat_ms` on a queue whose
 /// visibility timeout is `visibility_s`, with a lease of `lease_ms`.

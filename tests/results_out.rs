@@ -1,0 +1,325 @@
+//! Results out, on the emulator: a job whose input arrives through an Extended Client pointer
+//! and whose answer (1 MB) is stored in S3, announced by exactly one completion event through the
+//! table's stream, the dispatcher and an EventBridge bus, and read back with `jobctl result`;
+//! a refused acceptance leaves no reference and no object; a redelivered stream record yields
+//! the same event.
+
+mod common;
+
+use std::sync::Arc;
+
+use aws_sdk_eventbridge::types::Target;
+use common::{Emulator, Queue, TakenOverDuringTheCall, deliver, emulator, fast_settings, job};
+use fenced_jobs::blobs::s3::S3Blobs;
+use fenced_jobs::clock::SystemClock;
+use fenced_jobs::events::aws::AwsSink;
+use fenced_jobs::job::JobState;
+use fenced_jobs::job::artifact::sha256_hex;
+use fenced_jobs::ledger::JobLedger;
+use fenced_jobs::ops::dispatch::{StreamEvent, dispatch};
+use fenced_jobs::provider::{Provider, SimulatedProvider};
+use fenced_jobs::queue::SqsVisibility;
+use fenced_jobs::testing::stream_source::LocalStreamSource;
+use fenced_jobs::worker::handler::BatchHandler;
+use fenced_jobs::worker::processor::Processor;
+use serde_json::{Value, json};
+
+/// A worker on `table` that stores large answers in `bucket`.
+fn worker<P: Provider>(
+    aws: &Emulator,
+    table: &str,
+    bucket: &str,
+    provider: P,
+) -> BatchHandler<fenced_jobs::ledger::dynamodb::DynamoLedger, P, SystemClock, SqsVisibility> {
+    let blobs = S3Blobs::new(aws.s3.clone(), Some(bucket.to_owned()));
+    BatchHandler::new(
+        Processor::new(aws.ledger(table), provider, SystemClock, fast_settings())
+            .with_blobs(Arc::new(blobs)),
+        SqsVisibility::new(aws.sqs.clone()),
+    )
+    .with_seed(7)
+}
+
+/// An EventBridge bus whose rule sends every event of ours to a new queue.
+async fn bus_to_queue(aws: &Emulator) -> (String, Queue) {
+    let queue = aws.queue(30).await;
+    let bus = common::unique("bus");
+    aws.events
+        .create_event_bus()
+        .name(&bus)
+        .send()
+        .await
+        .expect("bus");
+    aws.events
+        .put_rule()
+        .name("completions")
+        .event_bus_name(&bus)
+        .event_pattern(r#"{"source":["fenced-jobs"]}"#)
+        .send()
+        .await
+        .expect("rule");
+    aws.events
+        .put_targets()
+        .rule("completions")
+        .event_bus_name(&bus)
+        .targets(
+            Target::builder()
+                .id("queue")
+                .arn(&queue.arn)
+                .build()
+                .expect("target"),
+        )
+        .send()
+        .await
+        .expect("targets");
+    (bus, queue)
+}
+
+/// Every event that reached `queue`, as the `detail` documents, in order.
+async fn received(aws: &Emulator, queue: &Queue) -> Vec<Value> {
+    let mut details = Vec::new();
+    loop {
+        let messages = aws.peek(&queue.url, 1).await;
+        if messages.is_empty() {
+            return details;
+        }
+        for m in &messages {
+            let envelope: Value = serde_json::from_str(m.body().expect("body")).expect("json");
+            assert_eq!(envelope["source"], "fenced-jobs");
+            details.push(envelope["detail"].clone());
+            aws.sqs
+                .delete_message()
+                .queue_url(&queue.url)
+                .receipt_handle(m.receipt_handle().expect("handle"))
+                .send()
+                .await
+                .expect("delete");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pointer_job_with_a_1_mb_answer_is_announced_once_and_read_back_with_jobctl() {
+    let aws = emulator().await;
+    let table = aws.table().await;
+    let queue = aws.queue(30).await;
+    let results = aws.bucket().await;
+    let producer_bucket = aws.bucket().await;
+    let (bus, events) = bus_to_queue(&aws).await;
+
+    // The producer's Extended Client put the body in its bucket and sent a pointer.
+    let body = json!({
+        "job_id": "big-1",
+        "contract": "summary.v1",
+        "input": {"model": "sim-1", "prompt": "secret prompt text", "simulate": {"answer_bytes": 1_000_000}},
+        "metadata": {"order": "o-17"},
+    })
+    .to_string();
+    aws.s3
+        .put_object()
+        .bucket(&producer_bucket)
+        .key("payloads/7f1e")
+        .body(body.clone().into_bytes().into())
+        .send()
+        .await
+        .expect("put payload");
+    let pointer = json!([
+        "software.amazon.payloadoffloading.PayloadS3Pointer",
+        {"s3BucketName": producer_bucket, "s3Key": "payloads/7f1e"}
+    ])
+    .to_string();
+    aws.send(&queue, &pointer).await;
+
+    let handler = worker(&aws, &table, &results, SimulatedProvider::new());
+    let source = aws.source(&queue).await;
+    let (poll, _) = deliver(&source, &handler).await;
+    assert_eq!((poll.received, poll.deleted), (1, 1));
+
+    // The answer is in the bucket; the item holds only its reference.
+    let item = aws
+        .ledger(&table)
+        .get("big-1")
+        .await
+        .expect("get")
+        .expect("item");
+    assert_eq!(item.state, JobState::Succeeded);
+    assert_eq!(item.result, None);
+    let blob = item.result_ref.clone().expect("a reference");
+    assert!(blob.size > 1_000_000, "{blob:?}");
+    assert_eq!(blob.bucket, results);
+    assert!(blob.key.starts_with("results/big-1/1/"), "{}", blob.key);
+    // The digest covers the payload's content, not the pointer.
+    let from_payload = fenced_jobs::job::parse_body(Some(&body)).expect("valid");
+    assert_eq!(item.input_digest, from_payload.digest);
+
+    // The stream, the dispatcher, the bus: exactly one event, pointing at the right bytes.
+    let sink = AwsSink::EventBridge {
+        client: aws.events.clone(),
+        bus: bus.clone(),
+    };
+    let mut stream = LocalStreamSource::connect(&aws.ddb, aws.streams.clone(), &table)
+        .await
+        .expect("stream");
+    let (delivered, response) = stream
+        .poll_once(|e| async move { dispatch(&e, &sink).await.response() })
+        .await
+        .expect("stream poll");
+    assert!(response.batch_item_failures.is_empty(), "{response:?}");
+    let details = received(&aws, &events).await;
+    let ours: Vec<&Value> = details.iter().filter(|d| d["job_id"] == "big-1").collect();
+    assert_eq!(ours.len(), 1, "{details:?}");
+    let event = ours[0];
+    assert_eq!(event["state"], "succeeded");
+    assert_eq!(event["metadata"]["order"], "o-17");
+    assert_eq!(event["result_ref"]["key"], blob.key.as_str());
+    assert_eq!(event["result_ref"]["sha256"], blob.sha256.as_str());
+    assert!(!event.to_string().contains("secret prompt"), "{event}");
+    let object = aws
+        .s3
+        .get_object()
+        .bucket(&results)
+        .key(event["result_ref"]["key"].as_str().expect("key"))
+        .send()
+        .await
+        .expect("object")
+        .body
+        .collect()
+        .await
+        .expect("bytes")
+        .into_bytes();
+    assert_eq!(sha256_hex(&object), blob.sha256);
+
+    // `jobctl result` prints those bytes.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_jobctl"))
+        .args(["result", "big-1"])
+        .env("JOBS_TABLE", &table)
+        .env("RESULTS_BUCKET", &results)
+        .output()
+        .expect("jobctl runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let printed = out.stdout.strip_suffix(b"\n").expect("a trailing newline");
+    assert_eq!(sha256_hex(printed), blob.sha256);
+
+    // The same stream records delivered again: the same event, with the same id.
+    let sink = AwsSink::EventBridge {
+        client: aws.events.clone(),
+        bus,
+    };
+    let again = dispatch(&delivered, &sink).await;
+    assert_eq!(again.failed_at, None);
+    let repeated = received(&aws, &events).await;
+    let ours_again: Vec<&Value> = repeated.iter().filter(|d| d["job_id"] == "big-1").collect();
+    assert_eq!(ours_again, vec![event]);
+    // Nothing new in the stream was announced twice.
+    let (_, response) = stream
+        .poll_once(|e: StreamEvent| async move {
+            assert!(e.records.is_empty(), "{} new records", e.records.len());
+            Default::default()
+        })
+        .await
+        .expect("stream poll");
+    assert!(response.batch_item_failures.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_acceptance_leaves_no_reference_and_no_object() {
+    let aws = emulator().await;
+    let table = aws.table().await;
+    let queue = aws.queue(30).await;
+    let results = aws.bucket().await;
+    // While the call runs, a rival fences this worker and accepts its own answer.
+    let provider = TakenOverDuringTheCall {
+        inner: SimulatedProvider::new(),
+        rival: aws.ledger(&table),
+    };
+    let handler = worker(&aws, &table, &results, provider);
+    aws.send(
+        &queue,
+        &job(
+            "stale-big",
+            "contested",
+            r#""simulate":{"answer_bytes":200000}"#,
+        ),
+    )
+    .await;
+    let source = aws.source(&queue).await;
+    let (poll, _) = deliver(&source, &handler).await;
+    assert_eq!((poll.received, poll.deleted), (1, 1));
+
+    let item = aws
+        .ledger(&table)
+        .get("stale-big")
+        .await
+        .expect("get")
+        .expect("item");
+    assert_eq!(item.state, JobState::Succeeded);
+    assert_eq!(item.owner_id.as_deref(), Some("rival"));
+    assert_eq!(item.result.as_deref(), Some(r#"{"output":"rival answer"}"#));
+    assert_eq!(item.result_ref, None);
+    // The stale owner wrote its answer before it tried to accept it, and removed it when the
+    // acceptance was refused.
+    let listed = aws
+        .s3
+        .list_objects_v2()
+        .bucket(&results)
+        .prefix("results/stale-big/")
+        .send()
+        .await
+        .expect("list");
+    assert_eq!(listed.key_count(), Some(0), "{:?}", listed.contents());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_input_is_stored_by_submit_and_read_back_by_the_worker() {
+    let aws = emulator().await;
+    let table = aws.table().await;
+    let queue = aws.queue(30).await;
+    let results = aws.bucket().await;
+    let prompt = "x".repeat(300_000);
+    let line = job("big-input", &prompt, "");
+    let file = std::env::temp_dir().join(common::unique("jobs") + ".jsonl");
+    std::fs::write(&file, format!("{line}\n")).expect("write jobs");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_jobctl"))
+        .arg("submit")
+        .arg(&file)
+        .env("JOBS_TABLE", &table)
+        .env("RESULTS_BUCKET", &results)
+        .env("QUEUE_URL", &queue.url)
+        .output()
+        .expect("jobctl runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    let item = aws
+        .ledger(&table)
+        .get("big-input")
+        .await
+        .expect("get")
+        .expect("item");
+    assert_eq!(item.input, "");
+    let stored = item.input_ref.clone().expect("the input is stored");
+    assert!(stored.size > 300_000);
+
+    let handler = worker(&aws, &table, &results, SimulatedProvider::new());
+    let source = aws.source(&queue).await;
+    let (poll, _) = deliver(&source, &handler).await;
+    assert_eq!((poll.received, poll.deleted), (1, 1));
+    let item = aws
+        .ledger(&table)
+        .get("big-input")
+        .await
+        .expect("get")
+        .expect("item");
+    assert_eq!(item.state, JobState::Succeeded);
+    // The call saw the whole input: the simulated answer counts its characters.
+    let answer: Value =
+        serde_json::from_str(item.result.as_deref().expect("inline")).expect("json");
+    assert!(answer["usage"]["input_chars"].as_u64().expect("count") > 300_000);
+}
