@@ -161,4 +161,6 @@ pub struct ReconcileReport {
     pub unknown: u64,
     /// Ledger calls that failed (tried again next run).
     pub errors: u64,
+    /// Stored answers no item references, removed (see `ops::results::sweep_orphans`).
+    pub orphans_removed: u64,
 }

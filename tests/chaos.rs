@@ -43,6 +43,8 @@ fn fixed_seeds_keep_every_invariant_under_every_fault() {
         "retrieval_error",
         "short_invocation",
         "lapse_alone",
+        "large_answer",
+        "store_error",
         "reconciler_resent",
     ] {
         assert!(seen.contains(kind), "{kind} never injected: {seen:?}");

@@ -209,7 +209,7 @@ async fn scenario<L: JobLedger>(ledger: &L, prefix: &str) -> (Vec<String>, Vec<O
     );
 
     let c = job(&id("c"), "d-c", 3, T - 1);
-    let absent = || SettleFrom::Absent(c.clone());
+    let absent = || SettleFrom::Absent(Box::new(c.clone()));
     step!(
         "c settle absent",
         ledger.settle(settle(&c.job_id, absent(), SettleReason::DeadlinePassed, T))

@@ -123,7 +123,7 @@ fn op(rng: &mut fastrand::Rng, now: i64, items: &[Option<JobRecord>]) -> Op {
         }
         5 => {
             let from = match rng.u8(0..3) {
-                0 => SettleFrom::Absent(job),
+                0 => SettleFrom::Absent(Box::new(job)),
                 1 => SettleFrom::PastDeadline,
                 _ => SettleFrom::Seen {
                     state: item.map_or(JobState::Ready, |r| r.state),
@@ -206,7 +206,7 @@ async fn apply<L: JobLedger>(ledger: &L, prefix: &str, op: &Op) -> Write {
         }
         Op::Settle(j, from, reason, now) => {
             let from = match from {
-                SettleFrom::Absent(job) => SettleFrom::Absent(named(j, job)),
+                SettleFrom::Absent(job) => SettleFrom::Absent(Box::new(named(j, job))),
                 other => other.clone(),
             };
             ledger

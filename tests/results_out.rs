@@ -323,3 +323,67 @@ async fn a_large_input_is_stored_by_submit_and_read_back_by_the_worker() {
         serde_json::from_str(item.result.as_deref().expect("inline")).expect("json");
     assert!(answer["usage"]["input_chars"].as_u64().expect("count") > 300_000);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sns_and_fifo_sqs_sinks_carry_the_same_event_and_fifo_drops_the_repeat() {
+    let aws = emulator().await;
+    let table = aws.table().await;
+    let queue = aws.queue(30).await;
+    let results = aws.bucket().await;
+    aws.send(&queue, &job("small-1", "short", "")).await;
+    let handler = worker(&aws, &table, &results, SimulatedProvider::new());
+    let (poll, _) = deliver(&aws.source(&queue).await, &handler).await;
+    assert_eq!(poll.deleted, 1);
+    let mut stream = LocalStreamSource::connect(&aws.ddb, aws.streams.clone(), &table)
+        .await
+        .expect("stream");
+    let (delivered, _) = stream
+        .poll_once(|_| async { Default::default() })
+        .await
+        .expect("read");
+
+    // FIFO queue: the event id is the deduplication id, so a second delivery is dropped.
+    let fifo = aws.fifo_queue(30).await;
+    let sink = AwsSink::Sqs {
+        client: aws.sqs.clone(),
+        queue_url: fifo.url.clone(),
+    };
+    assert_eq!(dispatch(&delivered, &sink).await.failed_at, None);
+    assert_eq!(dispatch(&delivered, &sink).await.failed_at, None);
+    let on_queue = aws.peek(&fifo.url, 1).await;
+    assert_eq!(on_queue.len(), 1);
+    let from_queue: Value = serde_json::from_str(on_queue[0].body().expect("body")).expect("json");
+    assert_eq!(from_queue["job_id"], "small-1");
+    assert_eq!(from_queue["state"], "succeeded");
+    assert_eq!(from_queue["result"]["contract"], "summary.v1");
+
+    // SNS topic with a queue subscribed: the same document.
+    let sns = aws_sdk_sns::Client::new(&aws.config);
+    let topic = sns
+        .create_topic()
+        .name(common::unique("done"))
+        .send()
+        .await
+        .expect("topic")
+        .topic_arn()
+        .expect("arn")
+        .to_owned();
+    let subscriber = aws.queue(30).await;
+    sns.subscribe()
+        .topic_arn(&topic)
+        .protocol("sqs")
+        .endpoint(&subscriber.arn)
+        .attributes("RawMessageDelivery", "true")
+        .send()
+        .await
+        .expect("subscribe");
+    let sink = AwsSink::Sns {
+        client: sns,
+        topic_arn: topic,
+    };
+    assert_eq!(dispatch(&delivered, &sink).await.failed_at, None);
+    let on_topic = aws.peek(&subscriber.url, 1).await;
+    assert_eq!(on_topic.len(), 1);
+    let from_topic: Value = serde_json::from_str(on_topic[0].body().expect("body")).expect("json");
+    assert_eq!(from_topic, from_queue);
+}

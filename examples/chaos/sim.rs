@@ -17,8 +17,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use aws_lambda_events::event::sqs::{SqsEvent, SqsMessage};
+use fenced_jobs::blobs::{BlobError, BlobStore, Listed, MemoryBlobs, read_checked};
 use fenced_jobs::clock::Clock;
-use fenced_jobs::job::{AttemptOutcome, JobRecord, JobState, Millis, parse_trigger};
+use fenced_jobs::job::{AttemptOutcome, BlobRef, JobRecord, JobState, Millis, parse_trigger};
 use fenced_jobs::ledger::LedgerIndex;
 use fenced_jobs::ledger::memory::InMemoryLedger;
 use fenced_jobs::ledger::{
@@ -96,6 +97,11 @@ pub struct FaultRates {
     /// A worker stops the world past its lease while its messages stay invisible, so nobody
     /// takes its jobs over.
     pub lapse_alone: f64,
+    /// The answer is above the inline limit: it is stored in the results bucket (by the
+    /// consumers that have one) before its acceptance.
+    pub large_answer: f64,
+    /// A results-bucket call (a write before an acceptance, a removal after a refusal) fails.
+    pub store_error: f64,
 }
 
 impl FaultRates {
@@ -122,6 +128,8 @@ impl FaultRates {
             retrieval_error: 0.03,
             short_invocation: 0.05,
             lapse_alone: 0.01,
+            large_answer: 0.05,
+            store_error: 0.05,
         }
     }
 }
@@ -169,8 +177,13 @@ struct World {
     violations: Mutex<Vec<String>>,
     clock: VirtualClock,
     /// Terminal states and results as first seen, to catch any later change.
-    terminal: Mutex<HashMap<String, (JobState, Option<String>)>>,
+    terminal: Mutex<HashMap<String, Terminal>>,
+    /// The results bucket the even-numbered consumers and the reconciler share.
+    bucket: Arc<MemoryBlobs>,
 }
+
+/// A terminal item as first seen: state, inline answer, stored answer.
+type Terminal = (JobState, Option<String>, Option<BlobRef>);
 
 impl World {
     fn roll(&self, p: f64) -> bool {
@@ -504,17 +517,22 @@ impl SimLedger {
             ));
         }
         let mut terminal = self.world.terminal.lock().expect("terminal");
+        let seen = (
+            record.state,
+            record.result.clone(),
+            record.result_ref.clone(),
+        );
         match terminal.get(job_id) {
-            Some((state, result)) if *state != record.state || *result != record.result => {
+            Some(first) if *first != seen => {
                 self.world.violation(format!(
                     "{job_id}: terminal {} changed to {}",
-                    state.as_str(),
+                    first.0.as_str(),
                     record.state.as_str()
                 ));
             }
             Some(_) => {}
             None if record.state.is_terminal() => {
-                terminal.insert(job_id.to_owned(), (record.state, record.result.clone()));
+                terminal.insert(job_id.to_owned(), seen);
             }
             None => {}
         }
@@ -641,6 +659,73 @@ impl TriggerSender for SimTriggers {
                 (t.job_id.clone(), Ok(()))
             })
             .collect()
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// S3: the results bucket
+
+/// The results bucket through a client whose writes and removals sometimes fail.
+struct SimBlobs {
+    world: Arc<World>,
+}
+
+impl std::fmt::Debug for SimBlobs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SimBlobs")
+    }
+}
+
+impl SimBlobs {
+    fn refused(&self, operation: &'static str) -> Result<(), BlobError> {
+        if self
+            .world
+            .fault("store_error", self.world.rates.store_error)
+        {
+            return Err(BlobError::Unavailable {
+                operation,
+                detail: "InternalError".into(),
+            });
+        }
+        Ok(())
+    }
+}
+
+impl BlobStore for SimBlobs {
+    fn bucket(&self) -> Option<&str> {
+        self.world.bucket.bucket()
+    }
+    fn put<'a>(
+        &'a self,
+        key: &'a str,
+        body: &'a [u8],
+    ) -> futures::future::BoxFuture<'a, Result<BlobRef, BlobError>> {
+        Box::pin(async move {
+            self.refused("put")?;
+            self.world.bucket.put(key, body).await
+        })
+    }
+    fn get<'a>(
+        &'a self,
+        bucket: &'a str,
+        key: &'a str,
+        limit: usize,
+    ) -> futures::future::BoxFuture<'a, Result<Vec<u8>, BlobError>> {
+        self.world.bucket.get(bucket, key, limit)
+    }
+    fn delete<'a>(&'a self, key: &'a str) -> futures::future::BoxFuture<'a, Result<(), BlobError>> {
+        Box::pin(async move {
+            self.refused("delete")?;
+            self.world.bucket.delete(key).await
+        })
+    }
+    fn list<'a>(
+        &'a self,
+        prefix: &'a str,
+        after: Option<&'a str>,
+        limit: usize,
+    ) -> futures::future::BoxFuture<'a, Result<Vec<Listed>, BlobError>> {
+        self.world.bucket.list(prefix, after, limit)
     }
 }
 
@@ -773,6 +858,13 @@ impl Provider for SimProvider {
                 r#"{{"job":"{}","pad":"{}"}}"#,
                 req.job_id,
                 "x".repeat(450_000)
+            ))
+        } else if w.fault("large_answer", w.rates.large_answer) {
+            Ok(format!(
+                r#"{{"job":"{}","attempt":{},"pad":"{}"}}"#,
+                req.job_id,
+                req.attempt,
+                "y".repeat(80_000)
             ))
         } else {
             Ok(format!(
@@ -933,6 +1025,7 @@ pub async fn run(config: &ChaosConfig) -> ChaosReport {
             origin: tokio::time::Instant::now(),
         },
         terminal: Mutex::new(HashMap::new()),
+        bucket: Arc::new(MemoryBlobs::new("results")),
     });
     let table = Arc::new(InMemoryLedger::new());
     let queue = Arc::new(Queue {
@@ -968,17 +1061,24 @@ pub async fn run(config: &ChaosConfig) -> ChaosReport {
 
     let consumers = (0..config.consumers).map(|c| {
         let gate = Arc::new(PauseGate::default());
+        let mut processor = Processor::new(
+            SimLedger {
+                world: Arc::clone(&world),
+                table: Arc::clone(&table),
+                gate: Arc::clone(&gate),
+            },
+            provider.clone(),
+            world.clock.clone(),
+            settings(replay),
+        );
+        // Half the consumers have a results bucket; the others keep every answer inline.
+        if c % 2 == 0 {
+            processor = processor.with_blobs(Arc::new(SimBlobs {
+                world: Arc::clone(&world),
+            }));
+        }
         let handler = BatchHandler::new(
-            Processor::new(
-                SimLedger {
-                    world: Arc::clone(&world),
-                    table: Arc::clone(&table),
-                    gate: Arc::clone(&gate),
-                },
-                provider.clone(),
-                world.clock.clone(),
-                settings(replay),
-            ),
+            processor,
             SimVisibility {
                 world: Arc::clone(&world),
                 queue: Arc::clone(&queue),
@@ -1149,6 +1249,27 @@ pub async fn run(config: &ChaosConfig) -> ChaosReport {
                     *faults.entry("reconciler_expired").or_default() += r.expired;
                     *faults.entry("reconciler_resent").or_default() += r.resent;
                 }
+                // Stored answers no item references, through the faulty client.
+                let blobs = SimBlobs {
+                    world: Arc::clone(&world),
+                };
+                let since = now - settings.orphan_window_ms;
+                if let Ok(n) = fenced_jobs::ops::results::sweep_orphans(
+                    &ledger,
+                    &blobs,
+                    since,
+                    now,
+                    settings.max_jobs,
+                )
+                .await
+                {
+                    *world
+                        .faults
+                        .lock()
+                        .expect("faults")
+                        .entry("orphans_removed")
+                        .or_default() += n;
+                }
             }
         }
     };
@@ -1196,6 +1317,7 @@ pub async fn run(config: &ChaosConfig) -> ChaosReport {
             None => world.violation(format!("{job_id}: lost (no ledger item)")),
         }
     }
+    check_bucket(&world, &table, &job_ids).await;
     let per_job = provider.per_job.lock().expect("per job").clone();
     let total: u64 = per_job.values().sum();
     report.executions_mean = total as f64 / config.jobs.max(1) as f64;
@@ -1203,6 +1325,62 @@ pub async fn run(config: &ChaosConfig) -> ChaosReport {
     report.faults = world.faults.lock().expect("faults").clone();
     report.violations = world.violations.lock().expect("violations").clone();
     report
+}
+
+/// The results bucket at the end: every stored answer an item references holds the bytes its
+/// reference names, and once a last sweep ran (without faults) no object is left that no item
+/// references.
+async fn check_bucket(world: &World, table: &InMemoryLedger, job_ids: &[String]) {
+    let bucket = world.bucket.as_ref();
+    for key in bucket.keys() {
+        let job_id = fenced_jobs::job::artifact::parse_result_key(&key).map(|(id, _)| id);
+        let Some(job) = table.get(job_id.unwrap_or("")).await.ok().flatten() else {
+            world.violation(format!("{key}: stored for no job"));
+            continue;
+        };
+        if let Some(blob) = job.result_ref.as_ref().filter(|b| b.key == key) {
+            if read_checked(bucket, blob, usize::MAX).await.is_err() {
+                world.violation(format!(
+                    "{}: its stored answer is not what it references",
+                    job.job_id
+                ));
+            }
+        }
+    }
+    let now = world.now();
+    let removed =
+        fenced_jobs::ops::results::sweep_orphans(table, bucket, START_MS, now, usize::MAX)
+            .await
+            .unwrap_or(0);
+    *world
+        .faults
+        .lock()
+        .expect("faults")
+        .entry("orphans_left_for_last_sweep")
+        .or_default() += removed;
+    for key in bucket.keys() {
+        let job_id = fenced_jobs::job::artifact::parse_result_key(&key).map(|(id, _)| id);
+        let job = table.get(job_id.unwrap_or("")).await.ok().flatten();
+        let referenced = job
+            .as_ref()
+            .is_some_and(|j| j.result_ref.as_ref().is_some_and(|b| b.key == key));
+        if !referenced && job.is_some_and(|j| j.state.is_terminal()) {
+            world.violation(format!("{key}: an orphan the sweep left"));
+        }
+    }
+    for job_id in job_ids {
+        if let Some(blob) = table
+            .get(job_id)
+            .await
+            .ok()
+            .flatten()
+            .and_then(|j| j.result_ref)
+        {
+            if !bucket.keys().contains(&blob.key) {
+                world.violation(format!("{job_id}: references an answer that is not stored"));
+            }
+        }
+    }
 }
 
 /// Runs the world on its own current-thread runtime with a paused clock.

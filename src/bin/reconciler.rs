@@ -1,11 +1,15 @@
 //! The reconciler as a scheduled Lambda function: each run re-sends lost triggers, expires jobs
-//! past their deadline (cancelling a background call they left running) and counts `unknown`
-//! jobs, then prints one metric document (EMF).
+//! past their deadline (cancelling a background call they left running), counts `unknown` jobs
+//! and, with `RESULTS_BUCKET`, removes stored answers no item references; then prints one
+//! metric document (EMF).
 
+use fenced_jobs::blobs::s3::S3Blobs;
 use fenced_jobs::clock::{Clock, SystemClock};
+use fenced_jobs::config::s3_client;
 use fenced_jobs::ledger::dynamodb::DynamoLedger;
 use fenced_jobs::ops::metrics::{self, MetricsTarget};
 use fenced_jobs::ops::reconcile::{ReconcileReport, reconcile};
+use fenced_jobs::ops::results::sweep_orphans;
 use fenced_jobs::provider::AnyProvider;
 use fenced_jobs::queue::SqsTriggers;
 use lambda_runtime::{Diagnostic, LambdaEvent, service_fn};
@@ -24,15 +28,30 @@ async fn main() -> Result<(), lambda_runtime::Error> {
     let provider = fenced_jobs::config::provider_from_lookup(|name| std::env::var(name).ok())?;
     let provider = AnyProvider::from_config(&provider, &aws).await?;
     let target = MetricsTarget::from_env();
+    // With a results bucket, answers no item references are removed.
+    let blobs = std::env::var("RESULTS_BUCKET")
+        .ok()
+        .filter(|b| !b.is_empty())
+        .map(|bucket| S3Blobs::new(s3_client(&aws), Some(bucket)));
 
     lambda_runtime::run(service_fn(|_: LambdaEvent<serde_json::Value>| async {
         let now = SystemClock.now_ms();
-        let report: ReconcileReport = reconcile(&ledger, &sender, &provider, now, &settings)
+        let mut report: ReconcileReport = reconcile(&ledger, &sender, &provider, now, &settings)
             .await
             .map_err(|e| Diagnostic {
                 error_type: "LedgerError".to_owned(),
                 error_message: e.to_string(),
             })?;
+        if let Some(blobs) = &blobs {
+            let since = now - settings.orphan_window_ms;
+            match sweep_orphans(&ledger, blobs, since, now, settings.max_jobs).await {
+                Ok(removed) => report.orphans_removed = removed,
+                Err(e) => {
+                    tracing::warn!(error = %e, "the orphan sweep failed; it runs again next time");
+                    report.errors += 1;
+                }
+            }
+        }
         tracing::info!(
             expired = report.expired,
             expire_refused = report.expire_refused,
@@ -41,6 +60,7 @@ async fn main() -> Result<(), lambda_runtime::Error> {
             send_failed = report.send_failed,
             unknown = report.unknown,
             errors = report.errors,
+            orphans_removed = report.orphans_removed,
             "reconciled"
         );
         println!(

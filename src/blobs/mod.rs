@@ -105,11 +105,14 @@ pub fn reference(bucket: &str, key: &str, body: &[u8]) -> BlobRef {
     }
 }
 
+/// Objects by (bucket, key): their bytes and when they were written.
+type Objects = BTreeMap<(String, String), (Vec<u8>, Millis)>;
+
 /// An in-memory store with S3's contract, for tests and the simulation.
 #[derive(Debug, Default)]
 pub struct MemoryBlobs {
     bucket: Option<String>,
-    objects: Mutex<BTreeMap<(String, String), (Vec<u8>, Millis)>>,
+    objects: Mutex<Objects>,
     failing: std::sync::atomic::AtomicBool,
 }
 
@@ -149,7 +152,7 @@ impl MemoryBlobs {
             .collect()
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<(String, String), (Vec<u8>, Millis)>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Objects> {
         self.objects.lock().unwrap_or_else(|p| p.into_inner())
     }
 

@@ -227,7 +227,9 @@ pub fn apply_finish(current: Option<&JobRecord>, req: &FinishRequest) -> Option<
 /// Settle: see [`SettleRequest`].
 pub fn apply_settle(current: Option<&JobRecord>, req: &SettleRequest) -> Option<JobRecord> {
     let mut next = match (&req.from, current) {
-        (SettleFrom::Absent(job), None) => job.clone().into_record(JobState::Ready, req.now),
+        (SettleFrom::Absent(job), None) => {
+            job.as_ref().clone().into_record(JobState::Ready, req.now)
+        }
         (SettleFrom::PastDeadline, Some(r))
             if !r.state.is_terminal() && r.deadline_at <= req.now =>
         {

@@ -166,7 +166,7 @@ pub struct FinishRequest {
 #[derive(Debug, Clone, PartialEq)]
 pub enum SettleFrom {
     /// No item: it is created already terminal (a message that arrives after its deadline).
-    Absent(NewJob),
+    Absent(Box<NewJob>),
     /// Any item that is not terminal and whose deadline is at or before `now`, whoever owns
     /// it (the reconciler's expiry: the deadline is the fence).
     PastDeadline,

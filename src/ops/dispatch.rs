@@ -170,3 +170,119 @@ pub async fn dispatch(event: &StreamEvent, sink: &impl EventSink) -> DispatchRep
     });
     report
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::events::RecordingSink;
+    use serde_json::json;
+
+    fn image(state: &str, epoch: u64) -> Map<String, Value> {
+        let n = |v: i64| json!({ "N": v.to_string() });
+        let s = |v: &str| json!({ "S": v });
+        let mut m = Map::new();
+        m.insert("job_id".into(), s("j-1"));
+        m.insert("state".into(), s(state));
+        m.insert("owner_epoch".into(), n(epoch as i64));
+        m.insert("attempts".into(), n(epoch as i64));
+        m.insert("max_attempts".into(), n(3));
+        m.insert("input_digest".into(), s("d"));
+        m.insert("contract".into(), s("c"));
+        m.insert("input".into(), s(r#"{"prompt":"do not leak"}"#));
+        m.insert("metadata".into(), s(r#"{"order":7}"#));
+        m.insert("deadline_at".into(), n(10_000));
+        m.insert("created_at".into(), n(1));
+        m.insert("updated_at".into(), n(2));
+        m.insert("expires_at".into(), n(3));
+        if state == "succeeded" {
+            m.insert("result".into(), s(r#"{"output":"ok"}"#));
+        }
+        m
+    }
+
+    fn record(seq: &str, old: Option<(&str, u64)>, new: Option<(&str, u64)>) -> StreamRecord {
+        StreamRecord {
+            event_name: Some(if old.is_none() { "INSERT" } else { "MODIFY" }.into()),
+            dynamodb: StreamChange {
+                new_image: new.map(|(s, e)| image(s, e)),
+                old_image: old.map(|(s, e)| image(s, e)),
+                sequence_number: Some(seq.into()),
+            },
+        }
+    }
+
+    #[tokio::test]
+    async fn only_entering_a_terminal_state_or_unknown_is_announced() {
+        let event = StreamEvent {
+            records: vec![
+                record("1", None, Some(("ready", 0))),
+                record("2", Some(("ready", 0)), Some(("running", 1))),
+                record("3", Some(("running", 1)), Some(("unknown", 1))),
+                record("4", Some(("unknown", 1)), Some(("unknown", 1))),
+                record("5", Some(("unknown", 1)), Some(("running", 2))),
+                record("6", Some(("running", 2)), Some(("succeeded", 2))),
+                record("7", Some(("succeeded", 2)), None),
+            ],
+        };
+        let sink = RecordingSink::new();
+        let report = dispatch(&event, &sink).await;
+        assert_eq!((report.published, report.skipped), (2, 5));
+        assert!(report.response().batch_item_failures.is_empty());
+        let published = sink.published();
+        let states: Vec<&str> = published.iter().map(|e| e.state.as_str()).collect();
+        assert_eq!(states, ["unknown", "succeeded"]);
+        let done = &published[1].detail;
+        assert_eq!(done["result"]["output"], "ok");
+        assert_eq!(done["metadata"]["order"], 7);
+        assert_eq!(done["epoch"], 2);
+        assert!(!done.to_string().contains("do not leak"));
+    }
+
+    #[tokio::test]
+    async fn a_failed_publish_names_its_record_and_the_retry_yields_the_same_events() {
+        let event = StreamEvent {
+            records: vec![
+                record("10", Some(("running", 1)), Some(("failed_terminal", 1))),
+                record("11", Some(("ready", 0)), Some(("running", 1))),
+                record("12", None, Some(("expired", 0))),
+            ],
+        };
+        let sink = RecordingSink::new();
+        sink.refuse_after(Some(1));
+        let report = dispatch(&event, &sink).await;
+        assert_eq!(report.failed_at.as_deref(), Some("12"));
+        assert_eq!(
+            report.response().batch_item_failures,
+            vec![ItemFailure {
+                item_identifier: "12".into()
+            }]
+        );
+        // Lambda retries from the failed record; a whole redelivery repeats ids, never changes them.
+        sink.refuse_after(None);
+        let retried = dispatch(&event, &sink).await;
+        assert_eq!(retried.failed_at, None);
+        let ids: Vec<String> = sink.published().iter().map(|e| e.id.clone()).collect();
+        assert_eq!(ids.len(), 3);
+        assert_eq!(ids[0], ids[1]);
+        assert_ne!(ids[1], ids[2]);
+    }
+
+    #[tokio::test]
+    async fn an_undecodable_record_stops_the_batch_at_itself() {
+        let mut bad = record("21", Some(("running", 1)), Some(("succeeded", 1)));
+        if let Some(image) = bad.dynamodb.new_image.as_mut() {
+            image.remove("owner_epoch");
+        }
+        let event = StreamEvent {
+            records: vec![
+                record("20", Some(("running", 1)), Some(("expired", 1))),
+                bad,
+                record("22", Some(("running", 1)), Some(("expired", 1))),
+            ],
+        };
+        let sink = RecordingSink::new();
+        let report = dispatch(&event, &sink).await;
+        assert_eq!(report.failed_at.as_deref(), Some("21"));
+        assert_eq!(sink.published().len(), 1);
+    }
+}

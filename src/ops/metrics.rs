@@ -141,6 +141,11 @@ pub fn reconciliation(target: &MetricsTarget, at: Millis, report: &ReconcileRepo
         ),
         ("UnknownJobs", "Count", Sample::One(report.unknown as f64)),
         (
+            "OrphansRemoved",
+            "Count",
+            Sample::One(report.orphans_removed as f64),
+        ),
+        (
             "ReconcileErrors",
             "Count",
             Sample::One(report.errors as f64),

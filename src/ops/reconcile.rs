@@ -52,6 +52,10 @@ pub struct ReconcileSettings {
     /// `CLOCK_SKEW_MS`: a job is expired only this long after its deadline, so that a clock
     /// running ahead never expires a job its owner may still finish.
     pub skew_ms: Millis,
+    /// `RECONCILE_ORPHAN_WINDOW_SECONDS`: with a results bucket, the jobs that finished this
+    /// recently are checked for stored answers no item references (longer than the schedule, so
+    /// every finished job is looked at more than once).
+    pub orphan_window_ms: Millis,
 }
 
 impl Default for ReconcileSettings {
@@ -62,6 +66,7 @@ impl Default for ReconcileSettings {
             enqueue_stale_after_ms: 21_600_000,
             max_jobs: 1_000,
             skew_ms: 2_000,
+            orphan_window_ms: 3_600_000,
         }
     }
 }
@@ -82,6 +87,7 @@ impl ReconcileSettings {
             )?,
             max_jobs: vars.integer("RECONCILE_MAX_JOBS", d.max_jobs as i64, 1, 100_000)? as usize,
             skew_ms: vars.integer("CLOCK_SKEW_MS", d.skew_ms, 0, 60_000)?,
+            orphan_window_ms: seconds("RECONCILE_ORPHAN_WINDOW_SECONDS", d.orphan_window_ms)?,
         })
     }
 }

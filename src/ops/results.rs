@@ -149,3 +149,52 @@ pub fn line(job: &JobRecord) -> Value {
     }
     row
 }
+
+/// Removes the objects no item references: answers written by an owner that was fenced or
+/// crashed before its acceptance (or whose removal failed). Only jobs that finished from `since`
+/// on are looked at (the finished index), and of those only the ones that could have left one:
+/// any but a success accepted at the first epoch (one attempt, one object, the one referenced).
+/// An object is removed only once its job is terminal, so an acceptance still in flight never
+/// loses its answer. Returns how many were removed.
+pub async fn sweep_orphans<L: JobLedger + LedgerIndex>(
+    ledger: &L,
+    blobs: &dyn BlobStore,
+    since: Millis,
+    now: Millis,
+    max_jobs: usize,
+) -> Result<u64, ResultError> {
+    let mut removed = 0;
+    let mut looked = 0;
+    let mut day_start = since - since.rem_euclid(DAY_MS);
+    while day_start <= now && looked < max_jobs {
+        let day = finished_day(day_start);
+        let mut cursor: Option<(String, Millis)> = None;
+        loop {
+            let page = ledger.finished(&day, since, cursor.as_ref(), 200).await?;
+            looked += page.len();
+            for (job_id, _) in &page {
+                let Some(job) = ledger.get(job_id).await? else {
+                    continue;
+                };
+                let clean = job.state == JobState::Succeeded && job.owner_epoch <= 1;
+                if clean || !job.state.is_terminal() {
+                    continue;
+                }
+                let prefix = format!("{}{job_id}/", crate::job::artifact::RESULTS_PREFIX);
+                for object in blobs.list(&prefix, None, 1_000).await? {
+                    let kept = job.result_ref.as_ref().is_some_and(|r| r.key == object.key);
+                    if !kept {
+                        blobs.delete(&object.key).await?;
+                        removed += 1;
+                    }
+                }
+            }
+            cursor = page.last().cloned();
+            if page.len() < 200 || looked >= max_jobs {
+                break;
+            }
+        }
+        day_start += DAY_MS;
+    }
+    Ok(removed)
+}

@@ -29,6 +29,8 @@ pub struct Emulator {
     pub s3: aws_sdk_s3::Client,
     pub events: aws_sdk_eventbridge::Client,
     pub streams: aws_sdk_dynamodbstreams::Client,
+    /// The configuration the clients were built from (for other services' clients).
+    pub config: aws_config::SdkConfig,
 }
 
 impl Emulator {
@@ -41,6 +43,7 @@ impl Emulator {
             s3: fenced_jobs::config::s3_client(config),
             events: aws_sdk_eventbridge::Client::new(config),
             streams: aws_sdk_dynamodbstreams::Client::new(config),
+            config: config.clone(),
         }
     }
 

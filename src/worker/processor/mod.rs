@@ -250,7 +250,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
                         Action::SettleAbsent => {
                             let req = SettleRequest {
                                 job_id: job.job_id.clone(),
-                                from: SettleFrom::Absent(job.clone()),
+                                from: SettleFrom::Absent(Box::new(job.clone())),
                                 reason: SettleReason::DeadlinePassed,
                                 now,
                             };
