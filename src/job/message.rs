@@ -4,7 +4,10 @@
 //! field and the rule, never the value: a prompt must not reach the logs through an error message.
 
 use serde_json::{Map, Value};
-use sha2::{Digest, Sha256};
+
+pub(crate) use super::digest::hex;
+pub use super::digest::{canonical_json, input_digest};
+pub use super::pointer::{PayloadPointer, parse_pointer};
 use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 
@@ -13,12 +16,6 @@ pub const MAX_BODY_BYTES: usize = 1_048_576;
 /// The largest payload read through an Extended Client pointer: the job, input included, is held
 /// in memory while it runs.
 pub const MAX_PAYLOAD_BYTES: usize = 16 * 1_048_576;
-/// The class names an Amazon SQS Extended Client pointer body starts with (the payload
-/// offloading library's, and the Java client's before it).
-const POINTER_CLASSES: [&str; 2] = [
-    "software.amazon.payloadoffloading.PayloadS3Pointer",
-    "com.amazon.sqs.javamessaging.MessageS3Pointer",
-];
 /// The longest `job_id`.
 pub const MAX_JOB_ID_LEN: usize = 128;
 /// The longest `contract`.
@@ -220,51 +217,6 @@ pub fn parse_payload_with(payload: &str, check: InputCheck) -> Result<Trigger, I
     parse_job(payload, check, MAX_PAYLOAD_BYTES).map(Trigger::Job)
 }
 
-/// Where an Amazon SQS Extended Client pointer body says its payload is.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PayloadPointer {
-    /// S3 bucket.
-    pub bucket: String,
-    /// Object key.
-    pub key: String,
-}
-
-/// Reads `body` as an Extended Client pointer (`["<class>", {"s3BucketName": ..,
-/// "s3Key": ..}]`): `None` when it is not one, an error when it has the pointer's class but not
-/// its shape.
-pub fn parse_pointer(body: &str) -> Option<Result<PayloadPointer, InvalidMessage>> {
-    // A pointer is short and is a JSON array: anything else is left to the job parser.
-    if body.len() > 4_096 || !body.trim_start().starts_with('[') {
-        return None;
-    }
-    let Ok(Value::Array(parts)) = serde_json::from_str::<Value>(body) else {
-        return None;
-    };
-    let class = parts.first()?.as_str()?;
-    if !POINTER_CLASSES.contains(&class) {
-        return None;
-    }
-    let shape = || InvalidMessage::Invalid {
-        field: "pointer",
-        rule: "must be [class, {\"s3BucketName\": string, \"s3Key\": string}]",
-    };
-    let fields = match parts.as_slice() {
-        [_, Value::Object(fields)] => fields,
-        _ => return Some(Err(shape())),
-    };
-    let text = |name: &str| {
-        fields
-            .get(name)
-            .and_then(Value::as_str)
-            .filter(|v| !v.is_empty() && v.len() <= 1_024)
-            .map(str::to_owned)
-    };
-    Some(match (text("s3BucketName"), text("s3Key")) {
-        (Some(bucket), Some(key)) => Ok(PayloadPointer { bucket, key }),
-        _ => Err(shape()),
-    })
-}
-
 fn parse_job(body: &str, check: InputCheck, limit: usize) -> Result<JobMessage, InvalidMessage> {
     if body.len() > limit {
         return Err(InvalidMessage::TooLarge {
@@ -373,57 +325,6 @@ impl JobMessage {
     /// from an object, so it parses; anything else reads as an empty object).
     pub fn input(&self) -> Map<String, Value> {
         serde_json::from_str(&self.input_canonical).unwrap_or_default()
-    }
-}
-
-/// The input digest: SHA-256 over a domain tag, the contract and the canonical input.
-///
-/// The contract is part of the digest, so the same input under another output contract is a
-/// different job, and a job_id reused for it is a conflict.
-pub fn input_digest(contract: &str, input_canonical: &str) -> String {
-    let mut hasher = Sha256::new();
-    hasher.update(b"fenced-jobs/input/v1\0");
-    hasher.update(contract.as_bytes());
-    hasher.update(b"\0");
-    hasher.update(input_canonical.as_bytes());
-    hex(&hasher.finalize())
-}
-
-/// Canonical JSON: object keys sorted by their UTF-8 bytes, no insignificant whitespace, strings
-/// and numbers as serde_json writes them. Key order in the sender's JSON never changes it.
-pub fn canonical_json(value: &Value) -> String {
-    let mut out = String::new();
-    write_canonical(value, &mut out);
-    out
-}
-
-fn write_canonical(value: &Value, out: &mut String) {
-    match value {
-        Value::Object(map) => {
-            let mut keys: Vec<&String> = map.keys().collect();
-            keys.sort_unstable();
-            out.push('{');
-            for (i, key) in keys.into_iter().enumerate() {
-                if i > 0 {
-                    out.push(',');
-                }
-                out.push_str(&Value::String(key.clone()).to_string());
-                out.push(':');
-                write_canonical(&map[key], out);
-            }
-            out.push('}');
-        }
-        Value::Array(items) => {
-            out.push('[');
-            for (i, item) in items.iter().enumerate() {
-                if i > 0 {
-                    out.push(',');
-                }
-                write_canonical(item, out);
-            }
-            out.push(']');
-        }
-        scalar => out.push_str(&scalar.to_string()),
     }
 }
 
@@ -552,17 +453,6 @@ fn field_name_for_logs(name: &str) -> String {
     } else {
         format!("<{} bytes, not shown>", name.len())
     }
-}
-
-/// Lowercase hex of `bytes`.
-pub(crate) fn hex(bytes: &[u8]) -> String {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let mut out = String::with_capacity(bytes.len() * 2);
-    for b in bytes {
-        out.push(DIGITS[usize::from(b >> 4)] as char);
-        out.push(DIGITS[usize::from(b & 0x0f)] as char);
-    }
-    out
 }
 
 #[cfg(test)]

@@ -3,8 +3,10 @@
 
 pub mod artifact;
 pub mod decision;
+mod digest;
 pub mod message;
 pub mod outcome;
+mod pointer;
 pub mod state;
 
 pub use artifact::{BlobRef, ResultBody};
