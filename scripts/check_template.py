@@ -5,9 +5,12 @@
 
 Rules: the work queue's visibility timeout is at least six times the worker's timeout plus the
 batching window (for the parameter defaults); every SQS event source reports batch item
-failures; the DLQ keeps messages 14 days and the redrive allows at least 5 receives; no IAM
-action has a wildcard; the table is on demand with TTL, point-in-time recovery and both sparse
-indexes; no environment variable holds a key in plain text.
+failures, and so does every DynamoDB stream event source, which also bisects failed batches and
+has an on-failure destination; the DLQ keeps messages 14 days and the redrive allows at least 5
+receives; no IAM action has a wildcard; the table is on demand with TTL, point-in-time recovery,
+its three sparse indexes and a stream of new and old images; the results bucket is encrypted,
+blocks public access and expires what it stores; no environment variable holds a key in plain
+text.
 """
 
 import copy
@@ -50,6 +53,15 @@ def problems(template):
     timeout = int(resolve(template, worker.get("Timeout", globals_fn.get("Timeout", 3))))
     for name, fn in functions(template):
         for event in (fn["Properties"].get("Events") or {}).values():
+            if event.get("Type") == "DynamoDB":
+                props = event.get("Properties", {})
+                if "ReportBatchItemFailures" not in (props.get("FunctionResponseTypes") or []):
+                    found.append(f"{name}: stream event without ReportBatchItemFailures")
+                if not props.get("BisectBatchOnFunctionError"):
+                    found.append(f"{name}: stream event does not bisect failed batches")
+                if not props.get("DestinationConfig", {}).get("OnFailure"):
+                    found.append(f"{name}: stream event without an on-failure destination")
+                continue
             if event.get("Type") != "SQS":
                 continue
             props = event.get("Properties", {})
@@ -90,9 +102,24 @@ def problems(template):
     if not pitr.get("PointInTimeRecoveryEnabled"):
         found.append("JobsTable: point-in-time recovery off")
     indexes = {i.get("IndexName") for i in table.get("GlobalSecondaryIndexes", [])}
-    for index in ("attention-index", "deadline-index"):
+    for index in ("attention-index", "deadline-index", "finished-index"):
         if index not in indexes:
             found.append(f"JobsTable: no {index}")
+    if table.get("StreamSpecification", {}).get("StreamViewType") != "NEW_AND_OLD_IMAGES":
+        found.append("JobsTable: no stream of new and old images")
+
+    bucket = resources.get("ResultsBucket", {}).get("Properties", {})
+    if not bucket.get("BucketEncryption"):
+        found.append("ResultsBucket: not encrypted")
+    block = bucket.get("PublicAccessBlockConfiguration", {})
+    for flag in ("BlockPublicAcls", "BlockPublicPolicy", "IgnorePublicAcls", "RestrictPublicBuckets"):
+        if block.get(flag) is not True:
+            found.append(f"ResultsBucket: {flag} is not on")
+    rules = bucket.get("LifecycleConfiguration", {}).get("Rules", [])
+    expiring = {r.get("Prefix") for r in rules if r.get("ExpirationInDays")}
+    for prefix in ("results/", "inputs/"):
+        if prefix not in expiring:
+            found.append(f"ResultsBucket: nothing expires {prefix}")
     return found
 
 
@@ -121,6 +148,17 @@ def self_test(template):
         ),
         "pitr": lambda t: r(t)["JobsTable"]["Properties"].pop("PointInTimeRecoverySpecification"),
         "index": lambda t: r(t)["JobsTable"]["Properties"]["GlobalSecondaryIndexes"].pop(),
+        "stream": lambda t: r(t)["JobsTable"]["Properties"].pop("StreamSpecification"),
+        "stream batch item failures": lambda t: r(t)["DispatcherFunction"]["Properties"]["Events"][
+            "Transitions"
+        ]["Properties"].__setitem__("FunctionResponseTypes", []),
+        "stream on-failure destination": lambda t: r(t)["DispatcherFunction"]["Properties"][
+            "Events"
+        ]["Transitions"]["Properties"].pop("DestinationConfig"),
+        "public access": lambda t: r(t)["ResultsBucket"]["Properties"][
+            "PublicAccessBlockConfiguration"
+        ].__setitem__("BlockPublicPolicy", False),
+        "bucket expiry": lambda t: r(t)["ResultsBucket"]["Properties"].pop("LifecycleConfiguration"),
         "literal key": lambda t: r(t)["WorkerFunction"]["Properties"]["Environment"]["Variables"].__setitem__(
             "OPENAI_API_KEY", "sk-live"
         ),
