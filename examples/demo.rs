@@ -1,25 +1,36 @@
 //! The main job, end to end on the local emulator: a mix of jobs goes through the queue, the
-//! local event source mapping drives the real handler, and a summary shows how each job ended.
+//! local event source mapping drives the real handler, a summary shows how each job ended, and
+//! the table's stream drives the dispatcher, whose completion events arrive through an
+//! EventBridge bus.
 //!
 //! Run it with `make demo` (which starts the emulator and creates the resources).
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use fenced_jobs::blobs::s3::S3Blobs;
 use fenced_jobs::clock::SystemClock;
+use fenced_jobs::config::s3_client;
+use fenced_jobs::events::aws::AwsSink;
 use fenced_jobs::job::JobState;
 use fenced_jobs::ledger::JobLedger;
 use fenced_jobs::ledger::dynamodb::DynamoLedger;
+use fenced_jobs::ops::dispatch::dispatch;
 use fenced_jobs::provider::SimulatedProvider;
 use fenced_jobs::queue::SqsVisibility;
 use fenced_jobs::testing::event_source::LocalEventSource;
 use fenced_jobs::testing::sdk_calls::counted_clients;
+use fenced_jobs::testing::stream_source::LocalStreamSource;
 use fenced_jobs::worker::Settings;
 use fenced_jobs::worker::handler::BatchHandler;
 use fenced_jobs::worker::processor::Processor;
 
-/// (label, job_id, what the demo expects, body)
-fn jobs() -> Vec<(&'static str, &'static str, &'static str, String)> {
+/// The Extended Client payload the pointer job names.
+const POINTER_KEY: &str = "payloads/demo-pointer.json";
+
+/// (label, job_id, what the demo expects, body); the pointer names `bucket`.
+fn jobs(bucket: &str) -> Vec<(&'static str, &'static str, &'static str, String)> {
     let job = |id: &str, prompt: &str, simulate: &str| {
         format!(
             r#"{{"job_id":"{id}","contract":"summary.v1","input":{{"model":"sim-1","messages":[{{"role":"user","content":"{prompt}"}}],"parameters":{{"temperature":0}},"simulate":{simulate}}},"metadata":{{"source":"demo"}}}}"#
@@ -73,6 +84,24 @@ fn jobs() -> Vec<(&'static str, &'static str, &'static str, String)> {
             ),
         ),
         (
+            "large answer (stored in S3)",
+            "demo-report",
+            "succeeded, answer in the bucket",
+            job(
+                "demo-report",
+                "Write the full report.",
+                r#"{"answer_bytes":300000}"#,
+            ),
+        ),
+        (
+            "Extended Client pointer",
+            "demo-pointer",
+            "succeeded, body read from S3",
+            format!(
+                r#"["software.amazon.payloadoffloading.PayloadS3Pointer",{{"s3BucketName":"{bucket}","s3Key":"{POINTER_KEY}"}}]"#
+            ),
+        ),
+        (
             "conflict (same id, new input)",
             "demo-summary",
             "message to the DLQ, job unchanged",
@@ -116,6 +145,11 @@ async fn main() {
         std::process::exit(2);
     }
     let (table, queue_url, dlq_url) = (env("JOBS_TABLE"), env("QUEUE_URL"), env("DLQ_URL"));
+    let (bucket, bus, events_url) = (
+        env("RESULTS_BUCKET"),
+        env("EVENT_BUS_NAME"),
+        env("EVENTS_QUEUE_URL"),
+    );
 
     let aws = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
     let (ddb, sqs, calls) = counted_clients(&aws);
@@ -123,13 +157,15 @@ async fn main() {
     settings.visibility.backoff_base_s = 1;
     settings.visibility.backoff_cap_s = 2;
     let ledger = DynamoLedger::new(ddb.clone(), &table);
+    let s3 = s3_client(&aws);
     let handler = BatchHandler::new(
         Processor::new(
             ledger.clone(),
             SimulatedProvider::new(),
             SystemClock,
             settings,
-        ),
+        )
+        .with_blobs(Arc::new(S3Blobs::new(s3.clone(), Some(bucket.clone())))),
         SqsVisibility::new(sqs.clone()),
     );
     let mut source = LocalEventSource::connect(sqs.clone(), &queue_url)
@@ -140,8 +176,17 @@ async fn main() {
         });
     source.wait_seconds = 1;
 
-    println!("Sending {} messages to {}", jobs().len(), queue_url);
-    for (label, _, _, body) in jobs() {
+    // The producer's Extended Client put this body in the bucket and sent a pointer to it.
+    let payload = r#"{"job_id":"demo-pointer","contract":"extract.v1","input":{"model":"sim-1","prompt":"A long contract, offloaded to S3."},"metadata":{"source":"demo"}}"#;
+    s3.put_object()
+        .bucket(&bucket)
+        .key(POINTER_KEY)
+        .body(payload.as_bytes().to_vec().into())
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("put payload: {e}"));
+    println!("Sending {} messages to {}", jobs(&bucket).len(), queue_url);
+    for (label, _, _, body) in jobs(&bucket) {
         sqs.send_message()
             .queue_url(&queue_url)
             .message_body(body)
@@ -182,7 +227,7 @@ async fn main() {
         "message", "job_id", "final state", "attempts", "epoch", "calls"
     );
     let mut shown = BTreeMap::new();
-    for (label, job_id, expected, _) in jobs() {
+    for (label, job_id, expected, _) in jobs(&bucket) {
         let (state, attempts, epoch) = if job_id == "-" {
             ("(not a job)".to_owned(), String::new(), String::new())
         } else {
@@ -238,11 +283,101 @@ async fn main() {
     );
     println!("SQS requests: {} ({}).", calls.total("sqs"), line("sqs"));
 
+    show_events(&aws, &table, &bus, &events_url).await;
+    // What `jobctl result demo-report` does: the answer from the bucket, checked against the
+    // size and digest its acceptance recorded.
+    let blobs = S3Blobs::new(s3.clone(), Some(bucket.clone()));
+    match fenced_jobs::ops::results::result(&ledger, Some(&blobs), "demo-report").await {
+        Ok(bytes) => println!(
+            "\n`jobctl result demo-report`: {} bytes read back from the bucket, size and SHA-256 as accepted.",
+            bytes.len()
+        ),
+        Err(e) => println!("\n`jobctl result demo-report` failed: {e}"),
+    }
+
     let all_terminal = shown
         .values()
         .all(|s| s.parse::<JobState>().is_ok_and(JobState::is_terminal));
     if !all_terminal {
         eprintln!("some jobs did not reach a terminal state");
         std::process::exit(1);
+    }
+}
+
+/// Drives the dispatcher from the table's stream, as Lambda would, and prints the completion
+/// events that arrive through the bus (a rule sends them to a queue).
+async fn show_events(aws: &aws_config::SdkConfig, table: &str, bus: &str, events_url: &str) {
+    let ddb = aws_sdk_dynamodb::Client::new(aws);
+    let streams = aws_sdk_dynamodbstreams::Client::new(aws);
+    let mut stream = LocalStreamSource::connect(&ddb, streams, table)
+        .await
+        .unwrap_or_else(|e| panic!("stream: {e}"));
+    let sink = AwsSink::EventBridge {
+        client: aws_sdk_eventbridge::Client::new(aws),
+        bus: bus.to_owned(),
+    };
+    let sink = &sink;
+    let (delivered, _) = stream
+        .poll_once(|e| async move { dispatch(&e, sink).await.response() })
+        .await
+        .unwrap_or_else(|e| panic!("stream poll: {e}"));
+    let sqs = aws_sdk_sqs::Client::new(aws);
+    let mut events = Vec::new();
+    loop {
+        let received = sqs
+            .receive_message()
+            .queue_url(events_url)
+            .max_number_of_messages(10)
+            .wait_time_seconds(1)
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("receive events: {e}"));
+        if received.messages().is_empty() {
+            break;
+        }
+        for m in received.messages() {
+            let envelope: serde_json::Value =
+                serde_json::from_str(m.body().unwrap_or("{}")).unwrap_or_default();
+            events.push(envelope);
+            let _ = sqs
+                .delete_message()
+                .queue_url(events_url)
+                .set_receipt_handle(m.receipt_handle().map(str::to_owned))
+                .send()
+                .await;
+        }
+    }
+    println!(
+        "\nCompletion events: {} stream records read, {} events on the bus (one per job that ended):",
+        delivered.records.len(),
+        events.len()
+    );
+    println!(
+        "{:<14} {:<16} {:<17} {:<34} answer",
+        "job_id", "state", "detail-type", "event id"
+    );
+    for e in &events {
+        let d = &e["detail"];
+        let answer = if let Some(r) = d.get("result_ref") {
+            format!(
+                "s3://{}/{} ({} bytes)",
+                r["bucket"].as_str().unwrap_or(""),
+                r["key"].as_str().unwrap_or(""),
+                r["size"]
+            )
+        } else if let Some(r) = d.get("result") {
+            format!("inline ({} bytes)", r.to_string().len())
+        } else {
+            d["error"]["kind"]
+                .as_str()
+                .map_or_else(String::new, |k| format!("error: {k}"))
+        };
+        println!(
+            "{:<14} {:<16} {:<17} {:<34} {answer}",
+            d["job_id"].as_str().unwrap_or(""),
+            d["state"].as_str().unwrap_or(""),
+            e["detail-type"].as_str().unwrap_or(""),
+            d["event_id"].as_str().unwrap_or(""),
+        );
     }
 }

@@ -1,7 +1,10 @@
-"""Creates the job table, the work queue and its dead-letter queue on the local emulator.
+"""Creates the job table (with its stream), the work queue and its dead-letter queue, the
+results bucket, and an EventBridge bus whose rule sends completion events to a queue, on the
+local emulator.
 
 Usage: create_resources.py TABLE QUEUE   (AWS_ENDPOINT_URL must point at the emulator)
-Prints shell exports for JOBS_TABLE, QUEUE_URL and DLQ_URL.
+Prints shell exports for JOBS_TABLE, QUEUE_URL, DLQ_URL, RESULTS_BUCKET, EVENT_BUS_NAME and
+EVENTS_QUEUE_URL.
 """
 
 import json
@@ -22,6 +25,8 @@ session = boto3.session.Session(
 )
 ddb = session.client("dynamodb", endpoint_url=endpoint)
 sqs = session.client("sqs", endpoint_url=endpoint)
+s3 = session.client("s3", endpoint_url=endpoint)
+events = session.client("events", endpoint_url=endpoint)
 
 if table not in ddb.list_tables()["TableNames"]:
     ddb.create_table(
@@ -31,21 +36,28 @@ if table not in ddb.list_tables()["TableNames"]:
             {"AttributeName": "attention", "AttributeType": "S"},
             {"AttributeName": "updated_at", "AttributeType": "N"},
             {"AttributeName": "deadline_at", "AttributeType": "N"},
+            {"AttributeName": "finished_on", "AttributeType": "S"},
         ],
         KeySchema=[{"AttributeName": "job_id", "KeyType": "HASH"}],
         # The sparse indexes of jobs that are not terminal: by last change (jobctl list, the
         # reconciler's re-sends) and by deadline (the reconciler's expiry).
+        # And the terminal jobs by the day they finished (jobctl export, the orphan sweep).
         GlobalSecondaryIndexes=[
             {
                 "IndexName": name,
                 "KeySchema": [
-                    {"AttributeName": "attention", "KeyType": "HASH"},
+                    {"AttributeName": partition, "KeyType": "HASH"},
                     {"AttributeName": sort, "KeyType": "RANGE"},
                 ],
                 "Projection": {"ProjectionType": "KEYS_ONLY"},
             }
-            for name, sort in [("attention-index", "updated_at"), ("deadline-index", "deadline_at")]
+            for name, partition, sort in [
+                ("attention-index", "attention", "updated_at"),
+                ("deadline-index", "attention", "deadline_at"),
+                ("finished-index", "finished_on", "updated_at"),
+            ]
         ],
+        StreamSpecification={"StreamEnabled": True, "StreamViewType": "NEW_AND_OLD_IMAGES"},
         BillingMode="PAY_PER_REQUEST",
     )
     ddb.update_time_to_live(
@@ -65,6 +77,25 @@ queue_url = sqs.create_queue(
     },
 )["QueueUrl"]
 
+bucket = f"{queue}-results".lower()
+s3.create_bucket(Bucket=bucket)
+
+bus = f"{queue}-bus"
+events_url = sqs.create_queue(QueueName=f"{queue}-events")["QueueUrl"]
+events_arn = sqs.get_queue_attributes(QueueUrl=events_url, AttributeNames=["QueueArn"])["Attributes"][
+    "QueueArn"
+]
+events.create_event_bus(Name=bus)
+events.put_rule(
+    Name="completions", EventBusName=bus, EventPattern=json.dumps({"source": ["fenced-jobs"]})
+)
+events.put_targets(
+    Rule="completions", EventBusName=bus, Targets=[{"Id": "events-queue", "Arn": events_arn}]
+)
+
 print(f"export JOBS_TABLE={table}")
 print(f"export QUEUE_URL={queue_url}")
 print(f"export DLQ_URL={dlq_url}")
+print(f"export RESULTS_BUCKET={bucket}")
+print(f"export EVENT_BUS_NAME={bus}")
+print(f"export EVENTS_QUEUE_URL={events_url}")
