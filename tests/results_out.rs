@@ -387,3 +387,72 @@ async fn sns_and_fifo_sqs_sinks_carry_the_same_event_and_fifo_drops_the_repeat()
     let from_topic: Value = serde_json::from_str(on_topic[0].body().expect("body")).expect("json");
     assert_eq!(from_topic, from_queue);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jobctl_export_writes_the_finished_jobs_from_the_index() {
+    let aws = emulator().await;
+    let table = aws.table().await;
+    let queue = aws.queue(30).await;
+    let results = aws.bucket().await;
+    aws.send(&queue, &job("exp-ok", "fine", "")).await;
+    aws.send(
+        &queue,
+        &job("exp-big", "large", r#""simulate":{"answer_bytes":100000}"#),
+    )
+    .await;
+    aws.send(
+        &queue,
+        &job(
+            "exp-bad",
+            "refused",
+            r#""simulate":{"outcome":"permanent"}"#,
+        ),
+    )
+    .await;
+    aws.send(
+        &queue,
+        &job("exp-waiting", "stays", r#""simulate":{"fail_times":1}"#),
+    )
+    .await;
+    let handler = worker(&aws, &table, &results, SimulatedProvider::new());
+    let (poll, _) = deliver(&aws.source(&queue).await, &handler).await;
+    assert_eq!(poll.received, 4);
+
+    let export = |args: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_jobctl"))
+            .arg("export")
+            .args(args)
+            .env("JOBS_TABLE", &table)
+            .output()
+            .expect("jobctl runs");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let mut lines: Vec<Value> = String::from_utf8(out.stdout)
+            .expect("utf-8")
+            .lines()
+            .map(|l| serde_json::from_str(l).expect("a JSON line"))
+            .collect();
+        lines.sort_by_key(|l| l["job_id"].as_str().unwrap_or("").to_owned());
+        lines
+    };
+    let all = export(&[]);
+    let ids: Vec<&str> = all.iter().filter_map(|l| l["job_id"].as_str()).collect();
+    // The job waiting out its backoff is not finished, so not exported.
+    assert_eq!(ids, ["exp-bad", "exp-big", "exp-ok"]);
+    assert_eq!(all[0]["error"]["kind"], "permanent");
+    assert!(
+        all[1]["result_ref"]["key"]
+            .as_str()
+            .expect("key")
+            .starts_with("results/exp-big/")
+    );
+    assert_eq!(all[2]["result"]["contract"], "summary.v1");
+
+    let succeeded = export(&["--state", "succeeded"]);
+    assert_eq!(succeeded.len(), 2);
+    let later = export(&["--since", "2999-01-01T00:00:00Z"]);
+    assert!(later.is_empty());
+}
