@@ -19,7 +19,7 @@ fuzz: ## Each fuzz target for FUZZ_SECONDS (default 600) with cargo-fuzz on nigh
 bench: ## Benchmarks (release build; never part of `make test`)
 	scripts/bench.sh
 
-build: ## The deployable arm64 zips (cargo-lambda from PyPI): target/lambda/{worker,reconciler}/bootstrap.zip
+build: ## The deployable arm64 zips (cargo-lambda from PyPI): target/lambda/{worker,reconciler,dispatcher}/bootstrap.zip
 	scripts/build.sh
 
 deploy: ## sam build + sam deploy --guided (needs the SAM CLI and AWS credentials)

@@ -99,3 +99,25 @@ async fn a_fifo_group_stops_at_its_first_failure_and_other_groups_go_on() {
     );
     assert_eq!(calls, 3);
 }
+
+/// The sample stream event (Lambda's shape, with the fields the dispatcher does not read) gives
+/// one completion event: the transition to `succeeded`; the TTL removal is skipped.
+#[tokio::test]
+async fn the_sample_stream_event_announces_its_one_transition() {
+    use fenced_jobs::events::RecordingSink;
+    use fenced_jobs::ops::dispatch::{StreamEvent, dispatch};
+    let text = std::fs::read_to_string("events/dynamodb-stream.json").expect("event file");
+    let event: StreamEvent = serde_json::from_str(&text).expect("a stream event");
+    let sink = RecordingSink::new();
+    let report = dispatch(&event, &sink).await;
+    assert_eq!((report.published, report.skipped), (1, 1));
+    let published = sink.published();
+    let detail = &published[0].detail;
+    assert_eq!(detail["job_id"], "sample-1");
+    assert_eq!(detail["result_ref"]["size"], 300128);
+    assert_eq!(detail["metadata"]["order"], "o-1");
+    assert_eq!(
+        serde_json::to_value(report.response()).expect("json"),
+        serde_json::json!({"batchItemFailures": []})
+    );
+}
