@@ -883,7 +883,7 @@ async fn every_kind_of_bad_input_gets_its_documented_outcome() {
         ),
         (
             "oversized body",
-            format!(r#"{{"pad":"{}"}}"#, "x".repeat(262_145)),
+            format!(r#"{{"pad":"{}"}}"#, "x".repeat(1_048_577)),
             "poison",
         ),
         (
@@ -976,6 +976,113 @@ async fn every_kind_of_bad_input_gets_its_documented_outcome() {
         .await;
     assert_eq!(conflict.records[0].outcome.label(), "conflict");
     assert_eq!(conflict.records[0].visibility_s, Some(0));
+}
+
+/// Payloads outside the body: an Extended Client pointer is followed, a missing or malformed one
+/// is poison, a store that cannot be reached is a backoff, and an answer above the inline limit
+/// is stored and referenced, or without a bucket kept inline when the item can hold it.
+#[tokio::test]
+async fn pointers_and_stored_answers_get_their_documented_outcomes() {
+    use fenced_jobs::blobs::MemoryBlobs;
+    let class = "software.amazon.payloadoffloading.PayloadS3Pointer";
+    let pointer =
+        |key: &str| format!(r#"["{class}",{{"s3BucketName":"producer","s3Key":"{key}"}}]"#);
+    let blobs = Arc::new(MemoryBlobs::new("results"));
+    blobs.insert("producer", "p/ok", job("j-ptr", "").as_bytes());
+    blobs.insert("producer", "p/bad", b"{not json");
+    let ledger = Arc::new(InMemoryLedger::new());
+    let h = BatchHandler::new(
+        Processor::new(
+            ledger.clone(),
+            SimulatedProvider::new(),
+            SystemClock,
+            Settings::default(),
+        )
+        .with_blobs(blobs.clone()),
+        RecordingVisibility::new(),
+    )
+    .with_seed(1);
+    let rows = [
+        ("pointer", pointer("p/ok"), "succeeded"),
+        ("pointer to nothing", pointer("p/gone"), "poison"),
+        ("pointer to a bad body", pointer("p/bad"), "poison"),
+        (
+            "pointer of the wrong shape",
+            format!(r#"["{class}",{{"s3Key":"k"}}]"#),
+            "poison",
+        ),
+        (
+            "large answer",
+            job("j-large", r#","simulate":{"answer_bytes":100000}"#),
+            "succeeded",
+        ),
+    ];
+    let records = rows
+        .iter()
+        .enumerate()
+        .map(|(i, (_, body, _))| record(Some(&format!("m{i}")), body))
+        .collect();
+    let report = h.handle_batch(&event(records), &invocation()).await;
+    for (r, (name, _, expected)) in report.records.iter().zip(&rows) {
+        assert_eq!(r.outcome.label(), *expected, "{name}: {:?}", r.outcome);
+    }
+    let large = ledger.get("j-large").await.expect("get").expect("item");
+    let blob = large.result_ref.expect("stored");
+    assert_eq!(large.result, None);
+    assert_eq!(blobs.keys(), vec![blob.key.clone()]);
+    let ptr = ledger.get("j-ptr").await.expect("get").expect("item");
+    assert_eq!(
+        ptr.input_digest,
+        fenced_jobs::job::parse_body(Some(&job("j-ptr", "")))
+            .expect("valid")
+            .digest
+    );
+
+    // The store unreachable: the pointer's record backs off; nothing is poisoned.
+    blobs.fail(true);
+    let report = h
+        .handle_batch(
+            &event(vec![record(Some("again"), &pointer("p/ok"))]),
+            &invocation(),
+        )
+        .await;
+    assert_eq!(report.records[0].outcome.label(), "backoff");
+    // An answer too large for the item, with the bucket refusing it: a transient failure of
+    // the attempt, recorded, within the budget.
+    let huge = job("j-huge", r#","simulate":{"answer_bytes":450000}"#);
+    let report = h
+        .handle_batch(&event(vec![record(Some("huge"), &huge)]), &invocation())
+        .await;
+    assert_eq!(report.records[0].outcome.label(), "backoff");
+    let item = ledger.get("j-huge").await.expect("get").expect("item");
+    assert_eq!(item.state, JobState::RetryAuthorized);
+    let error = item.last_error.expect("recorded");
+    assert!(error.message.contains("results bucket"), "{error:?}");
+
+    // Without a bucket, a large answer the item can hold stays inline.
+    let plain = handler(
+        Arc::new(InMemoryLedger::new()),
+        SimulatedProvider::new(),
+        Settings::default(),
+    );
+    let report = plain
+        .handle_batch(
+            &event(vec![record(
+                Some("l"),
+                &job("j-inline", r#","simulate":{"answer_bytes":100000}"#),
+            )]),
+            &invocation(),
+        )
+        .await;
+    assert_eq!(report.records[0].outcome.label(), "succeeded");
+    let kept = plain
+        .processor()
+        .ledger()
+        .get("j-inline")
+        .await
+        .expect("get")
+        .expect("item");
+    assert!(kept.result.expect("inline").len() > 100_000);
 }
 
 #[test]

@@ -50,10 +50,7 @@ impl CompletionEvent {
         });
         let fields = detail.as_object_mut().expect("a json! object");
         if let Some(blob) = &job.result_ref {
-            fields.insert(
-                "result_ref".into(),
-                json!({ "bucket": blob.bucket, "key": blob.key, "size": blob.size, "sha256": blob.sha256 }),
-            );
+            fields.insert("result_ref".into(), blob.to_json());
         } else if let Some(result) = &job.result {
             match serde_json::from_str::<Value>(result) {
                 Ok(answer) if result.len() <= EVENT_INLINE_RESULT_BYTES => {

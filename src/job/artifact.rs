@@ -17,9 +17,26 @@ pub struct BlobRef {
 }
 
 impl BlobRef {
+    /// The reference as events, exports and `jobctl show` print it.
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "bucket": self.bucket, "key": self.key, "size": self.size, "sha256": self.sha256,
+        })
+    }
+
     /// Whether `bytes` are the content this reference names (size and digest).
     pub fn matches(&self, bytes: &[u8]) -> bool {
         bytes.len() as u64 == self.size && sha256_hex(bytes) == self.sha256
+    }
+}
+
+impl std::fmt::Display for BlobRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "s3://{}/{} ({} bytes, sha256 {})",
+            self.bucket, self.key, self.size, self.sha256
+        )
     }
 }
 

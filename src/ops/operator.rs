@@ -4,7 +4,7 @@
 use serde_json::{Value, json};
 
 use crate::job::message::format_rfc3339_ms;
-use crate::job::{InvalidMessage, JobRecord, JobState, Millis, Trigger};
+use crate::job::{BlobRef, InvalidMessage, JobRecord, JobState, Millis, Trigger};
 use crate::ledger::{DecideRequest, JobLedger, LedgerError, OperatorAction, Write};
 use crate::queue::triggers::dedup_id;
 use crate::queue::{Outgoing, TriggerSender};
@@ -142,6 +142,8 @@ pub fn to_json(record: &JobRecord, with_result: bool) -> Value {
         "decisions": decisions,
         "last_error": record.last_error.as_ref().map(|e| json!({"kind": e.kind, "message": e.message, "at": format_rfc3339_ms(e.at)})),
         "result_bytes": record.result.as_ref().map(String::len),
+        "result_ref": record.result_ref.as_ref().map(BlobRef::to_json),
+        "input_ref": record.input_ref.as_ref().map(BlobRef::to_json),
         "created_at": format_rfc3339_ms(record.created_at),
         "updated_at": format_rfc3339_ms(record.updated_at),
     });
@@ -180,12 +182,16 @@ pub fn to_text(record: &JobRecord, with_result: bool) -> String {
     if let Some(e) = &record.last_error {
         line("last error", format!("{}: {}", e.kind, e.message));
     }
+    if let Some(blob) = &record.input_ref {
+        line("input", blob.to_string());
+    }
     line(
         "result",
-        match (&record.result, with_result) {
-            (None, _) => "-".into(),
-            (Some(r), true) => r.clone(),
-            (Some(r), false) => format!("{} bytes (--result to print it)", r.len()),
+        match (&record.result, &record.result_ref, with_result) {
+            (_, Some(blob), _) => format!("{blob} (`jobctl result` prints it)"),
+            (None, None, _) => "-".into(),
+            (Some(r), _, true) => r.clone(),
+            (Some(r), _, false) => format!("{} bytes (--result to print it)", r.len()),
         },
     );
     out.push_str("\nattempt  epoch  outcome     started                   provider_ref\n");

@@ -134,10 +134,7 @@ pub fn line(job: &JobRecord) -> Value {
     });
     let fields = row.as_object_mut().expect("a json! object");
     if let Some(blob) = &job.result_ref {
-        fields.insert(
-            "result_ref".into(),
-            json!({ "bucket": blob.bucket, "key": blob.key, "size": blob.size, "sha256": blob.sha256 }),
-        );
+        fields.insert("result_ref".into(), blob.to_json());
     } else if let Some(result) = &job.result {
         let answer = serde_json::from_str::<Value>(result).unwrap_or(Value::String(result.clone()));
         fields.insert("result".into(), answer);

@@ -7,7 +7,7 @@ use std::future::Future;
 use serde_json::json;
 
 /// SQS's limit on one message and on one `SendMessageBatch` request.
-pub const SQS_MAX_BYTES: usize = 262_144;
+pub const SQS_MAX_BYTES: usize = 1_048_576;
 /// Entries in one `SendMessageBatch` request.
 pub const SEND_BATCH_LIMIT: usize = 10;
 
@@ -135,7 +135,7 @@ mod tests {
         assert_eq!(sizes, vec![10, 10, 3]);
         let big = |id: &str| Outgoing {
             job_id: id.to_owned(),
-            body: "x".repeat(100_000),
+            body: "x".repeat(400_000),
         };
         let large = vec![big("a"), big("b"), big("c")];
         let sizes: Vec<usize> = batches(&large).iter().map(|b| b.len()).collect();
