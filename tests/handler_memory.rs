@@ -563,6 +563,62 @@ async fn a_recovery_asks_the_provider_and_its_answer_decides_without_a_new_call(
     assert_eq!(h.processor().provider().retrievals(), 3);
 }
 
+/// An owner that stored its answer and vanished before accepting it: the recovery accepts that
+/// answer, asks nobody and calls nobody; a stored object whose content is not what its key names
+/// is not evidence.
+#[tokio::test]
+async fn a_recovery_accepts_the_answer_a_lapsed_owner_stored() {
+    use fenced_jobs::blobs::MemoryBlobs;
+    use fenced_jobs::job::artifact::{result_key, sha256_hex};
+    let ledger = Arc::new(InMemoryLedger::new());
+    let blobs = Arc::new(MemoryBlobs::new("results"));
+    let h = BatchHandler::new(
+        Processor::new(
+            ledger.clone(),
+            SimulatedProvider::new(),
+            SystemClock,
+            Settings::default(),
+        )
+        .with_blobs(blobs.clone()),
+        RecordingVisibility::new(),
+    )
+    .with_seed(1);
+    // Not retrievable: without the stored answer the job would become unknown.
+    let body = job("stored", r#","simulate":{"retrievable":false}"#);
+    lapsed_claim(&ledger, &body).await;
+    let answer = br#"{"output":"kept"}"#;
+    let key = result_key("stored", 1, &sha256_hex(answer));
+    blobs.insert("results", &key, answer);
+    let forged = job("forged", r#","simulate":{"retrievable":false}"#);
+    lapsed_claim(&ledger, &forged).await;
+    blobs.insert(
+        "results",
+        &result_key("forged", 1, &sha256_hex(b"other")),
+        answer,
+    );
+
+    let report = h
+        .handle_batch(
+            &event(vec![record(Some("s"), &body), record(Some("f"), &forged)]),
+            &invocation(),
+        )
+        .await;
+    assert_eq!(
+        report.records[0].outcome,
+        RecordOutcome::Done(JobState::Succeeded)
+    );
+    let item = ledger.get("stored").await.expect("get").expect("item");
+    assert_eq!(item.owner_epoch, 2);
+    assert_eq!(item.result_ref.map(|b| b.key), Some(key));
+    // The forged object is ignored: the provider is asked, cannot say, and the job waits for a
+    // decision.
+    assert_eq!(
+        report.records[1].outcome,
+        RecordOutcome::Failed(Failure::AwaitingDecision)
+    );
+    assert_eq!(h.processor().provider().executions(), 0);
+}
+
 #[tokio::test]
 async fn a_recovered_call_still_running_is_polled_then_kept_for_the_next_delivery() {
     let ledger = Arc::new(InMemoryLedger::new());

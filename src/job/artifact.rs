@@ -78,6 +78,9 @@ pub fn input_key(job_id: &str, input_digest: &str) -> String {
     format!("{INPUTS_PREFIX}{job_id}/{input_digest}.json")
 }
 
+/// The largest stored answer read back (by a recovery, or `jobctl result`).
+pub const MAX_RESULT_BYTES: usize = 64 * 1_048_576;
+
 /// The prefix of every stored answer.
 pub const RESULTS_PREFIX: &str = "results/";
 /// The prefix of every stored input.

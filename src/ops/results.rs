@@ -10,8 +10,7 @@ use crate::blobs::{BlobError, BlobStore, read_checked};
 use crate::job::{JobRecord, JobState, Millis, finished_day};
 use crate::ledger::{JobLedger, LedgerError, LedgerIndex};
 
-/// The largest stored answer `result` reads.
-pub const MAX_RESULT_BYTES: usize = 64 * 1_048_576;
+pub use crate::job::artifact::MAX_RESULT_BYTES;
 
 /// Why there is no answer to print.
 #[derive(Debug, thiserror::Error)]

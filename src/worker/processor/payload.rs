@@ -5,12 +5,13 @@
 use std::time::Duration;
 
 use super::{Invocation, Processor, backoff};
-use crate::blobs::{BlobError, BlobStore, read_checked};
+use crate::blobs::{BlobError, BlobStore, read_checked, reference};
 use crate::clock::Clock;
-use crate::job::artifact::{input_key, result_key, sha256_hex};
+use crate::job::artifact::{MAX_RESULT_BYTES, RESULTS_PREFIX, input_key, result_key, sha256_hex};
 use crate::job::message::{MAX_PAYLOAD_BYTES, input_digest, parse_pointer};
 use crate::job::{
-    Failure, INLINE_LIMIT_BYTES, InvalidMessage, JobMessage, JobRecord, ResultBody, Trigger,
+    BlobRef, Failure, INLINE_LIMIT_BYTES, InvalidMessage, JobMessage, JobRecord, ResultBody,
+    Trigger,
 };
 use crate::ledger::{AttemptEnd, JobLedger};
 use crate::provider::{Provider, ProviderError, parse_payload, parse_trigger};
@@ -177,6 +178,21 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
             reason: "the answer could not be written to the results bucket".to_owned(),
         };
         self.end_of(Err(failure), claimed, self.clock.now_ms()).0
+    }
+
+    /// The answer the owner of `job`'s last attempt stored before it could accept it (it
+    /// crashed, stalled or lost its lease in between), if there is one and it is the content
+    /// its key names: the evidence a recovery accepts instead of calling again.
+    pub(super) async fn stored_answer(&self, job: &JobRecord) -> Option<BlobRef> {
+        let store = self.blobs()?;
+        let bucket = store.bucket()?;
+        let epoch = job.attempt_log.last()?.epoch;
+        let prefix = format!("{RESULTS_PREFIX}{}/{epoch}/", job.job_id);
+        let listed = store.list(&prefix, None, 1).await.ok()?;
+        let key = &listed.first()?.key;
+        let bytes = store.get(bucket, key, MAX_RESULT_BYTES).await.ok()?;
+        let blob = reference(bucket, key, &bytes);
+        (key == &result_key(&job.job_id, epoch, &blob.sha256)).then_some(blob)
     }
 
     /// Removes the object of an answer whose acceptance was refused, unless the item references

@@ -2,13 +2,14 @@
 
 use super::{AttemptWatch, Invocation, Processed, Processor, Waited, backoff, failed};
 use crate::clock::Clock;
-use crate::job::{JobMessage, JobRecord};
-use crate::ledger::JobLedger;
+use crate::job::{JobMessage, JobRecord, ResultBody};
+use crate::ledger::{AttemptEnd, JobLedger};
 use crate::provider::Provider;
 
 impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
     /// After a recovery claim fenced a lapsed owner, look at the evidence of the attempt it left.
-    /// With a provider reference and a provider that can be asked, the provider's word decides
+    /// An answer it stored in the results bucket and never accepted is accepted now. With a
+    /// provider reference and a provider that can be asked, the provider's word decides
     /// (completed: accepted under the new epoch; definitely failed: retry or fail; still running:
     /// poll while this invocation allows, the lease renewed by the heartbeat, then hand the job
     /// to the next delivery). Otherwise the attempt may have run and the job becomes `unknown`
@@ -40,6 +41,16 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
             .last()
             .and_then(|a| a.provider_ref.clone().map(|r| (r, a.started_at)));
         let now = self.clock.now_ms();
+        // The lapsed owner stored its answer and could not accept it: that is the outcome.
+        if let Some(blob) = self.stored_answer(&fenced).await {
+            tracing::info!(job_id = %msg.job_id, lapsed_epoch, "the lapsed owner's stored answer is accepted");
+            let end = AttemptEnd::Succeeded {
+                result: ResultBody::Stored(blob),
+            };
+            return self
+                .finish_attempt(msg, fenced, end, None, false, inv)
+                .await;
+        }
         let waited = match reference {
             None => {
                 let why = "the call may have run and no reference was recorded";
