@@ -169,7 +169,8 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         let job_id = match trigger {
             Trigger::Job(msg) => {
                 return match self.offload_input(msg).await {
-                    Ok(msg) => self.process(&msg, owner_id, inv, watch).await,
+                    Ok(None) => self.process(msg, owner_id, inv, watch).await,
+                    Ok(Some(stored)) => self.process(&stored, owner_id, inv, watch).await,
                     Err(failure) => failed(failure, None),
                 };
             }

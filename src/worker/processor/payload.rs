@@ -57,17 +57,21 @@ pub async fn resolve_body(
 
 impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
     /// The message with its input stored, when the input is above `INLINE_MAX_BYTES` and a
-    /// results bucket is set (or when the item could not hold it at all). The key derives from
-    /// the input digest, so a redelivery writes the same object again.
-    pub(super) async fn offload_input(&self, msg: &JobMessage) -> Result<JobMessage, Failure> {
+    /// results bucket is set (or when the item could not hold it at all); `None` when the
+    /// message goes as it is. The key derives from the input digest, so a redelivery writes the
+    /// same object again.
+    pub(super) async fn offload_input(
+        &self,
+        msg: &JobMessage,
+    ) -> Result<Option<JobMessage>, Failure> {
         let size = msg.input_canonical.len();
         if msg.input_ref.is_some() || size <= self.settings.inline_max_bytes {
-            return Ok(msg.clone());
+            return Ok(None);
         }
         let store = self.blobs().filter(|b| b.bucket().is_some());
         let Some(store) = store else {
             if size <= INLINE_LIMIT_BYTES {
-                return Ok(msg.clone());
+                return Ok(None);
             }
             return Err(Failure::Poison(InvalidMessage::TooLarge {
                 bytes: size,
@@ -76,10 +80,10 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         };
         let key = input_key(&msg.job_id, &msg.digest);
         match store.put(&key, msg.input_canonical.as_bytes()).await {
-            Ok(blob) => Ok(JobMessage {
+            Ok(blob) => Ok(Some(JobMessage {
                 input_ref: Some(blob),
                 ..msg.clone()
-            }),
+            })),
             Err(e) => {
                 tracing::warn!(job_id = %msg.job_id, error = %e, "storing the input failed");
                 Err(backoff("input store"))
