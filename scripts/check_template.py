@@ -4,10 +4,12 @@
     check_template.py --self-test FILE    also prove each rule fails on a broken copy
 
 Rules: the work queue's visibility timeout is at least six times the worker's timeout plus the
-batching window (for the parameter defaults); every SQS event source reports batch item
+batching window (for the parameter defaults); the redrive allows a 24-hour job's hand-overs (one
+per function timeout) and a message the worker keeps failing on still reaches the DLQ within the
+queue's retention; the worker dead-letters poison itself (DLQ_URL); every SQS event source
+reports batch item
 failures, and so does every DynamoDB stream event source, which also bisects failed batches and
-has an on-failure destination; the DLQ keeps messages 14 days and the redrive allows at least 5
-receives; no IAM action has a wildcard; the table is on demand with TTL, point-in-time recovery,
+has an on-failure destination; the DLQ keeps messages 14 days; no IAM action has a wildcard; the table is on demand with TTL, point-in-time recovery,
 its three sparse indexes and a stream of new and old images; the results bucket is encrypted,
 blocks public access and expires what it stores; no environment variable holds a key in plain
 text.
@@ -76,8 +78,22 @@ def problems(template):
                     f"{queue_ref}: visibility {visibility} s < 6 x timeout {timeout} s + window {window} s"
                 )
             redrive = queue.get("RedrivePolicy", {})
-            if int(redrive.get("maxReceiveCount", 0)) < 5:
-                found.append(f"{queue_ref}: maxReceiveCount below 5")
+            receives = int(resolve(template, redrive.get("maxReceiveCount", 0)) or 0)
+            # A live job is received about once per invocation for as long as its deadline
+            # allows (24 hours by default): the worker dead-letters poison itself, so the count
+            # is sized for live jobs.
+            if receives < 86400 // timeout:
+                found.append(
+                    f"{queue_ref}: maxReceiveCount {receives} < a 24-hour job's {86400 // timeout} hand-overs"
+                )
+            retention = int(resolve(template, queue.get("MessageRetentionPeriod", 345600)))
+            if receives * visibility > retention:
+                found.append(
+                    f"{queue_ref}: {receives} receives {visibility} s apart outlast the retention {retention} s"
+                )
+            env = (fn["Properties"].get("Environment") or {}).get("Variables", {})
+            if "DLQ_URL" not in env:
+                found.append(f"{name}: no DLQ_URL, so poison waits for maxReceiveCount receives")
             dlq_ref = redrive.get("deadLetterTargetArn", {}).get("Fn::GetAtt", [None])[0]
             dlq = resources.get(dlq_ref, {}).get("Properties", {})
             if int(dlq.get("MessageRetentionPeriod", 0)) != 1209600:
@@ -141,8 +157,14 @@ def self_test(template):
             "Action", "dynamodb:*"
         ),
         "receive count": lambda t: r(t)["JobsQueue"]["Properties"]["RedrivePolicy"].__setitem__(
-            "maxReceiveCount", 1
+            "maxReceiveCount", 5
         ),
+        "retention against receives": lambda t: r(t)["JobsQueue"]["Properties"].__setitem__(
+            "MessageRetentionPeriod", 345600
+        ),
+        "worker's own dead letters": lambda t: r(t)["WorkerFunction"]["Properties"]["Environment"][
+            "Variables"
+        ].pop("DLQ_URL"),
         "dlq retention": lambda t: r(t)["JobsDeadLetterQueue"]["Properties"].__setitem__(
             "MessageRetentionPeriod", 345600
         ),

@@ -27,6 +27,9 @@ pub struct Config {
     /// `RESULTS_BUCKET`: where answers and inputs above `INLINE_MAX_BYTES` are stored (unset:
     /// every answer inline, and one the item cannot hold ends `failed_terminal`).
     pub results_bucket: Option<String>,
+    /// `DLQ_URL`: the work queue's dead-letter queue, where the worker sends poison and
+    /// conflicts at once with their reason (unset: they wait for the redrive policy).
+    pub dlq_url: Option<String>,
 }
 
 /// Bounds on each DynamoDB and SQS call, which the SDK leaves unbounded by default: a stalled
@@ -107,6 +110,7 @@ impl Config {
             settings,
             sdk,
             results_bucket: vars.get("RESULTS_BUCKET"),
+            dlq_url: vars.get("DLQ_URL"),
         })
     }
 }

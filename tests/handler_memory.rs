@@ -1141,6 +1141,81 @@ async fn pointers_and_stored_answers_get_their_documented_outcomes() {
     assert!(kept.result.expect("inline").len() > 100_000);
 }
 
+/// With a dead-letter queue, poison and conflicts are sent there with their reason and
+/// acknowledged; a queue that refuses leaves them failures at visibility 0, as without one.
+#[tokio::test]
+async fn poison_and_conflicts_are_dead_lettered_with_their_reason_and_acknowledged() {
+    use fenced_jobs::queue::RecordingDeadLetters;
+    let letters = Arc::new(RecordingDeadLetters::new());
+    let ledger = Arc::new(InMemoryLedger::new());
+    let h = handler(
+        ledger.clone(),
+        SimulatedProvider::new(),
+        Settings::default(),
+    )
+    .with_dead_letters(letters.clone());
+    let mut conflicting = record(Some("c"), &job("dl", r#","other":1"#));
+    let mut trace = aws_lambda_events::event::sqs::SqsMessageAttribute::default();
+    trace.string_value = Some("t-1".into());
+    trace.data_type = Some("String".into());
+    conflicting.message_attributes.insert("trace".into(), trace);
+    let first = h
+        .handle_batch(
+            &event(vec![record(Some("ok"), &job("dl", ""))]),
+            &invocation(),
+        )
+        .await;
+    assert!(first.records[0].outcome.is_success());
+    let report = h
+        .handle_batch(
+            &event(vec![
+                record(Some("p"), "{not json"),
+                conflicting,
+                record(Some("d"), &job("dl", "")),
+            ]),
+            &invocation(),
+        )
+        .await;
+    let labels: Vec<&str> = report.records.iter().map(|r| r.outcome.label()).collect();
+    assert_eq!(labels, ["poison", "conflict", "succeeded"]);
+    assert!(report.records.iter().all(|r| r.outcome.is_success()));
+    assert_eq!(
+        report.records[0].visibility_s, None,
+        "acknowledged, not made visible"
+    );
+    let failures = report.response.as_ref().expect("a response");
+    assert!(failures.is_empty(), "{failures:?}");
+    let sent = letters.sent();
+    assert_eq!(sent.len(), 2);
+    assert_eq!(
+        (sent[0].reason, sent[0].body.as_str()),
+        ("poison", "{not json")
+    );
+    assert!(sent[0].detail.contains("not JSON"), "{}", sent[0].detail);
+    assert_eq!(
+        (sent[1].reason, sent[1].job_id.as_deref()),
+        ("conflict", Some("dl"))
+    );
+    assert!(
+        sent[1]
+            .all_attributes()
+            .contains(&("trace".into(), "t-1".into()))
+    );
+
+    letters.refuse(true);
+    let refused = h
+        .handle_batch(&event(vec![record(Some("p2"), "{not json")]), &invocation())
+        .await;
+    assert_eq!(
+        refused.records[0].outcome,
+        RecordOutcome::Failed(Failure::Poison(fenced_jobs::job::InvalidMessage::NotJson {
+            line: 1,
+            column: 2
+        }))
+    );
+    assert_eq!(refused.records[0].visibility_s, Some(0));
+}
+
 #[test]
 fn events_are_read_leniently_record_by_record_and_never_without_records() {
     use fenced_jobs::worker::handler::event_from_json;

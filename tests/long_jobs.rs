@@ -118,6 +118,56 @@ async fn a_background_call_outlasts_several_invocations_and_is_collected_once() 
     assert!(item.result.expect("result").contains("The long report."));
 }
 
+/// With the worker dead-lettering poison itself, the redrive policy's `maxReceiveCount` is
+/// sized for live jobs: a call that needs more hand-overs than the old count of 5 ends
+/// `succeeded` and never visits the DLQ.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_handed_over_more_often_than_five_receives_is_never_dead_lettered() {
+    let aws = emulator().await;
+    let table = aws.table().await;
+    let queue = aws.queue_with_receives(2, 300).await;
+    let server = long_running_server(Duration::from_secs(24)).await;
+    let mut settings = slow_settings(2, 600, 3_000);
+    settings.deadline_margin_ms = 500;
+    settings.poll_ms = 250;
+    let provider = AnyProvider::OpenAi(
+        fenced_jobs::provider::OpenAiProvider::new(openai_settings(&server.url), None)
+            .expect("client"),
+    );
+    let handler = aws
+        .handler(&table, provider, settings)
+        .with_dead_letters(Arc::new(fenced_jobs::queue::SqsDeadLetters::new(
+            aws.sqs.clone(),
+            queue.dlq_url.clone(),
+        )));
+    let mut source = aws.source(&queue).await;
+    source.function_timeout_ms = 2_500;
+    source.wait_seconds = 1;
+    aws.send(&queue, &common::job("long-2", "a longer report", ""))
+        .await;
+
+    let mut deliveries = 0;
+    let mut last = None;
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_secs(60) {
+        let (poll, report) = deliver(&source, &handler).await;
+        deliveries += poll.received;
+        last = report
+            .and_then(|r| r.records.last().map(|r| r.outcome.clone()))
+            .or(last);
+        if poll.deleted == 1 {
+            break;
+        }
+    }
+    assert_eq!(last, Some(RecordOutcome::Done(JobState::Succeeded)));
+    assert!(deliveries > 5, "only {deliveries} deliveries");
+    assert!(
+        aws.peek(&queue.dlq_url, 0).await.is_empty(),
+        "nothing dead-lettered"
+    );
+    assert_eq!(server.count("POST", "/v1/responses"), 1, "one model call");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_api_key_is_read_from_secrets_manager_or_ssm_and_sent() {
     let aws = aws_config::defaults(aws_config::BehaviorVersion::latest())

@@ -180,6 +180,71 @@ async fn a_stale_owner_cannot_accept_and_the_newer_result_stands() {
     assert_eq!(item.attempt_log[0].epoch, 1);
 }
 
+/// With `DLQ_URL` the worker sends poison and conflicts to the DLQ itself, with the reason as
+/// message attributes, after one receive, and only then acknowledges them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn poison_and_conflicts_reach_the_dlq_after_one_receive_with_their_reason() {
+    let aws = emulator().await;
+    let table = aws.table().await;
+    let queue = aws.queue_with_receives(30, 300).await;
+    let handler = aws
+        .handler(&table, SimulatedProvider::new(), fast_settings())
+        .with_dead_letters(std::sync::Arc::new(
+            fenced_jobs::queue::SqsDeadLetters::new(aws.sqs.clone(), queue.dlq_url.clone()),
+        ));
+    let source = aws.source(&queue).await;
+    aws.send(&queue, "{not json").await;
+    aws.send(&queue, &job("dl-1", "first", "")).await;
+    let (poll, _) = deliver(&source, &handler).await;
+    assert_eq!((poll.received, poll.deleted), (2, 2));
+    aws.send(&queue, &job("dl-1", "another input", "")).await;
+    let (poll, _) = deliver(&source, &handler).await;
+    assert_eq!((poll.received, poll.deleted), (1, 1));
+
+    let dead = aws
+        .sqs
+        .receive_message()
+        .queue_url(&queue.dlq_url)
+        .max_number_of_messages(10)
+        .message_attribute_names("All")
+        .wait_time_seconds(1)
+        .send()
+        .await
+        .expect("receive dlq");
+    let mut seen: Vec<(String, String, Option<String>)> = dead
+        .messages()
+        .iter()
+        .map(|m| {
+            let attr = |name: &str| {
+                m.message_attributes()
+                    .and_then(|a| a.get(name))
+                    .and_then(|v| v.string_value())
+                    .map(str::to_owned)
+            };
+            (
+                m.body().unwrap_or_default().to_owned(),
+                attr("fenced-jobs.reason").expect("a reason"),
+                attr("fenced-jobs.job-id"),
+            )
+        })
+        .collect();
+    seen.sort();
+    assert_eq!(seen.len(), 2, "{seen:?}");
+    assert_eq!(seen[0].0, job("dl-1", "another input", ""));
+    assert_eq!(
+        (seen[0].1.as_str(), seen[0].2.as_deref()),
+        ("conflict", Some("dl-1"))
+    );
+    assert_eq!(
+        (seen[1].0.as_str(), seen[1].1.as_str()),
+        ("{not json", "poison")
+    );
+    assert!(
+        aws.peek(&queue.url, 0).await.is_empty(),
+        "nothing left in the queue"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn poison_records_fail_visible_at_once_and_never_touch_the_ledger() {
     let aws = emulator().await;

@@ -11,7 +11,7 @@ use fenced_jobs::config::{Config, s3_client};
 use fenced_jobs::ledger::dynamodb::DynamoLedger;
 use fenced_jobs::ops::metrics;
 use fenced_jobs::provider::AnyProvider;
-use fenced_jobs::queue::SqsVisibility;
+use fenced_jobs::queue::{SqsDeadLetters, SqsVisibility};
 use fenced_jobs::worker::handler::{BatchHandler, event_from_json};
 use fenced_jobs::worker::processor::{Invocation, Processor};
 use lambda_runtime::{Diagnostic, LambdaEvent, service_fn};
@@ -33,10 +33,12 @@ async fn main() -> Result<(), lambda_runtime::Error> {
         config.settings,
     )
     .with_blobs(Arc::new(blobs));
-    let handler = Arc::new(BatchHandler::new(
-        processor,
-        SqsVisibility::new(aws_sdk_sqs::Client::new(&bounded)),
-    ));
+    let sqs = aws_sdk_sqs::Client::new(&bounded);
+    let mut handler = BatchHandler::new(processor, SqsVisibility::new(sqs.clone()));
+    if let Some(dlq_url) = config.dlq_url {
+        handler = handler.with_dead_letters(Arc::new(SqsDeadLetters::new(sqs, dlq_url)));
+    }
+    let handler = Arc::new(handler);
 
     let target = Arc::new(metrics::MetricsTarget::from_env());
     lambda_runtime::run(service_fn(move |event: LambdaEvent<serde_json::Value>| {

@@ -17,19 +17,27 @@ pub enum RecordOutcome {
     Done(JobState),
     /// The record stays in the queue, with its visibility set on purpose.
     Failed(Failure),
+    /// Poison or a conflict the worker sent to the dead-letter queue itself, with its reason:
+    /// acknowledged, as it carries no job that could ever become terminal.
+    DeadLettered(Failure),
 }
 
 impl RecordOutcome {
     /// True when the record is reported as a success.
     pub fn is_success(&self) -> bool {
-        matches!(self, RecordOutcome::Done(_))
+        matches!(
+            self,
+            RecordOutcome::Done(_) | RecordOutcome::DeadLettered(_)
+        )
     }
 
     /// A short stable label for logs and summaries.
     pub fn label(&self) -> &'static str {
         match self {
             RecordOutcome::Done(state) => state.as_str(),
-            RecordOutcome::Failed(failure) => failure.label(),
+            RecordOutcome::Failed(failure) | RecordOutcome::DeadLettered(failure) => {
+                failure.label()
+            }
         }
     }
 }

@@ -1,12 +1,17 @@
 //! The queue, both ways: the visibility of records that stay in it (the worker's heartbeat and
-//! its final changes) and the triggers sent to it (the producer, the reconciler and operator
-//! decisions). Traits here, SQS in [`sqs`], recording fakes for tests beside each trait.
+//! its final changes), the triggers sent to it (the producer, the reconciler and operator
+//! decisions), and the worker's own dead letters. Traits here, SQS in [`sqs`], recording fakes
+//! for tests beside each trait.
 
+pub mod dead_letters;
 pub mod sqs;
 pub mod triggers;
 pub mod visibility;
 
-pub use sqs::{SqsTriggers, SqsVisibility};
+#[cfg(any(test, feature = "test-support"))]
+pub use dead_letters::RecordingDeadLetters;
+pub use dead_letters::{DeadLetter, DeadLetterQueue};
+pub use sqs::{SqsDeadLetters, SqsTriggers, SqsVisibility};
 #[cfg(any(test, feature = "test-support"))]
 pub use triggers::RecordingTriggers;
 pub use triggers::{Outgoing, Sent, TriggerSender};

@@ -1,5 +1,5 @@
 //! The queue on SQS: visibility changes through `ChangeMessageVisibilityBatch` (ten handles a
-//! call), triggers through `SendMessageBatch`.
+//! call), triggers and the worker's dead letters through `SendMessageBatch`.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -7,9 +7,13 @@ use std::sync::Mutex;
 use aws_sdk_sqs::Client;
 use aws_sdk_sqs::error::ProvideErrorMetadata;
 use aws_sdk_sqs::types::ChangeMessageVisibilityBatchRequestEntry;
+use futures::future::BoxFuture;
 use futures::{StreamExt, stream};
 
-use super::triggers::{Outgoing, Sent, TriggerSender, batches, dedup_id};
+use super::dead_letters::{DeadLetter, DeadLetterQueue};
+use super::triggers::{
+    Outgoing, SEND_BATCH_LIMIT, SQS_MAX_BYTES, Sent, TriggerSender, batches, dedup_id,
+};
 use super::{ChangeResult, ChangeResults, VisibilityChange, VisibilityControl};
 
 /// SQS allows at most ten entries per batch call.
@@ -297,5 +301,101 @@ mod tests {
         assert_eq!(parse_queue_arn("arn:aws:sns:us-east-1:1:t"), None);
         assert_eq!(parse_queue_arn("arn:aws:sqs:us-east-1:1:q:extra"), None);
         assert_eq!(parse_queue_arn(""), None);
+    }
+}
+
+/// The worker's dead letters, sent to one queue (the work queue's DLQ) with
+/// `SendMessageBatch`: ten a request, never more bytes than SQS takes in one.
+#[derive(Debug, Clone)]
+pub struct SqsDeadLetters {
+    client: Client,
+    queue_url: String,
+}
+
+impl SqsDeadLetters {
+    /// Dead letters to the queue at `queue_url`.
+    pub fn new(client: Client, queue_url: impl Into<String>) -> Self {
+        SqsDeadLetters {
+            client,
+            queue_url: queue_url.into(),
+        }
+    }
+
+    async fn send_batch(&self, letters: &[DeadLetter]) -> Vec<bool> {
+        use aws_sdk_sqs::types::{MessageAttributeValue, SendMessageBatchRequestEntry};
+        let fifo = self.queue_url.ends_with(".fifo");
+        let entries: Vec<SendMessageBatchRequestEntry> = letters
+            .iter()
+            .enumerate()
+            .filter_map(|(i, letter)| {
+                let mut entry = SendMessageBatchRequestEntry::builder()
+                    .id(i.to_string())
+                    .message_body(&letter.body);
+                for (name, value) in letter.all_attributes() {
+                    let value = MessageAttributeValue::builder()
+                        .data_type("String")
+                        .string_value(value)
+                        .build()
+                        .ok()?;
+                    entry = entry.message_attributes(name, value);
+                }
+                if fifo {
+                    let group = letter
+                        .group_id
+                        .clone()
+                        .or_else(|| letter.job_id.clone())
+                        .unwrap_or_else(|| "dead-letters".to_owned());
+                    let dedup = letter.message_id.clone().unwrap_or_else(|| {
+                        crate::job::artifact::sha256_hex(letter.body.as_bytes())
+                    });
+                    entry = entry
+                        .message_group_id(group)
+                        .message_deduplication_id(dedup);
+                }
+                entry.build().ok()
+            })
+            .collect();
+        if entries.len() != letters.len() {
+            return vec![false; letters.len()];
+        }
+        match self
+            .client
+            .send_message_batch()
+            .queue_url(&self.queue_url)
+            .set_entries(Some(entries))
+            .send()
+            .await
+        {
+            Ok(out) => (0..letters.len())
+                .map(|i| out.failed().iter().all(|f| f.id() != i.to_string()))
+                .collect(),
+            Err(e) => {
+                tracing::warn!(error = %aws_sdk_sqs::error::DisplayErrorContext(&e), "dead-letter send failed");
+                vec![false; letters.len()]
+            }
+        }
+    }
+}
+
+impl DeadLetterQueue for SqsDeadLetters {
+    fn send<'a>(&'a self, letters: &'a [DeadLetter]) -> BoxFuture<'a, Vec<bool>> {
+        Box::pin(async move {
+            let mut sent = Vec::with_capacity(letters.len());
+            let mut start = 0;
+            while start < letters.len() {
+                let mut end = start;
+                let mut bytes = 0;
+                while end < letters.len()
+                    && end - start < SEND_BATCH_LIMIT
+                    && (end == start || bytes + letters[end].body.len() <= SQS_MAX_BYTES)
+                {
+                    bytes += letters[end].body.len();
+                    end += 1;
+                }
+                sent.extend(self.send_batch(&letters[start..end]).await);
+                start = end;
+            }
+            sent
+        })
     }
 }

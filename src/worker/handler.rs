@@ -8,7 +8,7 @@
 
 use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent, SqsMessage};
@@ -25,7 +25,9 @@ use crate::job::outcome::Delivery;
 use crate::job::{Failure, JobMessage, JobRecord, RecordOutcome, Trigger};
 use crate::ledger::JobLedger;
 use crate::provider::Provider;
-use crate::queue::{VisibilityChange, VisibilityControl, VisibilityReport};
+use crate::queue::{
+    DeadLetter, DeadLetterQueue, VisibilityChange, VisibilityControl, VisibilityReport,
+};
 pub use crate::report::{BatchReport, JobSummary, RecordReport};
 
 /// Extended Client payloads read at once.
@@ -39,6 +41,9 @@ pub struct BatchHandler<L, P, C, V> {
     seed: Option<u64>,
     /// The queue's shorter visibility timeout was reported (once per execution environment).
     warned_visibility: std::sync::atomic::AtomicBool,
+    /// Where poison and conflicts are sent at once (`DLQ_URL`); without it they wait for the
+    /// redrive policy.
+    dead_letters: Option<Arc<dyn DeadLetterQueue>>,
 }
 
 struct Entry<'a> {
@@ -56,7 +61,15 @@ impl<L: JobLedger, P: Provider, C: Clock, V: VisibilityControl> BatchHandler<L, 
             visibility,
             seed: None,
             warned_visibility: std::sync::atomic::AtomicBool::new(false),
+            dead_letters: None,
         }
+    }
+
+    /// Sends poison and conflicting records to `queue` with their reason, acknowledging each
+    /// once the queue took it.
+    pub fn with_dead_letters(mut self, queue: Arc<dyn DeadLetterQueue>) -> Self {
+        self.dead_letters = Some(queue);
+        self
     }
 
     /// Fixes the jitter's random seed (tests).
@@ -149,7 +162,14 @@ impl<L: JobLedger, P: Provider, C: Clock, V: VisibilityControl> BatchHandler<L, 
         // The heartbeat finishes its tick in progress before the final visibilities are set,
         // unless that tick stalls past the backstop.
         tokio::join!(work, within(clock, backstop, heartbeat.run(stop.clone())));
-        let outcomes = decided.into_inner().unwrap_or_else(|p| p.into_inner());
+        let mut outcomes = decided.into_inner().unwrap_or_else(|p| p.into_inner());
+        let last_call = inv.deadline.map(|d| d - settings.deadline_margin_ms / 5);
+        if within(clock, last_call, self.dead_letter(&entries, &mut outcomes))
+            .await
+            .is_none()
+        {
+            tracing::warn!(invocation = %inv.id, "dead-letter sends cut short by the deadline");
+        }
 
         let mut rng = self
             .seed
@@ -199,7 +219,6 @@ impl<L: JobLedger, P: Provider, C: Clock, V: VisibilityControl> BatchHandler<L, 
         // The final visibilities, bounded too: a record whose change does not land in time
         // comes back when its current timeout ends.
         let mut visibility = VisibilityReport::default();
-        let last_call = inv.deadline.map(|d| d - settings.deadline_margin_ms / 5);
         let changed = within(clock, last_call, async {
             for (arn, changes) in changes {
                 visibility.add(&self.visibility.change(arn, changes).await);
@@ -248,6 +267,59 @@ impl<L: JobLedger, P: Provider, C: Clock, V: VisibilityControl> BatchHandler<L, 
             stats,
             provider_latency_ms: flights.stats.latencies(),
             response,
+        }
+    }
+
+    /// Sends the poison and conflicting records to the dead-letter queue, if one is set, and
+    /// marks those it took as dead-lettered (acknowledged). A record the queue did not take
+    /// stays a failure with visibility 0, for the redrive policy.
+    async fn dead_letter(&self, entries: &[Entry<'_>], outcomes: &mut [Option<Decided>]) {
+        let Some(queue) = &self.dead_letters else {
+            return;
+        };
+        let mut at = Vec::new();
+        let mut letters = Vec::new();
+        for (index, (entry, outcome)) in entries.iter().zip(outcomes.iter()).enumerate() {
+            let Some((RecordOutcome::Failed(failure), _)) = outcome else {
+                continue;
+            };
+            let (reason, detail) = match failure {
+                Failure::Poison(invalid) => ("poison", invalid.to_string()),
+                Failure::Conflict {
+                    ledger_digest,
+                    message_digest,
+                } => (
+                    "conflict",
+                    format!("ledger digest {ledger_digest}, message digest {message_digest}"),
+                ),
+                _ => continue,
+            };
+            let record = entry.record;
+            at.push(index);
+            letters.push(DeadLetter {
+                body: record.body.clone().unwrap_or_default(),
+                reason,
+                detail,
+                job_id: entry.parsed.as_ref().ok().map(|t| t.job_id().to_owned()),
+                message_id: record.message_id.clone(),
+                group_id: record.attributes.get("MessageGroupId").cloned(),
+                attributes: record
+                    .message_attributes
+                    .iter()
+                    .filter_map(|(name, a)| Some((name.clone(), a.string_value.clone()?)))
+                    .collect(),
+            });
+        }
+        if letters.is_empty() {
+            return;
+        }
+        let sent = queue.send(&letters).await;
+        for (index, taken) in at.into_iter().zip(sent) {
+            if let Some((outcome, _)) = outcomes[index].as_mut().filter(|_| taken) {
+                if let RecordOutcome::Failed(failure) = outcome {
+                    *outcome = RecordOutcome::DeadLettered(failure.clone());
+                }
+            }
         }
     }
 
@@ -488,10 +560,19 @@ fn log_record(report: &RecordReport, entry: &Entry<'_>, now: crate::job::Millis)
         .get("ApproximateReceiveCount")
         .map(String::as_str);
     match &report.outcome {
-        RecordOutcome::Failed(Failure::Poison(reason)) => {
-            tracing::warn!(message_id, delivery_count, reason = %reason, "poison record")
-        }
+        RecordOutcome::Failed(Failure::Poison(reason))
+        | RecordOutcome::DeadLettered(Failure::Poison(reason)) => tracing::warn!(
+            message_id,
+            delivery_count,
+            reason = %reason,
+            dead_lettered = report.outcome.is_success(),
+            "poison record"
+        ),
         RecordOutcome::Failed(Failure::Conflict {
+            ledger_digest,
+            message_digest,
+        })
+        | RecordOutcome::DeadLettered(Failure::Conflict {
             ledger_digest,
             message_digest,
         }) => tracing::warn!(
@@ -500,6 +581,7 @@ fn log_record(report: &RecordReport, entry: &Entry<'_>, now: crate::job::Millis)
             delivery_count,
             ledger_digest = %ledger_digest,
             message_digest = %message_digest,
+            dead_lettered = report.outcome.is_success(),
             "conflict: job_id reused with a different input"
         ),
         outcome => {

@@ -114,15 +114,30 @@ impl Emulator {
     }
 
     pub async fn queue(&self, visibility_timeout_s: u32) -> Queue {
-        self.make_queue(visibility_timeout_s, false).await
+        self.make_queue(visibility_timeout_s, false, 5).await
+    }
+
+    /// A queue whose redrive policy allows `max_receive_count` receives.
+    pub async fn queue_with_receives(
+        &self,
+        visibility_timeout_s: u32,
+        max_receive_count: u32,
+    ) -> Queue {
+        self.make_queue(visibility_timeout_s, false, max_receive_count)
+            .await
     }
 
     /// A FIFO queue (content-based deduplication) with its FIFO DLQ.
     pub async fn fifo_queue(&self, visibility_timeout_s: u32) -> Queue {
-        self.make_queue(visibility_timeout_s, true).await
+        self.make_queue(visibility_timeout_s, true, 5).await
     }
 
-    async fn make_queue(&self, visibility_timeout_s: u32, fifo: bool) -> Queue {
+    async fn make_queue(
+        &self,
+        visibility_timeout_s: u32,
+        fifo: bool,
+        max_receive_count: u32,
+    ) -> Queue {
         let name = unique("work");
         let suffix = if fifo { ".fifo" } else { "" };
         let with_fifo =
@@ -145,7 +160,9 @@ impl Emulator {
         .expect("dlq url")
         .to_owned();
         let dlq_arn = self.arn_of(&dlq_url).await;
-        let redrive = format!(r#"{{"deadLetterTargetArn":"{dlq_arn}","maxReceiveCount":5}}"#);
+        let redrive = format!(
+            r#"{{"deadLetterTargetArn":"{dlq_arn}","maxReceiveCount":{max_receive_count}}}"#
+        );
         let mut create = with_fifo(
             self.sqs
                 .create_queue()
