@@ -18,7 +18,7 @@ use fenced_jobs::ledger::JobLedger;
 use fenced_jobs::ledger::dynamodb::DynamoLedger;
 use fenced_jobs::ops::dispatch::dispatch;
 use fenced_jobs::provider::SimulatedProvider;
-use fenced_jobs::queue::SqsVisibility;
+use fenced_jobs::queue::{SqsDeadLetters, SqsVisibility};
 use fenced_jobs::testing::event_source::LocalEventSource;
 use fenced_jobs::testing::sdk_calls::counted_clients;
 use fenced_jobs::testing::stream_source::LocalStreamSource;
@@ -167,7 +167,8 @@ async fn main() {
         )
         .with_blobs(Arc::new(S3Blobs::new(s3.clone(), Some(bucket.clone())))),
         SqsVisibility::new(sqs.clone()),
-    );
+    )
+    .with_dead_letters(Arc::new(SqsDeadLetters::new(sqs.clone(), dlq_url.clone())));
     let mut source = LocalEventSource::connect(sqs.clone(), &queue_url)
         .await
         .unwrap_or_else(|e| {
@@ -264,7 +265,7 @@ async fn main() {
         .and_then(|o| o.attributes().and_then(|a| a.values().next().cloned()))
         .unwrap_or_else(|| "?".to_owned());
     println!(
-        "\nDead-letter queue: {dead} messages (the conflict and the two poison messages, after maxReceiveCount = 5 receives at visibility 0)."
+        "\nDead-letter queue: {dead} messages (the conflict and the two poison messages, sent there by the worker after one receive, with their reason)."
     );
     println!("Provider calls: {} in all.", provider.executions());
     let counts = calls.counts();

@@ -73,7 +73,7 @@ queue_url = sqs.create_queue(
     QueueName=queue,
     Attributes={
         "VisibilityTimeout": os.environ.get("QUEUE_VISIBILITY_TIMEOUT", "30"),
-        "RedrivePolicy": json.dumps({"deadLetterTargetArn": dlq_arn, "maxReceiveCount": 5}),
+        "RedrivePolicy": json.dumps({"deadLetterTargetArn": dlq_arn, "maxReceiveCount": 300}),
     },
 )["QueueUrl"]
 
