@@ -7,9 +7,10 @@ Rules: the work queue's visibility timeout is at least six times the worker's ti
 batching window (for the parameter defaults); the redrive allows a 24-hour job's hand-overs (one
 per function timeout) and a message the worker keeps failing on still reaches the DLQ within the
 queue's retention; the worker dead-letters poison itself (DLQ_URL); every SQS event source
-reports batch item
-failures, and so does every DynamoDB stream event source, which also bisects failed batches and
-has an on-failure destination; the DLQ keeps messages 14 days; no IAM action has a wildcard; the table is on demand with TTL, point-in-time recovery,
+reports batch item failures, and so does every DynamoDB stream event source, which also bisects failed batches and
+has an on-failure destination; the DLQ keeps messages 14 days; every function has a role of its
+own (no SAM policies, no managed policy) and JSON logs in a log group that expires them; no IAM
+action has a wildcard; the table is on demand with TTL, point-in-time recovery,
 its three sparse indexes and a stream of new and old images; the results bucket is encrypted,
 blocks public access and expires what it stores; no environment variable holds a key in plain
 text.
@@ -39,7 +40,8 @@ def statements(template):
         props = res.get("Properties", {})
         for policy in props.get("Policies", []) or []:
             if isinstance(policy, dict):
-                for stmt in policy.get("Statement", []):
+                document = policy.get("PolicyDocument", policy)
+                for stmt in document.get("Statement", []):
                     if isinstance(stmt, dict) and "Fn::If" in stmt:
                         stmt = stmt["Fn::If"][1]
                     if isinstance(stmt, dict):
@@ -103,6 +105,19 @@ def problems(template):
             if "KEY" in key and "SECRET" not in key and "PARAMETER" not in key and isinstance(value, str):
                 found.append(f"{name}: {key} holds a literal value")
 
+    for name, fn in functions(template):
+        props = fn["Properties"]
+        if "Role" not in props or props.get("Policies"):
+            found.append(f"{name}: no role of its own (SAM would attach managed policies)")
+        logging = props.get("LoggingConfig", {})
+        if logging.get("LogFormat") != "JSON" or "LogGroup" not in logging:
+            found.append(f"{name}: logs not JSON into a log group of its own")
+    for name, res in resources.items():
+        if res.get("Type") == "AWS::IAM::Role" and res.get("Properties", {}).get("ManagedPolicyArns"):
+            found.append(f"{name}: a managed policy (its actions reach beyond this stack)")
+        if res.get("Type") == "AWS::Logs::LogGroup" and "RetentionInDays" not in res.get("Properties", {}):
+            found.append(f"{name}: logs kept forever")
+
     for name, stmt in statements(template):
         actions = stmt.get("Action", [])
         for action in actions if isinstance(actions, list) else [actions]:
@@ -153,9 +168,16 @@ def self_test(template):
         "batch item failures": lambda t: r(t)["WorkerFunction"]["Properties"]["Events"]["Jobs"][
             "Properties"
         ].__setitem__("FunctionResponseTypes", []),
-        "wildcard": lambda t: r(t)["WorkerFunction"]["Properties"]["Policies"][0]["Statement"][0].__setitem__(
-            "Action", "dynamodb:*"
+        "wildcard": lambda t: r(t)["WorkerRole"]["Properties"]["Policies"][0]["PolicyDocument"][
+            "Statement"
+        ][0].__setitem__("Action", "dynamodb:*"),
+        "own role": lambda t: r(t)["WorkerFunction"]["Properties"].pop("Role"),
+        "managed policy": lambda t: r(t)["WorkerRole"]["Properties"].__setitem__(
+            "ManagedPolicyArns",
+            ["arn:aws:iam::aws:policy/service-role/AWSLambdaSQSQueueExecutionRole"],
         ),
+        "log retention": lambda t: r(t)["WorkerLogGroup"]["Properties"].pop("RetentionInDays"),
+        "json logs": lambda t: r(t)["DispatcherFunction"]["Properties"]["LoggingConfig"].pop("LogFormat"),
         "receive count": lambda t: r(t)["JobsQueue"]["Properties"]["RedrivePolicy"].__setitem__(
             "maxReceiveCount", 5
         ),
