@@ -1,15 +1,212 @@
-//! JSON log lines for the Lambda functions, filtered by `RUST_LOG` (default `info`).
+//! Logs as Lambda's own log controls ask for them: JSON lines (or text, when the function's
+//! `LoggingConfig` says `Text`) at the level Lambda passes in `AWS_LAMBDA_LOG_LEVEL`, each line
+//! one flat object with `timestamp`, `level`, `message`, the event's fields, and the fields of
+//! the spans it happened in (the invocation's `requestId`, the record's `job_id`) at the top
+//! level, where CloudWatch Logs Insights and Lambda's level filter find them.
+//!
+//! `RUST_LOG`, when set, overrides the level for every crate: `RUST_LOG=trace` lets the AWS SDK
+//! log request and response bodies, so it is for local debugging only. `AWS_LAMBDA_LOG_LEVEL`
+//! applies to this crate, with the libraries held at `warn`.
 
-/// Installs the process's log subscriber: one JSON object a line on stdout, with the event's
-/// fields and no span or target noise.
+use std::fmt;
+
+use serde_json::{Map, Value};
+use tracing::field::{Field, Visit};
+use tracing::{Event, Subscriber};
+use tracing_subscriber::fmt::format::{JsonFields, Writer};
+use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields, FormattedFields, MakeWriter};
+use tracing_subscriber::registry::LookupSpan;
+
+/// The targets of this crate's code: the library and its binaries.
+const OWN_TARGETS: [&str; 5] = [
+    "fenced_jobs",
+    "worker",
+    "reconciler",
+    "dispatcher",
+    "jobctl",
+];
+
+/// How the process logs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LogSettings {
+    /// JSON lines (`AWS_LAMBDA_LOG_FORMAT` unset or `JSON`), or text (`Text`).
+    pub json: bool,
+    /// The filter directives.
+    pub filter: String,
+}
+
+impl LogSettings {
+    /// Reads `RUST_LOG`, `AWS_LAMBDA_LOG_LEVEL` and `AWS_LAMBDA_LOG_FORMAT` through `lookup`.
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> LogSettings {
+        let json = !lookup("AWS_LAMBDA_LOG_FORMAT").is_some_and(|f| f.eq_ignore_ascii_case("text"));
+        let filter = match lookup("RUST_LOG").filter(|v| !v.trim().is_empty()) {
+            Some(directives) => directives,
+            None => {
+                let level = match lookup("AWS_LAMBDA_LOG_LEVEL")
+                    .unwrap_or_default()
+                    .to_ascii_uppercase()
+                    .as_str()
+                {
+                    "TRACE" => "trace",
+                    "DEBUG" => "debug",
+                    "WARN" => "warn",
+                    "ERROR" | "FATAL" => "error",
+                    _ => "info",
+                };
+                let own: Vec<String> = OWN_TARGETS.iter().map(|t| format!("{t}={level}")).collect();
+                format!("warn,{}", own.join(","))
+            }
+        };
+        LogSettings { json, filter }
+    }
+}
+
+/// Installs the process's log subscriber, from the environment, writing to stdout.
 pub fn init() {
+    let settings = LogSettings::from_lookup(|name| std::env::var(name).ok());
+    let filter = tracing_subscriber::EnvFilter::try_new(&settings.filter)
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stdout);
+    let installed = if settings.json {
+        builder
+            .fmt_fields(JsonFields::new())
+            .event_format(FlatJson)
+            .try_init()
+    } else {
+        builder.with_ansi(false).with_target(false).try_init()
+    };
+    if let Err(e) = installed {
+        eprintln!("logging was already set up: {e}");
+    }
+}
+
+/// A JSON subscriber writing flat lines to `writer` at `filter`, for tests of the log format.
+pub fn json_subscriber<W>(filter: &str, writer: W) -> impl Subscriber + Send + Sync
+where
+    W: for<'a> MakeWriter<'a> + Send + Sync + 'static,
+{
     tracing_subscriber::fmt()
-        .json()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_target(false)
-        .with_current_span(false)
-        .init();
+        .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+        .with_writer(writer)
+        .fmt_fields(JsonFields::new())
+        .event_format(FlatJson)
+        .finish()
+}
+
+/// One flat JSON object per event: the spans' fields (outermost first), then the event's.
+struct FlatJson;
+
+impl<S, N> FormatEvent<S, N> for FlatJson
+where
+    S: Subscriber + for<'a> LookupSpan<'a>,
+    N: for<'a> FormatFields<'a> + 'static,
+{
+    fn format_event(
+        &self,
+        ctx: &FmtContext<'_, S, N>,
+        mut writer: Writer<'_>,
+        event: &Event<'_>,
+    ) -> fmt::Result {
+        let mut line = Map::new();
+        let now = time::OffsetDateTime::now_utc()
+            .format(&time::format_description::well_known::Rfc3339)
+            .unwrap_or_default();
+        line.insert("timestamp".into(), Value::String(now));
+        line.insert(
+            "level".into(),
+            Value::String(event.metadata().level().as_str().to_owned()),
+        );
+        if let Some(scope) = ctx.event_scope() {
+            for span in scope.from_root() {
+                let extensions = span.extensions();
+                let Some(fields) = extensions.get::<FormattedFields<N>>() else {
+                    continue;
+                };
+                if let Ok(Value::Object(fields)) = serde_json::from_str(fields.as_str()) {
+                    line.extend(fields);
+                }
+            }
+        }
+        event.record(&mut Fields(&mut line));
+        writeln!(writer, "{}", Value::Object(line))
+    }
+}
+
+/// Collects an event's fields into the line.
+struct Fields<'a>(&'a mut Map<String, Value>);
+
+impl Visit for Fields<'_> {
+    fn record_str(&mut self, field: &Field, value: &str) {
+        self.0
+            .insert(field.name().into(), Value::String(value.into()));
+    }
+    fn record_i64(&mut self, field: &Field, value: i64) {
+        self.0.insert(field.name().into(), value.into());
+    }
+    fn record_u64(&mut self, field: &Field, value: u64) {
+        self.0.insert(field.name().into(), value.into());
+    }
+    fn record_bool(&mut self, field: &Field, value: bool) {
+        self.0.insert(field.name().into(), value.into());
+    }
+    fn record_f64(&mut self, field: &Field, value: f64) {
+        self.0.insert(field.name().into(), value.into());
+    }
+    fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
+        self.0
+            .insert(field.name().into(), Value::String(format!("{value:?}")));
+    }
+}
+
+/// Tells Lambda that the function could not start (a configuration error, say) through the
+/// Runtime API's init-error endpoint, so the console and the logs show it as an init error with
+/// its type, instead of a runtime that exited. Without `AWS_LAMBDA_RUNTIME_API` (not in Lambda)
+/// it does nothing.
+pub async fn report_init_error(error_type: &str, message: &str) {
+    let Ok(api) = std::env::var("AWS_LAMBDA_RUNTIME_API") else {
+        return;
+    };
+    tracing::error!(error_type, error = message, "the function could not start");
+    let url = format!("http://{api}/2018-06-01/runtime/init/error");
+    let body = serde_json::json!({ "errorType": error_type, "errorMessage": message });
+    let sent = reqwest::Client::new()
+        .post(url)
+        .header("Lambda-Runtime-Function-Error-Type", error_type)
+        .json(&body)
+        .send()
+        .await;
+    if let Err(e) = sent {
+        eprintln!("could not report the init error: {e}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn settings(vars: &[(&str, &str)]) -> LogSettings {
+        let map: HashMap<String, String> = vars
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        LogSettings::from_lookup(|name| map.get(name).cloned())
+    }
+
+    #[test]
+    fn lambda_log_controls_are_honoured_and_rust_log_overrides_them() {
+        assert!(settings(&[]).json);
+        assert!(settings(&[]).filter.contains("fenced_jobs=info"));
+        let text = settings(&[("AWS_LAMBDA_LOG_FORMAT", "Text")]);
+        assert!(!text.json);
+        let debug = settings(&[("AWS_LAMBDA_LOG_LEVEL", "DEBUG")]);
+        assert!(debug.filter.starts_with("warn,"), "libraries stay at warn");
+        assert!(debug.filter.contains("worker=debug"));
+        let fatal = settings(&[("AWS_LAMBDA_LOG_LEVEL", "FATAL")]);
+        assert!(fatal.filter.contains("dispatcher=error"));
+        let rust = settings(&[("AWS_LAMBDA_LOG_LEVEL", "DEBUG"), ("RUST_LOG", "trace")]);
+        assert_eq!(rust.filter, "trace");
+    }
 }

@@ -57,11 +57,8 @@ fn job(id: &str, prompt: &str) -> String {
 async fn a_full_batch_logs_each_record_without_secrets() {
     let captured = Captured::default();
     let sink = captured.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .json()
-        .with_writer(move || sink.clone())
-        .with_max_level(tracing::Level::DEBUG)
-        .finish();
+    // The functions' own format: flat JSON lines, span fields at the top level.
+    let subscriber = fenced_jobs::logs::json_subscriber("debug", move || sink.clone());
     let _guard = tracing::subscriber::set_default(subscriber);
 
     let server = HttpStub::start(|req, _| {
@@ -103,7 +100,8 @@ async fn a_full_batch_logs_each_record_without_secrets() {
         id: "inv-logs".into(),
         deadline: Some(SystemClock.now_ms() + 60_000),
     };
-    let report = handler.handle_batch(&event, &inv).await;
+    let span = tracing::info_span!("invocation", requestId = "req-7");
+    let report = tracing::Instrument::instrument(handler.handle_batch(&event, &inv), span).await;
     assert!(report.records[0].outcome.is_success());
     drop(_guard);
 
@@ -118,23 +116,90 @@ async fn a_full_batch_logs_each_record_without_secrets() {
     let done = |message_id: &str| {
         lines
             .iter()
-            .find(|l| l["fields"]["message_id"] == message_id)
+            .find(|l| {
+                let message = l["message"].as_str().unwrap_or_default();
+                l["message_id"] == message_id
+                    && (message == "record done"
+                        || message.starts_with("poison")
+                        || message.starts_with("conflict"))
+            })
             .unwrap_or_else(|| panic!("no line for {message_id}:\n{text}"))
             .clone()
     };
     let ok = done("m-ok");
-    assert_eq!(ok["fields"]["job_id"], "log-ok");
-    assert_eq!(ok["fields"]["delivery_count"], "2");
-    assert_eq!(ok["fields"]["epoch"], 1);
-    assert_eq!(ok["fields"]["attempts"], 1);
-    assert_eq!(ok["fields"]["outcome"], "succeeded");
-    assert_eq!(ok["fields"]["renewal"], "none");
-    assert!(ok["fields"]["deadline_left_ms"].as_i64().expect("deadline") > 0);
-    assert_eq!(done("m-drop")["fields"]["outcome"], "awaiting_decision");
-    assert_eq!(done("m-poison")["fields"]["message"], "poison record");
-    assert_eq!(done("m-by-id")["fields"]["outcome"], "succeeded");
+    assert_eq!(ok["job_id"], "log-ok");
+    assert_eq!(ok["delivery_count"], "2");
+    assert_eq!(ok["epoch"], 1);
+    assert_eq!(ok["attempts"], 1);
+    assert_eq!(ok["outcome"], "succeeded");
+    assert_eq!(ok["renewal"], "none");
+    assert_eq!(
+        (ok["level"].as_str(), ok["requestId"].as_str()),
+        (Some("INFO"), Some("req-7"))
+    );
+    assert!(ok["deadline_left_ms"].as_i64().expect("deadline") > 0);
+    assert_eq!(done("m-drop")["outcome"], "awaiting_decision");
+    assert_eq!(done("m-poison")["message"], "poison record");
+    assert_eq!(done("m-by-id")["outcome"], "succeeded");
     assert!(
-        lines.iter().any(|l| l["fields"]["message"] == "batch done"),
+        lines
+            .iter()
+            .any(|l| l["message"] == "batch done" && l["requestId"] == "req-7"),
         "{text}"
     );
+    // Lines logged while a record is processed name its job at the top level, and every line
+    // its invocation.
+    assert!(
+        lines
+            .iter()
+            .any(|l| l["job_id"] == "log-drop" && l["message"] != "record done"),
+        "{text}"
+    );
+    assert!(lines.iter().all(|l| l["requestId"] == "req-7"), "{text}");
+}
+
+/// A function that cannot start (its configuration is incomplete) says so through the Runtime
+/// API's init-error endpoint, with an error type, then exits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_configuration_error_is_reported_as_an_init_error() {
+    let runtime_api = HttpStub::start(|_, _| Reply::json(202, json!({"status": "OK"}))).await;
+    let address = runtime_api.url.trim_start_matches("http://").to_owned();
+    for (binary, missing) in [
+        (env!("CARGO_BIN_EXE_worker"), "JOBS_TABLE"),
+        (env!("CARGO_BIN_EXE_dispatcher"), "EVENT_BUS_NAME"),
+    ] {
+        let mut command = std::process::Command::new(binary);
+        command
+            .env_clear()
+            .env("AWS_LAMBDA_RUNTIME_API", &address)
+            .env("AWS_REGION", "us-east-1")
+            .env("PATH", std::env::var("PATH").unwrap_or_default());
+        let status = tokio::task::spawn_blocking(move || command.status())
+            .await
+            .expect("joined")
+            .expect("the function runs");
+        assert!(
+            !status.success(),
+            "{binary} started without its configuration"
+        );
+        let reported = runtime_api
+            .requests()
+            .into_iter()
+            .rev()
+            .find(|r| r.method == "POST" && r.path == "/2018-06-01/runtime/init/error")
+            .unwrap_or_else(|| panic!("{binary}: no init error reported"));
+        assert_eq!(
+            reported.header("lambda-runtime-function-error-type"),
+            Some("ConfigError")
+        );
+        let body = reported.json();
+        assert_eq!(body["errorType"], "ConfigError");
+        assert!(
+            body["errorMessage"]
+                .as_str()
+                .expect("message")
+                .contains(missing),
+            "{body}"
+        );
+    }
 }

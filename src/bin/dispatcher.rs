@@ -8,17 +8,27 @@ use std::sync::Arc;
 use fenced_jobs::config::{SdkTimeouts, sink_from_env};
 use fenced_jobs::ops::dispatch::{StreamEvent, dispatch};
 use lambda_runtime::{LambdaEvent, service_fn};
+use tracing::Instrument;
 
 #[tokio::main]
 async fn main() -> Result<(), lambda_runtime::Error> {
     fenced_jobs::logs::init();
     let aws = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
     let bounded = SdkTimeouts::from_lookup(|name| std::env::var(name).ok())?.apply(&aws);
-    let sink = Arc::new(sink_from_env(&bounded)?);
+    let sink = match sink_from_env(&bounded) {
+        Ok(sink) => Arc::new(sink),
+        Err(e) => {
+            fenced_jobs::logs::report_init_error("ConfigError", &e.to_string()).await;
+            return Err(e.into());
+        }
+    };
     lambda_runtime::run(service_fn(move |event: LambdaEvent<StreamEvent>| {
         let sink = Arc::clone(&sink);
         async move {
-            let report = dispatch(&event.payload, sink.as_ref()).await;
+            let span = tracing::info_span!("invocation", requestId = %event.context.request_id);
+            let report = dispatch(&event.payload, sink.as_ref())
+                .instrument(span)
+                .await;
             Ok::<_, lambda_runtime::Error>(report.response())
         }
     }))

@@ -19,7 +19,13 @@ async fn main() -> Result<(), lambda_runtime::Error> {
     fenced_jobs::logs::init();
 
     let (table, queue_url, settings) =
-        fenced_jobs::config::reconciler_from_lookup(|name| std::env::var(name).ok())?;
+        match fenced_jobs::config::reconciler_from_lookup(|name| std::env::var(name).ok()) {
+            Ok(config) => config,
+            Err(e) => {
+                fenced_jobs::logs::report_init_error("ConfigError", &e.to_string()).await;
+                return Err(e.into());
+            }
+        };
     let sdk = fenced_jobs::config::SdkTimeouts::from_lookup(|name| std::env::var(name).ok())?;
     let aws = sdk.apply(&aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await);
     let ledger = DynamoLedger::new(aws_sdk_dynamodb::Client::new(&aws), table);

@@ -15,12 +15,19 @@ use fenced_jobs::queue::{SqsDeadLetters, SqsVisibility};
 use fenced_jobs::worker::handler::{BatchHandler, event_from_json};
 use fenced_jobs::worker::processor::{Invocation, Processor};
 use lambda_runtime::{Diagnostic, LambdaEvent, service_fn};
+use tracing::Instrument;
 
 #[tokio::main]
 async fn main() -> Result<(), lambda_runtime::Error> {
     fenced_jobs::logs::init();
 
-    let config = Config::from_env()?;
+    let config = match Config::from_env() {
+        Ok(config) => config,
+        Err(e) => {
+            fenced_jobs::logs::report_init_error("ConfigError", &e.to_string()).await;
+            return Err(e.into());
+        }
+    };
     let aws = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
     let provider = AnyProvider::from_config(&config.provider, &aws).await?;
     // DynamoDB and SQS calls are bounded; the provider keeps its own bounds.
@@ -77,7 +84,10 @@ async fn main() -> Result<(), lambda_runtime::Error> {
                 error_type: "NoRecords".to_owned(),
                 error_message: e.to_string(),
             })?;
-            let report = Box::pin(handler.handle_batch(&payload, &invocation)).await;
+            // Every line logged in this invocation carries its request id.
+            let span = tracing::info_span!("invocation", requestId = %invocation.id);
+            let report =
+                Box::pin(handler.handle_batch(&payload, &invocation).instrument(span)).await;
             // One metric document per invocation, on its own stdout line (EMF).
             let doc = metrics::invocation(&target, SystemClock.now_ms(), &report);
             println!("{doc}");

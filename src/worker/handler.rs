@@ -14,6 +14,7 @@ use std::time::Duration;
 use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent, SqsMessage};
 use futures::{FutureExt, StreamExt, stream};
 use serde::Deserialize;
+use tracing::Instrument;
 
 use tokio_util::sync::CancellationToken;
 
@@ -427,9 +428,16 @@ impl<L: JobLedger, P: Provider, C: Clock, V: VisibilityControl> BatchHandler<L, 
                 .unwrap_or("no-message-id")
         );
         let watch = flights.slot(index);
+        // Every line logged while this record is processed names its job and message.
+        let span = tracing::info_span!(
+            "record",
+            job_id = trigger.job_id(),
+            message_id = entry.record.message_id.as_deref()
+        );
         let run = AssertUnwindSafe(
             self.processor
-                .process_trigger(trigger, &owner_id, inv, &watch),
+                .process_trigger(trigger, &owner_id, inv, &watch)
+                .instrument(span),
         )
         .catch_unwind();
         match run.await {
