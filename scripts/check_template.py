@@ -12,11 +12,16 @@ has an on-failure destination; the DLQ keeps messages 14 days; every function ha
 own (no SAM policies, no managed policy) and JSON logs in a log group that expires them; no IAM
 action has a wildcard; the table is on demand with TTL, point-in-time recovery,
 its three sparse indexes and a stream of new and old images; the results bucket is encrypted,
-blocks public access and expires what it stores; no environment variable holds a key in plain
-text.
+blocks public access and expires what it stores; alarms watch poison, conflicts, terminal
+failures, lost ownerships, deadline cut-offs, provider throttling, unknown jobs and the age of
+queued messages; the dashboard shows only metrics the functions emit; no environment variable
+holds a key in plain text.
 """
 
 import copy
+import json
+import pathlib
+import re
 import sys
 
 from cfnlint.decode import decode
@@ -46,6 +51,27 @@ def statements(template):
                         stmt = stmt["Fn::If"][1]
                     if isinstance(stmt, dict):
                         yield name, stmt
+
+
+# The metrics an alarm must watch (with the DLQ's oldest message and unknown jobs).
+ALARMED = [
+    "Poison",
+    "Conflict",
+    "FailedTerminal",
+    "LostOwnerships",
+    "DeadlineCutoffs",
+    "ProviderThrottled",
+    "UnknownJobs",
+    "ApproximateAgeOfOldestMessage",
+]
+
+
+def emitted_metrics():
+    """The metric names the functions' EMF documents carry, read from the code that writes them."""
+    source = (pathlib.Path(__file__).parent.parent / "src/ops/metrics.rs").read_text()
+    return set(re.findall(r'"([A-Z][A-Za-z]+)",\s*"(?:Count|Milliseconds)"', source)) | set(
+        re.findall(r'\("[a-z_]+", "([A-Z][A-Za-z]+)"\)', source)
+    )
 
 
 def problems(template):
@@ -139,6 +165,38 @@ def problems(template):
     if table.get("StreamSpecification", {}).get("StreamViewType") != "NEW_AND_OLD_IMAGES":
         found.append("JobsTable: no stream of new and old images")
 
+    # Under partial batch responses a failed record is no Lambda error: alarm on what fails.
+    alarmed = {
+        res["Properties"].get("MetricName")
+        for res in resources.values()
+        if res.get("Type") == "AWS::CloudWatch::Alarm"
+    }
+    for metric in ALARMED:
+        if metric not in alarmed:
+            found.append(f"no alarm on {metric}")
+    dashboard = resources.get("Dashboard", {}).get("Properties", {}).get("DashboardBody")
+    if not dashboard:
+        found.append("no dashboard")
+    else:
+        body = dashboard["Fn::Sub"][0] if isinstance(dashboard, dict) else dashboard
+        body = re.sub(r"\$\{[^}]+\}", "x", body)
+        try:
+            widgets = json.loads(body)["widgets"]
+        except (ValueError, KeyError):
+            found.append("the dashboard body is not JSON with widgets")
+            widgets = []
+        emitted = emitted_metrics()
+        for widget in widgets:
+            namespace = None
+            for row in widget.get("properties", {}).get("metrics", []):
+                names = [v for v in row if isinstance(v, str)]
+                if len(names) < 2:
+                    continue
+                # "..." and "." repeat the row above; our namespace was substituted by "x".
+                namespace = namespace if names[0] in ("...", ".") else names[0]
+                if namespace == "x" and names[1] not in emitted:
+                    found.append(f"the dashboard shows {names[1]}, which no function emits")
+
     bucket = resources.get("ResultsBucket", {}).get("Properties", {})
     if not bucket.get("BucketEncryption"):
         found.append("ResultsBucket: not encrypted")
@@ -203,6 +261,11 @@ def self_test(template):
             "PublicAccessBlockConfiguration"
         ].__setitem__("BlockPublicPolicy", False),
         "bucket expiry": lambda t: r(t)["ResultsBucket"]["Properties"].pop("LifecycleConfiguration"),
+        "alarm on lost ownerships": lambda t: r(t).pop("LostOwnershipsAlarm"),
+        "dashboard": lambda t: r(t).pop("Dashboard"),
+        "dashboard metric": lambda t: r(t)["Dashboard"]["Properties"]["DashboardBody"]["Fn::Sub"].__setitem__(
+            0, r(t)["Dashboard"]["Properties"]["DashboardBody"]["Fn::Sub"][0].replace("LostOwnerships", "LostOwners")
+        ),
         "literal key": lambda t: r(t)["WorkerFunction"]["Properties"]["Environment"]["Variables"].__setitem__(
             "OPENAI_API_KEY", "sk-live"
         ),

@@ -106,6 +106,8 @@ pub struct StatsSnapshot {
     pub deadline_cutoffs: u64,
     /// Recovery claims made on jobs whose owner let its lease lapse.
     pub recoveries: u64,
+    /// Provider calls refused for the provider's rate limit or quota.
+    pub provider_throttled: u64,
 }
 
 /// The lease renewals of one record, for its log line.

@@ -125,6 +125,11 @@ pub fn invocation(target: &MetricsTarget, at: Millis, report: &BatchReport) -> V
             "Count",
             Sample::One(stats.deadline_cutoffs as f64),
         ),
+        (
+            "ProviderThrottled",
+            "Count",
+            Sample::One(stats.provider_throttled as f64),
+        ),
     ]);
     document(target, at, &metrics)
 }
@@ -296,8 +301,11 @@ mod tests {
             ],
             vec![120, 340],
         );
+        let mut r = r;
+        r.stats.provider_throttled = 3;
         let doc = invocation(&target(), 1_700_000_000_000, &r);
         check_emf(&doc).expect("valid EMF");
+        assert_eq!(doc["ProviderThrottled"], 3.0);
         assert_eq!(doc["Succeeded"], 2.0);
         assert_eq!(doc["DeferredToLiveOwner"], 1.0);
         assert_eq!(doc["Unknown"], 1.0);

@@ -126,6 +126,16 @@ pub enum ProviderError {
     },
 }
 
+impl ProviderError {
+    /// Whether the provider refused for its rate limit or quota (HTTP 429, Bedrock's
+    /// `ThrottlingException` and `ServiceQuotaExceededException`), read from the reason the
+    /// classification wrote.
+    pub fn is_throttle(&self) -> bool {
+        matches!(self, ProviderError::Transient { reason, .. }
+            if reason.starts_with("HTTP 429") || reason.contains("Throttling") || reason.contains("ServiceQuotaExceeded"))
+    }
+}
+
 /// What a provider says about an earlier attempt it was asked for by reference.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Retrieval {
@@ -281,5 +291,26 @@ impl Provider for AnyProvider {
         req: &ProviderRequest<'_>,
     ) -> Retrieval {
         each!(self, p => p.retrieve(provider_ref, started_at, req).await)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn throttles_are_told_from_other_transient_errors() {
+        let transient = |reason: &str| ProviderError::Transient {
+            retry_after_ms: None,
+            reason: reason.to_owned(),
+        };
+        assert!(openai::classify_status(429, &serde_json::json!({})).is_throttle());
+        assert!(transient("ThrottlingException").is_throttle());
+        assert!(transient("ServiceQuotaExceededException").is_throttle());
+        assert!(!openai::classify_status(503, &serde_json::json!({})).is_throttle());
+        let permanent = ProviderError::Permanent {
+            reason: "HTTP 429".into(),
+        };
+        assert!(!permanent.is_throttle());
     }
 }

@@ -34,6 +34,7 @@ pub struct Stats {
     ownership_lost: AtomicU64,
     deadline_cutoffs: AtomicU64,
     recoveries: AtomicU64,
+    provider_throttled: AtomicU64,
     latencies: std::sync::Mutex<Vec<u64>>,
 }
 
@@ -44,6 +45,11 @@ impl Stats {
     /// Counts a cut-off by the Lambda deadline.
     pub fn deadline_cutoff(&self) {
         self.deadline_cutoffs.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts a provider call refused for its rate limit or quota.
+    pub fn throttled(&self) {
+        self.provider_throttled.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Counts a recovery claim.
@@ -81,6 +87,7 @@ impl Stats {
             ownership_lost: get(&self.ownership_lost),
             deadline_cutoffs: get(&self.deadline_cutoffs),
             recoveries: get(&self.recoveries),
+            provider_throttled: get(&self.provider_throttled),
             ..StatsSnapshot::default()
         }
     }
@@ -305,6 +312,10 @@ impl AttemptWatch for RecordSlot<'_> {
 
     fn provider_latency(&self, ms: u64) {
         self.flights.stats.provider_latency(ms);
+    }
+
+    fn throttled(&self) {
+        self.flights.stats.throttled();
     }
 }
 

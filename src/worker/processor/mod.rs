@@ -99,6 +99,8 @@ pub trait AttemptWatch: Sync {
     fn deadline_cutoff(&self);
     /// The call took `ms` from its start to its answer or failure.
     fn provider_latency(&self, ms: u64);
+    /// The provider refused the call for its rate limit or quota.
+    fn throttled(&self) {}
 }
 
 impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {

@@ -61,7 +61,12 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
             Ok(Ok(Submission::Answered(answer))) => {
                 Waited::from(self.end_of(Ok(answer), &claimed, self.clock.now_ms()))
             }
-            Ok(Err(error)) => Waited::from(self.end_of(Err(error), &claimed, self.clock.now_ms())),
+            Ok(Err(error)) => {
+                if error.is_throttle() {
+                    watch.throttled();
+                }
+                Waited::from(self.end_of(Err(error), &claimed, self.clock.now_ms()))
+            }
             Ok(Ok(Submission::Started(provider_ref))) => {
                 self.follow_background(msg, &claimed, &request, provider_ref, inv, &lost)
                     .await
