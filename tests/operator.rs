@@ -174,7 +174,15 @@ async fn a_failed_decision_is_terminal_and_jobctl_shows_it() {
         .expect("jobctl runs");
     assert!(String::from_utf8_lossy(&text.stdout).contains("failed_terminal"));
     let missing = std::process::Command::new(env!("CARGO_BIN_EXE_jobctl"))
-        .args(["--table", &table, "fail", "no-such-job", "--reason", "x"])
+        .args([
+            "--table",
+            &table,
+            "fail",
+            "no-such-job",
+            "--reason",
+            "x",
+            "--yes",
+        ])
         .output()
         .expect("jobctl runs");
     assert_eq!(missing.status.code(), Some(1));
@@ -390,4 +398,98 @@ async fn dlq_redrive_works_on_fifo_queues() {
     let requeued = aws.peek(&queue.url, 0).await;
     assert_eq!(requeued.len(), 1);
     assert!(requeued[0].body().is_some_and(|b| b.contains("fifo-dead")));
+}
+
+/// `jobctl` with the AWS CLI's habits: options after the subcommand, `--endpoint-url` and
+/// `--region`, documented exit codes, confirmation for `fail`, completions, `watch`, and a DLQ
+/// inspection or dry run that leaves the messages visible.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jobctl_behaves_like_an_aws_command_line() {
+    let aws = emulator().await;
+    let table = aws.table().await;
+    let queue = aws.queue(30).await;
+    let endpoint = std::env::var("AWS_ENDPOINT_URL").expect("emulator");
+    let jobctl = |args: &[&str], endpoint_url: &str| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_jobctl"))
+            .args(args)
+            .args([
+                "--table",
+                &table,
+                "--endpoint-url",
+                endpoint_url,
+                "--region",
+                "us-east-1",
+            ])
+            .env_remove("AWS_ENDPOINT_URL")
+            .env_remove("JOBS_TABLE")
+            .stdin(std::process::Stdio::null())
+            .output()
+            .expect("jobctl runs");
+        (
+            out.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let handler = aws.handler(&table, SimulatedProvider::new(), fast_settings());
+    let source = aws.source(&queue).await;
+    aws.send(&queue, &job("cli-ok", "fine", "")).await;
+    aws.send(
+        &queue,
+        &job("cli-bad", "no", r#""simulate":{"outcome":"permanent"}"#),
+    )
+    .await;
+    deliver(&source, &handler).await;
+
+    let (code, out, _) = jobctl(&["list", "--state", "ready"], &endpoint);
+    assert_eq!(code, 0, "options after the subcommand");
+    assert!(out.starts_with("job_id"), "{out}");
+    assert_eq!(jobctl(&["show", "nobody"], &endpoint).0, 1, "refused");
+    assert_eq!(jobctl(&["show"], &endpoint).0, 2, "usage");
+    assert_eq!(
+        jobctl(&["show", "cli-ok"], "http://127.0.0.1:9").0,
+        3,
+        "AWS error"
+    );
+    let (code, _, err) = jobctl(&["fail", "cli-ok", "--reason", "r"], &endpoint);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--yes"), "{err}");
+    let (code, out, _) = jobctl(&["watch", "cli-ok"], &endpoint);
+    assert_eq!(code, 0);
+    assert!(out.contains("succeeded"), "{out}");
+    assert_eq!(jobctl(&["watch", "cli-bad"], &endpoint).0, 1);
+    let (code, out, _) = jobctl(&["completions", "bash"], &endpoint);
+    assert_eq!(code, 0);
+    assert!(out.contains("jobctl"), "a completion script");
+
+    // The DLQ: inspected and dry-run, its message stays there, visible.
+    let dlq = common::Queue {
+        url: queue.dlq_url.clone(),
+        arn: String::new(),
+        dlq_url: String::new(),
+    };
+    aws.send(&dlq, &job("cli-new", "never seen", "")).await;
+    let (code, out, _) = jobctl(&["dlq", "--dlq-url", &queue.dlq_url, "inspect"], &endpoint);
+    assert_eq!(code, 0);
+    assert!(out.contains("redrive (not in the ledger)"), "{out}");
+    let (code, out, _) = jobctl(
+        &[
+            "dlq",
+            "--dlq-url",
+            &queue.dlq_url,
+            "redrive",
+            "--queue-url",
+            &queue.url,
+            "--dry-run",
+        ],
+        &endpoint,
+    );
+    assert_eq!(code, 0);
+    assert!(!out.contains("redriven"), "{out}");
+    assert_eq!(
+        aws.peek(&queue.dlq_url, 0).await.len(),
+        1,
+        "still there, visible"
+    );
+    assert!(aws.peek(&queue.url, 0).await.is_empty(), "nothing moved");
 }

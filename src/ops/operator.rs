@@ -287,8 +287,9 @@ pub struct DlqEntry {
     receipt_handle: String,
 }
 
-/// Reads up to `max` messages of the DLQ (each stays there, invisible for `hold_s` seconds) and
-/// judges each against the ledger.
+/// Reads up to `max` messages of the DLQ (each stays there, invisible for `hold_s` seconds; with
+/// 0 it stays visible, and a message received twice is judged once) and judges each against the
+/// ledger. Reading stops after a receive that brings nothing new.
 pub async fn dlq_inspect<L: JobLedger>(
     ledger: &L,
     sqs: &aws_sdk_sqs::Client,
@@ -297,7 +298,9 @@ pub async fn dlq_inspect<L: JobLedger>(
     hold_s: i32,
 ) -> Result<Vec<DlqEntry>, OperatorError> {
     let mut entries: Vec<DlqEntry> = Vec::new();
-    while entries.len() < max {
+    let mut seen = std::collections::HashSet::new();
+    let mut quiet_rounds = 0;
+    while entries.len() < max && quiet_rounds < 3 {
         let out = sqs
             .receive_message()
             .queue_url(dlq_url)
@@ -311,7 +314,12 @@ pub async fn dlq_inspect<L: JobLedger>(
         if out.messages().is_empty() {
             break;
         }
+        let before = entries.len();
         for m in out.messages() {
+            let id = m.message_id().unwrap_or_default().to_owned();
+            if !seen.insert(id) || entries.len() == max {
+                continue;
+            }
             let body = m.body().unwrap_or_default().to_owned();
             let job_id = crate::job::parse_trigger(Some(&body))
                 .ok()
@@ -328,6 +336,11 @@ pub async fn dlq_inspect<L: JobLedger>(
                 receipt_handle: m.receipt_handle().unwrap_or_default().to_owned(),
             });
         }
+        quiet_rounds = if entries.len() == before {
+            quiet_rounds + 1
+        } else {
+            0
+        };
     }
     Ok(entries)
 }

@@ -1,0 +1,324 @@
+//! The commands' bodies: reading, printing and writing for `jobctl`.
+
+use fenced_jobs::clock::{Clock, SystemClock};
+use fenced_jobs::job::JobState;
+use fenced_jobs::job::message::format_rfc3339_ms;
+use fenced_jobs::ledger::LedgerIndex;
+use fenced_jobs::ledger::dynamodb::DynamoLedger;
+use fenced_jobs::ops::operator::{self, OperatorError};
+use fenced_jobs::ops::producer::Intake;
+use fenced_jobs::ops::results;
+use fenced_jobs::queue::SqsTriggers;
+
+use super::{AWS_ERROR, DlqCommand, REFUSED, usage};
+
+pub(crate) async fn list(
+    ledger: &DynamoLedger,
+    state: &str,
+    limit: usize,
+    json: bool,
+) -> Result<(), OperatorError> {
+    let state: JobState = match state.parse() {
+        Ok(s) if !JobState::is_terminal(s) => s,
+        _ => usage("--state takes ready, running, unknown or retry_authorized"),
+    };
+    let jobs = ledger.list(state, limit).await?;
+    if json {
+        let rows: Vec<serde_json::Value> = jobs
+            .iter()
+            .map(|(id, at)| serde_json::json!({"job_id": id, "state": state.as_str(), "updated_at": format_rfc3339_ms(*at)}))
+            .collect();
+        println!("{}", serde_json::Value::Array(rows));
+    } else {
+        println!("{:<40} {:<17} updated", "job_id", "state");
+        for (id, at) in &jobs {
+            println!("{id:<40} {:<17} {}", state.as_str(), format_rfc3339_ms(*at));
+        }
+    }
+    Ok(())
+}
+
+pub(crate) async fn dlq(
+    ledger: &DynamoLedger,
+    sqs: &aws_sdk_sqs::Client,
+    dlq_url: &str,
+    max: usize,
+    command: DlqCommand,
+    json: bool,
+) -> Result<(), OperatorError> {
+    // A redrive holds the messages it read invisible for a minute (long enough to move them);
+    // an inspection or a dry run leaves them visible to everyone.
+    let redrive_to = match command {
+        DlqCommand::Redrive {
+            queue_url,
+            dry_run: false,
+        } => Some(queue_url),
+        _ => None,
+    };
+    let hold_s = if redrive_to.is_some() { 60 } else { 0 };
+    let entries = operator::dlq_inspect(ledger, sqs, dlq_url, max, hold_s).await?;
+    let moved = match redrive_to {
+        None => None,
+        Some(queue_url) => Some(operator::dlq_redrive(sqs, dlq_url, &queue_url, &entries).await?),
+    };
+    if json {
+        let rows: Vec<serde_json::Value> = entries
+            .iter()
+            .map(|e| serde_json::json!({"message_id": e.message_id, "job_id": e.job_id, "verdict": e.verdict.label()}))
+            .collect();
+        println!(
+            "{}",
+            serde_json::json!({"messages": rows, "redriven": moved})
+        );
+    } else {
+        println!("{:<38} {:<32} verdict", "message_id", "job_id");
+        for e in &entries {
+            println!(
+                "{:<38} {:<32} {}",
+                e.message_id.as_deref().unwrap_or("-"),
+                e.job_id.as_deref().unwrap_or("-"),
+                e.verdict.label()
+            );
+        }
+        if let Some(moved) = moved {
+            println!("\nredriven: {moved} of {}", entries.len());
+        }
+    }
+    Ok(())
+}
+
+pub(crate) async fn submit(
+    ledger: &DynamoLedger,
+    sender: &SqsTriggers,
+    file: Option<std::path::PathBuf>,
+    intake: &Intake<'_>,
+    json: bool,
+) -> Result<(), OperatorError> {
+    use std::io::{BufRead, IsTerminal, Write};
+    let reader: Box<dyn BufRead> = match file {
+        Some(path) if path.as_os_str() != "-" => match std::fs::File::open(&path) {
+            Ok(f) => Box::new(std::io::BufReader::new(f)),
+            Err(e) => {
+                eprintln!("jobctl: {}: {e}", path.display());
+                std::process::exit(2);
+            }
+        },
+        _ => Box::new(std::io::stdin().lock()),
+    };
+    let terminal = std::io::stderr().is_terminal();
+    let report = fenced_jobs::ops::producer::submit(
+        ledger,
+        sender,
+        reader.lines(),
+        || SystemClock.now_ms(),
+        intake,
+        |r| {
+            if terminal {
+                eprint!(
+                    "\r{} lines: {} created, {} present, {} sent",
+                    r.lines, r.created, r.already_present, r.sent
+                );
+                let _ = std::io::stderr().flush();
+            }
+        },
+    )
+    .await;
+    if terminal {
+        eprintln!();
+    }
+    if json {
+        println!("{}", serde_json::json!(report));
+    } else {
+        println!(
+            "lines {}: created {}, already present {}, conflicts {}, invalid {}, ledger failed {}, sent {}, failed to send {}",
+            report.lines,
+            report.created,
+            report.already_present,
+            report.conflicts.len(),
+            report.invalid.len(),
+            report.ledger_failed.len(),
+            report.sent,
+            report.send_failed.len()
+        );
+        for (line, reason) in report.invalid.iter().take(20) {
+            println!("  line {line}: invalid: {reason}");
+        }
+        for (line, job_id) in report.conflicts.iter().take(20) {
+            println!("  line {line}: conflict: {job_id} is held with another input");
+        }
+        for (line, reason) in report.ledger_failed.iter().take(20) {
+            println!("  line {line}: not written: {reason}");
+        }
+        for (job_id, reason) in report.send_failed.iter().take(20) {
+            println!("  {job_id}: not sent ({reason}); the reconciler will send it");
+        }
+    }
+    let clean = report.invalid.is_empty()
+        && report.conflicts.is_empty()
+        && report.ledger_failed.is_empty()
+        && report.send_failed.is_empty();
+    if !clean {
+        std::process::exit(REFUSED);
+    }
+    Ok(())
+}
+
+pub(crate) fn print(record: &fenced_jobs::job::JobRecord, json: bool, with_result: bool) {
+    if json {
+        println!("{}", operator::to_json(record, with_result));
+    } else {
+        print!("{}", operator::to_text(record, with_result));
+    }
+}
+
+/// One reconciler run by hand, with the provider the environment names (to cancel the
+/// background calls of the jobs it expires).
+pub(crate) async fn reconcile(
+    ledger: &DynamoLedger,
+    aws: &aws_config::SdkConfig,
+    triggers: SqsTriggers,
+    settings: &fenced_jobs::ops::reconcile::ReconcileSettings,
+    json: bool,
+) -> Result<(), OperatorError> {
+    let provider = fenced_jobs::config::provider_from_lookup(|name| std::env::var(name).ok())
+        .map_err(|e| OperatorError::NotSent(e.to_string()))?;
+    let provider = fenced_jobs::provider::AnyProvider::from_config(&provider, aws)
+        .await
+        .map_err(|e| OperatorError::NotSent(e.to_string()))?;
+    let now = SystemClock.now_ms();
+    let report =
+        fenced_jobs::ops::reconcile::reconcile(ledger, &triggers, &provider, now, settings).await?;
+    if json {
+        println!("{}", serde_json::json!(report));
+    } else {
+        println!(
+            "expired {} (refused {}, calls cancelled {}), examined {}, re-sent {} (failed {}), unknown {}, errors {}",
+            report.expired,
+            report.expire_refused,
+            report.cancelled,
+            report.examined,
+            report.resent,
+            report.send_failed,
+            report.unknown,
+            report.errors
+        );
+    }
+    Ok(())
+}
+
+/// Writes `bytes` to `path`, or to standard output.
+pub(crate) fn write_out(path: Option<&std::path::Path>, bytes: &[u8]) -> Result<(), OperatorError> {
+    use std::io::Write;
+    let written = match path {
+        Some(path) => std::fs::write(path, bytes),
+        None => {
+            let mut out = std::io::stdout().lock();
+            out.write_all(bytes).and_then(|()| out.write_all(b"\n"))
+        }
+    };
+    written.map_err(|e| usage(&e.to_string()))
+}
+
+pub(crate) async fn export(
+    ledger: &DynamoLedger,
+    state: Option<String>,
+    since: Option<String>,
+    output: Option<std::path::PathBuf>,
+) -> Result<(), OperatorError> {
+    use std::io::{IsTerminal, Write};
+    let state = match state.as_deref().map(str::parse::<JobState>) {
+        None => None,
+        Some(Ok(s)) if s.is_terminal() => Some(s),
+        Some(_) => usage("--state takes succeeded, failed_terminal or expired"),
+    };
+    let now = SystemClock.now_ms();
+    let since = match since.as_deref() {
+        None => now - 86_400_000,
+        Some(text) => fenced_jobs::job::message::parse_rfc3339_ms(text)
+            .unwrap_or_else(|| usage("--since takes an RFC 3339 time, like 2026-11-30T00:00:00Z")),
+    };
+    let mut out: Box<dyn Write> = match &output {
+        Some(path) => match std::fs::File::create(path) {
+            Ok(f) => Box::new(std::io::BufWriter::new(f)),
+            Err(e) => usage(&format!("{}: {e}", path.display())),
+        },
+        None => Box::new(std::io::BufWriter::new(std::io::stdout().lock())),
+    };
+    let terminal = std::io::stderr().is_terminal();
+    let report = results::export(ledger, since, now, state, &mut out, |r, day| {
+        if terminal {
+            eprint!("\r{day}: {} written, {} filtered", r.written, r.filtered);
+            let _ = std::io::stderr().flush();
+        }
+    })
+    .await;
+    if terminal {
+        eprintln!();
+    }
+    let _ = out.flush();
+    match report {
+        Ok(r) => {
+            eprintln!("exported {} jobs from {} days", r.written, r.days);
+            Ok(())
+        }
+        Err(e) => usage(&e.to_string()),
+    }
+}
+
+/// Follows a job until it is terminal: one consistent read every `interval_s` seconds, a line
+/// for each change of state, epoch or attempts.
+pub(crate) async fn watch(
+    ledger: &DynamoLedger,
+    job_id: &str,
+    interval_s: u64,
+    timeout_s: u64,
+    json: bool,
+) -> Result<(), OperatorError> {
+    use fenced_jobs::ledger::JobLedger;
+    let started = std::time::Instant::now();
+    let mut last = None;
+    loop {
+        let job = match ledger.get(job_id).await {
+            Ok(Some(job)) => job,
+            Ok(None) => return Err(OperatorError::NotFound(job_id.to_owned())),
+            Err(e) => {
+                eprintln!("jobctl: {e}");
+                std::process::exit(AWS_ERROR);
+            }
+        };
+        let now = (job.state, job.owner_epoch, job.attempts);
+        if last != Some(now) {
+            last = Some(now);
+            let at = format_rfc3339_ms(SystemClock.now_ms());
+            if json {
+                println!(
+                    "{}",
+                    serde_json::json!({"at": at, "job_id": job_id, "state": job.state.as_str(),
+                        "epoch": job.owner_epoch, "attempts": job.attempts})
+                );
+            } else {
+                println!(
+                    "{at}  {job_id}  {:<16} epoch {:<3} attempts {} of {}",
+                    job.state.as_str(),
+                    job.owner_epoch,
+                    job.attempts,
+                    job.max_attempts
+                );
+            }
+        }
+        if job.state.is_terminal() {
+            if job.state != JobState::Succeeded {
+                std::process::exit(REFUSED);
+            }
+            return Ok(());
+        }
+        if timeout_s > 0 && started.elapsed().as_secs() >= timeout_s {
+            eprintln!(
+                "jobctl: {job_id} is still {} after {timeout_s} s",
+                job.state.as_str()
+            );
+            std::process::exit(REFUSED);
+        }
+        tokio::time::sleep(std::time::Duration::from_secs(interval_s.max(1))).await;
+    }
+}

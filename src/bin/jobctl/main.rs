@@ -1,0 +1,358 @@
+//! `jobctl`: the operator's command line over the job ledger.
+//!
+//! Exit status: 0 done; 1 refused or partial (no such job, not in a state the command acts on,
+//! changed meanwhile, some lines not submitted, a watched job that did not succeed); 2 usage;
+//! 3 an AWS call failed.
+
+use clap::{Parser, Subcommand};
+use fenced_jobs::blobs::s3::S3Blobs;
+use fenced_jobs::clock::{Clock, SystemClock};
+use fenced_jobs::config::s3_client;
+use fenced_jobs::ledger::OperatorAction;
+use fenced_jobs::ledger::dynamodb::DynamoLedger;
+use fenced_jobs::ops::operator::{self, OperatorError};
+use fenced_jobs::ops::producer::Intake;
+use fenced_jobs::ops::results::{self, ResultError};
+use fenced_jobs::queue::SqsTriggers;
+
+mod commands;
+use commands::{dlq, export, list, print, reconcile, submit, watch, write_out};
+
+/// Exit status when a command was refused, or did only part of its work.
+pub(crate) const REFUSED: i32 = 1;
+/// Exit status of a usage error (clap's too).
+pub(crate) const USAGE: i32 = 2;
+/// Exit status when an AWS call failed.
+pub(crate) const AWS_ERROR: i32 = 3;
+
+/// Ends the process with a usage error.
+pub(crate) fn usage(what: &str) -> ! {
+    eprintln!("jobctl: {what}");
+    std::process::exit(USAGE)
+}
+
+/// Inspect jobs and decide about the ones whose last attempt has an unknown outcome.
+#[derive(Parser)]
+#[command(version)]
+struct Cli {
+    /// The ledger table.
+    #[arg(long, env = "JOBS_TABLE", global = true)]
+    table: Option<String>,
+    /// The named profile of your AWS configuration (SSO and credential_process profiles need
+    /// jobctl built with `--features cli`).
+    #[arg(long, env = "AWS_PROFILE", global = true)]
+    profile: Option<String>,
+    /// The AWS Region.
+    #[arg(long, global = true)]
+    region: Option<String>,
+    /// Send every AWS request to this endpoint (a local emulator, a VPC endpoint).
+    #[arg(long, global = true)]
+    endpoint_url: Option<String>,
+    /// The results bucket: large answers are read from it, large inputs written to it.
+    #[arg(long, env = "RESULTS_BUCKET", global = true)]
+    results_bucket: Option<String>,
+    /// Answers and inputs above this many bytes are kept in the results bucket.
+    #[arg(long, env = "INLINE_MAX_BYTES", global = true, default_value_t = fenced_jobs::job::DEFAULT_INLINE_MAX_BYTES)]
+    inline_max_bytes: usize,
+    /// Print JSON instead of text.
+    #[arg(long, global = true)]
+    json: bool,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Show a job: state, epoch, lease, deadline, attempts, recoveries and decisions.
+    Show {
+        /// The job id.
+        job_id: String,
+        /// Include the accepted answer.
+        #[arg(long)]
+        result: bool,
+    },
+    /// List the jobs in one state, oldest update first (a query of the sparse attention index,
+    /// not a scan; terminal states are not indexed).
+    List {
+        /// ready, running, unknown or retry_authorized.
+        #[arg(long, default_value = "unknown")]
+        state: String,
+        /// At most this many.
+        #[arg(long, default_value_t = 50)]
+        limit: usize,
+    },
+    /// Authorise another attempt of an `unknown` job (accepting a possible duplicate call),
+    /// then send it a new trigger message.
+    AuthorizeRetry {
+        /// The job id.
+        job_id: String,
+        /// Why (recorded on the job).
+        #[arg(long)]
+        reason: String,
+        /// Who decides (recorded on the job).
+        #[arg(long, env = "USER", default_value = "operator")]
+        operator: String,
+        /// The queue to send the trigger to.
+        #[arg(long, env = "QUEUE_URL")]
+        queue_url: String,
+    },
+    /// Dead-letter queue: each message paired with its job's ledger state.
+    Dlq {
+        #[command(subcommand)]
+        command: DlqCommand,
+        /// The dead-letter queue.
+        #[arg(long, env = "DLQ_URL")]
+        dlq_url: String,
+        /// At most this many messages.
+        #[arg(long, default_value_t = 100)]
+        max: usize,
+    },
+    /// Submit jobs (one JSON object a line, from FILE or stdin): each is written to the ledger
+    /// as `ready` unless it is there, then its trigger is sent.
+    Submit {
+        /// The JSONL file; `-` or nothing for stdin.
+        file: Option<std::path::PathBuf>,
+        /// The work queue.
+        #[arg(long, env = "QUEUE_URL")]
+        queue_url: String,
+    },
+    /// Print a job's accepted answer, from the ledger item or from the results bucket (checked
+    /// against the size and SHA-256 its acceptance recorded).
+    Result {
+        /// The job id.
+        job_id: String,
+        /// Write it to FILE instead of standard output.
+        #[arg(long)]
+        output: Option<std::path::PathBuf>,
+    },
+    /// Write the jobs that finished since a time as JSON lines (job id, state, metadata, answer
+    /// or its reference, or the error), read day by day from the finished index, not a scan.
+    /// For a dump of the whole table use DynamoDB's export to S3.
+    Export {
+        /// succeeded, failed_terminal or expired (default: all three).
+        #[arg(long)]
+        state: Option<String>,
+        /// RFC 3339 time (default: 24 hours ago).
+        #[arg(long)]
+        since: Option<String>,
+        /// Write to FILE instead of standard output.
+        #[arg(long)]
+        output: Option<std::path::PathBuf>,
+    },
+    /// Re-send lost triggers, expire jobs past their deadline, count `unknown` jobs.
+    Reconcile {
+        /// The work queue.
+        #[arg(long, env = "QUEUE_URL")]
+        queue_url: String,
+        /// Re-send `ready` jobs unchanged and unsent for this long.
+        #[arg(long, default_value_t = 300)]
+        ready_after_seconds: i64,
+        /// Re-send `retry_authorized` jobs unchanged for this long.
+        #[arg(long, default_value_t = 1200)]
+        retry_after_seconds: i64,
+    },
+    /// Give an `unknown` job up: `failed_terminal`. Asks for confirmation on a terminal; needs
+    /// `--yes` elsewhere.
+    Fail {
+        /// The job id.
+        job_id: String,
+        /// Why (recorded on the job).
+        #[arg(long)]
+        reason: String,
+        /// Who decides (recorded on the job).
+        #[arg(long, env = "USER", default_value = "operator")]
+        operator: String,
+        /// Do not ask.
+        #[arg(long)]
+        yes: bool,
+    },
+    /// Follow a job until it is terminal, printing each change; exit 0 if it succeeded, 1 if
+    /// it failed or expired.
+    Watch {
+        /// The job id.
+        job_id: String,
+        /// Seconds between two reads.
+        #[arg(long, default_value_t = 2)]
+        interval: u64,
+        /// Give up after this many seconds (0: never).
+        #[arg(long, default_value_t = 0)]
+        timeout: u64,
+    },
+    /// Print a completion script for a shell (`jobctl completions bash > /etc/bash_completion.d/jobctl`).
+    Completions {
+        /// bash, zsh, fish, elvish or powershell.
+        shell: clap_complete::Shell,
+    },
+}
+
+#[derive(Subcommand)]
+enum DlqCommand {
+    /// Show what a redrive would do with each message (they stay in the DLQ, visible).
+    Inspect,
+    /// Move the messages whose jobs are not terminal back to the work queue.
+    Redrive {
+        /// The work queue.
+        #[arg(long, env = "QUEUE_URL")]
+        queue_url: String,
+        /// Show what would move; move nothing.
+        #[arg(long)]
+        dry_run: bool,
+    },
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() {
+    let cli = Cli::parse();
+    if let Command::Completions { shell } = cli.command {
+        use clap::CommandFactory;
+        clap_complete::generate(shell, &mut Cli::command(), "jobctl", &mut std::io::stdout());
+        return;
+    }
+    let mut loader = aws_config::defaults(aws_config::BehaviorVersion::latest());
+    if let Some(profile) = &cli.profile {
+        loader = loader.profile_name(profile);
+    }
+    if let Some(region) = &cli.region {
+        loader = loader.region(aws_config::Region::new(region.clone()));
+    }
+    if let Some(url) = &cli.endpoint_url {
+        loader = loader.endpoint_url(url);
+    }
+    let config = loader.load().await;
+    let table = cli
+        .table
+        .clone()
+        .unwrap_or_else(|| usage("the ledger table is not set (--table or JOBS_TABLE)"));
+    let ledger = DynamoLedger::new(aws_sdk_dynamodb::Client::new(&config), &table);
+    let blobs = S3Blobs::new(s3_client(&config), cli.results_bucket.clone());
+    let result = match cli.command {
+        Command::Result { job_id, output } => {
+            match results::result(&ledger, Some(&blobs), &job_id).await {
+                Ok(bytes) => write_out(output.as_deref(), &bytes),
+                Err(e) => {
+                    eprintln!("jobctl: {e}");
+                    std::process::exit(match e {
+                        ResultError::NotFound(_) | ResultError::NoAnswer { .. } => REFUSED,
+                        ResultError::NoStore(_) => USAGE,
+                        _ => AWS_ERROR,
+                    });
+                }
+            }
+        }
+        Command::Export {
+            state,
+            since,
+            output,
+        } => export(&ledger, state, since, output).await,
+        Command::Show { job_id, result } => operator::show(&ledger, &job_id)
+            .await
+            .map(|record| print(&record, cli.json, result)),
+        Command::List { state, limit } => list(&ledger, &state, limit, cli.json).await,
+        Command::Watch {
+            job_id,
+            interval,
+            timeout,
+        } => watch(&ledger, &job_id, interval, timeout, cli.json).await,
+        Command::Completions { .. } => Ok(()),
+        Command::Dlq {
+            command,
+            dlq_url,
+            max,
+        } => {
+            let sqs = aws_sdk_sqs::Client::new(&config);
+            dlq(&ledger, &sqs, &dlq_url, max, command, cli.json).await
+        }
+        Command::AuthorizeRetry {
+            job_id,
+            reason,
+            operator: by,
+            queue_url,
+        } => {
+            let now = SystemClock.now_ms();
+            match operator::decide(
+                &ledger,
+                &job_id,
+                OperatorAction::AuthorizeRetry,
+                &by,
+                &reason,
+                now,
+            )
+            .await
+            {
+                Ok(record) => {
+                    let sqs = aws_sdk_sqs::Client::new(&config);
+                    operator::send_trigger(&SqsTriggers::new(sqs, queue_url), &record)
+                        .await
+                        .map(|()| print(&record, cli.json, false))
+                }
+                Err(e) => Err(e),
+            }
+        }
+        Command::Submit { file, queue_url } => {
+            let sqs = aws_sdk_sqs::Client::new(&config);
+            let intake = Intake {
+                blobs: Some(&blobs),
+                inline_max_bytes: cli.inline_max_bytes,
+                ..Intake::default()
+            };
+            let sender = SqsTriggers::new(sqs, queue_url);
+            submit(&ledger, &sender, file, &intake, cli.json).await
+        }
+        Command::Reconcile {
+            queue_url,
+            ready_after_seconds,
+            retry_after_seconds,
+        } => {
+            let sqs = aws_sdk_sqs::Client::new(&config);
+            let settings = fenced_jobs::ops::reconcile::ReconcileSettings {
+                ready_after_ms: ready_after_seconds * 1000,
+                retry_after_ms: retry_after_seconds * 1000,
+                ..Default::default()
+            };
+            reconcile(
+                &ledger,
+                &config,
+                SqsTriggers::new(sqs, queue_url),
+                &settings,
+                cli.json,
+            )
+            .await
+        }
+        Command::Fail {
+            job_id,
+            reason,
+            operator: by,
+            yes,
+        } => {
+            if !yes && !confirmed(&format!("fail job {job_id} for good")) {
+                usage("not confirmed: fail needs --yes when not run on a terminal");
+            }
+            let now = SystemClock.now_ms();
+            operator::decide(&ledger, &job_id, OperatorAction::Fail, &by, &reason, now)
+                .await
+                .map(|record| print(&record, cli.json, false))
+        }
+    };
+    if let Err(e) = result {
+        eprintln!("jobctl: {e}");
+        std::process::exit(match e {
+            OperatorError::NotFound(_)
+            | OperatorError::NotUnknown { .. }
+            | OperatorError::Changed(_) => REFUSED,
+            OperatorError::Ledger(_) | OperatorError::NotSent(_) => AWS_ERROR,
+        });
+    }
+}
+
+/// Asks on the terminal; anything but `yes` (or no terminal at all) is a no.
+fn confirmed(what: &str) -> bool {
+    use std::io::{BufRead, IsTerminal, Write};
+    if !std::io::stdin().is_terminal() {
+        return false;
+    }
+    eprint!("{what}? Type yes: ");
+    let _ = std::io::stderr().flush();
+    let mut answer = String::new();
+    let _ = std::io::stdin().lock().read_line(&mut answer);
+    answer.trim() == "yes"
+}
