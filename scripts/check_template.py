@@ -14,8 +14,8 @@ action has a wildcard; the table is on demand with TTL, point-in-time recovery,
 its three sparse indexes and a stream of new and old images; the results bucket is encrypted,
 blocks public access and expires what it stores; alarms watch poison, conflicts, terminal
 failures, lost ownerships, deadline cut-offs, provider throttling, unknown jobs and the age of
-queued messages; the dashboard shows only metrics the functions emit; no environment variable
-holds a key in plain text.
+queued messages; the dashboard shows only metrics the functions emit; every parameter is in the
+README's table; no environment variable holds a key in plain text.
 """
 
 import copy
@@ -197,6 +197,11 @@ def problems(template):
                 if namespace == "x" and names[1] not in emitted:
                     found.append(f"the dashboard shows {names[1]}, which no function emits")
 
+    readme = (pathlib.Path(__file__).parent.parent / "README.md").read_text()
+    for parameter in template.get("Parameters", {}):
+        if f"| `{parameter}` |" not in readme:
+            found.append(f"parameter {parameter} is not in the README's table")
+
     bucket = resources.get("ResultsBucket", {}).get("Properties", {})
     if not bucket.get("BucketEncryption"):
         found.append("ResultsBucket: not encrypted")
@@ -263,6 +268,7 @@ def self_test(template):
         "bucket expiry": lambda t: r(t)["ResultsBucket"]["Properties"].pop("LifecycleConfiguration"),
         "alarm on lost ownerships": lambda t: r(t).pop("LostOwnershipsAlarm"),
         "dashboard": lambda t: r(t).pop("Dashboard"),
+        "documented parameters": lambda t: t["Parameters"].__setitem__("Undocumented", {"Type": "String"}),
         "dashboard metric": lambda t: r(t)["Dashboard"]["Properties"]["DashboardBody"]["Fn::Sub"].__setitem__(
             0, r(t)["Dashboard"]["Properties"]["DashboardBody"]["Fn::Sub"][0].replace("LostOwnerships", "LostOwners")
         ),
