@@ -169,17 +169,26 @@ pub async fn report_init_error(error_type: &str, message: &str) {
         return;
     };
     tracing::error!(error_type, error = message, "the function could not start");
-    let url = format!("http://{api}/2018-06-01/runtime/init/error");
-    let body = serde_json::json!({ "errorType": error_type, "errorMessage": message });
-    let sent = reqwest::Client::new()
-        .post(url)
-        .header("Lambda-Runtime-Function-Error-Type", error_type)
-        .json(&body)
-        .send()
-        .await;
-    if let Err(e) = sent {
+    if let Err(e) = post_init_error(&api, error_type, message).await {
         eprintln!("could not report the init error: {e}");
     }
+}
+
+/// One HTTP/1.1 request to the Runtime API on its local address (plain HTTP, no client library).
+async fn post_init_error(api: &str, error_type: &str, message: &str) -> std::io::Result<()> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let body = serde_json::json!({ "errorType": error_type, "errorMessage": message }).to_string();
+    let mut stream = tokio::net::TcpStream::connect(api).await?;
+    let request = format!(
+        "POST /2018-06-01/runtime/init/error HTTP/1.1\r\nHost: {api}\r\n\
+         Lambda-Runtime-Function-Error-Type: {error_type}\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    stream.write_all(request.as_bytes()).await?;
+    let mut status = [0u8; 12];
+    stream.read_exact(&mut status).await?;
+    Ok(())
 }
 
 #[cfg(test)]

@@ -107,6 +107,9 @@ pub struct OpenAiProvider {
 impl OpenAiProvider {
     /// A provider for `settings`, authenticating with `key` when there is one.
     pub fn new(settings: OpenAiSettings, key: Option<Secret>) -> Result<Self, String> {
+        // TLS through aws-lc-rs, the provider the AWS SDK uses too (a second call finds it
+        // installed, which is fine).
+        let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
         let http = Client::builder()
             .connect_timeout(Duration::from_millis(settings.connect_timeout_ms as u64))
             .pool_idle_timeout(Duration::from_secs(60))
