@@ -1,7 +1,10 @@
 //! The model call behind a trait, so the processor never knows which provider runs.
 
+#[cfg(feature = "bedrock")]
 pub mod bedrock;
+#[cfg(feature = "openai")]
 pub mod keys;
+#[cfg(feature = "openai")]
 pub mod openai;
 pub mod simulated;
 
@@ -9,16 +12,21 @@ use std::future::Future;
 
 use serde_json::{Map, Value};
 
+#[cfg(feature = "bedrock")]
 pub use bedrock::BedrockProvider;
+#[cfg(feature = "openai")]
 pub use openai::OpenAiProvider;
 pub use simulated::SimulatedProvider;
 
+#[cfg(feature = "openai")]
 pub use keys::{KeySource, Secret};
 
 use crate::job::message::{parse_payload_with, parse_trigger_with};
 use crate::job::{InvalidMessage, Trigger};
 use crate::vars::{ConfigError, Vars};
+#[cfg(feature = "bedrock")]
 use bedrock::BedrockSettings;
+#[cfg(feature = "openai")]
 use openai::OpenAiSettings;
 
 /// Parses one SQS body as the worker and the producer accept it: the message contract, and the
@@ -40,6 +48,7 @@ pub enum ProviderConfig {
     /// `simulated`: the deterministic, network-free provider.
     Simulated,
     /// `openai`: an OpenAI-compatible HTTP server.
+    #[cfg(feature = "openai")]
     OpenAi {
         /// Where and how.
         settings: OpenAiSettings,
@@ -47,6 +56,7 @@ pub enum ProviderConfig {
         key: KeySource,
     },
     /// `bedrock`: Amazon Bedrock `Converse`.
+    #[cfg(feature = "bedrock")]
     Bedrock(BedrockSettings),
 }
 
@@ -55,11 +65,17 @@ impl ProviderConfig {
     pub fn from_vars(vars: &Vars<'_>) -> Result<ProviderConfig, ConfigError> {
         Ok(match vars.get("PROVIDER").as_deref() {
             None | Some("simulated") => ProviderConfig::Simulated,
+            #[cfg(feature = "openai")]
             Some("openai") => ProviderConfig::OpenAi {
                 settings: OpenAiSettings::from_vars(vars)?,
                 key: KeySource::from_vars(vars)?,
             },
+            #[cfg(feature = "bedrock")]
             Some("bedrock") => ProviderConfig::Bedrock(BedrockSettings::from_vars(vars)),
+            #[cfg(not(feature = "openai"))]
+            Some("openai") => return Err(not_built("openai")),
+            #[cfg(not(feature = "bedrock"))]
+            Some("bedrock") => return Err(not_built("bedrock")),
             Some(other) => {
                 return Err(ConfigError::Invalid {
                     name: "PROVIDER",
@@ -69,6 +85,15 @@ impl ProviderConfig {
                 });
             }
         })
+    }
+}
+
+/// A provider this build was compiled without.
+#[cfg(not(all(feature = "openai", feature = "bedrock")))]
+fn not_built(name: &str) -> ConfigError {
+    ConfigError::Invalid {
+        name: "PROVIDER",
+        reason: format!("this build has no {name} provider (cargo feature {name})"),
     }
 }
 
@@ -220,8 +245,10 @@ pub enum AnyProvider {
     /// See [`SimulatedProvider`].
     Simulated(SimulatedProvider),
     /// See [`OpenAiProvider`].
+    #[cfg(feature = "openai")]
     OpenAi(OpenAiProvider),
     /// See [`BedrockProvider`].
+    #[cfg(feature = "bedrock")]
     Bedrock(BedrockProvider),
 }
 
@@ -232,12 +259,17 @@ pub struct SetupError(pub String);
 
 impl AnyProvider {
     /// The provider `config` names; its key, if any, read once from where the config says.
+    #[cfg_attr(
+        not(any(feature = "openai", feature = "bedrock")),
+        allow(unused_variables)
+    )]
     pub async fn from_config(
         config: &ProviderConfig,
         aws: &aws_config::SdkConfig,
     ) -> Result<Self, SetupError> {
         Ok(match config {
             ProviderConfig::Simulated => AnyProvider::Simulated(SimulatedProvider::new()),
+            #[cfg(feature = "openai")]
             ProviderConfig::OpenAi { settings, key } => {
                 let key = keys::resolve(key, aws).await?;
                 if key.is_none() {
@@ -245,6 +277,7 @@ impl AnyProvider {
                 }
                 AnyProvider::OpenAi(OpenAiProvider::new(settings.clone(), key).map_err(SetupError)?)
             }
+            #[cfg(feature = "bedrock")]
             ProviderConfig::Bedrock(settings) => {
                 AnyProvider::Bedrock(BedrockProvider::new(aws, settings))
             }
@@ -257,7 +290,9 @@ macro_rules! each {
     ($self:expr, $p:ident => $body:expr) => {
         match $self {
             AnyProvider::Simulated($p) => $body,
+            #[cfg(feature = "openai")]
             AnyProvider::OpenAi($p) => $body,
+            #[cfg(feature = "bedrock")]
             AnyProvider::Bedrock($p) => $body,
         }
     };
@@ -304,10 +339,10 @@ mod tests {
             retry_after_ms: None,
             reason: reason.to_owned(),
         };
-        assert!(openai::classify_status(429, &serde_json::json!({})).is_throttle());
+        assert!(transient("HTTP 429 rate_limit_exceeded").is_throttle());
         assert!(transient("ThrottlingException").is_throttle());
         assert!(transient("ServiceQuotaExceededException").is_throttle());
-        assert!(!openai::classify_status(503, &serde_json::json!({})).is_throttle());
+        assert!(!transient("HTTP 503").is_throttle());
         let permanent = ProviderError::Permanent {
             reason: "HTTP 429".into(),
         };
