@@ -552,14 +552,14 @@ impl JobLedger for SimLedger {
         let apply = async {
             let before = self.table.get(&id).await?;
             let written = self.table.finish(req).await?;
-            if let (Write::Applied(_), Some(b)) = (&written, &before) {
-                if b.owner_epoch != epoch || b.state != JobState::Running {
-                    self.world.violation(format!(
-                        "{id}: a write of epoch {epoch} was applied over epoch {} ({})",
-                        b.owner_epoch,
-                        b.state.as_str()
-                    ));
-                }
+            if let (Write::Applied(_), Some(b)) = (&written, &before)
+                && (b.owner_epoch != epoch || b.state != JobState::Running)
+            {
+                self.world.violation(format!(
+                    "{id}: a write of epoch {epoch} was applied over epoch {} ({})",
+                    b.owner_epoch,
+                    b.state.as_str()
+                ));
             }
             Ok(written)
         };
@@ -923,21 +923,21 @@ impl Provider for SimProvider {
         };
         let key = (job.to_owned(), attempt.parse().unwrap_or(0));
         let now = self.world.now();
-        if let Some(run) = self.runs.lock().expect("runs").get_mut(&key) {
-            if run.done_at > now {
-                run.done_at = now;
-                run.answer = Err(ProviderError::Transient {
-                    retry_after_ms: None,
-                    reason: "response cancelled".into(),
-                });
-                *self
-                    .world
-                    .faults
-                    .lock()
-                    .expect("faults")
-                    .entry("upstream_cancelled")
-                    .or_default() += 1;
-            }
+        if let Some(run) = self.runs.lock().expect("runs").get_mut(&key)
+            && run.done_at > now
+        {
+            run.done_at = now;
+            run.answer = Err(ProviderError::Transient {
+                retry_after_ms: None,
+                reason: "response cancelled".into(),
+            });
+            *self
+                .world
+                .faults
+                .lock()
+                .expect("faults")
+                .entry("upstream_cancelled")
+                .or_default() += 1;
         }
     }
 
@@ -1198,7 +1198,7 @@ pub async fn run(config: &ChaosConfig) -> ChaosReport {
                 // what was untouched for 20) has had its chance to re-trigger stranded jobs.
                 quiet = if queue.live() == 0 { quiet + 1 } else { 0 };
                 let empty = quiet >= 45;
-                if ticks % 10 == 0 || empty {
+                if ticks.is_multiple_of(10) || empty {
                     let moved = queue.redrive(&table);
                     if moved > 0 {
                         *world
@@ -1338,13 +1338,13 @@ async fn check_bucket(world: &World, table: &InMemoryLedger, job_ids: &[String])
             world.violation(format!("{key}: stored for no job"));
             continue;
         };
-        if let Some(blob) = job.result_ref.as_ref().filter(|b| b.key == key) {
-            if read_checked(bucket, blob, usize::MAX).await.is_err() {
-                world.violation(format!(
-                    "{}: its stored answer is not what it references",
-                    job.job_id
-                ));
-            }
+        if let Some(blob) = job.result_ref.as_ref().filter(|b| b.key == key)
+            && read_checked(bucket, blob, usize::MAX).await.is_err()
+        {
+            world.violation(format!(
+                "{}: its stored answer is not what it references",
+                job.job_id
+            ));
         }
     }
     let now = world.now();
@@ -1375,10 +1375,9 @@ async fn check_bucket(world: &World, table: &InMemoryLedger, job_ids: &[String])
             .ok()
             .flatten()
             .and_then(|j| j.result_ref)
+            && !bucket.keys().contains(&blob.key)
         {
-            if !bucket.keys().contains(&blob.key) {
-                world.violation(format!("{job_id}: references an answer that is not stored"));
-            }
+            world.violation(format!("{job_id}: references an answer that is not stored"));
         }
     }
 }

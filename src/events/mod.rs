@@ -62,13 +62,13 @@ impl CompletionEvent {
                 }
             }
         }
-        if job.state != JobState::Succeeded {
-            if let Some(error) = &job.last_error {
-                fields.insert(
-                    "error".into(),
-                    json!({ "kind": error.kind, "message": error.message }),
-                );
-            }
+        if job.state != JobState::Succeeded
+            && let Some(error) = &job.last_error
+        {
+            fields.insert(
+                "error".into(),
+                json!({ "kind": error.kind, "message": error.message }),
+            );
         }
         Some(CompletionEvent {
             id,

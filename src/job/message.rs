@@ -140,18 +140,16 @@ pub fn parse_trigger_with(
 /// The job id of a `{"job_id": ...}` body, if that is all it is.
 fn bare_reference(text: &str) -> Result<Option<String>, InvalidMessage> {
     // Cheap pre-check: only a short body can be a bare reference.
-    if text.len() <= 256 {
-        if let Ok(Value::Object(fields)) = serde_json::from_str::<Value>(text) {
-            if fields.len() == 1 {
-                if let Some(id) = fields.get("job_id") {
-                    let Value::String(id) = id else {
-                        return Err(wrong_type("job_id", "a string"));
-                    };
-                    check_identifier(id, "job_id", MAX_JOB_ID_LEN, job_id_char)?;
-                    return Ok(Some(id.clone()));
-                }
-            }
-        }
+    if text.len() <= 256
+        && let Ok(Value::Object(fields)) = serde_json::from_str::<Value>(text)
+        && fields.len() == 1
+        && let Some(id) = fields.get("job_id")
+    {
+        let Value::String(id) = id else {
+            return Err(wrong_type("job_id", "a string"));
+        };
+        check_identifier(id, "job_id", MAX_JOB_ID_LEN, job_id_char)?;
+        return Ok(Some(id.clone()));
     }
     Ok(None)
 }

@@ -245,10 +245,10 @@ mod tests {
                     .get("Name")
                     .and_then(Value::as_str)
                     .ok_or("metric without Name")?;
-                if let Some(unit) = m.get("Unit") {
-                    if !unit.as_str().is_some_and(|u| UNITS.contains(&u)) {
-                        return Err(format!("{name}: unit not allowed"));
-                    }
+                if let Some(unit) = m.get("Unit")
+                    && !unit.as_str().is_some_and(|u| UNITS.contains(&u))
+                {
+                    return Err(format!("{name}: unit not allowed"));
                 }
                 match root.get(name) {
                     Some(Value::Number(_)) => {}

@@ -224,12 +224,13 @@ async fn expire<L: JobLedger + LedgerIndex>(
                     // A call that may still run upstream is cancelled: its answer can never be
                     // accepted now, and the provider would go on charging for it.
                     let running = matches!(state, JobState::Running | JobState::Unknown);
-                    if let Some(r) = job.attempt_log.last().and_then(|a| a.provider_ref.as_ref()) {
-                        if running && provider.can_retrieve() {
-                            let wait = Duration::from_millis(CANCEL_WAIT_MS);
-                            if tokio::time::timeout(wait, provider.cancel(r)).await.is_ok() {
-                                report.cancelled += 1;
-                            }
+                    if let Some(r) = job.attempt_log.last().and_then(|a| a.provider_ref.as_ref())
+                        && running
+                        && provider.can_retrieve()
+                    {
+                        let wait = Duration::from_millis(CANCEL_WAIT_MS);
+                        if tokio::time::timeout(wait, provider.cancel(r)).await.is_ok() {
+                            report.cancelled += 1;
                         }
                     }
                 }

@@ -256,10 +256,10 @@ fn code_text(code: &str) -> String {
 fn refused_connection(e: &aws_smithy_runtime_api::client::result::ConnectorError) -> bool {
     let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
     while let Some(err) = source {
-        if let Some(io) = err.downcast_ref::<std::io::Error>() {
-            if io.kind() == std::io::ErrorKind::ConnectionRefused {
-                return true;
-            }
+        if let Some(io) = err.downcast_ref::<std::io::Error>()
+            && io.kind() == std::io::ErrorKind::ConnectionRefused
+        {
+            return true;
         }
         source = err.source();
     }

@@ -316,10 +316,10 @@ impl<L: JobLedger, P: Provider, C: Clock, V: VisibilityControl> BatchHandler<L, 
         }
         let sent = queue.send(&letters).await;
         for (index, taken) in at.into_iter().zip(sent) {
-            if let Some((outcome, _)) = outcomes[index].as_mut().filter(|_| taken) {
-                if let RecordOutcome::Failed(failure) = outcome {
-                    *outcome = RecordOutcome::DeadLettered(failure.clone());
-                }
+            if let Some((outcome, _)) = outcomes[index].as_mut().filter(|_| taken)
+                && let RecordOutcome::Failed(failure) = outcome
+            {
+                *outcome = RecordOutcome::DeadLettered(failure.clone());
             }
         }
     }

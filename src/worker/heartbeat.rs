@@ -216,10 +216,10 @@ impl Flights {
     /// The provider call of record `index` ended: its lease is no longer renewed, its
     /// visibility still is until the record is decided.
     pub fn call_ended(&self, index: usize) {
-        if let Some(flight) = self.lock().get_mut(index) {
-            if matches!(flight.stage, Stage::Running(_)) {
-                flight.stage = Stage::Pending;
-            }
+        if let Some(flight) = self.lock().get_mut(index)
+            && matches!(flight.stage, Stage::Running(_))
+        {
+            flight.stage = Stage::Pending;
         }
     }
 
@@ -558,11 +558,10 @@ impl<L: JobLedger, V: VisibilityControl, C: Clock> Heartbeat<'_, L, V, C> {
             stage: Stage::Running(lease),
             ..
         }) = self.flights.lock().get(index)
+            && !lease.cancel.is_cancelled()
         {
-            if !lease.cancel.is_cancelled() {
-                lease.cancel.cancel();
-                bump(&self.flights.stats.ownership_lost, 1);
-            }
+            lease.cancel.cancel();
+            bump(&self.flights.stats.ownership_lost, 1);
         }
     }
 }

@@ -375,10 +375,10 @@ fn output_text(json: &Value) -> Option<String> {
             .into_iter()
             .flatten()
         {
-            if part.get("type").and_then(Value::as_str) == Some("output_text") {
-                if let Some(t) = part.get("text").and_then(Value::as_str) {
-                    text.get_or_insert_with(String::new).push_str(t);
-                }
+            if part.get("type").and_then(Value::as_str) == Some("output_text")
+                && let Some(t) = part.get("text").and_then(Value::as_str)
+            {
+                text.get_or_insert_with(String::new).push_str(t);
             }
         }
     }

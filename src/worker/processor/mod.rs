@@ -200,11 +200,11 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         watch: &dyn AttemptWatch,
     ) -> Processed {
         let now = self.clock.now_ms();
-        if let Some(left) = inv.deadline.map(|d| d - now) {
-            if left <= self.settings.deadline_margin_ms {
-                // Too close to the invocation's end to start anything: leave the job untouched.
-                return failed(backoff("invocation deadline"), None);
-            }
+        if let Some(left) = inv.deadline.map(|d| d - now)
+            && left <= self.settings.deadline_margin_ms
+        {
+            // Too close to the invocation's end to start anything: leave the job untouched.
+            return failed(backoff("invocation deadline"), None);
         }
         let job = NewJob::from_message(msg, now, &self.settings.job_defaults);
         // The deadline with the clock-skew margin on both sides, as `next_step` applies it.

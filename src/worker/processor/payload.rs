@@ -211,10 +211,10 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         if seen.and_then(|s| s.result_ref.as_ref()) == Some(blob) {
             return;
         }
-        if let Some(store) = self.blobs() {
-            if let Err(e) = store.delete(&blob.key).await {
-                tracing::warn!(error = %e, "removing a refused answer's object failed");
-            }
+        if let Some(store) = self.blobs()
+            && let Err(e) = store.delete(&blob.key).await
+        {
+            tracing::warn!(error = %e, "removing a refused answer's object failed");
         }
     }
 }

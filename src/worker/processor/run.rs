@@ -305,10 +305,10 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         if let Some(deadline) = inv.deadline {
             cap(deadline - s.deadline_margin_ms - now, Bound::Invocation);
         }
-        if s.heartbeat_ms <= 0 {
-            if let Some(until) = claimed.owner_until {
-                cap(until - s.skew_ms - now, Bound::Lease);
-            }
+        if s.heartbeat_ms <= 0
+            && let Some(until) = claimed.owner_until
+        {
+            cap(until - s.skew_ms - now, Bound::Lease);
         }
         limit
     }
