@@ -25,7 +25,7 @@ FLOORS = [
     ["ledger", "provider", "queue", "blobs", "events"],  # the outside systems, each behind a trait
     ["report"],  # what a run did, as plain data
     ["worker", "ops"],  # the function, and the operations around it
-    ["config", "logs", "testing"],  # assembly, set-up, test support
+    ["config", "logs", "xray", "testing"],  # assembly, set-up, test support
 ]
 
 PATH = re.compile(r"\b(crate|super)((?:::[A-Za-z_][A-Za-z0-9_]*)+)")

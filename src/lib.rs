@@ -19,7 +19,8 @@
 //! 3. [`worker`]: the batch handler, the processor (one delivery), the heartbeat, the batch
 //!    response and the worker's settings. [`ops`]: the producer, the reconciler, operator
 //!    decisions, the dispatcher of completion events and the metric documents.
-//! 4. [`config`] assembles each binary's configuration; [`logs`] sets up logging;
+//! 4. [`config`] assembles each binary's configuration; [`logs`] sets up logging and
+//!    [`xray`] sends spans to the X-Ray daemon;
 //!    `testing` (feature `test-support`) holds the local event source and the request counter;
 //!    `bin/worker.rs`, `bin/reconciler.rs`, `bin/dispatcher.rs` and `bin/jobctl.rs` are the
 //!    entry points.
@@ -47,3 +48,4 @@ pub mod report;
 pub mod testing;
 pub mod vars;
 pub mod worker;
+pub mod xray;

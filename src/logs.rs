@@ -61,21 +61,36 @@ impl LogSettings {
     }
 }
 
-/// Installs the process's log subscriber, from the environment, writing to stdout.
+/// Installs the process's log subscriber, from the environment, writing to stdout; with active
+/// tracing (`AWS_XRAY_DAEMON_ADDRESS`), the X-Ray layer beside it, which alone sees the debug
+/// spans of ledger and provider calls (so they cost nothing without tracing).
 pub fn init() {
+    use tracing_subscriber::Layer;
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
     let settings = LogSettings::from_lookup(|name| std::env::var(name).ok());
     let filter = tracing_subscriber::EnvFilter::try_new(&settings.filter)
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stdout);
+    let xray = crate::xray::XRayLayer::from_env().map(|layer| {
+        let own = tracing_subscriber::filter::Targets::new()
+            .with_targets(OWN_TARGETS.map(|t| (t, tracing::Level::DEBUG)));
+        layer.with_filter(own)
+    });
+    let registry = tracing_subscriber::registry().with(xray);
     let installed = if settings.json {
-        builder
+        let fmt = tracing_subscriber::fmt::layer()
             .fmt_fields(JsonFields::new())
             .event_format(FlatJson)
-            .try_init()
+            .with_writer(std::io::stdout)
+            .with_filter(filter);
+        registry.with(fmt).try_init()
     } else {
-        builder.with_ansi(false).with_target(false).try_init()
+        let fmt = tracing_subscriber::fmt::layer()
+            .with_ansi(false)
+            .with_target(false)
+            .with_writer(std::io::stdout)
+            .with_filter(filter);
+        registry.with(fmt).try_init()
     };
     if let Err(e) = installed {
         eprintln!("logging was already set up: {e}");

@@ -203,3 +203,107 @@ async fn a_configuration_error_is_reported_as_an_init_error() {
         );
     }
 }
+
+/// With active tracing, each record and provider call becomes an X-Ray subsegment under the
+/// invocation's segment, annotated with job id and epoch and nothing else; an invocation that
+/// is not sampled sends nothing.
+#[tokio::test]
+async fn records_and_provider_calls_become_xray_subsegments_without_content() {
+    use tracing_subscriber::Layer;
+    use tracing_subscriber::layer::SubscriberExt;
+    let daemon = std::net::UdpSocket::bind("127.0.0.1:0").expect("daemon");
+    daemon.set_nonblocking(true).expect("non-blocking");
+    let layer = fenced_jobs::xray::XRayLayer::to(&daemon.local_addr().expect("addr").to_string())
+        .expect("layer")
+        .with_filter(
+            tracing_subscriber::filter::Targets::new()
+                .with_target("fenced_jobs", tracing::Level::DEBUG),
+        );
+    let _guard = tracing::subscriber::set_default(tracing_subscriber::registry().with(layer));
+
+    let server = HttpStub::start(|_, _| {
+        Reply::json(
+            200,
+            json!({"choices": [{"message": {"role": "assistant", "content": ANSWER}}]}),
+        )
+    })
+    .await;
+    let settings = OpenAiSettings {
+        base_url: format!("{}/v1", server.url),
+        api: OpenAiApi::Chat,
+        ..OpenAiSettings::default()
+    };
+    let provider = OpenAiProvider::new(settings, Some(Secret::new(API_KEY))).expect("client");
+    let handler = BatchHandler::new(
+        Processor::new(
+            Arc::new(InMemoryLedger::new()),
+            provider,
+            SystemClock,
+            Settings::default(),
+        ),
+        RecordingVisibility::new(),
+    );
+    let run = |job_id: &str, sampled: &str| {
+        let mut event = SqsEvent::default();
+        event.records = vec![record(&format!("m-{job_id}"), &job(job_id, PROMPT))];
+        let header = format!(
+            "Root=1-5759e988-bd862e3fe1be46a994272793;Parent=53995c3f42cd8ad8;Sampled={sampled}"
+        );
+        (event, header)
+    };
+    let inv = Invocation {
+        id: "inv-xray".into(),
+        deadline: Some(SystemClock.now_ms() + 60_000),
+    };
+    let receive = || {
+        let mut documents = Vec::new();
+        let mut buf = vec![0u8; 65_536];
+        while let Ok(n) = daemon.recv(&mut buf) {
+            let text = String::from_utf8_lossy(&buf[..n]).into_owned();
+            let (header, body) = text.split_once('\n').expect("header line");
+            assert_eq!(header, r#"{"format": "json", "version": 1}"#);
+            documents.push(body.to_owned());
+        }
+        documents
+    };
+
+    for (job_id, sampled) in [("xray-1", "1"), ("xray-2", "0")] {
+        let (event, header) = run(job_id, sampled);
+        let span = fenced_jobs::xray::invocation_span("req-x", Some(&header));
+        let report =
+            tracing::Instrument::instrument(handler.handle_batch(&event, &inv), span).await;
+        assert!(report.records[0].outcome.is_success());
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    let documents = receive();
+    for secret in [API_KEY, PROMPT, ANSWER, HANDLE] {
+        assert!(
+            documents.iter().all(|d| !d.contains(secret)),
+            "{secret} was traced"
+        );
+    }
+    let segments: Vec<Value> = documents
+        .iter()
+        .map(|d| serde_json::from_str(d).expect("a segment document"))
+        .collect();
+    let named = |name: &str| {
+        segments
+            .iter()
+            .find(|s| s["name"] == name)
+            .unwrap_or_else(|| panic!("no {name} subsegment: {segments:?}"))
+            .clone()
+    };
+    let (record, call) = (named("record"), named("provider"));
+    assert!(
+        segments
+            .iter()
+            .all(|s| s["annotations"]["job_id"] == "xray-1"),
+        "not sampled: nothing sent"
+    );
+    assert_eq!(record["trace_id"], "1-5759e988-bd862e3fe1be46a994272793");
+    assert_eq!(record["parent_id"], "53995c3f42cd8ad8");
+    assert_eq!(call["parent_id"], record["id"]);
+    assert_eq!(record["annotations"]["epoch"], 1);
+    assert_eq!(call["annotations"]["attempt"], 1);
+    assert!(call["end_time"].as_f64() >= call["start_time"].as_f64());
+}

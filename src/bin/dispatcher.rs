@@ -25,7 +25,10 @@ async fn main() -> Result<(), lambda_runtime::Error> {
     lambda_runtime::run(service_fn(move |event: LambdaEvent<StreamEvent>| {
         let sink = Arc::clone(&sink);
         async move {
-            let span = tracing::info_span!("invocation", requestId = %event.context.request_id);
+            let span = fenced_jobs::xray::invocation_span(
+                &event.context.request_id,
+                event.context.xray_trace_id.as_deref(),
+            );
             let report = dispatch(&event.payload, sink.as_ref())
                 .instrument(span)
                 .await;

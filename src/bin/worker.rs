@@ -85,7 +85,10 @@ async fn main() -> Result<(), lambda_runtime::Error> {
                 error_message: e.to_string(),
             })?;
             // Every line logged in this invocation carries its request id.
-            let span = tracing::info_span!("invocation", requestId = %invocation.id);
+            let span = fenced_jobs::xray::invocation_span(
+                &invocation.id,
+                event.context.xray_trace_id.as_deref(),
+            );
             let report =
                 Box::pin(handler.handle_batch(&payload, &invocation).instrument(span)).await;
             // One metric document per invocation, on its own stdout line (EMF).

@@ -432,7 +432,8 @@ impl<L: JobLedger, P: Provider, C: Clock, V: VisibilityControl> BatchHandler<L, 
         let span = tracing::info_span!(
             "record",
             job_id = trigger.job_id(),
-            message_id = entry.record.message_id.as_deref()
+            message_id = entry.record.message_id.as_deref(),
+            epoch = tracing::field::Empty
         );
         let run = AssertUnwindSafe(
             self.processor

@@ -18,6 +18,7 @@ use aws_sdk_dynamodb::Client;
 use aws_sdk_dynamodb::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
 use aws_sdk_dynamodb::types::{AttributeValue, ReturnValue, ReturnValuesOnConditionCheckFailure};
+use tracing::Instrument;
 
 pub use index::{ATTENTION_INDEX, DEADLINE_INDEX};
 use item::s;
@@ -136,6 +137,7 @@ impl DynamoLedger {
             .return_values(ReturnValue::AllNew)
             .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
             .send()
+            .instrument(tracing::debug_span!("ledger", operation, job_id))
             .await;
         match sent {
             Ok(out) => match out.attributes() {

@@ -4,6 +4,8 @@
 
 use std::time::Duration;
 
+use tracing::Instrument;
+
 use tokio_util::sync::CancellationToken;
 
 use super::{
@@ -24,6 +26,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         watch: &dyn AttemptWatch,
     ) -> Processed {
         let epoch = claimed.owner_epoch;
+        tracing::Span::current().record("epoch", epoch);
         let started = self.clock.now_ms();
         let (budget, bound) = self.call_budget(&claimed, inv, started);
         let lost = watch.running(
@@ -53,7 +56,12 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
                 })),
                 called = tokio::time::timeout(
                     Duration::from_millis(budget as u64),
-                    self.provider.submit(&request),
+                    self.provider.submit(&request).instrument(tracing::debug_span!(
+                        "provider",
+                        job_id = %msg.job_id,
+                        epoch,
+                        attempt = claimed.attempts
+                    )),
                 ) => called,
             }
         };
