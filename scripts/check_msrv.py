@@ -5,9 +5,9 @@
 """
 
 import json
+import re
 import subprocess
 import sys
-import tomllib
 
 
 def version(text):
@@ -23,8 +23,8 @@ def needing_more(declared, packages):
 
 
 def main():
-    with open("Cargo.toml", "rb") as f:
-        declared = tomllib.load(f)["package"]["rust-version"]
+    with open("Cargo.toml", encoding="utf-8") as f:
+        declared = re.search(r'^rust-version = "([^"]+)"', f.read(), re.M).group(1)
     metadata = json.loads(
         subprocess.run(
             ["cargo", "metadata", "--format-version", "1", "--locked"],
