@@ -13,6 +13,7 @@ use fenced_jobs::ops::results::sweep_orphans;
 use fenced_jobs::provider::AnyProvider;
 use fenced_jobs::queue::SqsTriggers;
 use lambda_runtime::{Diagnostic, LambdaEvent, service_fn};
+use tracing::Instrument;
 
 #[tokio::main]
 async fn main() -> Result<(), lambda_runtime::Error> {
@@ -40,40 +41,64 @@ async fn main() -> Result<(), lambda_runtime::Error> {
         .filter(|b| !b.is_empty())
         .map(|bucket| S3Blobs::new(s3_client(&aws), Some(bucket)));
 
-    lambda_runtime::run(service_fn(|_: LambdaEvent<serde_json::Value>| async {
-        let now = SystemClock.now_ms();
-        let mut report: ReconcileReport = reconcile(&ledger, &sender, &provider, now, &settings)
-            .await
-            .map_err(|e| Diagnostic {
-                error_type: "LedgerError".to_owned(),
-                error_message: e.to_string(),
-            })?;
-        if let Some(blobs) = &blobs {
-            let since = now - settings.orphan_window_ms;
-            match sweep_orphans(&ledger, blobs, since, now, settings.max_jobs).await {
-                Ok(removed) => report.orphans_removed = removed,
-                Err(e) => {
-                    tracing::warn!(error = %e, "the orphan sweep failed; it runs again next time");
-                    report.errors += 1;
-                }
-            }
-        }
-        tracing::info!(
-            expired = report.expired,
-            expire_refused = report.expire_refused,
-            examined = report.examined,
-            resent = report.resent,
-            send_failed = report.send_failed,
-            unknown = report.unknown,
-            errors = report.errors,
-            orphans_removed = report.orphans_removed,
-            "reconciled"
+    lambda_runtime::run(service_fn(|event: LambdaEvent<serde_json::Value>| {
+        let span = fenced_jobs::xray::invocation_span(
+            &event.context.request_id,
+            event.context.xray_trace_id.as_deref(),
         );
-        println!(
-            "{}",
-            metrics::reconciliation(&target, SystemClock.now_ms(), &report)
-        );
-        Ok::<_, Diagnostic>(serde_json::json!(report))
+        run_once(
+            &ledger,
+            &sender,
+            &provider,
+            &settings,
+            &target,
+            blobs.as_ref(),
+        )
+        .instrument(span)
     }))
     .await
+}
+
+/// One run: reconcile, sweep orphans, one metric document.
+async fn run_once(
+    ledger: &DynamoLedger,
+    sender: &SqsTriggers,
+    provider: &AnyProvider,
+    settings: &fenced_jobs::ops::reconcile::ReconcileSettings,
+    target: &MetricsTarget,
+    blobs: Option<&S3Blobs>,
+) -> Result<serde_json::Value, Diagnostic> {
+    let now = SystemClock.now_ms();
+    let mut report: ReconcileReport = reconcile(ledger, sender, provider, now, settings)
+        .await
+        .map_err(|e| Diagnostic {
+            error_type: "LedgerError".to_owned(),
+            error_message: e.to_string(),
+        })?;
+    if let Some(blobs) = blobs {
+        let since = now - settings.orphan_window_ms;
+        match sweep_orphans(ledger, blobs, since, now, settings.max_jobs).await {
+            Ok(removed) => report.orphans_removed = removed,
+            Err(e) => {
+                tracing::warn!(error = %e, "the orphan sweep failed; it runs again next time");
+                report.errors += 1;
+            }
+        }
+    }
+    tracing::info!(
+        expired = report.expired,
+        expire_refused = report.expire_refused,
+        examined = report.examined,
+        resent = report.resent,
+        send_failed = report.send_failed,
+        unknown = report.unknown,
+        errors = report.errors,
+        orphans_removed = report.orphans_removed,
+        "reconciled"
+    );
+    println!(
+        "{}",
+        metrics::reconciliation(target, SystemClock.now_ms(), &report)
+    );
+    Ok(serde_json::json!(report))
 }
