@@ -563,6 +563,70 @@ async fn a_recovery_asks_the_provider_and_its_answer_decides_without_a_new_call(
     assert_eq!(h.processor().provider().retrievals(), 3);
 }
 
+/// A trigger for a job whose input is stored reads the object only when it will call: behind
+/// a live owner it defers without touching the store (here one that fails every call).
+#[tokio::test]
+async fn a_stored_input_is_read_only_when_the_delivery_will_call() {
+    use fenced_jobs::blobs::MemoryBlobs;
+    use fenced_jobs::job::{BlobRef, Expect, NewJob};
+    use fenced_jobs::ledger::ClaimRequest;
+    let ledger = Arc::new(InMemoryLedger::new());
+    let blobs = Arc::new(MemoryBlobs::new("results"));
+    blobs.fail(true);
+    let h = BatchHandler::new(
+        Processor::new(
+            ledger.clone(),
+            SimulatedProvider::new(),
+            SystemClock,
+            Settings::default(),
+        )
+        .with_blobs(blobs),
+        RecordingVisibility::new(),
+    )
+    .with_seed(1);
+    let now = SystemClock.now_ms();
+    let job = NewJob {
+        job_id: "stored-in".into(),
+        input_digest: "d".into(),
+        contract: "c".into(),
+        input: String::new(),
+        input_ref: Some(BlobRef {
+            bucket: "results".into(),
+            key: "inputs/stored-in/d.json".into(),
+            size: 10,
+            sha256: "e".repeat(64),
+        }),
+        metadata: None,
+        deadline_at: now + 3_600_000,
+        max_attempts: 3,
+        expires_at: 0,
+    };
+    let claimed = ledger
+        .claim(ClaimRequest {
+            job,
+            expect: Expect::FRESH,
+            owner_id: "live-owner".into(),
+            now,
+            lease_until: now + 60_000,
+            provider_ref: None,
+        })
+        .await
+        .expect("claim");
+    assert!(matches!(claimed, fenced_jobs::ledger::Write::Applied(_)));
+    let report = h
+        .handle_batch(
+            &event(vec![record(Some("t"), r#"{"job_id":"stored-in"}"#)]),
+            &invocation(),
+        )
+        .await;
+    assert_eq!(
+        report.records[0].outcome.label(),
+        "deferred",
+        "{:?}",
+        report.records[0].outcome
+    );
+}
+
 /// An owner that stored its answer and vanished before accepting it: the recovery accepts that
 /// answer, asks nobody and calls nobody; a stored object whose content is not what its key names
 /// is not evidence.

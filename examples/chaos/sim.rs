@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use aws_lambda_events::event::sqs::{SqsEvent, SqsMessage};
-use fenced_jobs::blobs::{BlobError, BlobStore, Listed, MemoryBlobs, read_checked};
+use fenced_jobs::blobs::{BlobError, BlobStore, MemoryBlobs, read_checked};
 use fenced_jobs::clock::Clock;
 use fenced_jobs::job::{AttemptOutcome, BlobRef, JobRecord, JobState, Millis, parse_trigger};
 use fenced_jobs::ledger::LedgerIndex;
@@ -722,10 +722,9 @@ impl BlobStore for SimBlobs {
     fn list<'a>(
         &'a self,
         prefix: &'a str,
-        after: Option<&'a str>,
         limit: usize,
-    ) -> futures::future::BoxFuture<'a, Result<Vec<Listed>, BlobError>> {
-        self.world.bucket.list(prefix, after, limit)
+    ) -> futures::future::BoxFuture<'a, Result<Vec<String>, BlobError>> {
+        self.world.bucket.list(prefix, limit)
     }
 }
 

@@ -10,7 +10,7 @@ use std::sync::Mutex;
 
 use futures::future::BoxFuture;
 
-use crate::job::{BlobRef, Millis, artifact::sha256_hex};
+use crate::job::{BlobRef, artifact::sha256_hex};
 
 /// Why a store call did not do what was asked.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -39,15 +39,6 @@ pub enum BlobError {
     },
 }
 
-/// An object listed under a prefix.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Listed {
-    /// Its key.
-    pub key: String,
-    /// When it was last written.
-    pub modified_at: Millis,
-}
-
 /// An object store: writes go to one bucket (when one is configured); reads may name any bucket
 /// (an Extended Client pointer names the producer's).
 pub trait BlobStore: Send + Sync + Debug {
@@ -70,13 +61,12 @@ pub trait BlobStore: Send + Sync + Debug {
     /// Deletes an object of the write bucket (absent is fine).
     fn delete<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<(), BlobError>>;
 
-    /// Objects of the write bucket under `prefix`, in key order, after `after`, at most `limit`.
+    /// Keys of the write bucket under `prefix`, in key order, at most `limit`.
     fn list<'a>(
         &'a self,
         prefix: &'a str,
-        after: Option<&'a str>,
         limit: usize,
-    ) -> BoxFuture<'a, Result<Vec<Listed>, BlobError>>;
+    ) -> BoxFuture<'a, Result<Vec<String>, BlobError>>;
 }
 
 /// Reads `blob` and checks that it is the content the reference names.
@@ -105,8 +95,8 @@ pub fn reference(bucket: &str, key: &str, body: &[u8]) -> BlobRef {
     }
 }
 
-/// Objects by (bucket, key): their bytes and when they were written.
-type Objects = BTreeMap<(String, String), (Vec<u8>, Millis)>;
+/// Objects by (bucket, key).
+type Objects = BTreeMap<(String, String), Vec<u8>>;
 
 /// An in-memory store with S3's contract, for tests and the simulation.
 #[derive(Debug, Default)]
@@ -125,15 +115,10 @@ impl MemoryBlobs {
         }
     }
 
-    /// A store with no write bucket (reads only).
-    pub fn read_only() -> Self {
-        MemoryBlobs::default()
-    }
-
     /// Stores an object in any bucket, as a producer would.
     pub fn insert(&self, bucket: &str, key: &str, body: &[u8]) {
         self.lock()
-            .insert((bucket.to_owned(), key.to_owned()), (body.to_vec(), 0));
+            .insert((bucket.to_owned(), key.to_owned()), body.to_vec());
     }
 
     /// Makes every call fail as unavailable (`true`) or work again.
@@ -198,7 +183,7 @@ impl BlobStore for MemoryBlobs {
         Box::pin(async move {
             self.check("get")?;
             let objects = self.lock();
-            let (body, _) = objects
+            let body = objects
                 .get(&(bucket.to_owned(), key.to_owned()))
                 .ok_or(BlobError::NotFound)?;
             if body.len() > limit {
@@ -223,23 +208,17 @@ impl BlobStore for MemoryBlobs {
     fn list<'a>(
         &'a self,
         prefix: &'a str,
-        after: Option<&'a str>,
         limit: usize,
-    ) -> BoxFuture<'a, Result<Vec<Listed>, BlobError>> {
+    ) -> BoxFuture<'a, Result<Vec<String>, BlobError>> {
         Box::pin(async move {
             self.check("list")?;
             let bucket = self.write_bucket()?;
             Ok(self
                 .lock()
-                .iter()
-                .filter(|((b, k), _)| {
-                    b == bucket && k.starts_with(prefix) && after.is_none_or(|a| k.as_str() > a)
-                })
+                .keys()
+                .filter(|(b, k)| b == bucket && k.starts_with(prefix))
                 .take(limit)
-                .map(|((_, key), (_, modified_at))| Listed {
-                    key: key.clone(),
-                    modified_at: *modified_at,
-                })
+                .map(|(_, key)| key.clone())
                 .collect())
         })
     }

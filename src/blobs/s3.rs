@@ -5,7 +5,7 @@ use aws_sdk_s3::error::ProvideErrorMetadata;
 use aws_sdk_s3::primitives::ByteStream;
 use futures::future::BoxFuture;
 
-use super::{BlobError, BlobStore, Listed, reference};
+use super::{BlobError, BlobStore, reference};
 use crate::job::BlobRef;
 
 /// Objects in S3 through the AWS SDK.
@@ -115,16 +115,14 @@ impl BlobStore for S3Blobs {
     fn list<'a>(
         &'a self,
         prefix: &'a str,
-        after: Option<&'a str>,
         limit: usize,
-    ) -> BoxFuture<'a, Result<Vec<Listed>, BlobError>> {
+    ) -> BoxFuture<'a, Result<Vec<String>, BlobError>> {
         Box::pin(async move {
             let page = self
                 .client
                 .list_objects_v2()
                 .bucket(self.write_bucket()?)
                 .prefix(prefix)
-                .set_start_after(after.map(str::to_owned))
                 .max_keys(i32::try_from(limit.min(1_000)).unwrap_or(1_000))
                 .send()
                 .await
@@ -132,12 +130,7 @@ impl BlobStore for S3Blobs {
             Ok(page
                 .contents()
                 .iter()
-                .filter_map(|o| {
-                    Some(Listed {
-                        key: o.key()?.to_owned(),
-                        modified_at: o.last_modified().map_or(0, |t| t.to_millis().unwrap_or(0)),
-                    })
-                })
+                .filter_map(|o| o.key().map(str::to_owned))
                 .collect())
         })
     }

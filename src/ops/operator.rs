@@ -316,8 +316,10 @@ pub async fn dlq_inspect<L: JobLedger>(
         }
         let before = entries.len();
         for m in out.messages() {
-            let id = m.message_id().unwrap_or_default().to_owned();
-            if !seen.insert(id) || entries.len() == max {
+            // A message read twice (a visibility of 0) is judged once; one without an id (SQS
+            // always gives one) is never taken for another.
+            let repeated = m.message_id().is_some_and(|id| !seen.insert(id.to_owned()));
+            if repeated || entries.len() == max {
                 continue;
             }
             let body = m.body().unwrap_or_default().to_owned();

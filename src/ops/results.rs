@@ -177,10 +177,10 @@ pub async fn sweep_orphans<L: JobLedger + LedgerIndex>(
                     continue;
                 }
                 let prefix = format!("{}{job_id}/", crate::job::artifact::RESULTS_PREFIX);
-                for object in blobs.list(&prefix, None, 1_000).await? {
-                    let kept = job.result_ref.as_ref().is_some_and(|r| r.key == object.key);
+                for key in blobs.list(&prefix, 1_000).await? {
+                    let kept = job.result_ref.as_ref().is_some_and(|r| r.key == key);
                     if !kept {
-                        blobs.delete(&object.key).await?;
+                        blobs.delete(&key).await?;
                         removed += 1;
                     }
                 }

@@ -11,9 +11,7 @@ use futures::future::BoxFuture;
 use futures::{StreamExt, stream};
 
 use super::dead_letters::{DeadLetter, DeadLetterQueue};
-use super::triggers::{
-    Outgoing, SEND_BATCH_LIMIT, SQS_MAX_BYTES, Sent, TriggerSender, batches, dedup_id,
-};
+use super::triggers::{Outgoing, Sent, TriggerSender, batches, batches_by, dedup_id};
 use super::{ChangeResult, ChangeResults, VisibilityChange, VisibilityControl};
 
 /// SQS allows at most ten entries per batch call.
@@ -381,19 +379,8 @@ impl DeadLetterQueue for SqsDeadLetters {
     fn send<'a>(&'a self, letters: &'a [DeadLetter]) -> BoxFuture<'a, Vec<bool>> {
         Box::pin(async move {
             let mut sent = Vec::with_capacity(letters.len());
-            let mut start = 0;
-            while start < letters.len() {
-                let mut end = start;
-                let mut bytes = 0;
-                while end < letters.len()
-                    && end - start < SEND_BATCH_LIMIT
-                    && (end == start || bytes + letters[end].body.len() <= SQS_MAX_BYTES)
-                {
-                    bytes += letters[end].body.len();
-                    end += 1;
-                }
-                sent.extend(self.send_batch(&letters[start..end]).await);
-                start = end;
+            for batch in batches_by(letters, |l| l.body.len()) {
+                sent.extend(self.send_batch(batch).await);
             }
             sent
         })

@@ -51,19 +51,25 @@ pub trait TriggerSender: Send + Sync {
 /// Splits `triggers` into `SendMessageBatch` requests: ten entries at most, and never more
 /// bytes than SQS takes in one request.
 pub fn batches(triggers: &[Outgoing]) -> Vec<&[Outgoing]> {
+    batches_by(triggers, |t| t.body.len())
+}
+
+/// Splits `items` into `SendMessageBatch` requests by the size of each body.
+pub fn batches_by<T>(items: &[T], bytes_of: impl Fn(&T) -> usize) -> Vec<&[T]> {
     let mut batches = Vec::new();
     let mut start = 0;
     let mut bytes = 0;
-    for (i, t) in triggers.iter().enumerate() {
-        if i - start == SEND_BATCH_LIMIT || bytes + t.body.len() > SQS_MAX_BYTES {
-            batches.push(&triggers[start..i]);
+    for (i, item) in items.iter().enumerate() {
+        let size = bytes_of(item);
+        if i - start == SEND_BATCH_LIMIT || (i > start && bytes + size > SQS_MAX_BYTES) {
+            batches.push(&items[start..i]);
             start = i;
             bytes = 0;
         }
-        bytes += t.body.len();
+        bytes += size;
     }
-    if start < triggers.len() {
-        batches.push(&triggers[start..]);
+    if start < items.len() {
+        batches.push(&items[start..]);
     }
     batches
 }

@@ -8,6 +8,7 @@ use super::{Invocation, Processor, backoff};
 use crate::blobs::{BlobError, BlobStore, read_checked, reference};
 use crate::clock::Clock;
 use crate::job::artifact::{MAX_RESULT_BYTES, RESULTS_PREFIX, input_key, result_key, sha256_hex};
+use crate::job::decision::{Next, next_step};
 use crate::job::message::{MAX_PAYLOAD_BYTES, input_digest, parse_pointer};
 use crate::job::{
     BlobRef, Failure, INLINE_LIMIT_BYTES, InvalidMessage, JobMessage, JobRecord, ResultBody,
@@ -91,15 +92,18 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         }
     }
 
-    /// The message a ledger item stands for, its stored input read back (only when the job may
-    /// still run) and checked against the job's digest.
+    /// The message a ledger item stands for, its stored input read back and checked against
+    /// the job's digest only when this delivery will call the provider or ask it (a duplicate
+    /// deferred to a live owner, or a finished job, costs no read of the object).
     pub(super) async fn stored_input(&self, item: &JobRecord) -> Result<JobMessage, Failure> {
         let mut msg = JobMessage::from_record(item);
-        let Some(blob) = item
-            .input_ref
-            .as_ref()
-            .filter(|_| !item.state.is_terminal())
-        else {
+        let now = self.clock.now_ms();
+        let calls = match next_step(item, &item.input_digest, now, self.settings.skew_ms) {
+            Next::Claim(_) | Next::AwaitRecovery => true,
+            Next::AwaitDecision => self.can_ask_about(item),
+            _ => false,
+        };
+        let Some(blob) = item.input_ref.as_ref().filter(|_| calls) else {
             return Ok(msg);
         };
         let Some(store) = self.blobs() else {
@@ -192,8 +196,8 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         let bucket = store.bucket()?;
         let epoch = job.attempt_log.last()?.epoch;
         let prefix = format!("{RESULTS_PREFIX}{}/{epoch}/", job.job_id);
-        let listed = store.list(&prefix, None, 1).await.ok()?;
-        let key = &listed.first()?.key;
+        let listed = store.list(&prefix, 1).await.ok()?;
+        let key = listed.first()?;
         let bytes = store.get(bucket, key, MAX_RESULT_BYTES).await.ok()?;
         let blob = reference(bucket, key, &bytes);
         (key == &result_key(&job.job_id, epoch, &blob.sha256)).then_some(blob)
