@@ -45,6 +45,8 @@ fn fixed_seeds_keep_every_invariant_under_every_fault() {
         "lapse_alone",
         "large_answer",
         "store_error",
+        "poison_message",
+        "dlq_send_failure",
         "reconciler_resent",
     ] {
         assert!(seen.contains(kind), "{kind} never injected: {seen:?}");

@@ -28,7 +28,8 @@ use fenced_jobs::ledger::{
 };
 use fenced_jobs::provider::{Answer, Provider, ProviderError, ProviderRequest, Retrieval};
 use fenced_jobs::queue::{
-    ChangeResult, ChangeResults, Outgoing, Sent, TriggerSender, VisibilityChange, VisibilityControl,
+    ChangeResult, ChangeResults, DeadLetter, DeadLetterQueue, Outgoing, Sent, TriggerSender,
+    VisibilityChange, VisibilityControl,
 };
 use fenced_jobs::worker::handler::BatchHandler;
 use fenced_jobs::worker::processor::{Invocation, Processor};
@@ -102,6 +103,10 @@ pub struct FaultRates {
     pub large_answer: f64,
     /// A results-bucket call (a write before an acceptance, a removal after a refusal) fails.
     pub store_error: f64,
+    /// Poison messages among the jobs (a fraction of the job count): the worker dead-letters them.
+    pub poison_message: f64,
+    /// The worker's send to the DLQ fails (the record falls back to visibility 0).
+    pub dlq_send_failure: f64,
 }
 
 impl FaultRates {
@@ -130,6 +135,8 @@ impl FaultRates {
             lapse_alone: 0.01,
             large_answer: 0.05,
             store_error: 0.05,
+            poison_message: 0.01,
+            dlq_send_failure: 0.2,
         }
     }
 }
@@ -269,6 +276,12 @@ impl Queue {
             }
             if m.receive_count >= self.max_receive {
                 m.in_dlq = true;
+                if parse_trigger(Some(&m.body)).is_ok() {
+                    world.violation(format!(
+                        "{}: a live job's message was dead-lettered after {} receives",
+                        m.job_id, m.receive_count
+                    ));
+                }
                 continue;
             }
             m.receive_count += 1;
@@ -381,6 +394,34 @@ impl Queue {
         });
     }
 
+    /// A message the worker sent to the DLQ itself.
+    fn dead_letter(&self, body: &str) {
+        let mut msgs = self.msgs.lock().expect("queue");
+        let id = format!("dead-{:06}", msgs.len());
+        msgs.push(Msg {
+            id,
+            job_id: String::new(),
+            body: body.to_owned(),
+            receive_count: 0,
+            visible_at: 0,
+            first_receive: None,
+            handle: 0,
+            deleted: false,
+            in_dlq: true,
+            duplicate_at: None,
+            resurrect_at: None,
+        });
+    }
+
+    /// The bodies in the DLQ.
+    fn dead_bodies(&self) -> Vec<String> {
+        let msgs = self.msgs.lock().expect("queue");
+        msgs.iter()
+            .filter(|m| m.in_dlq && !m.deleted)
+            .map(|m| m.body.clone())
+            .collect()
+    }
+
     /// Messages neither deleted nor dead-lettered.
     fn live(&self) -> usize {
         let msgs = self.msgs.lock().expect("queue");
@@ -393,6 +434,10 @@ impl Queue {
         let mut moved = 0;
         let mut msgs = self.msgs.lock().expect("queue");
         for m in msgs.iter_mut().filter(|m| m.in_dlq && !m.deleted) {
+            // Poison stays for a person, as `jobctl dlq redrive` leaves it.
+            if parse_trigger(Some(&m.body)).is_err() {
+                continue;
+            }
             let state = futures::executor::block_on(ledger.get(&m.job_id))
                 .ok()
                 .flatten()
@@ -430,6 +475,36 @@ impl VisibilityControl for SimVisibility {
             calls: changes.len().div_ceil(10) as u32,
             results,
         }
+    }
+}
+
+/// The worker's own sends to the DLQ, which sometimes fail.
+struct SimDeadLetters {
+    world: Arc<World>,
+    queue: Arc<Queue>,
+}
+
+impl std::fmt::Debug for SimDeadLetters {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SimDeadLetters")
+    }
+}
+
+impl DeadLetterQueue for SimDeadLetters {
+    fn send<'a>(&'a self, letters: &'a [DeadLetter]) -> futures::future::BoxFuture<'a, Vec<bool>> {
+        Box::pin(async move {
+            letters
+                .iter()
+                .map(|letter| {
+                    let w = &self.world;
+                    if w.fault("dlq_send_failure", w.rates.dlq_send_failure) {
+                        return false;
+                    }
+                    self.queue.dead_letter(&letter.body);
+                    true
+                })
+                .collect()
+        })
     }
 }
 
@@ -1031,7 +1106,9 @@ pub async fn run(config: &ChaosConfig) -> ChaosReport {
         msgs: Mutex::new(Vec::new()),
         next_handle: AtomicI64::new(1),
         visibility_ms: 30_000,
-        max_receive: 5,
+        // As the template sets it: the worker dead-letters poison itself, so the redrive policy
+        // is sized for live jobs, and one reaching it is a violation.
+        max_receive: 300,
     });
     let replay = config.seed % 2 == 1;
     let mut job_ids = Vec::with_capacity(config.jobs);
@@ -1046,6 +1123,23 @@ pub async fn run(config: &ChaosConfig) -> ChaosReport {
         let visible_at = START_MS + world.range(0, 600_000) as Millis;
         queue.push(&job_id, &body, visible_at);
         job_ids.push(job_id);
+    }
+    let mut poison = Vec::new();
+    for i in 0..(config.jobs as f64 * world.rates.poison_message).ceil() as usize {
+        let body =
+            format!(r#"{{"job_id":"poison-{i}","contract":"chaos.v1","input":"not an object"}}"#);
+        *world
+            .faults
+            .lock()
+            .expect("faults")
+            .entry("poison_message")
+            .or_default() += 1;
+        queue.push(
+            &format!("poison-{i}"),
+            &body,
+            START_MS + world.range(0, 600_000) as Millis,
+        );
+        poison.push(body);
     }
     let provider = SimProvider {
         world: Arc::clone(&world),
@@ -1084,7 +1178,11 @@ pub async fn run(config: &ChaosConfig) -> ChaosReport {
                 gate: Arc::clone(&gate),
             },
         )
-        .with_seed(config.seed.wrapping_add(c as u64));
+        .with_seed(config.seed.wrapping_add(c as u64))
+        .with_dead_letters(Arc::new(SimDeadLetters {
+            world: Arc::clone(&world),
+            queue: Arc::clone(&queue),
+        }));
         let (world, queue, table) = (Arc::clone(&world), Arc::clone(&queue), Arc::clone(&table));
         let (deliveries, invocations) = (Arc::clone(&deliveries), Arc::clone(&invocations));
         let finished = Arc::clone(&finished);
@@ -1167,15 +1265,26 @@ pub async fn run(config: &ChaosConfig) -> ChaosReport {
                     if failed.iter().any(|f| f == id) {
                         continue;
                     }
-                    let job_id = parse_trigger(record.body.as_deref())
-                        .map(|t| t.job_id().to_owned())
-                        .unwrap_or_default();
-                    let state = table.get(&job_id).await.ok().flatten().map(|r| r.state);
-                    if !state.is_some_and(JobState::is_terminal) {
-                        world.violation(format!(
-                            "{job_id}: message acknowledged while the job is {:?}",
-                            state.map(JobState::as_str)
-                        ));
+                    match parse_trigger(record.body.as_deref()) {
+                        // Poison is acknowledged only once the worker sent it to the DLQ.
+                        Err(_) => {
+                            let body = record.body.clone().unwrap_or_default();
+                            if !queue.dead_bodies().contains(&body) {
+                                world.violation(format!(
+                                    "{id}: poison acknowledged without reaching the DLQ"
+                                ));
+                            }
+                        }
+                        Ok(trigger) => {
+                            let job_id = trigger.job_id();
+                            let state = table.get(job_id).await.ok().flatten().map(|r| r.state);
+                            if !state.is_some_and(JobState::is_terminal) {
+                                world.violation(format!(
+                                    "{job_id}: message acknowledged while the job is {:?}",
+                                    state.map(JobState::as_str)
+                                ));
+                            }
+                        }
                     }
                     queue.delete(&world, record.receipt_handle.as_deref().unwrap_or_default());
                 }
@@ -1317,6 +1426,14 @@ pub async fn run(config: &ChaosConfig) -> ChaosReport {
         }
     }
     check_bucket(&world, &table, &job_ids).await;
+    // Every poison message ended in the DLQ: sent there by the worker, or, when those sends
+    // failed, moved by the redrive policy.
+    let dead = queue.dead_bodies();
+    for body in &poison {
+        if !dead.contains(body) {
+            world.violation(format!("a poison message never reached the DLQ: {body}"));
+        }
+    }
     let per_job = provider.per_job.lock().expect("per job").clone();
     let total: u64 = per_job.values().sum();
     report.executions_mean = total as f64 / config.jobs.max(1) as f64;
