@@ -15,7 +15,6 @@ use fenced_jobs::clock::SystemClock;
 use fenced_jobs::events::aws::AwsSink;
 use fenced_jobs::job::JobState;
 use fenced_jobs::job::artifact::sha256_hex;
-use fenced_jobs::ledger::JobLedger;
 use fenced_jobs::ops::dispatch::{StreamEvent, dispatch};
 use fenced_jobs::provider::{Provider, SimulatedProvider};
 use fenced_jobs::queue::SqsVisibility;
@@ -136,12 +135,7 @@ async fn a_pointer_job_with_a_1_mb_answer_is_announced_once_and_read_back_with_j
     assert_eq!((poll.received, poll.deleted), (1, 1));
 
     // The answer is in the bucket; the item holds only its reference.
-    let item = aws
-        .ledger(&table)
-        .get("big-1")
-        .await
-        .expect("get")
-        .expect("item");
+    let item = aws.item(&table, "big-1").await;
     assert_eq!(item.state, JobState::Succeeded);
     assert_eq!(item.result, None);
     let blob = item.result_ref.clone().expect("a reference");
@@ -250,12 +244,7 @@ async fn a_refused_acceptance_leaves_no_reference_and_no_object() {
     let (poll, _) = deliver(&source, &handler).await;
     assert_eq!((poll.received, poll.deleted), (1, 1));
 
-    let item = aws
-        .ledger(&table)
-        .get("stale-big")
-        .await
-        .expect("get")
-        .expect("item");
+    let item = aws.item(&table, "stale-big").await;
     assert_eq!(item.state, JobState::Succeeded);
     assert_eq!(item.owner_id.as_deref(), Some("rival"));
     assert_eq!(item.result.as_deref(), Some(r#"{"output":"rival answer"}"#));
@@ -297,12 +286,7 @@ async fn a_large_input_is_stored_by_submit_and_read_back_by_the_worker() {
         String::from_utf8_lossy(&out.stderr)
     );
 
-    let item = aws
-        .ledger(&table)
-        .get("big-input")
-        .await
-        .expect("get")
-        .expect("item");
+    let item = aws.item(&table, "big-input").await;
     assert_eq!(item.input, "");
     let stored = item.input_ref.clone().expect("the input is stored");
     assert!(stored.size > 300_000);
@@ -311,12 +295,7 @@ async fn a_large_input_is_stored_by_submit_and_read_back_by_the_worker() {
     let source = aws.source(&queue).await;
     let (poll, _) = deliver(&source, &handler).await;
     assert_eq!((poll.received, poll.deleted), (1, 1));
-    let item = aws
-        .ledger(&table)
-        .get("big-input")
-        .await
-        .expect("get")
-        .expect("item");
+    let item = aws.item(&table, "big-input").await;
     assert_eq!(item.state, JobState::Succeeded);
     // The call saw the whole input: the simulated answer counts its characters.
     let answer: Value =

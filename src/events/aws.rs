@@ -64,6 +64,21 @@ fn first_failed(entries: impl IntoIterator<Item = Option<String>>) -> Result<(),
     }
 }
 
+/// The first entry a batch request refused, from the (entry id, code) pairs it answered; the
+/// entries are numbered by their place in the request (an id that is not a number counts as the
+/// first, so nothing refused is ever taken as published).
+fn first_refused<'a>(
+    refused: impl Iterator<Item = (&'a str, &'a str)>,
+) -> Result<(), (usize, String)> {
+    match refused
+        .map(|(id, code)| (id.parse::<usize>().unwrap_or(0), code))
+        .min_by_key(|(at, _)| *at)
+    {
+        Some((at, code)) => Err((at, code.to_owned())),
+        None => Ok(()),
+    }
+}
+
 async fn put_events(
     client: &aws_sdk_eventbridge::Client,
     bus: &str,
@@ -138,17 +153,7 @@ async fn publish_batch(
         .send()
         .await
         .map_err(|e| (0, aws_sdk_sns::error::DisplayErrorContext(&e).to_string()))?;
-    let failed: Vec<(usize, String)> = out
-        .failed()
-        .iter()
-        .filter_map(|f| Some((f.id().parse().ok()?, f.code().to_owned())))
-        .collect();
-    first_failed((0..events.len()).map(|i| {
-        failed
-            .iter()
-            .find(|(at, _)| *at == i)
-            .map(|(_, c)| c.clone())
-    }))
+    first_refused(out.failed().iter().map(|f| (f.id(), f.code())))
 }
 
 async fn send_batch(
@@ -180,10 +185,5 @@ async fn send_batch(
         .send()
         .await
         .map_err(|e| (0, aws_sdk_sqs::error::DisplayErrorContext(&e).to_string()))?;
-    first_failed((0..events.len()).map(|i| {
-        out.failed()
-            .iter()
-            .find(|f| f.id() == i.to_string())
-            .map(|f| f.code().to_owned())
-    }))
+    first_refused(out.failed().iter().map(|f| (f.id(), f.code())))
 }

@@ -205,6 +205,15 @@ impl Emulator {
         DynamoLedger::new(self.ddb.clone(), table)
     }
 
+    /// The job's item, which must exist.
+    pub async fn item(&self, table: &str, job_id: &str) -> fenced_jobs::job::JobRecord {
+        self.ledger(table)
+            .get(job_id)
+            .await
+            .expect("get")
+            .expect("item")
+    }
+
     pub fn handler<P: Provider>(
         &self,
         table: &str,
