@@ -161,6 +161,8 @@ pub async fn dispatch(event: &StreamEvent, sink: &impl EventSink) -> DispatchRep
     for (_, e) in &events[..report.published] {
         tracing::info!(job_id = %e.job_id, state = e.state.as_str(), event_id = %e.id, "completion event published");
     }
+    // A record without a sequence number (stream records always have one) is named with an
+    // empty identifier, which Lambda takes as a failure of the whole batch: the safe outcome.
     report.failed_at = stop_at.map(|i| {
         event.records[i]
             .dynamodb
