@@ -7,6 +7,7 @@
 
 pub mod dynamodb;
 pub mod memory;
+pub mod transitions;
 
 use std::future::Future;
 

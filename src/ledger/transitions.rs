@@ -1,0 +1,209 @@
+//! Each conditional write of the ledger as a pure function: the item before (if any) and the
+//! request in, the item after out, or `None` when the condition refuses the write. The
+//! in-memory ledger applies them under its lock; the DynamoDB ledger uses them where it writes
+//! a whole item (a fresh claim), so both keep one contract.
+
+use super::{
+    ClaimRequest, CreateRequest, DecideRequest, EnqueuedRequest, FinishRequest, RecordRefRequest,
+    RecoverRequest, RenewRequest, SettleFrom, SettleRequest,
+};
+use crate::job::{AttemptOutcome, AttemptRecord, JobRecord, JobState, RecoveryRecord};
+
+/// Claim: see [`ClaimRequest`].
+pub fn apply_claim(current: Option<&JobRecord>, req: &ClaimRequest) -> Option<JobRecord> {
+    let allowed = match current {
+        None => req.expect.allows_absent(),
+        Some(r) => {
+            r.state.is_claimable()
+                && r.owner_epoch == req.expect.epoch
+                && r.attempts == req.expect.attempts
+                && r.input_digest == req.job.input_digest
+                && r.attempts < r.max_attempts
+                && r.deadline_at > req.now
+        }
+    };
+    if !allowed {
+        return None;
+    }
+    let mut next = match current {
+        Some(r) => r.clone(),
+        None => req.job.clone().into_record(JobState::Ready, req.now),
+    };
+    // As DynamoDB's `if_not_exists`: metadata and an input reference the item lacks are taken
+    // from the message (the reference names the same content: its key is the input digest).
+    if next.input_ref.is_none() {
+        next.input_ref = req.job.input_ref.clone();
+    }
+    if next.metadata.is_none() {
+        next.metadata = req.job.metadata.clone();
+    }
+    next.state = JobState::Running;
+    next.owner_epoch = req.expect.epoch + 1;
+    next.attempts = req.expect.attempts + 1;
+    next.owner_id = Some(req.owner_id.clone());
+    next.owner_until = Some(req.lease_until);
+    next.updated_at = req.now;
+    next.attempt_log.push(AttemptRecord {
+        number: next.attempts,
+        epoch: next.owner_epoch,
+        owner_id: req.owner_id.clone(),
+        started_at: req.now,
+        provider_ref: req.provider_ref.clone(),
+        outcome: AttemptOutcome::Pending,
+        finished_at: None,
+    });
+    Some(next)
+}
+
+/// Finish: see [`FinishRequest`].
+pub fn apply_finish(current: Option<&JobRecord>, req: &FinishRequest) -> Option<JobRecord> {
+    let r = current?;
+    let accepting = matches!(req.end, super::AttemptEnd::Succeeded { .. });
+    if r.state != JobState::Running
+        || r.owner_epoch != req.epoch
+        || r.attempts != req.attempt
+        || (accepting && r.deadline_at <= req.now)
+    {
+        return None;
+    }
+    let mut next = r.clone();
+    next.state = req.end.target();
+    next.updated_at = req.now;
+    if let Some(attempt) = req
+        .attempt
+        .checked_sub(1)
+        .and_then(|i| next.attempt_log.get_mut(i as usize))
+    {
+        attempt.outcome = req.end.attempt_outcome();
+        attempt.finished_at = Some(req.now);
+    }
+    if let super::AttemptEnd::Succeeded { result } = &req.end {
+        match result {
+            crate::job::ResultBody::Inline(text) => next.result = Some(text.clone()),
+            crate::job::ResultBody::Stored(blob) => next.result_ref = Some(blob.clone()),
+        }
+    }
+    if let Some(error) = req.end.error(req.now) {
+        next.last_error = Some(error);
+    }
+    next.decisions.extend(req.decision());
+    Some(next)
+}
+
+/// Settle: see [`SettleRequest`].
+pub fn apply_settle(current: Option<&JobRecord>, req: &SettleRequest) -> Option<JobRecord> {
+    let mut next = match (&req.from, current) {
+        (SettleFrom::Absent(job), None) => {
+            job.as_ref().clone().into_record(JobState::Ready, req.now)
+        }
+        (SettleFrom::PastDeadline, Some(r))
+            if !r.state.is_terminal() && r.deadline_at <= req.now =>
+        {
+            r.clone()
+        }
+        (SettleFrom::Seen { state, epoch }, Some(r))
+            if !r.state.is_terminal() && r.state == *state && r.owner_epoch == *epoch =>
+        {
+            r.clone()
+        }
+        _ => return None,
+    };
+    next.state = req.reason.target();
+    next.updated_at = req.now;
+    next.last_error = Some(req.error());
+    Some(next)
+}
+
+/// Recover: see [`RecoverRequest`].
+pub fn apply_recover(current: Option<&JobRecord>, req: &RecoverRequest) -> Option<JobRecord> {
+    let r = current?;
+    // A missing lease is not a lapsed one (DynamoDB compares nothing with a missing attribute).
+    let lapsed = r.state == JobState::Running
+        && r.owner_until
+            .is_some_and(|until| until <= req.lapsed_before);
+    if r.owner_epoch != req.seen_epoch || !(lapsed || r.state == JobState::Unknown) {
+        return None;
+    }
+    let mut next = r.clone();
+    next.state = JobState::Running;
+    next.owner_epoch += 1;
+    next.owner_id = Some(req.owner_id.clone());
+    next.owner_until = Some(req.lease_until);
+    next.updated_at = req.now;
+    next.recoveries.push(RecoveryRecord {
+        epoch: next.owner_epoch,
+        owner_id: req.owner_id.clone(),
+        at: req.now,
+        reason: req.reason.clone(),
+    });
+    Some(next)
+}
+
+/// Renew: see [`RenewRequest`].
+pub fn apply_renew(current: Option<&JobRecord>, req: &RenewRequest) -> Option<JobRecord> {
+    let r = current?;
+    if r.state != JobState::Running
+        || r.owner_epoch != req.epoch
+        || req
+            .expected_until
+            .is_some_and(|until| r.owner_until != Some(until))
+    {
+        return None;
+    }
+    let mut next = r.clone();
+    next.owner_until = Some(req.lease_until);
+    next.updated_at = req.now;
+    Some(next)
+}
+
+/// Create: see [`CreateRequest`].
+pub fn apply_create(current: Option<&JobRecord>, req: &CreateRequest) -> Option<JobRecord> {
+    match current {
+        Some(_) => None,
+        None => Some(req.job.clone().into_record(JobState::Ready, req.now)),
+    }
+}
+
+/// Mark enqueued: see [`EnqueuedRequest`].
+pub fn apply_mark_enqueued(
+    current: Option<&JobRecord>,
+    req: &EnqueuedRequest,
+) -> Option<JobRecord> {
+    let r = current?;
+    if !(r.state.is_claimable() || matches!(r.state, JobState::Running | JobState::Unknown)) {
+        return None;
+    }
+    let mut next = r.clone();
+    next.enqueued_at = Some(req.now);
+    Some(next)
+}
+
+/// Record a reference: see [`RecordRefRequest`].
+pub fn apply_record_ref(current: Option<&JobRecord>, req: &RecordRefRequest) -> Option<JobRecord> {
+    let r = current?;
+    if r.state != JobState::Running || r.owner_epoch != req.epoch || r.attempts != req.attempt {
+        return None;
+    }
+    let mut next = r.clone();
+    let attempt = next
+        .attempt_log
+        .get_mut(req.attempt.checked_sub(1)? as usize)?;
+    attempt.provider_ref = Some(req.provider_ref.clone());
+    next.updated_at = req.now;
+    Some(next)
+}
+
+/// Decide: see [`DecideRequest`].
+pub fn apply_decide(current: Option<&JobRecord>, req: &DecideRequest) -> Option<JobRecord> {
+    let r = current?;
+    if r.state != JobState::Unknown || r.owner_epoch != req.epoch {
+        return None;
+    }
+    let mut next = r.clone();
+    next.state = req.action.target();
+    next.owner_epoch += 1;
+    next.owner_id = Some(req.by.clone());
+    next.updated_at = req.now;
+    next.decisions.push(req.decision());
+    Some(next)
+}
