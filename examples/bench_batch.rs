@@ -1,19 +1,29 @@
 //! Batch benchmark (`make bench`): handler CPU and AWS calls per record for fresh jobs, for
 //! redelivered finished jobs and for duplicates, with the in-memory adapters and through the
-//! AWS SDK on the local emulator; batch wall time against the ideal with a simulated 50 ms call.
+//! AWS SDK on the local emulator; the SDK's own floor (a bare conditional `UpdateItem` loop
+//! through the same client) and our CPU per DynamoDB request as a multiple of it; CPU per record
+//! against input and answer size; batch wall time against the ideal with a simulated 50 ms call.
 //!
-//! `bench_batch peak N` handles one N-record batch through the SDK and exits, for `/usr/bin/time`.
+//! `bench_batch peak N` handles one N-record batch through the SDK and exits, for `/usr/bin/time`;
+//! `bench_batch floor` prints only the SDK rows and the floor (with `BENCH_MAX_RECORDS`, a quick
+//! look after a change, or a run under a profiler).
 //!
-//! CPU is the thread time of a single-threaded runtime (the emulator runs in another process),
-//! summed over rounds of at least `ROUND_MS` of wall time and divided by the records handled.
+//! CPU is the process's CPU time (every thread of it; the emulator runs in another process) on a
+//! single-threaded runtime, as the worker runs, summed over rounds of at least `ROUND_MS` of wall
+//! time and divided by the records (or requests) handled.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use aws_lambda_events::event::sqs::{SqsEvent, SqsMessage};
+use aws_sdk_dynamodb::types::AttributeValue;
+use fenced_jobs::blobs::s3::S3Blobs;
 use fenced_jobs::clock::{Clock, SystemClock};
-use fenced_jobs::ledger::JobLedger;
+use fenced_jobs::config::SdkTimeouts;
+use fenced_jobs::job::{Expect, JobDefaults, NewJob, ResultBody};
 use fenced_jobs::ledger::dynamodb::DynamoLedger;
 use fenced_jobs::ledger::memory::InMemoryLedger;
+use fenced_jobs::ledger::{AttemptEnd, ClaimRequest, FinishRequest, JobLedger, Write};
 use fenced_jobs::provider::SimulatedProvider;
 use fenced_jobs::queue::{RecordingVisibility, SqsVisibility, VisibilityControl};
 use fenced_jobs::testing::sdk_calls::{CallCounter, counted_clients};
@@ -25,11 +35,17 @@ const ARN: &str = "arn:aws:sqs:us-east-1:123456789012:bench";
 const SIZES: [usize; 4] = [10, 100, 1_000, 10_000];
 const ROUND_MS: u64 = 1_000;
 
-fn thread_cpu_ns() -> u64 {
-    std::fs::read_to_string("/proc/thread-self/schedstat")
-        .ok()
-        .and_then(|s| s.split_whitespace().next().and_then(|v| v.parse().ok()))
-        .unwrap_or(0)
+/// CPU time of every live thread of this process, in nanoseconds.
+fn process_cpu_ns() -> u64 {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return 0;
+    };
+    tasks
+        .filter_map(|task| {
+            let stat = std::fs::read_to_string(task.ok()?.path().join("schedstat")).ok()?;
+            stat.split_whitespace().next()?.parse::<u64>().ok()
+        })
+        .sum()
 }
 
 /// No heartbeat (these records are fast; `bench_heartbeat` measures ticks), no jitter in play.
@@ -41,18 +57,36 @@ fn settings() -> Settings {
     }
 }
 
+/// What each job of an event asks for.
+#[derive(Clone, Copy, Default)]
+struct Shape {
+    /// The simulated call's latency.
+    latency_ms: u64,
+    /// The prompt's length (at least the short default one).
+    input_bytes: usize,
+    /// The answer's length (0: the simulated provider's short answer).
+    answer_bytes: usize,
+}
+
 /// The JSON of an event of `n` records for jobs `{prefix}-0..n`, each job `copies` times, as
 /// Lambda sends it.
-fn event_json(prefix: &str, n: usize, copies: usize, latency_ms: u64) -> String {
+fn event_json(prefix: &str, n: usize, copies: usize, shape: Shape) -> String {
     let now = SystemClock.now_ms();
+    let Shape {
+        latency_ms,
+        input_bytes,
+        answer_bytes,
+    } = shape;
     let records: Vec<SqsMessage> = (0..n)
         .map(|i| {
             let job = i / copies;
+            let mut prompt = format!("Summarise document {job}.");
+            prompt.extend(std::iter::repeat_n('x', input_bytes.saturating_sub(prompt.len())));
             let mut m = SqsMessage::default();
             m.message_id = Some(format!("{prefix}-msg-{i}"));
             m.receipt_handle = Some(format!("{prefix}-handle-{i}"));
             m.body = Some(format!(
-                r#"{{"job_id":"{prefix}-{job}","contract":"summary.v1","input":{{"model":"sim-1","messages":[{{"role":"user","content":"Summarise document {job}."}}],"parameters":{{"temperature":0}},"simulate":{{"latency_ms":{latency_ms}}}}}}}"#
+                r#"{{"job_id":"{prefix}-{job}","contract":"summary.v1","input":{{"model":"sim-1","messages":[{{"role":"user","content":"{prompt}"}}],"parameters":{{"temperature":0}},"simulate":{{"latency_ms":{latency_ms},"answer_bytes":{answer_bytes}}}}}}}"#
             ));
             m.event_source = Some("aws:sqs".into());
             m.event_source_arn = Some(ARN.into());
@@ -91,17 +125,28 @@ struct Measure {
 async fn measure<L: JobLedger, V: VisibilityControl>(
     handler: &BatchHandler<L, SimulatedProvider, SystemClock, V>,
     n: usize,
+    make: impl FnMut(usize) -> String,
+) -> Measure {
+    measure_for(handler, n, ROUND_MS, 0, make).await
+}
+
+/// [`measure`] for `ms` of wall time, with rounds numbered from `first_round`.
+async fn measure_for<L: JobLedger, V: VisibilityControl>(
+    handler: &BatchHandler<L, SimulatedProvider, SystemClock, V>,
+    n: usize,
+    ms: u64,
+    first_round: usize,
     mut make: impl FnMut(usize) -> String,
 ) -> Measure {
     let started = Instant::now();
     let mut cpu = 0;
     let mut rounds = 0;
-    while rounds == 0 || started.elapsed() < Duration::from_millis(ROUND_MS) {
-        let json = make(rounds);
-        let before = thread_cpu_ns();
+    while rounds == 0 || started.elapsed() < Duration::from_millis(ms) {
+        let json = make(first_round + rounds);
+        let before = process_cpu_ns();
         let event: SqsEvent = serde_json::from_str(&json).expect("event");
         run(handler, &event).await;
-        cpu += thread_cpu_ns() - before;
+        cpu += process_cpu_ns() - before;
         rounds += 1;
     }
     Measure {
@@ -135,11 +180,18 @@ fn memory_handler()
     )
 }
 
-async fn sdk_handler() -> (
+/// A handler through the SDK on the emulator (with a results bucket when `bucket`), its
+/// DynamoDB client and the counter of both clients' calls.
+async fn sdk_handler(
+    bucket: bool,
+) -> (
     BatchHandler<DynamoLedger, SimulatedProvider, SystemClock, SqsVisibility>,
+    Floor,
     CallCounter,
 ) {
+    // The SDK configuration as the worker builds it: each call bounded.
     let config = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
+    let config = SdkTimeouts::default().apply(&config);
     let (ddb, sqs, calls) = counted_clients(&config);
     let table = format!("bench-batch-{}", std::process::id());
     if ddb
@@ -153,16 +205,127 @@ async fn sdk_handler() -> (
             .await
             .expect("table");
     }
-    let handler = BatchHandler::new(
-        Processor::new(
-            DynamoLedger::new(ddb, table),
-            SimulatedProvider::new(),
-            SystemClock,
-            settings(),
-        ),
-        SqsVisibility::new(sqs),
+    // The queue the records name, so that the handler's one lookup of its visibility timeout
+    // succeeds and is kept, as on AWS.
+    sqs.create_queue()
+        .queue_name(ARN.rsplit(':').next().unwrap_or("bench"))
+        .send()
+        .await
+        .expect("queue");
+    let floor = Floor {
+        client: ddb.clone(),
+        table: table.clone(),
+    };
+    let mut processor = Processor::new(
+        DynamoLedger::new(ddb, table),
+        SimulatedProvider::new(),
+        SystemClock,
+        settings(),
     );
-    (handler, calls)
+    if bucket {
+        let s3 = aws_sdk_s3::Client::from_conf(
+            aws_sdk_s3::config::Builder::from(&config)
+                .force_path_style(true)
+                .interceptor(calls.clone())
+                .build(),
+        );
+        let name = format!("bench-batch-{}", fastrand::u32(..));
+        s3.create_bucket()
+            .bucket(&name)
+            .send()
+            .await
+            .expect("bucket");
+        processor = processor.with_blobs(Arc::new(S3Blobs::new(s3, Some(name))));
+    }
+    (
+        BatchHandler::new(processor, SqsVisibility::new(sqs)),
+        floor,
+        calls,
+    )
+}
+
+/// The SDK's own floor: bare conditional `UpdateItem` calls through the handler's DynamoDB
+/// client, on the handler's table, as many in flight as the handler runs records.
+struct Floor {
+    client: aws_sdk_dynamodb::Client,
+    table: String,
+}
+
+impl Floor {
+    /// CPU per request (µs) over `ms` of wall time, in rounds of `in_flight` concurrent
+    /// requests, each creating a small item under a condition (as a fresh claim creates the
+    /// job's item).
+    async fn cpu_per_request_us(&self, in_flight: usize, ms: u64) -> f64 {
+        let tag = fastrand::u32(..);
+        let started = Instant::now();
+        let (mut cpu, mut requests) = (0, 0);
+        while requests == 0 || started.elapsed() < Duration::from_millis(ms) {
+            let before = process_cpu_ns();
+            let sent = (requests..requests + in_flight).map(|i| {
+                self.client
+                    .update_item()
+                    .table_name(&self.table)
+                    .key("job_id", AttributeValue::S(format!("floor-{tag}-{i}")))
+                    .update_expression("SET #v = :v")
+                    .condition_expression("attribute_not_exists(#v)")
+                    .expression_attribute_names("#v", "v")
+                    .expression_attribute_values(":v", AttributeValue::N("1".to_owned()))
+                    .send()
+            });
+            for result in futures::future::join_all(sent).await {
+                result.expect("floor update");
+            }
+            cpu += process_cpu_ns() - before;
+            requests += in_flight;
+        }
+        cpu as f64 / 1e3 / requests as f64
+    }
+}
+
+/// The ledger's own writes without the handler: `in_flight` jobs at a time, each claimed fresh and
+/// finished with a short answer, as a fresh record does. CPU per request (µs).
+async fn ledger_cpu_per_request_us(ledger: &DynamoLedger, in_flight: usize, ms: u64) -> f64 {
+    let tag = fastrand::u32(..);
+    let started = Instant::now();
+    let (mut cpu, mut requests, mut jobs) = (0, 0, 0);
+    while requests == 0 || started.elapsed() < Duration::from_millis(ms) {
+        let before = process_cpu_ns();
+        let now = SystemClock.now_ms();
+        let runs = (jobs..jobs + in_flight).map(|i| async move {
+            let msg = fenced_jobs::job::parse_body(Some(
+                &format!(r#"{{"job_id":"ledger-{tag}-{i}","contract":"summary.v1","input":{{"model":"sim-1","messages":[{{"role":"user","content":"Summarise document {i}."}}]}}}}"#),
+            ))
+            .expect("message");
+            let job = NewJob::from_message(&msg, now, &JobDefaults::default());
+            let claim = ClaimRequest {
+                job,
+                expect: Expect::FRESH,
+                owner_id: format!("owner-{i}"),
+                now,
+                lease_until: now + 300_000,
+                provider_ref: None,
+                first_sight: true,
+            };
+            let Ok(Write::Applied(record)) = ledger.claim(claim).await else {
+                panic!("claim refused");
+            };
+            let finish = FinishRequest {
+                job_id: record.job_id.clone(),
+                epoch: record.owner_epoch,
+                attempt: record.attempts,
+                now,
+                end: AttemptEnd::Succeeded {
+                    result: ResultBody::Inline("simulated answer".to_owned()),
+                },
+            };
+            assert!(matches!(ledger.finish(finish).await, Ok(Write::Applied(_))));
+        });
+        futures::future::join_all(runs).await;
+        cpu += process_cpu_ns() - before;
+        requests += 2 * in_flight;
+        jobs += in_flight;
+    }
+    cpu as f64 / 1e3 / requests as f64
 }
 
 /// `BENCH_MAX_RECORDS` caps the batch sizes (a quick look in a debug build).
@@ -177,10 +340,11 @@ fn sizes() -> impl Iterator<Item = usize> {
 async fn cpu_table(sdk: bool) {
     for n in sizes() {
         let tag = format!("{}{n}-{}", if sdk { "s" } else { "m" }, fastrand::u32(..));
-        let fresh_json = |round: usize| event_json(&format!("{tag}-r{round}"), n, 1, 0);
+        let fresh_json =
+            |round: usize| event_json(&format!("{tag}-r{round}"), n, 1, Shape::default());
         let first = fresh_json(0);
         let (fresh, redelivered, calls_fresh, calls_again) = if sdk {
-            let (handler, calls) = sdk_handler().await;
+            let (handler, _, calls) = sdk_handler(false).await;
             calls.reset();
             let fresh = measure(&handler, n, fresh_json).await;
             let calls_fresh = calls.total("dynamodb") as f64 / fresh.records as f64;
@@ -207,15 +371,155 @@ async fn cpu_table(sdk: bool) {
     }
 }
 
+/// The median of `values`.
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values[values.len() / 2]
+}
+
+/// How many times the floor and the handler alternate in one comparison, and for how long each.
+const ALTERNATIONS: usize = 5;
+const SLICE_MS: u64 = 600;
+
+/// The comparison with the floor, for 10 and 100 records per batch.
+async fn floor_table() {
+    println!(
+        "\nOur CPU per DynamoDB request against the SDK's floor (a bare conditional `UpdateItem` through the same client, as many in flight), medians of {ALTERNATIONS} alternations, µs per request (multiple of the floor):\n"
+    );
+    println!(
+        "| records per batch | in flight | floor | ledger writes alone | fresh records | redelivered records |"
+    );
+    println!("| ---: | ---: | ---: | ---: | ---: | ---: |");
+    for n in [10, 100] {
+        floor_row(n).await;
+    }
+}
+
+/// Our CPU per DynamoDB request against the floor, for `n`-record batches: the floor (with as
+/// many requests in flight as the handler runs records), the ledger's writes alone, fresh and
+/// redelivered records, alternating `ALTERNATIONS` times so that the machine's drift touches
+/// each alike. Medians, and each as a multiple of the floor's.
+async fn floor_row(n: usize) {
+    let (handler, floor, calls) = sdk_handler(false).await;
+    let in_flight = n.min(settings().max_concurrency);
+    let tag = format!("floor{n}-{}", fastrand::u32(..));
+    let fresh_json = |round: usize| event_json(&format!("{tag}-r{round}"), n, 1, Shape::default());
+    let first = fresh_json(0);
+    let (mut floors, mut ledgers, mut fresh, mut again) = (vec![], vec![], vec![], vec![]);
+    let mut round = 1;
+    for _ in 0..ALTERNATIONS {
+        floors.push(floor.cpu_per_request_us(in_flight, SLICE_MS).await);
+        let ledger = handler.processor().ledger();
+        ledgers.push(ledger_cpu_per_request_us(ledger, in_flight, SLICE_MS).await);
+        calls.reset();
+        let m = measure_for(&handler, n, SLICE_MS, round, fresh_json).await;
+        round += m.records / n;
+        fresh.push(m.cpu_per_record_us * m.records as f64 / calls.total("dynamodb") as f64);
+        calls.reset();
+        let m = measure_for(&handler, n, SLICE_MS, 0, |_| first.clone()).await;
+        again.push(m.cpu_per_record_us * m.records as f64 / calls.total("dynamodb") as f64);
+    }
+    let floor = median(floors);
+    let [ledger, fresh, again] = [ledgers, fresh, again].map(median);
+    println!(
+        "| {n} | {in_flight} | {floor:.1} | {ledger:.1} ({:.2}) | {fresh:.1} ({:.2}) | {again:.1} ({:.2}) |",
+        ledger / floor,
+        fresh / floor,
+        again / floor,
+    );
+}
+
+/// Fresh records' CPU per record in `n`-record batches on a current-thread runtime (as the
+/// functions run) and on a two-worker multi-thread one, each measured on its own runtime in its
+/// own thread, alternating.
+fn runtime_row(n: usize) {
+    let on = |multi: bool| {
+        std::thread::spawn(move || {
+            let mut builder = if multi {
+                let mut b = tokio::runtime::Builder::new_multi_thread();
+                b.worker_threads(2);
+                b
+            } else {
+                tokio::runtime::Builder::new_current_thread()
+            };
+            let runtime = builder.enable_all().build().expect("runtime");
+            runtime.block_on(async {
+                let (handler, _, _) = sdk_handler(false).await;
+                let tag = format!("rt{multi}-{}", fastrand::u32(..));
+                let json =
+                    |round: usize| event_json(&format!("{tag}-r{round}"), n, 1, Shape::default());
+                measure_for(&handler, n, SLICE_MS, 0, json)
+                    .await
+                    .cpu_per_record_us
+            })
+        })
+        .join()
+        .expect("measurement thread")
+    };
+    let (mut current, mut multi) = (vec![], vec![]);
+    for _ in 0..ALTERNATIONS {
+        current.push(on(false));
+        multi.push(on(true));
+    }
+    let (current, multi) = (median(current), median(multi));
+    println!(
+        "| {n} | {current:.1} | {multi:.1} | {:+.0} % |",
+        (multi / current - 1.0) * 100.0
+    );
+}
+
+/// CPU per record against input size and against answer size (10-record batches, through the
+/// SDK with a results bucket: inputs and answers above 64 KiB go to S3).
+async fn size_table() {
+    let (handler, _, calls) = sdk_handler(true).await;
+    let n = 10;
+    let kb = |bytes: usize| bytes / 1_000;
+    for (what, shape) in [1_000, 10_000, 100_000, 1_000_000]
+        .map(|bytes| {
+            let shape = Shape {
+                input_bytes: bytes,
+                ..Shape::default()
+            };
+            (format!("input {} KB", kb(bytes)), shape)
+        })
+        .into_iter()
+        .chain([1_000, 10_000, 100_000, 1_000_000].map(|bytes| {
+            let shape = Shape {
+                answer_bytes: bytes,
+                ..Shape::default()
+            };
+            (format!("answer {} KB", kb(bytes)), shape)
+        }))
+    {
+        let tag = format!("size-{}", fastrand::u32(..));
+        let fresh_json = |round: usize| event_json(&format!("{tag}-r{round}"), n, 1, shape);
+        let first = fresh_json(0);
+        calls.reset();
+        let fresh = measure(&handler, n, fresh_json).await;
+        let per = |service| calls.total(service) as f64 / fresh.records as f64;
+        let (ddb, s3) = (per("dynamodb"), per("s3"));
+        let again = measure(&handler, n, |_| first.clone()).await;
+        println!(
+            "| {what} | {:.1} | {:.1} | {ddb:.2} | {s3:.2} |",
+            fresh.cpu_per_record_us, again.cpu_per_record_us
+        );
+    }
+}
+
 async fn duplicate_calls() {
-    let (handler, calls) = sdk_handler().await;
+    let (handler, _, calls) = sdk_handler(false).await;
     let tag = format!("dup-{}", fastrand::u32(..));
     for (label, copies) in [
         ("each job once", 1),
         ("each job twice", 2),
         ("each job five times", 5),
     ] {
-        let e = parse(&event_json(&format!("{tag}-{copies}"), 100, copies, 0));
+        let e = parse(&event_json(
+            &format!("{tag}-{copies}"),
+            100,
+            copies,
+            Shape::default(),
+        ));
         calls.reset();
         run(&handler, &e).await;
         let jobs = 100 / copies;
@@ -236,7 +540,15 @@ async fn wall_against_ideal() {
         .filter(|n| sizes().any(|s| s >= *n))
     {
         let handler = memory_handler();
-        let e = parse(&event_json(&format!("wall{n}"), n, 1, latency_ms));
+        let e = parse(&event_json(
+            &format!("wall{n}"),
+            n,
+            1,
+            Shape {
+                latency_ms,
+                ..Shape::default()
+            },
+        ));
         let started = Instant::now();
         run(&handler, &e).await;
         let wall = started.elapsed().as_secs_f64();
@@ -258,11 +570,21 @@ fn main() {
     if args.get(1).map(String::as_str) == Some("peak") {
         let n: usize = args.get(2).and_then(|v| v.parse().ok()).unwrap_or(10_000);
         runtime.block_on(async {
-            let (handler, _) = sdk_handler().await;
-            let json = event_json(&format!("peak-{}", fastrand::u32(..)), n, 1, 0);
+            let (handler, _, _) = sdk_handler(false).await;
+            let json = event_json(
+                &format!("peak-{}", fastrand::u32(..)),
+                n,
+                1,
+                Shape::default(),
+            );
             run(&handler, &parse(&json)).await;
             println!("handled one batch of {n} fresh records through the SDK");
         });
+        return;
+    }
+    if args.get(1).map(String::as_str) == Some("floor") {
+        // Only the comparison with the floor (a quick look after a change, or a profiler run).
+        runtime.block_on(floor_table());
         return;
     }
     let local = std::env::var("AWS_ENDPOINT_URL").is_ok_and(|e| e.starts_with("http://127.0.0.1:"));
@@ -273,12 +595,23 @@ fn main() {
         cpu_table(false).await;
         if local {
             cpu_table(true).await;
+            floor_table().await;
+            println!("\nCPU per record against input and answer size (SDK + emulator, results bucket, 10 records per batch):\n");
+            println!("| job | fresh CPU/record (µs) | redelivered CPU/record (µs) | DynamoDB calls/fresh record | S3 calls/fresh record |");
+            println!("| --- | ---: | ---: | ---: | ---: |");
+            size_table().await;
             println!("\nDuplicates within one batch (SDK + emulator):\n");
             println!("| batch | DynamoDB calls | DynamoDB calls per job | SQS calls |");
             println!("| --- | ---: | ---: | ---: |");
             duplicate_calls().await;
         } else {
             println!("\n(AWS_ENDPOINT_URL is not the local emulator: SDK rows skipped; run `make bench`)");
+        }
+        if local {
+            println!("\nRuntime flavour: fresh records' CPU per record (µs), SDK + emulator, medians of {ALTERNATIONS} alternations:\n");
+            println!("| records per batch | current-thread | multi-thread (2 workers) | multi-thread costs |");
+            println!("| ---: | ---: | ---: | ---: |");
+            runtime_row(100);
         }
         println!("\nBatch wall time against the ideal (in-memory ledger, simulated call):\n");
         println!("| records | concurrency | call latency | ideal | measured | ratio |");

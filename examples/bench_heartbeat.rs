@@ -69,6 +69,7 @@ async fn claim_all<L: JobLedger>(ledger: &L, flights: &Flights, n: usize) {
             now,
             lease_until: now + 600_000,
             provider_ref: None,
+            first_sight: false,
         };
         ledger.claim(req).await.expect("claim");
         flights.running(i, &format!("bench-{i}"), 1, now + 600_000, now + 3_600_000);

@@ -512,6 +512,7 @@ async fn lapsed_claim(ledger: &InMemoryLedger, body: &str) {
             now: then,
             lease_until: then + 60_000,
             provider_ref: Some(format!("sim:{}/1", msg.job_id)),
+            first_sight: false,
         })
         .await
         .expect("claim");
@@ -609,6 +610,7 @@ async fn a_stored_input_is_read_only_when_the_delivery_will_call() {
             now,
             lease_until: now + 60_000,
             provider_ref: None,
+            first_sight: false,
         })
         .await
         .expect("claim");

@@ -4,8 +4,9 @@
 
 mod common;
 
+use aws_sdk_dynamodb::types::AttributeValue;
 use fenced_jobs::job::decision::SettleReason;
-use fenced_jobs::job::{Expect, JobRecord, NewJob};
+use fenced_jobs::job::{Expect, JobRecord, JobState, NewJob, attention_key};
 use fenced_jobs::ledger::memory::InMemoryLedger;
 use fenced_jobs::ledger::{
     AttemptEnd, ClaimRequest, CreateRequest, DecideRequest, EnqueuedRequest, FinishRequest,
@@ -36,6 +37,9 @@ fn claim(job: &NewJob, expect: Expect, owner: &str, now: i64) -> ClaimRequest {
         now,
         lease_until: now + 60_000,
         provider_ref: Some(format!("ref:{}/{}", job.job_id, expect.attempts + 1)),
+        // A fresh claim tries the whole-item write first, which must keep the same contract
+        // whether the item is absent or a producer's untouched one.
+        first_sight: expect == Expect::FRESH,
     }
 }
 
@@ -539,4 +543,59 @@ async fn the_in_memory_ledger_and_dynamodb_agree_on_every_conditional_write() {
     let j = memory_items[9].as_ref().expect("j");
     assert_eq!(j.enqueued_at, Some(T + 4));
     assert_eq!(j.input_digest, "d-j");
+}
+
+/// The raw item, as DynamoDB holds it, without the attributes the job id decides.
+async fn raw_item(
+    aws: &common::Emulator,
+    table: &str,
+    id: &str,
+) -> fenced_jobs::ledger::dynamodb::Item {
+    let mut item = aws
+        .ddb
+        .get_item()
+        .table_name(table)
+        .key("job_id", AttributeValue::S(id.to_owned()))
+        .consistent_read(true)
+        .send()
+        .await
+        .expect("get")
+        .item
+        .expect("item");
+    let attention = item
+        .remove("attention")
+        .and_then(|v| v.as_s().ok().cloned());
+    let expected = attention_key(JobState::Running, id);
+    assert_eq!(
+        attention, expected,
+        "{id}: the attention key of a running job"
+    );
+    item.remove("job_id");
+    item
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_on_first_sight_writes_the_item_a_claim_in_place_writes() {
+    let aws = common::emulator().await;
+    let table = aws.table().await;
+    let dynamo = aws.ledger(&table);
+    // The same job twice (only the id differs): created whole by a first-sight claim, and by
+    // the in-place claim's `if_not_exists` update.
+    let whole = job("whole", "d", 3, T + 3_600_000);
+    let in_place = job("in-place", "d", 3, T + 3_600_000);
+    let mut first = claim(&whole, Expect::FRESH, "w1", T);
+    first.first_sight = true;
+    let mut update = claim(&in_place, Expect::FRESH, "w1", T);
+    update.first_sight = false;
+    update.provider_ref = first.provider_ref.clone();
+    let Write::Applied(created) = dynamo.claim(first).await.expect("claim") else {
+        panic!("the first-sight claim is applied");
+    };
+    assert!(matches!(dynamo.claim(update).await, Ok(Write::Applied(_))));
+    assert_eq!(
+        raw_item(&aws, &table, "whole").await,
+        raw_item(&aws, &table, "in-place").await
+    );
+    // What the whole-item write returned is what the table holds.
+    assert_eq!(dynamo.get("whole").await.expect("get"), Some(created));
 }

@@ -1,6 +1,6 @@
 //! Random sequences of ledger operations (claims, renewals, acceptances, releases, recovery
-//! claims, decisions, expiries, creations, references), with current and stale epochs and
-//! clocks that jump, applied to the in-memory ledger and to DynamoDB on the emulator: the same
+//! claims, decisions, expiries, creations, references; claims on first sight or after a read),
+//! with current and stale epochs and clocks that jump, applied to the in-memory ledger and to DynamoDB on the emulator: the same
 //! answer to every operation and the same items at the end. This keeps the fast fake honest.
 //! A failure names the seed and the step, and `LEDGER_PROPERTY_SEED=<seed>` replays it alone.
 
@@ -22,7 +22,8 @@ const JOBS: [&str; 3] = ["a", "b", "c"];
 #[derive(Debug, Clone)]
 enum Op {
     Create(usize, NewJob),
-    Claim(usize, NewJob, Expect, i64),
+    /// The last field: the claimant has seen no item (first sight), whatever the ledger holds.
+    Claim(usize, NewJob, Expect, i64, bool),
     Finish(usize, u64, u32, i64, AttemptEnd),
     Settle(usize, SettleFrom, SettleReason, i64),
     Recover(usize, u64, i64),
@@ -84,7 +85,7 @@ fn op(rng: &mut fastrand::Rng, now: i64, items: &[Option<JobRecord>]) -> Op {
                 epoch: e,
                 attempts: if rng.bool() { attempts } else { e as u32 },
             };
-            Op::Claim(j, job, expect, now)
+            Op::Claim(j, job, expect, now, rng.bool())
         }
         3 | 4 => {
             let end = match rng.u8(0..6) {
@@ -181,7 +182,7 @@ async fn apply<L: JobLedger>(ledger: &L, prefix: &str, op: &Op) -> Write {
                 })
                 .await
         }
-        Op::Claim(j, job, expect, now) => {
+        Op::Claim(j, job, expect, now, first_sight) => {
             ledger
                 .claim(ClaimRequest {
                     job: named(j, job),
@@ -190,6 +191,7 @@ async fn apply<L: JobLedger>(ledger: &L, prefix: &str, op: &Op) -> Write {
                     now: *now,
                     lease_until: now + 30_000,
                     provider_ref: Some(format!("ref{now}")),
+                    first_sight: *first_sight,
                 })
                 .await
         }

@@ -178,6 +178,7 @@ async fn the_reconciler_repairs_a_stopped_producer_and_expires_jobs_past_their_d
             now: now - 59_000,
             lease_until: now + 60_000,
             provider_ref: None,
+            first_sight: false,
         })
         .await
         .expect("claim");
@@ -200,6 +201,7 @@ async fn the_reconciler_repairs_a_stopped_producer_and_expires_jobs_past_their_d
             now: now - 700_000,
             lease_until: now - 640_000,
             provider_ref: None,
+            first_sight: false,
         })
         .await
         .expect("claim");

@@ -313,15 +313,17 @@ async fn one_heartbeat_tick_over_25_slow_records_makes_3_visibility_calls() {
         tokio::time::sleep(Duration::from_millis(3_000)).await;
         (
             aws.calls.get("sqs", "ChangeMessageVisibilityBatch"),
+            aws.calls.get("dynamodb", "PutItem"),
             aws.calls.get("dynamodb", "UpdateItem"),
         )
     };
-    let ((poll, report), (visibility_calls, updates)) =
+    let ((poll, report), (visibility_calls, claims, updates)) =
         tokio::join!(deliver(&source, &handler), observer);
 
     assert_eq!(poll.received, 25);
     assert_eq!(visibility_calls, 3, "25 handles in calls of at most 10");
-    assert_eq!(updates, 25 + 25, "25 claims, then one lease renewal each");
+    assert_eq!(claims, 25, "each new job claimed by one whole-item write");
+    assert_eq!(updates, 25, "then one lease renewal each");
     assert_eq!(poll.deleted, 25);
     // A later tick may find some records already done: never more than that per tick.
     let stats = report.expect("report").stats;
@@ -449,10 +451,10 @@ async fn stalled_ledger_and_visibility_calls_never_hold_the_response_past_the_de
         operation_ms: 1_500,
     };
     for (stalled, job_id) in [
-        (&["UpdateItem"][..], "stall-ddb"),
+        (&["PutItem", "UpdateItem"][..], "stall-ddb"),
         (&["ChangeMessageVisibilityBatch"][..], "stall-sqs"),
     ] {
-        // GIVEN a worker whose UpdateItem (or ChangeMessageVisibilityBatch) calls stall, with
+        // GIVEN a worker whose ledger writes (or ChangeMessageVisibilityBatch calls) stall, with
         // 4 s per invocation
         let queue = aws.queue(2).await;
         aws.send(

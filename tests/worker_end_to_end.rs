@@ -30,7 +30,9 @@ async fn a_fresh_job_succeeds_with_one_provider_call_and_two_ledger_writes() {
     assert_eq!((report.received, report.deleted, report.failed), (1, 1, 0));
     assert_eq!(handler.processor().provider().executions(), 1);
     assert_eq!(aws.calls.total("dynamodb"), 2, "{:?}", aws.calls.counts());
-    assert_eq!(aws.calls.get("dynamodb", "UpdateItem"), 2);
+    // The claim creates the item whole; the acceptance updates it.
+    assert_eq!(aws.calls.get("dynamodb", "PutItem"), 1);
+    assert_eq!(aws.calls.get("dynamodb", "UpdateItem"), 1);
     let record = aws
         .ledger(&table)
         .get("happy-1")
@@ -102,6 +104,7 @@ async fn a_duplicate_while_a_live_owner_holds_the_job_defers_without_a_provider_
             now,
             lease_until: now + 20_000,
             provider_ref: None,
+            first_sight: false,
         })
         .await
         .expect("claim");

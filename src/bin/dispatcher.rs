@@ -10,7 +10,11 @@ use fenced_jobs::ops::dispatch::{StreamEvent, dispatch};
 use lambda_runtime::{LambdaEvent, service_fn};
 use tracing::Instrument;
 
-#[tokio::main]
+// One thread: Lambda runs one invocation at a time per execution environment, with a fraction
+// of a vCPU at small memory sizes, and a multi-thread runtime spends more CPU per AWS request
+// (BENCHMARKS.md, "Runtime flavour") for no gain. The heartbeat and the records share the thread
+// as tasks; nothing here blocks it.
+#[tokio::main(flavor = "current_thread")]
 async fn main() -> Result<(), lambda_runtime::Error> {
     fenced_jobs::logs::init();
     let aws = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;

@@ -15,7 +15,11 @@ use fenced_jobs::queue::SqsTriggers;
 use lambda_runtime::{Diagnostic, LambdaEvent, service_fn};
 use tracing::Instrument;
 
-#[tokio::main]
+// One thread: Lambda runs one invocation at a time per execution environment, with a fraction
+// of a vCPU at small memory sizes, and a multi-thread runtime spends more CPU per AWS request
+// (BENCHMARKS.md, "Runtime flavour") for no gain. The heartbeat and the records share the thread
+// as tasks; nothing here blocks it.
+#[tokio::main(flavor = "current_thread")]
 async fn main() -> Result<(), lambda_runtime::Error> {
     fenced_jobs::logs::init();
 

@@ -415,6 +415,7 @@ mod tests {
             now: 1_000,
             lease_until: 61_000,
             provider_ref: None,
+            first_sight: false,
         };
         assert!(matches!(ledger.claim(claim).await, Ok(Write::Applied(_))));
         let end = FinishRequest {

@@ -299,6 +299,7 @@ mod tests {
             now: T - 60_000,
             lease_until,
             provider_ref: provider_ref.map(str::to_owned),
+            first_sight: false,
         };
         assert!(matches!(ledger.claim(claim).await, Ok(Write::Applied(_))));
     }

@@ -7,7 +7,7 @@ use aws_sdk_dynamodb::types::AttributeValue;
 
 use crate::job::{
     AttemptOutcome, AttemptRecord, BlobRef, DecisionRecord, ErrorRecord, JobRecord, JobState,
-    Millis, RecoveryRecord,
+    Millis, RecoveryRecord, attention_key, finished_day,
 };
 use crate::ledger::LedgerError;
 
@@ -94,6 +94,66 @@ pub(super) fn encode_error(e: &ErrorRecord) -> AttributeValue {
         ("message".to_owned(), s(&e.message)),
         ("at".to_owned(), n(e.at)),
     ]))
+}
+
+/// Encodes a whole record as the item its writes leave: every field (an absent option or an
+/// empty history is no attribute), and the index keys a state carries (`attention` while the
+/// job is live, `finished_on` once it is terminal).
+pub fn encode(r: &JobRecord) -> Item {
+    let mut item = Item::from([
+        ("job_id".to_owned(), s(&r.job_id)),
+        ("state".to_owned(), s(r.state.as_str())),
+        ("owner_epoch".to_owned(), n(r.owner_epoch)),
+        ("attempts".to_owned(), n(r.attempts)),
+        ("max_attempts".to_owned(), n(r.max_attempts)),
+        ("input_digest".to_owned(), s(&r.input_digest)),
+        ("contract".to_owned(), s(&r.contract)),
+        ("input".to_owned(), s(&r.input)),
+        ("deadline_at".to_owned(), n(r.deadline_at)),
+        (
+            "attempt_log".to_owned(),
+            AttributeValue::L(r.attempt_log.iter().map(encode_attempt).collect()),
+        ),
+        ("created_at".to_owned(), n(r.created_at)),
+        ("updated_at".to_owned(), n(r.updated_at)),
+        ("expires_at".to_owned(), n(r.expires_at)),
+    ]);
+    let optional = [
+        ("input_ref", r.input_ref.as_ref().map(encode_blob)),
+        ("metadata", r.metadata.as_deref().map(s)),
+        ("owner_id", r.owner_id.as_deref().map(s)),
+        ("owner_until", r.owner_until.map(n)),
+        ("result", r.result.as_deref().map(s)),
+        ("result_ref", r.result_ref.as_ref().map(encode_blob)),
+        ("last_error", r.last_error.as_ref().map(encode_error)),
+        ("enqueued_at", r.enqueued_at.map(n)),
+        (
+            "recoveries",
+            (!r.recoveries.is_empty())
+                .then(|| AttributeValue::L(r.recoveries.iter().map(encode_recovery).collect())),
+        ),
+        (
+            "decisions",
+            (!r.decisions.is_empty())
+                .then(|| AttributeValue::L(r.decisions.iter().map(encode_decision).collect())),
+        ),
+        (
+            "attention",
+            attention_key(r.state, &r.job_id).map(|k| s(&k)),
+        ),
+        (
+            "finished_on",
+            r.state
+                .is_terminal()
+                .then(|| s(&finished_day(r.updated_at))),
+        ),
+    ];
+    for (name, value) in optional {
+        if let Some(value) = value {
+            item.insert(name.to_owned(), value);
+        }
+    }
+    item
 }
 
 /// Decodes a stored item. A missing or mistyped attribute is `Corrupt`, never a panic.
@@ -297,6 +357,113 @@ mod tests {
             ("state".to_owned(), s("ready")),
         ]);
         assert!(matches!(decode(&item), Err(LedgerError::Corrupt { .. })));
+    }
+
+    fn blob(key: &str) -> BlobRef {
+        BlobRef {
+            bucket: "b".into(),
+            key: key.into(),
+            size: 7,
+            sha256: "ab".repeat(32),
+        }
+    }
+
+    /// A record with every field set, in `state`.
+    fn full_record(state: JobState) -> JobRecord {
+        JobRecord {
+            job_id: "job-1".into(),
+            state,
+            owner_epoch: 3,
+            attempts: 2,
+            max_attempts: 4,
+            input_digest: "cd".repeat(32),
+            contract: "summary.v1".into(),
+            input: "{}".into(),
+            input_ref: Some(blob("inputs/job-1/cd")),
+            metadata: Some(r#"{"tenant":"t"}"#.into()),
+            deadline_at: 9_000,
+            owner_id: Some("owner".into()),
+            owner_until: Some(8_000),
+            attempt_log: vec![AttemptRecord {
+                number: 2,
+                epoch: 3,
+                owner_id: "owner".into(),
+                started_at: 1_000,
+                provider_ref: Some("ref".into()),
+                outcome: AttemptOutcome::Succeeded,
+                finished_at: Some(2_000),
+            }],
+            recoveries: vec![RecoveryRecord {
+                epoch: 2,
+                owner_id: "owner".into(),
+                at: 900,
+                reason: "lease lapsed".into(),
+            }],
+            decisions: vec![DecisionRecord {
+                epoch: 2,
+                action: "retry".into(),
+                by: "operator".into(),
+                reason: "checked".into(),
+                at: 950,
+            }],
+            result: Some("answer".into()),
+            result_ref: Some(blob("results/job-1/3/ab")),
+            last_error: Some(ErrorRecord {
+                kind: "transient".into(),
+                message: "timeout".into(),
+                at: 800,
+            }),
+            created_at: 100,
+            updated_at: 86_400_000 * 3 + 5,
+            expires_at: 99,
+            enqueued_at: Some(150),
+        }
+    }
+
+    #[test]
+    fn an_encoded_record_decodes_as_itself_with_its_index_keys() {
+        let live = full_record(JobState::Running);
+        let item = encode(&live);
+        assert_eq!(decode(&item).expect("decodes"), live);
+        assert_eq!(
+            get_s(&item, "attention"),
+            attention_key(JobState::Running, "job-1").as_deref()
+        );
+        assert!(!item.contains_key("finished_on"));
+
+        let done = full_record(JobState::Succeeded);
+        let item = encode(&done);
+        assert_eq!(decode(&item).expect("decodes"), done);
+        assert!(!item.contains_key("attention"));
+        assert_eq!(get_s(&item, "finished_on"), Some("1970-01-04"));
+
+        // Absent options and empty histories are no attribute at all.
+        let mut bare = full_record(JobState::Ready);
+        (
+            bare.input_ref,
+            bare.metadata,
+            bare.owner_id,
+            bare.owner_until,
+        ) = (None, None, None, None);
+        (
+            bare.result,
+            bare.result_ref,
+            bare.last_error,
+            bare.enqueued_at,
+        ) = (None, None, None, None);
+        (bare.recoveries, bare.decisions) = (Vec::new(), Vec::new());
+        let item = encode(&bare);
+        for name in [
+            "input_ref",
+            "metadata",
+            "owner_id",
+            "result",
+            "recoveries",
+            "decisions",
+        ] {
+            assert!(!item.contains_key(name), "{name}");
+        }
+        assert_eq!(decode(&item).expect("decodes"), bare);
     }
 
     #[test]

@@ -1,8 +1,10 @@
-//! The ledger in DynamoDB: one item per job, every transition one `UpdateItem` with a
-//! `ConditionExpression`, `ReturnValues=ALL_NEW` when applied and
-//! `ReturnValuesOnConditionCheckFailure=ALL_OLD` when refused.
+//! The ledger in DynamoDB: one item per job, every transition one conditional write with
+//! `ReturnValuesOnConditionCheckFailure=ALL_OLD` when refused. A write that creates the item
+//! (a fresh claim, a producer's create, an expiry on first sight) is a `PutItem` of the whole
+//! item on `attribute_not_exists`, which returns nothing when applied (the item is what was
+//! sent); every other one is an `UpdateItem` with `ReturnValues=ALL_NEW`.
 //!
-//! - this file: the client, the one conditional `UpdateItem` every transition goes through, and
+//! - this file: the client, the two conditional writes every transition goes through, and
 //!   the classification of failed requests;
 //! - [`operations`]: one function per transition, each with its condition;
 //! - [`item`]: the item codec (attribute values to and from [`JobRecord`]);
@@ -12,24 +14,23 @@ mod index;
 mod item;
 mod operations;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use aws_sdk_dynamodb::Client;
 use aws_sdk_dynamodb::error::{ProvideErrorMetadata, SdkError};
+use aws_sdk_dynamodb::operation::put_item::PutItemError;
 use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
 use aws_sdk_dynamodb::types::{AttributeValue, ReturnValue, ReturnValuesOnConditionCheckFailure};
 use tracing::Instrument;
 
 pub use index::{ATTENTION_INDEX, DEADLINE_INDEX};
 use item::s;
-pub use item::{Item, decode, from_json_image, to_json_image};
+pub use item::{Item, decode, encode, from_json_image, to_json_image};
 
 #[cfg(doc)]
 use super::LedgerIndex;
 use super::{JobLedger, LedgerError, Write};
-#[cfg(doc)]
-use crate::job::JobRecord;
-use crate::job::{JobState, attention_key, finished_day};
+use crate::job::{JobRecord, JobState, attention_key, finished_day};
 
 /// Attribute names, each used through a `#placeholder` (several are DynamoDB reserved words).
 const NAMES: [(&str, &str); 28] = [
@@ -114,7 +115,10 @@ impl DynamoLedger {
             }
         }
         let update = update.as_str();
-        let used = |token: &str| uses_token(update, token) || uses_token(condition, token);
+        let used: HashSet<&str> = placeholders(update)
+            .chain(placeholders(condition))
+            .collect();
+        let used = |token: &str| used.contains(token);
         let names: HashMap<String, String> = NAMES
             .iter()
             .filter(|(token, _)| used(token))
@@ -152,15 +156,52 @@ impl DynamoLedger {
                 },
             },
             Err(SdkError::ServiceError(e)) => match e.err() {
-                UpdateItemError::ConditionalCheckFailedException(refused) => match refused.item() {
-                    Some(old) => Ok(Write::Refused(Some(decode(old)?))),
-                    // ALL_OLD is absent when there was no item, and some emulators omit it:
-                    // fall back to a consistent read.
-                    None => Ok(Write::Refused(self.get(job_id).await?)),
-                },
+                UpdateItemError::ConditionalCheckFailedException(refused) => {
+                    self.refused(job_id, refused.item()).await
+                }
                 other => Err(classify(operation, other.code())),
             },
             Err(other) => Err(transport_error(operation, &other)),
+        }
+    }
+
+    /// Creates an item whole: one `PutItem` on `attribute_not_exists(job_id)`. The table has no
+    /// update expression to evaluate, and nothing comes back when it applies, since the item is
+    /// the record sent; a refusal returns the item that was there.
+    async fn put_new(
+        &self,
+        operation: &'static str,
+        record: JobRecord,
+    ) -> Result<Write, LedgerError> {
+        let job_id = record.job_id.as_str();
+        let sent = self
+            .client
+            .put_item()
+            .table_name(&self.table)
+            .set_item(Some(encode(&record)))
+            .condition_expression("attribute_not_exists(job_id)")
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+            .send()
+            .instrument(tracing::debug_span!("ledger", operation, job_id))
+            .await;
+        match sent {
+            Ok(_) => Ok(Write::Applied(record)),
+            Err(SdkError::ServiceError(e)) => match e.err() {
+                PutItemError::ConditionalCheckFailedException(refused) => {
+                    self.refused(job_id, refused.item()).await
+                }
+                other => Err(classify(operation, other.code())),
+            },
+            Err(other) => Err(transport_error(operation, &other)),
+        }
+    }
+
+    /// A refused write, with the item `ALL_OLD` returned. It is absent when there was no item,
+    /// and some emulators omit it: then a consistent read tells.
+    async fn refused(&self, job_id: &str, old: Option<&Item>) -> Result<Write, LedgerError> {
+        match old {
+            Some(old) => Ok(Write::Refused(Some(decode(old)?))),
+            None => Ok(Write::Refused(self.get(job_id).await?)),
         }
     }
 }
@@ -213,13 +254,14 @@ fn transport_error<E, R>(operation: &'static str, err: &SdkError<E, R>) -> Ledge
     }
 }
 
-/// True when `expr` uses `token` as a whole placeholder (`:now` is not used by `:now_x`).
-fn uses_token(expr: &str, token: &str) -> bool {
-    expr.match_indices(token).any(|(at, _)| {
-        expr[at + token.len()..]
-            .chars()
-            .next()
-            .is_none_or(|c| !(c.is_ascii_alphanumeric() || c == '_'))
+/// The whole placeholders (`#name`, `:value`) `expr` uses, in one pass.
+fn placeholders(expr: &str) -> impl Iterator<Item = &str> {
+    expr.match_indices(['#', ':']).map(|(at, _)| {
+        let rest = &expr[at + 1..];
+        let len = rest
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .unwrap_or(rest.len());
+        &expr[at..=at + len]
     })
 }
 
@@ -228,10 +270,17 @@ mod tests {
     use super::*;
 
     #[test]
-    fn placeholders_match_whole_tokens_only() {
-        assert!(uses_token("#a = :now", ":now"));
-        assert!(!uses_token("#a = :now_x", ":now"));
-        assert!(uses_token("#log[0].#outcome = :o", "#log"));
-        assert!(!uses_token("#logs = :o", "#log"));
+    fn placeholders_are_whole_tokens() {
+        let found = |expr| placeholders(expr).collect::<Vec<_>>();
+        assert_eq!(found("#a = :now"), ["#a", ":now"]);
+        assert_eq!(found("#a = :now_x"), ["#a", ":now_x"]);
+        assert_eq!(
+            found("#log[0].#outcome = :o, #logs = list_append(#logs, :l)"),
+            ["#log", "#outcome", ":o", "#logs", "#logs", ":l"]
+        );
+        assert_eq!(
+            found("#state IN (:ready,:retry)"),
+            ["#state", ":ready", ":retry"]
+        );
     }
 }

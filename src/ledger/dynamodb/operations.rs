@@ -10,6 +10,7 @@ use super::{DynamoLedger, sdk_error};
 use crate::job::{
     AttemptOutcome, AttemptRecord, JobRecord, JobState, NewJob, RecoveryRecord, ResultBody,
 };
+use crate::ledger::transitions::{apply_claim, apply_create, apply_settle};
 use crate::ledger::{
     AttemptEnd, ClaimRequest, CreateRequest, DecideRequest, EnqueuedRequest, FinishRequest,
     JobLedger, LedgerError, RecordRefRequest, RecoverRequest, RenewRequest, SettleFrom,
@@ -18,6 +19,16 @@ use crate::ledger::{
 
 impl JobLedger for DynamoLedger {
     async fn claim(&self, req: ClaimRequest) -> Result<Write, LedgerError> {
+        // First sight: the item is most likely absent, so create it claimed, whole. Only an
+        // untouched item a producer created is then claimed in place, by the write below.
+        if req.first_sight
+            && let Some(claimed) = apply_claim(None, &req)
+        {
+            match self.put_new("claim", claimed).await? {
+                Write::Refused(Some(there)) if apply_claim(Some(&there), &req).is_some() => {}
+                written => return Ok(written),
+            }
+        }
         let job = &req.job;
         // Invariant: epoch and attempts rise together with the attempt record, before any
         // provider call; the values are the expected ones plus one, so a stale expectation is
@@ -143,23 +154,12 @@ impl JobLedger for DynamoLedger {
             (":err", encode_error(&req.error())),
         ];
         let (update, condition) = match &req.from {
-            SettleFrom::Absent(job) => {
+            SettleFrom::Absent(_) => {
                 // Invariant: a job that arrives after its deadline is recorded terminal, once.
-                values.extend(new_job_values(job));
-                values.extend([(":zero", n(0)), (":empty", AttributeValue::L(Vec::new()))]);
-                let mut update = String::from(
-                    "SET #state = :to, #epoch = :zero, #attempts = :zero, #max = :max, \
-                     #digest = :digest, #contract = :contract, #input = :input, \
-                     #deadline = :deadline, #log = :empty, #err = :err, #created = :now, \
-                     #updated = :now, #ttl = :ttl",
-                );
-                if job.metadata.is_some() {
-                    update.push_str(", #meta = :meta");
-                }
-                if job.input_ref.is_some() {
-                    update.push_str(", #inref = :inref");
-                }
-                (update, "attribute_not_exists(#id)".to_owned())
+                return match apply_settle(None, &req) {
+                    Some(settled) => self.put_new("settle", settled).await,
+                    None => Ok(Write::Refused(None)),
+                };
             }
             SettleFrom::PastDeadline => {
                 // Invariant: past its deadline no job may run or accept, so whoever owns it is
@@ -254,30 +254,11 @@ impl JobLedger for DynamoLedger {
     }
 
     async fn create(&self, req: CreateRequest) -> Result<Write, LedgerError> {
-        let job = &req.job;
         // Invariant: a job is created once; its input, digest, deadline and budget never change.
-        let mut update = String::from(
-            "SET #state = :ready, #epoch = :zero, #attempts = :zero, #max = :max, \
-             #digest = :digest, #contract = :contract, #input = :input, #deadline = :deadline, \
-             #log = :empty, #created = :now, #updated = :now, #ttl = :ttl",
-        );
-        if job.metadata.is_some() {
-            update.push_str(", #meta = :meta");
+        match apply_create(None, &req) {
+            Some(created) => self.put_new("create", created).await,
+            None => Ok(Write::Refused(None)),
         }
-        if job.input_ref.is_some() {
-            update.push_str(", #inref = :inref");
-        }
-        let mut values = new_job_values(job);
-        values.extend([
-            (":ready", s(JobState::Ready.as_str())),
-            (":zero", n(0)),
-            (":empty", AttributeValue::L(Vec::new())),
-            (":now", n(req.now)),
-        ]);
-        let target = Some(JobState::Ready);
-        let condition = "attribute_not_exists(#id)";
-        self.update("create", &job.job_id, &update, condition, values, target)
-            .await
     }
 
     async fn mark_enqueued(&self, req: EnqueuedRequest) -> Result<Write, LedgerError> {
