@@ -74,8 +74,30 @@ def emitted_metrics():
     )
 
 
+def ledger_actions():
+    """The DynamoDB actions the ledger sends, read from the code that sends them."""
+    root = pathlib.Path(__file__).parent.parent / "src/ledger/dynamodb"
+    source = "".join(p.read_text() for p in sorted(root.glob("*.rs")))
+    calls = set(re.findall(r"\.(put_item|update_item|get_item)\(\)", source))
+    return {"dynamodb:" + "".join(w.capitalize() for w in c.split("_")) for c in calls}
+
+
+def role_actions(template, role):
+    actions = set()
+    for name, stmt in statements(template):
+        if name == role and stmt.get("Effect") == "Allow":
+            action = stmt.get("Action", [])
+            actions |= set([action] if isinstance(action, str) else action)
+    return actions
+
+
 def problems(template):
     found = []
+    # The worker writes the ledger with every kind of write the ledger code sends: a role
+    # without one fails on AWS only (AccessDenied), never on the emulator.
+    missing = ledger_actions() - role_actions(template, "WorkerRole")
+    if missing:
+        found.append(f"WorkerRole: the ledger sends {sorted(missing)}, which the role does not allow")
     globals_fn = template.get("Globals", {}).get("Function", {})
     resources = template.get("Resources", {})
 
@@ -235,6 +257,11 @@ def self_test(template):
             "Statement"
         ][0].__setitem__("Action", "dynamodb:*"),
         "own role": lambda t: r(t)["WorkerFunction"]["Properties"].pop("Role"),
+        "ledger writes allowed": lambda t: [
+            stmt["Action"].remove("dynamodb:PutItem")
+            for stmt in r(t)["WorkerRole"]["Properties"]["Policies"][0]["PolicyDocument"]["Statement"]
+            if isinstance(stmt.get("Action"), list) and "dynamodb:PutItem" in stmt["Action"]
+        ],
         "managed policy": lambda t: r(t)["WorkerRole"]["Properties"].__setitem__(
             "ManagedPolicyArns",
             ["arn:aws:iam::aws:policy/service-role/AWSLambdaSQSQueueExecutionRole"],
