@@ -4,7 +4,7 @@
 //! item on `attribute_not_exists`, which returns nothing when applied (the item is what was
 //! sent); every other one is an `UpdateItem` with `ReturnValues=ALL_NEW`.
 //!
-//! - this file: the client, the two conditional writes every transition goes through, and
+//! - this file: the client, the two kinds of conditional write the transitions go through, and
 //!   the classification of failed requests;
 //! - [`operations`]: one function per transition, each with its condition;
 //! - [`item`]: the item codec (attribute values to and from [`JobRecord`]);
