@@ -21,7 +21,8 @@ fn slow_job(id: &str, latency_ms: u64) -> String {
     )
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+// On one thread, as the functions run: the heartbeat and the deadline share it with the records.
+#[tokio::test(flavor = "current_thread")]
 async fn a_record_outlasting_the_visibility_timeout_is_not_redelivered_while_it_runs() {
     // GIVEN a queue with a 2 s visibility timeout and a call that takes 6 s
     let aws = emulator().await;
@@ -251,7 +252,8 @@ async fn a_recovery_takes_the_paused_workers_answer_from_the_provider_without_a_
     assert_eq!(after, item, "A wrote nothing after the recovery");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+// On one thread, as the functions run: the heartbeat and the deadline share it with the records.
+#[tokio::test(flavor = "current_thread")]
 async fn a_batch_outlasting_the_lambda_deadline_returns_in_time_with_cut_short_attempts_recorded() {
     let aws = emulator().await;
     let table = aws.table().await;
@@ -292,7 +294,8 @@ async fn a_batch_outlasting_the_lambda_deadline_returns_in_time_with_cut_short_a
     assert_eq!(handler.processor().provider().executions(), 2);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+// On one thread, as the functions run: the heartbeat and the deadline share it with the records.
+#[tokio::test(flavor = "current_thread")]
 async fn one_heartbeat_tick_over_25_slow_records_makes_3_visibility_calls() {
     let aws = emulator().await;
     let table = aws.table().await;
@@ -441,7 +444,8 @@ async fn stalling_proxy(stalled: &'static [&'static str]) -> HttpStub {
     .await
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+// On one thread, as the functions run: the heartbeat and the deadline share it with the records.
+#[tokio::test(flavor = "current_thread")]
 async fn stalled_ledger_and_visibility_calls_never_hold_the_response_past_the_deadline() {
     let aws = emulator().await;
     let table = aws.table().await;
