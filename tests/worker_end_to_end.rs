@@ -449,3 +449,28 @@ fn new_job(msg: &fenced_jobs::job::JobMessage, now: i64) -> fenced_jobs::job::Ne
         expires_at: now / 1000 + 86_400,
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queues_visibility_timeout_is_read_once_and_a_failed_read_is_not_retried_every_batch() {
+    use fenced_jobs::queue::{SqsVisibility, VisibilityControl};
+    let aws = emulator().await;
+    let queue = aws.queue(45).await;
+    let visibility = SqsVisibility::new(aws.sqs.clone());
+    aws.calls.reset();
+
+    // A queue the role can read: one lookup, then kept.
+    for _ in 0..3 {
+        assert_eq!(visibility.visibility_timeout_s(&queue.arn).await, Some(45));
+    }
+    assert_eq!(aws.calls.get("sqs", "GetQueueAttributes"), 1);
+
+    // A queue that cannot be read (here: absent): one failing lookup, not one per batch.
+    let absent = queue
+        .arn
+        .replace(queue.arn.rsplit(':').next().expect("name"), "no-such-queue");
+    aws.calls.reset();
+    for _ in 0..3 {
+        assert_eq!(visibility.visibility_timeout_s(&absent).await, None);
+    }
+    assert_eq!(aws.calls.total("sqs"), 1, "{:?}", aws.calls.counts());
+}

@@ -99,8 +99,22 @@ impl TriggerSender for SqsTriggers {
 pub struct SqsVisibility {
     client: Client,
     urls: Mutex<HashMap<String, String>>,
-    timeouts: Mutex<HashMap<String, i64>>,
+    timeouts: Mutex<HashMap<String, Learnt>>,
 }
+
+/// What this environment knows of a queue's visibility timeout.
+#[derive(Debug, Clone, Copy)]
+enum Learnt {
+    /// Read from the queue: kept for the environment's life.
+    Seconds(i64),
+    /// The lookup failed at this instant: not asked again for `RELEARN_AFTER`, so a role that
+    /// may not read the queue costs one failing call (and one warning) per five minutes, not
+    /// one per batch. The configured value applies meanwhile.
+    FailedAt(std::time::Instant),
+}
+
+/// How long a failed lookup of a queue's visibility timeout stands before it is tried again.
+const RELEARN_AFTER: std::time::Duration = std::time::Duration::from_secs(300);
 
 impl SqsVisibility {
     /// Visibility control through `client`.
@@ -110,6 +124,24 @@ impl SqsVisibility {
             urls: Mutex::new(HashMap::new()),
             timeouts: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// Reads a queue's `VisibilityTimeout` (a warning, and `None`, when it cannot).
+    async fn read_visibility_timeout(&self, queue_arn: &str) -> Option<i64> {
+        let url = self.queue_url(queue_arn).await?;
+        let out = self
+            .client
+            .get_queue_attributes()
+            .queue_url(url)
+            .attribute_names(aws_sdk_sqs::types::QueueAttributeName::VisibilityTimeout)
+            .send()
+            .await
+            .map_err(|e| tracing::warn!(error = %aws_sdk_sqs::error::DisplayErrorContext(&e), "GetQueueAttributes failed"))
+            .ok()?;
+        out.attributes()?
+            .get(&aws_sdk_sqs::types::QueueAttributeName::VisibilityTimeout)?
+            .parse()
+            .ok()
     }
 
     /// Resolves `arn:aws:sqs:REGION:ACCOUNT:NAME` to the queue URL with `GetQueueUrl`.
@@ -223,36 +255,30 @@ impl SqsVisibility {
 }
 
 impl VisibilityControl for SqsVisibility {
-    /// The queue's `VisibilityTimeout`, read once per execution environment and queue.
+    /// The queue's `VisibilityTimeout`, read once per execution environment and queue (a
+    /// failed read is tried again after `RELEARN_AFTER`).
     async fn visibility_timeout_s(&self, queue_arn: &str) -> Option<i64> {
-        if let Some(s) = self
+        let known = self
             .timeouts
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .get(queue_arn)
-        {
-            return Some(*s);
+            .copied();
+        match known {
+            Some(Learnt::Seconds(s)) => return Some(s),
+            Some(Learnt::FailedAt(at)) if at.elapsed() < RELEARN_AFTER => return None,
+            _ => {}
         }
-        let url = self.queue_url(queue_arn).await?;
-        let out = self
-            .client
-            .get_queue_attributes()
-            .queue_url(url)
-            .attribute_names(aws_sdk_sqs::types::QueueAttributeName::VisibilityTimeout)
-            .send()
-            .await
-            .map_err(|e| tracing::warn!(error = %aws_sdk_sqs::error::DisplayErrorContext(&e), "GetQueueAttributes failed"))
-            .ok()?;
-        let seconds: i64 = out
-            .attributes()?
-            .get(&aws_sdk_sqs::types::QueueAttributeName::VisibilityTimeout)?
-            .parse()
-            .ok()?;
+        let seconds = self.read_visibility_timeout(queue_arn).await;
+        let learnt = seconds.map_or_else(
+            || Learnt::FailedAt(std::time::Instant::now()),
+            Learnt::Seconds,
+        );
         self.timeouts
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .insert(queue_arn.to_owned(), seconds);
-        Some(seconds)
+            .insert(queue_arn.to_owned(), learnt);
+        seconds
     }
 
     async fn change(&self, queue_arn: &str, changes: Vec<VisibilityChange>) -> ChangeResults {
