@@ -12,6 +12,9 @@
 //! single-threaded runtime, as the worker runs, summed over rounds of at least `ROUND_MS` of wall
 //! time and divided by the records (or requests) handled.
 
+#[path = "support/cpu.rs"]
+mod cpu;
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -31,22 +34,11 @@ use fenced_jobs::worker::Settings;
 use fenced_jobs::worker::handler::BatchHandler;
 use fenced_jobs::worker::processor::{Invocation, Processor};
 
+use cpu::{median, process_cpu_ns};
+
 const ARN: &str = "arn:aws:sqs:us-east-1:123456789012:bench";
 const SIZES: [usize; 4] = [10, 100, 1_000, 10_000];
 const ROUND_MS: u64 = 1_000;
-
-/// CPU time of every live thread of this process, in nanoseconds.
-fn process_cpu_ns() -> u64 {
-    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
-        return 0;
-    };
-    tasks
-        .filter_map(|task| {
-            let stat = std::fs::read_to_string(task.ok()?.path().join("schedstat")).ok()?;
-            stat.split_whitespace().next()?.parse::<u64>().ok()
-        })
-        .sum()
-}
 
 /// No heartbeat (these records are fast; `bench_heartbeat` measures ticks), no jitter in play.
 fn settings() -> Settings {
@@ -369,12 +361,6 @@ async fn cpu_table(sdk: bool) {
             fresh.cpu_per_record_us, redelivered.cpu_per_record_us
         );
     }
-}
-
-/// The median of `values`.
-fn median(mut values: Vec<f64>) -> f64 {
-    values.sort_by(f64::total_cmp);
-    values[values.len() / 2]
 }
 
 /// How many times the floor and the handler alternate in one comparison, and for how long each.

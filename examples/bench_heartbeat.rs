@@ -2,8 +2,11 @@
 //! DynamoDB calls one heartbeat tick makes and the heartbeat's own CPU time per tick (median of
 //! the ticks), with the in-memory adapters and through the AWS SDK on the local emulator.
 //!
-//! The runtime is single-threaded, so the CPU time of its one thread is the heartbeat's (SDK
-//! request building, signing and I/O included; the emulator runs in another process).
+//! The runtime is single-threaded, and the CPU time is the process's (SDK request building,
+//! signing and I/O included; the emulator runs in another process).
+
+#[path = "support/cpu.rs"]
+mod cpu;
 
 use std::time::{Duration, Instant};
 
@@ -17,23 +20,12 @@ use fenced_jobs::testing::sdk_calls::counted_clients;
 use fenced_jobs::worker::Settings;
 use fenced_jobs::worker::heartbeat::{Delivered, Flights, Heartbeat};
 
+use cpu::{median, process_cpu_ns};
+
 const SIZES: [usize; 3] = [10, 100, 1_000];
 const ROUNDS: usize = 5;
 const ROUND_MS: u64 = 300;
 const ARN: &str = "arn:aws:sqs:us-east-1:123456789012:bench";
-
-/// CPU time of the calling thread, in nanoseconds (Linux schedstat).
-fn thread_cpu_ns() -> u64 {
-    std::fs::read_to_string("/proc/thread-self/schedstat")
-        .ok()
-        .and_then(|s| s.split_whitespace().next().and_then(|v| v.parse().ok()))
-        .unwrap_or(0)
-}
-
-fn median(mut v: Vec<u64>) -> u64 {
-    v.sort_unstable();
-    v[v.len() / 2]
-}
 
 fn settings() -> Settings {
     Settings {
@@ -95,13 +87,13 @@ async fn ticks<L: JobLedger, V: VisibilityControl>(
     let mut total = 0;
     for _ in 0..ROUNDS {
         let started = Instant::now();
-        let before = thread_cpu_ns();
+        let before = process_cpu_ns();
         let mut reps = 0;
         while reps == 0 || started.elapsed() < Duration::from_millis(ROUND_MS) {
             beat.tick().await;
             reps += 1;
         }
-        per_tick.push((thread_cpu_ns() - before) / reps);
+        per_tick.push((process_cpu_ns() - before) / reps);
         total += reps;
     }
     (total, median(per_tick))
