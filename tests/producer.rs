@@ -83,6 +83,7 @@ async fn submit_writes_the_ledger_first_then_sends_and_the_worker_runs_every_job
     tokio::time::sleep(std::time::Duration::from_millis(1_100)).await;
     let handler = aws.handler(&table, SimulatedProvider::new(), fast_settings());
     let source = aws.source(&queue).await;
+    aws.calls.reset();
     let mut done = 0;
     for _ in 0..5 {
         let (poll, _) = deliver(&source, &handler).await;
@@ -92,6 +93,18 @@ async fn submit_writes_the_ledger_first_then_sends_and_the_worker_runs_every_job
         }
     }
     assert_eq!(done, 3);
+    // The whole-job messages say their items exist, so each is claimed in place at once (no
+    // whole-item write refused first); the by-id trigger reads its item once.
+    assert_eq!(
+        (
+            aws.calls.get("dynamodb", "PutItem"),
+            aws.calls.get("dynamodb", "GetItem"),
+            aws.calls.get("dynamodb", "UpdateItem"),
+        ),
+        (0, 1, 6),
+        "{:?}",
+        aws.calls.counts()
+    );
     for id in ["p-1", "p-2", "p-big"] {
         let item = ledger.get(id).await.expect("get").expect("item");
         assert_eq!(

@@ -102,6 +102,10 @@ pub enum InvalidMessage {
 
 /// What a message asks for: a whole job, or (`{"job_id": ...}` alone) a job the ledger holds.
 #[derive(Debug, Clone, PartialEq)]
+#[expect(
+    clippy::large_enum_variant,
+    reason = "one trigger per record, most of them whole jobs: boxing would add an allocation each"
+)]
 pub enum Trigger {
     /// The message carries the job.
     Job(JobMessage),
@@ -180,6 +184,10 @@ pub struct JobMessage {
     /// Where the input is stored when it is too large for the ledger item (`input_canonical`
     /// still holds it, for the call).
     pub input_ref: Option<super::BlobRef>,
+    /// The ledger already holds the job's item: a producer created it before sending this
+    /// message (which says so), or the message was made from the item. Its first claim is then
+    /// made in place, not by creating the item.
+    pub in_ledger: bool,
 }
 
 /// Rules for a job's input beyond the contract's, supplied by what runs the job (the simulated
@@ -301,6 +309,7 @@ fn parse_job(body: &str, check: InputCheck, limit: usize) -> Result<JobMessage, 
         max_attempts,
         metadata,
         input_ref: None,
+        in_ledger: false,
     })
 }
 
@@ -316,6 +325,7 @@ impl JobMessage {
             max_attempts: Some(record.max_attempts),
             metadata: record.metadata.clone(),
             input_ref: record.input_ref.clone(),
+            in_ledger: true,
         }
     }
 

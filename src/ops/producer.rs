@@ -210,6 +210,7 @@ async fn submit_chunk<L: JobLedger>(
                 Outgoing {
                     job_id: msg.job_id.clone(),
                     body: text.to_owned(),
+                    in_ledger: true,
                 }
             } else {
                 Outgoing::by_id(&msg.job_id)

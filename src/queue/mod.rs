@@ -14,7 +14,7 @@ pub use dead_letters::{DeadLetter, DeadLetterQueue};
 pub use sqs::{SqsDeadLetters, SqsTriggers, SqsVisibility};
 #[cfg(any(test, feature = "test-support"))]
 pub use triggers::RecordingTriggers;
-pub use triggers::{Outgoing, Sent, TriggerSender};
+pub use triggers::{IN_LEDGER_ATTRIBUTE, Outgoing, Sent, TriggerSender};
 #[cfg(any(test, feature = "test-support"))]
 pub use visibility::RecordingVisibility;
 pub use visibility::{

@@ -11,7 +11,9 @@ use futures::future::BoxFuture;
 use futures::{StreamExt, stream};
 
 use super::dead_letters::{DeadLetter, DeadLetterQueue};
-use super::triggers::{Outgoing, Sent, TriggerSender, batches, batches_by, dedup_id};
+use super::triggers::{
+    IN_LEDGER_ATTRIBUTE, Outgoing, Sent, TriggerSender, batches, batches_by, dedup_id,
+};
 use super::{ChangeResult, ChangeResults, VisibilityChange, VisibilityControl};
 
 /// SQS allows at most ten entries per batch call.
@@ -49,6 +51,14 @@ impl TriggerSender for SqsTriggers {
                     let mut entry = SendMessageBatchRequestEntry::builder()
                         .id(i.to_string())
                         .message_body(&t.body);
+                    if t.in_ledger {
+                        let mark = aws_sdk_sqs::types::MessageAttributeValue::builder()
+                            .data_type("String")
+                            .string_value("true")
+                            .build()
+                            .ok()?;
+                        entry = entry.message_attributes(IN_LEDGER_ATTRIBUTE, mark);
+                    }
                     if fifo {
                         entry = entry
                             .message_group_id(&t.job_id)

@@ -18,7 +18,14 @@ pub struct Outgoing {
     pub job_id: String,
     /// The message body.
     pub body: String,
+    /// The job's item was created before this message was sent: the message carries
+    /// [`IN_LEDGER_ATTRIBUTE`], so that the worker claims it in place on first sight.
+    pub in_ledger: bool,
 }
+
+/// The message attribute (`String`, `"true"`) of a whole-job message whose item the producer
+/// created first.
+pub const IN_LEDGER_ATTRIBUTE: &str = "JobInLedger";
 
 impl Outgoing {
     /// A trigger that carries only the job id.
@@ -26,6 +33,7 @@ impl Outgoing {
         Outgoing {
             job_id: job_id.to_owned(),
             body: json!({ "job_id": job_id }).to_string(),
+            in_ledger: true,
         }
     }
 }
@@ -142,6 +150,7 @@ mod tests {
         let big = |id: &str| Outgoing {
             job_id: id.to_owned(),
             body: "x".repeat(400_000),
+            in_ledger: false,
         };
         let large = vec![big("a"), big("b"), big("c")];
         let sizes: Vec<usize> = batches(&large).iter().map(|b| b.len()).collect();

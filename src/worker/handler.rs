@@ -27,7 +27,8 @@ use crate::job::{Failure, JobMessage, JobRecord, RecordOutcome, Trigger};
 use crate::ledger::JobLedger;
 use crate::provider::Provider;
 use crate::queue::{
-    DeadLetter, DeadLetterQueue, VisibilityChange, VisibilityControl, VisibilityReport,
+    DeadLetter, DeadLetterQueue, IN_LEDGER_ATTRIBUTE, VisibilityChange, VisibilityControl,
+    VisibilityReport,
 };
 pub use crate::report::{BatchReport, JobSummary, RecordReport};
 
@@ -106,10 +107,11 @@ impl<L: JobLedger, P: Provider, C: Clock, V: VisibilityControl> BatchHandler<L, 
         let blobs = self.processor.blobs();
         let entries: Vec<Entry<'_>> = stream::iter(&event.records)
             .map(|record| async move {
-                Entry {
-                    record,
-                    parsed: resolve_body(blobs, record.body.as_deref()).await,
+                let mut parsed = resolve_body(blobs, record.body.as_deref()).await;
+                if let Ok(Trigger::Job(msg)) = &mut parsed {
+                    msg.in_ledger = in_ledger(record);
                 }
+                Entry { record, parsed }
             })
             .buffered(PAYLOAD_READS)
             .collect()
@@ -453,6 +455,16 @@ impl<L: JobLedger, P: Provider, C: Clock, V: VisibilityControl> BatchHandler<L, 
             }
         }
     }
+}
+
+/// Whether the producer marked the message's job as already in the ledger (it created the
+/// item before sending).
+fn in_ledger(record: &SqsMessage) -> bool {
+    record
+        .message_attributes
+        .get(IN_LEDGER_ATTRIBUTE)
+        .and_then(|a| a.string_value.as_deref())
+        == Some("true")
 }
 
 /// An event without a readable `Records` array: nothing in it can be named, so nothing may be

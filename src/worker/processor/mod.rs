@@ -241,8 +241,9 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
                                 provider_ref: self
                                     .provider
                                     .reference(&job.job_id, expect.attempts + 1),
-                                // Nothing read yet: a whole-job message's first write.
-                                first_sight: view.is_none(),
+                                // Nothing read yet, and nothing says the item exists: a
+                                // whole-job message's first write.
+                                first_sight: view.is_none() && !msg.in_ledger,
                             };
                             let written = self.ledger.claim(req).await;
                             self.recognise(written, &job.job_id, |seen| {
