@@ -75,7 +75,8 @@ def emitted_metrics():
 
 
 def ledger_actions():
-    """The DynamoDB actions the ledger sends, read from the code that sends them."""
+    """The item reads and writes the ledger sends (the worker's; the index queries are the
+    reconciler's), read from the code that sends them."""
     root = pathlib.Path(__file__).parent.parent / "src/ledger/dynamodb"
     source = "".join(p.read_text() for p in sorted(root.glob("*.rs")))
     calls = set(re.findall(r"\.(put_item|update_item|get_item)\(\)", source))

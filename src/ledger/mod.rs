@@ -90,8 +90,9 @@ pub struct ClaimRequest {
     /// The reference the provider will know this attempt by, when the client assigns it (an
     /// idempotency key): recorded with the attempt, so a recovery can ask the provider.
     pub provider_ref: Option<String>,
-    /// The claimant has read no item of this job (a whole-job message's first write), so the
-    /// item is most likely absent and a ledger may try to create it whole first. Condition and
+    /// The claimant has read no item of this job and its message does not say one exists (a
+    /// whole-job message's first write), so the item is most likely absent and a ledger may try
+    /// to create it whole first. Condition and
     /// effect are the same either way; only the cost differs.
     pub first_sight: bool,
 }
