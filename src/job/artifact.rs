@@ -4,7 +4,7 @@
 use sha2::{Digest, Sha256};
 
 /// A payload stored as an object: where it is, how large, and the SHA-256 of its bytes.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct BlobRef {
     /// S3 bucket.
     pub bucket: String,
@@ -41,7 +41,7 @@ impl std::fmt::Display for BlobRef {
 }
 
 /// An accepted answer: inline in the item, or stored as an object the item references.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum ResultBody {
     /// The answer itself (JSON).
     Inline(String),

@@ -66,7 +66,7 @@ pub const INLINE_LIMIT_BYTES: usize = 160 * 1024;
 pub const ITEM_HEADROOM_BYTES: usize = 8 * 1024;
 
 /// One job's ledger item, decoded.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct JobRecord {
     /// Partition key: the application's job id.
     pub job_id: String,
@@ -169,7 +169,7 @@ impl JobRecord {
 }
 
 /// The evidence kept for one attempt.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct AttemptRecord {
     /// 1-based attempt number.
     pub number: u32,
@@ -188,7 +188,7 @@ pub struct AttemptRecord {
 }
 
 /// How an attempt ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum AttemptOutcome {
     /// Claimed; no outcome recorded yet.
     Pending,
@@ -231,7 +231,7 @@ impl AttemptOutcome {
 }
 
 /// A recovery claim: who fenced a lapsed owner, when and why.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct RecoveryRecord {
     /// The epoch the recovery claim raised the job to.
     pub epoch: u64,
@@ -244,7 +244,7 @@ pub struct RecoveryRecord {
 }
 
 /// A recorded decision about an uncertain attempt: who allowed what, when and why.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct DecisionRecord {
     /// The epoch the decision was written at.
     pub epoch: u64,
@@ -260,7 +260,7 @@ pub struct DecisionRecord {
 
 /// The last error recorded on a job. Messages are classifications, never provider text with
 /// prompt or answer content.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct ErrorRecord {
     /// Short machine-readable kind (`transient`, `permanent`, `uncertain`, `deadline`, `budget`).
     pub kind: String,
@@ -272,7 +272,7 @@ pub struct ErrorRecord {
 
 /// What a claim creates when the job is not in the ledger yet: the job as its message carries it,
 /// with defaults applied by the caller.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct NewJob {
     /// Job id.
     pub job_id: String,

@@ -1,6 +1,6 @@
 //! The outcome of one SQS record and the visibility its failure is given.
 
-use super::{InvalidMessage, JobState, Millis};
+use super::{InvalidMessage, JobState, Millis, Next};
 
 /// SQS keeps a message for at most 12 hours of visibility from its first receive.
 pub const SQS_MAX_VISIBILITY_S: i64 = 43_200;
@@ -29,6 +29,41 @@ impl RecordOutcome {
             self,
             RecordOutcome::Done(_) | RecordOutcome::DeadLettered(_)
         )
+    }
+
+    /// The outcome of a delivery that decided from `next` without a write of its own. A
+    /// decision to claim or settle that is not carried out here (a duplicate in the batch, a
+    /// refused end of attempt) backs off.
+    pub fn from_next(next: Next, message_digest: &str) -> RecordOutcome {
+        match next {
+            Next::Finished(state) => RecordOutcome::Done(state),
+            Next::Conflict { ledger_digest } => RecordOutcome::Failed(Failure::Conflict {
+                ledger_digest,
+                message_digest: message_digest.to_owned(),
+            }),
+            Next::Defer { remaining_ms } => {
+                RecordOutcome::Failed(Failure::Deferred { remaining_ms })
+            }
+            Next::AwaitDecision => RecordOutcome::Failed(Failure::AwaitingDecision),
+            Next::AwaitRecovery => RecordOutcome::Failed(Failure::AwaitingRecovery),
+            Next::Claim(_) | Next::Settle(_) => RecordOutcome::Failed(Failure::Backoff {
+                retry_after_ms: None,
+                cause: "retry",
+            }),
+        }
+    }
+
+    /// The outcome after the delivery's own write ended an attempt or settled the job in
+    /// `state`: a success only when that state is terminal.
+    pub fn after_write(state: JobState, retry_after_ms: Option<Millis>) -> RecordOutcome {
+        match state {
+            s if s.is_terminal() => RecordOutcome::Done(s),
+            JobState::Unknown => RecordOutcome::Failed(Failure::AwaitingDecision),
+            _ => RecordOutcome::Failed(Failure::Backoff {
+                retry_after_ms,
+                cause: "retry authorized",
+            }),
+        }
     }
 
     /// A short stable label for logs and summaries.

@@ -7,6 +7,7 @@ use super::{
     ClaimRequest, CreateRequest, DecideRequest, EnqueuedRequest, FinishRequest, RecordRefRequest,
     RecoverRequest, RenewRequest, SettleFrom, SettleRequest,
 };
+use crate::job::decision::Expect;
 use crate::job::{AttemptOutcome, AttemptRecord, JobRecord, JobState, RecoveryRecord};
 
 /// Claim: see [`ClaimRequest`].
@@ -206,4 +207,23 @@ pub fn apply_decide(current: Option<&JobRecord>, req: &DecideRequest) -> Option<
     next.updated_at = req.now;
     next.decisions.push(req.decision());
     Some(next)
+}
+
+/// Whether `seen` shows the claim of `owner_id`, made expecting `expect`, applied: how a claimant
+/// recognises its own write whose answer was lost (the owner id is unique to each delivery).
+pub fn shows_claim(seen: &JobRecord, expect: Expect, owner_id: &str) -> bool {
+    seen.state == JobState::Running
+        && seen.owner_epoch == expect.epoch + 1
+        && seen.owner_id.as_deref() == Some(owner_id)
+}
+
+/// Whether `seen` shows the recovery claim of `owner_id` from `seen_epoch` applied.
+pub fn shows_recovery(seen: &JobRecord, seen_epoch: u64, owner_id: &str) -> bool {
+    seen.owner_epoch == seen_epoch + 1 && seen.owner_id.as_deref() == Some(owner_id)
+}
+
+/// Whether `seen` shows the owner at `epoch` ended its attempt in `target` (an end of attempt
+/// keeps the epoch, and only that owner writes that state at that epoch).
+pub fn shows_end(seen: &JobRecord, epoch: u64, target: JobState) -> bool {
+    seen.owner_epoch == epoch && seen.state == target
 }

@@ -4,9 +4,11 @@
 //! - [`processor`]: one delivery: claim or classify, call, end the attempt;
 //! - [`heartbeat`]: keeps records invisible and leases renewed while calls run;
 //! - [`batch`]: pure: which records the response names;
+//! - [`ending`]: pure: how an attempt ends, from the provider's word;
 //! - [`settings`]: the worker's own settings.
 
 pub mod batch;
+pub mod ending;
 pub mod handler;
 pub mod heartbeat;
 pub mod processor;

@@ -1,4 +1,4 @@
-//! Ending an attempt: what the provider's word makes of it (`end_of`, `uncertain`), the one
+//! Ending an attempt: what the provider's word makes of it (through [`crate::worker::ending`]), the one
 //! conditional write that records it, and the hand-over of a call still running upstream.
 
 use std::time::Duration;
@@ -7,13 +7,12 @@ use super::{
     Invocation, Processed, Processor, backoff, failed, ledger_failure, outcome_of, settled,
 };
 use crate::clock::Clock;
-use crate::job::decision::{DeadlinePhase, Next, deadline_phase, next_step};
-use crate::job::{
-    AttemptOutcome, Failure, JobMessage, JobRecord, JobState, Millis, RecordOutcome, ResultBody,
-};
+use crate::job::decision::{Next, next_step};
+use crate::job::{Failure, JobMessage, JobRecord, JobState, Millis, RecordOutcome, ResultBody};
+use crate::ledger::transitions::shows_end;
 use crate::ledger::{AttemptEnd, FinishRequest, JobLedger, LedgerError, RenewRequest, Write};
 use crate::provider::{Answer, Provider, ProviderError};
-use crate::worker::settings::ReplayPolicy;
+use crate::worker::ending::{acceptable_end, attempt_end, uncertain_end};
 
 impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
     /// Ends the owner's attempt with one write conditional on its epoch. A refusal that shows
@@ -35,16 +34,12 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
     ) -> Processed {
         let epoch = claimed.owner_epoch;
         let attempt = claimed.attempts;
-        let phase = deadline_phase(
-            claimed.deadline_at,
-            self.clock.now_ms(),
-            self.settings.skew_ms,
-        );
-        if matches!(end, AttemptEnd::Succeeded { .. }) && phase != DeadlinePhase::Open {
-            // Within the clock-skew margin of the deadline an answer is not accepted: a clock
-            // behind by the margin could accept it after the deadline. The attempt is over.
-            tracing::warn!(job_id = %msg.job_id, "answer came within the skew margin of the deadline; not accepted");
-            end = AttemptEnd::Expired;
+        let now = self.clock.now_ms();
+        if matches!(end, AttemptEnd::Succeeded { .. }) {
+            end = acceptable_end(end, claimed.deadline_at, now, self.settings.skew_ms);
+            if end == AttemptEnd::Expired {
+                tracing::warn!(job_id = %msg.job_id, "answer came within the skew margin of the deadline; not accepted");
+            }
         }
         if let AttemptEnd::Succeeded {
             result: ResultBody::Inline(body),
@@ -70,9 +65,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
                     return self.waiting(settled(record, retry_after_ms), asked);
                 }
                 // Our own write, applied on a first try whose response was lost.
-                Ok(Write::Refused(Some(seen)))
-                    if seen.owner_epoch == epoch && seen.state == target =>
-                {
+                Ok(Write::Refused(Some(seen))) if shows_end(&seen, epoch, target) => {
                     return self.waiting(settled(seen, retry_after_ms), asked);
                 }
                 Ok(Write::Refused(seen)) => break (seen, accepting, now),
@@ -215,74 +208,19 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         failed(Failure::Deferred { remaining_ms }, Some(view))
     }
 
-    /// How an attempt ends, from what the provider said (by the call or by a retrieval), and
-    /// the wait the provider asked for, if any.
+    /// How an attempt ends, from what the provider said (see [`attempt_end`]).
     pub(super) fn end_of(
         &self,
         result: Result<Answer, ProviderError>,
         job: &JobRecord,
         now: Millis,
     ) -> (AttemptEnd, Option<Millis>) {
-        match result {
-            // Where the answer is kept is decided when the attempt ends (`place_result`).
-            Ok(answer) => (
-                AttemptEnd::Succeeded {
-                    result: ResultBody::Inline(answer.body),
-                },
-                None,
-            ),
-            Err(ProviderError::Transient {
-                retry_after_ms,
-                reason,
-            }) => {
-                let end = if now >= job.deadline_at {
-                    AttemptEnd::Expired
-                } else if job.attempts >= job.max_attempts {
-                    AttemptEnd::FailedTerminal {
-                        kind: "budget",
-                        error: format!("attempt budget spent; last error: {reason}"),
-                    }
-                } else {
-                    AttemptEnd::RetryAuthorized { error: reason }
-                };
-                (end, retry_after_ms)
-            }
-            Err(ProviderError::Permanent { reason }) => (
-                AttemptEnd::FailedTerminal {
-                    kind: "permanent",
-                    error: reason,
-                },
-                None,
-            ),
-            Err(ProviderError::Uncertain { evidence }) => {
-                (self.uncertain(evidence, job, now), None)
-            }
-        }
+        attempt_end(result, job, now, self.settings.replay)
     }
 
-    /// How an attempt with an unknown outcome ends: `unknown`, waiting for a decision, unless the
-    /// replay policy accepts a possible duplicate call and the job has budget and time left, in
-    /// which case that decision is recorded and another attempt authorised. An attempt already
-    /// recorded uncertain (a job that was `unknown` before this delivery asked about it again)
-    /// is never replayed by the policy: it applies when the uncertainty arises, so turning it on
-    /// does not replay old `unknown` jobs.
+    /// How an attempt with an unknown outcome ends (see [`uncertain_end`]).
     pub(super) fn uncertain(&self, evidence: String, job: &JobRecord, now: Millis) -> AttemptEnd {
-        let already_unknown = job
-            .attempt_log
-            .last()
-            .is_some_and(|a| a.outcome == AttemptOutcome::Uncertain);
-        let replay = self.settings.replay == ReplayPolicy::Replay
-            && !already_unknown
-            && job.attempts < job.max_attempts
-            && now < job.deadline_at;
-        if replay {
-            AttemptEnd::Replay {
-                evidence,
-                by: "replay-policy".to_owned(),
-            }
-        } else {
-            AttemptEnd::Unknown { evidence }
-        }
+        uncertain_end(evidence, job, now, self.settings.replay)
     }
 }
 

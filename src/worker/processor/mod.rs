@@ -29,6 +29,7 @@ use crate::job::{
     Failure, InvalidMessage, JobMessage, JobRecord, JobState, Millis, NewJob, RecordOutcome,
     Trigger,
 };
+use crate::ledger::transitions::{shows_claim, shows_recovery};
 use crate::ledger::{
     AttemptEnd, ClaimRequest, JobLedger, LedgerError, RecoverRequest, SettleFrom, SettleRequest,
     Write,
@@ -247,9 +248,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
                             };
                             let written = self.ledger.claim(req).await;
                             self.recognise(written, &job.job_id, |seen| {
-                                seen.state == JobState::Running
-                                    && seen.owner_epoch == expect.epoch + 1
-                                    && seen.owner_id.as_deref() == Some(owner_id)
+                                shows_claim(seen, expect, owner_id)
                             })
                             .await
                         }
@@ -291,8 +290,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
                             let written = self.ledger.recover(req).await;
                             let written = self
                                 .recognise(written, &job.job_id, |seen| {
-                                    seen.owner_epoch == seen_epoch + 1
-                                        && seen.owner_id.as_deref() == Some(owner_id)
+                                    shows_recovery(seen, seen_epoch, owner_id)
                                 })
                                 .await;
                             match written {
@@ -429,31 +427,13 @@ impl From<(AttemptEnd, Option<Millis>)> for Waited {
 
 /// Maps a decision that needs no write to the record's outcome.
 fn outcome_of(next: Next, message_digest: &str) -> RecordOutcome {
-    match next {
-        Next::Finished(state) => RecordOutcome::Done(state),
-        Next::Conflict { ledger_digest } => RecordOutcome::Failed(Failure::Conflict {
-            ledger_digest,
-            message_digest: message_digest.to_owned(),
-        }),
-        Next::Defer { remaining_ms } => RecordOutcome::Failed(Failure::Deferred { remaining_ms }),
-        Next::AwaitDecision => RecordOutcome::Failed(Failure::AwaitingDecision),
-        Next::AwaitRecovery => RecordOutcome::Failed(Failure::AwaitingRecovery),
-        Next::Claim(_) | Next::Settle(_) => RecordOutcome::Failed(backoff("retry")),
-    }
+    RecordOutcome::from_next(next, message_digest)
 }
 
 /// The outcome after our own write ended an attempt or settled the job.
 fn settled(record: JobRecord, retry_after_ms: Option<Millis>) -> Processed {
-    let outcome = match record.state {
-        s if s.is_terminal() => RecordOutcome::Done(s),
-        JobState::Unknown => RecordOutcome::Failed(Failure::AwaitingDecision),
-        _ => RecordOutcome::Failed(Failure::Backoff {
-            retry_after_ms,
-            cause: "retry authorized",
-        }),
-    };
     Processed {
-        outcome,
+        outcome: RecordOutcome::after_write(record.state, retry_after_ms),
         view: Some(record),
     }
 }

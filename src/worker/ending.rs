@@ -1,0 +1,101 @@
+//! How an attempt ends, as pure functions of the provider's word, the job and the clock. The
+//! processor applies them; the protocol's model checker (`make model-check`) drives the same
+//! functions through every interleaving it explores.
+
+use super::settings::ReplayPolicy;
+use crate::job::decision::{DeadlinePhase, deadline_phase};
+use crate::job::{AttemptOutcome, JobRecord, Millis, ResultBody};
+use crate::ledger::AttemptEnd;
+use crate::provider::{Answer, ProviderError};
+
+/// How the current attempt of `job` ends, from what the provider said (by the call or by a
+/// retrieval), and the wait the provider asked for, if any. Where an answer is kept is decided
+/// later, when the attempt's end is written.
+pub fn attempt_end(
+    result: Result<Answer, ProviderError>,
+    job: &JobRecord,
+    now: Millis,
+    replay: ReplayPolicy,
+) -> (AttemptEnd, Option<Millis>) {
+    match result {
+        Ok(answer) => (
+            AttemptEnd::Succeeded {
+                result: ResultBody::Inline(answer.body),
+            },
+            None,
+        ),
+        Err(ProviderError::Transient {
+            retry_after_ms,
+            reason,
+        }) => {
+            let end = if now >= job.deadline_at {
+                AttemptEnd::Expired
+            } else if job.attempts >= job.max_attempts {
+                AttemptEnd::FailedTerminal {
+                    kind: "budget",
+                    error: format!("attempt budget spent; last error: {reason}"),
+                }
+            } else {
+                AttemptEnd::RetryAuthorized { error: reason }
+            };
+            (end, retry_after_ms)
+        }
+        Err(ProviderError::Permanent { reason }) => (
+            AttemptEnd::FailedTerminal {
+                kind: "permanent",
+                error: reason,
+            },
+            None,
+        ),
+        Err(ProviderError::Uncertain { evidence }) => {
+            (uncertain_end(evidence, job, now, replay), None)
+        }
+    }
+}
+
+/// How an attempt with an unknown outcome ends: `unknown`, waiting for a decision, unless the
+/// replay policy accepts a possible duplicate call and the job has budget and time left, in
+/// which case that decision is recorded and another attempt authorised. An attempt already
+/// recorded uncertain (a job that was `unknown` before this delivery asked about it again) is
+/// never replayed by the policy: it applies when the uncertainty arises, so turning it on does
+/// not replay old `unknown` jobs.
+pub fn uncertain_end(
+    evidence: String,
+    job: &JobRecord,
+    now: Millis,
+    replay: ReplayPolicy,
+) -> AttemptEnd {
+    let already_unknown = job
+        .attempt_log
+        .last()
+        .is_some_and(|a| a.outcome == AttemptOutcome::Uncertain);
+    let replays = replay == ReplayPolicy::Replay
+        && !already_unknown
+        && job.attempts < job.max_attempts
+        && now < job.deadline_at;
+    if replays {
+        AttemptEnd::Replay {
+            evidence,
+            by: "replay-policy".to_owned(),
+        }
+    } else {
+        AttemptEnd::Unknown { evidence }
+    }
+}
+
+/// The end an owner may write at `now`: an answer that comes within the clock-skew margin of the
+/// deadline is not accepted (a clock behind by the margin could accept it after the deadline),
+/// and the attempt expires instead. Any other end is written as it is.
+pub fn acceptable_end(
+    end: AttemptEnd,
+    deadline_at: Millis,
+    now: Millis,
+    skew_ms: Millis,
+) -> AttemptEnd {
+    let open = deadline_phase(deadline_at, now, skew_ms) == DeadlinePhase::Open;
+    if matches!(end, AttemptEnd::Succeeded { .. }) && !open {
+        AttemptEnd::Expired
+    } else {
+        end
+    }
+}
