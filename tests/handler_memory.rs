@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use aws_lambda_events::event::sqs::{SqsEvent, SqsMessage};
 use fenced_jobs::clock::{Clock, SystemClock};
-use fenced_jobs::job::{Failure, JobState, RecordOutcome};
+use fenced_jobs::job::{AttemptOutcome, Failure, JobState, RecordOutcome};
 use fenced_jobs::ledger::JobLedger;
 use fenced_jobs::ledger::memory::{Fault, FaultyLedger, InMemoryLedger};
 use fenced_jobs::provider::{Answer, Provider, ProviderError, ProviderRequest, SimulatedProvider};
@@ -1802,4 +1802,48 @@ async fn an_attempt_cut_off_with_an_askable_reference_waits_briefly_then_is_coll
         RecordOutcome::Done(JobState::Succeeded)
     );
     assert_eq!(h.processor().provider().executions(), 1);
+}
+
+#[tokio::test]
+async fn a_worker_paused_past_its_lease_between_claim_and_call_does_not_send_the_call() {
+    // GIVEN a ledger that applies the claim, after which the worker's process stops for longer
+    // than its lease (found by the model checker: a rival could meanwhile fence it, have the
+    // attempt decided and send its own call)
+    let settings = Settings {
+        lease_ms: 300,
+        skew_ms: 50,
+        ..Settings::default()
+    };
+    let ledger = Arc::new(faulty("claim", Fault::Pause(400), 1));
+    let h = handler(ledger.clone(), SimulatedProvider::new(), settings);
+    // WHEN the job is processed
+    let report = h
+        .handle_batch(
+            &event(vec![record(Some("m1"), &job("paused-claim", ""))]),
+            &invocation(),
+        )
+        .await;
+    // THEN no call leaves; the attempt ends as a definite failure on the worker's own epoch, so
+    // a later delivery may claim again without a decision
+    assert_eq!(h.processor().provider().executions(), 0);
+    assert!(
+        matches!(
+            report.records[0].outcome,
+            RecordOutcome::Failed(Failure::Backoff { .. })
+        ),
+        "{:?}",
+        report.records[0].outcome
+    );
+    let item = ledger
+        .inner
+        .get("paused-claim")
+        .await
+        .expect("get")
+        .expect("item");
+    assert_eq!(item.state, JobState::RetryAuthorized);
+    assert_eq!(item.attempt_log[0].outcome, AttemptOutcome::Transient);
+    assert_eq!(
+        item.last_error.as_ref().map(|e| e.message.as_str()),
+        Some("the lease lapsed before the call was sent")
+    );
 }

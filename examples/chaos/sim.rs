@@ -575,6 +575,9 @@ impl SimLedger {
         if let Write::Applied(record) = &written {
             self.check(job_id, record);
         }
+        // A pause that began while the request was out holds its answer: the worker reads it
+        // (a claim, say, and then sends its call) only after the pause.
+        self.gate.pass(&self.world).await;
         if timeout {
             return Err(LedgerError::Unavailable {
                 operation,

@@ -4,7 +4,7 @@ use super::{JobRecord, JobState, Millis};
 
 /// The (epoch, attempts) a claim expects to find. `Expect::FRESH` also matches an absent item,
 /// so a message that carries a new job is claimed with one write.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Expect {
     /// The `owner_epoch` the item must hold.
     pub epoch: u64,
@@ -26,7 +26,7 @@ impl Expect {
 }
 
 /// Why a job is settled without a claim.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum SettleReason {
     /// The fixed deadline has passed.
     DeadlinePassed,

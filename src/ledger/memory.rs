@@ -198,6 +198,9 @@ pub enum Fault {
     Fail,
     /// Never answered, and never applied.
     Stall,
+    /// Applied and answered, but the caller's process stops for this many milliseconds before
+    /// it reads the answer (a freeze between a write and what follows it).
+    Pause(Millis),
 }
 
 /// A ledger behind a faulty connection, for tests: chosen operations lose their answers, fail
@@ -253,6 +256,11 @@ impl<L: JobLedger> FaultyLedger<L> {
             Some(Fault::LoseAnswer) => write.await.and_then(|_| Err(lost())),
             Some(Fault::Fail) => Err(lost()),
             Some(Fault::Stall) => std::future::pending().await,
+            Some(Fault::Pause(ms)) => {
+                let answer = write.await;
+                tokio::time::sleep(std::time::Duration::from_millis(ms.max(0) as u64)).await;
+                answer
+            }
         }
     }
 }

@@ -98,7 +98,7 @@ pub struct ClaimRequest {
 }
 
 /// How an owner ends its attempt.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum AttemptEnd {
     /// Accept the answer (also conditional on the deadline being ahead).
     Succeeded {
@@ -293,7 +293,7 @@ pub struct RecordRefRequest {
 }
 
 /// What an operator decides about a job that is `unknown`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum OperatorAction {
     /// Accept a possible duplicate call: `retry_authorized`.
     AuthorizeRetry,

@@ -99,3 +99,11 @@ pub fn acceptable_end(
         end
     }
 }
+
+/// Whether the claimant's lease still holds at `now` by more than the clock-skew margin: the
+/// last check before a call leaves, which nothing in the ledger can fence once it has.
+pub fn lease_holds(claimed: &JobRecord, now: Millis, skew_ms: Millis) -> bool {
+    claimed
+        .owner_until
+        .is_some_and(|until| now.saturating_add(skew_ms) < until)
+}

@@ -5,7 +5,7 @@ use crate::job::{JobDefaults, Millis, VisibilityPolicy};
 use crate::vars::{ConfigError, Vars};
 
 /// What happens to an attempt whose outcome is unknown (the call may have run).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum ReplayPolicy {
     /// `never`: the job becomes `unknown` and waits for retrieval or an operator.
     #[default]

@@ -16,6 +16,7 @@ use crate::clock::Clock;
 use crate::job::{JobMessage, JobRecord, Millis};
 use crate::ledger::{AttemptEnd, JobLedger, RecordRefRequest, Write};
 use crate::provider::{Provider, ProviderError, ProviderRequest, Retrieval, Submission};
+use crate::worker::ending::lease_holds;
 
 impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
     pub(super) async fn run_attempt(
@@ -37,13 +38,23 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         );
         let input = msg.input();
         let request = self.request(msg, &claimed, &input);
-        let submitted = if budget < MIN_CALL_BUDGET_MS || !self.has_time_for_call(inv, started) {
-            // No time left to make the call (a claim whose answer came late): it is not sent,
-            // which is a definite failure of this attempt, so the attempt ends with a write on
-            // our epoch (a rival's claim would have raised it) and another may be authorised.
+        let not_sent = if budget < MIN_CALL_BUDGET_MS || !self.has_time_for_call(inv, started) {
+            Some("no time left to make the call")
+        } else if !lease_holds(&claimed, self.clock.now_ms(), self.settings.skew_ms) {
+            // Our process stopped between the claim and the call for longer than the lease:
+            // another delivery may have fenced us, made the attempt `unknown`, had a retry
+            // authorised and sent its own call. Ours would be a second execution nobody decided.
+            Some("the lease lapsed before the call was sent")
+        } else {
+            None
+        };
+        let submitted = if let Some(reason) = not_sent {
+            // The call is not sent, which is a definite failure of this attempt, so the attempt
+            // ends with a write on our epoch (refused if a rival raised it) and another may be
+            // authorised.
             Ok(Err(ProviderError::Transient {
                 retry_after_ms: None,
-                reason: "no time left to make the call".to_owned(),
+                reason: reason.to_owned(),
             }))
         } else {
             tokio::select! {

@@ -1,0 +1,91 @@
+//! `make model-check`: checks the ledger protocol over every interleaving within a bound, then
+//! shows that each property bites: each mutation of the protocol must produce a counterexample,
+//! printed as a timeline.
+//!
+//! `cargo run --release --example model -- [--small] [--threads N] [--no-mutations]
+//! [--workers N] [--deliveries N] [--deadline N] [--budget N] [--faults N]`
+
+mod protocol;
+
+use protocol::{Bounds, Mutation, Report, Verdict, check};
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let flag = |name: &str| args.iter().any(|a| a == name);
+    let number = |name: &str| {
+        args.iter()
+            .position(|a| a == name)
+            .and_then(|i| args.get(i + 1))
+            .and_then(|v| v.parse::<i64>().ok())
+    };
+    let threads = number("--threads").map_or_else(
+        || std::thread::available_parallelism().map_or(1, |n| n.get()),
+        |n| n as usize,
+    );
+    let mut bounds = if flag("--small") {
+        Bounds::small()
+    } else {
+        Bounds::full()
+    };
+    if let Some(n) = number("--workers") {
+        bounds.workers = n as usize;
+    }
+    if let Some(n) = number("--deliveries") {
+        bounds.deliveries = n as u8;
+    }
+    if let Some(n) = number("--deadline") {
+        bounds.deadline = n;
+    }
+    if let Some(n) = number("--budget") {
+        bounds.max_attempts = n as u32;
+    }
+    if let Some(n) = number("--faults") {
+        bounds.faults = n as u8;
+    }
+    println!("{}", bounds.describe());
+    let report = check(&bounds, threads, false);
+    print_report(&report);
+    let mut failed = !report.violated().is_empty()
+        || report
+            .verdicts
+            .iter()
+            .any(|(_, v)| *v == Verdict::Unreached);
+    if !flag("--no-mutations") {
+        println!("\nEach property bites: one mutation of the protocol each, on the test bound");
+        for mutation in Mutation::ALL {
+            let report = check(&mutation.bounds(), threads, true);
+            println!(
+                "\n{mutation:?} ({}): {} states, {:.1} s; breaks {:?}",
+                mutation.describe(),
+                report.unique,
+                report.seconds,
+                report.violated()
+            );
+            if let Some(expected) = mutation.breaks()
+                && !report.violated().contains(&expected)
+            {
+                println!("  EXPECTED to break: {expected}");
+                failed = true;
+            }
+            if let Some(timeline) = &report.counterexample {
+                print!("{timeline}");
+            }
+        }
+    }
+    if failed {
+        std::process::exit(1);
+    }
+}
+
+fn print_report(report: &Report) {
+    println!(
+        "  {} states explored ({} distinct), depth {}, {:.1} s",
+        report.states, report.unique, report.depth, report.seconds
+    );
+    for (name, verdict) in &report.verdicts {
+        println!("  {:<10} {name}", format!("{verdict:?}").to_lowercase());
+    }
+    if let Some(timeline) = &report.counterexample {
+        print!("{timeline}");
+    }
+}

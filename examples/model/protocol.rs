@@ -1,0 +1,1866 @@
+//! Why this file is long: it is one model, the protocol's every actor and fault in one state
+//! machine, and splitting the actors apart would hide the interleavings it exists to show.
+//!
+//! The ledger protocol as a `stateright` model: one job item, a few workers, the reconciler and
+//! an operator, with every fault as a nondeterministic choice. The item changes only through the
+//! ledger's own pure transitions (`ledger::transitions`, the ones the in-memory ledger applies
+//! and the property test proves equal to DynamoDB's), and each delivery decides through the
+//! worker's own pure functions (`next_step`, `attempt_end`, `uncertain_end`, `acceptable_end`,
+//! `RecordOutcome`, the `shows_*` recognisers). What the model adds is the control flow between
+//! them, the provider's truth and the ghost state the properties read.
+//!
+//! A [`Mutation`] changes one rule of the protocol, to show that a property bites.
+
+use std::fmt::Write as _;
+
+use fenced_jobs::job::decision::{DeadlinePhase, Expect, Next, deadline_phase};
+use fenced_jobs::job::{
+    AttemptOutcome, Failure, JobRecord, JobState, Millis, NewJob, RecordOutcome, next_step,
+};
+use fenced_jobs::ledger::transitions::{
+    apply_claim, apply_decide, apply_finish, apply_recover, apply_renew, apply_settle, shows_claim,
+    shows_end, shows_recovery,
+};
+use fenced_jobs::ledger::{
+    AttemptEnd, ClaimRequest, DecideRequest, FinishRequest, OperatorAction, RecoverRequest,
+    RenewRequest, SettleFrom, SettleRequest, Write,
+};
+use fenced_jobs::provider::{Answer, ProviderError};
+use fenced_jobs::worker::ReplayPolicy;
+use fenced_jobs::worker::ending::{acceptable_end, attempt_end, lease_holds, uncertain_end};
+use stateright::{Model, Property};
+
+/// The job every state is about.
+pub const JOB: &str = "job";
+const DIGEST: &str = "digest";
+/// Writes one delivery may make before it backs off (the processor's `MAX_ROUNDS`).
+const MAX_ROUNDS: u8 = 4;
+
+/// The bounds of one check.
+#[derive(Debug, Clone)]
+pub struct Bounds {
+    /// Workers (each runs one delivery at a time).
+    pub workers: usize,
+    /// Deliveries in all, each with its own owner id.
+    pub deliveries: u8,
+    /// The job's deadline, in ticks from 0.
+    pub deadline: Millis,
+    /// A claim's lease, in ticks.
+    pub lease: Millis,
+    /// The clock-skew margin, in ticks; each worker's clock is 0 or this far ahead.
+    pub skew: Millis,
+    /// The job's attempt budget.
+    pub max_attempts: u32,
+    /// No write may raise the epoch past this.
+    pub max_epoch: u64,
+    /// Tries at ending an attempt whose write fails (the processor's `FINISH_TRIES`, smaller).
+    pub finish_tries: u8,
+    /// Provider kinds explored: can a later owner ask about a call?
+    pub retrievable: Vec<bool>,
+    /// Replay policies explored.
+    pub replay: Vec<ReplayPolicy>,
+    /// Ledger requests that fail (applied or not) and crashes, in all, on one path.
+    pub faults: u8,
+    /// The rule changed, if any.
+    pub mutation: Option<Mutation>,
+}
+
+impl Bounds {
+    /// Two workers, three deliveries, two attempts, one fault per path.
+    pub fn small() -> Bounds {
+        Bounds {
+            workers: 2,
+            deliveries: 3,
+            deadline: 5,
+            lease: 2,
+            skew: 1,
+            max_attempts: 2,
+            max_epoch: 4,
+            finish_tries: 2,
+            retrievable: vec![false, true],
+            replay: vec![ReplayPolicy::Never, ReplayPolicy::Replay],
+            faults: 1,
+            mutation: None,
+        }
+    }
+
+    /// The bound `make test` checks: the smallest that still shows every property bite.
+    pub fn test() -> Bounds {
+        Bounds {
+            deliveries: 2,
+            deadline: 4,
+            ..Bounds::small()
+        }
+    }
+
+    /// The bound `make model-check` checks (`--workers 3` widens it, at many times the cost).
+    pub fn full() -> Bounds {
+        Bounds::small()
+    }
+
+    /// The bounds in one line.
+    pub fn describe(&self) -> String {
+        format!(
+            "{} workers, {} deliveries, deadline {} ticks, lease {}, skew {}, budget {}, epochs up to {}, {} tries to end an attempt, {} fault(s) per path",
+            self.workers,
+            self.deliveries,
+            self.deadline,
+            self.lease,
+            self.skew,
+            self.max_attempts,
+            self.max_epoch,
+            self.finish_tries,
+            self.faults
+        )
+    }
+
+    /// The last instant: every clock sees the deadline passed by the margin.
+    fn end_of_time(&self) -> Millis {
+        self.deadline + 2 * self.skew + 1
+    }
+}
+
+/// A rule of the protocol changed on purpose, each to show that one property bites.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Mutation {
+    /// The end of an attempt is not conditional on the owner's epoch (nor its attempt).
+    FinishIgnoresEpoch,
+    /// The reconciler's expiry does not spare terminal jobs.
+    ExpiryIgnoresTerminal,
+    /// An uncertain attempt is released to `retry_authorized` with no decision recorded.
+    UncertainReleased,
+    /// Neither the decision nor the claim's condition looks at the attempt budget.
+    NoBudgetCheck,
+    /// A record deferred to a live owner is acknowledged.
+    AckDeferred,
+    /// A claim whose write failed is taken as applied, without reading the item.
+    UnconfirmedClaimCalls,
+    /// A recovery claim does not check that the lease lapsed.
+    RecoveryIgnoresLease,
+    /// A worker sends its call without checking that its lease still holds (the processor's
+    /// rule before it was found by this checker).
+    CallAfterLeaseLapsed,
+}
+
+impl Mutation {
+    /// Every mutation.
+    pub const ALL: [Mutation; 8] = [
+        Mutation::FinishIgnoresEpoch,
+        Mutation::ExpiryIgnoresTerminal,
+        Mutation::UncertainReleased,
+        Mutation::NoBudgetCheck,
+        Mutation::AckDeferred,
+        Mutation::UnconfirmedClaimCalls,
+        Mutation::RecoveryIgnoresLease,
+        Mutation::CallAfterLeaseLapsed,
+    ];
+
+    /// The bound a mutation is checked in: the test bound, widened where the counterexample
+    /// needs more (a lease that lapses well before the deadline, a third delivery), with no
+    /// ledger faults where none is needed, so that the search stays short.
+    pub fn bounds(self) -> Bounds {
+        let test = Bounds {
+            mutation: Some(self),
+            ..Bounds::test()
+        };
+        match self {
+            Mutation::FinishIgnoresEpoch | Mutation::RecoveryIgnoresLease => Bounds {
+                deadline: 5,
+                faults: 0,
+                ..test
+            },
+            Mutation::NoBudgetCheck | Mutation::CallAfterLeaseLapsed => Bounds {
+                deliveries: 3,
+                deadline: 5,
+                faults: 0,
+                ..test
+            },
+            _ => test,
+        }
+    }
+
+    /// What the mutation changes.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Mutation::FinishIgnoresEpoch => "the end of an attempt is not conditional on the epoch",
+            Mutation::ExpiryIgnoresTerminal => "the expiry does not spare terminal jobs",
+            Mutation::UncertainReleased => "an uncertain attempt is released with no decision",
+            Mutation::NoBudgetCheck => "no attempt budget in the decision or the claim",
+            Mutation::AckDeferred => "a deferred record is acknowledged",
+            Mutation::UnconfirmedClaimCalls => "a claim whose write failed is taken as applied",
+            Mutation::RecoveryIgnoresLease => "a recovery claim does not check the lease",
+            Mutation::CallAfterLeaseLapsed => "a call is sent without checking the lease",
+        }
+    }
+
+    /// The property the mutation is meant to break, if it breaks one.
+    pub fn breaks(self) -> Option<&'static str> {
+        Some(match self {
+            Mutation::FinishIgnoresEpoch => STALE_WRITE,
+            Mutation::ExpiryIgnoresTerminal => ONE_RESULT,
+            Mutation::UncertainReleased => NO_SILENT_REPEAT,
+            Mutation::NoBudgetCheck => BUDGET,
+            Mutation::AckDeferred => ACK_TERMINAL,
+            Mutation::UnconfirmedClaimCalls => ATTEMPT_RECORDED,
+            Mutation::RecoveryIgnoresLease => return None,
+            Mutation::CallAfterLeaseLapsed => NO_SILENT_REPEAT,
+        })
+    }
+}
+
+/// Property names.
+pub const ONE_RESULT: &str = "at most one accepted result, never changed";
+/// A stale owner's write was applied.
+pub const STALE_WRITE: &str = "no write of a stale epoch applied";
+/// Attempts over the budget.
+pub const BUDGET: &str = "attempts within the budget";
+/// A second execution without a definite failure or a decision.
+pub const NO_SILENT_REPEAT: &str =
+    "an execution beyond the first only after a definite failure or a recorded decision";
+/// A record acknowledged while its job was not terminal.
+pub const ACK_TERMINAL: &str = "a record acknowledged only when its job is terminal";
+/// A call sent with no attempt record of its own.
+pub const ATTEMPT_RECORDED: &str = "every execution preceded by its attempt record";
+/// The liveness property.
+pub const ENDS: &str = "every job ends terminal, or unknown with evidence";
+
+/// What went wrong, recorded by the step that did it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Violation {
+    /// A second, different accepted result, or a terminal item changed.
+    ResultChanged,
+    /// An owner write at an epoch below the item's was applied.
+    StaleWrite,
+    /// More attempts than the budget.
+    OverBudget,
+    /// A call sent while an earlier one may have run, with no decision recorded.
+    SilentRepeat,
+    /// A record acknowledged while the job was not terminal.
+    AckedEarly,
+    /// A call sent without its attempt in the item.
+    UnrecordedCall,
+}
+
+impl Violation {
+    fn property(self) -> &'static str {
+        match self {
+            Violation::ResultChanged => ONE_RESULT,
+            Violation::StaleWrite => STALE_WRITE,
+            Violation::OverBudget => BUDGET,
+            Violation::SilentRepeat => NO_SILENT_REPEAT,
+            Violation::AckedEarly => ACK_TERMINAL,
+            Violation::UnrecordedCall => ATTEMPT_RECORDED,
+        }
+    }
+}
+
+/// What the provider did with one call, as only the model knows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Truth {
+    /// Sent; whether it ran is not settled yet.
+    InFlight,
+    /// It ran and produced its answer.
+    Ran,
+    /// It did not run (a definite failure).
+    NotRun,
+}
+
+/// One call sent to the provider.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Call {
+    /// The attempt it was sent for.
+    pub attempt: u32,
+    /// The sender's epoch.
+    pub epoch: u64,
+    /// What became of it.
+    pub truth: Truth,
+}
+
+/// Where one worker's delivery stands.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Pc {
+    /// No delivery.
+    Idle,
+    /// About to make one of the delivery's ledger writes.
+    Write {
+        /// The write.
+        op: Op,
+        /// Writes made so far.
+        round: u8,
+    },
+    /// A claim or recovery failed without an answer: one consistent read says whose it was.
+    Recognise {
+        /// The write that failed.
+        op: Op,
+        /// Writes made so far.
+        round: u8,
+    },
+    /// Claimed: the call is about to be sent.
+    Claimed {
+        /// The item as the claim left it.
+        claimed: Box<JobRecord>,
+    },
+    /// The call is out; the provider's word is awaited while the heartbeat renews the lease.
+    Calling {
+        /// The item as the claim left it.
+        claimed: Box<JobRecord>,
+        /// The lease the heartbeat last wrote.
+        lease_until: Millis,
+        /// A renewal was refused: the call is cancelled.
+        lost: bool,
+    },
+    /// Recovered a lapsed or unknown attempt: its evidence decides, never a new call.
+    Recovered {
+        /// The item as the recovery claim left it.
+        fenced: Box<JobRecord>,
+    },
+    /// Ending the attempt with one write on the owner's epoch.
+    Ending {
+        /// The item as the owner holds it.
+        claimed: Box<JobRecord>,
+        /// How the attempt ends.
+        end: AttemptEnd,
+        /// Tries so far.
+        tries: u8,
+    },
+    /// A failed end of attempt: renew the lease before the next try.
+    KeepLease {
+        /// The item as the owner holds it.
+        claimed: Box<JobRecord>,
+        /// How the attempt ends.
+        end: AttemptEnd,
+        /// Tries so far.
+        tries: u8,
+    },
+    /// The acceptance was refused by the deadline alone: expire the job on our epoch.
+    ExpireOwn {
+        /// The owner's epoch.
+        epoch: u64,
+        /// The owner's attempt.
+        attempt: u32,
+    },
+    /// The call still runs upstream: end our lease so the next delivery takes over.
+    HandOver {
+        /// The owner's epoch.
+        epoch: u64,
+    },
+}
+
+/// A ledger write a delivery makes before any call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Op {
+    /// Claim expecting these values.
+    Claim(Expect),
+    /// Create the job already expired (first sight past its deadline).
+    SettleAbsent,
+    /// Settle the job seen in this state at this epoch.
+    Settle(JobState, u64, fenced_jobs::job::decision::SettleReason),
+    /// Recover the job seen in this state at this epoch.
+    Recover(JobState, u64),
+}
+
+/// One worker.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Worker {
+    /// Its delivery.
+    pub pc: Pc,
+    /// Its delivery's owner id (unique per delivery).
+    pub owner: u8,
+    /// How far its clock runs ahead of the true time.
+    pub offset: Millis,
+}
+
+/// The whole system.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct State {
+    /// True time.
+    pub time: Millis,
+    /// The provider can be asked about a call by its reference.
+    pub retrievable: bool,
+    /// The replay policy.
+    pub replay: ReplayPolicy,
+    /// The job's ledger item.
+    pub item: Option<JobRecord>,
+    /// Deliveries so far.
+    pub deliveries: u8,
+    /// Faults so far (failed ledger requests and crashes).
+    pub faults: u8,
+    /// The workers.
+    pub workers: Vec<Worker>,
+    /// Every call sent, in order.
+    pub calls: Vec<Call>,
+    /// The first result accepted.
+    pub accepted: Option<String>,
+    /// What went wrong.
+    pub violations: Vec<Violation>,
+}
+
+/// A fault on a ledger request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Fault {
+    /// Answered.
+    None,
+    /// Applied, and the answer lost (a timeout after the write).
+    Lost,
+    /// Failed without being applied.
+    Failed,
+}
+
+/// What the provider says to a call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Word {
+    /// The answer: it ran.
+    Answer,
+    /// A definite transient failure: it did not run.
+    Transient,
+    /// A definite permanent failure: it did not run.
+    Permanent,
+    /// The outcome is unknown (a dropped connection, a cut-off): it may have run.
+    Uncertain,
+}
+
+/// What a later owner learns by asking about a call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Retrieved {
+    /// Completed with its answer.
+    Completed,
+    /// Failed definitely.
+    Failed,
+    /// Still running.
+    Running,
+    /// The provider does not know it.
+    NotFound,
+}
+
+/// One event.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Action {
+    /// Time passes (any worker may be paused through it).
+    Tick,
+    /// A copy of the job's message reaches an idle worker: the first delivery, a redelivery
+    /// after a failure or a crash, a duplicate of one still in flight, or the reconciler's
+    /// re-trigger (they differ only in when they come, and the model lets them come at any
+    /// time).
+    Deliver {
+        /// The worker.
+        worker: usize,
+    },
+    /// The worker's next ledger request, with its fault.
+    Step {
+        /// The worker.
+        worker: usize,
+        /// The fault.
+        fault: Fault,
+    },
+    /// The worker sends its call (`false`: too little time is left, so it is not sent).
+    Send {
+        /// The worker.
+        worker: usize,
+        /// Sent.
+        sent: bool,
+    },
+    /// The provider answers the worker's call.
+    Answer {
+        /// The worker.
+        worker: usize,
+        /// What it says.
+        word: Word,
+    },
+    /// The worker's heartbeat renews its lease.
+    Renew {
+        /// The worker.
+        worker: usize,
+        /// The fault.
+        fault: Fault,
+    },
+    /// A recovering worker asks about the lapsed attempt's call.
+    Ask {
+        /// The worker.
+        worker: usize,
+        /// What the provider says.
+        said: Retrieved,
+    },
+    /// The worker's process dies; its message comes back.
+    Crash {
+        /// The worker.
+        worker: usize,
+    },
+    /// The reconciler expires the job past its deadline.
+    Expire,
+    /// An operator decides about an `unknown` job.
+    Decide(OperatorAction),
+}
+
+/// The protocol under `bounds`.
+#[derive(Debug, Clone)]
+pub struct Protocol {
+    /// The bounds.
+    pub bounds: Bounds,
+}
+
+impl Protocol {
+    fn job(&self) -> NewJob {
+        NewJob {
+            job_id: JOB.to_owned(),
+            input_digest: DIGEST.to_owned(),
+            contract: "c".to_owned(),
+            input: "{}".to_owned(),
+            input_ref: None,
+            metadata: None,
+            deadline_at: self.bounds.deadline,
+            max_attempts: self.bounds.max_attempts,
+            expires_at: 0,
+        }
+    }
+
+    fn mutated(&self, m: Mutation) -> bool {
+        self.bounds.mutation == Some(m)
+    }
+
+    fn faults(&self, state: &State) -> &'static [Fault] {
+        if state.faults < self.bounds.faults {
+            &[Fault::None, Fault::Lost, Fault::Failed]
+        } else {
+            &[Fault::None]
+        }
+    }
+
+    /// The effect of `action` on `state`, with a line saying what happened, or `None` when the
+    /// action does not apply (or would pass a bound).
+    pub fn step(&self, state: &State, action: &Action) -> Option<(State, String)> {
+        let mut next = state.clone();
+        let mut note = String::new();
+        if let Action::Step { fault, .. } | Action::Renew { fault, .. } = *action
+            && fault != Fault::None
+        {
+            next.faults += 1;
+        }
+        if let Action::Crash { .. } = action {
+            next.faults += 1;
+        }
+        let done = match *action {
+            Action::Tick => {
+                next.time += 1;
+                note.push_str("time passes");
+                true
+            }
+            Action::Deliver { worker } => {
+                // Past the bound (fairness at the end of time) deliveries share one owner id:
+                // past the deadline nobody claims, so the id is never written.
+                if next.deliveries < self.bounds.deliveries {
+                    next.deliveries += 1;
+                    next.workers[worker].owner = next.deliveries;
+                } else {
+                    next.workers[worker].owner = 0;
+                }
+                note.push_str("receives the message");
+                self.start(&mut next, worker, &mut note);
+                true
+            }
+            Action::Step { worker, fault } => self.ledger_step(&mut next, worker, fault, &mut note),
+            Action::Send { worker, sent } => self.send(&mut next, worker, sent, &mut note),
+            Action::Answer { worker, word } => self.answer(&mut next, worker, word, &mut note),
+            Action::Renew { worker, fault } => self.renew(&mut next, worker, fault, &mut note),
+            Action::Ask { worker, said } => self.ask(&mut next, worker, said, &mut note),
+            Action::Crash { worker } => {
+                next.workers[worker].pc = Pc::Idle;
+                note.push_str("crashes; its message will come back");
+                true
+            }
+            Action::Expire => {
+                let req = SettleRequest {
+                    job_id: JOB.to_owned(),
+                    from: SettleFrom::PastDeadline,
+                    reason: fenced_jobs::job::decision::SettleReason::DeadlinePassed,
+                    now: next.time - self.bounds.skew,
+                };
+                let before = next.item.clone();
+                let applied = if self.mutated(Mutation::ExpiryIgnoresTerminal) {
+                    // As if the condition did not ask for a non-terminal item.
+                    let mut unfenced = before.clone();
+                    if let Some(r) = unfenced.as_mut() {
+                        r.state = JobState::Ready;
+                    }
+                    apply_settle(unfenced.as_ref(), &req)
+                } else {
+                    apply_settle(before.as_ref(), &req)
+                };
+                match applied {
+                    Some(after) => {
+                        self.commit(&mut next, after, None);
+                        note.push_str("expires the job past its deadline");
+                        true
+                    }
+                    None => false,
+                }
+            }
+            Action::Decide(action) => {
+                let item = next.item.clone()?;
+                let req = DecideRequest {
+                    job_id: JOB.to_owned(),
+                    epoch: item.owner_epoch,
+                    action,
+                    by: "operator".to_owned(),
+                    reason: "decided".to_owned(),
+                    now: next.time,
+                };
+                let after = apply_decide(Some(&item), &req)?;
+                self.commit(&mut next, after, None);
+                let _ = write!(note, "decides: {}", action.as_str());
+                true
+            }
+        };
+        if !done {
+            return None;
+        }
+        let too_far = next
+            .item
+            .as_ref()
+            .is_some_and(|r| r.owner_epoch > self.bounds.max_epoch);
+        (!too_far).then_some((next, note))
+    }
+
+    /// Applies a write's result to the item, recording a changed result or a changed terminal
+    /// item, and a stale owner's write (`epoch`: the epoch the writer acted on).
+    fn commit(&self, next: &mut State, after: JobRecord, epoch: Option<u64>) {
+        let after = normalized(after);
+        if let Some(before) = &next.item {
+            if before.state.is_terminal() && *before != after {
+                next.violations.push(Violation::ResultChanged);
+            }
+            if epoch.is_some_and(|e| e < before.owner_epoch) {
+                next.violations.push(Violation::StaleWrite);
+            }
+        }
+        if after.state == JobState::Succeeded {
+            let result = after.result.clone().unwrap_or_default();
+            match &next.accepted {
+                Some(first) if *first != result => next.violations.push(Violation::ResultChanged),
+                Some(_) => {}
+                None => next.accepted = Some(result),
+            }
+        }
+        next.item = Some(after);
+    }
+
+    fn now(&self, state: &State, worker: usize) -> Millis {
+        state.time + state.workers[worker].offset
+    }
+
+    fn owner_id(state: &State, worker: usize) -> String {
+        format!("d{}", state.workers[worker].owner)
+    }
+
+    /// A delivery starts: the processor's first decision, from the message alone.
+    fn start(&self, next: &mut State, worker: usize, note: &mut String) {
+        let now = self.now(next, worker);
+        next.workers[worker].pc = match deadline_phase(self.bounds.deadline, now, self.bounds.skew)
+        {
+            DeadlinePhase::Passed => Pc::Write {
+                op: Op::SettleAbsent,
+                round: 0,
+            },
+            DeadlinePhase::Closing { remaining_ms } => {
+                let outcome = RecordOutcome::Failed(Failure::Deferred { remaining_ms });
+                self.report(next, worker, &outcome, note);
+                return;
+            }
+            DeadlinePhase::Open => Pc::Write {
+                op: Op::Claim(Expect::FRESH),
+                round: 0,
+            },
+        };
+    }
+
+    /// The delivery ends with `outcome`: acknowledged (deleted) or visible again.
+    fn report(&self, next: &mut State, worker: usize, outcome: &RecordOutcome, note: &mut String) {
+        let deferred = matches!(outcome, RecordOutcome::Failed(Failure::Deferred { .. }));
+        let ack = outcome.is_success() || (deferred && self.mutated(Mutation::AckDeferred));
+        if ack {
+            if !next.item.as_ref().is_some_and(|r| r.state.is_terminal()) {
+                next.violations.push(Violation::AckedEarly);
+            }
+            let _ = write!(note, "; record {}: acknowledged", outcome.label());
+        } else {
+            let _ = write!(note, "; record {}: back in the queue", outcome.label());
+        }
+        next.workers[worker].pc = Pc::Idle;
+    }
+
+    /// What a delivery does with an item it was refused by (or read): `next_step` decides.
+    fn decide_from(
+        &self,
+        next: &mut State,
+        worker: usize,
+        seen: Option<JobRecord>,
+        round: u8,
+        note: &mut String,
+    ) {
+        let now = self.now(next, worker);
+        let Some(seen) = seen else {
+            // No item: start again from absent.
+            let op = match deadline_phase(self.bounds.deadline, now, self.bounds.skew) {
+                DeadlinePhase::Passed => Op::SettleAbsent,
+                _ => Op::Claim(Expect::FRESH),
+            };
+            next.workers[worker].pc = Pc::Write { op, round };
+            return;
+        };
+        let decided = if self.mutated(Mutation::NoBudgetCheck) {
+            let mut unbounded = seen.clone();
+            unbounded.max_attempts = u32::MAX;
+            next_step(&unbounded, DIGEST, now, self.bounds.skew)
+        } else {
+            next_step(&seen, DIGEST, now, self.bounds.skew)
+        };
+        let can_ask = next.retrievable
+            && seen
+                .attempt_log
+                .last()
+                .is_some_and(|a| a.provider_ref.is_some());
+        let op = match decided {
+            Next::Claim(expect) => Op::Claim(expect),
+            Next::Settle(reason) => Op::Settle(seen.state, seen.owner_epoch, reason),
+            Next::AwaitRecovery => Op::Recover(seen.state, seen.owner_epoch),
+            Next::AwaitDecision if can_ask => Op::Recover(seen.state, seen.owner_epoch),
+            other => {
+                let outcome = RecordOutcome::from_next(other, DIGEST);
+                self.report(next, worker, &outcome, note);
+                return;
+            }
+        };
+        next.workers[worker].pc = Pc::Write { op, round };
+    }
+
+    /// A worker's next ledger request.
+    fn ledger_step(
+        &self,
+        next: &mut State,
+        worker: usize,
+        fault: Fault,
+        note: &mut String,
+    ) -> bool {
+        match next.workers[worker].pc.clone() {
+            Pc::Write { op, round } => self.write_op(next, worker, op, round, fault, note),
+            Pc::Recognise { op, round } => {
+                if fault != Fault::None {
+                    note.push_str("reads the item after a failed write: the read fails too");
+                    let outcome = RecordOutcome::Failed(backoff());
+                    self.report(next, worker, &outcome, note);
+                    return true;
+                }
+                let owner = Self::owner_id(next, worker);
+                let seen = next.item.clone();
+                let ours = seen.as_ref().is_some_and(|s| match op {
+                    Op::Claim(expect) => shows_claim(s, expect, &owner),
+                    Op::Recover(_, epoch) => shows_recovery(s, epoch, &owner),
+                    _ => false,
+                });
+                match seen {
+                    Some(s) if ours => {
+                        note.push_str("reads the item: its own write was applied");
+                        self.applied(next, worker, op, s, note);
+                    }
+                    seen => {
+                        note.push_str("reads the item: its write was not applied");
+                        self.decide_from(next, worker, seen, round + 1, note);
+                    }
+                }
+                true
+            }
+            Pc::Ending {
+                claimed,
+                end,
+                tries,
+            } => self.end_attempt(next, worker, *claimed, end, tries, fault, note),
+            Pc::KeepLease {
+                claimed,
+                end,
+                tries,
+            } => {
+                let now = self.now(next, worker);
+                let req = RenewRequest {
+                    job_id: JOB.to_owned(),
+                    epoch: claimed.owner_epoch,
+                    expected_until: None,
+                    now,
+                    lease_until: now + self.bounds.lease,
+                };
+                let (answer, _) =
+                    self.write(next, |c| apply_renew(c, &req), fault, Some(req.epoch));
+                note.push_str("renews its lease before trying again");
+                match answer {
+                    Some(Write::Refused(Some(seen)))
+                        if seen.owner_epoch != claimed.owner_epoch
+                            || seen.state != JobState::Running =>
+                    {
+                        self.refused_end(next, worker, &claimed, &end, Some(seen), note);
+                    }
+                    _ => {
+                        next.workers[worker].pc = Pc::Ending {
+                            claimed,
+                            end,
+                            tries,
+                        };
+                    }
+                }
+                true
+            }
+            Pc::ExpireOwn { epoch, attempt } => {
+                let now = self.now(next, worker);
+                let req = FinishRequest {
+                    job_id: JOB.to_owned(),
+                    epoch,
+                    attempt,
+                    now,
+                    end: AttemptEnd::Expired,
+                };
+                let (answer, _) = self.write(next, |c| self.finish(c, &req), fault, Some(epoch));
+                note.push_str("expires the job on its own epoch");
+                let outcome = match answer {
+                    Some(Write::Applied(record)) => RecordOutcome::after_write(record.state, None),
+                    _ => RecordOutcome::Failed(backoff()),
+                };
+                self.report(next, worker, &outcome, note);
+                true
+            }
+            Pc::HandOver { epoch } => {
+                let now = self.now(next, worker);
+                let req = RenewRequest {
+                    job_id: JOB.to_owned(),
+                    epoch,
+                    expected_until: None,
+                    now,
+                    lease_until: now,
+                };
+                let _ = self.write(next, |c| apply_renew(c, &req), fault, Some(epoch));
+                note.push_str("ends its own lease: the call still runs upstream");
+                let outcome = RecordOutcome::Failed(Failure::Deferred {
+                    remaining_ms: self.bounds.skew,
+                });
+                self.report(next, worker, &outcome, note);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// One conditional write with its fault. Returns what the writer hears (`None`: the request
+    /// failed, applied or not) and whether it was applied.
+    fn write(
+        &self,
+        next: &mut State,
+        apply: impl FnOnce(Option<&JobRecord>) -> Option<JobRecord>,
+        fault: Fault,
+        epoch: Option<u64>,
+    ) -> (Option<Write>, bool) {
+        if fault == Fault::Failed {
+            return (None, false);
+        }
+        match apply(next.item.as_ref()).map(normalized) {
+            Some(after) => {
+                self.commit(next, after.clone(), epoch);
+                (
+                    (fault == Fault::None).then_some(Write::Applied(after)),
+                    true,
+                )
+            }
+            None => (
+                (fault == Fault::None).then(|| Write::Refused(next.item.clone())),
+                false,
+            ),
+        }
+    }
+
+    fn finish(&self, current: Option<&JobRecord>, req: &FinishRequest) -> Option<JobRecord> {
+        if self.mutated(Mutation::FinishIgnoresEpoch) {
+            let mut loose = req.clone();
+            if let Some(c) = current {
+                loose.epoch = c.owner_epoch;
+                loose.attempt = c.attempts;
+            }
+            return apply_finish(current, &loose);
+        }
+        apply_finish(current, req)
+    }
+
+    fn write_op(
+        &self,
+        next: &mut State,
+        worker: usize,
+        op: Op,
+        round: u8,
+        fault: Fault,
+        note: &mut String,
+    ) -> bool {
+        if round >= MAX_ROUNDS {
+            note.push_str("gives up on a contended job");
+            self.report(next, worker, &RecordOutcome::Failed(backoff()), note);
+            return true;
+        }
+        let now = self.now(next, worker);
+        let owner = Self::owner_id(next, worker);
+        let job = self.job();
+        let (answer, _) = match op {
+            Op::Claim(expect) => {
+                let req = ClaimRequest {
+                    job: job.clone(),
+                    expect,
+                    owner_id: owner.clone(),
+                    now,
+                    lease_until: now + self.bounds.lease,
+                    provider_ref: next
+                        .retrievable
+                        .then(|| format!("{JOB}/{}", expect.attempts + 1)),
+                    first_sight: false,
+                };
+                let _ = write!(note, "claims expecting epoch {}", expect.epoch);
+                let unbounded = self.mutated(Mutation::NoBudgetCheck);
+                let claim = |c: Option<&JobRecord>| {
+                    if unbounded && let Some(c) = c {
+                        let mut loose = c.clone();
+                        loose.max_attempts = u32::MAX;
+                        return apply_claim(Some(&loose), &req).map(|mut r| {
+                            r.max_attempts = c.max_attempts;
+                            r
+                        });
+                    }
+                    apply_claim(c, &req)
+                };
+                if self.mutated(Mutation::UnconfirmedClaimCalls) && fault != Fault::None {
+                    // Taken as applied without looking: the worker goes on as the owner it
+                    // meant to become.
+                    let meant = claim(next.item.as_ref()).map(normalized);
+                    let _ = self.write(next, claim, fault, Some(expect.epoch));
+                    if let Some(meant) = meant {
+                        note.push_str(": the request failed; taken as applied");
+                        next.workers[worker].pc = Pc::Claimed {
+                            claimed: Box::new(meant),
+                        };
+                        return true;
+                    }
+                    self.report(next, worker, &RecordOutcome::Failed(backoff()), note);
+                    return true;
+                }
+                self.write(next, claim, fault, Some(expect.epoch))
+            }
+            Op::SettleAbsent => {
+                let req = SettleRequest {
+                    job_id: JOB.to_owned(),
+                    from: SettleFrom::Absent(Box::new(job)),
+                    reason: fenced_jobs::job::decision::SettleReason::DeadlinePassed,
+                    now,
+                };
+                note.push_str("creates the job expired");
+                self.write(next, |c| apply_settle(c, &req), fault, None)
+            }
+            Op::Settle(state, epoch, reason) => {
+                let req = SettleRequest {
+                    job_id: JOB.to_owned(),
+                    from: SettleFrom::Seen { state, epoch },
+                    reason,
+                    now,
+                };
+                let _ = write!(note, "settles the job ({})", reason.kind());
+                self.write(next, |c| apply_settle(c, &req), fault, Some(epoch))
+            }
+            Op::Recover(state, epoch) => {
+                let lapsed_before = if self.mutated(Mutation::RecoveryIgnoresLease) {
+                    Millis::MAX
+                } else {
+                    now - self.bounds.skew
+                };
+                let req = RecoverRequest {
+                    job_id: JOB.to_owned(),
+                    seen_epoch: epoch,
+                    owner_id: owner.clone(),
+                    now,
+                    lapsed_before,
+                    lease_until: now + self.bounds.lease,
+                    reason: format!("{} at epoch {epoch}", state.as_str()),
+                };
+                let _ = write!(
+                    note,
+                    "recovery claim on the {} job at epoch {epoch}",
+                    state.as_str()
+                );
+                self.write(next, |c| apply_recover(c, &req), fault, Some(epoch))
+            }
+        };
+        match answer {
+            None => match op {
+                Op::Claim(_) | Op::Recover(..) => {
+                    note.push_str(": no answer");
+                    next.workers[worker].pc = Pc::Recognise { op, round };
+                }
+                _ => {
+                    note.push_str(": no answer");
+                    self.report(next, worker, &RecordOutcome::Failed(backoff()), note);
+                }
+            },
+            Some(Write::Applied(record)) => {
+                note.push_str(": applied");
+                self.applied(next, worker, op, record, note);
+            }
+            Some(Write::Refused(Some(seen)))
+                if match op {
+                    Op::Claim(expect) => shows_claim(&seen, expect, &owner),
+                    _ => false,
+                } =>
+            {
+                note.push_str(": refused, but the item shows its own claim");
+                self.applied(next, worker, op, seen, note);
+            }
+            Some(Write::Refused(seen)) => {
+                note.push_str(": refused");
+                self.decide_from(next, worker, seen, round + 1, note);
+            }
+        }
+        true
+    }
+
+    /// A write of `op` was applied (or recognised as applied), leaving `record`.
+    fn applied(
+        &self,
+        next: &mut State,
+        worker: usize,
+        op: Op,
+        record: JobRecord,
+        note: &mut String,
+    ) {
+        next.workers[worker].pc = match op {
+            Op::Claim(_) => Pc::Claimed {
+                claimed: Box::new(record),
+            },
+            Op::Recover(..) => Pc::Recovered {
+                fenced: Box::new(record),
+            },
+            Op::SettleAbsent | Op::Settle(..) => {
+                let outcome = RecordOutcome::Done(record.state);
+                self.report(next, worker, &outcome, note);
+                return;
+            }
+        };
+    }
+
+    fn send(&self, next: &mut State, worker: usize, sent: bool, note: &mut String) -> bool {
+        let Pc::Claimed { claimed } = next.workers[worker].pc.clone() else {
+            return false;
+        };
+        let now = self.now(next, worker);
+        // The processor's last check before a call leaves: a lease that no longer holds (the
+        // process stopped after its claim) sends nothing.
+        let holds = lease_holds(&claimed, now, self.bounds.skew)
+            || self.mutated(Mutation::CallAfterLeaseLapsed);
+        if sent && !holds {
+            return false;
+        }
+        if !sent {
+            note.push_str(if holds {
+                "has too little time left: the call is not sent"
+            } else {
+                "finds its lease lapsed: the call is not sent"
+            });
+            let error = ProviderError::Transient {
+                retry_after_ms: None,
+                reason: "no time left to make the call".to_owned(),
+            };
+            let (end, _) = attempt_end(Err(error), &claimed, now, next.replay);
+            next.workers[worker].pc = Pc::Ending {
+                claimed,
+                end,
+                tries: 0,
+            };
+            return true;
+        }
+        let owner = Self::owner_id(next, worker);
+        let (attempt, epoch) = (claimed.attempts, claimed.owner_epoch);
+        let _ = write!(note, "sends the call of attempt {attempt}");
+        let item = next.item.clone();
+        let recorded = item.as_ref().is_some_and(|r| {
+            r.attempt_log
+                .iter()
+                .any(|a| a.number == attempt && a.epoch == epoch && a.owner_id == owner)
+        });
+        if !recorded {
+            next.violations.push(Violation::UnrecordedCall);
+        }
+        // Every earlier call that may have run must be settled by a definite failure the
+        // ledger recorded for its attempt, or by a decision recorded at or after its epoch.
+        let authorised = next.calls.iter().all(|c| {
+            let Some(r) = item.as_ref() else {
+                return false;
+            };
+            let definite = c.truth == Truth::NotRun
+                && r.attempt_log.iter().any(|a| {
+                    a.number == c.attempt
+                        && matches!(
+                            a.outcome,
+                            AttemptOutcome::Transient | AttemptOutcome::Permanent
+                        )
+                });
+            let decided = r.decisions.iter().any(|d| d.epoch >= c.epoch);
+            definite || decided
+        });
+        if !authorised {
+            next.violations.push(Violation::SilentRepeat);
+        }
+        next.calls.push(Call {
+            attempt,
+            epoch,
+            truth: Truth::InFlight,
+        });
+        if next.calls.len() > self.bounds.max_attempts as usize
+            || item.is_some_and(|r| r.attempts > r.max_attempts)
+        {
+            next.violations.push(Violation::OverBudget);
+        }
+        let lease_until = claimed.owner_until.unwrap_or(now);
+        next.workers[worker].pc = Pc::Calling {
+            claimed,
+            lease_until,
+            lost: false,
+        };
+        true
+    }
+
+    fn answer(&self, next: &mut State, worker: usize, word: Word, note: &mut String) -> bool {
+        let Pc::Calling { claimed, lost, .. } = next.workers[worker].pc.clone() else {
+            return false;
+        };
+        let now = self.now(next, worker);
+        let Some(call) = next
+            .calls
+            .iter_mut()
+            .rev()
+            .find(|c| c.attempt == claimed.attempts && c.epoch == claimed.owner_epoch)
+        else {
+            return false;
+        };
+        let result = if lost {
+            // The heartbeat cancelled the call: it was sent and may have run.
+            Err(ProviderError::Uncertain {
+                evidence: "call cancelled after the lease could not be renewed".to_owned(),
+            })
+        } else {
+            match word {
+                Word::Answer => {
+                    call.truth = Truth::Ran;
+                    Ok(Answer {
+                        body: format!("answer of attempt {}", claimed.attempts),
+                        provider_ref: None,
+                    })
+                }
+                Word::Transient => {
+                    call.truth = Truth::NotRun;
+                    Err(ProviderError::Transient {
+                        retry_after_ms: None,
+                        reason: "503".to_owned(),
+                    })
+                }
+                Word::Permanent => {
+                    call.truth = Truth::NotRun;
+                    Err(ProviderError::Permanent {
+                        reason: "400".to_owned(),
+                    })
+                }
+                Word::Uncertain => Err(ProviderError::Uncertain {
+                    evidence: "connection dropped after the request was sent".to_owned(),
+                }),
+            }
+        };
+        let _ = write!(
+            note,
+            "hears from the provider: {}",
+            if lost { "(cancelled)" } else { word_name(word) }
+        );
+        let (end, _) = attempt_end(result, &claimed, now, next.replay);
+        let end = self.released(end);
+        next.workers[worker].pc = Pc::Ending {
+            claimed,
+            end,
+            tries: 0,
+        };
+        true
+    }
+
+    /// The mutation that releases an uncertain attempt without a decision.
+    fn released(&self, end: AttemptEnd) -> AttemptEnd {
+        match end {
+            AttemptEnd::Unknown { evidence } if self.mutated(Mutation::UncertainReleased) => {
+                AttemptEnd::RetryAuthorized { error: evidence }
+            }
+            end => end,
+        }
+    }
+
+    fn renew(&self, next: &mut State, worker: usize, fault: Fault, note: &mut String) -> bool {
+        let Pc::Calling {
+            claimed,
+            lease_until,
+            lost: false,
+        } = next.workers[worker].pc.clone()
+        else {
+            return false;
+        };
+        let now = self.now(next, worker);
+        let req = RenewRequest {
+            job_id: JOB.to_owned(),
+            epoch: claimed.owner_epoch,
+            expected_until: Some(lease_until),
+            now,
+            lease_until: now + self.bounds.lease,
+        };
+        if req.lease_until == lease_until {
+            return false; // nothing to extend
+        }
+        let (answer, _) = self.write(next, |c| apply_renew(c, &req), fault, Some(req.epoch));
+        let (lease_until, lost) = match answer {
+            Some(Write::Applied(record)) => {
+                note.push_str("renews its lease");
+                (record.owner_until.unwrap_or(lease_until), false)
+            }
+            // Still ours with another lease: an earlier renewal of ours was applied.
+            Some(Write::Refused(Some(seen)))
+                if seen.state == JobState::Running && seen.owner_epoch == claimed.owner_epoch =>
+            {
+                note.push_str("renewal refused: adopts the lease it finds");
+                (seen.owner_until.unwrap_or(lease_until), false)
+            }
+            Some(Write::Refused(_)) => {
+                note.push_str("renewal refused: ownership lost, the call is cancelled");
+                (lease_until, true)
+            }
+            None => {
+                note.push_str("renewal failed");
+                let close = lease_until - self.bounds.skew <= now + 1;
+                (lease_until, close)
+            }
+        };
+        next.workers[worker].pc = Pc::Calling {
+            claimed,
+            lease_until,
+            lost,
+        };
+        true
+    }
+
+    fn ask(&self, next: &mut State, worker: usize, said: Retrieved, note: &mut String) -> bool {
+        let Pc::Recovered { fenced } = next.workers[worker].pc.clone() else {
+            return false;
+        };
+        let reference = fenced
+            .attempt_log
+            .last()
+            .is_some_and(|a| a.provider_ref.is_some());
+        if !(next.retrievable && reference) {
+            return said == Retrieved::NotFound && self.unaskable(next, worker, note);
+        }
+        let now = self.now(next, worker);
+        let attempt = fenced.attempts;
+        let call = next.calls.iter_mut().find(|c| c.attempt == attempt);
+        // What the provider can say follows from what became of the call.
+        let possible = match call.as_ref().map(|c| c.truth) {
+            None => said == Retrieved::NotFound,
+            Some(Truth::Ran) => said == Retrieved::Completed,
+            Some(Truth::NotRun) => matches!(said, Retrieved::Failed | Retrieved::NotFound),
+            Some(Truth::InFlight) => true,
+        };
+        if !possible {
+            return false;
+        }
+        if let Some(call) = call {
+            match said {
+                Retrieved::Completed => call.truth = Truth::Ran,
+                Retrieved::Failed => call.truth = Truth::NotRun,
+                _ => {}
+            }
+        }
+        let _ = write!(note, "asks the provider about attempt {attempt}: {said:?}");
+        let end = match said {
+            Retrieved::Completed => {
+                let answer = Answer {
+                    body: format!("answer of attempt {attempt}"),
+                    provider_ref: None,
+                };
+                attempt_end(Ok(answer), &fenced, now, next.replay).0
+            }
+            Retrieved::Failed => {
+                let error = ProviderError::Transient {
+                    retry_after_ms: None,
+                    reason: "failed upstream".to_owned(),
+                };
+                attempt_end(Err(error), &fenced, now, next.replay).0
+            }
+            Retrieved::Running if now >= fenced.deadline_at => AttemptEnd::Expired,
+            Retrieved::Running => {
+                next.workers[worker].pc = Pc::HandOver {
+                    epoch: fenced.owner_epoch,
+                };
+                return true;
+            }
+            Retrieved::NotFound => uncertain_end(
+                "the provider does not know the call".to_owned(),
+                &fenced,
+                now,
+                next.replay,
+            ),
+        };
+        let end = self.released(end);
+        next.workers[worker].pc = Pc::Ending {
+            claimed: fenced,
+            end,
+            tries: 0,
+        };
+        true
+    }
+
+    /// After a recovery claim with nothing to ask: the attempt may have run.
+    fn unaskable(&self, next: &mut State, worker: usize, note: &mut String) -> bool {
+        let Pc::Recovered { fenced } = next.workers[worker].pc.clone() else {
+            return false;
+        };
+        let now = self.now(next, worker);
+        note.push_str("finds no reference to ask about: the call may have run");
+        let end = uncertain_end(
+            "the call may have run and no reference was recorded".to_owned(),
+            &fenced,
+            now,
+            next.replay,
+        );
+        let end = self.released(end);
+        next.workers[worker].pc = Pc::Ending {
+            claimed: fenced,
+            end,
+            tries: 0,
+        };
+        true
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn end_attempt(
+        &self,
+        next: &mut State,
+        worker: usize,
+        claimed: JobRecord,
+        end: AttemptEnd,
+        tries: u8,
+        fault: Fault,
+        note: &mut String,
+    ) -> bool {
+        let now = self.now(next, worker);
+        let end = if tries == 0 {
+            acceptable_end(end, claimed.deadline_at, now, self.bounds.skew)
+        } else {
+            end
+        };
+        let (epoch, attempt) = (claimed.owner_epoch, claimed.attempts);
+        let target = end.target();
+        let req = FinishRequest {
+            job_id: JOB.to_owned(),
+            epoch,
+            attempt,
+            now,
+            end: end.clone(),
+        };
+        let (answer, _) = self.write(next, |c| self.finish(c, &req), fault, Some(epoch));
+        let _ = write!(note, "ends attempt {attempt} as {}", target.as_str());
+        match answer {
+            Some(Write::Applied(record)) => {
+                note.push_str(": applied");
+                let outcome = RecordOutcome::after_write(record.state, None);
+                self.report(next, worker, &outcome, note);
+            }
+            Some(Write::Refused(Some(seen))) if shows_end(&seen, epoch, target) => {
+                note.push_str(": refused, but the item shows its own end");
+                let outcome = RecordOutcome::after_write(seen.state, None);
+                self.report(next, worker, &outcome, note);
+            }
+            Some(Write::Refused(seen)) => {
+                note.push_str(": refused");
+                self.refused_end(next, worker, &claimed, &end, seen, note);
+            }
+            None => {
+                let tries = tries + 1;
+                if tries < self.bounds.finish_tries && now < claimed.deadline_at {
+                    note.push_str(": no answer; will try again");
+                    next.workers[worker].pc = Pc::KeepLease {
+                        claimed: Box::new(claimed),
+                        end,
+                        tries,
+                    };
+                } else {
+                    note.push_str(": no answer; gives up");
+                    self.report(next, worker, &RecordOutcome::Failed(backoff()), note);
+                }
+            }
+        }
+        true
+    }
+
+    /// The end of an attempt was refused: expire our own job if only the deadline refused an
+    /// answer, else decide from the item.
+    fn refused_end(
+        &self,
+        next: &mut State,
+        worker: usize,
+        claimed: &JobRecord,
+        end: &AttemptEnd,
+        seen: Option<JobRecord>,
+        note: &mut String,
+    ) {
+        let Some(seen) = seen else {
+            self.report(next, worker, &RecordOutcome::Failed(backoff()), note);
+            return;
+        };
+        let accepting = matches!(end, AttemptEnd::Succeeded { .. });
+        if accepting && seen.state == JobState::Running && seen.owner_epoch == claimed.owner_epoch {
+            next.workers[worker].pc = Pc::ExpireOwn {
+                epoch: claimed.owner_epoch,
+                attempt: claimed.attempts,
+            };
+            return;
+        }
+        let now = self.now(next, worker);
+        let outcome = match next_step(&seen, DIGEST, now, self.bounds.skew) {
+            Next::Claim(_) | Next::Settle(_) => RecordOutcome::Failed(backoff()),
+            other => RecordOutcome::from_next(other, DIGEST),
+        };
+        self.report(next, worker, &outcome, note);
+    }
+
+    /// Prints the path as a timeline: one line per event, with the item after it.
+    pub fn timeline(&self, path: &[(State, Option<Action>)]) -> String {
+        let mut out = String::new();
+        let first = &path[0].0;
+        let _ = writeln!(
+            out,
+            "  provider {}, replay policy {:?}, clocks ahead by {:?}, item at start: {}",
+            if first.retrievable {
+                "retrievable"
+            } else {
+                "not retrievable"
+            },
+            first.replay,
+            first.workers.iter().map(|w| w.offset).collect::<Vec<_>>(),
+            first.item.as_ref().map_or("none", |r| r.state.as_str()),
+        );
+        let _ = writeln!(
+            out,
+            "  {:>3}  {:<10} {:<17} {:>5} {:>8} {:>5}  what",
+            "t", "who", "job state", "epoch", "attempts", "lease"
+        );
+        for window in path.windows(2) {
+            let (state, action) = (&window[0].0, &window[0].1);
+            let Some(action) = action else { continue };
+            let Some((after, note)) = self.step(state, action) else {
+                continue;
+            };
+            let who = match *action {
+                Action::Tick => "clock".to_owned(),
+                Action::Expire => "reconciler".to_owned(),
+                Action::Decide(_) => "operator".to_owned(),
+                Action::Deliver { worker, .. }
+                | Action::Step { worker, .. }
+                | Action::Send { worker, .. }
+                | Action::Answer { worker, .. }
+                | Action::Renew { worker, .. }
+                | Action::Ask { worker, .. }
+                | Action::Crash { worker } => {
+                    let w = &after.workers[worker];
+                    let owner = if matches!(action, Action::Deliver { .. }) {
+                        w.owner
+                    } else {
+                        state.workers[worker].owner
+                    };
+                    format!("w{worker} (d{owner})")
+                }
+            };
+            let fault = match action {
+                Action::Step {
+                    fault: Fault::Lost, ..
+                }
+                | Action::Renew {
+                    fault: Fault::Lost, ..
+                } => " [applied, answer lost]",
+                Action::Step {
+                    fault: Fault::Failed,
+                    ..
+                }
+                | Action::Renew {
+                    fault: Fault::Failed,
+                    ..
+                } => " [request failed]",
+                _ => "",
+            };
+            let (st, epoch, attempts, lease) = match &after.item {
+                Some(r) => (
+                    r.state.as_str().to_owned(),
+                    r.owner_epoch.to_string(),
+                    format!("{}/{}", r.attempts, r.max_attempts),
+                    r.owner_until.map_or("-".to_owned(), |u| u.to_string()),
+                ),
+                None => ("(no item)".to_owned(), "-".into(), "-".into(), "-".into()),
+            };
+            let mut line = format!(
+                "  {:>3}  {:<10} {:<17} {:>5} {:>8} {:>5}  {note}{fault}",
+                after.time, who, st, epoch, attempts, lease
+            );
+            let violated = after.violations.len() > state.violations.len();
+            for v in after.violations.iter().skip(state.violations.len()) {
+                let _ = write!(line, "\n  {:>3}  VIOLATED: {}", "", v.property());
+            }
+            let _ = writeln!(out, "{line}");
+            if violated {
+                break;
+            }
+        }
+        out
+    }
+}
+
+/// The item without what no decision reads (times of past events, messages, reasons), so that
+/// states which differ only there are explored once.
+fn normalized(mut r: JobRecord) -> JobRecord {
+    r.created_at = 0;
+    r.updated_at = 0;
+    for a in &mut r.attempt_log {
+        a.started_at = 0;
+        a.finished_at = a.finished_at.map(|_| 0);
+    }
+    for d in &mut r.recoveries {
+        d.at = 0;
+        d.reason.clear();
+    }
+    for d in &mut r.decisions {
+        d.at = 0;
+        d.reason.clear();
+    }
+    if let Some(e) = r.last_error.as_mut() {
+        e.at = 0;
+        e.message.clear();
+    }
+    r
+}
+
+fn word_name(word: Word) -> &'static str {
+    match word {
+        Word::Answer => "an answer",
+        Word::Transient => "a transient failure",
+        Word::Permanent => "a permanent failure",
+        Word::Uncertain => "nothing certain",
+    }
+}
+
+fn backoff() -> Failure {
+    Failure::Backoff {
+        retry_after_ms: None,
+        cause: "model",
+    }
+}
+
+impl Model for Protocol {
+    type State = State;
+    type Action = Action;
+
+    fn init_states(&self) -> Vec<State> {
+        let b = &self.bounds;
+        let mut states = Vec::new();
+        // Each worker's clock is exactly on time or ahead by the margin; the first is on time.
+        let offsets: Vec<Vec<Millis>> = (0..1u32 << (b.workers - 1))
+            .map(|mask| {
+                (0..b.workers)
+                    .map(|w| {
+                        if w > 0 && mask & (1 << (w - 1)) != 0 {
+                            b.skew
+                        } else {
+                            0
+                        }
+                    })
+                    .collect()
+            })
+            .collect();
+        for &retrievable in &b.retrievable {
+            for &replay in &b.replay {
+                for offsets in &offsets {
+                    // The producer created the item first (`jobctl submit`), or it did not.
+                    for created in [false, true] {
+                        states.push(State {
+                            time: 0,
+                            retrievable,
+                            replay,
+                            item: created.then(|| self.job().into_record(JobState::Ready, 0)),
+                            deliveries: 0,
+                            faults: 0,
+                            workers: offsets
+                                .iter()
+                                .map(|&offset| Worker {
+                                    pc: Pc::Idle,
+                                    owner: 0,
+                                    offset,
+                                })
+                                .collect(),
+                            calls: Vec::new(),
+                            accepted: None,
+                            violations: Vec::new(),
+                        });
+                    }
+                }
+            }
+        }
+        states
+    }
+
+    fn actions(&self, state: &State, actions: &mut Vec<Action>) {
+        let b = &self.bounds;
+        if state.time < b.end_of_time() {
+            actions.push(Action::Tick);
+        }
+        for (worker, w) in state.workers.iter().enumerate() {
+            match &w.pc {
+                Pc::Idle => {
+                    let open = state.item.as_ref().is_none_or(|r| !r.state.is_terminal());
+                    let idle = state.workers.iter().all(|w| w.pc == Pc::Idle);
+                    // Fairness: SQS keeps delivering a message nobody acknowledged, so at the
+                    // end of time an open job gets deliveries beyond the bound (each one ends
+                    // it, unless a fault from the fault bound stops it); and one delivery of a
+                    // terminal job shows it is acknowledged.
+                    let fair = open && idle && state.time == b.end_of_time();
+                    let late = !open && idle;
+                    if (state.deliveries < b.deliveries && (open || late)) || fair {
+                        actions.push(Action::Deliver { worker });
+                    }
+                    continue;
+                }
+                Pc::Claimed { .. } => {
+                    actions.push(Action::Send { worker, sent: true });
+                    actions.push(Action::Send {
+                        worker,
+                        sent: false,
+                    });
+                }
+                Pc::Calling { lost, .. } => {
+                    if *lost {
+                        actions.push(Action::Answer {
+                            worker,
+                            word: Word::Uncertain,
+                        });
+                    } else {
+                        for word in [
+                            Word::Answer,
+                            Word::Transient,
+                            Word::Permanent,
+                            Word::Uncertain,
+                        ] {
+                            actions.push(Action::Answer { worker, word });
+                        }
+                        for &fault in self.faults(state) {
+                            actions.push(Action::Renew { worker, fault });
+                        }
+                    }
+                }
+                Pc::Recovered { fenced } => {
+                    let reference = fenced
+                        .attempt_log
+                        .last()
+                        .is_some_and(|a| a.provider_ref.is_some());
+                    if state.retrievable && reference {
+                        for said in [
+                            Retrieved::Completed,
+                            Retrieved::Failed,
+                            Retrieved::Running,
+                            Retrieved::NotFound,
+                        ] {
+                            actions.push(Action::Ask { worker, said });
+                        }
+                    } else {
+                        // No reference: one step, taken as an `Ask` that finds nothing.
+                        actions.push(Action::Ask {
+                            worker,
+                            said: Retrieved::NotFound,
+                        });
+                    }
+                }
+                _ => {
+                    for &fault in self.faults(state) {
+                        actions.push(Action::Step { worker, fault });
+                    }
+                }
+            }
+            // A crash matters only while the worker holds the job: before its first write it
+            // is a delivery that did nothing, and between writes it is what a failed write
+            // followed by a back-off already is.
+            let holds = matches!(
+                w.pc,
+                Pc::Claimed { .. }
+                    | Pc::Calling { .. }
+                    | Pc::Recovered { .. }
+                    | Pc::Ending { .. }
+                    | Pc::KeepLease { .. }
+                    | Pc::ExpireOwn { .. }
+                    | Pc::HandOver { .. }
+            );
+            if holds && state.faults < b.faults {
+                actions.push(Action::Crash { worker });
+            }
+        }
+        if let Some(item) = &state.item {
+            let terminal = item.state.is_terminal();
+            let past = item.deadline_at <= state.time - b.skew;
+            if past && (!terminal || self.mutated(Mutation::ExpiryIgnoresTerminal)) {
+                actions.push(Action::Expire);
+            }
+            if item.state == JobState::Unknown {
+                actions.push(Action::Decide(OperatorAction::AuthorizeRetry));
+                actions.push(Action::Decide(OperatorAction::Fail));
+            }
+        }
+    }
+
+    fn next_state(&self, state: &State, action: Action) -> Option<State> {
+        self.step(state, &action).map(|(next, _)| next)
+    }
+
+    fn properties(&self) -> Vec<Property<Self>> {
+        fn holds(state: &State, v: Violation) -> bool {
+            !state.violations.contains(&v)
+        }
+        vec![
+            Property::always(ONE_RESULT, |_, s| holds(s, Violation::ResultChanged)),
+            Property::always(STALE_WRITE, |_, s| holds(s, Violation::StaleWrite)),
+            Property::always(BUDGET, |_, s| {
+                holds(s, Violation::OverBudget)
+                    && s.item.as_ref().is_none_or(|r| r.attempts <= r.max_attempts)
+            }),
+            Property::always(NO_SILENT_REPEAT, |_, s| holds(s, Violation::SilentRepeat)),
+            Property::always(ACK_TERMINAL, |_, s| holds(s, Violation::AckedEarly)),
+            Property::always(ATTEMPT_RECORDED, |_, s| holds(s, Violation::UnrecordedCall)),
+            Property::eventually(ENDS, |_, s: &State| {
+                s.item.as_ref().is_some_and(|r| {
+                    r.state.is_terminal()
+                        || (r.state == JobState::Unknown
+                            && r.last_error.as_ref().is_some_and(|e| e.kind == "uncertain"))
+                })
+            }),
+            // Reachability: the model is not vacuous.
+            Property::sometimes("an answer is accepted", |_, s: &State| {
+                s.item
+                    .as_ref()
+                    .is_some_and(|r| r.state == JobState::Succeeded)
+            }),
+            Property::sometimes("a second call after a recorded decision", |_, s: &State| {
+                s.calls.len() >= 2 && s.item.as_ref().is_some_and(|r| !r.decisions.is_empty())
+            }),
+            Property::sometimes(
+                "a lapsed owner is fenced and the job still succeeds",
+                |_, s: &State| {
+                    s.item
+                        .as_ref()
+                        .is_some_and(|r| r.state == JobState::Succeeded && !r.recoveries.is_empty())
+                },
+            ),
+        ]
+    }
+}
+
+/// What one check found.
+#[derive(Debug)]
+pub struct Report {
+    /// States generated, repeats included.
+    pub states: usize,
+    /// Distinct states.
+    pub unique: usize,
+    /// The longest path explored.
+    pub depth: usize,
+    /// Seconds it took.
+    pub seconds: f64,
+    /// Each property and its verdict.
+    pub verdicts: Vec<(&'static str, Verdict)>,
+    /// The timeline of the first counterexample found, if any.
+    pub counterexample: Option<String>,
+}
+
+/// A property's verdict.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// No counterexample in the bound.
+    Holds,
+    /// A counterexample was found.
+    Violated,
+    /// An example was found (a `sometimes` property).
+    Reached,
+    /// No example was found (a `sometimes` property).
+    Unreached,
+}
+
+impl Report {
+    /// The properties with a counterexample.
+    pub fn violated(&self) -> Vec<&'static str> {
+        self.verdicts
+            .iter()
+            .filter(|(_, v)| *v == Verdict::Violated)
+            .map(|(n, _)| *n)
+            .collect()
+    }
+}
+
+/// Checks the protocol under `bounds`: depth first over every state, or breadth first until
+/// the first counterexample (`first_failure`, which also makes that counterexample a shortest
+/// one).
+pub fn check(bounds: &Bounds, threads: usize, first_failure: bool) -> Report {
+    use stateright::{Checker, HasDiscoveries};
+    let model = Protocol {
+        bounds: bounds.clone(),
+    };
+    let started = std::time::Instant::now();
+    let builder = model.clone().checker().threads(threads);
+    if first_failure {
+        let checker = builder
+            .finish_when(HasDiscoveries::AnyFailures)
+            .spawn_bfs()
+            .join();
+        conclude(&model, &checker, started)
+    } else {
+        conclude(&model, &builder.spawn_dfs().join(), started)
+    }
+}
+
+fn conclude(
+    model: &Protocol,
+    checker: &impl stateright::Checker<Protocol>,
+    started: std::time::Instant,
+) -> Report {
+    use stateright::Expectation;
+    let mut counterexample = None;
+    let verdicts = model
+        .properties()
+        .iter()
+        .map(|p| {
+            let found = checker.discovery(p.name);
+            let verdict = match (&p.expectation, found) {
+                (Expectation::Sometimes, Some(_)) => Verdict::Reached,
+                (Expectation::Sometimes, None) => Verdict::Unreached,
+                (_, None) => Verdict::Holds,
+                (_, Some(path)) => {
+                    if counterexample.is_none() {
+                        counterexample = Some(format!(
+                            "  counterexample to \"{}\":\n{}",
+                            p.name,
+                            model.timeline(&path.into_vec())
+                        ));
+                    }
+                    Verdict::Violated
+                }
+            };
+            (p.name, verdict)
+        })
+        .collect();
+    Report {
+        states: checker.state_count(),
+        unique: checker.unique_state_count(),
+        depth: checker.max_depth(),
+        seconds: started.elapsed().as_secs_f64(),
+        verdicts,
+        counterexample,
+    }
+}
