@@ -1137,6 +1137,16 @@ impl Protocol {
         else {
             return false;
         };
+        // The provider is consistent: once a retrieval said what became of the call, the
+        // caller hears nothing that contradicts it.
+        let consistent = match (call.truth, word) {
+            (Truth::NotRun, Word::Answer) => false,
+            (Truth::Ran, Word::Transient | Word::Permanent) => false,
+            _ => true,
+        };
+        if !consistent && !lost {
+            return false;
+        }
         let result = if lost {
             // The heartbeat cancelled the call: it was sent and may have run.
             Err(ProviderError::Uncertain {
