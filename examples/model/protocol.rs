@@ -1139,11 +1139,10 @@ impl Protocol {
         };
         // The provider is consistent: once a retrieval said what became of the call, the
         // caller hears nothing that contradicts it.
-        let consistent = match (call.truth, word) {
-            (Truth::NotRun, Word::Answer) => false,
-            (Truth::Ran, Word::Transient | Word::Permanent) => false,
-            _ => true,
-        };
+        let consistent = !matches!(
+            (call.truth, word),
+            (Truth::NotRun, Word::Answer) | (Truth::Ran, Word::Transient | Word::Permanent)
+        );
         if !consistent && !lost {
             return false;
         }
