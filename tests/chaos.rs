@@ -47,6 +47,7 @@ fn fixed_seeds_keep_every_invariant_under_every_fault() {
         "store_error",
         "poison_message",
         "dlq_send_failure",
+        "pause_after_claim",
         "reconciler_resent",
     ] {
         assert!(seen.contains(kind), "{kind} never injected: {seen:?}");

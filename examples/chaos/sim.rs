@@ -107,6 +107,9 @@ pub struct FaultRates {
     pub poison_message: f64,
     /// The worker's send to the DLQ fails (the record falls back to visibility 0).
     pub dlq_send_failure: f64,
+    /// A worker stops the world just after its claim is answered, for longer than the lease,
+    /// and resumes where it was: before its call.
+    pub pause_after_claim: f64,
 }
 
 impl FaultRates {
@@ -137,6 +140,7 @@ impl FaultRates {
             store_error: 0.05,
             poison_message: 0.01,
             dlq_send_failure: 0.2,
+            pause_after_claim: 0.01,
         }
     }
 }
@@ -620,6 +624,17 @@ impl SimLedger {
 impl JobLedger for SimLedger {
     async fn claim(&self, req: ClaimRequest) -> Result<Write, LedgerError> {
         let id = req.job.job_id.clone();
+        if self
+            .world
+            .fault("pause_after_claim", self.world.rates.pause_after_claim)
+        {
+            // The pause starts once the write has had its latency (at most 20 ms), so the
+            // claim is applied and its answer held until the pause ends.
+            let from = self.world.now() + 25;
+            let until = from + self.world.range(70_000, 200_000) as Millis;
+            self.gate.from.store(from, Ordering::Relaxed);
+            self.gate.until.store(until, Ordering::Relaxed);
+        }
         self.call("claim", &id, self.table.claim(req)).await
     }
     async fn finish(&self, req: FinishRequest) -> Result<Write, LedgerError> {
