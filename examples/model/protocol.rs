@@ -713,11 +713,7 @@ impl Protocol {
         } else {
             next_step(&seen, DIGEST, now, self.bounds.skew)
         };
-        let can_ask = next.retrievable
-            && seen
-                .attempt_log
-                .last()
-                .is_some_and(|a| a.provider_ref.is_some());
+        let can_ask = next.retrievable && seen.last_provider_ref().is_some();
         let op = match decided {
             Next::Claim(expect) => Op::Claim(expect),
             Next::Settle(reason) => Op::Settle(seen.state, seen.owner_epoch, reason),
@@ -786,8 +782,7 @@ impl Protocol {
                     now,
                     lease_until: now + self.bounds.lease,
                 };
-                let (answer, _) =
-                    self.write(next, |c| apply_renew(c, &req), fault, Some(req.epoch));
+                let answer = self.write(next, |c| apply_renew(c, &req), fault, Some(req.epoch));
                 note.push_str("renews its lease before trying again");
                 match answer {
                     Some(Write::Refused(Some(seen)))
@@ -815,7 +810,7 @@ impl Protocol {
                     now,
                     end: AttemptEnd::Expired,
                 };
-                let (answer, _) = self.write(next, |c| self.finish(c, &req), fault, Some(epoch));
+                let answer = self.write(next, |c| self.finish(c, &req), fault, Some(epoch));
                 note.push_str("expires the job on its own epoch");
                 let outcome = match answer {
                     Some(Write::Applied(record)) => RecordOutcome::after_write(record.state, None),
@@ -845,31 +840,26 @@ impl Protocol {
         }
     }
 
-    /// One conditional write with its fault. Returns what the writer hears (`None`: the request
-    /// failed, applied or not) and whether it was applied.
+    /// One conditional write with its fault: what the writer hears (`None`: the request
+    /// failed, applied or not).
     fn write(
         &self,
         next: &mut State,
         apply: impl FnOnce(Option<&JobRecord>) -> Option<JobRecord>,
         fault: Fault,
         epoch: Option<u64>,
-    ) -> (Option<Write>, bool) {
+    ) -> Option<Write> {
         if fault == Fault::Failed {
-            return (None, false);
+            return None;
         }
-        match apply(next.item.as_ref()).map(normalized) {
+        let heard = match apply(next.item.as_ref()).map(normalized) {
             Some(after) => {
                 self.commit(next, after.clone(), epoch);
-                (
-                    (fault == Fault::None).then_some(Write::Applied(after)),
-                    true,
-                )
+                Write::Applied(after)
             }
-            None => (
-                (fault == Fault::None).then(|| Write::Refused(next.item.clone())),
-                false,
-            ),
-        }
+            None => Write::Refused(next.item.clone()),
+        };
+        (fault == Fault::None).then_some(heard)
     }
 
     fn finish(&self, current: Option<&JobRecord>, req: &FinishRequest) -> Option<JobRecord> {
@@ -901,7 +891,7 @@ impl Protocol {
         let now = self.now(next, worker);
         let owner = Self::owner_id(next, worker);
         let job = self.job();
-        let (answer, _) = match op {
+        let answer = match op {
             Op::Claim(expect) => {
                 let req = ClaimRequest {
                     job: job.clone(),
@@ -1056,21 +1046,19 @@ impl Protocol {
             return false;
         }
         if !sent {
-            note.push_str(if holds {
-                "has too little time left: the call is not sent"
+            // The processor's two reasons for not sending, as it records them.
+            let reason = if holds {
+                "no time left to make the call"
             } else {
-                "finds its lease lapsed: the call is not sent"
-            });
+                "the lease lapsed before the call was sent"
+            };
+            let _ = write!(note, "does not send the call: {reason}");
             let error = ProviderError::Transient {
                 retry_after_ms: None,
-                reason: "no time left to make the call".to_owned(),
+                reason: reason.to_owned(),
             };
             let (end, _) = attempt_end(Err(error), &claimed, now, next.replay);
-            next.workers[worker].pc = Pc::Ending {
-                claimed,
-                end,
-                tries: 0,
-            };
+            self.end_with(next, worker, claimed, end);
             return true;
         }
         let owner = Self::owner_id(next, worker);
@@ -1184,13 +1172,17 @@ impl Protocol {
             if lost { "(cancelled)" } else { word_name(word) }
         );
         let (end, _) = attempt_end(result, &claimed, now, next.replay);
-        let end = self.released(end);
+        self.end_with(next, worker, claimed, end);
+        true
+    }
+
+    /// The owner ends its attempt so: its next step is the write that records it.
+    fn end_with(&self, next: &mut State, worker: usize, claimed: Box<JobRecord>, end: AttemptEnd) {
         next.workers[worker].pc = Pc::Ending {
             claimed,
-            end,
+            end: self.released(end),
             tries: 0,
         };
-        true
     }
 
     /// The mutation that releases an uncertain attempt without a decision.
@@ -1223,7 +1215,7 @@ impl Protocol {
         if req.lease_until == lease_until {
             return false; // nothing to extend
         }
-        let (answer, _) = self.write(next, |c| apply_renew(c, &req), fault, Some(req.epoch));
+        let answer = self.write(next, |c| apply_renew(c, &req), fault, Some(req.epoch));
         let (lease_until, lost) = match answer {
             Some(Write::Applied(record)) => {
                 note.push_str("renews its lease");
@@ -1258,14 +1250,18 @@ impl Protocol {
         let Pc::Recovered { fenced } = next.workers[worker].pc.clone() else {
             return false;
         };
-        let reference = fenced
-            .attempt_log
-            .last()
-            .is_some_and(|a| a.provider_ref.is_some());
-        if !(next.retrievable && reference) {
-            return said == Retrieved::NotFound && self.unaskable(next, worker, note);
-        }
         let now = self.now(next, worker);
+        if !(next.retrievable && fenced.last_provider_ref().is_some()) {
+            // Nothing to ask about: the attempt may have run (one step, the `NotFound` choice).
+            if said != Retrieved::NotFound {
+                return false;
+            }
+            note.push_str("finds no reference to ask about: the call may have run");
+            let evidence = "the call may have run and no reference was recorded".to_owned();
+            let end = uncertain_end(evidence, &fenced, now, next.replay);
+            self.end_with(next, worker, fenced, end);
+            return true;
+        }
         let attempt = fenced.attempts;
         let call = next.calls.iter_mut().find(|c| c.attempt == attempt);
         // What the provider can say follows from what became of the call.
@@ -1315,34 +1311,7 @@ impl Protocol {
                 next.replay,
             ),
         };
-        let end = self.released(end);
-        next.workers[worker].pc = Pc::Ending {
-            claimed: fenced,
-            end,
-            tries: 0,
-        };
-        true
-    }
-
-    /// After a recovery claim with nothing to ask: the attempt may have run.
-    fn unaskable(&self, next: &mut State, worker: usize, note: &mut String) -> bool {
-        let Pc::Recovered { fenced } = next.workers[worker].pc.clone() else {
-            return false;
-        };
-        let now = self.now(next, worker);
-        note.push_str("finds no reference to ask about: the call may have run");
-        let end = uncertain_end(
-            "the call may have run and no reference was recorded".to_owned(),
-            &fenced,
-            now,
-            next.replay,
-        );
-        let end = self.released(end);
-        next.workers[worker].pc = Pc::Ending {
-            claimed: fenced,
-            end,
-            tries: 0,
-        };
+        self.end_with(next, worker, fenced, end);
         true
     }
 
@@ -1372,7 +1341,7 @@ impl Protocol {
             now,
             end: end.clone(),
         };
-        let (answer, _) = self.write(next, |c| self.finish(c, &req), fault, Some(epoch));
+        let answer = self.write(next, |c| self.finish(c, &req), fault, Some(epoch));
         let _ = write!(note, "ends attempt {attempt} as {}", target.as_str());
         match answer {
             Some(Write::Applied(record)) => {
@@ -1669,10 +1638,7 @@ impl Model for Protocol {
                     }
                 }
                 Pc::Recovered { fenced } => {
-                    let reference = fenced
-                        .attempt_log
-                        .last()
-                        .is_some_and(|a| a.provider_ref.is_some());
+                    let reference = fenced.last_provider_ref().is_some();
                     if state.retrievable && reference {
                         for said in [
                             Retrieved::Completed,
@@ -1688,6 +1654,14 @@ impl Model for Protocol {
                             worker,
                             said: Retrieved::NotFound,
                         });
+                    }
+                }
+                // A read (after a write that failed) answers or fails: it applies nothing.
+                Pc::Recognise { .. } => {
+                    for &fault in self.faults(state) {
+                        if fault != Fault::Lost {
+                            actions.push(Action::Step { worker, fault });
+                        }
                     }
                 }
                 _ => {

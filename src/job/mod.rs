@@ -162,6 +162,12 @@ impl JobRecord {
             + error
     }
 
+    /// The provider's reference for the last attempt, if it has one: what a later owner can
+    /// ask the provider about.
+    pub fn last_provider_ref(&self) -> Option<&str> {
+        self.attempt_log.last()?.provider_ref.as_deref()
+    }
+
     /// Whether the item could also hold `result` as its accepted answer.
     pub fn can_hold_result(&self, result: &str) -> bool {
         self.item_bytes() + result.len() + ITEM_HEADROOM_BYTES <= MAX_ITEM_BYTES

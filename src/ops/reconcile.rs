@@ -152,7 +152,7 @@ pub async fn reconcile<L: JobLedger + LedgerIndex>(
                         && job.updated_at <= now - after
                         && job.owner_until.is_none_or(|until| until <= now - after)
                         && job.enqueued_at.is_none_or(|at| at <= now - enqueue_after)
-                        && (state != JobState::Unknown || has_reference(&job)) =>
+                        && (state != JobState::Unknown || job.last_provider_ref().is_some()) =>
                 {
                     due.push(Outgoing::by_id(&job.job_id));
                 }
@@ -181,13 +181,6 @@ pub async fn reconcile<L: JobLedger + LedgerIndex>(
     report.errors += recorded.iter().filter(|r| r.is_err()).count() as u64;
     report.unknown = ledger.count(JobState::Unknown).await?;
     Ok(report)
-}
-
-/// Whether the job's last attempt has a provider reference to ask about.
-fn has_reference(job: &crate::job::JobRecord) -> bool {
-    job.attempt_log
-        .last()
-        .is_some_and(|a| a.provider_ref.is_some())
 }
 
 async fn expire<L: JobLedger + LedgerIndex>(
@@ -224,7 +217,7 @@ async fn expire<L: JobLedger + LedgerIndex>(
                     // A call that may still run upstream is cancelled: its answer can never be
                     // accepted now, and the provider would go on charging for it.
                     let running = matches!(state, JobState::Running | JobState::Unknown);
-                    if let Some(r) = job.attempt_log.last().and_then(|a| a.provider_ref.as_ref())
+                    if let Some(r) = job.last_provider_ref()
                         && running
                         && provider.can_retrieve()
                     {

@@ -3,9 +3,7 @@
 
 use std::time::Duration;
 
-use super::{
-    Invocation, Processed, Processor, backoff, failed, ledger_failure, outcome_of, settled,
-};
+use super::{Invocation, Processed, Processor, backoff, failed, ledger_failure, settled};
 use crate::clock::Clock;
 use crate::job::decision::{Next, next_step};
 use crate::job::{Failure, JobMessage, JobRecord, JobState, Millis, RecordOutcome, ResultBody};
@@ -35,11 +33,10 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         let epoch = claimed.owner_epoch;
         let attempt = claimed.attempts;
         let now = self.clock.now_ms();
-        if matches!(end, AttemptEnd::Succeeded { .. }) {
-            end = acceptable_end(end, claimed.deadline_at, now, self.settings.skew_ms);
-            if end == AttemptEnd::Expired {
-                tracing::warn!(job_id = %msg.job_id, "answer came within the skew margin of the deadline; not accepted");
-            }
+        let answered = matches!(end, AttemptEnd::Succeeded { .. });
+        end = acceptable_end(end, claimed.deadline_at, now, self.settings.skew_ms);
+        if answered && end == AttemptEnd::Expired {
+            tracing::warn!(job_id = %msg.job_id, "answer came within the skew margin of the deadline; not accepted");
         }
         if let AttemptEnd::Succeeded {
             result: ResultBody::Inline(body),
@@ -119,7 +116,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         }
         let outcome = match next_step(&seen, &msg.digest, now, self.settings.skew_ms) {
             Next::Claim(_) | Next::Settle(_) => RecordOutcome::Failed(backoff("refused")),
-            next => outcome_of(next, &msg.digest),
+            next => RecordOutcome::from_next(next, &msg.digest),
         };
         Processed {
             outcome,

@@ -341,7 +341,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
                 }
                 next => {
                     return Processed {
-                        outcome: outcome_of(next, &msg.digest),
+                        outcome: RecordOutcome::from_next(next, &msg.digest),
                         view: Some(seen),
                     };
                 }
@@ -401,7 +401,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
             Next::Claim(_) | Next::Settle(_) => {
                 RecordOutcome::Failed(backoff("duplicate in batch"))
             }
-            next => outcome_of(next, &msg.digest),
+            next => RecordOutcome::from_next(next, &msg.digest),
         }
     }
 }
@@ -423,11 +423,6 @@ impl From<(AttemptEnd, Option<Millis>)> for Waited {
     fn from((end, retry_after_ms): (AttemptEnd, Option<Millis>)) -> Self {
         Waited::Ended(end, retry_after_ms)
     }
-}
-
-/// Maps a decision that needs no write to the record's outcome.
-fn outcome_of(next: Next, message_digest: &str) -> RecordOutcome {
-    RecordOutcome::from_next(next, message_digest)
 }
 
 /// The outcome after our own write ended an attempt or settled the job.

@@ -85,10 +85,6 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
 
     /// Whether the provider can be asked about the job's last attempt.
     pub(super) fn can_ask_about(&self, job: &JobRecord) -> bool {
-        self.provider.can_retrieve()
-            && job
-                .attempt_log
-                .last()
-                .is_some_and(|a| a.provider_ref.is_some())
+        self.provider.can_retrieve() && job.last_provider_ref().is_some()
     }
 }
