@@ -1,5 +1,5 @@
 # The two commands of the README need no set-up: they install what they need.
-.PHONY: demo test drill chaos model-check fuzz bench build invoke deploy check fmt clippy emulator-start emulator-stop clean
+.PHONY: demo test drill chaos scale model-check fuzz bench build invoke deploy check fmt clippy emulator-start emulator-stop clean
 
 demo: ## Run the main job end to end on the local emulator
 	scripts/demo.sh
@@ -12,6 +12,9 @@ drill: ## The recovery drill on the emulator, with its timeline
 
 chaos: ## Fault-injection simulation, 10,000 jobs, every fault kind (SEED=1 SEEDS=1 JOBS=10000)
 	cargo run --release --example chaos -- --seed $(or $(SEED),1) --seeds $(or $(SEEDS),1) --jobs $(or $(JOBS),10000)
+
+scale: ## A burst of 100,000 jobs, 1,000 concurrent invocations, a rate-limited provider (SEED=1 JOBS=100000)
+	cargo run --release --example chaos -- --scale --seed $(or $(SEED),1) --jobs $(or $(JOBS),100000)
 
 model-check: ## The ledger protocol over every interleaving within a bound, then each property's mutation (VERIFICATION.md)
 	cargo run --release --example model

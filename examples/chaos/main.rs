@@ -3,7 +3,11 @@
 //! figures. A failing seed prints the command that replays it.
 //!
 //! `cargo run --release --example chaos -- [--seed N] [--jobs N] [--consumers N] [--seeds N]`
+//!
+//! `make scale` runs the scale scenario instead (`--scale`): a burst of jobs against a
+//! rate-limited provider, with `--jobs`, `--concurrency`, `--rpm`, `--tpm`, `--call-ms`.
 
+mod scale;
 mod sim;
 
 fn main() {
@@ -17,6 +21,23 @@ fn main() {
     };
     let first = arg("--seed", 1);
     let seeds = arg("--seeds", 1);
+    if args.iter().any(|a| a == "--scale") {
+        for seed in first..first + seeds {
+            let mut config = scale::ScaleConfig::burst(seed);
+            config.jobs = arg("--jobs", config.jobs as u64) as usize;
+            config.concurrency = arg("--concurrency", config.concurrency as u64) as usize;
+            config.rpm = arg("--rpm", config.rpm);
+            config.tpm = arg("--tpm", config.tpm);
+            if let Some(ms) = args.iter().position(|a| a == "--call-ms").map(|_| arg("--call-ms", 0)) {
+                config.call_ms = (ms, ms);
+            }
+            let started = std::time::Instant::now();
+            let report = scale::run_blocking(&config);
+            report.print(&config);
+            println!("  wall time: {:.1} s", started.elapsed().as_secs_f64());
+        }
+        return;
+    }
     let jobs = arg("--jobs", 10_000) as usize;
     let consumers = arg("--consumers", 40) as usize;
     let mut failed = false;

@@ -174,6 +174,15 @@ pub struct VirtualClock {
     origin: tokio::time::Instant,
 }
 
+impl VirtualClock {
+    /// A clock at the run's fixed start.
+    pub fn start() -> Self {
+        VirtualClock {
+            origin: tokio::time::Instant::now(),
+        }
+    }
+}
+
 impl Clock for VirtualClock {
     fn now_ms(&self) -> Millis {
         START_MS + self.origin.elapsed().as_millis() as Millis
@@ -1113,9 +1122,7 @@ pub async fn run(config: &ChaosConfig) -> ChaosReport {
         rates: config.faults.clone(),
         faults: Mutex::new(BTreeMap::new()),
         violations: Mutex::new(Vec::new()),
-        clock: VirtualClock {
-            origin: tokio::time::Instant::now(),
-        },
+        clock: VirtualClock::start(),
         terminal: Mutex::new(HashMap::new()),
         bucket: Arc::new(MemoryBlobs::new("results")),
     });

@@ -1,0 +1,639 @@
+//! The scale scenario: a burst of jobs, a thousand concurrent invocations and a provider that
+//! enforces requests-per-minute and tokens-per-minute limits, in virtual time. The handler,
+//! processor, heartbeat and ledger are the crate's own; the queue, the Lambda consumers and the
+//! rate-limited provider are modelled. It reports what the limit allowed and what was made of
+//! it: goodput, 429s, jobs lost to throttling, the invocation-seconds spent, and every request
+//! the cost per job is computed from (`BENCHMARKS.md`, "Scale").
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use aws_lambda_events::event::sqs::{SqsEvent, SqsMessage};
+use fenced_jobs::clock::Clock;
+use fenced_jobs::job::{JobState, Millis};
+use fenced_jobs::ledger::memory::InMemoryLedger;
+use fenced_jobs::ledger::{
+    ClaimRequest, CreateRequest, DecideRequest, EnqueuedRequest, FinishRequest, JobLedger,
+    LedgerError, RecordRefRequest, RecoverRequest, RenewRequest, SettleRequest, Write,
+};
+use fenced_jobs::provider::{Answer, Provider, ProviderError, ProviderRequest};
+use fenced_jobs::queue::{ChangeResult, ChangeResults, VisibilityChange, VisibilityControl};
+use fenced_jobs::worker::Settings;
+use fenced_jobs::worker::handler::BatchHandler;
+use fenced_jobs::worker::processor::{Invocation, Processor};
+
+use crate::sim::VirtualClock;
+
+const QUEUE_ARN: &str = "arn:aws:sqs:us-east-1:123456789012:scale";
+
+/// How a scale run is set up.
+#[derive(Debug, Clone)]
+pub struct ScaleConfig {
+    /// Seed of every random choice.
+    pub seed: u64,
+    /// Jobs in the burst, all sent at the start.
+    pub jobs: usize,
+    /// Concurrent invocations (the event source mapping's `MaximumConcurrency`).
+    pub concurrency: usize,
+    /// Records per invocation.
+    pub batch_size: usize,
+    /// The provider's requests per minute.
+    pub rpm: u64,
+    /// The provider's tokens per minute (prompt plus `max_tokens`, counted when the request
+    /// arrives, as OpenAI counts them).
+    pub tpm: u64,
+    /// The model's time per call.
+    pub call_ms: (u64, u64),
+}
+
+impl ScaleConfig {
+    /// The scenario of `make scale`: 100,000 jobs, 1,000 concurrent invocations of 10 records,
+    /// 5,000 requests and 3,000,000 tokens per minute, calls of 1 to 3 s.
+    pub fn burst(seed: u64) -> Self {
+        ScaleConfig {
+            seed,
+            jobs: 100_000,
+            concurrency: 1_000,
+            batch_size: 10,
+            rpm: 5_000,
+            tpm: 3_000_000,
+            call_ms: (1_000, 3_000),
+        }
+    }
+}
+
+/// What a scale run measured.
+#[derive(Debug, Clone, Default)]
+pub struct ScaleReport {
+    /// Jobs by final state.
+    pub end_states: BTreeMap<String, u64>,
+    /// Calls the model ran (answered without a 429).
+    pub executed: u64,
+    /// Calls answered 429.
+    pub throttled: u64,
+    /// Tokens of the calls the model ran.
+    pub tokens: u64,
+    /// When the last job's first execution began, from the burst (ms).
+    pub admission_ms: Millis,
+    /// When the last job ended (ms).
+    pub drain_ms: Millis,
+    /// Jobs that ended failed or expired without the model ever running them.
+    pub failed_by_throttling: u64,
+    /// Invocations, and their summed duration (ms).
+    pub invocations: u64,
+    /// See `invocations`.
+    pub invocation_ms: u64,
+    /// Records delivered.
+    pub deliveries: u64,
+    /// Ledger writes and reads (conditional writes refused included: they cost a unit too).
+    pub ledger_writes: u64,
+    /// See `ledger_writes`.
+    pub ledger_reads: u64,
+    /// SQS requests: receives (one per invocation), deletes (batches of 10) and visibility
+    /// changes (batches of 10).
+    pub sqs_requests: u64,
+}
+
+impl ScaleReport {
+    /// Goodput: the share of the binding limit the model's executions used, from the burst to
+    /// the moment the last job was first admitted (while work was always waiting).
+    pub fn goodput(&self, config: &ScaleConfig) -> f64 {
+        let minutes = self.admission_ms.max(1) as f64 / 60_000.0;
+        let by_requests = self.executed as f64 / (config.rpm as f64 * minutes);
+        let by_tokens = self.tokens as f64 / (config.tpm as f64 * minutes);
+        by_requests.max(by_tokens)
+    }
+
+    /// The share of calls answered 429.
+    pub fn throttled_share(&self) -> f64 {
+        self.throttled as f64 / (self.throttled + self.executed).max(1) as f64
+    }
+
+    /// The figures, as printed by `make scale`.
+    pub fn print(&self, config: &ScaleConfig) {
+        let per_job = |n: u64| n as f64 / config.jobs.max(1) as f64;
+        println!(
+            "seed {}: {} jobs, {} concurrent invocations of {}, limits {} RPM / {} TPM, calls {}-{} ms",
+            config.seed,
+            config.jobs,
+            config.concurrency,
+            config.batch_size,
+            config.rpm,
+            config.tpm,
+            config.call_ms.0,
+            config.call_ms.1
+        );
+        let states: Vec<String> = self
+            .end_states
+            .iter()
+            .map(|(k, v)| format!("{k} {v}"))
+            .collect();
+        println!("  jobs ending: {}", states.join(", "));
+        println!(
+            "  goodput {:.1} % of the limit; 429s {:.1} % of calls ({:.3} per accepted answer); failed or expired by throttling alone: {}",
+            100.0 * self.goodput(config),
+            100.0 * self.throttled_share(),
+            self.throttled as f64 / self.executed.max(1) as f64,
+            self.failed_by_throttling
+        );
+        println!(
+            "  last admission {:.1} min, drained {:.1} min; executions per job {:.3}",
+            self.admission_ms as f64 / 60_000.0,
+            self.drain_ms as f64 / 60_000.0,
+            per_job(self.executed)
+        );
+        println!(
+            "  per job: {:.3} invocations, {:.2} invocation-s, {:.2} deliveries, {:.2} ledger writes, {:.2} ledger reads, {:.2} SQS requests",
+            per_job(self.invocations),
+            per_job(self.invocation_ms) / 1_000.0,
+            per_job(self.deliveries),
+            per_job(self.ledger_writes),
+            per_job(self.ledger_reads),
+            per_job(self.sqs_requests)
+        );
+    }
+}
+
+/// Counters the parts of the world share.
+#[derive(Default)]
+struct Counters {
+    executed: AtomicU64,
+    throttled: AtomicU64,
+    tokens: AtomicU64,
+    writes: AtomicU64,
+    reads: AtomicU64,
+    sqs: AtomicU64,
+}
+
+// ---------------------------------------------------------------------------------------------
+// SQS: a standard queue, its messages ordered by when they become visible
+
+struct Msg {
+    body: String,
+    receive_count: u32,
+    visible_at: Millis,
+    handle: u64,
+    deleted: bool,
+}
+
+#[derive(Default)]
+struct QueueState {
+    msgs: Vec<Msg>,
+    /// (visible at, message index, handle): stale entries are skipped when popped.
+    ready: BinaryHeap<Reverse<(Millis, usize, u64)>>,
+    next_handle: u64,
+}
+
+struct Queue {
+    state: Mutex<QueueState>,
+    visibility_ms: Millis,
+}
+
+impl Queue {
+    fn push(&self, body: String, now: Millis) {
+        let mut q = self.state.lock().expect("queue");
+        let i = q.msgs.len();
+        q.msgs.push(Msg {
+            body,
+            receive_count: 0,
+            visible_at: now,
+            handle: 0,
+            deleted: false,
+        });
+        q.ready.push(Reverse((now, i, 0)));
+    }
+
+    /// Up to `max` visible messages, or when the next one becomes visible.
+    fn receive(&self, now: Millis, max: usize) -> Result<Vec<SqsMessage>, Option<Millis>> {
+        let mut q = self.state.lock().expect("queue");
+        let mut out = Vec::new();
+        while out.len() < max {
+            let Some(&Reverse((at, i, handle))) = q.ready.peek() else {
+                break;
+            };
+            let m = &q.msgs[i];
+            if m.deleted || m.handle != handle || m.visible_at != at {
+                q.ready.pop();
+                continue;
+            }
+            if at > now {
+                break;
+            }
+            q.ready.pop();
+            q.next_handle += 1;
+            let handle = q.next_handle;
+            let visible_at = now + self.visibility_ms;
+            let m = &mut q.msgs[i];
+            m.receive_count += 1;
+            m.handle = handle;
+            m.visible_at = visible_at;
+            let mut r = SqsMessage::default();
+            r.message_id = Some(format!("m{i}"));
+            r.receipt_handle = Some(format!("{i}#{handle}"));
+            r.body = Some(m.body.clone());
+            r.event_source_arn = Some(QUEUE_ARN.to_owned());
+            r.attributes.insert(
+                "ApproximateReceiveCount".into(),
+                m.receive_count.to_string(),
+            );
+            out.push(r);
+            q.ready.push(Reverse((visible_at, i, handle)));
+        }
+        if out.is_empty() {
+            return Err(q.ready.peek().map(|Reverse((at, ..))| *at));
+        }
+        Ok(out)
+    }
+
+    fn current(q: &mut QueueState, handle: &str) -> Option<usize> {
+        let (i, seq) = handle.split_once('#')?;
+        let (i, seq): (usize, u64) = (i.parse().ok()?, seq.parse().ok()?);
+        let m = q.msgs.get(i)?;
+        (m.handle == seq && !m.deleted).then_some(i)
+    }
+
+    fn delete(&self, handle: &str) {
+        let mut q = self.state.lock().expect("queue");
+        if let Some(i) = Queue::current(&mut q, handle) {
+            q.msgs[i].deleted = true;
+        }
+    }
+
+    fn change(&self, handle: &str, seconds: i32, now: Millis) -> ChangeResult {
+        let mut q = self.state.lock().expect("queue");
+        let Some(i) = Queue::current(&mut q, handle) else {
+            return ChangeResult::Refused;
+        };
+        let at = now + Millis::from(seconds) * 1_000;
+        let m = &mut q.msgs[i];
+        m.visible_at = at;
+        let handle = m.handle;
+        q.ready.push(Reverse((at, i, handle)));
+        ChangeResult::Changed
+    }
+}
+
+struct ScaleVisibility {
+    queue: Arc<Queue>,
+    clock: VirtualClock,
+    counters: Arc<Counters>,
+}
+
+impl VisibilityControl for ScaleVisibility {
+    async fn change(&self, _arn: &str, changes: Vec<VisibilityChange>) -> ChangeResults {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        let calls = changes.len().div_ceil(10) as u32;
+        self.counters
+            .sqs
+            .fetch_add(u64::from(calls), Ordering::Relaxed);
+        let now = self.clock.now_ms();
+        let results = changes
+            .iter()
+            .map(|c| self.queue.change(&c.receipt_handle, c.seconds, now))
+            .collect();
+        ChangeResults { calls, results }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// DynamoDB: the shared table, every request counted
+
+#[derive(Clone)]
+struct CountingLedger {
+    table: Arc<InMemoryLedger>,
+    counters: Arc<Counters>,
+}
+
+impl CountingLedger {
+    async fn write<T>(&self, f: impl std::future::Future<Output = T>) -> T {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        self.counters.writes.fetch_add(1, Ordering::Relaxed);
+        f.await
+    }
+}
+
+impl JobLedger for CountingLedger {
+    async fn claim(&self, req: ClaimRequest) -> Result<Write, LedgerError> {
+        self.write(self.table.claim(req)).await
+    }
+    async fn finish(&self, req: FinishRequest) -> Result<Write, LedgerError> {
+        self.write(self.table.finish(req)).await
+    }
+    async fn settle(&self, req: SettleRequest) -> Result<Write, LedgerError> {
+        self.write(self.table.settle(req)).await
+    }
+    async fn recover(&self, req: RecoverRequest) -> Result<Write, LedgerError> {
+        self.write(self.table.recover(req)).await
+    }
+    async fn renew(&self, req: RenewRequest) -> Result<Write, LedgerError> {
+        self.write(self.table.renew(req)).await
+    }
+    async fn create(&self, req: CreateRequest) -> Result<Write, LedgerError> {
+        self.write(self.table.create(req)).await
+    }
+    async fn mark_enqueued(&self, req: EnqueuedRequest) -> Result<Write, LedgerError> {
+        self.write(self.table.mark_enqueued(req)).await
+    }
+    async fn record_ref(&self, req: RecordRefRequest) -> Result<Write, LedgerError> {
+        self.write(self.table.record_ref(req)).await
+    }
+    async fn decide(&self, req: DecideRequest) -> Result<Write, LedgerError> {
+        self.write(self.table.decide(req)).await
+    }
+    async fn get(&self, job_id: &str) -> Result<Option<fenced_jobs::job::JobRecord>, LedgerError> {
+        tokio::time::sleep(Duration::from_millis(3)).await;
+        self.counters.reads.fetch_add(1, Ordering::Relaxed);
+        self.table.get(job_id).await
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The provider: requests and tokens per minute, as two continuously refilled buckets
+
+/// One limit: refilled continuously at `per_minute`, holding at most `burst_ms` worth.
+struct Bucket {
+    per_minute: f64,
+    level: f64,
+    at: Millis,
+    burst_ms: f64,
+}
+
+impl Bucket {
+    fn new(per_minute: u64, burst_ms: f64, now: Millis) -> Self {
+        let per_minute = per_minute as f64;
+        Bucket {
+            per_minute,
+            level: per_minute * burst_ms / 60_000.0,
+            at: now,
+            burst_ms,
+        }
+    }
+
+    fn refill(&mut self, now: Millis) {
+        let cap = self.per_minute * self.burst_ms / 60_000.0;
+        self.level = (self.level + (now - self.at) as f64 * self.per_minute / 60_000.0).min(cap);
+        self.at = now;
+    }
+
+    /// The wait until `n` is available (0 when it is now).
+    fn wait_ms(&self, n: f64) -> Millis {
+        if self.level >= n {
+            0
+        } else {
+            ((n - self.level) * 60_000.0 / self.per_minute).ceil() as Millis
+        }
+    }
+}
+
+#[derive(Clone)]
+struct LimitedProvider {
+    limits: Arc<Mutex<(Bucket, Bucket)>>,
+    clock: VirtualClock,
+    counters: Arc<Counters>,
+    rng: Arc<Mutex<fastrand::Rng>>,
+    call_ms: (u64, u64),
+    /// Jobs whose model ran, and when each was first admitted.
+    admitted: Arc<Mutex<HashMap<String, Millis>>>,
+}
+
+/// The tokens a request is charged when it arrives: its prompt (4 bytes a token) and its
+/// `max_tokens`.
+fn charged_tokens(req: &ProviderRequest<'_>) -> u64 {
+    let prompt = req
+        .input
+        .get("prompt")
+        .and_then(|p| p.as_str())
+        .map_or(0, str::len) as u64;
+    let max_tokens = req
+        .input
+        .get("max_tokens")
+        .and_then(serde_json::Value::as_u64)
+        .unwrap_or(0);
+    prompt.div_ceil(4) + max_tokens
+}
+
+impl Provider for LimitedProvider {
+    async fn call(&self, req: &ProviderRequest<'_>) -> Result<Answer, ProviderError> {
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        let now = self.clock.now_ms();
+        let tokens = charged_tokens(req) as f64;
+        let refused = {
+            let mut limits = self.limits.lock().expect("limits");
+            let (requests, token_bucket) = &mut *limits;
+            requests.refill(now);
+            token_bucket.refill(now);
+            let wait = requests.wait_ms(1.0).max(token_bucket.wait_ms(tokens));
+            if wait == 0 {
+                requests.level -= 1.0;
+                token_bucket.level -= tokens;
+                None
+            } else {
+                Some(wait)
+            }
+        };
+        if let Some(wait) = refused {
+            self.counters.throttled.fetch_add(1, Ordering::Relaxed);
+            // Retry-After in whole seconds, as most gateways send it.
+            return Err(ProviderError::Transient {
+                retry_after_ms: Some((wait + 999) / 1_000 * 1_000),
+                reason: "HTTP 429 (rate limit)".into(),
+            });
+        }
+        self.counters.executed.fetch_add(1, Ordering::Relaxed);
+        self.counters
+            .tokens
+            .fetch_add(tokens as u64, Ordering::Relaxed);
+        self.admitted
+            .lock()
+            .expect("admitted")
+            .entry(req.job_id.to_owned())
+            .or_insert(now);
+        let took = {
+            let (lo, hi) = self.call_ms;
+            self.rng.lock().expect("rng").u64(lo..=hi.max(lo))
+        };
+        tokio::time::sleep(Duration::from_millis(took)).await;
+        Ok(Answer {
+            body: format!(r#"{{"job":"{}","summary":"ok"}}"#, req.job_id),
+            provider_ref: None,
+        })
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The run
+
+fn settings() -> Settings {
+    Settings {
+        max_concurrency: 10,
+        lease_ms: 60_000,
+        queue_visibility_s: 30,
+        heartbeat_ms: 10_000,
+        skew_ms: 2_000,
+        provider_timeout_ms: 120_000,
+        deadline_margin_ms: 5_000,
+        ..Settings::default()
+    }
+}
+
+/// Runs the burst; call inside a current-thread runtime whose clock is paused.
+pub async fn run(config: &ScaleConfig) -> ScaleReport {
+    let clock = VirtualClock::start();
+    let start = clock.now_ms();
+    let counters = Arc::new(Counters::default());
+    let table = Arc::new(InMemoryLedger::new());
+    let queue = Arc::new(Queue {
+        state: Mutex::new(QueueState::default()),
+        visibility_ms: 30_000,
+    });
+    let mut rng = fastrand::Rng::with_seed(config.seed);
+    let deadline = fenced_jobs::job::message::format_rfc3339_ms(start + 4 * 3_600_000);
+    let mut job_ids = Vec::with_capacity(config.jobs);
+    for i in 0..config.jobs {
+        let job_id = format!("job-{i:06}");
+        // Prompts of 100 to 1,500 tokens, answers of up to 300.
+        let prompt = "w".repeat(rng.usize(400..=6_000));
+        let body = format!(
+            r#"{{"job_id":"{job_id}","contract":"scale.v1","deadline_at":"{deadline}","max_attempts":3,"input":{{"model":"m","max_tokens":300,"prompt":"{prompt}"}}}}"#
+        );
+        queue.push(body, start);
+        job_ids.push(job_id);
+    }
+    let provider = LimitedProvider {
+        limits: Arc::new(Mutex::new((
+            Bucket::new(config.rpm, 10_000.0, start),
+            Bucket::new(config.tpm, 10_000.0, start),
+        ))),
+        clock: clock.clone(),
+        counters: Arc::clone(&counters),
+        rng: Arc::new(Mutex::new(fastrand::Rng::with_seed(config.seed ^ 0x5eed))),
+        call_ms: config.call_ms,
+        admitted: Arc::new(Mutex::new(HashMap::new())),
+    };
+    let ledger = CountingLedger {
+        table: Arc::clone(&table),
+        counters: Arc::clone(&counters),
+    };
+    let invocations = Arc::new(AtomicU64::new(0));
+    let invocation_ms = Arc::new(AtomicU64::new(0));
+    let deliveries = Arc::new(AtomicU64::new(0));
+    let remaining = Arc::new(AtomicU64::new(config.jobs as u64));
+    let horizon = start + 6 * 3_600_000;
+
+    let consumers = (0..config.concurrency).map(|c| {
+        let handler = BatchHandler::new(
+            Processor::new(ledger.clone(), provider.clone(), clock.clone(), settings()),
+            ScaleVisibility {
+                queue: Arc::clone(&queue),
+                clock: clock.clone(),
+                counters: Arc::clone(&counters),
+            },
+        )
+        .with_seed(config.seed.wrapping_add(c as u64));
+        let (queue, clock, counters) = (Arc::clone(&queue), clock.clone(), Arc::clone(&counters));
+        let (invocations, invocation_ms, deliveries) = (
+            Arc::clone(&invocations),
+            Arc::clone(&invocation_ms),
+            Arc::clone(&deliveries),
+        );
+        let (remaining, table) = (Arc::clone(&remaining), Arc::clone(&table));
+        let batch_size = config.batch_size;
+        let mut rng = fastrand::Rng::with_seed(config.seed.wrapping_mul(31).wrapping_add(c as u64));
+        async move {
+            while remaining.load(Ordering::Relaxed) > 0 && clock.now_ms() < horizon {
+                let now = clock.now_ms();
+                let records = match queue.receive(now, batch_size) {
+                    Ok(records) => records,
+                    Err(next) => {
+                        // Long polling: the poller waits for the next visible message, at most
+                        // 20 s (an empty receive is a request too).
+                        counters.sqs.fetch_add(1, Ordering::Relaxed);
+                        let wait = next.map_or(20_000, |at| (at - now).clamp(0, 20_000));
+                        let jitter = rng.i64(1..=200);
+                        tokio::time::sleep(Duration::from_millis((wait + jitter) as u64)).await;
+                        continue;
+                    }
+                };
+                counters.sqs.fetch_add(1, Ordering::Relaxed);
+                deliveries.fetch_add(records.len() as u64, Ordering::Relaxed);
+                let n = invocations.fetch_add(1, Ordering::Relaxed);
+                let mut event = SqsEvent::default();
+                event.records = records;
+                let began = clock.now_ms();
+                let inv = Invocation {
+                    id: format!("inv-{n}"),
+                    deadline: Some(began + 300_000),
+                };
+                let report = handler.handle_batch(&event, &inv).await;
+                invocation_ms.fetch_add((clock.now_ms() - began) as u64, Ordering::Relaxed);
+                let Ok(failed) = report.response else {
+                    continue;
+                };
+                let mut deleted = 0;
+                for record in &event.records {
+                    let id = record.message_id.as_deref().unwrap_or_default();
+                    if failed.iter().any(|f| f == id) {
+                        continue;
+                    }
+                    queue.delete(record.receipt_handle.as_deref().unwrap_or_default());
+                    deleted += 1;
+                    let job_id = record
+                        .body
+                        .as_deref()
+                        .and_then(|b| fenced_jobs::job::parse_trigger(Some(b)).ok())
+                        .map(|t| t.job_id().to_owned());
+                    if let Some(job_id) = job_id {
+                        let done = table.get(&job_id).await.ok().flatten();
+                        if done.is_some_and(|r| r.state.is_terminal()) {
+                            remaining.fetch_sub(1, Ordering::Relaxed);
+                        }
+                    }
+                }
+                counters
+                    .sqs
+                    .fetch_add((deleted as u64).div_ceil(10), Ordering::Relaxed);
+            }
+        }
+    });
+    futures::future::join_all(consumers).await;
+
+    let mut report = ScaleReport {
+        executed: counters.executed.load(Ordering::Relaxed),
+        throttled: counters.throttled.load(Ordering::Relaxed),
+        tokens: counters.tokens.load(Ordering::Relaxed),
+        drain_ms: clock.now_ms() - start,
+        invocations: invocations.load(Ordering::Relaxed),
+        invocation_ms: invocation_ms.load(Ordering::Relaxed),
+        deliveries: deliveries.load(Ordering::Relaxed),
+        ledger_writes: counters.writes.load(Ordering::Relaxed),
+        ledger_reads: counters.reads.load(Ordering::Relaxed),
+        sqs_requests: counters.sqs.load(Ordering::Relaxed),
+        ..ScaleReport::default()
+    };
+    let admitted = provider.admitted.lock().expect("admitted").clone();
+    report.admission_ms = admitted.values().max().map_or(0, |at| at - start);
+    for job_id in &job_ids {
+        let item = table.get(job_id).await.ok().flatten();
+        let state = item.as_ref().map_or("absent", |r| r.state.as_str());
+        *report.end_states.entry(state.to_owned()).or_default() += 1;
+        let lost = item.as_ref().is_some_and(|r| {
+            matches!(r.state, JobState::FailedTerminal | JobState::Expired)
+                && !admitted.contains_key(job_id)
+        });
+        report.failed_by_throttling += u64::from(lost);
+    }
+    report
+}
+
+/// Runs the burst on its own current-thread runtime with a paused clock.
+pub fn run_blocking(config: &ScaleConfig) -> ScaleReport {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .expect("runtime");
+    runtime.block_on(run(config))
+}
