@@ -28,7 +28,16 @@ fn main() {
             config.concurrency = arg("--concurrency", config.concurrency as u64) as usize;
             config.rpm = arg("--rpm", config.rpm);
             config.tpm = arg("--tpm", config.tpm);
-            if let Some(ms) = args.iter().position(|a| a == "--call-ms").map(|_| arg("--call-ms", 0)) {
+            if args.iter().any(|a| a == "--no-schedule") {
+                config.schedule_share = None;
+            } else if args.iter().any(|a| a == "--share") {
+                config.schedule_share = Some(arg("--share", 100) as f64 / 100.0);
+            }
+            if let Some(ms) = args
+                .iter()
+                .position(|a| a == "--call-ms")
+                .map(|_| arg("--call-ms", 0))
+            {
                 config.call_ms = (ms, ms);
             }
             let started = std::time::Instant::now();

@@ -15,6 +15,9 @@ use aws_lambda_events::event::sqs::{SqsEvent, SqsMessage};
 use fenced_jobs::clock::Clock;
 use fenced_jobs::job::{JobState, Millis};
 use fenced_jobs::ledger::memory::InMemoryLedger;
+use fenced_jobs::ledger::schedule::{
+    CallSchedule, Limits, MemorySchedule, Reservation, ReserveRequest,
+};
 use fenced_jobs::ledger::{
     ClaimRequest, CreateRequest, DecideRequest, EnqueuedRequest, FinishRequest, JobLedger,
     LedgerError, RecordRefRequest, RecoverRequest, RenewRequest, SettleRequest, Write,
@@ -23,6 +26,7 @@ use fenced_jobs::provider::{Answer, Provider, ProviderError, ProviderRequest};
 use fenced_jobs::queue::{ChangeResult, ChangeResults, VisibilityChange, VisibilityControl};
 use fenced_jobs::worker::Settings;
 use fenced_jobs::worker::handler::BatchHandler;
+use fenced_jobs::worker::pacing::{Pacer, PacingSettings};
 use fenced_jobs::worker::processor::{Invocation, Processor};
 
 use crate::sim::VirtualClock;
@@ -47,6 +51,9 @@ pub struct ScaleConfig {
     pub tpm: u64,
     /// The model's time per call.
     pub call_ms: (u64, u64),
+    /// The share of the provider's limits the shared schedule is configured with
+    /// (`PROVIDER_RPM`, `PROVIDER_TPM`); `None` runs without a schedule.
+    pub schedule_share: Option<f64>,
 }
 
 impl ScaleConfig {
@@ -61,6 +68,7 @@ impl ScaleConfig {
             rpm: 5_000,
             tpm: 3_000_000,
             call_ms: (1_000, 3_000),
+            schedule_share: Some(1.0),
         }
     }
 }
@@ -88,13 +96,16 @@ pub struct ScaleReport {
     pub invocation_ms: u64,
     /// Records delivered.
     pub deliveries: u64,
-    /// Ledger writes and reads (conditional writes refused included: they cost a unit too).
+    /// Ledger writes (schedule reservations and conditional writes refused included: they
+    /// cost a unit too) and reads.
     pub ledger_writes: u64,
     /// See `ledger_writes`.
     pub ledger_reads: u64,
     /// SQS requests: receives (one per invocation), deletes (batches of 10) and visibility
     /// changes (batches of 10).
     pub sqs_requests: u64,
+    /// Reservations of the shared schedule: granted, the calls they granted, and refused.
+    pub reservations: (u64, u64, u64),
 }
 
 impl ScaleReport {
@@ -144,6 +155,10 @@ impl ScaleReport {
             self.admission_ms as f64 / 60_000.0,
             self.drain_ms as f64 / 60_000.0,
             per_job(self.executed)
+        );
+        println!(
+            "  reservations: {} granted for {} calls, {} refused (horizon full)",
+            self.reservations.0, self.reservations.1, self.reservations.2
         );
         println!(
             "  per job: {:.3} invocations, {:.2} invocation-s, {:.2} deliveries, {:.2} ledger writes, {:.2} ledger reads, {:.2} SQS requests",
@@ -350,6 +365,38 @@ impl JobLedger for CountingLedger {
     }
 }
 
+/// The shared schedule in memory, its reservations counted.
+#[derive(Debug, Default)]
+struct CountingSchedule {
+    schedule: MemorySchedule,
+    granted: AtomicU64,
+    granted_calls: AtomicU64,
+    booked: AtomicU64,
+}
+
+impl CallSchedule for CountingSchedule {
+    fn reserve(
+        &self,
+        req: ReserveRequest,
+    ) -> futures::future::BoxFuture<'_, Result<Reservation, LedgerError>> {
+        let calls = req.requests;
+        Box::pin(async move {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            let got = self.schedule.reserve(req).await;
+            match got {
+                Ok(Reservation::Granted { .. }) => {
+                    self.granted.fetch_add(1, Ordering::Relaxed);
+                    self.granted_calls.fetch_add(calls, Ordering::Relaxed);
+                }
+                _ => {
+                    self.booked.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            got
+        })
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // The provider: requests and tokens per minute, as two continuously refilled buckets
 
@@ -517,6 +564,13 @@ pub async fn run(config: &ScaleConfig) -> ScaleReport {
         table: Arc::clone(&table),
         counters: Arc::clone(&counters),
     };
+    let schedule = Arc::new(CountingSchedule::default());
+    let limits = config
+        .schedule_share
+        .map_or(Limits::default(), |share| Limits {
+            rpm: (config.rpm as f64 * share) as u64,
+            tpm: (config.tpm as f64 * share) as u64,
+        });
     let invocations = Arc::new(AtomicU64::new(0));
     let invocation_ms = Arc::new(AtomicU64::new(0));
     let deliveries = Arc::new(AtomicU64::new(0));
@@ -524,8 +578,17 @@ pub async fn run(config: &ScaleConfig) -> ScaleReport {
     let horizon = start + 6 * 3_600_000;
 
     let consumers = (0..config.concurrency).map(|c| {
+        let pacer = Pacer::new(
+            PacingSettings {
+                limits,
+                chunk: config.batch_size as u64,
+                ..PacingSettings::default()
+            },
+            Some(Arc::clone(&schedule) as Arc<dyn CallSchedule>),
+        );
         let handler = BatchHandler::new(
-            Processor::new(ledger.clone(), provider.clone(), clock.clone(), settings()),
+            Processor::new(ledger.clone(), provider.clone(), clock.clone(), settings())
+                .with_pacer(pacer),
             ScaleVisibility {
                 queue: Arc::clone(&queue),
                 clock: clock.clone(),
@@ -543,21 +606,24 @@ pub async fn run(config: &ScaleConfig) -> ScaleReport {
         let batch_size = config.batch_size;
         let mut rng = fastrand::Rng::with_seed(config.seed.wrapping_mul(31).wrapping_add(c as u64));
         async move {
+            // A long poll: one request answers when messages arrive or after 20 s empty.
+            let mut polling_since: Option<Millis> = None;
             while remaining.load(Ordering::Relaxed) > 0 && clock.now_ms() < horizon {
                 let now = clock.now_ms();
+                if polling_since.is_none_or(|since| now - since >= 20_000) {
+                    counters.sqs.fetch_add(1, Ordering::Relaxed);
+                    polling_since = Some(now);
+                }
                 let records = match queue.receive(now, batch_size) {
                     Ok(records) => records,
                     Err(next) => {
-                        // Long polling: the poller waits for the next visible message, at most
-                        // 20 s (an empty receive is a request too).
-                        counters.sqs.fetch_add(1, Ordering::Relaxed);
                         let wait = next.map_or(20_000, |at| (at - now).clamp(0, 20_000));
                         let jitter = rng.i64(1..=200);
                         tokio::time::sleep(Duration::from_millis((wait + jitter) as u64)).await;
                         continue;
                     }
                 };
-                counters.sqs.fetch_add(1, Ordering::Relaxed);
+                polling_since = None;
                 deliveries.fetch_add(records.len() as u64, Ordering::Relaxed);
                 let n = invocations.fetch_add(1, Ordering::Relaxed);
                 let mut event = SqsEvent::default();
@@ -608,11 +674,16 @@ pub async fn run(config: &ScaleConfig) -> ScaleReport {
         invocations: invocations.load(Ordering::Relaxed),
         invocation_ms: invocation_ms.load(Ordering::Relaxed),
         deliveries: deliveries.load(Ordering::Relaxed),
-        ledger_writes: counters.writes.load(Ordering::Relaxed),
+        ledger_writes: counters.writes.load(Ordering::Relaxed) + schedule.schedule.writes(),
         ledger_reads: counters.reads.load(Ordering::Relaxed),
         sqs_requests: counters.sqs.load(Ordering::Relaxed),
         ..ScaleReport::default()
     };
+    report.reservations = (
+        schedule.granted.load(Ordering::Relaxed),
+        schedule.granted_calls.load(Ordering::Relaxed),
+        schedule.booked.load(Ordering::Relaxed),
+    );
     let admitted = provider.admitted.lock().expect("admitted").clone();
     report.admission_ms = admitted.values().max().map_or(0, |at| at - start);
     for job_id in &job_ids {

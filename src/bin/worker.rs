@@ -13,6 +13,7 @@ use fenced_jobs::ops::metrics;
 use fenced_jobs::provider::AnyProvider;
 use fenced_jobs::queue::{SqsDeadLetters, SqsVisibility};
 use fenced_jobs::worker::handler::{BatchHandler, event_from_json};
+use fenced_jobs::worker::pacing::Pacer;
 use fenced_jobs::worker::processor::{Invocation, Processor};
 use lambda_runtime::{Diagnostic, LambdaEvent, service_fn};
 use tracing::Instrument;
@@ -37,13 +38,15 @@ async fn main() -> Result<(), lambda_runtime::Error> {
     // DynamoDB and SQS calls are bounded; the provider keeps its own bounds.
     let bounded = config.sdk.apply(&aws);
     let blobs = S3Blobs::new(s3_client(&bounded), config.results_bucket);
-    let processor = Processor::new(
-        DynamoLedger::new(aws_sdk_dynamodb::Client::new(&bounded), config.jobs_table),
-        provider,
-        SystemClock,
-        config.settings,
-    )
-    .with_blobs(Arc::new(blobs));
+    let ledger = DynamoLedger::new(aws_sdk_dynamodb::Client::new(&bounded), config.jobs_table);
+    // The provider's capacity is shared through a schedule item in the same table.
+    let pacer = Pacer::new(
+        config.settings.pacing.clone(),
+        Some(Arc::new(ledger.clone())),
+    );
+    let processor = Processor::new(ledger, provider, SystemClock, config.settings)
+        .with_blobs(Arc::new(blobs))
+        .with_pacer(pacer);
     let sqs = aws_sdk_sqs::Client::new(&bounded);
     let mut handler = BatchHandler::new(processor, SqsVisibility::new(sqs.clone()));
     if let Some(dlq_url) = config.dlq_url {

@@ -78,6 +78,10 @@ pub struct JobRecord {
     pub attempts: u32,
     /// Attempt budget, fixed at creation.
     pub max_attempts: u32,
+    /// Calls the provider refused for its rate limit before doing any work (HTTP 429,
+    /// Bedrock's throttling): each gave its attempt back, so they spend no budget; the job's
+    /// deadline bounds them.
+    pub throttles: u32,
     /// Digest of contract + input.
     pub input_digest: String,
     /// Output-contract version.
@@ -360,6 +364,7 @@ impl NewJob {
             deadline_at: self.deadline_at,
             owner_id: None,
             owner_until: None,
+            throttles: 0,
             attempt_log: Vec::new(),
             recoveries: Vec::new(),
             decisions: Vec::new(),

@@ -101,6 +101,12 @@ pub enum Failure {
         /// Short classification, for logs.
         cause: &'static str,
     },
+    /// No provider capacity for the call within the pacing horizon: the ledger is untouched,
+    /// and the record comes back after about `wait_ms`, spread by a short backoff.
+    Paced {
+        /// When the capacity booked so far ends, from now.
+        wait_ms: Millis,
+    },
     /// The job is `unknown`: a long wait until someone decides.
     AwaitingDecision,
     /// A lapsed lease: the job is left for recovery.
@@ -117,6 +123,7 @@ impl Failure {
             Failure::Conflict { .. } => "conflict",
             Failure::Deferred { .. } => "deferred",
             Failure::Backoff { .. } => "backoff",
+            Failure::Paced { .. } => "paced",
             Failure::AwaitingDecision => "awaiting_decision",
             Failure::AwaitingRecovery => "awaiting_recovery",
             Failure::Skipped => "skipped",
@@ -135,6 +142,8 @@ pub struct VisibilityPolicy {
     pub defer_jitter_s: i64,
     /// Wait for a job awaiting a decision.
     pub awaiting_decision_s: i64,
+    /// Largest spread added to a record waiting for provider capacity.
+    pub paced_spread_s: i64,
 }
 
 impl Default for VisibilityPolicy {
@@ -144,6 +153,7 @@ impl Default for VisibilityPolicy {
             backoff_cap_s: 900,
             defer_jitter_s: 5,
             awaiting_decision_s: 1_800,
+            paced_spread_s: 60,
         }
     }
 }
@@ -188,6 +198,12 @@ impl VisibilityPolicy {
                 backoff.max(retry_after_ms.map_or(0, ceil_seconds))
             }
             Failure::AwaitingRecovery => self.backoff_s(delivery.receive_count, rng),
+            // Spread, but never far: a record that waits longer than the capacity it waits for
+            // leaves the provider idle.
+            Failure::Paced { wait_ms } => {
+                let spread = self.backoff_s(delivery.receive_count, rng);
+                ceil_seconds(*wait_ms) + spread.min(rng.i64(0..=self.paced_spread_s.max(0)))
+            }
             Failure::AwaitingDecision => self.awaiting_decision_s,
         };
         let cap = match delivery.since_first_receive_s {

@@ -7,6 +7,7 @@
 
 pub mod dynamodb;
 pub mod memory;
+pub mod schedule;
 pub mod transitions;
 
 use std::future::Future;
@@ -131,6 +132,14 @@ pub enum AttemptEnd {
         /// Who decided (`replay-policy`).
         by: String,
     },
+    /// The provider refused the call for its rate limit before doing any work (proof that
+    /// nothing ran): the attempt is given back (`attempts` lowered again, its log entry
+    /// removed) and counted in `throttles`, and the job is `retry_authorized`. It spends no
+    /// budget; the deadline bounds how long a job may be throttled.
+    Throttled {
+        /// The provider's refusal.
+        error: String,
+    },
     /// The deadline passed during the attempt.
     Expired,
 }
@@ -143,7 +152,7 @@ impl AttemptEnd {
             AttemptEnd::RetryAuthorized { .. } => JobState::RetryAuthorized,
             AttemptEnd::FailedTerminal { .. } => JobState::FailedTerminal,
             AttemptEnd::Unknown { .. } => JobState::Unknown,
-            AttemptEnd::Replay { .. } => JobState::RetryAuthorized,
+            AttemptEnd::Replay { .. } | AttemptEnd::Throttled { .. } => JobState::RetryAuthorized,
             AttemptEnd::Expired => JobState::Expired,
         }
     }
@@ -434,7 +443,9 @@ impl AttemptEnd {
         use crate::job::AttemptOutcome;
         match self {
             AttemptEnd::Succeeded { .. } => AttemptOutcome::Succeeded,
-            AttemptEnd::RetryAuthorized { .. } => AttemptOutcome::Transient,
+            AttemptEnd::RetryAuthorized { .. } | AttemptEnd::Throttled { .. } => {
+                AttemptOutcome::Transient
+            }
             AttemptEnd::FailedTerminal {
                 kind: "permanent", ..
             } => AttemptOutcome::Permanent,
@@ -449,6 +460,7 @@ impl AttemptEnd {
         let (kind, message) = match self {
             AttemptEnd::Succeeded { .. } => return None,
             AttemptEnd::RetryAuthorized { error } => ("transient", error.clone()),
+            AttemptEnd::Throttled { error } => ("throttled", error.clone()),
             AttemptEnd::FailedTerminal { kind, error } => (*kind, error.clone()),
             AttemptEnd::Unknown { evidence } | AttemptEnd::Replay { evidence, .. } => {
                 ("uncertain", evidence.clone())

@@ -70,7 +70,12 @@ pub fn apply_finish(current: Option<&JobRecord>, req: &FinishRequest) -> Option<
     let mut next = r.clone();
     next.state = req.end.target();
     next.updated_at = req.now;
-    if let Some(attempt) = req
+    if let super::AttemptEnd::Throttled { .. } = &req.end {
+        // Nothing ran: the attempt is given back and the throttle counted.
+        next.attempts = next.attempts.saturating_sub(1);
+        next.attempt_log.truncate(next.attempts as usize);
+        next.throttles += 1;
+    } else if let Some(attempt) = req
         .attempt
         .checked_sub(1)
         .and_then(|i| next.attempt_log.get_mut(i as usize))

@@ -156,9 +156,16 @@ impl ProviderError {
     /// `ThrottlingException` and `ServiceQuotaExceededException`), read from the reason the
     /// classification wrote.
     pub fn is_throttle(&self) -> bool {
-        matches!(self, ProviderError::Transient { reason, .. }
-            if reason.starts_with("HTTP 429") || reason.contains("Throttling") || reason.contains("ServiceQuotaExceeded"))
+        matches!(self, ProviderError::Transient { reason, .. } if is_throttle_reason(reason))
     }
+}
+
+/// Whether a transient failure's reason is the provider's rate limit or quota (see
+/// [`ProviderError::is_throttle`]).
+pub fn is_throttle_reason(reason: &str) -> bool {
+    reason.starts_with("HTTP 429")
+        || reason.contains("Throttling")
+        || reason.contains("ServiceQuotaExceeded")
 }
 
 /// What a provider says about an earlier attempt it was asked for by reference.

@@ -6,7 +6,7 @@ use super::settings::ReplayPolicy;
 use crate::job::decision::{DeadlinePhase, deadline_phase};
 use crate::job::{AttemptOutcome, JobRecord, Millis, ResultBody};
 use crate::ledger::AttemptEnd;
-use crate::provider::{Answer, ProviderError};
+use crate::provider::{Answer, ProviderError, is_throttle_reason};
 
 /// How the current attempt of `job` ends, from what the provider said (by the call or by a
 /// retrieval), and the wait the provider asked for, if any. Where an answer is kept is decided
@@ -30,6 +30,10 @@ pub fn attempt_end(
         }) => {
             let end = if now >= job.deadline_at {
                 AttemptEnd::Expired
+            } else if is_throttle_reason(&reason) {
+                // Refused for the rate limit before any work: the attempt is given back,
+                // whatever the budget.
+                AttemptEnd::Throttled { error: reason }
             } else if job.attempts >= job.max_attempts {
                 AttemptEnd::FailedTerminal {
                     kind: "budget",

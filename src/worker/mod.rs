@@ -5,12 +5,14 @@
 //! - [`heartbeat`]: keeps records invisible and leases renewed while calls run;
 //! - [`batch`]: pure: which records the response names;
 //! - [`ending`]: pure: how an attempt ends, from the provider's word;
+//! - [`pacing`]: the provider's limits: capacity shared in chunks, an adaptive limit;
 //! - [`settings`]: the worker's own settings.
 
 pub mod batch;
 pub mod ending;
 pub mod handler;
 pub mod heartbeat;
+pub mod pacing;
 pub mod processor;
 pub mod settings;
 

@@ -1,7 +1,9 @@
 //! The worker's settings: processing, heartbeat, time margins, replay and the visibility of
 //! failed records, each read from its variable (see the README's configuration table).
 
+use super::pacing::PacingSettings;
 use crate::job::{JobDefaults, Millis, VisibilityPolicy};
+use crate::ledger::schedule::Limits;
 use crate::vars::{ConfigError, Vars};
 
 /// What happens to an attempt whose outcome is unknown (the call may have run).
@@ -53,8 +55,12 @@ pub struct Settings {
     /// `REPLAY_POLICY`: `never` (default) or `replay`.
     pub replay: ReplayPolicy,
     /// Visibility of failed records (`BACKOFF_BASE_SECONDS`, `BACKOFF_CAP_SECONDS`,
-    /// `DEFER_JITTER_SECONDS`, `AWAITING_DECISION_SECONDS`).
+    /// `DEFER_JITTER_SECONDS`, `AWAITING_DECISION_SECONDS`, `PACED_SPREAD_SECONDS`).
     pub visibility: VisibilityPolicy,
+    /// The provider's limits and how calls are paced against them (`PROVIDER_RPM`,
+    /// `PROVIDER_TPM`, `PROVIDER_LIMIT_KEY`, `PACING_CHUNK`, `PACING_HORIZON_SECONDS`,
+    /// `MAX_CALLS_IN_FLIGHT`).
+    pub pacing: PacingSettings,
 }
 
 impl Default for Settings {
@@ -74,6 +80,7 @@ impl Default for Settings {
             job_defaults: JobDefaults::default(),
             replay: ReplayPolicy::Never,
             visibility: VisibilityPolicy::default(),
+            pacing: PacingSettings::default(),
         }
     }
 }
@@ -96,6 +103,7 @@ impl Settings {
         let default_heartbeat_s = queue_visibility_s.min(lease_ms / 1000) / 3;
         let v = d.visibility;
         let j = d.job_defaults;
+        let p = d.pacing;
         let settings = Settings {
             max_concurrency: number("MAX_CONCURRENCY", d.max_concurrency as i64, 1, 10_000)?
                 as usize,
@@ -148,6 +156,21 @@ impl Settings {
                     0,
                     43_200,
                 )?,
+                paced_spread_s: number("PACED_SPREAD_SECONDS", v.paced_spread_s, 0, 3_600)?,
+            },
+            pacing: PacingSettings {
+                limits: Limits {
+                    rpm: number("PROVIDER_RPM", 0, 0, 100_000_000)? as u64,
+                    tpm: number("PROVIDER_TPM", 0, 0, 100_000_000_000)? as u64,
+                },
+                key: vars
+                    .get("PROVIDER_LIMIT_KEY")
+                    .filter(|k| !k.is_empty())
+                    .unwrap_or(p.key),
+                chunk: number("PACING_CHUNK", p.chunk as i64, 1, 1_000)? as u64,
+                horizon_ms: number("PACING_HORIZON_SECONDS", p.horizon_ms / 1000, 1, 900)? * 1000,
+                max_in_flight: number("MAX_CALLS_IN_FLIGHT", i64::from(p.max_in_flight), 1, 10_000)?
+                    as u32,
             },
         };
         settings.validate()?;

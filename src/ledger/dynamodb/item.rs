@@ -127,6 +127,7 @@ pub fn encode(r: &JobRecord) -> Item {
         ("result_ref", r.result_ref.as_ref().map(encode_blob)),
         ("last_error", r.last_error.as_ref().map(encode_error)),
         ("enqueued_at", r.enqueued_at.map(n)),
+        ("throttles", (r.throttles > 0).then(|| n(r.throttles))),
         (
             "recoveries",
             (!r.recoveries.is_empty())
@@ -203,6 +204,7 @@ pub fn decode(item: &Item) -> Result<JobRecord, LedgerError> {
         attempts: to_u32(req_n("attempts")?).ok_or_else(|| corrupt("attempts".into()))?,
         max_attempts: to_u32(req_n("max_attempts")?)
             .ok_or_else(|| corrupt("max_attempts".into()))?,
+        throttles: get_n(item, "throttles").and_then(to_u32).unwrap_or(0),
         input_digest: req_s("input_digest")?,
         contract: req_s("contract")?,
         input: req_s("input")?,
@@ -417,6 +419,7 @@ mod tests {
             updated_at: 86_400_000 * 3 + 5,
             expires_at: 99,
             enqueued_at: Some(150),
+            throttles: 4,
         }
     }
 

@@ -13,6 +13,7 @@
 mod index;
 mod item;
 mod operations;
+mod schedule;
 
 use std::collections::{HashMap, HashSet};
 
@@ -33,7 +34,7 @@ use super::{JobLedger, LedgerError, Write};
 use crate::job::{JobRecord, JobState, attention_key, finished_day};
 
 /// Attribute names, each used through a `#placeholder` (several are DynamoDB reserved words).
-const NAMES: [(&str, &str); 28] = [
+const NAMES: [(&str, &str); 29] = [
     ("#id", "job_id"),
     ("#state", "state"),
     ("#epoch", "owner_epoch"),
@@ -62,6 +63,7 @@ const NAMES: [(&str, &str); 28] = [
     ("#rref", "result_ref"),
     ("#inref", "input_ref"),
     ("#fin", "finished_on"),
+    ("#thr", "throttles"),
 ];
 
 /// The DynamoDB job ledger.

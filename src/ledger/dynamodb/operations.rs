@@ -95,6 +95,29 @@ impl JobLedger for DynamoLedger {
 
     async fn finish(&self, req: FinishRequest) -> Result<Write, LedgerError> {
         let index = req.attempt.saturating_sub(1);
+        if let (AttemptEnd::Throttled { .. }, Some(error)) = (&req.end, req.end.error(req.now)) {
+            // Invariant: as any end of attempt, only the running owner at its epoch gives its
+            // attempt back; the attempt's log entry goes with it (it is the last one).
+            let update = format!(
+                "REMOVE #log[{index}] ADD #thr :one \
+                 SET #state = :to, #updated = :now, #attempts = :prev, #err = :err"
+            );
+            let condition = "#state = :running AND #epoch = :epoch AND #attempts = :attempt";
+            let values = vec![
+                (":to", s(req.end.target().as_str())),
+                (":now", n(req.now)),
+                (":one", n(1)),
+                (":prev", n(index)),
+                (":err", encode_error(&error)),
+                (":running", s(JobState::Running.as_str())),
+                (":epoch", n(req.epoch)),
+                (":attempt", n(req.attempt)),
+            ];
+            let target = Some(req.end.target());
+            return self
+                .update("finish", &req.job_id, &update, condition, values, target)
+                .await;
+        }
         let mut update = format!(
             "SET #state = :to, #updated = :now, #log[{index}].#outcome = :outcome, \
              #log[{index}].#finished = :now"

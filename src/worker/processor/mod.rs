@@ -21,6 +21,7 @@ use std::sync::Arc;
 
 use tokio_util::sync::CancellationToken;
 
+use super::pacing::{Pacer, Permit};
 use super::settings::Settings;
 use crate::blobs::BlobStore;
 use crate::clock::Clock;
@@ -71,6 +72,7 @@ pub struct Processor<L, P, C> {
     clock: C,
     settings: Settings,
     blobs: Option<Arc<dyn BlobStore>>,
+    pacer: Pacer,
 }
 
 enum Action {
@@ -113,7 +115,20 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
             clock,
             settings,
             blobs: None,
+            pacer: Pacer::default(),
         }
+    }
+
+    /// Paces calls against the provider's limits (see [`Pacer`]); without it, only the
+    /// adaptive limit and `Retry-After` apply, at their defaults.
+    pub fn with_pacer(mut self, pacer: Pacer) -> Self {
+        self.pacer = pacer;
+        self
+    }
+
+    /// The pacer.
+    pub fn pacer(&self) -> &Pacer {
+        &self.pacer
     }
 
     /// Adds an object store: answers and inputs above `INLINE_MAX_BYTES` (or too large for the
@@ -219,6 +234,9 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
             DeadlinePhase::Open => Action::Claim(Expect::FRESH),
         };
         let mut view = None;
+        // Capacity for the call, taken before the claim that would start it: a record that
+        // cannot get it soon leaves the ledger untouched and waits in the queue.
+        let mut permit: Option<Permit<'_>> = None;
         for _ in 0..MAX_ROUNDS {
             let now = self.clock.now_ms();
             let calls = matches!(action, Action::Claim(_) | Action::Recover(..));
@@ -231,6 +249,15 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
                 // The caller already read the item: decide from it, no write yet.
                 Some(seen) => seen,
                 None => {
+                    if matches!(action, Action::Claim(_)) && permit.is_none() {
+                        let tokens = self.pacer.estimated_tokens(&msg.input_canonical);
+                        let latest = self.latest_call_start(inv);
+                        match self.pacer.admit(tokens, &self.clock, latest).await {
+                            Ok(p) => permit = Some(p),
+                            Err(wait_ms) => return failed(Failure::Paced { wait_ms }, view),
+                        }
+                    }
+                    let now = self.clock.now_ms();
                     let written = match action {
                         Action::Claim(expect) => {
                             let req = ClaimRequest {
@@ -380,8 +407,13 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
     /// useful call time for this provider (shorter when the call can be asked about later and
     /// handed over), never more than the provider timeout, before the invocation's margin.
     pub(super) fn has_time_for_call(&self, inv: &Invocation, now: Millis) -> bool {
+        now <= self.latest_call_start(inv)
+    }
+
+    /// The latest moment a call may start in this invocation (see `has_time_for_call`).
+    fn latest_call_start(&self, inv: &Invocation) -> Millis {
         let Some(deadline) = inv.deadline else {
-            return true;
+            return Millis::MAX;
         };
         let s = &self.settings;
         let least = if self.provider.can_retrieve() {
@@ -389,7 +421,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         } else {
             s.min_call_ms
         };
-        deadline - s.deadline_margin_ms - now >= least.min(s.provider_timeout_ms)
+        deadline - s.deadline_margin_ms - least.min(s.provider_timeout_ms)
     }
 
     /// The outcome of a later record of the same job in the same batch, decided from what the

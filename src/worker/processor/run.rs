@@ -29,7 +29,6 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         let epoch = claimed.owner_epoch;
         tracing::Span::current().record("epoch", epoch);
         let started = self.clock.now_ms();
-        let (budget, bound) = self.call_budget(&claimed, inv, started);
         let lost = watch.running(
             &msg.job_id,
             epoch,
@@ -38,26 +37,34 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         );
         let input = msg.input();
         let request = self.request(msg, &claimed, &input);
-        let not_sent = if budget < MIN_CALL_BUDGET_MS || !self.has_time_for_call(inv, started) {
-            Some("no time left to make the call")
-        } else if !lease_holds(&claimed, self.clock.now_ms(), self.settings.skew_ms) {
-            // Our process stopped between the claim and the call for longer than the lease:
-            // another delivery may have fenced us, made the attempt `unknown`, had a retry
-            // authorised and sent its own call. Ours would be a second execution nobody decided.
-            Some("the lease lapsed before the call was sent")
-        } else {
-            None
-        };
-        let submitted = if let Some(reason) = not_sent {
-            // The call is not sent, which is a definite failure of this attempt, so the attempt
-            // ends with a write on our epoch (refused if a rival raised it) and another may be
-            // authorised.
-            Ok(Err(ProviderError::Transient {
-                retry_after_ms: None,
-                reason: reason.to_owned(),
-            }))
-        } else {
-            tokio::select! {
+        // A call the provider refuses for its rate limit did not run: it is sent again under
+        // the same claim after the wait the provider asked for, while that wait is short and
+        // the claim's lease, the invocation and the deadline still leave room for the call.
+        let (submitted, bound, budget) = loop {
+            let now = self.clock.now_ms();
+            let (budget, bound) = self.call_budget(&claimed, inv, now);
+            let not_sent = if budget < MIN_CALL_BUDGET_MS || !self.has_time_for_call(inv, now) {
+                Some("no time left to make the call")
+            } else if !lease_holds(&claimed, now, self.settings.skew_ms) {
+                // Our process stopped between the claim and the call for longer than the
+                // lease: another delivery may have fenced us, made the attempt `unknown`, had a
+                // retry authorised and sent its own call. Ours would be a second execution
+                // nobody decided.
+                Some("the lease lapsed before the call was sent")
+            } else {
+                None
+            };
+            if let Some(reason) = not_sent {
+                // The call is not sent, which is a definite failure of this attempt, so the
+                // attempt ends with a write on our epoch (refused if a rival raised it) and
+                // another may be authorised.
+                let refused = ProviderError::Transient {
+                    retry_after_ms: None,
+                    reason: reason.to_owned(),
+                };
+                break (Ok(Err(refused)), bound, budget);
+            }
+            let called = tokio::select! {
                 // Ownership lost (renewal refused or about to lapse): stop here, the answer
                 // could not be accepted anyway.
                 _ = lost.cancelled() => Ok(Err(ProviderError::Uncertain {
@@ -74,18 +81,33 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
                         attempt = claimed.attempts
                     )),
                 ) => called,
+            };
+            let retry_after_ms = match &called {
+                Ok(Ok(_)) => {
+                    self.pacer.answered();
+                    break (called, bound, budget);
+                }
+                Ok(Err(e @ ProviderError::Transient { retry_after_ms, .. })) if e.is_throttle() => {
+                    *retry_after_ms
+                }
+                _ => break (called, bound, budget),
+            };
+            watch.throttled();
+            let now = self.clock.now_ms();
+            self.pacer.throttled(now, retry_after_ms);
+            let Some(wait) = self.throttle_wait(&claimed, inv, now, retry_after_ms) else {
+                break (called, bound, budget);
+            };
+            tokio::select! {
+                _ = lost.cancelled() => break (called, bound, budget),
+                _ = tokio::time::sleep(Duration::from_millis(wait as u64)) => {}
             }
         };
         let waited = match submitted {
             Ok(Ok(Submission::Answered(answer))) => {
                 Waited::from(self.end_of(Ok(answer), &claimed, self.clock.now_ms()))
             }
-            Ok(Err(error)) => {
-                if error.is_throttle() {
-                    watch.throttled();
-                }
-                Waited::from(self.end_of(Err(error), &claimed, self.clock.now_ms()))
-            }
+            Ok(Err(error)) => Waited::from(self.end_of(Err(error), &claimed, self.clock.now_ms())),
             Ok(Ok(Submission::Started(provider_ref))) => {
                 self.follow_background(msg, &claimed, &request, provider_ref, inv, &lost)
                     .await
@@ -308,6 +330,29 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         }
     }
 
+    /// The wait before a throttled call is sent again under the same claim: the provider's
+    /// `Retry-After` (or the environment's pause, if longer), if it is within the pacing
+    /// horizon and the claim's lease, the invocation and the deadline leave room for the call
+    /// after it. `None`: the attempt is given back instead, and the record waits in the queue.
+    fn throttle_wait(
+        &self,
+        claimed: &JobRecord,
+        inv: &Invocation,
+        now: Millis,
+        retry_after_ms: Option<Millis>,
+    ) -> Option<Millis> {
+        let wait = retry_after_ms
+            .unwrap_or(THROTTLE_PAUSE_MS)
+            .max(self.pacer.paused_until() - now)
+            .max(1);
+        let at = now + wait;
+        let fits = wait <= self.pacer.settings().horizon_ms
+            && lease_holds(claimed, at + MIN_CALL_BUDGET_MS, self.settings.skew_ms)
+            && self.has_time_for_call(inv, at)
+            && at + MIN_CALL_BUDGET_MS < claimed.deadline_at;
+        fits.then_some(wait)
+    }
+
     /// How long the provider call may take, and what bounds it: the configured timeout, the job
     /// deadline, the invocation deadline less its margin (so the final write, the visibility
     /// changes and the response still fit) and, when no heartbeat renews it, the lease less the
@@ -332,6 +377,9 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         limit
     }
 }
+
+/// The wait after a 429 that named none.
+const THROTTLE_PAUSE_MS: Millis = 1_000;
 
 /// The longest wait for a cancel request, however much time the invocation has.
 const CANCEL_WAIT_MS: Millis = 5_000;

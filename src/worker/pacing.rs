@@ -1,0 +1,423 @@
+//! Pacing the calls of one execution environment against the provider's limits.
+//!
+//! Two valves, before a job is claimed (so a record that cannot get capacity soon is deferred
+//! without a ledger write and without an attempt):
+//!
+//! - **Shared capacity** (when `PROVIDER_RPM` or `PROVIDER_TPM` is set): calls are drawn from a
+//!   pool this environment leases in chunks from the schedule item all invocations share
+//!   ([`crate::ledger::schedule`]). A chunk that would start beyond the horizon is not booked;
+//!   the record is deferred until about when the booked capacity ends, and no other write is
+//!   tried before then.
+//! - **An adaptive limit** on the calls in flight, additive increase and multiplicative
+//!   decrease: halved on each 429, raised by one over a window of answers, and a `Retry-After`
+//!   stops every new call of the environment until it has passed.
+//!
+//! The event source mapping's `MaximumConcurrency` is the outer valve: it bounds how many
+//! environments ask at all.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use crate::clock::Clock;
+use crate::job::Millis;
+use crate::ledger::schedule::{CallSchedule, Limits, Reservation, ReserveRequest};
+
+/// How long leased calls stay usable once their chunk starts: capacity not used by then is
+/// lost (it was the provider's for that moment).
+const CREDIT_LIFE_MS: Millis = 10_000;
+
+/// The least time between two reservations of one environment after one was refused.
+const MIN_RESERVATION_GAP_MS: Millis = 2_000;
+
+/// How the pacer is set up.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PacingSettings {
+    /// The provider limits the shared schedule keeps to; none set, no schedule.
+    pub limits: Limits,
+    /// Which schedule (one per provider account and limit).
+    pub key: String,
+    /// Calls leased per reservation.
+    pub chunk: u64,
+    /// The longest a record waits in the invocation for capacity before it is deferred.
+    pub horizon_ms: Millis,
+    /// The adaptive limit's ceiling (the calls one environment may have in flight).
+    pub max_in_flight: u32,
+}
+
+impl Default for PacingSettings {
+    fn default() -> Self {
+        PacingSettings {
+            limits: Limits::default(),
+            key: "provider".to_owned(),
+            chunk: 10,
+            horizon_ms: 10_000,
+            max_in_flight: 16,
+        }
+    }
+}
+
+#[derive(Debug)]
+struct State {
+    /// The adaptive limit on calls in flight.
+    limit: f64,
+    in_flight: u32,
+    /// No new call before this (the provider's `Retry-After`).
+    paused_until: Millis,
+    /// Leased calls and tokens not used yet, usable until `credit_until`. A call takes its
+    /// tokens even when fewer are left (estimates vary about their mean): the next chunk pays
+    /// the debt.
+    credits: u64,
+    tokens: i64,
+    credit_until: Millis,
+    /// The shared capacity is booked until then, and no reservation is tried before
+    /// `next_reservation` (a refused one tells the horizon is full).
+    booked_until: Millis,
+    next_reservation: Millis,
+    /// The tokens a call of this environment is expected to be charged, on average.
+    mean_tokens: f64,
+    /// Records waiting for capacity here now: a chunk is sized to them, since capacity not
+    /// used at its moment is lost.
+    waiting: u64,
+}
+
+/// The pacer of one execution environment (shared by its invocations and their records).
+#[derive(Debug)]
+pub struct Pacer {
+    settings: PacingSettings,
+    schedule: Option<Arc<dyn CallSchedule>>,
+    state: Mutex<State>,
+    /// One reservation at a time: the others wait for its chunk.
+    leasing: tokio::sync::Mutex<()>,
+    freed: tokio::sync::Notify,
+}
+
+/// A call may go: while it is held it counts as in flight.
+#[derive(Debug)]
+pub struct Permit<'a> {
+    pacer: &'a Pacer,
+}
+
+impl Drop for Permit<'_> {
+    fn drop(&mut self) {
+        let mut st = self.pacer.lock();
+        st.in_flight = st.in_flight.saturating_sub(1);
+        drop(st);
+        self.pacer.freed.notify_one();
+    }
+}
+
+impl Default for Pacer {
+    fn default() -> Self {
+        Pacer::new(PacingSettings::default(), None)
+    }
+}
+
+impl Pacer {
+    /// A pacer; with a schedule when the settings name a limit.
+    pub fn new(settings: PacingSettings, schedule: Option<Arc<dyn CallSchedule>>) -> Self {
+        let schedule = schedule.filter(|_| settings.limits.any());
+        Pacer {
+            state: Mutex::new(State {
+                limit: f64::from(settings.max_in_flight.max(1)),
+                in_flight: 0,
+                paused_until: 0,
+                credits: 0,
+                tokens: 0,
+                credit_until: 0,
+                booked_until: 0,
+                next_reservation: 0,
+                mean_tokens: 0.0,
+                waiting: 0,
+            }),
+            settings,
+            schedule,
+            leasing: tokio::sync::Mutex::new(()),
+            freed: tokio::sync::Notify::new(),
+        }
+    }
+
+    /// The settings.
+    pub fn settings(&self) -> &PacingSettings {
+        &self.settings
+    }
+
+    /// The tokens a provider is expected to charge a call with this input when it arrives: its
+    /// size at four bytes a token, and the answer's ceiling (`max_tokens`,
+    /// `max_completion_tokens` or `max_output_tokens`). Read only when a token limit is set.
+    pub fn estimated_tokens(&self, input_canonical: &str) -> u64 {
+        if self.settings.limits.tpm == 0 {
+            return 0;
+        }
+        let input: serde_json::Map<String, serde_json::Value> =
+            serde_json::from_str(input_canonical).unwrap_or_default();
+        let ceiling = ["max_tokens", "max_completion_tokens", "max_output_tokens"]
+            .iter()
+            .find_map(|k| input.get(*k).and_then(serde_json::Value::as_u64))
+            .unwrap_or(0);
+        (input_canonical.len() as u64).div_ceil(4) + ceiling
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Waits for capacity for one call charged about `tokens`, at most until `latest` (and the
+    /// horizon). Returns the permit, or how long the record should wait before it is
+    /// delivered again.
+    pub async fn admit(
+        &self,
+        tokens: u64,
+        clock: &dyn Clock,
+        latest: Millis,
+    ) -> Result<Permit<'_>, Millis> {
+        self.lock().waiting += 1;
+        let admitted = self.admit_one(tokens, clock, latest).await;
+        self.lock().waiting -= 1;
+        admitted
+    }
+
+    async fn admit_one(
+        &self,
+        tokens: u64,
+        clock: &dyn Clock,
+        latest: Millis,
+    ) -> Result<Permit<'_>, Millis> {
+        let until = latest.min(clock.now_ms() + self.settings.horizon_ms);
+        loop {
+            let now = clock.now_ms();
+            let (wait_for, need_credit) = {
+                let mut st = self.lock();
+                if st.credit_until <= now {
+                    st.credits = 0;
+                    st.tokens = st.tokens.min(0);
+                }
+                let credit = self.schedule.is_none() || st.credits >= 1;
+                let room = f64::from(st.in_flight) < st.limit.floor().max(1.0);
+                if st.paused_until <= now && credit && room {
+                    if self.schedule.is_some() {
+                        st.credits -= 1;
+                        st.tokens -= tokens as i64;
+                    }
+                    st.in_flight += 1;
+                    return Ok(Permit { pacer: self });
+                }
+                if st.paused_until > until {
+                    return Err(st.paused_until - now);
+                }
+                if !credit && st.next_reservation > now {
+                    return Err((st.booked_until - now).max(1));
+                }
+                (st.paused_until.max(now), !credit)
+            };
+            if now >= until {
+                return Err(1_000);
+            }
+            if wait_for > now {
+                sleep_until(clock, wait_for).await;
+            } else if need_credit {
+                self.lease(tokens, clock, until).await?;
+            } else {
+                let left = Duration::from_millis((until - now).max(1) as u64);
+                let _ = tokio::time::timeout(left, self.freed.notified()).await;
+            }
+        }
+    }
+
+    /// Leases a chunk from the shared schedule, waiting for its start; a failed reservation
+    /// lets the call go (the provider's own 429 and the adaptive limit still protect it).
+    async fn lease(&self, tokens: u64, clock: &dyn Clock, until: Millis) -> Result<(), Millis> {
+        let Some(schedule) = &self.schedule else {
+            return Ok(());
+        };
+        let _one = self.leasing.lock().await;
+        // The other records of the batch, started at the same time, say they wait too.
+        tokio::task::yield_now().await;
+        let now = clock.now_ms();
+        // A chunk of calls, with the tokens calls here are charged on average, less what is
+        // left (or plus the debt).
+        let (chunk, chunk_tokens) = {
+            let mut st = self.lock();
+            let chunk = st.waiting.clamp(1, self.settings.chunk.max(1));
+            if st.credit_until <= now {
+                st.credits = 0;
+                st.tokens = st.tokens.min(0);
+            }
+            if st.credits >= 1 {
+                // Another record leased while we waited for the lock.
+                return Ok(());
+            }
+            if st.next_reservation > now {
+                // Another record was just refused: so would we be.
+                return Err((st.booked_until - now).max(1));
+            }
+            st.mean_tokens = if st.mean_tokens == 0.0 {
+                tokens as f64
+            } else {
+                0.9 * st.mean_tokens + 0.1 * tokens as f64
+            };
+            let tokens = ((st.mean_tokens * chunk as f64) as i64 - st.tokens).max(0) as u64;
+            (chunk, tokens)
+        };
+        let req = ReserveRequest {
+            key: self.settings.key.clone(),
+            limits: self.settings.limits,
+            requests: chunk,
+            tokens: chunk_tokens,
+            now,
+            horizon_ms: (until - now).max(0),
+        };
+        match schedule.reserve(req).await {
+            Ok(Reservation::Granted { start }) => {
+                sleep_until(clock, start).await;
+                let mut st = self.lock();
+                st.credits += chunk;
+                st.tokens += chunk_tokens as i64;
+                st.credit_until = start + CREDIT_LIFE_MS;
+                Ok(())
+            }
+            Ok(Reservation::Booked { until: booked }) => {
+                let mut st = self.lock();
+                st.booked_until = booked;
+                // The horizon is full: ask again once some of it has passed.
+                st.next_reservation =
+                    now + (booked - now - self.settings.horizon_ms).max(MIN_RESERVATION_GAP_MS);
+                Err((booked - now).max(1))
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "reserving provider capacity failed; calling without it");
+                let mut st = self.lock();
+                st.credits += 1;
+                st.credit_until = now + CREDIT_LIFE_MS;
+                Ok(())
+            }
+        }
+    }
+
+    /// The provider answered a call: the limit grows by one over a window of answers.
+    pub fn answered(&self) {
+        let mut st = self.lock();
+        let ceiling = f64::from(self.settings.max_in_flight.max(1));
+        st.limit = (st.limit + 1.0 / st.limit).min(ceiling);
+    }
+
+    /// The provider refused a call for its rate limit: the limit is halved, and no new call
+    /// starts before its `Retry-After`.
+    pub fn throttled(&self, now: Millis, retry_after_ms: Option<Millis>) {
+        let mut st = self.lock();
+        st.limit = (st.limit / 2.0).max(1.0);
+        if let Some(wait) = retry_after_ms {
+            st.paused_until = st.paused_until.max(now + wait);
+        }
+    }
+
+    /// When a new call may start at the earliest (a `Retry-After` in force).
+    pub fn paused_until(&self) -> Millis {
+        self.lock().paused_until
+    }
+
+    /// The adaptive limit now (metrics, tests).
+    pub fn limit(&self) -> f64 {
+        self.lock().limit
+    }
+}
+
+async fn sleep_until(clock: &dyn Clock, at: Millis) {
+    let wait = at - clock.now_ms();
+    if wait > 0 {
+        tokio::time::sleep(Duration::from_millis(wait as u64)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::ManualClock;
+    use crate::ledger::schedule::MemorySchedule;
+
+    const T: Millis = 1_800_000_000_000;
+
+    #[tokio::test]
+    async fn a_retry_after_stops_every_new_call_of_the_environment_until_it_passes() {
+        let pacer = Pacer::default();
+        let clock = ManualClock::at(T);
+        pacer.throttled(T, Some(30_000));
+        // Past the horizon: the record is deferred for the rest of the wait.
+        assert_eq!(
+            pacer.admit(0, &clock, Millis::MAX).await.err(),
+            Some(30_000)
+        );
+        clock.advance(30_000);
+        assert!(pacer.admit(0, &clock, Millis::MAX).await.is_ok());
+    }
+
+    #[test]
+    fn the_limit_halves_on_each_429_and_grows_back_by_one_over_a_window_of_answers() {
+        let pacer = Pacer::default();
+        assert_eq!(pacer.limit(), 16.0);
+        pacer.throttled(T, None);
+        pacer.throttled(T, None);
+        assert_eq!(pacer.limit(), 4.0);
+        for _ in 0..4 {
+            pacer.answered();
+        }
+        assert!((pacer.limit() - 5.0).abs() < 0.2, "{}", pacer.limit());
+        for _ in 0..1_000 {
+            pacer.answered();
+        }
+        assert_eq!(pacer.limit(), 16.0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_full_schedule_defers_the_record_and_is_not_asked_again_at_once() {
+        let schedule = Arc::new(MemorySchedule::new());
+        let limits = Limits { rpm: 60, tpm: 0 };
+        // Somebody booked the next two minutes.
+        let booked = ReserveRequest {
+            key: "provider".into(),
+            limits,
+            requests: 120,
+            tokens: 0,
+            now: T,
+            horizon_ms: 0,
+        };
+        assert!(matches!(
+            schedule.reserve(booked).await,
+            Ok(Reservation::Granted { .. })
+        ));
+        let settings = PacingSettings {
+            limits,
+            ..PacingSettings::default()
+        };
+        let pacer = Pacer::new(settings, Some(schedule.clone() as Arc<dyn CallSchedule>));
+        let clock = ManualClock::at(T);
+        assert_eq!(
+            pacer.admit(0, &clock, Millis::MAX).await.err(),
+            Some(120_000)
+        );
+        assert_eq!(schedule.writes(), 2);
+        // The next record learns it from the environment, with no write.
+        assert_eq!(
+            pacer.admit(0, &clock, Millis::MAX).await.err(),
+            Some(120_000)
+        );
+        assert_eq!(schedule.writes(), 2);
+        // Once the booked time is within the horizon, a chunk is reserved and used.
+        clock.advance(115_000);
+        let permit = pacer.admit(0, &clock, Millis::MAX).await;
+        assert!(permit.is_ok());
+        assert_eq!(schedule.writes(), 3);
+    }
+
+    #[test]
+    fn the_token_estimate_is_the_input_and_the_answers_ceiling() {
+        let settings = PacingSettings {
+            limits: Limits { rpm: 0, tpm: 1_000 },
+            ..PacingSettings::default()
+        };
+        let pacer = Pacer::new(settings, None);
+        let input = r#"{"max_tokens":300,"prompt":"abcdefgh"}"#;
+        assert_eq!(pacer.estimated_tokens(input), 10 + 300);
+        // No token limit: nothing is parsed.
+        assert_eq!(Pacer::default().estimated_tokens(input), 0);
+    }
+}

@@ -1,0 +1,272 @@
+//! The provider's rate limit: a throttled attempt is given back (in memory and in DynamoDB,
+//! through the SDK on the emulator, alike), the shared schedule item reserves in DynamoDB as its
+//! pure function says, and a job refused by 429s again and again still has its whole budget.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use fenced_jobs::clock::{Clock, ManualClock};
+use fenced_jobs::job::{Expect, JobState, Millis, NewJob, RecordOutcome, parse_body};
+use fenced_jobs::ledger::memory::InMemoryLedger;
+use fenced_jobs::ledger::schedule::{
+    CallSchedule, Limits, MemorySchedule, Reservation, ReserveRequest,
+};
+use fenced_jobs::ledger::{AttemptEnd, ClaimRequest, FinishRequest, JobLedger, Write};
+use fenced_jobs::provider::{Answer, Provider, ProviderError, ProviderRequest};
+use fenced_jobs::worker::Settings;
+use fenced_jobs::worker::processor::{AttemptWatch, Invocation, Processor};
+use tokio_util::sync::CancellationToken;
+
+const T: i64 = 1_800_000_000_000;
+
+fn new_job(id: &str, max_attempts: u32) -> NewJob {
+    NewJob {
+        job_id: id.into(),
+        input_digest: "d".into(),
+        contract: "summary.v1".into(),
+        input: r#"{"model":"m","prompt":"p"}"#.into(),
+        input_ref: None,
+        metadata: None,
+        deadline_at: T + 3_600_000,
+        max_attempts,
+        expires_at: T / 1000 + 86_400,
+    }
+}
+
+fn claim(job: &NewJob, expect: Expect, owner: &str, now: i64) -> ClaimRequest {
+    ClaimRequest {
+        job: job.clone(),
+        expect,
+        owner_id: owner.into(),
+        now,
+        lease_until: now + 60_000,
+        provider_ref: None,
+        first_sight: expect == Expect::FRESH,
+    }
+}
+
+fn throttled(id: &str, epoch: u64, attempt: u32, now: i64) -> FinishRequest {
+    FinishRequest {
+        job_id: id.into(),
+        epoch,
+        attempt,
+        now,
+        end: AttemptEnd::Throttled {
+            error: "HTTP 429 (rate limit)".into(),
+        },
+    }
+}
+
+fn line(w: Write) -> String {
+    match w {
+        Write::Applied(r) => format!(
+            "applied {} e{} a{} t{} log{}",
+            r.state.as_str(),
+            r.owner_epoch,
+            r.attempts,
+            r.throttles,
+            r.attempt_log.len()
+        ),
+        Write::Refused(Some(r)) => format!("refused at {} e{}", r.state.as_str(), r.owner_epoch),
+        Write::Refused(None) => "refused, no item".into(),
+    }
+}
+
+async fn story<L: JobLedger>(ledger: &L) -> Vec<String> {
+    let job = new_job("throttled", 1);
+    let id = job.job_id.as_str();
+    let mut log = Vec::new();
+    let mut step = |w: Result<Write, _>| log.push(line(w.expect("ledger call")));
+    step(ledger.claim(claim(&job, Expect::FRESH, "w1", T)).await);
+    step(ledger.finish(throttled(id, 1, 1, T + 1)).await);
+    // Given back twice over a budget of one: the job may still be claimed.
+    let again = Expect {
+        epoch: 1,
+        attempts: 0,
+    };
+    step(ledger.claim(claim(&job, again, "w2", T + 2)).await);
+    // A stale owner's throttle is refused like any stale write.
+    step(ledger.finish(throttled(id, 1, 1, T + 3)).await);
+    step(ledger.finish(throttled(id, 2, 1, T + 4)).await);
+    let third = Expect {
+        epoch: 2,
+        attempts: 0,
+    };
+    step(ledger.claim(claim(&job, third, "w3", T + 5)).await);
+    log
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_throttled_attempt_is_given_back_alike_in_memory_and_in_dynamodb() {
+    let memory = InMemoryLedger::new();
+    let memory_log = story(&memory).await;
+    let aws = common::emulator().await;
+    let table = aws.table().await;
+    let dynamo = aws.ledger(&table);
+    let dynamo_log = story(&dynamo).await;
+    assert_eq!(memory_log, dynamo_log);
+    assert_eq!(
+        memory_log,
+        [
+            "applied running e1 a1 t0 log1",
+            "applied retry_authorized e1 a0 t1 log0",
+            "applied running e2 a1 t1 log1",
+            "refused at running e2",
+            "applied retry_authorized e2 a0 t2 log0",
+            "applied running e3 a1 t2 log1",
+        ]
+    );
+    let m = memory.get("throttled").await.expect("get").expect("item");
+    let d = dynamo.get("throttled").await.expect("get").expect("item");
+    assert_eq!(m, d);
+    assert_eq!(
+        d.last_error.as_ref().map(|e| e.kind.as_str()),
+        Some("throttled")
+    );
+}
+
+fn reserve(now: Millis, requests: u64, tokens: u64) -> ReserveRequest {
+    ReserveRequest {
+        key: "openai".into(),
+        limits: Limits {
+            rpm: 600,
+            tpm: 60_000,
+        },
+        requests,
+        tokens,
+        now,
+        horizon_ms: 5_000,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_schedule_item_in_dynamodb_reserves_as_the_pure_function_does() {
+    let aws = common::emulator().await;
+    let table = aws.table().await;
+    let dynamo = aws.ledger(&table);
+    let memory = MemorySchedule::new();
+    // Idle, busy, token-bound, past the horizon, and idle again a minute later.
+    let steps = [
+        reserve(T, 10, 500),
+        reserve(T + 10, 10, 500),
+        reserve(T + 20, 1, 3_000),
+        reserve(T + 25, 1, 3_000),
+        reserve(T + 30, 5, 0),
+        reserve(T + 60_000, 2, 100),
+    ];
+    let mut got = Vec::new();
+    for req in steps {
+        let d = dynamo.reserve(req.clone()).await.expect("dynamodb");
+        let m = memory.reserve(req).await.expect("memory");
+        assert_eq!(d, m);
+        got.push(d);
+    }
+    assert_eq!(
+        got,
+        [
+            Reservation::Granted { start: T },
+            Reservation::Granted { start: T + 1_000 },
+            Reservation::Granted { start: T + 2_000 },
+            // Tokens bind: 3,000 tokens at 60,000 a minute are 3 s.
+            Reservation::Granted { start: T + 4_000 },
+            Reservation::Booked { until: T + 7_000 },
+            Reservation::Granted { start: T + 60_000 },
+        ]
+    );
+}
+
+/// One clock for the test and the processor.
+#[derive(Clone)]
+struct SharedClock(Arc<ManualClock>);
+
+impl Clock for SharedClock {
+    fn now_ms(&self) -> Millis {
+        self.0.now_ms()
+    }
+}
+
+/// Nobody keeps the attempt alive: the calls here end at once.
+struct NoWatch;
+
+impl AttemptWatch for NoWatch {
+    fn running(&self, _: &str, _: u64, _: Millis, _: Millis) -> CancellationToken {
+        CancellationToken::new()
+    }
+    fn call_ended(&self) {}
+    fn recovered(&self) {}
+    fn deadline_cutoff(&self) {}
+    fn provider_latency(&self, _: u64) {}
+}
+
+/// A provider at its rate limit for the first `refusals` calls, then answering.
+struct Limited {
+    refusals: u32,
+    calls: AtomicU32,
+}
+
+impl Provider for Limited {
+    async fn call(&self, req: &ProviderRequest<'_>) -> Result<Answer, ProviderError> {
+        let n = self.calls.fetch_add(1, Ordering::Relaxed);
+        if n < self.refusals {
+            return Err(ProviderError::Transient {
+                retry_after_ms: Some(60_000),
+                reason: "HTTP 429 (rate limit)".into(),
+            });
+        }
+        Ok(Answer {
+            body: format!(r#"{{"job":"{}"}}"#, req.job_id),
+            provider_ref: None,
+        })
+    }
+}
+
+#[tokio::test]
+async fn a_job_refused_by_429s_more_often_than_its_budget_still_runs_and_counts_them() {
+    let ledger = Arc::new(InMemoryLedger::new());
+    let clock = SharedClock(Arc::new(ManualClock::at(T)));
+    let provider = Limited {
+        refusals: 3,
+        calls: AtomicU32::new(0),
+    };
+    let processor = Processor::new(
+        Arc::clone(&ledger),
+        provider,
+        clock.clone(),
+        Settings::default(),
+    );
+    let msg = parse_body(Some(
+        r#"{"job_id":"busy","contract":"summary.v1","max_attempts":1,"input":{"model":"m","prompt":"p"}}"#,
+    ))
+    .expect("valid");
+    let inv = Invocation {
+        id: "inv".into(),
+        deadline: None,
+    };
+    let mut outcomes = Vec::new();
+    for delivery in 0..4 {
+        let processed = processor
+            .process(&msg, &format!("w{delivery}"), &inv, &NoWatch)
+            .await;
+        outcomes.push(processed.outcome.label());
+        // The wait the provider asked for (60 s, past the in-process horizon) passes.
+        clock.0.advance(61_000);
+    }
+    assert_eq!(outcomes, ["backoff", "backoff", "backoff", "succeeded"]);
+    let item = ledger.get("busy").await.expect("get").expect("item");
+    assert_eq!(item.state, JobState::Succeeded);
+    assert_eq!(
+        (item.attempts, item.max_attempts, item.throttles),
+        (1, 1, 3)
+    );
+    assert!(matches!(
+        processor
+            .process(&msg, "late", &inv, &NoWatch)
+            .await
+            .outcome,
+        RecordOutcome::Done(JobState::Succeeded)
+    ));
+    // The environment's adaptive limit was halved by each refusal and grew back by the answer.
+    assert!(processor.pacer().limit() < 16.0);
+}

@@ -1,0 +1,57 @@
+//! The scale scenario at a small size: a burst against a provider that enforces requests and
+//! tokens per minute. With the shared schedule the limit is used and hardly exceeded; without
+//! it, 429s are many, and still no job fails for them alone (`make scale` runs the full size).
+
+#[allow(dead_code)]
+#[path = "../examples/chaos/sim.rs"]
+mod sim;
+
+#[allow(dead_code)]
+#[path = "../examples/chaos/scale.rs"]
+mod scale;
+
+fn small(seed: u64) -> scale::ScaleConfig {
+    scale::ScaleConfig {
+        jobs: 2_000,
+        concurrency: 50,
+        rpm: 300,
+        tpm: 180_000,
+        ..scale::ScaleConfig::burst(seed)
+    }
+}
+
+#[test]
+fn with_the_shared_schedule_the_limit_is_used_and_hardly_exceeded() {
+    let config = small(1);
+    let report = scale::run_blocking(&config);
+    assert_eq!(
+        report.end_states.get("succeeded"),
+        Some(&2_000),
+        "{report:?}"
+    );
+    assert_eq!(report.failed_by_throttling, 0);
+    assert!(report.throttled_share() <= 0.05, "{report:?}");
+    assert!(
+        report.goodput(&config) >= 0.85,
+        "{:.3}",
+        report.goodput(&config)
+    );
+    // Chunks: far fewer reservations than calls.
+    assert!(report.reservations.0 * 2 < report.executed, "{report:?}");
+}
+
+#[test]
+fn without_it_429s_are_many_and_no_job_fails_for_them_alone() {
+    let config = scale::ScaleConfig {
+        schedule_share: None,
+        ..small(2)
+    };
+    let report = scale::run_blocking(&config);
+    assert!(report.throttled_share() > 0.2, "{report:?}");
+    assert_eq!(
+        report.end_states.get("succeeded"),
+        Some(&2_000),
+        "{report:?}"
+    );
+    assert_eq!(report.failed_by_throttling, 0);
+}
