@@ -54,6 +54,10 @@ pub struct ScaleConfig {
     /// The share of the provider's limits the shared schedule is configured with
     /// (`PROVIDER_RPM`, `PROVIDER_TPM`); `None` runs without a schedule.
     pub schedule_share: Option<f64>,
+    /// How the worker paces its calls (`PACING_*`).
+    pub pacing: PacingSettings,
+    /// `PACED_SPREAD_SECONDS`.
+    pub paced_spread_s: i64,
 }
 
 impl ScaleConfig {
@@ -69,6 +73,8 @@ impl ScaleConfig {
             tpm: 3_000_000,
             call_ms: (1_000, 3_000),
             schedule_share: Some(1.0),
+            pacing: PacingSettings::default(),
+            paced_spread_s: Settings::default().visibility.paced_spread_s,
         }
     }
 }
@@ -513,8 +519,8 @@ impl Provider for LimitedProvider {
 // ---------------------------------------------------------------------------------------------
 // The run
 
-fn settings() -> Settings {
-    Settings {
+fn settings(config: &ScaleConfig) -> Settings {
+    let mut s = Settings {
         max_concurrency: 10,
         lease_ms: 60_000,
         queue_visibility_s: 30,
@@ -523,7 +529,9 @@ fn settings() -> Settings {
         provider_timeout_ms: 120_000,
         deadline_margin_ms: 5_000,
         ..Settings::default()
-    }
+    };
+    s.visibility.paced_spread_s = config.paced_spread_s;
+    s
 }
 
 /// Runs the burst; call inside a current-thread runtime whose clock is paused.
@@ -581,13 +589,12 @@ pub async fn run(config: &ScaleConfig) -> ScaleReport {
         let pacer = Pacer::new(
             PacingSettings {
                 limits,
-                chunk: config.batch_size as u64,
-                ..PacingSettings::default()
+                ..config.pacing.clone()
             },
             Some(Arc::clone(&schedule) as Arc<dyn CallSchedule>),
         );
         let handler = BatchHandler::new(
-            Processor::new(ledger.clone(), provider.clone(), clock.clone(), settings())
+            Processor::new(ledger.clone(), provider.clone(), clock.clone(), settings(config))
                 .with_pacer(pacer),
             ScaleVisibility {
                 queue: Arc::clone(&queue),

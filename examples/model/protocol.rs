@@ -415,6 +415,9 @@ pub enum Word {
     Transient,
     /// A definite permanent failure: it did not run.
     Permanent,
+    /// Refused for the rate limit before any work (a 429): it did not run, and the attempt is
+    /// given back.
+    Throttled,
     /// The outcome is unknown (a dropped connection, a cut-off): it may have run.
     Uncertain,
 }
@@ -1088,7 +1091,7 @@ impl Protocol {
                         )
                 });
             let decided = r.decisions.iter().any(|d| d.epoch >= c.epoch);
-            definite || decided
+            definite || decided || given_back(c, r)
         });
         if !authorised {
             next.violations.push(Violation::SilentRepeat);
@@ -1098,7 +1101,13 @@ impl Protocol {
             epoch,
             truth: Truth::InFlight,
         });
-        if next.calls.len() > self.bounds.max_attempts as usize
+        // A call given back (refused for the rate limit, its attempt returned) spends nothing.
+        let spent = next
+            .calls
+            .iter()
+            .filter(|c| !item.as_ref().is_some_and(|r| given_back(c, r)))
+            .count();
+        if spent > self.bounds.max_attempts as usize
             || item.is_some_and(|r| r.attempts > r.max_attempts)
         {
             next.violations.push(Violation::OverBudget);
@@ -1129,7 +1138,11 @@ impl Protocol {
         // caller hears nothing that contradicts it.
         let consistent = !matches!(
             (call.truth, word),
-            (Truth::NotRun, Word::Answer) | (Truth::Ran, Word::Transient | Word::Permanent)
+            (Truth::NotRun, Word::Answer)
+                | (
+                    Truth::Ran,
+                    Word::Transient | Word::Permanent | Word::Throttled
+                )
         );
         if !consistent && !lost {
             return false;
@@ -1159,6 +1172,13 @@ impl Protocol {
                     call.truth = Truth::NotRun;
                     Err(ProviderError::Permanent {
                         reason: "400".to_owned(),
+                    })
+                }
+                Word::Throttled => {
+                    call.truth = Truth::NotRun;
+                    Err(ProviderError::Transient {
+                        retry_after_ms: None,
+                        reason: "HTTP 429 (rate limit)".to_owned(),
                     })
                 }
                 Word::Uncertain => Err(ProviderError::Uncertain {
@@ -1521,11 +1541,22 @@ fn normalized(mut r: JobRecord) -> JobRecord {
     r
 }
 
+/// Whether `c` did not run and the ledger gave its attempt back: its log entry (its attempt at
+/// its epoch) is gone, which only the end of a throttled attempt does.
+fn given_back(c: &Call, r: &JobRecord) -> bool {
+    c.truth == Truth::NotRun
+        && !r
+            .attempt_log
+            .iter()
+            .any(|a| a.number == c.attempt && a.epoch == c.epoch)
+}
+
 fn word_name(word: Word) -> &'static str {
     match word {
         Word::Answer => "an answer",
         Word::Transient => "a transient failure",
         Word::Permanent => "a permanent failure",
+        Word::Throttled => "a 429",
         Word::Uncertain => "nothing certain",
     }
 }
@@ -1628,6 +1659,7 @@ impl Model for Protocol {
                             Word::Answer,
                             Word::Transient,
                             Word::Permanent,
+                            Word::Throttled,
                             Word::Uncertain,
                         ] {
                             actions.push(Action::Answer { worker, word });
@@ -1731,6 +1763,14 @@ impl Model for Protocol {
                     .as_ref()
                     .is_some_and(|r| r.state == JobState::Succeeded)
             }),
+            Property::sometimes(
+                "a 429's attempt is given back and the job still succeeds",
+                |_, s: &State| {
+                    s.item
+                        .as_ref()
+                        .is_some_and(|r| r.state == JobState::Succeeded && r.throttles > 0)
+                },
+            ),
             Property::sometimes("a second call after a recorded decision", |_, s: &State| {
                 s.calls.len() >= 2 && s.item.as_ref().is_some_and(|r| !r.decisions.is_empty())
             }),
