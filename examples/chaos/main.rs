@@ -29,8 +29,7 @@ fn main() {
             config.rpm = arg("--rpm", config.rpm);
             config.tpm = arg("--tpm", config.tpm);
             config.paced_spread_s = arg("--spread-s", config.paced_spread_s as u64) as i64;
-            config.pacing.horizon_ms =
-                arg("--horizon-ms", config.pacing.horizon_ms as u64) as i64;
+            config.pacing.horizon_ms = arg("--horizon-ms", config.pacing.horizon_ms as u64) as i64;
             if args.iter().any(|a| a == "--no-schedule") {
                 config.schedule_share = None;
             } else if args.iter().any(|a| a == "--share") {

@@ -594,8 +594,13 @@ pub async fn run(config: &ScaleConfig) -> ScaleReport {
             Some(Arc::clone(&schedule) as Arc<dyn CallSchedule>),
         );
         let handler = BatchHandler::new(
-            Processor::new(ledger.clone(), provider.clone(), clock.clone(), settings(config))
-                .with_pacer(pacer),
+            Processor::new(
+                ledger.clone(),
+                provider.clone(),
+                clock.clone(),
+                settings(config),
+            )
+            .with_pacer(pacer),
             ScaleVisibility {
                 queue: Arc::clone(&queue),
                 clock: clock.clone(),

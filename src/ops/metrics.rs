@@ -68,12 +68,13 @@ pub fn document(target: &MetricsTarget, at: Millis, metrics: &[(&str, &str, Samp
 }
 
 /// Outcome labels ([`RecordOutcome::label`]) counted per invocation, and their metric names.
-const OUTCOME_METRICS: [(&str, &str); 8] = [
+const OUTCOME_METRICS: [(&str, &str); 9] = [
     ("succeeded", "Succeeded"),
     ("failed_terminal", "FailedTerminal"),
     ("expired", "Expired"),
     ("deferred", "DeferredToLiveOwner"),
     ("backoff", "Transient"),
+    ("paced", "Paced"),
     ("poison", "Poison"),
     ("conflict", "Conflict"),
     ("awaiting_decision", "Unknown"),

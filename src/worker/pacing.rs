@@ -29,6 +29,9 @@ const CREDIT_LIFE_MS: Millis = 10_000;
 /// The least time between two reservations of one environment after one was refused.
 const MIN_RESERVATION_GAP_MS: Millis = 2_000;
 
+/// The adaptive limit is halved at most this often.
+const DECREASE_EVERY_MS: Millis = 1_000;
+
 /// How the pacer is set up.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PacingSettings {
@@ -63,6 +66,8 @@ struct State {
     in_flight: u32,
     /// No new call before this (the provider's `Retry-After`).
     paused_until: Millis,
+    /// The last decrease: the 429s of calls sent together count as one signal.
+    decreased_at: Millis,
     /// Leased calls and tokens not used yet, usable until `credit_until`. A call takes its
     /// tokens even when fewer are left (estimates vary about their mean): the next chunk pays
     /// the debt.
@@ -121,6 +126,7 @@ impl Pacer {
                 limit: f64::from(settings.max_in_flight.max(1)),
                 in_flight: 0,
                 paused_until: 0,
+                decreased_at: Millis::MIN,
                 credits: 0,
                 tokens: 0,
                 credit_until: 0,
@@ -300,11 +306,15 @@ impl Pacer {
         st.limit = (st.limit + 1.0 / st.limit).min(ceiling);
     }
 
-    /// The provider refused a call for its rate limit: the limit is halved, and no new call
-    /// starts before its `Retry-After`.
+    /// The provider refused a call for its rate limit: the limit is halved (once a second at
+    /// most: the refusals of calls sent together are one signal), and no new call starts
+    /// before its `Retry-After`.
     pub fn throttled(&self, now: Millis, retry_after_ms: Option<Millis>) {
         let mut st = self.lock();
-        st.limit = (st.limit / 2.0).max(1.0);
+        if now.saturating_sub(st.decreased_at) >= DECREASE_EVERY_MS {
+            st.limit = (st.limit / 2.0).max(1.0);
+            st.decreased_at = now;
+        }
         if let Some(wait) = retry_after_ms {
             st.paused_until = st.paused_until.max(now + wait);
         }
@@ -355,7 +365,10 @@ mod tests {
         let pacer = Pacer::default();
         assert_eq!(pacer.limit(), 16.0);
         pacer.throttled(T, None);
-        pacer.throttled(T, None);
+        // The refusals of calls sent together are one signal.
+        pacer.throttled(T + 10, None);
+        assert_eq!(pacer.limit(), 8.0);
+        pacer.throttled(T + 1_000, None);
         assert_eq!(pacer.limit(), 4.0);
         for _ in 0..4 {
             pacer.answered();
