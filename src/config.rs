@@ -206,6 +206,27 @@ mod tests {
     }
 
     #[test]
+    fn the_provider_limits_and_the_pacing_are_read() {
+        let c = config(&[
+            ("JOBS_TABLE", "t"),
+            ("MAX_CONCURRENCY", "24"),
+            ("PROVIDER_RPM", "5000"),
+            ("PROVIDER_TPM", "3000000"),
+            ("PROVIDER_LIMIT_KEY", "openai-org-1"),
+            ("PACING_HORIZON_SECONDS", "4"),
+        ])
+        .expect("valid");
+        let pacing = c.settings.pacing();
+        assert_eq!((pacing.limits.rpm, pacing.limits.tpm), (5_000, 3_000_000));
+        assert_eq!(pacing.key, "openai-org-1");
+        assert_eq!(pacing.horizon_ms, 4_000);
+        // Unset, the ceiling of calls in flight is the records processed at once.
+        assert_eq!(pacing.max_in_flight, 24);
+        let capped = config(&[("JOBS_TABLE", "t"), ("MAX_CALLS_IN_FLIGHT", "4")]).expect("valid");
+        assert_eq!(capped.settings.pacing().max_in_flight, 4);
+    }
+
+    #[test]
     fn bad_values_are_named() {
         let err = config(&[("JOBS_TABLE", "t"), ("MAX_CONCURRENCY", "0")]).expect_err("invalid");
         assert!(matches!(

@@ -4,6 +4,10 @@
 //! rate-limited provider are modelled. It reports what the limit allowed and what was made of
 //! it: goodput, 429s, jobs lost to throttling, the invocation-seconds spent, and every request
 //! the cost per job is computed from (`BENCHMARKS.md`, "Scale").
+//!
+//! Why this file is long: the scenario's parts (queue, consumers, counting ledger and schedule,
+//! the limited provider) share one set of counters with its report; the sections below are
+//! where it would split.
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, HashMap};
@@ -589,6 +593,7 @@ pub async fn run(config: &ScaleConfig) -> ScaleReport {
         let pacer = Pacer::new(
             PacingSettings {
                 limits,
+                max_in_flight: config.batch_size as u32,
                 ..config.pacing.clone()
             },
             Some(Arc::clone(&schedule) as Arc<dyn CallSchedule>),

@@ -40,10 +40,7 @@ async fn main() -> Result<(), lambda_runtime::Error> {
     let blobs = S3Blobs::new(s3_client(&bounded), config.results_bucket);
     let ledger = DynamoLedger::new(aws_sdk_dynamodb::Client::new(&bounded), config.jobs_table);
     // The provider's capacity is shared through a schedule item in the same table.
-    let pacer = Pacer::new(
-        config.settings.pacing.clone(),
-        Some(Arc::new(ledger.clone())),
-    );
+    let pacer = Pacer::new(config.settings.pacing(), Some(Arc::new(ledger.clone())));
     let processor = Processor::new(ledger, provider, SystemClock, config.settings)
         .with_blobs(Arc::new(blobs))
         .with_pacer(pacer);

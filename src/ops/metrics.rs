@@ -326,6 +326,7 @@ mod tests {
                 retry_after_ms: None,
                 cause: "x",
             }),
+            RecordOutcome::Failed(Failure::Paced { wait_ms: 1 }),
             RecordOutcome::Failed(Failure::Poison(InvalidMessage::MissingBody)),
             RecordOutcome::Failed(Failure::Conflict {
                 ledger_digest: "a".into(),

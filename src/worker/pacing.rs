@@ -43,7 +43,8 @@ pub struct PacingSettings {
     pub chunk: u64,
     /// The longest a record waits in the invocation for capacity before it is deferred.
     pub horizon_ms: Millis,
-    /// The adaptive limit's ceiling (the calls one environment may have in flight).
+    /// The adaptive limit's ceiling (the calls one environment may have in flight); 0 is
+    /// `MAX_CONCURRENCY` (see [`crate::worker::Settings::pacing`]).
     pub max_in_flight: u32,
 }
 
@@ -54,7 +55,7 @@ impl Default for PacingSettings {
             key: "provider".to_owned(),
             chunk: 10,
             horizon_ms: 10_000,
-            max_in_flight: 16,
+            max_in_flight: 0,
         }
     }
 }
@@ -111,14 +112,9 @@ impl Drop for Permit<'_> {
     }
 }
 
-impl Default for Pacer {
-    fn default() -> Self {
-        Pacer::new(PacingSettings::default(), None)
-    }
-}
-
 impl Pacer {
-    /// A pacer; with a schedule when the settings name a limit.
+    /// A pacer; with a schedule when the settings name a limit. A ceiling of 0 calls in flight
+    /// is read as 1.
     pub fn new(settings: PacingSettings, schedule: Option<Arc<dyn CallSchedule>>) -> Self {
         let schedule = schedule.filter(|_| settings.limits.any());
         Pacer {
@@ -346,9 +342,16 @@ mod tests {
 
     const T: Millis = 1_800_000_000_000;
 
+    fn sixteen() -> PacingSettings {
+        PacingSettings {
+            max_in_flight: 16,
+            ..PacingSettings::default()
+        }
+    }
+
     #[tokio::test]
     async fn a_retry_after_stops_every_new_call_of_the_environment_until_it_passes() {
-        let pacer = Pacer::default();
+        let pacer = Pacer::new(sixteen(), None);
         let clock = ManualClock::at(T);
         pacer.throttled(T, Some(30_000));
         // Past the horizon: the record is deferred for the rest of the wait.
@@ -362,7 +365,7 @@ mod tests {
 
     #[test]
     fn the_limit_halves_on_each_429_and_grows_back_by_one_over_a_window_of_answers() {
-        let pacer = Pacer::default();
+        let pacer = Pacer::new(sixteen(), None);
         assert_eq!(pacer.limit(), 16.0);
         pacer.throttled(T, None);
         // The refusals of calls sent together are one signal.
@@ -399,7 +402,7 @@ mod tests {
         ));
         let settings = PacingSettings {
             limits,
-            ..PacingSettings::default()
+            ..sixteen()
         };
         let pacer = Pacer::new(settings, Some(schedule.clone() as Arc<dyn CallSchedule>));
         let clock = ManualClock::at(T);
@@ -431,6 +434,6 @@ mod tests {
         let input = r#"{"max_tokens":300,"prompt":"abcdefgh"}"#;
         assert_eq!(pacer.estimated_tokens(input), 10 + 300);
         // No token limit: nothing is parsed.
-        assert_eq!(Pacer::default().estimated_tokens(input), 0);
+        assert_eq!(Pacer::new(sixteen(), None).estimated_tokens(input), 0);
     }
 }

@@ -86,6 +86,16 @@ impl Default for Settings {
 }
 
 impl Settings {
+    /// The pacing settings with their ceiling of calls in flight resolved (`MAX_CALLS_IN_FLIGHT`,
+    /// or `MAX_CONCURRENCY` when it is unset).
+    pub fn pacing(&self) -> PacingSettings {
+        let mut pacing = self.pacing.clone();
+        if pacing.max_in_flight == 0 {
+            pacing.max_in_flight = u32::try_from(self.max_concurrency).unwrap_or(u32::MAX);
+        }
+        pacing
+    }
+
     /// Reads the settings, each from its variable, the default where it is unset, and checks
     /// the relations between them.
     pub fn from_vars(vars: &Vars<'_>) -> Result<Settings, ConfigError> {
@@ -169,7 +179,7 @@ impl Settings {
                     .unwrap_or(p.key),
                 chunk: number("PACING_CHUNK", p.chunk as i64, 1, 1_000)? as u64,
                 horizon_ms: number("PACING_HORIZON_SECONDS", p.horizon_ms / 1000, 1, 900)? * 1000,
-                max_in_flight: number("MAX_CALLS_IN_FLIGHT", i64::from(p.max_in_flight), 1, 10_000)?
+                max_in_flight: number("MAX_CALLS_IN_FLIGHT", i64::from(p.max_in_flight), 0, 10_000)?
                     as u32,
             },
         };

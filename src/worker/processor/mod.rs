@@ -113,9 +113,9 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
             ledger,
             provider,
             clock,
+            pacer: Pacer::new(settings.pacing(), None),
             settings,
             blobs: None,
-            pacer: Pacer::default(),
         }
     }
 
