@@ -270,3 +270,83 @@ async fn a_job_refused_by_429s_more_often_than_its_budget_still_runs_and_counts_
     // The environment's adaptive limit was halved by each refusal and grew back by the answer.
     assert!(processor.pacer().limit() < 16.0);
 }
+
+/// A worker environment with its own pacer on the shared schedule in the table.
+fn paced_handler(
+    aws: &common::Emulator,
+    table: &str,
+    rpm: u64,
+) -> fenced_jobs::worker::BatchHandler<
+    fenced_jobs::ledger::dynamodb::DynamoLedger,
+    fenced_jobs::provider::SimulatedProvider,
+    fenced_jobs::clock::SystemClock,
+    fenced_jobs::queue::SqsVisibility,
+> {
+    let mut settings = Settings::default();
+    settings.visibility.paced_spread_s = 0;
+    settings.pacing.limits = Limits { rpm, tpm: 0 };
+    settings.pacing.horizon_ms = 1_000;
+    let pacer = fenced_jobs::worker::pacing::Pacer::new(
+        settings.pacing(),
+        Some(Arc::new(aws.ledger(table)) as Arc<dyn CallSchedule>),
+    );
+    fenced_jobs::worker::BatchHandler::new(
+        Processor::new(
+            aws.ledger(table),
+            fenced_jobs::provider::SimulatedProvider::new(),
+            fenced_jobs::clock::SystemClock,
+            settings,
+        )
+        .with_pacer(pacer),
+        fenced_jobs::queue::SqsVisibility::new(aws.sqs.clone()),
+    )
+    .with_seed(7)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_environments_share_the_providers_limit_through_the_schedule_item() {
+    let aws = common::emulator().await;
+    let table = aws.table().await;
+    let queue = aws.queue(30).await;
+    let mut source = aws.source(&queue).await;
+    source.batch_size = 10;
+    // 120 requests a minute: a chunk of 10 books 5 s of the provider.
+    let first = paced_handler(&aws, &table, 120);
+    let second = paced_handler(&aws, &table, 120);
+    for i in 0..10 {
+        aws.send(&queue, &common::job(&format!("a-{i}"), "p", ""))
+            .await;
+    }
+    let (poll, _) = common::deliver(&source, &first).await;
+    assert_eq!((poll.received, poll.deleted), (10, 10));
+
+    // The other environment finds the next 5 s booked, past its 1 s horizon: it defers its
+    // records without claiming any (one refused reservation, no job written).
+    for i in 0..10 {
+        aws.send(&queue, &common::job(&format!("b-{i}"), "p", ""))
+            .await;
+    }
+    aws.calls.reset();
+    let (poll, report) = common::deliver(&source, &second).await;
+    assert_eq!((poll.received, poll.failed), (10, 10));
+    let labels: Vec<&str> = report
+        .expect("report")
+        .records
+        .iter()
+        .map(|r| r.outcome.label())
+        .collect();
+    assert_eq!(labels, ["paced"; 10]);
+    assert_eq!(aws.calls.get("dynamodb", "PutItem"), 0);
+    assert_eq!(aws.calls.get("dynamodb", "UpdateItem"), 1);
+    for i in 0..10 {
+        let item = aws.ledger(&table).get(&format!("b-{i}")).await.expect("get");
+        assert!(item.is_none(), "b-{i} was written while it waited");
+    }
+
+    // Once the booked time is within the horizon, they run, on one more reservation.
+    tokio::time::sleep(std::time::Duration::from_millis(5_500)).await;
+    aws.calls.reset();
+    let (poll, _) = common::deliver(&source, &second).await;
+    assert_eq!((poll.received, poll.deleted), (10, 10));
+    assert_eq!(aws.calls.get("dynamodb", "PutItem"), 10);
+}
