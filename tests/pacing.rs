@@ -163,6 +163,13 @@ async fn the_schedule_item_in_dynamodb_reserves_as_the_pure_function_does() {
         assert_eq!(d, m);
         got.push(d);
     }
+    // A read without writing shows the same bookings.
+    assert_eq!(
+        dynamo.peek("openai").await.expect("dynamodb"),
+        memory.peek("openai").await.expect("memory")
+    );
+    assert!(dynamo.peek("openai").await.expect("read").is_some());
+    assert_eq!(dynamo.peek("nobody").await.expect("read"), None);
     assert_eq!(
         got,
         [
@@ -339,7 +346,11 @@ async fn two_environments_share_the_providers_limit_through_the_schedule_item() 
     assert_eq!(aws.calls.get("dynamodb", "PutItem"), 0);
     assert_eq!(aws.calls.get("dynamodb", "UpdateItem"), 1);
     for i in 0..10 {
-        let item = aws.ledger(&table).get(&format!("b-{i}")).await.expect("get");
+        let item = aws
+            .ledger(&table)
+            .get(&format!("b-{i}"))
+            .await
+            .expect("get");
         assert!(item.is_none(), "b-{i} was written while it waited");
     }
 

@@ -20,7 +20,7 @@ use fenced_jobs::clock::Clock;
 use fenced_jobs::job::{JobState, Millis};
 use fenced_jobs::ledger::memory::InMemoryLedger;
 use fenced_jobs::ledger::schedule::{
-    CallSchedule, Limits, MemorySchedule, Reservation, ReserveRequest,
+    Booked, CallSchedule, Limits, MemorySchedule, Reservation, ReserveRequest,
 };
 use fenced_jobs::ledger::{
     ClaimRequest, CreateRequest, DecideRequest, EnqueuedRequest, FinishRequest, JobLedger,
@@ -107,7 +107,7 @@ pub struct ScaleReport {
     /// Records delivered.
     pub deliveries: u64,
     /// Ledger writes (schedule reservations and conditional writes refused included: they
-    /// cost a unit too) and reads.
+    /// cost a unit too) and reads (schedule peeks included).
     pub ledger_writes: u64,
     /// See `ledger_writes`.
     pub ledger_reads: u64,
@@ -116,6 +116,8 @@ pub struct ScaleReport {
     pub sqs_requests: u64,
     /// Reservations of the shared schedule: granted, the calls they granted, and refused.
     pub reservations: (u64, u64, u64),
+    /// Job writes by operation.
+    pub writes_by_operation: BTreeMap<&'static str, u64>,
 }
 
 impl ScaleReport {
@@ -170,6 +172,12 @@ impl ScaleReport {
             "  reservations: {} granted for {} calls, {} refused (horizon full)",
             self.reservations.0, self.reservations.1, self.reservations.2
         );
+        let writes: Vec<String> = self
+            .writes_by_operation
+            .iter()
+            .map(|(k, v)| format!("{k} {:.3}", per_job(*v)))
+            .collect();
+        println!("  job writes per job: {}", writes.join(", "));
         println!(
             "  per job: {:.3} invocations, {:.2} invocation-s, {:.2} deliveries, {:.2} ledger writes, {:.2} ledger reads, {:.2} SQS requests",
             per_job(self.invocations),
@@ -190,6 +198,7 @@ struct Counters {
     tokens: AtomicU64,
     writes: AtomicU64,
     reads: AtomicU64,
+    by_operation: Mutex<BTreeMap<&'static str, u64>>,
     sqs: AtomicU64,
 }
 
@@ -333,40 +342,52 @@ struct CountingLedger {
 }
 
 impl CountingLedger {
-    async fn write<T>(&self, f: impl std::future::Future<Output = T>) -> T {
+    async fn write<T>(
+        &self,
+        operation: &'static str,
+        f: impl std::future::Future<Output = T>,
+    ) -> T {
         tokio::time::sleep(Duration::from_millis(5)).await;
         self.counters.writes.fetch_add(1, Ordering::Relaxed);
+        *self
+            .counters
+            .by_operation
+            .lock()
+            .expect("operations")
+            .entry(operation)
+            .or_default() += 1;
         f.await
     }
 }
 
 impl JobLedger for CountingLedger {
     async fn claim(&self, req: ClaimRequest) -> Result<Write, LedgerError> {
-        self.write(self.table.claim(req)).await
+        self.write("claim", self.table.claim(req)).await
     }
     async fn finish(&self, req: FinishRequest) -> Result<Write, LedgerError> {
-        self.write(self.table.finish(req)).await
+        self.write("finish", self.table.finish(req)).await
     }
     async fn settle(&self, req: SettleRequest) -> Result<Write, LedgerError> {
-        self.write(self.table.settle(req)).await
+        self.write("settle", self.table.settle(req)).await
     }
     async fn recover(&self, req: RecoverRequest) -> Result<Write, LedgerError> {
-        self.write(self.table.recover(req)).await
+        self.write("recover", self.table.recover(req)).await
     }
     async fn renew(&self, req: RenewRequest) -> Result<Write, LedgerError> {
-        self.write(self.table.renew(req)).await
+        self.write("renew", self.table.renew(req)).await
     }
     async fn create(&self, req: CreateRequest) -> Result<Write, LedgerError> {
-        self.write(self.table.create(req)).await
+        self.write("create", self.table.create(req)).await
     }
     async fn mark_enqueued(&self, req: EnqueuedRequest) -> Result<Write, LedgerError> {
-        self.write(self.table.mark_enqueued(req)).await
+        self.write("mark_enqueued", self.table.mark_enqueued(req))
+            .await
     }
     async fn record_ref(&self, req: RecordRefRequest) -> Result<Write, LedgerError> {
-        self.write(self.table.record_ref(req)).await
+        self.write("record_ref", self.table.record_ref(req)).await
     }
     async fn decide(&self, req: DecideRequest) -> Result<Write, LedgerError> {
-        self.write(self.table.decide(req)).await
+        self.write("decide", self.table.decide(req)).await
     }
     async fn get(&self, job_id: &str) -> Result<Option<fenced_jobs::job::JobRecord>, LedgerError> {
         tokio::time::sleep(Duration::from_millis(3)).await;
@@ -382,6 +403,7 @@ struct CountingSchedule {
     granted: AtomicU64,
     granted_calls: AtomicU64,
     booked: AtomicU64,
+    peeks: AtomicU64,
 }
 
 impl CallSchedule for CountingSchedule {
@@ -403,6 +425,17 @@ impl CallSchedule for CountingSchedule {
                 }
             }
             got
+        })
+    }
+
+    fn peek<'a>(
+        &'a self,
+        key: &'a str,
+    ) -> futures::future::BoxFuture<'a, Result<Option<Booked>, LedgerError>> {
+        Box::pin(async move {
+            tokio::time::sleep(Duration::from_millis(3)).await;
+            self.peeks.fetch_add(1, Ordering::Relaxed);
+            self.schedule.peek(key).await
         })
     }
 }
@@ -692,10 +725,12 @@ pub async fn run(config: &ScaleConfig) -> ScaleReport {
         invocation_ms: invocation_ms.load(Ordering::Relaxed),
         deliveries: deliveries.load(Ordering::Relaxed),
         ledger_writes: counters.writes.load(Ordering::Relaxed) + schedule.schedule.writes(),
-        ledger_reads: counters.reads.load(Ordering::Relaxed),
+        ledger_reads: counters.reads.load(Ordering::Relaxed)
+            + schedule.peeks.load(Ordering::Relaxed),
         sqs_requests: counters.sqs.load(Ordering::Relaxed),
         ..ScaleReport::default()
     };
+    report.writes_by_operation = counters.by_operation.lock().expect("operations").clone();
     report.reservations = (
         schedule.granted.load(Ordering::Relaxed),
         schedule.granted_calls.load(Ordering::Relaxed),

@@ -39,7 +39,8 @@ impl Limits {
             if per_minute == 0 {
                 0
             } else {
-                (u128::from(n) * 60_000_000 / u128::from(per_minute)) as i64
+                i64::try_from(u128::from(n) * 60_000_000 / u128::from(per_minute))
+                    .unwrap_or(i64::MAX)
             }
         };
         (at(requests, self.rpm), at(tokens, self.tpm))
@@ -61,6 +62,15 @@ pub struct ReserveRequest {
     pub now: Millis,
     /// The latest start the writer would wait for.
     pub horizon_ms: Millis,
+}
+
+impl ReserveRequest {
+    /// The latest start the writer would wait for, in microseconds.
+    pub fn horizon_end_us(&self) -> i64 {
+        self.now
+            .saturating_add(self.horizon_ms.max(0))
+            .saturating_mul(1_000)
+    }
 }
 
 /// What a reservation got.
@@ -90,7 +100,7 @@ pub struct Booked {
 
 /// Microseconds rounded up to milliseconds.
 pub fn ceil_ms(us: i64) -> Millis {
-    (us + 999).div_euclid(1_000)
+    us.saturating_add(999).div_euclid(1_000)
 }
 
 /// The reservation as a pure function: the state after it and what it got, or the state
@@ -99,19 +109,19 @@ pub fn apply_reserve(
     current: Option<Booked>,
     req: &ReserveRequest,
 ) -> (Option<Booked>, Reservation) {
-    let now_us = req.now * 1_000;
+    let now_us = req.now.saturating_mul(1_000);
     let current_or_idle = current.unwrap_or_default();
     let from_r = current_or_idle.requests_us.max(now_us);
     let from_t = current_or_idle.tokens_us.max(now_us);
     let start_us = from_r.max(from_t);
-    if start_us > (req.now + req.horizon_ms) * 1_000 {
+    if start_us > req.horizon_end_us() {
         let until = ceil_ms(start_us);
         return (current, Reservation::Booked { until });
     }
     let (cost_r, cost_t) = req.limits.cost_us(req.requests, req.tokens);
     let next = Booked {
-        requests_us: from_r + cost_r,
-        tokens_us: from_t + cost_t,
+        requests_us: from_r.saturating_add(cost_r),
+        tokens_us: from_t.saturating_add(cost_t),
     };
     (
         Some(next),
@@ -125,6 +135,18 @@ pub fn apply_reserve(
 pub trait CallSchedule: Send + Sync + std::fmt::Debug {
     /// Reserves a chunk of calls (one conditional write in the busy case).
     fn reserve(&self, req: ReserveRequest) -> BoxFuture<'_, Result<Reservation, LedgerError>>;
+
+    /// Until when the schedule `key` is booked, read without writing (an eventually consistent
+    /// read, a tenth of a refused write's price): how a writer refused before learns whether
+    /// asking again could succeed.
+    fn peek<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<Booked>, LedgerError>>;
+}
+
+impl Booked {
+    /// When a reservation made at `now` would start.
+    pub fn start_at(self, now: Millis) -> Millis {
+        ceil_ms(self.requests_us.max(self.tokens_us)).max(now)
+    }
 }
 
 /// Schedules in memory, with the same arithmetic under one lock.
@@ -156,6 +178,11 @@ impl CallSchedule for MemorySchedule {
             items.insert(req.key.clone(), next);
         }
         Box::pin(std::future::ready(Ok(got)))
+    }
+
+    fn peek<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<Booked>, LedgerError>> {
+        let items = self.items.lock().unwrap_or_else(|p| p.into_inner());
+        Box::pin(std::future::ready(Ok(items.get(key).copied())))
     }
 }
 
@@ -204,6 +231,24 @@ mod tests {
         let (after, got) = apply_reserve(state.take(), &req(0, 1, 0));
         assert_eq!(got, Reservation::Booked { until: 10_000 });
         assert_eq!(after, before);
+    }
+
+    #[test]
+    fn extreme_values_saturate_instead_of_overflowing() {
+        let huge = ReserveRequest {
+            limits: Limits { rpm: 1, tpm: 1 },
+            requests: u64::MAX,
+            tokens: u64::MAX,
+            now: Millis::MAX / 2,
+            horizon_ms: Millis::MAX,
+            ..req(0, 0, 0)
+        };
+        let (next, got) = apply_reserve(None, &huge);
+        assert!(matches!(got, Reservation::Granted { .. }));
+        let next = next.expect("booked");
+        assert_eq!(next.requests_us, i64::MAX);
+        let (_, again) = apply_reserve(Some(next), &req(0, 1, 1));
+        assert!(matches!(again, Reservation::Booked { .. }));
     }
 
     #[test]

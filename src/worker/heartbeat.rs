@@ -458,13 +458,19 @@ impl<L: JobLedger, V: VisibilityControl, C: Clock> Heartbeat<'_, L, V, C> {
     }
 
     async fn renew_leases(&self) {
+        // A lease that still holds past three more ticks (and the skew margin) is left for a
+        // later tick: it would survive two renewals in a row going wrong meanwhile. A call
+        // claimed just before a tick costs no renewal then.
+        let now = self.clock.now_ms();
+        let s = self.settings;
+        let ample = now.saturating_add(3 * s.heartbeat_ms + s.skew_ms);
         let leases: Vec<(usize, String, u64)> = {
             let entries = self.flights.lock();
             entries
                 .iter()
                 .enumerate()
                 .filter_map(|(i, f)| match &f.stage {
-                    Stage::Running(l) if !l.cancel.is_cancelled() => {
+                    Stage::Running(l) if !l.cancel.is_cancelled() && l.lease_until <= ample => {
                         Some((i, l.job_id.clone(), l.epoch))
                     }
                     _ => None,

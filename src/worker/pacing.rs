@@ -26,8 +26,10 @@ use crate::ledger::schedule::{CallSchedule, Limits, Reservation, ReserveRequest}
 /// lost (it was the provider's for that moment).
 const CREDIT_LIFE_MS: Millis = 10_000;
 
-/// The least time between two reservations of one environment after one was refused.
+/// The least time between two reservations of one environment after one was refused; it
+/// doubles with each refusal in a row, up to the most.
 const MIN_RESERVATION_GAP_MS: Millis = 2_000;
+const MAX_RESERVATION_GAP_MS: Millis = 30_000;
 
 /// The adaptive limit is halved at most this often.
 const DECREASE_EVERY_MS: Millis = 1_000;
@@ -79,6 +81,8 @@ struct State {
     /// `next_reservation` (a refused one tells the horizon is full).
     booked_until: Millis,
     next_reservation: Millis,
+    /// Reservations refused in a row: the gap before the next one doubles with each.
+    refusals: u32,
     /// The tokens a call of this environment is expected to be charged, on average.
     mean_tokens: f64,
     /// Records waiting for capacity here now: a chunk is sized to them, since capacity not
@@ -128,6 +132,7 @@ impl Pacer {
                 credit_until: 0,
                 booked_until: 0,
                 next_reservation: 0,
+                refusals: 0,
                 mean_tokens: 0.0,
                 waiting: 0,
             }),
@@ -237,7 +242,7 @@ impl Pacer {
         let now = clock.now_ms();
         // A chunk of calls, with the tokens calls here are charged on average, less what is
         // left (or plus the debt).
-        let (chunk, chunk_tokens) = {
+        let (chunk, chunk_tokens, refused_before) = {
             let mut st = self.lock();
             let chunk = st.waiting.clamp(1, self.settings.chunk.max(1));
             if st.credit_until <= now {
@@ -252,14 +257,26 @@ impl Pacer {
                 // Another record was just refused: so would we be.
                 return Err((st.booked_until - now).max(1));
             }
+
             st.mean_tokens = if st.mean_tokens == 0.0 {
                 tokens as f64
             } else {
                 0.9 * st.mean_tokens + 0.1 * tokens as f64
             };
             let tokens = ((st.mean_tokens * chunk as f64) as i64 - st.tokens).max(0) as u64;
-            (chunk, tokens)
+            (chunk, tokens, st.refusals > 0)
         };
+        let horizon_end = until.max(now);
+        if refused_before {
+            // Refused last time: a read tells whether a write could succeed now, at a tenth
+            // of a refused write's price.
+            if let Ok(Some(booked)) = schedule.peek(&self.settings.key).await {
+                let start = booked.start_at(now);
+                if start > horizon_end {
+                    return Err(self.refused(now, start));
+                }
+            }
+        }
         let req = ReserveRequest {
             key: self.settings.key.clone(),
             limits: self.settings.limits,
@@ -272,19 +289,13 @@ impl Pacer {
             Ok(Reservation::Granted { start }) => {
                 sleep_until(clock, start).await;
                 let mut st = self.lock();
+                st.refusals = 0;
                 st.credits += chunk;
                 st.tokens += chunk_tokens as i64;
-                st.credit_until = start + CREDIT_LIFE_MS;
+                st.credit_until = start.saturating_add(CREDIT_LIFE_MS);
                 Ok(())
             }
-            Ok(Reservation::Booked { until: booked }) => {
-                let mut st = self.lock();
-                st.booked_until = booked;
-                // The horizon is full: ask again once some of it has passed.
-                st.next_reservation =
-                    now + (booked - now - self.settings.horizon_ms).max(MIN_RESERVATION_GAP_MS);
-                Err((booked - now).max(1))
-            }
+            Ok(Reservation::Booked { until: booked }) => Err(self.refused(now, booked)),
             Err(e) => {
                 tracing::warn!(error = %e, "reserving provider capacity failed; calling without it");
                 let mut st = self.lock();
@@ -293,6 +304,20 @@ impl Pacer {
                 Ok(())
             }
         }
+    }
+
+    /// The capacity is booked until `booked`, past the horizon: no reservation is tried again
+    /// before some of it has passed, and less often while the refusals go on (others are
+    /// getting the capacity meanwhile). Returns the record's wait.
+    fn refused(&self, now: Millis, booked: Millis) -> Millis {
+        let mut st = self.lock();
+        st.booked_until = booked;
+        let backoff = (MIN_RESERVATION_GAP_MS << st.refusals.min(5)).min(MAX_RESERVATION_GAP_MS);
+        st.refusals += 1;
+        let wait = booked.saturating_sub(now).max(1);
+        st.next_reservation =
+            now.saturating_add(wait.saturating_sub(self.settings.horizon_ms).max(backoff));
+        wait
     }
 
     /// The provider answered a call: the limit grows by one over a window of answers.
@@ -397,7 +422,7 @@ mod tests {
             horizon_ms: 0,
         };
         assert!(matches!(
-            schedule.reserve(booked).await,
+            schedule.reserve(booked.clone()).await,
             Ok(Reservation::Granted { .. })
         ));
         let settings = PacingSettings {
@@ -417,11 +442,23 @@ mod tests {
             Some(120_000)
         );
         assert_eq!(schedule.writes(), 2);
-        // Once the booked time is within the horizon, a chunk is reserved and used.
+        // Meanwhile others book two more minutes. Having been refused, the environment reads
+        // before it writes again, and finds the capacity still booked: no write.
+        let more = ReserveRequest {
+            now: T + 1_000,
+            horizon_ms: 3_600_000,
+            ..booked
+        };
+        assert!(schedule.reserve(more).await.is_ok());
         clock.advance(115_000);
+        let later = pacer.admit(0, &clock, Millis::MAX).await;
+        assert_eq!(later.err(), Some(125_000));
+        assert_eq!(schedule.writes(), 3);
+        // Once the booked time is within the horizon, a chunk is reserved and used.
+        clock.advance(120_000);
         let permit = pacer.admit(0, &clock, Millis::MAX).await;
         assert!(permit.is_ok());
-        assert_eq!(schedule.writes(), 3);
+        assert_eq!(schedule.writes(), 4);
     }
 
     #[test]

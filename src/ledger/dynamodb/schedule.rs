@@ -77,7 +77,7 @@ impl DynamoLedger {
                 UpdateItemError::ConditionalCheckFailedException(refused) => match refused.item() {
                     Some(item) => Ok(Sent::Refused(booked(item))),
                     // Some emulators omit the item: a consistent read tells.
-                    None => self.read_schedule(key).await.map(Sent::Refused),
+                    None => self.read_schedule(key, true).await.map(Sent::Refused),
                 },
                 other => Err(classify("reserve", other.code())),
             },
@@ -87,13 +87,17 @@ impl DynamoLedger {
 }
 
 impl DynamoLedger {
-    async fn read_schedule(&self, key: &str) -> Result<Option<Booked>, LedgerError> {
+    async fn read_schedule(
+        &self,
+        key: &str,
+        consistent: bool,
+    ) -> Result<Option<Booked>, LedgerError> {
         let out = self
             .client
             .get_item()
             .table_name(&self.table)
             .key("job_id", AttributeValue::S(key.to_owned()))
-            .consistent_read(true)
+            .consistent_read(consistent)
             .send()
             .await
             .map_err(|e| sdk_error("reserve", &e))?;
@@ -112,6 +116,13 @@ impl CallSchedule for DynamoLedger {
     fn reserve(&self, req: ReserveRequest) -> BoxFuture<'_, Result<Reservation, LedgerError>> {
         Box::pin(self.reserve_chunk(req))
     }
+
+    fn peek<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<Booked>, LedgerError>> {
+        Box::pin(async move {
+            let key = format!("{SCHEDULE_KEY_PREFIX}{key}");
+            self.read_schedule(&key, false).await
+        })
+    }
 }
 
 impl DynamoLedger {
@@ -129,8 +140,8 @@ impl DynamoLedger {
                     (":cr", n(cost_r)),
                     (":ct", n(cost_t)),
                     (":exp", expires.clone()),
-                    (":now", n(req.now * 1_000)),
-                    (":h", n((req.now + req.horizon_ms) * 1_000)),
+                    (":now", n(req.now.saturating_mul(1_000))),
+                    (":h", n(req.horizon_end_us())),
                 ],
             )
             .await?;
@@ -140,7 +151,8 @@ impl DynamoLedger {
                     job_id: key.clone(),
                     detail: "schedule item without its bookings".to_owned(),
                 })?;
-                let start_us = (after.requests_us - cost_r).max(after.tokens_us - cost_t);
+                let start_us = (after.requests_us.saturating_sub(cost_r))
+                    .max(after.tokens_us.saturating_sub(cost_t));
                 return Ok(Reservation::Granted {
                     start: ceil_ms(start_us).max(req.now),
                 });
