@@ -177,10 +177,17 @@ impl Pacer {
         clock: &dyn Clock,
         latest: Millis,
     ) -> Result<Permit<'_>, Millis> {
+        // Counted while it waits, however the wait ends (a batch cut short drops it).
+        struct Waiting<'a>(&'a Pacer);
+        impl Drop for Waiting<'_> {
+            fn drop(&mut self) {
+                let mut st = self.0.lock();
+                st.waiting = st.waiting.saturating_sub(1);
+            }
+        }
         self.lock().waiting += 1;
-        let admitted = self.admit_one(tokens, clock, latest).await;
-        self.lock().waiting -= 1;
-        admitted
+        let _waiting = Waiting(self);
+        self.admit_one(tokens, clock, latest).await
     }
 
     async fn admit_one(
@@ -189,7 +196,7 @@ impl Pacer {
         clock: &dyn Clock,
         latest: Millis,
     ) -> Result<Permit<'_>, Millis> {
-        let until = latest.min(clock.now_ms() + self.settings.horizon_ms);
+        let until = latest.min(clock.now_ms().saturating_add(self.settings.horizon_ms));
         loop {
             let now = clock.now_ms();
             let (wait_for, need_credit) = {
@@ -212,7 +219,7 @@ impl Pacer {
                     return Err(st.paused_until - now);
                 }
                 if !credit && st.next_reservation > now {
-                    return Err((st.booked_until - now).max(1));
+                    return Err(st.booked_until.saturating_sub(now).max(1));
                 }
                 (st.paused_until.max(now), !credit)
             };
@@ -255,9 +262,8 @@ impl Pacer {
             }
             if st.next_reservation > now {
                 // Another record was just refused: so would we be.
-                return Err((st.booked_until - now).max(1));
+                return Err(st.booked_until.saturating_sub(now).max(1));
             }
-
             st.mean_tokens = if st.mean_tokens == 0.0 {
                 tokens as f64
             } else {
