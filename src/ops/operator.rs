@@ -135,6 +135,7 @@ pub fn to_json(record: &JobRecord, with_result: bool) -> Value {
         "deadline_at": format_rfc3339_ms(record.deadline_at),
         "attempts": record.attempts,
         "max_attempts": record.max_attempts,
+        "throttles": record.throttles,
         "contract": record.contract,
         "input_digest": record.input_digest,
         "attempt_log": attempts,
@@ -177,6 +178,15 @@ pub fn to_text(record: &JobRecord, with_result: bool) -> String {
         "attempts",
         format!("{} of {}", record.attempts, record.max_attempts),
     );
+    if record.throttles > 0 {
+        line(
+            "throttles",
+            format!(
+                "{} (refused for the rate limit; no attempt spent)",
+                record.throttles
+            ),
+        );
+    }
     line("contract", record.contract.clone());
     line("digest", record.input_digest.clone());
     if let Some(e) = &record.last_error {
@@ -428,6 +438,26 @@ mod tests {
             },
         };
         assert!(matches!(ledger.finish(end).await, Ok(Write::Applied(_))));
+    }
+
+    #[test]
+    fn throttles_are_shown_when_there_were_any() {
+        let job = NewJob {
+            job_id: "busy".into(),
+            input_digest: "d".into(),
+            contract: "c".into(),
+            input: "{}".into(),
+            input_ref: None,
+            metadata: None,
+            deadline_at: 10_000_000,
+            max_attempts: 3,
+            expires_at: 0,
+        };
+        let mut record = job.into_record(JobState::RetryAuthorized, 1_000);
+        assert!(!to_text(&record, false).contains("throttles"));
+        record.throttles = 2;
+        assert!(to_text(&record, false).contains("throttles     2 (refused for the rate limit"));
+        assert_eq!(to_json(&record, false)["throttles"], 2);
     }
 
     #[tokio::test]
