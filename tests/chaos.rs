@@ -48,6 +48,7 @@ fn fixed_seeds_keep_every_invariant_under_every_fault() {
         "poison_message",
         "dlq_send_failure",
         "pause_after_claim",
+        "provider_throttle",
         "reconciler_resent",
     ] {
         assert!(seen.contains(kind), "{kind} never injected: {seen:?}");

@@ -9,39 +9,13 @@ use fenced_jobs::job::decision::SettleReason;
 use fenced_jobs::job::{Expect, JobRecord, JobState, NewJob, attention_key};
 use fenced_jobs::ledger::memory::InMemoryLedger;
 use fenced_jobs::ledger::{
-    AttemptEnd, ClaimRequest, CreateRequest, DecideRequest, EnqueuedRequest, FinishRequest,
-    JobLedger, OperatorAction, RecordRefRequest, RecoverRequest, SettleFrom, SettleRequest, Write,
+    AttemptEnd, CreateRequest, DecideRequest, EnqueuedRequest, FinishRequest, JobLedger,
+    OperatorAction, RecordRefRequest, RecoverRequest, SettleFrom, SettleRequest, Write,
 };
 
+use common::{claim, new_job as job};
+
 const T: i64 = 1_800_000_000_000;
-
-fn job(id: &str, digest: &str, max_attempts: u32, deadline_at: i64) -> NewJob {
-    NewJob {
-        job_id: id.into(),
-        input_digest: digest.into(),
-        contract: "summary.v1".into(),
-        input: r#"{"model":"m","prompt":"p"}"#.into(),
-        input_ref: None,
-        metadata: Some(r#"{"trace":"t-1"}"#.into()),
-        deadline_at,
-        max_attempts,
-        expires_at: deadline_at / 1000 + 86_400,
-    }
-}
-
-fn claim(job: &NewJob, expect: Expect, owner: &str, now: i64) -> ClaimRequest {
-    ClaimRequest {
-        job: job.clone(),
-        expect,
-        owner_id: owner.into(),
-        now,
-        lease_until: now + 60_000,
-        provider_ref: Some(format!("ref:{}/{}", job.job_id, expect.attempts + 1)),
-        // A fresh claim tries the whole-item write first, which must keep the same contract
-        // whether the item is absent or a producer's untouched one.
-        first_sight: expect == Expect::FRESH,
-    }
-}
 
 fn finish(id: &str, epoch: u64, attempt: u32, now: i64, end: AttemptEnd) -> FinishRequest {
     FinishRequest {

@@ -4,48 +4,24 @@
 
 mod common;
 
+use common::{claim, new_job};
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use fenced_jobs::clock::{Clock, ManualClock};
-use fenced_jobs::job::{Expect, JobState, Millis, NewJob, RecordOutcome, parse_body};
+use fenced_jobs::job::{Expect, Failure, JobState, Millis, RecordOutcome, parse_body};
 use fenced_jobs::ledger::memory::InMemoryLedger;
 use fenced_jobs::ledger::schedule::{
     CallSchedule, Limits, MemorySchedule, Reservation, ReserveRequest,
 };
-use fenced_jobs::ledger::{AttemptEnd, ClaimRequest, FinishRequest, JobLedger, Write};
+use fenced_jobs::ledger::{AttemptEnd, FinishRequest, JobLedger, Write};
 use fenced_jobs::provider::{Answer, Provider, ProviderError, ProviderRequest};
 use fenced_jobs::worker::Settings;
 use fenced_jobs::worker::processor::{AttemptWatch, Invocation, Processor};
 use tokio_util::sync::CancellationToken;
 
 const T: i64 = 1_800_000_000_000;
-
-fn new_job(id: &str, max_attempts: u32) -> NewJob {
-    NewJob {
-        job_id: id.into(),
-        input_digest: "d".into(),
-        contract: "summary.v1".into(),
-        input: r#"{"model":"m","prompt":"p"}"#.into(),
-        input_ref: None,
-        metadata: None,
-        deadline_at: T + 3_600_000,
-        max_attempts,
-        expires_at: T / 1000 + 86_400,
-    }
-}
-
-fn claim(job: &NewJob, expect: Expect, owner: &str, now: i64) -> ClaimRequest {
-    ClaimRequest {
-        job: job.clone(),
-        expect,
-        owner_id: owner.into(),
-        now,
-        lease_until: now + 60_000,
-        provider_ref: None,
-        first_sight: expect == Expect::FRESH,
-    }
-}
 
 fn throttled(id: &str, epoch: u64, attempt: u32, now: i64) -> FinishRequest {
     FinishRequest {
@@ -75,7 +51,7 @@ fn line(w: Write) -> String {
 }
 
 async fn story<L: JobLedger>(ledger: &L) -> Vec<String> {
-    let job = new_job("throttled", 1);
+    let job = new_job("throttled", "d", 1, T + 3_600_000);
     let id = job.job_id.as_str();
     let mut log = Vec::new();
     let mut step = |w: Result<Write, _>| log.push(line(w.expect("ledger call")));
@@ -256,11 +232,18 @@ async fn a_job_refused_by_429s_more_often_than_its_budget_still_runs_and_counts_
         let processed = processor
             .process(&msg, &format!("w{delivery}"), &inv, &NoWatch)
             .await;
-        outcomes.push(processed.outcome.label());
+        outcomes.push(processed.outcome);
         // The wait the provider asked for (60 s, past the in-process horizon) passes.
         clock.0.advance(61_000);
     }
-    assert_eq!(outcomes, ["backoff", "backoff", "backoff", "succeeded"]);
+    // Given back, each refused delivery waits for capacity (the provider's Retry-After), not a
+    // backoff that grows with the receives.
+    let labels: Vec<&str> = outcomes.iter().map(RecordOutcome::label).collect();
+    assert_eq!(labels, ["paced", "paced", "paced", "succeeded"]);
+    assert_eq!(
+        outcomes[0],
+        RecordOutcome::Failed(Failure::Paced { wait_ms: 60_000 })
+    );
     let item = ledger.get("busy").await.expect("get").expect("item");
     assert_eq!(item.state, JobState::Succeeded);
     assert_eq!(

@@ -22,10 +22,7 @@ use fenced_jobs::ledger::memory::InMemoryLedger;
 use fenced_jobs::ledger::schedule::{
     Booked, CallSchedule, Limits, MemorySchedule, Reservation, ReserveRequest,
 };
-use fenced_jobs::ledger::{
-    ClaimRequest, CreateRequest, DecideRequest, EnqueuedRequest, FinishRequest, JobLedger,
-    LedgerError, RecordRefRequest, RecoverRequest, RenewRequest, SettleRequest, Write,
-};
+use fenced_jobs::ledger::{JobLedger, LedgerError};
 use fenced_jobs::provider::{Answer, Provider, ProviderError, ProviderRequest};
 use fenced_jobs::queue::{ChangeResult, ChangeResults, VisibilityChange, VisibilityControl};
 use fenced_jobs::worker::Settings;
@@ -33,7 +30,7 @@ use fenced_jobs::worker::handler::BatchHandler;
 use fenced_jobs::worker::pacing::{Pacer, PacingSettings};
 use fenced_jobs::worker::processor::{Invocation, Processor};
 
-use crate::sim::VirtualClock;
+use crate::sim::{VirtualClock, listed};
 
 const QUEUE_ARN: &str = "arn:aws:sqs:us-east-1:123456789012:scale";
 
@@ -107,17 +104,15 @@ pub struct ScaleReport {
     /// Records delivered.
     pub deliveries: u64,
     /// Ledger writes (schedule reservations and conditional writes refused included: they
-    /// cost a unit too) and reads (schedule peeks included).
+    /// cost a unit too), and reads of the schedule (eventually consistent).
     pub ledger_writes: u64,
     /// See `ledger_writes`.
-    pub ledger_reads: u64,
+    pub schedule_reads: u64,
     /// SQS requests: receives (one per invocation), deletes (batches of 10) and visibility
     /// changes (batches of 10).
     pub sqs_requests: u64,
     /// Reservations of the shared schedule: granted, the calls they granted, and refused.
     pub reservations: (u64, u64, u64),
-    /// Job writes by operation.
-    pub writes_by_operation: BTreeMap<&'static str, u64>,
 }
 
 impl ScaleReport {
@@ -149,12 +144,7 @@ impl ScaleReport {
             config.call_ms.0,
             config.call_ms.1
         );
-        let states: Vec<String> = self
-            .end_states
-            .iter()
-            .map(|(k, v)| format!("{k} {v}"))
-            .collect();
-        println!("  jobs ending: {}", states.join(", "));
+        println!("  jobs ending: {}", listed(&self.end_states));
         println!(
             "  goodput {:.1} % of the limit; 429s {:.1} % of calls ({:.3} per accepted answer); failed or expired by throttling alone: {}",
             100.0 * self.goodput(config),
@@ -172,19 +162,13 @@ impl ScaleReport {
             "  reservations: {} granted for {} calls, {} refused (horizon full)",
             self.reservations.0, self.reservations.1, self.reservations.2
         );
-        let writes: Vec<String> = self
-            .writes_by_operation
-            .iter()
-            .map(|(k, v)| format!("{k} {:.3}", per_job(*v)))
-            .collect();
-        println!("  job writes per job: {}", writes.join(", "));
         println!(
-            "  per job: {:.3} invocations, {:.2} invocation-s, {:.2} deliveries, {:.2} ledger writes, {:.2} ledger reads, {:.2} SQS requests",
+            "  per job: {:.3} invocations, {:.2} invocation-s, {:.2} deliveries, {:.2} ledger writes, {:.2} schedule reads, {:.2} SQS requests",
             per_job(self.invocations),
             per_job(self.invocation_ms) / 1_000.0,
             per_job(self.deliveries),
             per_job(self.ledger_writes),
-            per_job(self.ledger_reads),
+            per_job(self.schedule_reads),
             per_job(self.sqs_requests)
         );
     }
@@ -196,9 +180,6 @@ struct Counters {
     executed: AtomicU64,
     throttled: AtomicU64,
     tokens: AtomicU64,
-    writes: AtomicU64,
-    reads: AtomicU64,
-    by_operation: Mutex<BTreeMap<&'static str, u64>>,
     sqs: AtomicU64,
 }
 
@@ -333,68 +314,7 @@ impl VisibilityControl for ScaleVisibility {
 }
 
 // ---------------------------------------------------------------------------------------------
-// DynamoDB: the shared table, every request counted
-
-#[derive(Clone)]
-struct CountingLedger {
-    table: Arc<InMemoryLedger>,
-    counters: Arc<Counters>,
-}
-
-impl CountingLedger {
-    async fn write<T>(
-        &self,
-        operation: &'static str,
-        f: impl std::future::Future<Output = T>,
-    ) -> T {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-        self.counters.writes.fetch_add(1, Ordering::Relaxed);
-        *self
-            .counters
-            .by_operation
-            .lock()
-            .expect("operations")
-            .entry(operation)
-            .or_default() += 1;
-        f.await
-    }
-}
-
-impl JobLedger for CountingLedger {
-    async fn claim(&self, req: ClaimRequest) -> Result<Write, LedgerError> {
-        self.write("claim", self.table.claim(req)).await
-    }
-    async fn finish(&self, req: FinishRequest) -> Result<Write, LedgerError> {
-        self.write("finish", self.table.finish(req)).await
-    }
-    async fn settle(&self, req: SettleRequest) -> Result<Write, LedgerError> {
-        self.write("settle", self.table.settle(req)).await
-    }
-    async fn recover(&self, req: RecoverRequest) -> Result<Write, LedgerError> {
-        self.write("recover", self.table.recover(req)).await
-    }
-    async fn renew(&self, req: RenewRequest) -> Result<Write, LedgerError> {
-        self.write("renew", self.table.renew(req)).await
-    }
-    async fn create(&self, req: CreateRequest) -> Result<Write, LedgerError> {
-        self.write("create", self.table.create(req)).await
-    }
-    async fn mark_enqueued(&self, req: EnqueuedRequest) -> Result<Write, LedgerError> {
-        self.write("mark_enqueued", self.table.mark_enqueued(req))
-            .await
-    }
-    async fn record_ref(&self, req: RecordRefRequest) -> Result<Write, LedgerError> {
-        self.write("record_ref", self.table.record_ref(req)).await
-    }
-    async fn decide(&self, req: DecideRequest) -> Result<Write, LedgerError> {
-        self.write("decide", self.table.decide(req)).await
-    }
-    async fn get(&self, job_id: &str) -> Result<Option<fenced_jobs::job::JobRecord>, LedgerError> {
-        tokio::time::sleep(Duration::from_millis(3)).await;
-        self.counters.reads.fetch_add(1, Ordering::Relaxed);
-        self.table.get(job_id).await
-    }
-}
+// DynamoDB: the shared table (the in-memory ledger counts its writes) and the schedule
 
 /// The shared schedule in memory, its reservations counted.
 #[derive(Debug, Default)]
@@ -605,10 +525,6 @@ pub async fn run(config: &ScaleConfig) -> ScaleReport {
         call_ms: config.call_ms,
         admitted: Arc::new(Mutex::new(HashMap::new())),
     };
-    let ledger = CountingLedger {
-        table: Arc::clone(&table),
-        counters: Arc::clone(&counters),
-    };
     let schedule = Arc::new(CountingSchedule::default());
     let limits = config
         .schedule_share
@@ -633,7 +549,7 @@ pub async fn run(config: &ScaleConfig) -> ScaleReport {
         );
         let handler = BatchHandler::new(
             Processor::new(
-                ledger.clone(),
+                Arc::clone(&table),
                 provider.clone(),
                 clock.clone(),
                 settings(config),
@@ -724,13 +640,11 @@ pub async fn run(config: &ScaleConfig) -> ScaleReport {
         invocations: invocations.load(Ordering::Relaxed),
         invocation_ms: invocation_ms.load(Ordering::Relaxed),
         deliveries: deliveries.load(Ordering::Relaxed),
-        ledger_writes: counters.writes.load(Ordering::Relaxed) + schedule.schedule.writes(),
-        ledger_reads: counters.reads.load(Ordering::Relaxed)
-            + schedule.peeks.load(Ordering::Relaxed),
+        ledger_writes: table.writes() + schedule.schedule.writes(),
+        schedule_reads: schedule.peeks.load(Ordering::Relaxed),
         sqs_requests: counters.sqs.load(Ordering::Relaxed),
         ..ScaleReport::default()
     };
-    report.writes_by_operation = counters.by_operation.lock().expect("operations").clone();
     report.reservations = (
         schedule.granted.load(Ordering::Relaxed),
         schedule.granted_calls.load(Ordering::Relaxed),

@@ -23,8 +23,8 @@ use fenced_jobs::job::{AttemptOutcome, BlobRef, JobRecord, JobState, Millis, par
 use fenced_jobs::ledger::LedgerIndex;
 use fenced_jobs::ledger::memory::InMemoryLedger;
 use fenced_jobs::ledger::{
-    ClaimRequest, CreateRequest, DecideRequest, EnqueuedRequest, FinishRequest, JobLedger,
-    LedgerError, RecordRefRequest, RecoverRequest, RenewRequest, SettleRequest, Write,
+    AttemptEnd, ClaimRequest, CreateRequest, DecideRequest, EnqueuedRequest, FinishRequest,
+    JobLedger, LedgerError, RecordRefRequest, RecoverRequest, RenewRequest, SettleRequest, Write,
 };
 use fenced_jobs::provider::{Answer, Provider, ProviderError, ProviderRequest, Retrieval};
 use fenced_jobs::queue::{
@@ -72,8 +72,11 @@ pub struct FaultRates {
     pub ddb_throttle: f64,
     /// A ledger call times out: applied or not, the response is lost.
     pub ddb_timeout: f64,
-    /// The provider refuses before doing the work (429/5xx).
+    /// The provider refuses before doing the work with a 503.
     pub provider_transient: f64,
+    /// The provider refuses for its rate limit before doing the work (a 429 with
+    /// `Retry-After`): the attempt must be given back, never spent.
+    pub provider_throttle: f64,
     /// The provider rejects the request for good.
     pub provider_permanent: f64,
     /// The provider never answers.
@@ -124,7 +127,8 @@ impl FaultRates {
             pause: 0.05,
             ddb_throttle: 0.01,
             ddb_timeout: 0.01,
-            provider_transient: 0.05,
+            provider_transient: 0.03,
+            provider_throttle: 0.05,
             provider_permanent: 0.01,
             provider_hang: 0.005,
             connection_lost: 0.02,
@@ -649,6 +653,17 @@ impl JobLedger for SimLedger {
     async fn finish(&self, req: FinishRequest) -> Result<Write, LedgerError> {
         let id = req.job_id.clone();
         let epoch = req.epoch;
+        // A refusal for the rate limit proves nothing ran: it never spends an attempt.
+        if let AttemptEnd::RetryAuthorized { error } | AttemptEnd::FailedTerminal { error, .. } =
+            &req.end
+            && error.contains("HTTP 429")
+        {
+            self.world.violation(format!(
+                "{id}: attempt {} spent on a 429 ({})",
+                req.attempt,
+                req.end.target().as_str()
+            ));
+        }
         // What the table held just before: a write applied for anyone but the current owner
         // would be a stale result accepted.
         let apply = async {
@@ -929,8 +944,17 @@ impl Provider for SimProvider {
         if w.fault("provider_transient", w.rates.provider_transient) {
             tokio::time::sleep(Duration::from_millis(50)).await;
             return Err(ProviderError::Transient {
-                retry_after_ms: Some(1_000),
-                reason: "HTTP 429".into(),
+                retry_after_ms: None,
+                reason: "HTTP 503".into(),
+            });
+        }
+        if w.fault("provider_throttle", w.rates.provider_throttle) {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            // Now and then longer than the worker waits in process: the attempt is given back.
+            let retry_after_ms = if w.roll(0.1) { 30_000 } else { 1_000 };
+            return Err(ProviderError::Transient {
+                retry_after_ms: Some(retry_after_ms),
+                reason: "HTTP 429 (rate limit)".into(),
             });
         }
         self.check_attempt(req).await;
@@ -1533,6 +1557,12 @@ pub fn run_blocking(config: &ChaosConfig) -> ChaosReport {
     runtime.block_on(run(config))
 }
 
+/// Counts by name, as printed: `name count, name count`.
+pub fn listed<K: std::fmt::Display>(counts: &BTreeMap<K, u64>) -> String {
+    let items: Vec<String> = counts.iter().map(|(k, v)| format!("{k} {v}")).collect();
+    items.join(", ")
+}
+
 impl ChaosReport {
     /// The figures, as printed by `make chaos`.
     pub fn print(&self, config: &ChaosConfig) {
@@ -1545,22 +1575,12 @@ impl ChaosReport {
             self.deliveries,
             self.virtual_ms as f64 / 3_600_000.0
         );
-        let faults: Vec<String> = self
-            .faults
-            .iter()
-            .map(|(k, v)| format!("{k} {v}"))
-            .collect();
-        println!("  faults injected: {}", faults.join(", "));
+        println!("  faults injected: {}", listed(&self.faults));
         println!(
             "  provider executions per job: mean {:.3}, max {}",
             self.executions_mean, self.executions_max
         );
-        let states: Vec<String> = self
-            .end_states
-            .iter()
-            .map(|(k, v)| format!("{k} {v}"))
-            .collect();
-        println!("  jobs ending: {}", states.join(", "));
+        println!("  jobs ending: {}", listed(&self.end_states));
         println!("  invariant violations: {}", self.violations.len());
         for v in self.violations.iter().take(20) {
             println!("    {v}");

@@ -406,8 +406,8 @@ mod tests {
     use crate::ledger::{AttemptEnd, ClaimRequest, FinishRequest};
     use crate::queue::RecordingTriggers;
 
-    async fn unknown_job(ledger: &impl JobLedger, job_id: &str) {
-        let job = NewJob {
+    fn new_job(job_id: &str) -> NewJob {
+        NewJob {
             job_id: job_id.to_owned(),
             input_digest: "d".into(),
             contract: "c".into(),
@@ -417,9 +417,12 @@ mod tests {
             deadline_at: 10_000_000,
             max_attempts: 3,
             expires_at: 0,
-        };
+        }
+    }
+
+    async fn unknown_job(ledger: &impl JobLedger, job_id: &str) {
         let claim = ClaimRequest {
-            job,
+            job: new_job(job_id),
             expect: crate::job::Expect::FRESH,
             owner_id: "w".into(),
             now: 1_000,
@@ -442,18 +445,7 @@ mod tests {
 
     #[test]
     fn throttles_are_shown_when_there_were_any() {
-        let job = NewJob {
-            job_id: "busy".into(),
-            input_digest: "d".into(),
-            contract: "c".into(),
-            input: "{}".into(),
-            input_ref: None,
-            metadata: None,
-            deadline_at: 10_000_000,
-            max_attempts: 3,
-            expires_at: 0,
-        };
-        let mut record = job.into_record(JobState::RetryAuthorized, 1_000);
+        let mut record = new_job("busy").into_record(JobState::RetryAuthorized, 1_000);
         assert!(!to_text(&record, false).contains("throttles"));
         record.throttles = 2;
         assert!(to_text(&record, false).contains("throttles     2 (refused for the rate limit"));

@@ -101,16 +101,30 @@ pub struct Pacer {
     freed: tokio::sync::Notify,
 }
 
-/// A call may go: while it is held it counts as in flight.
+/// A call may go: while it is held it counts as in flight. Dropped unspent (the delivery found
+/// the job finished, or held by another owner), its leased call and tokens go back to the pool.
 #[derive(Debug)]
 pub struct Permit<'a> {
     pacer: &'a Pacer,
+    /// The leased call and tokens it took, if it took any.
+    leased: Option<i64>,
+}
+
+impl Permit<'_> {
+    /// The claim succeeded: the call is made under this permit, and its capacity is used.
+    pub fn spend(&mut self) {
+        self.leased = None;
+    }
 }
 
 impl Drop for Permit<'_> {
     fn drop(&mut self) {
         let mut st = self.pacer.lock();
         st.in_flight = st.in_flight.saturating_sub(1);
+        if let Some(tokens) = self.leased {
+            st.credits += 1;
+            st.tokens += tokens;
+        }
         drop(st);
         self.pacer.freed.notify_one();
     }
@@ -208,12 +222,16 @@ impl Pacer {
                 let credit = self.schedule.is_none() || st.credits >= 1;
                 let room = f64::from(st.in_flight) < st.limit.floor().max(1.0);
                 if st.paused_until <= now && credit && room {
-                    if self.schedule.is_some() {
+                    let leased = self.schedule.is_some().then_some(tokens as i64);
+                    if let Some(tokens) = leased {
                         st.credits -= 1;
-                        st.tokens -= tokens as i64;
+                        st.tokens -= tokens;
                     }
                     st.in_flight += 1;
-                    return Ok(Permit { pacer: self });
+                    return Ok(Permit {
+                        pacer: self,
+                        leased,
+                    });
                 }
                 if st.paused_until > until {
                     return Err(st.paused_until - now);
@@ -465,6 +483,26 @@ mod tests {
         let permit = pacer.admit(0, &clock, Millis::MAX).await;
         assert!(permit.is_ok());
         assert_eq!(schedule.writes(), 4);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_permit_not_spent_gives_its_call_back_to_the_pool() {
+        let schedule = Arc::new(MemorySchedule::new());
+        let settings = PacingSettings {
+            limits: Limits { rpm: 600, tpm: 0 },
+            chunk: 1,
+            ..sixteen()
+        };
+        let pacer = Pacer::new(settings, Some(schedule.clone() as Arc<dyn CallSchedule>));
+        let clock = ManualClock::at(T);
+        // A delivery that finds its job finished makes no call: its capacity is not lost.
+        drop(pacer.admit(0, &clock, Millis::MAX).await.expect("admitted"));
+        let mut permit = pacer.admit(0, &clock, Millis::MAX).await.expect("admitted");
+        assert_eq!(schedule.writes(), 1);
+        permit.spend();
+        drop(permit);
+        assert!(pacer.admit(0, &clock, Millis::MAX).await.is_ok());
+        assert_eq!(schedule.writes(), 2);
     }
 
     #[test]

@@ -10,8 +10,11 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use aws_sdk_sqs::types::QueueAttributeName;
 use fenced_jobs::clock::SystemClock;
+use fenced_jobs::job::{Expect, NewJob};
 use fenced_jobs::ledger::dynamodb::DynamoLedger;
-use fenced_jobs::ledger::{AttemptEnd, FinishRequest, JobLedger, RecoverRequest, Write};
+use fenced_jobs::ledger::{
+    AttemptEnd, ClaimRequest, FinishRequest, JobLedger, RecoverRequest, Write,
+};
 use fenced_jobs::provider::Provider;
 use fenced_jobs::provider::{Answer, ProviderError, ProviderRequest, SimulatedProvider};
 use fenced_jobs::queue::SqsVisibility;
@@ -436,4 +439,34 @@ pub fn spawn_frozen_worker(
             )
         })
     })
+}
+
+/// A job as a ledger test makes it.
+pub fn new_job(id: &str, digest: &str, max_attempts: u32, deadline_at: i64) -> NewJob {
+    NewJob {
+        job_id: id.into(),
+        input_digest: digest.into(),
+        contract: "summary.v1".into(),
+        input: r#"{"model":"m","prompt":"p"}"#.into(),
+        input_ref: None,
+        metadata: Some(r#"{"trace":"t-1"}"#.into()),
+        deadline_at,
+        max_attempts,
+        expires_at: deadline_at / 1000 + 86_400,
+    }
+}
+
+/// The claim of `job` by `owner`, expecting `expect`, with a one-minute lease.
+pub fn claim(job: &NewJob, expect: Expect, owner: &str, now: i64) -> ClaimRequest {
+    ClaimRequest {
+        job: job.clone(),
+        expect,
+        owner_id: owner.into(),
+        now,
+        lease_until: now + 60_000,
+        provider_ref: Some(format!("ref:{}/{}", job.job_id, expect.attempts + 1)),
+        // A fresh claim tries the whole-item write first, which must keep the same contract
+        // whether the item is absent or a producer's untouched one.
+        first_sight: expect == Expect::FRESH,
+    }
 }

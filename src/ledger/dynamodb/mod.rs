@@ -34,7 +34,7 @@ use super::{JobLedger, LedgerError, Write};
 use crate::job::{JobRecord, JobState, attention_key, finished_day};
 
 /// Attribute names, each used through a `#placeholder` (several are DynamoDB reserved words).
-const NAMES: [(&str, &str); 29] = [
+const NAMES: [(&str, &str); 31] = [
     ("#id", "job_id"),
     ("#state", "state"),
     ("#epoch", "owner_epoch"),
@@ -64,7 +64,16 @@ const NAMES: [(&str, &str); 29] = [
     ("#inref", "input_ref"),
     ("#fin", "finished_on"),
     ("#thr", "throttles"),
+    ("#booked_r", "booked_requests_us"),
+    ("#booked_t", "booked_tokens_us"),
 ];
+
+/// What a conditional `UpdateItem` did: the item after it (`ALL_NEW`), or the item before it
+/// when the condition refused it (`ALL_OLD`). Either may be missing from an emulator's answer.
+enum Updated {
+    Applied(Option<Item>),
+    Refused(Option<Item>),
+}
 
 /// The DynamoDB job ledger.
 #[derive(Debug, Clone)]
@@ -87,8 +96,8 @@ impl DynamoLedger {
         &self.table
     }
 
-    /// Sends one conditional `UpdateItem`. Only the placeholders the expressions use are sent
-    /// (DynamoDB rejects unused ones).
+    /// One conditional `UpdateItem` of a job's item: the index keys follow the state it sets
+    /// (`target`), and the item comes back decoded.
     async fn update(
         &self,
         operation: &'static str,
@@ -116,7 +125,33 @@ impl DynamoLedger {
                 None => update.push_str(" REMOVE #attn"),
             }
         }
-        let update = update.as_str();
+        match self
+            .send_update(operation, job_id, &update, condition, values)
+            .await?
+        {
+            Updated::Applied(Some(item)) => Ok(Write::Applied(decode(&item)?)),
+            // ALL_NEW always returns the item; an emulator that omits it gets one more read.
+            Updated::Applied(None) => match self.get(job_id).await? {
+                Some(record) => Ok(Write::Applied(record)),
+                None => Err(LedgerError::Corrupt {
+                    job_id: job_id.to_owned(),
+                    detail: "applied write left no item".to_owned(),
+                }),
+            },
+            Updated::Refused(old) => self.refused(job_id, old.as_ref()).await,
+        }
+    }
+
+    /// Sends one conditional `UpdateItem` on the item `key` (a job's, or a schedule's). Only
+    /// the placeholders the expressions use are sent (DynamoDB rejects unused ones).
+    async fn send_update(
+        &self,
+        operation: &'static str,
+        key: &str,
+        update: &str,
+        condition: &str,
+        values: Vec<(&str, AttributeValue)>,
+    ) -> Result<Updated, LedgerError> {
         let used: HashSet<&str> = placeholders(update)
             .chain(placeholders(condition))
             .collect();
@@ -135,7 +170,7 @@ impl DynamoLedger {
             .client
             .update_item()
             .table_name(&self.table)
-            .key("job_id", s(job_id))
+            .key("job_id", s(key))
             .update_expression(update)
             .condition_expression(condition)
             .set_expression_attribute_names(Some(names))
@@ -143,23 +178,13 @@ impl DynamoLedger {
             .return_values(ReturnValue::AllNew)
             .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
             .send()
-            .instrument(tracing::debug_span!("ledger", operation, job_id))
+            .instrument(tracing::debug_span!("ledger", operation, job_id = key))
             .await;
         match sent {
-            Ok(out) => match out.attributes() {
-                Some(item) => Ok(Write::Applied(decode(item)?)),
-                // ALL_NEW always returns the item; an emulator that omits it gets one more read.
-                None => match self.get(job_id).await? {
-                    Some(record) => Ok(Write::Applied(record)),
-                    None => Err(LedgerError::Corrupt {
-                        job_id: job_id.to_owned(),
-                        detail: "applied write left no item".to_owned(),
-                    }),
-                },
-            },
-            Err(SdkError::ServiceError(e)) => match e.err() {
+            Ok(out) => Ok(Updated::Applied(out.attributes)),
+            Err(SdkError::ServiceError(e)) => match e.into_err() {
                 UpdateItemError::ConditionalCheckFailedException(refused) => {
-                    self.refused(job_id, refused.item()).await
+                    Ok(Updated::Refused(refused.item))
                 }
                 other => Err(classify(operation, other.code())),
             },

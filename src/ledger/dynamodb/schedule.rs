@@ -6,17 +6,11 @@
 //! the horizon, the writer waits and nothing was written; idle (or no item yet), the writer
 //! computes the new state with [`apply_reserve`] and writes it conditional on the state it saw.
 
-use std::collections::HashMap;
-
+use aws_sdk_dynamodb::types::AttributeValue;
 use futures::future::BoxFuture;
 
-use aws_sdk_dynamodb::error::{ProvideErrorMetadata, SdkError};
-use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
-use aws_sdk_dynamodb::types::{AttributeValue, ReturnValue, ReturnValuesOnConditionCheckFailure};
-use tracing::Instrument;
-
-use super::item::{Item, get_n, n};
-use super::{DynamoLedger, classify, sdk_error, transport_error};
+use super::item::{Item, get_n, n, s};
+use super::{DynamoLedger, Updated, sdk_error};
 use crate::ledger::LedgerError;
 use crate::ledger::schedule::{
     Booked, CallSchedule, Reservation, ReserveRequest, SCHEDULE_KEY_PREFIX, apply_reserve, ceil_ms,
@@ -34,6 +28,7 @@ enum Sent {
 }
 
 impl DynamoLedger {
+    /// One conditional write of the schedule item, through the ledger's own `UpdateItem` path.
     async fn schedule_write(
         &self,
         key: &str,
@@ -41,47 +36,14 @@ impl DynamoLedger {
         condition: &str,
         values: Vec<(&str, AttributeValue)>,
     ) -> Result<Sent, LedgerError> {
-        let names = HashMap::from([
-            ("#r".to_owned(), "booked_requests_us".to_owned()),
-            ("#t".to_owned(), "booked_tokens_us".to_owned()),
-            ("#exp".to_owned(), "expires_at".to_owned()),
-            ("#id".to_owned(), "job_id".to_owned()),
-        ]);
-        let names = names
-            .into_iter()
-            .filter(|(token, _)| {
-                update.contains(token.as_str()) || condition.contains(token.as_str())
-            })
-            .collect();
-        let values = values
-            .into_iter()
-            .map(|(token, value)| (token.to_owned(), value))
-            .collect();
-        let sent = self
-            .client
-            .update_item()
-            .table_name(&self.table)
-            .key("job_id", AttributeValue::S(key.to_owned()))
-            .update_expression(update)
-            .condition_expression(condition)
-            .set_expression_attribute_names(Some(names))
-            .set_expression_attribute_values(Some(values))
-            .return_values(ReturnValue::AllNew)
-            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
-            .send()
-            .instrument(tracing::debug_span!("ledger", operation = "reserve"))
-            .await;
-        match sent {
-            Ok(out) => Ok(Sent::Applied(out.attributes().cloned().unwrap_or_default())),
-            Err(SdkError::ServiceError(e)) => match e.err() {
-                UpdateItemError::ConditionalCheckFailedException(refused) => match refused.item() {
-                    Some(item) => Ok(Sent::Refused(booked(item))),
-                    // Some emulators omit the item: a consistent read tells.
-                    None => self.read_schedule(key, true).await.map(Sent::Refused),
-                },
-                other => Err(classify("reserve", other.code())),
-            },
-            Err(other) => Err(transport_error("reserve", &other)),
+        match self
+            .send_update("reserve", key, update, condition, values)
+            .await?
+        {
+            Updated::Applied(item) => Ok(Sent::Applied(item.unwrap_or_default())),
+            Updated::Refused(Some(item)) => Ok(Sent::Refused(booked(&item))),
+            // Some emulators omit the item: a consistent read tells.
+            Updated::Refused(None) => self.read_schedule(key, true).await.map(Sent::Refused),
         }
     }
 }
@@ -96,7 +58,7 @@ impl DynamoLedger {
             .client
             .get_item()
             .table_name(&self.table)
-            .key("job_id", AttributeValue::S(key.to_owned()))
+            .key("job_id", s(key))
             .consistent_read(consistent)
             .send()
             .await
@@ -134,8 +96,8 @@ impl DynamoLedger {
         let sent = self
             .schedule_write(
                 &key,
-                "SET #r = #r + :cr, #t = #t + :ct, #exp = :exp",
-                "#r >= :now AND #t >= :now AND #r <= :h AND #t <= :h",
+                "SET #booked_r = #booked_r + :cr, #booked_t = #booked_t + :ct, #ttl = :exp",
+                "#booked_r >= :now AND #booked_t >= :now AND #booked_r <= :h AND #booked_t <= :h",
                 vec![
                     (":cr", n(cost_r)),
                     (":ct", n(cost_t)),
@@ -175,10 +137,10 @@ impl DynamoLedger {
                 Some(old) => {
                     values.push((":or", n(old.requests_us)));
                     values.push((":ot", n(old.tokens_us)));
-                    "#r = :or AND #t = :ot"
+                    "#booked_r = :or AND #booked_t = :ot"
                 }
             };
-            let update = "SET #r = :nr, #t = :nt, #exp = :exp";
+            let update = "SET #booked_r = :nr, #booked_t = :nt, #ttl = :exp";
             match self.schedule_write(&key, update, condition, values).await? {
                 Sent::Applied(_) => return Ok(got),
                 Sent::Refused(now_seen) => seen = now_seen,

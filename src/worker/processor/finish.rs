@@ -59,11 +59,11 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
             };
             match self.ledger.finish(req).await {
                 Ok(Write::Applied(record)) => {
-                    return self.waiting(settled(record, retry_after_ms), asked);
+                    return self.waiting(ended(record, &end, retry_after_ms), asked);
                 }
                 // Our own write, applied on a first try whose response was lost.
                 Ok(Write::Refused(Some(seen))) if shows_end(&seen, epoch, target) => {
-                    return self.waiting(settled(seen, retry_after_ms), asked);
+                    return self.waiting(ended(seen, &end, retry_after_ms), asked);
                 }
                 Ok(Write::Refused(seen)) => break (seen, accepting, now),
                 // The table refused the answer itself (too large after all): record the
@@ -219,6 +219,17 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
     pub(super) fn uncertain(&self, evidence: String, job: &JobRecord, now: Millis) -> AttemptEnd {
         uncertain_end(evidence, job, now, self.settings.replay)
     }
+}
+
+/// The outcome after our own write ended the attempt so. An attempt given back after a 429
+/// waits for the provider's capacity (its `Retry-After`), not for a backoff that grows with the
+/// receives: its record may have been deferred many times for capacity already.
+fn ended(record: JobRecord, end: &AttemptEnd, retry_after_ms: Option<Millis>) -> Processed {
+    if let AttemptEnd::Throttled { .. } = end {
+        let wait_ms = retry_after_ms.unwrap_or(super::run::THROTTLE_PAUSE_MS);
+        return failed(Failure::Paced { wait_ms }, Some(record));
+    }
+    settled(record, retry_after_ms)
 }
 
 /// Tries at ending an attempt whose write fails, within the invocation and the job's deadline.

@@ -334,6 +334,9 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
                     match written {
                         Err(e) => return ledger_failure(&job.job_id, &e, view),
                         Ok(Write::Applied(record)) if record.state == JobState::Running => {
+                            if let Some(permit) = permit.as_mut() {
+                                permit.spend();
+                            }
                             return self.run_attempt(msg, record, inv, watch).await;
                         }
                         Ok(Write::Applied(record)) => {

@@ -379,7 +379,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
 }
 
 /// The wait after a 429 that named none.
-const THROTTLE_PAUSE_MS: Millis = 1_000;
+pub(super) const THROTTLE_PAUSE_MS: Millis = 1_000;
 
 /// The longest wait for a cancel request, however much time the invocation has.
 const CANCEL_WAIT_MS: Millis = 5_000;
