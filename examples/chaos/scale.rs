@@ -667,10 +667,5 @@ pub async fn run(config: &ScaleConfig) -> ScaleReport {
 
 /// Runs the burst on its own current-thread runtime with a paused clock.
 pub fn run_blocking(config: &ScaleConfig) -> ScaleReport {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .start_paused(true)
-        .build()
-        .expect("runtime");
-    runtime.block_on(run(config))
+    crate::sim::in_virtual_time(run(config))
 }

@@ -1549,12 +1549,17 @@ async fn check_bucket(world: &World, table: &InMemoryLedger, job_ids: &[String])
 
 /// Runs the world on its own current-thread runtime with a paused clock.
 pub fn run_blocking(config: &ChaosConfig) -> ChaosReport {
+    in_virtual_time(run(config))
+}
+
+/// Runs `world` on its own current-thread runtime whose clock is paused (virtual time).
+pub fn in_virtual_time<F: std::future::Future>(world: F) -> F::Output {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_time()
         .start_paused(true)
         .build()
         .expect("runtime");
-    runtime.block_on(run(config))
+    runtime.block_on(world)
 }
 
 /// Counts by name, as printed: `name count, name count`.

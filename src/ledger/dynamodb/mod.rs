@@ -192,6 +192,26 @@ impl DynamoLedger {
         }
     }
 
+    /// Reads the item `key` (a job's, or a schedule's).
+    async fn get_item(
+        &self,
+        operation: &'static str,
+        key: &str,
+        consistent: bool,
+    ) -> Result<Option<Item>, LedgerError> {
+        let out = self
+            .client
+            .get_item()
+            .table_name(&self.table)
+            .key("job_id", s(key))
+            .consistent_read(consistent)
+            .send()
+            .instrument(tracing::debug_span!("ledger", operation, job_id = key))
+            .await
+            .map_err(|e| sdk_error(operation, &e))?;
+        Ok(out.item)
+    }
+
     /// Creates an item whole: one `PutItem` on `attribute_not_exists(job_id)`. The table has no
     /// update expression to evaluate, and nothing comes back when it applies, since the item is
     /// the record sent; a refusal returns the item that was there.

@@ -3,10 +3,10 @@
 
 use aws_sdk_dynamodb::types::AttributeValue;
 
+use super::DynamoLedger;
 use super::item::{
     decode, encode_attempt, encode_blob, encode_decision, encode_error, encode_recovery, n, s,
 };
-use super::{DynamoLedger, sdk_error};
 use crate::job::{
     AttemptOutcome, AttemptRecord, JobRecord, JobState, NewJob, RecoveryRecord, ResultBody,
 };
@@ -345,16 +345,8 @@ impl JobLedger for DynamoLedger {
     }
 
     async fn get(&self, job_id: &str) -> Result<Option<JobRecord>, LedgerError> {
-        let out = self
-            .client
-            .get_item()
-            .table_name(&self.table)
-            .key("job_id", s(job_id))
-            .consistent_read(true)
-            .send()
-            .await
-            .map_err(|e| sdk_error("get", &e))?;
-        out.item().map(decode).transpose()
+        let item = self.get_item("get", job_id, true).await?;
+        item.as_ref().map(decode).transpose()
     }
 }
 

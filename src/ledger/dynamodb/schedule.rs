@@ -9,8 +9,8 @@
 use aws_sdk_dynamodb::types::AttributeValue;
 use futures::future::BoxFuture;
 
-use super::item::{Item, get_n, n, s};
-use super::{DynamoLedger, Updated, sdk_error};
+use super::item::{Item, get_n, n};
+use super::{DynamoLedger, Updated};
 use crate::ledger::LedgerError;
 use crate::ledger::schedule::{
     Booked, CallSchedule, Reservation, ReserveRequest, SCHEDULE_KEY_PREFIX, apply_reserve, ceil_ms,
@@ -54,16 +54,8 @@ impl DynamoLedger {
         key: &str,
         consistent: bool,
     ) -> Result<Option<Booked>, LedgerError> {
-        let out = self
-            .client
-            .get_item()
-            .table_name(&self.table)
-            .key("job_id", s(key))
-            .consistent_read(consistent)
-            .send()
-            .await
-            .map_err(|e| sdk_error("reserve", &e))?;
-        Ok(out.item().and_then(booked))
+        let item = self.get_item("reserve", key, consistent).await?;
+        Ok(item.as_ref().and_then(booked))
     }
 }
 
