@@ -310,7 +310,8 @@ async fn ledger_cpu_per_request_us(ledger: &DynamoLedger, in_flight: usize, ms: 
                     result: ResultBody::Inline("simulated answer".to_owned()),
                 },
             };
-            assert!(matches!(ledger.finish(finish).await, Ok(Write::Applied(_))));
+            let accepted = ledger.finish_known(&record, finish).await;
+            assert!(matches!(accepted, Ok(Write::Applied(_))));
         });
         futures::future::join_all(runs).await;
         cpu += process_cpu_ns() - before;
@@ -413,6 +414,36 @@ async fn floor_row(n: usize) {
         fresh / floor,
         again / floor,
     );
+}
+
+/// One kind of the floor comparison alone (`floor`, `ledger`, `fresh` or `redelivered`) for
+/// `ms`, `n` records per batch: prints its CPU per DynamoDB request.
+async fn only(kind: &str, n: usize, ms: u64) {
+    let (handler, floor, calls) = sdk_handler(false).await;
+    let in_flight = n.min(settings().max_concurrency);
+    let tag = format!("only{n}-{}", fastrand::u32(..));
+    let first = event_json(&tag, n, 1, Shape::default());
+    if kind == "redelivered" {
+        run(&handler, &parse(&first)).await;
+    }
+    calls.reset();
+    let per_request = match kind {
+        "floor" => floor.cpu_per_request_us(in_flight, ms).await,
+        "ledger" => ledger_cpu_per_request_us(handler.processor().ledger(), in_flight, ms).await,
+        "fresh" | "redelivered" => {
+            let fresh =
+                |round: usize| event_json(&format!("{tag}-r{round}"), n, 1, Shape::default());
+            let m = if kind == "fresh" {
+                measure_for(&handler, n, ms, 1, fresh).await
+            } else {
+                measure_for(&handler, n, ms, 0, |_| first.clone()).await
+            };
+            m.cpu_per_record_us * m.records as f64 / calls.total("dynamodb") as f64
+        }
+        _ => panic!("only floor|ledger|fresh|redelivered [records] [ms]"),
+    };
+    let requests = calls.total("dynamodb");
+    println!("{kind}: {per_request:.1} µs per DynamoDB request, {requests} requests");
 }
 
 /// Fresh records' CPU per record in `n`-record batches on a current-thread runtime (as the
@@ -566,6 +597,14 @@ fn main() {
             run(&handler, &parse(&json)).await;
             println!("handled one batch of {n} fresh records through the SDK");
         });
+        return;
+    }
+    if args.get(1).map(String::as_str) == Some("only") {
+        // One kind of request alone for a while, under `perf stat` or a profiler.
+        let kind = args.get(2).cloned().unwrap_or_default();
+        let n: usize = args.get(3).and_then(|v| v.parse().ok()).unwrap_or(100);
+        let ms: u64 = args.get(4).and_then(|v| v.parse().ok()).unwrap_or(5_000);
+        runtime.block_on(only(&kind, n, ms));
         return;
     }
     if args.get(1).map(String::as_str) == Some("floor") {

@@ -573,3 +573,34 @@ async fn a_claim_on_first_sight_writes_the_item_a_claim_in_place_writes() {
     // What the whole-item write returned is what the table holds.
     assert_eq!(dynamo.get("whole").await.expect("get"), Some(created));
 }
+
+/// An owner accepts an answer with the record its claim returned: a stale epoch is refused with
+/// the item as it stands, and the applied write returns exactly what the ledger then holds.
+async fn accept_as_known_owner<L: JobLedger>(ledger: &L, id: &str) {
+    let mut first = claim(&job(id, "d", 3, T + 3_600_000), Expect::FRESH, "w1", T);
+    first.first_sight = true;
+    let Ok(Write::Applied(claimed)) = ledger.claim(first).await else {
+        panic!("{id}: the claim is applied");
+    };
+    let stale = finish(id, 0, 1, T + 10, ok("late"));
+    assert_eq!(
+        ledger.finish_known(&claimed, stale).await.expect("finish"),
+        Write::Refused(Some(claimed.clone())),
+        "{id}"
+    );
+    let accept = finish(id, 1, 1, T + 20, ok("the answer"));
+    let Ok(Write::Applied(accepted)) = ledger.finish_known(&claimed, accept).await else {
+        panic!("{id}: the acceptance is applied");
+    };
+    assert_eq!(accepted.state, JobState::Succeeded);
+    assert_eq!(accepted.result.as_deref(), Some("the answer"));
+    assert_eq!(ledger.get(id).await.expect("get"), Some(accepted), "{id}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acceptance_by_a_known_owner_returns_the_record_the_ledger_holds() {
+    let aws = common::emulator().await;
+    let table = aws.table().await;
+    accept_as_known_owner(&InMemoryLedger::new(), "known-memory").await;
+    accept_as_known_owner(&aws.ledger(&table), "known-dynamodb").await;
+}

@@ -135,17 +135,19 @@ pub fn parse_trigger_with(
     check: InputCheck,
 ) -> Result<Trigger, InvalidMessage> {
     let text = body.ok_or(InvalidMessage::MissingBody)?;
-    if let Some(id) = bare_reference(text)? {
-        return Ok(Trigger::Ref(id));
-    }
-    parse_body_with(body, check).map(Trigger::Job)
+    parse_trigger_text(text, check, MAX_BODY_BYTES)
 }
 
-/// The job id of a `{"job_id": ...}` body, if that is all it is.
-fn bare_reference(text: &str) -> Result<Option<String>, InvalidMessage> {
-    // Cheap pre-check: only a short body can be a bare reference.
+/// A bare reference (a short `{"job_id": ...}` and nothing else) or a whole job, from text
+/// parsed once.
+fn parse_trigger_text(
+    text: &str,
+    check: InputCheck,
+    limit: usize,
+) -> Result<Trigger, InvalidMessage> {
+    let fields = parse_object(text, limit)?;
+    // Only a short body can be a bare reference.
     if text.len() <= 256
-        && let Ok(Value::Object(fields)) = serde_json::from_str::<Value>(text)
         && fields.len() == 1
         && let Some(id) = fields.get("job_id")
     {
@@ -153,9 +155,9 @@ fn bare_reference(text: &str) -> Result<Option<String>, InvalidMessage> {
             return Err(wrong_type("job_id", "a string"));
         };
         check_identifier(id, "job_id", MAX_JOB_ID_LEN, job_id_char)?;
-        return Ok(Some(id.clone()));
+        return Ok(Trigger::Ref(id.clone()));
     }
-    Ok(None)
+    job_from_fields(fields, check).map(Trigger::Job)
 }
 
 fn job_id_char(c: char) -> bool {
@@ -217,13 +219,15 @@ pub fn parse_body_with(
 
 /// Parses the payload an Extended Client pointer named, like a body but with the payload limit.
 pub fn parse_payload_with(payload: &str, check: InputCheck) -> Result<Trigger, InvalidMessage> {
-    if let Some(id) = bare_reference(payload)? {
-        return Ok(Trigger::Ref(id));
-    }
-    parse_job(payload, check, MAX_PAYLOAD_BYTES).map(Trigger::Job)
+    parse_trigger_text(payload, check, MAX_PAYLOAD_BYTES)
 }
 
 fn parse_job(body: &str, check: InputCheck, limit: usize) -> Result<JobMessage, InvalidMessage> {
+    job_from_fields(parse_object(body, limit)?, check)
+}
+
+/// The top-level object of a body no longer than `limit`.
+fn parse_object(body: &str, limit: usize) -> Result<Map<String, Value>, InvalidMessage> {
     if body.len() > limit {
         return Err(InvalidMessage::TooLarge {
             bytes: body.len(),
@@ -239,9 +243,17 @@ fn parse_job(body: &str, check: InputCheck, limit: usize) -> Result<JobMessage, 
             InvalidMessage::NotJson { line, column }
         }
     })?;
-    let Value::Object(mut fields) = value else {
+    let Value::Object(fields) = value else {
         return Err(InvalidMessage::NotObject);
     };
+    Ok(fields)
+}
+
+/// A validated job from a body's top-level fields.
+fn job_from_fields(
+    mut fields: Map<String, Value>,
+    check: InputCheck,
+) -> Result<JobMessage, InvalidMessage> {
     if let Some(unknown) = fields
         .keys()
         .find(|k| !TOP_LEVEL_FIELDS.contains(&k.as_str()))

@@ -404,6 +404,20 @@ pub trait JobLedger: Send + Sync {
     /// See [`FinishRequest`].
     fn finish(&self, req: FinishRequest)
     -> impl Future<Output = Result<Write, LedgerError>> + Send;
+    /// [`JobLedger::finish`] by an owner that holds `known`, the record its claim or recovery
+    /// left. When the write accepts an answer, the record it returns may be `known` with the end
+    /// applied ([`transitions::apply_finish`]) rather than the item sent back: fields that only
+    /// writes of other kinds change (the lease's end after renewals, `enqueued_at`, a provider
+    /// reference recorded since the claim) are then as `known` has them. Refusals are as
+    /// [`JobLedger::finish`]'s.
+    fn finish_known(
+        &self,
+        known: &JobRecord,
+        req: FinishRequest,
+    ) -> impl Future<Output = Result<Write, LedgerError>> + Send {
+        let _ = known;
+        self.finish(req)
+    }
     /// See [`SettleRequest`].
     fn settle(&self, req: SettleRequest)
     -> impl Future<Output = Result<Write, LedgerError>> + Send;
@@ -519,6 +533,14 @@ impl<L: JobLedger> JobLedger for std::sync::Arc<L> {
         req: FinishRequest,
     ) -> impl Future<Output = Result<Write, LedgerError>> + Send {
         (**self).finish(req)
+    }
+
+    fn finish_known(
+        &self,
+        known: &JobRecord,
+        req: FinishRequest,
+    ) -> impl Future<Output = Result<Write, LedgerError>> + Send {
+        (**self).finish_known(known, req)
     }
 
     fn settle(

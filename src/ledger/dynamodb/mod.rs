@@ -68,8 +68,9 @@ const NAMES: [(&str, &str); 31] = [
     ("#booked_t", "booked_tokens_us"),
 ];
 
-/// What a conditional `UpdateItem` did: the item after it (`ALL_NEW`), or the item before it
-/// when the condition refused it (`ALL_OLD`). Either may be missing from an emulator's answer.
+/// What a conditional `UpdateItem` did: the item after it (`ALL_NEW`, unless the writer asked
+/// for nothing), or the item before it when the condition refused it (`ALL_OLD`). Either may be
+/// missing from an emulator's answer.
 enum Updated {
     Applied(Option<Item>),
     Refused(Option<Item>),
@@ -104,8 +105,25 @@ impl DynamoLedger {
         job_id: &str,
         update: &str,
         condition: &str,
+        values: Vec<(&str, AttributeValue)>,
+        target: Option<JobState>,
+    ) -> Result<Write, LedgerError> {
+        self.update_to(operation, job_id, update, condition, values, target, None)
+            .await
+    }
+
+    /// [`DynamoLedger::update`], where the caller may already know the record the write leaves
+    /// (`rebuilt`): then nothing comes back when it applies, and `rebuilt` is the answer.
+    #[allow(clippy::too_many_arguments)]
+    async fn update_to(
+        &self,
+        operation: &'static str,
+        job_id: &str,
+        update: &str,
+        condition: &str,
         mut values: Vec<(&str, AttributeValue)>,
         target: Option<JobState>,
+        rebuilt: Option<JobRecord>,
     ) -> Result<Write, LedgerError> {
         // Every write that sets a state keeps the sparse attention index in step with it.
         let mut update = update.to_owned();
@@ -125,25 +143,34 @@ impl DynamoLedger {
                 None => update.push_str(" REMOVE #attn"),
             }
         }
-        match self
-            .send_update(operation, job_id, &update, condition, values)
+        let returns = match rebuilt {
+            Some(_) => ReturnValue::None,
+            None => ReturnValue::AllNew,
+        };
+        let item = match self
+            .send_update(operation, job_id, &update, condition, values, returns)
             .await?
         {
-            Updated::Applied(Some(item)) => Ok(Write::Applied(decode(&item)?)),
+            Updated::Applied(item) => item,
+            Updated::Refused(old) => return self.refused(job_id, old.as_ref()).await,
+        };
+        match (rebuilt, item) {
+            (Some(record), _) => Ok(Write::Applied(record)),
+            (None, Some(item)) => Ok(Write::Applied(decode(&item)?)),
             // ALL_NEW always returns the item; an emulator that omits it gets one more read.
-            Updated::Applied(None) => match self.get(job_id).await? {
+            (None, None) => match self.get(job_id).await? {
                 Some(record) => Ok(Write::Applied(record)),
                 None => Err(LedgerError::Corrupt {
                     job_id: job_id.to_owned(),
                     detail: "applied write left no item".to_owned(),
                 }),
             },
-            Updated::Refused(old) => self.refused(job_id, old.as_ref()).await,
         }
     }
 
-    /// Sends one conditional `UpdateItem` on the item `key` (a job's, or a schedule's). Only
-    /// the placeholders the expressions use are sent (DynamoDB rejects unused ones).
+    /// Sends one conditional `UpdateItem` on the item `key` (a job's, or a schedule's),
+    /// returning `returns` when it applies and the whole item when it is refused. Only the
+    /// placeholders the expressions use are sent (DynamoDB rejects unused ones).
     async fn send_update(
         &self,
         operation: &'static str,
@@ -151,6 +178,7 @@ impl DynamoLedger {
         update: &str,
         condition: &str,
         values: Vec<(&str, AttributeValue)>,
+        returns: ReturnValue,
     ) -> Result<Updated, LedgerError> {
         let used: HashSet<&str> = placeholders(update)
             .chain(placeholders(condition))
@@ -175,7 +203,7 @@ impl DynamoLedger {
             .condition_expression(condition)
             .set_expression_attribute_names(Some(names))
             .set_expression_attribute_values(Some(values))
-            .return_values(ReturnValue::AllNew)
+            .return_values(returns)
             .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
             .send()
             .instrument(tracing::debug_span!("ledger", operation, job_id = key))

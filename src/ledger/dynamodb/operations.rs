@@ -10,7 +10,7 @@ use super::item::{
 use crate::job::{
     AttemptOutcome, AttemptRecord, JobRecord, JobState, NewJob, RecoveryRecord, ResultBody,
 };
-use crate::ledger::transitions::{apply_claim, apply_create, apply_settle};
+use crate::ledger::transitions::{apply_claim, apply_create, apply_finish, apply_settle};
 use crate::ledger::{
     AttemptEnd, ClaimRequest, CreateRequest, DecideRequest, EnqueuedRequest, FinishRequest,
     JobLedger, LedgerError, RecordRefRequest, RecoverRequest, RenewRequest, SettleFrom,
@@ -94,80 +94,38 @@ impl JobLedger for DynamoLedger {
     }
 
     async fn finish(&self, req: FinishRequest) -> Result<Write, LedgerError> {
-        let index = req.attempt.saturating_sub(1);
-        if let (AttemptEnd::Throttled { .. }, Some(error)) = (&req.end, req.end.error(req.now)) {
-            // Invariant: as any end of attempt, only the running owner at its epoch gives its
-            // attempt back; the attempt's log entry goes with it (it is the last one).
-            let update = format!(
-                "REMOVE #log[{index}] ADD #thr :one \
-                 SET #state = :to, #updated = :now, #attempts = :prev, #err = :err"
-            );
-            let condition = "#state = :running AND #epoch = :epoch AND #attempts = :attempt";
-            let values = vec![
-                (":to", s(req.end.target().as_str())),
-                (":now", n(req.now)),
-                (":one", n(1)),
-                (":prev", n(index)),
-                (":err", encode_error(&error)),
-                (":running", s(JobState::Running.as_str())),
-                (":epoch", n(req.epoch)),
-                (":attempt", n(req.attempt)),
-            ];
-            let target = Some(req.end.target());
-            return self
-                .update("finish", &req.job_id, &update, condition, values, target)
-                .await;
-        }
-        let mut update = format!(
-            "SET #state = :to, #updated = :now, #log[{index}].#outcome = :outcome, \
-             #log[{index}].#finished = :now"
-        );
-        // Invariant: only the owner at the current epoch, still running, ends its attempt; a
-        // result is accepted only before the deadline.
-        // The attempt ended is the current one, so its entry in the log exists.
-        let mut condition =
-            String::from("#state = :running AND #epoch = :epoch AND #attempts = :attempt");
-        let mut values = vec![
-            (":to", s(req.end.target().as_str())),
-            (":now", n(req.now)),
-            (":outcome", s(req.end.attempt_outcome().as_str())),
-            (":running", s(JobState::Running.as_str())),
-            (":epoch", n(req.epoch)),
-            (":attempt", n(req.attempt)),
-        ];
-        match &req.end {
-            AttemptEnd::Succeeded {
-                result: ResultBody::Inline(result),
-            } => {
-                update.push_str(", #result = :result");
-                values.push((":result", s(result)));
-            }
-            AttemptEnd::Succeeded {
-                result: ResultBody::Stored(blob),
-            } => {
-                update.push_str(", #rref = :rref");
-                values.push((":rref", encode_blob(blob)));
-            }
-            _ => {}
-        }
-        if matches!(req.end, AttemptEnd::Succeeded { .. }) {
-            condition.push_str(" AND #deadline > :now");
-        }
-        if let Some(error) = req.end.error(req.now) {
-            update.push_str(", #err = :err");
-            values.push((":err", encode_error(&error)));
-        }
-        if let Some(decision) = req.decision() {
-            update.push_str(", #dec = list_append(if_not_exists(#dec, :empty), :decision)");
-            values.push((":empty", AttributeValue::L(Vec::new())));
-            values.push((
-                ":decision",
-                AttributeValue::L(vec![encode_decision(&decision)]),
-            ));
-        }
+        let (update, condition, values) = finish_write(&req);
         let target = Some(req.end.target());
         self.update("finish", &req.job_id, &update, &condition, values, target)
             .await
+    }
+
+    async fn finish_known(
+        &self,
+        known: &JobRecord,
+        req: FinishRequest,
+    ) -> Result<Write, LedgerError> {
+        // An accepted answer leaves a record its owner can build: the item (input and answer
+        // included) need not come back.
+        let rebuilt = match req.end {
+            AttemptEnd::Succeeded { .. } => apply_finish(Some(known), &req),
+            _ => None,
+        };
+        let Some(rebuilt) = rebuilt else {
+            return self.finish(req).await;
+        };
+        let (update, condition, values) = finish_write(&req);
+        let target = Some(req.end.target());
+        self.update_to(
+            "finish",
+            &req.job_id,
+            &update,
+            &condition,
+            values,
+            target,
+            Some(rebuilt),
+        )
+        .await
     }
 
     async fn settle(&self, req: SettleRequest) -> Result<Write, LedgerError> {
@@ -366,4 +324,77 @@ fn new_job_values(job: &NewJob) -> Vec<(&'static str, AttributeValue)> {
         values.push((":inref", encode_blob(blob)));
     }
     values
+}
+
+/// The update, condition and values of a finish.
+fn finish_write(req: &FinishRequest) -> (String, String, Vec<(&'static str, AttributeValue)>) {
+    let index = req.attempt.saturating_sub(1);
+    if let (AttemptEnd::Throttled { .. }, Some(error)) = (&req.end, req.end.error(req.now)) {
+        // Invariant: as any end of attempt, only the running owner at its epoch gives its
+        // attempt back; the attempt's log entry goes with it (it is the last one).
+        let update = format!(
+            "REMOVE #log[{index}] ADD #thr :one \
+             SET #state = :to, #updated = :now, #attempts = :prev, #err = :err"
+        );
+        let condition = "#state = :running AND #epoch = :epoch AND #attempts = :attempt";
+        let values = vec![
+            (":to", s(req.end.target().as_str())),
+            (":now", n(req.now)),
+            (":one", n(1)),
+            (":prev", n(index)),
+            (":err", encode_error(&error)),
+            (":running", s(JobState::Running.as_str())),
+            (":epoch", n(req.epoch)),
+            (":attempt", n(req.attempt)),
+        ];
+        return (update, condition.to_owned(), values);
+    }
+    let mut update = format!(
+        "SET #state = :to, #updated = :now, #log[{index}].#outcome = :outcome, \
+         #log[{index}].#finished = :now"
+    );
+    // Invariant: only the owner at the current epoch, still running, ends its attempt; a
+    // result is accepted only before the deadline.
+    // The attempt ended is the current one, so its entry in the log exists.
+    let mut condition =
+        String::from("#state = :running AND #epoch = :epoch AND #attempts = :attempt");
+    let mut values = vec![
+        (":to", s(req.end.target().as_str())),
+        (":now", n(req.now)),
+        (":outcome", s(req.end.attempt_outcome().as_str())),
+        (":running", s(JobState::Running.as_str())),
+        (":epoch", n(req.epoch)),
+        (":attempt", n(req.attempt)),
+    ];
+    match &req.end {
+        AttemptEnd::Succeeded {
+            result: ResultBody::Inline(result),
+        } => {
+            update.push_str(", #result = :result");
+            values.push((":result", s(result)));
+        }
+        AttemptEnd::Succeeded {
+            result: ResultBody::Stored(blob),
+        } => {
+            update.push_str(", #rref = :rref");
+            values.push((":rref", encode_blob(blob)));
+        }
+        _ => {}
+    }
+    if matches!(req.end, AttemptEnd::Succeeded { .. }) {
+        condition.push_str(" AND #deadline > :now");
+    }
+    if let Some(error) = req.end.error(req.now) {
+        update.push_str(", #err = :err");
+        values.push((":err", encode_error(&error)));
+    }
+    if let Some(decision) = req.decision() {
+        update.push_str(", #dec = list_append(if_not_exists(#dec, :empty), :decision)");
+        values.push((":empty", AttributeValue::L(Vec::new())));
+        values.push((
+            ":decision",
+            AttributeValue::L(vec![encode_decision(&decision)]),
+        ));
+    }
+    (update, condition, values)
 }

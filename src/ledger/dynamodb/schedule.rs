@@ -6,7 +6,7 @@
 //! the horizon, the writer waits and nothing was written; idle (or no item yet), the writer
 //! computes the new state with [`apply_reserve`] and writes it conditional on the state it saw.
 
-use aws_sdk_dynamodb::types::AttributeValue;
+use aws_sdk_dynamodb::types::{AttributeValue, ReturnValue};
 use futures::future::BoxFuture;
 
 use super::item::{Item, get_n, n};
@@ -37,7 +37,14 @@ impl DynamoLedger {
         values: Vec<(&str, AttributeValue)>,
     ) -> Result<Sent, LedgerError> {
         match self
-            .send_update("reserve", key, update, condition, values)
+            .send_update(
+                "reserve",
+                key,
+                update,
+                condition,
+                values,
+                ReturnValue::AllNew,
+            )
             .await?
         {
             Updated::Applied(item) => Ok(Sent::Applied(item.unwrap_or_default())),

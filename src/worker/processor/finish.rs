@@ -57,7 +57,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
                 now,
                 end: end.clone(),
             };
-            match self.ledger.finish(req).await {
+            match self.ledger.finish_known(&claimed, req).await {
                 Ok(Write::Applied(record)) => {
                     return self.waiting(ended(record, &end, retry_after_ms), asked);
                 }
