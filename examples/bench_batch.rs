@@ -5,8 +5,11 @@
 //! against input and answer size; batch wall time against the ideal with a simulated 50 ms call.
 //!
 //! `bench_batch peak N` handles one N-record batch through the SDK and exits, for `/usr/bin/time`;
-//! `bench_batch floor` prints only the SDK rows and the floor (with `BENCH_MAX_RECORDS`, a quick
-//! look after a change, or a run under a profiler).
+//! `bench_batch floor` prints only the comparison with the floor (a quick look after a change);
+//! `bench_batch only KIND [RECORDS] [MS]` runs one kind of work alone, for `perf` or callgrind.
+//!
+//! Why this file is long: every table shares the same handlers, events and CPU windows, and a
+//! figure is only comparable with the floor when both are measured the same way, in one place.
 //!
 //! CPU is the process's CPU time (every thread of it; the emulator runs in another process) on a
 //! single-threaded runtime, as the worker runs, summed over rounds of at least `ROUND_MS` of wall
@@ -35,6 +38,7 @@ use fenced_jobs::worker::handler::BatchHandler;
 use fenced_jobs::worker::processor::{Invocation, Processor};
 
 use cpu::{median, process_cpu_ns};
+use futures::{StreamExt, stream};
 
 const ARN: &str = "arn:aws:sqs:us-east-1:123456789012:bench";
 const SIZES: [usize; 4] = [10, 100, 1_000, 10_000];
@@ -97,6 +101,16 @@ fn event_json(prefix: &str, n: usize, copies: usize, shape: Shape) -> String {
     let mut e = SqsEvent::default();
     e.records = records;
     serde_json::to_string(&e).expect("serialise")
+}
+
+/// The same event delivered again: SQS counts the receive.
+fn redelivery(json: &str) -> String {
+    let again = json.replace(
+        r#""ApproximateReceiveCount":"1""#,
+        r#""ApproximateReceiveCount":"2""#,
+    );
+    assert_ne!(again, json, "the event names its receive count");
+    again
 }
 
 fn invocation() -> Invocation {
@@ -244,46 +258,55 @@ struct Floor {
 }
 
 impl Floor {
-    /// CPU per request (µs) over `ms` of wall time, in rounds of `in_flight` concurrent
-    /// requests, each creating a small item under a condition (as a fresh claim creates the
-    /// job's item).
-    async fn cpu_per_request_us(&self, in_flight: usize, ms: u64) -> f64 {
+    /// CPU per request (µs) over `ms` of wall time, in rounds of `n` requests with
+    /// `in_flight` of them in flight at a time (as the handler runs a batch's records), each
+    /// creating a small item under a condition (as a fresh claim creates the job's item).
+    async fn cpu_per_request_us(&self, n: usize, in_flight: usize, ms: u64) -> f64 {
         let tag = fastrand::u32(..);
         let started = Instant::now();
         let (mut cpu, mut requests) = (0, 0);
         while requests == 0 || started.elapsed() < Duration::from_millis(ms) {
             let before = process_cpu_ns();
-            let sent = (requests..requests + in_flight).map(|i| {
-                self.client
-                    .update_item()
-                    .table_name(&self.table)
-                    .key("job_id", AttributeValue::S(format!("floor-{tag}-{i}")))
-                    .update_expression("SET #v = :v")
-                    .condition_expression("attribute_not_exists(#v)")
-                    .expression_attribute_names("#v", "v")
-                    .expression_attribute_values(":v", AttributeValue::N("1".to_owned()))
-                    .send()
-            });
-            for result in futures::future::join_all(sent).await {
-                result.expect("floor update");
-            }
+            stream::iter(requests..requests + n)
+                .map(|i| {
+                    self.client
+                        .update_item()
+                        .table_name(&self.table)
+                        .key("job_id", AttributeValue::S(format!("floor-{tag}-{i}")))
+                        .update_expression("SET #v = :v")
+                        .condition_expression("attribute_not_exists(#v)")
+                        .expression_attribute_names("#v", "v")
+                        .expression_attribute_values(":v", AttributeValue::N("1".to_owned()))
+                        .send()
+                })
+                .buffer_unordered(in_flight)
+                .for_each(|result| async move {
+                    result.expect("floor update");
+                })
+                .await;
             cpu += process_cpu_ns() - before;
-            requests += in_flight;
+            requests += n;
         }
         cpu as f64 / 1e3 / requests as f64
     }
 }
 
-/// The ledger's own writes without the handler: `in_flight` jobs at a time, each claimed fresh and
-/// finished with a short answer, as a fresh record does. CPU per request (µs).
-async fn ledger_cpu_per_request_us(ledger: &DynamoLedger, in_flight: usize, ms: u64) -> f64 {
+/// The ledger's own writes without the handler, in rounds of `n` jobs with `in_flight` at a
+/// time: each claimed fresh and finished with a short answer, as a fresh record is. CPU per
+/// request (µs).
+async fn ledger_cpu_per_request_us(
+    ledger: &DynamoLedger,
+    n: usize,
+    in_flight: usize,
+    ms: u64,
+) -> f64 {
     let tag = fastrand::u32(..);
     let started = Instant::now();
     let (mut cpu, mut requests, mut jobs) = (0, 0, 0);
     while requests == 0 || started.elapsed() < Duration::from_millis(ms) {
         let before = process_cpu_ns();
         let now = SystemClock.now_ms();
-        let runs = (jobs..jobs + in_flight).map(|i| async move {
+        let runs = stream::iter(jobs..jobs + n).map(|i| async move {
             let msg = fenced_jobs::job::parse_body(Some(
                 &format!(r#"{{"job_id":"ledger-{tag}-{i}","contract":"summary.v1","input":{{"model":"sim-1","messages":[{{"role":"user","content":"Summarise document {i}."}}]}}}}"#),
             ))
@@ -313,10 +336,12 @@ async fn ledger_cpu_per_request_us(ledger: &DynamoLedger, in_flight: usize, ms: 
             let accepted = ledger.finish_known(&record, finish).await;
             assert!(matches!(accepted, Ok(Write::Applied(_))));
         });
-        futures::future::join_all(runs).await;
+        runs.buffer_unordered(in_flight)
+            .for_each(|()| async {})
+            .await;
         cpu += process_cpu_ns() - before;
-        requests += 2 * in_flight;
-        jobs += in_flight;
+        requests += 2 * n;
+        jobs += n;
     }
     cpu as f64 / 1e3 / requests as f64
 }
@@ -335,7 +360,7 @@ async fn cpu_table(sdk: bool) {
         let tag = format!("{}{n}-{}", if sdk { "s" } else { "m" }, fastrand::u32(..));
         let fresh_json =
             |round: usize| event_json(&format!("{tag}-r{round}"), n, 1, Shape::default());
-        let first = fresh_json(0);
+        let first = redelivery(&fresh_json(0));
         let (fresh, redelivered, calls_fresh, calls_again) = if sdk {
             let (handler, _, calls) = sdk_handler(false).await;
             calls.reset();
@@ -392,12 +417,14 @@ async fn floor_row(n: usize) {
     let tag = format!("floor{n}-{}", fastrand::u32(..));
     let fresh_json = |round: usize| event_json(&format!("{tag}-r{round}"), n, 1, Shape::default());
     let first = fresh_json(0);
+    run(&handler, &parse(&first)).await;
+    let first = redelivery(&first);
     let (mut floors, mut ledgers, mut fresh, mut again) = (vec![], vec![], vec![], vec![]);
     let mut round = 1;
     for _ in 0..ALTERNATIONS {
-        floors.push(floor.cpu_per_request_us(in_flight, SLICE_MS).await);
+        floors.push(floor.cpu_per_request_us(n, in_flight, SLICE_MS).await);
         let ledger = handler.processor().ledger();
-        ledgers.push(ledger_cpu_per_request_us(ledger, in_flight, SLICE_MS).await);
+        ledgers.push(ledger_cpu_per_request_us(ledger, n, in_flight, SLICE_MS).await);
         calls.reset();
         let m = measure_for(&handler, n, SLICE_MS, round, fresh_json).await;
         round += m.records / n;
@@ -417,7 +444,9 @@ async fn floor_row(n: usize) {
 }
 
 /// One kind of the floor comparison alone (`floor`, `ledger`, `fresh` or `redelivered`) for
-/// `ms`, `n` records per batch: prints its CPU per DynamoDB request.
+/// `ms`, `n` records per batch: prints its CPU per DynamoDB request. `memory-fresh` and
+/// `memory-redelivered` run the in-memory handler instead (CPU per record): the handler's own
+/// work, for a profiler.
 async fn only(kind: &str, n: usize, ms: u64) {
     let (handler, floor, calls) = sdk_handler(false).await;
     let in_flight = n.min(settings().max_concurrency);
@@ -426,21 +455,37 @@ async fn only(kind: &str, n: usize, ms: u64) {
     if kind == "redelivered" {
         run(&handler, &parse(&first)).await;
     }
+    let first_again = redelivery(&first);
     calls.reset();
     let per_request = match kind {
-        "floor" => floor.cpu_per_request_us(in_flight, ms).await,
-        "ledger" => ledger_cpu_per_request_us(handler.processor().ledger(), in_flight, ms).await,
+        "floor" => floor.cpu_per_request_us(n, in_flight, ms).await,
+        "ledger" => ledger_cpu_per_request_us(handler.processor().ledger(), n, in_flight, ms).await,
         "fresh" | "redelivered" => {
             let fresh =
                 |round: usize| event_json(&format!("{tag}-r{round}"), n, 1, Shape::default());
             let m = if kind == "fresh" {
                 measure_for(&handler, n, ms, 1, fresh).await
             } else {
-                measure_for(&handler, n, ms, 0, |_| first.clone()).await
+                measure_for(&handler, n, ms, 0, |_| first_again.clone()).await
             };
             m.cpu_per_record_us * m.records as f64 / calls.total("dynamodb") as f64
         }
-        _ => panic!("only floor|ledger|fresh|redelivered [records] [ms]"),
+        "memory-fresh" | "memory-redelivered" => {
+            let memory = memory_handler();
+            run(&memory, &parse(&first)).await;
+            let fresh =
+                |round: usize| event_json(&format!("{tag}-r{round}"), n, 1, Shape::default());
+            let m = if kind == "memory-fresh" {
+                measure_for(&memory, n, ms, 1, fresh).await
+            } else {
+                measure_for(&memory, n, ms, 0, |_| first_again.clone()).await
+            };
+            println!("{kind}: {} records", m.records);
+            m.cpu_per_record_us
+        }
+        _ => panic!(
+            "only floor|ledger|fresh|redelivered|memory-fresh|memory-redelivered [records] [ms]"
+        ),
     };
     let requests = calls.total("dynamodb");
     println!("{kind}: {per_request:.1} µs per DynamoDB request, {requests} requests");
@@ -510,7 +555,7 @@ async fn size_table() {
     {
         let tag = format!("size-{}", fastrand::u32(..));
         let fresh_json = |round: usize| event_json(&format!("{tag}-r{round}"), n, 1, shape);
-        let first = fresh_json(0);
+        let first = redelivery(&fresh_json(0));
         calls.reset();
         let fresh = measure(&handler, n, fresh_json).await;
         let per = |service| calls.total(service) as f64 / fresh.records as f64;

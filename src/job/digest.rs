@@ -19,39 +19,45 @@ pub fn input_digest(contract: &str, input_canonical: &str) -> String {
 /// Canonical JSON: object keys sorted by their UTF-8 bytes, no insignificant whitespace, strings
 /// and numbers as serde_json writes them. Key order in the sender's JSON never changes it.
 pub fn canonical_json(value: &Value) -> String {
-    let mut out = String::new();
+    let mut out = Vec::new();
     write_canonical(value, &mut out);
-    out
+    // serde_json writes UTF-8 only.
+    String::from_utf8(out).unwrap_or_default()
 }
 
-fn write_canonical(value: &Value, out: &mut String) {
+fn write_canonical(value: &Value, out: &mut Vec<u8>) {
     match value {
         Value::Object(map) => {
-            let mut keys: Vec<&String> = map.keys().collect();
-            keys.sort_unstable();
-            out.push('{');
-            for (i, key) in keys.into_iter().enumerate() {
+            let mut entries: Vec<(&String, &Value)> = map.iter().collect();
+            entries.sort_unstable_by(|a, b| a.0.cmp(b.0));
+            out.push(b'{');
+            for (i, (key, item)) in entries.into_iter().enumerate() {
                 if i > 0 {
-                    out.push(',');
+                    out.push(b',');
                 }
-                out.push_str(&Value::String(key.clone()).to_string());
-                out.push(':');
-                write_canonical(&map[key], out);
+                write_scalar(key, out);
+                out.push(b':');
+                write_canonical(item, out);
             }
-            out.push('}');
+            out.push(b'}');
         }
         Value::Array(items) => {
-            out.push('[');
+            out.push(b'[');
             for (i, item) in items.iter().enumerate() {
                 if i > 0 {
-                    out.push(',');
+                    out.push(b',');
                 }
                 write_canonical(item, out);
             }
-            out.push(']');
+            out.push(b']');
         }
-        scalar => out.push_str(&scalar.to_string()),
+        scalar => write_scalar(scalar, out),
     }
+}
+
+/// A string or scalar as serde_json writes it (writing to memory cannot fail).
+fn write_scalar<T: serde::Serialize + ?Sized>(value: &T, out: &mut Vec<u8>) {
+    let _ = serde_json::to_writer(out, value);
 }
 
 /// Lowercase hex of `bytes`.
@@ -63,4 +69,32 @@ pub(crate) fn hex(bytes: &[u8]) -> String {
         out.push(DIGITS[usize::from(b & 0x0f)] as char);
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn canonical_json_sorts_keys_and_writes_no_whitespace() {
+        let value: Value = serde_json::from_str(
+            r#"{ "b": [1, -2.5, true, null, {"z": "é\"\\\u001f", "a": {}}], "a": "x y" }"#,
+        )
+        .expect("json");
+        let canonical = canonical_json(&value);
+        assert_eq!(
+            canonical,
+            r#"{"a":"x y","b":[1,-2.5,true,null,{"a":{},"z":"é\"\\\u001f"}]}"#
+        );
+    }
+
+    #[test]
+    fn the_digest_of_an_input_never_changes() {
+        // A stored job's digest must match its redeliveries forever: pinned.
+        let input: Value = serde_json::from_str(r#"{"prompt":"p","model":"m"}"#).expect("json");
+        assert_eq!(
+            input_digest("summary.v1", &canonical_json(&input)),
+            "b0603a9d4942f25669573f6214d61dfd0fd4cc2f5e7b0152942fcfc6ab654e50"
+        );
+    }
 }

@@ -190,6 +190,10 @@ pub struct JobMessage {
     /// message (which says so), or the message was made from the item. Its first claim is then
     /// made in place, not by creating the item.
     pub in_ledger: bool,
+    /// SQS delivered this message before (its receive count is above 1), so an earlier
+    /// delivery may have written the item: unless `in_ledger`, it is read before any write,
+    /// which costs a read instead of a refused create carrying the whole item both ways.
+    pub delivered_before: bool,
 }
 
 /// Rules for a job's input beyond the contract's, supplied by what runs the job (the simulated
@@ -322,6 +326,7 @@ fn job_from_fields(
         metadata,
         input_ref: None,
         in_ledger: false,
+        delivered_before: false,
     })
 }
 
@@ -338,6 +343,7 @@ impl JobMessage {
             metadata: record.metadata.clone(),
             input_ref: record.input_ref.clone(),
             in_ledger: true,
+            delivered_before: false,
         }
     }
 

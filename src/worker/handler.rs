@@ -110,6 +110,8 @@ impl<L: JobLedger, P: Provider, C: Clock, V: VisibilityControl> BatchHandler<L, 
                 let mut parsed = resolve_body(blobs, record.body.as_deref()).await;
                 if let Ok(Trigger::Job(msg)) = &mut parsed {
                     msg.in_ledger = in_ledger(record);
+                    msg.delivered_before =
+                        attribute(record, "ApproximateReceiveCount").is_some_and(|n| n > 1);
                 }
                 Entry { record, parsed }
             })

@@ -100,7 +100,9 @@ pub(super) fn encode_error(e: &ErrorRecord) -> AttributeValue {
 /// empty history is no attribute), and the index keys a state carries (`attention` while the
 /// job is live, `finished_on` once it is terminal).
 pub fn encode(r: &JobRecord) -> Item {
-    let mut item = Item::from([
+    // Room for every attribute a record can have, so the map is never grown.
+    let mut item = Item::with_capacity(26);
+    item.extend([
         ("job_id".to_owned(), s(&r.job_id)),
         ("state".to_owned(), s(r.state.as_str())),
         ("owner_epoch".to_owned(), n(r.owner_epoch)),

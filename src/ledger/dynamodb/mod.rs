@@ -15,7 +15,7 @@ mod item;
 mod operations;
 mod schedule;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 
 use aws_sdk_dynamodb::Client;
 use aws_sdk_dynamodb::error::{ProvideErrorMetadata, SdkError};
@@ -180,10 +180,11 @@ impl DynamoLedger {
         values: Vec<(&str, AttributeValue)>,
         returns: ReturnValue,
     ) -> Result<Updated, LedgerError> {
-        let used: HashSet<&str> = placeholders(update)
+        // A few dozen tokens at most: a list is cheaper than hashing each.
+        let used: Vec<&str> = placeholders(update)
             .chain(placeholders(condition))
             .collect();
-        let used = |token: &str| used.contains(token);
+        let used = |token: &str| used.contains(&token);
         let names: HashMap<String, String> = NAMES
             .iter()
             .filter(|(token, _)| used(token))

@@ -186,11 +186,22 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
     ) -> Processed {
         let job_id = match trigger {
             Trigger::Job(msg) => {
-                return match self.offload_input(msg).await {
-                    Ok(None) => self.process(msg, owner_id, inv, watch).await,
-                    Ok(Some(stored)) => self.process(&stored, owner_id, inv, watch).await,
-                    Err(failure) => failed(failure, None),
+                let stored = match self.offload_input(msg).await {
+                    Ok(stored) => stored,
+                    Err(failure) => return failed(failure, None),
                 };
+                let msg = stored.as_ref().unwrap_or(msg);
+                // A message delivered before most likely finds its item (often finished): one
+                // read decides, where a first-sight create would be refused. (A message whose
+                // item a producer created is claimed in place at once, read or not.)
+                let mut start = None;
+                if msg.delivered_before && !msg.in_ledger {
+                    match self.ledger.get(&msg.job_id).await {
+                        Ok(found) => start = found,
+                        Err(e) => return ledger_failure(&msg.job_id, &e, None),
+                    }
+                }
+                return self.process_from(msg, start, owner_id, inv, watch).await;
             }
             Trigger::Ref(job_id) => job_id,
         };
