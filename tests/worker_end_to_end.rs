@@ -75,10 +75,38 @@ async fn a_redelivered_finished_job_costs_one_ledger_call_and_no_provider_call()
         .await
         .expect("second delivery");
 
-    // THEN it is acknowledged from the ledger alone
+    // THEN it is acknowledged from the ledger alone: its first write, refused, shows the item
     assert_eq!((report.received, report.deleted), (1, 1));
     assert_eq!(handler.processor().provider().executions(), 1);
     assert_eq!(aws.calls.total("dynamodb"), 1, "{:?}", aws.calls.counts());
+    assert_eq!(aws.calls.get("dynamodb", "PutItem"), 1);
+    assert_eq!(
+        aws.ledger(&table).get("again-1").await.expect("get"),
+        before
+    );
+
+    // GIVEN a copy that SQS delivers a second time (its receive count is 2)
+    aws.send(&queue, &body).await;
+    let received = aws
+        .sqs
+        .receive_message()
+        .queue_url(&queue.url)
+        .visibility_timeout(0)
+        .send()
+        .await
+        .expect("receive");
+    assert_eq!(received.messages().len(), 1);
+    aws.calls.reset();
+    let report = source
+        .poll_once(|event, inv| handler.handle(event, inv))
+        .await
+        .expect("third delivery");
+
+    // THEN one read decides it, and nothing is written
+    assert_eq!((report.received, report.deleted), (1, 1));
+    assert_eq!(handler.processor().provider().executions(), 1);
+    assert_eq!(aws.calls.total("dynamodb"), 1, "{:?}", aws.calls.counts());
+    assert_eq!(aws.calls.get("dynamodb", "GetItem"), 1);
     assert_eq!(
         aws.ledger(&table).get("again-1").await.expect("get"),
         before
