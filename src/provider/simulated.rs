@@ -222,7 +222,7 @@ impl Provider for SimulatedProvider {
             });
         }
         match sim.outcome {
-            SimulatedOutcome::Ok => Ok(answer(req)),
+            SimulatedOutcome::Ok => Ok(answer(req, &sim)),
             SimulatedOutcome::Transient => Err(ProviderError::Transient {
                 retry_after_ms: None,
                 reason: "simulated transient failure".to_owned(),
@@ -268,7 +268,7 @@ impl Provider for SimulatedProvider {
         }
         let finished = SystemClock.now_ms() - started_at >= sim.latency_ms as Millis;
         match sim.outcome {
-            SimulatedOutcome::Ok if finished => Retrieval::Completed(answer(req)),
+            SimulatedOutcome::Ok if finished => Retrieval::Completed(answer(req, &sim)),
             SimulatedOutcome::Ok | SimulatedOutcome::Hang => Retrieval::Running,
             SimulatedOutcome::Transient => Retrieval::Failed(ProviderError::Transient {
                 retry_after_ms: None,
@@ -282,29 +282,42 @@ impl Provider for SimulatedProvider {
 }
 
 /// The answer depends on the input and contract only, never on the attempt or the time.
-fn answer(req: &ProviderRequest<'_>) -> Answer {
+fn answer(req: &ProviderRequest<'_>, sim: &Simulation) -> Answer {
+    use std::fmt::Write;
+    /// The answer's document, fields in the order they are written.
+    #[derive(serde::Serialize)]
+    struct Document<'a> {
+        contract: &'a str,
+        model: &'a str,
+        output: String,
+        usage: Usage,
+    }
+    #[derive(serde::Serialize)]
+    struct Usage {
+        input_chars: usize,
+        output_tokens: u32,
+    }
     let mut hasher = Sha256::new();
     hasher.update(req.contract.as_bytes());
     hasher.update(b"\0");
     hasher.update(req.input_json.as_bytes());
     let digest = hasher.finalize();
-    let tag: String = digest.iter().take(6).map(|b| format!("{b:02x}")).collect();
-    let model = req
-        .input
-        .get("model")
-        .and_then(|m| m.as_str())
-        .unwrap_or("");
-    let body = serde_json::json!({
-        "contract": req.contract,
-        "model": model,
-        "output": format!(
-            "simulated answer {tag}{}",
-            ".".repeat(simulation_of(req.input).answer_bytes)
-        ),
-        "usage": {"input_chars": req.input_json.len(), "output_tokens": 3},
-    });
+    let mut output = String::from("simulated answer ");
+    for b in &digest[..6] {
+        let _ = write!(output, "{b:02x}");
+    }
+    output.extend(std::iter::repeat_n('.', sim.answer_bytes));
+    let document = Document {
+        contract: req.contract,
+        model: req.input.get("model").and_then(Value::as_str).unwrap_or(""),
+        output,
+        usage: Usage {
+            input_chars: req.input_json.len(),
+            output_tokens: 3,
+        },
+    };
     Answer {
-        body: body.to_string(),
+        body: serde_json::to_string(&document).unwrap_or_default(),
         provider_ref: None,
     }
 }
@@ -381,6 +394,17 @@ mod tests {
         assert_eq!(p.executions_for("j"), 2);
         let other = input(json!({"model": "m", "prompt": "q"}));
         assert_ne!(p.call(&request(&other, 1)).await.expect("ok"), a);
+    }
+
+    #[tokio::test]
+    async fn an_answer_is_a_fixed_document() {
+        let p = SimulatedProvider::new();
+        let inp = input(json!({"model": "m\"1", "prompt": "p", "simulate": {"answer_bytes": 3}}));
+        let answer = p.call(&request(&inp, 1)).await.expect("ok");
+        assert_eq!(
+            answer.body,
+            r#"{"contract":"c","model":"m\"1","output":"simulated answer b49ada2be8e7...","usage":{"input_chars":59,"output_tokens":3}}"#
+        );
     }
 
     #[tokio::test]
