@@ -39,6 +39,7 @@ use fenced_jobs::worker::processor::{Invocation, Processor};
 
 use cpu::{median, process_cpu_ns};
 use futures::{StreamExt, stream};
+use tracing::Instrument;
 
 const ARN: &str = "arn:aws:sqs:us-east-1:123456789012:bench";
 const SIZES: [usize; 4] = [10, 100, 1_000, 10_000];
@@ -165,7 +166,10 @@ async fn run<L: JobLedger, V: VisibilityControl>(
     handler: &BatchHandler<L, SimulatedProvider, SystemClock, V>,
     event: &SqsEvent,
 ) {
-    let report = handler.handle_batch(event, &invocation()).await;
+    let inv = invocation();
+    // As the worker runs a batch: inside the invocation's span, which names it on every line.
+    let span = fenced_jobs::xray::invocation_span(&inv.id, None);
+    let report = handler.handle_batch(event, &inv).instrument(span).await;
     assert_eq!(report.response, Ok(vec![]), "every record succeeds");
 }
 
@@ -626,6 +630,11 @@ async fn wall_against_ideal() {
 }
 
 fn main() {
+    // The worker's logs, as it writes them at its default level (a line per record), into a sink.
+    let filter = fenced_jobs::logs::LogSettings::from_lookup(|_| None).filter;
+    let sink = Arc::new(std::fs::File::create("/dev/null").expect("/dev/null"));
+    let logs = fenced_jobs::logs::json_subscriber(&filter, sink);
+    tracing::subscriber::set_global_default(logs).expect("one subscriber");
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

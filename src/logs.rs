@@ -12,9 +12,12 @@ use std::fmt;
 
 use serde_json::{Map, Value};
 use tracing::field::{Field, Visit};
+use tracing::span::{Attributes, Id, Record};
 use tracing::{Event, Subscriber};
-use tracing_subscriber::fmt::format::{JsonFields, Writer};
-use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields, FormattedFields, MakeWriter};
+use tracing_subscriber::Layer;
+use tracing_subscriber::fmt::format::Writer;
+use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields, MakeWriter};
+use tracing_subscriber::layer::Context;
 use tracing_subscriber::registry::LookupSpan;
 
 /// The targets of this crate's code: the library and its binaries.
@@ -65,7 +68,6 @@ impl LogSettings {
 /// tracing (`AWS_XRAY_DAEMON_ADDRESS`), the X-Ray layer beside it, which alone sees the debug
 /// spans of ledger and provider calls (so they cost nothing without tracing).
 pub fn init() {
-    use tracing_subscriber::Layer;
     use tracing_subscriber::layer::SubscriberExt;
     use tracing_subscriber::util::SubscriberInitExt;
     let settings = LogSettings::from_lookup(|name| std::env::var(name).ok());
@@ -78,12 +80,9 @@ pub fn init() {
     });
     let registry = tracing_subscriber::registry().with(xray);
     let installed = if settings.json {
-        let fmt = tracing_subscriber::fmt::layer()
-            .fmt_fields(JsonFields::new())
-            .event_format(FlatJson)
-            .with_writer(std::io::stdout)
-            .with_filter(filter);
-        registry.with(fmt).try_init()
+        registry
+            .with(json_layer(std::io::stdout).with_filter(filter))
+            .try_init()
     } else {
         let fmt = tracing_subscriber::fmt::layer()
             .with_ansi(false)
@@ -97,17 +96,69 @@ pub fn init() {
     }
 }
 
-/// A JSON subscriber writing flat lines to `writer` at `filter`, for tests of the log format.
+/// The JSON subscriber the functions install, writing flat lines to `writer` at `filter`: for
+/// tests of the log format, and for benchmarks that count what logging costs.
 pub fn json_subscriber<W>(filter: &str, writer: W) -> impl Subscriber + Send + Sync
 where
     W: for<'a> MakeWriter<'a> + Send + Sync + 'static,
 {
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
-        .with_writer(writer)
-        .fmt_fields(JsonFields::new())
+    use tracing_subscriber::layer::SubscriberExt;
+    tracing_subscriber::registry()
+        .with(json_layer(writer).with_filter(tracing_subscriber::EnvFilter::new(filter)))
+}
+
+/// Flat JSON lines to `writer`: spans keep their fields as values (`KeepFields`), which each
+/// line copies, and the formatter's own per-span text is left empty.
+fn json_layer<S, W>(writer: W) -> impl Layer<S> + Send + Sync
+where
+    S: Subscriber + for<'a> LookupSpan<'a>,
+    W: for<'a> MakeWriter<'a> + Send + Sync + 'static,
+{
+    let fmt = tracing_subscriber::fmt::layer()
+        .fmt_fields(NoText)
         .event_format(FlatJson)
-        .finish()
+        .with_writer(writer);
+    KeepFields.and_then(fmt)
+}
+
+/// A span's fields as JSON values, kept in its extensions from its creation on.
+struct SpanFields(Map<String, Value>);
+
+/// Keeps each span's fields as values (`SpanFields`), so that a line copies them rather than
+/// parsing them back from text.
+struct KeepFields;
+
+impl<S: Subscriber + for<'a> LookupSpan<'a>> Layer<S> for KeepFields {
+    fn on_new_span(&self, attrs: &Attributes<'_>, id: &Id, ctx: Context<'_, S>) {
+        let Some(span) = ctx.span(id) else {
+            return;
+        };
+        let mut fields = Map::new();
+        attrs.record(&mut Fields(&mut fields));
+        span.extensions_mut().insert(SpanFields(fields));
+    }
+
+    fn on_record(&self, id: &Id, values: &Record<'_>, ctx: Context<'_, S>) {
+        let Some(span) = ctx.span(id) else {
+            return;
+        };
+        if let Some(SpanFields(fields)) = span.extensions_mut().get_mut::<SpanFields>() {
+            values.record(&mut Fields(fields));
+        }
+    }
+}
+
+/// The formatter's text of a span's fields: none (the lines take `SpanFields` instead).
+struct NoText;
+
+impl<'w> FormatFields<'w> for NoText {
+    fn format_fields<R: tracing_subscriber::field::RecordFields>(
+        &self,
+        _writer: Writer<'w>,
+        _fields: R,
+    ) -> fmt::Result {
+        Ok(())
+    }
 }
 
 /// One flat JSON object per event: the spans' fields (outermost first), then the event's.
@@ -135,12 +186,8 @@ where
         );
         if let Some(scope) = ctx.event_scope() {
             for span in scope.from_root() {
-                let extensions = span.extensions();
-                let Some(fields) = extensions.get::<FormattedFields<N>>() else {
-                    continue;
-                };
-                if let Ok(Value::Object(fields)) = serde_json::from_str(fields.as_str()) {
-                    line.extend(fields);
+                if let Some(SpanFields(fields)) = span.extensions().get::<SpanFields>() {
+                    line.extend(fields.iter().map(|(k, v)| (k.clone(), v.clone())));
                 }
             }
         }
