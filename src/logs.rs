@@ -10,7 +10,7 @@
 
 use std::fmt;
 
-use serde_json::{Map, Value};
+use serde_json::Value;
 use tracing::field::{Field, Visit};
 use tracing::span::{Attributes, Id, Record};
 use tracing::{Event, Subscriber};
@@ -121,8 +121,12 @@ where
     KeepFields.and_then(fmt)
 }
 
+/// Fields by name, in the order first given; a name given again keeps its place and takes the
+/// newer value (a line's own fields over its spans', an inner span's over an outer one's).
+type Named = Vec<(&'static str, Value)>;
+
 /// A span's fields as JSON values, kept in its extensions from its creation on.
-struct SpanFields(Map<String, Value>);
+struct SpanFields(Named);
 
 /// Keeps each span's fields as values (`SpanFields`), so that a line copies them rather than
 /// parsing them back from text.
@@ -133,7 +137,7 @@ impl<S: Subscriber + for<'a> LookupSpan<'a>> Layer<S> for KeepFields {
         let Some(span) = ctx.span(id) else {
             return;
         };
-        let mut fields = Map::new();
+        let mut fields = Named::new();
         attrs.record(&mut Fields(&mut fields));
         span.extensions_mut().insert(SpanFields(fields));
     }
@@ -175,50 +179,75 @@ where
         mut writer: Writer<'_>,
         event: &Event<'_>,
     ) -> fmt::Result {
-        let mut line = Map::new();
         let now = time::OffsetDateTime::now_utc()
             .format(&time::format_description::well_known::Rfc3339)
             .unwrap_or_default();
-        line.insert("timestamp".into(), Value::String(now));
-        line.insert(
-            "level".into(),
+        let mut line: Named = Vec::with_capacity(24);
+        line.push(("timestamp", Value::String(now)));
+        line.push((
+            "level",
             Value::String(event.metadata().level().as_str().to_owned()),
-        );
+        ));
+        let mut fields = Fields(&mut line);
         if let Some(scope) = ctx.event_scope() {
             for span in scope.from_root() {
-                if let Some(SpanFields(fields)) = span.extensions().get::<SpanFields>() {
-                    line.extend(fields.iter().map(|(k, v)| (k.clone(), v.clone())));
+                if let Some(SpanFields(named)) = span.extensions().get::<SpanFields>() {
+                    for (name, value) in named {
+                        fields.put(name, value.clone());
+                    }
                 }
             }
         }
-        event.record(&mut Fields(&mut line));
-        writeln!(writer, "{}", Value::Object(line))
+        event.record(&mut fields);
+        let text = serde_json::to_string(&Line(&line)).map_err(|_| fmt::Error)?;
+        writeln!(writer, "{text}")
     }
 }
 
-/// Collects an event's fields into the line.
-struct Fields<'a>(&'a mut Map<String, Value>);
+/// A line's fields as one JSON object, in their order.
+struct Line<'a>(&'a [(&'static str, Value)]);
+
+impl serde::Serialize for Line<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut map = serializer.serialize_map(Some(self.0.len()))?;
+        for (name, value) in self.0 {
+            map.serialize_entry(name, value)?;
+        }
+        map.end()
+    }
+}
+
+/// Collects fields into a line (or a span's list).
+struct Fields<'a>(&'a mut Named);
+
+impl Fields<'_> {
+    fn put(&mut self, name: &'static str, value: Value) {
+        match self.0.iter_mut().find(|(n, _)| *n == name) {
+            Some(slot) => slot.1 = value,
+            None => self.0.push((name, value)),
+        }
+    }
+}
 
 impl Visit for Fields<'_> {
     fn record_str(&mut self, field: &Field, value: &str) {
-        self.0
-            .insert(field.name().into(), Value::String(value.into()));
+        self.put(field.name(), Value::String(value.into()));
     }
     fn record_i64(&mut self, field: &Field, value: i64) {
-        self.0.insert(field.name().into(), value.into());
+        self.put(field.name(), value.into());
     }
     fn record_u64(&mut self, field: &Field, value: u64) {
-        self.0.insert(field.name().into(), value.into());
+        self.put(field.name(), value.into());
     }
     fn record_bool(&mut self, field: &Field, value: bool) {
-        self.0.insert(field.name().into(), value.into());
+        self.put(field.name(), value.into());
     }
     fn record_f64(&mut self, field: &Field, value: f64) {
-        self.0.insert(field.name().into(), value.into());
+        self.put(field.name(), value.into());
     }
     fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
-        self.0
-            .insert(field.name().into(), Value::String(format!("{value:?}")));
+        self.put(field.name(), Value::String(format!("{value:?}")));
     }
 }
 
@@ -264,6 +293,53 @@ mod tests {
             .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
             .collect();
         LogSettings::from_lookup(|name| map.get(name).cloned())
+    }
+
+    /// A writer into a shared buffer.
+    #[derive(Clone, Default)]
+    struct Buffer(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Buffer {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().expect("buffer").extend_from_slice(bytes);
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_line_is_flat_in_order_and_the_innermost_value_wins() {
+        let buffer = Buffer::default();
+        let sink = buffer.clone();
+        let subscriber = json_subscriber("info", move || sink.clone());
+        tracing::subscriber::with_default(subscriber, || {
+            let outer = tracing::info_span!("invocation", requestId = "r-1", job_id = "outer");
+            let _outer = outer.enter();
+            let inner =
+                tracing::info_span!("record", job_id = "j-1", epoch = tracing::field::Empty);
+            let _inner = inner.enter();
+            inner.record("epoch", 3);
+            tracing::info!(job_id = "j-event", attempts = 2, "record done");
+        });
+        let text = String::from_utf8(buffer.0.lock().expect("buffer").clone()).expect("utf-8");
+        let line: serde_json::Map<String, Value> =
+            serde_json::from_str(text.trim()).expect("one JSON line");
+        assert_eq!(line["level"], "INFO");
+        assert_eq!(line["requestId"], "r-1");
+        assert_eq!(line["job_id"], "j-event", "the event's own value wins");
+        assert_eq!(line["epoch"], 3, "a field recorded after the span began");
+        assert_eq!(line["attempts"], 2);
+        assert_eq!(line["message"], "record done");
+        let keys: Vec<&str> = text
+            .trim()
+            .trim_start_matches('{')
+            .split(",\"")
+            .filter_map(|part| part.trim_start_matches('"').split('"').next())
+            .collect();
+        assert_eq!(&keys[..3], ["timestamp", "level", "requestId"], "{text}");
+        assert_eq!(text.matches("\"job_id\"").count(), 1, "{text}");
     }
 
     #[test]
