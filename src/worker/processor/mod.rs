@@ -171,7 +171,8 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         inv: &Invocation,
         watch: &dyn AttemptWatch,
     ) -> Processed {
-        self.process_from(msg, None, owner_id, inv, watch).await
+        self.process_from(msg, None, None, owner_id, inv, watch)
+            .await
     }
 
     /// Processes one delivery of a trigger. A trigger that carries only a job id costs one
@@ -193,22 +194,30 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
                 let msg = stored.as_ref().unwrap_or(msg);
                 // A message delivered before most likely finds its item (often finished): one
                 // read decides, where a first-sight create would be refused. (A message whose
-                // item a producer created is claimed in place at once, read or not.)
-                let mut start = None;
+                // item a producer created is claimed in place at once, read or not.) Capacity
+                // for the call is taken first, as before any claim, so that the batch's records
+                // still ask for it together; a job the read shows finished gives it back.
+                let (mut start, mut permit) = (None, None);
                 if msg.delivered_before && !msg.in_ledger {
+                    match self.admit(msg, inv).await {
+                        Ok(p) => permit = Some(p),
+                        Err(wait_ms) => return failed(Failure::Paced { wait_ms }, None),
+                    }
                     match self.ledger.get(&msg.job_id).await {
                         Ok(found) => start = found,
                         Err(e) => return ledger_failure(&msg.job_id, &e, None),
                     }
                 }
-                return self.process_from(msg, start, owner_id, inv, watch).await;
+                return self
+                    .process_from(msg, start, permit, owner_id, inv, watch)
+                    .await;
             }
             Trigger::Ref(job_id) => job_id,
         };
         match self.ledger.get(job_id).await {
             Ok(Some(item)) => match self.stored_input(&item).await {
                 Ok(msg) => {
-                    self.process_from(&msg, Some(item), owner_id, inv, watch)
+                    self.process_from(&msg, Some(item), None, owner_id, inv, watch)
                         .await
                 }
                 Err(failure) => failed(failure, Some(item)),
@@ -218,10 +227,20 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         }
     }
 
-    async fn process_from(
-        &self,
+    /// Capacity for `msg`'s call from the pacer, or how long to wait for it.
+    async fn admit(&self, msg: &JobMessage, inv: &Invocation) -> Result<Permit<'_>, Millis> {
+        let tokens = self.pacer.estimated_tokens(&msg.input_canonical);
+        let latest = self.latest_call_start(inv);
+        self.pacer.admit(tokens, &self.clock, latest).await
+    }
+
+    /// Processes a delivery from the item already read (`start`), if any, with the capacity
+    /// already taken for its call (`permit`), if any.
+    async fn process_from<'p>(
+        &'p self,
         msg: &JobMessage,
         mut start: Option<JobRecord>,
+        mut permit: Option<Permit<'p>>,
         owner_id: &str,
         inv: &Invocation,
         watch: &dyn AttemptWatch,
@@ -247,7 +266,6 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         let mut view = None;
         // Capacity for the call, taken before the claim that would start it: a record that
         // cannot get it soon leaves the ledger untouched and waits in the queue.
-        let mut permit: Option<Permit<'_>> = None;
         for _ in 0..MAX_ROUNDS {
             let now = self.clock.now_ms();
             let calls = matches!(action, Action::Claim(_) | Action::Recover(..));
@@ -261,9 +279,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
                 Some(seen) => seen,
                 None => {
                     if matches!(action, Action::Claim(_)) && permit.is_none() {
-                        let tokens = self.pacer.estimated_tokens(&msg.input_canonical);
-                        let latest = self.latest_call_start(inv);
-                        match self.pacer.admit(tokens, &self.clock, latest).await {
+                        match self.admit(msg, inv).await {
                             Ok(p) => permit = Some(p),
                             Err(wait_ms) => return failed(Failure::Paced { wait_ms }, view),
                         }
