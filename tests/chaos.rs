@@ -8,8 +8,30 @@ mod sim;
 
 #[test]
 fn fixed_seeds_keep_every_invariant_under_every_fault() {
+    // Every edge the worker guards against must be met: the rarer ones (a failed store of an
+    // answer is 5 % of the few large answers) on the first four seeds or on up to four more.
+    const EDGES: [&str; 15] = [
+        "gateway_error",
+        "oversized_answer",
+        "ddb_stall",
+        "ddb_timeout",
+        "retrieval_stall",
+        "retrieval_error",
+        "short_invocation",
+        "lapse_alone",
+        "large_answer",
+        "store_error",
+        "poison_message",
+        "dlq_send_failure",
+        "pause_after_claim",
+        "provider_throttle",
+        "reconciler_resent",
+    ];
     let mut seen = std::collections::BTreeSet::new();
-    for seed in 1..=4 {
+    for seed in 1..=8 {
+        if seed > 4 && EDGES.iter().all(|kind| seen.contains(kind)) {
+            break;
+        }
         let config = sim::ChaosConfig {
             seed,
             jobs: 400,
@@ -33,24 +55,7 @@ fn fixed_seeds_keep_every_invariant_under_every_fault() {
             report.end_states
         );
     }
-    // Every edge the worker guards against was met on these seeds.
-    for kind in [
-        "gateway_error",
-        "oversized_answer",
-        "ddb_stall",
-        "ddb_timeout",
-        "retrieval_stall",
-        "retrieval_error",
-        "short_invocation",
-        "lapse_alone",
-        "large_answer",
-        "store_error",
-        "poison_message",
-        "dlq_send_failure",
-        "pause_after_claim",
-        "provider_throttle",
-        "reconciler_resent",
-    ] {
+    for kind in EDGES {
         assert!(seen.contains(kind), "{kind} never injected: {seen:?}");
     }
 }
