@@ -126,6 +126,11 @@ struct Measure {
     records: usize,
 }
 
+/// CPU per DynamoDB request of a measurement whose requests `calls` counted.
+fn per_request(m: &Measure, calls: &CallCounter) -> f64 {
+    m.cpu_per_record_us * m.records as f64 / calls.total("dynamodb") as f64
+}
+
 /// Handles batches (round `r` from `make(r)`) until `ROUND_MS` passed, at least once. The CPU
 /// window covers what the function does: parsing the event JSON as the worker does (the
 /// runtime's JSON tree, then each record from it), and handling it.
@@ -434,10 +439,10 @@ async fn floor_row(n: usize) {
         calls.reset();
         let m = measure_for(&handler, n, SLICE_MS, round, fresh_json).await;
         round += m.records / n;
-        fresh.push(m.cpu_per_record_us * m.records as f64 / calls.total("dynamodb") as f64);
+        fresh.push(per_request(&m, &calls));
         calls.reset();
         let m = measure_for(&handler, n, SLICE_MS, 0, |_| first.clone()).await;
-        again.push(m.cpu_per_record_us * m.records as f64 / calls.total("dynamodb") as f64);
+        again.push(per_request(&m, &calls));
     }
     let floor = median(floors);
     let [ledger, fresh, again] = [ledgers, fresh, again].map(median);
@@ -455,46 +460,51 @@ async fn floor_row(n: usize) {
 /// work, for a profiler.
 async fn only(kind: &str, n: usize, ms: u64) {
     let (handler, floor, calls) = sdk_handler(false).await;
+    let memory = memory_handler();
     let in_flight = n.min(settings().max_concurrency);
     let tag = format!("only{n}-{}", fastrand::u32(..));
+    let fresh = |round: usize| event_json(&format!("{tag}-r{round}"), n, 1, Shape::default());
+    // Redelivered batches: the first one handled fresh, then delivered again and again.
     let first = event_json(&tag, n, 1, Shape::default());
-    if kind == "redelivered" {
-        run(&handler, &parse(&first)).await;
+    let again = redelivery(&first);
+    match kind {
+        "redelivered" => run(&handler, &parse(&first)).await,
+        "memory-redelivered" => run(&memory, &parse(&first)).await,
+        _ => {}
     }
-    let first_again = redelivery(&first);
     calls.reset();
-    let per_request = match kind {
-        "floor" => floor.cpu_per_request_us(n, in_flight, ms).await,
-        "ledger" => ledger_cpu_per_request_us(handler.processor().ledger(), n, in_flight, ms).await,
-        "fresh" | "redelivered" => {
-            let fresh =
-                |round: usize| event_json(&format!("{tag}-r{round}"), n, 1, Shape::default());
-            let m = if kind == "fresh" {
-                measure_for(&handler, n, ms, 1, fresh).await
-            } else {
-                measure_for(&handler, n, ms, 0, |_| first_again.clone()).await
-            };
-            m.cpu_per_record_us * m.records as f64 / calls.total("dynamodb") as f64
+    let (figure, unit) = match kind {
+        "floor" => (
+            floor.cpu_per_request_us(n, in_flight, ms).await,
+            "DynamoDB request",
+        ),
+        "ledger" => {
+            let ledger = handler.processor().ledger();
+            let us = ledger_cpu_per_request_us(ledger, n, in_flight, ms).await;
+            (us, "DynamoDB request")
         }
-        "memory-fresh" | "memory-redelivered" => {
-            let memory = memory_handler();
-            run(&memory, &parse(&first)).await;
-            let fresh =
-                |round: usize| event_json(&format!("{tag}-r{round}"), n, 1, Shape::default());
-            let m = if kind == "memory-fresh" {
-                measure_for(&memory, n, ms, 1, fresh).await
-            } else {
-                measure_for(&memory, n, ms, 0, |_| first_again.clone()).await
-            };
-            println!("{kind}: {} records", m.records);
-            m.cpu_per_record_us
+        "fresh" => {
+            let m = measure_for(&handler, n, ms, 0, fresh).await;
+            (per_request(&m, &calls), "DynamoDB request")
+        }
+        "redelivered" => {
+            let m = measure_for(&handler, n, ms, 0, |_| again.clone()).await;
+            (per_request(&m, &calls), "DynamoDB request")
+        }
+        "memory-fresh" => {
+            let m = measure_for(&memory, n, ms, 0, fresh).await;
+            (m.cpu_per_record_us, "record")
+        }
+        "memory-redelivered" => {
+            let m = measure_for(&memory, n, ms, 0, |_| again.clone()).await;
+            (m.cpu_per_record_us, "record")
         }
         _ => panic!(
             "only floor|ledger|fresh|redelivered|memory-fresh|memory-redelivered [records] [ms]"
         ),
     };
     let requests = calls.total("dynamodb");
-    println!("{kind}: {per_request:.1} µs per DynamoDB request, {requests} requests");
+    println!("{kind}: {figure:.1} µs per {unit}, {requests} DynamoDB requests");
 }
 
 /// Fresh records' CPU per record in `n`-record batches on a current-thread runtime (as the

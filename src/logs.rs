@@ -295,53 +295,6 @@ mod tests {
         LogSettings::from_lookup(|name| map.get(name).cloned())
     }
 
-    /// A writer into a shared buffer.
-    #[derive(Clone, Default)]
-    struct Buffer(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
-
-    impl std::io::Write for Buffer {
-        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().expect("buffer").extend_from_slice(bytes);
-            Ok(bytes.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-
-    #[test]
-    fn a_line_is_flat_in_order_and_the_innermost_value_wins() {
-        let buffer = Buffer::default();
-        let sink = buffer.clone();
-        let subscriber = json_subscriber("info", move || sink.clone());
-        tracing::subscriber::with_default(subscriber, || {
-            let outer = tracing::info_span!("invocation", requestId = "r-1", job_id = "outer");
-            let _outer = outer.enter();
-            let inner =
-                tracing::info_span!("record", job_id = "j-1", epoch = tracing::field::Empty);
-            let _inner = inner.enter();
-            inner.record("epoch", 3);
-            tracing::info!(job_id = "j-event", attempts = 2, "record done");
-        });
-        let text = String::from_utf8(buffer.0.lock().expect("buffer").clone()).expect("utf-8");
-        let line: serde_json::Map<String, Value> =
-            serde_json::from_str(text.trim()).expect("one JSON line");
-        assert_eq!(line["level"], "INFO");
-        assert_eq!(line["requestId"], "r-1");
-        assert_eq!(line["job_id"], "j-event", "the event's own value wins");
-        assert_eq!(line["epoch"], 3, "a field recorded after the span began");
-        assert_eq!(line["attempts"], 2);
-        assert_eq!(line["message"], "record done");
-        let keys: Vec<&str> = text
-            .trim()
-            .trim_start_matches('{')
-            .split(",\"")
-            .filter_map(|part| part.trim_start_matches('"').split('"').next())
-            .collect();
-        assert_eq!(&keys[..3], ["timestamp", "level", "requestId"], "{text}");
-        assert_eq!(text.matches("\"job_id\"").count(), 1, "{text}");
-    }
-
     #[test]
     fn lambda_log_controls_are_honoured_and_rust_log_overrides_them() {
         assert!(settings(&[]).json);

@@ -307,3 +307,35 @@ async fn records_and_provider_calls_become_xray_subsegments_without_content() {
     assert_eq!(call["annotations"]["attempt"], 1);
     assert!(call["end_time"].as_f64() >= call["start_time"].as_f64());
 }
+
+#[test]
+fn a_line_is_flat_in_order_and_the_innermost_value_wins() {
+    let captured = Captured::default();
+    let sink = captured.clone();
+    let subscriber = fenced_jobs::logs::json_subscriber("info", move || sink.clone());
+    tracing::subscriber::with_default(subscriber, || {
+        let outer = tracing::info_span!("invocation", requestId = "r-1", job_id = "outer");
+        let _outer = outer.enter();
+        let inner = tracing::info_span!("record", job_id = "j-1", epoch = tracing::field::Empty);
+        let _inner = inner.enter();
+        inner.record("epoch", 3);
+        tracing::info!(job_id = "j-event", attempts = 2, "record done");
+    });
+    let text = String::from_utf8(captured.0.lock().expect("buffer").clone()).expect("utf-8");
+    let line: serde_json::Map<String, Value> =
+        serde_json::from_str(text.trim()).expect("one JSON line");
+    assert_eq!(line["level"], "INFO");
+    assert_eq!(line["requestId"], "r-1");
+    assert_eq!(line["job_id"], "j-event", "the event's own value wins");
+    assert_eq!(line["epoch"], 3, "a field recorded after the span began");
+    assert_eq!(line["attempts"], 2);
+    assert_eq!(line["message"], "record done");
+    let keys: Vec<&str> = text
+        .trim()
+        .trim_start_matches('{')
+        .split(",\"")
+        .filter_map(|part| part.trim_start_matches('"').split('"').next())
+        .collect();
+    assert_eq!(&keys[..3], ["timestamp", "level", "requestId"], "{text}");
+    assert_eq!(text.matches("\"job_id\"").count(), 1, "{text}");
+}

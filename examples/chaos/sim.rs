@@ -22,6 +22,7 @@ use fenced_jobs::clock::Clock;
 use fenced_jobs::job::{AttemptOutcome, BlobRef, JobRecord, JobState, Millis, parse_trigger};
 use fenced_jobs::ledger::LedgerIndex;
 use fenced_jobs::ledger::memory::InMemoryLedger;
+use fenced_jobs::ledger::transitions::known_after_finish;
 use fenced_jobs::ledger::{
     AttemptEnd, ClaimRequest, CreateRequest, DecideRequest, EnqueuedRequest, FinishRequest,
     JobLedger, LedgerError, RecordRefRequest, RecoverRequest, RenewRequest, SettleRequest, Write,
@@ -681,6 +682,35 @@ impl JobLedger for SimLedger {
             Ok(written)
         };
         self.call("finish", &id, apply).await
+    }
+    async fn finish_known(
+        &self,
+        known: &JobRecord,
+        req: FinishRequest,
+    ) -> Result<Write, LedgerError> {
+        let id = req.job_id.clone();
+        let rebuilt = known_after_finish(known, &req);
+        let written = self.finish(req).await?;
+        let (Write::Applied(_), Some(rebuilt)) = (&written, rebuilt) else {
+            return Ok(written);
+        };
+        // The owner builds the accepted item from its claim instead of reading it back: only
+        // writes of other kinds since the claim (renewals, a recorded reference, a re-enqueue)
+        // may tell them apart. The accepted item is terminal, so this read sees it as written.
+        if let Ok(Some(stored)) = self.table.get(&id).await {
+            let mut expected = rebuilt.clone();
+            expected.owner_until = stored.owner_until;
+            expected.enqueued_at = stored.enqueued_at;
+            for (mine, theirs) in expected.attempt_log.iter_mut().zip(&stored.attempt_log) {
+                mine.provider_ref.clone_from(&theirs.provider_ref);
+            }
+            if expected != stored {
+                self.world.violation(format!(
+                    "{id}: the accepted record the owner built differs from the table's item"
+                ));
+            }
+        }
+        Ok(Write::Applied(rebuilt))
     }
     async fn settle(&self, req: SettleRequest) -> Result<Write, LedgerError> {
         let id = req.job_id.clone();

@@ -405,18 +405,23 @@ pub trait JobLedger: Send + Sync {
     fn finish(&self, req: FinishRequest)
     -> impl Future<Output = Result<Write, LedgerError>> + Send;
     /// [`JobLedger::finish`] by an owner that holds `known`, the record its claim or recovery
-    /// left. When the write accepts an answer, the record it returns may be `known` with the end
-    /// applied ([`transitions::apply_finish`]) rather than the item sent back: fields that only
-    /// writes of other kinds change (the lease's end after renewals, `enqueued_at`, a provider
-    /// reference recorded since the claim) are then as `known` has them. Refusals are as
-    /// [`JobLedger::finish`]'s.
+    /// left. When the write accepts an answer, the record it returns is `known` with the end
+    /// applied ([`transitions::known_after_finish`]), not the item as stored, so that a ledger
+    /// need not send the item back: fields that only writes of other kinds change (the lease's
+    /// end after renewals, `enqueued_at`, a provider reference recorded since the claim) are as
+    /// `known` has them. Refusals are as [`JobLedger::finish`]'s.
     fn finish_known(
         &self,
         known: &JobRecord,
         req: FinishRequest,
     ) -> impl Future<Output = Result<Write, LedgerError>> + Send {
-        let _ = known;
-        self.finish(req)
+        let rebuilt = transitions::known_after_finish(known, &req);
+        async move {
+            match self.finish(req).await? {
+                Write::Applied(stored) => Ok(Write::Applied(rebuilt.unwrap_or(stored))),
+                refused => Ok(refused),
+            }
+        }
     }
     /// See [`SettleRequest`].
     fn settle(&self, req: SettleRequest)

@@ -96,6 +96,16 @@ pub fn apply_finish(current: Option<&JobRecord>, req: &FinishRequest) -> Option<
     Some(next)
 }
 
+/// The record an applied finish leaves, as an owner holding `known` (the record its claim or
+/// recovery returned) can build it without reading: only when the finish accepts an answer (see
+/// [`super::JobLedger::finish_known`]).
+pub fn known_after_finish(known: &JobRecord, req: &FinishRequest) -> Option<JobRecord> {
+    match req.end {
+        super::AttemptEnd::Succeeded { .. } => apply_finish(Some(known), req),
+        _ => None,
+    }
+}
+
 /// Settle: see [`SettleRequest`].
 pub fn apply_settle(current: Option<&JobRecord>, req: &SettleRequest) -> Option<JobRecord> {
     let mut next = match (&req.from, current) {

@@ -10,7 +10,7 @@ use super::item::{
 use crate::job::{
     AttemptOutcome, AttemptRecord, JobRecord, JobState, NewJob, RecoveryRecord, ResultBody,
 };
-use crate::ledger::transitions::{apply_claim, apply_create, apply_finish, apply_settle};
+use crate::ledger::transitions::{apply_claim, apply_create, apply_settle, known_after_finish};
 use crate::ledger::{
     AttemptEnd, ClaimRequest, CreateRequest, DecideRequest, EnqueuedRequest, FinishRequest,
     JobLedger, LedgerError, RecordRefRequest, RecoverRequest, RenewRequest, SettleFrom,
@@ -94,10 +94,7 @@ impl JobLedger for DynamoLedger {
     }
 
     async fn finish(&self, req: FinishRequest) -> Result<Write, LedgerError> {
-        let (update, condition, values) = finish_write(&req);
-        let target = Some(req.end.target());
-        self.update("finish", &req.job_id, &update, &condition, values, target)
-            .await
+        self.finish_to(&req, None).await
     }
 
     async fn finish_known(
@@ -107,25 +104,7 @@ impl JobLedger for DynamoLedger {
     ) -> Result<Write, LedgerError> {
         // An accepted answer leaves a record its owner can build: the item (input and answer
         // included) need not come back.
-        let rebuilt = match req.end {
-            AttemptEnd::Succeeded { .. } => apply_finish(Some(known), &req),
-            _ => None,
-        };
-        let Some(rebuilt) = rebuilt else {
-            return self.finish(req).await;
-        };
-        let (update, condition, values) = finish_write(&req);
-        let target = Some(req.end.target());
-        self.update_to(
-            "finish",
-            &req.job_id,
-            &update,
-            &condition,
-            values,
-            target,
-            Some(rebuilt),
-        )
-        .await
+        self.finish_to(&req, known_after_finish(known, &req)).await
     }
 
     async fn settle(&self, req: SettleRequest) -> Result<Write, LedgerError> {
@@ -324,6 +303,28 @@ fn new_job_values(job: &NewJob) -> Vec<(&'static str, AttributeValue)> {
         values.push((":inref", encode_blob(blob)));
     }
     values
+}
+
+impl DynamoLedger {
+    /// A finish; when the record it leaves is known (`rebuilt`), nothing comes back.
+    async fn finish_to(
+        &self,
+        req: &FinishRequest,
+        rebuilt: Option<JobRecord>,
+    ) -> Result<Write, LedgerError> {
+        let (update, condition, values) = finish_write(req);
+        let target = Some(req.end.target());
+        self.update_to(
+            "finish",
+            &req.job_id,
+            &update,
+            &condition,
+            values,
+            target,
+            rebuilt,
+        )
+        .await
+    }
 }
 
 /// The update, condition and values of a finish.

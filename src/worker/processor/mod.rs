@@ -171,8 +171,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         inv: &Invocation,
         watch: &dyn AttemptWatch,
     ) -> Processed {
-        self.process_from(msg, None, None, owner_id, inv, watch)
-            .await
+        self.process_from(msg, None, owner_id, inv, watch).await
     }
 
     /// Processes one delivery of a trigger. A trigger that carries only a job id costs one
@@ -187,37 +186,18 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
     ) -> Processed {
         let job_id = match trigger {
             Trigger::Job(msg) => {
-                let stored = match self.offload_input(msg).await {
-                    Ok(stored) => stored,
-                    Err(failure) => return failed(failure, None),
+                return match self.offload_input(msg).await {
+                    Ok(None) => self.process(msg, owner_id, inv, watch).await,
+                    Ok(Some(stored)) => self.process(&stored, owner_id, inv, watch).await,
+                    Err(failure) => failed(failure, None),
                 };
-                let msg = stored.as_ref().unwrap_or(msg);
-                // A message delivered before most likely finds its item (often finished): one
-                // read decides, where a first-sight create would be refused. (A message whose
-                // item a producer created is claimed in place at once, read or not.) Capacity
-                // for the call is taken first, as before any claim, so that the batch's records
-                // still ask for it together; a job the read shows finished gives it back.
-                let (mut start, mut permit) = (None, None);
-                if msg.delivered_before && !msg.in_ledger {
-                    match self.admit(msg, inv).await {
-                        Ok(p) => permit = Some(p),
-                        Err(wait_ms) => return failed(Failure::Paced { wait_ms }, None),
-                    }
-                    match self.ledger.get(&msg.job_id).await {
-                        Ok(found) => start = found,
-                        Err(e) => return ledger_failure(&msg.job_id, &e, None),
-                    }
-                }
-                return self
-                    .process_from(msg, start, permit, owner_id, inv, watch)
-                    .await;
             }
             Trigger::Ref(job_id) => job_id,
         };
         match self.ledger.get(job_id).await {
             Ok(Some(item)) => match self.stored_input(&item).await {
                 Ok(msg) => {
-                    self.process_from(&msg, Some(item), None, owner_id, inv, watch)
+                    self.process_from(&msg, Some(item), owner_id, inv, watch)
                         .await
                 }
                 Err(failure) => failed(failure, Some(item)),
@@ -227,20 +207,11 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         }
     }
 
-    /// Capacity for `msg`'s call from the pacer, or how long to wait for it.
-    async fn admit(&self, msg: &JobMessage, inv: &Invocation) -> Result<Permit<'_>, Millis> {
-        let tokens = self.pacer.estimated_tokens(&msg.input_canonical);
-        let latest = self.latest_call_start(inv);
-        self.pacer.admit(tokens, &self.clock, latest).await
-    }
-
-    /// Processes a delivery from the item already read (`start`), if any, with the capacity
-    /// already taken for its call (`permit`), if any.
-    async fn process_from<'p>(
-        &'p self,
+    /// Processes a delivery from the item already read (`start`), if any.
+    async fn process_from(
+        &self,
         msg: &JobMessage,
         mut start: Option<JobRecord>,
-        mut permit: Option<Permit<'p>>,
         owner_id: &str,
         inv: &Invocation,
         watch: &dyn AttemptWatch,
@@ -266,6 +237,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         let mut view = None;
         // Capacity for the call, taken before the claim that would start it: a record that
         // cannot get it soon leaves the ledger untouched and waits in the queue.
+        let mut permit: Option<Permit<'_>> = None;
         for _ in 0..MAX_ROUNDS {
             let now = self.clock.now_ms();
             let calls = matches!(action, Action::Claim(_) | Action::Recover(..));
@@ -279,7 +251,9 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
                 Some(seen) => seen,
                 None => {
                     if matches!(action, Action::Claim(_)) && permit.is_none() {
-                        match self.admit(msg, inv).await {
+                        let tokens = self.pacer.estimated_tokens(&msg.input_canonical);
+                        let latest = self.latest_call_start(inv);
+                        match self.pacer.admit(tokens, &self.clock, latest).await {
                             Ok(p) => permit = Some(p),
                             Err(wait_ms) => return failed(Failure::Paced { wait_ms }, view),
                         }
@@ -287,24 +261,10 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
                     let now = self.clock.now_ms();
                     let written = match action {
                         Action::Claim(expect) => {
-                            let req = ClaimRequest {
-                                job: job.clone(),
-                                expect,
-                                owner_id: owner_id.to_owned(),
-                                now,
-                                lease_until: now + self.settings.lease_ms,
-                                provider_ref: self
-                                    .provider
-                                    .reference(&job.job_id, expect.attempts + 1),
-                                // Nothing read yet, and nothing says the item exists: a
-                                // whole-job message's first write.
-                                first_sight: view.is_none() && !msg.in_ledger,
-                            };
-                            let written = self.ledger.claim(req).await;
-                            self.recognise(written, &job.job_id, |seen| {
-                                shows_claim(seen, expect, owner_id)
-                            })
-                            .await
+                            // Nothing read yet, and nothing says the item exists: a whole-job
+                            // message's first write creates the item.
+                            let first_sight = view.is_none() && !msg.in_ledger;
+                            self.claim(msg, &job, expect, owner_id, first_sight).await
                         }
                         Action::SettleAbsent => {
                             let req = SettleRequest {
@@ -406,6 +366,42 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
             view = Some(seen);
         }
         failed(backoff("contention"), view)
+    }
+
+    /// The claim: one conditional write, recognised if its answer was lost. A first sight of a
+    /// message SQS delivered before reads first: the item most likely exists (often finished),
+    /// and the item read decides as a refused create's would, without the whole item carried
+    /// both ways; only an absent item is then created.
+    async fn claim(
+        &self,
+        msg: &JobMessage,
+        job: &NewJob,
+        expect: Expect,
+        owner_id: &str,
+        first_sight: bool,
+    ) -> Result<Write, LedgerError> {
+        if first_sight
+            && msg.delivered_before
+            && let Some(item) = self.ledger.get(&job.job_id).await?
+        {
+            // Nothing written: the item as it stands.
+            return Ok(Write::Refused(Some(item)));
+        }
+        let now = self.clock.now_ms();
+        let req = ClaimRequest {
+            job: job.clone(),
+            expect,
+            owner_id: owner_id.to_owned(),
+            now,
+            lease_until: now + self.settings.lease_ms,
+            provider_ref: self.provider.reference(&job.job_id, expect.attempts + 1),
+            first_sight,
+        };
+        let written = self.ledger.claim(req).await;
+        self.recognise(written, &job.job_id, |seen| {
+            shows_claim(seen, expect, owner_id)
+        })
+        .await
     }
 
     /// Our own write recognised when its answer was lost: a retry refused by our first try, or
