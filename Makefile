@@ -28,10 +28,10 @@ bench: ## Benchmarks (release build; never part of `make test`)
 build: ## The deployable arm64 zips (cargo-lambda from PyPI): target/lambda/{worker,reconciler,dispatcher}/bootstrap.zip
 	scripts/build.sh
 
-deploy: ## sam build + sam deploy --guided (needs the SAM CLI and AWS credentials)
+deploy: ## sam build + sam deploy --guided (the SAM CLI from PyPI; needs an AWS account)
 	scripts/deploy.sh
 
-invoke: ## The worker under cargo lambda watch against the emulator, with a sample event (EVENT=...)
+invoke: ## A sample event through cargo-lambda's runtime emulator, on the local emulator (EVENT=events/...)
 	scripts/invoke.sh
 
 check: ## Formatting and lints, as CI runs them
@@ -44,12 +44,13 @@ fmt:
 clippy:
 	cargo clippy --all-targets -- -D warnings
 
-emulator-start: ## Start the emulator and leave it running (see `scripts/emulator.sh env`)
+emulator-start: ## Start the emulator with the local resources, and leave it running (.emulator/lambda.env)
 	scripts/emulator.sh start
+	scripts/emulator.sh local
 
 emulator-stop:
 	scripts/emulator.sh stop
 
 clean:
 	scripts/emulator.sh stop
-	rm -rf .venv .emulator target
+	rm -rf .venv .venv-sam .emulator target

@@ -3,10 +3,7 @@
 # cargo-lambda from PyPI. Output: target/lambda/{worker,reconciler,dispatcher}/bootstrap.zip
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/emulator.sh install
-if ! .venv/bin/python -c "import importlib.metadata as m; m.version('cargo-lambda')" >/dev/null 2>&1; then
-  .venv/bin/pip install --quiet --disable-pip-version-check -r scripts/requirements-build.txt
-fi
+scripts/emulator.sh install-build
 rustup target list --installed | grep -q aarch64-unknown-linux-gnu || rustup target add aarch64-unknown-linux-gnu
 PATH="$PWD/.venv/bin:$PATH" cargo lambda build --release --arm64 --output-format zip \
   --bin worker --bin reconciler --bin dispatcher

@@ -2,11 +2,14 @@
 results bucket, and an EventBridge bus whose rule sends completion events to a queue, on the
 local emulator.
 
-Usage: create_resources.py TABLE QUEUE   (AWS_ENDPOINT_URL must point at the emulator)
-Prints shell exports for JOBS_TABLE, QUEUE_URL, DLQ_URL, RESULTS_BUCKET, EVENT_BUS_NAME and
-EVENTS_QUEUE_URL.
+Usage: create_resources.py TABLE QUEUE [--also-queue NAME ...]
+(AWS_ENDPOINT_URL must point at the emulator). Prints shell exports for JOBS_TABLE, QUEUE_URL,
+DLQ_URL, RESULTS_BUCKET, EVENT_BUS_NAME and EVENTS_QUEUE_URL. `--also-queue` creates more work
+queues (a name ending in `.fifo` makes a FIFO queue), such as the ones the sample events in
+`events/` name. Each resource is created only if it is not there yet.
 """
 
+import argparse
 import json
 import os
 import sys
@@ -19,7 +22,12 @@ host = urlparse(endpoint).hostname
 if host not in ("127.0.0.1", "localhost", "::1"):
     sys.exit(f"refusing to create resources on a non-local endpoint: {endpoint}")
 
-table, queue = sys.argv[1], sys.argv[2]
+parser = argparse.ArgumentParser()
+parser.add_argument("table")
+parser.add_argument("queue")
+parser.add_argument("--also-queue", action="append", default=[])
+args = parser.parse_args()
+table, queue = args.table, args.queue
 session = boto3.session.Session(
     aws_access_key_id="emulator", aws_secret_access_key="emulator", region_name="us-east-1"
 )
@@ -77,6 +85,10 @@ queue_url = sqs.create_queue(
     },
 )["QueueUrl"]
 
+for name in args.also_queue:
+    fifo = {"FifoQueue": "true", "ContentBasedDeduplication": "true"} if name.endswith(".fifo") else {}
+    sqs.create_queue(QueueName=name, Attributes=fifo)
+
 bucket = f"{queue}-results".lower()
 s3.create_bucket(Bucket=bucket)
 
@@ -85,7 +97,8 @@ events_url = sqs.create_queue(QueueName=f"{queue}-events")["QueueUrl"]
 events_arn = sqs.get_queue_attributes(QueueUrl=events_url, AttributeNames=["QueueArn"])["Attributes"][
     "QueueArn"
 ]
-events.create_event_bus(Name=bus)
+if bus not in [b["Name"] for b in events.list_event_buses()["EventBuses"]]:
+    events.create_event_bus(Name=bus)
 events.put_rule(
     Name="completions", EventBusName=bus, EventPattern=json.dumps({"source": ["fenced-jobs"]})
 )

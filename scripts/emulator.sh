@@ -2,11 +2,19 @@
 # The local AWS emulator: moto server from PyPI in a project venv, on 127.0.0.1 at a free port.
 #
 #   scripts/emulator.sh install   create .venv with scripts/requirements.txt (moto, cfn-lint)
+#   scripts/emulator.sh install-build   and scripts/requirements-build.txt (cargo-lambda)
+#   scripts/emulator.sh install-sam     .venv-sam with scripts/requirements-sam.txt (SAM CLI)
 #   scripts/emulator.sh start     install if needed, start, wait until it answers
 #                                 (EMULATOR_KEEPALIVE=1: behind waitress, which keeps connections alive)
 #   scripts/emulator.sh stop      stop it (by pid)
 #   scripts/emulator.sh env       print the variables that point the AWS SDK at it
-#   scripts/emulator.sh create TABLE QUEUE   create the job table, the queue and its DLQ
+#   scripts/emulator.sh create TABLE QUEUE [--also-queue NAME ...]
+#                                 create the job table, the queue and its DLQ, the results
+#                                 bucket and the event bus; print their variables
+#   scripts/emulator.sh local     create the local resources the sample events name (table and
+#                                 queue `jobs`, queue `jobs.fifo`) and write their variables,
+#                                 with the emulator's, to .emulator/lambda.env for
+#                                 `cargo lambda watch --env-file .emulator/lambda.env`
 #   scripts/emulator.sh reset     drop every resource (POST /moto-api/reset)
 set -euo pipefail
 
@@ -25,6 +33,28 @@ install() {
   echo "emulator: installing scripts/requirements.txt into .venv" >&2
   "$python_bin" -m venv "$venv"
   "$venv/bin/pip" install --quiet --disable-pip-version-check -r "$root/scripts/requirements.txt"
+  printf '%s' "$want" > "$stamp"
+}
+
+# Installs scripts/requirements-build.txt (cargo-lambda and its zig) into .venv, once.
+install_build() {
+  install
+  if ! "$venv/bin/python" -c "import importlib.metadata as m; m.version('cargo-lambda')" >/dev/null 2>&1; then
+    echo "emulator: installing scripts/requirements-build.txt into .venv" >&2
+    "$venv/bin/pip" install --quiet --disable-pip-version-check -r "$root/scripts/requirements-build.txt"
+  fi
+}
+
+# Installs scripts/requirements-sam.txt into .venv-sam, once per version of that file.
+install_sam() {
+  local want stamp="$root/.venv-sam/.requirements"
+  want=$(cat "$root/scripts/requirements-sam.txt")
+  if [ -x "$root/.venv-sam/bin/sam" ] && [ "$(cat "$stamp" 2>/dev/null)" = "$want" ]; then
+    return
+  fi
+  echo "emulator: installing scripts/requirements-sam.txt into .venv-sam" >&2
+  "$python_bin" -m venv "$root/.venv-sam"
+  "$root/.venv-sam/bin/pip" install --quiet --disable-pip-version-check -r "$root/scripts/requirements-sam.txt"
   printf '%s' "$want" > "$stamp"
 }
 
@@ -84,16 +114,27 @@ VARS
 
 case "${1:-}" in
   install) install ;;
+  install-build) install_build ;;
+  install-sam) install_sam ;;
   start) start ;;
   stop) stop ;;
   env) print_env ;;
   create)
     running || { echo "emulator: not running" >&2; exit 1; }
-    AWS_ENDPOINT_URL="http://127.0.0.1:$(port)" "$venv/bin/python" "$root/scripts/create_resources.py" "${2:?table}" "${3:?queue}"
+    AWS_ENDPOINT_URL="http://127.0.0.1:$(port)" "$venv/bin/python" "$root/scripts/create_resources.py" "${2:?table}" "${3:?queue}" "${@:4}"
+    ;;
+  local)
+    running || { echo "emulator: not running" >&2; exit 1; }
+    {
+      print_env
+      AWS_ENDPOINT_URL="http://127.0.0.1:$(port)" "$venv/bin/python" "$root/scripts/create_resources.py" jobs jobs --also-queue jobs.fifo
+      echo "export PROVIDER=simulated"
+    } | sed 's/^export //' > "$state/lambda.env"
+    echo "emulator: local resources ready; their settings are in .emulator/lambda.env" >&2
     ;;
   reset)
     running || { echo "emulator: not running" >&2; exit 1; }
     "$venv/bin/python" -c "import urllib.request; urllib.request.urlopen(urllib.request.Request('http://127.0.0.1:$(port)/moto-api/reset', method='POST'))"
     ;;
-  *) echo "usage: $0 install|start|stop|env|create TABLE QUEUE|reset" >&2; exit 2 ;;
+  *) echo "usage: $0 install|install-build|install-sam|start|stop|env|create TABLE QUEUE [--also-queue NAME ...]|local|reset" >&2; exit 2 ;;
 esac

@@ -1,35 +1,32 @@
 #!/usr/bin/env bash
-# make invoke: the worker under `cargo lambda watch` (cargo-lambda from PyPI), against the local
-# emulator, invoked with a sample event: EVENT=events/sqs-mixed-batch.json make invoke
+# make invoke: the functions under cargo-lambda's Lambda runtime emulator (cargo-lambda from
+# PyPI), against the local AWS emulator, with sample events; prints each answer.
+#
+#   make invoke                                   events/sqs-one-job.json
+#   EVENT=events/sqs-mixed-batch.json make invoke one event
+#   scripts/invoke.sh events/*.json               several, one runtime emulator for all
+#   scripts/invoke.sh --check events/*.json       and compare each answer with events/README.md
+#
+# Each run makes its own table, DLQ, bucket and event bus (so its answers do not depend on an
+# earlier run), and the queues `jobs` and `jobs.fifo` that the sample events name.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-event=${EVENT:-events/sqs-one-job.json}
-scripts/emulator.sh install
-if ! .venv/bin/python -c "import importlib.metadata as m; m.version('cargo-lambda')" >/dev/null 2>&1; then
-  .venv/bin/pip install --quiet --disable-pip-version-check -r scripts/requirements-build.txt
+args=("$@")
+if [ ${#args[@]} -eq 0 ]; then args=("${EVENT:-events/sqs-one-job.json}"); fi
+scripts/emulator.sh install-build
+# The binaries `cargo test` builds, which `make test` has then built already: cargo builds the
+# bins for the tests with the test-only features turned on (tokio's test clock, the crate's
+# test support, neither called by the functions), and a plain `cargo build` would compile the
+# whole dependency tree a second time without them (over two minutes here). WORKER_BIN and
+# DISPATCHER_BIN name other binaries (a `cargo build` of your own, say).
+if [ -z "${WORKER_BIN:-}" ] || [ -z "${DISPATCHER_BIN:-}" ]; then
+  cargo test --no-run --test invoke
 fi
-# `cargo lambda watch` runs the function with `cargo run`, and an invocation's deadline starts
-# when it is requested: build first, so the deadline is not spent compiling.
-cargo build --quiet --bin worker
 run() {
   export PATH="$PWD/.venv/bin:$PATH"
-  suffix=$(date +%s)
-  eval "$(scripts/emulator.sh create "jobs-invoke-$suffix" "jobs-invoke-$suffix")"
-  port=$(.venv/bin/python -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-  cargo lambda watch --quiet --invoke-port "$port" --timeout 120 \
-    --env-var "JOBS_TABLE=$JOBS_TABLE" --env-var "AWS_ENDPOINT_URL=$AWS_ENDPOINT_URL" \
-    --env-var "AWS_ACCESS_KEY_ID=$AWS_ACCESS_KEY_ID" --env-var "AWS_SECRET_ACCESS_KEY=$AWS_SECRET_ACCESS_KEY" \
-    --env-var "AWS_REGION=$AWS_REGION" --env-var "RUST_LOG=${RUST_LOG:-info}" > .emulator/watch.log 2>&1 &
-  watch=$!
-  trap 'kill $watch 2>/dev/null || true' EXIT
-  for _ in $(seq 1 600); do
-    if .venv/bin/python -c "import socket; socket.create_connection(('127.0.0.1', $port), 1)" 2>/dev/null; then break; fi
-    sleep 0.5
-  done
-  echo "invoking worker with $event (table $JOBS_TABLE)"
-  cargo lambda invoke worker --invoke-port "$port" --data-file "$event"
-  echo
+  suffix="$(date +%s)-$$"
+  eval "$(scripts/emulator.sh create "jobs-invoke-$suffix" "jobs-invoke-$suffix" --also-queue jobs --also-queue jobs.fifo)"
+  .venv/bin/python scripts/invoke.py "$@"
 }
 export -f run
-export event
-scripts/with-emulator.sh bash -c run
+scripts/with-emulator.sh bash -c 'run "$@"' run "${args[@]}"

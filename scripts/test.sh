@@ -1,9 +1,14 @@
 #!/usr/bin/env bash
-# make test: installs the Python tools, lints the template, and runs every test (unit, in-memory
-# and emulator) with the emulator started and stopped around them.
+# make test: installs the Python tools (moto, cfn-lint, cargo-lambda, the SAM CLI), lints the
+# template, and runs every test (unit, in-memory and emulator) with the emulator started and
+# stopped around them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/emulator.sh install
+# The SAM CLI installs (into its own venv) while the rest runs; its check comes last.
+scripts/emulator.sh install-sam > .sam-install.log 2>&1 &
+sam_install=$!
+# moto and cfn-lint; cargo-lambda for tests/invoke.rs (`make invoke` under cargo-lambda).
+scripts/emulator.sh install-build
 echo "== cfn-lint template.yaml" >&2
 .venv/bin/cfn-lint template.yaml
 echo "== template consistency" >&2
@@ -14,3 +19,7 @@ echo "== module layout" >&2
 .venv/bin/python scripts/check_layout.py --self-test src
 echo "== cargo test" >&2
 scripts/with-emulator.sh cargo test --all-targets "$@"
+echo "== sam validate" >&2
+wait "$sam_install" || { cat .sam-install.log >&2; exit 1; }
+rm -f .sam-install.log
+scripts/check_sam.sh

@@ -63,10 +63,7 @@ async fn main() -> Result<(), lambda_runtime::Error> {
                 .ok()
                 .filter(|d| *d > now - 3_600_000);
             if deadline.is_none() {
-                tracing::warn!(
-                    deadline_ms = event.context.deadline,
-                    "no usable invocation deadline"
-                );
+                warn_no_deadline(event.context.deadline);
             }
             let invocation = Invocation {
                 id: event.context.request_id.clone(),
@@ -105,4 +102,18 @@ async fn main() -> Result<(), lambda_runtime::Error> {
         }
     }))
     .await
+}
+
+/// Says once per execution environment that the runtime's deadline is not a time: cargo lambda's
+/// runtime emulator sends 600000 (ten minutes, as a duration). The batch then runs with no
+/// invocation deadline: calls are bounded by their leases and the jobs' deadlines only.
+fn warn_no_deadline(deadline_ms: u64) {
+    static WARNED: std::sync::Once = std::sync::Once::new();
+    WARNED.call_once(|| {
+        tracing::warn!(
+            deadline_ms,
+            "the runtime's invocation deadline is not a time in the last hour (a local runtime \
+             emulator's, say): working without an invocation deadline (said once)"
+        );
+    });
 }

@@ -108,7 +108,7 @@ impl TriggerSender for SqsTriggers {
 #[derive(Debug)]
 pub struct SqsVisibility {
     client: Client,
-    urls: Mutex<HashMap<String, String>>,
+    urls: Mutex<HashMap<String, Located>>,
     timeouts: Mutex<HashMap<String, Learnt>>,
 }
 
@@ -123,7 +123,18 @@ enum Learnt {
     FailedAt(std::time::Instant),
 }
 
-/// How long a failed lookup of a queue's visibility timeout stands before it is tried again.
+/// What this environment knows of a queue's URL.
+#[derive(Debug, Clone)]
+enum Located {
+    /// Resolved: kept for the environment's life.
+    Url(String),
+    /// `GetQueueUrl` failed at this instant (a sample event naming a queue that is not there,
+    /// a role without the action): not asked again, nor warned about, for `RELEARN_AFTER`.
+    FailedAt(std::time::Instant),
+}
+
+/// How long a failed lookup of a queue's URL or visibility timeout stands before it is tried
+/// again.
 const RELEARN_AFTER: std::time::Duration = std::time::Duration::from_secs(300);
 
 impl SqsVisibility {
@@ -154,32 +165,56 @@ impl SqsVisibility {
             .ok()
     }
 
-    /// Resolves `arn:aws:sqs:REGION:ACCOUNT:NAME` to the queue URL with `GetQueueUrl`.
+    /// Resolves `arn:aws:sqs:REGION:ACCOUNT:NAME` to the queue URL with `GetQueueUrl`. A failed
+    /// lookup is said once and stands for `RELEARN_AFTER`: meanwhile the queue's records keep
+    /// the visibility they have (no extension, no backoff), which SQS's own timeout then ends.
     pub async fn queue_url(&self, queue_arn: &str) -> Option<String> {
-        if let Some(url) = self
+        let known = self
             .urls
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .get(queue_arn)
-        {
-            return Some(url.clone());
+            .cloned();
+        match known {
+            Some(Located::Url(url)) => return Some(url),
+            Some(Located::FailedAt(at)) if at.elapsed() < RELEARN_AFTER => return None,
+            _ => {}
         }
-        let (account, name) = parse_queue_arn(queue_arn)?;
-        let out = self
+        let Some((account, name)) = parse_queue_arn(queue_arn) else {
+            tracing::warn!(
+                queue_arn,
+                "the event source is not an SQS queue ARN: no visibility changes"
+            );
+            return None;
+        };
+        let located = match self
             .client
             .get_queue_url()
             .queue_name(name)
             .queue_owner_aws_account_id(account)
             .send()
             .await
-            .map_err(|e| tracing::warn!(error = %aws_sdk_sqs::error::DisplayErrorContext(&e), "GetQueueUrl failed"))
-            .ok()?;
-        let url = out.queue_url()?.to_owned();
+        {
+            Ok(out) => out.queue_url().map(|u| Located::Url(u.to_owned())),
+            Err(e) => {
+                tracing::warn!(
+                    queue = name,
+                    code = e.code().unwrap_or("transport"),
+                    "GetQueueUrl failed: this queue's records keep the visibility they have \
+                     (no extension, no backoff); asked again in five minutes"
+                );
+                None
+            }
+        };
+        let located = located.unwrap_or(Located::FailedAt(std::time::Instant::now()));
         self.urls
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .insert(queue_arn.to_owned(), url.clone());
-        Some(url)
+            .insert(queue_arn.to_owned(), located.clone());
+        match located {
+            Located::Url(url) => Some(url),
+            Located::FailedAt(_) => None,
+        }
     }
 }
 
