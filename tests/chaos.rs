@@ -10,7 +10,7 @@ mod sim;
 fn fixed_seeds_keep_every_invariant_under_every_fault() {
     // Every edge the worker guards against must be met: the rarer ones (a failed store of an
     // answer is 5 % of the few large answers) on the first four seeds or on up to four more.
-    const EDGES: [&str; 15] = [
+    const EDGES: [&str; 17] = [
         "gateway_error",
         "oversized_answer",
         "ddb_stall",
@@ -21,9 +21,11 @@ fn fixed_seeds_keep_every_invariant_under_every_fault() {
         "lapse_alone",
         "large_answer",
         "store_error",
+        "store_slow",
         "poison_message",
         "dlq_send_failure",
         "pause_after_claim",
+        "pause_before_stored_accept",
         "provider_throttle",
         "reconciler_resent",
     ];

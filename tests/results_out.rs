@@ -9,9 +9,15 @@ mod common;
 use std::sync::Arc;
 
 use aws_sdk_eventbridge::types::Target;
+use std::time::Duration;
+
+use aws_lambda_events::sqs::{SqsEvent, SqsMessage};
+use common::http::{Flag, HttpStub, Reply, Request};
 use common::{Emulator, Queue, TakenOverDuringTheCall, deliver, emulator, fast_settings, job};
 use fenced_jobs::blobs::s3::S3Blobs;
+use fenced_jobs::clock::Clock;
 use fenced_jobs::clock::SystemClock;
+use fenced_jobs::config::SdkTimeouts;
 use fenced_jobs::events::aws::AwsSink;
 use fenced_jobs::job::JobState;
 use fenced_jobs::job::artifact::sha256_hex;
@@ -20,19 +26,29 @@ use fenced_jobs::provider::{Provider, SimulatedProvider};
 use fenced_jobs::queue::SqsVisibility;
 use fenced_jobs::testing::stream_source::LocalStreamSource;
 use fenced_jobs::worker::handler::BatchHandler;
+use fenced_jobs::worker::processor::Invocation;
 use fenced_jobs::worker::processor::Processor;
 use serde_json::{Value, json};
 
+type Worker<P> =
+    BatchHandler<fenced_jobs::ledger::dynamodb::DynamoLedger, P, SystemClock, SqsVisibility>;
+
 /// A worker on `table` that stores large answers in `bucket`.
-fn worker<P: Provider>(
+fn worker<P: Provider>(aws: &Emulator, table: &str, bucket: &str, provider: P) -> Worker<P> {
+    worker_with(aws, table, bucket, provider, fast_settings())
+}
+
+/// [`worker`] with `settings`.
+fn worker_with<P: Provider>(
     aws: &Emulator,
     table: &str,
     bucket: &str,
     provider: P,
-) -> BatchHandler<fenced_jobs::ledger::dynamodb::DynamoLedger, P, SystemClock, SqsVisibility> {
+    settings: fenced_jobs::worker::Settings,
+) -> Worker<P> {
     let blobs = S3Blobs::new(aws.s3.clone(), Some(bucket.to_owned()));
     BatchHandler::new(
-        Processor::new(aws.ledger(table), provider, SystemClock, fast_settings())
+        Processor::new(aws.ledger(table), provider, SystemClock, settings)
             .with_blobs(Arc::new(blobs)),
         SqsVisibility::new(aws.sqs.clone()),
     )
@@ -260,6 +276,148 @@ async fn a_refused_acceptance_leaves_no_reference_and_no_object() {
         .await
         .expect("list");
     assert_eq!(listed.key_count(), Some(0), "{:?}", listed.contents());
+}
+
+/// One record of `queue` with this body, delivered for the `receives`-th time.
+fn delivery(queue: &Queue, id: &str, body: &str, receives: u32) -> SqsEvent {
+    let mut m = SqsMessage::default();
+    m.message_id = Some(id.to_owned());
+    m.receipt_handle = Some(format!("handle-{id}"));
+    m.body = Some(body.to_owned());
+    m.event_source_arn = Some(queue.arn.clone());
+    m.attributes
+        .insert("ApproximateReceiveCount".into(), receives.to_string());
+    let mut e = SqsEvent::default();
+    e.records = vec![m];
+    e
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_owner_fenced_by_a_recovery_leaves_the_stored_answer_the_recovery_accepts() {
+    // GIVEN owner A, whose one-second lease lapses during its 1.5 s call (its heartbeat does not
+    // tick), and owner B, a second delivery of the same job, each through its own proxy in
+    // front of the emulator. The proxies order the race: A's acceptance reaches DynamoDB only
+    // once B's recovery (which fences A) has read A's stored answer, and B's acceptance only
+    // once A has removed that object (or 1.5 s later, if A leaves it).
+    let aws = emulator().await;
+    let table = aws.table().await;
+    let queue = aws.queue(30).await;
+    let results = aws.bucket().await;
+    let upstream = std::env::var("AWS_ENDPOINT_URL").expect("emulator");
+    let (a_accepting, b_read, a_deleted) = (Flag::default(), Flag::default(), Flag::default());
+    let update = |req: &Request| req.header("x-amz-target") == Some("DynamoDB_20120810.UpdateItem");
+    let proxy_a = HttpStub::start({
+        let (upstream, a_accepting, b_read, a_deleted) = (
+            upstream.clone(),
+            a_accepting.clone(),
+            b_read.clone(),
+            a_deleted.clone(),
+        );
+        move |req, _| {
+            let forward = Reply::Forward(upstream.clone());
+            if update(req) {
+                // A's only UpdateItem: its claim was the first sight's PutItem, and its
+                // heartbeat renews nothing.
+                a_accepting.raise();
+                return Reply::When(
+                    b_read.condition(),
+                    Duration::from_secs(20),
+                    Box::new(forward),
+                );
+            }
+            if req.method == "DELETE" {
+                a_deleted.raise();
+            }
+            forward
+        }
+    })
+    .await;
+    let proxy_b = HttpStub::start({
+        let (upstream, b_read, a_deleted) = (upstream.clone(), b_read.clone(), a_deleted.clone());
+        move |req, _| {
+            let forward = Reply::Forward(upstream.clone());
+            if req.method == "GET"
+                && req.path.contains("/results/")
+                && !req.path.contains("list-type")
+            {
+                b_read.raise();
+            }
+            if update(req) && b_read.is_up() {
+                let wait = Duration::from_millis(1_500);
+                return Reply::When(a_deleted.condition(), wait, Box::new(forward));
+            }
+            forward
+        }
+    })
+    .await;
+    let timeouts = SdkTimeouts {
+        connect_ms: 1_000,
+        attempt_ms: 10_000,
+        operation_ms: 30_000,
+    };
+    let (via_a, via_b) = (
+        common::through(&proxy_a.url, timeouts).await,
+        common::through(&proxy_b.url, timeouts).await,
+    );
+    let mut settings = fast_settings();
+    settings.lease_ms = 1_000;
+    settings.heartbeat_ms = 60_000;
+    settings.skew_ms = 100;
+    let a = worker_with(
+        &via_a,
+        &table,
+        &results,
+        SimulatedProvider::new(),
+        settings.clone(),
+    );
+    let b = worker_with(&via_b, &table, &results, SimulatedProvider::new(), settings);
+    let body = job(
+        "contested-big",
+        "contested",
+        r#""simulate":{"answer_bytes":200000,"latency_ms":1500,"retrievable":false}"#,
+    );
+    let inv = || Invocation {
+        id: common::unique("inv"),
+        deadline: Some(SystemClock.now_ms() + 60_000),
+    };
+
+    // WHEN A runs its call, and B is delivered once A has stored its answer and asks to accept it
+    let (a_event, a_inv) = (delivery(&queue, "a", &body, 1), inv());
+    let a_run = a.handle_batch(&a_event, &a_inv);
+    let b_run = async {
+        while !a_accepting.is_up() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        b.handle_batch(&delivery(&queue, "b", &body, 2), &inv())
+            .await
+    };
+    let (_, b_report) = tokio::join!(a_run, b_run);
+
+    // THEN B's recovery accepted A's answer, and the object it references is there: A, refused
+    // while the job was still live, left it alone.
+    assert_eq!(
+        b_report.records[0].outcome,
+        fenced_jobs::job::RecordOutcome::Done(JobState::Succeeded)
+    );
+    let item = aws.item(&table, "contested-big").await;
+    assert_eq!((item.state, item.owner_epoch), (JobState::Succeeded, 2));
+    let reference = item.result_ref.expect("a stored answer");
+    assert!(
+        reference.key.starts_with("results/contested-big/1/"),
+        "{reference:?}"
+    );
+    let store = S3Blobs::new(aws.s3.clone(), Some(results.clone()));
+    let bytes = fenced_jobs::blobs::read_checked(&store, &reference, 1 << 20)
+        .await
+        .expect("the accepted answer is stored");
+    assert_eq!(bytes.len(), reference.size as usize);
+    assert!(!a_deleted.is_up(), "the fenced owner removed an object");
+    assert_eq!(a.processor().provider().executions(), 1);
+    assert_eq!(
+        b.processor().provider().executions(),
+        0,
+        "B paid for nothing"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

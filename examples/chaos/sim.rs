@@ -19,7 +19,9 @@ use std::time::Duration;
 use aws_lambda_events::event::sqs::{SqsEvent, SqsMessage};
 use fenced_jobs::blobs::{BlobError, BlobStore, MemoryBlobs, read_checked};
 use fenced_jobs::clock::Clock;
-use fenced_jobs::job::{AttemptOutcome, BlobRef, JobRecord, JobState, Millis, parse_trigger};
+use fenced_jobs::job::{
+    AttemptOutcome, BlobRef, JobRecord, JobState, Millis, ResultBody, parse_trigger,
+};
 use fenced_jobs::ledger::LedgerIndex;
 use fenced_jobs::ledger::memory::InMemoryLedger;
 use fenced_jobs::ledger::transitions::known_after_finish;
@@ -107,6 +109,10 @@ pub struct FaultRates {
     pub large_answer: f64,
     /// A results-bucket call (a write before an acceptance, a removal after a refusal) fails.
     pub store_error: f64,
+    /// A results-bucket call takes seconds instead of milliseconds (every call takes some
+    /// time), so an owner's write, a recovery's read and a refused owner's removal interleave
+    /// with the other owners' ledger writes.
+    pub store_slow: f64,
     /// Poison messages among the jobs (a fraction of the job count): the worker dead-letters them.
     pub poison_message: f64,
     /// The worker's send to the DLQ fails (the record falls back to visibility 0).
@@ -114,6 +120,10 @@ pub struct FaultRates {
     /// A worker stops the world just after its claim is answered, for longer than the lease,
     /// and resumes where it was: before its call.
     pub pause_after_claim: f64,
+    /// A worker stops the world just before it asks to accept an answer it stored in the
+    /// results bucket, for longer than the lease: a recovery may fence it and accept that same
+    /// object meanwhile, while the paused owner's refused acceptance comes back to it.
+    pub pause_before_stored_accept: f64,
 }
 
 impl FaultRates {
@@ -143,9 +153,11 @@ impl FaultRates {
             lapse_alone: 0.01,
             large_answer: 0.05,
             store_error: 0.05,
+            store_slow: 0.05,
             poison_message: 0.01,
             dlq_send_failure: 0.2,
             pause_after_claim: 0.01,
+            pause_before_stored_accept: 0.3,
         }
     }
 }
@@ -654,6 +666,20 @@ impl JobLedger for SimLedger {
     async fn finish(&self, req: FinishRequest) -> Result<Write, LedgerError> {
         let id = req.job_id.clone();
         let epoch = req.epoch;
+        if let AttemptEnd::Succeeded {
+            result: ResultBody::Stored(_),
+        } = &req.end
+            && self.world.fault(
+                "pause_before_stored_accept",
+                self.world.rates.pause_before_stored_accept,
+            )
+        {
+            // From now: the write is sent, and judged, only after the pause.
+            let now = self.world.now();
+            let until = now + self.world.range(70_000, 200_000) as Millis;
+            self.gate.from.store(now, Ordering::Relaxed);
+            self.gate.until.store(until, Ordering::Relaxed);
+        }
         // A refusal for the rate limit proves nothing ran: it never spends an attempt.
         if let AttemptEnd::RetryAuthorized { error } | AttemptEnd::FailedTerminal { error, .. } =
             &req.end
@@ -824,6 +850,16 @@ impl std::fmt::Debug for SimBlobs {
 }
 
 impl SimBlobs {
+    /// The time a call takes: milliseconds, now and then seconds.
+    async fn latency(&self) {
+        let ms = if self.world.fault("store_slow", self.world.rates.store_slow) {
+            self.world.range(1_000, 30_000)
+        } else {
+            self.world.range(5, 40)
+        };
+        tokio::time::sleep(Duration::from_millis(ms)).await;
+    }
+
     fn refused(&self, operation: &'static str) -> Result<(), BlobError> {
         if self
             .world
@@ -848,6 +884,7 @@ impl BlobStore for SimBlobs {
         body: &'a [u8],
     ) -> futures::future::BoxFuture<'a, Result<BlobRef, BlobError>> {
         Box::pin(async move {
+            self.latency().await;
             self.refused("put")?;
             self.world.bucket.put(key, body).await
         })
@@ -858,10 +895,14 @@ impl BlobStore for SimBlobs {
         key: &'a str,
         limit: usize,
     ) -> futures::future::BoxFuture<'a, Result<Vec<u8>, BlobError>> {
-        self.world.bucket.get(bucket, key, limit)
+        Box::pin(async move {
+            self.latency().await;
+            self.world.bucket.get(bucket, key, limit).await
+        })
     }
     fn delete<'a>(&'a self, key: &'a str) -> futures::future::BoxFuture<'a, Result<(), BlobError>> {
         Box::pin(async move {
+            self.latency().await;
             self.refused("delete")?;
             self.world.bucket.delete(key).await
         })
@@ -871,7 +912,10 @@ impl BlobStore for SimBlobs {
         prefix: &'a str,
         limit: usize,
     ) -> futures::future::BoxFuture<'a, Result<Vec<String>, BlobError>> {
-        self.world.bucket.list(prefix, limit)
+        Box::pin(async move {
+            self.latency().await;
+            self.world.bucket.list(prefix, limit).await
+        })
     }
 }
 

@@ -47,6 +47,39 @@ pub enum Reply {
     /// Pass the request to the server at this base URL (`http://127.0.0.1:PORT`) and relay its
     /// answer.
     Forward(String),
+    /// The reply, once the condition holds (asked every 10 ms) or the time is up: to order
+    /// requests of different clients.
+    When(Condition, Duration, Box<Reply>),
+}
+
+/// A condition a [`Reply::When`] waits for.
+#[derive(Clone)]
+pub struct Condition(pub Arc<dyn Fn() -> bool + Send + Sync>);
+
+impl std::fmt::Debug for Condition {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Condition")
+    }
+}
+
+/// A flag one route raises and another's [`Reply::When`] waits for.
+#[derive(Debug, Clone, Default)]
+pub struct Flag(Arc<std::sync::atomic::AtomicBool>);
+
+impl Flag {
+    pub fn raise(&self) {
+        self.0.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    pub fn is_up(&self) -> bool {
+        self.0.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// The condition "this flag is up".
+    pub fn condition(&self) -> Condition {
+        let flag = self.clone();
+        Condition(Arc::new(move || flag.is_up()))
+    }
 }
 
 impl Reply {
@@ -193,6 +226,13 @@ async fn write_reply(stream: &mut TcpStream, reply: Reply, request: &Request) ->
         Reply::Drop => false,
         Reply::Slow(pause, reply) => {
             tokio::time::sleep(pause).await;
+            Box::pin(write_reply(stream, *reply, request)).await
+        }
+        Reply::When(condition, limit, reply) => {
+            let until = tokio::time::Instant::now() + limit;
+            while !(condition.0)() && tokio::time::Instant::now() < until {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
             Box::pin(write_reply(stream, *reply, request)).await
         }
         Reply::Forward(base) => {

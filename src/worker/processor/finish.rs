@@ -86,8 +86,8 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
             }
         };
         // Refused: another owner took over, or the deadline passed. The answer is dropped here
-        // and never published; its object, if it was stored, is removed.
-        self.discard(&end, seen.as_ref()).await;
+        // and never published; its object, if it was stored, is removed only once the job is
+        // seen terminal without it (a recovery may be accepting it).
         tracing::warn!(
             job_id = %msg.job_id,
             epoch,
@@ -109,11 +109,20 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
                 end: AttemptEnd::Expired,
             };
             return match self.ledger.finish(req).await {
-                Ok(Write::Applied(record)) => settled(record, None),
-                Ok(Write::Refused(seen)) => failed(backoff("refused"), seen),
+                Ok(Write::Applied(record)) => {
+                    self.discard(&end, &record).await;
+                    settled(record, None)
+                }
+                Ok(Write::Refused(seen)) => {
+                    if let Some(seen) = &seen {
+                        self.discard(&end, seen).await;
+                    }
+                    failed(backoff("refused"), seen)
+                }
                 Err(e) => ledger_failure(&msg.job_id, &e, Some(seen)),
             };
         }
+        self.discard(&end, &seen).await;
         let outcome = match next_step(&seen, &msg.digest, now, self.settings.skew_ms) {
             Next::Claim(_) | Next::Settle(_) => RecordOutcome::Failed(backoff("refused")),
             next => RecordOutcome::from_next(next, &msg.digest),

@@ -1,6 +1,6 @@
 //! Payloads outside the item: an Extended Client pointer's body read from S3, a large input
 //! stored before the claim and read back for the call, a large answer stored before its
-//! acceptance (and removed again when the acceptance is refused).
+//! acceptance (and removed again when its acceptance was refused and the job ended without it).
 
 use std::time::Duration;
 
@@ -203,16 +203,20 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         (key == &result_key(&job.job_id, epoch, &blob.sha256)).then_some(blob)
     }
 
-    /// Removes the object of an answer whose acceptance was refused, unless the item references
-    /// it after all. A removal that fails leaves an orphan for the bucket's lifecycle rule.
-    pub(super) async fn discard(&self, end: &AttemptEnd, seen: Option<&JobRecord>) {
+    /// Removes the stored object of an answer whose acceptance was refused, once `seen` (the
+    /// item the refusal returned, or the write after it) shows the job terminal without a
+    /// reference to that object. While the job lives the object stays: a recovery that fenced
+    /// this owner reads the lapsed epoch's stored answer and may be accepting that very object.
+    /// What nobody accepts is the orphan sweep's (or, failing that, the lifecycle rule's).
+    pub(super) async fn discard(&self, end: &AttemptEnd, seen: &JobRecord) {
         let AttemptEnd::Succeeded {
             result: ResultBody::Stored(blob),
         } = end
         else {
             return;
         };
-        if seen.and_then(|s| s.result_ref.as_ref()) == Some(blob) {
+        let referenced = seen.result_ref.as_ref().is_some_and(|r| r.key == blob.key);
+        if !seen.state.is_terminal() || referenced {
             return;
         }
         if let Some(store) = self.blobs()
