@@ -107,10 +107,10 @@ async fn in_memory(n: usize) -> (f64, f64, u64) {
         .map(|i| Delivered {
             queue_arn: Some(ARN.into()),
             receipt_handle: Some(format!("handle-{i}")),
-            first_receive: Some(now),
+            received_at: now,
         })
         .collect();
-    let flights = Flights::new(delivered, now, 600);
+    let flights = Flights::new(delivered, 600);
     claim_all(&ledger, &flights, n).await;
     let writes_before = ledger.writes();
     let (ticks, cpu) = ticks(&flights, &ledger, &visibility).await;
@@ -180,10 +180,10 @@ async fn emulator(n: usize) -> (f64, f64, u64) {
         .map(|h| Delivered {
             queue_arn: Some(arn.clone()),
             receipt_handle: Some(h),
-            first_receive: Some(now),
+            received_at: now,
         })
         .collect();
-    let flights = Flights::new(delivered, now, 600);
+    let flights = Flights::new(delivered, 600);
     let ledger = DynamoLedger::new(ddb, &table);
     claim_all(&ledger, &flights, n).await;
     let visibility = SqsVisibility::new(sqs);

@@ -1847,3 +1847,48 @@ async fn a_worker_paused_past_its_lease_between_claim_and_call_does_not_send_the
         Some("the lease lapsed before the call was sent")
     );
 }
+
+#[tokio::test]
+async fn a_job_awaiting_a_decision_for_thirteen_hours_keeps_its_long_wait_on_a_new_receive() {
+    // GIVEN an unknown job whose message was first received 13 hours ago and is received again
+    // now, for the 40th time (each receive starts a new 12 hours of visibility)
+    let ledger = Arc::new(InMemoryLedger::new());
+    let body = job("waits-long", r#","simulate":{"retrievable":false}"#);
+    lapsed_claim(&ledger, &body).await;
+    let ended = ledger
+        .finish(fenced_jobs::ledger::FinishRequest {
+            job_id: "waits-long".into(),
+            epoch: 1,
+            attempt: 1,
+            now: SystemClock.now_ms(),
+            end: fenced_jobs::ledger::AttemptEnd::Unknown {
+                evidence: "cut off".into(),
+            },
+        })
+        .await
+        .expect("finish");
+    assert!(matches!(ended, fenced_jobs::ledger::Write::Applied(_)));
+    let h = handler(ledger, SimulatedProvider::new(), Settings::default());
+    let mut r = record(Some("m1"), &body);
+    let thirteen_hours_ago = SystemClock.now_ms() - 13 * 3_600_000;
+    r.attributes.insert(
+        "ApproximateFirstReceiveTimestamp".into(),
+        thirteen_hours_ago.to_string(),
+    );
+    r.attributes
+        .insert("ApproximateReceiveCount".into(), "40".into());
+    // WHEN it is handled
+    let report = h.handle_batch(&event(vec![r]), &invocation()).await;
+    // THEN it waits the long wait for a decision again, instead of 0 (which looped it into the
+    // DLQ within minutes)
+    assert_eq!(
+        report.records[0].outcome,
+        RecordOutcome::Failed(Failure::AwaitingDecision)
+    );
+    let wait = Settings::default().visibility.awaiting_decision_s as i32;
+    assert_eq!(report.records[0].visibility_s, Some(wait));
+    assert_eq!(
+        h.visibility().changes().last().map(|(_, c)| c.seconds),
+        Some(wait)
+    );
+}

@@ -258,6 +258,8 @@ struct Msg {
     receive_count: u32,
     visible_at: Millis,
     first_receive: Option<Millis>,
+    /// When the current receive happened: SQS refuses a visibility past 12 hours from it.
+    received_at: Millis,
     handle: u64,
     deleted: bool,
     in_dlq: bool,
@@ -317,6 +319,7 @@ impl Queue {
             m.receive_count += 1;
             m.handle = self.next_handle.fetch_add(1, Ordering::Relaxed) as u64;
             m.visible_at = now + self.visibility_ms;
+            m.received_at = now;
             if world.fault("duplicate_delivery", world.rates.duplicate_delivery) {
                 m.duplicate_at =
                     Some(now + world.range(100, self.visibility_ms as u64 - 1) as Millis);
@@ -379,6 +382,14 @@ impl Queue {
         let now = world.now();
         let mut msgs = self.msgs.lock().expect("queue");
         let result = match Queue::find(&mut msgs, handle) {
+            // As SQS: past 12 hours from this receive, the change is refused, not shortened.
+            Some((m, true)) if now + Millis::from(seconds) * 1000 > m.received_at + 43_200_000 => {
+                world.violation(format!(
+                    "{}: visibility of {seconds} s asked past 12 hours from its receive",
+                    m.job_id
+                ));
+                ChangeResult::Refused
+            }
             Some((m, true)) => {
                 m.visible_at = now + Millis::from(seconds) * 1000;
                 ChangeResult::Changed
@@ -416,6 +427,7 @@ impl Queue {
             receive_count: 0,
             visible_at,
             first_receive: None,
+            received_at: 0,
             handle: 0,
             deleted: false,
             in_dlq: false,
@@ -435,6 +447,7 @@ impl Queue {
             receive_count: 0,
             visible_at: 0,
             first_receive: None,
+            received_at: 0,
             handle: 0,
             deleted: false,
             in_dlq: true,
@@ -1237,7 +1250,13 @@ pub async fn run(config: &ChaosConfig) -> ChaosReport {
     let mut job_ids = Vec::with_capacity(config.jobs);
     for i in 0..config.jobs {
         let job_id = format!("job-{i:06}");
-        let deadline = START_MS + world.range(3_600_000, 14_400_000) as Millis;
+        // Most jobs have hours; one in ten has more than SQS's 12 hours of one receive, so a
+        // job waiting for a decision (or a long backoff) outlives its first receive's chain.
+        let deadline = if world.roll(0.1) {
+            START_MS + world.range(13 * 3_600_000, 20 * 3_600_000) as Millis
+        } else {
+            START_MS + world.range(3_600_000, 14_400_000) as Millis
+        };
         let body = format!(
             r#"{{"job_id":"{job_id}","contract":"chaos.v1","deadline_at":"{}","max_attempts":{},"input":{{"model":"m","prompt":"p{i}"}}}}"#,
             fenced_jobs::job::message::format_rfc3339_ms(deadline),
@@ -1272,7 +1291,7 @@ pub async fn run(config: &ChaosConfig) -> ChaosReport {
     };
     let deliveries = Arc::new(AtomicI64::new(0));
     let invocations = Arc::new(AtomicI64::new(0));
-    let horizon = START_MS + 24 * 3_600_000;
+    let horizon = START_MS + 36 * 3_600_000;
     let finished = Arc::new(std::sync::atomic::AtomicBool::new(false));
 
     let consumers = (0..config.consumers).map(|c| {
@@ -1444,7 +1463,7 @@ pub async fn run(config: &ChaosConfig) -> ChaosReport {
                     }
                 }
                 if world.now() > horizon {
-                    world.violation("the run did not settle within 24 virtual hours".into());
+                    world.violation("the run did not settle within 36 virtual hours".into());
                     break;
                 }
             }

@@ -2,13 +2,27 @@
 
 use super::{InvalidMessage, JobState, Millis, Next};
 
-/// SQS keeps a message for at most 12 hours of visibility from its first receive.
+/// SQS keeps one receive of a message invisible for at most 12 hours from that receive: a
+/// change reaching past it is refused (not shortened), extending does not restart it, and the
+/// next receive starts a new 12 hours.
 pub const SQS_MAX_VISIBILITY_S: i64 = 43_200;
-/// Kept off the 12-hour cap: the request errors rather than clamps, and the first-receive time
-/// is approximate.
+/// Kept off the 12-hour cap, and off the earliest moment a receive can have happened: the
+/// request errors rather than clamps, and the receive time is only bounded from below.
 pub const SQS_CAP_MARGIN_S: i64 = 60;
-/// The cap used when the record does not say when it was first received.
-pub const UNKNOWN_FIRST_RECEIVE_CAP_S: i64 = 900;
+
+/// The earliest moment this receive of a record can have happened: the event source mapping
+/// received it at most `batching_window_ms` (and a margin) before the invocation began at
+/// `entered_ms`, and not before its first receive (`ApproximateFirstReceiveTimestamp`).
+pub fn receive_floor(
+    entered_ms: Millis,
+    batching_window_ms: Millis,
+    first: Option<Millis>,
+) -> Millis {
+    let floor = entered_ms
+        .saturating_sub(batching_window_ms.max(0))
+        .saturating_sub(SQS_CAP_MARGIN_S * 1000);
+    first.map_or(floor, |f| floor.max(f.min(entered_ms)))
+}
 
 /// What happened to one record.
 #[derive(Debug, Clone, PartialEq)]
@@ -158,13 +172,15 @@ impl Default for VisibilityPolicy {
     }
 }
 
-/// What the record says about its deliveries.
+/// What is known of a record's delivery when its visibility is set.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Delivery {
     /// `ApproximateReceiveCount` (1 on the first receive).
     pub receive_count: u32,
-    /// Seconds since `ApproximateFirstReceiveTimestamp`, if the record carries it.
-    pub since_first_receive_s: Option<i64>,
+    /// Seconds since this receive, at most (since its [`receive_floor`]).
+    pub since_receive_s: i64,
+    /// Seconds the record stays invisible as it is, at least (0 when not known).
+    pub invisible_for_s: i64,
 }
 
 impl VisibilityPolicy {
@@ -179,13 +195,17 @@ impl VisibilityPolicy {
         rng.i64(0..=ceiling)
     }
 
-    /// The visibility timeout, in seconds, for a failed record.
+    /// The visibility timeout, in seconds, to give a failed record, or `None` to leave it as it
+    /// is. A wait that reaches past 12 hours from this receive (which SQS would refuse) keeps
+    /// the record invisible as far as it may, and never makes it visible sooner than it
+    /// already is: only poison, conflicts and skipped FIFO records are meant to get 0, and the
+    /// next receive starts a new 12 hours.
     pub fn visibility_s(
         &self,
         failure: &Failure,
         delivery: Delivery,
         rng: &mut fastrand::Rng,
-    ) -> i32 {
+    ) -> Option<i32> {
         let wanted = match failure {
             // A skipped FIFO record may be visible at once: SQS returns no record of its group
             // while the failed one before it is invisible, so order is kept.
@@ -206,13 +226,14 @@ impl VisibilityPolicy {
             }
             Failure::AwaitingDecision => self.awaiting_decision_s,
         };
-        let cap = match delivery.since_first_receive_s {
-            Some(elapsed) => {
-                (SQS_MAX_VISIBILITY_S - SQS_CAP_MARGIN_S).saturating_sub(elapsed.max(0))
-            }
-            None => UNKNOWN_FIRST_RECEIVE_CAP_S,
-        };
-        wanted.clamp(0, cap.max(0)) as i32
+        let cap = (SQS_MAX_VISIBILITY_S - SQS_CAP_MARGIN_S)
+            .saturating_sub(delivery.since_receive_s.max(0))
+            .max(0);
+        let wanted = wanted.max(0);
+        if wanted <= cap {
+            return Some(wanted as i32);
+        }
+        (cap > delivery.invisible_for_s).then_some(cap as i32)
     }
 }
 
@@ -227,7 +248,8 @@ mod tests {
     fn delivery(count: u32) -> Delivery {
         Delivery {
             receive_count: count,
-            since_first_receive_s: Some(0),
+            since_receive_s: 0,
+            invisible_for_s: 30,
         }
     }
 
@@ -269,8 +291,11 @@ mod tests {
             ledger_digest: "a".into(),
             message_digest: "b".into(),
         };
-        assert_eq!(policy.visibility_s(&poison, delivery(4), &mut rng), 0);
-        assert_eq!(policy.visibility_s(&conflict, delivery(4), &mut rng), 0);
+        assert_eq!(policy.visibility_s(&poison, delivery(4), &mut rng), Some(0));
+        assert_eq!(
+            policy.visibility_s(&conflict, delivery(4), &mut rng),
+            Some(0)
+        );
     }
 
     #[test]
@@ -285,40 +310,86 @@ mod tests {
                 delivery(1),
                 &mut rng,
             );
-            assert!((5..=10).contains(&v), "{v}");
+            assert!(v.is_some_and(|v| (5..=10).contains(&v)), "{v:?}");
         }
     }
 
     #[test]
-    fn retry_after_is_a_floor_and_the_twelve_hour_cap_is_never_exceeded() {
+    fn retry_after_is_a_floor_and_the_twelve_hour_cap_of_this_receive_is_never_exceeded() {
         let policy = VisibilityPolicy::default();
         let mut rng = fastrand::Rng::with_seed(5);
         let rate_limited = Failure::Backoff {
             retry_after_ms: Some(30_000),
             cause: "transient",
         };
-        assert!(policy.visibility_s(&rate_limited, delivery(1), &mut rng) >= 30);
+        assert!(policy.visibility_s(&rate_limited, delivery(1), &mut rng) >= Some(30));
 
-        let late = Delivery {
-            receive_count: 1,
-            since_first_receive_s: Some(43_000),
-        };
         let long = Failure::Deferred {
             remaining_ms: 3_600_000,
         };
-        assert_eq!(policy.visibility_s(&long, late, &mut rng), 140);
+        // Near the end of this receive's 12 hours: as far as the cap allows.
+        let late = Delivery {
+            receive_count: 1,
+            since_receive_s: 43_000,
+            invisible_for_s: 30,
+        };
+        assert_eq!(policy.visibility_s(&long, late, &mut rng), Some(140));
+        // Past it: the record is left as it is, never made visible at once.
         let past = Delivery {
-            receive_count: 1,
-            since_first_receive_s: Some(50_000),
+            since_receive_s: 50_000,
+            ..late
         };
-        assert_eq!(policy.visibility_s(&long, past, &mut rng), 0);
-        let unknown_age = Delivery {
-            receive_count: 1,
-            since_first_receive_s: None,
+        assert_eq!(policy.visibility_s(&long, past, &mut rng), None);
+        // And never shortened when it already has more than the cap allows.
+        let kept = Delivery {
+            invisible_for_s: 600,
+            ..late
         };
+        assert_eq!(policy.visibility_s(&long, kept, &mut rng), None);
+    }
+
+    #[test]
+    fn the_receive_is_dated_from_the_invocation_less_the_batching_window() {
+        let entered = 100_000_000;
+        // Within the window (and a margin) before the invocation began.
+        assert_eq!(receive_floor(entered, 20_000, None), entered - 80_000);
+        // A message first received 13 hours ago starts a new chain on this receive: its first
+        // receive bounds nothing here.
+        let long_ago = entered - 13 * 3_600_000;
+        assert_eq!(receive_floor(entered, 0, Some(long_ago)), entered - 60_000);
+        // A first receive inside the window is a tighter bound.
         assert_eq!(
-            policy.visibility_s(&Failure::AwaitingDecision, unknown_age, &mut rng),
-            900
+            receive_floor(entered, 300_000, Some(entered - 1_000)),
+            entered - 1_000
         );
+        // Whatever the event holds.
+        assert_eq!(receive_floor(entered, 0, Some(i64::MAX)), entered);
+        assert_eq!(receive_floor(i64::MIN, i64::MAX, Some(i64::MIN)), i64::MIN);
+    }
+
+    #[test]
+    fn a_job_waiting_for_a_decision_past_twelve_hours_keeps_its_long_wait() {
+        // GIVEN a record of a job waiting for an operator, first received 13 hours ago and
+        // received again now (so this receive is new)
+        let policy = VisibilityPolicy::default();
+        let mut rng = fastrand::Rng::with_seed(9);
+        let entered = 200_000_000;
+        let floor = receive_floor(entered, 0, Some(entered - 13 * 3_600_000));
+        let now = entered + 2_000;
+        let d = Delivery {
+            receive_count: 40,
+            since_receive_s: (now - floor) / 1000,
+            invisible_for_s: 1_800,
+        };
+        // THEN it waits the long wait again, not 0 (which would loop it into the DLQ)
+        assert_eq!(
+            policy.visibility_s(&Failure::AwaitingDecision, d, &mut rng),
+            Some(1_800)
+        );
+        let backoff = Failure::Backoff {
+            retry_after_ms: None,
+            cause: "transient",
+        };
+        assert!(policy.visibility_s(&backoff, d, &mut rng).is_some());
     }
 }

@@ -22,8 +22,8 @@ use super::batch::{self, UnnamedFailure};
 use super::heartbeat::{Delivered, Flights, Heartbeat};
 use super::processor::{Invocation, Processed, Processor, resolve_body};
 use crate::clock::Clock;
-use crate::job::outcome::Delivery;
-use crate::job::{Failure, JobMessage, JobRecord, RecordOutcome, Trigger};
+use crate::job::outcome::{Delivery, receive_floor};
+use crate::job::{Failure, JobMessage, JobRecord, Millis, RecordOutcome, Trigger};
 use crate::ledger::JobLedger;
 use crate::provider::Provider;
 use crate::queue::{
@@ -102,6 +102,8 @@ impl<L: JobLedger, P: Provider, C: Clock, V: VisibilityControl> BatchHandler<L, 
 
     /// Handles a batch and reports every record.
     pub async fn handle_batch(&self, event: &SqsEvent, inv: &Invocation) -> BatchReport {
+        // The event source mapping received these records at most its batching window before.
+        let entered = self.processor.clock().now_ms();
         // A body is parsed at once; an Extended Client pointer's payload is read first, a few at
         // a time, records kept in order.
         let blobs = self.processor.blobs();
@@ -128,16 +130,23 @@ impl<L: JobLedger, P: Provider, C: Clock, V: VisibilityControl> BatchHandler<L, 
 
         let settings = &self.learnt_settings(&entries).await;
         let clock = self.processor.clock();
+        let received_at: Vec<Millis> = entries
+            .iter()
+            .map(|e| {
+                let first = attribute(e.record, "ApproximateFirstReceiveTimestamp");
+                receive_floor(entered, settings.batching_window_ms, first)
+            })
+            .collect();
         let flights = Flights::new(
             entries
                 .iter()
-                .map(|e| Delivered {
+                .zip(&received_at)
+                .map(|(e, &received_at)| Delivered {
                     queue_arn: e.record.event_source_arn.clone(),
                     receipt_handle: e.record.receipt_handle.clone(),
-                    first_receive: attribute(e.record, "ApproximateFirstReceiveTimestamp"),
+                    received_at,
                 })
                 .collect(),
-            clock.now_ms(),
             settings.queue_visibility_s,
         );
         // Each record's outcome as its lane decides it, so that whatever was decided before the
@@ -192,13 +201,21 @@ impl<L: JobLedger, P: Provider, C: Clock, V: VisibilityControl> BatchHandler<L, 
                 None,
             ));
             let mut visibility_s = None;
-            if let RecordOutcome::Failed(failure) = &outcome {
-                let seconds = settings.visibility.visibility_s(
-                    failure,
-                    delivery_of(entry.record, now),
-                    &mut rng,
-                );
-                if let (Some(handle), Some(arn)) = (
+            // A record SQS refused an extension for is left alone: its delivery is over.
+            let visible_until = flights.visible_until(index);
+            if let (RecordOutcome::Failed(failure), Some(visible_until)) = (&outcome, visible_until)
+            {
+                let delivery = Delivery {
+                    receive_count: attribute(entry.record, "ApproximateReceiveCount")
+                        .map_or(1, |n| n.clamp(1, i64::from(u32::MAX)) as u32),
+                    since_receive_s: now.saturating_sub(received_at[index]).max(0) / 1000,
+                    invisible_for_s: visible_until.saturating_sub(now).max(0) / 1000,
+                };
+                let seconds = settings
+                    .visibility
+                    .visibility_s(failure, delivery, &mut rng);
+                if let (Some(seconds), Some(handle), Some(arn)) = (
+                    seconds,
                     entry.record.receipt_handle.as_deref(),
                     entry.record.event_source_arn.as_deref(),
                 ) {
@@ -557,21 +574,6 @@ fn lanes(entries: &[Entry<'_>], fifo: bool) -> Vec<Vec<usize>> {
 
 fn attribute(record: &SqsMessage, name: &str) -> Option<i64> {
     record.attributes.get(name).and_then(|v| v.parse().ok())
-}
-
-fn delivery_of(record: &SqsMessage, now: i64) -> Delivery {
-    let attr = |name: &str| {
-        record
-            .attributes
-            .get(name)
-            .and_then(|v| v.parse::<i64>().ok())
-    };
-    Delivery {
-        receive_count: attr("ApproximateReceiveCount")
-            .map_or(1, |n| n.clamp(1, i64::from(u32::MAX)) as u32),
-        since_first_receive_s: attr("ApproximateFirstReceiveTimestamp")
-            .map(|t| now.saturating_sub(t).max(0) / 1000),
-    }
 }
 
 fn log_record(report: &RecordReport, entry: &Entry<'_>, now: crate::job::Millis) {

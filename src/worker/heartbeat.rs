@@ -12,7 +12,7 @@ use tokio_util::sync::CancellationToken;
 use super::processor::AttemptWatch;
 use super::settings::Settings;
 use crate::clock::Clock;
-use crate::job::outcome::{SQS_CAP_MARGIN_S, SQS_MAX_VISIBILITY_S, UNKNOWN_FIRST_RECEIVE_CAP_S};
+use crate::job::outcome::{SQS_CAP_MARGIN_S, SQS_MAX_VISIBILITY_S};
 use crate::job::{JobState, Millis};
 use crate::ledger::{JobLedger, RenewRequest, Write};
 use crate::queue::{ChangeResult, VisibilityChange, VisibilityControl};
@@ -102,7 +102,8 @@ fn bump(counter: &AtomicU64, by: u64) {
 struct Flight {
     /// Where and how to extend its visibility (absent: it cannot be extended).
     delivery: Option<(String, String)>,
-    /// No visibility may be requested past this instant (12 hours from the first receive).
+    /// No visibility may be requested past this instant (12 hours from this receive, less a
+    /// margin).
     visibility_cap: Millis,
     /// When the record becomes visible unless extended (an estimate, kept conservative).
     visible_until: Millis,
@@ -151,25 +152,22 @@ pub struct Delivered {
     pub queue_arn: Option<String>,
     /// The receipt handle of this delivery.
     pub receipt_handle: Option<String>,
-    /// `ApproximateFirstReceiveTimestamp`, Unix ms.
-    pub first_receive: Option<Millis>,
+    /// The earliest moment this receive can have happened (see
+    /// [`crate::job::outcome::receive_floor`]), Unix ms.
+    pub received_at: Millis,
 }
 
 impl Flights {
-    /// Flights for a batch received at about `now` from a queue whose visibility timeout is
-    /// `queue_visibility_s`.
-    pub fn new(records: Vec<Delivered>, now: Millis, queue_visibility_s: i64) -> Self {
+    /// Flights for a batch from a queue whose visibility timeout is `queue_visibility_s`.
+    pub fn new(records: Vec<Delivered>, queue_visibility_s: i64) -> Self {
         let entries = records
             .into_iter()
             .map(|d| {
-                let visibility_cap = match d.first_receive {
-                    // Saturating: the timestamp comes from the event, whatever it holds.
-                    Some(t) => t.saturating_add((SQS_MAX_VISIBILITY_S - SQS_CAP_MARGIN_S) * 1000),
-                    None => now + UNKNOWN_FIRST_RECEIVE_CAP_S * 1000,
-                };
-                // The receive happened before `now`, so this estimate errs early.
-                let visible_until = d.first_receive.map_or(now, |t| t.min(now)).max(now - 1_000)
-                    + queue_visibility_s * 1000;
+                // Saturating: the times come from the event, whatever it holds. Both err early.
+                let visibility_cap = d
+                    .received_at
+                    .saturating_add((SQS_MAX_VISIBILITY_S - SQS_CAP_MARGIN_S) * 1000);
+                let visible_until = d.received_at.saturating_add(queue_visibility_s * 1000);
                 Flight {
                     delivery: d.queue_arn.zip(d.receipt_handle),
                     visibility_cap,
@@ -258,6 +256,15 @@ impl Flights {
                 Stage::Done
             };
         }
+    }
+
+    /// When record `index` becomes visible as it stands, at the earliest, or `None` when it
+    /// must be left alone (SQS refused an extension: its delivery is over).
+    pub fn visible_until(&self, index: usize) -> Option<Millis> {
+        self.lock()
+            .get(index)
+            .filter(|f| !f.visibility_stopped)
+            .map(|f| f.visible_until)
     }
 
     /// The current lease end of record `index`, if it is running.
@@ -443,8 +450,9 @@ impl<L: JobLedger, V: VisibilityControl, C: Clock> Heartbeat<'_, L, V, C> {
     }
 
     /// Seconds to request for a record now, or `None` when it must not be extended: never past
-    /// 12 hours from the first receive, never past the job's deadline, never for a failed record
-    /// (its final visibility is set when the batch ends).
+    /// 12 hours from this receive, never past the job's deadline, never for a failed record (its
+    /// final visibility is set when the batch ends), and never when it would not reach past what
+    /// the record already has.
     fn extension_s(&self, f: &Flight, now: Millis) -> Option<i32> {
         let mut until = now + self.settings.queue_visibility_s * 1000;
         until = until.min(f.visibility_cap);
@@ -452,6 +460,9 @@ impl<L: JobLedger, V: VisibilityControl, C: Clock> Heartbeat<'_, L, V, C> {
             Stage::Done => return None,
             Stage::Running(lease) => until = until.min(lease.deadline_at),
             Stage::Pending | Stage::Acknowledging => {}
+        }
+        if until <= f.visible_until {
+            return None;
         }
         let seconds = (until - now) / 1000;
         (seconds >= 1).then_some(seconds.min(i64::from(i32::MAX)) as i32)

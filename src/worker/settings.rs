@@ -27,6 +27,10 @@ pub struct Settings {
     /// `QUEUE_VISIBILITY_TIMEOUT_SECONDS`: the queue's visibility timeout; each heartbeat
     /// extends a record's visibility to this much from now.
     pub queue_visibility_s: i64,
+    /// `MAXIMUM_BATCHING_WINDOW_SECONDS`: the event source mapping's batching window. A record
+    /// was received at most this long before its invocation began, which dates the 12 hours
+    /// SQS allows one receive's visibility.
+    pub batching_window_ms: Millis,
     /// `HEARTBEAT_SECONDS`: interval of the heartbeat that extends visibility and renews leases;
     /// default a third of the shorter of the queue's visibility timeout and the lease; 0 turns
     /// it off (then the lease must outlast the longest call).
@@ -69,6 +73,7 @@ impl Default for Settings {
             max_concurrency: 16,
             lease_ms: 60_000,
             queue_visibility_s: 30,
+            batching_window_ms: 0,
             heartbeat_ms: 10_000,
             skew_ms: 2_000,
             provider_timeout_ms: 240_000,
@@ -119,6 +124,7 @@ impl Settings {
                 as usize,
             lease_ms,
             queue_visibility_s,
+            batching_window_ms: number("MAXIMUM_BATCHING_WINDOW_SECONDS", 0, 0, 300)? * 1000,
             heartbeat_ms: number("HEARTBEAT_SECONDS", default_heartbeat_s.max(1), 0, 43_200)?
                 * 1000,
             skew_ms: number("CLOCK_SKEW_MS", d.skew_ms, 0, 60_000)?,
