@@ -1823,8 +1823,8 @@ async fn a_worker_paused_past_its_lease_between_claim_and_call_does_not_send_the
             &invocation(),
         )
         .await;
-    // THEN no call leaves; the attempt ends as a definite failure on the worker's own epoch, so
-    // a later delivery may claim again without a decision
+    // THEN no call leaves; the attempt is given back on the worker's own epoch (nothing ran),
+    // so a later delivery may claim again without a decision, and with the whole budget
     assert_eq!(h.processor().provider().executions(), 0);
     assert!(
         matches!(
@@ -1841,11 +1841,65 @@ async fn a_worker_paused_past_its_lease_between_claim_and_call_does_not_send_the
         .expect("get")
         .expect("item");
     assert_eq!(item.state, JobState::RetryAuthorized);
-    assert_eq!(item.attempt_log[0].outcome, AttemptOutcome::Transient);
+    assert_eq!((item.attempts, item.not_sent), (0, 1));
+    assert!(item.attempt_log.is_empty());
+    assert_eq!(item.given_back[0].outcome, AttemptOutcome::NotSent);
     assert_eq!(
         item.last_error.as_ref().map(|e| e.message.as_str()),
         Some("the lease lapsed before the call was sent")
     );
+}
+
+#[tokio::test]
+async fn a_claim_answered_too_late_for_its_call_spends_no_attempt() {
+    // GIVEN a job with a budget of one attempt, and a claim that is answered (a slow write)
+    // after the latest moment this invocation could still start a call
+    let ledger = Arc::new(faulty("claim", Fault::Pause(1_500), 1));
+    let settings = Settings {
+        min_call_ms: 1_000,
+        min_background_call_ms: 1_000,
+        deadline_margin_ms: 1_000,
+        ..Settings::default()
+    };
+    let h = handler(ledger.clone(), SimulatedProvider::new(), settings);
+    let short = Invocation {
+        id: "inv-short".into(),
+        deadline: Some(SystemClock.now_ms() + 3_000),
+    };
+    let body = r#"{"job_id":"late-claim","contract":"c","max_attempts":1,"input":{"model":"m","prompt":"p"}}"#.to_owned();
+    // WHEN it is processed
+    let report = h
+        .handle_batch(&event(vec![record(Some("m1"), &body)]), &short)
+        .await;
+    // THEN no call was made, and the job is not `failed_terminal` for a budget no call spent:
+    // the attempt was given back, and the next delivery may claim it
+    assert_eq!(h.processor().provider().executions(), 0);
+    let item = ledger
+        .inner
+        .get("late-claim")
+        .await
+        .expect("get")
+        .expect("item");
+    assert_eq!(
+        item.state,
+        JobState::RetryAuthorized,
+        "{:?}",
+        report.records[0]
+    );
+    assert_eq!((item.attempts, item.max_attempts, item.not_sent), (0, 1, 1));
+    assert_eq!(
+        item.last_error.as_ref().map(|e| e.message.as_str()),
+        Some("no time left to make the call")
+    );
+    // AND the next delivery runs the job with its one attempt
+    let report = h
+        .handle_batch(&event(vec![record(Some("m2"), &body)]), &invocation())
+        .await;
+    assert_eq!(
+        report.records[0].outcome,
+        RecordOutcome::Done(JobState::Succeeded)
+    );
+    assert_eq!(h.processor().provider().executions(), 1);
 }
 
 #[tokio::test]

@@ -360,6 +360,7 @@ async fn scenario<L: JobLedger>(ledger: &L, prefix: &str) -> (Vec<String>, Vec<O
     let create = |job: &NewJob, now: i64| CreateRequest {
         job: job.clone(),
         now,
+        enqueued: false,
     };
     let enqueued = |now: i64| EnqueuedRequest {
         job_id: j.job_id.clone(),

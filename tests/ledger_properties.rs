@@ -179,6 +179,7 @@ async fn apply<L: JobLedger>(ledger: &L, prefix: &str, op: &Op) -> Write {
                 .create(CreateRequest {
                     job: named(j, job),
                     now: job.deadline_at - 600_000,
+                    enqueued: false,
                 })
                 .await
         }

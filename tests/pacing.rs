@@ -10,67 +10,114 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use fenced_jobs::clock::{Clock, ManualClock};
-use fenced_jobs::job::{Expect, Failure, JobState, Millis, RecordOutcome, parse_body};
+use fenced_jobs::job::{
+    AttemptOutcome, Expect, Failure, JobRecord, JobState, Millis, RecordOutcome, parse_body,
+};
 use fenced_jobs::ledger::memory::InMemoryLedger;
 use fenced_jobs::ledger::schedule::{
     CallSchedule, Limits, MemorySchedule, Reservation, ReserveRequest,
 };
-use fenced_jobs::ledger::{AttemptEnd, FinishRequest, JobLedger, Write};
+use fenced_jobs::ledger::{FinishRequest, JobLedger, Write};
 use fenced_jobs::provider::{Answer, Provider, ProviderError, ProviderRequest};
-use fenced_jobs::worker::Settings;
+use fenced_jobs::worker::ending::{attempt_end, not_sent_end};
 use fenced_jobs::worker::processor::{AttemptWatch, Invocation, Processor};
+use fenced_jobs::worker::{ReplayPolicy, Settings};
 use tokio_util::sync::CancellationToken;
 
 const T: i64 = 1_800_000_000_000;
 
-fn throttled(id: &str, epoch: u64, attempt: u32, now: i64) -> FinishRequest {
+/// The end the owner holding `claimed` writes after a 429, as the worker builds it.
+fn throttled(claimed: &JobRecord, now: i64) -> FinishRequest {
+    let refusal = ProviderError::Transient {
+        retry_after_ms: None,
+        reason: "HTTP 429 (rate limit)".into(),
+    };
+    let (end, _) = attempt_end(Err(refusal), claimed, now, ReplayPolicy::Never);
     FinishRequest {
-        job_id: id.into(),
-        epoch,
-        attempt,
+        job_id: claimed.job_id.clone(),
+        epoch: claimed.owner_epoch,
+        attempt: claimed.attempts,
         now,
-        end: AttemptEnd::Throttled {
-            error: "HTTP 429 (rate limit)".into(),
-        },
+        end,
     }
 }
 
-fn line(w: Write) -> String {
+fn line(w: &Write) -> String {
     match w {
         Write::Applied(r) => format!(
-            "applied {} e{} a{} t{} log{}",
+            "applied {} e{} a{} t{} n{} log{} back{}",
             r.state.as_str(),
             r.owner_epoch,
             r.attempts,
             r.throttles,
-            r.attempt_log.len()
+            r.not_sent,
+            r.attempt_log.len(),
+            r.given_back.len()
         ),
         Write::Refused(Some(r)) => format!("refused at {} e{}", r.state.as_str(), r.owner_epoch),
         Write::Refused(None) => "refused, no item".into(),
     }
 }
 
+fn applied(w: Write) -> JobRecord {
+    match w {
+        Write::Applied(r) => r,
+        other => panic!("not applied: {other:?}"),
+    }
+}
+
 async fn story<L: JobLedger>(ledger: &L) -> Vec<String> {
     let job = new_job("throttled", "d", 1, T + 3_600_000);
-    let id = job.job_id.as_str();
     let mut log = Vec::new();
-    let mut step = |w: Result<Write, _>| log.push(line(w.expect("ledger call")));
-    step(ledger.claim(claim(&job, Expect::FRESH, "w1", T)).await);
-    step(ledger.finish(throttled(id, 1, 1, T + 1)).await);
+    let mut step = |w: Result<Write, _>| {
+        let w = w.expect("ledger call");
+        log.push(line(&w));
+        w
+    };
+    let first = applied(step(
+        ledger.claim(claim(&job, Expect::FRESH, "w1", T)).await,
+    ));
+    step(ledger.finish(throttled(&first, T + 1)).await);
     // Given back twice over a budget of one: the job may still be claimed.
     let again = Expect {
         epoch: 1,
         attempts: 0,
     };
-    step(ledger.claim(claim(&job, again, "w2", T + 2)).await);
+    let second = applied(step(ledger.claim(claim(&job, again, "w2", T + 2)).await));
     // A stale owner's throttle is refused like any stale write.
-    step(ledger.finish(throttled(id, 1, 1, T + 3)).await);
-    step(ledger.finish(throttled(id, 2, 1, T + 4)).await);
+    step(ledger.finish(throttled(&first, T + 3)).await);
+    let given = applied(step(ledger.finish(throttled(&second, T + 4)).await));
+    // The attempts given back are kept apart, marked, in order.
+    let kept: Vec<(u64, AttemptOutcome)> = given
+        .given_back
+        .iter()
+        .map(|a| (a.epoch, a.outcome))
+        .collect();
+    assert_eq!(
+        kept,
+        [
+            (1, AttemptOutcome::Throttled),
+            (2, AttemptOutcome::Throttled)
+        ]
+    );
     let third = Expect {
         epoch: 2,
         attempts: 0,
     };
-    step(ledger.claim(claim(&job, third, "w3", T + 5)).await);
+    let claimed = applied(step(ledger.claim(claim(&job, third, "w3", T + 5)).await));
+    // A call that is never sent gives its attempt back too.
+    let end = not_sent_end("no time left to make the call", &claimed, T + 6);
+    step(
+        ledger
+            .finish(FinishRequest {
+                job_id: claimed.job_id.clone(),
+                epoch: claimed.owner_epoch,
+                attempt: claimed.attempts,
+                now: T + 6,
+                end,
+            })
+            .await,
+    );
     log
 }
 
@@ -86,12 +133,13 @@ async fn a_throttled_attempt_is_given_back_alike_in_memory_and_in_dynamodb() {
     assert_eq!(
         memory_log,
         [
-            "applied running e1 a1 t0 log1",
-            "applied retry_authorized e1 a0 t1 log0",
-            "applied running e2 a1 t1 log1",
+            "applied running e1 a1 t0 n0 log1 back0",
+            "applied retry_authorized e1 a0 t1 n0 log0 back1",
+            "applied running e2 a1 t1 n0 log1 back1",
             "refused at running e2",
-            "applied retry_authorized e2 a0 t2 log0",
-            "applied running e3 a1 t2 log1",
+            "applied retry_authorized e2 a0 t2 n0 log0 back2",
+            "applied running e3 a1 t2 n0 log1 back2",
+            "applied retry_authorized e3 a0 t2 n1 log0 back3",
         ]
     );
     let m = memory.get("throttled").await.expect("get").expect("item");
@@ -99,7 +147,7 @@ async fn a_throttled_attempt_is_given_back_alike_in_memory_and_in_dynamodb() {
     assert_eq!(m, d);
     assert_eq!(
         d.last_error.as_ref().map(|e| e.kind.as_str()),
-        Some("throttled")
+        Some("not_sent")
     );
 }
 
@@ -311,7 +359,9 @@ async fn two_environments_share_the_providers_limit_through_the_schedule_item() 
     assert_eq!((poll.received, poll.deleted), (10, 10));
 
     // The other environment finds the next 5 s booked, past its 1 s horizon: it defers its
-    // records without claiming any (one refused reservation, no job written).
+    // records without claiming any (one refused reservation); each job, seen for the first
+    // time, is created `ready` with its trigger marked as queued, so its deadline is fixed and
+    // the reconciler can see it (one create each, and no claim).
     for i in 0..10 {
         aws.send(&queue, &common::job(&format!("b-{i}"), "p", ""))
             .await;
@@ -326,21 +376,21 @@ async fn two_environments_share_the_providers_limit_through_the_schedule_item() 
         .map(|r| r.outcome.label())
         .collect();
     assert_eq!(labels, ["paced"; 10]);
-    assert_eq!(aws.calls.get("dynamodb", "PutItem"), 0);
+    assert_eq!(aws.calls.get("dynamodb", "PutItem"), 10);
     assert_eq!(aws.calls.get("dynamodb", "UpdateItem"), 1);
     for i in 0..10 {
-        let item = aws
-            .ledger(&table)
-            .get(&format!("b-{i}"))
-            .await
-            .expect("get");
-        assert!(item.is_none(), "b-{i} was written while it waited");
+        let item = aws.item(&table, &format!("b-{i}")).await;
+        assert_eq!((item.state, item.attempts), (JobState::Ready, 0), "b-{i}");
+        assert!(item.enqueued_at.is_some(), "b-{i}");
     }
 
-    // Once the booked time is within the horizon, they run, on one more reservation.
+    // Once the booked time is within the horizon, they run, on one more reservation: each
+    // redelivered record reads its item and claims it in place.
     tokio::time::sleep(std::time::Duration::from_millis(5_500)).await;
     aws.calls.reset();
     let (poll, _) = common::deliver(&source, &second).await;
     assert_eq!((poll.received, poll.deleted), (10, 10));
-    assert_eq!(aws.calls.get("dynamodb", "PutItem"), 10);
+    assert_eq!(aws.calls.get("dynamodb", "PutItem"), 0);
+    // (and the environment refused before reads the schedule item once before booking again)
+    assert_eq!(aws.calls.get("dynamodb", "GetItem"), 11);
 }

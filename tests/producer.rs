@@ -165,6 +165,7 @@ async fn the_reconciler_repairs_a_stopped_producer_and_expires_jobs_past_their_d
         CreateRequest {
             job: NewJob::from_message(&msg, at, &settings.job_defaults),
             now: at,
+            enqueued: false,
         }
     };
     // GIVEN a producer that wrote a job and stopped before sending it

@@ -55,3 +55,26 @@ fn without_it_429s_are_many_and_no_job_fails_for_them_alone() {
     );
     assert_eq!(report.failed_by_throttling, 0);
 }
+
+#[test]
+fn a_backlog_of_hours_dead_letters_no_live_job() {
+    // GIVEN a backlog of about two hours of calls (1,000 jobs, 8 calls a minute, with the
+    // shared schedule) on a queue that dead-letters at 100 receives, so that the jobs at the
+    // back are deferred for capacity far more often than that
+    let config = scale::ScaleConfig {
+        jobs: 1_000,
+        concurrency: 20,
+        rpm: 8,
+        tpm: 1_000_000,
+        max_receive: 100,
+        ..scale::ScaleConfig::burst(3)
+    };
+    let report = scale::run_blocking(&config);
+    // THEN no message is dead-lettered, and every job ran
+    assert_eq!(report.dead_lettered, 0, "{report:?}");
+    assert_eq!(
+        report.end_states.get("succeeded"),
+        Some(&1_000),
+        "{report:?}"
+    );
+}

@@ -59,6 +59,9 @@ pub struct ScaleConfig {
     pub pacing: PacingSettings,
     /// `PACED_SPREAD_SECONDS`.
     pub paced_spread_s: i64,
+    /// The redrive policy's `maxReceiveCount` (`MAX_RECEIVE_COUNT`): a message received this
+    /// often goes to the DLQ on its next receive, as SQS moves it.
+    pub max_receive: u32,
 }
 
 impl ScaleConfig {
@@ -76,6 +79,7 @@ impl ScaleConfig {
             schedule_share: Some(1.0),
             pacing: PacingSettings::default(),
             paced_spread_s: Settings::default().visibility.paced_spread_s,
+            max_receive: 300,
         }
     }
 }
@@ -113,6 +117,8 @@ pub struct ScaleReport {
     pub sqs_requests: u64,
     /// Reservations of the shared schedule: granted, the calls they granted, and refused.
     pub reservations: (u64, u64, u64),
+    /// Messages the redrive policy moved to the DLQ (goal 0: none of them is poison).
+    pub dead_lettered: u64,
 }
 
 impl ScaleReport {
@@ -151,6 +157,10 @@ impl ScaleReport {
             100.0 * self.throttled_share(),
             self.throttled as f64 / self.executed.max(1) as f64,
             self.failed_by_throttling
+        );
+        println!(
+            "  live jobs dead-lettered by the redrive policy (maxReceiveCount {}): {}",
+            config.max_receive, self.dead_lettered
         );
         println!(
             "  last admission {:.1} min, drained {:.1} min; executions per job {:.3}",
@@ -200,11 +210,13 @@ struct QueueState {
     /// (visible at, message index, handle): stale entries are skipped when popped.
     ready: BinaryHeap<Reverse<(Millis, usize, u64)>>,
     next_handle: u64,
+    dead_lettered: u64,
 }
 
 struct Queue {
     state: Mutex<QueueState>,
     visibility_ms: Millis,
+    max_receive: u32,
 }
 
 impl Queue {
@@ -237,7 +249,14 @@ impl Queue {
             if at > now {
                 break;
             }
+            let exhausted = m.receive_count >= self.max_receive;
             q.ready.pop();
+            if exhausted {
+                // The redrive policy moves it instead of delivering it.
+                q.msgs[i].deleted = true;
+                q.dead_lettered += 1;
+                continue;
+            }
             q.next_handle += 1;
             let handle = q.next_handle;
             let visible_at = now + self.visibility_ms;
@@ -261,6 +280,10 @@ impl Queue {
             return Err(q.ready.peek().map(|Reverse((at, ..))| *at));
         }
         Ok(out)
+    }
+
+    fn dead_lettered(&self) -> u64 {
+        self.state.lock().expect("queue").dead_lettered
     }
 
     fn current(q: &mut QueueState, handle: &str) -> Option<usize> {
@@ -488,6 +511,7 @@ fn settings(config: &ScaleConfig) -> Settings {
         ..Settings::default()
     };
     s.visibility.paced_spread_s = config.paced_spread_s;
+    s.visibility.max_receive_count = config.max_receive;
     s
 }
 
@@ -500,6 +524,7 @@ pub async fn run(config: &ScaleConfig) -> ScaleReport {
     let queue = Arc::new(Queue {
         state: Mutex::new(QueueState::default()),
         visibility_ms: 30_000,
+        max_receive: config.max_receive,
     });
     let mut rng = fastrand::Rng::with_seed(config.seed);
     let deadline = fenced_jobs::job::message::format_rfc3339_ms(start + 4 * 3_600_000);
@@ -574,7 +599,9 @@ pub async fn run(config: &ScaleConfig) -> ScaleReport {
         async move {
             // A long poll: one request answers when messages arrive or after 20 s empty.
             let mut polling_since: Option<Millis> = None;
-            while remaining.load(Ordering::Relaxed) > 0 && clock.now_ms() < horizon {
+            while remaining.load(Ordering::Relaxed) > queue.dead_lettered()
+                && clock.now_ms() < horizon
+            {
                 let now = clock.now_ms();
                 if polling_since.is_none_or(|since| now - since >= 20_000) {
                     counters.sqs.fetch_add(1, Ordering::Relaxed);
@@ -643,6 +670,7 @@ pub async fn run(config: &ScaleConfig) -> ScaleReport {
         ledger_writes: table.writes() + schedule.schedule.writes(),
         schedule_reads: schedule.peeks.load(Ordering::Relaxed),
         sqs_requests: counters.sqs.load(Ordering::Relaxed),
+        dead_lettered: queue.dead_lettered(),
         ..ScaleReport::default()
     };
     report.reservations = (

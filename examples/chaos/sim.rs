@@ -693,13 +693,16 @@ impl JobLedger for SimLedger {
             self.gate.from.store(now, Ordering::Relaxed);
             self.gate.until.store(until, Ordering::Relaxed);
         }
-        // A refusal for the rate limit proves nothing ran: it never spends an attempt.
+        // A refusal for the rate limit, or a call never sent, proves nothing ran: neither
+        // spends an attempt.
         if let AttemptEnd::RetryAuthorized { error } | AttemptEnd::FailedTerminal { error, .. } =
             &req.end
-            && error.contains("HTTP 429")
+            && (error.contains("HTTP 429")
+                || error.contains("no time left to make the call")
+                || error.contains("lapsed before the call was sent"))
         {
             self.world.violation(format!(
-                "{id}: attempt {} spent on a 429 ({})",
+                "{id}: attempt {} spent without a call that ran ({}: {error})",
                 req.attempt,
                 req.end.target().as_str()
             ));

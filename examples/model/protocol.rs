@@ -27,7 +27,9 @@ use fenced_jobs::ledger::{
 };
 use fenced_jobs::provider::{Answer, ProviderError};
 use fenced_jobs::worker::ReplayPolicy;
-use fenced_jobs::worker::ending::{acceptable_end, attempt_end, lease_holds, uncertain_end};
+use fenced_jobs::worker::ending::{
+    acceptable_end, attempt_end, lease_holds, not_sent_end, uncertain_end,
+};
 use stateright::{Model, Property};
 
 /// The job every state is about.
@@ -140,11 +142,14 @@ pub enum Mutation {
     /// A worker sends its call without checking that its lease still holds (the processor's
     /// rule before it was found by this checker).
     CallAfterLeaseLapsed,
+    /// A claim whose call is never sent ends its attempt as a definite failure, spending it
+    /// (the processor's rule before it gave such an attempt back).
+    NotSentSpendsAttempt,
 }
 
 impl Mutation {
     /// Every mutation.
-    pub const ALL: [Mutation; 8] = [
+    pub const ALL: [Mutation; 9] = [
         Mutation::FinishIgnoresEpoch,
         Mutation::ExpiryIgnoresTerminal,
         Mutation::UncertainReleased,
@@ -153,6 +158,7 @@ impl Mutation {
         Mutation::UnconfirmedClaimCalls,
         Mutation::RecoveryIgnoresLease,
         Mutation::CallAfterLeaseLapsed,
+        Mutation::NotSentSpendsAttempt,
     ];
 
     /// The bound a mutation is checked in: the test bound, widened where the counterexample
@@ -169,6 +175,7 @@ impl Mutation {
                 faults: 0,
                 ..test
             },
+            Mutation::NotSentSpendsAttempt => Bounds { faults: 0, ..test },
             Mutation::NoBudgetCheck | Mutation::CallAfterLeaseLapsed => Bounds {
                 deliveries: 3,
                 deadline: 5,
@@ -190,6 +197,7 @@ impl Mutation {
             Mutation::UnconfirmedClaimCalls => "a claim whose write failed is taken as applied",
             Mutation::RecoveryIgnoresLease => "a recovery claim does not check the lease",
             Mutation::CallAfterLeaseLapsed => "a call is sent without checking the lease",
+            Mutation::NotSentSpendsAttempt => "a call not sent spends its attempt",
         }
     }
 
@@ -204,6 +212,7 @@ impl Mutation {
             Mutation::UnconfirmedClaimCalls => ATTEMPT_RECORDED,
             Mutation::RecoveryIgnoresLease => return None,
             Mutation::CallAfterLeaseLapsed => NO_SILENT_REPEAT,
+            Mutation::NotSentSpendsAttempt => SPENT_BY_CALLS,
         })
     }
 }
@@ -221,6 +230,9 @@ pub const NO_SILENT_REPEAT: &str =
 pub const ACK_TERMINAL: &str = "a record acknowledged only when its job is terminal";
 /// A call sent with no attempt record of its own.
 pub const ATTEMPT_RECORDED: &str = "every execution preceded by its attempt record";
+/// A job failed for its budget with an attempt that no call spent.
+pub const SPENT_BY_CALLS: &str =
+    "failed_terminal for the budget only after max_attempts calls were sent or may have been";
 /// The liveness property.
 pub const ENDS: &str = "every job ends terminal, or unknown with evidence";
 
@@ -1056,11 +1068,15 @@ impl Protocol {
                 "the lease lapsed before the call was sent"
             };
             let _ = write!(note, "does not send the call: {reason}");
-            let error = ProviderError::Transient {
-                retry_after_ms: None,
-                reason: reason.to_owned(),
+            let end = if self.mutated(Mutation::NotSentSpendsAttempt) {
+                let error = ProviderError::Transient {
+                    retry_after_ms: None,
+                    reason: reason.to_owned(),
+                };
+                attempt_end(Err(error), &claimed, now, next.replay).0
+            } else {
+                not_sent_end(reason, &claimed, now)
             };
-            let (end, _) = attempt_end(Err(error), &claimed, now, next.replay);
             self.end_with(next, worker, claimed, end);
             return true;
         }
@@ -1522,7 +1538,7 @@ impl Protocol {
 fn normalized(mut r: JobRecord) -> JobRecord {
     r.created_at = 0;
     r.updated_at = 0;
-    for a in &mut r.attempt_log {
+    for a in r.attempt_log.iter_mut().chain(&mut r.given_back) {
         a.started_at = 0;
         a.finished_at = a.finished_at.map(|_| 0);
     }
@@ -1541,14 +1557,29 @@ fn normalized(mut r: JobRecord) -> JobRecord {
     r
 }
 
-/// Whether `c` did not run and the ledger gave its attempt back: its log entry (its attempt at
-/// its epoch) is gone, which only the end of a throttled attempt does.
+/// Whether `c` did not run and the ledger gave its attempt back: its entry (its attempt at its
+/// epoch) moved from the log to the given-back attempts, which only the end of a throttled (or
+/// never sent) attempt does.
 fn given_back(c: &Call, r: &JobRecord) -> bool {
+    let of_call = |a: &fenced_jobs::job::AttemptRecord| a.number == c.attempt && a.epoch == c.epoch;
     c.truth == Truth::NotRun
-        && !r
-            .attempt_log
-            .iter()
-            .any(|a| a.number == c.attempt && a.epoch == c.epoch)
+        && !r.attempt_log.iter().any(of_call)
+        && r.given_back.iter().any(of_call)
+}
+
+/// Whether `r`, if it failed for its budget, was brought there by calls: every attempt in its
+/// log was sent (a call at its number and epoch), or may have been (recorded uncertain, as a
+/// recovery records a crash between the claim and the call).
+fn spent_by_calls(r: &JobRecord, calls: &[Call]) -> bool {
+    let budget = r.state == JobState::FailedTerminal
+        && r.last_error.as_ref().is_some_and(|e| e.kind == "budget");
+    !budget
+        || r.attempt_log.iter().all(|a| {
+            a.outcome == AttemptOutcome::Uncertain
+                || calls
+                    .iter()
+                    .any(|c| c.attempt == a.number && c.epoch == a.epoch)
+        })
 }
 
 fn word_name(word: Word) -> &'static str {
@@ -1750,6 +1781,9 @@ impl Model for Protocol {
             Property::always(NO_SILENT_REPEAT, |_, s| holds(s, Violation::SilentRepeat)),
             Property::always(ACK_TERMINAL, |_, s| holds(s, Violation::AckedEarly)),
             Property::always(ATTEMPT_RECORDED, |_, s| holds(s, Violation::UnrecordedCall)),
+            Property::always(SPENT_BY_CALLS, |_, s: &State| {
+                s.item.as_ref().is_none_or(|r| spent_by_calls(r, &s.calls))
+            }),
             Property::eventually(ENDS, |_, s: &State| {
                 s.item.as_ref().is_some_and(|r| {
                     r.state.is_terminal()

@@ -65,6 +65,10 @@ pub const INLINE_LIMIT_BYTES: usize = 160 * 1024;
 /// out and for the writes that follow an acceptance.
 pub const ITEM_HEADROOM_BYTES: usize = 8 * 1024;
 
+/// How many given-back attempts an item keeps (the counts keep them all): a throttle storm
+/// must not grow the item towards DynamoDB's limit.
+pub const GIVEN_BACK_KEPT: usize = 5;
+
 /// One job's ledger item, decoded.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct JobRecord {
@@ -82,6 +86,13 @@ pub struct JobRecord {
     /// Bedrock's throttling): each gave its attempt back, so they spend no budget; the job's
     /// deadline bounds them.
     pub throttles: u32,
+    /// Claims whose call was never sent (no time was left for it, or the lease lapsed before
+    /// it left): each gave its attempt back.
+    pub not_sent: u32,
+    /// The last [`GIVEN_BACK_KEPT`] attempts given back (throttled or not sent), in order: out
+    /// of `attempt_log`, which holds the attempts that count against the budget. `throttles`
+    /// and `not_sent` count them all.
+    pub given_back: Vec<AttemptRecord>,
     /// Digest of contract + input.
     pub input_digest: String,
     /// Output-contract version.
@@ -130,6 +141,7 @@ impl JobRecord {
         let attempts: usize = self
             .attempt_log
             .iter()
+            .chain(&self.given_back)
             .map(|a| 8 * FIELD + a.owner_id.len() + opt(&a.provider_ref))
             .sum();
         let recoveries: usize = self
@@ -212,6 +224,10 @@ pub enum AttemptOutcome {
     Uncertain,
     /// The job deadline passed while the attempt was open.
     Expired,
+    /// Given back: the provider refused the call for its rate limit before any work.
+    Throttled,
+    /// Given back: the call was never sent.
+    NotSent,
 }
 
 impl AttemptOutcome {
@@ -224,6 +240,8 @@ impl AttemptOutcome {
             AttemptOutcome::Permanent => "permanent",
             AttemptOutcome::Uncertain => "uncertain",
             AttemptOutcome::Expired => "expired",
+            AttemptOutcome::Throttled => "throttled",
+            AttemptOutcome::NotSent => "not_sent",
         }
     }
 
@@ -235,6 +253,8 @@ impl AttemptOutcome {
             "transient" => AttemptOutcome::Transient,
             "permanent" => AttemptOutcome::Permanent,
             "expired" => AttemptOutcome::Expired,
+            "throttled" => AttemptOutcome::Throttled,
+            "not_sent" => AttemptOutcome::NotSent,
             _ => AttemptOutcome::Uncertain,
         }
     }
@@ -365,6 +385,8 @@ impl NewJob {
             owner_id: None,
             owner_until: None,
             throttles: 0,
+            not_sent: 0,
+            given_back: Vec::new(),
             attempt_log: Vec::new(),
             recoveries: Vec::new(),
             decisions: Vec::new(),

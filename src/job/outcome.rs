@@ -158,6 +158,9 @@ pub struct VisibilityPolicy {
     pub awaiting_decision_s: i64,
     /// Largest spread added to a record waiting for provider capacity.
     pub paced_spread_s: i64,
+    /// The redrive policy's `maxReceiveCount` (0: none): a live job's record must not reach
+    /// it before the job's deadline.
+    pub max_receive_count: u32,
 }
 
 impl Default for VisibilityPolicy {
@@ -168,6 +171,7 @@ impl Default for VisibilityPolicy {
             defer_jitter_s: 5,
             awaiting_decision_s: 1_800,
             paced_spread_s: 60,
+            max_receive_count: 300,
         }
     }
 }
@@ -181,6 +185,8 @@ pub struct Delivery {
     pub since_receive_s: i64,
     /// Seconds the record stays invisible as it is, at least (0 when not known).
     pub invisible_for_s: i64,
+    /// Seconds until its job's deadline, when known.
+    pub deadline_left_s: Option<i64>,
 }
 
 impl VisibilityPolicy {
@@ -195,8 +201,29 @@ impl VisibilityPolicy {
         rng.i64(0..=ceiling)
     }
 
+    /// The least wait that keeps a live job's record from reaching `max_receive_count` before
+    /// the job's deadline: none while the record has used at most half its receives (ordinary
+    /// backoffs, hand-overs and paced deferrals), then the time left spread over the receives
+    /// left, less a tenth kept for the job's last steps.
+    pub fn receive_floor_s(&self, delivery: Delivery) -> i64 {
+        let max = self.max_receive_count;
+        let Some(left_s) = delivery.deadline_left_s else {
+            return 0;
+        };
+        if max == 0 || delivery.receive_count <= max / 2 {
+            return 0;
+        }
+        let reserve = (max / 10).max(2);
+        let receives = max
+            .saturating_sub(delivery.receive_count)
+            .saturating_sub(reserve)
+            .max(1);
+        let receives = i64::from(receives);
+        left_s.max(0).saturating_add(receives - 1) / receives
+    }
+
     /// The visibility timeout, in seconds, to give a failed record, or `None` to leave it as it
-    /// is. A wait that reaches past 12 hours from this receive (which SQS would refuse) keeps
+    /// is. A live job's record waits at least its [`Self::receive_floor_s`]. A wait that reaches past 12 hours from this receive (which SQS would refuse) keeps
     /// the record invisible as far as it may, and never makes it visible sooner than it
     /// already is: only poison, conflicts and skipped FIFO records are meant to get 0, and the
     /// next receive starts a new 12 hours.
@@ -226,6 +253,15 @@ impl VisibilityPolicy {
             }
             Failure::AwaitingDecision => self.awaiting_decision_s,
         };
+        let live = !matches!(
+            failure,
+            Failure::Poison(_) | Failure::Conflict { .. } | Failure::Skipped
+        );
+        let wanted = if live {
+            wanted.max(self.receive_floor_s(delivery))
+        } else {
+            wanted
+        };
         let cap = (SQS_MAX_VISIBILITY_S - SQS_CAP_MARGIN_S)
             .saturating_sub(delivery.since_receive_s.max(0))
             .max(0);
@@ -250,6 +286,7 @@ mod tests {
             receive_count: count,
             since_receive_s: 0,
             invisible_for_s: 30,
+            deadline_left_s: None,
         }
     }
 
@@ -332,6 +369,7 @@ mod tests {
             receive_count: 1,
             since_receive_s: 43_000,
             invisible_for_s: 30,
+            deadline_left_s: None,
         };
         assert_eq!(policy.visibility_s(&long, late, &mut rng), Some(140));
         // Past it: the record is left as it is, never made visible at once.
@@ -380,6 +418,7 @@ mod tests {
             receive_count: 40,
             since_receive_s: (now - floor) / 1000,
             invisible_for_s: 1_800,
+            deadline_left_s: Some(86_400),
         };
         // THEN it waits the long wait again, not 0 (which would loop it into the DLQ)
         assert_eq!(
@@ -391,5 +430,54 @@ mod tests {
             cause: "transient",
         };
         assert!(policy.visibility_s(&backoff, d, &mut rng).is_some());
+    }
+
+    #[test]
+    fn a_paced_record_never_reaches_the_redrive_count_before_its_deadline() {
+        // GIVEN a record of a job that waits for capacity, with four hours to its deadline, on a
+        // queue that dead-letters at 300 receives
+        let policy = VisibilityPolicy::default();
+        let mut rng = fastrand::Rng::with_seed(11);
+        let paced = Failure::Paced { wait_ms: 10_000 };
+        // WHEN it is deferred again and again, each deferral as long as the policy gives
+        let (mut now_s, deadline_s) = (0_i64, 4 * 3_600_i64);
+        let mut count = 1;
+        while now_s < deadline_s {
+            let d = Delivery {
+                receive_count: count,
+                since_receive_s: 0,
+                invisible_for_s: 30,
+                deadline_left_s: Some(deadline_s - now_s),
+            };
+            let v = policy
+                .visibility_s(&paced, d, &mut rng)
+                .expect("a visibility");
+            now_s += i64::from(v.max(1));
+            count += 1;
+        }
+        // THEN its deadline comes before its 300th receive: the job expires in the ledger, it is
+        // never dead-lettered alive
+        assert!(count < 300, "{count} receives");
+        // AND the first half of its receives come as fast as the capacity does
+        let early = Delivery {
+            receive_count: 10,
+            since_receive_s: 0,
+            invisible_for_s: 30,
+            deadline_left_s: Some(deadline_s),
+        };
+        assert!(policy.visibility_s(&paced, early, &mut rng) <= Some(70));
+        // AND poison is never held back
+        let poison = Failure::Poison(InvalidMessage::NotObject);
+        assert_eq!(
+            policy.visibility_s(
+                &poison,
+                Delivery {
+                    receive_count: 299,
+                    ..early
+                },
+                &mut rng
+            ),
+            Some(0)
+        );
     }
 }

@@ -132,13 +132,25 @@ pub enum AttemptEnd {
         /// Who decided (`replay-policy`).
         by: String,
     },
-    /// The provider refused the call for its rate limit before doing any work (proof that
-    /// nothing ran): the attempt is given back (`attempts` lowered again, its log entry
-    /// removed) and counted in `throttles`, and the job is `retry_authorized`. It spends no
-    /// budget; the deadline bounds how long a job may be throttled.
-    Throttled {
-        /// The provider's refusal.
+    /// Nothing ran, for sure: the provider refused the call for its rate limit before any work
+    /// (`why` is [`AttemptOutcome::Throttled`]), or the call was never sent
+    /// ([`AttemptOutcome::NotSent`]: no time was left for it, or the lease lapsed before it
+    /// left). The attempt is given back: `attempts` lowered again, its log entry moved to
+    /// `given_back` (marked with `why`), counted in `throttles` or `not_sent`, and the job
+    /// `retry_authorized`. It spends no budget; the deadline bounds how long a job may be
+    /// throttled. Built by [`crate::worker::ending`] from the owner's record.
+    ///
+    /// [`AttemptOutcome::Throttled`]: crate::job::AttemptOutcome::Throttled
+    /// [`AttemptOutcome::NotSent`]: crate::job::AttemptOutcome::NotSent
+    GivenBack {
+        /// `Throttled` or `NotSent`.
+        why: crate::job::AttemptOutcome,
+        /// The provider's refusal, or why the call was not sent.
         error: String,
+        /// `given_back` as this end leaves it: the owner's, with this attempt added, the last
+        /// [`crate::job::GIVEN_BACK_KEPT`] kept. (Only this owner writes it while it holds the
+        /// epoch, so its record is the item's.)
+        given_back: Vec<crate::job::AttemptRecord>,
     },
     /// The deadline passed during the attempt.
     Expired,
@@ -152,7 +164,7 @@ impl AttemptEnd {
             AttemptEnd::RetryAuthorized { .. } => JobState::RetryAuthorized,
             AttemptEnd::FailedTerminal { .. } => JobState::FailedTerminal,
             AttemptEnd::Unknown { .. } => JobState::Unknown,
-            AttemptEnd::Replay { .. } | AttemptEnd::Throttled { .. } => JobState::RetryAuthorized,
+            AttemptEnd::Replay { .. } | AttemptEnd::GivenBack { .. } => JobState::RetryAuthorized,
             AttemptEnd::Expired => JobState::Expired,
         }
     }
@@ -266,6 +278,9 @@ pub struct CreateRequest {
     pub job: NewJob,
     /// The producer's clock.
     pub now: Millis,
+    /// Its trigger is in the queue already (the worker creates the item of a message it must
+    /// defer): `enqueued_at` is set to `now`, so the reconciler does not send another soon.
+    pub enqueued: bool,
 }
 
 /// Records that a trigger for a job was sent.
@@ -462,9 +477,8 @@ impl AttemptEnd {
         use crate::job::AttemptOutcome;
         match self {
             AttemptEnd::Succeeded { .. } => AttemptOutcome::Succeeded,
-            AttemptEnd::RetryAuthorized { .. } | AttemptEnd::Throttled { .. } => {
-                AttemptOutcome::Transient
-            }
+            AttemptEnd::RetryAuthorized { .. } => AttemptOutcome::Transient,
+            AttemptEnd::GivenBack { why, .. } => *why,
             AttemptEnd::FailedTerminal {
                 kind: "permanent", ..
             } => AttemptOutcome::Permanent,
@@ -479,7 +493,7 @@ impl AttemptEnd {
         let (kind, message) = match self {
             AttemptEnd::Succeeded { .. } => return None,
             AttemptEnd::RetryAuthorized { error } => ("transient", error.clone()),
-            AttemptEnd::Throttled { error } => ("throttled", error.clone()),
+            AttemptEnd::GivenBack { why, error, .. } => (why.as_str(), error.clone()),
             AttemptEnd::FailedTerminal { kind, error } => (*kind, error.clone()),
             AttemptEnd::Unknown { evidence } | AttemptEnd::Replay { evidence, .. } => {
                 ("uncertain", evidence.clone())

@@ -70,11 +70,19 @@ pub fn apply_finish(current: Option<&JobRecord>, req: &FinishRequest) -> Option<
     let mut next = r.clone();
     next.state = req.end.target();
     next.updated_at = req.now;
-    if let super::AttemptEnd::Throttled { .. } = &req.end {
-        // Nothing ran: the attempt is given back and the throttle counted.
+    if let super::AttemptEnd::GivenBack {
+        why, given_back, ..
+    } = &req.end
+    {
+        // Nothing ran: the attempt is given back, its entry kept apart, and counted.
         next.attempts = next.attempts.saturating_sub(1);
         next.attempt_log.truncate(next.attempts as usize);
-        next.throttles += 1;
+        next.given_back.clone_from(given_back);
+        if *why == AttemptOutcome::Throttled {
+            next.throttles += 1;
+        } else {
+            next.not_sent += 1;
+        }
     } else if let Some(attempt) = req
         .attempt
         .checked_sub(1)
@@ -176,7 +184,11 @@ pub fn apply_renew(current: Option<&JobRecord>, req: &RenewRequest) -> Option<Jo
 pub fn apply_create(current: Option<&JobRecord>, req: &CreateRequest) -> Option<JobRecord> {
     match current {
         Some(_) => None,
-        None => Some(req.job.clone().into_record(JobState::Ready, req.now)),
+        None => {
+            let mut created = req.job.clone().into_record(JobState::Ready, req.now);
+            created.enqueued_at = req.enqueued.then_some(req.now);
+            Some(created)
+        }
     }
 }
 

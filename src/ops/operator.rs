@@ -104,18 +104,16 @@ pub async fn send_trigger(
 
 /// The record for scripts. The answer is included only when asked for.
 pub fn to_json(record: &JobRecord, with_result: bool) -> Value {
-    let attempts: Vec<Value> = record
-        .attempt_log
-        .iter()
-        .map(|a| {
-            json!({
-                "number": a.number, "epoch": a.epoch, "owner_id": a.owner_id,
-                "started_at": format_rfc3339_ms(a.started_at),
-                "provider_ref": a.provider_ref, "outcome": a.outcome.as_str(),
-                "finished_at": a.finished_at.map(format_rfc3339_ms),
-            })
+    let attempt = |a: &crate::job::AttemptRecord| {
+        json!({
+            "number": a.number, "epoch": a.epoch, "owner_id": a.owner_id,
+            "started_at": format_rfc3339_ms(a.started_at),
+            "provider_ref": a.provider_ref, "outcome": a.outcome.as_str(),
+            "finished_at": a.finished_at.map(format_rfc3339_ms),
         })
-        .collect();
+    };
+    let attempts: Vec<Value> = record.attempt_log.iter().map(attempt).collect();
+    let given_back: Vec<Value> = record.given_back.iter().map(attempt).collect();
     let decisions: Vec<Value> = record
         .decisions
         .iter()
@@ -136,6 +134,8 @@ pub fn to_json(record: &JobRecord, with_result: bool) -> Value {
         "attempts": record.attempts,
         "max_attempts": record.max_attempts,
         "throttles": record.throttles,
+        "not_sent": record.not_sent,
+        "given_back": given_back,
         "contract": record.contract,
         "input_digest": record.input_digest,
         "attempt_log": attempts,
@@ -187,6 +187,15 @@ pub fn to_text(record: &JobRecord, with_result: bool) -> String {
             ),
         );
     }
+    if record.not_sent > 0 {
+        line(
+            "not sent",
+            format!(
+                "{} (claimed, but no time was left for the call; no attempt spent)",
+                record.not_sent
+            ),
+        );
+    }
     line("contract", record.contract.clone());
     line("digest", record.input_digest.clone());
     if let Some(e) = &record.last_error {
@@ -205,7 +214,9 @@ pub fn to_text(record: &JobRecord, with_result: bool) -> String {
         },
     );
     out.push_str("\nattempt  epoch  outcome     started                   provider_ref\n");
-    for a in &record.attempt_log {
+    // The attempts given back (the last few) first: they came before the ones in the log
+    // that share their numbers.
+    for a in record.given_back.iter().chain(&record.attempt_log) {
         out.push_str(&format!(
             "{:<8} {:<6} {:<11} {:<25} {}\n",
             a.number,
@@ -450,6 +461,24 @@ mod tests {
         record.throttles = 2;
         assert!(to_text(&record, false).contains("throttles     2 (refused for the rate limit"));
         assert_eq!(to_json(&record, false)["throttles"], 2);
+        // The attempts given back are listed with their outcome.
+        record.not_sent = 1;
+        record.given_back.push(crate::job::AttemptRecord {
+            number: 1,
+            epoch: 1,
+            owner_id: "inv/m".into(),
+            started_at: 1_000,
+            provider_ref: None,
+            outcome: crate::job::AttemptOutcome::NotSent,
+            finished_at: Some(1_500),
+        });
+        let text = to_text(&record, false);
+        assert!(text.contains("not sent      1 (claimed"), "{text}");
+        assert!(text.contains("1        1      not_sent"), "{text}");
+        assert_eq!(
+            to_json(&record, false)["given_back"][0]["outcome"],
+            "not_sent"
+        );
     }
 
     #[tokio::test]

@@ -168,6 +168,7 @@ async fn submit_chunk<L: JobLedger>(
                     let req = CreateRequest {
                         job: NewJob::from_message(&msg, at, &intake.defaults),
                         now: at,
+                        enqueued: false,
                     };
                     ledger.create(req).await
                 }

@@ -4,7 +4,7 @@
 
 use super::settings::ReplayPolicy;
 use crate::job::decision::{DeadlinePhase, deadline_phase};
-use crate::job::{AttemptOutcome, JobRecord, Millis, ResultBody};
+use crate::job::{AttemptOutcome, AttemptRecord, GIVEN_BACK_KEPT, JobRecord, Millis, ResultBody};
 use crate::ledger::AttemptEnd;
 use crate::provider::{Answer, ProviderError, is_throttle_reason};
 
@@ -33,7 +33,7 @@ pub fn attempt_end(
             } else if is_throttle_reason(&reason) {
                 // Refused for the rate limit before any work: the attempt is given back,
                 // whatever the budget.
-                AttemptEnd::Throttled { error: reason }
+                given_back(AttemptOutcome::Throttled, reason, job, now)
             } else if job.attempts >= job.max_attempts {
                 AttemptEnd::FailedTerminal {
                     kind: "budget",
@@ -54,6 +54,36 @@ pub fn attempt_end(
         Err(ProviderError::Uncertain { evidence }) => {
             (uncertain_end(evidence, job, now, replay), None)
         }
+    }
+}
+
+/// How an attempt whose call was never sent ends (no time was left for it, or the lease lapsed
+/// before it left): nothing ran, so the attempt is given back, as after a throttle; past the
+/// deadline the job expires.
+pub fn not_sent_end(reason: &str, job: &JobRecord, now: Millis) -> AttemptEnd {
+    if now >= job.deadline_at {
+        return AttemptEnd::Expired;
+    }
+    given_back(AttemptOutcome::NotSent, reason.to_owned(), job, now)
+}
+
+/// The end that gives `job`'s current attempt back, marked `why`: its log entry joins the
+/// given-back attempts the job keeps (the last [`GIVEN_BACK_KEPT`]).
+fn given_back(why: AttemptOutcome, error: String, job: &JobRecord, now: Millis) -> AttemptEnd {
+    let mut kept = job.given_back.clone();
+    if let Some(attempt) = job.attempt_log.last() {
+        kept.push(AttemptRecord {
+            outcome: why,
+            finished_at: Some(now),
+            ..attempt.clone()
+        });
+    }
+    let excess = kept.len().saturating_sub(GIVEN_BACK_KEPT);
+    kept.drain(..excess);
+    AttemptEnd::GivenBack {
+        why,
+        error,
+        given_back: kept,
     }
 }
 

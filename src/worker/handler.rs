@@ -205,11 +205,18 @@ impl<L: JobLedger, P: Provider, C: Clock, V: VisibilityControl> BatchHandler<L, 
             let visible_until = flights.visible_until(index);
             if let (RecordOutcome::Failed(failure), Some(visible_until)) = (&outcome, visible_until)
             {
+                // The job's deadline: the item's, or the message's when no item was seen.
+                let message_deadline = match &entry.parsed {
+                    Ok(Trigger::Job(msg)) => msg.deadline_at,
+                    _ => None,
+                };
+                let deadline_at = job.as_ref().map(|j| j.deadline_at).or(message_deadline);
                 let delivery = Delivery {
                     receive_count: attribute(entry.record, "ApproximateReceiveCount")
                         .map_or(1, |n| n.clamp(1, i64::from(u32::MAX)) as u32),
                     since_receive_s: now.saturating_sub(received_at[index]).max(0) / 1000,
                     invisible_for_s: visible_until.saturating_sub(now).max(0) / 1000,
+                    deadline_left_s: deadline_at.map(|d| d.saturating_sub(now) / 1000),
                 };
                 let seconds = settings
                     .visibility

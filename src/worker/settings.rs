@@ -59,7 +59,8 @@ pub struct Settings {
     /// `REPLAY_POLICY`: `never` (default) or `replay`.
     pub replay: ReplayPolicy,
     /// Visibility of failed records (`BACKOFF_BASE_SECONDS`, `BACKOFF_CAP_SECONDS`,
-    /// `DEFER_JITTER_SECONDS`, `AWAITING_DECISION_SECONDS`, `PACED_SPREAD_SECONDS`).
+    /// `DEFER_JITTER_SECONDS`, `AWAITING_DECISION_SECONDS`, `PACED_SPREAD_SECONDS`,
+    /// `MAX_RECEIVE_COUNT`).
     pub visibility: VisibilityPolicy,
     /// The provider's limits and how calls are paced against them (`PROVIDER_RPM`,
     /// `PROVIDER_TPM`, `PROVIDER_LIMIT_KEY`, `PACING_CHUNK`, `PACING_HORIZON_SECONDS`,
@@ -173,6 +174,12 @@ impl Settings {
                     43_200,
                 )?,
                 paced_spread_s: number("PACED_SPREAD_SECONDS", v.paced_spread_s, 0, 3_600)?,
+                max_receive_count: number(
+                    "MAX_RECEIVE_COUNT",
+                    i64::from(v.max_receive_count),
+                    0,
+                    1_000,
+                )? as u32,
             },
             pacing: PacingSettings {
                 limits: Limits {

@@ -101,7 +101,7 @@ pub(super) fn encode_error(e: &ErrorRecord) -> AttributeValue {
 /// job is live, `finished_on` once it is terminal).
 pub fn encode(r: &JobRecord) -> Item {
     // Room for every attribute a record can have, so the map is never grown.
-    let mut item = Item::with_capacity(26);
+    let mut item = Item::with_capacity(28);
     item.extend([
         ("job_id".to_owned(), s(&r.job_id)),
         ("state".to_owned(), s(r.state.as_str())),
@@ -130,6 +130,12 @@ pub fn encode(r: &JobRecord) -> Item {
         ("last_error", r.last_error.as_ref().map(encode_error)),
         ("enqueued_at", r.enqueued_at.map(n)),
         ("throttles", (r.throttles > 0).then(|| n(r.throttles))),
+        ("not_sent", (r.not_sent > 0).then(|| n(r.not_sent))),
+        (
+            "given_back",
+            (!r.given_back.is_empty())
+                .then(|| AttributeValue::L(r.given_back.iter().map(encode_attempt).collect())),
+        ),
         (
             "recoveries",
             (!r.recoveries.is_empty())
@@ -184,6 +190,14 @@ pub fn decode(item: &Item) -> Result<JobRecord, LedgerError> {
             .collect::<Result<_, _>>()?,
         Some(_) => return Err(corrupt("attempt_log is not a list".to_owned())),
     };
+    let given_back = match item.get("given_back") {
+        None => Vec::new(),
+        Some(AttributeValue::L(entries)) => entries
+            .iter()
+            .map(|e| decode_attempt(e).ok_or_else(|| corrupt("malformed attempt".to_owned())))
+            .collect::<Result<_, _>>()?,
+        Some(_) => return Err(corrupt("given_back is not a list".to_owned())),
+    };
     let recoveries = match item.get("recoveries") {
         None => Vec::new(),
         Some(AttributeValue::L(entries)) => entries
@@ -207,6 +221,8 @@ pub fn decode(item: &Item) -> Result<JobRecord, LedgerError> {
         max_attempts: to_u32(req_n("max_attempts")?)
             .ok_or_else(|| corrupt("max_attempts".into()))?,
         throttles: get_n(item, "throttles").and_then(to_u32).unwrap_or(0),
+        not_sent: get_n(item, "not_sent").and_then(to_u32).unwrap_or(0),
+        given_back,
         input_digest: req_s("input_digest")?,
         contract: req_s("contract")?,
         input: req_s("input")?,
@@ -422,6 +438,16 @@ mod tests {
             expires_at: 99,
             enqueued_at: Some(150),
             throttles: 4,
+            not_sent: 1,
+            given_back: vec![AttemptRecord {
+                number: 2,
+                epoch: 2,
+                owner_id: "earlier".into(),
+                started_at: 500,
+                provider_ref: None,
+                outcome: AttemptOutcome::Throttled,
+                finished_at: Some(600),
+            }],
         }
     }
 

@@ -34,7 +34,7 @@ use super::{JobLedger, LedgerError, Write};
 use crate::job::{JobRecord, JobState, attention_key, finished_day};
 
 /// Attribute names, each used through a `#placeholder` (several are DynamoDB reserved words).
-const NAMES: [(&str, &str); 31] = [
+const NAMES: [(&str, &str); 33] = [
     ("#id", "job_id"),
     ("#state", "state"),
     ("#epoch", "owner_epoch"),
@@ -64,6 +64,8 @@ const NAMES: [(&str, &str); 31] = [
     ("#inref", "input_ref"),
     ("#fin", "finished_on"),
     ("#thr", "throttles"),
+    ("#unsent", "not_sent"),
+    ("#gb", "given_back"),
     ("#booked_r", "booked_requests_us"),
     ("#booked_t", "booked_tokens_us"),
 ];

@@ -330,12 +330,24 @@ impl DynamoLedger {
 /// The update, condition and values of a finish.
 fn finish_write(req: &FinishRequest) -> (String, String, Vec<(&'static str, AttributeValue)>) {
     let index = req.attempt.saturating_sub(1);
-    if let (AttemptEnd::Throttled { .. }, Some(error)) = (&req.end, req.end.error(req.now)) {
+    if let (
+        AttemptEnd::GivenBack {
+            why, given_back, ..
+        },
+        Some(error),
+    ) = (&req.end, req.end.error(req.now))
+    {
         // Invariant: as any end of attempt, only the running owner at its epoch gives its
-        // attempt back; the attempt's log entry goes with it (it is the last one).
+        // attempt back; the attempt's log entry (the last one) moves to `given_back`, which
+        // the owner writes whole (nobody else writes it while the owner holds the epoch).
+        let counter = if *why == AttemptOutcome::Throttled {
+            "#thr"
+        } else {
+            "#unsent"
+        };
         let update = format!(
-            "REMOVE #log[{index}] ADD #thr :one \
-             SET #state = :to, #updated = :now, #attempts = :prev, #err = :err"
+            "REMOVE #log[{index}] ADD {counter} :one \
+             SET #state = :to, #updated = :now, #attempts = :prev, #err = :err, #gb = :gb"
         );
         let condition = "#state = :running AND #epoch = :epoch AND #attempts = :attempt";
         let values = vec![
@@ -344,6 +356,10 @@ fn finish_write(req: &FinishRequest) -> (String, String, Vec<(&'static str, Attr
             (":one", n(1)),
             (":prev", n(index)),
             (":err", encode_error(&error)),
+            (
+                ":gb",
+                AttributeValue::L(given_back.iter().map(encode_attempt).collect()),
+            ),
             (":running", s(JobState::Running.as_str())),
             (":epoch", n(req.epoch)),
             (":attempt", n(req.attempt)),

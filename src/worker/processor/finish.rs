@@ -6,7 +6,9 @@ use std::time::Duration;
 use super::{Invocation, Processed, Processor, backoff, failed, ledger_failure, settled};
 use crate::clock::Clock;
 use crate::job::decision::{Next, next_step};
-use crate::job::{Failure, JobMessage, JobRecord, JobState, Millis, RecordOutcome, ResultBody};
+use crate::job::{
+    AttemptOutcome, Failure, JobMessage, JobRecord, JobState, Millis, RecordOutcome, ResultBody,
+};
 use crate::ledger::transitions::shows_end;
 use crate::ledger::{AttemptEnd, FinishRequest, JobLedger, LedgerError, RenewRequest, Write};
 use crate::provider::{Answer, Provider, ProviderError};
@@ -234,7 +236,11 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
 /// waits for the provider's capacity (its `Retry-After`), not for a backoff that grows with the
 /// receives: its record may have been deferred many times for capacity already.
 fn ended(record: JobRecord, end: &AttemptEnd, retry_after_ms: Option<Millis>) -> Processed {
-    if let AttemptEnd::Throttled { .. } = end {
+    if let AttemptEnd::GivenBack {
+        why: AttemptOutcome::Throttled,
+        ..
+    } = end
+    {
         let wait_ms = retry_after_ms.unwrap_or(super::run::THROTTLE_PAUSE_MS);
         return failed(Failure::Paced { wait_ms }, Some(record));
     }

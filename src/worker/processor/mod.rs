@@ -32,8 +32,8 @@ use crate::job::{
 };
 use crate::ledger::transitions::{shows_claim, shows_recovery};
 use crate::ledger::{
-    AttemptEnd, ClaimRequest, JobLedger, LedgerError, RecoverRequest, SettleFrom, SettleRequest,
-    Write,
+    AttemptEnd, ClaimRequest, CreateRequest, JobLedger, LedgerError, RecoverRequest, SettleFrom,
+    SettleRequest, Write,
 };
 use crate::provider::Provider;
 
@@ -255,7 +255,17 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
                         let latest = self.latest_call_start(inv);
                         match self.pacer.admit(tokens, &self.clock, latest).await {
                             Ok(p) => permit = Some(p),
-                            Err(wait_ms) => return failed(Failure::Paced { wait_ms }, view),
+                            Err(wait_ms) => {
+                                let view = match view {
+                                    None => self.create_waiting(msg, &job).await,
+                                    seen => seen,
+                                };
+                                return failed(Failure::Paced { wait_ms }, view);
+                            }
+                        }
+                        // The wait for capacity may have used the time the call needed.
+                        if !self.has_time_for_call(inv, self.clock.now_ms()) {
+                            return failed(backoff("too little time left for a call"), view);
                         }
                     }
                     let now = self.clock.now_ms();
@@ -402,6 +412,29 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
             shows_claim(seen, expect, owner_id)
         })
         .await
+    }
+
+    /// The item of a job seen for the first time that must wait for capacity: created `ready`
+    /// (its trigger is this message, in the queue), so the job's deadline is fixed from now and
+    /// the reconciler sees it even if the message is lost. Only a whole-job message's first
+    /// receive writes it; a failed or refused write is no reason not to wait.
+    async fn create_waiting(&self, msg: &JobMessage, job: &NewJob) -> Option<JobRecord> {
+        if msg.in_ledger || msg.delivered_before {
+            return None;
+        }
+        let req = CreateRequest {
+            job: job.clone(),
+            now: self.clock.now_ms(),
+            enqueued: true,
+        };
+        match self.ledger.create(req).await {
+            Ok(Write::Applied(created)) => Some(created),
+            Ok(Write::Refused(seen)) => seen,
+            Err(e) => {
+                tracing::warn!(job_id = %job.job_id, error = %e, "creating a waiting job failed");
+                None
+            }
+        }
     }
 
     /// Our own write recognised when its answer was lost: a retry refused by our first try, or

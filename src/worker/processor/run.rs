@@ -16,7 +16,7 @@ use crate::clock::Clock;
 use crate::job::{JobMessage, JobRecord, Millis};
 use crate::ledger::{AttemptEnd, JobLedger, RecordRefRequest, Write};
 use crate::provider::{Provider, ProviderError, ProviderRequest, Retrieval, Submission};
-use crate::worker::ending::lease_holds;
+use crate::worker::ending::{lease_holds, not_sent_end};
 
 impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
     pub(super) async fn run_attempt(
@@ -55,14 +55,13 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
                 None
             };
             if let Some(reason) = not_sent {
-                // The call is not sent, which is a definite failure of this attempt, so the
-                // attempt ends with a write on our epoch (refused if a rival raised it) and
-                // another may be authorised.
-                let refused = ProviderError::Transient {
-                    retry_after_ms: None,
-                    reason: reason.to_owned(),
-                };
-                break (Ok(Err(refused)), bound, budget);
+                // The call is not sent, so nothing ran: the attempt is given back with a write
+                // on our epoch (refused if a rival raised it), and spends no budget.
+                watch.call_ended();
+                let end = not_sent_end(reason, &claimed, self.clock.now_ms());
+                return self
+                    .finish_attempt(msg, claimed, end, None, false, inv)
+                    .await;
             }
             let called = tokio::select! {
                 // Ownership lost (renewal refused or about to lapse): stop here, the answer
