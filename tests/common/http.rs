@@ -166,12 +166,15 @@ async fn serve(mut stream: TcpStream, route: Arc<Route>, seen: Arc<Mutex<Vec<Req
         let Some(request) = read_request(&mut stream).await else {
             return;
         };
+        // Recorded before it is answered: a client that exits on the answer (a function
+        // reporting its init error) is never seen to have sent nothing.
         let reply = {
-            let all = seen.lock().expect("requests");
-            route(&request, &all)
+            let mut all = seen.lock().expect("requests");
+            let reply = route(&request, &all);
+            all.push(request.clone());
+            reply
         };
         let keep = write_reply(&mut stream, reply, &request).await;
-        seen.lock().expect("requests").push(request);
         if !keep {
             return;
         }
