@@ -593,3 +593,77 @@ async fn jobctl_export_writes_the_finished_jobs_from_the_index() {
     let later = export(&["--since", "2999-01-01T00:00:00Z"]);
     assert!(later.is_empty());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jobctl_events_replay_announces_the_jobs_of_a_batch_the_dispatcher_gave_up_on() {
+    // GIVEN a job that succeeded, and in the dispatcher's failure queue the message Lambda
+    // writes for a stream batch whose records arrived around then (no event was published)
+    let aws = emulator().await;
+    let table = aws.table().await;
+    let queue = aws.queue(30).await;
+    let results = aws.bucket().await;
+    let (bus, events) = bus_to_queue(&aws).await;
+    aws.send(&queue, &job("lost-event", "a report", "")).await;
+    let handler = worker(&aws, &table, &results, SimulatedProvider::new());
+    let (poll, _) = deliver(&aws.source(&queue).await, &handler).await;
+    assert_eq!(poll.deleted, 1);
+    let item = aws.item(&table, "lost-event").await;
+    let arrival = fenced_jobs::job::message::format_rfc3339_ms(item.updated_at);
+    let failures = aws.queue(30).await;
+    let message = json!({
+        "requestContext": {"condition": "RetryAttemptsExhausted"},
+        "version": "1.0",
+        "DDBStreamBatchInfo": {
+            "shardId": "shardId-1", "startSequenceNumber": "1", "endSequenceNumber": "2",
+            "approximateArrivalOfFirstRecord": arrival,
+            "approximateArrivalOfLastRecord": arrival,
+            "batchSize": 2, "streamArn": "arn:aws:dynamodb:us-east-1:123456789012:table/t/stream/s"
+        }
+    });
+    aws.send(&failures, &message.to_string()).await;
+    aws.send(&failures, r#"{"something":"else"}"#).await;
+    let jobctl = |args: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_jobctl"))
+            .args(["events", "replay", "--json"])
+            .args(args)
+            .env("JOBS_TABLE", &table)
+            .env("EVENT_BUS_NAME", &bus)
+            .env("DISPATCH_FAILURE_QUEUE_URL", &failures.url)
+            .output()
+            .expect("jobctl runs")
+    };
+    // WHEN it is replayed, first as a dry run
+    let dry = jobctl(&["--dry-run"]);
+    assert!(
+        dry.status.success(),
+        "{}",
+        String::from_utf8_lossy(&dry.stderr)
+    );
+    assert!(
+        received(&aws, &events).await.is_empty(),
+        "a dry run published"
+    );
+    let out = jobctl(&[]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: Value = serde_json::from_slice(&out.stdout).expect("json report");
+    // THEN the job's event is published with the dispatcher's id, the batch's message is
+    // deleted, and the message that names no batch stays
+    assert_eq!(
+        (report["events"].as_u64(), report["deleted"].as_u64()),
+        (Some(1), Some(1)),
+        "{report}"
+    );
+    assert_eq!(report["unreadable"], 1);
+    let details = received(&aws, &events).await;
+    assert_eq!(details.len(), 1, "{details:?}");
+    assert_eq!(details[0]["job_id"], "lost-event");
+    let expected = fenced_jobs::events::CompletionEvent::of(&item).expect("announced");
+    assert_eq!(details[0]["event_id"], expected.id.as_str());
+    let left = aws.peek(&failures.url, 1).await;
+    assert_eq!(left.len(), 1);
+    assert_eq!(left[0].body(), Some(r#"{"something":"else"}"#));
+}

@@ -2,12 +2,8 @@
 //! sends up to ten events a request; on a FIFO topic or queue the job id is the message group
 //! and the event id the deduplication id.
 
-use super::{CompletionEvent, EventSink};
-
-/// The `source` of every event on the bus.
-pub const EVENT_SOURCE: &str = "fenced-jobs";
-/// Events in one request (the limit of all three APIs).
-const BATCH: usize = 10;
+pub use super::EVENT_SOURCE;
+use super::{CompletionEvent, EventSink, Target};
 
 /// A sink on AWS.
 #[derive(Debug, Clone)]
@@ -36,20 +32,26 @@ pub enum AwsSink {
 }
 
 impl EventSink for AwsSink {
-    async fn publish(&self, events: &[CompletionEvent]) -> Result<(), (usize, String)> {
-        for (n, chunk) in events.chunks(BATCH).enumerate() {
-            let start = n * BATCH;
-            let failed = match self {
-                AwsSink::EventBridge { client, bus } => put_events(client, bus, chunk).await,
-                AwsSink::Sns { client, topic_arn } => publish_batch(client, topic_arn, chunk).await,
-                AwsSink::Sqs { client, queue_url } => send_batch(client, queue_url, chunk).await,
-            };
-            if let Err((i, why)) = failed {
-                return Err((start + i, why));
-            }
+    fn target(&self) -> Target {
+        match self {
+            AwsSink::EventBridge { .. } => Target::EventBridge,
+            AwsSink::Sns { .. } => Target::Sns,
+            AwsSink::Sqs { .. } => Target::Sqs,
         }
-        Ok(())
     }
+
+    async fn send(&self, events: &[CompletionEvent]) -> Result<(), (usize, String)> {
+        match self {
+            AwsSink::EventBridge { client, bus } => put_events(client, bus, events).await,
+            AwsSink::Sns { client, topic_arn } => publish_batch(client, topic_arn, events).await,
+            AwsSink::Sqs { client, queue_url } => send_batch(client, queue_url, events).await,
+        }
+    }
+}
+
+/// An entry that could not be built is not published (never counted as sent).
+fn unbuilt(i: usize, e: &impl std::fmt::Display) -> (usize, String) {
+    (i, format!("entry not built: {e}"))
 }
 
 /// The first refused entry of a request, from the per-entry answers.
@@ -128,12 +130,12 @@ async fn publish_batch(
     let entries = events
         .iter()
         .enumerate()
-        .filter_map(|(i, e)| {
+        .map(|(i, e)| {
             let state = MessageAttributeValue::builder()
                 .data_type("String")
                 .string_value(e.state.as_str())
                 .build()
-                .ok()?;
+                .map_err(|b| unbuilt(i, &b))?;
             let mut entry = PublishBatchRequestEntry::builder()
                 .id(i.to_string())
                 .message(e.detail.to_string())
@@ -143,9 +145,9 @@ async fn publish_batch(
                     .message_group_id(&e.job_id)
                     .message_deduplication_id(&e.id);
             }
-            entry.build().ok()
+            entry.build().map_err(|b| unbuilt(i, &b))
         })
-        .collect();
+        .collect::<Result<Vec<_>, _>>()?;
     let out = client
         .publish_batch()
         .topic_arn(topic_arn)
@@ -166,7 +168,7 @@ async fn send_batch(
     let entries = events
         .iter()
         .enumerate()
-        .filter_map(|(i, e)| {
+        .map(|(i, e)| {
             let mut entry = SendMessageBatchRequestEntry::builder()
                 .id(i.to_string())
                 .message_body(e.detail.to_string());
@@ -175,9 +177,9 @@ async fn send_batch(
                     .message_group_id(&e.job_id)
                     .message_deduplication_id(&e.id);
             }
-            entry.build().ok()
+            entry.build().map_err(|b| unbuilt(i, &b))
         })
-        .collect();
+        .collect::<Result<Vec<_>, _>>()?;
     let out = client
         .send_message_batch()
         .queue_url(queue_url)

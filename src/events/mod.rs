@@ -103,22 +103,135 @@ pub fn event_id(job_id: &str, epoch: u64, state: JobState) -> String {
     crate::job::message::hex(&hasher.finalize()[..16])
 }
 
+impl CompletionEvent {
+    /// The event without its inline answer, which `jobctl result` reads from the item instead:
+    /// for an event too large for one request of its target.
+    pub fn without_result(&self) -> CompletionEvent {
+        let mut slim = self.clone();
+        if let Some(fields) = slim.detail.as_object_mut()
+            && fields.remove("result").is_some()
+        {
+            fields.insert("result_in_ledger".into(), Value::Bool(true));
+        }
+        slim
+    }
+}
+
+/// The services completion events go to, and what one request to them may carry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Target {
+    /// EventBridge `PutEvents`.
+    EventBridge,
+    /// SNS `PublishBatch`.
+    Sns,
+    /// SQS `SendMessageBatch`.
+    Sqs,
+}
+
+/// Entries in one request: the limit of all three APIs.
+pub const MAX_REQUEST_ENTRIES: usize = 10;
+
+/// The `source` of every event on an EventBridge bus.
+pub const EVENT_SOURCE: &str = "fenced-jobs";
+
+impl Target {
+    /// The most bytes one request may carry: 256 KiB for `PutEvents` (all entries) and
+    /// `PublishBatch` (all messages with their attributes), 1 MiB for `SendMessageBatch`.
+    pub fn max_request_bytes(self) -> usize {
+        match self {
+            Target::EventBridge | Target::Sns => 256 * 1024,
+            Target::Sqs => 1024 * 1024,
+        }
+    }
+
+    /// The bytes `event` counts for in a request, as the service counts them: for EventBridge,
+    /// the UTF-8 bytes of the source, the detail type, the detail and each resource (a time
+    /// would add 14; none is set); for SNS, the message and each attribute's name, type and
+    /// value (the `state` attribute); for SQS, the body.
+    pub fn entry_bytes(self, event: &CompletionEvent) -> usize {
+        let detail = event.detail.to_string().len();
+        match self {
+            Target::EventBridge => {
+                EVENT_SOURCE.len() + event.detail_type().len() + detail + event.job_id.len()
+            }
+            Target::Sns => detail + "state".len() + "String".len() + event.state.as_str().len(),
+            Target::Sqs => detail,
+        }
+    }
+}
+
+/// The requests `events` go in, in order, each as many as fit by entries and bytes. An event
+/// too large for a request of its own must be made smaller first ([`publish`] does).
+pub fn requests(events: &[CompletionEvent], target: Target) -> Vec<std::ops::Range<usize>> {
+    let limit = target.max_request_bytes();
+    let mut out = Vec::new();
+    let (mut start, mut bytes) = (0, 0);
+    for (i, event) in events.iter().enumerate() {
+        let size = target.entry_bytes(event);
+        if i > start && (i - start == MAX_REQUEST_ENTRIES || bytes + size > limit) {
+            out.push(start..i);
+            (start, bytes) = (i, 0);
+        }
+        bytes += size;
+    }
+    if start < events.len() {
+        out.push(start..events.len());
+    }
+    out
+}
+
 /// Where completion events are published.
 pub trait EventSink: Send + Sync {
-    /// Publishes `events` in order. `Err(i)`: the events from `i` on may not have been
-    /// published (those before were); the caller publishes them again later.
-    fn publish(
+    /// The service behind the sink, whose request limits apply.
+    fn target(&self) -> Target;
+
+    /// Sends one request: at most [`MAX_REQUEST_ENTRIES`] events within the target's
+    /// [`Target::max_request_bytes`]. `Err(i)`: the events from `i` on may not have been
+    /// published (those before were).
+    fn send(
         &self,
         events: &[CompletionEvent],
     ) -> impl Future<Output = Result<(), (usize, String)>> + Send;
 }
 
-/// Records published events, for tests; can be told to refuse.
+/// Publishes `events` in order through `sink`, in requests that fit its target's limits; an
+/// event too large for a request of its own goes without its inline answer. `Err(i)`: the
+/// events from `i` on may not have been published (those before were); the caller publishes
+/// them again later.
+pub async fn publish(
+    sink: &impl EventSink,
+    events: &[CompletionEvent],
+) -> Result<(), (usize, String)> {
+    let target = sink.target();
+    let fitted: Vec<CompletionEvent> = events
+        .iter()
+        .map(|e| {
+            if target.entry_bytes(e) > target.max_request_bytes() {
+                e.without_result()
+            } else {
+                e.clone()
+            }
+        })
+        .collect();
+    for range in requests(&fitted, target) {
+        let start = range.start;
+        sink.send(&fitted[range])
+            .await
+            .map_err(|(i, why)| (start + i, why))?;
+    }
+    Ok(())
+}
+
+/// Records published events, for tests; can be told to refuse. It refuses a whole request, as
+/// the service does, when it holds more than ten events or more bytes than its target allows
+/// (counted here as the services document it, apart from [`Target::entry_bytes`]).
 #[cfg(any(test, feature = "test-support"))]
 #[derive(Debug, Default)]
 pub struct RecordingSink {
     published: std::sync::Mutex<Vec<CompletionEvent>>,
     refuse_after: std::sync::Mutex<Option<usize>>,
+    requests: std::sync::Mutex<Vec<usize>>,
+    target: Option<Target>,
 }
 
 #[cfg(any(test, feature = "test-support"))]
@@ -136,15 +249,64 @@ impl RecordingSink {
             .clone()
     }
 
+    /// An empty recorder standing for `target`, with its limits.
+    pub fn of(target: Target) -> Self {
+        RecordingSink {
+            target: Some(target),
+            ..Self::default()
+        }
+    }
+
     /// Refuses every event once `n` more were published (`None`: never).
     pub fn refuse_after(&self, n: Option<usize>) {
         *self.refuse_after.lock().unwrap_or_else(|p| p.into_inner()) = n;
+    }
+
+    /// The number of events of each request sent so far.
+    pub fn requests(&self) -> Vec<usize> {
+        self.requests
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 }
 
 #[cfg(any(test, feature = "test-support"))]
 impl EventSink for RecordingSink {
-    async fn publish(&self, events: &[CompletionEvent]) -> Result<(), (usize, String)> {
+    fn target(&self) -> Target {
+        self.target.unwrap_or(Target::EventBridge)
+    }
+
+    async fn send(&self, events: &[CompletionEvent]) -> Result<(), (usize, String)> {
+        self.requests
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(events.len());
+        if let Some(target) = self.target {
+            let bytes: usize = events
+                .iter()
+                .map(|e| {
+                    let body = serde_json::to_vec(&e.detail).map_or(0, |b| b.len());
+                    match target {
+                        Target::EventBridge => {
+                            "fenced-jobs".len() + e.detail_type().len() + body + e.job_id.len()
+                        }
+                        Target::Sns => body + 11 + e.state.as_str().len(),
+                        Target::Sqs => body,
+                    }
+                })
+                .sum();
+            let limit = match target {
+                Target::Sqs => 1_048_576,
+                _ => 262_144,
+            };
+            if events.len() > 10 || bytes > limit {
+                return Err((
+                    0,
+                    format!("request refused: {} events, {bytes} bytes", events.len()),
+                ));
+            }
+        }
         let mut budget = self.refuse_after.lock().unwrap_or_else(|p| p.into_inner());
         let mut published = self.published.lock().unwrap_or_else(|p| p.into_inner());
         for (i, event) in events.iter().enumerate() {

@@ -11,6 +11,8 @@
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
+#[cfg(test)]
+use crate::events::Target;
 use crate::events::{CompletionEvent, EventSink, announced};
 use crate::job::JobState;
 use crate::ledger::dynamodb::{decode, from_json_image};
@@ -46,6 +48,9 @@ pub struct StreamChange {
     /// The record's position in its shard: what a batch item failure names.
     #[serde(rename = "SequenceNumber", default)]
     pub sequence_number: Option<String>,
+    /// The item's key (DynamoDB JSON).
+    #[serde(rename = "Keys", default, skip_serializing_if = "Option::is_none")]
+    pub keys: Option<Map<String, Value>>,
 }
 
 /// The partial batch response of a stream event source mapping.
@@ -71,6 +76,8 @@ pub struct DispatchReport {
     pub published: usize,
     /// Records that announce nothing.
     pub skipped: usize,
+    /// Records that could not be decoded (logged, passed over).
+    pub undecodable: usize,
     /// The sequence number Lambda retries from, if publishing stopped.
     pub failed_at: Option<String>,
 }
@@ -132,10 +139,13 @@ pub fn event_of(record: &StreamRecord) -> Result<Option<CompletionEvent>, Undeco
     Ok(CompletionEvent::of(&job))
 }
 
-/// Publishes the events of one stream batch through `sink`.
+/// Publishes the events of one stream batch through `sink`. A record that cannot be decoded
+/// is logged (its sequence number and job id, never content), counted and passed over: no
+/// retry could decode it, and stopping there would have Lambda give up on every record after
+/// it. `jobctl events replay --job` publishes its event from the item once it is readable.
 pub async fn dispatch(event: &StreamEvent, sink: &impl EventSink) -> DispatchReport {
     let mut report = DispatchReport::default();
-    // The events, each with the index of its record, up to the first undecodable record.
+    // The events, each with the index of its record.
     let mut events: Vec<(usize, CompletionEvent)> = Vec::new();
     let mut stop_at = None;
     for (i, record) in event.records.iter().enumerate() {
@@ -143,14 +153,18 @@ pub async fn dispatch(event: &StreamEvent, sink: &impl EventSink) -> DispatchRep
             Ok(Some(e)) => events.push((i, e)),
             Ok(None) => report.skipped += 1,
             Err(e) => {
-                tracing::error!(error = %e, "a stream record could not be decoded");
-                stop_at = Some(i);
-                break;
+                let job_id = record
+                    .dynamodb
+                    .keys
+                    .as_ref()
+                    .and_then(|k| k.get("job_id")?.get("S")?.as_str().map(str::to_owned));
+                tracing::error!(error = %e, job_id, "a stream record could not be decoded; its event is not published");
+                report.undecodable += 1;
             }
         }
     }
     let batch: Vec<CompletionEvent> = events.iter().map(|(_, e)| e.clone()).collect();
-    match sink.publish(&batch).await {
+    match crate::events::publish(sink, &batch).await {
         Ok(()) => report.published = batch.len(),
         Err((first, why)) => {
             tracing::warn!(reason = %why, "publishing completion events failed; the rest is retried");
@@ -209,6 +223,7 @@ mod tests {
                 new_image: new.map(|(s, e)| image(s, e)),
                 old_image: old.map(|(s, e)| image(s, e)),
                 sequence_number: Some(seq.into()),
+                keys: None,
             },
         }
     }
@@ -270,7 +285,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn an_undecodable_record_stops_the_batch_at_itself() {
+    async fn an_undecodable_record_is_passed_over_and_its_neighbours_published() {
         let mut bad = record("21", Some(("running", 1)), Some(("succeeded", 1)));
         if let Some(image) = bad.dynamodb.new_image.as_mut() {
             image.remove("owner_epoch");
@@ -284,7 +299,70 @@ mod tests {
         };
         let sink = RecordingSink::new();
         let report = dispatch(&event, &sink).await;
-        assert_eq!(report.failed_at.as_deref(), Some("21"));
-        assert_eq!(sink.published().len(), 1);
+        // Stopping at it would have Lambda give up on record 22 after its retries.
+        assert_eq!(report.failed_at, None);
+        assert_eq!((report.published, report.undecodable), (2, 1));
+        assert_eq!(sink.published().len(), 2);
+    }
+
+    #[tokio::test]
+    async fn ten_large_answers_go_in_requests_that_fit_each_target() {
+        // GIVEN ten jobs that succeeded with 30 KiB answers (ten events make 300 KiB)
+        let answer = format!(r#"{{"output":"{}"}}"#, "a".repeat(30 * 1024));
+        let records: Vec<StreamRecord> = (0..10)
+            .map(|i| {
+                let mut r = record(
+                    &format!("{}", 40 + i),
+                    Some(("running", 1)),
+                    Some(("succeeded", 1)),
+                );
+                if let Some(image) = r.dynamodb.new_image.as_mut() {
+                    image.insert("job_id".into(), json!({ "S": format!("big-{i}") }));
+                    image.insert("result".into(), json!({ "S": answer }));
+                }
+                r
+            })
+            .collect();
+        let event = StreamEvent { records };
+        for target in [Target::EventBridge, Target::Sns, Target::Sqs] {
+            // WHEN they are dispatched to a sink that refuses a request over its target's limit
+            let sink = RecordingSink::of(target);
+            let report = dispatch(&event, &sink).await;
+            // THEN every event is published, with its answer, in requests that fit
+            assert_eq!(
+                (report.published, report.failed_at.clone()),
+                (10, None),
+                "{target:?}"
+            );
+            let requests = sink.requests();
+            assert_eq!(requests.iter().sum::<usize>(), 10);
+            if target == Target::Sqs {
+                assert_eq!(requests, [10]);
+            } else {
+                assert!(requests.len() >= 2, "{target:?}: {requests:?}");
+            }
+            assert!(
+                sink.published()
+                    .iter()
+                    .all(|e| e.detail["result"]["output"].is_string())
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn an_event_too_large_for_a_request_goes_without_its_answer() {
+        // GIVEN an event whose answer alone is over 256 KiB (an inline limit raised that far)
+        let record = record("50", Some(("running", 1)), Some(("succeeded", 1)));
+        let mut event = event_of(&record).expect("decodes").expect("announced");
+        event.detail["result"] = json!({ "output": "x".repeat(300 * 1024) });
+        // WHEN it is published to an SNS topic
+        let sink = RecordingSink::of(Target::Sns);
+        crate::events::publish(&sink, &[event])
+            .await
+            .expect("published");
+        // THEN it carries where the answer is instead
+        let sent = &sink.published()[0].detail;
+        assert!(sent.get("result").is_none());
+        assert_eq!(sent["result_in_ledger"], true);
     }
 }

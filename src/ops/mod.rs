@@ -1,13 +1,14 @@
 //! Operations around the worker: putting jobs in ([`producer`]), repairing what crashes leave
 //! ([`reconcile`]), deciding about jobs by hand ([`operator`]), announcing how jobs ended
-//! ([`dispatch`]), reading results out ([`results`]), and the metric documents of the functions
-//! ([`metrics`]).
+//! ([`dispatch`]) and announcing again what it gave up on ([`replay`]), reading results out
+//! ([`results`]), and the metric documents of the functions ([`metrics`]).
 
 pub mod dispatch;
 pub mod metrics;
 pub mod operator;
 pub mod producer;
 pub mod reconcile;
+pub mod replay;
 pub mod results;
 
 /// Ledger calls in flight at once (the producer's and the reconciler's).

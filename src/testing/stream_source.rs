@@ -180,6 +180,7 @@ fn lambda_record(record: &aws_sdk_dynamodbstreams::types::Record) -> StreamRecor
             new_image: image(change.and_then(|c| c.new_image())),
             old_image: image(change.and_then(|c| c.old_image())),
             sequence_number: change.and_then(|c| c.sequence_number()).map(str::to_owned),
+            keys: image(change.and_then(|c| c.keys())),
         },
     }
 }

@@ -322,3 +322,64 @@ pub(crate) async fn watch(
         tokio::time::sleep(std::time::Duration::from_secs(interval_s.max(1))).await;
     }
 }
+
+/// `jobctl events replay`: the failure queue's batches, or the jobs given.
+#[allow(clippy::too_many_arguments)]
+pub(crate) async fn replay(
+    ledger: &DynamoLedger,
+    sink: &fenced_jobs::events::aws::AwsSink,
+    sqs: &aws_sdk_sqs::Client,
+    queue_url: Option<String>,
+    jobs: &[String],
+    max: usize,
+    dry_run: bool,
+    json: bool,
+) -> Result<(), OperatorError> {
+    use fenced_jobs::ops::replay::{ReplayReport, event_of_job, replay_failures};
+    let failed = |e: String| OperatorError::NotSent(e);
+    let report = if jobs.is_empty() {
+        let Some(queue_url) = queue_url else {
+            usage("--queue-url (or DISPATCH_FAILURE_QUEUE_URL) or --job is needed");
+        };
+        replay_failures(ledger, sink, sqs, &queue_url, max, dry_run)
+            .await
+            .map_err(|e| failed(e.to_string()))?
+    } else {
+        let mut events = Vec::new();
+        for job_id in jobs {
+            match event_of_job(ledger, job_id).await? {
+                Some(event) => events.push(event),
+                None => eprintln!("jobctl: {job_id}: no such job, or nothing to announce yet"),
+            }
+        }
+        if !dry_run {
+            fenced_jobs::events::publish(sink, &events)
+                .await
+                .map_err(|(_, why)| failed(why))?;
+        }
+        ReplayReport {
+            events: events.len(),
+            ..ReplayReport::default()
+        }
+    };
+    if json {
+        println!(
+            "{}",
+            serde_json::json!({
+                "messages": report.messages, "unreadable": report.unreadable,
+                "events": report.events, "deleted": report.deleted, "dry_run": dry_run,
+            })
+        );
+    } else {
+        let verb = if dry_run {
+            "would publish"
+        } else {
+            "published"
+        };
+        println!(
+            "{} failure messages ({} naming no stream batch, left in the queue), {verb} {} events, deleted {} messages",
+            report.messages, report.unreadable, report.events, report.deleted
+        );
+    }
+    Ok(())
+}

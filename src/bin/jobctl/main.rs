@@ -16,7 +16,7 @@ use fenced_jobs::ops::results::{self, ResultError};
 use fenced_jobs::queue::SqsTriggers;
 
 mod commands;
-use commands::{dlq, export, list, print, reconcile, submit, watch, write_out};
+use commands::{dlq, export, list, print, reconcile, replay, submit, watch, write_out};
 
 /// Exit status when a command was refused, or did only part of its work.
 pub(crate) const REFUSED: i32 = 1;
@@ -178,10 +178,50 @@ enum Command {
         #[arg(long, default_value_t = 0)]
         timeout: u64,
     },
+    /// Completion events: publish again those the dispatcher gave up on.
+    Events {
+        #[command(subcommand)]
+        command: EventsCommand,
+        /// Publish to this EventBridge bus (or EVENT_TOPIC_ARN, EVENT_QUEUE_URL: exactly one).
+        #[arg(long, env = "EVENT_BUS_NAME")]
+        event_bus_name: Option<String>,
+        /// Publish to this SNS topic.
+        #[arg(long, env = "EVENT_TOPIC_ARN")]
+        event_topic_arn: Option<String>,
+        /// Publish to this SQS queue.
+        #[arg(long, env = "EVENT_QUEUE_URL")]
+        event_queue_url: Option<String>,
+    },
     /// Print a completion script for a shell (`jobctl completions bash > /etc/bash_completion.d/jobctl`).
     Completions {
         /// bash, zsh, fish, elvish or powershell.
         shell: clap_complete::Shell,
+    },
+}
+
+#[derive(Subcommand)]
+enum EventsCommand {
+    /// For each message of the dispatcher's failure queue (a stream batch Lambda gave up on),
+    /// announce again every job that finished, or became `unknown`, while that batch's records
+    /// arrived, then delete the message; or announce the jobs given with --job. Event ids are
+    /// the dispatcher's, so consumers drop what they already had.
+    Replay {
+        /// The dispatcher's failure queue (the stack's `DispatchFailureQueue`).
+        #[arg(
+            long,
+            env = "DISPATCH_FAILURE_QUEUE_URL",
+            required_unless_present = "job"
+        )]
+        queue_url: Option<String>,
+        /// Announce this job as it stands instead (repeatable).
+        #[arg(long)]
+        job: Vec<String>,
+        /// At most this many failure messages.
+        #[arg(long, default_value_t = 100)]
+        max: usize,
+        /// Count what would be published; publish and delete nothing.
+        #[arg(long)]
+        dry_run: bool,
     },
 }
 
@@ -254,6 +294,32 @@ async fn main() {
             timeout,
         } => watch(&ledger, &job_id, interval, timeout, cli.json).await,
         Command::Completions { .. } => Ok(()),
+        Command::Events {
+            command,
+            event_bus_name,
+            event_topic_arn,
+            event_queue_url,
+        } => {
+            let lookup = |name: &str| match name {
+                "EVENT_BUS_NAME" => event_bus_name.clone(),
+                "EVENT_TOPIC_ARN" => event_topic_arn.clone(),
+                "EVENT_QUEUE_URL" => event_queue_url.clone(),
+                _ => None,
+            };
+            let sink = fenced_jobs::config::sink_from_lookup(&config, lookup)
+                .unwrap_or_else(|e| usage(&e.to_string()));
+            let sqs = aws_sdk_sqs::Client::new(&config);
+            let EventsCommand::Replay {
+                queue_url,
+                job,
+                max,
+                dry_run,
+            } = command;
+            replay(
+                &ledger, &sink, &sqs, queue_url, &job, max, dry_run, cli.json,
+            )
+            .await
+        }
         Command::Dlq {
             command,
             dlq_url,

@@ -1,0 +1,297 @@
+//! Publishing completion events again (`jobctl events replay`): for the stream batches the
+//! dispatcher gave up on, which Lambda names in the dispatcher's failure queue, or for one job.
+//!
+//! A failure message names a stretch of the stream (shard, sequence numbers, and when its first
+//! and last records arrived), not the jobs, and the stream keeps records for 24 hours only. So
+//! the replay reads the ledger instead: every job that became terminal in that stretch of time
+//! (the finished index) or is `unknown` since then (the attention index) is announced again.
+//! Event ids derive from the job, its epoch and its state, so a consumer that saw an event drops
+//! the copy; announcing a neighbour twice costs nothing else.
+
+use serde_json::Value;
+
+use crate::events::{CompletionEvent, EventSink, publish};
+use crate::job::finished_day;
+use crate::job::{JobState, Millis};
+use crate::ledger::{JobLedger, LedgerError, LedgerIndex};
+
+/// Added on both sides of a failed batch's arrival times: the item's `updated_at` is the
+/// writer's clock, the arrival time the stream's.
+pub const WINDOW_MARGIN_MS: Millis = 60_000;
+
+const DAY_MS: Millis = 86_400_000;
+const PAGE: usize = 200;
+
+/// Why a replay stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum ReplayError {
+    /// The ledger could not be read.
+    #[error(transparent)]
+    Ledger(#[from] LedgerError),
+    /// The events could not all be published.
+    #[error("publishing failed: {0}")]
+    Publish(String),
+    /// A queue call failed.
+    #[error("the failure queue: {0}")]
+    Queue(String),
+}
+
+/// The stretch of time a failure message of a stream event source mapping names
+/// (`DDBStreamBatchInfo`: `approximateArrivalOfFirstRecord`, `approximateArrivalOfLastRecord`),
+/// widened by [`WINDOW_MARGIN_MS`]; `None` for any other message.
+pub fn failed_window(body: &str) -> Option<(Millis, Millis)> {
+    let info = serde_json::from_str::<Value>(body).ok()?;
+    let batch = info.get("DDBStreamBatchInfo")?;
+    let at = |name: &str| {
+        batch
+            .get(name)?
+            .as_str()
+            .and_then(crate::job::message::parse_rfc3339_ms)
+    };
+    let (first, last) = (
+        at("approximateArrivalOfFirstRecord")?,
+        at("approximateArrivalOfLastRecord")?,
+    );
+    Some((
+        first.min(last).saturating_sub(WINDOW_MARGIN_MS),
+        first.max(last).saturating_add(WINDOW_MARGIN_MS),
+    ))
+}
+
+/// The events of the jobs that entered an announced state from `from` to `to`: terminal jobs
+/// of the finished index, and `unknown` jobs last changed then. At most `max_jobs`.
+pub async fn events_between<L: JobLedger + LedgerIndex>(
+    ledger: &L,
+    from: Millis,
+    to: Millis,
+    max_jobs: usize,
+) -> Result<Vec<CompletionEvent>, LedgerError> {
+    let mut ids: Vec<String> = Vec::new();
+    let mut day_start = from - from.rem_euclid(DAY_MS);
+    while day_start <= to && ids.len() < max_jobs {
+        let day = finished_day(day_start);
+        let mut cursor: Option<(String, Millis)> = None;
+        loop {
+            let page = ledger.finished(&day, from, cursor.as_ref(), PAGE).await?;
+            ids.extend(
+                page.iter()
+                    .filter(|(_, at)| *at <= to)
+                    .map(|(id, _)| id.clone()),
+            );
+            cursor = page.last().cloned();
+            if page.len() < PAGE || cursor.as_ref().is_some_and(|(_, at)| *at > to) {
+                break;
+            }
+        }
+        day_start += DAY_MS;
+    }
+    let unknown = ledger
+        .untouched_since(JobState::Unknown, to.saturating_add(1), max_jobs)
+        .await?;
+    ids.extend(
+        unknown
+            .into_iter()
+            .filter(|(_, at)| *at >= from)
+            .map(|(id, _)| id),
+    );
+    ids.truncate(max_jobs);
+    let mut events = Vec::with_capacity(ids.len());
+    for id in ids {
+        if let Some(job) = ledger.get(&id).await?
+            && let Some(event) = CompletionEvent::of(&job)
+        {
+            events.push(event);
+        }
+    }
+    Ok(events)
+}
+
+/// The event of one job as it stands, if its state is announced.
+pub async fn event_of_job<L: JobLedger>(
+    ledger: &L,
+    job_id: &str,
+) -> Result<Option<CompletionEvent>, LedgerError> {
+    Ok(ledger
+        .get(job_id)
+        .await?
+        .and_then(|job| CompletionEvent::of(&job)))
+}
+
+/// What a replay of the failure queue did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ReplayReport {
+    /// Failure messages read.
+    pub messages: usize,
+    /// Of those, the ones that name no stream batch (left in the queue).
+    pub unreadable: usize,
+    /// Events published (or, in a dry run, that would be).
+    pub events: usize,
+    /// Messages deleted once their events were published.
+    pub deleted: usize,
+}
+
+/// Replays the batches named in the dispatcher's failure queue: for each message (at most
+/// `max`), the events of its stretch of time are published, then the message is deleted. With
+/// `dry_run`, nothing is published or deleted. A message that names no batch stays.
+pub async fn replay_failures<L: JobLedger + LedgerIndex>(
+    ledger: &L,
+    sink: &impl EventSink,
+    sqs: &aws_sdk_sqs::Client,
+    queue_url: &str,
+    max: usize,
+    dry_run: bool,
+) -> Result<ReplayReport, ReplayError> {
+    let mut report = ReplayReport::default();
+    let mut seen = std::collections::HashSet::new();
+    while report.messages < max {
+        let out = sqs
+            .receive_message()
+            .queue_url(queue_url)
+            .max_number_of_messages((max - report.messages).min(10) as i32)
+            // Kept invisible while its events are published, so two replays do not overlap.
+            .visibility_timeout(if dry_run { 0 } else { 300 })
+            .send()
+            .await
+            .map_err(queue_error)?;
+        let mut fresh = 0;
+        for m in out.messages() {
+            let handle = m.receipt_handle().unwrap_or_default();
+            // A message left in the queue comes back; it is looked at once.
+            if !seen.insert(m.message_id().unwrap_or_default().to_owned()) {
+                release(sqs, queue_url, handle, dry_run).await;
+                continue;
+            }
+            fresh += 1;
+            report.messages += 1;
+            let Some((from, to)) = failed_window(m.body().unwrap_or_default()) else {
+                report.unreadable += 1;
+                release(sqs, queue_url, handle, dry_run).await;
+                continue;
+            };
+            let events = events_between(ledger, from, to, 10_000).await?;
+            report.events += events.len();
+            if dry_run {
+                continue;
+            }
+            publish(sink, &events)
+                .await
+                .map_err(|(_, why)| ReplayError::Publish(why))?;
+            sqs.delete_message()
+                .queue_url(queue_url)
+                .receipt_handle(handle)
+                .send()
+                .await
+                .map_err(queue_error)?;
+            report.deleted += 1;
+        }
+        // Nothing new, or a dry run (whose messages stay visible): every message was seen.
+        if fresh == 0 || dry_run {
+            break;
+        }
+    }
+    Ok(report)
+}
+
+/// Leaves a message in the queue as it was found, visible, for whoever reads it next.
+async fn release(sqs: &aws_sdk_sqs::Client, queue_url: &str, handle: &str, dry_run: bool) {
+    if !dry_run {
+        let _ = sqs
+            .change_message_visibility()
+            .queue_url(queue_url)
+            .receipt_handle(handle)
+            .visibility_timeout(0)
+            .send()
+            .await;
+    }
+}
+
+fn queue_error<E: std::error::Error + 'static, R: std::fmt::Debug>(
+    e: aws_sdk_sqs::error::SdkError<E, R>,
+) -> ReplayError {
+    ReplayError::Queue(aws_sdk_sqs::error::DisplayErrorContext(&e).to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::events::RecordingSink;
+    use crate::ledger::memory::InMemoryLedger;
+    use crate::ledger::{AttemptEnd, ClaimRequest, FinishRequest, Write};
+
+    #[test]
+    fn a_stream_failure_message_names_its_stretch_of_time() {
+        // As Lambda writes it for a stream event source mapping's on-failure destination.
+        let body = r#"{"requestContext":{"condition":"RetryAttemptsExhausted"},"version":"1.0",
+            "timestamp":"2026-11-30T10:00:09Z","DDBStreamBatchInfo":{"shardId":"shardId-1",
+            "startSequenceNumber":"100","endSequenceNumber":"120",
+            "approximateArrivalOfFirstRecord":"2026-11-30T09:58:00Z",
+            "approximateArrivalOfLastRecord":"2026-11-30T09:59:00Z","batchSize":20,
+            "streamArn":"arn:aws:dynamodb:us-east-1:123456789012:table/jobs/stream/x"}}"#;
+        let first = crate::job::message::parse_rfc3339_ms("2026-11-30T09:58:00Z").expect("time");
+        assert_eq!(
+            failed_window(body),
+            Some((first - WINDOW_MARGIN_MS, first + 60_000 + WINDOW_MARGIN_MS))
+        );
+        assert_eq!(failed_window(r#"{"job_id":"x"}"#), None);
+        assert_eq!(failed_window("not json"), None);
+    }
+
+    async fn finished(ledger: &InMemoryLedger, job_id: &str, at: Millis) {
+        let job = crate::job::NewJob {
+            job_id: job_id.into(),
+            input_digest: "d".into(),
+            contract: "c".into(),
+            input: "{}".into(),
+            input_ref: None,
+            metadata: None,
+            deadline_at: at + 3_600_000,
+            max_attempts: 3,
+            expires_at: 0,
+        };
+        let claim = ClaimRequest {
+            job,
+            expect: crate::job::Expect::FRESH,
+            owner_id: "w".into(),
+            now: at - 1_000,
+            lease_until: at + 60_000,
+            provider_ref: None,
+            first_sight: true,
+        };
+        assert!(matches!(ledger.claim(claim).await, Ok(Write::Applied(_))));
+        let end = FinishRequest {
+            job_id: job_id.into(),
+            epoch: 1,
+            attempt: 1,
+            now: at,
+            end: AttemptEnd::Succeeded {
+                result: r#"{"ok":true}"#.into(),
+            },
+        };
+        assert!(matches!(ledger.finish(end).await, Ok(Write::Applied(_))));
+    }
+
+    #[tokio::test]
+    async fn the_jobs_that_finished_in_the_stretch_are_announced_again() {
+        // GIVEN jobs that finished before, during and after a failed batch's stretch of time
+        let ledger = InMemoryLedger::new();
+        let t = 1_796_000_000_000;
+        finished(&ledger, "before", t - 600_000).await;
+        finished(&ledger, "during", t).await;
+        finished(&ledger, "after", t + 600_000).await;
+        // WHEN the stretch is replayed
+        let events = events_between(&ledger, t - 60_000, t + 60_000, 100)
+            .await
+            .expect("read");
+        let sink = RecordingSink::new();
+        publish(&sink, &events).await.expect("published");
+        // THEN only the job of the stretch is announced, with the id the dispatcher gave it
+        let published = sink.published();
+        assert_eq!(published.len(), 1);
+        assert_eq!(published[0].job_id, "during");
+        let job = ledger.get("during").await.expect("get").expect("item");
+        assert_eq!(
+            published[0].id,
+            CompletionEvent::of(&job).expect("event").id
+        );
+    }
+}
