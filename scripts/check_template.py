@@ -83,6 +83,39 @@ def ledger_actions():
     return {"dynamodb:" + "".join(w.capitalize() for w in c.split("_")) for c in calls}
 
 
+# The S3 and SQS calls the worker's code sends, by SDK method, and the IAM action each needs.
+S3_CALLS = {
+    "put_object": "s3:PutObject",
+    "get_object": "s3:GetObject",
+    "delete_object": "s3:DeleteObject",
+    "list_objects_v2": "s3:ListBucket",
+}
+SQS_CALLS = {
+    "change_message_visibility_batch": "sqs:ChangeMessageVisibility",
+    "get_queue_url": "sqs:GetQueueUrl",
+    "get_queue_attributes": "sqs:GetQueueAttributes",
+    "send_message_batch": "sqs:SendMessage",
+}
+
+
+def sdk_actions(path, calls):
+    """The IAM actions of the SDK calls the code in `path` makes (`calls`: method -> action)."""
+    source = (pathlib.Path(__file__).parent.parent / path).read_text()
+    sent = set(re.findall(r"\.(" + "|".join(calls) + r")\(\)", source))
+    return {calls[c] for c in sent}
+
+
+def worker_actions():
+    """Every action the worker's code needs: the ledger's item reads and writes, the results
+    bucket's object calls (stored answers and inputs, the recovery's look for a stored answer,
+    Extended Client payloads) and the queue calls (visibility, its own dead letters)."""
+    return (
+        ledger_actions()
+        | sdk_actions("src/blobs/s3.rs", S3_CALLS)
+        | sdk_actions("src/queue/sqs.rs", SQS_CALLS)
+    )
+
+
 def role_actions(template, role):
     actions = set()
     for name, stmt in statements(template):
@@ -96,9 +129,19 @@ def problems(template):
     found = []
     # The worker writes the ledger with every kind of write the ledger code sends: a role
     # without one fails on AWS only (AccessDenied), never on the emulator.
-    missing = ledger_actions() - role_actions(template, "WorkerRole")
+    # The same for S3 and SQS: the worker lists a lapsed owner's stored answer, and without
+    # s3:ListBucket a missing object answers 403, not 404.
+    missing = worker_actions() - role_actions(template, "WorkerRole")
     if missing:
-        found.append(f"WorkerRole: the ledger sends {sorted(missing)}, which the role does not allow")
+        found.append(f"WorkerRole: the code sends {sorted(missing)}, which the role does not allow")
+    # ListBucket is granted on a bucket, never on its objects (where it would allow nothing).
+    for name, stmt in statements(template):
+        action = stmt.get("Action", [])
+        actions = [action] if isinstance(action, str) else action
+        resource = stmt.get("Resource", [])
+        resource = resource if isinstance(resource, list) else [resource]
+        if "s3:ListBucket" in actions and any("/*" in json.dumps(r) for r in resource):
+            found.append(f"{name}: s3:ListBucket on objects (it applies to a bucket)")
     globals_fn = template.get("Globals", {}).get("Function", {})
     resources = template.get("Resources", {})
 
@@ -258,6 +301,21 @@ def self_test(template):
             "Statement"
         ][0].__setitem__("Action", "dynamodb:*"),
         "own role": lambda t: r(t)["WorkerFunction"]["Properties"].pop("Role"),
+        "s3 actions allowed": lambda t: [
+            stmt["Action"].remove("s3:DeleteObject")
+            for stmt in r(t)["WorkerRole"]["Properties"]["Policies"][0]["PolicyDocument"]["Statement"]
+            if isinstance(stmt, dict) and stmt.get("Sid") == "StoredAnswersAndInputs"
+        ],
+        "sqs actions allowed": lambda t: [
+            stmt["Action"].remove("sqs:ChangeMessageVisibility")
+            for stmt in r(t)["WorkerRole"]["Properties"]["Policies"][0]["PolicyDocument"]["Statement"]
+            if isinstance(stmt, dict) and stmt.get("Sid") == "FailedRecordVisibility"
+        ],
+        "list on buckets": lambda t: [
+            stmt.__setitem__("Resource", "arn:aws:s3:::b/*")
+            for stmt in r(t)["WorkerRole"]["Properties"]["Policies"][0]["PolicyDocument"]["Statement"]
+            if isinstance(stmt, dict) and stmt.get("Sid") == "ListResults"
+        ],
         "ledger writes allowed": lambda t: [
             stmt["Action"].remove("dynamodb:PutItem")
             for stmt in r(t)["WorkerRole"]["Properties"]["Policies"][0]["PolicyDocument"]["Statement"]

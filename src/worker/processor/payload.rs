@@ -196,7 +196,14 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         let bucket = store.bucket()?;
         let epoch = job.attempt_log.last()?.epoch;
         let prefix = format!("{RESULTS_PREFIX}{}/{epoch}/", job.job_id);
-        let listed = store.list(&prefix, 1).await.ok()?;
+        let listed = store
+            .list(&prefix, 1)
+            .await
+            .map_err(|e| {
+                // Said, not hidden: without the evidence the job may become `unknown`.
+                tracing::warn!(job_id = %job.job_id, error = %e, "looking for a stored answer failed");
+            })
+            .ok()?;
         let key = listed.first()?;
         let bytes = store.get(bucket, key, MAX_RESULT_BYTES).await.ok()?;
         let blob = reference(bucket, key, &bytes);
