@@ -28,9 +28,9 @@ const T: i64 = 1_800_000_000_000;
 
 /// The end the owner holding `claimed` writes after a 429, as the worker builds it.
 fn throttled(claimed: &JobRecord, now: i64) -> FinishRequest {
-    let refusal = ProviderError::Transient {
+    let refusal = ProviderError::Throttled {
         retry_after_ms: None,
-        reason: "HTTP 429 (rate limit)".into(),
+        reason: "HTTP 429 rate_limit_exceeded".into(),
     };
     let (end, _) = attempt_end(Err(refusal), claimed, now, ReplayPolicy::Never);
     FinishRequest {
@@ -241,9 +241,9 @@ impl Provider for Limited {
     async fn call(&self, req: &ProviderRequest<'_>) -> Result<Answer, ProviderError> {
         let n = self.calls.fetch_add(1, Ordering::Relaxed);
         if n < self.refusals {
-            return Err(ProviderError::Transient {
+            return Err(ProviderError::Throttled {
                 retry_after_ms: Some(60_000),
-                reason: "HTTP 429 (rate limit)".into(),
+                reason: "HTTP 429 rate_limit_exceeded".into(),
             });
         }
         Ok(Answer {

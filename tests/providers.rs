@@ -95,10 +95,21 @@ async fn chat_completions_answers_and_errors_are_classified() {
     .await;
     assert_eq!(
         result,
-        Err(ProviderError::Transient {
+        Err(ProviderError::Throttled {
             retry_after_ms: Some(7_000),
             reason: "HTTP 429 rate_limit_exceeded".to_owned()
         })
+    );
+    // The provider's quota, which waiting does not clear: not a throttle (it spends its
+    // attempt, and the job ends when its budget does).
+    let (result, _) = chat_once(Reply::json(
+        429,
+        json!({"error": {"code": "insufficient_quota", "type": "insufficient_quota"}}),
+    ))
+    .await;
+    assert!(
+        matches!(result, Err(ProviderError::Transient { ref reason, .. }) if reason == "HTTP 429 insufficient_quota"),
+        "{result:?}"
     );
 
     let (result, _) = chat_once(Reply::json(500, json!({"error": {"type": "server_error"}}))).await;
@@ -107,9 +118,10 @@ async fn chat_completions_answers_and_errors_are_classified() {
         "{result:?}"
     );
 
-    // A gateway that gave up while the model may still run, and a key already in use: the
-    // call may have run, so no retry without a decision.
-    for status in [409, 502, 504, 524] {
+    // A gateway that gave up while the model may still run, a key already in use, and a bare
+    // 429 or 503 (a retrying gateway after its upstream request ran, a mesh after
+    // forwarding): the call may have run, so no retry without a decision.
+    for status in [409, 429, 502, 503, 504, 524] {
         let (result, _) = chat_once(Reply::json(status, json!({}))).await;
         assert!(
             matches!(result, Err(ProviderError::Uncertain { .. })),
@@ -121,7 +133,11 @@ async fn chat_completions_answers_and_errors_are_classified() {
         matches!(result, Err(ProviderError::Uncertain { .. })),
         "{result:?}"
     );
-    let (result, _) = chat_once(Reply::json(503, json!({}))).await;
+    let (result, _) = chat_once(Reply::json(
+        503,
+        json!({"error": {"type": "server_error", "code": "overloaded"}}),
+    ))
+    .await;
     assert!(
         matches!(result, Err(ProviderError::Transient { .. })),
         "{result:?}"
@@ -426,7 +442,7 @@ async fn bedrock_converse_answers_and_errors_are_classified() {
     let (result, stub) = converse_once(bedrock_error(429, "ThrottlingException")).await;
     assert_eq!(
         result,
-        Err(ProviderError::Transient {
+        Err(ProviderError::Throttled {
             retry_after_ms: None,
             reason: "ThrottlingException".to_owned()
         })
@@ -441,6 +457,7 @@ async fn bedrock_converse_answers_and_errors_are_classified() {
             reason: "ValidationException".to_owned()
         })
     );
+    // A service quota, which waiting does not clear: not a throttle, it spends its attempt.
     let (result, _) = converse_once(bedrock_error(400, "ServiceQuotaExceededException")).await;
     assert!(
         matches!(result, Err(ProviderError::Transient { .. })),

@@ -470,9 +470,9 @@ impl Provider for LimitedProvider {
         if let Some(wait) = refused {
             self.counters.throttled.fetch_add(1, Ordering::Relaxed);
             // Retry-After in whole seconds, as most gateways send it.
-            return Err(ProviderError::Transient {
+            return Err(ProviderError::Throttled {
                 retry_after_ms: Some((wait + 999) / 1_000 * 1_000),
-                reason: "HTTP 429 (rate limit)".into(),
+                reason: "HTTP 429 rate_limit_exceeded".into(),
             });
         }
         self.counters.executed.fetch_add(1, Ordering::Relaxed);

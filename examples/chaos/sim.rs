@@ -88,7 +88,8 @@ pub struct FaultRates {
     pub connection_lost: f64,
     /// A provider forgets a call (retrieval answers "not found").
     pub provider_forgets: f64,
-    /// A gateway answers an error status (502, 504, 524, 409, a bare 500) after the model ran;
+    /// A gateway answers an error status (502, 504, 524, 409, a bare 500, 429 or 503) after
+    /// the model ran;
     /// the worker classifies it with the real OpenAI status table.
     pub gateway_error: f64,
     /// The model's answer is too large for a ledger item.
@@ -697,7 +698,7 @@ impl JobLedger for SimLedger {
         // spends an attempt.
         if let AttemptEnd::RetryAuthorized { error } | AttemptEnd::FailedTerminal { error, .. } =
             &req.end
-            && (error.contains("HTTP 429")
+            && (error.contains("HTTP 429 rate_limit_exceeded")
                 || error.contains("no time left to make the call")
                 || error.contains("lapsed before the call was sent"))
         {
@@ -1042,9 +1043,9 @@ impl Provider for SimProvider {
             tokio::time::sleep(Duration::from_millis(50)).await;
             // Now and then longer than the worker waits in process: the attempt is given back.
             let retry_after_ms = if w.roll(0.1) { 30_000 } else { 1_000 };
-            return Err(ProviderError::Transient {
+            return Err(ProviderError::Throttled {
                 retry_after_ms: Some(retry_after_ms),
-                reason: "HTTP 429 (rate limit)".into(),
+                reason: "HTTP 429 rate_limit_exceeded".into(),
             });
         }
         self.check_attempt(req).await;
@@ -1093,7 +1094,9 @@ impl Provider for SimProvider {
         // with its own status: the worker reads it through the real status table.
         let gateway =
             (!hang && !lost && w.fault("gateway_error", w.rates.gateway_error)).then(|| {
-                let status = [502, 504, 524, 409, 500][w.range(0, 4) as usize];
+                // Bare 429s and 503s too: a retrying gateway after its upstream request ran, a
+                // service mesh after forwarding.
+                let status = [502, 504, 524, 409, 500, 429, 503][w.range(0, 6) as usize];
                 fenced_jobs::provider::openai::classify_status(status, &serde_json::json!({}))
             });
         let forgotten = w.roll(w.rates.provider_forgets);

@@ -1192,9 +1192,9 @@ impl Protocol {
                 }
                 Word::Throttled => {
                     call.truth = Truth::NotRun;
-                    Err(ProviderError::Transient {
+                    Err(ProviderError::Throttled {
                         retry_after_ms: None,
-                        reason: "HTTP 429 (rate limit)".to_owned(),
+                        reason: "HTTP 429 rate_limit_exceeded".to_owned(),
                     })
                 }
                 Word::Uncertain => Err(ProviderError::Uncertain {

@@ -274,7 +274,7 @@ impl VisibilityPolicy {
 }
 
 fn ceil_seconds(ms: Millis) -> i64 {
-    (ms.max(0) + 999) / 1_000
+    ms.max(0).saturating_add(999) / 1_000
 }
 
 #[cfg(test)]

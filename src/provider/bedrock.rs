@@ -212,14 +212,20 @@ fn classify<E: ProvideErrorMetadata, R>(e: &SdkError<E, R>) -> ProviderError {
     }
 }
 
-/// A Bedrock error code, classified. Transient: refused before any work (throttling, quotas,
-/// capacity, access), or a definite failure the service reports (the model timed out or
-/// failed and will give no answer). Permanent: the request itself is wrong, so a retry gives
-/// the same. Any other code may have run the model: uncertain, never permanent, since a
-/// terminal state cannot be taken back.
+/// A Bedrock error code, classified. Throttled: `ThrottlingException`, the account's rate
+/// quotas, refused before any work (the attempt is given back). Transient: refused before any
+/// work (a service quota, which waiting does not clear, capacity, access), or a definite
+/// failure the service reports (the model timed out or failed and will give no answer).
+/// Permanent: the request itself is wrong, so a retry gives the same. Any other code may have
+/// run the model: uncertain, never permanent, since a terminal state cannot be taken back.
 fn code_error(code: &str) -> ProviderError {
-    const TRANSIENT: [&str; 8] = [
-        "ThrottlingException",
+    if code == "ThrottlingException" {
+        return ProviderError::Throttled {
+            retry_after_ms: None,
+            reason: code_text(code),
+        };
+    }
+    const TRANSIENT: [&str; 7] = [
         "ServiceQuotaExceededException",
         "ServiceUnavailableException",
         "InternalServerException",
@@ -272,11 +278,8 @@ mod tests {
 
     #[test]
     fn error_codes_are_never_permanent_unless_the_request_is_wrong() {
-        for code in [
-            "ThrottlingException",
-            "ServiceQuotaExceededException",
-            "AccessDeniedException",
-        ] {
+        assert!(code_error("ThrottlingException").is_throttle());
+        for code in ["ServiceQuotaExceededException", "AccessDeniedException"] {
             assert!(
                 matches!(code_error(code), ProviderError::Transient { .. }),
                 "{code}"

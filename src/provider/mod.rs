@@ -137,6 +137,16 @@ pub enum ProviderError {
         /// Classification (never prompt or answer text).
         reason: String,
     },
+    /// The provider refused the call for its rate limit before doing any work, and said so
+    /// in its own words (a 429 with its error object and code, Bedrock's
+    /// `ThrottlingException`): proof that nothing ran, so the attempt is given back.
+    #[error("throttled: {reason}")]
+    Throttled {
+        /// The wait the provider asked for (capped, see [`MAX_RETRY_AFTER_MS`]).
+        retry_after_ms: Option<i64>,
+        /// Classification (never prompt or answer text).
+        reason: String,
+    },
     /// The request will never succeed (rejected input, unknown model).
     #[error("permanent provider error: {reason}")]
     Permanent {
@@ -152,21 +162,15 @@ pub enum ProviderError {
 }
 
 impl ProviderError {
-    /// Whether the provider refused for its rate limit or quota (HTTP 429, Bedrock's
-    /// `ThrottlingException` and `ServiceQuotaExceededException`), read from the reason the
-    /// classification wrote.
+    /// Whether the provider refused for its rate limit before any work.
     pub fn is_throttle(&self) -> bool {
-        matches!(self, ProviderError::Transient { reason, .. } if is_throttle_reason(reason))
+        matches!(self, ProviderError::Throttled { .. })
     }
 }
 
-/// Whether a transient failure's reason is the provider's rate limit or quota (see
-/// [`ProviderError::is_throttle`]).
-pub fn is_throttle_reason(reason: &str) -> bool {
-    reason.starts_with("HTTP 429")
-        || reason.contains("Throttling")
-        || reason.contains("ServiceQuotaExceeded")
-}
+/// The longest wait a provider's `Retry-After` is taken for: a larger one (or one that is not a
+/// number) must not stop an environment for hours, nor overflow the clock arithmetic.
+pub const MAX_RETRY_AFTER_MS: i64 = 600_000;
 
 /// What a provider says about an earlier attempt it was asked for by reference.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -341,15 +345,18 @@ mod tests {
     use super::*;
 
     #[test]
-    fn throttles_are_told_from_other_transient_errors() {
-        let transient = |reason: &str| ProviderError::Transient {
+    fn throttles_are_their_own_kind_not_a_reason_read_back() {
+        let throttled = ProviderError::Throttled {
             retry_after_ms: None,
-            reason: reason.to_owned(),
+            reason: "HTTP 429 rate_limit_exceeded".to_owned(),
         };
-        assert!(transient("HTTP 429 rate_limit_exceeded").is_throttle());
-        assert!(transient("ThrottlingException").is_throttle());
-        assert!(transient("ServiceQuotaExceededException").is_throttle());
-        assert!(!transient("HTTP 503").is_throttle());
+        assert!(throttled.is_throttle());
+        // A reason that merely reads like one is not: a gateway's 429 is classified apart.
+        let transient = ProviderError::Transient {
+            retry_after_ms: None,
+            reason: "HTTP 429 insufficient_quota".to_owned(),
+        };
+        assert!(!transient.is_throttle());
         let permanent = ProviderError::Permanent {
             reason: "HTTP 429".into(),
         };

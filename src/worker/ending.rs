@@ -6,7 +6,7 @@ use super::settings::ReplayPolicy;
 use crate::job::decision::{DeadlinePhase, deadline_phase};
 use crate::job::{AttemptOutcome, AttemptRecord, GIVEN_BACK_KEPT, JobRecord, Millis, ResultBody};
 use crate::ledger::AttemptEnd;
-use crate::provider::{Answer, ProviderError, is_throttle_reason};
+use crate::provider::{Answer, ProviderError};
 
 /// How the current attempt of `job` ends, from what the provider said (by the call or by a
 /// retrieval), and the wait the provider asked for, if any. Where an answer is kept is decided
@@ -24,16 +24,25 @@ pub fn attempt_end(
             },
             None,
         ),
+        Err(ProviderError::Throttled {
+            retry_after_ms,
+            reason,
+        }) => {
+            // Refused for the rate limit before any work: the attempt is given back, whatever
+            // the budget.
+            let end = if now >= job.deadline_at {
+                AttemptEnd::Expired
+            } else {
+                given_back(AttemptOutcome::Throttled, reason, job, now)
+            };
+            (end, retry_after_ms)
+        }
         Err(ProviderError::Transient {
             retry_after_ms,
             reason,
         }) => {
             let end = if now >= job.deadline_at {
                 AttemptEnd::Expired
-            } else if is_throttle_reason(&reason) {
-                // Refused for the rate limit before any work: the attempt is given back,
-                // whatever the budget.
-                given_back(AttemptOutcome::Throttled, reason, job, now)
             } else if job.attempts >= job.max_attempts {
                 AttemptEnd::FailedTerminal {
                     kind: "budget",

@@ -361,7 +361,8 @@ impl Pacer {
             st.decreased_at = now;
         }
         if let Some(wait) = retry_after_ms {
-            st.paused_until = st.paused_until.max(now + wait);
+            let wait = wait.clamp(0, crate::provider::MAX_RETRY_AFTER_MS);
+            st.paused_until = st.paused_until.max(now.saturating_add(wait));
         }
     }
 

@@ -7,7 +7,7 @@ use reqwest::header::{HeaderMap, HeaderValue};
 use serde_json::Value;
 
 use crate::job::Millis;
-use crate::provider::{ProviderError, Retrieval};
+use crate::provider::{MAX_RETRY_AFTER_MS, ProviderError, Retrieval};
 
 /// The most of a response body that is read. An answer beyond it could not be stored in the
 /// ledger item anyway.
@@ -84,11 +84,15 @@ pub(super) fn transport_kind(e: &reqwest::Error) -> &'static str {
 
 /// An error status of a call, classified by what it proves about the work (the README's table):
 ///
-/// - transient, refused before any work: 429, 503, 408, 425, 401 and 403 (credentials are
-///   configuration, not the job's fault), and a 500 that carries the provider's own error
-///   object (a proxy's 500 does not);
-/// - uncertain, the call may have run: 409 (a request with this idempotency key is in flight),
-///   502, 504, the 52x of proxies and load balancers, and any other 5xx;
+/// - throttled, refused for the rate limit before any work: a 429 that carries the provider's
+///   own error object and code (`rate_limit_exceeded`, say), but not `insufficient_quota`,
+///   which waiting does not clear: that one is transient and spends its attempt;
+/// - transient, refused before any work: 408, 425, 401 and 403 (credentials are configuration,
+///   not the job's fault), and a 500 or 503 that carries the provider's own error object;
+/// - uncertain, the call may have run: a 429 or a 503 without the provider's error object and
+///   code (a retrying gateway or a service mesh answers so after forwarding), 409 (a request
+///   with this idempotency key is in flight), 502, 504, the 52x of proxies and load balancers,
+///   and any other 5xx;
 /// - permanent: any other 4xx.
 pub(super) fn classify(status: StatusCode, headers: &HeaderMap, json: &Value) -> ProviderError {
     let code = json
@@ -100,16 +104,19 @@ pub(super) fn classify(status: StatusCode, headers: &HeaderMap, json: &Value) ->
         None => format!("HTTP {}", status.as_u16()),
     };
     let providers_own_error = json.get("error").is_some_and(Value::is_object);
+    let transient = |reason| ProviderError::Transient {
+        retry_after_ms: retry_after_ms(headers),
+        reason,
+    };
     match status.as_u16() {
-        401 | 403 | 408 | 425 | 429 | 503 => ProviderError::Transient {
+        429 if providers_own_error && code == Some("insufficient_quota") => transient(reason),
+        429 if providers_own_error && code.is_some() => ProviderError::Throttled {
             retry_after_ms: retry_after_ms(headers),
             reason,
         },
-        500 if providers_own_error => ProviderError::Transient {
-            retry_after_ms: retry_after_ms(headers),
-            reason,
-        },
-        409 | 500..=599 => ProviderError::Uncertain {
+        401 | 403 | 408 | 425 => transient(reason),
+        500 | 503 if providers_own_error => transient(reason),
+        409 | 429 | 500..=599 => ProviderError::Uncertain {
             evidence: format!("{reason} after the request was sent; it may have run"),
         },
         _ => ProviderError::Permanent { reason },
@@ -152,24 +159,28 @@ pub(super) fn no_responses_api(status: StatusCode, json: &Value) -> bool {
 }
 
 /// The wait a response asks for: `retry-after-ms`, or `retry-after` in seconds or as an HTTP
-/// date.
+/// date; at most [`MAX_RETRY_AFTER_MS`], and nothing for a value that is not a finite number.
 pub fn retry_after_ms(headers: &HeaderMap) -> Option<Millis> {
     let text = |name: &str| {
         headers
             .get(name)
             .and_then(|v: &HeaderValue| v.to_str().ok())
     };
+    let capped = |ms: f64| {
+        ms.is_finite()
+            .then(|| ms.clamp(0.0, MAX_RETRY_AFTER_MS as f64) as Millis)
+    };
     if let Some(ms) = text("retry-after-ms").and_then(|v| v.trim().parse::<f64>().ok()) {
-        return Some(ms.max(0.0) as Millis);
+        return capped(ms);
     }
     let value = text("retry-after")?.trim();
     if let Ok(seconds) = value.parse::<f64>() {
-        return Some((seconds.max(0.0) * 1000.0) as Millis);
+        return capped(seconds * 1000.0);
     }
     let at =
         time::OffsetDateTime::parse(value, &time::format_description::well_known::Rfc2822).ok()?;
     let ms = (at - time::OffsetDateTime::now_utc()).whole_milliseconds();
-    Some(ms.max(0) as Millis)
+    Some(ms.clamp(0, i128::from(MAX_RETRY_AFTER_MS)) as Millis)
 }
 
 /// A provider code, made safe to record: short, and only identifier characters.
@@ -192,7 +203,7 @@ mod tests {
         let e = classify(StatusCode::TOO_MANY_REQUESTS, &headers, &body);
         assert_eq!(
             e,
-            ProviderError::Transient {
+            ProviderError::Throttled {
                 retry_after_ms: Some(7_000),
                 reason: "HTTP 429 rate_limit_exceeded".to_owned()
             }
@@ -208,20 +219,36 @@ mod tests {
         let kind = |status: u16, body: &Value| {
             let status = StatusCode::from_u16(status).expect("status");
             match classify(status, &HeaderMap::new(), body) {
+                ProviderError::Throttled { .. } => "throttled",
                 ProviderError::Transient { .. } => "transient",
                 ProviderError::Uncertain { .. } => "uncertain",
                 ProviderError::Permanent { .. } => "permanent",
             }
         };
         // Refused before any work.
-        for status in [401, 403, 408, 425, 429, 503] {
+        for status in [401, 403, 408, 425] {
             assert_eq!(kind(status, &Value::Null), "transient", "{status}");
         }
         assert_eq!(kind(500, &own), "transient");
-        // A gateway or proxy failing while the model may still run, or a key in use.
-        for status in [409, 500, 501, 502, 504, 520, 522, 524, 599] {
+        assert_eq!(kind(503, &own), "transient");
+        // The provider's own rate-limit refusal; its quota, which waiting does not clear.
+        let limited = json!({"error": {"type": "requests", "code": "rate_limit_exceeded"}});
+        assert_eq!(kind(429, &limited), "throttled");
+        let anthropic = json!({"type": "error", "error": {"type": "rate_limit_error"}});
+        assert_eq!(kind(429, &anthropic), "throttled");
+        let quota = json!({"error": {"type": "insufficient_quota", "code": "insufficient_quota"}});
+        assert_eq!(kind(429, &quota), "transient");
+        // A gateway or proxy failing while the model may still run, or a key in use: and a
+        // bare 429 or 503, which a retrying gateway (after its upstream request ran) or a
+        // service mesh (after forwarding) answers.
+        for status in [409, 429, 500, 501, 502, 503, 504, 520, 522, 524, 599] {
             assert_eq!(kind(status, &Value::Null), "uncertain", "{status}");
+            assert_eq!(kind(status, &json!({})), "uncertain", "{status}");
         }
+        assert_eq!(
+            kind(429, &json!({"error": {"message": "slow down"}})),
+            "uncertain"
+        );
         assert_eq!(kind(502, &own), "uncertain");
         for status in [400, 404, 413, 422] {
             assert_eq!(kind(status, &Value::Null), "permanent", "{status}");
@@ -250,5 +277,19 @@ mod tests {
         let mut h = HeaderMap::new();
         h.insert("retry-after", HeaderValue::from_static("soon"));
         assert_eq!(retry_after_ms(&h), None);
+        // Capped, never overflowing, and nothing for what is not a finite number.
+        for huge in ["1e20", "86400", "9223372036854775807"] {
+            let mut h = HeaderMap::new();
+            h.insert("retry-after", HeaderValue::from_str(huge).expect("header"));
+            assert_eq!(retry_after_ms(&h), Some(MAX_RETRY_AFTER_MS), "{huge}");
+        }
+        for odd in ["inf", "NaN", "-inf"] {
+            let mut h = HeaderMap::new();
+            h.insert(
+                "retry-after-ms",
+                HeaderValue::from_str(odd).expect("header"),
+            );
+            assert_eq!(retry_after_ms(&h), None, "{odd}");
+        }
     }
 }

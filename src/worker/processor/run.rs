@@ -86,9 +86,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
                     self.pacer.answered();
                     break (called, bound, budget);
                 }
-                Ok(Err(e @ ProviderError::Transient { retry_after_ms, .. })) if e.is_throttle() => {
-                    *retry_after_ms
-                }
+                Ok(Err(ProviderError::Throttled { retry_after_ms, .. })) => *retry_after_ms,
                 _ => break (called, bound, budget),
             };
             watch.throttled();
@@ -342,9 +340,9 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
     ) -> Option<Millis> {
         let wait = retry_after_ms
             .unwrap_or(THROTTLE_PAUSE_MS)
-            .max(self.pacer.paused_until() - now)
+            .max(self.pacer.paused_until().saturating_sub(now))
             .max(1);
-        let at = now + wait;
+        let at = now.saturating_add(wait);
         let fits = wait <= self.pacer.settings().horizon_ms
             && lease_holds(claimed, at + MIN_CALL_BUDGET_MS, self.settings.skew_ms)
             && self.has_time_for_call(inv, at)
