@@ -1169,17 +1169,34 @@ async fn pointers_and_stored_answers_get_their_documented_outcomes() {
         )
         .await;
     assert_eq!(report.records[0].outcome.label(), "backoff");
-    // An answer too large for the item, with the bucket refusing it: a transient failure of
-    // the attempt, recorded, within the budget.
+    // An answer too large for the item, with the bucket refusing it, from a provider that
+    // keeps it under the attempt's reference: not paid for again. The job is handed over (it
+    // stays running, its lease ended) and the record backs off.
     let huge = job("j-huge", r#","simulate":{"answer_bytes":450000}"#);
+    let before = h.processor().provider().executions();
     let report = h
         .handle_batch(&event(vec![record(Some("huge"), &huge)]), &invocation())
         .await;
     assert_eq!(report.records[0].outcome.label(), "backoff");
     let item = ledger.get("j-huge").await.expect("get").expect("item");
-    assert_eq!(item.state, JobState::RetryAuthorized);
-    let error = item.last_error.expect("recorded");
-    assert!(error.message.contains("results bucket"), "{error:?}");
+    assert_eq!((item.state, item.attempts), (JobState::Running, 1));
+    assert_eq!(h.processor().provider().executions(), before + 1);
+    // Once the bucket works again, the next delivery (after the ended lease's skew margin)
+    // fetches the answer from the provider and stores it: one execution in all.
+    blobs.fail(false);
+    tokio::time::sleep(std::time::Duration::from_millis(2_100)).await;
+    let report = h
+        .handle_batch(&event(vec![record(Some("huge-2"), &huge)]), &invocation())
+        .await;
+    assert_eq!(report.records[0].outcome.label(), "succeeded");
+    let item = ledger.get("j-huge").await.expect("get").expect("item");
+    assert!(item.result_ref.is_some(), "{item:?}");
+    assert_eq!(
+        h.processor().provider().executions(),
+        before + 1,
+        "paid once"
+    );
+    blobs.fail(true);
 
     // Without a bucket, a large answer the item can hold stays inline.
     let plain = handler(

@@ -394,3 +394,90 @@ async fn two_environments_share_the_providers_limit_through_the_schedule_item() 
     // (and the environment refused before reads the schedule item once before booking again)
     assert_eq!(aws.calls.get("dynamodb", "GetItem"), 11);
 }
+
+/// A provider refusing every call of its first round for its rate limit (a short
+/// `Retry-After`), then answering slowly; it counts the calls running at once in each round.
+struct Crowded {
+    round_size: u32,
+    calls: AtomicU32,
+    running: AtomicU32,
+    most_after_refusals: AtomicU32,
+}
+
+impl Provider for Crowded {
+    async fn call(&self, req: &ProviderRequest<'_>) -> Result<Answer, ProviderError> {
+        let n = self.calls.fetch_add(1, Ordering::SeqCst);
+        if n < self.round_size {
+            // All of the first round are in flight together before they are refused.
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            return Err(ProviderError::Throttled {
+                retry_after_ms: Some(200),
+                reason: "HTTP 429 rate_limit_exceeded".into(),
+            });
+        }
+        let now = self.running.fetch_add(1, Ordering::SeqCst) + 1;
+        self.most_after_refusals.fetch_max(now, Ordering::SeqCst);
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        self.running.fetch_sub(1, Ordering::SeqCst);
+        Ok(Answer {
+            body: format!(r#"{{"job":"{}"}}"#, req.job_id),
+            provider_ref: None,
+        })
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_sent_again_after_429s_keep_to_the_limit_the_429s_lowered() {
+    // GIVEN a batch of ten records whose ten calls, sent together, are all refused for the
+    // rate limit with a short Retry-After (so each is sent again under its claim)
+    let provider = Crowded {
+        round_size: 10,
+        calls: AtomicU32::new(0),
+        running: AtomicU32::new(0),
+        most_after_refusals: AtomicU32::new(0),
+    };
+    let mut settings = Settings::default();
+    settings.pacing.max_in_flight = 10;
+    let pacer = fenced_jobs::worker::pacing::Pacer::new(settings.pacing(), None);
+    let handler = fenced_jobs::worker::BatchHandler::new(
+        Processor::new(
+            Arc::new(InMemoryLedger::new()),
+            provider,
+            fenced_jobs::clock::SystemClock,
+            settings,
+        )
+        .with_pacer(pacer),
+        fenced_jobs::queue::RecordingVisibility::new(),
+    );
+    let records = (0..10)
+        .map(|i| {
+            let mut m = aws_lambda_events::sqs::SqsMessage::default();
+            m.message_id = Some(format!("m{i}"));
+            m.receipt_handle = Some(format!("h{i}"));
+            m.body = Some(common::job(&format!("crowd-{i}"), "p", ""));
+            m.event_source_arn = Some("arn:aws:sqs:us-east-1:123456789012:q".into());
+            m
+        })
+        .collect();
+    let mut event = aws_lambda_events::sqs::SqsEvent::default();
+    event.records = records;
+    let inv = Invocation {
+        id: "inv".into(),
+        deadline: Some(fenced_jobs::clock::SystemClock.now_ms() + 60_000),
+    };
+    // WHEN the batch runs
+    let report = handler.handle_batch(&event, &inv).await;
+    // THEN every job succeeded, and the calls sent again never ran more than five at once:
+    // the limit the refusals halved holds for them, instead of all ten going again together
+    assert!(
+        report.records.iter().all(|r| r.outcome.is_success()),
+        "{report:?}"
+    );
+    let provider = handler.processor().provider();
+    assert_eq!(provider.calls.load(Ordering::SeqCst), 20);
+    let most = provider.most_after_refusals.load(Ordering::SeqCst);
+    assert!(
+        (1..=5).contains(&most),
+        "{most} calls at once after the refusals"
+    );
+}

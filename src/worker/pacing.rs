@@ -366,6 +366,48 @@ impl Pacer {
         }
     }
 
+    /// A call refused for the rate limit gives up its place among the calls in flight while it
+    /// waits to be sent again (at `not_before` at the earliest), and takes one again only once
+    /// the pause is over and the adaptive limit (halved by the refusal) has room: so the limit
+    /// holds for re-sends too, and those beyond it go one at a time as answers free room.
+    /// `false` when there was no room before `until` (the caller gives its attempt back). The
+    /// call's permit counts as in flight again however the wait ends.
+    pub async fn resend(&self, clock: &dyn Clock, not_before: Millis, until: Millis) -> bool {
+        struct Parked<'a>(&'a Pacer);
+        impl Drop for Parked<'_> {
+            fn drop(&mut self) {
+                self.0.lock().in_flight += 1;
+            }
+        }
+        {
+            let mut st = self.lock();
+            st.in_flight = st.in_flight.saturating_sub(1);
+        }
+        self.freed.notify_one();
+        let _parked = Parked(self);
+        loop {
+            let now = clock.now_ms();
+            let start = {
+                let st = self.lock();
+                let room = f64::from(st.in_flight) < st.limit.floor().max(1.0);
+                let start = st.paused_until.max(not_before);
+                if start <= now && room {
+                    return true;
+                }
+                if now >= until {
+                    return false;
+                }
+                start
+            };
+            if start > now {
+                sleep_until(clock, start.min(until)).await;
+            } else {
+                let left = Duration::from_millis((until - now).max(1) as u64);
+                let _ = tokio::time::timeout(left, self.freed.notified()).await;
+            }
+        }
+    }
+
     /// When a new call may start at the earliest (a `Retry-After` in force).
     pub fn paused_until(&self) -> Millis {
         self.lock().paused_until
@@ -411,6 +453,40 @@ mod tests {
         );
         clock.advance(30_000);
         assert!(pacer.admit(0, &clock, Millis::MAX).await.is_ok());
+    }
+
+    #[tokio::test]
+    async fn calls_refused_together_are_sent_again_no_more_than_the_lowered_limit_allows() {
+        // GIVEN ten calls in flight under a limit of ten, all refused for the rate limit with
+        // a one-second Retry-After (the limit halves to five)
+        let settings = PacingSettings {
+            max_in_flight: 10,
+            ..PacingSettings::default()
+        };
+        let pacer = Pacer::new(settings, None);
+        let clock = ManualClock::at(T);
+        let mut permits = Vec::new();
+        for _ in 0..10 {
+            permits.push(pacer.admit(0, &clock, Millis::MAX).await.expect("room"));
+        }
+        pacer.throttled(T, Some(1_000));
+        assert_eq!(pacer.limit(), 5.0);
+        // WHEN the pause is over and all ask to send again at once, with no answer in between
+        let clock = crate::clock::SystemClock;
+        let now = clock.now_ms();
+        pacer.lock().paused_until = now;
+        let asks = (0..10).map(|_| pacer.resend(&clock, now, now + 200));
+        let resent = futures::future::join_all(asks)
+            .await
+            .into_iter()
+            .filter(|sent| *sent)
+            .count();
+        // THEN five go, and the other five wait for answers: the limit holds for re-sends
+        assert_eq!(resent, 5);
+        // AND every permit still counts as in flight until it is dropped
+        assert_eq!(pacer.lock().in_flight, 10);
+        drop(permits);
+        assert_eq!(pacer.lock().in_flight, 0);
     }
 
     #[test]

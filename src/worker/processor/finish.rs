@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use super::payload::Placed;
 use super::{Invocation, Processed, Processor, backoff, failed, ledger_failure, settled};
 use crate::clock::Clock;
 use crate::job::decision::{Next, next_step};
@@ -44,7 +45,20 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
             result: ResultBody::Inline(body),
         } = end
         {
-            end = self.place_result(&claimed, body, inv).await;
+            end = match self.place_result(&claimed, body, inv).await {
+                Placed::End(placed) => placed,
+                Placed::KeptByProvider => {
+                    // The next delivery recovers the job and fetches the answer: a backoff,
+                    // not the moment a hand-over of a running call waits, lets the bucket mend.
+                    let handed = self.hand_over(&msg.job_id, claimed).await;
+                    return match handed.outcome {
+                        RecordOutcome::Failed(Failure::Deferred { .. }) => {
+                            failed(backoff("results bucket"), handed.view)
+                        }
+                        _ => handed,
+                    };
+                }
+            };
         }
         let mut tries = 0;
         let (seen, accepting, now) = loop {

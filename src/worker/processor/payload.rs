@@ -11,8 +11,8 @@ use crate::job::artifact::{MAX_RESULT_BYTES, RESULTS_PREFIX, input_key, result_k
 use crate::job::decision::{Next, next_step};
 use crate::job::message::{MAX_PAYLOAD_BYTES, input_digest, parse_pointer};
 use crate::job::{
-    BlobRef, Failure, INLINE_LIMIT_BYTES, InvalidMessage, JobMessage, JobRecord, ResultBody,
-    Trigger,
+    BlobRef, Failure, INLINE_LIMIT_BYTES, InvalidMessage, JobMessage, JobRecord, JobState,
+    ResultBody, Trigger,
 };
 use crate::ledger::{AttemptEnd, JobLedger};
 use crate::provider::{Provider, ProviderError, parse_payload, parse_trigger};
@@ -131,27 +131,30 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
     /// How an accepted answer is written: inline when it is small enough and the item can hold
     /// it; otherwise stored first (under the job, the owner's epoch and the digest), so the
     /// acceptance only references it. Without a bucket, an answer the item cannot hold ends the
-    /// attempt `failed_terminal`; an answer that could not be stored after a few tries ends it
-    /// like a transient failure (the job is not left waiting for an answer nobody holds).
+    /// attempt `failed_terminal`. An answer that could not be stored after a few tries, nor found
+    /// stored by a put that timed out, is never paid for again while it exists: kept inline if
+    /// the item can hold it, left with the provider if the attempt's reference can fetch it
+    /// again (the job is handed over: the next delivery recovers it and fetches the answer),
+    /// and only otherwise the attempt ends like a transient failure.
     pub(super) async fn place_result(
         &self,
         claimed: &JobRecord,
         body: String,
         inv: &Invocation,
-    ) -> AttemptEnd {
+    ) -> Placed {
         let fits = claimed.can_hold_result(&body);
         if fits && body.len() <= self.settings.inline_max_bytes {
-            return inline(body);
+            return Placed::End(inline(body));
         }
         let Some(store) = self.blobs().filter(|b| b.bucket().is_some()) else {
             if fits {
-                return inline(body);
+                return Placed::End(inline(body));
             }
-            return super::finish::too_large(&format!(
+            return Placed::End(super::finish::too_large(&format!(
                 "the answer has {} bytes, more than the ledger item can hold, and no \
                  RESULTS_BUCKET is set",
                 body.len()
-            ));
+            )));
         };
         let key = result_key(
             &claimed.job_id,
@@ -160,11 +163,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         );
         for tries in 1..=STORE_TRIES {
             match store.put(&key, body.as_bytes()).await {
-                Ok(blob) => {
-                    return AttemptEnd::Succeeded {
-                        result: ResultBody::Stored(blob),
-                    };
-                }
+                Ok(blob) => return Placed::End(stored(blob)),
                 Err(e) => {
                     tracing::warn!(job_id = %claimed.job_id, error = %e, tries, "storing the answer failed");
                     let pause = STORE_PAUSE_MS << tries;
@@ -178,14 +177,42 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
                 }
             }
         }
+        // A put whose answer was lost may have landed.
+        let sha256 = sha256_hex(body.as_bytes());
+        if let Some(bucket) = store.bucket()
+            && let Ok(bytes) = store.get(bucket, &key, MAX_RESULT_BYTES).await
+            && sha256_hex(&bytes) == sha256
+        {
+            tracing::info!(job_id = %claimed.job_id, "the answer's object was stored after all");
+            return Placed::End(stored(reference(bucket, &key, &bytes)));
+        }
         if fits {
-            return inline(body);
+            tracing::warn!(job_id = %claimed.job_id, "the results bucket failed; the answer is kept in the item");
+            return Placed::End(inline(body));
+        }
+        if self.provider.can_retrieve() && self.attempt_reference(claimed).await {
+            tracing::warn!(job_id = %claimed.job_id, "the results bucket failed; the answer is left with the provider, to be fetched again");
+            return Placed::KeptByProvider;
         }
         let failure = ProviderError::Transient {
             retry_after_ms: None,
             reason: "the answer could not be written to the results bucket".to_owned(),
         };
-        self.end_of(Err(failure), claimed, self.clock.now_ms()).0
+        Placed::End(self.end_of(Err(failure), claimed, self.clock.now_ms()).0)
+    }
+
+    /// Whether the owner's attempt has a provider reference recorded in the item (at its claim,
+    /// or after a background submission): what a later owner fetches the answer with.
+    async fn attempt_reference(&self, claimed: &JobRecord) -> bool {
+        if claimed.last_provider_ref().is_some() {
+            return true;
+        }
+        matches!(
+            self.ledger.get(&claimed.job_id).await,
+            Ok(Some(item)) if item.owner_epoch == claimed.owner_epoch
+                && item.state == JobState::Running
+                && item.last_provider_ref().is_some()
+        )
     }
 
     /// The answer the owner of `job`'s last attempt stored before it could accept it (it
@@ -234,8 +261,23 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
     }
 }
 
+/// Where an accepted answer goes.
+pub(super) enum Placed {
+    /// The attempt ends so (the answer inline or stored, or a failure).
+    End(AttemptEnd),
+    /// The answer could not be stored, nor kept in the item, and the provider keeps it under
+    /// the attempt's reference: the job is handed over, and fetched again, not paid again.
+    KeptByProvider,
+}
+
 fn inline(body: String) -> AttemptEnd {
     AttemptEnd::Succeeded {
         result: ResultBody::Inline(body),
+    }
+}
+
+fn stored(blob: BlobRef) -> AttemptEnd {
+    AttemptEnd::Succeeded {
+        result: ResultBody::Stored(blob),
     }
 }

@@ -95,9 +95,18 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
             let Some(wait) = self.throttle_wait(&claimed, inv, now, retry_after_ms) else {
                 break (called, bound, budget);
             };
-            tokio::select! {
-                _ = lost.cancelled() => break (called, bound, budget),
-                _ = tokio::time::sleep(Duration::from_millis(wait as u64)) => {}
+            // Out of the calls in flight while it waits, and back only when the adaptive
+            // limit the refusal lowered has room.
+            let latest = self.latest_call_start(inv);
+            let resend = self
+                .pacer
+                .resend(&self.clock, now.saturating_add(wait), latest);
+            let resent = tokio::select! {
+                _ = lost.cancelled() => false,
+                resent = resend => resent,
+            };
+            if !resent {
+                break (called, bound, budget);
             }
         };
         let waited = match submitted {
