@@ -13,6 +13,21 @@ echo; echo '$ /usr/bin/time -v target/release/examples/bench_batch peak 10000'
 /usr/bin/time -v target/release/examples/bench_batch peak 10000 2> /tmp/fenced-jobs-peak.txt
 grep -E "Maximum resident set size|Elapsed" /tmp/fenced-jobs-peak.txt
 
+echo; echo "peak memory: ten Extended Client pointers to 8 MiB payloads, target/release/worker at 128 MB"
+(
+  eval "$(scripts/emulator.sh create "jobs-heavy-$$" "jobs-heavy-$$")"
+  .venv/bin/python scripts/bench_payloads.py /tmp/fenced-jobs-heavy-event.json
+  port=$(.venv/bin/python -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  .venv/bin/python scripts/mock_runtime_api.py "$port" /tmp/fenced-jobs-heavy-event.json &
+  mock=$!
+  sleep 0.5
+  AWS_LAMBDA_RUNTIME_API="127.0.0.1:$port" AWS_LAMBDA_FUNCTION_NAME=worker \
+    AWS_LAMBDA_FUNCTION_VERSION='$LATEST' AWS_LAMBDA_FUNCTION_MEMORY_SIZE=128 PROVIDER=simulated \
+    RUST_LOG=warn /usr/bin/time -v target/release/worker > /dev/null 2> /tmp/fenced-jobs-heavy.txt || true
+  kill $mock 2>/dev/null || true
+  grep -E "Maximum resident set size|Elapsed" /tmp/fenced-jobs-heavy.txt
+)
+
 echo; echo "cold start: hyperfine over target/release/worker against a mock Runtime API"
 command -v hyperfine >/dev/null || { echo "hyperfine is not installed (apt-get install hyperfine)"; exit 0; }
 eval "$(scripts/emulator.sh create "jobs-cold-$$" "jobs-cold-$$")"

@@ -1963,3 +1963,133 @@ async fn a_job_awaiting_a_decision_for_thirteen_hours_keeps_its_long_wait_on_a_n
         Some(wait)
     );
 }
+
+/// A results bucket whose reads of the producer's bucket never answer.
+#[derive(Debug)]
+struct HangingReads(fenced_jobs::blobs::MemoryBlobs);
+
+impl fenced_jobs::blobs::BlobStore for HangingReads {
+    fn bucket(&self) -> Option<&str> {
+        self.0.bucket()
+    }
+    fn put<'a>(
+        &'a self,
+        key: &'a str,
+        body: &'a [u8],
+    ) -> futures::future::BoxFuture<
+        'a,
+        Result<fenced_jobs::job::BlobRef, fenced_jobs::blobs::BlobError>,
+    > {
+        self.0.put(key, body)
+    }
+    fn get<'a>(
+        &'a self,
+        bucket: &'a str,
+        key: &'a str,
+        limit: usize,
+    ) -> futures::future::BoxFuture<'a, Result<Vec<u8>, fenced_jobs::blobs::BlobError>> {
+        if bucket == "producer" {
+            return Box::pin(std::future::pending());
+        }
+        self.0.get(bucket, key, limit)
+    }
+    fn delete<'a>(
+        &'a self,
+        key: &'a str,
+    ) -> futures::future::BoxFuture<'a, Result<(), fenced_jobs::blobs::BlobError>> {
+        self.0.delete(key)
+    }
+    fn list<'a>(
+        &'a self,
+        prefix: &'a str,
+        limit: usize,
+    ) -> futures::future::BoxFuture<'a, Result<Vec<String>, fenced_jobs::blobs::BlobError>> {
+        self.0.list(prefix, limit)
+    }
+}
+
+fn pointer_record(id: &str, key: &str, size: Option<usize>) -> SqsMessage {
+    let class = "software.amazon.payloadoffloading.PayloadS3Pointer";
+    let body = format!(r#"["{class}",{{"s3BucketName":"producer","s3Key":"{key}"}}]"#);
+    let mut r = record(Some(id), &body);
+    if let Some(size) = size {
+        let mut attribute = aws_lambda_events::sqs::SqsMessageAttribute::default();
+        attribute.string_value = Some(size.to_string());
+        attribute.data_type = Some("Number".into());
+        r.message_attributes
+            .insert("ExtendedPayloadSize".into(), attribute);
+    }
+    r
+}
+
+#[tokio::test]
+async fn payloads_are_read_one_at_a_time_within_the_memory_set_aside_for_them() {
+    use fenced_jobs::blobs::MemoryBlobs;
+    // GIVEN four Extended Client pointers to payloads of about 1 MiB each, and 9 MiB set aside
+    // for payloads (each takes about four times its size while its record is processed)
+    let blobs = Arc::new(MemoryBlobs::new("results"));
+    let prompt = "p".repeat(1_000_000);
+    for i in 0..4 {
+        let payload = job(&format!("big-{i}"), &format!(r#","text":"{prompt}""#));
+        blobs.insert("producer", &format!("k{i}"), payload.as_bytes());
+    }
+    let ledger = Arc::new(InMemoryLedger::new());
+    let settings = Settings {
+        payload_memory_bytes: 9 * 1_048_576,
+        ..Settings::default()
+    };
+    let h = BatchHandler::new(
+        Processor::new(
+            ledger.clone(),
+            SimulatedProvider::new(),
+            SystemClock,
+            settings,
+        )
+        .with_blobs(blobs),
+        RecordingVisibility::new(),
+    );
+    let records = (0..4)
+        .map(|i| pointer_record(&format!("m{i}"), &format!("k{i}"), Some(1_000_100)))
+        .collect();
+    // WHEN the batch is handled
+    let report = h.handle_batch(&event(records), &invocation()).await;
+    // THEN the payloads that fit are read and run, and the others back off unread, for a later
+    // batch (never poison, never a job written)
+    let labels: Vec<&str> = report.records.iter().map(|r| r.outcome.label()).collect();
+    assert_eq!(labels, ["succeeded", "succeeded", "backoff", "backoff"]);
+    assert!(ledger.get("big-2").await.expect("get").is_none());
+    assert!(ledger.get("big-3").await.expect("get").is_none());
+}
+
+#[tokio::test]
+async fn a_payload_read_that_never_answers_does_not_hold_the_batch_past_its_deadline() {
+    // GIVEN a pointer whose payload read never answers, beside an ordinary job, and an
+    // invocation with three seconds left
+    let blobs = Arc::new(HangingReads(fenced_jobs::blobs::MemoryBlobs::new(
+        "results",
+    )));
+    let ledger = Arc::new(InMemoryLedger::new());
+    let settings = Settings {
+        deadline_margin_ms: 1_000,
+        ..Settings::default()
+    };
+    let h = BatchHandler::new(
+        Processor::new(ledger, SimulatedProvider::new(), SystemClock, settings).with_blobs(blobs),
+        RecordingVisibility::new(),
+    );
+    let short = Invocation {
+        id: "inv-short".into(),
+        deadline: Some(SystemClock.now_ms() + 3_000),
+    };
+    let records = vec![
+        pointer_record("m0", "k0", None),
+        record(Some("m1"), &job("plain", "")),
+    ];
+    // WHEN the batch is handled
+    let started = std::time::Instant::now();
+    let report = h.handle_batch(&event(records), &short).await;
+    // THEN it answers before the deadline, the stuck record backing off
+    assert!(started.elapsed() < std::time::Duration::from_millis(3_000));
+    assert_eq!(report.records[0].outcome.label(), "backoff");
+    assert!(report.response.is_ok());
+}

@@ -3,6 +3,9 @@
 //! table's stream, the dispatcher and an EventBridge bus, and read back with `jobctl result`;
 //! a refused acceptance leaves no reference and no object; a redelivered stream record yields
 //! the same event.
+//!
+//! Why this file is long: each story needs its own emulator resources and stages (a bucket, a
+//! bus with its queue, proxies that order two owners), and they share the helpers above.
 
 mod common;
 

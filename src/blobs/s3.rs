@@ -36,6 +36,9 @@ fn unavailable<E: ProvideErrorMetadata>(operation: &'static str, e: &E) -> BlobE
     }
 }
 
+/// The longest a body may take to arrive (16 MiB takes well under a second in a region).
+const BODY_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(20);
+
 impl BlobStore for S3Blobs {
     fn bucket(&self) -> Option<&str> {
         self.bucket.as_deref()
@@ -80,22 +83,33 @@ impl BlobStore for S3Blobs {
             if size > limit as u64 {
                 return Err(BlobError::TooLarge { bytes: size, limit });
             }
-            let bytes = object
-                .body
-                .collect()
+            // Read into one buffer of the announced size (no second copy), within a bound the
+            // client's operation timeout does not give a streamed body.
+            let mut bytes = Vec::with_capacity(size as usize);
+            let mut body = object.body;
+            let cut = || BlobError::Unavailable {
+                operation: "get_object",
+                detail: "the body was cut off".to_owned(),
+            };
+            let read = async {
+                while let Some(chunk) = body.try_next().await.map_err(|_| cut())? {
+                    if bytes.len() + chunk.len() > limit {
+                        return Err(BlobError::TooLarge {
+                            bytes: (bytes.len() + chunk.len()) as u64,
+                            limit,
+                        });
+                    }
+                    bytes.extend_from_slice(&chunk);
+                }
+                Ok(())
+            };
+            tokio::time::timeout(BODY_READ_TIMEOUT, read)
                 .await
                 .map_err(|_| BlobError::Unavailable {
                     operation: "get_object",
-                    detail: "the body was cut off".to_owned(),
-                })?
-                .into_bytes();
-            if bytes.len() > limit {
-                return Err(BlobError::TooLarge {
-                    bytes: bytes.len() as u64,
-                    limit,
-                });
-            }
-            Ok(bytes.to_vec())
+                    detail: "the body was not read in time".to_owned(),
+                })??;
+            Ok(bytes)
         })
     }
 

@@ -9,7 +9,6 @@
 use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent, SqsMessage};
 use futures::{FutureExt, StreamExt, stream};
@@ -19,21 +18,19 @@ use tracing::Instrument;
 use tokio_util::sync::CancellationToken;
 
 use super::batch::{self, UnnamedFailure};
+use super::bodies::{Entry, attribute, read_bodies};
 use super::heartbeat::{Delivered, Flights, Heartbeat};
-use super::processor::{Invocation, Processed, Processor, resolve_body};
+use super::processor::{Invocation, Processed, Processor};
+use super::within;
 use crate::clock::Clock;
 use crate::job::outcome::{Delivery, receive_floor};
 use crate::job::{Failure, JobMessage, JobRecord, Millis, RecordOutcome, Trigger};
 use crate::ledger::JobLedger;
 use crate::provider::Provider;
 use crate::queue::{
-    DeadLetter, DeadLetterQueue, IN_LEDGER_ATTRIBUTE, VisibilityChange, VisibilityControl,
-    VisibilityReport,
+    DeadLetter, DeadLetterQueue, VisibilityChange, VisibilityControl, VisibilityReport,
 };
 pub use crate::report::{BatchReport, JobSummary, RecordReport};
-
-/// Extended Client payloads read at once.
-const PAYLOAD_READS: usize = 16;
 
 /// Handles SQS batches.
 #[derive(Debug)]
@@ -46,13 +43,6 @@ pub struct BatchHandler<L, P, C, V> {
     /// Where poison and conflicts are sent at once (`DLQ_URL`); without it they wait for the
     /// redrive policy.
     dead_letters: Option<Arc<dyn DeadLetterQueue>>,
-}
-
-struct Entry<'a> {
-    record: &'a SqsMessage,
-    /// The trigger, or why the record fails without reaching the ledger (poison, or a pointer's
-    /// payload that cannot be read now).
-    parsed: Result<Trigger, Failure>,
 }
 
 impl<L: JobLedger, P: Provider, C: Clock, V: VisibilityControl> BatchHandler<L, P, C, V> {
@@ -104,22 +94,7 @@ impl<L: JobLedger, P: Provider, C: Clock, V: VisibilityControl> BatchHandler<L, 
     pub async fn handle_batch(&self, event: &SqsEvent, inv: &Invocation) -> BatchReport {
         // The event source mapping received these records at most its batching window before.
         let entered = self.processor.clock().now_ms();
-        // A body is parsed at once; an Extended Client pointer's payload is read first, a few at
-        // a time, records kept in order.
-        let blobs = self.processor.blobs();
-        let entries: Vec<Entry<'_>> = stream::iter(&event.records)
-            .map(|record| async move {
-                let mut parsed = resolve_body(blobs, record.body.as_deref()).await;
-                if let Ok(Trigger::Job(msg)) = &mut parsed {
-                    msg.in_ledger = in_ledger(record);
-                    msg.delivered_before =
-                        attribute(record, "ApproximateReceiveCount").is_some_and(|n| n > 1);
-                }
-                Entry { record, parsed }
-            })
-            .buffered(PAYLOAD_READS)
-            .collect()
-            .await;
+        let entries = read_bodies(&self.processor, event, inv).await;
         let fifo = entries.iter().any(|e| {
             e.record
                 .event_source_arn
@@ -483,16 +458,6 @@ impl<L: JobLedger, P: Provider, C: Clock, V: VisibilityControl> BatchHandler<L, 
     }
 }
 
-/// Whether the producer marked the message's job as already in the ledger (it created the
-/// item before sending).
-fn in_ledger(record: &SqsMessage) -> bool {
-    record
-        .message_attributes
-        .get(IN_LEDGER_ATTRIBUTE)
-        .and_then(|a| a.string_value.as_deref())
-        == Some("true")
-}
-
 /// An event without a readable `Records` array: nothing in it can be named, so nothing may be
 /// acknowledged, and the invocation fails (Lambda never sends such an event).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -532,23 +497,6 @@ fn salvage(record: &serde_json::Value) -> SqsMessage {
 /// A record's outcome and job summary, as its lane decided it.
 type Decided = (RecordOutcome, Option<JobSummary>);
 
-/// Runs `fut` until the instant `until` (by `clock`), if there is one; `None` when cut off.
-async fn within<T>(
-    clock: &impl Clock,
-    until: Option<crate::job::Millis>,
-    fut: impl std::future::Future<Output = T>,
-) -> Option<T> {
-    match until {
-        None => Some(fut.await),
-        Some(at) => {
-            let left = u64::try_from(at - clock.now_ms()).unwrap_or(0);
-            tokio::time::timeout(Duration::from_millis(left), fut)
-                .await
-                .ok()
-        }
-    }
-}
-
 /// Splits a batch into lanes that run concurrently, each in batch order. Standard queue: one
 /// lane per job (poison records alone). FIFO: one lane per message group, poison included, since
 /// a poison record is a failure that stops its group.
@@ -577,10 +525,6 @@ fn lanes(entries: &[Entry<'_>], fifo: bool) -> Vec<Vec<usize>> {
         }
     }
     lanes
-}
-
-fn attribute(record: &SqsMessage, name: &str) -> Option<i64> {
-    record.attributes.get(name).and_then(|v| v.parse().ok())
 }
 
 fn log_record(report: &RecordReport, entry: &Entry<'_>, now: crate::job::Millis) {

@@ -17,6 +17,11 @@ pub enum ReplayPolicy {
     Replay,
 }
 
+/// The memory kept for everything but Extended Client payloads: the runtime, the SDK clients
+/// and their buffers, the rest of the batch (a 128 MB function holds the worker in about 20 MiB
+/// at rest).
+const PAYLOAD_MEMORY_RESERVE_MB: i64 = 48;
+
 /// Settings of the processor and the batch handler.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Settings {
@@ -62,6 +67,11 @@ pub struct Settings {
     /// `DEFER_JITTER_SECONDS`, `AWAITING_DECISION_SECONDS`, `PACED_SPREAD_SECONDS`,
     /// `MAX_RECEIVE_COUNT`).
     pub visibility: VisibilityPolicy,
+    /// `PAYLOAD_MEMORY_BYTES`: the memory Extended Client payloads of one batch may take while
+    /// they are read and their records processed; by default the function's
+    /// (`AWS_LAMBDA_FUNCTION_MEMORY_SIZE`, which Lambda sets) less 48 MiB for the runtime, the
+    /// clients and the rest of the batch, 512 MiB without it.
+    pub payload_memory_bytes: usize,
     /// The provider's limits and how calls are paced against them (`PROVIDER_RPM`,
     /// `PROVIDER_TPM`, `PROVIDER_LIMIT_KEY`, `PACING_CHUNK`, `PACING_HORIZON_SECONDS`,
     /// `MAX_CALLS_IN_FLIGHT`).
@@ -87,6 +97,7 @@ impl Default for Settings {
             replay: ReplayPolicy::Never,
             visibility: VisibilityPolicy::default(),
             pacing: PacingSettings::default(),
+            payload_memory_bytes: 512 * 1_048_576,
         }
     }
 }
@@ -180,6 +191,15 @@ impl Settings {
                     0,
                     1_000,
                 )? as u32,
+            },
+            payload_memory_bytes: {
+                let function_mb = number("AWS_LAMBDA_FUNCTION_MEMORY_SIZE", 560, 128, 10_240)?;
+                number(
+                    "PAYLOAD_MEMORY_BYTES",
+                    (function_mb - PAYLOAD_MEMORY_RESERVE_MB) * 1_048_576,
+                    1_048_576,
+                    10_240 * 1_048_576,
+                )? as usize
             },
             pacing: PacingSettings {
                 limits: Limits {

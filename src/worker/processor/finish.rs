@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use super::payload::Placed;
+use super::payload::{Placed, too_large};
 use super::{Invocation, Processed, Processor, backoff, failed, ledger_failure, settled};
 use crate::clock::Clock;
 use crate::job::decision::{Next, next_step};
@@ -265,12 +265,3 @@ fn ended(record: JobRecord, end: &AttemptEnd, retry_after_ms: Option<Millis>) ->
 const FINISH_TRIES: u32 = 5;
 /// Pause before the second try; doubled for each one after.
 const FINISH_RETRY_PAUSE_MS: Millis = 100;
-
-/// An attempt whose answer cannot be stored: the same call would give it again, so it is
-/// terminal, with the reason recorded.
-pub(super) fn too_large(why: &str) -> AttemptEnd {
-    AttemptEnd::FailedTerminal {
-        kind: "too_large",
-        error: why.to_owned(),
-    }
-}

@@ -150,7 +150,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
             if fits {
                 return Placed::End(inline(body));
             }
-            return Placed::End(super::finish::too_large(&format!(
+            return Placed::End(too_large(&format!(
                 "the answer has {} bytes, more than the ledger item can hold, and no \
                  RESULTS_BUCKET is set",
                 body.len()
@@ -279,5 +279,14 @@ fn inline(body: String) -> AttemptEnd {
 fn stored(blob: BlobRef) -> AttemptEnd {
     AttemptEnd::Succeeded {
         result: ResultBody::Stored(blob),
+    }
+}
+
+/// An attempt whose answer cannot be stored: the same call would give it again, so it is
+/// terminal, with the reason recorded.
+pub(super) fn too_large(why: &str) -> AttemptEnd {
+    AttemptEnd::FailedTerminal {
+        kind: "too_large",
+        error: why.to_owned(),
     }
 }

@@ -1,0 +1,115 @@
+//! Reading a batch's bodies: each parsed in order, an Amazon SQS Extended Client pointer's
+//! payload read first, within the memory set aside for payloads and the batch's time bound.
+
+use aws_lambda_events::event::sqs::{SqsEvent, SqsMessage};
+
+use super::processor::{Invocation, Processor, resolve_body};
+use super::within;
+use crate::clock::Clock;
+use crate::job::{Failure, Trigger};
+use crate::ledger::JobLedger;
+use crate::provider::Provider;
+use crate::queue::IN_LEDGER_ATTRIBUTE;
+
+/// A payload takes about this many times its size while its record is processed: the bytes
+/// read and the parsed document while it is parsed; then, for the whole batch, the canonical
+/// input, the message the stored input is recorded on, and the copy the input's upload sends.
+const PAYLOAD_PEAK_FACTOR: usize = 4;
+
+/// The message attributes the Amazon SQS Extended Client gives a pointer's payload size in
+/// (the current name, and the older one).
+const PAYLOAD_SIZE_ATTRIBUTES: [&str; 2] = ["ExtendedPayloadSize", "SQSLargePayloadSize"];
+
+pub(super) struct Entry<'a> {
+    pub(super) record: &'a SqsMessage,
+    /// The trigger, or why the record fails without reaching the ledger (poison, or a pointer's
+    /// payload that cannot be read now).
+    pub(super) parsed: Result<Trigger, Failure>,
+}
+
+/// Each record's body, parsed, in order. An Extended Client pointer's payload is read first,
+/// one at a time, while the payloads read so far and the one being read fit in the memory
+/// set aside for them (`PAYLOAD_MEMORY_BYTES`, by default half the function's); a record
+/// beyond that, or not reached by the backstop, backs off unread, for a later batch. The
+/// first pointer is always read, so that every batch makes progress.
+pub(super) async fn read_bodies<'e, L, P, C>(
+    processor: &Processor<L, P, C>,
+    event: &'e SqsEvent,
+    inv: &Invocation,
+) -> Vec<Entry<'e>>
+where
+    L: JobLedger,
+    P: Provider,
+    C: Clock,
+{
+    let blobs = processor.blobs();
+    let settings = processor.settings();
+    let clock = processor.clock();
+    let backstop = inv.deadline.map(|d| d - settings.deadline_margin_ms / 2);
+    let mut entries: Vec<Entry<'e>> = Vec::with_capacity(event.records.len());
+    let mut held = 0_usize;
+    let mut read_any = false;
+    for record in &event.records {
+        let body = record.body.as_deref();
+        let pointer = body.and_then(crate::job::message::parse_pointer);
+        let parsed = match pointer {
+            Some(Ok(_)) => {
+                let expected = PAYLOAD_SIZE_ATTRIBUTES
+                    .iter()
+                    .find_map(|name| {
+                        record
+                            .message_attributes
+                            .get(*name)?
+                            .string_value
+                            .as_deref()?
+                            .parse()
+                            .ok()
+                    })
+                    .unwrap_or(crate::job::message::MAX_PAYLOAD_BYTES);
+                let need = held.saturating_add(expected.saturating_mul(PAYLOAD_PEAK_FACTOR));
+                let backoff = |cause| Failure::Backoff {
+                    retry_after_ms: None,
+                    cause,
+                };
+                if read_any && need > settings.payload_memory_bytes {
+                    Err(backoff("payload memory"))
+                } else {
+                    read_any = true;
+                    match within(clock, backstop, resolve_body(blobs, body)).await {
+                        Some(parsed) => parsed,
+                        None => Err(backoff("payload not read in time")),
+                    }
+                }
+            }
+            _ => resolve_body(blobs, body).await,
+        };
+        let mut parsed = parsed;
+        if let Ok(Trigger::Job(msg)) = &mut parsed {
+            held = held.saturating_add(
+                msg.input_canonical
+                    .len()
+                    .saturating_mul(PAYLOAD_PEAK_FACTOR),
+            );
+            msg.in_ledger = in_ledger(record);
+            msg.delivered_before =
+                attribute(record, "ApproximateReceiveCount").is_some_and(|n| n > 1);
+        }
+        entries.push(Entry { record, parsed });
+    }
+    entries
+}
+
+/// Whether the producer marked the message's job as already in the ledger (it created the
+/// item before sending).
+fn in_ledger(record: &SqsMessage) -> bool {
+    record
+        .message_attributes
+        .get(IN_LEDGER_ATTRIBUTE)
+        .and_then(|a| a.string_value.as_deref())
+        == Some("true")
+}
+
+/// A numeric attribute of the record (`ApproximateReceiveCount`, say), if it has one.
+pub(super) fn attribute(record: &SqsMessage, name: &str) -> Option<i64> {
+    record.attributes.get(name).and_then(|v| v.parse().ok())
+}
