@@ -10,7 +10,7 @@ mod sim;
 fn fixed_seeds_keep_every_invariant_under_every_fault() {
     // Every edge the worker guards against must be met: the rarer ones (a failed store of an
     // answer is 5 % of the few large answers) on the first four seeds or on up to four more.
-    const EDGES: [&str; 17] = [
+    const EDGES: [&str; 18] = [
         "gateway_error",
         "oversized_answer",
         "ddb_stall",
@@ -22,6 +22,7 @@ fn fixed_seeds_keep_every_invariant_under_every_fault() {
         "large_answer",
         "store_error",
         "store_slow",
+        "store_lost_answer",
         "poison_message",
         "dlq_send_failure",
         "pause_after_claim",

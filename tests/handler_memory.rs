@@ -371,6 +371,7 @@ async fn losing_the_lease_cancels_the_call_and_its_answer_is_never_published() {
                 lapsed_before: later - 100,
                 lease_until: later + 60_000,
                 reason: "test".into(),
+                seen_recoveries: 0,
             })
             .await
             .expect("recover");
@@ -910,6 +911,7 @@ impl JobLedger for TakenOverBeforeRecording {
             lapsed_before: now + 3_600_000,
             lease_until: now + 60_000,
             reason: "lease lapsed".into(),
+            seen_recoveries: 0,
         };
         self.0.recover(takeover).await?;
         self.0.record_ref(req).await

@@ -87,6 +87,7 @@ async fn scenario<L: JobLedger>(ledger: &L, prefix: &str) -> (Vec<String>, Vec<O
         lapsed_before: now - 2_000,
         lease_until: now + 60_000,
         reason: "lease lapsed".into(),
+        seen_recoveries: 0,
     };
     let renew = |epoch: u64, expected: i64, now: i64| fenced_jobs::ledger::RenewRequest {
         job_id: a.job_id.clone(),
@@ -308,6 +309,7 @@ async fn scenario<L: JobLedger>(ledger: &L, prefix: &str) -> (Vec<String>, Vec<O
         lapsed_before: now - 2_000,
         lease_until: now + 60_000,
         reason: "asking the provider".into(),
+        seen_recoveries: 0,
     };
     let cut_off = AttemptEnd::Unknown {
         evidence: "cut off".into(),
@@ -604,4 +606,49 @@ async fn an_acceptance_by_a_known_owner_returns_the_record_the_ledger_holds() {
     let table = aws.table().await;
     accept_as_known_owner(&InMemoryLedger::new(), "known-memory").await;
     accept_as_known_owner(&aws.ledger(&table), "known-dynamodb").await;
+}
+
+/// Recovers the job `id` (claimed once) `times` times, each as a recoverer that read the item
+/// first, and returns the item after.
+async fn recovered_often<L: JobLedger>(ledger: &L, id: &str, times: u64) -> JobRecord {
+    let a = job(id, "d-r", 3, T + 86_400_000);
+    ledger
+        .claim(claim(&a, Expect::FRESH, "w0", T))
+        .await
+        .expect("claim");
+    for epoch in 1..=times {
+        let seen = ledger.get(id).await.expect("get").expect("item");
+        let now = T + epoch as i64 * 120_000;
+        let req = RecoverRequest {
+            job_id: id.to_owned(),
+            seen_epoch: epoch,
+            owner_id: format!("w{epoch}"),
+            now,
+            lapsed_before: now - 2_000,
+            lease_until: now + 60_000,
+            reason: "lease lapsed".into(),
+            seen_recoveries: seen.recoveries.len(),
+        };
+        let written = ledger.recover(req).await.expect("recover");
+        assert!(matches!(written, Write::Applied(_)), "{written:?}");
+    }
+    ledger.get(id).await.expect("get").expect("item")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_recovered_again_and_again_lists_its_first_recoveries_and_counts_the_rest() {
+    // GIVEN a job taken over 14 times (an unknown job asked about at every delivery, say)
+    let memory = InMemoryLedger::new();
+    let aws = common::emulator().await;
+    let table = aws.table().await;
+    let dynamo = aws.ledger(&table);
+    let (m, d) = (
+        recovered_often(&memory, "often", 14).await,
+        recovered_often(&dynamo, "often", 14).await,
+    );
+    // THEN its item keeps ten of them and counts the other four, alike in both ledgers, so
+    // the item stays bounded however long the job lives
+    assert_eq!((m.recoveries.len(), m.recoveries_dropped), (10, 4));
+    assert_eq!(m.owner_epoch, 15);
+    assert_eq!(m, d);
 }

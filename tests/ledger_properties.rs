@@ -231,6 +231,7 @@ async fn apply<L: JobLedger>(ledger: &L, prefix: &str, op: &Op) -> Write {
                     lapsed_before: now - 2_000,
                     lease_until: now + 30_000,
                     reason: "lapsed".into(),
+                    seen_recoveries: 0,
                 })
                 .await
         }

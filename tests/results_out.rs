@@ -216,6 +216,28 @@ async fn a_pointer_job_with_a_1_mb_answer_is_announced_once_and_read_back_with_j
     );
     let printed = out.stdout.strip_suffix(b"\n").expect("a trailing newline");
     assert_eq!(sha256_hex(printed), blob.sha256);
+    // An object someone changed is not printed, and says so with its own exit status.
+    aws.s3
+        .put_object()
+        .bucket(&results)
+        .key(&blob.key)
+        .body(b"{\"output\":\"tampered\"}".to_vec().into())
+        .send()
+        .await
+        .expect("overwrite");
+    let tampered = std::process::Command::new(env!("CARGO_BIN_EXE_jobctl"))
+        .args(["result", "big-1"])
+        .env("JOBS_TABLE", &table)
+        .env("RESULTS_BUCKET", &results)
+        .output()
+        .expect("jobctl runs");
+    assert_eq!(
+        tampered.status.code(),
+        Some(4),
+        "{}",
+        String::from_utf8_lossy(&tampered.stderr)
+    );
+    assert!(tampered.stdout.is_empty());
 
     // The same stream records delivered again: the same event, with the same id.
     let sink = AwsSink::EventBridge {

@@ -110,6 +110,8 @@ pub struct FaultRates {
     pub large_answer: f64,
     /// A results-bucket call (a write before an acceptance, a removal after a refusal) fails.
     pub store_error: f64,
+    /// A write to the results bucket lands, and its answer is lost (the caller sees a failure).
+    pub store_lost_answer: f64,
     /// A results-bucket call takes seconds instead of milliseconds (every call takes some
     /// time), so an owner's write, a recovery's read and a refused owner's removal interleave
     /// with the other owners' ledger writes.
@@ -155,6 +157,7 @@ impl FaultRates {
             large_answer: 0.05,
             store_error: 0.05,
             store_slow: 0.05,
+            store_lost_answer: 0.05,
             poison_message: 0.01,
             dlq_send_failure: 0.2,
             pause_after_claim: 0.01,
@@ -903,7 +906,17 @@ impl BlobStore for SimBlobs {
         Box::pin(async move {
             self.latency().await;
             self.refused("put")?;
-            self.world.bucket.put(key, body).await
+            let put = self.world.bucket.put(key, body).await;
+            if self
+                .world
+                .fault("store_lost_answer", self.world.rates.store_lost_answer)
+            {
+                return Err(BlobError::Unavailable {
+                    operation: "put",
+                    detail: "timeout".into(),
+                });
+            }
+            put
         })
     }
     fn get<'a>(
@@ -914,6 +927,7 @@ impl BlobStore for SimBlobs {
     ) -> futures::future::BoxFuture<'a, Result<Vec<u8>, BlobError>> {
         Box::pin(async move {
             self.latency().await;
+            self.refused("get")?;
             self.world.bucket.get(bucket, key, limit).await
         })
     }
@@ -1515,7 +1529,7 @@ pub async fn run(config: &ChaosConfig) -> ChaosReport {
                     &blobs,
                     since,
                     now,
-                    settings.max_jobs,
+                    (settings.max_jobs, settings.inline_max_bytes),
                 )
                 .await
                 {
@@ -1612,10 +1626,15 @@ async fn check_bucket(world: &World, table: &InMemoryLedger, job_ids: &[String])
         }
     }
     let now = world.now();
-    let removed =
-        fenced_jobs::ops::results::sweep_orphans(table, bucket, START_MS, now, usize::MAX)
-            .await
-            .unwrap_or(0);
+    let removed = fenced_jobs::ops::results::sweep_orphans(
+        table,
+        bucket,
+        START_MS,
+        now,
+        (usize::MAX, fenced_jobs::job::DEFAULT_INLINE_MAX_BYTES),
+    )
+    .await
+    .unwrap_or(0);
     *world
         .faults
         .lock()

@@ -983,6 +983,7 @@ impl Protocol {
                     lapsed_before,
                     lease_until: now + self.bounds.lease,
                     reason: format!("{} at epoch {epoch}", state.as_str()),
+                    seen_recoveries: next.item.as_ref().map_or(0, |r| r.recoveries.len()),
                 };
                 let _ = write!(
                     note,

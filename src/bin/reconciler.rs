@@ -81,7 +81,8 @@ async fn run_once(
         })?;
     if let Some(blobs) = blobs {
         let since = now - settings.orphan_window_ms;
-        match sweep_orphans(ledger, blobs, since, now, settings.max_jobs).await {
+        let limits = (settings.max_jobs, settings.inline_max_bytes);
+        match sweep_orphans(ledger, blobs, since, now, limits).await {
             Ok(removed) => report.orphans_removed = removed,
             Err(e) => {
                 tracing::warn!(error = %e, "the orphan sweep failed; it runs again next time");

@@ -26,6 +26,9 @@ pub enum BlobError {
         /// The caller's limit.
         limit: usize,
     },
+    /// The object is not the content its reference names (its size or SHA-256 differ).
+    #[error("the object is not the content its reference names")]
+    Mismatch,
     /// No bucket is configured for writes (`RESULTS_BUCKET`).
     #[error("no results bucket is configured")]
     NoBucket,
@@ -77,10 +80,7 @@ pub async fn read_checked(
 ) -> Result<Vec<u8>, BlobError> {
     let bytes = store.get(&blob.bucket, &blob.key, limit).await?;
     if !blob.matches(&bytes) {
-        return Err(BlobError::Unavailable {
-            operation: "get",
-            detail: "the object is not the content its reference names".to_owned(),
-        });
+        return Err(BlobError::Mismatch);
     }
     Ok(bytes)
 }

@@ -69,6 +69,10 @@ pub const ITEM_HEADROOM_BYTES: usize = 8 * 1024;
 /// must not grow the item towards DynamoDB's limit.
 pub const GIVEN_BACK_KEPT: usize = 5;
 
+/// How many recoveries an item lists (the rest are counted): a job asked about again and again
+/// must not grow its item towards DynamoDB's limit.
+pub const RECOVERIES_KEPT: usize = 10;
+
 /// One job's ledger item, decoded.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct JobRecord {
@@ -111,8 +115,10 @@ pub struct JobRecord {
     pub owner_until: Option<Millis>,
     /// One entry per attempt, in order.
     pub attempt_log: Vec<AttemptRecord>,
-    /// Recovery claims (fencing of a lapsed owner), in order.
+    /// Recovery claims (fencing of a lapsed owner), in order: the first [`RECOVERIES_KEPT`].
     pub recoveries: Vec<RecoveryRecord>,
+    /// Recovery claims after those, counted.
+    pub recoveries_dropped: u32,
     /// Recorded decisions about uncertain attempts (replay policy, later operators), in order.
     pub decisions: Vec<DecisionRecord>,
     /// The accepted result (JSON), once succeeded, when it is inline.
@@ -389,6 +395,7 @@ impl NewJob {
             given_back: Vec::new(),
             attempt_log: Vec::new(),
             recoveries: Vec::new(),
+            recoveries_dropped: 0,
             decisions: Vec::new(),
             result: None,
             result_ref: None,

@@ -242,6 +242,10 @@ pub struct RecoverRequest {
     pub lease_until: Millis,
     /// Why the recovery happened.
     pub reason: String,
+    /// How many recoveries the item the recoverer saw holds (only a recovery writes them, and
+    /// it raises the epoch it expects): once it holds [`crate::job::RECOVERIES_KEPT`], this one
+    /// is counted in `recoveries_dropped` instead of listed.
+    pub seen_recoveries: usize,
 }
 
 /// The owner at `epoch` extends (or ends) its lease.

@@ -154,12 +154,16 @@ pub fn apply_recover(current: Option<&JobRecord>, req: &RecoverRequest) -> Optio
     next.owner_id = Some(req.owner_id.clone());
     next.owner_until = Some(req.lease_until);
     next.updated_at = req.now;
-    next.recoveries.push(RecoveryRecord {
-        epoch: next.owner_epoch,
-        owner_id: req.owner_id.clone(),
-        at: req.now,
-        reason: req.reason.clone(),
-    });
+    if req.seen_recoveries >= crate::job::RECOVERIES_KEPT {
+        next.recoveries_dropped += 1;
+    } else {
+        next.recoveries.push(RecoveryRecord {
+            epoch: next.owner_epoch,
+            owner_id: req.owner_id.clone(),
+            at: req.now,
+            reason: req.reason.clone(),
+        });
+    }
     Some(next)
 }
 

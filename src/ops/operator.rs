@@ -135,6 +135,7 @@ pub fn to_json(record: &JobRecord, with_result: bool) -> Value {
         "max_attempts": record.max_attempts,
         "throttles": record.throttles,
         "not_sent": record.not_sent,
+        "recoveries_dropped": record.recoveries_dropped,
         "given_back": given_back,
         "contract": record.contract,
         "input_digest": record.input_digest,
@@ -226,7 +227,10 @@ pub fn to_text(record: &JobRecord, with_result: bool) -> String {
             a.provider_ref.as_deref().unwrap_or("-")
         ));
     }
-    if !record.recoveries.is_empty() || !record.decisions.is_empty() {
+    if !record.recoveries.is_empty()
+        || !record.decisions.is_empty()
+        || record.recoveries_dropped > 0
+    {
         out.push_str(
             "\nepoch  what             by                       when                      why\n",
         );
@@ -238,6 +242,12 @@ pub fn to_text(record: &JobRecord, with_result: bool) -> String {
                 r.owner_id,
                 format_rfc3339_ms(r.at),
                 r.reason
+            ));
+        }
+        if record.recoveries_dropped > 0 {
+            out.push_str(&format!(
+                "       {} more recoveries after these (counted, not listed)\n",
+                record.recoveries_dropped
             ));
         }
         for d in &record.decisions {

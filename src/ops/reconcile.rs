@@ -56,6 +56,9 @@ pub struct ReconcileSettings {
     /// recently are checked for stored answers no item references (longer than the schedule, so
     /// every finished job is looked at more than once).
     pub orphan_window_ms: Millis,
+    /// `INLINE_MAX_BYTES`, as the worker has it: an answer kept inline above it was meant for
+    /// the bucket, so its job may have left an object behind (a put that timed out but landed).
+    pub inline_max_bytes: usize,
 }
 
 impl Default for ReconcileSettings {
@@ -67,6 +70,7 @@ impl Default for ReconcileSettings {
             max_jobs: 1_000,
             skew_ms: 2_000,
             orphan_window_ms: 3_600_000,
+            inline_max_bytes: crate::job::DEFAULT_INLINE_MAX_BYTES,
         }
     }
 }
@@ -88,6 +92,12 @@ impl ReconcileSettings {
             max_jobs: vars.integer("RECONCILE_MAX_JOBS", d.max_jobs as i64, 1, 100_000)? as usize,
             skew_ms: vars.integer("CLOCK_SKEW_MS", d.skew_ms, 0, 60_000)?,
             orphan_window_ms: seconds("RECONCILE_ORPHAN_WINDOW_SECONDS", d.orphan_window_ms)?,
+            inline_max_bytes: vars.integer(
+                "INLINE_MAX_BYTES",
+                d.inline_max_bytes as i64,
+                0,
+                crate::job::INLINE_LIMIT_BYTES as i64,
+            )? as usize,
         })
     }
 }

@@ -147,18 +147,20 @@ pub fn line(job: &JobRecord) -> Value {
 }
 
 /// Removes the objects no item references: answers written by an owner that was fenced or
-/// crashed before its acceptance (or whose removal failed). Only jobs that finished from `since`
-/// on are looked at (the finished index), and of those only the ones that could have left one:
-/// any but a success accepted at the first epoch (one attempt, one object, the one referenced).
-/// An object is removed only once its job is terminal, so an acceptance still in flight never
-/// loses its answer. Returns how many were removed.
+/// crashed before its acceptance (or whose removal failed), or by a put that timed out but
+/// landed. Only jobs that finished from `since` on are looked at (the finished index), and of
+/// those only the ones that could have left one: any but a success accepted at the first epoch
+/// with its answer stored, or inline and no larger than `inline_max_bytes` (one attempt, and
+/// no object but the one referenced). An object is removed only once its job is terminal, so
+/// an acceptance still in flight never loses its answer. Returns how many were removed.
 pub async fn sweep_orphans<L: JobLedger + LedgerIndex>(
     ledger: &L,
     blobs: &dyn BlobStore,
     since: Millis,
     now: Millis,
-    max_jobs: usize,
+    limits: (usize, usize),
 ) -> Result<u64, ResultError> {
+    let (max_jobs, inline_max_bytes) = limits;
     let mut removed = 0;
     let mut looked = 0;
     let mut day_start = since - since.rem_euclid(DAY_MS);
@@ -172,7 +174,12 @@ pub async fn sweep_orphans<L: JobLedger + LedgerIndex>(
                 let Some(job) = ledger.get(job_id).await? else {
                     continue;
                 };
-                let clean = job.state == JobState::Succeeded && job.owner_epoch <= 1;
+                let kept_small = job.result_ref.is_some()
+                    || job
+                        .result
+                        .as_ref()
+                        .is_some_and(|r| r.len() <= inline_max_bytes);
+                let clean = job.state == JobState::Succeeded && job.owner_epoch <= 1 && kept_small;
                 if clean || !job.state.is_terminal() {
                     continue;
                 }
@@ -193,4 +200,70 @@ pub async fn sweep_orphans<L: JobLedger + LedgerIndex>(
         day_start += DAY_MS;
     }
     Ok(removed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::blobs::MemoryBlobs;
+    use crate::ledger::memory::InMemoryLedger;
+    use crate::ledger::{AttemptEnd, ClaimRequest, FinishRequest, Write};
+
+    const T: Millis = 1_796_000_000_000;
+
+    async fn succeeded_inline(ledger: &InMemoryLedger, job_id: &str, answer: &str) {
+        let job = crate::job::NewJob {
+            job_id: job_id.into(),
+            input_digest: "d".into(),
+            contract: "c".into(),
+            input: "{}".into(),
+            input_ref: None,
+            metadata: None,
+            deadline_at: T + 3_600_000,
+            max_attempts: 3,
+            expires_at: 0,
+        };
+        let claim = ClaimRequest {
+            job,
+            expect: crate::job::Expect::FRESH,
+            owner_id: "w".into(),
+            now: T - 1_000,
+            lease_until: T + 60_000,
+            provider_ref: None,
+            first_sight: true,
+        };
+        assert!(matches!(ledger.claim(claim).await, Ok(Write::Applied(_))));
+        let end = FinishRequest {
+            job_id: job_id.into(),
+            epoch: 1,
+            attempt: 1,
+            now: T,
+            end: AttemptEnd::Succeeded {
+                result: answer.into(),
+            },
+        };
+        assert!(matches!(ledger.finish(end).await, Ok(Write::Applied(_))));
+    }
+
+    #[tokio::test]
+    async fn the_sweep_removes_the_object_of_a_put_that_landed_though_the_answer_was_kept_inline() {
+        // GIVEN a job that succeeded at its first epoch with an answer above the inline limit
+        // kept in the item (its puts seemed to fail), and the object one of them left
+        let ledger = InMemoryLedger::new();
+        let blobs = MemoryBlobs::new("results");
+        let big = format!(r#"{{"output":"{}"}}"#, "a".repeat(70_000));
+        succeeded_inline(&ledger, "landed", &big).await;
+        blobs.insert("results", "results/landed/1/abc.json", big.as_bytes());
+        // and a job whose small inline answer could never have been stored
+        succeeded_inline(&ledger, "small", r#"{"output":"ok"}"#).await;
+        blobs.insert("results", "results/small/1/def.json", b"{}");
+        // WHEN the sweep runs
+        let limits = (100, crate::job::DEFAULT_INLINE_MAX_BYTES);
+        let removed = sweep_orphans(&ledger, &blobs, T - 60_000, T + 60_000, limits)
+            .await
+            .expect("sweep");
+        // THEN the first job's orphan is gone; the second is not even listed
+        assert_eq!(removed, 1);
+        assert_eq!(blobs.keys(), vec!["results/small/1/def.json".to_owned()]);
+    }
 }

@@ -20,6 +20,7 @@ use std::time::Duration;
 
 use crate::clock::Clock;
 use crate::job::Millis;
+use crate::ledger::LedgerError;
 use crate::ledger::schedule::{CallSchedule, Limits, Reservation, ReserveRequest};
 
 /// How long leased calls stay usable once their chunk starts: capacity not used by then is
@@ -255,8 +256,9 @@ impl Pacer {
         }
     }
 
-    /// Leases a chunk from the shared schedule, waiting for its start; a failed reservation
-    /// lets the call go (the provider's own 429 and the adaptive limit still protect it).
+    /// Leases a chunk from the shared schedule, waiting for its start. A reservation the table
+    /// throttled or did not answer defers the record like a refusal; a schedule that cannot be
+    /// used at all lets the call go (the provider's own 429 and the adaptive limit protect it).
     async fn lease(&self, tokens: u64, clock: &dyn Clock, until: Millis) -> Result<(), Millis> {
         let Some(schedule) = &self.schedule else {
             return Ok(());
@@ -320,8 +322,18 @@ impl Pacer {
                 Ok(())
             }
             Ok(Reservation::Booked { until: booked }) => Err(self.refused(now, booked)),
+            // The table throttled or did not answer: the same for every environment at once,
+            // so none may take it as leave to call unpaced. The record waits, and the next
+            // reservation backs off as after a refusal.
+            Err(e @ (LedgerError::Throttled { .. } | LedgerError::Unavailable { .. })) => {
+                tracing::warn!(error = %e, "reserving provider capacity failed; the record waits");
+                Err(self.refused(now, now.saturating_add(MIN_RESERVATION_GAP_MS)))
+            }
+            // The schedule item itself is refused or unreadable (a configuration to fix, said
+            // loudly): calls go on under the adaptive limit and the provider's own 429s
+            // rather than every job waiting until it expires.
             Err(e) => {
-                tracing::warn!(error = %e, "reserving provider capacity failed; calling without it");
+                tracing::error!(error = %e, "the provider schedule cannot be used; calling without it");
                 let mut st = self.lock();
                 st.credits += 1;
                 st.credit_until = now + CREDIT_LIFE_MS;
@@ -487,6 +499,60 @@ mod tests {
         assert_eq!(pacer.lock().in_flight, 10);
         drop(permits);
         assert_eq!(pacer.lock().in_flight, 0);
+    }
+
+    /// A schedule whose table throttles every request, counting them.
+    #[derive(Debug, Default)]
+    struct ThrottledSchedule {
+        asked: std::sync::atomic::AtomicU32,
+    }
+
+    impl CallSchedule for ThrottledSchedule {
+        fn reserve(
+            &self,
+            _: ReserveRequest,
+        ) -> futures::future::BoxFuture<'_, Result<Reservation, LedgerError>> {
+            self.asked.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            Box::pin(async {
+                Err(LedgerError::Throttled {
+                    operation: "reserve",
+                })
+            })
+        }
+        fn peek<'a>(
+            &'a self,
+            _: &'a str,
+        ) -> futures::future::BoxFuture<
+            'a,
+            Result<Option<crate::ledger::schedule::Booked>, LedgerError>,
+        > {
+            self.asked.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            Box::pin(async { Err(LedgerError::Throttled { operation: "peek" }) })
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_throttled_schedule_defers_the_record_instead_of_calling_unpaced() {
+        // GIVEN a pacer whose shared schedule is throttled by the table (as it would be for
+        // every environment of the fleet at once)
+        let schedule = Arc::new(ThrottledSchedule::default());
+        let settings = PacingSettings {
+            limits: Limits { rpm: 60, tpm: 0 },
+            ..sixteen()
+        };
+        let pacer = Pacer::new(settings, Some(schedule.clone() as Arc<dyn CallSchedule>));
+        let clock = ManualClock::at(T);
+        // WHEN a record asks for capacity
+        let first = pacer.admit(0, &clock, Millis::MAX).await;
+        // THEN it waits (no call without the schedule's say), and a second record at the same
+        // moment does not ask the table again
+        assert!(first.is_err(), "called unpaced");
+        let asked = schedule.asked.load(std::sync::atomic::Ordering::SeqCst);
+        assert!(pacer.admit(0, &clock, Millis::MAX).await.is_err());
+        assert_eq!(
+            schedule.asked.load(std::sync::atomic::Ordering::SeqCst),
+            asked
+        );
     }
 
     #[test]

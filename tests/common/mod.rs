@@ -348,6 +348,7 @@ impl Provider for TakenOverDuringTheCall {
                 lapsed_before: later - 2_000,
                 lease_until: later + 60_000,
                 reason: "lease lapsed".into(),
+                seen_recoveries: 0,
             })
             .await
             .expect("recover");

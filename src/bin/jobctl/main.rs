@@ -2,7 +2,7 @@
 //!
 //! Exit status: 0 done; 1 refused or partial (no such job, not in a state the command acts on,
 //! changed meanwhile, some lines not submitted, a watched job that did not succeed); 2 usage;
-//! 3 an AWS call failed.
+//! 3 an AWS call failed; 4 a stored answer is not the content its acceptance recorded.
 
 use clap::{Parser, Subcommand};
 use fenced_jobs::blobs::s3::S3Blobs;
@@ -24,6 +24,9 @@ pub(crate) const REFUSED: i32 = 1;
 pub(crate) const USAGE: i32 = 2;
 /// Exit status when an AWS call failed.
 pub(crate) const AWS_ERROR: i32 = 3;
+/// Exit status when a stored answer is not the content its acceptance recorded: not a failure
+/// to try again, but a bucket someone changed.
+pub(crate) const INTEGRITY: i32 = 4;
 
 /// Ends the process with a usage error.
 pub(crate) fn usage(what: &str) -> ! {
@@ -274,6 +277,7 @@ async fn main() {
                     std::process::exit(match e {
                         ResultError::NotFound(_) | ResultError::NoAnswer { .. } => REFUSED,
                         ResultError::NoStore(_) => USAGE,
+                        ResultError::Store(fenced_jobs::blobs::BlobError::Mismatch) => INTEGRITY,
                         _ => AWS_ERROR,
                     });
                 }

@@ -101,7 +101,7 @@ pub(super) fn encode_error(e: &ErrorRecord) -> AttributeValue {
 /// job is live, `finished_on` once it is terminal).
 pub fn encode(r: &JobRecord) -> Item {
     // Room for every attribute a record can have, so the map is never grown.
-    let mut item = Item::with_capacity(28);
+    let mut item = Item::with_capacity(29);
     item.extend([
         ("job_id".to_owned(), s(&r.job_id)),
         ("state".to_owned(), s(r.state.as_str())),
@@ -131,6 +131,10 @@ pub fn encode(r: &JobRecord) -> Item {
         ("enqueued_at", r.enqueued_at.map(n)),
         ("throttles", (r.throttles > 0).then(|| n(r.throttles))),
         ("not_sent", (r.not_sent > 0).then(|| n(r.not_sent))),
+        (
+            "recoveries_dropped",
+            (r.recoveries_dropped > 0).then(|| n(r.recoveries_dropped)),
+        ),
         (
             "given_back",
             (!r.given_back.is_empty())
@@ -222,6 +226,9 @@ pub fn decode(item: &Item) -> Result<JobRecord, LedgerError> {
             .ok_or_else(|| corrupt("max_attempts".into()))?,
         throttles: get_n(item, "throttles").and_then(to_u32).unwrap_or(0),
         not_sent: get_n(item, "not_sent").and_then(to_u32).unwrap_or(0),
+        recoveries_dropped: get_n(item, "recoveries_dropped")
+            .and_then(to_u32)
+            .unwrap_or(0),
         given_back,
         input_digest: req_s("input_digest")?,
         contract: req_s("contract")?,
@@ -439,6 +446,7 @@ mod tests {
             enqueued_at: Some(150),
             throttles: 4,
             not_sent: 1,
+            recoveries_dropped: 2,
             given_back: vec![AttemptRecord {
                 number: 2,
                 epoch: 2,

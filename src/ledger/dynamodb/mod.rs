@@ -34,7 +34,7 @@ use super::{JobLedger, LedgerError, Write};
 use crate::job::{JobRecord, JobState, attention_key, finished_day};
 
 /// Attribute names, each used through a `#placeholder` (several are DynamoDB reserved words).
-const NAMES: [(&str, &str); 33] = [
+const NAMES: [(&str, &str); 34] = [
     ("#id", "job_id"),
     ("#state", "state"),
     ("#epoch", "owner_epoch"),
@@ -66,6 +66,7 @@ const NAMES: [(&str, &str); 33] = [
     ("#thr", "throttles"),
     ("#unsent", "not_sent"),
     ("#gb", "given_back"),
+    ("#rdrop", "recoveries_dropped"),
     ("#booked_r", "booked_requests_us"),
     ("#booked_t", "booked_tokens_us"),
 ];

@@ -169,12 +169,21 @@ impl JobLedger for DynamoLedger {
         };
         // Invariant: a lapsed owner (or an unknown job) is fenced by raising the epoch it holds;
         // no attempt starts.
-        let update = "SET #state = :running, #epoch = :new_epoch, #owner = :owner, \
-                      #until = :until, #updated = :now, \
-                      #rec = list_append(if_not_exists(#rec, :empty), :recovery)";
+        // The first recoveries are listed, the rest counted (the list cannot grow the item
+        // without bound); the recoverer knows which, from the item its expected epoch pins.
+        let full = req.seen_recoveries >= crate::job::RECOVERIES_KEPT;
+        // (The SET clause comes last: the index key is appended to it.)
+        let update = if full {
+            "ADD #rdrop :one SET #state = :running, #epoch = :new_epoch, #owner = :owner, \
+             #until = :until, #updated = :now"
+        } else {
+            "SET #state = :running, #epoch = :new_epoch, #owner = :owner, \
+             #until = :until, #updated = :now, \
+             #rec = list_append(if_not_exists(#rec, :empty), :recovery)"
+        };
         let condition = "#epoch = :epoch AND \
                          ((#state = :running AND #until <= :cutoff) OR #state = :unknown)";
-        let values = vec![
+        let mut values = vec![
             (":new_epoch", n(req.seen_epoch + 1)),
             (":epoch", n(req.seen_epoch)),
             (":owner", s(&req.owner_id)),
@@ -183,12 +192,16 @@ impl JobLedger for DynamoLedger {
             (":cutoff", n(req.lapsed_before)),
             (":running", s(JobState::Running.as_str())),
             (":unknown", s(JobState::Unknown.as_str())),
-            (":empty", AttributeValue::L(Vec::new())),
-            (
+        ];
+        if full {
+            values.push((":one", n(1)));
+        } else {
+            values.push((":empty", AttributeValue::L(Vec::new())));
+            values.push((
                 ":recovery",
                 AttributeValue::L(vec![encode_recovery(&recovery)]),
-            ),
-        ];
+            ));
+        }
         let target = Some(JobState::Running);
         self.update("recover", &req.job_id, update, condition, values, target)
             .await

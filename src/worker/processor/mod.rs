@@ -310,6 +310,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
                                 lapsed_before: now - self.settings.skew_ms,
                                 lease_until: now + self.settings.lease_ms,
                                 reason,
+                                seen_recoveries: view.as_ref().map_or(0, |v| v.recoveries.len()),
                             };
                             let written = self.ledger.recover(req).await;
                             let written = self
