@@ -1,6 +1,9 @@
 //! The in-memory ledger and the DynamoDB ledger (on the emulator, through the SDK) run the same
 //! sequence of operations, stale epochs and lapsed leases included, and must agree on every
 //! outcome and on every final item. This keeps the fast fake honest.
+//!
+//! Why this file is long: each story of the contract runs on both ledgers, and they share the
+//! helpers that build their requests.
 
 mod common;
 

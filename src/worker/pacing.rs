@@ -14,6 +14,9 @@
 //!
 //! The event source mapping's `MaximumConcurrency` is the outer valve: it bounds how many
 //! environments ask at all.
+//!
+//! Why this file is long: admission, the leases of the shared schedule, the adaptive limit and
+//! the re-sends after a 429 share one lock and one state, and their unit tests stay beside it.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
