@@ -58,13 +58,13 @@ fn without_it_429s_are_many_and_no_job_fails_for_them_alone() {
 
 #[test]
 fn a_backlog_of_hours_dead_letters_no_live_job() {
-    // GIVEN a backlog of about two hours of calls (1,000 jobs, 8 calls a minute, with the
+    // GIVEN a backlog of well over an hour of calls (1,000 jobs, 10 calls a minute, with the
     // shared schedule) on a queue that dead-letters at 100 receives, so that the jobs at the
     // back are deferred for capacity far more often than that
     let config = scale::ScaleConfig {
         jobs: 1_000,
         concurrency: 20,
-        rpm: 8,
+        rpm: 10,
         tpm: 1_000_000,
         max_receive: 100,
         ..scale::ScaleConfig::burst(3)
