@@ -2095,3 +2095,107 @@ async fn a_payload_read_that_never_answers_does_not_hold_the_batch_past_its_dead
     assert_eq!(report.records[0].outcome.label(), "backoff");
     assert!(report.response.is_ok());
 }
+
+/// A live job whose input went missing is never poison (its message is its only trigger): a
+/// stored input that is gone or altered ends the job `failed_terminal` (`input_lost`) with no
+/// call, and an Extended Client pointer whose payload is gone goes on from the job its message
+/// names in `fenced-jobs.job-id`; without that attribute, or naming no job, it is poison.
+#[tokio::test]
+async fn a_live_job_whose_input_is_gone_is_never_poison() {
+    use fenced_jobs::blobs::MemoryBlobs;
+    use fenced_jobs::job::{BlobRef, JobDefaults, NewJob};
+    use fenced_jobs::ledger::CreateRequest;
+    let ledger = Arc::new(InMemoryLedger::new());
+    let blobs = Arc::new(MemoryBlobs::new("results"));
+    blobs.insert("results", "inputs/altered/d.json", b"{\"other\":1}");
+    let h = BatchHandler::new(
+        Processor::new(
+            ledger.clone(),
+            SimulatedProvider::new(),
+            SystemClock,
+            Settings::default(),
+        )
+        .with_blobs(blobs.clone()),
+        RecordingVisibility::new(),
+    )
+    .with_seed(1);
+    let now = SystemClock.now_ms();
+    let ready = |job: NewJob| CreateRequest {
+        job,
+        now,
+        enqueued: true,
+    };
+    // GIVEN two ready jobs whose stored inputs are gone and altered
+    for (id, key) in [
+        ("gone", "inputs/gone/d.json"),
+        ("altered", "inputs/altered/d.json"),
+    ] {
+        let job = NewJob {
+            job_id: id.into(),
+            input_digest: "d".into(),
+            contract: "c".into(),
+            input: String::new(),
+            input_ref: Some(BlobRef {
+                bucket: "results".into(),
+                key: key.into(),
+                size: 11,
+                sha256: "e".repeat(64),
+            }),
+            metadata: None,
+            deadline_at: now + 3_600_000,
+            max_attempts: 3,
+            expires_at: 0,
+        };
+        ledger.create(ready(job)).await.expect("create");
+    }
+    // AND a ready job first read from a pointer whose payload the producer's bucket dropped
+    let msg = fenced_jobs::job::parse_body(Some(&job("from-ptr", ""))).expect("valid");
+    let defaults = JobDefaults::default();
+    ledger
+        .create(ready(NewJob::from_message(&msg, now, &defaults)))
+        .await
+        .expect("create");
+    let named = |id: &str, job_id: Option<&str>| {
+        let mut r = pointer_record(id, "p/dropped", None);
+        if let Some(job_id) = job_id {
+            let mut attribute = aws_lambda_events::sqs::SqsMessageAttribute::default();
+            attribute.string_value = Some(job_id.into());
+            attribute.data_type = Some("String".into());
+            r.message_attributes
+                .insert("fenced-jobs.job-id".into(), attribute);
+        }
+        r
+    };
+    // WHEN their messages are delivered
+    let report = h
+        .handle_batch(
+            &event(vec![
+                record(Some("m-gone"), r#"{"job_id":"gone"}"#),
+                record(Some("m-altered"), r#"{"job_id":"altered"}"#),
+                named("m-ptr", Some("from-ptr")),
+                named("m-anon", None),
+                named("m-none", Some("no-such-job")),
+            ]),
+            &invocation(),
+        )
+        .await;
+    // THEN the jobs with a lost input end failed_terminal, with no call, and are acknowledged
+    let labels: Vec<&str> = report.records.iter().map(|r| r.outcome.label()).collect();
+    assert_eq!(
+        labels,
+        [
+            "failed_terminal",
+            "failed_terminal",
+            "succeeded",
+            "poison",
+            "poison"
+        ]
+    );
+    for id in ["gone", "altered"] {
+        let item = ledger.get(id).await.expect("get").expect("item");
+        let error = item.last_error.expect("an error");
+        assert_eq!((item.attempts, error.kind.as_str()), (0, "input_lost"));
+    }
+    // AND the pointer's job ran from its item, once
+    assert_eq!(h.processor().provider().executions(), 1);
+}

@@ -112,6 +112,12 @@ pub struct FaultRates {
     pub store_error: f64,
     /// A write to the results bucket lands, and its answer is lost (the caller sees a failure).
     pub store_lost_answer: f64,
+    /// The job's input is above the inline limit: the consumers with a results bucket store it
+    /// before the claim, and a trigger carrying only the job id reads it back.
+    pub large_input: f64,
+    /// A stored input read back is gone (a lifecycle rule shorter than the job): its live job is
+    /// never poison, and ends `failed_terminal` when it would be claimed.
+    pub input_expired: f64,
     /// A results-bucket call takes seconds instead of milliseconds (every call takes some
     /// time), so an owner's write, a recovery's read and a refused owner's removal interleave
     /// with the other owners' ledger writes.
@@ -158,6 +164,8 @@ impl FaultRates {
             store_error: 0.05,
             store_slow: 0.05,
             store_lost_answer: 0.05,
+            large_input: 0.03,
+            input_expired: 0.2,
             poison_message: 0.01,
             dlq_send_failure: 0.2,
             pause_after_claim: 0.01,
@@ -928,6 +936,13 @@ impl BlobStore for SimBlobs {
         Box::pin(async move {
             self.latency().await;
             self.refused("get")?;
+            if key.starts_with("inputs/")
+                && self
+                    .world
+                    .fault("input_expired", self.world.rates.input_expired)
+            {
+                let _ = self.world.bucket.delete(key).await;
+            }
             self.world.bucket.get(bucket, key, limit).await
         })
     }
@@ -1246,6 +1261,28 @@ fn settings(replay: bool) -> Settings {
     s
 }
 
+/// A job with its input stored and its item created `ready`, as a producer submits it.
+async fn submit_stored(world: &World, table: &InMemoryLedger, body: &str) {
+    let msg = fenced_jobs::job::parse_body(Some(body)).expect("a valid job");
+    let key = fenced_jobs::job::artifact::input_key(&msg.job_id, &msg.digest);
+    let blob = world
+        .bucket
+        .put(&key, msg.input_canonical.as_bytes())
+        .await
+        .expect("the bucket takes the input");
+    let stored = fenced_jobs::job::JobMessage {
+        input_ref: Some(blob),
+        ..msg
+    };
+    let job = fenced_jobs::job::NewJob::from_message(&stored, START_MS, &Default::default());
+    let req = fenced_jobs::ledger::CreateRequest {
+        job,
+        now: START_MS,
+        enqueued: true,
+    };
+    table.create(req).await.expect("the table takes the item");
+}
+
 /// Runs the world; call inside a current-thread runtime whose clock is paused.
 pub async fn run(config: &ChaosConfig) -> ChaosReport {
     let world = Arc::new(World {
@@ -1277,11 +1314,23 @@ pub async fn run(config: &ChaosConfig) -> ChaosReport {
         } else {
             START_MS + world.range(3_600_000, 14_400_000) as Millis
         };
-        let body = format!(
-            r#"{{"job_id":"{job_id}","contract":"chaos.v1","deadline_at":"{}","max_attempts":{},"input":{{"model":"m","prompt":"p{i}"}}}}"#,
+        // A large input is submitted as `jobctl submit` does it: stored, the item created
+        // `ready` referencing it, and a trigger carrying only the job id sent.
+        let large = world.fault("large_input", world.rates.large_input);
+        let padding = if large {
+            "x".repeat(70_000)
+        } else {
+            String::new()
+        };
+        let mut body = format!(
+            r#"{{"job_id":"{job_id}","contract":"chaos.v1","deadline_at":"{}","max_attempts":{},"input":{{"model":"m","prompt":"p{i}{padding}"}}}}"#,
             fenced_jobs::job::message::format_rfc3339_ms(deadline),
             world.range(1, 4)
         );
+        if large {
+            submit_stored(&world, &table, &body).await;
+            body = format!(r#"{{"job_id":"{job_id}"}}"#);
+        }
         let visible_at = START_MS + world.range(0, 600_000) as Millis;
         queue.push(&job_id, &body, visible_at);
         job_ids.push(job_id);
@@ -1610,7 +1659,15 @@ pub async fn run(config: &ChaosConfig) -> ChaosReport {
 /// references.
 async fn check_bucket(world: &World, table: &InMemoryLedger, job_ids: &[String]) {
     let bucket = world.bucket.as_ref();
-    for key in bucket.keys() {
+    // Inputs are the lifecycle rule's to remove (a consumer that stored one may lose its
+    // claim to one that kept it inline); a live job's gone input is checked by its outcome.
+    let answers = || {
+        bucket
+            .keys()
+            .into_iter()
+            .filter(|k| !k.starts_with(fenced_jobs::job::artifact::INPUTS_PREFIX))
+    };
+    for key in answers() {
         let job_id = fenced_jobs::job::artifact::parse_result_key(&key).map(|(id, _)| id);
         let Some(job) = table.get(job_id.unwrap_or("")).await.ok().flatten() else {
             world.violation(format!("{key}: stored for no job"));
@@ -1641,7 +1698,7 @@ async fn check_bucket(world: &World, table: &InMemoryLedger, job_ids: &[String])
         .expect("faults")
         .entry("orphans_left_for_last_sweep")
         .or_default() += removed;
-    for key in bucket.keys() {
+    for key in answers() {
         let job_id = fenced_jobs::job::artifact::parse_result_key(&key).map(|(id, _)| id);
         let job = table.get(job_id.unwrap_or("")).await.ok().flatten();
         let referenced = job

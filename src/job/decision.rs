@@ -32,6 +32,8 @@ pub enum SettleReason {
     DeadlinePassed,
     /// Every attempt of the budget was used.
     BudgetSpent,
+    /// The job's stored input is gone, or is not what its digest says: no call can be made.
+    InputLost,
 }
 
 impl SettleReason {
@@ -39,7 +41,7 @@ impl SettleReason {
     pub fn target(self) -> JobState {
         match self {
             SettleReason::DeadlinePassed => JobState::Expired,
-            SettleReason::BudgetSpent => JobState::FailedTerminal,
+            SettleReason::BudgetSpent | SettleReason::InputLost => JobState::FailedTerminal,
         }
     }
 
@@ -48,6 +50,7 @@ impl SettleReason {
         match self {
             SettleReason::DeadlinePassed => "deadline",
             SettleReason::BudgetSpent => "budget",
+            SettleReason::InputLost => "input_lost",
         }
     }
 }

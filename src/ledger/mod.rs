@@ -537,6 +537,9 @@ impl SettleRequest {
         let message = match self.reason {
             SettleReason::DeadlinePassed => "deadline passed before a result was accepted",
             SettleReason::BudgetSpent => "attempt budget spent",
+            SettleReason::InputLost => {
+                "the stored input is gone or does not match the job's digest"
+            }
         };
         crate::job::ErrorRecord {
             kind: self.reason.kind().to_owned(),

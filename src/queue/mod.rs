@@ -10,7 +10,7 @@ pub mod visibility;
 
 #[cfg(any(test, feature = "test-support"))]
 pub use dead_letters::RecordingDeadLetters;
-pub use dead_letters::{DeadLetter, DeadLetterQueue};
+pub use dead_letters::{DeadLetter, DeadLetterQueue, JOB_ID_ATTRIBUTE};
 pub use sqs::{SqsDeadLetters, SqsTriggers, SqsVisibility};
 #[cfg(any(test, feature = "test-support"))]
 pub use triggers::RecordingTriggers;

@@ -15,6 +15,7 @@ mod payload;
 mod recover;
 mod run;
 
+use payload::InputError;
 pub use payload::resolve_body;
 
 use std::sync::Arc;
@@ -200,7 +201,8 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
                     self.process_from(&msg, Some(item), owner_id, inv, watch)
                         .await
                 }
-                Err(failure) => failed(failure, Some(item)),
+                Err(InputError::Lost(how)) => self.input_lost(item, how).await,
+                Err(InputError::Unavailable(failure)) => failed(failure, Some(item)),
             },
             Ok(None) => failed(Failure::Poison(InvalidMessage::UnknownJob), None),
             Err(e) => ledger_failure(job_id, &e, None),

@@ -4,18 +4,26 @@
 
 use std::time::Duration;
 
-use super::{Invocation, Processor, backoff};
+use super::{Invocation, Processed, Processor, backoff, failed, ledger_failure};
 use crate::blobs::{BlobError, BlobStore, read_checked, reference};
 use crate::clock::Clock;
 use crate::job::artifact::{MAX_RESULT_BYTES, RESULTS_PREFIX, input_key, result_key, sha256_hex};
-use crate::job::decision::{Next, next_step};
+use crate::job::decision::{Next, SettleReason, next_step};
 use crate::job::message::{MAX_PAYLOAD_BYTES, input_digest, parse_pointer};
 use crate::job::{
     BlobRef, Failure, INLINE_LIMIT_BYTES, InvalidMessage, JobMessage, JobRecord, JobState,
-    ResultBody, Trigger,
+    RecordOutcome, ResultBody, Trigger,
 };
-use crate::ledger::{AttemptEnd, JobLedger};
+use crate::ledger::{AttemptEnd, JobLedger, SettleFrom, SettleRequest, Write};
 use crate::provider::{Provider, ProviderError, parse_payload, parse_trigger};
+
+/// Why a job's stored input cannot be used now.
+pub(super) enum InputError {
+    /// The object is gone or is not the job's input (`gone`, `altered`): it never comes back.
+    Lost(&'static str),
+    /// The store cannot be reached now.
+    Unavailable(Failure),
+}
 
 /// Tries at writing an answer to the store before the attempt ends without it.
 const STORE_TRIES: u32 = 3;
@@ -95,7 +103,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
     /// The message a ledger item stands for, its stored input read back and checked against
     /// the job's digest only when this delivery will call the provider or ask it (a duplicate
     /// deferred to a live owner, or a finished job, costs no read of the object).
-    pub(super) async fn stored_input(&self, item: &JobRecord) -> Result<JobMessage, Failure> {
+    pub(super) async fn stored_input(&self, item: &JobRecord) -> Result<JobMessage, InputError> {
         let mut msg = JobMessage::from_record(item);
         let now = self.clock.now_ms();
         let calls = match next_step(item, &item.input_digest, now, self.settings.skew_ms) {
@@ -107,25 +115,58 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
             return Ok(msg);
         };
         let Some(store) = self.blobs() else {
-            return Err(backoff("no object store for a stored input"));
+            return Err(InputError::Unavailable(backoff(
+                "no object store for a stored input",
+            )));
         };
         let bytes = match read_checked(store, blob, MAX_PAYLOAD_BYTES).await {
             Ok(bytes) => bytes,
-            Err(BlobError::NotFound) => {
-                return Err(Failure::Poison(InvalidMessage::PayloadMissing));
-            }
+            Err(BlobError::NotFound) => return Err(InputError::Lost("gone")),
+            Err(BlobError::Mismatch) => return Err(InputError::Lost("altered")),
             Err(e) => {
                 tracing::warn!(job_id = %item.job_id, error = %e, "reading the stored input failed");
-                return Err(backoff("input store"));
+                return Err(InputError::Unavailable(backoff("input store")));
             }
         };
-        let text =
-            String::from_utf8(bytes).map_err(|_| Failure::Poison(InvalidMessage::InputMismatch))?;
+        let text = String::from_utf8(bytes).map_err(|_| InputError::Lost("altered"))?;
         if input_digest(&item.contract, &text) != item.input_digest {
-            return Err(Failure::Poison(InvalidMessage::InputMismatch));
+            return Err(InputError::Lost("altered"));
         }
         msg.input_canonical = text;
         Ok(msg)
+    }
+
+    /// A live job whose stored input is gone or altered (a lifecycle rule shorter than the job,
+    /// an object overwritten) is never poison: its message is the job's only trigger. A job that
+    /// would be claimed now ends `failed_terminal` (`input_lost`), as no call can be made; one
+    /// an owner or a recovery still holds backs off, for that owner or the deadline to end it.
+    pub(super) async fn input_lost(&self, item: JobRecord, how: &'static str) -> Processed {
+        tracing::error!(job_id = %item.job_id, how, "the job's stored input cannot be used");
+        let now = self.clock.now_ms();
+        if !matches!(
+            next_step(&item, &item.input_digest, now, self.settings.skew_ms),
+            Next::Claim(_)
+        ) {
+            return failed(backoff("stored input lost"), Some(item));
+        }
+        let req = SettleRequest {
+            job_id: item.job_id.clone(),
+            from: SettleFrom::Seen {
+                state: item.state,
+                epoch: item.owner_epoch,
+            },
+            reason: SettleReason::InputLost,
+            now,
+        };
+        match self.ledger.settle(req).await {
+            Ok(Write::Applied(record)) => Processed {
+                outcome: RecordOutcome::Done(record.state),
+                view: Some(record),
+            },
+            // Changed meanwhile: the next delivery decides from the item as it is then.
+            Ok(Write::Refused(seen)) => failed(backoff("contention"), seen.or(Some(item))),
+            Err(e) => ledger_failure(&item.job_id.clone(), &e, Some(item)),
+        }
     }
 
     /// How an accepted answer is written: inline when it is small enough and the item can hold
