@@ -1284,6 +1284,7 @@ async fn poison_and_conflicts_are_dead_lettered_with_their_reason_and_acknowledg
     assert!(
         sent[1]
             .all_attributes()
+            .expect("fits")
             .contains(&("trace".into(), "t-1".into()))
     );
 

@@ -502,3 +502,69 @@ async fn a_queues_visibility_timeout_is_read_once_and_a_failed_read_is_not_retri
     }
     assert_eq!(aws.calls.total("sqs"), 1, "{:?}", aws.calls.counts());
 }
+
+/// A dead-letter request in which SQS failed some entries on its side: only those are sent
+/// again, once, alone; an entry it took is never sent twice, and one it refused as the
+/// sender's fault is not repeated.
+#[tokio::test]
+async fn a_dead_letter_sqs_failed_is_sent_again_alone_and_a_taken_one_never() {
+    use common::http::{HttpStub, Reply};
+    use fenced_jobs::queue::{DeadLetter, DeadLetterQueue, SqsDeadLetters};
+    use serde_json::json;
+    let server = HttpStub::start(|req, before| {
+        let entries = req.json()["Entries"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        let ok =
+            |id: &str| json!({"Id": id, "MessageId": format!("m-{id}"), "MD5OfMessageBody": "x"});
+        if before.is_empty() {
+            // Of three: the first taken, the second failed by SQS, the third the sender's fault.
+            return Reply::json(
+                200,
+                json!({
+                    "Successful": [ok("0")],
+                    "Failed": [
+                        {"Id": "1", "SenderFault": false, "Code": "InternalError"},
+                        {"Id": "2", "SenderFault": true, "Code": "InvalidParameterValue"}
+                    ]
+                }),
+            );
+        }
+        let ids: Vec<_> = entries
+            .iter()
+            .map(|e| ok(e["Id"].as_str().unwrap_or_default()))
+            .collect();
+        Reply::json(200, json!({"Successful": ids, "Failed": []}))
+    })
+    .await;
+    let config = aws_config::defaults(aws_config::BehaviorVersion::latest())
+        .region(aws_config::Region::new("us-east-1"))
+        .endpoint_url(&server.url)
+        .load()
+        .await;
+    let client = aws_sdk_sqs::Client::new(&config);
+    let queue = SqsDeadLetters::new(client, format!("{}/123456789012/dlq", server.url));
+    let letter = |body: &str| DeadLetter {
+        body: body.into(),
+        reason: "poison",
+        detail: "body is not JSON (line 1, column 1)".into(),
+        job_id: None,
+        message_id: Some(format!("src-{body}")),
+        group_id: None,
+        attributes: Vec::new(),
+    };
+    let taken = queue
+        .send(&[letter("first"), letter("second"), letter("third")])
+        .await;
+    assert_eq!(taken, [true, true, false]);
+    let requests = server.requests();
+    assert_eq!(
+        requests.len(),
+        2,
+        "one request, and one for the entry SQS failed"
+    );
+    let again = requests[1].json()["Entries"].clone();
+    assert_eq!(again.as_array().map(Vec::len), Some(1), "{again}");
+    assert_eq!(again[0]["MessageBody"], "second");
+}

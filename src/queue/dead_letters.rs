@@ -7,6 +7,8 @@ use std::fmt::Debug;
 
 use futures::future::BoxFuture;
 
+use super::triggers::SQS_MAX_BYTES;
+
 /// The attribute that names why the worker dead-lettered a message (`poison`, `conflict`).
 pub const REASON_ATTRIBUTE: &str = "fenced-jobs.reason";
 /// The attribute with the classification (the rule a body broke, or both digests).
@@ -39,8 +41,11 @@ pub struct DeadLetter {
 }
 
 impl DeadLetter {
-    /// The attributes the DLQ message carries: ours first, then the original ones that fit.
-    pub fn all_attributes(&self) -> Vec<(String, String)> {
+    /// The attributes the DLQ message carries: ours first, then the original ones, as many as
+    /// SQS takes (ten) and as fit beside the body within its 1 MiB. `None` when even the body
+    /// and ours do not fit: the record is then left to the redrive policy, which moves the
+    /// message as it is.
+    pub fn all_attributes(&self) -> Option<Vec<(String, String)>> {
         let mut out = vec![
             (REASON_ATTRIBUTE.to_owned(), self.reason.to_owned()),
             (DETAIL_ATTRIBUTE.to_owned(), self.detail.clone()),
@@ -51,16 +56,33 @@ impl DeadLetter {
         if let Some(id) = &self.message_id {
             out.push((SOURCE_ATTRIBUTE.to_owned(), id.clone()));
         }
-        for (name, value) in &self.attributes {
+        let mut size = self.body.len() + out.iter().map(attribute_bytes).sum::<usize>();
+        if size > SQS_MAX_BYTES {
+            return None;
+        }
+        for attribute in &self.attributes {
             if out.len() == MAX_ATTRIBUTES {
                 break;
             }
-            if !out.iter().any(|(n, _)| n == name) {
-                out.push((name.clone(), value.clone()));
+            let bytes = attribute_bytes(attribute);
+            if size + bytes <= SQS_MAX_BYTES && !out.iter().any(|(n, _)| *n == attribute.0) {
+                size += bytes;
+                out.push(attribute.clone());
             }
         }
-        out
+        Some(out)
     }
+
+    /// The bytes SQS counts for this letter: its body and the attributes it is sent with.
+    pub fn size(&self) -> usize {
+        let attributes = self.all_attributes().unwrap_or_default();
+        self.body.len() + attributes.iter().map(attribute_bytes).sum::<usize>()
+    }
+}
+
+/// What SQS counts for one `String` attribute: its name, its data type and its value.
+fn attribute_bytes((name, value): &(String, String)) -> usize {
+    name.len() + "String".len() + value.len()
 }
 
 /// Where the worker sends dead letters. Answers, in order, whether each was sent.
@@ -103,9 +125,88 @@ impl DeadLetterQueue for RecordingDeadLetters {
             if self.refuse.load(std::sync::atomic::Ordering::Relaxed) {
                 return vec![false; letters.len()];
             }
+            // As SQS does: a message over 1 MiB, body and attributes, is refused.
             let mut sent = self.sent.lock().unwrap_or_else(|p| p.into_inner());
-            sent.extend(letters.iter().cloned());
-            vec![true; letters.len()]
+            letters
+                .iter()
+                .map(|letter| {
+                    let fits = letter.all_attributes().is_some();
+                    if fits {
+                        sent.push(letter.clone());
+                    }
+                    fits
+                })
+                .collect()
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::queue::triggers::batches_by;
+
+    fn letter(body_bytes: usize, original: Vec<(String, String)>) -> DeadLetter {
+        DeadLetter {
+            body: "x".repeat(body_bytes),
+            reason: "poison",
+            detail: "body is not JSON (line 1, column 1)".into(),
+            job_id: None,
+            message_id: Some("0b5c2d3e-5a2f-4a6e-9f43-1b2c3d4e5f60".into()),
+            group_id: None,
+            attributes: original,
+        }
+    }
+
+    #[test]
+    fn a_letter_counts_its_attributes_and_drops_the_originals_that_do_not_fit() {
+        // A body SQS took with an attribute of 600 bytes beside it: with ours added, the
+        // original no longer fits, and is dropped rather than the send refused.
+        let original = vec![("trace".to_owned(), "t".repeat(600))];
+        let near = letter(SQS_MAX_BYTES - 700, original.clone());
+        let attributes = near.all_attributes().expect("the body and ours fit");
+        assert!(
+            attributes.iter().all(|(n, _)| n != "trace"),
+            "{attributes:?}"
+        );
+        assert!(near.size() <= SQS_MAX_BYTES, "{}", near.size());
+        // With room, the original is kept.
+        let small = letter(1_000, original);
+        assert!(
+            small
+                .all_attributes()
+                .expect("fits")
+                .iter()
+                .any(|(n, _)| n == "trace")
+        );
+        assert!(small.size() > 1_600, "{}", small.size());
+        // A body of the whole 1 MiB leaves no room for the reason: not sent by the worker.
+        assert_eq!(letter(SQS_MAX_BYTES, vec![]).all_attributes(), None);
+    }
+
+    #[test]
+    fn requests_are_split_by_what_sqs_counts_not_by_bodies() {
+        // Ten letters of 100 KB bodies, each with 8 KB of original attributes: the bodies alone
+        // would fit in one request; with their attributes they take two.
+        let letters: Vec<DeadLetter> = (0..10)
+            .map(|i| letter(100_000, vec![(format!("a{i}"), "v".repeat(8_000))]))
+            .collect();
+        assert_eq!(batches_by(&letters, |l| l.body.len()).len(), 1);
+        let requests = batches_by(&letters, |l| l.size());
+        assert_eq!(requests.len(), 2);
+        for request in requests {
+            let bytes: usize = request.iter().map(DeadLetter::size).sum();
+            assert!(bytes <= SQS_MAX_BYTES, "{bytes}");
+        }
+    }
+
+    #[tokio::test]
+    async fn the_recording_queue_refuses_what_sqs_would() {
+        let queue = RecordingDeadLetters::new();
+        let taken = queue
+            .send(&[letter(10, vec![]), letter(SQS_MAX_BYTES, vec![])])
+            .await;
+        assert_eq!(taken, [true, false]);
+        assert_eq!(queue.sent().len(), 1);
     }
 }

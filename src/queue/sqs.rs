@@ -390,42 +390,67 @@ impl SqsDeadLetters {
         }
     }
 
-    async fn send_batch(&self, letters: &[DeadLetter]) -> Vec<bool> {
+    /// Sends one request's letters; `true` for each SQS took. Entries SQS failed on its side
+    /// are sent once more, alone: the ones it took are never sent twice.
+    async fn send_batch(&self, letters: &[&DeadLetter]) -> Vec<bool> {
+        let mut taken = vec![false; letters.len()];
+        let mut pending: Vec<usize> = (0..letters.len()).collect();
+        for _ in 0..2 {
+            let batch: Vec<&DeadLetter> = pending.iter().map(|&i| letters[i]).collect();
+            let Some(failed) = self.send_entries(&batch).await else {
+                break;
+            };
+            let mut again = Vec::new();
+            for (at, &i) in pending.iter().enumerate() {
+                match failed.iter().find(|(id, _)| *id == at) {
+                    None => taken[i] = true,
+                    Some((_, sender_fault)) if !sender_fault => again.push(i),
+                    Some(_) => {}
+                }
+            }
+            if again.is_empty() {
+                break;
+            }
+            pending = again;
+        }
+        taken
+    }
+
+    /// One `SendMessageBatch`: the entries it failed, by position, each with whether the
+    /// fault was the sender's; `None` when the request failed as a whole.
+    async fn send_entries(&self, letters: &[&DeadLetter]) -> Option<Vec<(usize, bool)>> {
         use aws_sdk_sqs::types::{MessageAttributeValue, SendMessageBatchRequestEntry};
         let fifo = self.queue_url.ends_with(".fifo");
-        let entries: Vec<SendMessageBatchRequestEntry> = letters
-            .iter()
-            .enumerate()
-            .filter_map(|(i, letter)| {
-                let mut entry = SendMessageBatchRequestEntry::builder()
-                    .id(i.to_string())
-                    .message_body(&letter.body);
-                for (name, value) in letter.all_attributes() {
-                    let value = MessageAttributeValue::builder()
-                        .data_type("String")
-                        .string_value(value)
-                        .build()
-                        .ok()?;
-                    entry = entry.message_attributes(name, value);
-                }
-                if fifo {
-                    let group = letter
-                        .group_id
-                        .clone()
-                        .or_else(|| letter.job_id.clone())
-                        .unwrap_or_else(|| "dead-letters".to_owned());
-                    let dedup = letter.message_id.clone().unwrap_or_else(|| {
-                        crate::job::artifact::sha256_hex(letter.body.as_bytes())
-                    });
-                    entry = entry
-                        .message_group_id(group)
-                        .message_deduplication_id(dedup);
-                }
-                entry.build().ok()
-            })
-            .collect();
-        if entries.len() != letters.len() {
-            return vec![false; letters.len()];
+        let mut entries = Vec::with_capacity(letters.len());
+        for (i, letter) in letters.iter().enumerate() {
+            let mut entry = SendMessageBatchRequestEntry::builder()
+                .id(i.to_string())
+                .message_body(&letter.body);
+            for (name, value) in letter.all_attributes()? {
+                let value = MessageAttributeValue::builder()
+                    .data_type("String")
+                    .string_value(value)
+                    .build()
+                    .ok()?;
+                entry = entry.message_attributes(name, value);
+            }
+            if fifo {
+                let group = letter
+                    .group_id
+                    .clone()
+                    .or_else(|| letter.job_id.clone())
+                    .unwrap_or_else(|| "dead-letters".to_owned());
+                // The original message id: a send repeated within five minutes (a delivery
+                // whose acknowledgement was lost) is dropped by the queue.
+                let dedup = letter
+                    .message_id
+                    .clone()
+                    .unwrap_or_else(|| crate::job::artifact::sha256_hex(letter.body.as_bytes()));
+                entry = entry
+                    .message_group_id(group)
+                    .message_deduplication_id(dedup);
+            }
+            entries.push(entry.build().ok()?);
         }
         match self
             .client
@@ -435,12 +460,15 @@ impl SqsDeadLetters {
             .send()
             .await
         {
-            Ok(out) => (0..letters.len())
-                .map(|i| out.failed().iter().all(|f| f.id() != i.to_string()))
-                .collect(),
+            Ok(out) => Some(
+                out.failed()
+                    .iter()
+                    .filter_map(|f| Some((f.id().parse().ok()?, f.sender_fault())))
+                    .collect(),
+            ),
             Err(e) => {
                 tracing::warn!(error = %aws_sdk_sqs::error::DisplayErrorContext(&e), "dead-letter send failed");
-                vec![false; letters.len()]
+                None
             }
         }
     }
@@ -449,11 +477,21 @@ impl SqsDeadLetters {
 impl DeadLetterQueue for SqsDeadLetters {
     fn send<'a>(&'a self, letters: &'a [DeadLetter]) -> BoxFuture<'a, Vec<bool>> {
         Box::pin(async move {
-            let mut sent = Vec::with_capacity(letters.len());
-            for batch in batches_by(letters, |l| l.body.len()) {
-                sent.extend(self.send_batch(batch).await);
+            // A letter that cannot fit in one message is not sent (the redrive policy moves
+            // it as it is), nor does it make its batch's request too large.
+            let fit: Vec<&DeadLetter> = letters
+                .iter()
+                .filter(|l| l.all_attributes().is_some())
+                .collect();
+            let mut taken = Vec::with_capacity(fit.len());
+            for batch in batches_by(&fit, |l| l.size()) {
+                taken.extend(self.send_batch(batch).await);
             }
-            sent
+            let mut taken = taken.into_iter();
+            letters
+                .iter()
+                .map(|l| l.all_attributes().is_some() && taken.next().unwrap_or(false))
+                .collect()
         })
     }
 }
