@@ -315,7 +315,7 @@ async fn dlq_inspect_pairs_messages_with_ledger_states_and_redrive_moves_only_li
     }
 
     let ledger = aws.ledger(&table);
-    let entries = operator::dlq_inspect(&ledger, &aws.sqs, &queue.dlq_url, 10, 2)
+    let entries = operator::dlq_inspect(&ledger, None, &aws.sqs, &queue.dlq_url, 10, 2)
         .await
         .expect("inspect");
     let mut verdicts: Vec<String> = entries.iter().map(|e| e.verdict.label()).collect();
@@ -385,7 +385,7 @@ async fn dlq_redrive_works_on_fifo_queues() {
         .await
         .expect("dead letter");
     let ledger = aws.ledger(&table);
-    let entries = operator::dlq_inspect(&ledger, &aws.sqs, &queue.dlq_url, 10, 2)
+    let entries = operator::dlq_inspect(&ledger, None, &aws.sqs, &queue.dlq_url, 10, 2)
         .await
         .expect("inspect");
     assert_eq!(entries.len(), 1);
@@ -492,4 +492,122 @@ async fn jobctl_behaves_like_an_aws_command_line() {
         "still there, visible"
     );
     assert!(aws.peek(&queue.url, 0).await.is_empty(), "nothing moved");
+}
+
+/// `jobctl dlq` reads an Extended Client pointer as the worker does: followed to its payload and
+/// judged by the job in it; one whose payload is gone stands for the job its message names, and
+/// is poison without one; a redrive sends the message's own attributes back with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dlq_follows_extended_client_pointers_and_redrives_them_with_their_attributes() {
+    use fenced_jobs::blobs::s3::S3Blobs;
+    use fenced_jobs::job::{JobDefaults, NewJob};
+    use fenced_jobs::ledger::CreateRequest;
+    let aws = emulator().await;
+    let table = aws.table().await;
+    let queue = aws.queue(30).await;
+    let bucket = aws.bucket().await;
+    let ledger = aws.ledger(&table);
+    // GIVEN two live jobs: one whose pointer's payload is in the producer's bucket, one whose
+    // payload the bucket's lifecycle dropped
+    let now = fenced_jobs::clock::SystemClock.now_ms();
+    for id in ["ptr-kept", "ptr-dropped"] {
+        let body = job(id, "a long document", "");
+        if id == "ptr-kept" {
+            aws.s3
+                .put_object()
+                .bucket(&bucket)
+                .key(format!("payloads/{id}"))
+                .body(body.clone().into_bytes().into())
+                .send()
+                .await
+                .expect("put payload");
+        }
+        let msg = fenced_jobs::job::parse_body(Some(&body)).expect("valid");
+        let req = CreateRequest {
+            job: NewJob::from_message(&msg, now, &JobDefaults::default()),
+            now,
+            enqueued: true,
+        };
+        ledger.create(req).await.expect("create");
+    }
+    let pointer = |id: &str| {
+        serde_json::json!([
+            "software.amazon.payloadoffloading.PayloadS3Pointer",
+            {"s3BucketName": bucket, "s3Key": format!("payloads/{id}")}
+        ])
+        .to_string()
+    };
+    let string = |v: &str| {
+        aws_sdk_sqs::types::MessageAttributeValue::builder()
+            .data_type("String")
+            .string_value(v)
+            .build()
+            .expect("attribute")
+    };
+    // AND their pointers in the DLQ, the second naming its job, a third naming none
+    for (id, named) in [
+        ("ptr-kept", None),
+        ("ptr-dropped", Some("ptr-dropped")),
+        ("ptr-anonymous", None),
+    ] {
+        let mut send = aws
+            .sqs
+            .send_message()
+            .queue_url(&queue.dlq_url)
+            .message_body(pointer(id))
+            .message_attributes("ExtendedPayloadSize", string("120"))
+            .message_attributes("fenced-jobs.reason", string("poison"));
+        if let Some(job_id) = named {
+            send = send.message_attributes("fenced-jobs.job-id", string(job_id));
+        }
+        send.send().await.expect("dead letter");
+    }
+    // WHEN the DLQ is inspected with the producer's bucket readable
+    let blobs = S3Blobs::new(aws.s3.clone(), None);
+    let entries = operator::dlq_inspect(&ledger, Some(&blobs), &aws.sqs, &queue.dlq_url, 10, 2)
+        .await
+        .expect("inspect");
+    let mut verdicts: Vec<(Option<String>, String)> = entries
+        .iter()
+        .map(|e| (e.job_id.clone(), e.verdict.label()))
+        .collect();
+    verdicts.sort();
+    // THEN each live job is redrivable and the anonymous pointer is poison
+    assert_eq!(
+        verdicts,
+        [
+            (
+                None,
+                "poison (the payload the pointer names does not exist)".to_owned()
+            ),
+            (Some("ptr-dropped".into()), "redrive (ready)".to_owned()),
+            (Some("ptr-kept".into()), "redrive (ready)".to_owned()),
+        ],
+    );
+    // AND a redrive sends the two back with their own attributes, not the worker's
+    let moved = operator::dlq_redrive(&aws.sqs, &queue.dlq_url, &queue.url, &entries)
+        .await
+        .expect("redrive");
+    assert_eq!(moved, 2);
+    let back = aws
+        .sqs
+        .receive_message()
+        .queue_url(&queue.url)
+        .max_number_of_messages(10)
+        .message_attribute_names("All")
+        .send()
+        .await
+        .expect("receive");
+    let messages = back.messages();
+    assert_eq!(messages.len(), 2);
+    for m in messages {
+        let names: std::collections::BTreeSet<&str> = m
+            .message_attributes()
+            .into_iter()
+            .flatten()
+            .map(|(n, _)| n.as_str())
+            .collect();
+        assert!(names.contains("ExtendedPayloadSize"), "{names:?}");
+        assert!(!names.contains("fenced-jobs.reason"), "{names:?}");
+    }
 }

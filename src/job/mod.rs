@@ -6,7 +6,7 @@ pub mod decision;
 mod digest;
 pub mod message;
 pub mod outcome;
-mod pointer;
+pub mod pointer;
 pub mod state;
 
 pub use artifact::{BlobRef, ResultBody};

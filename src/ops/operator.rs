@@ -3,8 +3,9 @@
 
 use serde_json::{Value, json};
 
+use crate::blobs::BlobStore;
 use crate::job::message::format_rfc3339_ms;
-use crate::job::{BlobRef, InvalidMessage, JobRecord, JobState, Millis, Trigger};
+use crate::job::{BlobRef, Failure, InvalidMessage, JobRecord, JobState, Millis, Trigger};
 use crate::ledger::{DecideRequest, JobLedger, LedgerError, OperatorAction, Write};
 use crate::queue::triggers::dedup_id;
 use crate::queue::{Outgoing, TriggerSender};
@@ -275,6 +276,9 @@ pub enum DlqVerdict {
     Terminal(JobState),
     /// The job is not terminal (or not in the ledger yet): a redrive gives it another delivery.
     Redrive(Option<JobState>),
+    /// An Extended Client pointer whose payload cannot be read now (no access, the store
+    /// unreachable): left in the DLQ, to be judged again.
+    Unreadable(String),
 }
 
 impl DlqVerdict {
@@ -286,17 +290,22 @@ impl DlqVerdict {
             DlqVerdict::Terminal(state) => format!("terminal ({state}): nothing to redrive"),
             DlqVerdict::Redrive(Some(state)) => format!("redrive ({state})"),
             DlqVerdict::Redrive(None) => "redrive (not in the ledger)".to_owned(),
+            DlqVerdict::Unreadable(why) => format!("unreadable ({why}): left in the DLQ"),
         }
     }
 }
 
 /// Judges one dead-lettered body against the ledger's item for its job.
 pub fn dlq_verdict(body: Option<&str>, record: Option<&JobRecord>) -> DlqVerdict {
-    let trigger = match crate::job::parse_trigger(body) {
-        Err(invalid) => return DlqVerdict::Poison(invalid.to_string()),
-        Ok(trigger) => trigger,
-    };
-    match (record, &trigger) {
+    match crate::job::parse_trigger(body) {
+        Err(invalid) => DlqVerdict::Poison(invalid.to_string()),
+        Ok(trigger) => verdict_of(&trigger, record),
+    }
+}
+
+/// Judges a trigger against the ledger's item for its job.
+fn verdict_of(trigger: &Trigger, record: Option<&JobRecord>) -> DlqVerdict {
+    match (record, trigger) {
         (Some(r), Trigger::Job(msg)) if r.input_digest != msg.digest => DlqVerdict::Conflict,
         (Some(r), _) if r.state.is_terminal() => DlqVerdict::Terminal(r.state),
         (Some(r), _) => DlqVerdict::Redrive(Some(r.state)),
@@ -304,6 +313,34 @@ pub fn dlq_verdict(body: Option<&str>, record: Option<&JobRecord>) -> DlqVerdict
         (None, Trigger::Job(_)) => DlqVerdict::Redrive(None),
     }
 }
+
+/// The trigger a dead-lettered body stands for, as the worker reads it: an Extended Client
+/// pointer followed to its payload, and one whose payload is gone taken for the job its
+/// message names (`fenced-jobs.job-id`).
+async fn dead_trigger(
+    blobs: Option<&dyn BlobStore>,
+    body: &str,
+    named: Option<&str>,
+) -> Result<Trigger, DlqVerdict> {
+    match crate::worker::processor::resolve_body(blobs, Some(body)).await {
+        Ok(trigger) => Ok(trigger),
+        Err(Failure::Poison(InvalidMessage::PayloadMissing)) => {
+            crate::job::pointer::named_job(named)
+                .ok_or_else(|| DlqVerdict::Poison(InvalidMessage::PayloadMissing.to_string()))
+        }
+        Err(Failure::Poison(invalid)) => Err(DlqVerdict::Poison(invalid.to_string())),
+        Err(_) => Err(DlqVerdict::Unreadable(
+            "the pointer's payload cannot be read now".to_owned(),
+        )),
+    }
+}
+
+/// The attributes the worker adds to a dead letter: a redrive sends the others back.
+const DEAD_LETTER_ATTRIBUTES: [&str; 3] = [
+    crate::queue::dead_letters::REASON_ATTRIBUTE,
+    crate::queue::dead_letters::DETAIL_ATTRIBUTE,
+    crate::queue::dead_letters::SOURCE_ATTRIBUTE,
+];
 
 /// One dead-lettered message and its verdict.
 #[derive(Debug, Clone)]
@@ -315,14 +352,19 @@ pub struct DlqEntry {
     /// What a redrive would do.
     pub verdict: DlqVerdict,
     body: String,
+    /// The message's string attributes, the worker's own left out (a pointer's payload size,
+    /// the job it names).
+    attributes: Vec<(String, String)>,
     receipt_handle: String,
 }
 
 /// Reads up to `max` messages of the DLQ (each stays there, invisible for `hold_s` seconds; with
 /// 0 it stays visible, and a message received twice is judged once) and judges each against the
-/// ledger. Reading stops after a receive that brings nothing new.
+/// ledger, an Extended Client pointer by its payload (read through `blobs`). Reading stops after
+/// a receive that brings nothing new.
 pub async fn dlq_inspect<L: JobLedger>(
     ledger: &L,
+    blobs: Option<&dyn BlobStore>,
     sqs: &aws_sdk_sqs::Client,
     dlq_url: &str,
     max: usize,
@@ -337,6 +379,7 @@ pub async fn dlq_inspect<L: JobLedger>(
             .queue_url(dlq_url)
             .max_number_of_messages((max - entries.len()).min(10) as i32)
             .visibility_timeout(hold_s)
+            .message_attribute_names("All")
             .send()
             .await
             .map_err(|e| {
@@ -354,18 +397,33 @@ pub async fn dlq_inspect<L: JobLedger>(
                 continue;
             }
             let body = m.body().unwrap_or_default().to_owned();
-            let job_id = crate::job::parse_trigger(Some(&body))
-                .ok()
-                .map(|t| t.job_id().to_owned());
+            let attributes: Vec<(String, String)> = m
+                .message_attributes()
+                .into_iter()
+                .flatten()
+                .filter(|(name, _)| !DEAD_LETTER_ATTRIBUTES.contains(&name.as_str()))
+                .filter_map(|(name, v)| Some((name.clone(), v.string_value()?.to_owned())))
+                .collect();
+            let named = attributes
+                .iter()
+                .find(|(name, _)| name == crate::job::pointer::NAMED_JOB_ATTRIBUTE)
+                .map(|(_, v)| v.as_str());
+            let trigger = dead_trigger(blobs, &body, named).await;
+            let job_id = trigger.as_ref().ok().map(|t| t.job_id().to_owned());
             let record = match &job_id {
                 Some(id) => ledger.get(id).await?,
                 None => None,
             };
+            let verdict = match &trigger {
+                Ok(trigger) => verdict_of(trigger, record.as_ref()),
+                Err(verdict) => verdict.clone(),
+            };
             entries.push(DlqEntry {
                 message_id: m.message_id().map(str::to_owned),
-                verdict: dlq_verdict(Some(&body), record.as_ref()),
+                verdict,
                 job_id,
                 body,
+                attributes,
                 receipt_handle: m.receipt_handle().unwrap_or_default().to_owned(),
             });
         }
@@ -396,6 +454,14 @@ pub async fn dlq_redrive(
             .send_message()
             .queue_url(queue_url)
             .message_body(&entry.body);
+        for (name, value) in &entry.attributes {
+            let value = aws_sdk_sqs::types::MessageAttributeValue::builder()
+                .data_type("String")
+                .string_value(value)
+                .build()
+                .map_err(|e| err(e.to_string()))?;
+            send = send.message_attributes(name, value);
+        }
         if queue_url.ends_with(".fifo") {
             // The producer's FIFO policy: each job its own group; a redrive of this dead
             // letter is deduplicated by its message id.

@@ -6,10 +6,11 @@ use aws_lambda_events::event::sqs::{SqsEvent, SqsMessage};
 use super::processor::{Invocation, Processor, resolve_body};
 use super::within;
 use crate::clock::Clock;
+use crate::job::pointer::NAMED_JOB_ATTRIBUTE;
 use crate::job::{Failure, InvalidMessage, Trigger};
 use crate::ledger::JobLedger;
 use crate::provider::Provider;
-use crate::queue::{IN_LEDGER_ATTRIBUTE, JOB_ID_ATTRIBUTE};
+use crate::queue::IN_LEDGER_ATTRIBUTE;
 
 /// A payload takes about this many times its size while its record is processed: the bytes
 /// read and the parsed document while it is parsed; then, for the whole batch, the canonical
@@ -104,20 +105,12 @@ where
     entries
 }
 
-/// The job a pointer's message names in its `fenced-jobs.job-id` attribute, as a bare
-/// reference: a pointer whose payload is gone then goes on from the job's item (which holds its
-/// input) instead of being poison, and is poison only when the ledger has no such job.
+/// The job a pointer's message names: a pointer whose payload is gone then goes on from the
+/// job's item (which holds its input) instead of being poison, and is poison only when the
+/// ledger has no such job.
 fn named_job(record: &SqsMessage) -> Option<Trigger> {
-    let id = record
-        .message_attributes
-        .get(JOB_ID_ATTRIBUTE)?
-        .string_value
-        .as_deref()?;
-    let body = serde_json::json!({ "job_id": id }).to_string();
-    match crate::job::parse_trigger(Some(&body)) {
-        Ok(trigger @ Trigger::Ref(_)) => Some(trigger),
-        _ => None,
-    }
+    let value = record.message_attributes.get(NAMED_JOB_ATTRIBUTE);
+    crate::job::pointer::named_job(value.and_then(|a| a.string_value.as_deref()))
 }
 
 /// Whether the producer marked the message's job as already in the ledger (it created the

@@ -1,5 +1,6 @@
 //! The commands' bodies: reading, printing and writing for `jobctl`.
 
+use fenced_jobs::blobs::s3::S3Blobs;
 use fenced_jobs::clock::{Clock, SystemClock};
 use fenced_jobs::job::JobState;
 use fenced_jobs::job::message::format_rfc3339_ms;
@@ -40,6 +41,7 @@ pub(crate) async fn list(
 
 pub(crate) async fn dlq(
     ledger: &DynamoLedger,
+    blobs: &S3Blobs,
     sqs: &aws_sdk_sqs::Client,
     dlq_url: &str,
     max: usize,
@@ -56,7 +58,7 @@ pub(crate) async fn dlq(
         _ => None,
     };
     let hold_s = if redrive_to.is_some() { 60 } else { 0 };
-    let entries = operator::dlq_inspect(ledger, sqs, dlq_url, max, hold_s).await?;
+    let entries = operator::dlq_inspect(ledger, Some(blobs), sqs, dlq_url, max, hold_s).await?;
     let moved = match redrive_to {
         None => None,
         Some(queue_url) => Some(operator::dlq_redrive(sqs, dlq_url, &queue_url, &entries).await?),

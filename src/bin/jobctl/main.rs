@@ -330,7 +330,7 @@ async fn main() {
             max,
         } => {
             let sqs = aws_sdk_sqs::Client::new(&config);
-            dlq(&ledger, &sqs, &dlq_url, max, command, cli.json).await
+            dlq(&ledger, &blobs, &sqs, &dlq_url, max, command, cli.json).await
         }
         Command::AuthorizeRetry {
             job_id,
