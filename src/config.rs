@@ -227,6 +227,25 @@ mod tests {
     }
 
     #[test]
+    fn the_results_retention_must_cover_the_default_deadline_and_the_item_after_it() {
+        // 30 days of item after a 1-day default deadline: 31 days is enough, 30 is not.
+        let ok = config(&[("JOBS_TABLE", "t"), ("RESULTS_RETENTION_DAYS", "31")]).expect("valid");
+        assert_eq!(ok.settings.stored_room_ms(), Some(86_400_000));
+        let err = config(&[("JOBS_TABLE", "t"), ("RESULTS_RETENTION_DAYS", "30")])
+            .expect_err("too short");
+        assert!(matches!(
+            err,
+            ConfigError::Invalid {
+                name: "RESULTS_RETENTION_DAYS",
+                ..
+            }
+        ));
+        // Unset, the bucket is taken to keep its objects: nothing to check.
+        let unset = config(&[("JOBS_TABLE", "t")]).expect("valid");
+        assert_eq!(unset.settings.stored_room_ms(), None);
+    }
+
+    #[test]
     fn bad_values_are_named() {
         let err = config(&[("JOBS_TABLE", "t"), ("MAX_CONCURRENCY", "0")]).expect_err("invalid");
         assert!(matches!(

@@ -2200,3 +2200,60 @@ async fn a_live_job_whose_input_is_gone_is_never_poison() {
     // AND the pointer's job ran from its item, once
     assert_eq!(h.processor().provider().executions(), 1);
 }
+
+/// A job whose deadline is further away than the results bucket keeps what is stored for it
+/// (`RESULTS_RETENTION_DAYS` less the item's `RETENTION_DAYS`) is refused at its first sight;
+/// one within it runs, and a job already in the ledger is not judged again.
+#[tokio::test]
+async fn a_deadline_beyond_what_the_results_bucket_keeps_is_refused_at_first_sight() {
+    use fenced_jobs::blobs::MemoryBlobs;
+    use fenced_jobs::job::message::format_rfc3339_ms;
+    let ledger = Arc::new(InMemoryLedger::new());
+    // GIVEN a bucket that keeps objects 90 days and items kept 30 days after their deadline
+    let settings = Settings {
+        results_retention_days: 90,
+        ..Settings::default()
+    };
+    let h = BatchHandler::new(
+        Processor::new(
+            ledger.clone(),
+            SimulatedProvider::new(),
+            SystemClock,
+            settings,
+        )
+        .with_blobs(Arc::new(MemoryBlobs::new("results"))),
+        RecordingVisibility::new(),
+    )
+    .with_seed(1);
+    let day = 86_400_000;
+    let due = |id: &str, days: i64| {
+        let at = format_rfc3339_ms(SystemClock.now_ms() + days * day);
+        format!(
+            r#"{{"job_id":"{id}","contract":"c","deadline_at":"{at}","input":{{"model":"m","prompt":"p"}}}}"#
+        )
+    };
+    // WHEN jobs due in 70 and in 50 days arrive
+    let report = h
+        .handle_batch(
+            &event(vec![
+                record(Some("far"), &due("far", 70)),
+                record(Some("near"), &due("near", 50)),
+            ]),
+            &invocation(),
+        )
+        .await;
+    // THEN the first is poison, named by its rule, and never reaches the ledger
+    let labels: Vec<&str> = report.records.iter().map(|r| r.outcome.label()).collect();
+    assert_eq!(labels, ["poison", "succeeded"]);
+    assert!(ledger.get("far").await.expect("get").is_none());
+    // AND a message whose producer created the item first is not judged again
+    let mut in_ledger = record(Some("far-2"), &due("far-2", 70));
+    let mut attribute = aws_lambda_events::sqs::SqsMessageAttribute::default();
+    attribute.string_value = Some("true".into());
+    attribute.data_type = Some("String".into());
+    in_ledger
+        .message_attributes
+        .insert("JobInLedger".into(), attribute);
+    let report = h.handle_batch(&event(vec![in_ledger]), &invocation()).await;
+    assert_ne!(report.records[0].outcome.label(), "poison");
+}

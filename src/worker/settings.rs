@@ -58,6 +58,10 @@ pub struct Settings {
     /// `INLINE_MAX_BYTES`: the largest answer or input kept inline in the ledger item; a larger
     /// one is stored in `RESULTS_BUCKET` (when set) and the item keeps its reference.
     pub inline_max_bytes: usize,
+    /// `RESULTS_RETENTION_DAYS`: how long the results bucket keeps a stored answer or input
+    /// (its lifecycle rule); 0 when it keeps them for ever. A job whose deadline and the item's
+    /// retention after it reach past it is refused at its first sight.
+    pub results_retention_days: i64,
     /// What a job gets when its message does not say (`DEFAULT_DEADLINE_SECONDS`,
     /// `DEFAULT_MAX_ATTEMPTS`, `RETENTION_DAYS`).
     pub job_defaults: JobDefaults,
@@ -93,6 +97,7 @@ impl Default for Settings {
             min_call_ms: 20_000,
             min_background_call_ms: 1_000,
             inline_max_bytes: crate::job::DEFAULT_INLINE_MAX_BYTES,
+            results_retention_days: 0,
             job_defaults: JobDefaults::default(),
             replay: ReplayPolicy::Never,
             visibility: VisibilityPolicy::default(),
@@ -111,6 +116,15 @@ impl Settings {
             pacing.max_in_flight = u32::try_from(self.max_concurrency).unwrap_or(u32::MAX);
         }
         pacing
+    }
+
+    /// The longest deadline, from a job's first sight, whose stored input and answer the
+    /// results bucket keeps for as long as the item may reference them (the bucket's retention
+    /// less the item's after the deadline); `None` when the bucket keeps them for ever.
+    pub fn stored_room_ms(&self) -> Option<Millis> {
+        (self.results_retention_days > 0).then(|| {
+            (self.results_retention_days - self.job_defaults.retention_days).max(0) * 86_400_000
+        })
     }
 
     /// Reads the settings, each from its variable, the default where it is unset, and checks
@@ -160,6 +174,7 @@ impl Settings {
                 0,
                 crate::job::INLINE_LIMIT_BYTES as i64,
             )? as usize,
+            results_retention_days: number("RESULTS_RETENTION_DAYS", 0, 0, 36_500)?,
             job_defaults: JobDefaults {
                 max_attempts: number("DEFAULT_MAX_ATTEMPTS", i64::from(j.max_attempts), 1, 100)?
                     as u32,
@@ -222,6 +237,17 @@ impl Settings {
 
     /// Checks the relations between settings.
     pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.results_retention_days > 0
+            && self.job_defaults.deadline_ms > self.stored_room_ms().unwrap_or(Millis::MAX)
+        {
+            return Err(ConfigError::Invalid {
+                name: "RESULTS_RETENTION_DAYS",
+                reason: format!(
+                    "must cover the default deadline (DEFAULT_DEADLINE_SECONDS) and the item's {} days after it (RETENTION_DAYS): a stored answer would be deleted while its item references it",
+                    self.job_defaults.retention_days
+                ),
+            });
+        }
         if self.heartbeat_ms > 0 {
             // One missed renewal must not lose the lease.
             if 2 * self.heartbeat_ms + self.skew_ms >= self.lease_ms {
