@@ -86,6 +86,8 @@ impl BatchReport {
 pub struct StatsSnapshot {
     /// Heartbeat ticks.
     pub heartbeat_ticks: u64,
+    /// Heartbeat ticks (of either kind) that started more than half an interval late.
+    pub heartbeat_late: u64,
     /// `ChangeMessageVisibilityBatch` calls made by the heartbeat.
     pub visibility_calls: u64,
     /// Handles whose visibility was extended.

@@ -2257,3 +2257,48 @@ async fn a_deadline_beyond_what_the_results_bucket_keeps_is_refused_at_first_sig
     let report = h.handle_batch(&event(vec![in_ledger]), &invocation()).await;
     assert_ne!(report.records[0].outcome.label(), "poison");
 }
+
+/// Queue calls that stall (the visibility call hangs for seconds) never hold up the lease
+/// renewals: the heartbeat renews leases on its own schedule.
+#[tokio::test]
+async fn a_stalled_visibility_call_does_not_hold_up_the_lease_renewals() {
+    use fenced_jobs::queue::{ChangeResults, VisibilityChange, VisibilityControl};
+    struct Stalling(RecordingVisibility);
+    impl VisibilityControl for Stalling {
+        async fn visibility_timeout_s(&self, queue_arn: &str) -> Option<i64> {
+            self.0.visibility_timeout_s(queue_arn).await
+        }
+        async fn change(&self, queue_arn: &str, changes: Vec<VisibilityChange>) -> ChangeResults {
+            tokio::time::sleep(std::time::Duration::from_secs(5)).await;
+            self.0.change(queue_arn, changes).await
+        }
+    }
+    // GIVEN a 2 s lease renewed when it has under 0.9 s left (three 300 ms ticks), and a call
+    // of 4 s
+    let settings = Settings {
+        lease_ms: 2_000,
+        heartbeat_ms: 300,
+        skew_ms: 0,
+        queue_visibility_s: 30,
+        ..Settings::default()
+    };
+    let ledger = Arc::new(InMemoryLedger::new());
+    let h = BatchHandler::new(
+        Processor::new(
+            ledger.clone(),
+            SimulatedProvider::new(),
+            SystemClock,
+            settings,
+        ),
+        Stalling(RecordingVisibility::new()),
+    )
+    .with_seed(1);
+    let body = job("stalled-queue", r#","simulate":{"latency_ms":4000}"#);
+    // WHEN the first visibility extension stalls past the end of the call
+    let report = h
+        .handle_batch(&event(vec![record(Some("m"), &body)]), &invocation())
+        .await;
+    // THEN the lease was renewed all along, and the job succeeded
+    assert_eq!(report.records[0].outcome.label(), "succeeded");
+    assert!(report.stats.lease_renewed >= 2, "{:?}", report.stats);
+}

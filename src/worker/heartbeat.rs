@@ -27,6 +27,7 @@ const RETRY_PAUSE_MS: Millis = 100;
 #[derive(Debug, Default)]
 pub struct Stats {
     heartbeat_ticks: AtomicU64,
+    heartbeat_late: AtomicU64,
     visibility_calls: AtomicU64,
     visibility_renewed: AtomicU64,
     visibility_refused: AtomicU64,
@@ -80,6 +81,7 @@ impl Stats {
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
         StatsSnapshot {
             heartbeat_ticks: get(&self.heartbeat_ticks),
+            heartbeat_late: get(&self.heartbeat_late),
             visibility_calls: get(&self.visibility_calls),
             visibility_renewed: get(&self.visibility_renewed),
             visibility_refused: get(&self.visibility_refused),
@@ -342,23 +344,55 @@ pub struct Heartbeat<'a, L, V, C> {
 }
 
 impl<L: JobLedger, V: VisibilityControl, C: Clock> Heartbeat<'_, L, V, C> {
-    /// Ticks every `settings.heartbeat_ms` until `stop` is cancelled. A tick in progress is
-    /// finished first, so no extension can land after the caller's final visibility changes.
+    /// Ticks every `settings.heartbeat_ms` until `stop` is cancelled: the visibility
+    /// extensions and the lease renewals each on their own schedule, so that a stalled
+    /// `ChangeMessageVisibilityBatch` never holds up a lease renewal, nor a slow ledger an
+    /// extension. A tick in progress is finished first, so no extension can land after the
+    /// caller's final visibility changes.
     pub async fn run(self, stop: CancellationToken) {
         let interval = self.settings.heartbeat_ms;
         if interval <= 0 {
             return;
         }
+        tokio::join!(
+            self.every(interval, &stop, "visibility", || async {
+                bump(&self.flights.stats.heartbeat_ticks, 1);
+                self.extend_visibility().await;
+            }),
+            self.every(interval, &stop, "lease", || self.renew_leases()),
+        );
+    }
+
+    /// Runs `step` `interval` after the end of its previous run until `stop` is cancelled. A
+    /// tick that starts more than half an interval late (a synchronous step held the thread,
+    /// or the runtime was starved) is logged and counted: the renewals it stands for came late.
+    async fn every<F, Fut>(&self, interval: Millis, stop: &CancellationToken, kind: &str, step: F)
+    where
+        F: Fn() -> Fut,
+        Fut: std::future::Future<Output = ()>,
+    {
+        let period = Duration::from_millis(interval as u64);
+        let mut due = tokio::time::Instant::now() + period;
         loop {
             tokio::select! {
                 _ = stop.cancelled() => return,
-                _ = tokio::time::sleep(Duration::from_millis(interval as u64)) => {}
+                _ = tokio::time::sleep_until(due) => {}
             }
-            self.tick().await;
+            let late = tokio::time::Instant::now().saturating_duration_since(due);
+            if late > period / 2 {
+                bump(&self.flights.stats.heartbeat_late, 1);
+                tracing::warn!(
+                    kind,
+                    late_ms = u64::try_from(late.as_millis()).unwrap_or(u64::MAX),
+                    "heartbeat tick late: something held the thread"
+                );
+            }
+            step().await;
+            due = tokio::time::Instant::now() + period;
         }
     }
 
-    /// One round of renewals.
+    /// One round of both renewals at once (the benchmark's unit).
     pub async fn tick(&self) {
         bump(&self.flights.stats.heartbeat_ticks, 1);
         tokio::join!(self.extend_visibility(), self.renew_leases());
@@ -580,5 +614,44 @@ impl<L: JobLedger, V: VisibilityControl, C: Clock> Heartbeat<'_, L, V, C> {
             lease.cancel.cancel();
             bump(&self.flights.stats.ownership_lost, 1);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::SystemClock;
+    use crate::ledger::memory::InMemoryLedger;
+    use crate::queue::RecordingVisibility;
+
+    // One thread, as the worker runs: a synchronous step holds the heartbeat too.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_tick_held_up_by_a_synchronous_step_is_counted_late() {
+        let flights = Flights::new(Vec::new(), 30);
+        let (ledger, visibility) = (InMemoryLedger::new(), RecordingVisibility::new());
+        let settings = Settings {
+            heartbeat_ms: 50,
+            ..Settings::default()
+        };
+        let heartbeat = Heartbeat {
+            flights: &flights,
+            ledger: &ledger,
+            visibility: &visibility,
+            clock: &SystemClock,
+            settings: &settings,
+        };
+        let stop = CancellationToken::new();
+        let work = async {
+            tokio::time::sleep(Duration::from_millis(120)).await;
+            assert_eq!(flights.snapshot().heartbeat_late, 0, "on time so far");
+            // A step that holds the thread for four intervals.
+            std::thread::sleep(Duration::from_millis(200));
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            stop.cancel();
+        };
+        tokio::join!(work, heartbeat.run(stop.clone()));
+        let stats = flights.snapshot();
+        assert!(stats.heartbeat_late >= 1, "{stats:?}");
+        assert!(stats.heartbeat_ticks >= 2, "{stats:?}");
     }
 }
