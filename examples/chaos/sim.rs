@@ -126,6 +126,9 @@ pub struct FaultRates {
     pub poison_message: f64,
     /// The worker's send to the DLQ fails (the record falls back to visibility 0).
     pub dlq_send_failure: f64,
+    /// A claim is applied and its answer lost, and so is the read that follows it: the worker
+    /// sends no call and gives the attempt back under the claim's epoch.
+    pub claim_and_read_lost: f64,
     /// A worker stops the world just after its claim is answered, for longer than the lease,
     /// and resumes where it was: before its call.
     pub pause_after_claim: f64,
@@ -169,6 +172,7 @@ impl FaultRates {
             poison_message: 0.01,
             dlq_send_failure: 0.2,
             pause_after_claim: 0.01,
+            claim_and_read_lost: 0.01,
             pause_before_stored_accept: 0.3,
         }
     }
@@ -229,6 +233,8 @@ struct World {
     terminal: Mutex<HashMap<String, Terminal>>,
     /// The results bucket the even-numbered consumers and the reconciler share.
     bucket: Arc<MemoryBlobs>,
+    /// Jobs whose next read fails (the read-back after a claim whose answer was lost).
+    failing_reads: Mutex<std::collections::HashSet<String>>,
 }
 
 /// A terminal item as first seen: state, inline answer, stored answer.
@@ -686,6 +692,23 @@ impl JobLedger for SimLedger {
             self.gate.from.store(from, Ordering::Relaxed);
             self.gate.until.store(until, Ordering::Relaxed);
         }
+        if self
+            .world
+            .fault("claim_and_read_lost", self.world.rates.claim_and_read_lost)
+        {
+            // Applied, its answer lost, and the read that would recognise it lost too.
+            let written = self.call("claim", &id, self.table.claim(req)).await;
+            if written.is_ok() {
+                let mut failing = self.world.failing_reads.lock().expect("reads");
+                failing.insert(id);
+            }
+            return written.and_then(|_| {
+                Err(LedgerError::Unavailable {
+                    operation: "claim",
+                    code: "timeout".into(),
+                })
+            });
+        }
         self.call("claim", &id, self.table.claim(req)).await
     }
     async fn finish(&self, req: FinishRequest) -> Result<Write, LedgerError> {
@@ -807,6 +830,18 @@ impl JobLedger for SimLedger {
             .fault("ddb_throttle", self.world.rates.ddb_throttle)
         {
             return Err(LedgerError::Throttled { operation: "get" });
+        }
+        let lost = self
+            .world
+            .failing_reads
+            .lock()
+            .expect("reads")
+            .remove(job_id);
+        if lost {
+            return Err(LedgerError::Unavailable {
+                operation: "get",
+                code: "timeout".into(),
+            });
         }
         self.table.get(job_id).await
     }
@@ -1293,6 +1328,7 @@ pub async fn run(config: &ChaosConfig) -> ChaosReport {
         clock: VirtualClock::start(),
         terminal: Mutex::new(HashMap::new()),
         bucket: Arc::new(MemoryBlobs::new("results")),
+        failing_reads: Mutex::new(std::collections::HashSet::new()),
     });
     let table = Arc::new(InMemoryLedger::new());
     let queue = Arc::new(Queue {

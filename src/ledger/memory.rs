@@ -296,6 +296,13 @@ impl<L: JobLedger> JobLedger for FaultyLedger<L> {
         self.call("decide", self.inner.decide(req)).await
     }
     async fn get(&self, job_id: &str) -> Result<Option<JobRecord>, LedgerError> {
-        self.inner.get(job_id).await
+        match self.take("get") {
+            None | Some(Fault::Pause(_)) => self.inner.get(job_id).await,
+            Some(Fault::Stall) => std::future::pending().await,
+            Some(Fault::LoseAnswer | Fault::Fail) => Err(LedgerError::Unavailable {
+                operation: "get",
+                code: "timeout".to_owned(),
+            }),
+        }
     }
 }

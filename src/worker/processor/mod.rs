@@ -19,6 +19,7 @@ use payload::InputError;
 pub use payload::resolve_body;
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
@@ -33,8 +34,8 @@ use crate::job::{
 };
 use crate::ledger::transitions::{shows_claim, shows_recovery};
 use crate::ledger::{
-    AttemptEnd, ClaimRequest, CreateRequest, JobLedger, LedgerError, RecoverRequest, SettleFrom,
-    SettleRequest, Write,
+    AttemptEnd, ClaimRequest, CreateRequest, FinishRequest, JobLedger, LedgerError, RecoverRequest,
+    SettleFrom, SettleRequest, Write,
 };
 use crate::provider::Provider;
 
@@ -46,6 +47,16 @@ const RECORD_TRIES: usize = 3;
 const MAX_DENIED_RETRIEVALS: u32 = 3;
 /// A call is not started with less time than this left before its bound.
 const MIN_CALL_BUDGET_MS: Millis = 100;
+
+/// What a claim asks for.
+#[derive(Debug, Clone, Copy)]
+struct Claim<'a> {
+    job: &'a NewJob,
+    expect: Expect,
+    owner_id: &'a str,
+    /// Nothing read yet and nothing says the item exists: the write creates it.
+    first_sight: bool,
+}
 
 /// The invocation a record is processed in.
 #[derive(Debug, Clone)]
@@ -294,7 +305,13 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
                             // Nothing read yet, and nothing says the item exists: a whole-job
                             // message's first write creates the item.
                             let first_sight = view.is_none() && !msg.in_ledger;
-                            self.claim(msg, &job, expect, owner_id, first_sight).await
+                            let claim = Claim {
+                                job: &job,
+                                expect,
+                                owner_id,
+                                first_sight,
+                            };
+                            self.claim(msg, claim, view.as_ref()).await
                         }
                         Action::SettleAbsent => {
                             let req = SettleRequest {
@@ -406,11 +423,15 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
     async fn claim(
         &self,
         msg: &JobMessage,
-        job: &NewJob,
-        expect: Expect,
-        owner_id: &str,
-        first_sight: bool,
+        claim: Claim<'_>,
+        seen: Option<&JobRecord>,
     ) -> Result<Write, LedgerError> {
+        let Claim {
+            job,
+            expect,
+            owner_id,
+            first_sight,
+        } = claim;
         if first_sight
             && msg.delivered_before
             && let Some(item) = self.ledger.get(&job.job_id).await?
@@ -428,11 +449,49 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
             provider_ref: self.provider.reference(&job.job_id, expect.attempts + 1),
             first_sight,
         };
-        let written = self.ledger.claim(req).await;
-        self.recognise(written, &job.job_id, |seen| {
-            shows_claim(seen, expect, owner_id)
-        })
-        .await
+        let written = self.ledger.claim(req.clone()).await;
+        let recognised = self
+            .recognise(written, &job.job_id, |seen| {
+                shows_claim(seen, expect, owner_id)
+            })
+            .await;
+        if let Err(LedgerError::Unavailable { .. } | LedgerError::Throttled { .. }) = &recognised {
+            self.give_back_lost_claim(seen, &req).await;
+        }
+        recognised
+    }
+
+    /// A claim whose answer and read-back were both lost may have been applied: the job would
+    /// then be `running` under our epoch with no call sent, and the recovery after its lease
+    /// would find an attempt that may have run (`unknown`). Its attempt is given back by a
+    /// write conditional on that epoch, refused harmlessly if the claim was never applied;
+    /// tried a few times while the ledger does not answer.
+    async fn give_back_lost_claim(&self, seen: Option<&JobRecord>, req: &ClaimRequest) {
+        let Some(claimed) = crate::ledger::transitions::apply_claim(seen, req) else {
+            return;
+        };
+        for pause_ms in [0, 200, 800] {
+            tokio::time::sleep(Duration::from_millis(pause_ms)).await;
+            let now = self.clock.now_ms();
+            let reason = "the claim's answer and its read-back were lost: no call was sent";
+            let end = crate::worker::ending::not_sent_end(reason, &claimed, now);
+            let finish = FinishRequest {
+                job_id: claimed.job_id.clone(),
+                epoch: claimed.owner_epoch,
+                attempt: claimed.attempts,
+                now,
+                end,
+            };
+            match self.ledger.finish(finish).await {
+                Err(LedgerError::Unavailable { .. } | LedgerError::Throttled { .. }) => {}
+                _ => return,
+            }
+        }
+        tracing::error!(
+            job_id = %claimed.job_id,
+            epoch = claimed.owner_epoch,
+            "a claim whose answer was lost may stay running with no call sent; its recovery will find the attempt uncertain"
+        );
     }
 
     /// The item of a job seen for the first time that must wait for capacity: created `ready`
