@@ -2344,3 +2344,34 @@ async fn a_claim_whose_answer_and_read_back_were_lost_gives_its_attempt_back() {
     assert_eq!(report.records[0].outcome.label(), "succeeded");
     assert_eq!(h.processor().provider().executions(), 1);
 }
+
+// One thread, as the worker runs: a synchronous step holds the heartbeat too.
+#[tokio::test(flavor = "current_thread")]
+async fn a_tick_held_up_by_a_synchronous_step_is_counted_late() {
+    let flights = fenced_jobs::worker::heartbeat::Flights::new(Vec::new(), 30);
+    let (ledger, visibility) = (InMemoryLedger::new(), RecordingVisibility::new());
+    let settings = Settings {
+        heartbeat_ms: 50,
+        ..Settings::default()
+    };
+    let heartbeat = fenced_jobs::worker::heartbeat::Heartbeat {
+        flights: &flights,
+        ledger: &ledger,
+        visibility: &visibility,
+        clock: &SystemClock,
+        settings: &settings,
+    };
+    let stop = tokio_util::sync::CancellationToken::new();
+    let work = async {
+        tokio::time::sleep(std::time::Duration::from_millis(120)).await;
+        assert_eq!(flights.snapshot().heartbeat_late, 0, "on time so far");
+        // A step that holds the thread for four intervals.
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        stop.cancel();
+    };
+    tokio::join!(work, heartbeat.run(stop.clone()));
+    let stats = flights.snapshot();
+    assert!(stats.heartbeat_late >= 1, "{stats:?}");
+    assert!(stats.heartbeat_ticks >= 2, "{stats:?}");
+}
