@@ -10,7 +10,7 @@ mod sim;
 fn fixed_seeds_keep_every_invariant_under_every_fault() {
     // Every edge the worker guards against must be met: the rarer ones (a failed store of an
     // answer is 5 % of the few large answers) on the first four seeds or on up to four more.
-    const EDGES: [&str; 18] = [
+    const EDGES: [&str; 23] = [
         "gateway_error",
         "oversized_answer",
         "ddb_stall",
@@ -29,6 +29,11 @@ fn fixed_seeds_keep_every_invariant_under_every_fault() {
         "pause_before_stored_accept",
         "provider_throttle",
         "reconciler_resent",
+        "large_input",
+        "input_expired",
+        "claim_and_read_lost",
+        "event_sized_answer",
+        "event_publish_failure",
     ];
     let mut seen = std::collections::BTreeSet::new();
     for seed in 1..=8 {

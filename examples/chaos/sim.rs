@@ -29,6 +29,7 @@ use fenced_jobs::ledger::{
     AttemptEnd, ClaimRequest, CreateRequest, DecideRequest, EnqueuedRequest, FinishRequest,
     JobLedger, LedgerError, RecordRefRequest, RecoverRequest, RenewRequest, SettleRequest, Write,
 };
+use fenced_jobs::ops::dispatch::{StreamChange, StreamEvent, StreamRecord};
 use fenced_jobs::provider::{Answer, Provider, ProviderError, ProviderRequest, Retrieval};
 use fenced_jobs::queue::{
     ChangeResult, ChangeResults, DeadLetter, DeadLetterQueue, Outgoing, Sent, TriggerSender,
@@ -126,6 +127,12 @@ pub struct FaultRates {
     pub poison_message: f64,
     /// The worker's send to the DLQ fails (the record falls back to visibility 0).
     pub dlq_send_failure: f64,
+    /// The answer is kept inline and carried whole in its completion event (30 to 60 KB): a
+    /// few of them fill one EventBridge or SNS request.
+    pub event_sized_answer: f64,
+    /// A request of the dispatcher to the events' target fails (the stream batch is retried
+    /// from its first unpublished record).
+    pub event_publish_failure: f64,
     /// A claim is applied and its answer lost, and so is the read that follows it: the worker
     /// sends no call and gives the attempt back under the claim's epoch.
     pub claim_and_read_lost: f64,
@@ -173,6 +180,8 @@ impl FaultRates {
             dlq_send_failure: 0.2,
             pause_after_claim: 0.01,
             claim_and_read_lost: 0.01,
+            event_publish_failure: 0.1,
+            event_sized_answer: 0.4,
             pause_before_stored_accept: 0.3,
         }
     }
@@ -235,6 +244,9 @@ struct World {
     bucket: Arc<MemoryBlobs>,
     /// Jobs whose next read fails (the read-back after a claim whose answer was lost).
     failing_reads: Mutex<std::collections::HashSet<String>>,
+    /// The table's stream: a record for every write that changed a job's state, in order,
+    /// with each job's state before (the dispatcher reads only the two states and the item).
+    stream: Mutex<(HashMap<String, JobState>, Vec<StreamRecord>)>,
 }
 
 /// A terminal item as first seen: state, inline answer, stored answer.
@@ -243,6 +255,34 @@ type Terminal = (JobState, Option<String>, Option<BlobRef>);
 impl World {
     fn roll(&self, p: f64) -> bool {
         p > 0.0 && self.rng.lock().expect("rng").f64() < p
+    }
+
+    /// Adds a stream record for a write that changed the job's state.
+    fn streamed(&self, record: &JobRecord) {
+        let mut stream = self.stream.lock().expect("stream");
+        let (states, records) = &mut *stream;
+        let before = states.insert(record.job_id.clone(), record.state);
+        if before == Some(record.state) {
+            return;
+        }
+        let image = |state: JobState| {
+            let mut m = serde_json::Map::new();
+            m.insert("state".into(), serde_json::json!({ "S": state.as_str() }));
+            m
+        };
+        let new_image = fenced_jobs::ledger::dynamodb::to_json_image(
+            &fenced_jobs::ledger::dynamodb::encode(record),
+        );
+        let sequence = records.len().to_string();
+        records.push(StreamRecord {
+            event_name: Some(if before.is_some() { "MODIFY" } else { "INSERT" }.into()),
+            dynamodb: StreamChange {
+                new_image: new_image.as_object().cloned(),
+                old_image: before.map(image),
+                sequence_number: Some(sequence),
+                keys: None,
+            },
+        });
     }
 
     fn fault(&self, kind: &'static str, p: f64) -> bool {
@@ -635,6 +675,7 @@ impl SimLedger {
         let written = apply.await?;
         if let Write::Applied(record) = &written {
             self.check(job_id, record);
+            self.world.streamed(record);
         }
         // A pause that began while the request was out holds its answer: the worker reads it
         // (a claim, say, and then sends its call) only after the pause.
@@ -1139,6 +1180,13 @@ impl Provider for SimProvider {
                 req.job_id,
                 "x".repeat(450_000)
             ))
+        } else if w.fault("event_sized_answer", w.rates.event_sized_answer) {
+            Ok(format!(
+                r#"{{"job":"{}","attempt":{},"pad":"{}"}}"#,
+                req.job_id,
+                req.attempt,
+                "z".repeat(w.range(30_000, 60_000) as usize)
+            ))
         } else if w.fault("large_answer", w.rates.large_answer) {
             Ok(format!(
                 r#"{{"job":"{}","attempt":{},"pad":"{}"}}"#,
@@ -1329,6 +1377,7 @@ pub async fn run(config: &ChaosConfig) -> ChaosReport {
         terminal: Mutex::new(HashMap::new()),
         bucket: Arc::new(MemoryBlobs::new("results")),
         failing_reads: Mutex::new(std::collections::HashSet::new()),
+        stream: Mutex::new((HashMap::new(), Vec::new())),
     });
     let table = Arc::new(InMemoryLedger::new());
     let queue = Arc::new(Queue {
@@ -1673,6 +1722,7 @@ pub async fn run(config: &ChaosConfig) -> ChaosReport {
         }
     }
     check_bucket(&world, &table, &job_ids).await;
+    check_events(&world, &table, &job_ids, config.seed).await;
     // Every poison message ended in the DLQ: sent there by the worker, or, when those sends
     // failed, moved by the redrive policy.
     let dead = queue.dead_bodies();
@@ -1688,6 +1738,95 @@ pub async fn run(config: &ChaosConfig) -> ChaosReport {
     report.faults = world.faults.lock().expect("faults").clone();
     report.violations = world.violations.lock().expect("violations").clone();
     report
+}
+
+/// The events' target, with its request limits enforced, whose requests sometimes fail.
+struct SimSink<'a> {
+    world: &'a World,
+    inner: fenced_jobs::events::RecordingSink,
+}
+
+impl fenced_jobs::events::EventSink for SimSink<'_> {
+    fn target(&self) -> fenced_jobs::events::Target {
+        self.inner.target()
+    }
+    async fn send(
+        &self,
+        events: &[fenced_jobs::events::CompletionEvent],
+    ) -> Result<(), (usize, String)> {
+        if self.world.fault(
+            "event_publish_failure",
+            self.world.rates.event_publish_failure,
+        ) {
+            return Err((0, "ThrottlingException".into()));
+        }
+        self.inner.send(events).await
+    }
+}
+
+/// The table's stream through the real dispatcher, in Lambda's batches of 100, to a target
+/// chosen by the seed (EventBridge, SNS or SQS, each with its request limits): every batch is
+/// published within a few retries, and every job's final state is announced, its answer in the
+/// event or read from the item.
+async fn check_events(world: &World, table: &InMemoryLedger, job_ids: &[String], seed: u64) {
+    use fenced_jobs::events::{RecordingSink, Target};
+    let target = [Target::EventBridge, Target::Sns, Target::Sqs][(seed % 3) as usize];
+    let sink = SimSink {
+        world,
+        inner: RecordingSink::of(target),
+    };
+    let records = std::mem::take(&mut world.stream.lock().expect("stream").1);
+    for batch in records.chunks(100) {
+        let mut from = 0;
+        let mut tries = 0;
+        while from < batch.len() {
+            let event = StreamEvent {
+                records: batch[from..].to_vec(),
+            };
+            let report = fenced_jobs::ops::dispatch::dispatch(&event, &sink).await;
+            let Some(failed) = report.failed_at else {
+                break;
+            };
+            tries += 1;
+            if tries > 30 {
+                world.violation(format!("a stream batch was never published ({target:?})"));
+                break;
+            }
+            from += event
+                .records
+                .iter()
+                .position(|r| r.dynamodb.sequence_number.as_deref() == Some(failed.as_str()))
+                .unwrap_or(0);
+        }
+    }
+    let published = sink.inner.published();
+    let slim = published
+        .iter()
+        .filter(|e| e.detail.get("result_in_ledger").is_some())
+        .count();
+    *world
+        .faults
+        .lock()
+        .expect("faults")
+        .entry("events_without_their_answer")
+        .or_default() += slim as u64;
+    for job_id in job_ids {
+        let Some(job) = table.get(job_id).await.ok().flatten() else {
+            continue;
+        };
+        if !fenced_jobs::events::announced(job.state) {
+            continue;
+        }
+        let announced = published
+            .iter()
+            .any(|e| e.job_id == *job_id && e.state == job.state);
+        if !announced {
+            world.violation(format!(
+                "{job_id}: {} never announced ({target:?})",
+                job.state.as_str()
+            ));
+        }
+    }
 }
 
 /// The results bucket at the end: every stored answer an item references holds the bytes its
