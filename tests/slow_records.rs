@@ -230,7 +230,7 @@ async fn a_recovery_takes_the_paused_workers_answer_from_the_provider_without_a_
     assert_eq!(item.attempt_log[0].outcome, AttemptOutcome::Succeeded);
     assert_eq!(
         item.attempt_log[0].provider_ref.as_deref(),
-        Some("sim:retrieved-1/1")
+        Some("sim:retrieved-1/1@1")
     );
     assert_eq!(
         handler_b.processor().provider().executions(),

@@ -134,7 +134,7 @@ pub struct FaultRates {
     /// from its first unpublished record).
     pub event_publish_failure: f64,
     /// A claim is applied and its answer lost, and so is the read that follows it: the worker
-    /// sends no call and gives the attempt back under the claim's epoch.
+    /// reads again and makes the call.
     pub claim_and_read_lost: f64,
     /// A worker stops the world just after its claim is answered, for longer than the lease,
     /// and resumes where it was: before its call.
@@ -1243,12 +1243,15 @@ impl Provider for SimProvider {
         })
     }
 
-    fn reference(&self, job_id: &str, attempt: u32) -> Option<String> {
-        Some(format!("{job_id}/{attempt}"))
+    fn reference(&self, job_id: &str, attempt: u32, epoch: u64) -> Option<String> {
+        Some(format!("{job_id}/{attempt}@{epoch}"))
     }
 
     async fn cancel(&self, provider_ref: &str) {
-        let Some((job, attempt)) = provider_ref.rsplit_once('/') else {
+        let Some((job, attempt)) = provider_ref
+            .rsplit_once('@')
+            .and_then(|(r, _)| r.rsplit_once('/'))
+        else {
             return;
         };
         let key = (job.to_owned(), attempt.parse().unwrap_or(0));
@@ -1301,7 +1304,10 @@ impl Provider for SimProvider {
                 }
             };
         }
-        let Some((job, attempt)) = provider_ref.rsplit_once('/') else {
+        let Some((job, attempt)) = provider_ref
+            .rsplit_once('@')
+            .and_then(|(r, _)| r.rsplit_once('/'))
+        else {
             return Retrieval::NotFound;
         };
         let key = (job.to_owned(), attempt.parse().unwrap_or(0));

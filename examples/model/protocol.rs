@@ -37,6 +37,8 @@ pub const JOB: &str = "job";
 const DIGEST: &str = "digest";
 /// Writes one delivery may make before it backs off (the processor's `MAX_ROUNDS`).
 const MAX_ROUNDS: u8 = 4;
+/// Reads after a claim or recovery without an answer, as the processor makes them.
+const READ_BACK_TRIES: u8 = 3;
 
 /// The bounds of one check.
 #[derive(Debug, Clone)]
@@ -300,12 +302,15 @@ pub enum Pc {
         /// Writes made so far.
         round: u8,
     },
-    /// A claim or recovery failed without an answer: one consistent read says whose it was.
+    /// A claim or recovery failed without an answer: a consistent read says whose it was, read
+    /// again (up to [`READ_BACK_TRIES`] reads) while the reads fail.
     Recognise {
         /// The write that failed.
         op: Op,
         /// Writes made so far.
         round: u8,
+        /// Reads that failed so far.
+        failed_reads: u8,
     },
     /// Claimed: the call is about to be sent.
     Claimed {
@@ -753,9 +758,21 @@ impl Protocol {
     ) -> bool {
         match next.workers[worker].pc.clone() {
             Pc::Write { op, round } => self.write_op(next, worker, op, round, fault, note),
-            Pc::Recognise { op, round } => {
+            Pc::Recognise {
+                op,
+                round,
+                failed_reads,
+            } => {
                 if fault != Fault::None {
                     note.push_str("reads the item after a failed write: the read fails too");
+                    if failed_reads + 1 < READ_BACK_TRIES {
+                        next.workers[worker].pc = Pc::Recognise {
+                            op,
+                            round,
+                            failed_reads: failed_reads + 1,
+                        };
+                        return true;
+                    }
                     let outcome = RecordOutcome::Failed(backoff());
                     self.report(next, worker, &outcome, note);
                     return true;
@@ -916,7 +933,7 @@ impl Protocol {
                     lease_until: now + self.bounds.lease,
                     provider_ref: next
                         .retrievable
-                        .then(|| format!("{JOB}/{}", expect.attempts + 1)),
+                        .then(|| format!("{JOB}/{}@{}", expect.attempts + 1, expect.epoch + 1)),
                     first_sight: false,
                 };
                 let _ = write!(note, "claims expecting epoch {}", expect.epoch);
@@ -997,7 +1014,11 @@ impl Protocol {
             None => match op {
                 Op::Claim(_) | Op::Recover(..) => {
                     note.push_str(": no answer");
-                    next.workers[worker].pc = Pc::Recognise { op, round };
+                    next.workers[worker].pc = Pc::Recognise {
+                        op,
+                        round,
+                        failed_reads: 0,
+                    };
                 }
                 _ => {
                     note.push_str(": no answer");
@@ -1300,7 +1321,13 @@ impl Protocol {
             return true;
         }
         let attempt = fenced.attempts;
-        let call = next.calls.iter_mut().find(|c| c.attempt == attempt);
+        // The reference names the attempt and the epoch of the claim that started it: an
+        // attempt given back and claimed again under the same number is another call.
+        let claimed_at = fenced.attempt_log.last().map(|a| a.epoch);
+        let call = next
+            .calls
+            .iter_mut()
+            .find(|c| c.attempt == attempt && Some(c.epoch) == claimed_at);
         // What the provider can say follows from what became of the call.
         let possible = match call.as_ref().map(|c| c.truth) {
             None => said == Retrieved::NotFound,

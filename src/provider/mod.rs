@@ -229,8 +229,10 @@ pub trait Provider: Send + Sync {
     }
 
     /// The reference the provider will know an attempt by, if the client assigns it before the
-    /// call (an idempotency key). It is recorded with the claim, so it costs no extra write.
-    fn reference(&self, _job_id: &str, _attempt: u32) -> Option<String> {
+    /// call (an idempotency key). It is recorded with the claim, so it costs no extra write. It
+    /// names the claim's epoch too: an attempt given back (a 429, a call never sent) is claimed
+    /// again under the same number, and must not be taken for the one given back.
+    fn reference(&self, _job_id: &str, _attempt: u32, _epoch: u64) -> Option<String> {
         None
     }
 
@@ -322,8 +324,8 @@ impl Provider for AnyProvider {
         each!(self, p => p.cancel(provider_ref).await)
     }
 
-    fn reference(&self, job_id: &str, attempt: u32) -> Option<String> {
-        each!(self, p => p.reference(job_id, attempt))
+    fn reference(&self, job_id: &str, attempt: u32, epoch: u64) -> Option<String> {
+        each!(self, p => p.reference(job_id, attempt, epoch))
     }
 
     fn can_retrieve(&self) -> bool {

@@ -239,8 +239,8 @@ impl Provider for SimulatedProvider {
     }
 
     /// Every attempt gets a reference before its call (like an idempotency key).
-    fn reference(&self, job_id: &str, attempt: u32) -> Option<String> {
-        Some(format!("sim:{job_id}/{attempt}"))
+    fn reference(&self, job_id: &str, attempt: u32, epoch: u64) -> Option<String> {
+        Some(format!("sim:{job_id}/{attempt}@{epoch}"))
     }
 
     /// What the simulated upstream says about an attempt started at `started_at`: the same

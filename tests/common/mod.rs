@@ -401,8 +401,8 @@ impl Provider for FreezesWorker {
         self.inner.call(req).await
     }
 
-    fn reference(&self, job_id: &str, attempt: u32) -> Option<String> {
-        self.inner.reference(job_id, attempt)
+    fn reference(&self, job_id: &str, attempt: u32, epoch: u64) -> Option<String> {
+        self.inner.reference(job_id, attempt, epoch)
     }
 }
 

@@ -34,8 +34,8 @@ use crate::job::{
 };
 use crate::ledger::transitions::{shows_claim, shows_recovery};
 use crate::ledger::{
-    AttemptEnd, ClaimRequest, CreateRequest, FinishRequest, JobLedger, LedgerError, RecoverRequest,
-    SettleFrom, SettleRequest, Write,
+    AttemptEnd, ClaimRequest, CreateRequest, JobLedger, LedgerError, RecoverRequest, SettleFrom,
+    SettleRequest, Write,
 };
 use crate::provider::Provider;
 
@@ -45,6 +45,8 @@ const MAX_ROUNDS: usize = 4;
 const RECORD_TRIES: usize = 3;
 /// Retrievals answered 401/403 before a background attempt is recorded uncertain.
 const MAX_DENIED_RETRIEVALS: u32 = 3;
+/// Pauses before each read that looks for a write whose answer was lost.
+const READ_BACK_PAUSES_MS: [u64; 3] = [0, 100, 400];
 /// A call is not started with less time than this left before its bound.
 const MIN_CALL_BUDGET_MS: Millis = 100;
 
@@ -311,7 +313,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
                                 owner_id,
                                 first_sight,
                             };
-                            self.claim(msg, claim, view.as_ref()).await
+                            self.claim(msg, claim).await
                         }
                         Action::SettleAbsent => {
                             let req = SettleRequest {
@@ -420,12 +422,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
     /// message SQS delivered before reads first: the item most likely exists (often finished),
     /// and the item read decides as a refused create's would, without the whole item carried
     /// both ways; only an absent item is then created.
-    async fn claim(
-        &self,
-        msg: &JobMessage,
-        claim: Claim<'_>,
-        seen: Option<&JobRecord>,
-    ) -> Result<Write, LedgerError> {
+    async fn claim(&self, msg: &JobMessage, claim: Claim<'_>) -> Result<Write, LedgerError> {
         let Claim {
             job,
             expect,
@@ -446,52 +443,18 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
             owner_id: owner_id.to_owned(),
             now,
             lease_until: now + self.settings.lease_ms,
-            provider_ref: self.provider.reference(&job.job_id, expect.attempts + 1),
+            provider_ref: self.provider.reference(
+                &job.job_id,
+                expect.attempts + 1,
+                expect.epoch + 1,
+            ),
             first_sight,
         };
-        let written = self.ledger.claim(req.clone()).await;
-        let recognised = self
-            .recognise(written, &job.job_id, |seen| {
-                shows_claim(seen, expect, owner_id)
-            })
-            .await;
-        if let Err(LedgerError::Unavailable { .. } | LedgerError::Throttled { .. }) = &recognised {
-            self.give_back_lost_claim(seen, &req).await;
-        }
-        recognised
-    }
-
-    /// A claim whose answer and read-back were both lost may have been applied: the job would
-    /// then be `running` under our epoch with no call sent, and the recovery after its lease
-    /// would find an attempt that may have run (`unknown`). Its attempt is given back by a
-    /// write conditional on that epoch, refused harmlessly if the claim was never applied;
-    /// tried a few times while the ledger does not answer.
-    async fn give_back_lost_claim(&self, seen: Option<&JobRecord>, req: &ClaimRequest) {
-        let Some(claimed) = crate::ledger::transitions::apply_claim(seen, req) else {
-            return;
-        };
-        for pause_ms in [0, 200, 800] {
-            tokio::time::sleep(Duration::from_millis(pause_ms)).await;
-            let now = self.clock.now_ms();
-            let reason = "the claim's answer and its read-back were lost: no call was sent";
-            let end = crate::worker::ending::not_sent_end(reason, &claimed, now);
-            let finish = FinishRequest {
-                job_id: claimed.job_id.clone(),
-                epoch: claimed.owner_epoch,
-                attempt: claimed.attempts,
-                now,
-                end,
-            };
-            match self.ledger.finish(finish).await {
-                Err(LedgerError::Unavailable { .. } | LedgerError::Throttled { .. }) => {}
-                _ => return,
-            }
-        }
-        tracing::error!(
-            job_id = %claimed.job_id,
-            epoch = claimed.owner_epoch,
-            "a claim whose answer was lost may stay running with no call sent; its recovery will find the attempt uncertain"
-        );
+        let written = self.ledger.claim(req).await;
+        self.recognise(written, &job.job_id, |seen| {
+            shows_claim(seen, expect, owner_id)
+        })
+        .await
     }
 
     /// The item of a job seen for the first time that must wait for capacity: created `ready`
@@ -530,14 +493,29 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
     ) -> Result<Write, LedgerError> {
         match written {
             Ok(Write::Refused(Some(seen))) if ours(&seen) => Ok(Write::Applied(seen)),
-            Err(e) => match self.ledger.get(job_id).await {
-                Ok(Some(seen)) if ours(&seen) => {
-                    tracing::info!(job_id, "our write was applied though its answer was lost");
-                    Ok(Write::Applied(seen))
+            Err(e) => {
+                // Read again while the reads go unanswered: a claim applied and not recognised
+                // would leave the job `running` with no call, for a recovery to find uncertain.
+                for pause_ms in READ_BACK_PAUSES_MS {
+                    tokio::time::sleep(Duration::from_millis(pause_ms)).await;
+                    match self.ledger.get(job_id).await {
+                        Ok(Some(seen)) if ours(&seen) => {
+                            tracing::info!(
+                                job_id,
+                                "our write was applied though its answer was lost"
+                            );
+                            return Ok(Write::Applied(seen));
+                        }
+                        Ok(seen) => return Ok(Write::Refused(seen)),
+                        Err(_) => {}
+                    }
                 }
-                Ok(seen) => Ok(Write::Refused(seen)),
-                Err(_) => Err(e),
-            },
+                tracing::error!(
+                    job_id,
+                    "a write and every read after it went unanswered; if the write was applied, the job waits for its lease to lapse"
+                );
+                Err(e)
+            }
             other => other,
         }
     }

@@ -332,7 +332,9 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
             contract: &msg.contract,
             input,
             input_json: &msg.input_canonical,
-            idempotency_key: format!("{}/{attempt}", msg.job_id),
+            // Stable for the re-sends of this claim; a claim of the same number after a
+            // give-back is another request.
+            idempotency_key: format!("{}/{attempt}@{}", msg.job_id, owner.owner_epoch),
         }
     }
 
