@@ -10,7 +10,7 @@ mod sim;
 fn fixed_seeds_keep_every_invariant_under_every_fault() {
     // Every edge the worker guards against must be met: the rarer ones (a failed store of an
     // answer is 5 % of the few large answers) on the first four seeds or on up to four more.
-    const EDGES: [&str; 23] = [
+    const EDGES: [&str; 24] = [
         "gateway_error",
         "oversized_answer",
         "ddb_stall",
@@ -34,6 +34,7 @@ fn fixed_seeds_keep_every_invariant_under_every_fault() {
         "claim_and_read_lost",
         "event_sized_answer",
         "event_publish_failure",
+        "dead_letter_too_large",
     ];
     let mut seen = std::collections::BTreeSet::new();
     for seed in 1..=8 {

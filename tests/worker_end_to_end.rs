@@ -568,3 +568,47 @@ async fn a_dead_letter_sqs_failed_is_sent_again_alone_and_a_taken_one_never() {
     assert_eq!(again.as_array().map(Vec::len), Some(1), "{again}");
     assert_eq!(again[0]["MessageBody"], "second");
 }
+
+/// On a FIFO DLQ a dead letter is deduplicated by the original message id, so a later
+/// delivery's send of the same message (its acknowledgement lost) is dropped by the queue.
+#[tokio::test]
+async fn a_fifo_dead_letter_is_deduplicated_by_its_original_message_id() {
+    use common::http::{HttpStub, Reply};
+    use fenced_jobs::queue::{DeadLetter, DeadLetterQueue, SqsDeadLetters};
+    use serde_json::json;
+    let server = HttpStub::start(|req, _| {
+        let ok: Vec<_> = req.json()["Entries"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+            .iter()
+            .map(|e| json!({"Id": e["Id"], "MessageId": "m", "MD5OfMessageBody": "x"}))
+            .collect();
+        Reply::json(200, json!({"Successful": ok, "Failed": []}))
+    })
+    .await;
+    let config = aws_config::defaults(aws_config::BehaviorVersion::latest())
+        .region(aws_config::Region::new("us-east-1"))
+        .endpoint_url(&server.url)
+        .load()
+        .await;
+    let queue = SqsDeadLetters::new(
+        aws_sdk_sqs::Client::new(&config),
+        format!("{}/123456789012/dlq.fifo", server.url),
+    );
+    let letter = DeadLetter {
+        body: "{not json".into(),
+        reason: "poison",
+        detail: "body is not JSON (line 1, column 1)".into(),
+        job_id: Some("j-9".into()),
+        message_id: Some("src-17".into()),
+        group_id: None,
+        attributes: Vec::new(),
+    };
+    assert_eq!(queue.send(&[letter.clone(), letter]).await, [true, true]);
+    let entries = server.requests()[0].json()["Entries"].clone();
+    for entry in entries.as_array().expect("entries") {
+        assert_eq!(entry["MessageDeduplicationId"], "src-17");
+        assert_eq!(entry["MessageGroupId"], "j-9");
+    }
+}

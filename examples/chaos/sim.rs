@@ -601,6 +601,10 @@ impl DeadLetterQueue for SimDeadLetters {
                     if w.fault("dlq_send_failure", w.rates.dlq_send_failure) {
                         return false;
                     }
+                    // As SQS does: a message over 1 MiB, body and attributes, is refused.
+                    if letter.all_attributes().is_none() {
+                        return false;
+                    }
                     self.queue.dead_letter(&letter.body);
                     true
                 })
@@ -1438,6 +1442,23 @@ pub async fn run(config: &ChaosConfig) -> ChaosReport {
             .or_default() += 1;
         queue.push(
             &format!("poison-{i}"),
+            &body,
+            START_MS + world.range(0, 600_000) as Millis,
+        );
+        poison.push(body);
+    }
+    // One poison body of nearly 1 MiB: no room beside it for the reason, so the worker cannot
+    // dead-letter it itself and leaves it to the redrive policy.
+    if world.rates.poison_message > 0.0 {
+        let body = format!("{{not json {}", "x".repeat(1_048_500));
+        *world
+            .faults
+            .lock()
+            .expect("faults")
+            .entry("dead_letter_too_large")
+            .or_default() += 1;
+        queue.push(
+            "poison-large",
             &body,
             START_MS + world.range(0, 600_000) as Millis,
         );

@@ -2,6 +2,7 @@
 //! Extended Client pointers name. [`s3::S3Blobs`] is the real store; [`MemoryBlobs`] keeps the
 //! same contract in memory for the fast tests and the simulation.
 
+pub mod body;
 pub mod s3;
 
 use std::collections::BTreeMap;

@@ -51,9 +51,6 @@ pub enum InvalidMessage {
     /// An Extended Client pointer whose object is not there (deleted, or never written).
     #[error("the payload the pointer names does not exist")]
     PayloadMissing,
-    /// The input stored for a job is not the content its digest covers.
-    #[error("the stored input does not match the job's digest")]
-    InputMismatch,
     /// The body is not JSON (position only, never content).
     #[error("body is not JSON (line {line}, column {column})")]
     NotJson {

@@ -306,3 +306,40 @@ impl<L: JobLedger> JobLedger for FaultyLedger<L> {
         }
     }
 }
+
+/// A job claimed a second before `at` and accepted with `answer` (inline) at `at`, due an hour
+/// later, for tests.
+#[cfg(any(test, feature = "test-support"))]
+pub async fn succeeded_at(ledger: &impl JobLedger, job_id: &str, answer: &str, at: Millis) {
+    let job = crate::job::NewJob {
+        job_id: job_id.into(),
+        input_digest: "d".into(),
+        contract: "c".into(),
+        input: "{}".into(),
+        input_ref: None,
+        metadata: None,
+        deadline_at: at + 3_600_000,
+        max_attempts: 3,
+        expires_at: 0,
+    };
+    let claim = super::ClaimRequest {
+        job,
+        expect: crate::job::Expect::FRESH,
+        owner_id: "w".into(),
+        now: at - 1_000,
+        lease_until: at + 60_000,
+        provider_ref: None,
+        first_sight: true,
+    };
+    assert!(matches!(ledger.claim(claim).await, Ok(Write::Applied(_))));
+    let end = super::FinishRequest {
+        job_id: job_id.into(),
+        epoch: 1,
+        attempt: 1,
+        now: at,
+        end: super::AttemptEnd::Succeeded {
+            result: answer.into(),
+        },
+    };
+    assert!(matches!(ledger.finish(end).await, Ok(Write::Applied(_))));
+}

@@ -322,7 +322,7 @@ async fn dead_trigger(
     body: &str,
     named: Option<&str>,
 ) -> Result<Trigger, DlqVerdict> {
-    match crate::worker::processor::resolve_body(blobs, Some(body)).await {
+    match crate::blobs::body::resolve_body(blobs, Some(body)).await {
         Ok(trigger) => Ok(trigger),
         Err(Failure::Poison(InvalidMessage::PayloadMissing)) => {
             crate::job::pointer::named_job(named)

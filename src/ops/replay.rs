@@ -156,8 +156,9 @@ pub async fn replay_failures<L: JobLedger + LedgerIndex>(
         let mut fresh = 0;
         for m in out.messages() {
             let handle = m.receipt_handle().unwrap_or_default();
-            // A message left in the queue comes back; it is looked at once.
-            if !seen.insert(m.message_id().unwrap_or_default().to_owned()) {
+            // A message left in the queue comes back; it is looked at once. One without an id
+            // (SQS always gives one) is never taken for another.
+            if m.message_id().is_some_and(|id| !seen.insert(id.to_owned())) {
                 release(sqs, queue_url, handle, dry_run).await;
                 continue;
             }
@@ -215,8 +216,7 @@ fn queue_error<E: std::error::Error + 'static, R: std::fmt::Debug>(
 mod tests {
     use super::*;
     use crate::events::RecordingSink;
-    use crate::ledger::memory::InMemoryLedger;
-    use crate::ledger::{AttemptEnd, ClaimRequest, FinishRequest, Write};
+    use crate::ledger::memory::{InMemoryLedger, succeeded_at};
 
     #[test]
     fn a_stream_failure_message_names_its_stretch_of_time() {
@@ -236,48 +236,14 @@ mod tests {
         assert_eq!(failed_window("not json"), None);
     }
 
-    async fn finished(ledger: &InMemoryLedger, job_id: &str, at: Millis) {
-        let job = crate::job::NewJob {
-            job_id: job_id.into(),
-            input_digest: "d".into(),
-            contract: "c".into(),
-            input: "{}".into(),
-            input_ref: None,
-            metadata: None,
-            deadline_at: at + 3_600_000,
-            max_attempts: 3,
-            expires_at: 0,
-        };
-        let claim = ClaimRequest {
-            job,
-            expect: crate::job::Expect::FRESH,
-            owner_id: "w".into(),
-            now: at - 1_000,
-            lease_until: at + 60_000,
-            provider_ref: None,
-            first_sight: true,
-        };
-        assert!(matches!(ledger.claim(claim).await, Ok(Write::Applied(_))));
-        let end = FinishRequest {
-            job_id: job_id.into(),
-            epoch: 1,
-            attempt: 1,
-            now: at,
-            end: AttemptEnd::Succeeded {
-                result: r#"{"ok":true}"#.into(),
-            },
-        };
-        assert!(matches!(ledger.finish(end).await, Ok(Write::Applied(_))));
-    }
-
     #[tokio::test]
     async fn the_jobs_that_finished_in_the_stretch_are_announced_again() {
         // GIVEN jobs that finished before, during and after a failed batch's stretch of time
         let ledger = InMemoryLedger::new();
         let t = 1_796_000_000_000;
-        finished(&ledger, "before", t - 600_000).await;
-        finished(&ledger, "during", t).await;
-        finished(&ledger, "after", t + 600_000).await;
+        succeeded_at(&ledger, "before", r#"{"ok":true}"#, t - 600_000).await;
+        succeeded_at(&ledger, "during", r#"{"ok":true}"#, t).await;
+        succeeded_at(&ledger, "after", r#"{"ok":true}"#, t + 600_000).await;
         // WHEN the stretch is replayed
         let events = events_between(&ledger, t - 60_000, t + 60_000, 100)
             .await

@@ -206,44 +206,9 @@ pub async fn sweep_orphans<L: JobLedger + LedgerIndex>(
 mod tests {
     use super::*;
     use crate::blobs::MemoryBlobs;
-    use crate::ledger::memory::InMemoryLedger;
-    use crate::ledger::{AttemptEnd, ClaimRequest, FinishRequest, Write};
+    use crate::ledger::memory::{InMemoryLedger, succeeded_at};
 
     const T: Millis = 1_796_000_000_000;
-
-    async fn succeeded_inline(ledger: &InMemoryLedger, job_id: &str, answer: &str) {
-        let job = crate::job::NewJob {
-            job_id: job_id.into(),
-            input_digest: "d".into(),
-            contract: "c".into(),
-            input: "{}".into(),
-            input_ref: None,
-            metadata: None,
-            deadline_at: T + 3_600_000,
-            max_attempts: 3,
-            expires_at: 0,
-        };
-        let claim = ClaimRequest {
-            job,
-            expect: crate::job::Expect::FRESH,
-            owner_id: "w".into(),
-            now: T - 1_000,
-            lease_until: T + 60_000,
-            provider_ref: None,
-            first_sight: true,
-        };
-        assert!(matches!(ledger.claim(claim).await, Ok(Write::Applied(_))));
-        let end = FinishRequest {
-            job_id: job_id.into(),
-            epoch: 1,
-            attempt: 1,
-            now: T,
-            end: AttemptEnd::Succeeded {
-                result: answer.into(),
-            },
-        };
-        assert!(matches!(ledger.finish(end).await, Ok(Write::Applied(_))));
-    }
 
     #[tokio::test]
     async fn the_sweep_removes_the_object_of_a_put_that_landed_though_the_answer_was_kept_inline() {
@@ -252,10 +217,10 @@ mod tests {
         let ledger = InMemoryLedger::new();
         let blobs = MemoryBlobs::new("results");
         let big = format!(r#"{{"output":"{}"}}"#, "a".repeat(70_000));
-        succeeded_inline(&ledger, "landed", &big).await;
+        succeeded_at(&ledger, "landed", &big, T).await;
         blobs.insert("results", "results/landed/1/abc.json", big.as_bytes());
         // and a job whose small inline answer could never have been stored
-        succeeded_inline(&ledger, "small", r#"{"output":"ok"}"#).await;
+        succeeded_at(&ledger, "small", r#"{"output":"ok"}"#, T).await;
         blobs.insert("results", "results/small/1/def.json", b"{}");
         // WHEN the sweep runs
         let limits = (100, crate::job::DEFAULT_INLINE_MAX_BYTES);

@@ -3,8 +3,9 @@
 
 use aws_lambda_events::event::sqs::{SqsEvent, SqsMessage};
 
-use super::processor::{Invocation, Processor, resolve_body};
+use super::processor::{Invocation, Processor};
 use super::within;
+use crate::blobs::body::resolve_body;
 use crate::clock::Clock;
 use crate::job::pointer::NAMED_JOB_ATTRIBUTE;
 use crate::job::{Failure, InvalidMessage, Trigger};

@@ -16,7 +16,6 @@ mod recover;
 mod run;
 
 use payload::InputError;
-pub use payload::resolve_body;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -1,21 +1,21 @@
-//! Payloads outside the item: an Extended Client pointer's body read from S3, a large input
-//! stored before the claim and read back for the call, a large answer stored before its
-//! acceptance (and removed again when its acceptance was refused and the job ended without it).
+//! Payloads outside the item: a large input stored before the claim and read back for the
+//! call, a large answer stored before its acceptance (and removed again when its acceptance was
+//! refused and the job ended without it). Pointer bodies are read in `blobs::body`.
 
 use std::time::Duration;
 
 use super::{Invocation, Processed, Processor, backoff, failed, ledger_failure};
-use crate::blobs::{BlobError, BlobStore, read_checked, reference};
+use crate::blobs::{BlobError, read_checked, reference};
 use crate::clock::Clock;
 use crate::job::artifact::{MAX_RESULT_BYTES, RESULTS_PREFIX, input_key, result_key, sha256_hex};
 use crate::job::decision::{Next, SettleReason, next_step};
-use crate::job::message::{MAX_PAYLOAD_BYTES, input_digest, parse_pointer};
+use crate::job::message::{MAX_PAYLOAD_BYTES, input_digest};
 use crate::job::{
     BlobRef, Failure, INLINE_LIMIT_BYTES, InvalidMessage, JobMessage, JobRecord, JobState,
-    RecordOutcome, ResultBody, Trigger,
+    RecordOutcome, ResultBody,
 };
 use crate::ledger::{AttemptEnd, JobLedger, SettleFrom, SettleRequest, Write};
-use crate::provider::{Provider, ProviderError, parse_payload, parse_trigger};
+use crate::provider::{Provider, ProviderError};
 
 /// Why a job's stored input cannot be used now.
 pub(super) enum InputError {
@@ -29,40 +29,6 @@ pub(super) enum InputError {
 const STORE_TRIES: u32 = 3;
 /// Pause before the second try; doubled after.
 const STORE_PAUSE_MS: u64 = 200;
-
-/// Parses a record's body; an Extended Client pointer is followed to its payload (read through
-/// `blobs`), which is then parsed like any body. A payload that is gone is poison; a store that
-/// cannot be reached is a backoff.
-pub async fn resolve_body(
-    blobs: Option<&dyn BlobStore>,
-    body: Option<&str>,
-) -> Result<Trigger, Failure> {
-    let pointer = match body.and_then(parse_pointer) {
-        None => return parse_trigger(body).map_err(Failure::Poison),
-        Some(Err(invalid)) => return Err(Failure::Poison(invalid)),
-        Some(Ok(pointer)) => pointer,
-    };
-    let Some(blobs) = blobs else {
-        return Err(backoff("no object store for a pointer body"));
-    };
-    let bytes = blobs
-        .get(&pointer.bucket, &pointer.key, MAX_PAYLOAD_BYTES)
-        .await
-        .map_err(|e| match e {
-            BlobError::NotFound => Failure::Poison(InvalidMessage::PayloadMissing),
-            BlobError::TooLarge { bytes, limit } => Failure::Poison(InvalidMessage::TooLarge {
-                bytes: bytes as usize,
-                limit,
-            }),
-            e => {
-                tracing::warn!(error = %e, "reading a pointer's payload failed");
-                backoff("payload unavailable")
-            }
-        })?;
-    let text = String::from_utf8(bytes)
-        .map_err(|_| Failure::Poison(InvalidMessage::NotJson { line: 1, column: 1 }))?;
-    parse_payload(&text).map_err(Failure::Poison)
-}
 
 impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
     /// The message with its input stored, when the input is above `INLINE_MAX_BYTES` and a
