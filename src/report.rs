@@ -157,6 +157,8 @@ pub struct ReconcileReport {
     pub expire_refused: u64,
     /// Waiting jobs looked at for a re-send.
     pub examined: u64,
+    /// Walks for due jobs that stopped at `RECONCILE_MAX_EXAMINED` with more left to read.
+    pub walks_cut: u64,
     /// Triggers re-sent.
     pub resent: u64,
     /// Triggers SQS did not take (tried again next run).

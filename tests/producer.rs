@@ -283,3 +283,66 @@ async fn the_reconciler_repairs_a_stopped_producer_and_expires_jobs_past_their_d
     assert_eq!((item.state, item.owner_epoch), (JobState::Unknown, 2));
     assert_eq!(handler.processor().provider().executions(), 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backlog_sent_recently_never_hides_a_job_whose_trigger_was_never_sent() {
+    let aws = emulator().await;
+    let table = aws.table().await;
+    let queue = aws.queue(30).await;
+    let ledger = aws.ledger(&table);
+    let now = SystemClock.now_ms();
+    let settings = fast_settings();
+    let create = |id: &str, at: i64, enqueued: bool| {
+        let msg = parse_body(Some(&job(id, "p", ""))).expect("valid");
+        CreateRequest {
+            job: NewJob::from_message(&msg, at, &settings.job_defaults),
+            now: at,
+            enqueued,
+        }
+    };
+    // GIVEN 30 jobs sent ten minutes ago, all in the same millisecond, still waiting in the
+    // queue (a backlog: their triggers are not stale)
+    for i in 0..30 {
+        let req = create(&format!("backlog-{i:02}"), now - 600_000, true);
+        ledger.create(req).await.expect("create");
+    }
+    // AND a job written six minutes ago by a producer that stopped before sending it
+    ledger
+        .create(create("stranded", now - 360_000, false))
+        .await
+        .expect("create");
+    let sqs = SqsTriggers::new(aws.sqs.clone(), &queue.url);
+    let provider = SimulatedProvider::new();
+    // WHEN a reconciler that takes 4 jobs a run but may read 40 runs
+    let walk = ReconcileSettings {
+        max_jobs: 4,
+        max_examined: 40,
+        ..ReconcileSettings::default()
+    };
+    let report = reconcile(&ledger, &sqs, &provider, now, &walk)
+        .await
+        .expect("reconcile");
+    // THEN it walks past the backlog (pages of 4 within one millisecond) and re-sends the
+    // stranded job alone
+    assert_eq!((report.resent, report.walks_cut), (1, 0), "{report:?}");
+    assert_eq!(report.examined, 31, "{report:?}");
+    let item = ledger.get("stranded").await.expect("get").expect("item");
+    assert!(item.enqueued_at.is_some_and(|at| at == now));
+    let sent = aws.peek(&queue.url, 0).await;
+    assert_eq!(sent.len(), 1);
+    assert!(sent[0].body().is_some_and(|b| b.contains("stranded")));
+
+    // AND with a budget smaller than the backlog the walk stops, says so, and sends nothing
+    let short = ReconcileSettings {
+        max_examined: 20,
+        ..walk
+    };
+    ledger
+        .create(create("stranded-2", now - 360_000, false))
+        .await
+        .expect("create");
+    let cut = reconcile(&ledger, &sqs, &provider, now + 1_000, &short)
+        .await
+        .expect("reconcile");
+    assert_eq!((cut.resent, cut.walks_cut, cut.examined), (0, 1, 20));
+}

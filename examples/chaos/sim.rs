@@ -22,13 +22,13 @@ use fenced_jobs::clock::Clock;
 use fenced_jobs::job::{
     AttemptOutcome, BlobRef, JobRecord, JobState, Millis, ResultBody, parse_trigger,
 };
-use fenced_jobs::ledger::LedgerIndex;
 use fenced_jobs::ledger::memory::InMemoryLedger;
 use fenced_jobs::ledger::transitions::known_after_finish;
 use fenced_jobs::ledger::{
     AttemptEnd, ClaimRequest, CreateRequest, DecideRequest, EnqueuedRequest, FinishRequest,
     JobLedger, LedgerError, RecordRefRequest, RecoverRequest, RenewRequest, SettleRequest, Write,
 };
+use fenced_jobs::ledger::{IndexCursor, LedgerIndex};
 use fenced_jobs::ops::dispatch::{StreamChange, StreamEvent, StreamRecord};
 use fenced_jobs::provider::{Answer, Provider, ProviderError, ProviderRequest, Retrieval};
 use fenced_jobs::queue::{
@@ -41,6 +41,10 @@ use fenced_jobs::worker::{ReplayPolicy, Settings};
 
 const QUEUE_ARN: &str = "arn:aws:sqs:us-east-1:123456789012:chaos";
 const START_MS: Millis = 1_800_000_000_000;
+
+/// Within how many reconciler runs a job with no trigger must be re-sent once it is due (a
+/// page a run is a fiftieth of the jobs, and a read that fails skips a job for one run).
+const UNSENT_FOUND_WITHIN_RUNS: usize = 4;
 
 /// How a run is set up.
 #[derive(Debug, Clone)]
@@ -119,6 +123,9 @@ pub struct FaultRates {
     /// A stored input read back is gone (a lifecycle rule shorter than the job): its live job is
     /// never poison, and ends `failed_terminal` when it would be claimed.
     pub input_expired: f64,
+    /// A producer writes a job's item and stops before sending its trigger: only the
+    /// reconciler's walk of the index finds it, past the jobs sent before it.
+    pub trigger_never_sent: f64,
     /// A results-bucket call takes seconds instead of milliseconds (every call takes some
     /// time), so an owner's write, a recovery's read and a refused owner's removal interleave
     /// with the other owners' ledger writes.
@@ -176,6 +183,7 @@ impl FaultRates {
             store_lost_answer: 0.05,
             large_input: 0.03,
             input_expired: 0.2,
+            trigger_never_sent: 0.02,
             poison_message: 0.01,
             dlq_send_failure: 0.2,
             pause_after_claim: 0.01,
@@ -247,6 +255,11 @@ struct World {
     /// The table's stream: a record for every write that changed a job's state, in order,
     /// with each job's state before (the dispatcher reads only the two states and the item).
     stream: Mutex<(HashMap<String, JobState>, Vec<StreamRecord>)>,
+    /// Jobs whose producer never sent a trigger: when each was written, and when the
+    /// reconciler first sent one.
+    unsent: Mutex<HashMap<String, (Millis, Option<Millis>)>>,
+    /// When each reconciler run started and ended.
+    reconciler_runs: Mutex<Vec<(Millis, Millis)>>,
 }
 
 /// A terminal item as first seen: state, inline answer, stored answer.
@@ -898,9 +911,21 @@ impl LedgerIndex for SimLedger {
         &self,
         state: JobState,
         before: Millis,
+        after: &IndexCursor,
         limit: usize,
     ) -> Result<Vec<(String, Millis)>, LedgerError> {
-        self.table.untouched_since(state, before, limit).await
+        if *after != IndexCursor::default() {
+            *self
+                .world
+                .faults
+                .lock()
+                .expect("faults")
+                .entry("reconciler_walk_past")
+                .or_default() += 1;
+        }
+        self.table
+            .untouched_since(state, before, after, limit)
+            .await
     }
     async fn past_deadline(
         &self,
@@ -933,9 +958,13 @@ struct SimTriggers {
 impl TriggerSender for SimTriggers {
     async fn send(&self, triggers: &[Outgoing], _dedup_suffix: &str) -> Vec<Sent> {
         let now = self.world.now();
+        let mut unsent = self.world.unsent.lock().expect("unsent");
         triggers
             .iter()
             .map(|t| {
+                if let Some((_, first @ None)) = unsent.get_mut(&t.job_id) {
+                    *first = Some(now);
+                }
                 self.queue.push(&t.job_id, &t.body, now);
                 (t.job_id.clone(), Ok(()))
             })
@@ -1388,6 +1417,8 @@ pub async fn run(config: &ChaosConfig) -> ChaosReport {
         bucket: Arc::new(MemoryBlobs::new("results")),
         failing_reads: Mutex::new(std::collections::HashSet::new()),
         stream: Mutex::new((HashMap::new(), Vec::new())),
+        unsent: Mutex::new(HashMap::new()),
+        reconciler_runs: Mutex::new(Vec::new()),
     });
     let table = Arc::new(InMemoryLedger::new());
     let queue = Arc::new(Queue {
@@ -1426,8 +1457,30 @@ pub async fn run(config: &ChaosConfig) -> ChaosReport {
             submit_stored(&world, &table, &body).await;
             body = format!(r#"{{"job_id":"{job_id}"}}"#);
         }
-        let visible_at = START_MS + world.range(0, 600_000) as Millis;
-        queue.push(&job_id, &body, visible_at);
+        // The queue is behind: a submitted trigger waits in it for up to three hours, its job
+        // `ready` and sent all the while (a backlog the reconciler must walk past).
+        let visible_at = START_MS
+            + if large {
+                world.range(0, 3 * 3_600_000)
+            } else {
+                world.range(0, 600_000)
+            } as Millis;
+        if !large && world.fault("trigger_never_sent", world.rates.trigger_never_sent) {
+            let msg = fenced_jobs::job::parse_body(Some(&body)).expect("a valid job");
+            let req = fenced_jobs::ledger::CreateRequest {
+                job: fenced_jobs::job::NewJob::from_message(&msg, visible_at, &Default::default()),
+                now: visible_at,
+                enqueued: false,
+            };
+            table.create(req).await.expect("the table takes the item");
+            world
+                .unsent
+                .lock()
+                .expect("unsent")
+                .insert(job_id.clone(), (visible_at, None));
+        } else {
+            queue.push(&job_id, &body, visible_at);
+        }
         job_ids.push(job_id);
     }
     let mut poison = Vec::new();
@@ -1666,16 +1719,28 @@ pub async fn run(config: &ChaosConfig) -> ChaosReport {
             queue: Arc::clone(&queue),
         };
         let (world, finished) = (Arc::clone(&world), Arc::clone(&finished));
+        let jobs = config.jobs;
         async move {
-            let settings = fenced_jobs::ops::reconcile::ReconcileSettings::default();
+            // Pages of a fiftieth of the jobs: the backlog of submitted jobs is deeper than a
+            // page, as a backlog of millions is for the deployed one's pages of a thousand.
+            let settings = fenced_jobs::ops::reconcile::ReconcileSettings {
+                max_jobs: (jobs / 50).max(4),
+                ..Default::default()
+            };
             while !finished.load(Ordering::Relaxed) {
                 tokio::time::sleep(Duration::from_millis(600_000)).await;
                 let now = world.now();
-                if let Ok(r) = fenced_jobs::ops::reconcile::reconcile(
+                let run = fenced_jobs::ops::reconcile::reconcile(
                     &ledger, &triggers, &canceller, now, &settings,
                 )
-                .await
-                {
+                .await;
+                let ended = world.now();
+                world
+                    .reconciler_runs
+                    .lock()
+                    .expect("runs")
+                    .push((now, ended));
+                if let Ok(r) = run {
                     let mut faults = world.faults.lock().expect("faults");
                     *faults.entry("reconciler_expired").or_default() += r.expired;
                     *faults.entry("reconciler_resent").or_default() += r.resent;
@@ -1690,7 +1755,7 @@ pub async fn run(config: &ChaosConfig) -> ChaosReport {
                     &blobs,
                     since,
                     now,
-                    (settings.max_jobs, settings.inline_max_bytes),
+                    (1_000, settings.inline_max_bytes),
                 )
                 .await
                 {
@@ -1746,6 +1811,25 @@ pub async fn run(config: &ChaosConfig) -> ChaosReport {
                 r.state.as_str()
             )),
             None => world.violation(format!("{job_id}: lost (no ledger item)")),
+        }
+    }
+    // A job whose trigger was never sent is found by the reconciler's walk within a few runs
+    // of its becoming due, however deep the backlog sent before it.
+    let ready_after = fenced_jobs::ops::reconcile::ReconcileSettings::default().ready_after_ms;
+    let runs = world.reconciler_runs.lock().expect("runs").clone();
+    for (job_id, (written, first)) in world.unsent.lock().expect("unsent").iter() {
+        let bound = runs
+            .iter()
+            .filter(|(start, _)| *start >= written + ready_after)
+            .nth(UNSENT_FOUND_WITHIN_RUNS - 1)
+            .map(|(_, end)| *end);
+        if let Some(bound) = bound
+            && first.is_none_or(|at| at > bound)
+        {
+            world.violation(format!(
+                "{job_id}: written with no trigger at {written}, first re-sent at {first:?}, \
+                 after {UNSENT_FOUND_WITHIN_RUNS} reconciler runs that could find it (by {bound})"
+            ));
         }
     }
     check_bucket(&world, &table, &job_ids).await;

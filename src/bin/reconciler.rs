@@ -94,6 +94,7 @@ async fn run_once(
         expired = report.expired,
         expire_refused = report.expire_refused,
         examined = report.examined,
+        walks_cut = report.walks_cut,
         resent = report.resent,
         send_failed = report.send_failed,
         unknown = report.unknown,

@@ -9,8 +9,9 @@ use super::transitions::{
     apply_recover, apply_renew, apply_settle,
 };
 use super::{
-    ClaimRequest, CreateRequest, DecideRequest, EnqueuedRequest, FinishRequest, JobLedger,
-    LedgerError, LedgerIndex, RecordRefRequest, RecoverRequest, RenewRequest, SettleRequest, Write,
+    ClaimRequest, CreateRequest, DecideRequest, EnqueuedRequest, FinishRequest, IndexCursor,
+    JobLedger, LedgerError, LedgerIndex, RecordRefRequest, RecoverRequest, RenewRequest,
+    SettleRequest, Write,
 };
 use crate::job::{JobRecord, JobState, MAX_ITEM_BYTES, Millis};
 
@@ -72,10 +73,12 @@ impl LedgerIndex for InMemoryLedger {
         &self,
         state: JobState,
         before: Millis,
+        after: &IndexCursor,
         limit: usize,
     ) -> Result<Vec<(String, Millis)>, LedgerError> {
         Ok(self.indexed(state, limit, |job| {
-            (job.updated_at < before).then_some(job.updated_at)
+            (job.updated_at < before && after.admits(&job.job_id, job.updated_at))
+                .then_some(job.updated_at)
         }))
     }
 
@@ -311,6 +314,16 @@ impl<L: JobLedger> JobLedger for FaultyLedger<L> {
 /// later, for tests.
 #[cfg(any(test, feature = "test-support"))]
 pub async fn succeeded_at(ledger: &impl JobLedger, job_id: &str, answer: &str, at: Millis) {
+    let end = super::AttemptEnd::Succeeded {
+        result: answer.into(),
+    };
+    ended_at(ledger, job_id, end, at).await;
+}
+
+/// A job claimed a second before `at` whose first attempt ended with `end` at `at`, due an hour
+/// later, for tests.
+#[cfg(any(test, feature = "test-support"))]
+pub async fn ended_at(ledger: &impl JobLedger, job_id: &str, end: super::AttemptEnd, at: Millis) {
     let job = crate::job::NewJob {
         job_id: job_id.into(),
         input_digest: "d".into(),
@@ -337,9 +350,64 @@ pub async fn succeeded_at(ledger: &impl JobLedger, job_id: &str, answer: &str, a
         epoch: 1,
         attempt: 1,
         now: at,
-        end: super::AttemptEnd::Succeeded {
-            result: answer.into(),
-        },
+        end,
     };
     assert!(matches!(ledger.finish(end).await, Ok(Write::Applied(_))));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::job::NewJob;
+
+    #[tokio::test]
+    async fn a_walk_through_the_index_returns_every_job_once_across_a_shared_millisecond() {
+        // GIVEN seven ready jobs written in the same millisecond and one a millisecond later
+        let ledger = InMemoryLedger::new();
+        let job = |id: &str| NewJob {
+            job_id: id.into(),
+            input_digest: "d".into(),
+            contract: "c".into(),
+            input: "{}".into(),
+            input_ref: None,
+            metadata: None,
+            deadline_at: 10_000,
+            max_attempts: 3,
+            expires_at: 0,
+        };
+        for (id, at) in [
+            ("a", 5),
+            ("b", 5),
+            ("c", 5),
+            ("d", 5),
+            ("e", 5),
+            ("f", 5),
+            ("g", 5),
+        ]
+        .into_iter()
+        .chain([("h", 6)])
+        {
+            let req = CreateRequest {
+                job: job(id),
+                now: at,
+                enqueued: false,
+            };
+            assert!(matches!(ledger.create(req).await, Ok(Write::Applied(_))));
+        }
+        // WHEN it is walked in pages of three
+        let (mut cursor, mut seen) = (IndexCursor::default(), Vec::new());
+        loop {
+            let page = ledger
+                .untouched_since(JobState::Ready, 7, &cursor, 3)
+                .await
+                .expect("page");
+            cursor.advance(&page);
+            seen.extend(page.iter().map(|(id, _)| id.clone()));
+            if page.len() < 3 {
+                break;
+            }
+        }
+        // THEN each job comes once, oldest first
+        assert_eq!(seen, ["a", "b", "c", "d", "e", "f", "g", "h"]);
+    }
 }

@@ -6,59 +6,17 @@
 //! same contract; the conditions are spelled once per operation in each.
 
 pub mod dynamodb;
+mod index;
 pub mod memory;
 pub mod schedule;
 pub mod transitions;
 
 use std::future::Future;
 
+pub use index::{IndexCursor, LedgerIndex};
+
 use crate::job::decision::{Expect, SettleReason};
 use crate::job::{JobRecord, JobState, Millis, NewJob, ResultBody};
-
-/// The ledger's sparse indexes: jobs that are not terminal, by state, by last change and by
-/// deadline. The reconciler and `jobctl list` read through it, never by a scan.
-pub trait LedgerIndex: Send + Sync {
-    /// Jobs in `state` last changed before `before`, oldest first, at most `limit`, with when
-    /// each last changed.
-    fn untouched_since(
-        &self,
-        state: JobState,
-        before: Millis,
-        limit: usize,
-    ) -> impl Future<Output = Result<Vec<(String, Millis)>, LedgerError>> + Send;
-
-    /// Jobs in `state` whose deadline is at or before `now`, earliest first, at most `limit`,
-    /// with their deadlines.
-    fn past_deadline(
-        &self,
-        state: JobState,
-        now: Millis,
-        limit: usize,
-    ) -> impl Future<Output = Result<Vec<(String, Millis)>, LedgerError>> + Send;
-
-    /// Jobs that became terminal on `day` (UTC, `YYYY-MM-DD`) at or after `since`, by that time
-    /// and job id, after `cursor`, at most `limit`, with that time. The next page starts after
-    /// the last one returned.
-    fn finished(
-        &self,
-        day: &str,
-        since: Millis,
-        cursor: Option<&(String, Millis)>,
-        limit: usize,
-    ) -> impl Future<Output = Result<Vec<(String, Millis)>, LedgerError>> + Send;
-
-    /// How many jobs are in `state` (no items are read).
-    fn count(&self, state: JobState) -> impl Future<Output = Result<u64, LedgerError>> + Send;
-
-    /// Jobs in `state` (not terminal), oldest update first, at most `limit`.
-    fn list(
-        &self,
-        state: JobState,
-        limit: usize,
-    ) -> impl Future<Output = Result<Vec<(String, Millis)>, LedgerError>> + Send {
-        self.untouched_since(state, Millis::MAX, limit)
-    }
-}
 
 /// The result of a conditional write.
 #[derive(Debug, Clone, PartialEq)]

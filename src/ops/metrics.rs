@@ -147,6 +147,11 @@ pub fn reconciliation(target: &MetricsTarget, at: Millis, report: &ReconcileRepo
         ),
         ("UnknownJobs", "Count", Sample::One(report.unknown as f64)),
         (
+            "ReconcileWalksCut",
+            "Count",
+            Sample::One(report.walks_cut as f64),
+        ),
+        (
             "OrphansRemoved",
             "Count",
             Sample::One(report.orphans_removed as f64),

@@ -20,9 +20,10 @@ use futures::stream::{self, StreamExt};
 
 use super::CONCURRENCY;
 use crate::job::decision::SettleReason;
-use crate::job::{JobState, Millis};
+use crate::job::{JobRecord, JobState, Millis};
 use crate::ledger::{
-    EnqueuedRequest, JobLedger, LedgerError, LedgerIndex, SettleFrom, SettleRequest, Write,
+    EnqueuedRequest, IndexCursor, JobLedger, LedgerError, LedgerIndex, SettleFrom, SettleRequest,
+    Write,
 };
 use std::time::Duration;
 
@@ -49,6 +50,9 @@ pub struct ReconcileSettings {
     pub enqueue_stale_after_ms: Millis,
     /// `RECONCILE_MAX_JOBS`: most jobs each step handles in one run.
     pub max_jobs: usize,
+    /// `RECONCILE_MAX_EXAMINED`: most waiting jobs of one state read in one run while looking
+    /// for those due (a backlog of jobs sent recently is walked past, not taken as the page).
+    pub max_examined: usize,
     /// `CLOCK_SKEW_MS`: a job is expired only this long after its deadline, so that a clock
     /// running ahead never expires a job its owner may still finish.
     pub skew_ms: Millis,
@@ -68,6 +72,7 @@ impl Default for ReconcileSettings {
             retry_after_ms: 1_200_000,
             enqueue_stale_after_ms: 21_600_000,
             max_jobs: 1_000,
+            max_examined: 10_000,
             skew_ms: 2_000,
             orphan_window_ms: 3_600_000,
             inline_max_bytes: crate::job::DEFAULT_INLINE_MAX_BYTES,
@@ -90,6 +95,12 @@ impl ReconcileSettings {
                 d.enqueue_stale_after_ms,
             )?,
             max_jobs: vars.integer("RECONCILE_MAX_JOBS", d.max_jobs as i64, 1, 100_000)? as usize,
+            max_examined: vars.integer(
+                "RECONCILE_MAX_EXAMINED",
+                d.max_examined as i64,
+                1,
+                1_000_000,
+            )? as usize,
             skew_ms: vars.integer("CLOCK_SKEW_MS", d.skew_ms, 0, 60_000)?,
             orphan_window_ms: seconds("RECONCILE_ORPHAN_WINDOW_SECONDS", d.orphan_window_ms)?,
             inline_max_bytes: vars.integer(
@@ -146,30 +157,54 @@ pub async fn reconcile<L: JobLedger + LedgerIndex>(
             settings.retry_after_ms,
         ),
     ] {
-        let keys = ledger
-            .untouched_since(state, now - after, settings.max_jobs)
-            .await?;
-        report.examined += keys.len() as u64;
-        let items: Vec<_> = stream::iter(keys)
-            .map(|(job_id, _)| async move { ledger.get(&job_id).await })
-            .buffer_unordered(CONCURRENCY)
-            .collect()
-            .await;
-        for item in items {
-            match item {
-                Ok(Some(job))
-                    if job.state == state
-                        && job.updated_at <= now - after
-                        && job.owner_until.is_none_or(|until| until <= now - after)
-                        && job.enqueued_at.is_none_or(|at| at <= now - enqueue_after)
-                        && (state != JobState::Unknown || job.last_provider_ref().is_some()) =>
-                {
-                    due.push(Outgoing::by_id(&job.job_id));
+        let is_due = |job: &JobRecord| {
+            job.state == state
+                && job.updated_at <= now - after
+                && job.owner_until.is_none_or(|until| until <= now - after)
+                && job.enqueued_at.is_none_or(|at| at <= now - enqueue_after)
+                && (state != JobState::Unknown || job.last_provider_ref().is_some())
+        };
+        // The index knows when a job last changed, not when its trigger was last sent: walk on
+        // past the jobs sent recently until a page of due ones is found or the walk's budget
+        // is spent, so that a backlog waiting in the queue never hides a job whose message
+        // was lost.
+        let (mut cursor, mut examined, mut found) = (IndexCursor::default(), 0, 0);
+        loop {
+            let want = settings.max_jobs.min(settings.max_examined - examined);
+            let keys = ledger
+                .untouched_since(state, now - after, &cursor, want)
+                .await?;
+            cursor.advance(&keys);
+            examined += keys.len();
+            let items: Vec<_> = stream::iter(keys.iter().map(|(job_id, _)| job_id))
+                .map(|job_id| async move { ledger.get(job_id).await })
+                .buffer_unordered(CONCURRENCY)
+                .collect()
+                .await;
+            for item in items {
+                match item {
+                    Ok(Some(job)) if found < settings.max_jobs && is_due(&job) => {
+                        due.push(Outgoing::by_id(&job.job_id));
+                        found += 1;
+                    }
+                    Ok(_) => {}
+                    Err(_) => report.errors += 1,
                 }
-                Ok(_) => {}
-                Err(_) => report.errors += 1,
+            }
+            if found >= settings.max_jobs || keys.len() < want {
+                break;
+            }
+            if examined >= settings.max_examined {
+                tracing::warn!(
+                    state = state.as_str(),
+                    examined,
+                    "the walk for due jobs stopped at RECONCILE_MAX_EXAMINED; it starts again next run"
+                );
+                report.walks_cut += 1;
+                break;
             }
         }
+        report.examined += examined as u64;
     }
     let suffix = format!("reconcile-{}", now / 60_000);
     let mut sent = Vec::new();

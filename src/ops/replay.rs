@@ -13,7 +13,7 @@ use serde_json::Value;
 use crate::events::{CompletionEvent, EventSink, publish};
 use crate::job::finished_day;
 use crate::job::{JobState, Millis};
-use crate::ledger::{JobLedger, LedgerError, LedgerIndex};
+use crate::ledger::{IndexCursor, JobLedger, LedgerError, LedgerIndex};
 
 /// Added on both sides of a failed batch's arrival times: the item's `updated_at` is the
 /// writer's clock, the arrival time the stream's.
@@ -85,15 +85,15 @@ pub async fn events_between<L: JobLedger + LedgerIndex>(
         }
         day_start += DAY_MS;
     }
+    // From `from` in the index itself: unknown jobs older than that never take the page.
+    let since = IndexCursor {
+        at: from,
+        ..IndexCursor::default()
+    };
     let unknown = ledger
-        .untouched_since(JobState::Unknown, to.saturating_add(1), max_jobs)
+        .untouched_since(JobState::Unknown, to.saturating_add(1), &since, max_jobs)
         .await?;
-    ids.extend(
-        unknown
-            .into_iter()
-            .filter(|(_, at)| *at >= from)
-            .map(|(id, _)| id),
-    );
+    ids.extend(unknown.into_iter().map(|(id, _)| id));
     ids.truncate(max_jobs);
     let mut events = Vec::with_capacity(ids.len());
     for id in ids {
@@ -216,7 +216,8 @@ fn queue_error<E: std::error::Error + 'static, R: std::fmt::Debug>(
 mod tests {
     use super::*;
     use crate::events::RecordingSink;
-    use crate::ledger::memory::{InMemoryLedger, succeeded_at};
+    use crate::ledger::AttemptEnd;
+    use crate::ledger::memory::{InMemoryLedger, ended_at, succeeded_at};
 
     #[test]
     fn a_stream_failure_message_names_its_stretch_of_time() {
@@ -259,5 +260,26 @@ mod tests {
             published[0].id,
             CompletionEvent::of(&job).expect("event").id
         );
+    }
+
+    #[tokio::test]
+    async fn unknown_jobs_older_than_the_stretch_never_take_its_page() {
+        // GIVEN five jobs left unknown before a failed batch's stretch and one during it
+        let ledger = InMemoryLedger::new();
+        let t = 1_796_000_000_000;
+        let unknown = || AttemptEnd::Unknown {
+            evidence: "timeout".into(),
+        };
+        for i in 0..5 {
+            ended_at(&ledger, &format!("old-{i}"), unknown(), t - 600_000).await;
+        }
+        ended_at(&ledger, "during", unknown(), t).await;
+        // WHEN the stretch is replayed three jobs at a time
+        let events = events_between(&ledger, t - 60_000, t + 60_000, 3)
+            .await
+            .expect("read");
+        // THEN the job of the stretch is announced
+        let ids: Vec<_> = events.iter().map(|e| e.job_id.as_str()).collect();
+        assert_eq!(ids, ["during"]);
     }
 }

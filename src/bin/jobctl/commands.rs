@@ -194,11 +194,12 @@ pub(crate) async fn reconcile(
         println!("{}", serde_json::json!(report));
     } else {
         println!(
-            "expired {} (refused {}, calls cancelled {}), examined {}, re-sent {} (failed {}), unknown {}, errors {}",
+            "expired {} (refused {}, calls cancelled {}), examined {} (walks cut {}), re-sent {} (failed {}), unknown {}, errors {}",
             report.expired,
             report.expire_refused,
             report.cancelled,
             report.examined,
+            report.walks_cut,
             report.resent,
             report.send_failed,
             report.unknown,

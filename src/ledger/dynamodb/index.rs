@@ -6,7 +6,7 @@ use aws_sdk_dynamodb::Client;
 use super::item::{get_n, get_s, n, s};
 use super::{DynamoLedger, sdk_error};
 use crate::job::{ATTENTION_SHARDS, JobState, Millis, attention_shard};
-use crate::ledger::{LedgerError, LedgerIndex};
+use crate::ledger::{IndexCursor, LedgerError, LedgerIndex};
 
 /// The sparse index of jobs that are not terminal: key `attention` (`state#shard`), sort key
 /// `updated_at`, keys only. Terminal items carry no `attention` and are not in it.
@@ -89,17 +89,22 @@ impl DynamoLedger {
         Ok(())
     }
 
-    /// Keys of jobs in `state` from `index` whose sort key `sort` is below `before`, smallest
-    /// first, at most `limit`: a query of each shard, never a scan of the table.
+    /// Keys of jobs in `state` from `index` whose sort key `sort` is below `before` and that
+    /// `after` admits, smallest first, at most `limit`: a query of each shard, never a scan of
+    /// the table.
     async fn keys_below(
         &self,
         index: &str,
         sort: &str,
         state: JobState,
         before: Millis,
+        after: &IndexCursor,
         limit: usize,
     ) -> Result<Vec<(String, Millis)>, LedgerError> {
         let mut found = Vec::new();
+        if before <= after.at {
+            return Ok(found);
+        }
         for shard in 0..ATTENTION_SHARDS {
             let mut start = None;
             let mut from_shard = 0;
@@ -109,18 +114,21 @@ impl DynamoLedger {
                     .query()
                     .table_name(&self.table)
                     .index_name(index)
-                    .key_condition_expression("#attn = :key AND #sort < :before")
+                    .key_condition_expression("#attn = :key AND #sort BETWEEN :from AND :last")
                     .expression_attribute_names("#attn", "attention")
                     .expression_attribute_names("#sort", sort)
                     .expression_attribute_values(":key", s(&attention_shard(state, shard)))
-                    .expression_attribute_values(":before", n(before))
+                    .expression_attribute_values(":from", n(after.at))
+                    .expression_attribute_values(":last", n(before - 1))
                     .limit(limit.clamp(1, 1000) as i32)
                     .set_exclusive_start_key(start)
                     .send()
                     .await
                     .map_err(|e| sdk_error("query", &e))?;
                 for item in out.items() {
-                    if let (Some(id), Some(at)) = (get_s(item, "job_id"), get_n(item, sort)) {
+                    if let (Some(id), Some(at)) = (get_s(item, "job_id"), get_n(item, sort))
+                        && after.admits(id, at)
+                    {
                         found.push((id.to_owned(), at));
                         from_shard += 1;
                     }
@@ -144,9 +152,10 @@ impl LedgerIndex for DynamoLedger {
         &self,
         state: JobState,
         before: Millis,
+        after: &IndexCursor,
         limit: usize,
     ) -> Result<Vec<(String, Millis)>, LedgerError> {
-        self.keys_below(ATTENTION_INDEX, "updated_at", state, before, limit)
+        self.keys_below(ATTENTION_INDEX, "updated_at", state, before, after, limit)
             .await
     }
 
@@ -162,6 +171,7 @@ impl LedgerIndex for DynamoLedger {
             "deadline_at",
             state,
             now.saturating_add(1),
+            &IndexCursor::default(),
             limit,
         )
         .await
