@@ -13,7 +13,7 @@
 
 use std::fmt::Write as _;
 
-use fenced_jobs::job::decision::{DeadlinePhase, Expect, Next, deadline_phase};
+use fenced_jobs::job::decision::Next;
 use fenced_jobs::job::{
     AttemptOutcome, Failure, JobRecord, JobState, Millis, NewJob, RecordOutcome, next_step,
 };
@@ -27,6 +27,7 @@ use fenced_jobs::ledger::{
 };
 use fenced_jobs::provider::{Answer, ProviderError};
 use fenced_jobs::worker::ReplayPolicy;
+use fenced_jobs::worker::admission::{Admission, Applied, Facts, Op, Step};
 use fenced_jobs::worker::ending::{
     acceptable_end, attempt_end, lease_holds, not_sent_end, uncertain_end,
 };
@@ -35,8 +36,6 @@ use stateright::{Model, Property};
 /// The job every state is about.
 pub const JOB: &str = "job";
 const DIGEST: &str = "digest";
-/// Writes one delivery may make before it backs off (the processor's `MAX_ROUNDS`).
-const MAX_ROUNDS: u8 = 4;
 /// Reads after a claim or recovery without an answer, as the processor makes them.
 const READ_BACK_TRIES: u8 = 3;
 
@@ -295,20 +294,16 @@ pub struct Call {
 pub enum Pc {
     /// No delivery.
     Idle,
-    /// About to make one of the delivery's ledger writes.
+    /// About to make the write its admission asks for (`machine.op()`).
     Write {
-        /// The write.
-        op: Op,
-        /// Writes made so far.
-        round: u8,
+        /// The delivery's admission, as the processor runs it.
+        machine: Box<Admission>,
     },
     /// A claim or recovery failed without an answer: a consistent read says whose it was, read
     /// again (up to [`READ_BACK_TRIES`] reads) while the reads fail.
     Recognise {
-        /// The write that failed.
-        op: Op,
-        /// Writes made so far.
-        round: u8,
+        /// The delivery's admission; its write failed.
+        machine: Box<Admission>,
         /// Reads that failed so far.
         failed_reads: u8,
     },
@@ -361,19 +356,6 @@ pub enum Pc {
         /// The owner's epoch.
         epoch: u64,
     },
-}
-
-/// A ledger write a delivery makes before any call.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Op {
-    /// Claim expecting these values.
-    Claim(Expect),
-    /// Create the job already expired (first sight past its deadline).
-    SettleAbsent,
-    /// Settle the job seen in this state at this epoch.
-    Settle(JobState, u64, fenced_jobs::job::decision::SettleReason),
-    /// Recover the job seen in this state at this epoch.
-    Recover(JobState, u64),
 }
 
 /// One worker.
@@ -671,25 +653,51 @@ impl Protocol {
         format!("d{}", state.workers[worker].owner)
     }
 
-    /// A delivery starts: the processor's first decision, from the message alone.
+    /// A delivery starts: the processor's admission, from the message alone.
     fn start(&self, next: &mut State, worker: usize, note: &mut String) {
         let now = self.now(next, worker);
-        next.workers[worker].pc = match deadline_phase(self.bounds.deadline, now, self.bounds.skew)
-        {
-            DeadlinePhase::Passed => Pc::Write {
-                op: Op::SettleAbsent,
-                round: 0,
-            },
-            DeadlinePhase::Closing { remaining_ms } => {
-                let outcome = RecordOutcome::Failed(Failure::Deferred { remaining_ms });
-                self.report(next, worker, &outcome, note);
-                return;
-            }
-            DeadlinePhase::Open => Pc::Write {
-                op: Op::Claim(Expect::FRESH),
-                round: 0,
-            },
+        let facts = Facts {
+            deadline_at: self.bounds.deadline,
+            skew: self.bounds.skew,
+            // The time left for a call is the world's choice when it is sent (`Send`).
+            latest_call_start: Millis::MAX,
+            can_retrieve: next.retrievable,
+            in_ledger: false,
         };
+        let (machine, step) = Admission::start(facts, None, DIGEST, now);
+        self.take(next, worker, machine, step, note);
+    }
+
+    /// Carries out the admission's `step`: the world grants capacity at once (pacing is not
+    /// modelled); a write waits for the worker's next ledger request.
+    fn take(
+        &self,
+        next: &mut State,
+        worker: usize,
+        mut machine: Admission,
+        mut step: Step,
+        note: &mut String,
+    ) {
+        loop {
+            match step {
+                Step::Admit => step = machine.admitted(self.now(next, worker)),
+                Step::Write(_) => {
+                    next.workers[worker].pc = Pc::Write {
+                        machine: Box::new(machine),
+                    };
+                    return;
+                }
+                Step::Paced { wait_ms } => {
+                    let outcome = RecordOutcome::Failed(Failure::Paced { wait_ms });
+                    self.report(next, worker, &outcome, note);
+                    return;
+                }
+                Step::End(outcome) => {
+                    self.report(next, worker, &outcome, note);
+                    return;
+                }
+            }
+        }
     }
 
     /// The delivery ends with `outcome`: acknowledged (deleted) or visible again.
@@ -707,45 +715,24 @@ impl Protocol {
         next.workers[worker].pc = Pc::Idle;
     }
 
-    /// What a delivery does with an item it was refused by (or read): `next_step` decides.
+    /// What a delivery does with an item it was refused by (or read): its admission decides.
     fn decide_from(
         &self,
         next: &mut State,
         worker: usize,
+        mut machine: Admission,
         seen: Option<JobRecord>,
-        round: u8,
         note: &mut String,
     ) {
         let now = self.now(next, worker);
-        let Some(seen) = seen else {
-            // No item: start again from absent.
-            let op = match deadline_phase(self.bounds.deadline, now, self.bounds.skew) {
-                DeadlinePhase::Passed => Op::SettleAbsent,
-                _ => Op::Claim(Expect::FRESH),
-            };
-            next.workers[worker].pc = Pc::Write { op, round };
-            return;
-        };
-        let decided = if self.mutated(Mutation::NoBudgetCheck) {
-            let mut unbounded = seen.clone();
-            unbounded.max_attempts = u32::MAX;
-            next_step(&unbounded, DIGEST, now, self.bounds.skew)
-        } else {
-            next_step(&seen, DIGEST, now, self.bounds.skew)
-        };
-        let can_ask = next.retrievable && seen.last_provider_ref().is_some();
-        let op = match decided {
-            Next::Claim(expect) => Op::Claim(expect),
-            Next::Settle(reason) => Op::Settle(seen.state, seen.owner_epoch, reason),
-            Next::AwaitRecovery => Op::Recover(seen.state, seen.owner_epoch),
-            Next::AwaitDecision if can_ask => Op::Recover(seen.state, seen.owner_epoch),
-            other => {
-                let outcome = RecordOutcome::from_next(other, DIGEST);
-                self.report(next, worker, &outcome, note);
-                return;
+        let seen = seen.map(|mut seen| {
+            if self.mutated(Mutation::NoBudgetCheck) {
+                seen.max_attempts = u32::MAX;
             }
-        };
-        next.workers[worker].pc = Pc::Write { op, round };
+            seen
+        });
+        let step = machine.seen(seen.as_ref(), DIGEST, now);
+        self.take(next, worker, machine, step, note);
     }
 
     /// A worker's next ledger request.
@@ -757,18 +744,16 @@ impl Protocol {
         note: &mut String,
     ) -> bool {
         match next.workers[worker].pc.clone() {
-            Pc::Write { op, round } => self.write_op(next, worker, op, round, fault, note),
+            Pc::Write { machine } => self.write_op(next, worker, *machine, fault, note),
             Pc::Recognise {
-                op,
-                round,
+                machine,
                 failed_reads,
             } => {
                 if fault != Fault::None {
                     note.push_str("reads the item after a failed write: the read fails too");
                     if failed_reads + 1 < READ_BACK_TRIES {
                         next.workers[worker].pc = Pc::Recognise {
-                            op,
-                            round,
+                            machine,
                             failed_reads: failed_reads + 1,
                         };
                         return true;
@@ -779,19 +764,19 @@ impl Protocol {
                 }
                 let owner = Self::owner_id(next, worker);
                 let seen = next.item.clone();
-                let ours = seen.as_ref().is_some_and(|s| match op {
-                    Op::Claim(expect) => shows_claim(s, expect, &owner),
-                    Op::Recover(_, epoch) => shows_recovery(s, epoch, &owner),
+                let ours = seen.as_ref().is_some_and(|s| match machine.op() {
+                    Some(&Op::Claim { expect, .. }) => shows_claim(s, expect, &owner),
+                    Some(&Op::Recover { epoch, .. }) => shows_recovery(s, epoch, &owner),
                     _ => false,
                 });
                 match seen {
                     Some(s) if ours => {
                         note.push_str("reads the item: its own write was applied");
-                        self.applied(next, worker, op, s, note);
+                        self.applied(next, worker, &machine, s, note);
                     }
                     seen => {
                         note.push_str("reads the item: its write was not applied");
-                        self.decide_from(next, worker, seen, round + 1, note);
+                        self.decide_from(next, worker, *machine, seen, note);
                     }
                 }
                 true
@@ -910,21 +895,21 @@ impl Protocol {
         &self,
         next: &mut State,
         worker: usize,
-        op: Op,
-        round: u8,
+        machine: Admission,
         fault: Fault,
         note: &mut String,
     ) -> bool {
-        if round >= MAX_ROUNDS {
-            note.push_str("gives up on a contended job");
-            self.report(next, worker, &RecordOutcome::Failed(backoff()), note);
-            return true;
-        }
+        let Some(op) = machine.op().copied() else {
+            return false;
+        };
         let now = self.now(next, worker);
         let owner = Self::owner_id(next, worker);
         let job = self.job();
         let answer = match op {
-            Op::Claim(expect) => {
+            Op::Claim {
+                expect,
+                first_sight,
+            } => {
                 let req = ClaimRequest {
                     job: job.clone(),
                     expect,
@@ -934,7 +919,7 @@ impl Protocol {
                     provider_ref: next
                         .retrievable
                         .then(|| format!("{JOB}/{}@{}", expect.attempts + 1, expect.epoch + 1)),
-                    first_sight: false,
+                    first_sight,
                 };
                 let _ = write!(note, "claims expecting epoch {}", expect.epoch);
                 let unbounded = self.mutated(Mutation::NoBudgetCheck);
@@ -976,7 +961,11 @@ impl Protocol {
                 note.push_str("creates the job expired");
                 self.write(next, |c| apply_settle(c, &req), fault, None)
             }
-            Op::Settle(state, epoch, reason) => {
+            Op::Settle {
+                state,
+                epoch,
+                reason,
+            } => {
                 let req = SettleRequest {
                     job_id: JOB.to_owned(),
                     from: SettleFrom::Seen { state, epoch },
@@ -986,7 +975,7 @@ impl Protocol {
                 let _ = write!(note, "settles the job ({})", reason.kind());
                 self.write(next, |c| apply_settle(c, &req), fault, Some(epoch))
             }
-            Op::Recover(state, epoch) => {
+            Op::Recover { state, epoch } => {
                 let lapsed_before = if self.mutated(Mutation::RecoveryIgnoresLease) {
                     Millis::MAX
                 } else {
@@ -1012,58 +1001,57 @@ impl Protocol {
         };
         match answer {
             None => match op {
-                Op::Claim(_) | Op::Recover(..) => {
+                Op::Claim { .. } | Op::Recover { .. } => {
                     note.push_str(": no answer");
                     next.workers[worker].pc = Pc::Recognise {
-                        op,
-                        round,
+                        machine: Box::new(machine),
                         failed_reads: 0,
                     };
                 }
                 _ => {
                     note.push_str(": no answer");
-                    self.report(next, worker, &RecordOutcome::Failed(backoff()), note);
+                    let step = machine.failed();
+                    self.take(next, worker, machine, step, note);
                 }
             },
             Some(Write::Applied(record)) => {
                 note.push_str(": applied");
-                self.applied(next, worker, op, record, note);
+                self.applied(next, worker, &machine, record, note);
             }
             Some(Write::Refused(Some(seen)))
                 if match op {
-                    Op::Claim(expect) => shows_claim(&seen, expect, &owner),
+                    Op::Claim { expect, .. } => shows_claim(&seen, expect, &owner),
                     _ => false,
                 } =>
             {
                 note.push_str(": refused, but the item shows its own claim");
-                self.applied(next, worker, op, seen, note);
+                self.applied(next, worker, &machine, seen, note);
             }
             Some(Write::Refused(seen)) => {
                 note.push_str(": refused");
-                self.decide_from(next, worker, seen, round + 1, note);
+                self.decide_from(next, worker, machine, seen, note);
             }
         }
         true
     }
 
-    /// A write of `op` was applied (or recognised as applied), leaving `record`.
+    /// The admission's write was applied (or recognised as applied), leaving `record`.
     fn applied(
         &self,
         next: &mut State,
         worker: usize,
-        op: Op,
+        machine: &Admission,
         record: JobRecord,
         note: &mut String,
     ) {
-        next.workers[worker].pc = match op {
-            Op::Claim(_) => Pc::Claimed {
+        next.workers[worker].pc = match machine.applied(&record) {
+            Applied::Call => Pc::Claimed {
                 claimed: Box::new(record),
             },
-            Op::Recover(..) => Pc::Recovered {
+            Applied::Investigate { .. } => Pc::Recovered {
                 fenced: Box::new(record),
             },
-            Op::SettleAbsent | Op::Settle(..) => {
-                let outcome = RecordOutcome::Done(record.state);
+            Applied::End(outcome) => {
                 self.report(next, worker, &outcome, note);
                 return;
             }

@@ -4,11 +4,13 @@
 //!   bodies read and parsed by `bodies`, within the memory set aside for payloads);
 //! - [`processor`]: one delivery: claim or classify, call, end the attempt;
 //! - [`heartbeat`]: keeps records invisible and leases renewed while calls run;
+//! - [`admission`]: pure: the writes a delivery makes before its call, as a machine;
 //! - [`batch`]: pure: which records the response names;
 //! - [`ending`]: pure: how an attempt ends, from the provider's word;
 //! - [`pacing`]: the provider's limits: capacity shared in chunks, an adaptive limit;
 //! - [`settings`]: the worker's own settings.
 
+pub mod admission;
 pub mod batch;
 mod bodies;
 pub mod ending;

@@ -22,11 +22,12 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
+use super::admission::{Admission, Applied, Facts, Op, Step};
 use super::pacing::{Pacer, Permit};
 use super::settings::Settings;
 use crate::blobs::BlobStore;
 use crate::clock::Clock;
-use crate::job::decision::{DeadlinePhase, Expect, Next, SettleReason, deadline_phase, next_step};
+use crate::job::decision::{Expect, Next, SettleReason, next_step};
 use crate::job::{
     Failure, InvalidMessage, JobMessage, JobRecord, JobState, Millis, NewJob, RecordOutcome,
     Trigger,
@@ -38,8 +39,6 @@ use crate::ledger::{
 };
 use crate::provider::Provider;
 
-/// Writes one delivery may make before it gives up on a contended job and backs off.
-const MAX_ROUNDS: usize = 4;
 /// Tries at recording a background call's reference before it is cancelled.
 const RECORD_TRIES: usize = 3;
 /// Retrievals answered 401/403 before a background attempt is recorded uncertain.
@@ -86,13 +85,6 @@ pub struct Processor<L, P, C> {
     settings: Settings,
     blobs: Option<Arc<dyn BlobStore>>,
     pacer: Pacer,
-}
-
-enum Action {
-    Claim(Expect),
-    SettleAbsent,
-    Settle(JobState, u64, SettleReason),
-    Recover(u64, JobState),
 }
 
 /// What the processor tells whoever keeps a running attempt alive (the invocation's heartbeat)
@@ -239,11 +231,12 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         })
     }
 
-    /// Processes a delivery from the item already read (`start`), if any.
+    /// Processes a delivery from the item already read (`start`), if any: carries out the steps
+    /// of its [`Admission`] until the call, the recovery's look at the evidence, or the end.
     async fn process_from(
         &self,
         msg: &JobMessage,
-        mut start: Option<JobRecord>,
+        start: Option<JobRecord>,
         owner_id: &str,
         inv: &Invocation,
         watch: &dyn AttemptWatch,
@@ -256,165 +249,151 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
             return failed(backoff("invocation deadline"), None);
         }
         let job = NewJob::from_message(msg, now, &self.settings.job_defaults);
-        // The deadline with the clock-skew margin on both sides, as `next_step` applies it.
-        let skew = self.settings.skew_ms;
-        let mut action = match deadline_phase(job.deadline_at, now, skew) {
-            DeadlinePhase::Passed => Action::SettleAbsent,
-            // Too close to the deadline to claim, not yet surely past it to expire.
-            DeadlinePhase::Closing { remaining_ms } => {
-                return failed(Failure::Deferred { remaining_ms }, None);
-            }
-            DeadlinePhase::Open => Action::Claim(Expect::FRESH),
+        let facts = Facts {
+            deadline_at: job.deadline_at,
+            skew: self.settings.skew_ms,
+            latest_call_start: self.latest_call_start(inv),
+            can_retrieve: self.provider.can_retrieve(),
+            in_ledger: msg.in_ledger,
         };
-        let mut view = None;
+        let (mut machine, mut step) = Admission::start(facts, start.as_ref(), &msg.digest, now);
+        let mut view = start;
         // Capacity for the call, taken before the claim that would start it: a record that
         // cannot get it soon leaves the ledger untouched and waits in the queue.
         let mut permit: Option<Permit<'_>> = None;
-        for _ in 0..MAX_ROUNDS {
-            let now = self.clock.now_ms();
-            let calls = matches!(action, Action::Claim(_) | Action::Recover(..));
-            if calls && start.is_none() && !self.has_time_for_call(inv, now) {
-                // A claim now would send a call only to cut it off, making the job `unknown`:
-                // leave the ledger untouched and let a later delivery claim it.
-                return failed(backoff("too little time left for a call"), view);
-            }
-            let seen = match start.take() {
-                // The caller already read the item: decide from it, no write yet.
-                Some(seen) => seen,
-                None => {
-                    if matches!(action, Action::Claim(_)) && permit.is_none() {
-                        let tokens = self.pacer.estimated_tokens(&msg.input_canonical);
-                        let latest = self.latest_call_start(inv);
-                        match self.pacer.admit(tokens, &self.clock, latest).await {
-                            Ok(p) => permit = Some(p),
-                            Err(wait_ms) => {
-                                let view = match view {
-                                    None => self.create_waiting(msg, &job).await,
-                                    seen => seen,
-                                };
-                                return failed(Failure::Paced { wait_ms }, view);
-                            }
+        loop {
+            step = match step {
+                Step::Admit => {
+                    let tokens = self.pacer.estimated_tokens(&msg.input_canonical);
+                    let latest = self.latest_call_start(inv);
+                    match self.pacer.admit(tokens, &self.clock, latest).await {
+                        Ok(p) => {
+                            permit = Some(p);
+                            // The wait for capacity may have used the time the call needed.
+                            machine.admitted(self.clock.now_ms())
                         }
-                        // The wait for capacity may have used the time the call needed.
-                        if !self.has_time_for_call(inv, self.clock.now_ms()) {
-                            return failed(backoff("too little time left for a call"), view);
-                        }
+                        Err(wait_ms) => machine.paced(wait_ms),
                     }
+                }
+                Step::Paced { wait_ms } => {
+                    let view = match view {
+                        None => self.create_waiting(msg, &job).await,
+                        seen => seen,
+                    };
+                    return failed(Failure::Paced { wait_ms }, view);
+                }
+                Step::Write(op) => {
                     let now = self.clock.now_ms();
-                    let written = match action {
-                        Action::Claim(expect) => {
-                            // Nothing read yet, and nothing says the item exists: a whole-job
-                            // message's first write creates the item.
-                            let first_sight = view.is_none() && !msg.in_ledger;
-                            let claim = Claim {
-                                job: &job,
-                                expect,
-                                owner_id,
-                                first_sight,
-                            };
-                            self.claim(msg, claim).await
+                    match self.write(msg, &job, &op, owner_id, view.as_ref()).await {
+                        Err(e) => {
+                            tracing::warn!(job_id = %job.job_id, error = %e, "ledger call failed");
+                            machine.failed()
                         }
-                        Action::SettleAbsent => {
-                            let req = SettleRequest {
-                                job_id: job.job_id.clone(),
-                                from: SettleFrom::Absent(Box::new(job.clone())),
-                                reason: SettleReason::DeadlinePassed,
-                                now,
-                            };
-                            self.ledger.settle(req).await
-                        }
-                        Action::Settle(state, epoch, reason) => {
-                            let req = SettleRequest {
-                                job_id: job.job_id.clone(),
-                                from: SettleFrom::Seen { state, epoch },
-                                reason,
-                                now,
-                            };
-                            self.ledger.settle(req).await
-                        }
-                        Action::Recover(seen_epoch, seen_state) => {
-                            let reason = if seen_state == JobState::Unknown {
-                                format!(
-                                    "asking the provider about the unknown attempt of epoch {seen_epoch}"
-                                )
-                            } else {
-                                format!("lease of epoch {seen_epoch} lapsed")
-                            };
-                            let req = RecoverRequest {
-                                job_id: job.job_id.clone(),
-                                seen_epoch,
-                                owner_id: owner_id.to_owned(),
-                                now,
-                                lapsed_before: now - self.settings.skew_ms,
-                                lease_until: now + self.settings.lease_ms,
-                                reason,
-                                seen_recoveries: view.as_ref().map_or(0, |v| v.recoveries.len()),
-                            };
-                            let written = self.ledger.recover(req).await;
-                            let written = self
-                                .recognise(written, &job.job_id, |seen| {
-                                    shows_recovery(seen, seen_epoch, owner_id)
-                                })
-                                .await;
-                            match written {
-                                Ok(Write::Applied(fenced)) => {
-                                    watch.recovered();
-                                    return self
-                                        .after_recovery(msg, fenced, seen_epoch, inv, watch)
-                                        .await;
+                        Ok(Write::Applied(record)) => match machine.applied(&record) {
+                            Applied::Call => {
+                                if let Some(permit) = permit.as_mut() {
+                                    permit.spend();
                                 }
-                                other => other,
+                                return self.run_attempt(msg, record, inv, watch).await;
                             }
-                        }
-                    };
-                    match written {
-                        Err(e) => return ledger_failure(&job.job_id, &e, view),
-                        Ok(Write::Applied(record)) if record.state == JobState::Running => {
-                            if let Some(permit) = permit.as_mut() {
-                                permit.spend();
+                            Applied::Investigate { seen_epoch } => {
+                                watch.recovered();
+                                return self
+                                    .after_recovery(msg, record, seen_epoch, inv, watch)
+                                    .await;
                             }
-                            return self.run_attempt(msg, record, inv, watch).await;
+                            Applied::End(outcome) => {
+                                return Processed {
+                                    outcome,
+                                    view: Some(record),
+                                };
+                            }
+                        },
+                        Ok(Write::Refused(seen)) => {
+                            let next = machine.seen(seen.as_ref(), &msg.digest, now);
+                            if seen.is_some() {
+                                view = seen;
+                            }
+                            next
                         }
-                        Ok(Write::Applied(record)) => {
-                            return Processed {
-                                outcome: RecordOutcome::Done(record.state),
-                                view: Some(record),
-                            };
-                        }
-                        // No item where one was expected (removed by TTL, say): start again from absent.
-                        Ok(Write::Refused(None)) => {
-                            action = match deadline_phase(job.deadline_at, now, skew) {
-                                DeadlinePhase::Passed => Action::SettleAbsent,
-                                _ => Action::Claim(Expect::FRESH),
-                            };
-                            continue;
-                        }
-                        Ok(Write::Refused(Some(seen))) => seen,
                     }
                 }
+                Step::End(outcome) => return Processed { outcome, view },
             };
-            match next_step(&seen, &msg.digest, now, self.settings.skew_ms) {
-                Next::Claim(expect) => action = Action::Claim(expect),
-                Next::Settle(reason) => {
-                    action = Action::Settle(seen.state, seen.owner_epoch, reason)
-                }
-                // An expired lease authorises investigation only: fence, then look at the
-                // evidence; never a new call.
-                Next::AwaitRecovery => action = Action::Recover(seen.owner_epoch, seen.state),
-                // An unknown attempt with a reference: ask the provider again, under a new epoch.
-                Next::AwaitDecision if self.can_ask_about(&seen) => {
-                    action = Action::Recover(seen.owner_epoch, seen.state)
-                }
-                next => {
-                    return Processed {
-                        outcome: RecordOutcome::from_next(next, &msg.digest),
-                        view: Some(seen),
-                    };
-                }
-            }
-            view = Some(seen);
         }
-        failed(backoff("contention"), view)
+    }
+
+    /// One write before the call, as the admission asked for it; `view` is the item last seen.
+    async fn write(
+        &self,
+        msg: &JobMessage,
+        job: &NewJob,
+        op: &Op,
+        owner_id: &str,
+        view: Option<&JobRecord>,
+    ) -> Result<Write, LedgerError> {
+        let now = self.clock.now_ms();
+        match *op {
+            Op::Claim {
+                expect,
+                first_sight,
+            } => {
+                let claim = Claim {
+                    job,
+                    expect,
+                    owner_id,
+                    first_sight,
+                };
+                self.claim(msg, claim).await
+            }
+            Op::SettleAbsent => {
+                let req = SettleRequest {
+                    job_id: job.job_id.clone(),
+                    from: SettleFrom::Absent(Box::new(job.clone())),
+                    reason: SettleReason::DeadlinePassed,
+                    now,
+                };
+                self.ledger.settle(req).await
+            }
+            Op::Settle {
+                state,
+                epoch,
+                reason,
+            } => {
+                let req = SettleRequest {
+                    job_id: job.job_id.clone(),
+                    from: SettleFrom::Seen { state, epoch },
+                    reason,
+                    now,
+                };
+                self.ledger.settle(req).await
+            }
+            Op::Recover {
+                state: seen_state,
+                epoch: seen_epoch,
+            } => {
+                let reason = if seen_state == JobState::Unknown {
+                    format!("asking the provider about the unknown attempt of epoch {seen_epoch}")
+                } else {
+                    format!("lease of epoch {seen_epoch} lapsed")
+                };
+                let req = RecoverRequest {
+                    job_id: job.job_id.clone(),
+                    seen_epoch,
+                    owner_id: owner_id.to_owned(),
+                    now,
+                    lapsed_before: now - self.settings.skew_ms,
+                    lease_until: now + self.settings.lease_ms,
+                    reason,
+                    seen_recoveries: view.map_or(0, |v| v.recoveries.len()),
+                };
+                let written = self.ledger.recover(req).await;
+                self.recognise(written, &job.job_id, |seen| {
+                    shows_recovery(seen, seen_epoch, owner_id)
+                })
+                .await
+            }
+        }
     }
 
     /// The claim: one conditional write, recognised if its answer was lost. A first sight of a

@@ -1,0 +1,372 @@
+//! Which writes a delivery makes before its call, as a machine with no I/O: it is told what the
+//! clock, the pacer and the ledger said, and answers with the next [`Step`]. The processor
+//! carries the steps out; the protocol's model checker (`make model-check`) drives the same
+//! machine through every interleaving it explores.
+
+use crate::job::decision::{DeadlinePhase, Expect, Next, SettleReason, deadline_phase, next_step};
+use crate::job::{Failure, JobRecord, JobState, Millis, RecordOutcome};
+
+/// Writes one delivery may make before it gives up on a contended job and backs off.
+pub const MAX_ROUNDS: usize = 4;
+
+/// A ledger write a delivery makes before any call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Op {
+    /// Claim a new attempt expecting these values; on `first_sight` the write creates the item.
+    Claim {
+        /// What the claim expects to find.
+        expect: Expect,
+        /// Nothing read yet and nothing says the item exists.
+        first_sight: bool,
+    },
+    /// Create the job already expired (first sight past its deadline).
+    SettleAbsent,
+    /// Settle the job seen in `state` at `epoch`.
+    Settle {
+        /// The state seen.
+        state: JobState,
+        /// The epoch seen.
+        epoch: u64,
+        /// Why it ends.
+        reason: SettleReason,
+    },
+    /// Fence the owner seen in `state` at `epoch`, to look at the evidence of its attempt.
+    Recover {
+        /// The state seen.
+        state: JobState,
+        /// The epoch seen.
+        epoch: u64,
+    },
+}
+
+impl Op {
+    /// Whether the write, applied, leads to a provider call (a new attempt or a question).
+    pub fn calls(&self) -> bool {
+        matches!(self, Op::Claim { .. } | Op::Recover { .. })
+    }
+}
+
+/// What the delivery does next.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Step {
+    /// Take capacity for the call from the pacer before the claim that would start it.
+    Admit,
+    /// Make this write, then tell the machine what it did ([`Admission::applied`],
+    /// [`Admission::seen`] for a refusal, [`Admission::failed`]).
+    Write(Op),
+    /// No capacity soon: leave the job to wait in the queue this long (its item created, if
+    /// nothing was seen of it).
+    Paced {
+        /// How long to wait.
+        wait_ms: Millis,
+    },
+    /// The delivery ends so.
+    End(RecordOutcome),
+}
+
+/// What an applied write leads to.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Applied {
+    /// The claim holds: send the call.
+    Call,
+    /// The recovery claim holds: look at the evidence of the attempt of `seen_epoch`.
+    Investigate {
+        /// The epoch fenced.
+        seen_epoch: u64,
+    },
+    /// The delivery ends so (a settle).
+    End(RecordOutcome),
+}
+
+/// What the machine knows of the job and the invocation before anything is read.
+#[derive(Debug, Clone, Copy)]
+pub struct Facts {
+    /// The job's deadline.
+    pub deadline_at: Millis,
+    /// The clock-skew margin.
+    pub skew: Millis,
+    /// The latest moment a call may start in this invocation.
+    pub latest_call_start: Millis,
+    /// The provider can be asked about a call by its reference.
+    pub can_retrieve: bool,
+    /// The message says the ledger holds the job already.
+    pub in_ledger: bool,
+}
+
+/// The pre-call part of one delivery.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Admission {
+    deadline_at: Millis,
+    skew: Millis,
+    latest_call_start: Millis,
+    can_retrieve: bool,
+    in_ledger: bool,
+    /// Decisions made from what the ledger showed.
+    rounds: usize,
+    /// Something of the item was seen.
+    seen_any: bool,
+    /// Capacity was taken for the call.
+    admitted: bool,
+    /// The write made or about to be made.
+    op: Option<Op>,
+}
+
+impl Admission {
+    /// A delivery's first step, from the message alone (`item`: the item already read, if any).
+    pub fn start(
+        facts: Facts,
+        item: Option<&JobRecord>,
+        digest: &str,
+        now: Millis,
+    ) -> (Admission, Step) {
+        let mut machine = Admission {
+            deadline_at: facts.deadline_at,
+            skew: facts.skew,
+            latest_call_start: facts.latest_call_start,
+            can_retrieve: facts.can_retrieve,
+            in_ledger: facts.in_ledger,
+            rounds: 0,
+            seen_any: false,
+            admitted: false,
+            op: None,
+        };
+        let step = match deadline_phase(facts.deadline_at, now, facts.skew) {
+            // Too close to the deadline to claim, not yet surely past it to expire.
+            DeadlinePhase::Closing { remaining_ms } => {
+                Step::End(RecordOutcome::Failed(Failure::Deferred { remaining_ms }))
+            }
+            _ if item.is_some() => machine.seen(item, digest, now),
+            _ => {
+                let op = machine.when_absent(now);
+                machine.proceed(op, now)
+            }
+        };
+        (machine, step)
+    }
+
+    /// The write last asked for.
+    pub fn op(&self) -> Option<&Op> {
+        self.op.as_ref()
+    }
+
+    /// Capacity for the call was taken.
+    pub fn admitted(&mut self, now: Millis) -> Step {
+        self.admitted = true;
+        match self.op {
+            Some(op) => self.proceed(op, now),
+            None => Step::End(backoff("contention")),
+        }
+    }
+
+    /// No capacity within the time the call could use.
+    pub fn paced(&self, wait_ms: Millis) -> Step {
+        Step::Paced { wait_ms }
+    }
+
+    /// The write was applied and left `record`.
+    pub fn applied(&self, record: &JobRecord) -> Applied {
+        match &self.op {
+            Some(Op::Recover { epoch, .. }) => Applied::Investigate { seen_epoch: *epoch },
+            _ if record.state == JobState::Running => Applied::Call,
+            _ => Applied::End(RecordOutcome::Done(record.state)),
+        }
+    }
+
+    /// The write failed, and nothing shows whether it was applied.
+    pub fn failed(&self) -> Step {
+        Step::End(backoff("ledger"))
+    }
+
+    /// The item as a refusal (or a read) showed it; `None`: there is no item.
+    pub fn seen(&mut self, seen: Option<&JobRecord>, digest: &str, now: Millis) -> Step {
+        self.rounds += 1;
+        let op = match seen {
+            // No item where one was expected (removed by TTL, say): start again from absent.
+            None => self.when_absent(now),
+            Some(seen) => {
+                self.seen_any = true;
+                match next_step(seen, digest, now, self.skew) {
+                    Next::Claim(expect) => Op::Claim {
+                        expect,
+                        first_sight: false,
+                    },
+                    Next::Settle(reason) => Op::Settle {
+                        state: seen.state,
+                        epoch: seen.owner_epoch,
+                        reason,
+                    },
+                    // An expired lease authorises investigation only: fence, then look at the
+                    // evidence; never a new call.
+                    Next::AwaitRecovery => Op::Recover {
+                        state: seen.state,
+                        epoch: seen.owner_epoch,
+                    },
+                    // An unknown attempt with a reference: ask the provider again, under a new
+                    // epoch.
+                    Next::AwaitDecision
+                        if self.can_retrieve && seen.last_provider_ref().is_some() =>
+                    {
+                        Op::Recover {
+                            state: seen.state,
+                            epoch: seen.owner_epoch,
+                        }
+                    }
+                    next => return Step::End(RecordOutcome::from_next(next, digest)),
+                }
+            }
+        };
+        if self.rounds >= MAX_ROUNDS {
+            return Step::End(backoff("contention"));
+        }
+        self.proceed(op, now)
+    }
+
+    /// The write to make when no item is known.
+    fn when_absent(&self, now: Millis) -> Op {
+        match deadline_phase(self.deadline_at, now, self.skew) {
+            DeadlinePhase::Passed => Op::SettleAbsent,
+            _ => Op::Claim {
+                expect: Expect::FRESH,
+                first_sight: !self.seen_any && !self.in_ledger,
+            },
+        }
+    }
+
+    /// `op`, once there is time and capacity for the call it would start.
+    fn proceed(&mut self, op: Op, now: Millis) -> Step {
+        let claims = matches!(op, Op::Claim { .. });
+        let calls = op.calls();
+        self.op = Some(op);
+        if calls && now > self.latest_call_start {
+            // A claim now would send a call only to cut it off, making the job `unknown`:
+            // leave the ledger untouched and let a later delivery claim it.
+            return Step::End(backoff("too little time left for a call"));
+        }
+        if claims && !self.admitted {
+            return Step::Admit;
+        }
+        Step::Write(op)
+    }
+}
+
+fn backoff(cause: &'static str) -> RecordOutcome {
+    RecordOutcome::Failed(Failure::Backoff {
+        retry_after_ms: None,
+        cause,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::job::NewJob;
+
+    const NOW: Millis = 1_000_000;
+
+    fn facts() -> Facts {
+        Facts {
+            deadline_at: NOW + 600_000,
+            skew: 2_000,
+            latest_call_start: NOW + 60_000,
+            can_retrieve: false,
+            in_ledger: false,
+        }
+    }
+
+    fn ready(epoch: u64) -> JobRecord {
+        let job = NewJob {
+            job_id: "j".into(),
+            input_digest: "d".into(),
+            contract: "c".into(),
+            input: "{}".into(),
+            input_ref: None,
+            metadata: None,
+            deadline_at: NOW + 600_000,
+            max_attempts: 3,
+            expires_at: 0,
+        };
+        let mut r = job.into_record(JobState::Ready, NOW - 1_000);
+        r.owner_epoch = epoch;
+        r
+    }
+
+    #[test]
+    fn a_first_sight_is_admitted_then_claims_and_creates() {
+        let (mut m, step) = Admission::start(facts(), None, "d", NOW);
+        assert_eq!(step, Step::Admit);
+        let claim = Op::Claim {
+            expect: Expect::FRESH,
+            first_sight: true,
+        };
+        assert_eq!(m.admitted(NOW), Step::Write(claim));
+    }
+
+    #[test]
+    fn a_refusal_decides_from_the_item_and_the_next_claim_is_not_a_first_sight() {
+        let (mut m, _) = Admission::start(facts(), None, "d", NOW);
+        m.admitted(NOW);
+        let step = m.seen(Some(&ready(2)), "d", NOW);
+        let expect = Expect {
+            epoch: 2,
+            attempts: 0,
+        };
+        assert_eq!(
+            step,
+            Step::Write(Op::Claim {
+                expect,
+                first_sight: false
+            })
+        );
+    }
+
+    #[test]
+    fn a_contended_job_backs_off_after_four_decisions() {
+        let (mut m, _) = Admission::start(facts(), None, "d", NOW);
+        m.admitted(NOW);
+        for epoch in 1..MAX_ROUNDS as u64 {
+            assert!(matches!(
+                m.seen(Some(&ready(epoch)), "d", NOW),
+                Step::Write(_)
+            ));
+        }
+        assert_eq!(
+            m.seen(Some(&ready(9)), "d", NOW),
+            Step::End(backoff("contention"))
+        );
+    }
+
+    #[test]
+    fn no_claim_is_made_without_time_for_its_call_nor_in_the_deadlines_margin() {
+        let late = Facts {
+            latest_call_start: NOW - 1,
+            ..facts()
+        };
+        let (_, step) = Admission::start(late, None, "d", NOW);
+        assert_eq!(step, Step::End(backoff("too little time left for a call")));
+        let closing = Facts {
+            deadline_at: NOW + 1_000,
+            ..facts()
+        };
+        let (_, step) = Admission::start(closing, None, "d", NOW);
+        assert!(matches!(
+            step,
+            Step::End(RecordOutcome::Failed(Failure::Deferred { .. }))
+        ));
+    }
+
+    #[test]
+    fn a_job_past_its_deadline_is_settled_without_a_permit() {
+        let past = Facts {
+            deadline_at: NOW - 10_000,
+            ..facts()
+        };
+        let (m, step) = Admission::start(past, None, "d", NOW);
+        assert_eq!(step, Step::Write(Op::SettleAbsent));
+        let mut expired = ready(0);
+        expired.state = JobState::Expired;
+        assert_eq!(
+            m.applied(&expired),
+            Applied::End(RecordOutcome::Done(JobState::Expired))
+        );
+    }
+}
