@@ -18,8 +18,7 @@ use fenced_jobs::job::{
     AttemptOutcome, Failure, JobRecord, JobState, Millis, NewJob, RecordOutcome, next_step,
 };
 use fenced_jobs::ledger::transitions::{
-    apply_claim, apply_decide, apply_finish, apply_recover, apply_renew, apply_settle, shows_claim,
-    shows_end, shows_recovery,
+    apply_claim, apply_decide, apply_finish, apply_recover, apply_renew, apply_settle, shows_end,
 };
 use fenced_jobs::ledger::{
     AttemptEnd, ClaimRequest, DecideRequest, FinishRequest, OperatorAction, RecoverRequest,
@@ -36,8 +35,6 @@ use stateright::{Model, Property};
 /// The job every state is about.
 pub const JOB: &str = "job";
 const DIGEST: &str = "digest";
-/// Reads after a claim or recovery without an answer, as the processor makes them.
-const READ_BACK_TRIES: u8 = 3;
 
 /// The bounds of one check.
 #[derive(Debug, Clone)]
@@ -300,12 +297,10 @@ pub enum Pc {
         machine: Box<Admission>,
     },
     /// A claim or recovery failed without an answer: a consistent read says whose it was, read
-    /// again (up to [`READ_BACK_TRIES`] reads) while the reads fail.
-    Recognise {
-        /// The delivery's admission; its write failed.
+    /// again while the reads fail, as the admission asks (`Step::ReadBack`).
+    ReadBack {
+        /// The delivery's admission; its write went unanswered.
         machine: Box<Admission>,
-        /// Reads that failed so far.
-        failed_reads: u8,
     },
     /// Claimed: the call is about to be sent.
     Claimed {
@@ -687,6 +682,13 @@ impl Protocol {
                     };
                     return;
                 }
+                // The pause before the read is the world's: any interleaving may fall in it.
+                Step::ReadBack { .. } => {
+                    next.workers[worker].pc = Pc::ReadBack {
+                        machine: Box::new(machine),
+                    };
+                    return;
+                }
                 Step::Paced { wait_ms } => {
                     let outcome = RecordOutcome::Failed(Failure::Paced { wait_ms });
                     self.report(next, worker, &outcome, note);
@@ -745,32 +747,16 @@ impl Protocol {
     ) -> bool {
         match next.workers[worker].pc.clone() {
             Pc::Write { machine } => self.write_op(next, worker, *machine, fault, note),
-            Pc::Recognise {
-                machine,
-                failed_reads,
-            } => {
+            Pc::ReadBack { mut machine } => {
                 if fault != Fault::None {
                     note.push_str("reads the item after a failed write: the read fails too");
-                    if failed_reads + 1 < READ_BACK_TRIES {
-                        next.workers[worker].pc = Pc::Recognise {
-                            machine,
-                            failed_reads: failed_reads + 1,
-                        };
-                        return true;
-                    }
-                    let outcome = RecordOutcome::Failed(backoff());
-                    self.report(next, worker, &outcome, note);
+                    let step = machine.read_failed();
+                    self.take(next, worker, *machine, step, note);
                     return true;
                 }
                 let owner = Self::owner_id(next, worker);
-                let seen = next.item.clone();
-                let ours = seen.as_ref().is_some_and(|s| match machine.op() {
-                    Some(&Op::Claim { expect, .. }) => shows_claim(s, expect, &owner),
-                    Some(&Op::Recover { epoch, .. }) => shows_recovery(s, epoch, &owner),
-                    _ => false,
-                });
-                match seen {
-                    Some(s) if ours => {
+                match next.item.clone() {
+                    Some(s) if machine.ours(&s, &owner) => {
                         note.push_str("reads the item: its own write was applied");
                         self.applied(next, worker, &machine, s, note);
                     }
@@ -895,7 +881,7 @@ impl Protocol {
         &self,
         next: &mut State,
         worker: usize,
-        machine: Admission,
+        mut machine: Admission,
         fault: Fault,
         note: &mut String,
     ) -> bool {
@@ -1000,30 +986,16 @@ impl Protocol {
             }
         };
         match answer {
-            None => match op {
-                Op::Claim { .. } | Op::Recover { .. } => {
-                    note.push_str(": no answer");
-                    next.workers[worker].pc = Pc::Recognise {
-                        machine: Box::new(machine),
-                        failed_reads: 0,
-                    };
-                }
-                _ => {
-                    note.push_str(": no answer");
-                    let step = machine.failed();
-                    self.take(next, worker, machine, step, note);
-                }
-            },
+            None => {
+                note.push_str(": no answer");
+                let step = machine.unanswered();
+                self.take(next, worker, machine, step, note);
+            }
             Some(Write::Applied(record)) => {
                 note.push_str(": applied");
                 self.applied(next, worker, &machine, record, note);
             }
-            Some(Write::Refused(Some(seen)))
-                if match op {
-                    Op::Claim { expect, .. } => shows_claim(&seen, expect, &owner),
-                    _ => false,
-                } =>
-            {
+            Some(Write::Refused(Some(seen))) if machine.ours(&seen, &owner) => {
                 note.push_str(": refused, but the item shows its own claim");
                 self.applied(next, worker, &machine, seen, note);
             }
@@ -1736,7 +1708,7 @@ impl Model for Protocol {
                     }
                 }
                 // A read (after a write that failed) answers or fails: it applies nothing.
-                Pc::Recognise { .. } => {
+                Pc::ReadBack { .. } => {
                     for &fault in self.faults(state) {
                         if fault != Fault::Lost {
                             actions.push(Action::Step { worker, fault });

@@ -5,9 +5,12 @@
 
 use crate::job::decision::{DeadlinePhase, Expect, Next, SettleReason, deadline_phase, next_step};
 use crate::job::{Failure, JobRecord, JobState, Millis, RecordOutcome};
+use crate::ledger::transitions::{shows_claim, shows_recovery};
 
 /// Writes one delivery may make before it gives up on a contended job and backs off.
 pub const MAX_ROUNDS: usize = 4;
+/// Pauses before each read that looks for a claim or recovery whose answer was lost.
+pub const READ_BACK_PAUSES_MS: [u64; 3] = [0, 100, 400];
 
 /// A ledger write a delivery makes before any call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -52,8 +55,16 @@ pub enum Step {
     /// Take capacity for the call from the pacer before the claim that would start it.
     Admit,
     /// Make this write, then tell the machine what it did ([`Admission::applied`],
-    /// [`Admission::seen`] for a refusal, [`Admission::failed`]).
+    /// [`Admission::seen`] for a refusal unless it shows [`Admission::ours`],
+    /// [`Admission::unanswered`], [`Admission::failed`]).
     Write(Op),
+    /// After this pause, read the item: was the claim or recovery whose answer was lost
+    /// applied? ([`Admission::ours`] and [`Admission::applied`], [`Admission::seen`], or
+    /// [`Admission::read_failed`].)
+    ReadBack {
+        /// The pause before the read.
+        pause_ms: u64,
+    },
     /// No capacity soon: leave the job to wait in the queue this long (its item created, if
     /// nothing was seen of it).
     Paced {
@@ -107,6 +118,8 @@ pub struct Admission {
     seen_any: bool,
     /// Capacity was taken for the call.
     admitted: bool,
+    /// Reads after a write whose answer was lost that failed too.
+    failed_reads: usize,
     /// The write made or about to be made.
     op: Option<Op>,
 }
@@ -128,6 +141,7 @@ impl Admission {
             rounds: 0,
             seen_any: false,
             admitted: false,
+            failed_reads: 0,
             op: None,
         };
         let step = match deadline_phase(facts.deadline_at, now, facts.skew) {
@@ -172,9 +186,45 @@ impl Admission {
         }
     }
 
-    /// The write failed, and nothing shows whether it was applied.
+    /// The request failed before anything was written.
     pub fn failed(&self) -> Step {
         Step::End(backoff("ledger"))
+    }
+
+    /// The write was sent and no answer came: it may have been applied. A claim applied and not
+    /// recognised would leave the job `running` with no call, for a recovery to find
+    /// uncertain, so the item is read while the reads go unanswered; a settle is left to the
+    /// next delivery.
+    pub fn unanswered(&mut self) -> Step {
+        match self.op {
+            Some(Op::Claim { .. } | Op::Recover { .. }) => {
+                self.failed_reads = 0;
+                Step::ReadBack {
+                    pause_ms: READ_BACK_PAUSES_MS[0],
+                }
+            }
+            _ => self.failed(),
+        }
+    }
+
+    /// The read after an unanswered write failed too. After the last, the job is left to its
+    /// lease and the recovery.
+    pub fn read_failed(&mut self) -> Step {
+        self.failed_reads += 1;
+        match READ_BACK_PAUSES_MS.get(self.failed_reads) {
+            Some(&pause_ms) => Step::ReadBack { pause_ms },
+            None => self.failed(),
+        }
+    }
+
+    /// Whether `seen` shows this delivery's own claim or recovery applied (`owner_id` is
+    /// unique to the delivery): a retry refused by its first try, or a read after a lost answer.
+    pub fn ours(&self, seen: &JobRecord, owner_id: &str) -> bool {
+        match self.op {
+            Some(Op::Claim { expect, .. }) => shows_claim(seen, expect, owner_id),
+            Some(Op::Recover { epoch, .. }) => shows_recovery(seen, epoch, owner_id),
+            _ => false,
+        }
     }
 
     /// The item as a refusal (or a read) showed it; `None`: there is no item.
@@ -352,6 +402,26 @@ mod tests {
             step,
             Step::End(RecordOutcome::Failed(Failure::Deferred { .. }))
         ));
+    }
+
+    #[test]
+    fn a_claim_whose_answer_was_lost_is_read_for_three_times_then_left_to_its_lease() {
+        let (mut m, _) = Admission::start(facts(), None, "d", NOW);
+        m.admitted(NOW);
+        assert_eq!(m.unanswered(), Step::ReadBack { pause_ms: 0 });
+        assert_eq!(m.read_failed(), Step::ReadBack { pause_ms: 100 });
+        assert_eq!(m.read_failed(), Step::ReadBack { pause_ms: 400 });
+        assert_eq!(m.read_failed(), Step::End(backoff("ledger")));
+    }
+
+    #[test]
+    fn an_unanswered_settle_is_not_read_for() {
+        let past = Facts {
+            deadline_at: NOW - 10_000,
+            ..facts()
+        };
+        let (mut m, _) = Admission::start(past, None, "d", NOW);
+        assert_eq!(m.unanswered(), Step::End(backoff("ledger")));
     }
 
     #[test]

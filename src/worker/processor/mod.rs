@@ -32,7 +32,6 @@ use crate::job::{
     Failure, InvalidMessage, JobMessage, JobRecord, JobState, Millis, NewJob, RecordOutcome,
     Trigger,
 };
-use crate::ledger::transitions::{shows_claim, shows_recovery};
 use crate::ledger::{
     AttemptEnd, ClaimRequest, CreateRequest, JobLedger, LedgerError, RecoverRequest, SettleFrom,
     SettleRequest, Write,
@@ -43,8 +42,6 @@ use crate::provider::Provider;
 const RECORD_TRIES: usize = 3;
 /// Retrievals answered 401/403 before a background attempt is recorded uncertain.
 const MAX_DENIED_RETRIEVALS: u32 = 3;
-/// Pauses before each read that looks for a write whose answer was lost.
-const READ_BACK_PAUSES_MS: [u64; 3] = [0, 100, 400];
 /// A call is not started with less time than this left before its bound.
 const MIN_CALL_BUDGET_MS: Millis = 100;
 
@@ -284,42 +281,101 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
                 }
                 Step::Write(op) => {
                     let now = self.clock.now_ms();
-                    match self.write(msg, &job, &op, owner_id, view.as_ref()).await {
-                        Err(e) => {
+                    let seen = match self.write(msg, &job, &op, owner_id, view.as_ref()).await {
+                        Err((e, sent)) => {
                             tracing::warn!(job_id = %job.job_id, error = %e, "ledger call failed");
-                            machine.failed()
+                            step = if sent {
+                                machine.unanswered()
+                            } else {
+                                machine.failed()
+                            };
+                            continue;
                         }
-                        Ok(Write::Applied(record)) => match machine.applied(&record) {
-                            Applied::Call => {
-                                if let Some(permit) = permit.as_mut() {
-                                    permit.spend();
-                                }
-                                return self.run_attempt(msg, record, inv, watch).await;
-                            }
-                            Applied::Investigate { seen_epoch } => {
-                                watch.recovered();
-                                return self
-                                    .after_recovery(msg, record, seen_epoch, inv, watch)
-                                    .await;
-                            }
-                            Applied::End(outcome) => {
-                                return Processed {
-                                    outcome,
-                                    view: Some(record),
-                                };
-                            }
-                        },
-                        Ok(Write::Refused(seen)) => {
+                        Ok(Write::Applied(record)) => {
+                            let applied = machine.applied(&record);
+                            return self
+                                .go_on(applied, record, msg, permit.as_mut(), inv, watch)
+                                .await;
+                        }
+                        // A retry refused by its own first try.
+                        Ok(Write::Refused(Some(record))) if machine.ours(&record, owner_id) => {
+                            let applied = machine.applied(&record);
+                            return self
+                                .go_on(applied, record, msg, permit.as_mut(), inv, watch)
+                                .await;
+                        }
+                        Ok(Write::Refused(seen)) => seen,
+                    };
+                    let next = machine.seen(seen.as_ref(), &msg.digest, now);
+                    if seen.is_some() {
+                        view = seen;
+                    }
+                    next
+                }
+                Step::ReadBack { pause_ms } => {
+                    tokio::time::sleep(Duration::from_millis(pause_ms)).await;
+                    let now = self.clock.now_ms();
+                    match self.ledger.get(&job.job_id).await {
+                        Ok(Some(seen)) if machine.ours(&seen, owner_id) => {
+                            tracing::info!(
+                                job_id = %job.job_id,
+                                "our write was applied though its answer was lost"
+                            );
+                            let applied = machine.applied(&seen);
+                            return self
+                                .go_on(applied, seen, msg, permit.as_mut(), inv, watch)
+                                .await;
+                        }
+                        Ok(seen) => {
                             let next = machine.seen(seen.as_ref(), &msg.digest, now);
                             if seen.is_some() {
                                 view = seen;
                             }
                             next
                         }
+                        Err(_) => match machine.read_failed() {
+                            Step::End(outcome) => {
+                                tracing::error!(
+                                    job_id = %job.job_id,
+                                    "a write and every read after it went unanswered; if the write was applied, the job waits for its lease to lapse"
+                                );
+                                return Processed { outcome, view };
+                            }
+                            next => next,
+                        },
                     }
                 }
                 Step::End(outcome) => return Processed { outcome, view },
             };
+        }
+    }
+
+    /// Goes on from our own write, applied and leaving `record`.
+    async fn go_on(
+        &self,
+        applied: Applied,
+        record: JobRecord,
+        msg: &JobMessage,
+        permit: Option<&mut Permit<'_>>,
+        inv: &Invocation,
+        watch: &dyn AttemptWatch,
+    ) -> Processed {
+        match applied {
+            Applied::Call => {
+                if let Some(permit) = permit {
+                    permit.spend();
+                }
+                self.run_attempt(msg, record, inv, watch).await
+            }
+            Applied::Investigate { seen_epoch } => {
+                watch.recovered();
+                self.after_recovery(msg, record, seen_epoch, inv, watch)
+                    .await
+            }
+            Applied::End(outcome) => Processed {
+                outcome,
+                view: Some(record),
+            },
         }
     }
 
@@ -331,8 +387,10 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         op: &Op,
         owner_id: &str,
         view: Option<&JobRecord>,
-    ) -> Result<Write, LedgerError> {
+    ) -> Result<Write, (LedgerError, bool)> {
         let now = self.clock.now_ms();
+        // Whether a failed request was sent (it may have been applied).
+        let sent = |e| (e, true);
         match *op {
             Op::Claim {
                 expect,
@@ -353,7 +411,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
                     reason: SettleReason::DeadlinePassed,
                     now,
                 };
-                self.ledger.settle(req).await
+                self.ledger.settle(req).await.map_err(sent)
             }
             Op::Settle {
                 state,
@@ -366,7 +424,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
                     reason,
                     now,
                 };
-                self.ledger.settle(req).await
+                self.ledger.settle(req).await.map_err(sent)
             }
             Op::Recover {
                 state: seen_state,
@@ -387,11 +445,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
                     reason,
                     seen_recoveries: view.map_or(0, |v| v.recoveries.len()),
                 };
-                let written = self.ledger.recover(req).await;
-                self.recognise(written, &job.job_id, |seen| {
-                    shows_recovery(seen, seen_epoch, owner_id)
-                })
-                .await
+                self.ledger.recover(req).await.map_err(sent)
             }
         }
     }
@@ -400,7 +454,11 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
     /// message SQS delivered before reads first: the item most likely exists (often finished),
     /// and the item read decides as a refused create's would, without the whole item carried
     /// both ways; only an absent item is then created.
-    async fn claim(&self, msg: &JobMessage, claim: Claim<'_>) -> Result<Write, LedgerError> {
+    async fn claim(
+        &self,
+        msg: &JobMessage,
+        claim: Claim<'_>,
+    ) -> Result<Write, (LedgerError, bool)> {
         let Claim {
             job,
             expect,
@@ -409,7 +467,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         } = claim;
         if first_sight
             && msg.delivered_before
-            && let Some(item) = self.ledger.get(&job.job_id).await?
+            && let Some(item) = self.ledger.get(&job.job_id).await.map_err(|e| (e, false))?
         {
             // Nothing written: the item as it stands.
             return Ok(Write::Refused(Some(item)));
@@ -428,11 +486,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
             ),
             first_sight,
         };
-        let written = self.ledger.claim(req).await;
-        self.recognise(written, &job.job_id, |seen| {
-            shows_claim(seen, expect, owner_id)
-        })
-        .await
+        self.ledger.claim(req).await.map_err(|e| (e, true))
     }
 
     /// The item of a job seen for the first time that must wait for capacity: created `ready`
@@ -455,46 +509,6 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
                 tracing::warn!(job_id = %job.job_id, error = %e, "creating a waiting job failed");
                 None
             }
-        }
-    }
-
-    /// Our own write recognised when its answer was lost: a retry refused by our first try, or
-    /// a request that failed without an answer after which one consistent read shows our write
-    /// (`ours`: the owner id is unique to this delivery). A failed request after which the read
-    /// shows something else is refused by what the read shows; if the read fails too, the
-    /// failure stands.
-    async fn recognise(
-        &self,
-        written: Result<Write, LedgerError>,
-        job_id: &str,
-        ours: impl Fn(&JobRecord) -> bool,
-    ) -> Result<Write, LedgerError> {
-        match written {
-            Ok(Write::Refused(Some(seen))) if ours(&seen) => Ok(Write::Applied(seen)),
-            Err(e) => {
-                // Read again while the reads go unanswered: a claim applied and not recognised
-                // would leave the job `running` with no call, for a recovery to find uncertain.
-                for pause_ms in READ_BACK_PAUSES_MS {
-                    tokio::time::sleep(Duration::from_millis(pause_ms)).await;
-                    match self.ledger.get(job_id).await {
-                        Ok(Some(seen)) if ours(&seen) => {
-                            tracing::info!(
-                                job_id,
-                                "our write was applied though its answer was lost"
-                            );
-                            return Ok(Write::Applied(seen));
-                        }
-                        Ok(seen) => return Ok(Write::Refused(seen)),
-                        Err(_) => {}
-                    }
-                }
-                tracing::error!(
-                    job_id,
-                    "a write and every read after it went unanswered; if the write was applied, the job waits for its lease to lapse"
-                );
-                Err(e)
-            }
-            other => other,
         }
     }
 
