@@ -509,7 +509,7 @@ async fn a_queues_visibility_timeout_is_read_once_and_a_failed_read_is_not_retri
 #[tokio::test]
 async fn a_dead_letter_sqs_failed_is_sent_again_alone_and_a_taken_one_never() {
     use common::http::{HttpStub, Reply};
-    use fenced_jobs::queue::{DeadLetter, DeadLetterQueue, SqsDeadLetters};
+    use fenced_jobs::queue::{DeadLetter, DeadLetterQueue};
     use serde_json::json;
     let server = HttpStub::start(|req, before| {
         let entries = req.json()["Entries"]
@@ -538,13 +538,7 @@ async fn a_dead_letter_sqs_failed_is_sent_again_alone_and_a_taken_one_never() {
         Reply::json(200, json!({"Successful": ids, "Failed": []}))
     })
     .await;
-    let config = aws_config::defaults(aws_config::BehaviorVersion::latest())
-        .region(aws_config::Region::new("us-east-1"))
-        .endpoint_url(&server.url)
-        .load()
-        .await;
-    let client = aws_sdk_sqs::Client::new(&config);
-    let queue = SqsDeadLetters::new(client, format!("{}/123456789012/dlq", server.url));
+    let queue = dead_letters_at(&server.url, "dlq").await;
     let letter = |body: &str| DeadLetter {
         body: body.into(),
         reason: "poison",
@@ -574,7 +568,7 @@ async fn a_dead_letter_sqs_failed_is_sent_again_alone_and_a_taken_one_never() {
 #[tokio::test]
 async fn a_fifo_dead_letter_is_deduplicated_by_its_original_message_id() {
     use common::http::{HttpStub, Reply};
-    use fenced_jobs::queue::{DeadLetter, DeadLetterQueue, SqsDeadLetters};
+    use fenced_jobs::queue::{DeadLetter, DeadLetterQueue};
     use serde_json::json;
     let server = HttpStub::start(|req, _| {
         let ok: Vec<_> = req.json()["Entries"]
@@ -587,15 +581,7 @@ async fn a_fifo_dead_letter_is_deduplicated_by_its_original_message_id() {
         Reply::json(200, json!({"Successful": ok, "Failed": []}))
     })
     .await;
-    let config = aws_config::defaults(aws_config::BehaviorVersion::latest())
-        .region(aws_config::Region::new("us-east-1"))
-        .endpoint_url(&server.url)
-        .load()
-        .await;
-    let queue = SqsDeadLetters::new(
-        aws_sdk_sqs::Client::new(&config),
-        format!("{}/123456789012/dlq.fifo", server.url),
-    );
+    let queue = dead_letters_at(&server.url, "dlq.fifo").await;
     let letter = DeadLetter {
         body: "{not json".into(),
         reason: "poison",
@@ -611,4 +597,17 @@ async fn a_fifo_dead_letter_is_deduplicated_by_its_original_message_id() {
         assert_eq!(entry["MessageDeduplicationId"], "src-17");
         assert_eq!(entry["MessageGroupId"], "j-9");
     }
+}
+
+/// The worker's dead letters to the queue `name` of a scripted SQS at `url`.
+async fn dead_letters_at(url: &str, name: &str) -> fenced_jobs::queue::SqsDeadLetters {
+    let config = aws_config::defaults(aws_config::BehaviorVersion::latest())
+        .region(aws_config::Region::new("us-east-1"))
+        .endpoint_url(url)
+        .load()
+        .await;
+    fenced_jobs::queue::SqsDeadLetters::new(
+        aws_sdk_sqs::Client::new(&config),
+        format!("{url}/123456789012/{name}"),
+    )
 }

@@ -26,7 +26,7 @@ use fenced_jobs::ledger::{
 };
 use fenced_jobs::provider::{Answer, ProviderError};
 use fenced_jobs::worker::ReplayPolicy;
-use fenced_jobs::worker::admission::{Admission, Applied, Facts, Op, Step};
+use fenced_jobs::worker::admission::{Admission, Applied, Facts, Op, Settle, Step};
 use fenced_jobs::worker::ending::{
     acceptable_end, attempt_end, lease_holds, not_sent_end, uncertain_end,
 };
@@ -689,11 +689,6 @@ impl Protocol {
                     };
                     return;
                 }
-                Step::Paced { wait_ms } => {
-                    let outcome = RecordOutcome::Failed(Failure::Paced { wait_ms });
-                    self.report(next, worker, &outcome, note);
-                    return;
-                }
                 Step::End(outcome) => {
                     self.report(next, worker, &outcome, note);
                     return;
@@ -937,29 +932,19 @@ impl Protocol {
                 }
                 self.write(next, claim, fault, Some(expect.epoch))
             }
-            Op::SettleAbsent => {
-                let req = SettleRequest {
-                    job_id: JOB.to_owned(),
-                    from: SettleFrom::Absent(Box::new(job)),
-                    reason: fenced_jobs::job::decision::SettleReason::DeadlinePassed,
-                    now,
+            Op::Settle(settle) => {
+                let req = settle.request(&job, now);
+                let epoch = match settle {
+                    Settle::Absent => {
+                        note.push_str("creates the job expired");
+                        None
+                    }
+                    Settle::Seen { epoch, reason, .. } => {
+                        let _ = write!(note, "settles the job ({})", reason.kind());
+                        Some(epoch)
+                    }
                 };
-                note.push_str("creates the job expired");
-                self.write(next, |c| apply_settle(c, &req), fault, None)
-            }
-            Op::Settle {
-                state,
-                epoch,
-                reason,
-            } => {
-                let req = SettleRequest {
-                    job_id: JOB.to_owned(),
-                    from: SettleFrom::Seen { state, epoch },
-                    reason,
-                    now,
-                };
-                let _ = write!(note, "settles the job ({})", reason.kind());
-                self.write(next, |c| apply_settle(c, &req), fault, Some(epoch))
+                self.write(next, |c| apply_settle(c, &req), fault, epoch)
             }
             Op::Recover { state, epoch } => {
                 let lapsed_before = if self.mutated(Mutation::RecoveryIgnoresLease) {

@@ -174,18 +174,7 @@ mod tests {
     const NOW: Millis = 1_000_000;
 
     fn record(state: JobState) -> JobRecord {
-        let mut r = NewJob {
-            job_id: "j".into(),
-            input_digest: "d".into(),
-            contract: "c".into(),
-            input: "{}".into(),
-            input_ref: None,
-            metadata: None,
-            deadline_at: NOW + 60_000,
-            max_attempts: 3,
-            expires_at: 0,
-        }
-        .into_record(state, NOW - 10_000);
+        let mut r = NewJob::example("j", NOW + 60_000).into_record(state, NOW - 10_000);
         r.owner_epoch = 2;
         r.attempts = 1;
         r

@@ -352,6 +352,24 @@ impl Default for JobDefaults {
     }
 }
 
+#[cfg(any(test, feature = "test-support"))]
+impl NewJob {
+    /// A job for tests: digest `d`, contract `c`, input `{}`, three attempts, kept for ever.
+    pub fn example(job_id: &str, deadline_at: Millis) -> NewJob {
+        NewJob {
+            job_id: job_id.to_owned(),
+            input_digest: "d".into(),
+            contract: "c".into(),
+            input: "{}".into(),
+            input_ref: None,
+            metadata: None,
+            deadline_at,
+            max_attempts: 3,
+            expires_at: 0,
+        }
+    }
+}
+
 impl NewJob {
     /// The job a message creates at `now`: the message's deadline and budget, or the defaults,
     /// and a TTL of the deadline plus the retention.

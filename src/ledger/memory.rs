@@ -324,17 +324,7 @@ pub async fn succeeded_at(ledger: &impl JobLedger, job_id: &str, answer: &str, a
 /// later, for tests.
 #[cfg(any(test, feature = "test-support"))]
 pub async fn ended_at(ledger: &impl JobLedger, job_id: &str, end: super::AttemptEnd, at: Millis) {
-    let job = crate::job::NewJob {
-        job_id: job_id.into(),
-        input_digest: "d".into(),
-        contract: "c".into(),
-        input: "{}".into(),
-        input_ref: None,
-        metadata: None,
-        deadline_at: at + 3_600_000,
-        max_attempts: 3,
-        expires_at: 0,
-    };
+    let job = crate::job::NewJob::example(job_id, at + 3_600_000);
     let claim = super::ClaimRequest {
         job,
         expect: crate::job::Expect::FRESH,
@@ -364,17 +354,7 @@ mod tests {
     async fn a_walk_through_the_index_returns_every_job_once_across_a_shared_millisecond() {
         // GIVEN seven ready jobs written in the same millisecond and one a millisecond later
         let ledger = InMemoryLedger::new();
-        let job = |id: &str| NewJob {
-            job_id: id.into(),
-            input_digest: "d".into(),
-            contract: "c".into(),
-            input: "{}".into(),
-            input_ref: None,
-            metadata: None,
-            deadline_at: 10_000,
-            max_attempts: 3,
-            expires_at: 0,
-        };
+        let job = |id: &str| NewJob::example(id, 10_000);
         for (id, at) in [
             ("a", 5),
             ("b", 5),

@@ -7,6 +7,7 @@ use crate::blobs::BlobStore;
 use crate::job::message::format_rfc3339_ms;
 use crate::job::{BlobRef, Failure, InvalidMessage, JobRecord, JobState, Millis, Trigger};
 use crate::ledger::{DecideRequest, JobLedger, LedgerError, OperatorAction, Write};
+use crate::provider::simulated::check_controls;
 use crate::queue::triggers::dedup_id;
 use crate::queue::{Outgoing, TriggerSender};
 
@@ -322,7 +323,7 @@ async fn dead_trigger(
     body: &str,
     named: Option<&str>,
 ) -> Result<Trigger, DlqVerdict> {
-    match crate::blobs::body::resolve_body(blobs, Some(body)).await {
+    match crate::blobs::body::resolve_body(blobs, Some(body), check_controls).await {
         Ok(trigger) => Ok(trigger),
         Err(Failure::Poison(InvalidMessage::PayloadMissing)) => {
             crate::job::pointer::named_job(named)
@@ -494,17 +495,7 @@ mod tests {
     use crate::queue::RecordingTriggers;
 
     fn new_job(job_id: &str) -> NewJob {
-        NewJob {
-            job_id: job_id.to_owned(),
-            input_digest: "d".into(),
-            contract: "c".into(),
-            input: "{}".into(),
-            input_ref: None,
-            metadata: None,
-            deadline_at: 10_000_000,
-            max_attempts: 3,
-            expires_at: 0,
-        }
+        NewJob::example(job_id, 10_000_000)
     }
 
     async fn unknown_job(ledger: &impl JobLedger, job_id: &str) {

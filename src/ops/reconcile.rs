@@ -319,17 +319,7 @@ mod tests {
         lease_until: Millis,
         provider_ref: Option<&str>,
     ) {
-        let job = NewJob {
-            job_id: job_id.into(),
-            input_digest: "d".into(),
-            contract: "c".into(),
-            input: "{}".into(),
-            input_ref: None,
-            metadata: None,
-            deadline_at: T,
-            max_attempts: 3,
-            expires_at: 0,
-        };
+        let job = NewJob::example(job_id, T);
         let claim = ClaimRequest {
             job,
             expect: Expect::FRESH,

@@ -4,8 +4,9 @@
 //! machine through every interleaving it explores.
 
 use crate::job::decision::{DeadlinePhase, Expect, Next, SettleReason, deadline_phase, next_step};
-use crate::job::{Failure, JobRecord, JobState, Millis, RecordOutcome};
+use crate::job::{Failure, JobRecord, JobState, Millis, NewJob, RecordOutcome};
 use crate::ledger::transitions::{shows_claim, shows_recovery};
+use crate::ledger::{SettleFrom, SettleRequest};
 
 /// Writes one delivery may make before it gives up on a contended job and backs off.
 pub const MAX_ROUNDS: usize = 4;
@@ -22,17 +23,8 @@ pub enum Op {
         /// Nothing read yet and nothing says the item exists.
         first_sight: bool,
     },
-    /// Create the job already expired (first sight past its deadline).
-    SettleAbsent,
-    /// Settle the job seen in `state` at `epoch`.
-    Settle {
-        /// The state seen.
-        state: JobState,
-        /// The epoch seen.
-        epoch: u64,
-        /// Why it ends.
-        reason: SettleReason,
-    },
+    /// End the job without a claim.
+    Settle(Settle),
     /// Fence the owner seen in `state` at `epoch`, to look at the evidence of its attempt.
     Recover {
         /// The state seen.
@@ -49,10 +41,50 @@ impl Op {
     }
 }
 
+/// A job ended without a claim.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Settle {
+    /// Created already expired (first sight past its deadline).
+    Absent,
+    /// Seen in `state` at `epoch`.
+    Seen {
+        /// The state seen.
+        state: JobState,
+        /// The epoch seen.
+        epoch: u64,
+        /// Why it ends.
+        reason: SettleReason,
+    },
+}
+
+impl Settle {
+    /// The write, for `job` at `now`.
+    pub fn request(self, job: &NewJob, now: Millis) -> SettleRequest {
+        let (from, reason) = match self {
+            Settle::Absent => (
+                SettleFrom::Absent(Box::new(job.clone())),
+                SettleReason::DeadlinePassed,
+            ),
+            Settle::Seen {
+                state,
+                epoch,
+                reason,
+            } => (SettleFrom::Seen { state, epoch }, reason),
+        };
+        SettleRequest {
+            job_id: job.job_id.clone(),
+            from,
+            reason,
+            now,
+        }
+    }
+}
+
 /// What the delivery does next.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Step {
-    /// Take capacity for the call from the pacer before the claim that would start it.
+    /// Take capacity for the call from the pacer before the claim that would start it
+    /// ([`Admission::admitted`]; without capacity soon, the record waits in the queue).
     Admit,
     /// Make this write, then tell the machine what it did ([`Admission::applied`],
     /// [`Admission::seen`] for a refusal unless it shows [`Admission::ours`],
@@ -64,12 +96,6 @@ pub enum Step {
     ReadBack {
         /// The pause before the read.
         pause_ms: u64,
-    },
-    /// No capacity soon: leave the job to wait in the queue this long (its item created, if
-    /// nothing was seen of it).
-    Paced {
-        /// How long to wait.
-        wait_ms: Millis,
     },
     /// The delivery ends so.
     End(RecordOutcome),
@@ -90,7 +116,7 @@ pub enum Applied {
 }
 
 /// What the machine knows of the job and the invocation before anything is read.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Facts {
     /// The job's deadline.
     pub deadline_at: Millis,
@@ -107,11 +133,7 @@ pub struct Facts {
 /// The pre-call part of one delivery.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Admission {
-    deadline_at: Millis,
-    skew: Millis,
-    latest_call_start: Millis,
-    can_retrieve: bool,
-    in_ledger: bool,
+    facts: Facts,
     /// Decisions made from what the ledger showed.
     rounds: usize,
     /// Something of the item was seen.
@@ -133,11 +155,7 @@ impl Admission {
         now: Millis,
     ) -> (Admission, Step) {
         let mut machine = Admission {
-            deadline_at: facts.deadline_at,
-            skew: facts.skew,
-            latest_call_start: facts.latest_call_start,
-            can_retrieve: facts.can_retrieve,
-            in_ledger: facts.in_ledger,
+            facts,
             rounds: 0,
             seen_any: false,
             admitted: false,
@@ -163,18 +181,13 @@ impl Admission {
         self.op.as_ref()
     }
 
-    /// Capacity for the call was taken.
+    /// Capacity for the call was taken (after [`Step::Admit`], whose claim is still to make).
     pub fn admitted(&mut self, now: Millis) -> Step {
         self.admitted = true;
         match self.op {
             Some(op) => self.proceed(op, now),
-            None => Step::End(backoff("contention")),
+            None => self.failed(),
         }
-    }
-
-    /// No capacity within the time the call could use.
-    pub fn paced(&self, wait_ms: Millis) -> Step {
-        Step::Paced { wait_ms }
     }
 
     /// The write was applied and left `record`.
@@ -235,16 +248,16 @@ impl Admission {
             None => self.when_absent(now),
             Some(seen) => {
                 self.seen_any = true;
-                match next_step(seen, digest, now, self.skew) {
+                match next_step(seen, digest, now, self.facts.skew) {
                     Next::Claim(expect) => Op::Claim {
                         expect,
                         first_sight: false,
                     },
-                    Next::Settle(reason) => Op::Settle {
+                    Next::Settle(reason) => Op::Settle(Settle::Seen {
                         state: seen.state,
                         epoch: seen.owner_epoch,
                         reason,
-                    },
+                    }),
                     // An expired lease authorises investigation only: fence, then look at the
                     // evidence; never a new call.
                     Next::AwaitRecovery => Op::Recover {
@@ -254,7 +267,7 @@ impl Admission {
                     // An unknown attempt with a reference: ask the provider again, under a new
                     // epoch.
                     Next::AwaitDecision
-                        if self.can_retrieve && seen.last_provider_ref().is_some() =>
+                        if self.facts.can_retrieve && seen.last_provider_ref().is_some() =>
                     {
                         Op::Recover {
                             state: seen.state,
@@ -273,11 +286,11 @@ impl Admission {
 
     /// The write to make when no item is known.
     fn when_absent(&self, now: Millis) -> Op {
-        match deadline_phase(self.deadline_at, now, self.skew) {
-            DeadlinePhase::Passed => Op::SettleAbsent,
+        match deadline_phase(self.facts.deadline_at, now, self.facts.skew) {
+            DeadlinePhase::Passed => Op::Settle(Settle::Absent),
             _ => Op::Claim {
                 expect: Expect::FRESH,
-                first_sight: !self.seen_any && !self.in_ledger,
+                first_sight: !self.seen_any && !self.facts.in_ledger,
             },
         }
     }
@@ -287,7 +300,7 @@ impl Admission {
         let claims = matches!(op, Op::Claim { .. });
         let calls = op.calls();
         self.op = Some(op);
-        if calls && now > self.latest_call_start {
+        if calls && now > self.facts.latest_call_start {
             // A claim now would send a call only to cut it off, making the job `unknown`:
             // leave the ledger untouched and let a later delivery claim it.
             return Step::End(backoff("too little time left for a call"));
@@ -309,7 +322,6 @@ fn backoff(cause: &'static str) -> RecordOutcome {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::job::NewJob;
 
     const NOW: Millis = 1_000_000;
 
@@ -323,19 +335,15 @@ mod tests {
         }
     }
 
+    fn past() -> Facts {
+        Facts {
+            deadline_at: NOW - 10_000,
+            ..facts()
+        }
+    }
+
     fn ready(epoch: u64) -> JobRecord {
-        let job = NewJob {
-            job_id: "j".into(),
-            input_digest: "d".into(),
-            contract: "c".into(),
-            input: "{}".into(),
-            input_ref: None,
-            metadata: None,
-            deadline_at: NOW + 600_000,
-            max_attempts: 3,
-            expires_at: 0,
-        };
-        let mut r = job.into_record(JobState::Ready, NOW - 1_000);
+        let mut r = NewJob::example("j", NOW + 600_000).into_record(JobState::Ready, NOW - 1_000);
         r.owner_epoch = epoch;
         r
     }
@@ -416,22 +424,14 @@ mod tests {
 
     #[test]
     fn an_unanswered_settle_is_not_read_for() {
-        let past = Facts {
-            deadline_at: NOW - 10_000,
-            ..facts()
-        };
-        let (mut m, _) = Admission::start(past, None, "d", NOW);
+        let (mut m, _) = Admission::start(past(), None, "d", NOW);
         assert_eq!(m.unanswered(), Step::End(backoff("ledger")));
     }
 
     #[test]
     fn a_job_past_its_deadline_is_settled_without_a_permit() {
-        let past = Facts {
-            deadline_at: NOW - 10_000,
-            ..facts()
-        };
-        let (m, step) = Admission::start(past, None, "d", NOW);
-        assert_eq!(step, Step::Write(Op::SettleAbsent));
+        let (m, step) = Admission::start(past(), None, "d", NOW);
+        assert_eq!(step, Step::Write(Op::Settle(Settle::Absent)));
         let mut expired = ready(0);
         expired.state = JobState::Expired;
         assert_eq!(

@@ -27,14 +27,13 @@ use super::pacing::{Pacer, Permit};
 use super::settings::Settings;
 use crate::blobs::BlobStore;
 use crate::clock::Clock;
-use crate::job::decision::{Expect, Next, SettleReason, next_step};
+use crate::job::decision::{Expect, Next, next_step};
 use crate::job::{
     Failure, InvalidMessage, JobMessage, JobRecord, JobState, Millis, NewJob, RecordOutcome,
     Trigger,
 };
 use crate::ledger::{
-    AttemptEnd, ClaimRequest, CreateRequest, JobLedger, LedgerError, RecoverRequest, SettleFrom,
-    SettleRequest, Write,
+    AttemptEnd, ClaimRequest, CreateRequest, JobLedger, LedgerError, RecoverRequest, Write,
 };
 use crate::provider::Provider;
 
@@ -259,7 +258,8 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         // cannot get it soon leaves the ledger untouched and waits in the queue.
         let mut permit: Option<Permit<'_>> = None;
         loop {
-            step = match step {
+            let now = self.clock.now_ms();
+            let seen = match step {
                 Step::Admit => {
                     let tokens = self.pacer.estimated_tokens(&msg.input_canonical);
                     let latest = self.latest_call_start(inv);
@@ -267,21 +267,29 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
                         Ok(p) => {
                             permit = Some(p);
                             // The wait for capacity may have used the time the call needed.
-                            machine.admitted(self.clock.now_ms())
+                            step = machine.admitted(self.clock.now_ms());
+                            continue;
                         }
-                        Err(wait_ms) => machine.paced(wait_ms),
+                        Err(wait_ms) => {
+                            // No capacity soon: the record waits in the queue, its job's item
+                            // created if nothing was seen of it.
+                            let view = match view {
+                                None => self.create_waiting(msg, &job).await,
+                                seen => seen,
+                            };
+                            return failed(Failure::Paced { wait_ms }, view);
+                        }
                     }
                 }
-                Step::Paced { wait_ms } => {
-                    let view = match view {
-                        None => self.create_waiting(msg, &job).await,
-                        seen => seen,
-                    };
-                    return failed(Failure::Paced { wait_ms }, view);
-                }
                 Step::Write(op) => {
-                    let now = self.clock.now_ms();
-                    let seen = match self.write(msg, &job, &op, owner_id, view.as_ref()).await {
+                    match self.write(msg, &job, &op, owner_id, view.as_ref()).await {
+                        Ok(Write::Applied(record)) => {
+                            let applied = machine.applied(&record);
+                            return self
+                                .go_on(applied, record, msg, permit.as_mut(), inv, watch)
+                                .await;
+                        }
+                        Ok(Write::Refused(seen)) => seen,
                         Err((e, sent)) => {
                             tracing::warn!(job_id = %job.job_id, error = %e, "ledger call failed");
                             step = if sent {
@@ -291,62 +299,41 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
                             };
                             continue;
                         }
-                        Ok(Write::Applied(record)) => {
-                            let applied = machine.applied(&record);
-                            return self
-                                .go_on(applied, record, msg, permit.as_mut(), inv, watch)
-                                .await;
-                        }
-                        // A retry refused by its own first try.
-                        Ok(Write::Refused(Some(record))) if machine.ours(&record, owner_id) => {
-                            let applied = machine.applied(&record);
-                            return self
-                                .go_on(applied, record, msg, permit.as_mut(), inv, watch)
-                                .await;
-                        }
-                        Ok(Write::Refused(seen)) => seen,
-                    };
-                    let next = machine.seen(seen.as_ref(), &msg.digest, now);
-                    if seen.is_some() {
-                        view = seen;
                     }
-                    next
                 }
                 Step::ReadBack { pause_ms } => {
                     tokio::time::sleep(Duration::from_millis(pause_ms)).await;
-                    let now = self.clock.now_ms();
                     match self.ledger.get(&job.job_id).await {
-                        Ok(Some(seen)) if machine.ours(&seen, owner_id) => {
-                            tracing::info!(
-                                job_id = %job.job_id,
-                                "our write was applied though its answer was lost"
-                            );
-                            let applied = machine.applied(&seen);
-                            return self
-                                .go_on(applied, seen, msg, permit.as_mut(), inv, watch)
-                                .await;
-                        }
-                        Ok(seen) => {
-                            let next = machine.seen(seen.as_ref(), &msg.digest, now);
-                            if seen.is_some() {
-                                view = seen;
-                            }
-                            next
-                        }
-                        Err(_) => match machine.read_failed() {
-                            Step::End(outcome) => {
+                        Ok(seen) => seen,
+                        Err(_) => {
+                            step = machine.read_failed();
+                            if matches!(step, Step::End(_)) {
                                 tracing::error!(
                                     job_id = %job.job_id,
                                     "a write and every read after it went unanswered; if the write was applied, the job waits for its lease to lapse"
                                 );
-                                return Processed { outcome, view };
                             }
-                            next => next,
-                        },
+                            continue;
+                        }
                     }
                 }
                 Step::End(outcome) => return Processed { outcome, view },
             };
+            // What a refusal or a read showed: our own write, whose answer was lost (or whose
+            // retry was refused by its first try), or an item to decide from.
+            match seen {
+                Some(ours) if machine.ours(&ours, owner_id) => {
+                    tracing::info!(job_id = %job.job_id, "our write was applied though its answer was lost");
+                    let applied = machine.applied(&ours);
+                    return self
+                        .go_on(applied, ours, msg, permit.as_mut(), inv, watch)
+                        .await;
+                }
+                seen => {
+                    step = machine.seen(seen.as_ref(), &msg.digest, now);
+                    view = seen.or(view);
+                }
+            }
         }
     }
 
@@ -389,8 +376,6 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         view: Option<&JobRecord>,
     ) -> Result<Write, (LedgerError, bool)> {
         let now = self.clock.now_ms();
-        // Whether a failed request was sent (it may have been applied).
-        let sent = |e| (e, true);
         match *op {
             Op::Claim {
                 expect,
@@ -404,27 +389,9 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
                 };
                 self.claim(msg, claim).await
             }
-            Op::SettleAbsent => {
-                let req = SettleRequest {
-                    job_id: job.job_id.clone(),
-                    from: SettleFrom::Absent(Box::new(job.clone())),
-                    reason: SettleReason::DeadlinePassed,
-                    now,
-                };
-                self.ledger.settle(req).await.map_err(sent)
-            }
-            Op::Settle {
-                state,
-                epoch,
-                reason,
-            } => {
-                let req = SettleRequest {
-                    job_id: job.job_id.clone(),
-                    from: SettleFrom::Seen { state, epoch },
-                    reason,
-                    now,
-                };
-                self.ledger.settle(req).await.map_err(sent)
+            Op::Settle(settle) => {
+                let req = settle.request(job, now);
+                self.ledger.settle(req).await.map_err(|e| (e, true))
             }
             Op::Recover {
                 state: seen_state,
@@ -445,7 +412,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
                     reason,
                     seen_recoveries: view.map_or(0, |v| v.recoveries.len()),
                 };
-                self.ledger.recover(req).await.map_err(sent)
+                self.ledger.recover(req).await.map_err(|e| (e, true))
             }
         }
     }
