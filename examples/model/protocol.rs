@@ -13,12 +13,11 @@
 
 use std::fmt::Write as _;
 
-use fenced_jobs::job::decision::Next;
 use fenced_jobs::job::{
-    AttemptOutcome, Failure, JobRecord, JobState, Millis, NewJob, RecordOutcome, next_step,
+    AttemptOutcome, Failure, JobRecord, JobState, Millis, NewJob, RecordOutcome,
 };
 use fenced_jobs::ledger::transitions::{
-    apply_claim, apply_decide, apply_finish, apply_recover, apply_renew, apply_settle, shows_end,
+    apply_claim, apply_decide, apply_finish, apply_recover, apply_renew, apply_settle,
 };
 use fenced_jobs::ledger::{
     AttemptEnd, ClaimRequest, DecideRequest, FinishRequest, OperatorAction, RecoverRequest,
@@ -28,7 +27,8 @@ use fenced_jobs::provider::{Answer, ProviderError};
 use fenced_jobs::worker::ReplayPolicy;
 use fenced_jobs::worker::admission::{Admission, Applied, Facts, Op, Settle, Step};
 use fenced_jobs::worker::ending::{
-    acceptable_end, attempt_end, lease_holds, not_sent_end, uncertain_end,
+    EndFacts, EndStep, EndWrite, Ending, Placed, Waited, attempt_end, lease_holds, not_sent_end,
+    uncertain_end,
 };
 use stateright::{Model, Property};
 
@@ -321,35 +321,10 @@ pub enum Pc {
         /// The item as the recovery claim left it.
         fenced: Box<JobRecord>,
     },
-    /// Ending the attempt with one write on the owner's epoch.
+    /// Ending the attempt with the owner's writes, as its [`Ending`] asks.
     Ending {
-        /// The item as the owner holds it.
-        claimed: Box<JobRecord>,
-        /// How the attempt ends.
-        end: AttemptEnd,
-        /// Tries so far.
-        tries: u8,
-    },
-    /// A failed end of attempt: renew the lease before the next try.
-    KeepLease {
-        /// The item as the owner holds it.
-        claimed: Box<JobRecord>,
-        /// How the attempt ends.
-        end: AttemptEnd,
-        /// Tries so far.
-        tries: u8,
-    },
-    /// The acceptance was refused by the deadline alone: expire the job on our epoch.
-    ExpireOwn {
-        /// The owner's epoch.
-        epoch: u64,
-        /// The owner's attempt.
-        attempt: u32,
-    },
-    /// The call still runs upstream: end our lease so the next delivery takes over.
-    HandOver {
-        /// The owner's epoch.
-        epoch: u64,
+        /// The attempt's end, as the processor runs it.
+        machine: Box<Ending>,
     },
 }
 
@@ -762,76 +737,35 @@ impl Protocol {
                 }
                 true
             }
-            Pc::Ending {
-                claimed,
-                end,
-                tries,
-            } => self.end_attempt(next, worker, *claimed, end, tries, fault, note),
-            Pc::KeepLease {
-                claimed,
-                end,
-                tries,
-            } => {
+            Pc::Ending { mut machine } => {
                 let now = self.now(next, worker);
-                let req = RenewRequest {
-                    job_id: JOB.to_owned(),
-                    epoch: claimed.owner_epoch,
-                    expected_until: None,
-                    now,
-                    lease_until: now + self.bounds.lease,
-                };
-                let answer = self.write(next, |c| apply_renew(c, &req), fault, Some(req.epoch));
-                note.push_str("renews its lease before trying again");
-                match answer {
-                    Some(Write::Refused(Some(seen)))
-                        if seen.owner_epoch != claimed.owner_epoch
-                            || seen.state != JobState::Running =>
-                    {
-                        self.refused_end(next, worker, &claimed, &end, Some(seen), note);
+                let epoch = Some(machine.owner().owner_epoch);
+                let answer = match machine.write(now) {
+                    EndWrite::Finish(req) => {
+                        let _ = write!(
+                            note,
+                            "ends attempt {} as {}",
+                            req.attempt,
+                            req.end.target().as_str()
+                        );
+                        self.write(next, |c| self.finish(c, &req), fault, epoch)
                     }
-                    _ => {
-                        next.workers[worker].pc = Pc::Ending {
-                            claimed,
-                            end,
-                            tries,
-                        };
+                    EndWrite::Renew(req) if req.lease_until == now => {
+                        note.push_str("ends its own lease: the call still runs upstream");
+                        self.write(next, |c| apply_renew(c, &req), fault, epoch)
                     }
-                }
-                true
-            }
-            Pc::ExpireOwn { epoch, attempt } => {
-                let now = self.now(next, worker);
-                let req = FinishRequest {
-                    job_id: JOB.to_owned(),
-                    epoch,
-                    attempt,
-                    now,
-                    end: AttemptEnd::Expired,
+                    EndWrite::Renew(req) => {
+                        note.push_str("renews its lease before trying again");
+                        self.write(next, |c| apply_renew(c, &req), fault, epoch)
+                    }
                 };
-                let answer = self.write(next, |c| self.finish(c, &req), fault, Some(epoch));
-                note.push_str("expires the job on its own epoch");
-                let outcome = match answer {
-                    Some(Write::Applied(record)) => RecordOutcome::after_write(record.state, None),
-                    _ => RecordOutcome::Failed(backoff()),
-                };
-                self.report(next, worker, &outcome, note);
-                true
-            }
-            Pc::HandOver { epoch } => {
-                let now = self.now(next, worker);
-                let req = RenewRequest {
-                    job_id: JOB.to_owned(),
-                    epoch,
-                    expected_until: None,
-                    now,
-                    lease_until: now,
-                };
-                let _ = self.write(next, |c| apply_renew(c, &req), fault, Some(epoch));
-                note.push_str("ends its own lease: the call still runs upstream");
-                let outcome = RecordOutcome::Failed(Failure::Deferred {
-                    remaining_ms: self.bounds.skew,
+                note.push_str(match &answer {
+                    Some(Write::Applied(_)) => ": applied",
+                    Some(Write::Refused(_)) => ": refused",
+                    None => ": no answer",
                 });
-                self.report(next, worker, &outcome, note);
+                let step = machine.answered(answer, now);
+                self.take_end(next, worker, *machine, step, note);
                 true
             }
             _ => false,
@@ -1044,7 +978,7 @@ impl Protocol {
             } else {
                 not_sent_end(reason, &claimed, now)
             };
-            self.end_with(next, worker, claimed, end);
+            self.end_with(next, worker, claimed, Waited::Ended(end, None), note);
             return true;
         }
         let owner = Self::owner_id(next, worker);
@@ -1174,18 +1108,66 @@ impl Protocol {
             "hears from the provider: {}",
             if lost { "(cancelled)" } else { word_name(word) }
         );
-        let (end, _) = attempt_end(result, &claimed, now, next.replay);
-        self.end_with(next, worker, claimed, end);
+        let waited = Waited::from(attempt_end(result, &claimed, now, next.replay));
+        self.end_with(next, worker, claimed, waited, note);
         true
     }
 
-    /// The owner ends its attempt so: its next step is the write that records it.
-    fn end_with(&self, next: &mut State, worker: usize, claimed: Box<JobRecord>, end: AttemptEnd) {
-        next.workers[worker].pc = Pc::Ending {
-            claimed,
-            end: self.released(end),
-            tries: 0,
+    /// The owner heard `waited` (its end passed through the mutation that releases an uncertain
+    /// attempt): the processor's [`Ending`] takes over.
+    fn end_with(
+        &self,
+        next: &mut State,
+        worker: usize,
+        owner: Box<JobRecord>,
+        waited: Waited,
+        note: &mut String,
+    ) {
+        let waited = match waited {
+            Waited::Ended(end, after) => Waited::Ended(self.released(end), after),
+            Waited::Asked(end) => Waited::Asked(self.released(end)),
+            waited => waited,
         };
+        let facts = EndFacts {
+            skew: self.bounds.skew,
+            lease_ms: self.bounds.lease,
+            invocation_end: Millis::MAX,
+            can_retrieve: next.retrievable,
+            replay: next.replay,
+            tries: u32::from(self.bounds.finish_tries),
+            // Any interleaving may fall in a pause: the world's choice, not a time.
+            first_pause_ms: 0,
+        };
+        let now = self.now(next, worker);
+        let (machine, step) = Ending::start(facts, *owner, waited, now);
+        self.take_end(next, worker, machine, step, note);
+    }
+
+    /// Carries out the ending's `step`: the answer stays in the item (the results bucket is
+    /// not modelled); a write waits for the worker's next ledger request.
+    fn take_end(
+        &self,
+        next: &mut State,
+        worker: usize,
+        mut machine: Ending,
+        mut step: EndStep,
+        note: &mut String,
+    ) {
+        loop {
+            match step {
+                EndStep::Place => step = machine.placed(Placed::Inline, self.now(next, worker)),
+                EndStep::Write { .. } => {
+                    next.workers[worker].pc = Pc::Ending {
+                        machine: Box::new(machine),
+                    };
+                    return;
+                }
+                EndStep::Done(closed) => {
+                    self.report(next, worker, &closed.outcome, note);
+                    return;
+                }
+            }
+        }
     }
 
     /// The mutation that releases an uncertain attempt without a decision.
@@ -1262,7 +1244,7 @@ impl Protocol {
             note.push_str("finds no reference to ask about: the call may have run");
             let evidence = "the call may have run and no reference was recorded".to_owned();
             let end = uncertain_end(evidence, &fenced, now, next.replay);
-            self.end_with(next, worker, fenced, end);
+            self.end_with(next, worker, fenced, Waited::Ended(end, None), note);
             return true;
         }
         let attempt = fenced.attempts;
@@ -1291,129 +1273,35 @@ impl Protocol {
             }
         }
         let _ = write!(note, "asks the provider about attempt {attempt}: {said:?}");
-        let end = match said {
+        // What the processor's poll and its conclusion make of the provider's word.
+        let waited = match said {
             Retrieved::Completed => {
                 let answer = Answer {
                     body: format!("answer of attempt {attempt}"),
                     provider_ref: None,
                 };
-                attempt_end(Ok(answer), &fenced, now, next.replay).0
+                Waited::from(attempt_end(Ok(answer), &fenced, now, next.replay))
             }
             Retrieved::Failed => {
                 let error = ProviderError::Transient {
                     retry_after_ms: None,
                     reason: "failed upstream".to_owned(),
                 };
-                attempt_end(Err(error), &fenced, now, next.replay).0
+                Waited::from(attempt_end(Err(error), &fenced, now, next.replay))
             }
-            Retrieved::Running if now >= fenced.deadline_at => AttemptEnd::Expired,
-            Retrieved::Running => {
-                next.workers[worker].pc = Pc::HandOver {
-                    epoch: fenced.owner_epoch,
-                };
-                return true;
+            Retrieved::Running if now >= fenced.deadline_at => {
+                Waited::Ended(AttemptEnd::Expired, None)
             }
-            Retrieved::NotFound => uncertain_end(
+            Retrieved::Running => Waited::Running,
+            Retrieved::NotFound => Waited::Asked(uncertain_end(
                 "the provider does not know the call".to_owned(),
                 &fenced,
                 now,
                 next.replay,
-            ),
+            )),
         };
-        self.end_with(next, worker, fenced, end);
+        self.end_with(next, worker, fenced, waited, note);
         true
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn end_attempt(
-        &self,
-        next: &mut State,
-        worker: usize,
-        claimed: JobRecord,
-        end: AttemptEnd,
-        tries: u8,
-        fault: Fault,
-        note: &mut String,
-    ) -> bool {
-        let now = self.now(next, worker);
-        let end = if tries == 0 {
-            acceptable_end(end, claimed.deadline_at, now, self.bounds.skew)
-        } else {
-            end
-        };
-        let (epoch, attempt) = (claimed.owner_epoch, claimed.attempts);
-        let target = end.target();
-        let req = FinishRequest {
-            job_id: JOB.to_owned(),
-            epoch,
-            attempt,
-            now,
-            end: end.clone(),
-        };
-        let answer = self.write(next, |c| self.finish(c, &req), fault, Some(epoch));
-        let _ = write!(note, "ends attempt {attempt} as {}", target.as_str());
-        match answer {
-            Some(Write::Applied(record)) => {
-                note.push_str(": applied");
-                let outcome = RecordOutcome::after_write(record.state, None);
-                self.report(next, worker, &outcome, note);
-            }
-            Some(Write::Refused(Some(seen))) if shows_end(&seen, epoch, target) => {
-                note.push_str(": refused, but the item shows its own end");
-                let outcome = RecordOutcome::after_write(seen.state, None);
-                self.report(next, worker, &outcome, note);
-            }
-            Some(Write::Refused(seen)) => {
-                note.push_str(": refused");
-                self.refused_end(next, worker, &claimed, &end, seen, note);
-            }
-            None => {
-                let tries = tries + 1;
-                if tries < self.bounds.finish_tries && now < claimed.deadline_at {
-                    note.push_str(": no answer; will try again");
-                    next.workers[worker].pc = Pc::KeepLease {
-                        claimed: Box::new(claimed),
-                        end,
-                        tries,
-                    };
-                } else {
-                    note.push_str(": no answer; gives up");
-                    self.report(next, worker, &RecordOutcome::Failed(backoff()), note);
-                }
-            }
-        }
-        true
-    }
-
-    /// The end of an attempt was refused: expire our own job if only the deadline refused an
-    /// answer, else decide from the item.
-    fn refused_end(
-        &self,
-        next: &mut State,
-        worker: usize,
-        claimed: &JobRecord,
-        end: &AttemptEnd,
-        seen: Option<JobRecord>,
-        note: &mut String,
-    ) {
-        let Some(seen) = seen else {
-            self.report(next, worker, &RecordOutcome::Failed(backoff()), note);
-            return;
-        };
-        let accepting = matches!(end, AttemptEnd::Succeeded { .. });
-        if accepting && seen.state == JobState::Running && seen.owner_epoch == claimed.owner_epoch {
-            next.workers[worker].pc = Pc::ExpireOwn {
-                epoch: claimed.owner_epoch,
-                attempt: claimed.attempts,
-            };
-            return;
-        }
-        let now = self.now(next, worker);
-        let outcome = match next_step(&seen, DIGEST, now, self.bounds.skew) {
-            Next::Claim(_) | Next::Settle(_) => RecordOutcome::Failed(backoff()),
-            other => RecordOutcome::from_next(other, DIGEST),
-        };
-        self.report(next, worker, &outcome, note);
     }
 
     /// Prints the path as a timeline: one line per event, with the item after it.
@@ -1711,13 +1599,7 @@ impl Model for Protocol {
             // followed by a back-off already is.
             let holds = matches!(
                 w.pc,
-                Pc::Claimed { .. }
-                    | Pc::Calling { .. }
-                    | Pc::Recovered { .. }
-                    | Pc::Ending { .. }
-                    | Pc::KeepLease { .. }
-                    | Pc::ExpireOwn { .. }
-                    | Pc::HandOver { .. }
+                Pc::Claimed { .. } | Pc::Calling { .. } | Pc::Recovered { .. } | Pc::Ending { .. }
             );
             if holds && state.faults < b.faults {
                 actions.push(Action::Crash { worker });

@@ -7,7 +7,7 @@
 //!
 //! - this file: the entry points and the claim (or settle, or recovery claim) loop;
 //! - [`run`](self::run): the call, and a background call's polling;
-//! - [`finish`](self::finish): how an attempt ends, and the write that records it;
+//! - [`finish`](self::finish): the writes that end an attempt, as [`Ending`](super::ending::Ending) asks;
 //! - [`recover`](self::recover): what a recovery claim does with the evidence it finds.
 
 mod finish;
@@ -32,9 +32,7 @@ use crate::job::{
     Failure, InvalidMessage, JobMessage, JobRecord, JobState, Millis, NewJob, RecordOutcome,
     Trigger,
 };
-use crate::ledger::{
-    AttemptEnd, ClaimRequest, CreateRequest, JobLedger, LedgerError, RecoverRequest, Write,
-};
+use crate::ledger::{ClaimRequest, CreateRequest, JobLedger, LedgerError, RecoverRequest, Write};
 use crate::provider::Provider;
 
 /// Tries at recording a background call's reference before it is cancelled.
@@ -511,33 +509,6 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
             }
             next => RecordOutcome::from_next(next, &msg.digest),
         }
-    }
-}
-
-/// How waiting for a provider ended.
-enum Waited {
-    /// The attempt ends so, after the provider's requested wait, if any.
-    Ended(AttemptEnd, Option<Millis>),
-    /// Still running upstream at the end of this invocation: hand the job to the next delivery.
-    Handover,
-    /// Ownership was lost while waiting.
-    Lost,
-    /// The attempt ends so after the provider was asked about the call and could not say:
-    /// nothing is gained by asking again soon.
-    Asked(AttemptEnd),
-}
-
-impl From<(AttemptEnd, Option<Millis>)> for Waited {
-    fn from((end, retry_after_ms): (AttemptEnd, Option<Millis>)) -> Self {
-        Waited::Ended(end, retry_after_ms)
-    }
-}
-
-/// The outcome after our own write ended an attempt or settled the job.
-fn settled(record: JobRecord, retry_after_ms: Option<Millis>) -> Processed {
-    Processed {
-        outcome: RecordOutcome::after_write(record.state, retry_after_ms),
-        view: Some(record),
     }
 }
 

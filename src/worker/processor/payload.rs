@@ -1,6 +1,7 @@
 //! Payloads outside the item: a large input stored before the claim and read back for the
-//! call, a large answer stored before its acceptance (and removed again when its acceptance was
-//! refused and the job ended without it). Pointer bodies are read in `blobs::body`.
+//! call, a large answer stored before its acceptance (where it went is [`Placed`]; how the
+//! attempt then ends is the [`Ending`](crate::worker::ending::Ending)'s to say). Pointer bodies
+//! are read in `blobs::body`.
 
 use std::time::Duration;
 
@@ -12,10 +13,11 @@ use crate::job::decision::{Next, SettleReason, next_step};
 use crate::job::message::{MAX_PAYLOAD_BYTES, input_digest};
 use crate::job::{
     BlobRef, Failure, INLINE_LIMIT_BYTES, InvalidMessage, JobMessage, JobRecord, JobState,
-    RecordOutcome, ResultBody,
+    RecordOutcome,
 };
-use crate::ledger::{AttemptEnd, JobLedger, SettleFrom, SettleRequest, Write};
-use crate::provider::{Provider, ProviderError};
+use crate::ledger::{JobLedger, SettleFrom, SettleRequest, Write};
+use crate::provider::Provider;
+use crate::worker::ending::Placed;
 
 /// Why a job's stored input cannot be used now.
 pub(super) enum InputError {
@@ -146,22 +148,22 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
     pub(super) async fn place_result(
         &self,
         claimed: &JobRecord,
-        body: String,
+        body: &str,
         inv: &Invocation,
     ) -> Placed {
-        let fits = claimed.can_hold_result(&body);
+        let fits = claimed.can_hold_result(body);
         if fits && body.len() <= self.settings.inline_max_bytes {
-            return Placed::End(inline(body));
+            return Placed::Inline;
         }
         let Some(store) = self.blobs().filter(|b| b.bucket().is_some()) else {
             if fits {
-                return Placed::End(inline(body));
+                return Placed::Inline;
             }
-            return Placed::End(too_large(&format!(
+            return Placed::TooLarge(format!(
                 "the answer has {} bytes, more than the ledger item can hold, and no \
                  RESULTS_BUCKET is set",
                 body.len()
-            )));
+            ));
         };
         let key = result_key(
             &claimed.job_id,
@@ -170,7 +172,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         );
         for tries in 1..=STORE_TRIES {
             match store.put(&key, body.as_bytes()).await {
-                Ok(blob) => return Placed::End(stored(blob)),
+                Ok(blob) => return Placed::Stored(blob),
                 Err(e) => {
                     tracing::warn!(job_id = %claimed.job_id, error = %e, tries, "storing the answer failed");
                     let pause = STORE_PAUSE_MS << tries;
@@ -191,21 +193,17 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
             && sha256_hex(&bytes) == sha256
         {
             tracing::info!(job_id = %claimed.job_id, "the answer's object was stored after all");
-            return Placed::End(stored(reference(bucket, &key, &bytes)));
+            return Placed::Stored(reference(bucket, &key, &bytes));
         }
         if fits {
             tracing::warn!(job_id = %claimed.job_id, "the results bucket failed; the answer is kept in the item");
-            return Placed::End(inline(body));
+            return Placed::Inline;
         }
         if self.provider.can_retrieve() && self.attempt_reference(claimed).await {
             tracing::warn!(job_id = %claimed.job_id, "the results bucket failed; the answer is left with the provider, to be fetched again");
             return Placed::KeptByProvider;
         }
-        let failure = ProviderError::Transient {
-            retry_after_ms: None,
-            reason: "the answer could not be written to the results bucket".to_owned(),
-        };
-        Placed::End(self.end_of(Err(failure), claimed, self.clock.now_ms()).0)
+        Placed::Unstored
     }
 
     /// Whether the owner's attempt has a provider reference recorded in the item (at its claim,
@@ -242,58 +240,5 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         let bytes = store.get(bucket, key, MAX_RESULT_BYTES).await.ok()?;
         let blob = reference(bucket, key, &bytes);
         (key == &result_key(&job.job_id, epoch, &blob.sha256)).then_some(blob)
-    }
-
-    /// Removes the stored object of an answer whose acceptance was refused, once `seen` (the
-    /// item the refusal returned, or the write after it) shows the job terminal without a
-    /// reference to that object. While the job lives the object stays: a recovery that fenced
-    /// this owner reads the lapsed epoch's stored answer and may be accepting that very object.
-    /// What nobody accepts is the orphan sweep's (or, failing that, the lifecycle rule's).
-    pub(super) async fn discard(&self, end: &AttemptEnd, seen: &JobRecord) {
-        let AttemptEnd::Succeeded {
-            result: ResultBody::Stored(blob),
-        } = end
-        else {
-            return;
-        };
-        let referenced = seen.result_ref.as_ref().is_some_and(|r| r.key == blob.key);
-        if !seen.state.is_terminal() || referenced {
-            return;
-        }
-        if let Some(store) = self.blobs()
-            && let Err(e) = store.delete(&blob.key).await
-        {
-            tracing::warn!(error = %e, "removing a refused answer's object failed");
-        }
-    }
-}
-
-/// Where an accepted answer goes.
-pub(super) enum Placed {
-    /// The attempt ends so (the answer inline or stored, or a failure).
-    End(AttemptEnd),
-    /// The answer could not be stored, nor kept in the item, and the provider keeps it under
-    /// the attempt's reference: the job is handed over, and fetched again, not paid again.
-    KeptByProvider,
-}
-
-fn inline(body: String) -> AttemptEnd {
-    AttemptEnd::Succeeded {
-        result: ResultBody::Inline(body),
-    }
-}
-
-fn stored(blob: BlobRef) -> AttemptEnd {
-    AttemptEnd::Succeeded {
-        result: ResultBody::Stored(blob),
-    }
-}
-
-/// An attempt whose answer cannot be stored: the same call would give it again, so it is
-/// terminal, with the reason recorded.
-pub(super) fn too_large(why: &str) -> AttemptEnd {
-    AttemptEnd::FailedTerminal {
-        kind: "too_large",
-        error: why.to_owned(),
     }
 }

@@ -1,10 +1,11 @@
 //! After a recovery claim: the evidence the lapsed owner left decides, never a new call.
 
-use super::{AttemptWatch, Invocation, Processed, Processor, Waited, backoff, failed};
+use super::{AttemptWatch, Invocation, Processed, Processor};
 use crate::clock::Clock;
 use crate::job::{JobMessage, JobRecord, ResultBody};
 use crate::ledger::{AttemptEnd, JobLedger};
 use crate::provider::Provider;
+use crate::worker::ending::Waited;
 
 impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
     /// After a recovery claim fenced a lapsed owner, look at the evidence of the attempt it left.
@@ -47,9 +48,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
             let end = AttemptEnd::Succeeded {
                 result: ResultBody::Stored(blob),
             };
-            return self
-                .finish_attempt(msg, fenced, end, None, false, inv)
-                .await;
+            return self.close(fenced, Waited::Ended(end, None), inv).await;
         }
         let waited = match reference {
             None => {
@@ -73,14 +72,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
                     .await
             }
         };
-        let (end, retry_after_ms, asked) = match waited {
-            Waited::Ended(end, retry_after_ms) => (end, retry_after_ms, false),
-            Waited::Asked(end) => (end, None, true),
-            Waited::Handover => return self.hand_over(&msg.job_id, fenced).await,
-            Waited::Lost => return failed(backoff("ownership lost"), Some(fenced)),
-        };
-        self.finish_attempt(msg, fenced, end, retry_after_ms, asked, inv)
-            .await
+        self.close(fenced, waited, inv).await
     }
 
     /// Whether the provider can be asked about the job's last attempt.

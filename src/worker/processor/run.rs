@@ -10,13 +10,13 @@ use tokio_util::sync::CancellationToken;
 
 use super::{
     AttemptWatch, Invocation, MAX_DENIED_RETRIEVALS, MIN_CALL_BUDGET_MS, Processed, Processor,
-    RECORD_TRIES, Waited, backoff, failed,
+    RECORD_TRIES,
 };
 use crate::clock::Clock;
 use crate::job::{JobMessage, JobRecord, Millis};
 use crate::ledger::{AttemptEnd, JobLedger, RecordRefRequest, Write};
 use crate::provider::{Provider, ProviderError, ProviderRequest, Retrieval, Submission};
-use crate::worker::ending::{lease_holds, not_sent_end};
+use crate::worker::ending::{THROTTLE_PAUSE_MS, Waited, lease_holds, not_sent_end};
 
 impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
     pub(super) async fn run_attempt(
@@ -59,9 +59,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
                 // on our epoch (refused if a rival raised it), and spends no budget.
                 watch.call_ended();
                 let end = not_sent_end(reason, &claimed, self.clock.now_ms());
-                return self
-                    .finish_attempt(msg, claimed, end, None, false, inv)
-                    .await;
+                return self.close(claimed, Waited::Ended(end, None), inv).await;
             }
             let called = tokio::select! {
                 // Ownership lost (renewal refused or about to lapse): stop here, the answer
@@ -137,14 +135,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         watch.call_ended();
         let took = self.clock.now_ms() - started;
         watch.provider_latency(u64::try_from(took).unwrap_or(0));
-        let (end, retry_after_ms, asked) = match waited {
-            Waited::Ended(end, retry_after_ms) => (end, retry_after_ms, false),
-            Waited::Asked(end) => (end, None, true),
-            Waited::Handover => return self.hand_over(&msg.job_id, claimed).await,
-            Waited::Lost => return failed(backoff("ownership lost"), Some(claimed)),
-        };
-        self.finish_attempt(msg, claimed, end, retry_after_ms, asked, inv)
-            .await
+        self.close(claimed, waited, inv).await
     }
 
     /// Follows a call the provider runs in the background: records its reference (one write
@@ -313,7 +304,10 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
                 self.cancel(provider_ref, inv).await;
                 Waited::Ended(AttemptEnd::Expired, None)
             }
-            Polled::TimeUp => Waited::Handover,
+            Polled::TimeUp => {
+                tracing::info!(job_id = %owner.job_id, "call still running upstream; handing it over to the next delivery");
+                Waited::Running
+            }
         }
     }
 
@@ -385,9 +379,6 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         limit
     }
 }
-
-/// The wait after a 429 that named none.
-pub(super) const THROTTLE_PAUSE_MS: Millis = 1_000;
 
 /// The longest wait for a cancel request, however much time the invocation has.
 const CANCEL_WAIT_MS: Millis = 5_000;
