@@ -23,12 +23,12 @@ use fenced_jobs::ledger::{
     AttemptEnd, ClaimRequest, DecideRequest, FinishRequest, OperatorAction, RecoverRequest,
     RenewRequest, SettleFrom, SettleRequest, Write,
 };
-use fenced_jobs::provider::{Answer, ProviderError};
+use fenced_jobs::provider::{Answer, ProviderError, Retrieval};
 use fenced_jobs::worker::ReplayPolicy;
 use fenced_jobs::worker::admission::{Admission, Applied, Facts, Op, Settle, Step};
+use fenced_jobs::worker::calling::{CallFacts, CallStep, Calling, Said};
 use fenced_jobs::worker::ending::{
-    EndFacts, EndStep, EndWrite, Ending, Placed, Waited, attempt_end, lease_holds, not_sent_end,
-    uncertain_end,
+    EndFacts, EndStep, EndWrite, Ending, Placed, Waited, attempt_end,
 };
 use stateright::{Model, Property};
 
@@ -309,8 +309,8 @@ pub enum Pc {
     },
     /// The call is out; the provider's word is awaited while the heartbeat renews the lease.
     Calling {
-        /// The item as the claim left it.
-        claimed: Box<JobRecord>,
+        /// The call, as the processor runs it.
+        machine: Box<Calling>,
         /// The lease the heartbeat last wrote.
         lease_until: Millis,
         /// A renewal was refused: the call is cancelled.
@@ -954,31 +954,21 @@ impl Protocol {
             return false;
         };
         let now = self.now(next, worker);
-        // The processor's last check before a call leaves: a lease that no longer holds (the
-        // process stopped after its claim) sends nothing.
-        let holds = lease_holds(&claimed, now, self.bounds.skew)
-            || self.mutated(Mutation::CallAfterLeaseLapsed);
-        if sent && !holds {
-            return false;
+        // The world's choice: whether the invocation still has time for the call.
+        let facts = CallFacts {
+            latest_call_start: if sent { Millis::MAX } else { Millis::MIN },
+            ..self.call_facts(next)
+        };
+        let mut owner = (*claimed).clone();
+        if self.mutated(Mutation::CallAfterLeaseLapsed) {
+            // As if the lease were never checked before the call leaves.
+            owner.owner_until = Some(Millis::MAX);
         }
-        if !sent {
-            // The processor's two reasons for not sending, as it records them.
-            let reason = if holds {
-                "no time left to make the call"
-            } else {
-                "the lease lapsed before the call was sent"
-            };
-            let _ = write!(note, "does not send the call: {reason}");
-            let end = if self.mutated(Mutation::NotSentSpendsAttempt) {
-                let error = ProviderError::Transient {
-                    retry_after_ms: None,
-                    reason: reason.to_owned(),
-                };
-                attempt_end(Err(error), &claimed, now, next.replay).0
-            } else {
-                not_sent_end(reason, &claimed, now)
-            };
-            self.end_with(next, worker, claimed, Waited::Ended(end, None), note);
+        let (machine, step) = Calling::start(facts, owner, now);
+        if let CallStep::Done(waited) = step {
+            note.push_str("does not send the call");
+            let waited = self.spent_if_mutated(waited, &claimed, now, next.replay);
+            self.end_with(next, worker, claimed, waited, note);
             return true;
         }
         let owner = Self::owner_id(next, worker);
@@ -1031,17 +1021,87 @@ impl Protocol {
         }
         let lease_until = claimed.owner_until.unwrap_or(now);
         next.workers[worker].pc = Pc::Calling {
-            claimed,
+            machine: Box::new(machine),
             lease_until,
             lost: false,
         };
         true
     }
 
+    /// What the processor knows when it calls: the world decides when the time runs out (a
+    /// call's budget is one tick; no call is cut off by it), a heartbeat renews the lease, and
+    /// no pacer is modelled (a call refused for the rate limit is given back, not re-sent).
+    fn call_facts(&self, state: &State) -> CallFacts {
+        CallFacts {
+            skew: self.bounds.skew,
+            provider_timeout_ms: 1,
+            min_call_ms: 1,
+            invocation_end: Millis::MAX,
+            latest_call_start: Millis::MAX,
+            renewed: true,
+            poll_ms: 1,
+            horizon_ms: 0,
+            replay: state.replay,
+        }
+    }
+
+    /// The mutation that spends the attempt of a call never sent.
+    fn spent_if_mutated(
+        &self,
+        waited: Waited,
+        claimed: &JobRecord,
+        now: Millis,
+        replay: ReplayPolicy,
+    ) -> Waited {
+        match waited {
+            Waited::Ended(AttemptEnd::GivenBack { error, why, .. }, _)
+                if why == AttemptOutcome::NotSent
+                    && self.mutated(Mutation::NotSentSpendsAttempt) =>
+            {
+                let error = ProviderError::Transient {
+                    retry_after_ms: None,
+                    reason: error,
+                };
+                Waited::from(attempt_end(Err(error), claimed, now, replay))
+            }
+            waited => waited,
+        }
+    }
+
+    /// Carries out the call's `step` as far as the world lets it go at once: the pacer is not
+    /// modelled (a refused call is given back), a cancel goes at once, and the end goes to the
+    /// attempt's [`Ending`]. The world makes no background call, so the machine never asks to
+    /// record a reference or to wait between two retrievals.
+    fn take_call(
+        &self,
+        next: &mut State,
+        worker: usize,
+        mut machine: Calling,
+        mut step: CallStep,
+        note: &mut String,
+    ) {
+        let now = self.now(next, worker);
+        loop {
+            step = match step {
+                CallStep::Throttled { .. } => machine.paced(now, now),
+                CallStep::Resend { .. } => machine.resent(false, now),
+                CallStep::Cancel => machine.cancelled(now),
+                CallStep::Done(waited) => {
+                    let owner = Box::new(machine.into_owner());
+                    self.end_with(next, worker, owner, waited, note);
+                    return;
+                }
+                other => panic!("the model makes no step {other:?}"),
+            }
+        }
+    }
+
     fn answer(&self, next: &mut State, worker: usize, word: Word, note: &mut String) -> bool {
-        let Pc::Calling { claimed, lost, .. } = next.workers[worker].pc.clone() else {
+        let Pc::Calling { machine, lost, .. } = next.workers[worker].pc.clone() else {
             return false;
         };
+        let mut machine = *machine;
+        let claimed = machine.owner().clone();
         let now = self.now(next, worker);
         let Some(call) = next
             .calls
@@ -1064,41 +1124,39 @@ impl Protocol {
         if !consistent && !lost {
             return false;
         }
-        let result = if lost {
+        let said = if lost {
             // The heartbeat cancelled the call: it was sent and may have run.
-            Err(ProviderError::Uncertain {
-                evidence: "call cancelled after the lease could not be renewed".to_owned(),
-            })
+            Said::Cancelled
         } else {
             match word {
                 Word::Answer => {
                     call.truth = Truth::Ran;
-                    Ok(Answer {
+                    Said::Answered(Answer {
                         body: format!("answer of attempt {}", claimed.attempts),
                         provider_ref: None,
                     })
                 }
                 Word::Transient => {
                     call.truth = Truth::NotRun;
-                    Err(ProviderError::Transient {
+                    Said::Failed(ProviderError::Transient {
                         retry_after_ms: None,
                         reason: "503".to_owned(),
                     })
                 }
                 Word::Permanent => {
                     call.truth = Truth::NotRun;
-                    Err(ProviderError::Permanent {
+                    Said::Failed(ProviderError::Permanent {
                         reason: "400".to_owned(),
                     })
                 }
                 Word::Throttled => {
                     call.truth = Truth::NotRun;
-                    Err(ProviderError::Throttled {
+                    Said::Failed(ProviderError::Throttled {
                         retry_after_ms: None,
                         reason: "HTTP 429 rate_limit_exceeded".to_owned(),
                     })
                 }
-                Word::Uncertain => Err(ProviderError::Uncertain {
+                Word::Uncertain => Said::Failed(ProviderError::Uncertain {
                     evidence: "connection dropped after the request was sent".to_owned(),
                 }),
             }
@@ -1108,8 +1166,8 @@ impl Protocol {
             "hears from the provider: {}",
             if lost { "(cancelled)" } else { word_name(word) }
         );
-        let waited = Waited::from(attempt_end(result, &claimed, now, next.replay));
-        self.end_with(next, worker, claimed, waited, note);
+        let step = machine.submitted(said, now);
+        self.take_call(next, worker, machine, step, note);
         true
     }
 
@@ -1182,17 +1240,18 @@ impl Protocol {
 
     fn renew(&self, next: &mut State, worker: usize, fault: Fault, note: &mut String) -> bool {
         let Pc::Calling {
-            claimed,
+            machine,
             lease_until,
             lost: false,
         } = next.workers[worker].pc.clone()
         else {
             return false;
         };
+        let epoch = machine.owner().owner_epoch;
         let now = self.now(next, worker);
         let req = RenewRequest {
             job_id: JOB.to_owned(),
-            epoch: claimed.owner_epoch,
+            epoch,
             expected_until: Some(lease_until),
             now,
             lease_until: now + self.bounds.lease,
@@ -1208,7 +1267,7 @@ impl Protocol {
             }
             // Still ours with another lease: an earlier renewal of ours was applied.
             Some(Write::Refused(Some(seen)))
-                if seen.state == JobState::Running && seen.owner_epoch == claimed.owner_epoch =>
+                if seen.state == JobState::Running && seen.owner_epoch == epoch =>
             {
                 note.push_str("renewal refused: adopts the lease it finds");
                 (seen.owner_until.unwrap_or(lease_until), false)
@@ -1224,7 +1283,7 @@ impl Protocol {
             }
         };
         next.workers[worker].pc = Pc::Calling {
-            claimed,
+            machine,
             lease_until,
             lost,
         };
@@ -1236,15 +1295,20 @@ impl Protocol {
             return false;
         };
         let now = self.now(next, worker);
-        if !(next.retrievable && fenced.last_provider_ref().is_some()) {
+        // The invocation ends once the provider has been asked: a call still running is
+        // handed over (the next delivery asks again), one past its deadline cancelled.
+        let facts = CallFacts {
+            invocation_end: now,
+            ..self.call_facts(next)
+        };
+        let (mut machine, step) = Calling::resume(facts, (*fenced).clone(), "recovered", now);
+        if let CallStep::Done(_) = step {
             // Nothing to ask about: the attempt may have run (one step, the `NotFound` choice).
             if said != Retrieved::NotFound {
                 return false;
             }
             note.push_str("finds no reference to ask about: the call may have run");
-            let evidence = "the call may have run and no reference was recorded".to_owned();
-            let end = uncertain_end(evidence, &fenced, now, next.replay);
-            self.end_with(next, worker, fenced, Waited::Ended(end, None), note);
+            self.take_call(next, worker, machine, step, note);
             return true;
         }
         let attempt = fenced.attempts;
@@ -1273,34 +1337,20 @@ impl Protocol {
             }
         }
         let _ = write!(note, "asks the provider about attempt {attempt}: {said:?}");
-        // What the processor's poll and its conclusion make of the provider's word.
-        let waited = match said {
-            Retrieved::Completed => {
-                let answer = Answer {
-                    body: format!("answer of attempt {attempt}"),
-                    provider_ref: None,
-                };
-                Waited::from(attempt_end(Ok(answer), &fenced, now, next.replay))
-            }
-            Retrieved::Failed => {
-                let error = ProviderError::Transient {
-                    retry_after_ms: None,
-                    reason: "failed upstream".to_owned(),
-                };
-                Waited::from(attempt_end(Err(error), &fenced, now, next.replay))
-            }
-            Retrieved::Running if now >= fenced.deadline_at => {
-                Waited::Ended(AttemptEnd::Expired, None)
-            }
-            Retrieved::Running => Waited::Running,
-            Retrieved::NotFound => Waited::Asked(uncertain_end(
-                "the provider does not know the call".to_owned(),
-                &fenced,
-                now,
-                next.replay,
-            )),
+        let found = match said {
+            Retrieved::Completed => Retrieval::Completed(Answer {
+                body: format!("answer of attempt {attempt}"),
+                provider_ref: None,
+            }),
+            Retrieved::Failed => Retrieval::Failed(ProviderError::Transient {
+                retry_after_ms: None,
+                reason: "failed upstream".to_owned(),
+            }),
+            Retrieved::Running => Retrieval::Running,
+            Retrieved::NotFound => Retrieval::NotFound,
         };
-        self.end_with(next, worker, fenced, waited, note);
+        let step = machine.retrieved(found, now);
+        self.take_call(next, worker, machine, step, note);
         true
     }
 

@@ -127,7 +127,7 @@ pub struct Answer {
 }
 
 /// How a call failed, as the processor must treat it.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, thiserror::Error)]
 pub enum ProviderError {
     /// The provider did not do the work (rate limit, 5xx before acceptance): retry later.
     #[error("transient provider error: {reason}")]

@@ -6,13 +6,16 @@
 //! - [`heartbeat`]: keeps records invisible and leases renewed while calls run;
 //! - [`admission`]: pure: the writes a delivery makes before its call, as a machine;
 //! - [`batch`]: pure: which records the response names;
-//! - [`ending`]: pure: how an attempt ends, from the provider's word;
+//! - [`calling`]: pure: the call of one attempt and its polling, as a machine;
+//! - [`ending`]: pure: how an attempt ends, from the provider's word, and the machine of the
+//!   writes that record it;
 //! - [`pacing`]: the provider's limits: capacity shared in chunks, an adaptive limit;
 //! - [`settings`]: the worker's own settings.
 
 pub mod admission;
 pub mod batch;
 mod bodies;
+pub mod calling;
 pub mod ending;
 pub mod handler;
 pub mod heartbeat;

@@ -6,11 +6,9 @@ use std::time::Duration;
 use super::{Invocation, Processed, Processor};
 use crate::clock::Clock;
 use crate::job::{JobRecord, Millis};
-use crate::ledger::{AttemptEnd, JobLedger, LedgerError};
-use crate::provider::{Answer, Provider, ProviderError};
-use crate::worker::ending::{
-    Closed, EndFacts, EndStep, EndWrite, Ending, Waited, attempt_end, uncertain_end,
-};
+use crate::ledger::{JobLedger, LedgerError};
+use crate::provider::Provider;
+use crate::worker::ending::{Closed, EndFacts, EndStep, EndWrite, Ending, Waited};
 
 /// Tries at ending an attempt whose write fails, within the invocation and the job's deadline.
 const FINISH_TRIES: u32 = 5;
@@ -107,20 +105,5 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
             outcome: closed.outcome,
             view: closed.view,
         }
-    }
-
-    /// How an attempt ends, from what the provider said (see [`attempt_end`]).
-    pub(super) fn end_of(
-        &self,
-        result: Result<Answer, ProviderError>,
-        job: &JobRecord,
-        now: Millis,
-    ) -> (AttemptEnd, Option<Millis>) {
-        attempt_end(result, job, now, self.settings.replay)
-    }
-
-    /// How an attempt with an unknown outcome ends (see [`uncertain_end`]).
-    pub(super) fn uncertain(&self, evidence: String, job: &JobRecord, now: Millis) -> AttemptEnd {
-        uncertain_end(evidence, job, now, self.settings.replay)
     }
 }

@@ -6,7 +6,8 @@
 //! is an [`AttemptWatch`].
 //!
 //! - this file: the entry points and the claim (or settle, or recovery claim) loop;
-//! - [`run`](self::run): the call, and a background call's polling;
+//! - [`run`](self::run): the call and a background call's polling, as
+//!   [`Calling`](super::calling::Calling) asks;
 //! - [`finish`](self::finish): the writes that end an attempt, as [`Ending`](super::ending::Ending) asks;
 //! - [`recover`](self::recover): what a recovery claim does with the evidence it finds.
 
@@ -34,13 +35,6 @@ use crate::job::{
 };
 use crate::ledger::{ClaimRequest, CreateRequest, JobLedger, LedgerError, RecoverRequest, Write};
 use crate::provider::Provider;
-
-/// Tries at recording a background call's reference before it is cancelled.
-const RECORD_TRIES: usize = 3;
-/// Retrievals answered 401/403 before a background attempt is recorded uncertain.
-const MAX_DENIED_RETRIEVALS: u32 = 3;
-/// A call is not started with less time than this left before its bound.
-const MIN_CALL_BUDGET_MS: Millis = 100;
 
 /// What a claim asks for.
 #[derive(Debug, Clone, Copy)]
@@ -477,14 +471,9 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         }
     }
 
-    /// Whether this invocation still has time for the call a claim would start: the least
-    /// useful call time for this provider (shorter when the call can be asked about later and
-    /// handed over), never more than the provider timeout, before the invocation's margin.
-    pub(super) fn has_time_for_call(&self, inv: &Invocation, now: Millis) -> bool {
-        now <= self.latest_call_start(inv)
-    }
-
-    /// The latest moment a call may start in this invocation (see `has_time_for_call`).
+    /// The latest moment a call may start in this invocation: the least useful call time for
+    /// this provider (shorter when the call can be asked about later and handed over), never
+    /// more than the provider timeout, before the invocation's margin.
     fn latest_call_start(&self, inv: &Invocation) -> Millis {
         let Some(deadline) = inv.deadline else {
             return Millis::MAX;

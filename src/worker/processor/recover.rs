@@ -5,17 +5,17 @@ use crate::clock::Clock;
 use crate::job::{JobMessage, JobRecord, ResultBody};
 use crate::ledger::{AttemptEnd, JobLedger};
 use crate::provider::Provider;
+use crate::worker::calling::{CallStep, Calling};
 use crate::worker::ending::Waited;
 
 impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
     /// After a recovery claim fenced a lapsed owner, look at the evidence of the attempt it left.
     /// An answer it stored in the results bucket and never accepted is accepted now. With a
-    /// provider reference and a provider that can be asked, the provider's word decides
-    /// (completed: accepted under the new epoch; definitely failed: retry or fail; still running:
-    /// poll while this invocation allows, the lease renewed by the heartbeat, then hand the job
-    /// to the next delivery). Otherwise the attempt may have run and the job becomes `unknown`
-    /// (or, under the replay policy, `retry_authorized` with the decision recorded). Never a new
-    /// call.
+    /// provider reference, the provider's word decides (completed: accepted under the new
+    /// epoch; definitely failed: retry or fail; still running: poll while this invocation
+    /// allows, the lease renewed by the heartbeat, then hand the job to the next delivery).
+    /// Otherwise the attempt may have run and the job becomes `unknown` (or, under the replay
+    /// policy, `retry_authorized` with the decision recorded). Never a new call.
     pub(super) async fn after_recovery(
         &self,
         msg: &JobMessage,
@@ -24,24 +24,12 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         inv: &Invocation,
         watch: &dyn AttemptWatch,
     ) -> Processed {
-        let attempt = fenced.attempts;
         tracing::warn!(
             job_id = %msg.job_id,
             lapsed_epoch,
             epoch = fenced.owner_epoch,
             "recovered a job whose lease lapsed"
         );
-        let recovered_because = fenced
-            .recoveries
-            .last()
-            .map_or("recovered", |r| r.reason.as_str())
-            .to_owned();
-        let evidence = |why: &str| format!("attempt {attempt}, {recovered_because}: {why}");
-        let reference = fenced
-            .attempt_log
-            .last()
-            .and_then(|a| a.provider_ref.clone().map(|r| (r, a.started_at)));
-        let now = self.clock.now_ms();
         // The lapsed owner stored its answer and could not accept it: that is the outcome.
         if let Some(blob) = self.stored_answer(&fenced).await {
             tracing::info!(job_id = %msg.job_id, lapsed_epoch, "the lapsed owner's stored answer is accepted");
@@ -50,29 +38,28 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
             };
             return self.close(fenced, Waited::Ended(end, None), inv).await;
         }
-        let waited = match reference {
-            None => {
-                let why = "the call may have run and no reference was recorded";
-                Waited::Ended(self.uncertain(evidence(why), &fenced, now), None)
-            }
-            Some((provider_ref, started_at)) => {
-                let input = msg.input();
-                let request = self.request(msg, &fenced, &input);
-                let lost = watch.running(
-                    &msg.job_id,
-                    fenced.owner_epoch,
-                    fenced.owner_until.unwrap_or(now),
-                    fenced.deadline_at,
-                );
-                let polled = self
-                    .poll(&provider_ref, started_at, &request, &fenced, inv, &lost)
-                    .await;
-                watch.call_ended();
-                self.conclude(polled, &provider_ref, &fenced, inv, evidence)
-                    .await
-            }
-        };
-        self.close(fenced, waited, inv).await
+        let because = fenced
+            .recoveries
+            .last()
+            .map_or("recovered", |r| r.reason.as_str())
+            .to_owned();
+        let now = self.clock.now_ms();
+        let (machine, step) = Calling::resume(self.call_facts(inv), fenced, &because, now);
+        if let CallStep::Done(waited) = step {
+            return self.close(machine.into_owner(), waited, inv).await;
+        }
+        let owner = machine.owner();
+        let lost = watch.running(
+            &msg.job_id,
+            owner.owner_epoch,
+            owner.owner_until.unwrap_or(now),
+            owner.deadline_at,
+        );
+        let input = msg.input();
+        let request = self.request(msg, owner, &input);
+        let (owner, waited) = self.call(&request, machine, step, inv, &lost, watch).await;
+        watch.call_ended();
+        self.close(owner, waited, inv).await
     }
 
     /// Whether the provider can be asked about the job's last attempt.
