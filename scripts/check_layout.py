@@ -4,13 +4,15 @@
     check_layout.py --self-test [SRC]  also prove each rule fails on a broken tree
 
 A file's dependencies are the modules its `crate::` and `super::` paths name (a `use` line or a
-path in code), each resolved to the deepest module file that exists. Three rules:
+path in code), each resolved to the deepest module file that exists. Four rules:
 
 1. No cycle between files. A module naming its own ancestor is left out: a parent declares its
    children and shares its types with them (a facade), which is not a cycle of design.
 2. Floors: a top-level module imports only from its own floor or the floors below it.
 3. A Rust file of the package (library, binaries, tests, examples) over about 600 lines says
    why in its `//!` header, with a line starting `Why this file is long:`.
+4. A function of the library or a binary (unit tests aside) over 80 lines says why in the
+   comments just above it (its doc or a `//` line), with `Why this function is long:`.
 """
 
 import os
@@ -167,9 +169,61 @@ def long_files(src):
                     yield os.path.relpath(path, root), len(lines)
 
 
+FN_LONG = 80
+FN_REASON = "Why this function is long:"
+FN = re.compile(r"^\s*(?:pub(?:\([^)]*\))?\s+)?(?:const\s+)?(?:async\s+)?(?:unsafe\s+)?fn\s+(\w+)")
+LITERALS = re.compile(r'r(#*)"[\s\S]*?"\1|"(?:\\[\s\S]|[^"\\])*"|\'(?:\\[^\']+|[^\'\\])\'|//[^\n]*')
+
+
+def long_functions(src):
+    """(path, line, name, lines) of each function over FN_LONG lines with no reason above it."""
+    root = os.path.dirname(os.path.abspath(src))
+    for base, _, files in os.walk(src):
+        for f in files:
+            if not f.endswith(".rs") or f == "tests.rs":
+                continue
+            path = os.path.join(base, f)
+            with open(path, encoding="utf-8") as text:
+                source = text.read()
+            cut = re.search(r"#\[cfg\(test\)\]\s*mod tests", source)
+            source = source[: cut.start()] if cut else source
+            lines = source.split("\n")
+            # Braces counted with strings, characters and comments blanked (lines kept).
+            code = LITERALS.sub(lambda m: re.sub(r"[^\n]", " ", m.group(0)), source).split("\n")
+            for i, line in enumerate(lines):
+                m = FN.match(line)
+                if not m:
+                    continue
+                depth, opened, end = 0, False, None
+                for j in range(i, len(code)):
+                    for ch in code[j]:
+                        if ch == "{":
+                            depth, opened = depth + 1, True
+                        elif ch == "}":
+                            depth -= 1
+                    if opened and depth == 0:
+                        end = j
+                        break
+                    if not opened and code[j].rstrip().endswith(";"):
+                        break  # a declaration without a body
+                if end is None or end - i + 1 <= FN_LONG:
+                    continue
+                above = []
+                for k in range(i - 1, -1, -1):
+                    stripped = lines[k].strip()
+                    if stripped.startswith(("//", "#[")):
+                        above.append(stripped)
+                    else:
+                        break
+                if not any(FN_REASON in a for a in above):
+                    yield os.path.relpath(path, root), i + 1, m.group(1), end - i + 1
+
+
 def check(src):
     edges = graph(src)
     problems = []
+    for path, line, fn, n in long_functions(src):
+        problems.append(f"{path}:{line}: fn {fn} has {n} lines, and no comment above it says why ({FN_REASON})")
     for path, n in long_files(src):
         problems.append(f"{path}: {n} lines, and its header does not say why ({LONG_REASON})")
     for component in cycles(edges):
@@ -191,6 +245,7 @@ def self_test(src):
                   "ledger/dynamodb/mod.rs", "use crate::ledger::memory::InMemoryLedger;\n"),
         "upward": ("job/mod.rs", "use crate::worker::Settings;\n", None, None),
         "long": ("vars.rs", "\n" * LONG, None, None),
+        "long fn": ("vars.rs", "fn long_on_purpose() {\n" + "    let _ = \"}\";\n" * FN_LONG + "}\n", None, None),
     }
     failures = []
     for rule, (f1, line1, f2, line2) in breaks.items():
@@ -206,7 +261,12 @@ def self_test(src):
                     with open(path, "w", encoding="utf-8") as out:
                         out.write(line + text)
             found = check(copy)
-            wanted = {"cycle": "import cycle", "upward": "a floor above it", "long": LONG_REASON}[rule]
+            wanted = {
+                "cycle": "import cycle",
+                "upward": "a floor above it",
+                "long": LONG_REASON,
+                "long fn": FN_REASON,
+            }[rule]
             if not any(wanted in p for p in found):
                 failures.append(f"self-test: the {rule} rule did not catch a broken tree")
         finally:

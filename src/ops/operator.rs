@@ -162,6 +162,7 @@ pub fn to_json(record: &JobRecord, with_result: bool) -> Value {
 }
 
 /// The record for people: one field a line, then the attempts and decisions as tables.
+// Why this function is long: one line per field of the record, in the order it is printed.
 pub fn to_text(record: &JobRecord, with_result: bool) -> String {
     let mut out = String::new();
     let mut line = |k: &str, v: String| out.push_str(&format!("{k:<13} {v}\n"));

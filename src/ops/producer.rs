@@ -140,26 +140,7 @@ async fn submit_chunk<L: JobLedger>(
     intake: &Intake<'_>,
     report: &mut SubmitReport,
 ) {
-    let mut jobs = Vec::new();
-    // A job repeated within the chunk is judged against its first line here, so that the
-    // concurrent writes below never race each other.
-    let mut first: std::collections::HashMap<String, String> = std::collections::HashMap::new();
-    for (number, text) in chunk {
-        match parse_trigger(Some(text)) {
-            Ok(Trigger::Job(msg)) => match first.get(&msg.job_id) {
-                Some(digest) if *digest == msg.digest => report.already_present += 1,
-                Some(_) => report.conflicts.push((*number, msg.job_id.clone())),
-                None => {
-                    first.insert(msg.job_id.clone(), msg.digest.clone());
-                    jobs.push((*number, text.as_str(), msg));
-                }
-            },
-            Ok(Trigger::Ref(_)) => report
-                .invalid
-                .push((*number, "a job_id alone is a trigger, not a job".to_owned())),
-            Err(invalid) => report.invalid.push((*number, invalid.to_string())),
-        }
-    }
+    let jobs = parse_chunk(chunk, report);
     let created: Vec<_> = stream::iter(&jobs)
         .map(|(number, text, msg)| async move {
             let at = now();
@@ -179,45 +160,10 @@ async fn submit_chunk<L: JobLedger>(
         .buffered(CONCURRENCY)
         .collect()
         .await;
-    let mut outgoing = Vec::new();
-    for (number, text, msg, written) in created {
-        let send = match written {
-            Ok(Write::Applied(_)) => {
-                report.created += 1;
-                true
-            }
-            Ok(Write::Refused(Some(seen))) if seen.input_digest == msg.digest => {
-                report.already_present += 1;
-                // An earlier submit that stopped before sending: send now.
-                seen.state == JobState::Ready && seen.enqueued_at.is_none()
-            }
-            Ok(Write::Refused(Some(_))) => {
-                report.conflicts.push((number, msg.job_id.clone()));
-                false
-            }
-            Ok(Write::Refused(None)) => {
-                report
-                    .ledger_failed
-                    .push((number, "refused with no item".to_owned()));
-                false
-            }
-            Err(e) => {
-                report.ledger_failed.push((number, e.to_string()));
-                false
-            }
-        };
-        if send {
-            outgoing.push(if text.len() <= INLINE_BODY_MAX {
-                Outgoing {
-                    job_id: msg.job_id.clone(),
-                    body: text.to_owned(),
-                    in_ledger: true,
-                }
-            } else {
-                Outgoing::by_id(&msg.job_id)
-            });
-        }
-    }
+    let outgoing: Vec<Outgoing> = created
+        .into_iter()
+        .filter_map(|(number, text, msg, written)| to_send(number, text, msg, written, report))
+        .collect();
     let sent_at = now();
     let results = sender.send(&outgoing, "submit").await;
     let mut sent = Vec::new();
@@ -241,4 +187,78 @@ async fn submit_chunk<L: JobLedger>(
             }
         })
         .await;
+}
+
+/// The chunk's lines parsed: the jobs to write, each with its line number and text; the rest
+/// counted in `report`. A job repeated within the chunk is judged against its first line here,
+/// so that the concurrent writes never race each other.
+fn parse_chunk<'c>(
+    chunk: &'c [(u64, String)],
+    report: &mut SubmitReport,
+) -> Vec<(u64, &'c str, JobMessage)> {
+    let mut jobs = Vec::new();
+    let mut first: std::collections::HashMap<String, String> = std::collections::HashMap::new();
+    for (number, text) in chunk {
+        match parse_trigger(Some(text)) {
+            Ok(Trigger::Job(msg)) => match first.get(&msg.job_id) {
+                Some(digest) if *digest == msg.digest => report.already_present += 1,
+                Some(_) => report.conflicts.push((*number, msg.job_id.clone())),
+                None => {
+                    first.insert(msg.job_id.clone(), msg.digest.clone());
+                    jobs.push((*number, text.as_str(), msg));
+                }
+            },
+            Ok(Trigger::Ref(_)) => report
+                .invalid
+                .push((*number, "a job_id alone is a trigger, not a job".to_owned())),
+            Err(invalid) => report.invalid.push((*number, invalid.to_string())),
+        }
+    }
+    jobs
+}
+
+/// The trigger to send for a job whose item was written so (counted in `report`), if any: an
+/// item created now, or one an earlier submit wrote and stopped before sending.
+fn to_send(
+    number: u64,
+    text: &str,
+    msg: &JobMessage,
+    written: Result<Write, LedgerError>,
+    report: &mut SubmitReport,
+) -> Option<Outgoing> {
+    let send = match written {
+        Ok(Write::Applied(_)) => {
+            report.created += 1;
+            true
+        }
+        Ok(Write::Refused(Some(seen))) if seen.input_digest == msg.digest => {
+            report.already_present += 1;
+            seen.state == JobState::Ready && seen.enqueued_at.is_none()
+        }
+        Ok(Write::Refused(Some(_))) => {
+            report.conflicts.push((number, msg.job_id.clone()));
+            false
+        }
+        Ok(Write::Refused(None)) => {
+            report
+                .ledger_failed
+                .push((number, "refused with no item".to_owned()));
+            false
+        }
+        Err(e) => {
+            report.ledger_failed.push((number, e.to_string()));
+            false
+        }
+    };
+    send.then(|| {
+        if text.len() <= INLINE_BODY_MAX {
+            Outgoing {
+                job_id: msg.job_id.clone(),
+                body: text.to_owned(),
+                in_ledger: true,
+            }
+        } else {
+            Outgoing::by_id(&msg.job_id)
+        }
+    })
 }

@@ -157,58 +157,96 @@ pub async fn reconcile<L: JobLedger + LedgerIndex>(
             settings.retry_after_ms,
         ),
     ] {
-        let is_due = |job: &JobRecord| {
-            job.state == state
-                && job.updated_at <= now - after
-                && job.owner_until.is_none_or(|until| until <= now - after)
-                && job.enqueued_at.is_none_or(|at| at <= now - enqueue_after)
-                && (state != JobState::Unknown || job.last_provider_ref().is_some())
-        };
-        // The index knows when a job last changed, not when its trigger was last sent: walk on
-        // past the jobs sent recently until a page of due ones is found or the walk's budget
-        // is spent, so that a backlog waiting in the queue never hides a job whose message
-        // was lost.
-        let (mut cursor, mut examined, mut found) = (IndexCursor::default(), 0, 0);
-        loop {
-            let want = settings.max_jobs.min(settings.max_examined - examined);
-            let keys = ledger
-                .untouched_since(state, now - after, &cursor, want)
-                .await?;
-            cursor.advance(&keys);
-            examined += keys.len();
-            let items: Vec<_> = stream::iter(keys.iter().map(|(job_id, _)| job_id))
-                .map(|job_id| async move { ledger.get(job_id).await })
-                .buffer_unordered(CONCURRENCY)
-                .collect()
-                .await;
-            for item in items {
-                match item {
-                    Ok(Some(job)) if found < settings.max_jobs && is_due(&job) => {
-                        due.push(Outgoing::by_id(&job.job_id));
-                        found += 1;
-                    }
-                    Ok(_) => {}
-                    Err(_) => report.errors += 1,
+        let walked = due_in(
+            ledger,
+            state,
+            after,
+            enqueue_after,
+            now,
+            settings,
+            &mut report,
+        );
+        due.extend(walked.await?);
+    }
+    resend(ledger, sender, &due, now, &mut report).await;
+    report.unknown = ledger.count(JobState::Unknown).await?;
+    Ok(report)
+}
+
+/// The jobs in `state` due for a new trigger: unchanged for `after`, their lease (if any)
+/// lapsed as long, and no trigger sent for `enqueue_after`.
+async fn due_in<L: JobLedger + LedgerIndex>(
+    ledger: &L,
+    state: JobState,
+    after: Millis,
+    enqueue_after: Millis,
+    now: Millis,
+    settings: &ReconcileSettings,
+    report: &mut ReconcileReport,
+) -> Result<Vec<Outgoing>, LedgerError> {
+    let mut due = Vec::new();
+    let is_due = |job: &JobRecord| {
+        job.state == state
+            && job.updated_at <= now - after
+            && job.owner_until.is_none_or(|until| until <= now - after)
+            && job.enqueued_at.is_none_or(|at| at <= now - enqueue_after)
+            && (state != JobState::Unknown || job.last_provider_ref().is_some())
+    };
+    // The index knows when a job last changed, not when its trigger was last sent: walk on
+    // past the jobs sent recently until a page of due ones is found or the walk's budget
+    // is spent, so that a backlog waiting in the queue never hides a job whose message
+    // was lost.
+    let (mut cursor, mut examined, mut found) = (IndexCursor::default(), 0, 0);
+    loop {
+        let want = settings.max_jobs.min(settings.max_examined - examined);
+        let keys = ledger
+            .untouched_since(state, now - after, &cursor, want)
+            .await?;
+        cursor.advance(&keys);
+        examined += keys.len();
+        let items: Vec<_> = stream::iter(keys.iter().map(|(job_id, _)| job_id))
+            .map(|job_id| async move { ledger.get(job_id).await })
+            .buffer_unordered(CONCURRENCY)
+            .collect()
+            .await;
+        for item in items {
+            match item {
+                Ok(Some(job)) if found < settings.max_jobs && is_due(&job) => {
+                    due.push(Outgoing::by_id(&job.job_id));
+                    found += 1;
                 }
-            }
-            if found >= settings.max_jobs || keys.len() < want {
-                break;
-            }
-            if examined >= settings.max_examined {
-                tracing::warn!(
-                    state = state.as_str(),
-                    examined,
-                    "the walk for due jobs stopped at RECONCILE_MAX_EXAMINED; it starts again next run"
-                );
-                report.walks_cut += 1;
-                break;
+                Ok(_) => {}
+                Err(_) => report.errors += 1,
             }
         }
-        report.examined += examined as u64;
+        if found >= settings.max_jobs || keys.len() < want {
+            break;
+        }
+        if examined >= settings.max_examined {
+            tracing::warn!(
+                state = state.as_str(),
+                examined,
+                "the walk for due jobs stopped at RECONCILE_MAX_EXAMINED; it starts again next run"
+            );
+            report.walks_cut += 1;
+            break;
+        }
     }
+    report.examined += examined as u64;
+    Ok(due)
+}
+
+/// Sends the due jobs' triggers and records each one sent.
+async fn resend<L: JobLedger>(
+    ledger: &L,
+    sender: &impl TriggerSender,
+    due: &[Outgoing],
+    now: Millis,
+    report: &mut ReconcileReport,
+) {
     let suffix = format!("reconcile-{}", now / 60_000);
     let mut sent = Vec::new();
-    for (job_id, result) in sender.send(&due, &suffix).await {
+    for (job_id, result) in sender.send(due, &suffix).await {
         match result {
             Ok(()) => sent.push(job_id),
             Err(reason) => {
@@ -224,8 +262,6 @@ pub async fn reconcile<L: JobLedger + LedgerIndex>(
         .collect()
         .await;
     report.errors += recorded.iter().filter(|r| r.is_err()).count() as u64;
-    report.unknown = ledger.count(JobState::Unknown).await?;
-    Ok(report)
 }
 
 async fn expire<L: JobLedger + LedgerIndex>(

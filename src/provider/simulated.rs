@@ -81,6 +81,8 @@ pub fn check_controls(input: &Map<String, Value>) -> Result<(), InvalidMessage> 
     parse_simulation(input.get("simulate")).map(|_| ())
 }
 
+// Why this function is long: one block per control of `input.simulate`, each checked with the
+// rule its error names.
 fn parse_simulation(value: Option<&Value>) -> Result<Simulation, InvalidMessage> {
     let Some(value) = value else {
         return Ok(Simulation::default());

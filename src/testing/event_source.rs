@@ -108,33 +108,7 @@ impl LocalEventSource {
         Fut: Future<Output = Result<SqsBatchResponse, E>>,
         E: std::fmt::Display,
     {
-        // Like the event source mapping's batching: keep receiving (ten at most a call) until
-        // the batch is full or the queue has nothing more right now.
-        let mut messages: Vec<Message> = Vec::new();
-        let wanted = self.batch_size.max(1) as usize;
-        while messages.len() < wanted {
-            let wait = if messages.is_empty() {
-                self.wait_seconds.clamp(0, 20)
-            } else {
-                0
-            };
-            let received = self
-                .client
-                .receive_message()
-                .queue_url(&self.queue_url)
-                .max_number_of_messages((wanted - messages.len()).min(10) as i32)
-                .wait_time_seconds(wait)
-                .message_system_attribute_names(MessageSystemAttributeName::All)
-                .message_attribute_names("All")
-                .send()
-                .await
-                .map_err(|e| sqs_error("ReceiveMessage", &e))?;
-            let got = received.messages();
-            if got.is_empty() {
-                break;
-            }
-            messages.extend_from_slice(got);
-        }
+        let messages = self.receive_batch().await?;
         let messages = messages.as_slice();
         let mut report = PollReport {
             received: messages.len(),
@@ -189,6 +163,43 @@ impl LocalEventSource {
             report.delete_failures = handles.len();
             return Ok(report);
         }
+        self.delete(&handles, &mut report).await;
+        Ok(report)
+    }
+
+    /// Like the event source mapping's batching: keeps receiving (ten at most a call) until the
+    /// batch is full or the queue has nothing more right now.
+    async fn receive_batch(&self) -> Result<Vec<Message>, DriverError> {
+        let mut messages: Vec<Message> = Vec::new();
+        let wanted = self.batch_size.max(1) as usize;
+        while messages.len() < wanted {
+            let wait = if messages.is_empty() {
+                self.wait_seconds.clamp(0, 20)
+            } else {
+                0
+            };
+            let received = self
+                .client
+                .receive_message()
+                .queue_url(&self.queue_url)
+                .max_number_of_messages((wanted - messages.len()).min(10) as i32)
+                .wait_time_seconds(wait)
+                .message_system_attribute_names(MessageSystemAttributeName::All)
+                .message_attribute_names("All")
+                .send()
+                .await
+                .map_err(|e| sqs_error("ReceiveMessage", &e))?;
+            let got = received.messages();
+            if got.is_empty() {
+                break;
+            }
+            messages.extend_from_slice(got);
+        }
+        Ok(messages)
+    }
+
+    /// Deletes the messages of these receipt handles, ten a call, counting what was deleted.
+    async fn delete(&self, handles: &[&str], report: &mut PollReport) {
         for chunk in handles.chunks(10) {
             let entries = chunk
                 .iter()
@@ -219,7 +230,6 @@ impl LocalEventSource {
                 }
             }
         }
-        Ok(report)
     }
 
     /// Messages visible and in flight, from `GetQueueAttributes` (approximate, as SQS says).

@@ -230,6 +230,12 @@ impl Admission {
         }
     }
 
+    /// Whether the delivery ended without knowing if its last write was applied: the write
+    /// and every read after it went unanswered.
+    pub fn unconfirmed(&self) -> bool {
+        self.failed_reads >= READ_BACK_PAUSES_MS.len()
+    }
+
     /// Whether `seen` shows this delivery's own claim or recovery applied (`owner_id` is
     /// unique to the delivery): a retry refused by its first try, or a read after a lost answer.
     pub fn ours(&self, seen: &JobRecord, owner_id: &str) -> bool {
@@ -419,7 +425,9 @@ mod tests {
         assert_eq!(m.unanswered(), Step::ReadBack { pause_ms: 0 });
         assert_eq!(m.read_failed(), Step::ReadBack { pause_ms: 100 });
         assert_eq!(m.read_failed(), Step::ReadBack { pause_ms: 400 });
+        assert!(!m.unconfirmed());
         assert_eq!(m.read_failed(), Step::End(backoff("ledger")));
+        assert!(m.unconfirmed());
     }
 
     #[test]

@@ -415,30 +415,8 @@ impl<L: JobLedger, V: VisibilityControl, C: Clock> Heartbeat<'_, L, V, C> {
         };
         for attempt in 0..=RENEWAL_RETRIES {
             let now = self.clock.now_ms();
-            // Group by queue, with the seconds each record may be given now.
-            let mut by_queue: Vec<(String, Vec<(usize, VisibilityChange)>)> = Vec::new();
-            {
-                let entries = self.flights.lock();
-                for &i in &pending {
-                    let f = &entries[i];
-                    let Some(seconds) = self.extension_s(f, now) else {
-                        continue;
-                    };
-                    let Some((arn, handle)) = &f.delivery else {
-                        continue;
-                    };
-                    let change = VisibilityChange {
-                        receipt_handle: handle.clone(),
-                        seconds,
-                    };
-                    match by_queue.iter_mut().find(|(a, _)| a == arn) {
-                        Some((_, list)) => list.push((i, change)),
-                        None => by_queue.push((arn.clone(), vec![(i, change)])),
-                    }
-                }
-            }
             let mut uncertain = Vec::new();
-            for (arn, list) in by_queue {
+            for (arn, list) in self.extensions(&pending, now) {
                 let (indices, changes): (Vec<usize>, Vec<VisibilityChange>) =
                     list.into_iter().unzip();
                 let seconds: Vec<i32> = changes.iter().map(|c| c.seconds).collect();
@@ -485,6 +463,35 @@ impl<L: JobLedger, V: VisibilityControl, C: Clock> Heartbeat<'_, L, V, C> {
             pending = retryable;
             tokio::time::sleep(Duration::from_millis(pause as u64)).await;
         }
+    }
+
+    /// The extensions due now for the `pending` records, grouped by queue, with the seconds
+    /// each record may be given.
+    fn extensions(
+        &self,
+        pending: &[usize],
+        now: Millis,
+    ) -> Vec<(String, Vec<(usize, VisibilityChange)>)> {
+        let mut by_queue: Vec<(String, Vec<(usize, VisibilityChange)>)> = Vec::new();
+        let entries = self.flights.lock();
+        for &i in pending {
+            let f = &entries[i];
+            let Some(seconds) = self.extension_s(f, now) else {
+                continue;
+            };
+            let Some((arn, handle)) = &f.delivery else {
+                continue;
+            };
+            let change = VisibilityChange {
+                receipt_handle: handle.clone(),
+                seconds,
+            };
+            match by_queue.iter_mut().find(|(a, _)| a == arn) {
+                Some((_, list)) => list.push((i, change)),
+                None => by_queue.push((arn.clone(), vec![(i, change)])),
+            }
+        }
+        by_queue
     }
 
     /// Seconds to request for a record now, or `None` when it must not be extended: never past

@@ -270,30 +270,9 @@ impl Pacer {
         // The other records of the batch, started at the same time, say they wait too.
         tokio::task::yield_now().await;
         let now = clock.now_ms();
-        // A chunk of calls, with the tokens calls here are charged on average, less what is
-        // left (or plus the debt).
-        let (chunk, chunk_tokens, refused_before) = {
-            let mut st = self.lock();
-            let chunk = st.waiting.clamp(1, self.settings.chunk.max(1));
-            if st.credit_until <= now {
-                st.credits = 0;
-                st.tokens = st.tokens.min(0);
-            }
-            if st.credits >= 1 {
-                // Another record leased while we waited for the lock.
-                return Ok(());
-            }
-            if st.next_reservation > now {
-                // Another record was just refused: so would we be.
-                return Err(st.booked_until.saturating_sub(now).max(1));
-            }
-            st.mean_tokens = if st.mean_tokens == 0.0 {
-                tokens as f64
-            } else {
-                0.9 * st.mean_tokens + 0.1 * tokens as f64
-            };
-            let tokens = ((st.mean_tokens * chunk as f64) as i64 - st.tokens).max(0) as u64;
-            (chunk, tokens, st.refusals > 0)
+        let Some((chunk, chunk_tokens, refused_before)) = self.chunk(tokens, now)? else {
+            // Another record leased while we waited for the lock.
+            return Ok(());
         };
         let horizon_end = until.max(now);
         if refused_before {
@@ -343,6 +322,32 @@ impl Pacer {
                 Ok(())
             }
         }
+    }
+
+    /// The chunk of calls to lease, with the tokens calls here are charged on average, less what
+    /// is left (or plus the debt), and whether the last reservation was refused; `None` when
+    /// another record leased meanwhile, the wait when one was just refused.
+    fn chunk(&self, tokens: u64, now: Millis) -> Result<Option<(u64, u64, bool)>, Millis> {
+        let mut st = self.lock();
+        let chunk = st.waiting.clamp(1, self.settings.chunk.max(1));
+        if st.credit_until <= now {
+            st.credits = 0;
+            st.tokens = st.tokens.min(0);
+        }
+        if st.credits >= 1 {
+            return Ok(None);
+        }
+        if st.next_reservation > now {
+            // Another record was just refused: so would we be.
+            return Err(st.booked_until.saturating_sub(now).max(1));
+        }
+        st.mean_tokens = if st.mean_tokens == 0.0 {
+            tokens as f64
+        } else {
+            0.9 * st.mean_tokens + 0.1 * tokens as f64
+        };
+        let tokens = ((st.mean_tokens * chunk as f64) as i64 - st.tokens).max(0) as u64;
+        Ok(Some((chunk, tokens, st.refusals > 0)))
     }
 
     /// The capacity is booked until `booked`, past the horizon: no reservation is tried again

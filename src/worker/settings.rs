@@ -129,6 +129,8 @@ impl Settings {
 
     /// Reads the settings, each from its variable, the default where it is unset, and checks
     /// the relations between them.
+    // Why this function is long: one setting per variable, each read, defaulted and bounded in
+    // one place, then the relations between them.
     pub fn from_vars(vars: &Vars<'_>) -> Result<Settings, ConfigError> {
         let d = Settings::default();
         let number = |name, default, min, max| vars.integer(name, default, min, max);

@@ -244,6 +244,7 @@ enum DlqCommand {
 }
 
 #[tokio::main(flavor = "current_thread")]
+// Why this function is long: one arm per subcommand, the command line's table of contents.
 async fn main() {
     let cli = Cli::parse();
     if let Command::Completions { shell } = cli.command {

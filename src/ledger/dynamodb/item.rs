@@ -170,6 +170,7 @@ pub fn encode(r: &JobRecord) -> Item {
 }
 
 /// Decodes a stored item. A missing or mistyped attribute is `Corrupt`, never a panic.
+// Why this function is long: one attribute per field of the record, each checked for its type.
 pub fn decode(item: &Item) -> Result<JobRecord, LedgerError> {
     let job_id = get_s(item, "job_id").unwrap_or("?").to_owned();
     let corrupt = |detail: String| LedgerError::Corrupt {

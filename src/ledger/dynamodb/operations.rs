@@ -341,6 +341,8 @@ impl DynamoLedger {
 }
 
 /// The update, condition and values of a finish.
+// Why this function is long: the two shapes of an end's write (a give-back moves the log
+// entry; any other end records it), each update beside its condition and values.
 fn finish_write(req: &FinishRequest) -> (String, String, Vec<(&'static str, AttributeValue)>) {
     let index = req.attempt.saturating_sub(1);
     if let (

@@ -221,6 +221,9 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
 
     /// Processes a delivery from the item already read (`start`), if any: carries out the steps
     /// of its [`Admission`] until the call, the recovery's look at the evidence, or the end.
+    // Why this function is long: one arm per step of the admission machine, carried out in
+    // place; the permit, the view and the machine it threads would otherwise pass between
+    // functions at every step.
     async fn process_from(
         &self,
         msg: &JobMessage,
@@ -237,13 +240,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
             return failed(backoff("invocation deadline"), None);
         }
         let job = NewJob::from_message(msg, now, &self.settings.job_defaults);
-        let facts = Facts {
-            deadline_at: job.deadline_at,
-            skew: self.settings.skew_ms,
-            latest_call_start: self.latest_call_start(inv),
-            can_retrieve: self.provider.can_retrieve(),
-            in_ledger: msg.in_ledger,
-        };
+        let facts = self.admission_facts(msg, &job, inv);
         let (mut machine, mut step) = Admission::start(facts, start.as_ref(), &msg.digest, now);
         let mut view = start;
         // Capacity for the call, taken before the claim that would start it: a record that
@@ -262,15 +259,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
                             step = machine.admitted(self.clock.now_ms());
                             continue;
                         }
-                        Err(wait_ms) => {
-                            // No capacity soon: the record waits in the queue, its job's item
-                            // created if nothing was seen of it.
-                            let view = match view {
-                                None => self.create_waiting(msg, &job).await,
-                                seen => seen,
-                            };
-                            return failed(Failure::Paced { wait_ms }, view);
-                        }
+                        Err(wait_ms) => return self.paced(msg, &job, view, wait_ms).await,
                     }
                 }
                 Step::Write(op) => {
@@ -299,17 +288,19 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
                         Ok(seen) => seen,
                         Err(_) => {
                             step = machine.read_failed();
-                            if matches!(step, Step::End(_)) {
-                                tracing::error!(
-                                    job_id = %job.job_id,
-                                    "a write and every read after it went unanswered; if the write was applied, the job waits for its lease to lapse"
-                                );
-                            }
                             continue;
                         }
                     }
                 }
-                Step::End(outcome) => return Processed { outcome, view },
+                Step::End(outcome) => {
+                    if machine.unconfirmed() {
+                        tracing::error!(
+                            job_id = %job.job_id,
+                            "a write and every read after it went unanswered; if the write was applied, the job waits for its lease to lapse"
+                        );
+                    }
+                    return Processed { outcome, view };
+                }
             };
             // What a refusal or a read showed: our own write, whose answer was lost (or whose
             // retry was refused by its first try), or an item to decide from.
@@ -327,6 +318,33 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
                 }
             }
         }
+    }
+
+    /// What the admission machine knows of this delivery before anything is read.
+    fn admission_facts(&self, msg: &JobMessage, job: &NewJob, inv: &Invocation) -> Facts {
+        Facts {
+            deadline_at: job.deadline_at,
+            skew: self.settings.skew_ms,
+            latest_call_start: self.latest_call_start(inv),
+            can_retrieve: self.provider.can_retrieve(),
+            in_ledger: msg.in_ledger,
+        }
+    }
+
+    /// No capacity for the call soon: the record waits in the queue, its job's item created if
+    /// nothing was seen of it.
+    async fn paced(
+        &self,
+        msg: &JobMessage,
+        job: &NewJob,
+        view: Option<JobRecord>,
+        wait_ms: Millis,
+    ) -> Processed {
+        let view = match view {
+            None => self.create_waiting(msg, job).await,
+            seen => seen,
+        };
+        failed(Failure::Paced { wait_ms }, view)
     }
 
     /// Goes on from our own write, applied and leaving `record`.

@@ -68,6 +68,8 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
 
     /// Carries out the steps of `machine` from `step` until the call comes to its end; `lost`
     /// is cancelled when ownership is lost. Returns the owner's item and what the call came to.
+    // Why this function is long: one short arm per step of the call machine, each the I/O that
+    // step names and the answer it feeds back.
     pub(super) async fn call(
         &self,
         request: &ProviderRequest<'_>,

@@ -7,30 +7,31 @@
 //! Failed records get their visibility set before the response is returned.
 
 use std::collections::HashMap;
-use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex};
 
 use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent, SqsMessage};
-use futures::{FutureExt, StreamExt, stream};
+use futures::{StreamExt, stream};
 use serde::Deserialize;
-use tracing::Instrument;
 
 use tokio_util::sync::CancellationToken;
 
 use super::batch::{self, UnnamedFailure};
 use super::bodies::{Entry, attribute, read_bodies};
 use super::heartbeat::{Delivered, Flights, Heartbeat};
-use super::processor::{Invocation, Processed, Processor};
+use super::processor::{Invocation, Processor};
 use super::within;
 use crate::clock::Clock;
 use crate::job::outcome::{Delivery, receive_floor};
-use crate::job::{Failure, JobMessage, JobRecord, Millis, RecordOutcome, Trigger};
+use crate::job::{Failure, Millis, RecordOutcome, Trigger};
 use crate::ledger::JobLedger;
 use crate::provider::Provider;
 use crate::queue::{
     DeadLetter, DeadLetterQueue, VisibilityChange, VisibilityControl, VisibilityReport,
 };
 pub use crate::report::{BatchReport, JobSummary, RecordReport};
+use lanes::{Decided, lanes};
+
+mod lanes;
 
 /// Handles SQS batches.
 #[derive(Debug)]
@@ -90,8 +91,19 @@ impl<L: JobLedger, P: Provider, C: Clock, V: VisibilityControl> BatchHandler<L, 
         self.handle_batch(&event, &inv).await.into_response()
     }
 
-    /// Handles a batch and reports every record.
+    /// Handles a batch and reports every record, in four phases: prepare (bodies, settings,
+    /// the records in flight), run (the lanes, with the heartbeat), settle (dead letters, each
+    /// record's outcome and visibility) and respond (the final visibilities, the response).
     pub async fn handle_batch(&self, event: &SqsEvent, inv: &Invocation) -> BatchReport {
+        let batch = self.prepare(event, inv).await;
+        let outcomes = self.run(&batch, inv).await;
+        let (records, changes) = self.settle(&batch, outcomes, inv).await;
+        self.respond(&batch, records, changes, inv).await
+    }
+
+    /// The batch's bodies read and parsed, the settings learnt from its queues, and each
+    /// record in flight with the time SQS received it.
+    async fn prepare<'e>(&self, event: &'e SqsEvent, inv: &Invocation) -> Prepared<'e> {
         // The event source mapping received these records at most its batching window before.
         let entered = self.processor.clock().now_ms();
         let entries = read_bodies(&self.processor, event, inv).await;
@@ -101,10 +113,7 @@ impl<L: JobLedger, P: Provider, C: Clock, V: VisibilityControl> BatchHandler<L, 
                 .as_deref()
                 .is_some_and(|arn| arn.ends_with(".fifo"))
         });
-        let lanes = lanes(&entries, fifo);
-
-        let settings = &self.learnt_settings(&entries).await;
-        let clock = self.processor.clock();
+        let settings = self.learnt_settings(&entries).await;
         let received_at: Vec<Millis> = entries
             .iter()
             .map(|e| {
@@ -124,6 +133,27 @@ impl<L: JobLedger, P: Provider, C: Clock, V: VisibilityControl> BatchHandler<L, 
                 .collect(),
             settings.queue_visibility_s,
         );
+        Prepared {
+            entries,
+            fifo,
+            settings,
+            received_at,
+            flights,
+        }
+    }
+
+    /// Runs the lanes concurrently while the heartbeat keeps their records invisible and their
+    /// leases renewed, until every lane is done or the backstop comes. Returns each record's
+    /// outcome as its lane decided it (`None`: undecided at the backstop).
+    async fn run(&self, batch: &Prepared<'_>, inv: &Invocation) -> Vec<Option<Decided>> {
+        let Prepared {
+            entries,
+            fifo,
+            settings,
+            flights,
+            ..
+        } = batch;
+        let clock = self.processor.clock();
         // Each record's outcome as its lane decides it, so that whatever was decided before the
         // backstop is reported even if the rest of the batch is abandoned.
         let decided: Mutex<Vec<Option<Decided>>> = Mutex::new(vec![None; entries.len()]);
@@ -132,8 +162,8 @@ impl<L: JobLedger, P: Provider, C: Clock, V: VisibilityControl> BatchHandler<L, 
         let backstop = inv.deadline.map(|d| d - settings.deadline_margin_ms / 2);
         let stop = CancellationToken::new();
         let work = async {
-            let lanes = stream::iter(lanes)
-                .map(|lane| self.run_lane(lane, &entries, inv, &flights, fifo, &decided))
+            let lanes = stream::iter(lanes(entries, *fifo))
+                .map(|lane| self.run_lane(lane, entries, inv, flights, *fifo, &decided))
                 .buffer_unordered(settings.max_concurrency)
                 .for_each(|()| async {});
             if within(clock, backstop, lanes).await.is_none() {
@@ -142,7 +172,7 @@ impl<L: JobLedger, P: Provider, C: Clock, V: VisibilityControl> BatchHandler<L, 
             stop.cancel();
         };
         let heartbeat = Heartbeat {
-            flights: &flights,
+            flights,
             ledger: self.processor.ledger(),
             visibility: &self.visibility,
             clock,
@@ -151,22 +181,32 @@ impl<L: JobLedger, P: Provider, C: Clock, V: VisibilityControl> BatchHandler<L, 
         // The heartbeat finishes its tick in progress before the final visibilities are set,
         // unless that tick stalls past the backstop.
         tokio::join!(work, within(clock, backstop, heartbeat.run(stop.clone())));
-        let mut outcomes = decided.into_inner().unwrap_or_else(|p| p.into_inner());
-        let last_call = inv.deadline.map(|d| d - settings.deadline_margin_ms / 5);
-        if within(clock, last_call, self.dead_letter(&entries, &mut outcomes))
-            .await
-            .is_none()
-        {
+        decided.into_inner().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Sends the dead letters, then reports each record with the visibility its outcome asks
+    /// for, gathered by queue for the final changes.
+    async fn settle<'e>(
+        &self,
+        batch: &Prepared<'e>,
+        mut outcomes: Vec<Option<Decided>>,
+        inv: &Invocation,
+    ) -> (Vec<RecordReport>, Changes<'e>) {
+        let clock = self.processor.clock();
+        let last_call = inv
+            .deadline
+            .map(|d| d - batch.settings.deadline_margin_ms / 5);
+        let sent = self.dead_letter(&batch.entries, &mut outcomes);
+        if within(clock, last_call, sent).await.is_none() {
             tracing::warn!(invocation = %inv.id, "dead-letter sends cut short by the deadline");
         }
-
         let mut rng = self
             .seed
             .map_or_else(fastrand::Rng::new, fastrand::Rng::with_seed);
         let now = clock.now_ms();
-        let mut records = Vec::with_capacity(entries.len());
-        let mut changes: HashMap<&str, Vec<VisibilityChange>> = HashMap::new();
-        for (index, (entry, outcome)) in entries.iter().zip(outcomes).enumerate() {
+        let mut records = Vec::with_capacity(batch.entries.len());
+        let mut changes: Changes<'e> = HashMap::new();
+        for (index, outcome) in outcomes.into_iter().enumerate() {
             // Undecided at the backstop: its job, if claimed, stays fenced under its lease.
             let (outcome, job) = outcome.unwrap_or((
                 RecordOutcome::Failed(Failure::Backoff {
@@ -175,38 +215,24 @@ impl<L: JobLedger, P: Provider, C: Clock, V: VisibilityControl> BatchHandler<L, 
                 }),
                 None,
             ));
-            let mut visibility_s = None;
-            // A record SQS refused an extension for is left alone: its delivery is over.
-            let visible_until = flights.visible_until(index);
-            if let (RecordOutcome::Failed(failure), Some(visible_until)) = (&outcome, visible_until)
-            {
-                // The job's deadline: the item's, or the message's when no item was seen.
-                let message_deadline = match &entry.parsed {
-                    Ok(Trigger::Job(msg)) => msg.deadline_at,
-                    _ => None,
-                };
-                let deadline_at = job.as_ref().map(|j| j.deadline_at).or(message_deadline);
-                let delivery = Delivery {
-                    receive_count: attribute(entry.record, "ApproximateReceiveCount")
-                        .map_or(1, |n| n.clamp(1, i64::from(u32::MAX)) as u32),
-                    since_receive_s: now.saturating_sub(received_at[index]).max(0) / 1000,
-                    invisible_for_s: visible_until.saturating_sub(now).max(0) / 1000,
-                    deadline_left_s: deadline_at.map(|d| d.saturating_sub(now) / 1000),
-                };
-                let seconds = settings
-                    .visibility
-                    .visibility_s(failure, delivery, &mut rng);
-                if let (Some(seconds), Some(handle), Some(arn)) = (
-                    seconds,
-                    entry.record.receipt_handle.as_deref(),
-                    entry.record.event_source_arn.as_deref(),
-                ) {
-                    changes.entry(arn).or_default().push(VisibilityChange {
-                        receipt_handle: handle.to_owned(),
-                        seconds,
-                    });
-                    visibility_s = Some(seconds);
+            let entry = &batch.entries[index];
+            let change = match &outcome {
+                RecordOutcome::Failed(failure) => {
+                    batch.visibility(index, failure, job.as_ref(), now, &mut rng)
                 }
+                _ => None,
+            };
+            let mut visibility_s = None;
+            if let (Some(seconds), Some(handle), Some(arn)) = (
+                change,
+                entry.record.receipt_handle.as_deref(),
+                entry.record.event_source_arn.as_deref(),
+            ) {
+                changes.entry(arn).or_default().push(VisibilityChange {
+                    receipt_handle: handle.to_owned(),
+                    seconds,
+                });
+                visibility_s = Some(seconds);
             }
             let report = RecordReport {
                 message_id: entry.record.message_id.clone(),
@@ -214,14 +240,27 @@ impl<L: JobLedger, P: Provider, C: Clock, V: VisibilityControl> BatchHandler<L, 
                 outcome,
                 visibility_s,
                 job,
-                renewals: flights.renewals(index),
+                renewals: batch.flights.renewals(index),
             };
             log_record(&report, entry, now);
             records.push(report);
         }
+        (records, changes)
+    }
 
-        // The final visibilities, bounded too: a record whose change does not land in time
-        // comes back when its current timeout ends.
+    /// Makes the final visibility changes (bounded too: a record whose change does not land in
+    /// time comes back when its current timeout ends) and builds the response.
+    async fn respond(
+        &self,
+        batch: &Prepared<'_>,
+        records: Vec<RecordReport>,
+        changes: Changes<'_>,
+        inv: &Invocation,
+    ) -> BatchReport {
+        let clock = self.processor.clock();
+        let last_call = inv
+            .deadline
+            .map(|d| d - batch.settings.deadline_margin_ms / 5);
         let mut visibility = VisibilityReport::default();
         let changed = within(clock, last_call, async {
             for (arn, changes) in changes {
@@ -232,13 +271,12 @@ impl<L: JobLedger, P: Provider, C: Clock, V: VisibilityControl> BatchHandler<L, 
         if changed.is_none() {
             tracing::warn!(invocation = %inv.id, "final visibility changes cut short by the deadline");
         }
-
         let response = batch::failures(
             records
                 .iter()
                 .map(|r| (r.message_id.as_deref(), r.outcome.is_success())),
         );
-        let stats = flights.snapshot();
+        let stats = batch.flights.snapshot();
         let succeeded = records.iter().filter(|r| r.outcome.is_success()).count();
         match &response {
             Ok(failed) => tracing::info!(
@@ -270,7 +308,7 @@ impl<L: JobLedger, P: Provider, C: Clock, V: VisibilityControl> BatchHandler<L, 
             records,
             visibility,
             stats,
-            provider_latency_ms: flights.stats.latencies(),
+            provider_latency_ms: batch.flights.stats.latencies(),
             response,
         }
     }
@@ -364,99 +402,6 @@ impl<L: JobLedger, P: Provider, C: Clock, V: VisibilityControl> BatchHandler<L, 
         }
         settings
     }
-
-    /// Runs one lane in order: the records of one job (standard queue) or of one message group
-    /// (FIFO). A record whose job an earlier record of the lane already went through the ledger
-    /// for follows that record's view instead. On FIFO, after the first failure the rest of the
-    /// lane is skipped.
-    async fn run_lane(
-        &self,
-        lane: Vec<usize>,
-        entries: &[Entry<'_>],
-        inv: &Invocation,
-        flights: &Flights,
-        fifo: bool,
-        decided: &Mutex<Vec<Option<Decided>>>,
-    ) {
-        let mut views: Vec<JobRecord> = Vec::new();
-        let mut blocked = false;
-        for index in lane {
-            let entry = &entries[index];
-            let outcome = match &entry.parsed {
-                _ if blocked => RecordOutcome::Failed(Failure::Skipped),
-                Err(failure) => RecordOutcome::Failed(failure.clone()),
-                Ok(trigger) => match views.iter().find(|v| v.job_id == trigger.job_id()) {
-                    Some(view) => match trigger {
-                        Trigger::Job(msg) => self.processor.follow(msg, view),
-                        Trigger::Ref(_) => {
-                            self.processor.follow(&JobMessage::from_record(view), view)
-                        }
-                    },
-                    None => {
-                        let (outcome, view) =
-                            self.process_one(trigger, entry, index, inv, flights).await;
-                        views.extend(view);
-                        outcome
-                    }
-                },
-            };
-            flights.done(index, outcome.is_success());
-            blocked = fifo && !outcome.is_success();
-            let job = entry
-                .parsed
-                .as_ref()
-                .ok()
-                .and_then(|t| views.iter().find(|v| v.job_id == t.job_id()))
-                .map(JobSummary::of);
-            decided.lock().unwrap_or_else(|p| p.into_inner())[index] = Some((outcome, job));
-        }
-    }
-
-    /// One record through the ledger, with a panic caught and turned into a failure of that
-    /// record alone.
-    async fn process_one(
-        &self,
-        trigger: &Trigger,
-        entry: &Entry<'_>,
-        index: usize,
-        inv: &Invocation,
-        flights: &Flights,
-    ) -> (RecordOutcome, Option<JobRecord>) {
-        let owner_id = format!(
-            "{}/{}",
-            inv.id,
-            entry
-                .record
-                .message_id
-                .as_deref()
-                .unwrap_or("no-message-id")
-        );
-        let watch = flights.slot(index);
-        // Every line logged while this record is processed names its job and message.
-        let span = tracing::info_span!(
-            "record",
-            job_id = trigger.job_id(),
-            message_id = entry.record.message_id.as_deref(),
-            epoch = tracing::field::Empty
-        );
-        let run = AssertUnwindSafe(
-            self.processor
-                .process_trigger(trigger, &owner_id, inv, &watch)
-                .instrument(span),
-        )
-        .catch_unwind();
-        match run.await {
-            Ok(Processed { outcome, view }) => (outcome, view),
-            Err(_) => {
-                tracing::error!(job_id = trigger.job_id(), "record processing panicked");
-                let failure = Failure::Backoff {
-                    retry_after_ms: None,
-                    cause: "panic",
-                };
-                (RecordOutcome::Failed(failure), None)
-            }
-        }
-    }
 }
 
 /// An event without a readable `Records` array: nothing in it can be named, so nothing may be
@@ -495,37 +440,50 @@ fn salvage(record: &serde_json::Value) -> SqsMessage {
     m
 }
 
-/// A record's outcome and job summary, as its lane decided it.
-type Decided = (RecordOutcome, Option<JobSummary>);
+/// The final visibility changes, by queue ARN.
+type Changes<'e> = HashMap<&'e str, Vec<VisibilityChange>>;
 
-/// Splits a batch into lanes that run concurrently, each in batch order. Standard queue: one
-/// lane per job (poison records alone). FIFO: one lane per message group, poison included, since
-/// a poison record is a failure that stops its group.
-fn lanes(entries: &[Entry<'_>], fifo: bool) -> Vec<Vec<usize>> {
-    let mut lanes: Vec<Vec<usize>> = Vec::new();
-    let mut lane_of: HashMap<&str, usize> = HashMap::new();
-    for (index, entry) in entries.iter().enumerate() {
-        let key = if fifo {
-            entry
-                .record
-                .attributes
-                .get("MessageGroupId")
-                .map(String::as_str)
-        } else {
-            entry.parsed.as_ref().ok().map(Trigger::job_id)
+/// A batch ready to run: its records' bodies, the settings learnt from its queues, and each
+/// record in flight.
+struct Prepared<'e> {
+    entries: Vec<Entry<'e>>,
+    fifo: bool,
+    settings: crate::worker::Settings,
+    /// When SQS received each record, at the latest.
+    received_at: Vec<Millis>,
+    flights: Flights,
+}
+
+impl Prepared<'_> {
+    /// The visibility, in seconds, a failed record of this batch is given, if any: none for a
+    /// record SQS refused an extension for (its delivery is over).
+    fn visibility(
+        &self,
+        index: usize,
+        failure: &Failure,
+        job: Option<&JobSummary>,
+        now: Millis,
+        rng: &mut fastrand::Rng,
+    ) -> Option<i32> {
+        let visible_until = self.flights.visible_until(index)?;
+        let entry = &self.entries[index];
+        // The job's deadline: the item's, or the message's when no item was seen.
+        let message_deadline = match &entry.parsed {
+            Ok(Trigger::Job(msg)) => msg.deadline_at,
+            _ => None,
         };
-        match key {
-            Some(key) => {
-                let lane = *lane_of.entry(key).or_insert_with(|| {
-                    lanes.push(Vec::new());
-                    lanes.len() - 1
-                });
-                lanes[lane].push(index);
-            }
-            None => lanes.push(vec![index]),
-        }
+        let deadline_at = job.map(|j| j.deadline_at).or(message_deadline);
+        let delivery = Delivery {
+            receive_count: attribute(entry.record, "ApproximateReceiveCount")
+                .map_or(1, |n| n.clamp(1, i64::from(u32::MAX)) as u32),
+            since_receive_s: now.saturating_sub(self.received_at[index]).max(0) / 1000,
+            invisible_for_s: visible_until.saturating_sub(now).max(0) / 1000,
+            deadline_left_s: deadline_at.map(|d| d.saturating_sub(now) / 1000),
+        };
+        self.settings
+            .visibility
+            .visibility_s(failure, delivery, rng)
     }
-    lanes
 }
 
 fn log_record(report: &RecordReport, entry: &Entry<'_>, now: crate::job::Millis) {
