@@ -13,8 +13,9 @@
 
 use std::fmt::Write as _;
 
+use fenced_jobs::job::artifact::{RESULTS_PREFIX, result_key};
 use fenced_jobs::job::{
-    AttemptOutcome, Failure, JobRecord, JobState, Millis, NewJob, RecordOutcome,
+    AttemptOutcome, BlobRef, Failure, JobRecord, JobState, Millis, NewJob, RecordOutcome,
 };
 use fenced_jobs::ledger::transitions::{
     apply_claim, apply_decide, apply_finish, apply_recover, apply_renew, apply_settle,
@@ -143,11 +144,14 @@ pub enum Mutation {
     /// A claim whose call is never sent ends its attempt as a definite failure, spending it
     /// (the processor's rule before it gave such an attempt back).
     NotSentSpendsAttempt,
+    /// A refused answer's stored object is removed even while the job lives (the rule before
+    /// the removal waited for the job to end without it).
+    DiscardLiveAnswer,
 }
 
 impl Mutation {
     /// Every mutation.
-    pub const ALL: [Mutation; 9] = [
+    pub const ALL: [Mutation; 10] = [
         Mutation::FinishIgnoresEpoch,
         Mutation::ExpiryIgnoresTerminal,
         Mutation::UncertainReleased,
@@ -157,6 +161,7 @@ impl Mutation {
         Mutation::RecoveryIgnoresLease,
         Mutation::CallAfterLeaseLapsed,
         Mutation::NotSentSpendsAttempt,
+        Mutation::DiscardLiveAnswer,
     ];
 
     /// The bound a mutation is checked in: the test bound, widened where the counterexample
@@ -168,7 +173,9 @@ impl Mutation {
             ..Bounds::test()
         };
         match self {
-            Mutation::FinishIgnoresEpoch | Mutation::RecoveryIgnoresLease => Bounds {
+            Mutation::FinishIgnoresEpoch
+            | Mutation::RecoveryIgnoresLease
+            | Mutation::DiscardLiveAnswer => Bounds {
                 deadline: 5,
                 faults: 0,
                 ..test
@@ -196,6 +203,7 @@ impl Mutation {
             Mutation::RecoveryIgnoresLease => "a recovery claim does not check the lease",
             Mutation::CallAfterLeaseLapsed => "a call is sent without checking the lease",
             Mutation::NotSentSpendsAttempt => "a call not sent spends its attempt",
+            Mutation::DiscardLiveAnswer => "a refused stored answer is removed while the job lives",
         }
     }
 
@@ -211,6 +219,7 @@ impl Mutation {
             Mutation::RecoveryIgnoresLease => return None,
             Mutation::CallAfterLeaseLapsed => NO_SILENT_REPEAT,
             Mutation::NotSentSpendsAttempt => SPENT_BY_CALLS,
+            Mutation::DiscardLiveAnswer => STORED_EXISTS,
         })
     }
 }
@@ -231,6 +240,8 @@ pub const ATTEMPT_RECORDED: &str = "every execution preceded by its attempt reco
 /// A job failed for its budget with an attempt that no call spent.
 pub const SPENT_BY_CALLS: &str =
     "failed_terminal for the budget only after max_attempts calls were sent or may have been";
+/// An accepted answer that references a stored object whose object is gone.
+pub const STORED_EXISTS: &str = "an accepted answer stored in the bucket is there";
 /// The liveness property.
 pub const ENDS: &str = "every job ends terminal, or unknown with evidence";
 
@@ -360,6 +371,8 @@ pub struct State {
     pub calls: Vec<Call>,
     /// The first result accepted.
     pub accepted: Option<String>,
+    /// The keys of the answers stored in the results bucket.
+    pub bucket: Vec<String>,
     /// What went wrong.
     pub violations: Vec<Violation>,
 }
@@ -444,6 +457,14 @@ pub enum Action {
         worker: usize,
         /// The fault.
         fault: Fault,
+    },
+    /// The owner puts the answer it is about to accept: in the item, or stored in the results
+    /// bucket first.
+    Place {
+        /// The worker.
+        worker: usize,
+        /// Stored in the bucket.
+        stored: bool,
     },
     /// A recovering worker asks about the lapsed attempt's call.
     Ask {
@@ -534,6 +555,7 @@ impl Protocol {
             Action::Answer { worker, word } => self.answer(&mut next, worker, word, &mut note),
             Action::Renew { worker, fault } => self.renew(&mut next, worker, fault, &mut note),
             Action::Ask { worker, said } => self.ask(&mut next, worker, said, &mut note),
+            Action::Place { worker, stored } => self.place(&mut next, worker, stored, &mut note),
             Action::Crash { worker } => {
                 next.workers[worker].pc = Pc::Idle;
                 note.push_str("crashes; its message will come back");
@@ -605,7 +627,11 @@ impl Protocol {
             }
         }
         if after.state == JobState::Succeeded {
-            let result = after.result.clone().unwrap_or_default();
+            let result = after
+                .result
+                .clone()
+                .or_else(|| after.result_ref.as_ref().map(|r| r.sha256.clone()))
+                .unwrap_or_default();
             match &next.accepted {
                 Some(first) if *first != result => next.violations.push(Violation::ResultChanged),
                 Some(_) => {}
@@ -1201,31 +1227,80 @@ impl Protocol {
         self.take_end(next, worker, machine, step, note);
     }
 
-    /// Carries out the ending's `step`: the answer stays in the item (the results bucket is
-    /// not modelled); a write waits for the worker's next ledger request.
+    /// Carries out the ending's `step`: where the answer goes is the world's choice (`Place`),
+    /// a write waits for the worker's next ledger request, and the end removes a refused
+    /// answer's object as the machine says.
     fn take_end(
         &self,
         next: &mut State,
         worker: usize,
-        mut machine: Ending,
-        mut step: EndStep,
+        machine: Ending,
+        step: EndStep,
         note: &mut String,
     ) {
-        loop {
-            match step {
-                EndStep::Place => step = machine.placed(Placed::Inline, self.now(next, worker)),
-                EndStep::Write { .. } => {
-                    next.workers[worker].pc = Pc::Ending {
-                        machine: Box::new(machine),
-                    };
-                    return;
-                }
-                EndStep::Done(closed) => {
-                    self.report(next, worker, &closed.outcome, note);
-                    return;
-                }
+        let EndStep::Done(closed) = step else {
+            next.workers[worker].pc = Pc::Ending {
+                machine: Box::new(machine),
+            };
+            return;
+        };
+        let discard = match (&closed.discard, machine.stored()) {
+            (Some(blob), _) => Some(blob.key.clone()),
+            (None, Some(blob)) if closed.refused && self.mutated(Mutation::DiscardLiveAnswer) => {
+                Some(blob.key.clone())
             }
+            _ => None,
+        };
+        if let Some(key) = discard {
+            next.bucket.retain(|k| *k != key);
+            note.push_str("; removes the refused answer's object");
         }
+        self.report(next, worker, &closed.outcome, note);
+    }
+
+    /// The owner puts its answer: kept in the item, or stored under its epoch first.
+    fn place(&self, next: &mut State, worker: usize, stored: bool, note: &mut String) -> bool {
+        let Pc::Ending { machine } = next.workers[worker].pc.clone() else {
+            return false;
+        };
+        let mut machine = *machine;
+        let Some(body) = machine.answer().map(str::to_owned) else {
+            return false;
+        };
+        let placed = if stored {
+            let key = result_key(JOB, machine.owner().owner_epoch, &body);
+            if !next.bucket.contains(&key) {
+                next.bucket.push(key.clone());
+                next.bucket.sort();
+            }
+            note.push_str("stores the answer in the bucket");
+            Placed::Stored(BlobRef {
+                bucket: "results".to_owned(),
+                key,
+                size: body.len() as u64,
+                sha256: body,
+            })
+        } else {
+            note.push_str("keeps the answer in the item");
+            Placed::Inline
+        };
+        let step = machine.placed(placed, self.now(next, worker));
+        self.take_end(next, worker, machine, step, note);
+        true
+    }
+
+    /// The answer the lapsed attempt's owner stored, if any (the processor lists the epoch's
+    /// prefix and checks the content against its key).
+    fn stored_answer(state: &State, fenced: &JobRecord) -> Option<BlobRef> {
+        let epoch = fenced.attempt_log.last()?.epoch;
+        let prefix = format!("{RESULTS_PREFIX}{JOB}/{epoch}/");
+        let key = state.bucket.iter().find(|k| k.starts_with(&prefix))?;
+        Some(BlobRef {
+            bucket: "results".to_owned(),
+            key: key.clone(),
+            size: 0,
+            sha256: key[prefix.len()..key.len() - ".json".len()].to_owned(),
+        })
     }
 
     /// The mutation that releases an uncertain attempt without a decision.
@@ -1301,13 +1376,20 @@ impl Protocol {
             invocation_end: now,
             ..self.call_facts(next)
         };
-        let (mut machine, step) = Calling::resume(facts, (*fenced).clone(), "recovered", now);
+        let stored = Self::stored_answer(next, &fenced);
+        let found_stored = stored.is_some();
+        let (mut machine, step) =
+            Calling::resume(facts, (*fenced).clone(), "recovered", stored, now);
         if let CallStep::Done(_) = step {
-            // Nothing to ask about: the attempt may have run (one step, the `NotFound` choice).
+            // A stored answer, or nothing to ask about (one step, the `NotFound` choice).
             if said != Retrieved::NotFound {
                 return false;
             }
-            note.push_str("finds no reference to ask about: the call may have run");
+            note.push_str(if found_stored {
+                "finds the answer the lapsed owner stored"
+            } else {
+                "finds no reference to ask about: the call may have run"
+            });
             self.take_call(next, worker, machine, step, note);
             return true;
         }
@@ -1391,6 +1473,7 @@ impl Protocol {
                 | Action::Answer { worker, .. }
                 | Action::Renew { worker, .. }
                 | Action::Ask { worker, .. }
+                | Action::Place { worker, .. }
                 | Action::Crash { worker } => {
                     let w = &after.workers[worker];
                     let owner = if matches!(action, Action::Deliver { .. }) {
@@ -1553,6 +1636,7 @@ impl Model for Protocol {
                                 .collect(),
                             calls: Vec::new(),
                             accepted: None,
+                            bucket: Vec::new(),
                             violations: Vec::new(),
                         });
                     }
@@ -1613,7 +1697,8 @@ impl Model for Protocol {
                 }
                 Pc::Recovered { fenced } => {
                     let reference = fenced.last_provider_ref().is_some();
-                    if state.retrievable && reference {
+                    let stored = Self::stored_answer(state, fenced).is_some();
+                    if state.retrievable && reference && !stored {
                         for said in [
                             Retrieved::Completed,
                             Retrieved::Failed,
@@ -1628,6 +1713,11 @@ impl Model for Protocol {
                             worker,
                             said: Retrieved::NotFound,
                         });
+                    }
+                }
+                Pc::Ending { machine } if machine.answer().is_some() => {
+                    for stored in [false, true] {
+                        actions.push(Action::Place { worker, stored });
                     }
                 }
                 // A read (after a write that failed) answers or fails: it applies nothing.
@@ -1689,6 +1779,12 @@ impl Model for Protocol {
             Property::always(SPENT_BY_CALLS, |_, s: &State| {
                 s.item.as_ref().is_none_or(|r| spent_by_calls(r, &s.calls))
             }),
+            Property::always(STORED_EXISTS, |_, s: &State| {
+                s.item
+                    .as_ref()
+                    .and_then(|r| r.result_ref.as_ref())
+                    .is_none_or(|r| s.bucket.contains(&r.key))
+            }),
             Property::eventually(ENDS, |_, s: &State| {
                 s.item.as_ref().is_some_and(|r| {
                     r.state.is_terminal()
@@ -1713,6 +1809,14 @@ impl Model for Protocol {
             Property::sometimes("a second call after a recorded decision", |_, s: &State| {
                 s.calls.len() >= 2 && s.item.as_ref().is_some_and(|r| !r.decisions.is_empty())
             }),
+            Property::sometimes(
+                "a recovery accepts the answer a lapsed owner stored",
+                |_, s: &State| {
+                    s.item
+                        .as_ref()
+                        .is_some_and(|r| r.result_ref.is_some() && !r.recoveries.is_empty())
+                },
+            ),
             Property::sometimes(
                 "a lapsed owner is fenced and the job still succeeds",
                 |_, s: &State| {

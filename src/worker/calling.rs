@@ -11,7 +11,7 @@ use super::ending::{
     THROTTLE_PAUSE_MS, Waited, attempt_end, lease_holds, not_sent_end, uncertain_end,
 };
 use super::settings::ReplayPolicy;
-use crate::job::{JobRecord, Millis};
+use crate::job::{BlobRef, JobRecord, Millis, ResultBody};
 use crate::ledger::{AttemptEnd, RecordRefRequest, Write};
 use crate::provider::{Answer, ProviderError, Retrieval};
 
@@ -178,14 +178,25 @@ impl Calling {
         (m, step)
     }
 
-    /// The owner of a recovery claim, about to ask about the lapsed attempt's call (`because`:
-    /// why it was recovered). Never a new call: without a reference, the attempt may have run.
+    /// The owner of a recovery claim, about to look at the evidence the lapsed attempt left
+    /// (`because`: why it was recovered; `stored`: the answer it stored and never accepted, if
+    /// any). A stored answer is the outcome; otherwise the provider is asked about the call.
+    /// Never a new call: without a reference, the attempt may have run.
     pub fn resume(
         facts: CallFacts,
         owner: JobRecord,
         because: &str,
+        stored: Option<BlobRef>,
         now: Millis,
     ) -> (Calling, CallStep) {
+        if let Some(blob) = stored {
+            let mut m = Calling::new(facts, owner, String::new());
+            let end = AttemptEnd::Succeeded {
+                result: ResultBody::Stored(blob),
+            };
+            let step = m.done(Waited::Ended(end, None));
+            return (m, step);
+        }
         let evidence = format!("attempt {}, {because}", owner.attempts);
         let reference = owner
             .attempt_log

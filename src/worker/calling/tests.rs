@@ -2,7 +2,7 @@
 
 use super::*;
 use crate::job::decision::Expect;
-use crate::job::{AttemptOutcome, JobState, NewJob};
+use crate::job::{AttemptOutcome, BlobRef, JobState, NewJob};
 use crate::ledger::ClaimRequest;
 use crate::ledger::transitions::apply_claim;
 
@@ -212,7 +212,13 @@ fn a_call_cut_off_by_the_deadline_expires_and_one_cut_off_by_the_invocation_is_u
 fn a_recovery_without_a_reference_is_uncertain_and_never_calls() {
     let mut fenced = claimed();
     fenced.state = JobState::Running;
-    let (_, step) = Calling::resume(facts(), fenced.clone(), "lease of epoch 1 lapsed", NOW);
+    let (_, step) = Calling::resume(
+        facts(),
+        fenced.clone(),
+        "lease of epoch 1 lapsed",
+        None,
+        NOW,
+    );
     assert!(matches!(
         ended(step),
         AttemptEnd::Unknown { evidence } if evidence == "attempt 1, lease of epoch 1 lapsed: the call may have run and no reference was recorded"
@@ -220,7 +226,27 @@ fn a_recovery_without_a_reference_is_uncertain_and_never_calls() {
     if let Some(last) = fenced.attempt_log.last_mut() {
         last.provider_ref = Some("j/1@1".into());
     }
-    let (m, step) = Calling::resume(facts(), fenced, "lease of epoch 1 lapsed", NOW);
+    let (m, step) = Calling::resume(
+        facts(),
+        fenced.clone(),
+        "lease of epoch 1 lapsed",
+        None,
+        NOW,
+    );
     assert!(matches!(step, CallStep::Retrieve { .. }));
     assert_eq!(m.reference().map(|(r, _)| r), Some("j/1@1"));
+    // An answer the lapsed owner stored is the outcome: nobody is asked, nothing is paid again.
+    let blob = BlobRef {
+        bucket: "b".into(),
+        key: "results/j/1/x.json".into(),
+        size: 2,
+        sha256: "x".into(),
+    };
+    let (_, step) = Calling::resume(facts(), fenced, "lapsed", Some(blob.clone()), NOW);
+    assert_eq!(
+        ended(step),
+        AttemptEnd::Succeeded {
+            result: crate::job::ResultBody::Stored(blob)
+        }
+    );
 }

@@ -208,6 +208,16 @@ impl Ending {
         }
     }
 
+    /// The stored answer this end would accept, if any.
+    pub fn stored(&self) -> Option<&BlobRef> {
+        match &self.end {
+            Some(AttemptEnd::Succeeded {
+                result: ResultBody::Stored(blob),
+            }) => Some(blob),
+            _ => None,
+        }
+    }
+
     /// An answer that came within the skew margin of the deadline: not accepted.
     pub fn late(&self) -> bool {
         self.late

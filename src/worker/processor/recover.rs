@@ -2,11 +2,10 @@
 
 use super::{AttemptWatch, Invocation, Processed, Processor};
 use crate::clock::Clock;
-use crate::job::{JobMessage, JobRecord, ResultBody};
-use crate::ledger::{AttemptEnd, JobLedger};
+use crate::job::{JobMessage, JobRecord};
+use crate::ledger::JobLedger;
 use crate::provider::Provider;
 use crate::worker::calling::{CallStep, Calling};
-use crate::worker::ending::Waited;
 
 impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
     /// After a recovery claim fenced a lapsed owner, look at the evidence of the attempt it left.
@@ -31,12 +30,9 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
             "recovered a job whose lease lapsed"
         );
         // The lapsed owner stored its answer and could not accept it: that is the outcome.
-        if let Some(blob) = self.stored_answer(&fenced).await {
+        let stored = self.stored_answer(&fenced).await;
+        if stored.is_some() {
             tracing::info!(job_id = %msg.job_id, lapsed_epoch, "the lapsed owner's stored answer is accepted");
-            let end = AttemptEnd::Succeeded {
-                result: ResultBody::Stored(blob),
-            };
-            return self.close(fenced, Waited::Ended(end, None), inv).await;
         }
         let because = fenced
             .recoveries
@@ -44,7 +40,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
             .map_or("recovered", |r| r.reason.as_str())
             .to_owned();
         let now = self.clock.now_ms();
-        let (machine, step) = Calling::resume(self.call_facts(inv), fenced, &because, now);
+        let (machine, step) = Calling::resume(self.call_facts(inv), fenced, &because, stored, now);
         if let CallStep::Done(waited) = step {
             return self.close(machine.into_owner(), waited, inv).await;
         }
