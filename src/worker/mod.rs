@@ -43,3 +43,22 @@ async fn within<T>(
         }
     }
 }
+
+/// The item a fresh claim of job `j` at `now` leaves, with a lease of 30 s (the machines' tests).
+#[cfg(test)]
+fn claimed_example(
+    deadline_at: crate::job::Millis,
+    now: crate::job::Millis,
+    provider_ref: Option<String>,
+) -> crate::job::JobRecord {
+    let req = crate::ledger::ClaimRequest {
+        job: crate::job::NewJob::example("j", deadline_at),
+        expect: crate::job::decision::Expect::FRESH,
+        owner_id: "o".into(),
+        now,
+        lease_until: now + 30_000,
+        provider_ref,
+        first_sight: true,
+    };
+    crate::ledger::transitions::apply_claim(None, &req).expect("claimed")
+}

@@ -1,10 +1,7 @@
 //! The call machine, step by step.
 
 use super::*;
-use crate::job::decision::Expect;
-use crate::job::{AttemptOutcome, BlobRef, JobState, NewJob};
-use crate::ledger::ClaimRequest;
-use crate::ledger::transitions::apply_claim;
+use crate::job::{AttemptOutcome, BlobRef, JobState};
 
 const NOW: Millis = 1_000_000;
 const DEADLINE: Millis = NOW + 600_000;
@@ -24,16 +21,7 @@ fn facts() -> CallFacts {
 }
 
 fn claimed() -> JobRecord {
-    let req = ClaimRequest {
-        job: NewJob::example("j", DEADLINE),
-        expect: Expect::FRESH,
-        owner_id: "o".into(),
-        now: NOW,
-        lease_until: NOW + 30_000,
-        provider_ref: None,
-        first_sight: true,
-    };
-    apply_claim(None, &req).expect("claimed")
+    crate::worker::claimed_example(DEADLINE, NOW, None)
 }
 
 fn ended(step: CallStep) -> AttemptEnd {

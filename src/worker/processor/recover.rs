@@ -44,17 +44,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         if let CallStep::Done(waited) = step {
             return self.close(machine.into_owner(), waited, inv).await;
         }
-        let owner = machine.owner();
-        let lost = watch.running(
-            &msg.job_id,
-            owner.owner_epoch,
-            owner.owner_until.unwrap_or(now),
-            owner.deadline_at,
-        );
-        let input = msg.input();
-        let request = self.request(msg, owner, &input);
-        let (owner, waited) = self.call(&request, machine, step, inv, &lost, watch).await;
-        watch.call_ended();
+        let (owner, waited) = self.call(msg, machine, step, inv, watch).await;
         self.close(owner, waited, inv).await
     }
 

@@ -29,18 +29,9 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
     ) -> Processed {
         tracing::Span::current().record("epoch", claimed.owner_epoch);
         let started = self.clock.now_ms();
-        let lost = watch.running(
-            &msg.job_id,
-            claimed.owner_epoch,
-            claimed.owner_until.unwrap_or(started),
-            claimed.deadline_at,
-        );
-        let input = msg.input();
-        let request = self.request(msg, &claimed, &input);
         let (machine, step) = Calling::start(self.call_facts(inv), claimed, started);
         let sent = matches!(step, CallStep::Submit { .. });
-        let (owner, waited) = self.call(&request, machine, step, inv, &lost, watch).await;
-        watch.call_ended();
+        let (owner, waited) = self.call(msg, machine, step, inv, watch).await;
         if sent {
             let took = self.clock.now_ms() - started;
             watch.provider_latency(u64::try_from(took).unwrap_or(0));
@@ -66,11 +57,37 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         }
     }
 
-    /// Carries out the steps of `machine` from `step` until the call comes to its end; `lost`
-    /// is cancelled when ownership is lost. Returns the owner's item and what the call came to.
+    /// Carries out the steps of `machine` from `step` until the call comes to its end, the
+    /// owner's lease kept by `watch` meanwhile. Returns the owner's item and what the call came
+    /// to.
+    pub(super) async fn call(
+        &self,
+        msg: &JobMessage,
+        machine: Calling,
+        step: CallStep,
+        inv: &Invocation,
+        watch: &dyn AttemptWatch,
+    ) -> (JobRecord, Waited) {
+        let owner = machine.owner();
+        // Cancelled when ownership is lost (a renewal refused, or the lease about to lapse).
+        let lost = watch.running(
+            &msg.job_id,
+            owner.owner_epoch,
+            owner.owner_until.unwrap_or_else(|| self.clock.now_ms()),
+            owner.deadline_at,
+        );
+        let input = msg.input();
+        let request = self.request(msg, owner, &input);
+        let called = self
+            .carry_out(&request, machine, step, inv, &lost, watch)
+            .await;
+        watch.call_ended();
+        called
+    }
+
     // Why this function is long: one short arm per step of the call machine, each the I/O that
     // step names and the answer it feeds back.
-    pub(super) async fn call(
+    async fn carry_out(
         &self,
         request: &ProviderRequest<'_>,
         mut machine: Calling,

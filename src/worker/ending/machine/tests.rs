@@ -1,10 +1,7 @@
 //! The ending machine, step by step, against the ledger's own transitions.
 
 use super::*;
-use crate::job::NewJob;
-use crate::job::decision::Expect;
-use crate::ledger::ClaimRequest;
-use crate::ledger::transitions::{apply_claim, apply_finish, apply_renew};
+use crate::ledger::transitions::{apply_finish, apply_renew};
 
 const NOW: Millis = 1_000_000;
 const DEADLINE: Millis = NOW + 600_000;
@@ -23,16 +20,7 @@ fn facts() -> EndFacts {
 
 /// The item as a claim at `NOW` leaves it (with a reference when `reference`).
 fn claimed(reference: bool) -> JobRecord {
-    let req = ClaimRequest {
-        job: NewJob::example("j", DEADLINE),
-        expect: Expect::FRESH,
-        owner_id: "o".into(),
-        now: NOW,
-        lease_until: NOW + 30_000,
-        provider_ref: reference.then(|| "j/1@1".to_owned()),
-        first_sight: true,
-    };
-    apply_claim(None, &req).expect("claimed")
+    crate::worker::claimed_example(DEADLINE, NOW, reference.then(|| "j/1@1".to_owned()))
 }
 
 /// The ledger's answer to `write` on `item`, as the transitions give it.
