@@ -27,7 +27,7 @@ use fenced_jobs::ledger::{
 use fenced_jobs::provider::{Answer, ProviderError, Retrieval};
 use fenced_jobs::worker::ReplayPolicy;
 use fenced_jobs::worker::admission::{Admission, Applied, Facts, Op, Settle, Step};
-use fenced_jobs::worker::calling::{CallFacts, CallStep, Calling, Said};
+use fenced_jobs::worker::calling::{Bound, CallFacts, CallStep, Calling, Said};
 use fenced_jobs::worker::ending::{
     EndFacts, EndStep, EndWrite, Ending, Placed, Waited, attempt_end,
 };
@@ -402,6 +402,9 @@ pub enum Word {
     Throttled,
     /// The outcome is unknown (a dropped connection, a cut-off): it may have run.
     Uncertain,
+    /// No word before the job's deadline, which bounds the call: it is cut off, and may have
+    /// run.
+    PastDeadline,
 }
 
 /// What a later owner learns by asking about a call.
@@ -1054,13 +1057,14 @@ impl Protocol {
         true
     }
 
-    /// What the processor knows when it calls: the world decides when the time runs out (a
-    /// call's budget is one tick; no call is cut off by it), a heartbeat renews the lease, and
-    /// no pacer is modelled (a call refused for the rate limit is given back, not re-sent).
+    /// What the processor knows when it calls: the world decides when the invocation's time
+    /// runs out, the job's deadline bounds every call (no provider timeout is shorter), a
+    /// heartbeat renews the lease, and no pacer is modelled (a call refused for the rate limit is
+    /// given back, not re-sent).
     fn call_facts(&self, state: &State) -> CallFacts {
         CallFacts {
             skew: self.bounds.skew,
-            provider_timeout_ms: 1,
+            provider_timeout_ms: Millis::MAX,
             min_call_ms: 1,
             invocation_end: Millis::MAX,
             latest_call_start: Millis::MAX,
@@ -1182,6 +1186,7 @@ impl Protocol {
                         reason: "HTTP 429 rate_limit_exceeded".to_owned(),
                     })
                 }
+                Word::PastDeadline => Said::TimedOut,
                 Word::Uncertain => Said::Failed(ProviderError::Uncertain {
                     evidence: "connection dropped after the request was sent".to_owned(),
                 }),
@@ -1583,6 +1588,7 @@ fn word_name(word: Word) -> &'static str {
         Word::Permanent => "a permanent failure",
         Word::Throttled => "a 429",
         Word::Uncertain => "nothing certain",
+        Word::PastDeadline => "nothing before the deadline",
     }
 }
 
@@ -1674,7 +1680,7 @@ impl Model for Protocol {
                         sent: false,
                     });
                 }
-                Pc::Calling { lost, .. } => {
+                Pc::Calling { lost, machine, .. } => {
                     if *lost {
                         actions.push(Action::Answer {
                             worker,
@@ -1689,6 +1695,14 @@ impl Model for Protocol {
                             Word::Uncertain,
                         ] {
                             actions.push(Action::Answer { worker, word });
+                        }
+                        if machine.bound() == Bound::JobDeadline
+                            && state.time + w.offset >= self.bounds.deadline
+                        {
+                            actions.push(Action::Answer {
+                                worker,
+                                word: Word::PastDeadline,
+                            });
                         }
                         for &fault in self.faults(state) {
                             actions.push(Action::Renew { worker, fault });

@@ -244,6 +244,11 @@ impl Calling {
         self.reference.as_ref().map(|(r, at)| (r.as_str(), *at))
     }
 
+    /// What bounds the call last sent.
+    pub fn bound(&self) -> Bound {
+        self.budget.1
+    }
+
     /// The invocation's deadline cut the call off.
     pub fn cut_off(&self) -> bool {
         self.cut_off
