@@ -126,16 +126,17 @@ impl Bound {
     }
 }
 
+/// What a step that waits on the caller carries to the answer it gets.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-enum Phase {
-    Submit,
+enum Pending {
+    /// Nothing: the other steps decide from the answer alone.
+    Nothing,
+    /// The 429, for [`Calling::paced`].
     Throttled(ProviderError),
+    /// The 429, for [`Calling::resent`].
     Resend(ProviderError),
-    Record,
-    Retrieve,
-    Pause,
+    /// Why the call is cancelled, for [`Calling::cancelled`].
     Cancel(Cancelled),
-    Done,
 }
 
 /// Why a call is being cancelled: what the attempt comes to once it is.
@@ -167,7 +168,7 @@ pub struct Calling {
     until: Millis,
     /// The invocation's deadline cut the call off.
     cut_off: bool,
-    phase: Phase,
+    pending: Pending,
 }
 
 impl Calling {
@@ -225,7 +226,7 @@ impl Calling {
             denied: 0,
             until: Millis::MAX,
             cut_off: false,
-            phase: Phase::Submit,
+            pending: Pending::Nothing,
         }
     }
 
@@ -266,14 +267,13 @@ impl Calling {
                     retry_after_ms,
                     reason,
                 };
-                self.phase = Phase::Throttled(error);
+                self.pending = Pending::Throttled(error);
                 CallStep::Throttled { retry_after_ms }
             }
             Said::Failed(error) => self.heard(Err(error), now),
             Said::Started(reference) => {
                 self.evidence = format!("attempt {} ({reference})", self.owner.attempts);
                 self.reference = Some((reference, now));
-                self.phase = Phase::Record;
                 CallStep::Record
             }
             // The job's own deadline cut the call off: an answer could not be accepted anyway.
@@ -306,7 +306,8 @@ impl Calling {
     /// if that wait is within the pacing horizon and the claim's lease, the invocation and the
     /// deadline leave room for the call after it; otherwise the attempt is given back.
     pub fn paced(&mut self, paused_until: Millis, now: Millis) -> CallStep {
-        let Phase::Throttled(error) = std::mem::replace(&mut self.phase, Phase::Submit) else {
+        let Pending::Throttled(error) = std::mem::replace(&mut self.pending, Pending::Nothing)
+        else {
             return self.done(Waited::Lost);
         };
         let ProviderError::Throttled { retry_after_ms, .. } = &error else {
@@ -324,14 +325,14 @@ impl Calling {
         if !fits {
             return self.heard(Err(error), now);
         }
-        self.phase = Phase::Resend(error);
+        self.pending = Pending::Resend(error);
         CallStep::Resend { at }
     }
 
     /// Whether the pacer let the refused call go again (`false` also when ownership was lost
     /// meanwhile: the attempt is then given back, as nothing was sent).
     pub fn resent(&mut self, resent: bool, now: Millis) -> CallStep {
-        let Phase::Resend(error) = std::mem::replace(&mut self.phase, Phase::Submit) else {
+        let Pending::Resend(error) = std::mem::replace(&mut self.pending, Pending::Nothing) else {
             return self.done(Waited::Lost);
         };
         if resent {
@@ -367,7 +368,7 @@ impl Calling {
             None if self.record_tries < RECORD_TRIES => return CallStep::Record,
             None => "the reference could not be recorded",
         };
-        self.phase = Phase::Cancel(Cancelled::Unrecorded(why));
+        self.pending = Pending::Cancel(Cancelled::Unrecorded(why));
         CallStep::Cancel
     }
 
@@ -404,7 +405,7 @@ impl Calling {
     /// The cancel request went (or was abandoned: a cancel not sent is harmless, the call's
     /// answer is never accepted).
     pub fn cancelled(&mut self, now: Millis) -> CallStep {
-        let Phase::Cancel(why) = std::mem::replace(&mut self.phase, Phase::Done) else {
+        let Pending::Cancel(why) = std::mem::replace(&mut self.pending, Pending::Nothing) else {
             return self.done(Waited::Lost);
         };
         let end = match why {
@@ -445,7 +446,6 @@ impl Calling {
             let end = not_sent_end(reason, &self.owner, now);
             return self.done(Waited::Ended(end, None));
         }
-        self.phase = Phase::Submit;
         CallStep::Submit {
             budget_ms: self.budget.0,
         }
@@ -490,7 +490,6 @@ impl Calling {
     }
 
     fn retrieve(&mut self, now: Millis) -> CallStep {
-        self.phase = Phase::Retrieve;
         // A retrieval that stalls is bounded by the time left, like the wait between two.
         CallStep::Retrieve {
             wait_ms: (self.until - now).max(1),
@@ -503,12 +502,11 @@ impl Calling {
     fn pause(&mut self, wait: Millis, now: Millis) -> CallStep {
         if now >= self.until {
             if now >= self.owner.deadline_at {
-                self.phase = Phase::Cancel(Cancelled::PastDeadline);
+                self.pending = Pending::Cancel(Cancelled::PastDeadline);
                 return CallStep::Cancel;
             }
             return self.done(Waited::Running);
         }
-        self.phase = Phase::Pause;
         CallStep::Pause {
             ms: wait.min(self.until - now).max(1),
         }
@@ -526,7 +524,6 @@ impl Calling {
     }
 
     fn done(&mut self, waited: Waited) -> CallStep {
-        self.phase = Phase::Done;
         CallStep::Done(waited)
     }
 }
