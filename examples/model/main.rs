@@ -2,12 +2,13 @@
 //! shows that each property bites: each mutation of the protocol must produce a counterexample,
 //! printed as a timeline.
 //!
-//! `cargo run --release --example model -- [--small] [--threads N] [--no-mutations]
-//! [--workers N] [--deliveries N] [--deadline N] [--budget N] [--faults N]`
+//! `cargo run --release --example model -- [--small | --test | --background] [--threads N] [--no-mutations]
+//! [--workers N] [--deliveries N] [--deadline N] [--budget N] [--faults N]
+//! [--upstreams blind,keyed,background]`
 
 mod protocol;
 
-use protocol::{Bounds, Mutation, Report, Verdict, check};
+use protocol::{Bounds, Mutation, Report, Upstream, Verdict, check};
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
@@ -24,9 +25,28 @@ fn main() {
     );
     let mut bounds = if flag("--small") {
         Bounds::small()
+    } else if flag("--test") {
+        Bounds::test()
+    } else if flag("--background") {
+        Bounds::background()
     } else {
         Bounds::full()
     };
+    if let Some(names) = args
+        .iter()
+        .position(|a| a == "--upstreams")
+        .and_then(|i| args.get(i + 1))
+    {
+        bounds.upstreams = names
+            .split(',')
+            .map(|name| match name {
+                "blind" => Upstream::Blind,
+                "keyed" => Upstream::Keyed,
+                "background" => Upstream::Background,
+                other => panic!("no upstream {other:?}: blind, keyed or background"),
+            })
+            .collect();
+    }
     if let Some(n) = number("--workers") {
         bounds.workers = n as usize;
     }
@@ -41,6 +61,9 @@ fn main() {
     }
     if let Some(n) = number("--faults") {
         bounds.faults = n as u8;
+    }
+    if flag("--never-replay") {
+        bounds.replay = vec![fenced_jobs::worker::ReplayPolicy::Never];
     }
     println!("{}", bounds.describe());
     let report = check(&bounds, threads, false);

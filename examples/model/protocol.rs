@@ -18,11 +18,12 @@ use fenced_jobs::job::{
     AttemptOutcome, BlobRef, Failure, JobRecord, JobState, Millis, NewJob, RecordOutcome,
 };
 use fenced_jobs::ledger::transitions::{
-    apply_claim, apply_decide, apply_finish, apply_recover, apply_renew, apply_settle,
+    apply_claim, apply_decide, apply_finish, apply_record_ref, apply_recover, apply_renew,
+    apply_settle,
 };
 use fenced_jobs::ledger::{
-    AttemptEnd, ClaimRequest, DecideRequest, FinishRequest, OperatorAction, RecoverRequest,
-    RenewRequest, SettleFrom, SettleRequest, Write,
+    AttemptEnd, ClaimRequest, DecideRequest, FinishRequest, OperatorAction, RecordRefRequest,
+    RecoverRequest, RenewRequest, SettleFrom, SettleRequest, Write,
 };
 use fenced_jobs::provider::{Answer, ProviderError, Retrieval};
 use fenced_jobs::worker::ReplayPolicy;
@@ -56,8 +57,8 @@ pub struct Bounds {
     pub max_epoch: u64,
     /// Tries at ending an attempt whose write fails (the processor's `FINISH_TRIES`, smaller).
     pub finish_tries: u8,
-    /// Provider kinds explored: can a later owner ask about a call?
-    pub retrievable: Vec<bool>,
+    /// Provider kinds explored.
+    pub upstreams: Vec<Upstream>,
     /// Replay policies explored.
     pub replay: Vec<ReplayPolicy>,
     /// Ledger requests that fail (applied or not) and crashes, in all, on one path.
@@ -78,19 +79,31 @@ impl Bounds {
             max_attempts: 2,
             max_epoch: 4,
             finish_tries: 2,
-            retrievable: vec![false, true],
+            upstreams: vec![Upstream::Blind, Upstream::Keyed, Upstream::Background],
             replay: vec![ReplayPolicy::Never, ReplayPolicy::Replay],
             faults: 1,
             mutation: None,
         }
     }
 
-    /// The bound `make test` checks: the smallest that still shows every property bite.
+    /// The bound `make test` checks: the smallest that still shows every property bite, with
+    /// the providers that answer the submit ([`Bounds::background`] checks the other).
     pub fn test() -> Bounds {
         Bounds {
             deliveries: 2,
             deadline: 4,
+            upstreams: vec![Upstream::Blind, Upstream::Keyed],
             ..Bounds::small()
+        }
+    }
+
+    /// The test bound's other half, which `make test` also checks: the provider that runs calls
+    /// in the background, without ledger faults (the model-check bound has both).
+    pub fn background() -> Bounds {
+        Bounds {
+            upstreams: vec![Upstream::Background],
+            faults: 0,
+            ..Bounds::test()
         }
     }
 
@@ -102,7 +115,7 @@ impl Bounds {
     /// The bounds in one line.
     pub fn describe(&self) -> String {
         format!(
-            "{} workers, {} deliveries, deadline {} ticks, lease {}, skew {}, budget {}, epochs up to {}, {} tries to end an attempt, {} fault(s) per path",
+            "{} workers, {} deliveries, deadline {} ticks, lease {}, skew {}, budget {}, epochs up to {}, {} tries to end an attempt, {} fault(s) per path, providers {:?}",
             self.workers,
             self.deliveries,
             self.deadline,
@@ -111,7 +124,8 @@ impl Bounds {
             self.max_attempts,
             self.max_epoch,
             self.finish_tries,
-            self.faults
+            self.faults,
+            self.upstreams
         )
     }
 
@@ -147,11 +161,14 @@ pub enum Mutation {
     /// A refused answer's stored object is removed even while the job lives (the rule before
     /// the removal waited for the job to end without it).
     DiscardLiveAnswer,
+    /// The write of a background call's reference is not conditional on the owner's epoch
+    /// (nor its attempt).
+    RecordIgnoresEpoch,
 }
 
 impl Mutation {
     /// Every mutation.
-    pub const ALL: [Mutation; 10] = [
+    pub const ALL: [Mutation; 11] = [
         Mutation::FinishIgnoresEpoch,
         Mutation::ExpiryIgnoresTerminal,
         Mutation::UncertainReleased,
@@ -162,6 +179,7 @@ impl Mutation {
         Mutation::CallAfterLeaseLapsed,
         Mutation::NotSentSpendsAttempt,
         Mutation::DiscardLiveAnswer,
+        Mutation::RecordIgnoresEpoch,
     ];
 
     /// The bound a mutation is checked in: the test bound, widened where the counterexample
@@ -181,6 +199,12 @@ impl Mutation {
                 ..test
             },
             Mutation::NotSentSpendsAttempt => Bounds { faults: 0, ..test },
+            Mutation::RecordIgnoresEpoch => Bounds {
+                mutation: Some(self),
+                deliveries: 3,
+                deadline: 5,
+                ..Bounds::background()
+            },
             Mutation::NoBudgetCheck | Mutation::CallAfterLeaseLapsed => Bounds {
                 deliveries: 3,
                 deadline: 5,
@@ -204,6 +228,7 @@ impl Mutation {
             Mutation::CallAfterLeaseLapsed => "a call is sent without checking the lease",
             Mutation::NotSentSpendsAttempt => "a call not sent spends its attempt",
             Mutation::DiscardLiveAnswer => "a refused stored answer is removed while the job lives",
+            Mutation::RecordIgnoresEpoch => "a reference is recorded without the epoch's condition",
         }
     }
 
@@ -220,6 +245,7 @@ impl Mutation {
             Mutation::CallAfterLeaseLapsed => NO_SILENT_REPEAT,
             Mutation::NotSentSpendsAttempt => SPENT_BY_CALLS,
             Mutation::DiscardLiveAnswer => STORED_EXISTS,
+            Mutation::RecordIgnoresEpoch => REFERENCE_NAMES_CALL,
         })
     }
 }
@@ -242,6 +268,9 @@ pub const SPENT_BY_CALLS: &str =
     "failed_terminal for the budget only after max_attempts calls were sent or may have been";
 /// An accepted answer that references a stored object whose object is gone.
 pub const STORED_EXISTS: &str = "an accepted answer stored in the bucket is there";
+/// A reference in the ledger that names another attempt's call, or a call never started.
+pub const REFERENCE_NAMES_CALL: &str =
+    "every reference the ledger holds names its own attempt's call, which the provider started";
 /// The liveness property.
 pub const ENDS: &str = "every job ends terminal, or unknown with evidence";
 
@@ -260,19 +289,6 @@ pub enum Violation {
     AckedEarly,
     /// A call sent without its attempt in the item.
     UnrecordedCall,
-}
-
-impl Violation {
-    fn property(self) -> &'static str {
-        match self {
-            Violation::ResultChanged => ONE_RESULT,
-            Violation::StaleWrite => STALE_WRITE,
-            Violation::OverBudget => BUDGET,
-            Violation::SilentRepeat => NO_SILENT_REPEAT,
-            Violation::AckedEarly => ACK_TERMINAL,
-            Violation::UnrecordedCall => ATTEMPT_RECORDED,
-        }
-    }
 }
 
 /// What the provider did with one call, as only the model knows it.
@@ -322,6 +338,8 @@ pub enum Pc {
     Calling {
         /// The call, as the processor runs it.
         machine: Box<Calling>,
+        /// What the worker waits for.
+        waits: Waits,
         /// The lease the heartbeat last wrote.
         lease_until: Millis,
         /// A renewal was refused: the call is cancelled.
@@ -355,8 +373,8 @@ pub struct Worker {
 pub struct State {
     /// True time.
     pub time: Millis,
-    /// The provider can be asked about a call by its reference.
-    pub retrievable: bool,
+    /// What the provider lets a caller know of its calls.
+    pub upstream: Upstream,
     /// The replay policy.
     pub replay: ReplayPolicy,
     /// The job's ledger item.
@@ -375,6 +393,43 @@ pub struct State {
     pub bucket: Vec<String>,
     /// What went wrong.
     pub violations: Vec<Violation>,
+}
+
+/// What the provider lets a caller know of its calls.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Upstream {
+    /// Nothing: a call's outcome is what its caller heard.
+    Blind,
+    /// A later owner can ask about a call by the reference the client gave it, which the claim
+    /// records (an idempotency key).
+    Keyed,
+    /// The provider may run a call in the background under a reference it assigns after the
+    /// submit (the OpenAI Responses API's background mode): the owner records it, then polls.
+    Background,
+}
+
+impl State {
+    /// A later owner can ask the provider about a call by its reference.
+    fn retrievable(&self) -> bool {
+        self.upstream != Upstream::Blind
+    }
+}
+
+/// What a worker whose call is out waits for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Waits {
+    /// The provider's word on the call.
+    Word,
+    /// Its ledger request that records the background call's reference.
+    Record,
+    /// The provider's answer to a retrieval of the background call.
+    Retrieval,
+}
+
+/// The reference of the call of `attempt` at `epoch`: the client's key, or the one a
+/// background provider assigns (the model's provider names its calls as the client does).
+fn call_ref(attempt: u32, epoch: u64) -> String {
+    format!("{JOB}/{attempt}@{epoch}")
 }
 
 /// A fault on a ledger request.
@@ -405,6 +460,8 @@ pub enum Word {
     /// No word before the job's deadline, which bounds the call: it is cut off, and may have
     /// run.
     PastDeadline,
+    /// Accepted to run in the background under the reference the provider assigns.
+    Started,
 }
 
 /// What a later owner learns by asking about a call.
@@ -660,7 +717,7 @@ impl Protocol {
             skew: self.bounds.skew,
             // The time left for a call is the world's choice when it is sent (`Send`).
             latest_call_start: Millis::MAX,
-            can_retrieve: next.retrievable,
+            can_retrieve: next.retrievable(),
             in_ledger: false,
         };
         let (machine, step) = Admission::start(facts, None, DIGEST, now);
@@ -766,6 +823,25 @@ impl Protocol {
                 }
                 true
             }
+            Pc::Calling {
+                machine,
+                waits: Waits::Record,
+                ..
+            } => {
+                let now = self.now(next, worker);
+                let req = machine.record(now);
+                let _ = write!(note, "records the reference of attempt {}", req.attempt);
+                let answer = self.write(next, |c| self.record_ref(c, &req), fault, Some(req.epoch));
+                note.push_str(match &answer {
+                    Some(Write::Applied(_)) => ": applied",
+                    Some(Write::Refused(_)) => ": refused",
+                    None => ": no answer",
+                });
+                let mut machine = *machine;
+                let step = machine.recorded(answer, now);
+                self.take_call(next, worker, machine, step, note);
+                true
+            }
             Pc::Ending { mut machine } => {
                 let now = self.now(next, worker);
                 let epoch = Some(machine.owner().owner_epoch);
@@ -835,6 +911,18 @@ impl Protocol {
         apply_finish(current, req)
     }
 
+    fn record_ref(&self, current: Option<&JobRecord>, req: &RecordRefRequest) -> Option<JobRecord> {
+        if self.mutated(Mutation::RecordIgnoresEpoch) {
+            let mut loose = req.clone();
+            if let Some(c) = current {
+                loose.epoch = c.owner_epoch;
+                loose.attempt = c.attempts;
+            }
+            return apply_record_ref(current, &loose);
+        }
+        apply_record_ref(current, req)
+    }
+
     fn write_op(
         &self,
         next: &mut State,
@@ -860,9 +948,8 @@ impl Protocol {
                     owner_id: owner.clone(),
                     now,
                     lease_until: now + self.bounds.lease,
-                    provider_ref: next
-                        .retrievable
-                        .then(|| format!("{JOB}/{}@{}", expect.attempts + 1, expect.epoch + 1)),
+                    provider_ref: (next.upstream == Upstream::Keyed)
+                        .then(|| call_ref(expect.attempts + 1, expect.epoch + 1)),
                     first_sight,
                 };
                 let _ = write!(note, "claims expecting epoch {}", expect.epoch);
@@ -1051,6 +1138,7 @@ impl Protocol {
         let lease_until = claimed.owner_until.unwrap_or(now);
         next.workers[worker].pc = Pc::Calling {
             machine: Box::new(machine),
+            waits: Waits::Word,
             lease_until,
             lost: false,
         };
@@ -1099,9 +1187,10 @@ impl Protocol {
     }
 
     /// Carries out the call's `step` as far as the world lets it go at once: the pacer is not
-    /// modelled (a refused call is given back), a cancel goes at once, and the end goes to the
-    /// attempt's [`Ending`]. The world makes no background call, so the machine never asks to
-    /// record a reference or to wait between two retrievals.
+    /// modelled (a refused call is given back), a cancel goes at once, and so does the pause
+    /// between two retrievals (any interleaving may fall in it); the record of a reference
+    /// waits for the worker's next ledger request, a retrieval for the provider's answer, and
+    /// the end goes to the attempt's [`Ending`].
     fn take_call(
         &self,
         next: &mut State,
@@ -1111,26 +1200,66 @@ impl Protocol {
         note: &mut String,
     ) {
         let now = self.now(next, worker);
+        let (lease_until, lost) = match next.workers[worker].pc {
+            Pc::Calling {
+                lease_until, lost, ..
+            } => (lease_until, lost),
+            _ => (machine.owner().owner_until.unwrap_or(now), false),
+        };
         loop {
             step = match step {
                 CallStep::Throttled { .. } => machine.paced(now, now),
                 CallStep::Resend { .. } => machine.resent(false, now),
-                CallStep::Cancel => machine.cancelled(now),
+                CallStep::Pause { .. } => machine.paused(now),
+                CallStep::Cancel => {
+                    note.push_str("; cancels the call upstream");
+                    machine.cancelled(now)
+                }
+                CallStep::Record | CallStep::Retrieve { .. } => {
+                    let waits = if step == CallStep::Record {
+                        Waits::Record
+                    } else {
+                        Waits::Retrieval
+                    };
+                    next.workers[worker].pc = Pc::Calling {
+                        machine: Box::new(machine),
+                        waits,
+                        lease_until,
+                        lost,
+                    };
+                    return;
+                }
                 CallStep::Done(waited) => {
                     let owner = Box::new(machine.into_owner());
                     self.end_with(next, worker, owner, waited, note);
                     return;
                 }
-                other => panic!("the model makes no step {other:?}"),
+                CallStep::Submit { .. } => panic!("the model re-sends no call"),
             }
         }
     }
 
     fn answer(&self, next: &mut State, worker: usize, word: Word, note: &mut String) -> bool {
-        let Pc::Calling { machine, lost, .. } = next.workers[worker].pc.clone() else {
+        let Pc::Calling {
+            machine,
+            lost,
+            waits,
+            ..
+        } = next.workers[worker].pc.clone()
+        else {
             return false;
         };
         let mut machine = *machine;
+        match waits {
+            Waits::Word => {}
+            Waits::Retrieval if lost => {
+                note.push_str("stops polling: ownership lost");
+                let step = machine.lost();
+                self.take_call(next, worker, machine, step, note);
+                return true;
+            }
+            _ => return false,
+        }
         let claimed = machine.owner().clone();
         let now = self.now(next, worker);
         let Some(call) = next
@@ -1187,6 +1316,7 @@ impl Protocol {
                     })
                 }
                 Word::PastDeadline => Said::TimedOut,
+                Word::Started => Said::Started(call_ref(claimed.attempts, claimed.owner_epoch)),
                 Word::Uncertain => Said::Failed(ProviderError::Uncertain {
                     evidence: "connection dropped after the request was sent".to_owned(),
                 }),
@@ -1221,7 +1351,7 @@ impl Protocol {
             skew: self.bounds.skew,
             lease_ms: self.bounds.lease,
             invocation_end: Millis::MAX,
-            can_retrieve: next.retrievable,
+            can_retrieve: next.retrievable(),
             replay: next.replay,
             tries: u32::from(self.bounds.finish_tries),
             // Any interleaving may fall in a pause: the world's choice, not a time.
@@ -1321,6 +1451,7 @@ impl Protocol {
     fn renew(&self, next: &mut State, worker: usize, fault: Fault, note: &mut String) -> bool {
         let Pc::Calling {
             machine,
+            waits,
             lease_until,
             lost: false,
         } = next.workers[worker].pc.clone()
@@ -1364,6 +1495,7 @@ impl Protocol {
         };
         next.workers[worker].pc = Pc::Calling {
             machine,
+            waits,
             lease_until,
             lost,
         };
@@ -1371,6 +1503,15 @@ impl Protocol {
     }
 
     fn ask(&self, next: &mut State, worker: usize, said: Retrieved, note: &mut String) -> bool {
+        if let Pc::Calling {
+            machine,
+            waits: Waits::Retrieval,
+            lost: false,
+            ..
+        } = next.workers[worker].pc.clone()
+        {
+            return self.poll(next, worker, *machine, said, note);
+        }
         let Pc::Recovered { fenced } = next.workers[worker].pc.clone() else {
             return false;
         };
@@ -1402,11 +1543,47 @@ impl Protocol {
         // The reference names the attempt and the epoch of the claim that started it: an
         // attempt given back and claimed again under the same number is another call.
         let claimed_at = fenced.attempt_log.last().map(|a| a.epoch);
+        let Some(found) = Self::retrieval(next, attempt, claimed_at, said) else {
+            return false;
+        };
+        let _ = write!(note, "asks the provider about attempt {attempt}: {said:?}");
+        let step = machine.retrieved(found, now);
+        self.take_call(next, worker, machine, step, note);
+        true
+    }
+
+    /// The owner of a background call polls it.
+    fn poll(
+        &self,
+        next: &mut State,
+        worker: usize,
+        mut machine: Calling,
+        said: Retrieved,
+        note: &mut String,
+    ) -> bool {
+        let (attempt, epoch) = (machine.owner().attempts, machine.owner().owner_epoch);
+        let Some(found) = Self::retrieval(next, attempt, Some(epoch), said) else {
+            return false;
+        };
+        let _ = write!(note, "polls the provider about attempt {attempt}: {said:?}");
+        let step = machine.retrieved(found, self.now(next, worker));
+        self.take_call(next, worker, machine, step, note);
+        true
+    }
+
+    /// What a retrieval of the call of `attempt` claimed at `claimed_at` may find, if the
+    /// provider can say `said` (it follows from what became of the call); the call's truth then
+    /// follows what was said.
+    fn retrieval(
+        next: &mut State,
+        attempt: u32,
+        claimed_at: Option<u64>,
+        said: Retrieved,
+    ) -> Option<Retrieval> {
         let call = next
             .calls
             .iter_mut()
             .find(|c| c.attempt == attempt && Some(c.epoch) == claimed_at);
-        // What the provider can say follows from what became of the call.
         let possible = match call.as_ref().map(|c| c.truth) {
             None => said == Retrieved::NotFound,
             Some(Truth::Ran) => said == Retrieved::Completed,
@@ -1414,7 +1591,7 @@ impl Protocol {
             Some(Truth::InFlight) => true,
         };
         if !possible {
-            return false;
+            return None;
         }
         if let Some(call) = call {
             match said {
@@ -1423,8 +1600,7 @@ impl Protocol {
                 _ => {}
             }
         }
-        let _ = write!(note, "asks the provider about attempt {attempt}: {said:?}");
-        let found = match said {
+        Some(match said {
             Retrieved::Completed => Retrieval::Completed(Answer {
                 body: format!("answer of attempt {attempt}"),
                 provider_ref: None,
@@ -1435,23 +1611,25 @@ impl Protocol {
             }),
             Retrieved::Running => Retrieval::Running,
             Retrieved::NotFound => Retrieval::NotFound,
-        };
-        let step = machine.retrieved(found, now);
-        self.take_call(next, worker, machine, step, note);
-        true
+        })
     }
 
     /// Prints the path as a timeline: one line per event, with the item after it.
     pub fn timeline(&self, path: &[(State, Option<Action>)]) -> String {
+        let always: Vec<_> = self
+            .properties()
+            .into_iter()
+            .filter(|p| p.expectation == stateright::Expectation::Always)
+            .collect();
         let mut out = String::new();
         let first = &path[0].0;
         let _ = writeln!(
             out,
             "  provider {}, replay policy {:?}, clocks ahead by {:?}, item at start: {}",
-            if first.retrievable {
-                "retrievable"
-            } else {
-                "not retrievable"
+            match first.upstream {
+                Upstream::Blind => "not retrievable",
+                Upstream::Keyed => "retrievable by the client's key",
+                Upstream::Background => "running calls in the background",
             },
             first.replay,
             first.workers.iter().map(|w| w.offset).collect::<Vec<_>>(),
@@ -1519,9 +1697,12 @@ impl Protocol {
                 "  {:>3}  {:<10} {:<17} {:>5} {:>8} {:>5}  {note}{fault}",
                 after.time, who, st, epoch, attempts, lease
             );
-            let violated = after.violations.len() > state.violations.len();
-            for v in after.violations.iter().skip(state.violations.len()) {
-                let _ = write!(line, "\n  {:>3}  VIOLATED: {}", "", v.property());
+            let mut violated = false;
+            for p in &always {
+                if (p.condition)(self, state) && !(p.condition)(self, &after) {
+                    let _ = write!(line, "\n  {:>3}  VIOLATED: {}", "", p.name);
+                    violated = true;
+                }
             }
             let _ = writeln!(out, "{line}");
             if violated {
@@ -1581,6 +1762,20 @@ fn spent_by_calls(r: &JobRecord, calls: &[Call]) -> bool {
         })
 }
 
+/// Whether every reference in `r`'s attempt log is the name of its own attempt's call (at its
+/// number and epoch) and, where the provider assigned it, names a call that was started.
+fn references_name_calls(s: &State, r: &JobRecord) -> bool {
+    r.attempt_log.iter().all(|a| {
+        a.provider_ref.as_ref().is_none_or(|reference| {
+            *reference == call_ref(a.number, a.epoch)
+                && (s.upstream == Upstream::Keyed
+                    || s.calls
+                        .iter()
+                        .any(|c| c.attempt == a.number && c.epoch == a.epoch))
+        })
+    })
+}
+
 fn word_name(word: Word) -> &'static str {
     match word {
         Word::Answer => "an answer",
@@ -1589,6 +1784,7 @@ fn word_name(word: Word) -> &'static str {
         Word::Throttled => "a 429",
         Word::Uncertain => "nothing certain",
         Word::PastDeadline => "nothing before the deadline",
+        Word::Started => "started in the background",
     }
 }
 
@@ -1620,14 +1816,14 @@ impl Model for Protocol {
                     .collect()
             })
             .collect();
-        for &retrievable in &b.retrievable {
+        for &upstream in &b.upstreams {
             for &replay in &b.replay {
                 for offsets in &offsets {
                     // The producer created the item first (`jobctl submit`), or it did not.
                     for created in [false, true] {
                         states.push(State {
                             time: 0,
-                            retrievable,
+                            upstream,
                             replay,
                             item: created.then(|| self.job().into_record(JobState::Ready, 0)),
                             deliveries: 0,
@@ -1680,30 +1876,67 @@ impl Model for Protocol {
                         sent: false,
                     });
                 }
-                Pc::Calling { lost, machine, .. } => {
-                    if *lost {
-                        actions.push(Action::Answer {
+                Pc::Calling {
+                    lost,
+                    machine,
+                    waits,
+                    ..
+                } => {
+                    let mut renews = true;
+                    match waits {
+                        // The record's write goes, whatever the heartbeat found meanwhile. The
+                        // heartbeat's renewal is not interleaved with it: both are conditional on
+                        // the epoch alone as far as the other is concerned (the record does not
+                        // read or move the lease), so either order leaves the same item.
+                        Waits::Record => {
+                            for &fault in self.faults(state) {
+                                actions.push(Action::Step { worker, fault });
+                            }
+                            renews = false;
+                        }
+                        // Ownership lost: the wait stops (a call's, as cancelled).
+                        _ if *lost => actions.push(Action::Answer {
                             worker,
                             word: Word::Uncertain,
-                        });
-                    } else {
-                        for word in [
-                            Word::Answer,
-                            Word::Transient,
-                            Word::Permanent,
-                            Word::Throttled,
-                            Word::Uncertain,
-                        ] {
-                            actions.push(Action::Answer { worker, word });
+                        }),
+                        Waits::Word => {
+                            // A background provider answers through a retrieval, never the
+                            // submit; the others never start a call in the background.
+                            let background = state.upstream == Upstream::Background;
+                            for word in [
+                                Word::Answer,
+                                Word::Transient,
+                                Word::Permanent,
+                                Word::Throttled,
+                                Word::Uncertain,
+                                Word::Started,
+                            ] {
+                                let answers = !matches!(word, Word::Answer | Word::Started);
+                                if answers || (word == Word::Started) == background {
+                                    actions.push(Action::Answer { worker, word });
+                                }
+                            }
+                            if machine.bound() == Bound::JobDeadline
+                                && state.time + w.offset >= self.bounds.deadline
+                            {
+                                actions.push(Action::Answer {
+                                    worker,
+                                    word: Word::PastDeadline,
+                                });
+                            }
                         }
-                        if machine.bound() == Bound::JobDeadline
-                            && state.time + w.offset >= self.bounds.deadline
-                        {
-                            actions.push(Action::Answer {
-                                worker,
-                                word: Word::PastDeadline,
-                            });
+                        Waits::Retrieval => {
+                            for said in [
+                                Retrieved::Completed,
+                                Retrieved::Failed,
+                                Retrieved::Running,
+                                Retrieved::NotFound,
+                            ] {
+                                actions.push(Action::Ask { worker, said });
+                            }
                         }
+                    }
+                    if !*lost && renews {
                         for &fault in self.faults(state) {
                             actions.push(Action::Renew { worker, fault });
                         }
@@ -1712,7 +1945,7 @@ impl Model for Protocol {
                 Pc::Recovered { fenced } => {
                     let reference = fenced.last_provider_ref().is_some();
                     let stored = Self::stored_answer(state, fenced).is_some();
-                    if state.retrievable && reference && !stored {
+                    if state.retrievable() && reference && !stored {
                         for said in [
                             Retrieved::Completed,
                             Retrieved::Failed,
@@ -1799,6 +2032,9 @@ impl Model for Protocol {
                     .and_then(|r| r.result_ref.as_ref())
                     .is_none_or(|r| s.bucket.contains(&r.key))
             }),
+            Property::always(REFERENCE_NAMES_CALL, |_, s: &State| {
+                s.item.as_ref().is_none_or(|r| references_name_calls(s, r))
+            }),
             Property::eventually(ENDS, |_, s: &State| {
                 s.item.as_ref().is_some_and(|r| {
                     r.state.is_terminal()
@@ -1829,6 +2065,28 @@ impl Model for Protocol {
                     s.item
                         .as_ref()
                         .is_some_and(|r| r.result_ref.is_some() && !r.recoveries.is_empty())
+                },
+            ),
+            Property::sometimes(
+                "a background call is polled to its answer and accepted",
+                |_, s: &State| {
+                    s.upstream == Upstream::Background
+                        && s.item.as_ref().is_some_and(|r| {
+                            r.state == JobState::Succeeded && r.last_provider_ref().is_some()
+                        })
+                },
+            ),
+            Property::sometimes(
+                "a recovery collects a background call by the reference its lapsed owner recorded",
+                |_, s: &State| {
+                    s.upstream == Upstream::Background
+                        && s.item.as_ref().is_some_and(|r| {
+                            r.state == JobState::Succeeded
+                                && r.attempts == 1
+                                && !r.recoveries.is_empty()
+                                && r.result.is_some()
+                                && r.last_provider_ref().is_some()
+                        })
                 },
             ),
             Property::sometimes(
@@ -1894,14 +2152,18 @@ pub fn check(bounds: &Bounds, threads: usize, first_failure: bool) -> Report {
     };
     let started = std::time::Instant::now();
     let builder = model.clone().checker().threads(threads);
+    // A mutation's check runs until it breaks the property it is meant to break (a stale
+    // write, say, may come first on the way), and shows that property's counterexample.
+    let meant = bounds.mutation.and_then(Mutation::breaks);
     if first_failure {
-        let checker = builder
-            .finish_when(HasDiscoveries::AnyFailures)
-            .spawn_bfs()
-            .join();
-        conclude(&model, &checker, started)
+        let until = match meant {
+            Some(property) => HasDiscoveries::AnyOf([property].into()),
+            None => HasDiscoveries::AnyFailures,
+        };
+        let checker = builder.finish_when(until).spawn_bfs().join();
+        conclude(&model, &checker, started, meant)
     } else {
-        conclude(&model, &builder.spawn_dfs().join(), started)
+        conclude(&model, &builder.spawn_dfs().join(), started, meant)
     }
 }
 
@@ -1909,11 +2171,14 @@ fn conclude(
     model: &Protocol,
     checker: &impl stateright::Checker<Protocol>,
     started: std::time::Instant,
+    meant: Option<&str>,
 ) -> Report {
     use stateright::Expectation;
     let mut counterexample = None;
-    let verdicts = model
-        .properties()
+    let mut properties = model.properties();
+    // The counterexample shown is the meant property's, if it was broken.
+    properties.sort_by_key(|p| Some(p.name) != meant);
+    let verdicts = properties
         .iter()
         .map(|p| {
             let found = checker.discovery(p.name);
