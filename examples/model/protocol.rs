@@ -25,6 +25,7 @@ use fenced_jobs::ledger::{
     AttemptEnd, ClaimRequest, DecideRequest, FinishRequest, OperatorAction, RecordRefRequest,
     RecoverRequest, RenewRequest, SettleFrom, SettleRequest, Write,
 };
+use fenced_jobs::provider::openai::classify_status;
 use fenced_jobs::provider::{Answer, ProviderError, Retrieval};
 use fenced_jobs::worker::ReplayPolicy;
 use fenced_jobs::worker::admission::{Admission, Applied, Facts, Op, Settle, Step};
@@ -164,11 +165,14 @@ pub enum Mutation {
     /// The write of a background call's reference is not conditional on the owner's epoch
     /// (nor its attempt).
     RecordIgnoresEpoch,
+    /// A bare 429 (a gateway's, after the call ran) is taken for the provider's own refusal
+    /// before any work, and its attempt given back.
+    BareThrottleTrusted,
 }
 
 impl Mutation {
     /// Every mutation.
-    pub const ALL: [Mutation; 11] = [
+    pub const ALL: [Mutation; 12] = [
         Mutation::FinishIgnoresEpoch,
         Mutation::ExpiryIgnoresTerminal,
         Mutation::UncertainReleased,
@@ -180,11 +184,13 @@ impl Mutation {
         Mutation::NotSentSpendsAttempt,
         Mutation::DiscardLiveAnswer,
         Mutation::RecordIgnoresEpoch,
+        Mutation::BareThrottleTrusted,
     ];
 
     /// The bound a mutation is checked in: the test bound, widened where the counterexample
     /// needs more (a lease that lapses well before the deadline, a third delivery), with no
-    /// ledger faults where none is needed, so that the search stays short.
+    /// ledger faults, and only the provider and replay policy, where no more is needed, so
+    /// that the search stays short.
     pub fn bounds(self) -> Bounds {
         let test = Bounds {
             mutation: Some(self),
@@ -199,16 +205,20 @@ impl Mutation {
                 ..test
             },
             Mutation::NotSentSpendsAttempt => Bounds { faults: 0, ..test },
+            // A third delivery claims again after the replay policy authorised it.
             Mutation::RecordIgnoresEpoch => Bounds {
                 mutation: Some(self),
                 deliveries: 3,
                 deadline: 5,
+                replay: vec![ReplayPolicy::Replay],
                 ..Bounds::background()
             },
             Mutation::NoBudgetCheck | Mutation::CallAfterLeaseLapsed => Bounds {
                 deliveries: 3,
                 deadline: 5,
                 faults: 0,
+                upstreams: vec![Upstream::Keyed],
+                replay: vec![ReplayPolicy::Replay],
                 ..test
             },
             _ => test,
@@ -229,6 +239,7 @@ impl Mutation {
             Mutation::NotSentSpendsAttempt => "a call not sent spends its attempt",
             Mutation::DiscardLiveAnswer => "a refused stored answer is removed while the job lives",
             Mutation::RecordIgnoresEpoch => "a reference is recorded without the epoch's condition",
+            Mutation::BareThrottleTrusted => "a gateway's bare 429 is taken for the provider's own",
         }
     }
 
@@ -246,6 +257,7 @@ impl Mutation {
             Mutation::NotSentSpendsAttempt => SPENT_BY_CALLS,
             Mutation::DiscardLiveAnswer => STORED_EXISTS,
             Mutation::RecordIgnoresEpoch => REFERENCE_NAMES_CALL,
+            Mutation::BareThrottleTrusted => NO_SILENT_REPEAT,
         })
     }
 }
@@ -455,7 +467,9 @@ pub enum Word {
     /// Refused for the rate limit before any work (a 429): it did not run, and the attempt is
     /// given back.
     Throttled,
-    /// The outcome is unknown (a dropped connection, a cut-off): it may have run.
+    /// Nothing that proves whether it ran: the model's provider answers a bare 429, as a
+    /// retrying gateway does after forwarding (the provider client classifies it, as it does a
+    /// dropped connection): it may have run.
     Uncertain,
     /// No word before the job's deadline, which bounds the call: it is cut off, and may have
     /// run.
@@ -1317,9 +1331,15 @@ impl Protocol {
                 }
                 Word::PastDeadline => Said::TimedOut,
                 Word::Started => Said::Started(call_ref(claimed.attempts, claimed.owner_epoch)),
-                Word::Uncertain => Said::Failed(ProviderError::Uncertain {
-                    evidence: "connection dropped after the request was sent".to_owned(),
-                }),
+                // A bare 429, as a retrying gateway answers after forwarding, through the provider
+                // client's own classification: it proves nothing about the work.
+                Word::Uncertain if self.mutated(Mutation::BareThrottleTrusted) => {
+                    Said::Failed(ProviderError::Throttled {
+                        retry_after_ms: None,
+                        reason: "HTTP 429".to_owned(),
+                    })
+                }
+                Word::Uncertain => Said::Failed(classify_status(429, &serde_json::Value::Null)),
             }
         };
         let _ = write!(
@@ -1782,7 +1802,7 @@ fn word_name(word: Word) -> &'static str {
         Word::Transient => "a transient failure",
         Word::Permanent => "a permanent failure",
         Word::Throttled => "a 429",
-        Word::Uncertain => "nothing certain",
+        Word::Uncertain => "nothing certain (a gateway's bare 429)",
         Word::PastDeadline => "nothing before the deadline",
         Word::Started => "started in the background",
     }
