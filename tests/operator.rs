@@ -9,7 +9,7 @@ use fenced_jobs::job::{Failure, JobState, RecordOutcome};
 use fenced_jobs::ledger::{JobLedger, LedgerIndex, OperatorAction};
 use fenced_jobs::ops::operator::{self, OperatorError};
 use fenced_jobs::provider::SimulatedProvider;
-use fenced_jobs::queue::SqsTriggers;
+use fenced_jobs::queue::{QueueError, SqsReader, SqsTriggers};
 
 /// A job whose only attempt was cut off: `unknown`.
 async fn unknown_job(aws: &common::Emulator, table: &str, queue: &common::Queue, id: &str) {
@@ -315,9 +315,16 @@ async fn dlq_inspect_pairs_messages_with_ledger_states_and_redrive_moves_only_li
     }
 
     let ledger = aws.ledger(&table);
-    let entries = operator::dlq_inspect(&ledger, None, &aws.sqs, &queue.dlq_url, 10, 2)
-        .await
-        .expect("inspect");
+    let entries = operator::dlq_inspect(
+        &ledger,
+        None,
+        &SqsReader::new(aws.sqs.clone()),
+        &queue.dlq_url,
+        10,
+        2,
+    )
+    .await
+    .expect("inspect");
     let mut verdicts: Vec<String> = entries.iter().map(|e| e.verdict.label()).collect();
     verdicts.sort();
     assert_eq!(verdicts.len(), 5);
@@ -342,9 +349,14 @@ async fn dlq_inspect_pairs_messages_with_ledger_states_and_redrive_moves_only_li
     );
 
     // Redrive moves the two live ones; the other three stay in the DLQ.
-    let moved = operator::dlq_redrive(&aws.sqs, &queue.dlq_url, &queue.url, &entries)
-        .await
-        .expect("redrive");
+    let moved = operator::dlq_redrive(
+        &SqsReader::new(aws.sqs.clone()),
+        &queue.dlq_url,
+        &queue.url,
+        &entries,
+    )
+    .await
+    .expect("redrive");
     assert_eq!(moved, 2);
     tokio::time::sleep(std::time::Duration::from_millis(2_200)).await;
     assert_eq!(aws.peek(&queue.dlq_url, 0).await.len(), 3);
@@ -385,19 +397,51 @@ async fn dlq_redrive_works_on_fifo_queues() {
         .await
         .expect("dead letter");
     let ledger = aws.ledger(&table);
-    let entries = operator::dlq_inspect(&ledger, None, &aws.sqs, &queue.dlq_url, 10, 2)
-        .await
-        .expect("inspect");
+    let entries = operator::dlq_inspect(
+        &ledger,
+        None,
+        &SqsReader::new(aws.sqs.clone()),
+        &queue.dlq_url,
+        10,
+        2,
+    )
+    .await
+    .expect("inspect");
     assert_eq!(entries.len(), 1);
     // WHEN it is redriven
-    let moved = operator::dlq_redrive(&aws.sqs, &queue.dlq_url, &queue.url, &entries)
-        .await
-        .expect("redrive");
+    let moved = operator::dlq_redrive(
+        &SqsReader::new(aws.sqs.clone()),
+        &queue.dlq_url,
+        &queue.url,
+        &entries,
+    )
+    .await
+    .expect("redrive");
     // THEN it is back in the work queue, in its job's message group
     assert_eq!(moved, 1);
     let requeued = aws.peek(&queue.url, 0).await;
     assert_eq!(requeued.len(), 1);
     assert!(requeued[0].body().is_some_and(|b| b.contains("fifo-dead")));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dlq_that_is_not_there_is_a_typed_queue_error() {
+    // GIVEN a queue URL that names no queue
+    let aws = emulator().await;
+    let table = aws.table().await;
+    let queue = aws.queue(30).await;
+    let gone = format!("{}-gone", queue.dlq_url);
+    // WHEN an operator inspects it
+    let reader = SqsReader::new(aws.sqs.clone());
+    let inspected = operator::dlq_inspect(&aws.ledger(&table), None, &reader, &gone, 10, 0).await;
+    // THEN SQS's answer is classified, not passed on as text
+    assert!(
+        matches!(
+            &inspected,
+            Err(OperatorError::Queue(QueueError::NoSuchQueue(url))) if *url == gone
+        ),
+        "{inspected:?}"
+    );
 }
 
 /// `jobctl` with the AWS CLI's habits: options after the subcommand, `--endpoint-url` and
@@ -564,9 +608,16 @@ async fn dlq_follows_extended_client_pointers_and_redrives_them_with_their_attri
     }
     // WHEN the DLQ is inspected with the producer's bucket readable
     let blobs = S3Blobs::new(aws.s3.clone(), None);
-    let entries = operator::dlq_inspect(&ledger, Some(&blobs), &aws.sqs, &queue.dlq_url, 10, 2)
-        .await
-        .expect("inspect");
+    let entries = operator::dlq_inspect(
+        &ledger,
+        Some(&blobs),
+        &SqsReader::new(aws.sqs.clone()),
+        &queue.dlq_url,
+        10,
+        2,
+    )
+    .await
+    .expect("inspect");
     let mut verdicts: Vec<(Option<String>, String)> = entries
         .iter()
         .map(|e| (e.job_id.clone(), e.verdict.label()))
@@ -585,9 +636,14 @@ async fn dlq_follows_extended_client_pointers_and_redrives_them_with_their_attri
         ],
     );
     // AND a redrive sends the two back with their own attributes, not the worker's
-    let moved = operator::dlq_redrive(&aws.sqs, &queue.dlq_url, &queue.url, &entries)
-        .await
-        .expect("redrive");
+    let moved = operator::dlq_redrive(
+        &SqsReader::new(aws.sqs.clone()),
+        &queue.dlq_url,
+        &queue.url,
+        &entries,
+    )
+    .await
+    .expect("redrive");
     assert_eq!(moved, 2);
     let back = aws
         .sqs

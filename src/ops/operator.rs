@@ -8,8 +8,9 @@ use crate::job::message::format_rfc3339_ms;
 use crate::job::{BlobRef, Failure, InvalidMessage, JobRecord, JobState, Millis, Trigger};
 use crate::ledger::{DecideRequest, JobLedger, LedgerError, OperatorAction, Write};
 use crate::provider::simulated::check_controls;
+use crate::queue::reader::RECEIVE_LIMIT;
 use crate::queue::triggers::dedup_id;
-use crate::queue::{Outgoing, TriggerSender};
+use crate::queue::{Message, Outgoing, QueueError, QueueReader, TriggerSender};
 
 /// Why an operator's command did nothing.
 #[derive(Debug, thiserror::Error)]
@@ -34,6 +35,9 @@ pub enum OperatorError {
     /// The trigger could not be sent (the decision is recorded; send it again).
     #[error("decision recorded, but the trigger message was not sent: {0}")]
     NotSent(String),
+    /// A queue request failed.
+    #[error(transparent)]
+    Queue(#[from] QueueError),
 }
 
 /// Reads a job, consistently.
@@ -345,7 +349,7 @@ const DEAD_LETTER_ATTRIBUTES: [&str; 3] = [
 ];
 
 /// One dead-lettered message and its verdict.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct DlqEntry {
     /// The DLQ message id.
     pub message_id: Option<String>,
@@ -360,6 +364,17 @@ pub struct DlqEntry {
     receipt_handle: String,
 }
 
+impl std::fmt::Debug for DlqEntry {
+    // The body (a prompt, perhaps) and the receipt handle never reach a log.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DlqEntry")
+            .field("message_id", &self.message_id)
+            .field("job_id", &self.job_id)
+            .field("verdict", &self.verdict)
+            .finish_non_exhaustive()
+    }
+}
+
 /// Reads up to `max` messages of the DLQ (each stays there, invisible for `hold_s` seconds; with
 /// 0 it stays visible, and a message received twice is judged once) and judges each against the
 /// ledger, an Extended Client pointer by its payload (read through `blobs`). Reading stops after
@@ -367,7 +382,7 @@ pub struct DlqEntry {
 pub async fn dlq_inspect<L: JobLedger>(
     ledger: &L,
     blobs: Option<&dyn BlobStore>,
-    sqs: &aws_sdk_sqs::Client,
+    queue: &impl QueueReader,
     dlq_url: &str,
     max: usize,
     hold_s: i32,
@@ -376,41 +391,33 @@ pub async fn dlq_inspect<L: JobLedger>(
     let mut seen = std::collections::HashSet::new();
     let mut quiet_rounds = 0;
     while entries.len() < max && quiet_rounds < 3 {
-        let out = sqs
-            .receive_message()
-            .queue_url(dlq_url)
-            .max_number_of_messages((max - entries.len()).min(10) as i32)
-            .visibility_timeout(hold_s)
-            .message_attribute_names("All")
-            .send()
-            .await
-            .map_err(|e| {
-                OperatorError::NotSent(aws_sdk_sqs::error::DisplayErrorContext(&e).to_string())
-            })?;
-        if out.messages().is_empty() {
+        let received = queue
+            .receive(dlq_url, (max - entries.len()).min(RECEIVE_LIMIT), hold_s)
+            .await?;
+        if received.is_empty() {
             break;
         }
         let before = entries.len();
-        for m in out.messages() {
+        for m in received {
             // A message read twice (a visibility of 0) is judged once; one without an id (SQS
             // always gives one) is never taken for another.
-            let repeated = m.message_id().is_some_and(|id| !seen.insert(id.to_owned()));
+            let repeated = m
+                .message_id
+                .as_ref()
+                .is_some_and(|id| !seen.insert(id.clone()));
             if repeated || entries.len() == max {
                 continue;
             }
-            let body = m.body().unwrap_or_default().to_owned();
             let attributes: Vec<(String, String)> = m
-                .message_attributes()
+                .attributes
                 .into_iter()
-                .flatten()
                 .filter(|(name, _)| !DEAD_LETTER_ATTRIBUTES.contains(&name.as_str()))
-                .filter_map(|(name, v)| Some((name.clone(), v.string_value()?.to_owned())))
                 .collect();
             let named = attributes
                 .iter()
                 .find(|(name, _)| name == crate::job::pointer::NAMED_JOB_ATTRIBUTE)
                 .map(|(_, v)| v.as_str());
-            let trigger = dead_trigger(blobs, &body, named).await;
+            let trigger = dead_trigger(blobs, &m.body, named).await;
             let job_id = trigger.as_ref().ok().map(|t| t.job_id().to_owned());
             let record = match &job_id {
                 Some(id) => ledger.get(id).await?,
@@ -421,12 +428,12 @@ pub async fn dlq_inspect<L: JobLedger>(
                 Err(verdict) => verdict.clone(),
             };
             entries.push(DlqEntry {
-                message_id: m.message_id().map(str::to_owned),
+                message_id: m.message_id,
                 verdict,
                 job_id,
-                body,
+                body: m.body,
                 attributes,
-                receipt_handle: m.receipt_handle().unwrap_or_default().to_owned(),
+                receipt_handle: m.receipt_handle,
             });
         }
         quiet_rounds = if entries.len() == before {
@@ -441,7 +448,7 @@ pub async fn dlq_inspect<L: JobLedger>(
 /// Sends the redrivable entries back to the work queue, then deletes them from the DLQ; the
 /// others stay in the DLQ. Returns how many were moved.
 pub async fn dlq_redrive(
-    sqs: &aws_sdk_sqs::Client,
+    queue: &impl QueueReader,
     dlq_url: &str,
     queue_url: &str,
     entries: &[DlqEntry],
@@ -451,37 +458,20 @@ pub async fn dlq_redrive(
         .iter()
         .filter(|e| matches!(e.verdict, DlqVerdict::Redrive(_)))
     {
-        let err = |e: String| OperatorError::NotSent(e);
-        let mut send = sqs
-            .send_message()
-            .queue_url(queue_url)
-            .message_body(&entry.body);
-        for (name, value) in &entry.attributes {
-            let value = aws_sdk_sqs::types::MessageAttributeValue::builder()
-                .data_type("String")
-                .string_value(value)
-                .build()
-                .map_err(|e| err(e.to_string()))?;
-            send = send.message_attributes(name, value);
-        }
-        if queue_url.ends_with(".fifo") {
-            // The producer's FIFO policy: each job its own group; a redrive of this dead
-            // letter is deduplicated by its message id.
-            let job_id = entry.job_id.as_deref().unwrap_or("unnamed");
-            let suffix = format!("redrive-{}", entry.message_id.as_deref().unwrap_or(""));
-            send = send
-                .message_group_id(job_id)
-                .message_deduplication_id(dedup_id(job_id, &suffix));
-        }
-        send.send()
-            .await
-            .map_err(|e| err(aws_sdk_sqs::error::DisplayErrorContext(&e).to_string()))?;
-        sqs.delete_message()
-            .queue_url(dlq_url)
-            .receipt_handle(&entry.receipt_handle)
-            .send()
-            .await
-            .map_err(|e| err(aws_sdk_sqs::error::DisplayErrorContext(&e).to_string()))?;
+        // The producer's FIFO policy: each job its own group; a redrive of this dead letter is
+        // deduplicated by its message id.
+        let group = entry.job_id.as_deref().unwrap_or("unnamed");
+        let suffix = format!("redrive-{}", entry.message_id.as_deref().unwrap_or(""));
+        let dedup = dedup_id(group, &suffix);
+        let message = Message {
+            body: &entry.body,
+            attributes: &entry.attributes,
+            fifo: queue_url
+                .ends_with(".fifo")
+                .then_some((group, dedup.as_str())),
+        };
+        queue.send(queue_url, message).await?;
+        queue.delete(dlq_url, &entry.receipt_handle).await?;
         moved += 1;
     }
     Ok(moved)
@@ -520,6 +510,64 @@ mod tests {
             },
         };
         assert!(matches!(ledger.finish(end).await, Ok(Write::Applied(_))));
+    }
+
+    fn dead_letter(id: &str, prompt: &str) -> String {
+        format!(
+            r#"{{"job_id":"{id}","contract":"summary.v1","input":{{"model":"m","prompt":"{prompt}"}}}}"#
+        )
+    }
+
+    #[tokio::test]
+    async fn a_redrive_moves_the_live_jobs_letters_and_leaves_the_others() {
+        // GIVEN a DLQ with letters of an unknown job, a job never seen, and a broken body
+        let ledger = InMemoryLedger::new();
+        unknown_job(&ledger, "stuck").await;
+        let queue = crate::queue::MemoryQueue::new();
+        let (dlq, work) = ("https://sqs.local/1/dlq", "https://sqs.local/1/work");
+        queue.create(dlq);
+        queue.create(work);
+        let bodies = [
+            // A re-trigger by id, as the reconciler and operators send them.
+            r#"{"job_id":"stuck"}"#.to_owned(),
+            dead_letter("new", "p"),
+            "{broken".to_owned(),
+        ];
+        for body in &bodies {
+            let message = Message {
+                body,
+                attributes: &[],
+                fifo: None,
+            };
+            queue.send(dlq, message).await.expect("sent");
+        }
+        // WHEN an operator inspects it (visible to others meanwhile) and redrives it
+        let entries = dlq_inspect(&ledger, None, &queue, dlq, 10, 0)
+            .await
+            .expect("inspected");
+        let verdicts: Vec<String> = entries.iter().map(|e| e.verdict.label()).collect();
+        assert_eq!(verdicts.len(), 3, "{verdicts:?}");
+        assert!(
+            verdicts.iter().any(|v| v.starts_with("poison")),
+            "{verdicts:?}"
+        );
+        let held = dlq_inspect(&ledger, None, &queue, dlq, 10, 60)
+            .await
+            .expect("held");
+        let moved = dlq_redrive(&queue, dlq, work, &held).await.expect("moved");
+        // THEN the two live jobs' letters are in the work queue and the broken one stays
+        assert_eq!(moved, 2);
+        assert_eq!(queue.bodies(work), bodies[..2]);
+        assert_eq!(queue.bodies(dlq), [bodies[2].clone()]);
+        // AND a queue that is not there is a typed error, not a string
+        let missing = dlq_inspect(&ledger, None, &queue, "https://sqs.local/1/gone", 10, 0).await;
+        assert!(
+            matches!(
+                missing,
+                Err(OperatorError::Queue(QueueError::NoSuchQueue(_)))
+            ),
+            "{missing:?}"
+        );
     }
 
     #[test]

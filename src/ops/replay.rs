@@ -14,6 +14,8 @@ use crate::events::{CompletionEvent, EventSink, publish};
 use crate::job::finished_day;
 use crate::job::{JobState, Millis};
 use crate::ledger::{IndexCursor, JobLedger, LedgerError, LedgerIndex};
+use crate::queue::reader::RECEIVE_LIMIT;
+use crate::queue::{QueueError, QueueReader};
 
 /// Added on both sides of a failed batch's arrival times: the item's `updated_at` is the
 /// writer's clock, the arrival time the stream's.
@@ -33,7 +35,7 @@ pub enum ReplayError {
     Publish(String),
     /// A queue call failed.
     #[error("the failure queue: {0}")]
-    Queue(String),
+    Queue(#[from] QueueError),
 }
 
 /// The stretch of time a failure message of a stream event source mapping names
@@ -136,37 +138,40 @@ pub struct ReplayReport {
 pub async fn replay_failures<L: JobLedger + LedgerIndex>(
     ledger: &L,
     sink: &impl EventSink,
-    sqs: &aws_sdk_sqs::Client,
+    queue: &impl QueueReader,
     queue_url: &str,
     max: usize,
     dry_run: bool,
 ) -> Result<ReplayReport, ReplayError> {
     let mut report = ReplayReport::default();
     let mut seen = std::collections::HashSet::new();
+    // Kept invisible while its events are published, so two replays do not overlap.
+    let hold_s = if dry_run { 0 } else { 300 };
     while report.messages < max {
-        let out = sqs
-            .receive_message()
-            .queue_url(queue_url)
-            .max_number_of_messages((max - report.messages).min(10) as i32)
-            // Kept invisible while its events are published, so two replays do not overlap.
-            .visibility_timeout(if dry_run { 0 } else { 300 })
-            .send()
-            .await
-            .map_err(queue_error)?;
+        let received = queue
+            .receive(
+                queue_url,
+                (max - report.messages).min(RECEIVE_LIMIT),
+                hold_s,
+            )
+            .await?;
         let mut fresh = 0;
-        for m in out.messages() {
-            let handle = m.receipt_handle().unwrap_or_default();
+        for m in received {
+            let handle = m.receipt_handle.as_str();
             // A message left in the queue comes back; it is looked at once. One without an id
             // (SQS always gives one) is never taken for another.
-            if m.message_id().is_some_and(|id| !seen.insert(id.to_owned())) {
-                release(sqs, queue_url, handle, dry_run).await;
+            if m.message_id
+                .as_ref()
+                .is_some_and(|id| !seen.insert(id.clone()))
+            {
+                release(queue, queue_url, handle, dry_run).await;
                 continue;
             }
             fresh += 1;
             report.messages += 1;
-            let Some((from, to)) = failed_window(m.body().unwrap_or_default()) else {
+            let Some((from, to)) = failed_window(&m.body) else {
                 report.unreadable += 1;
-                release(sqs, queue_url, handle, dry_run).await;
+                release(queue, queue_url, handle, dry_run).await;
                 continue;
             };
             let events = events_between(ledger, from, to, 10_000).await?;
@@ -177,12 +182,7 @@ pub async fn replay_failures<L: JobLedger + LedgerIndex>(
             publish(sink, &events)
                 .await
                 .map_err(|(_, why)| ReplayError::Publish(why))?;
-            sqs.delete_message()
-                .queue_url(queue_url)
-                .receipt_handle(handle)
-                .send()
-                .await
-                .map_err(queue_error)?;
+            queue.delete(queue_url, handle).await?;
             report.deleted += 1;
         }
         // Nothing new, or a dry run (whose messages stay visible): every message was seen.
@@ -193,23 +193,12 @@ pub async fn replay_failures<L: JobLedger + LedgerIndex>(
     Ok(report)
 }
 
-/// Leaves a message in the queue as it was found, visible, for whoever reads it next.
-async fn release(sqs: &aws_sdk_sqs::Client, queue_url: &str, handle: &str, dry_run: bool) {
-    if !dry_run {
-        let _ = sqs
-            .change_message_visibility()
-            .queue_url(queue_url)
-            .receipt_handle(handle)
-            .visibility_timeout(0)
-            .send()
-            .await;
+/// Leaves a message in the queue as it was found, visible, for whoever reads it next (a
+/// release that fails leaves it to its hold, which ends on its own).
+async fn release(queue: &impl QueueReader, queue_url: &str, handle: &str, dry_run: bool) {
+    if !dry_run && let Err(e) = queue.release(queue_url, handle).await {
+        tracing::warn!(error = %e, "a failure message stays held until its visibility ends");
     }
-}
-
-fn queue_error<E: std::error::Error + 'static, R: std::fmt::Debug>(
-    e: aws_sdk_sqs::error::SdkError<E, R>,
-) -> ReplayError {
-    ReplayError::Queue(aws_sdk_sqs::error::DisplayErrorContext(&e).to_string())
 }
 
 #[cfg(test)]

@@ -9,7 +9,7 @@ use fenced_jobs::ledger::dynamodb::DynamoLedger;
 use fenced_jobs::ops::operator::{self, OperatorError};
 use fenced_jobs::ops::producer::Intake;
 use fenced_jobs::ops::results;
-use fenced_jobs::queue::SqsTriggers;
+use fenced_jobs::queue::{SqsReader, SqsTriggers};
 
 use super::{AWS_ERROR, DlqCommand, REFUSED, usage};
 
@@ -58,10 +58,11 @@ pub(crate) async fn dlq(
         _ => None,
     };
     let hold_s = if redrive_to.is_some() { 60 } else { 0 };
-    let entries = operator::dlq_inspect(ledger, Some(blobs), sqs, dlq_url, max, hold_s).await?;
+    let queue = SqsReader::new(sqs.clone());
+    let entries = operator::dlq_inspect(ledger, Some(blobs), &queue, dlq_url, max, hold_s).await?;
     let moved = match redrive_to {
         None => None,
-        Some(queue_url) => Some(operator::dlq_redrive(sqs, dlq_url, &queue_url, &entries).await?),
+        Some(to) => Some(operator::dlq_redrive(&queue, dlq_url, &to, &entries).await?),
     };
     if json {
         let rows: Vec<serde_json::Value> = entries
@@ -338,15 +339,20 @@ pub(crate) async fn replay(
     dry_run: bool,
     json: bool,
 ) -> Result<(), OperatorError> {
-    use fenced_jobs::ops::replay::{ReplayReport, event_of_job, replay_failures};
+    use fenced_jobs::ops::replay::{ReplayError, ReplayReport, event_of_job, replay_failures};
     let failed = |e: String| OperatorError::NotSent(e);
     let report = if jobs.is_empty() {
         let Some(queue_url) = queue_url else {
             usage("--queue-url (or DISPATCH_FAILURE_QUEUE_URL) or --job is needed");
         };
-        replay_failures(ledger, sink, sqs, &queue_url, max, dry_run)
+        let queue = SqsReader::new(sqs.clone());
+        replay_failures(ledger, sink, &queue, &queue_url, max, dry_run)
             .await
-            .map_err(|e| failed(e.to_string()))?
+            .map_err(|e| match e {
+                ReplayError::Ledger(e) => OperatorError::Ledger(e),
+                ReplayError::Queue(e) => OperatorError::Queue(e),
+                ReplayError::Publish(why) => failed(why),
+            })?
     } else {
         let mut events = Vec::new();
         for job_id in jobs {

@@ -410,7 +410,9 @@ async fn main() {
             OperatorError::NotFound(_)
             | OperatorError::NotUnknown { .. }
             | OperatorError::Changed(_) => REFUSED,
-            OperatorError::Ledger(_) | OperatorError::NotSent(_) => AWS_ERROR,
+            OperatorError::Ledger(_) | OperatorError::NotSent(_) | OperatorError::Queue(_) => {
+                AWS_ERROR
+            }
         });
     }
 }
