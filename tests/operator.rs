@@ -1,5 +1,8 @@
 //! The operator's path on the emulator: an `unknown` job is re-run only after a recorded
 //! decision, and `jobctl` shows the record.
+//!
+//! Why this file is long: each operator command (decide, show, list, the DLQ's inspection and
+//! redrive, the command line itself) is a story on its own emulator queues and items.
 
 mod common;
 
