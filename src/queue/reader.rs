@@ -1,4 +1,4 @@
-//! Reading a queue as an operator does (`jobctl dlq`, `jobctl replay`): messages received and
+//! Reading a queue as an operator does (`jobctl dlq`, `jobctl events replay`): messages received and
 //! held invisible while they are judged, then sent on, deleted or released. The worker never
 //! reads a queue this way (Lambda's event source mapping receives and deletes for it), so these
 //! calls are the operator's alone and stay out of the worker's role. The trait and an in-memory
@@ -11,8 +11,6 @@ use aws_sdk_sqs::Client;
 use aws_sdk_sqs::config::http::HttpResponse;
 use aws_sdk_sqs::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_sqs::types::MessageAttributeValue;
-
-use crate::job::outcome::SQS_MAX_VISIBILITY_S;
 
 /// SQS receives at most ten messages a request.
 pub const RECEIVE_LIMIT: usize = 10;
@@ -328,7 +326,7 @@ impl QueueReader for MemoryQueue {
         if !(1..=RECEIVE_LIMIT).contains(&max) {
             return Err(refused("ReceiveMessage", "MaxNumberOfMessages is 1 to 10"));
         }
-        if !(0..=SQS_MAX_VISIBILITY_S as i32).contains(&hold_s) {
+        if !(0..=crate::job::outcome::SQS_MAX_VISIBILITY_S as i32).contains(&hold_s) {
             return Err(refused("ReceiveMessage", "VisibilityTimeout is 0 to 43200"));
         }
         self.with(queue_url, |q| {
