@@ -33,6 +33,9 @@
 //! the invocation deadline -> one conditional write ending the attempt -> visibility for every
 //! failure -> the batch response (successes are terminal jobs only).
 
+// The library's surface: a `pub` item is reachable from the crate root, or it is `pub(crate)`.
+#![warn(unreachable_pub)]
+
 pub mod blobs;
 pub mod clock;
 pub mod config;

@@ -4,10 +4,11 @@
 //! The ledger protocol as a `stateright` model: one job item, a few workers, the reconciler and
 //! an operator, with every fault as a nondeterministic choice. The item changes only through the
 //! ledger's own pure transitions (`ledger::transitions`, the ones the in-memory ledger applies
-//! and the property test proves equal to DynamoDB's), and each delivery decides through the
-//! worker's own pure functions (`next_step`, `attempt_end`, `uncertain_end`, `acceptable_end`,
-//! `RecordOutcome`, the `shows_*` recognisers). What the model adds is the control flow between
-//! them, the provider's truth and the ghost state the properties read.
+//! and the property test proves equal to DynamoDB's), and each delivery is the worker's own
+//! three machines ([`Admission`], [`Calling`], [`Ending`]), driven step by step as the processor
+//! drives them. What the model adds is the world: which request is answered, lost or failed,
+//! what the provider says and when time passes, the heartbeat's renewals, the provider's truth
+//! and the ghost state the properties read.
 //!
 //! A [`Mutation`] changes one rule of the protocol, to show that a property bites.
 

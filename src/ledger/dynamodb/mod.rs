@@ -24,7 +24,7 @@ use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
 use aws_sdk_dynamodb::types::{AttributeValue, ReturnValue, ReturnValuesOnConditionCheckFailure};
 use tracing::Instrument;
 
-pub use index::{ATTENTION_INDEX, DEADLINE_INDEX};
+pub use index::{ATTENTION_INDEX, DEADLINE_INDEX, FINISHED_INDEX};
 use item::s;
 pub use item::{Item, decode, encode, from_json_image, to_json_image};
 
