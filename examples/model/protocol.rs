@@ -109,6 +109,21 @@ impl Bounds {
         }
     }
 
+    /// The bound both `make test` and `make model-check` check for the pacer's re-send of a
+    /// call the provider refused for its rate limit: a lease of four ticks, so that a wait of
+    /// one still leaves the claim's lease (the one the calling machine holds) more than the
+    /// skew margin and a tick to call in; one provider, one replay policy, no ledger faults.
+    pub fn resend() -> Bounds {
+        Bounds {
+            deadline: 5,
+            lease: 4,
+            upstreams: vec![Upstream::Blind],
+            replay: vec![ReplayPolicy::Never],
+            faults: 0,
+            ..Bounds::test()
+        }
+    }
+
     /// The bound `make model-check` checks (`--workers 3` widens it, at many times the cost).
     pub fn full() -> Bounds {
         Bounds::small()
@@ -313,6 +328,9 @@ pub enum Truth {
     Ran,
     /// It did not run (a definite failure).
     NotRun,
+    /// The provider refused it for its rate limit before any work (its own 429): it did not
+    /// run, and its sender heard so.
+    Refused,
 }
 
 /// One call sent to the provider.
@@ -437,6 +455,11 @@ pub enum Waits {
     Record,
     /// The provider's answer to a retrieval of the background call.
     Retrieval,
+    /// The pacer, to send the call the provider refused for its rate limit again from `at`.
+    Resend {
+        /// The earliest the call goes again.
+        at: Millis,
+    },
 }
 
 /// The reference of the call of `attempt` at `epoch`: the client's key, or the one a
@@ -525,6 +548,13 @@ pub enum Action {
         worker: usize,
         /// What it says.
         word: Word,
+    },
+    /// The pacer lets the call the provider refused go again (`false`: not in time).
+    Resend {
+        /// The worker.
+        worker: usize,
+        /// Sent again.
+        resent: bool,
     },
     /// The worker's heartbeat renews its lease.
     Renew {
@@ -629,6 +659,7 @@ impl Protocol {
             Action::Send { worker, sent } => self.send(&mut next, worker, sent, &mut note),
             Action::Answer { worker, word } => self.answer(&mut next, worker, word, &mut note),
             Action::Renew { worker, fault } => self.renew(&mut next, worker, fault, &mut note),
+            Action::Resend { worker, resent } => self.resend(&mut next, worker, resent, &mut note),
             Action::Ask { worker, said } => self.ask(&mut next, worker, said, &mut note),
             Action::Place { worker, stored } => self.place(&mut next, worker, stored, &mut note),
             Action::Crash { worker } => {
@@ -1102,9 +1133,22 @@ impl Protocol {
             self.end_with(next, worker, claimed, waited, note);
             return true;
         }
+        let _ = write!(note, "sends the call of attempt {}", claimed.attempts);
+        self.call_leaves(next, worker, &claimed);
+        let lease_until = claimed.owner_until.unwrap_or(now);
+        next.workers[worker].pc = Pc::Calling {
+            machine: Box::new(machine),
+            waits: Waits::Word,
+            lease_until,
+            lost: false,
+        };
+        true
+    }
+
+    /// A call of `claimed`'s attempt leaves: the ghost records it, and what it must follow.
+    fn call_leaves(&self, next: &mut State, worker: usize, claimed: &JobRecord) {
         let owner = Self::owner_id(next, worker);
         let (attempt, epoch) = (claimed.attempts, claimed.owner_epoch);
-        let _ = write!(note, "sends the call of attempt {attempt}");
         let item = next.item.clone();
         let recorded = item.as_ref().is_some_and(|r| {
             r.attempt_log
@@ -1129,7 +1173,9 @@ impl Protocol {
                         )
                 });
             let decided = r.decisions.iter().any(|d| d.epoch >= c.epoch);
-            definite || decided || given_back(c, r)
+            // The provider's own refusal before any work, heard by its sender: no execution.
+            let refused = c.truth == Truth::Refused;
+            definite || decided || refused || given_back(c, r)
         });
         if !authorised {
             next.violations.push(Violation::SilentRepeat);
@@ -1139,31 +1185,62 @@ impl Protocol {
             epoch,
             truth: Truth::InFlight,
         });
-        // A call given back (refused for the rate limit, its attempt returned) spends nothing.
-        let spent = next
+        // A call given back (refused for the rate limit, its attempt returned) spends nothing;
+        // the calls of one attempt under one claim (a 429's re-send) spend it once.
+        let mut spent: Vec<(u32, u64)> = next
             .calls
             .iter()
             .filter(|c| !item.as_ref().is_some_and(|r| given_back(c, r)))
-            .count();
-        if spent > self.bounds.max_attempts as usize
+            .map(|c| (c.attempt, c.epoch))
+            .collect();
+        spent.dedup();
+        if spent.len() > self.bounds.max_attempts as usize
             || item.is_some_and(|r| r.attempts > r.max_attempts)
         {
             next.violations.push(Violation::OverBudget);
         }
-        let lease_until = claimed.owner_until.unwrap_or(now);
-        next.workers[worker].pc = Pc::Calling {
-            machine: Box::new(machine),
-            waits: Waits::Word,
+    }
+
+    /// The pacer's word on a call refused for the rate limit: it goes again under the same
+    /// claim, if the machine still lets it leave, or its attempt is given back.
+    fn resend(&self, next: &mut State, worker: usize, resent: bool, note: &mut String) -> bool {
+        let Pc::Calling {
+            machine,
+            waits: Waits::Resend { .. },
             lease_until,
             lost: false,
+        } = next.workers[worker].pc.clone()
+        else {
+            return false;
         };
+        let mut machine = *machine;
+        let now = self.now(next, worker);
+        let step = machine.resent(resent, now);
+        if let CallStep::Submit { .. } = step {
+            let claimed = machine.owner().clone();
+            let _ = write!(note, "sends the call of attempt {} again", claimed.attempts);
+            self.call_leaves(next, worker, &claimed);
+            next.workers[worker].pc = Pc::Calling {
+                machine: Box::new(machine),
+                waits: Waits::Word,
+                lease_until,
+                lost: false,
+            };
+            return true;
+        }
+        note.push_str(if resent {
+            "may not send the call again"
+        } else {
+            "gets no capacity in time to send the call again"
+        });
+        self.take_call(next, worker, machine, step, note);
         true
     }
 
     /// What the processor knows when it calls: the world decides when the invocation's time
     /// runs out, the job's deadline bounds every call (no provider timeout is shorter), a
-    /// heartbeat renews the lease, and no pacer is modelled (a call refused for the rate limit is
-    /// given back, not re-sent).
+    /// heartbeat renews the lease, and a call refused for the rate limit may wait one tick for
+    /// the pacer to send it again (the provider asks for one).
     fn call_facts(&self, state: &State) -> CallFacts {
         CallFacts {
             skew: self.bounds.skew,
@@ -1173,7 +1250,7 @@ impl Protocol {
             latest_call_start: Millis::MAX,
             renewed: true,
             poll_ms: 1,
-            horizon_ms: 0,
+            horizon_ms: 1,
             replay: state.replay,
         }
     }
@@ -1201,8 +1278,8 @@ impl Protocol {
         }
     }
 
-    /// Carries out the call's `step` as far as the world lets it go at once: the pacer is not
-    /// modelled (a refused call is given back), a cancel goes at once, and so does the pause
+    /// Carries out the call's `step` as far as the world lets it go at once: the pacer keeps no
+    /// pause beyond the provider's, a re-send waits for the pacer's word, a cancel goes at once, and so does the pause
     /// between two retrievals (any interleaving may fall in it); the record of a reference
     /// waits for the worker's next ledger request, a retrieval for the provider's answer, and
     /// the end goes to the attempt's [`Ending`].
@@ -1223,8 +1300,17 @@ impl Protocol {
         };
         loop {
             step = match step {
+                // The model's pacer keeps no pause of its own beyond the provider's.
                 CallStep::Throttled { .. } => machine.paced(now, now),
-                CallStep::Resend { .. } => machine.resent(false, now),
+                CallStep::Resend { at } => {
+                    next.workers[worker].pc = Pc::Calling {
+                        machine: Box::new(machine),
+                        waits: Waits::Resend { at },
+                        lease_until,
+                        lost,
+                    };
+                    return;
+                }
                 CallStep::Pause { .. } => machine.paused(now),
                 CallStep::Cancel => {
                     note.push_str("; cancels the call upstream");
@@ -1249,7 +1335,7 @@ impl Protocol {
                     self.end_with(next, worker, owner, waited, note);
                     return;
                 }
-                CallStep::Submit { .. } => panic!("the model re-sends no call"),
+                CallStep::Submit { .. } => panic!("a re-send is the world's (`Action::Resend`)"),
             }
         }
     }
@@ -1270,6 +1356,12 @@ impl Protocol {
             Waits::Retrieval if lost => {
                 note.push_str("stops polling: ownership lost");
                 let step = machine.lost();
+                self.take_call(next, worker, machine, step, note);
+                return true;
+            }
+            Waits::Resend { .. } if lost => {
+                note.push_str("stops waiting to send the call again: ownership lost");
+                let step = machine.resent(false, self.now(next, worker));
                 self.take_call(next, worker, machine, step, note);
                 return true;
             }
@@ -1324,9 +1416,9 @@ impl Protocol {
                     })
                 }
                 Word::Throttled => {
-                    call.truth = Truth::NotRun;
+                    call.truth = Truth::Refused;
                     Said::Failed(ProviderError::Throttled {
-                        retry_after_ms: None,
+                        retry_after_ms: Some(1),
                         reason: "HTTP 429 rate_limit_exceeded".to_owned(),
                     })
                 }
@@ -1601,12 +1693,14 @@ impl Protocol {
         claimed_at: Option<u64>,
         said: Retrieved,
     ) -> Option<Retrieval> {
+        // The provider knows the last call sent under the reference (a 429's re-send reuses it).
         let call = next
             .calls
             .iter_mut()
+            .rev()
             .find(|c| c.attempt == attempt && Some(c.epoch) == claimed_at);
         let possible = match call.as_ref().map(|c| c.truth) {
-            None => said == Retrieved::NotFound,
+            None | Some(Truth::Refused) => said == Retrieved::NotFound,
             Some(Truth::Ran) => said == Retrieved::Completed,
             Some(Truth::NotRun) => matches!(said, Retrieved::Failed | Retrieved::NotFound),
             Some(Truth::InFlight) => true,
@@ -1676,6 +1770,7 @@ impl Protocol {
                 | Action::Send { worker, .. }
                 | Action::Answer { worker, .. }
                 | Action::Renew { worker, .. }
+                | Action::Resend { worker, .. }
                 | Action::Ask { worker, .. }
                 | Action::Place { worker, .. }
                 | Action::Crash { worker } => {
@@ -1763,7 +1858,7 @@ fn normalized(mut r: JobRecord) -> JobRecord {
 /// never sent) attempt does.
 fn given_back(c: &Call, r: &JobRecord) -> bool {
     let of_call = |a: &fenced_jobs::job::AttemptRecord| a.number == c.attempt && a.epoch == c.epoch;
-    c.truth == Truth::NotRun
+    matches!(c.truth, Truth::NotRun | Truth::Refused)
         && !r.attempt_log.iter().any(of_call)
         && r.given_back.iter().any(of_call)
 }
@@ -1946,6 +2041,19 @@ impl Model for Protocol {
                                 });
                             }
                         }
+                        Waits::Resend { at } => {
+                            // Capacity comes back from `at`, or not before the call's time is up.
+                            actions.push(Action::Resend {
+                                worker,
+                                resent: false,
+                            });
+                            if state.time + w.offset >= *at {
+                                actions.push(Action::Resend {
+                                    worker,
+                                    resent: true,
+                                });
+                            }
+                        }
                         Waits::Retrieval => {
                             for said in [
                                 Retrieved::Completed,
@@ -2086,6 +2194,19 @@ impl Model for Protocol {
                     s.item
                         .as_ref()
                         .is_some_and(|r| r.result_ref.is_some() && !r.recoveries.is_empty())
+                },
+            ),
+            Property::sometimes(
+                "a 429 is sent again under the same claim and the job succeeds",
+                |_, s: &State| {
+                    let resent = s.calls.windows(2).any(|w| {
+                        w[0].truth == Truth::Refused
+                            && (w[1].attempt, w[1].epoch) == (w[0].attempt, w[0].epoch)
+                    });
+                    resent
+                        && s.item
+                            .as_ref()
+                            .is_some_and(|r| r.state == JobState::Succeeded)
                 },
             ),
             Property::sometimes(
