@@ -184,11 +184,14 @@ pub enum Mutation {
     /// A bare 429 (a gateway's, after the call ran) is taken for the provider's own refusal
     /// before any work, and its attempt given back.
     BareThrottleTrusted,
+    /// A recovery that finds no reference takes the lapsed attempt for a definite failure, as
+    /// if its owner could not have sent the call.
+    RecoveryAssumesNotSent,
 }
 
 impl Mutation {
     /// Every mutation.
-    pub const ALL: [Mutation; 12] = [
+    pub const ALL: [Mutation; 13] = [
         Mutation::FinishIgnoresEpoch,
         Mutation::ExpiryIgnoresTerminal,
         Mutation::UncertainReleased,
@@ -201,6 +204,7 @@ impl Mutation {
         Mutation::DiscardLiveAnswer,
         Mutation::RecordIgnoresEpoch,
         Mutation::BareThrottleTrusted,
+        Mutation::RecoveryAssumesNotSent,
     ];
 
     /// The bound a mutation is checked in: the test bound, widened where the counterexample
@@ -215,7 +219,8 @@ impl Mutation {
         match self {
             Mutation::FinishIgnoresEpoch
             | Mutation::RecoveryIgnoresLease
-            | Mutation::DiscardLiveAnswer => Bounds {
+            | Mutation::DiscardLiveAnswer
+            | Mutation::RecoveryAssumesNotSent => Bounds {
                 deadline: 5,
                 faults: 0,
                 ..test
@@ -256,6 +261,9 @@ impl Mutation {
             Mutation::DiscardLiveAnswer => "a refused stored answer is removed while the job lives",
             Mutation::RecordIgnoresEpoch => "a reference is recorded without the epoch's condition",
             Mutation::BareThrottleTrusted => "a gateway's bare 429 is taken for the provider's own",
+            Mutation::RecoveryAssumesNotSent => {
+                "a recovery without a reference assumes no call left"
+            }
         }
     }
 
@@ -274,6 +282,7 @@ impl Mutation {
             Mutation::DiscardLiveAnswer => STORED_EXISTS,
             Mutation::RecordIgnoresEpoch => REFERENCE_NAMES_CALL,
             Mutation::BareThrottleTrusted => NO_SILENT_REPEAT,
+            Mutation::RecoveryAssumesNotSent => ATTEMPT_CALLED,
         })
     }
 }
@@ -294,6 +303,9 @@ pub const ATTEMPT_RECORDED: &str = "every execution preceded by its attempt reco
 /// A job failed for its budget with an attempt that no call spent.
 pub const SPENT_BY_CALLS: &str =
     "failed_terminal for the budget only after max_attempts calls were sent or may have been";
+/// An attempt answered or failed definitely with no call of its own.
+pub const ATTEMPT_CALLED: &str =
+    "no attempt is answered or failed definitely without its call (nothing sent is given back)";
 /// An accepted answer that references a stored object whose object is gone.
 pub const STORED_EXISTS: &str = "an accepted answer stored in the bucket is there";
 /// A reference in the ledger that names another attempt's call, or a call never started.
@@ -1639,11 +1651,25 @@ impl Protocol {
         let found_stored = stored.is_some();
         let (mut machine, step) =
             Calling::resume(facts, (*fenced).clone(), "recovered", stored, now);
-        if let CallStep::Done(_) = step {
+        if let CallStep::Done(waited) = step {
             // A stored answer, or nothing to ask about (one step, the `NotFound` choice).
             if said != Retrieved::NotFound {
                 return false;
             }
+            let step = if !found_stored && self.mutated(Mutation::RecoveryAssumesNotSent) {
+                let error = ProviderError::Transient {
+                    retry_after_ms: None,
+                    reason: "assumed never sent".to_owned(),
+                };
+                CallStep::Done(Waited::from(attempt_end(
+                    Err(error),
+                    &fenced,
+                    now,
+                    next.replay,
+                )))
+            } else {
+                CallStep::Done(waited)
+            };
             note.push_str(if found_stored {
                 "finds the answer the lapsed owner stored"
             } else {
@@ -2160,6 +2186,21 @@ impl Model for Protocol {
                     .as_ref()
                     .and_then(|r| r.result_ref.as_ref())
                     .is_none_or(|r| s.bucket.contains(&r.key))
+            }),
+            Property::always(ATTEMPT_CALLED, |_, s: &State| {
+                s.item.as_ref().is_none_or(|r| {
+                    r.attempt_log.iter().all(|a| {
+                        !matches!(
+                            a.outcome,
+                            AttemptOutcome::Succeeded
+                                | AttemptOutcome::Transient
+                                | AttemptOutcome::Permanent
+                        ) || s
+                            .calls
+                            .iter()
+                            .any(|c| c.attempt == a.number && c.epoch == a.epoch)
+                    })
+                })
             }),
             Property::always(REFERENCE_NAMES_CALL, |_, s: &State| {
                 s.item.as_ref().is_none_or(|r| references_name_calls(s, r))
