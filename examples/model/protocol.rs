@@ -34,6 +34,7 @@ use fenced_jobs::worker::calling::{Bound, CallFacts, CallStep, Calling, Said};
 use fenced_jobs::worker::ending::{
     EndFacts, EndStep, EndWrite, Ending, Placed, Waited, attempt_end,
 };
+use fenced_jobs::worker::heartbeat::{RenewalTicks, Renewed, after_renewal};
 use stateright::{Model, Property};
 
 /// The job every state is about.
@@ -65,6 +66,8 @@ pub struct Bounds {
     pub replay: Vec<ReplayPolicy>,
     /// Ledger requests that fail (applied or not) and crashes, in all, on one path.
     pub faults: u8,
+    /// A later record of the job may follow a delivery in its batch.
+    pub followers: bool,
     /// The rule changed, if any.
     pub mutation: Option<Mutation>,
 }
@@ -84,27 +87,32 @@ impl Bounds {
             upstreams: vec![Upstream::Blind, Upstream::Keyed, Upstream::Background],
             replay: vec![ReplayPolicy::Never, ReplayPolicy::Replay],
             faults: 1,
+            followers: true,
             mutation: None,
         }
     }
 
     /// The bound `make test` checks: the smallest that still shows every property bite, with
-    /// the providers that answer the submit ([`Bounds::background`] checks the other).
+    /// the providers that answer the submit ([`Bounds::background`] checks the other, and the
+    /// later records of a batch).
     pub fn test() -> Bounds {
         Bounds {
             deliveries: 2,
             deadline: 4,
             upstreams: vec![Upstream::Blind, Upstream::Keyed],
+            followers: false,
             ..Bounds::small()
         }
     }
 
     /// The test bound's other half, which `make test` also checks: the provider that runs calls
-    /// in the background, without ledger faults (the model-check bound has both).
+    /// in the background, without ledger faults, and a later record of the job in a batch
+    /// (the model-check bound has all of them together).
     pub fn background() -> Bounds {
         Bounds {
             upstreams: vec![Upstream::Background],
             faults: 0,
+            followers: true,
             ..Bounds::test()
         }
     }
@@ -132,7 +140,7 @@ impl Bounds {
     /// The bounds in one line.
     pub fn describe(&self) -> String {
         format!(
-            "{} workers, {} deliveries, deadline {} ticks, lease {}, skew {}, budget {}, epochs up to {}, {} tries to end an attempt, {} fault(s) per path, providers {:?}",
+            "{} workers, {} deliveries, deadline {} ticks, lease {}, skew {}, budget {}, epochs up to {}, {} tries to end an attempt, {} fault(s) per path, providers {:?}{}",
             self.workers,
             self.deliveries,
             self.deadline,
@@ -142,7 +150,12 @@ impl Bounds {
             self.max_epoch,
             self.finish_tries,
             self.faults,
-            self.upstreams
+            self.upstreams,
+            if self.followers {
+                ", later records of a batch"
+            } else {
+                ""
+            }
         )
     }
 
@@ -409,6 +422,9 @@ pub struct Worker {
     pub owner: u8,
     /// How far its clock runs ahead of the true time.
     pub offset: Millis,
+    /// The item as its last delivery left it, for a later record of the job in that batch
+    /// (`None`: no such record may follow).
+    pub view: Option<Box<JobRecord>>,
 }
 
 /// The whole system.
@@ -434,6 +450,8 @@ pub struct State {
     pub accepted: Option<String>,
     /// The keys of the answers stored in the results bucket.
     pub bucket: Vec<String>,
+    /// A later record of a batch was acknowledged from the item its first record left.
+    pub followed: bool,
     /// What went wrong.
     pub violations: Vec<Violation>,
 }
@@ -537,6 +555,13 @@ pub enum Action {
     /// re-trigger (they differ only in when they come, and the model lets them come at any
     /// time).
     Deliver {
+        /// The worker.
+        worker: usize,
+    },
+    /// A later record of the same job in the batch of the worker's last delivery (a duplicate
+    /// message, or the reconciler's re-trigger, received with it) decides from the item as that
+    /// delivery left it, with no ledger or provider call.
+    Follow {
         /// The worker.
         worker: usize,
     },
@@ -664,7 +689,21 @@ impl Protocol {
                     next.workers[worker].owner = 0;
                 }
                 note.push_str("receives the message");
+                next.workers[worker].view = None;
                 self.start(&mut next, worker, &mut note);
+                true
+            }
+            Action::Follow { worker } => {
+                let view = next.workers[worker].view.take()?;
+                next.deliveries += 1;
+                next.workers[worker].owner = next.deliveries;
+                let now = self.now(&next, worker);
+                let outcome =
+                    fenced_jobs::worker::admission::follow(&view, DIGEST, now, self.bounds.skew);
+                note.push_str("a later record of the batch follows the item as it was left");
+                next.followed |= outcome.is_success();
+                self.report(&mut next, worker, &outcome, &mut note);
+                next.workers[worker].view = None;
                 true
             }
             Action::Step { worker, fault } => self.ledger_step(&mut next, worker, fault, &mut note),
@@ -829,6 +868,11 @@ impl Protocol {
             let _ = write!(note, "; record {}: back in the queue", outcome.label());
         }
         next.workers[worker].pc = Pc::Idle;
+        // A later record of the job in this batch decides from the item as this one left it
+        // (the processor's view is the item as last seen: no older view shows it terminal).
+        if self.bounds.followers {
+            next.workers[worker].view = next.item.clone().map(|r| Box::new(normalized(r)));
+        }
     }
 
     /// What a delivery does with an item it was refused by (or read): its admission decides.
@@ -1596,26 +1640,37 @@ impl Protocol {
             return false; // nothing to extend
         }
         let answer = self.write(next, |c| apply_renew(c, &req), fault, Some(req.epoch));
-        let (lease_until, lost) = match answer {
-            Some(Write::Applied(record)) => {
+        // The heartbeat's reading of the answer; its retries are further `Renew` steps.
+        let ticks = RenewalTicks {
+            now,
+            skew_ms: self.bounds.skew,
+            heartbeat_ms: 1,
+        };
+        let (lease_until, lost) = match after_renewal(answer.as_ref(), epoch, 0, lease_until, ticks)
+        {
+            Renewed::Extended { until } => {
                 note.push_str("renews its lease");
-                (record.owner_until.unwrap_or(lease_until), false)
+                (until, false)
             }
-            // Still ours with another lease: an earlier renewal of ours was applied.
-            Some(Write::Refused(Some(seen)))
-                if seen.state == JobState::Running && seen.owner_epoch == epoch =>
-            {
+            Renewed::Adopted { until } => {
                 note.push_str("renewal refused: adopts the lease it finds");
-                (seen.owner_until.unwrap_or(lease_until), false)
+                (until, false)
             }
-            Some(Write::Refused(_)) => {
+            Renewed::Lost => {
                 note.push_str("renewal refused: ownership lost, the call is cancelled");
                 (lease_until, true)
             }
-            None => {
-                note.push_str("renewal failed");
-                let close = lease_until - self.bounds.skew <= now + 1;
-                (lease_until, close)
+            Renewed::Retry { .. } => {
+                note.push_str("renewal failed: tries again");
+                (lease_until, false)
+            }
+            Renewed::Uncertain { cancel } => {
+                note.push_str(if cancel {
+                    "renewal failed: the lease lapses first, the call is cancelled"
+                } else {
+                    "renewal failed"
+                });
+                (lease_until, cancel)
             }
         };
         next.workers[worker].pc = Pc::Calling {
@@ -1792,6 +1847,7 @@ impl Protocol {
                 Action::Expire => "reconciler".to_owned(),
                 Action::Decide(_) => "operator".to_owned(),
                 Action::Deliver { worker, .. }
+                | Action::Follow { worker }
                 | Action::Step { worker, .. }
                 | Action::Send { worker, .. }
                 | Action::Answer { worker, .. }
@@ -1801,7 +1857,8 @@ impl Protocol {
                 | Action::Place { worker, .. }
                 | Action::Crash { worker } => {
                     let w = &after.workers[worker];
-                    let owner = if matches!(action, Action::Deliver { .. }) {
+                    let owner = if matches!(action, Action::Deliver { .. } | Action::Follow { .. })
+                    {
                         w.owner
                     } else {
                         state.workers[worker].owner
@@ -1976,11 +2033,13 @@ impl Model for Protocol {
                                     pc: Pc::Idle,
                                     owner: 0,
                                     offset,
+                                    view: None,
                                 })
                                 .collect(),
                             calls: Vec::new(),
                             accepted: None,
                             bucket: Vec::new(),
+                            followed: false,
                             violations: Vec::new(),
                         });
                     }
@@ -2008,6 +2067,9 @@ impl Model for Protocol {
                     let late = !open && idle;
                     if (state.deliveries < b.deliveries && (open || late)) || fair {
                         actions.push(Action::Deliver { worker });
+                    }
+                    if w.view.is_some() && state.deliveries < b.deliveries {
+                        actions.push(Action::Follow { worker });
                     }
                     continue;
                 }
@@ -2213,6 +2275,10 @@ impl Model for Protocol {
                 })
             }),
             // Reachability: the model is not vacuous.
+            Property::sometimes(
+                "a later record of a batch is acknowledged from the item its first left",
+                |_, s: &State| s.followed,
+            ),
             Property::sometimes("an answer is accepted", |_, s: &State| {
                 s.item
                     .as_ref()

@@ -318,6 +318,17 @@ impl Admission {
     }
 }
 
+/// The outcome of a later record of the same job in one batch, from `view`, the item as the
+/// batch's first record of the job left it: one call per job and batch, so a record that would
+/// claim or settle backs off instead, and the rest follows the view (acknowledged only when it
+/// shows the job terminal, which no later write can undo).
+pub fn follow(view: &JobRecord, digest: &str, now: Millis, skew: Millis) -> RecordOutcome {
+    match next_step(view, digest, now, skew) {
+        Next::Claim(_) | Next::Settle(_) => backoff("duplicate in batch"),
+        next => RecordOutcome::from_next(next, digest),
+    }
+}
+
 fn backoff(cause: &'static str) -> RecordOutcome {
     RecordOutcome::Failed(Failure::Backoff {
         retry_after_ms: None,
@@ -352,6 +363,33 @@ mod tests {
         let mut r = NewJob::example("j", NOW + 600_000).into_record(JobState::Ready, NOW - 1_000);
         r.owner_epoch = epoch;
         r
+    }
+
+    #[test]
+    fn a_later_record_of_the_batch_never_claims_and_is_acknowledged_only_on_a_terminal_view() {
+        // A job its first record could not claim: the duplicate backs off, it does not claim.
+        assert_eq!(
+            follow(&ready(2), "d", NOW, 2_000),
+            backoff("duplicate in batch")
+        );
+        // A live owner: deferred to it, not acknowledged.
+        let mut running = ready(3);
+        running.state = JobState::Running;
+        running.owner_until = Some(NOW + 30_000);
+        let deferred = follow(&running, "d", NOW, 2_000);
+        assert!(
+            matches!(deferred, RecordOutcome::Failed(Failure::Deferred { .. })),
+            "{deferred:?}"
+        );
+        // Terminal: acknowledged; another input under the same id: a conflict either way.
+        let mut done = ready(3);
+        done.state = JobState::Succeeded;
+        assert!(follow(&done, "d", NOW, 2_000).is_success());
+        let conflict = follow(&done, "other", NOW, 2_000);
+        assert!(
+            matches!(conflict, RecordOutcome::Failed(Failure::Conflict { .. })),
+            "{conflict:?}"
+        );
     }
 
     #[test]

@@ -553,60 +553,66 @@ impl<L: JobLedger, V: VisibilityControl, C: Clock> Heartbeat<'_, L, V, C> {
                 now,
                 lease_until: now + self.settings.lease_ms,
             };
-            match self.ledger.renew(req).await {
-                Ok(Write::Applied(record)) => {
+            let result = self.ledger.renew(req).await;
+            let answer = result.as_ref().ok();
+            // The call ended while the renewal was on its way: a refusal is our own final
+            // write, not a lost lease.
+            if matches!(answer, Some(Write::Refused(_)))
+                && self.flights.lease_until(index).is_none()
+            {
+                return;
+            }
+            let lease_until = self.flights.lease_until(index).unwrap_or(0);
+            let ticks = RenewalTicks {
+                now: self.clock.now_ms(),
+                skew_ms: skew,
+                heartbeat_ms: self.settings.heartbeat_ms,
+            };
+            match after_renewal(answer, epoch, attempt, lease_until, ticks) {
+                Renewed::Extended { until } => {
                     if let Some(Flight {
                         stage: Stage::Running(lease),
                         renewals,
                         ..
                     }) = self.flights.lock().get_mut(index)
                     {
-                        lease.lease_until = record.owner_until.unwrap_or(lease.lease_until);
+                        lease.lease_until = until;
                         renewals.renewed += 1;
                     }
                     return;
                 }
-                // The call ended while the renewal was on its way: the refusal is our own
-                // final write, not a lost lease.
-                Ok(Write::Refused(_)) if self.flights.lease_until(index).is_none() => return,
-                // Still ours, with a lease we did not expect: an earlier renewal of ours was
-                // applied and its answer lost. Renew from the lease as it stands.
-                Ok(Write::Refused(Some(seen)))
-                    if seen.state == JobState::Running
-                        && seen.owner_epoch == epoch
-                        && attempt < RENEWAL_RETRIES =>
-                {
+                Renewed::Adopted { until } => {
                     if let Some(Flight {
                         stage: Stage::Running(lease),
                         ..
                     }) = self.flights.lock().get_mut(index)
                     {
-                        lease.lease_until = seen.owner_until.unwrap_or(lease.lease_until);
+                        lease.lease_until = until;
                     }
                 }
-                Ok(Write::Refused(seen)) => {
+                Renewed::Lost => {
                     self.flights.count_renewal(index, |r| r.refused += 1);
+                    let current_epoch = match answer {
+                        Some(Write::Refused(seen)) => seen.as_ref().map(|s| s.owner_epoch),
+                        _ => None,
+                    };
                     tracing::warn!(
                         job_id = %job_id,
                         epoch,
-                        current_epoch = seen.as_ref().map(|s| s.owner_epoch),
+                        current_epoch,
                         "lease renewal refused: ownership lost, cancelling the call"
                     );
                     self.cancel(index);
                     return;
                 }
-                Err(e) => {
-                    let lease_until = self.flights.lease_until(index).unwrap_or(0);
-                    let pause = RETRY_PAUSE_MS << attempt;
-                    let now = self.clock.now_ms();
-                    if attempt < RENEWAL_RETRIES && now + pause < lease_until - skew {
-                        tokio::time::sleep(Duration::from_millis(pause as u64)).await;
-                        continue;
-                    }
+                Renewed::Retry { pause_ms } => {
+                    tokio::time::sleep(Duration::from_millis(pause_ms as u64)).await;
+                }
+                Renewed::Uncertain { cancel } => {
                     self.flights.count_renewal(index, |r| r.uncertain += 1);
-                    tracing::warn!(job_id = %job_id, epoch, error = %e, "lease renewal uncertain");
-                    // The lease still protects the job until it lapses; stop before it does.
-                    if lease_until - skew <= now + self.settings.heartbeat_ms {
+                    let error = result.err().map(|e| e.to_string());
+                    tracing::warn!(job_id = %job_id, epoch, error, "lease renewal uncertain");
+                    if cancel {
                         self.cancel(index);
                     }
                     return;
@@ -625,5 +631,168 @@ impl<L: JobLedger, V: VisibilityControl, C: Clock> Heartbeat<'_, L, V, C> {
             lease.cancel.cancel();
             bump(&self.flights.stats.ownership_lost, 1);
         }
+    }
+}
+
+/// The clocks a renewal's answer is read against.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RenewalTicks {
+    /// The worker's clock when the answer came.
+    pub now: Millis,
+    /// The clock-skew margin.
+    pub skew_ms: Millis,
+    /// The heartbeat's interval: the next renewal comes this much later.
+    pub heartbeat_ms: Millis,
+}
+
+/// What one answer to a running call's lease renewal means.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Renewed {
+    /// Applied: the lease runs to `until`.
+    Extended {
+        /// The lease's new end.
+        until: Millis,
+    },
+    /// Refused with the job still ours under another lease: an earlier renewal of ours was
+    /// applied and its answer lost. Renew again from `until`.
+    Adopted {
+        /// The lease as it stands.
+        until: Millis,
+    },
+    /// Refused: ownership is lost, and the call is cancelled.
+    Lost,
+    /// No answer: try again after `pause_ms`, which still leaves the lease holding.
+    Retry {
+        /// The pause before the next try.
+        pause_ms: Millis,
+    },
+    /// No answer and no time for another try; `cancel`: the lease lapses (less the margin)
+    /// before the next heartbeat, so the call is cancelled rather than left running unowned.
+    Uncertain {
+        /// Cancel the call.
+        cancel: bool,
+    },
+}
+
+/// What the answer to try `attempt` (from 0) at renewing the lease of a call of `epoch`, which
+/// held until `lease_until`, means (`answer`: `None` when the request failed). The heartbeat
+/// acts on it and the model checker explores it.
+pub fn after_renewal(
+    answer: Option<&Write>,
+    epoch: u64,
+    attempt: u32,
+    lease_until: Millis,
+    ticks: RenewalTicks,
+) -> Renewed {
+    match answer {
+        Some(Write::Applied(record)) => Renewed::Extended {
+            until: record.owner_until.unwrap_or(lease_until),
+        },
+        Some(Write::Refused(Some(seen)))
+            if seen.state == JobState::Running
+                && seen.owner_epoch == epoch
+                && attempt < RENEWAL_RETRIES =>
+        {
+            Renewed::Adopted {
+                until: seen.owner_until.unwrap_or(lease_until),
+            }
+        }
+        Some(Write::Refused(_)) => Renewed::Lost,
+        None => {
+            let pause_ms = RETRY_PAUSE_MS << attempt;
+            if attempt < RENEWAL_RETRIES && ticks.now + pause_ms < lease_until - ticks.skew_ms {
+                Renewed::Retry { pause_ms }
+            } else {
+                Renewed::Uncertain {
+                    cancel: lease_until - ticks.skew_ms <= ticks.now + ticks.heartbeat_ms,
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::job::{JobRecord, NewJob};
+
+    const NOW: Millis = 1_000_000;
+    const TICKS: RenewalTicks = RenewalTicks {
+        now: NOW,
+        skew_ms: 2_000,
+        heartbeat_ms: 10_000,
+    };
+
+    fn running(epoch: u64, until: Millis) -> JobRecord {
+        let mut r = NewJob::example("j", NOW + 600_000).into_record(JobState::Running, NOW);
+        r.owner_epoch = epoch;
+        r.owner_until = Some(until);
+        r
+    }
+
+    #[test]
+    fn an_applied_renewal_extends_to_the_lease_the_item_holds() {
+        let answer = Write::Applied(running(3, NOW + 60_000));
+        assert_eq!(
+            after_renewal(Some(&answer), 3, 0, NOW + 20_000, TICKS),
+            Renewed::Extended {
+                until: NOW + 60_000
+            }
+        );
+    }
+
+    #[test]
+    fn our_own_lease_is_adopted_while_tries_remain_and_any_other_refusal_loses_the_call() {
+        let ours = Write::Refused(Some(running(3, NOW + 45_000)));
+        for attempt in 0..RENEWAL_RETRIES {
+            assert_eq!(
+                after_renewal(Some(&ours), 3, attempt, NOW + 20_000, TICKS),
+                Renewed::Adopted {
+                    until: NOW + 45_000
+                }
+            );
+        }
+        assert_eq!(
+            after_renewal(Some(&ours), 3, RENEWAL_RETRIES, NOW + 20_000, TICKS),
+            Renewed::Lost
+        );
+        let fenced = Write::Refused(Some(running(4, NOW + 45_000)));
+        assert_eq!(
+            after_renewal(Some(&fenced), 3, 0, NOW + 20_000, TICKS),
+            Renewed::Lost
+        );
+        let gone = Write::Refused(None);
+        assert_eq!(
+            after_renewal(Some(&gone), 3, 0, NOW + 20_000, TICKS),
+            Renewed::Lost
+        );
+    }
+
+    #[test]
+    fn a_failed_renewal_retries_while_the_lease_holds_and_cancels_only_before_it_lapses() {
+        // Ample lease: a retry after the first pause.
+        assert_eq!(
+            after_renewal(None, 3, 0, NOW + 20_000, TICKS),
+            Renewed::Retry {
+                pause_ms: RETRY_PAUSE_MS
+            }
+        );
+        assert_eq!(
+            after_renewal(None, 3, 1, NOW + 20_000, TICKS),
+            Renewed::Retry {
+                pause_ms: 2 * RETRY_PAUSE_MS
+            }
+        );
+        // Out of tries: the lease outlasts the next heartbeat, so the call goes on.
+        assert_eq!(
+            after_renewal(None, 3, RENEWAL_RETRIES, NOW + 20_000, TICKS),
+            Renewed::Uncertain { cancel: false }
+        );
+        // No room for the pause before the lease (less the margin) lapses, nor for the next
+        // heartbeat: the call is cancelled.
+        assert_eq!(
+            after_renewal(None, 3, 0, NOW + 2_050, TICKS),
+            Renewed::Uncertain { cancel: true }
+        );
     }
 }

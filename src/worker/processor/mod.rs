@@ -28,7 +28,7 @@ use super::pacing::{Pacer, Permit};
 use super::settings::Settings;
 use crate::blobs::BlobStore;
 use crate::clock::Clock;
-use crate::job::decision::{Expect, Next, next_step};
+use crate::job::decision::Expect;
 use crate::job::{
     Failure, InvalidMessage, JobMessage, JobRecord, JobState, Millis, NewJob, RecordOutcome,
     Trigger,
@@ -508,14 +508,12 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
     /// The outcome of a later record of the same job in the same batch, decided from what the
     /// first record left in the ledger, with no ledger or provider call.
     pub fn follow(&self, msg: &JobMessage, view: &JobRecord) -> RecordOutcome {
-        let now = self.clock.now_ms();
-        match next_step(view, &msg.digest, now, self.settings.skew_ms) {
-            // One provider call per job and batch: a duplicate never claims.
-            Next::Claim(_) | Next::Settle(_) => {
-                RecordOutcome::Failed(backoff("duplicate in batch"))
-            }
-            next => RecordOutcome::from_next(next, &msg.digest),
-        }
+        super::admission::follow(
+            view,
+            &msg.digest,
+            self.clock.now_ms(),
+            self.settings.skew_ms,
+        )
     }
 }
 
