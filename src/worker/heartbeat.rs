@@ -280,6 +280,20 @@ impl Flights {
             _ => None,
         }
     }
+
+    /// The lease of record `index`'s running call now holds until `until`; `renewed`: by a
+    /// renewal of this heartbeat (counted).
+    fn set_lease(&self, index: usize, until: Millis, renewed: bool) {
+        if let Some(Flight {
+            stage: Stage::Running(lease),
+            renewals,
+            ..
+        }) = self.lock().get_mut(index)
+        {
+            lease.lease_until = until;
+            renewals.renewed += u32::from(renewed);
+        }
+    }
 }
 
 /// One record of the batch, as the processor sees it: the [`AttemptWatch`] of its attempt.
@@ -570,26 +584,10 @@ impl<L: JobLedger, V: VisibilityControl, C: Clock> Heartbeat<'_, L, V, C> {
             };
             match after_renewal(answer, epoch, attempt, lease_until, ticks) {
                 Renewed::Extended { until } => {
-                    if let Some(Flight {
-                        stage: Stage::Running(lease),
-                        renewals,
-                        ..
-                    }) = self.flights.lock().get_mut(index)
-                    {
-                        lease.lease_until = until;
-                        renewals.renewed += 1;
-                    }
+                    self.flights.set_lease(index, until, true);
                     return;
                 }
-                Renewed::Adopted { until } => {
-                    if let Some(Flight {
-                        stage: Stage::Running(lease),
-                        ..
-                    }) = self.flights.lock().get_mut(index)
-                    {
-                        lease.lease_until = until;
-                    }
-                }
+                Renewed::Adopted { until } => self.flights.set_lease(index, until, false),
                 Renewed::Lost => {
                     self.flights.count_renewal(index, |r| r.refused += 1);
                     let current_epoch = match answer {
