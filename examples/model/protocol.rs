@@ -200,11 +200,13 @@ pub enum Mutation {
     /// A recovery that finds no reference takes the lapsed attempt for a definite failure, as
     /// if its owner could not have sent the call.
     RecoveryAssumesNotSent,
+    /// An answer whose put failed is accepted by reference all the same.
+    PutFailureIgnored,
 }
 
 impl Mutation {
     /// Every mutation.
-    pub const ALL: [Mutation; 13] = [
+    pub const ALL: [Mutation; 14] = [
         Mutation::FinishIgnoresEpoch,
         Mutation::ExpiryIgnoresTerminal,
         Mutation::UncertainReleased,
@@ -218,6 +220,7 @@ impl Mutation {
         Mutation::RecordIgnoresEpoch,
         Mutation::BareThrottleTrusted,
         Mutation::RecoveryAssumesNotSent,
+        Mutation::PutFailureIgnored,
     ];
 
     /// The bound a mutation is checked in: the test bound, widened where the counterexample
@@ -277,6 +280,7 @@ impl Mutation {
             Mutation::RecoveryAssumesNotSent => {
                 "a recovery without a reference assumes no call left"
             }
+            Mutation::PutFailureIgnored => "an answer whose put failed is accepted by reference",
         }
     }
 
@@ -296,6 +300,7 @@ impl Mutation {
             Mutation::RecordIgnoresEpoch => REFERENCE_NAMES_CALL,
             Mutation::BareThrottleTrusted => NO_SILENT_REPEAT,
             Mutation::RecoveryAssumesNotSent => ATTEMPT_CALLED,
+            Mutation::PutFailureIgnored => STORED_EXISTS,
         })
     }
 }
@@ -358,6 +363,20 @@ pub enum Truth {
     Refused,
 }
 
+/// Where an owner's answer went, as the world lets it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Put {
+    /// In the item.
+    Inline,
+    /// In the results bucket.
+    Stored,
+    /// Too large for the item, and the bucket's puts failed: no object.
+    Failed,
+    /// Too large for the item, and the put's answer was lost with the read after it: the
+    /// object is there, and its owner does not know.
+    Lost,
+}
+
 /// One call sent to the provider.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Call {
@@ -367,6 +386,9 @@ pub struct Call {
     pub epoch: u64,
     /// What became of it.
     pub truth: Truth,
+    /// Its answer could not be stored and was given up, the attempt ending as a transient
+    /// failure that says so: a later call is a known repeat, not a silent one.
+    pub dropped: bool,
 }
 
 /// Where one worker's delivery stands.
@@ -601,12 +623,12 @@ pub enum Action {
         fault: Fault,
     },
     /// The owner puts the answer it is about to accept: in the item, or stored in the results
-    /// bucket first.
+    /// bucket first, or, too large for the item, not stored at all.
     Place {
         /// The worker.
         worker: usize,
-        /// Stored in the bucket.
-        stored: bool,
+        /// Where the answer went.
+        put: Put,
     },
     /// A recovering worker asks about the lapsed attempt's call.
     Ask {
@@ -670,7 +692,12 @@ impl Protocol {
         {
             next.faults += 1;
         }
-        if let Action::Crash { .. } = action {
+        if let Action::Crash { .. }
+        | Action::Place {
+            put: Put::Failed | Put::Lost,
+            ..
+        } = action
+        {
             next.faults += 1;
         }
         let done = match *action {
@@ -712,7 +739,7 @@ impl Protocol {
             Action::Renew { worker, fault } => self.renew(&mut next, worker, fault, &mut note),
             Action::Resend { worker, resent } => self.resend(&mut next, worker, resent, &mut note),
             Action::Ask { worker, said } => self.ask(&mut next, worker, said, &mut note),
-            Action::Place { worker, stored } => self.place(&mut next, worker, stored, &mut note),
+            Action::Place { worker, put } => self.place(&mut next, worker, put, &mut note),
             Action::Crash { worker } => {
                 next.workers[worker].pc = Pc::Idle;
                 note.push_str("crashes; its message will come back");
@@ -1220,7 +1247,7 @@ impl Protocol {
             let Some(r) = item.as_ref() else {
                 return false;
             };
-            let definite = c.truth == Truth::NotRun
+            let definite = (c.truth == Truth::NotRun || c.dropped)
                 && r.attempt_log.iter().any(|a| {
                     a.number == c.attempt
                         && matches!(
@@ -1240,6 +1267,7 @@ impl Protocol {
             attempt,
             epoch,
             truth: Truth::InFlight,
+            dropped: false,
         });
         // A call given back (refused for the rate limit, its attempt returned) spends nothing;
         // the calls of one attempt under one claim (a 429's re-send) spend it once.
@@ -1563,7 +1591,7 @@ impl Protocol {
     }
 
     /// The owner puts its answer: kept in the item, or stored under its epoch first.
-    fn place(&self, next: &mut State, worker: usize, stored: bool, note: &mut String) -> bool {
+    fn place(&self, next: &mut State, worker: usize, put: Put, note: &mut String) -> bool {
         let Pc::Ending { machine } = next.workers[worker].pc.clone() else {
             return false;
         };
@@ -1571,22 +1599,61 @@ impl Protocol {
         let Some(body) = machine.answer().map(str::to_owned) else {
             return false;
         };
-        let placed = if stored {
-            let key = result_key(JOB, machine.owner().owner_epoch, &body);
-            if !next.bucket.contains(&key) {
-                next.bucket.push(key.clone());
-                next.bucket.sort();
+        let (attempt, epoch) = (machine.owner().attempts, machine.owner().owner_epoch);
+        let key = result_key(JOB, epoch, &body);
+        let blob = BlobRef {
+            bucket: "results".to_owned(),
+            key: key.clone(),
+            size: body.len() as u64,
+            sha256: body,
+        };
+        if matches!(put, Put::Stored | Put::Lost) && !next.bucket.contains(&key) {
+            next.bucket.push(key);
+            next.bucket.sort();
+        }
+        let placed = match put {
+            Put::Inline => {
+                note.push_str("keeps the answer in the item");
+                Placed::Inline
             }
-            note.push_str("stores the answer in the bucket");
-            Placed::Stored(BlobRef {
-                bucket: "results".to_owned(),
-                key,
-                size: body.len() as u64,
-                sha256: body,
-            })
-        } else {
-            note.push_str("keeps the answer in the item");
-            Placed::Inline
+            Put::Stored => {
+                note.push_str("stores the answer in the bucket");
+                Placed::Stored(blob)
+            }
+            Put::Failed if self.mutated(Mutation::PutFailureIgnored) => {
+                note.push_str("fails to store the answer, and references it all the same");
+                Placed::Stored(blob)
+            }
+            Put::Failed | Put::Lost => {
+                note.push_str(if put == Put::Lost {
+                    "stores the answer without hearing so"
+                } else {
+                    "fails to store the answer"
+                });
+                // The processor's fallback: the provider keeps the answer under a recorded
+                // reference of this attempt, or the answer is given up.
+                let referenced = machine.owner().last_provider_ref().is_some()
+                    || next.item.as_ref().is_some_and(|r| {
+                        r.owner_epoch == epoch
+                            && r.state == JobState::Running
+                            && r.last_provider_ref().is_some()
+                    });
+                if next.retrievable() && referenced {
+                    note.push_str(": left with the provider");
+                    Placed::KeptByProvider
+                } else {
+                    note.push_str(": given up");
+                    if let Some(call) = next
+                        .calls
+                        .iter_mut()
+                        .rev()
+                        .find(|c| c.attempt == attempt && c.epoch == epoch)
+                    {
+                        call.dropped = true;
+                    }
+                    Placed::Unstored
+                }
+            }
         };
         let step = machine.placed(placed, self.now(next, worker));
         self.take_end(next, worker, machine, step, note);
@@ -1896,17 +1963,13 @@ impl Protocol {
                 "  {:>3}  {:<10} {:<17} {:>5} {:>8} {:>5}  {note}{fault}",
                 after.time, who, st, epoch, attempts, lease
             );
-            let mut violated = false;
+            // The path ends where its own property fails; another may fail on the way.
             for p in &always {
                 if (p.condition)(self, state) && !(p.condition)(self, &after) {
                     let _ = write!(line, "\n  {:>3}  VIOLATED: {}", "", p.name);
-                    violated = true;
                 }
             }
             let _ = writeln!(out, "{line}");
-            if violated {
-                break;
-            }
         }
         out
     }
@@ -2180,8 +2243,19 @@ impl Model for Protocol {
                     }
                 }
                 Pc::Ending { machine } if machine.answer().is_some() => {
-                    for stored in [false, true] {
-                        actions.push(Action::Place { worker, stored });
+                    actions.push(Action::Place {
+                        worker,
+                        put: Put::Inline,
+                    });
+                    actions.push(Action::Place {
+                        worker,
+                        put: Put::Stored,
+                    });
+                    // The bucket's failures are faults of the path's bound.
+                    if state.faults < b.faults {
+                        for put in [Put::Failed, Put::Lost] {
+                            actions.push(Action::Place { worker, put });
+                        }
                     }
                 }
                 // A read (after a write that failed) answers or fails: it applies nothing.
