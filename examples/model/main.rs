@@ -4,7 +4,7 @@
 //!
 //! `cargo run --release --example model -- [--small | --test | --background | --resend] [--threads N] [--no-mutations]
 //! [--workers N] [--deliveries N] [--deadline N] [--budget N] [--lease N] [--faults N]
-//! [--upstreams blind,keyed,background] [--mutation NAME]`
+//! [--upstreams blind,keyed,background] [--never-replay] [--mutation NAME]`
 
 mod protocol;
 

@@ -321,9 +321,8 @@ pub const ATTEMPT_RECORDED: &str = "every execution preceded by its attempt reco
 /// A job failed for its budget with an attempt that no call spent.
 pub const SPENT_BY_CALLS: &str =
     "failed_terminal for the budget only after max_attempts calls were sent or may have been";
-/// An attempt answered or failed definitely with no call of its own.
-pub const ATTEMPT_CALLED: &str =
-    "no attempt is answered or failed definitely without its call (nothing sent is given back)";
+/// An attempt whose end contradicts what its calls did.
+pub const ATTEMPT_CALLED: &str = "an attempt ends as its calls did: answered by one that ran, failed or given back only if none may have run";
 /// An accepted answer that references a stored object whose object is gone.
 pub const STORED_EXISTS: &str = "an accepted answer stored in the bucket is there";
 /// A reference in the ledger that names another attempt's call, or a call never started.
@@ -687,6 +686,8 @@ impl Protocol {
     pub fn step(&self, state: &State, action: &Action) -> Option<(State, String)> {
         let mut next = state.clone();
         let mut note = String::new();
+        // Marks the state right after an acknowledged later record, for its example only.
+        next.followed = false;
         if let Action::Step { fault, .. } | Action::Renew { fault, .. } = *action
             && fault != Fault::None
         {
@@ -897,8 +898,15 @@ impl Protocol {
         next.workers[worker].pc = Pc::Idle;
         // A later record of the job in this batch decides from the item as this one left it
         // (the processor's view is the item as last seen: no older view shows it terminal).
-        if self.bounds.followers {
+        if self.bounds.followers && next.deliveries < self.bounds.deliveries {
             next.workers[worker].view = next.item.clone().map(|r| Box::new(normalized(r)));
+        }
+        // With the deliveries used up, no later record comes: the views are forgotten, so
+        // that states differing only there are explored once.
+        if next.deliveries >= self.bounds.deliveries {
+            for w in &mut next.workers {
+                w.view = None;
+            }
         }
     }
 
@@ -1250,6 +1258,7 @@ impl Protocol {
             let definite = (c.truth == Truth::NotRun || c.dropped)
                 && r.attempt_log.iter().any(|a| {
                     a.number == c.attempt
+                        && a.epoch == c.epoch
                         && matches!(
                             a.outcome,
                             AttemptOutcome::Transient | AttemptOutcome::Permanent
@@ -1277,6 +1286,7 @@ impl Protocol {
             .filter(|c| !item.as_ref().is_some_and(|r| given_back(c, r)))
             .map(|c| (c.attempt, c.epoch))
             .collect();
+        spent.sort_unstable();
         spent.dedup();
         if spent.len() > self.bounds.max_attempts as usize
             || item.is_some_and(|r| r.attempts > r.max_attempts)
@@ -1712,6 +1722,7 @@ impl Protocol {
             now,
             skew_ms: self.bounds.skew,
             heartbeat_ms: 1,
+            first_pause_ms: 1,
         };
         let (lease_until, lost) = match after_renewal(answer.as_ref(), epoch, 0, lease_until, ticks)
         {
@@ -1997,6 +2008,26 @@ fn normalized(mut r: JobRecord) -> JobRecord {
         e.message.clear();
     }
     r
+}
+
+/// Whether every attempt's end in `r` agrees with what its calls did: a success had a call that
+/// ran; a definite failure had calls, none of which may have run (but a refused one, or one
+/// whose answer was given up); an attempt given back had no call that may have run.
+fn attempts_match_calls(s: &State, r: &JobRecord) -> bool {
+    let calls = |a: &fenced_jobs::job::AttemptRecord| {
+        let (number, epoch) = (a.number, a.epoch);
+        s.calls
+            .iter()
+            .filter(move |c| c.attempt == number && c.epoch == epoch)
+    };
+    let ran = |c: &Call| matches!(c.truth, Truth::Ran | Truth::InFlight) && !c.dropped;
+    r.attempt_log.iter().all(|a| match a.outcome {
+        AttemptOutcome::Succeeded => calls(a).any(|c| c.truth == Truth::Ran),
+        AttemptOutcome::Transient | AttemptOutcome::Permanent => {
+            calls(a).next().is_some() && !calls(a).any(ran)
+        }
+        _ => true,
+    }) && r.given_back.iter().all(|a| !calls(a).any(ran))
 }
 
 /// Whether `c` did not run and the ledger gave its attempt back: its entry (its attempt at its
@@ -2324,19 +2355,7 @@ impl Model for Protocol {
                     .is_none_or(|r| s.bucket.contains(&r.key))
             }),
             Property::always(ATTEMPT_CALLED, |_, s: &State| {
-                s.item.as_ref().is_none_or(|r| {
-                    r.attempt_log.iter().all(|a| {
-                        !matches!(
-                            a.outcome,
-                            AttemptOutcome::Succeeded
-                                | AttemptOutcome::Transient
-                                | AttemptOutcome::Permanent
-                        ) || s
-                            .calls
-                            .iter()
-                            .any(|c| c.attempt == a.number && c.epoch == a.epoch)
-                    })
-                })
+                s.item.as_ref().is_none_or(|r| attempts_match_calls(s, r))
             }),
             Property::always(REFERENCE_NAMES_CALL, |_, s: &State| {
                 s.item.as_ref().is_none_or(|r| references_name_calls(s, r))

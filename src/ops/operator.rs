@@ -378,7 +378,7 @@ impl std::fmt::Debug for DlqEntry {
 /// Reads up to `max` messages of the DLQ (each stays there, invisible for `hold_s` seconds; with
 /// 0 it stays visible, and a message received twice is judged once) and judges each against the
 /// ledger, an Extended Client pointer by its payload (read through `blobs`). Reading stops after
-/// a receive that brings nothing new.
+/// three receives in a row that bring nothing new (an empty one among them).
 pub async fn dlq_inspect<L: JobLedger>(
     ledger: &L,
     blobs: Option<&dyn BlobStore>,
@@ -394,8 +394,11 @@ pub async fn dlq_inspect<L: JobLedger>(
         let received = queue
             .receive(dlq_url, (max - entries.len()).min(RECEIVE_LIMIT), hold_s)
             .await?;
+        // SQS samples its servers on a short receive: an empty one is a quiet round, not the
+        // end of the queue.
         if received.is_empty() {
-            break;
+            quiet_rounds += 1;
+            continue;
         }
         let before = entries.len();
         for m in received {

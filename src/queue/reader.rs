@@ -40,7 +40,7 @@ impl Debug for Received {
 }
 
 /// A message to send.
-#[derive(Debug, Clone, Copy)]
+#[derive(Clone, Copy)]
 pub struct Message<'a> {
     /// Its body.
     pub body: &'a str,
@@ -48,6 +48,17 @@ pub struct Message<'a> {
     pub attributes: &'a [(String, String)],
     /// On a FIFO queue, its message group and deduplication id.
     pub fifo: Option<(&'a str, &'a str)>,
+}
+
+impl Debug for Message<'_> {
+    // A body never reaches a log.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Message")
+            .field("body_bytes", &self.body.len())
+            .field("attributes", &self.attributes.len())
+            .field("fifo", &self.fifo.is_some())
+            .finish()
+    }
 }
 
 /// Why a queue request did nothing.
@@ -131,8 +142,14 @@ fn classified<E>(action: &'static str, queue_url: &str, e: SdkError<E, HttpRespo
 where
     E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
 {
-    let detail = aws_sdk_sqs::error::DisplayErrorContext(&e).to_string();
     let sent = matches!(e, SdkError::ServiceError(_));
+    // A service error's message may quote the request (SQS repeats a refused receipt handle
+    // whole), so only its code is kept; a transport error says nothing of the request.
+    let detail = if sent {
+        format!("error code {}", e.code().unwrap_or("none"))
+    } else {
+        aws_sdk_sqs::error::DisplayErrorContext(&e).to_string()
+    };
     match e.code() {
         Some("AWS.SimpleQueueService.NonExistentQueue" | "QueueDoesNotExist") => {
             QueueError::NoSuchQueue(queue_url.to_owned())
@@ -164,7 +181,7 @@ impl QueueReader for SqsReader {
             .client
             .receive_message()
             .queue_url(queue_url)
-            .max_number_of_messages(max.clamp(1, RECEIVE_LIMIT) as i32)
+            .max_number_of_messages(i32::try_from(max).unwrap_or(i32::MAX))
             .visibility_timeout(hold_s)
             .message_attribute_names("All")
             .send()
@@ -254,6 +271,9 @@ struct Kept {
     visible: std::collections::VecDeque<Queued>,
     /// Received and held, by receipt handle.
     held: Vec<(String, Queued)>,
+    /// Receipt handles of messages received with a hold of 0, and the message each names: the
+    /// message stays visible and the handle still deletes it.
+    shown: Vec<(String, u64)>,
     /// The receipt handles of deleted messages.
     deleted: Vec<String>,
     sent: u64,
@@ -334,6 +354,7 @@ impl QueueReader for MemoryQueue {
                 .filter_map(|_| q.visible.pop_front())
                 .collect();
             let mut received = Vec::with_capacity(taken.len());
+            let mut back = Vec::new();
             for message in taken {
                 q.receipts += 1;
                 let receipt_handle = format!("receipt-{}", q.receipts);
@@ -343,11 +364,16 @@ impl QueueReader for MemoryQueue {
                     attributes: message.2.clone(),
                     receipt_handle: receipt_handle.clone(),
                 });
-                q.held.push((receipt_handle, message));
+                if hold_s == 0 {
+                    q.shown.push((receipt_handle, message.0));
+                    back.push(message);
+                } else {
+                    q.held.push((receipt_handle, message));
+                }
             }
-            // A hold of 0 leaves every message visible, in its place.
-            if hold_s == 0 {
-                let mut back: Vec<_> = q.held.drain(..).map(|(_, m)| m).collect();
+            // A hold of 0 leaves this receive's messages visible, in their places; messages
+            // held by earlier receives stay held.
+            if !back.is_empty() {
                 back.extend(q.visible.drain(..));
                 back.sort_by_key(|m| m.0);
                 q.visible = back.into();
@@ -388,6 +414,12 @@ impl QueueReader for MemoryQueue {
             // As SQS: deleting a message already deleted succeeds; an unknown handle does not.
             if let Some(at) = q.held.iter().position(|(h, _)| h == receipt_handle) {
                 q.held.remove(at);
+                q.deleted.push(receipt_handle.to_owned());
+            }
+            if let Some(at) = q.shown.iter().position(|(h, _)| h == receipt_handle) {
+                let (_, id) = q.shown.remove(at);
+                q.visible.retain(|m| m.0 != id);
+                q.held.retain(|(_, m)| m.0 != id);
                 q.deleted.push(receipt_handle.to_owned());
             }
             if q.deleted.iter().any(|h| h == receipt_handle) {
@@ -463,6 +495,31 @@ mod tests {
             Err(QueueError::Refused { .. })
         ));
         assert_eq!(q.bodies(URL), ["a", "c"]);
+    }
+
+    #[tokio::test]
+    async fn a_receive_that_holds_nothing_leaves_other_receives_held_and_its_handles_delete() {
+        let q = MemoryQueue::new();
+        q.create(URL);
+        for body in ["a", "b"] {
+            q.send(URL, plain(body)).await.expect("sent");
+        }
+        let held = q.receive(URL, 1, 60).await.expect("held");
+        let shown = q.receive(URL, 10, 0).await.expect("shown");
+        assert_eq!(
+            shown.iter().map(|m| m.body.as_str()).collect::<Vec<_>>(),
+            ["b"],
+            "the held message stays held"
+        );
+        assert_eq!(q.receive(URL, 10, 0).await.expect("again").len(), 1);
+        q.delete(URL, &shown[0].receipt_handle)
+            .await
+            .expect("a handle of a hold of 0 deletes");
+        assert!(q.receive(URL, 10, 0).await.expect("none").is_empty());
+        q.release(URL, &held[0].receipt_handle)
+            .await
+            .expect("released");
+        assert_eq!(q.bodies(URL), ["a"]);
     }
 
     #[tokio::test]

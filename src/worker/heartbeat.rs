@@ -570,17 +570,15 @@ impl<L: JobLedger, V: VisibilityControl, C: Clock> Heartbeat<'_, L, V, C> {
             let result = self.ledger.renew(req).await;
             let answer = result.as_ref().ok();
             // The call ended while the renewal was on its way: a refusal is our own final
-            // write, not a lost lease.
-            if matches!(answer, Some(Write::Refused(_)))
-                && self.flights.lease_until(index).is_none()
-            {
+            // write, not a lost lease, and a failure no longer matters.
+            let Some(lease_until) = self.flights.lease_until(index) else {
                 return;
-            }
-            let lease_until = self.flights.lease_until(index).unwrap_or(0);
+            };
             let ticks = RenewalTicks {
                 now: self.clock.now_ms(),
                 skew_ms: skew,
                 heartbeat_ms: self.settings.heartbeat_ms,
+                first_pause_ms: RETRY_PAUSE_MS,
             };
             match after_renewal(answer, epoch, attempt, lease_until, ticks) {
                 Renewed::Extended { until } => {
@@ -641,6 +639,8 @@ pub struct RenewalTicks {
     pub skew_ms: Millis,
     /// The heartbeat's interval: the next renewal comes this much later.
     pub heartbeat_ms: Millis,
+    /// The pause before the first retry of a failed renewal; doubled for each one after.
+    pub first_pause_ms: Millis,
 }
 
 /// What one answer to a running call's lease renewal means.
@@ -697,7 +697,7 @@ pub fn after_renewal(
         }
         Some(Write::Refused(_)) => Renewed::Lost,
         None => {
-            let pause_ms = RETRY_PAUSE_MS << attempt;
+            let pause_ms = ticks.first_pause_ms << attempt;
             if attempt < RENEWAL_RETRIES && ticks.now + pause_ms < lease_until - ticks.skew_ms {
                 Renewed::Retry { pause_ms }
             } else {
@@ -719,6 +719,7 @@ mod tests {
         now: NOW,
         skew_ms: 2_000,
         heartbeat_ms: 10_000,
+        first_pause_ms: RETRY_PAUSE_MS,
     };
 
     fn running(epoch: u64, until: Millis) -> JobRecord {
