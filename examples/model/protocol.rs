@@ -1648,10 +1648,9 @@ impl Protocol {
                             && r.state == JobState::Running
                             && r.last_provider_ref().is_some()
                     });
-                if next.retrievable() && referenced {
-                    note.push_str(": left with the provider");
-                    Placed::KeptByProvider
-                } else {
+                // Too large for the item (the world's `Inline` choice is the answer that fits).
+                let placed = Placed::unstorable(false, next.retrievable() && referenced);
+                if placed == Placed::Unstored {
                     note.push_str(": given up");
                     if let Some(call) = next
                         .calls
@@ -1661,8 +1660,10 @@ impl Protocol {
                     {
                         call.dropped = true;
                     }
-                    Placed::Unstored
+                } else {
+                    note.push_str(": left with the provider");
                 }
+                placed
             }
         };
         let step = machine.placed(placed, self.now(next, worker));

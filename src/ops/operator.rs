@@ -544,7 +544,9 @@ mod tests {
             };
             queue.send(dlq, message).await.expect("sent");
         }
-        // WHEN an operator inspects it (visible to others meanwhile) and redrives it
+        // WHEN an operator inspects it (visible to others meanwhile; SQS's short receive comes
+        // back empty twice first) and redrives it
+        queue.sample_nothing(dlq, 2);
         let entries = dlq_inspect(&ledger, None, &queue, dlq, 10, 0)
             .await
             .expect("inspected");

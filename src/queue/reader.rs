@@ -276,6 +276,9 @@ struct Kept {
     shown: Vec<(String, u64)>,
     /// The receipt handles of deleted messages.
     deleted: Vec<String>,
+    /// Receives still to come back empty whatever the queue holds, as SQS's short receive
+    /// may when it samples servers that hold none of its messages.
+    empty_receives: usize,
     sent: u64,
     receipts: u64,
 }
@@ -293,6 +296,15 @@ impl MemoryQueue {
     /// Creates the queue at `url`, empty.
     pub fn create(&self, url: &str) {
         self.lock().entry(url.to_owned()).or_default();
+    }
+
+    /// The next `n` receives of `url` find nothing, whatever it holds (SQS's short receive
+    /// samples a subset of its servers and may come back empty from a queue with messages).
+    pub fn sample_nothing(&self, url: &str, n: usize) {
+        self.lock()
+            .entry(url.to_owned())
+            .or_default()
+            .empty_receives = n;
     }
 
     /// The bodies in the queue at `url`, visible or held, oldest first.
@@ -350,6 +362,10 @@ impl QueueReader for MemoryQueue {
             return Err(refused("ReceiveMessage", "VisibilityTimeout is 0 to 43200"));
         }
         self.with(queue_url, |q| {
+            if q.empty_receives > 0 {
+                q.empty_receives -= 1;
+                return Ok(Vec::new());
+            }
             let taken: Vec<_> = (0..max.min(q.visible.len()))
                 .filter_map(|_| q.visible.pop_front())
                 .collect();

@@ -48,6 +48,21 @@ pub enum Placed {
     Unstored,
 }
 
+impl Placed {
+    /// Where an answer goes when the bucket would not take it: the item, if it `fits`; else the
+    /// provider's keeping, if a later owner can `fetch` it again by the attempt's reference;
+    /// else nowhere.
+    pub fn unstorable(fits: bool, fetch: bool) -> Placed {
+        if fits {
+            Placed::Inline
+        } else if fetch {
+            Placed::KeptByProvider
+        } else {
+            Placed::Unstored
+        }
+    }
+}
+
 /// What the machine knows of the owner's situation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct EndFacts {

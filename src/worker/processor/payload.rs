@@ -195,15 +195,18 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
             tracing::info!(job_id = %claimed.job_id, "the answer's object was stored after all");
             return Placed::Stored(reference(bucket, &key, &bytes));
         }
-        if fits {
-            tracing::warn!(job_id = %claimed.job_id, "the results bucket failed; the answer is kept in the item");
-            return Placed::Inline;
+        let fetch = !fits && self.provider.can_retrieve() && self.attempt_reference(claimed).await;
+        let placed = Placed::unstorable(fits, fetch);
+        match placed {
+            Placed::Inline => {
+                tracing::warn!(job_id = %claimed.job_id, "the results bucket failed; the answer is kept in the item")
+            }
+            Placed::KeptByProvider => {
+                tracing::warn!(job_id = %claimed.job_id, "the results bucket failed; the answer is left with the provider, to be fetched again")
+            }
+            _ => {}
         }
-        if self.provider.can_retrieve() && self.attempt_reference(claimed).await {
-            tracing::warn!(job_id = %claimed.job_id, "the results bucket failed; the answer is left with the provider, to be fetched again");
-            return Placed::KeptByProvider;
-        }
-        Placed::Unstored
+        placed
     }
 
     /// Whether the owner's attempt has a provider reference recorded in the item (at its claim,
