@@ -183,6 +183,7 @@ pub fn reconciler_from_lookup(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::job::InvalidMessage;
     use crate::provider::bedrock::BedrockSettings;
     use crate::provider::openai::OpenAiApi;
     use crate::provider::{KeySource, Secret};
@@ -243,6 +244,62 @@ mod tests {
         // Unset, the bucket is taken to keep its objects: nothing to check.
         let unset = config(&[("JOBS_TABLE", "t")]).expect("valid");
         assert_eq!(unset.settings.stored_room_ms(), None);
+    }
+
+    #[test]
+    fn the_redrive_count_must_carry_the_default_deadline() {
+        // A 1-day default deadline: nine receives carry it (three waits of about 12 hours past
+        // the first half and its reserve), eight do not.
+        let ok = config(&[("JOBS_TABLE", "t"), ("MAX_RECEIVE_COUNT", "9")]).expect("valid");
+        assert_eq!(
+            ok.settings
+                .visibility
+                .reach_ms(ok.settings.batching_window_ms),
+            Some(3 * 43_080_000)
+        );
+        let err = config(&[("JOBS_TABLE", "t"), ("MAX_RECEIVE_COUNT", "8")]).expect_err("too few");
+        assert!(matches!(
+            err,
+            ConfigError::Invalid {
+                name: "MAX_RECEIVE_COUNT",
+                ..
+            }
+        ));
+        // A shorter default deadline is carried by fewer; 0 sets no redrive count at all.
+        config(&[
+            ("JOBS_TABLE", "t"),
+            ("MAX_RECEIVE_COUNT", "8"),
+            ("DEFAULT_DEADLINE_SECONDS", "3600"),
+        ])
+        .expect("valid");
+        let none = config(&[("JOBS_TABLE", "t"), ("MAX_RECEIVE_COUNT", "0")]).expect("valid");
+        assert_eq!(none.settings.visibility.reach_ms(0), None);
+    }
+
+    #[test]
+    fn a_first_sight_deadline_is_refused_past_the_bucket_and_past_the_redrive_count() {
+        let day = 86_400_000;
+        let c = config(&[
+            ("JOBS_TABLE", "t"),
+            ("RESULTS_RETENTION_DAYS", "40"),
+            ("MAX_RECEIVE_COUNT", "20"),
+        ])
+        .expect("valid");
+        let s = &c.settings;
+        // 20 receives: 10 past the first half, 2 kept back, 8 waits of about 12 hours.
+        let reach = s.visibility.reach_ms(0).expect("a reach");
+        assert_eq!(reach, 8 * 43_080_000);
+        assert_eq!(s.deadline_refused(reach, 0, true), None);
+        let rule = |r: Option<InvalidMessage>| match r {
+            Some(InvalidMessage::Invalid { rule, .. }) => rule,
+            other => panic!("{other:?}"),
+        };
+        assert!(rule(s.deadline_refused(reach + 1, 0, true)).contains("MAX_RECEIVE_COUNT"));
+        // The bucket keeps 40 days less the item's 30: past 10 days, when answers are stored.
+        assert!(rule(s.deadline_refused(11 * day, 0, true)).contains("RESULTS_RETENTION_DAYS"));
+        assert!(rule(s.deadline_refused(11 * day, 0, false)).contains("MAX_RECEIVE_COUNT"));
+        // Measured from now.
+        assert_eq!(s.deadline_refused(day + reach, day, true), None);
     }
 
     #[test]

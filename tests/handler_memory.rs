@@ -2258,6 +2258,53 @@ async fn a_deadline_beyond_what_the_results_bucket_keeps_is_refused_at_first_sig
     assert_ne!(report.records[0].outcome.label(), "poison");
 }
 
+/// A job whose deadline is further away than the redrive count's receives carry it
+/// (`MAX_RECEIVE_COUNT`) is refused at its first sight, with its reason: SQS could dead-letter
+/// its message while it lives. One within reach runs.
+#[tokio::test]
+async fn a_deadline_beyond_what_the_redrive_count_carries_is_refused_at_first_sight() {
+    use fenced_jobs::job::message::format_rfc3339_ms;
+    let ledger = Arc::new(InMemoryLedger::new());
+    // GIVEN a queue that dead-letters at 20 receives: 8 waits of about 12 hours, 4 days
+    let mut settings = Settings::default();
+    settings.visibility.max_receive_count = 20;
+    let h = BatchHandler::new(
+        Processor::new(
+            ledger.clone(),
+            SimulatedProvider::new(),
+            SystemClock,
+            settings,
+        ),
+        RecordingVisibility::new(),
+    )
+    .with_seed(1);
+    let hour = 3_600_000;
+    let due = |id: &str, hours: i64| {
+        let at = format_rfc3339_ms(SystemClock.now_ms() + hours * hour);
+        format!(
+            r#"{{"job_id":"{id}","contract":"c","deadline_at":"{at}","input":{{"model":"m","prompt":"p"}}}}"#
+        )
+    };
+    // WHEN jobs due in 100 and in 90 hours arrive
+    let report = h
+        .handle_batch(
+            &event(vec![
+                record(Some("far"), &due("far", 100)),
+                record(Some("near"), &due("near", 90)),
+            ]),
+            &invocation(),
+        )
+        .await;
+    // THEN the first is poison, named by its rule, and never reaches the ledger; the second runs
+    let labels: Vec<&str> = report.records.iter().map(|r| r.outcome.label()).collect();
+    assert_eq!(labels, ["poison", "succeeded"]);
+    let RecordOutcome::Failed(Failure::Poison(reason)) = &report.records[0].outcome else {
+        panic!("{:?}", report.records[0].outcome);
+    };
+    assert!(reason.to_string().contains("MAX_RECEIVE_COUNT"), "{reason}");
+    assert!(ledger.get("far").await.expect("get").is_none());
+}
+
 /// Queue calls that stall (the visibility call hangs for seconds) never hold up the lease
 /// renewals: the heartbeat renews leases on its own schedule.
 #[tokio::test]

@@ -6,7 +6,12 @@
 #[path = "../examples/model/protocol.rs"]
 mod protocol;
 
+#[allow(dead_code)]
+#[path = "../examples/model/queue.rs"]
+mod queue;
+
 use protocol::{Bounds, Mutation, Verdict, check};
+use queue::{QueueBounds, QueueMutation};
 
 fn threads() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
@@ -69,6 +74,52 @@ fn each_property_is_broken_by_its_mutation_with_a_printed_counterexample() {
             report.violated()
         );
         let timeline = report.counterexample.expect("a counterexample");
+        assert!(
+            timeline.contains(&format!("VIOLATED: {expected}")),
+            "{mutation:?}: the timeline ends elsewhere:\n{timeline}"
+        );
+    }
+}
+
+#[test]
+fn a_live_jobs_message_is_never_dead_lettered_and_no_visibility_passes_its_receive() {
+    let bounds = QueueBounds::test();
+    let report = queue::check(&bounds, threads(), false);
+    println!(
+        "{}: {} distinct states, depth {}, {:.1} s",
+        bounds.describe(),
+        report.unique,
+        report.depth,
+        report.seconds
+    );
+    if let Some(timeline) = &report.counterexample {
+        println!("{timeline}");
+    }
+    for (name, verdict) in &report.verdicts {
+        assert!(
+            matches!(verdict, Verdict::Holds | Verdict::Reached),
+            "{name}: {verdict:?}"
+        );
+    }
+    // Past the first half of its receives, the message waits: the path is as long as the count.
+    assert_eq!(report.depth as u32, bounds.max_receive_count + 2);
+    assert!(report.unique > 1_000, "{} states", report.unique);
+}
+
+#[test]
+fn each_rule_of_the_queue_is_broken_by_its_mutation_with_a_printed_counterexample() {
+    for mutation in QueueMutation::ALL {
+        let expected = mutation.breaks();
+        let report = queue::check(&mutation.bounds(), threads(), true);
+        println!("{mutation:?}: breaks {:?}", report.violated());
+        let timeline = report.counterexample.clone().expect("a counterexample");
+        println!("{timeline}");
+        assert!(
+            report.violated().contains(&expected),
+            "{mutation:?} ({}) should break \"{expected}\", broke {:?}",
+            mutation.describe(),
+            report.violated()
+        );
         assert!(
             timeline.contains(&format!("VIOLATED: {expected}")),
             "{mutation:?}: the timeline ends elsewhere:\n{timeline}"

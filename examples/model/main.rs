@@ -2,13 +2,16 @@
 //! shows that each property bites: each mutation of the protocol must produce a counterexample,
 //! printed as a timeline.
 //!
-//! `cargo run --release --example model -- [--small | --test | --background | --resend] [--threads N] [--no-mutations]
+//! `cargo run --release --example model -- [--small | --test | --background | --resend] [--queue] [--threads N] [--no-mutations]
 //! [--workers N] [--deliveries N] [--deadline N] [--budget N] [--lease N] [--faults N]
-//! [--upstreams blind,keyed,background] [--never-replay] [--mutation NAME]`
+//! [--upstreams blind,keyed,background] [--never-replay] [--mutation NAME]`; with `--queue`, the
+//! message on its queue alone: `[--test] [--max-receives N] [--slow N] [--crashes N]`
 
 mod protocol;
+mod queue;
 
 use protocol::{Bounds, Mutation, Report, Upstream, Verdict, check};
+use queue::{QueueBounds, QueueMutation};
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
@@ -76,13 +79,47 @@ fn main() {
         .and_then(|i| args.get(i + 1));
     if let Some(name) = only {
         // One mutation alone, in its own bound.
+        if let Some(mutation) = QueueMutation::ALL
+            .into_iter()
+            .find(|m| *name == format!("{m:?}"))
+        {
+            std::process::exit(i32::from(!queue_bites(mutation, threads)));
+        }
         let Some(mutation) = Mutation::ALL
             .into_iter()
             .find(|m| *name == format!("{m:?}"))
         else {
-            panic!("no mutation {name:?}: one of {:?}", Mutation::ALL);
+            panic!(
+                "no mutation {name:?}: one of {:?} or {:?}",
+                Mutation::ALL,
+                QueueMutation::ALL
+            );
         };
         std::process::exit(i32::from(!bites(mutation, threads)));
+    }
+    if flag("--queue") {
+        // The message on its queue alone: its bound, then its mutations.
+        let mut bounds = if flag("--test") {
+            QueueBounds::test()
+        } else {
+            QueueBounds::full()
+        };
+        if let Some(n) = number("--max-receives") {
+            bounds.max_receive_count = n as u32;
+        }
+        if let Some(n) = number("--slow") {
+            bounds.slow = n as u8;
+        }
+        if let Some(n) = number("--crashes") {
+            bounds.crashes = n as u8;
+        }
+        let mut failed = !check_queue(&bounds, threads);
+        if !flag("--no-mutations") {
+            for mutation in QueueMutation::ALL {
+                failed |= !queue_bites(mutation, threads);
+            }
+        }
+        std::process::exit(i32::from(failed));
     }
     println!("{}", bounds.describe());
     let report = check(&bounds, threads, false);
@@ -115,10 +152,19 @@ fn main() {
         println!("  never reached: {unreached:?}");
         failed = true;
     }
+    if full {
+        println!();
+        failed |= !check_queue(&QueueBounds::full(), threads);
+    }
     if !flag("--no-mutations") {
         println!("\nEach property bites: one mutation of the protocol each, on the test bound");
         for mutation in Mutation::ALL {
             failed |= !bites(mutation, threads);
+        }
+        if full {
+            for mutation in QueueMutation::ALL {
+                failed |= !queue_bites(mutation, threads);
+            }
         }
     }
     if failed {
@@ -143,6 +189,40 @@ fn bites(mutation: Mutation, threads: usize) -> bool {
     {
         println!("  EXPECTED to break: {expected}");
         bites = false;
+    }
+    if let Some(timeline) = &report.counterexample {
+        print!("{timeline}");
+    }
+    bites
+}
+
+/// Checks the message on its queue under `bounds` and prints the report; whether every property
+/// held and every example was reached.
+fn check_queue(bounds: &QueueBounds, threads: usize) -> bool {
+    println!("{}", bounds.describe());
+    let report = queue::check(bounds, threads, false);
+    print_report(&report);
+    report
+        .verdicts
+        .iter()
+        .all(|(_, v)| matches!(v, Verdict::Holds | Verdict::Reached))
+}
+
+/// Checks a mutation of the queue's rules in its own bound and prints what it breaks; whether it
+/// breaks the property it is there for.
+fn queue_bites(mutation: QueueMutation, threads: usize) -> bool {
+    let report = queue::check(&mutation.bounds(), threads, true);
+    println!(
+        "\n{mutation:?} ({}): {} states, {:.1} s; breaks {:?}",
+        mutation.describe(),
+        report.unique,
+        report.seconds,
+        report.violated()
+    );
+    let expected = mutation.breaks();
+    let bites = report.violated().contains(&expected);
+    if !bites {
+        println!("  EXPECTED to break: {expected}");
     }
     if let Some(timeline) = &report.counterexample {
         print!("{timeline}");

@@ -2510,9 +2510,23 @@ pub fn check(bounds: &Bounds, threads: usize, first_failure: bool) -> Report {
     }
 }
 
-fn conclude(
-    model: &Protocol,
-    checker: &impl stateright::Checker<Protocol>,
+/// A model whose paths can be printed as a timeline.
+pub trait Timeline: Model<State: Clone + PartialEq, Action: Clone + PartialEq> {
+    /// The path as a timeline, one line per event.
+    fn timeline(&self, path: &[(Self::State, Option<Self::Action>)]) -> String;
+}
+
+impl Timeline for Protocol {
+    fn timeline(&self, path: &[(State, Option<Action>)]) -> String {
+        Protocol::timeline(self, path)
+    }
+}
+
+/// What a check of `model` found, from its `checker`, started at `started`; the counterexample
+/// shown is the `meant` property's, if it was broken.
+pub fn conclude<M: Timeline>(
+    model: &M,
+    checker: &impl stateright::Checker<M>,
     started: std::time::Instant,
     meant: Option<&str>,
 ) -> Report {

@@ -24,6 +24,12 @@ pub fn receive_floor(
     first.map_or(floor, |f| floor.max(f.min(entered_ms)))
 }
 
+/// The latest instant a receive dated `received_ms` (by [`receive_floor`]) may be kept
+/// invisible to: 12 hours from it, less the margin.
+pub fn receive_cap(received_ms: Millis) -> Millis {
+    received_ms.saturating_add((SQS_MAX_VISIBILITY_S - SQS_CAP_MARGIN_S) * 1000)
+}
+
 /// What happened to one record.
 #[derive(Debug, Clone, PartialEq)]
 pub enum RecordOutcome {
@@ -189,7 +195,51 @@ pub struct Delivery {
     pub deadline_left_s: Option<i64>,
 }
 
+impl Delivery {
+    /// What is known at `now` of a delivery: its `ApproximateReceiveCount`, its receive dated by
+    /// [`receive_floor`], when it becomes visible as it stands, and its job's deadline. The time
+    /// to the deadline is rounded up, so that a wait spread over it never ends before it.
+    pub fn at(
+        now: Millis,
+        receive_count: u32,
+        received_ms: Millis,
+        visible_until: Millis,
+        deadline_at: Option<Millis>,
+    ) -> Delivery {
+        Delivery {
+            receive_count,
+            since_receive_s: now.saturating_sub(received_ms).max(0) / 1000,
+            invisible_for_s: visible_until.saturating_sub(now).max(0) / 1000,
+            deadline_left_s: deadline_at.map(|d| ceil_seconds(d.saturating_sub(now))),
+        }
+    }
+}
+
 impl VisibilityPolicy {
+    /// The longest time from a job's first receive to its deadline that `max_receive_count`
+    /// receives carry (`None`: no redrive count, no limit). Past the first half of the
+    /// receives, each wait is at least the time left spread over the receives left, or one
+    /// receive's 12 hours (less the margins and the batching window, by which the receive is
+    /// dated early); a deadline within that many 12 hours, less the reserve, is reached before
+    /// the redrive count even if the reserve's receives come back at once. A job whose
+    /// deadline is further away could be dead-lettered alive.
+    pub fn reach_ms(&self, batching_window_ms: Millis) -> Option<Millis> {
+        let max = self.max_receive_count;
+        if max == 0 {
+            return None;
+        }
+        let spread = max - max / 2;
+        let waits = spread - self.reserve().min(spread);
+        let per_receive_ms =
+            (SQS_MAX_VISIBILITY_S - 2 * SQS_CAP_MARGIN_S) * 1000 - batching_window_ms.max(0);
+        Some(i64::from(waits) * per_receive_ms.max(0))
+    }
+
+    /// The receives kept back for a job's last steps: a tenth, at least two.
+    fn reserve(&self) -> u32 {
+        (self.max_receive_count / 10).max(2)
+    }
+
     /// Full-jitter exponential backoff: uniform in `0..=min(cap, base * 2^(count-1))` seconds.
     pub fn backoff_s(&self, receive_count: u32, rng: &mut fastrand::Rng) -> i64 {
         let exponent = receive_count.saturating_sub(1).min(30);
@@ -213,7 +263,7 @@ impl VisibilityPolicy {
         if max == 0 || delivery.receive_count <= max / 2 {
             return 0;
         }
-        let reserve = (max / 10).max(2);
+        let reserve = self.reserve();
         let receives = max
             .saturating_sub(delivery.receive_count)
             .saturating_sub(reserve)
@@ -384,6 +434,43 @@ mod tests {
             ..late
         };
         assert_eq!(policy.visibility_s(&long, kept, &mut rng), None);
+    }
+
+    #[test]
+    fn the_redrive_count_carries_twelve_hours_a_wait_past_its_first_half_and_reserve() {
+        let hours = |p: VisibilityPolicy, window_ms| {
+            p.reach_ms(window_ms).map(|ms| ms as f64 / 3_600_000.0)
+        };
+        let count = |max_receive_count| VisibilityPolicy {
+            max_receive_count,
+            ..VisibilityPolicy::default()
+        };
+        // 300: 150 past the first half, 30 kept back; 120 waits of 12 hours less two margins.
+        assert_eq!(count(300).reach_ms(0), Some(120 * 43_080_000));
+        // The batching window dates the receive earlier, and so shortens each wait.
+        assert_eq!(count(300).reach_ms(300_000), Some(120 * 42_780_000));
+        // 5: 3 past the first half, 2 kept back: one wait.
+        assert!(hours(count(5), 0).is_some_and(|h| (11.9..12.0).contains(&h)));
+        // Too few to spread anything: a job can be dead-lettered alive at any deadline.
+        assert_eq!(count(1).reach_ms(0), Some(0));
+        assert_eq!(count(0).reach_ms(0), None);
+    }
+
+    #[test]
+    fn the_time_to_the_deadline_is_rounded_up_so_a_spread_wait_never_ends_before_it() {
+        let d = Delivery::at(10_000, 3, 4_000, 12_500, Some(10_000 + 7_200_001));
+        assert_eq!(
+            (d.receive_count, d.since_receive_s, d.invisible_for_s),
+            (3, 6, 2)
+        );
+        assert_eq!(d.deadline_left_s, Some(7_201));
+        // Past it, nothing is left; and whatever the times hold, nothing overflows.
+        assert_eq!(
+            Delivery::at(10_000, 1, 0, 0, Some(0)).deadline_left_s,
+            Some(0)
+        );
+        let wild = Delivery::at(i64::MIN, 1, i64::MAX, i64::MIN, Some(i64::MAX));
+        assert_eq!((wild.since_receive_s, wild.invisible_for_s), (0, 0));
     }
 
     #[test]

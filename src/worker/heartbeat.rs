@@ -16,7 +16,7 @@ use tokio_util::sync::CancellationToken;
 use super::processor::AttemptWatch;
 use super::settings::Settings;
 use crate::clock::Clock;
-use crate::job::outcome::{SQS_CAP_MARGIN_S, SQS_MAX_VISIBILITY_S};
+use crate::job::outcome::receive_cap;
 use crate::job::{JobState, Millis};
 use crate::ledger::{JobLedger, RenewRequest, Write};
 use crate::queue::{ChangeResult, VisibilityChange, VisibilityControl};
@@ -170,9 +170,7 @@ impl Flights {
             .into_iter()
             .map(|d| {
                 // Saturating: the times come from the event, whatever it holds. Both err early.
-                let visibility_cap = d
-                    .received_at
-                    .saturating_add((SQS_MAX_VISIBILITY_S - SQS_CAP_MARGIN_S) * 1000);
+                let visibility_cap = receive_cap(d.received_at);
                 let visible_until = d.received_at.saturating_add(queue_visibility_s * 1000);
                 Flight {
                     delivery: d.queue_arn.zip(d.receipt_handle),
@@ -513,18 +511,18 @@ impl<L: JobLedger, V: VisibilityControl, C: Clock> Heartbeat<'_, L, V, C> {
     /// final visibility is set when the batch ends), and never when it would not reach past what
     /// the record already has.
     fn extension_s(&self, f: &Flight, now: Millis) -> Option<i32> {
-        let mut until = now + self.settings.queue_visibility_s * 1000;
-        until = until.min(f.visibility_cap);
-        match &f.stage {
+        let deadline_at = match &f.stage {
             Stage::Done => return None,
-            Stage::Running(lease) => until = until.min(lease.deadline_at),
-            Stage::Pending | Stage::Acknowledging => {}
-        }
-        if until <= f.visible_until {
-            return None;
-        }
-        let seconds = (until - now) / 1000;
-        (seconds >= 1).then_some(seconds.min(i64::from(i32::MAX)) as i32)
+            Stage::Running(lease) => Some(lease.deadline_at),
+            Stage::Pending | Stage::Acknowledging => None,
+        };
+        extension_s(
+            now,
+            self.settings.queue_visibility_s,
+            f.visibility_cap,
+            f.visible_until,
+            deadline_at,
+        )
     }
 
     async fn renew_leases(&self) {
@@ -643,6 +641,28 @@ pub struct RenewalTicks {
     pub first_pause_ms: Millis,
 }
 
+/// The seconds a heartbeat asks for a record at `now`: its visibility extended to the queue's
+/// visibility timeout from now, but never past `cap` (12 hours from its receive, less the
+/// margin: [`receive_cap`]) nor the `deadline_at` of the job whose call it carries, and only
+/// when that reaches past `visible_until`, what the record already has. `None`: no change.
+pub fn extension_s(
+    now: Millis,
+    queue_visibility_s: i64,
+    cap: Millis,
+    visible_until: Millis,
+    deadline_at: Option<Millis>,
+) -> Option<i32> {
+    let until = now
+        .saturating_add(queue_visibility_s.saturating_mul(1000))
+        .min(cap)
+        .min(deadline_at.unwrap_or(Millis::MAX));
+    if until <= visible_until {
+        return None;
+    }
+    let seconds = (until - now) / 1000;
+    (seconds >= 1).then_some(seconds.min(i64::from(i32::MAX)) as i32)
+}
+
 /// What one answer to a running call's lease renewal means.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Renewed {
@@ -738,6 +758,24 @@ mod tests {
                 until: NOW + 60_000
             }
         );
+    }
+
+    #[test]
+    fn an_extension_reaches_the_queue_timeout_but_never_the_cap_the_deadline_or_backwards() {
+        // The queue's timeout from now, when the record has less.
+        assert_eq!(
+            extension_s(NOW, 30, NOW + 60_000, NOW + 10_000, None),
+            Some(30)
+        );
+        // Never past 12 hours from the receive, nor the deadline of the call it carries.
+        assert_eq!(extension_s(NOW, 30, NOW + 12_000, NOW, None), Some(12));
+        assert_eq!(
+            extension_s(NOW, 30, NOW + 60_000, NOW, Some(NOW + 5_500)),
+            Some(5)
+        );
+        // Nothing when that would not reach past what the record has, or not a whole second.
+        assert_eq!(extension_s(NOW, 30, NOW + 60_000, NOW + 30_000, None), None);
+        assert_eq!(extension_s(NOW, 30, NOW + 900, NOW, None), None);
     }
 
     #[test]

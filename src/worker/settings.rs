@@ -2,7 +2,7 @@
 //! failed records, each read from its variable (see the README's configuration table).
 
 use super::pacing::PacingSettings;
-use crate::job::{JobDefaults, Millis, VisibilityPolicy};
+use crate::job::{InvalidMessage, JobDefaults, Millis, VisibilityPolicy};
 use crate::ledger::schedule::Limits;
 use crate::vars::{ConfigError, Vars};
 
@@ -127,6 +127,32 @@ impl Settings {
         })
     }
 
+    /// Why a job first seen at `now` is refused for its `deadline_at`, if it is: further away
+    /// than the results bucket keeps what is stored for it (`RESULTS_RETENTION_DAYS` less
+    /// `RETENTION_DAYS`, when the worker `stores` answers there: its input or answer would be
+    /// deleted while its item references them), or than `MAX_RECEIVE_COUNT` receives carry
+    /// ([`VisibilityPolicy::reach_ms`]: the redrive policy could dead-letter its message while
+    /// it lives).
+    pub fn deadline_refused(
+        &self,
+        deadline_at: Millis,
+        now: Millis,
+        stores: bool,
+    ) -> Option<InvalidMessage> {
+        let away = deadline_at.saturating_sub(now);
+        if stores && away > self.stored_room_ms().unwrap_or(Millis::MAX) {
+            return Some(InvalidMessage::Invalid {
+                field: "deadline_at",
+                rule: "further away than the results bucket keeps a stored answer (RESULTS_RETENTION_DAYS less RETENTION_DAYS)",
+            });
+        }
+        let reach = self.visibility.reach_ms(self.batching_window_ms);
+        (away > reach.unwrap_or(Millis::MAX)).then_some(InvalidMessage::Invalid {
+            field: "deadline_at",
+            rule: "further away than MAX_RECEIVE_COUNT receives carry a job before the redrive policy dead-letters it",
+        })
+    }
+
     /// Reads the settings, each from its variable, the default where it is unset, and checks
     /// the relations between them.
     // Why this function is long: one setting per variable, each read, defaulted and bounded in
@@ -247,6 +273,18 @@ impl Settings {
                 reason: format!(
                     "must cover the default deadline (DEFAULT_DEADLINE_SECONDS) and the item's {} days after it (RETENTION_DAYS): a stored answer would be deleted while its item references it",
                     self.job_defaults.retention_days
+                ),
+            });
+        }
+        if let Some(reach) = self.visibility.reach_ms(self.batching_window_ms)
+            && self.job_defaults.deadline_ms > reach
+        {
+            return Err(ConfigError::Invalid {
+                name: "MAX_RECEIVE_COUNT",
+                reason: format!(
+                    "must carry the default deadline (DEFAULT_DEADLINE_SECONDS): {} receives keep a job from the redrive policy for {} s",
+                    self.visibility.max_receive_count,
+                    reach / 1000
                 ),
             });
         }

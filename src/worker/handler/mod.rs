@@ -473,13 +473,15 @@ impl Prepared<'_> {
             _ => None,
         };
         let deadline_at = job.map(|j| j.deadline_at).or(message_deadline);
-        let delivery = Delivery {
-            receive_count: attribute(entry.record, "ApproximateReceiveCount")
-                .map_or(1, |n| n.clamp(1, i64::from(u32::MAX)) as u32),
-            since_receive_s: now.saturating_sub(self.received_at[index]).max(0) / 1000,
-            invisible_for_s: visible_until.saturating_sub(now).max(0) / 1000,
-            deadline_left_s: deadline_at.map(|d| d.saturating_sub(now) / 1000),
-        };
+        let receive_count = attribute(entry.record, "ApproximateReceiveCount")
+            .map_or(1, |n| n.clamp(1, i64::from(u32::MAX)) as u32);
+        let delivery = Delivery::at(
+            now,
+            receive_count,
+            self.received_at[index],
+            visible_until,
+            deadline_at,
+        );
         self.settings
             .visibility
             .visibility_s(failure, delivery, rng)

@@ -179,7 +179,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
     ) -> Processed {
         let job_id = match trigger {
             Trigger::Job(msg) => {
-                if let Some(invalid) = self.beyond_retention(msg) {
+                if let Some(invalid) = self.beyond_reach(msg) {
                     return failed(Failure::Poison(invalid), None);
                 }
                 return match self.offload_input(msg).await {
@@ -204,19 +204,17 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         }
     }
 
-    /// A job seen for the first time whose deadline is further away than the results bucket
-    /// keeps what is stored for it (`RESULTS_RETENTION_DAYS` less `RETENTION_DAYS`): its input
-    /// or its answer would be deleted while its item references them. Refused as poison before
-    /// anything is written; a job already in the ledger is never judged again.
-    fn beyond_retention(&self, msg: &JobMessage) -> Option<InvalidMessage> {
-        let stores = self.blobs().is_some_and(|b| b.bucket().is_some());
-        let room = self.settings.stored_room_ms().filter(|_| stores)?;
+    /// A job seen for the first time whose deadline is further away than the worker can see it
+    /// through ([`Settings::deadline_refused`]). Refused as poison before anything is written; a
+    /// job already in the ledger is never judged again.
+    fn beyond_reach(&self, msg: &JobMessage) -> Option<InvalidMessage> {
         let deadline_at = msg.deadline_at?;
-        let first_sight = !msg.delivered_before && !msg.in_ledger;
-        (first_sight && deadline_at - self.clock.now_ms() > room).then_some(InvalidMessage::Invalid {
-            field: "deadline_at",
-            rule: "further away than the results bucket keeps a stored answer (RESULTS_RETENTION_DAYS less RETENTION_DAYS)",
-        })
+        if msg.delivered_before || msg.in_ledger {
+            return None;
+        }
+        let stores = self.blobs().is_some_and(|b| b.bucket().is_some());
+        self.settings
+            .deadline_refused(deadline_at, self.clock.now_ms(), stores)
     }
 
     /// Processes a delivery from the item already read (`start`), if any: carries out the steps
