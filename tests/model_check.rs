@@ -19,12 +19,18 @@ fn threads() -> usize {
 
 #[test]
 fn every_property_holds_in_the_test_bound_and_every_example_is_reached() {
-    // The test bound comes in three parts: the providers that answer the submit, with ledger
-    // faults; the one that runs calls in the background, without; and a lease long enough for
-    // the pacer to send a refused call again.
+    // The test bound comes in four parts: the providers that answer the submit, with ledger
+    // faults; the one that runs calls in the background, without; the pacer's refusals and
+    // invocations that end before the job; and a lease long enough for the pacer to send a
+    // refused call again.
     let mut reached = std::collections::BTreeSet::new();
     let mut examples = std::collections::BTreeSet::new();
-    for bounds in [Bounds::test(), Bounds::background(), Bounds::resend()] {
+    for bounds in [
+        Bounds::test(),
+        Bounds::background(),
+        Bounds::world(),
+        Bounds::resend(),
+    ] {
         let report = check(&bounds, threads(), false);
         println!(
             "{}: {} distinct states, depth {}, {:.1} s",

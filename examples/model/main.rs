@@ -2,9 +2,10 @@
 //! shows that each property bites: each mutation of the protocol must produce a counterexample,
 //! printed as a timeline.
 //!
-//! `cargo run --release --example model -- [--small | --test | --background | --resend] [--queue] [--threads N] [--no-mutations]
+//! `cargo run --release --example model -- [--small | --test | --background | --resend | --world] [--queue] [--threads N] [--no-mutations]
 //! [--workers N] [--deliveries N] [--deadline N] [--budget N] [--lease N] [--faults N]
-//! [--upstreams blind,keyed,background] [--never-replay] [--mutation NAME]`; with `--queue`, the
+//! [--upstreams blind,keyed,background] [--never-replay] [--[no-]pacing] [--[no-]short]
+//! [--[no-]silent] [--[no-]followers] [--mutation NAME]`; with `--queue`, the
 //! message on its queue alone: `[--test] [--max-receives N] [--slow N] [--crashes N]`
 
 mod protocol;
@@ -34,6 +35,8 @@ fn main() {
         Bounds::background()
     } else if flag("--resend") {
         Bounds::resend()
+    } else if flag("--world") {
+        Bounds::world()
     } else {
         Bounds::full()
     };
@@ -69,6 +72,26 @@ fn main() {
     }
     if let Some(n) = number("--faults") {
         bounds.faults = n as u8;
+    }
+    for (name, on) in [("--pacing", true), ("--no-pacing", false)] {
+        if flag(name) {
+            bounds.pacing = on;
+        }
+    }
+    for (name, on) in [("--short", true), ("--no-short", false)] {
+        if flag(name) {
+            bounds.short_invocations = on;
+        }
+    }
+    for (name, on) in [("--silent", true), ("--no-silent", false)] {
+        if flag(name) {
+            bounds.silent_retrievals = on;
+        }
+    }
+    for (name, on) in [("--followers", true), ("--no-followers", false)] {
+        if flag(name) {
+            bounds.followers = on;
+        }
     }
     if flag("--never-replay") {
         bounds.replay = vec![fenced_jobs::worker::ReplayPolicy::Never];
@@ -132,7 +155,7 @@ fn main() {
         .map(|(name, _)| *name)
         .collect();
     // The model-check bound's lease leaves a re-send no room: its own bound reaches it.
-    let full = !["--small", "--test", "--background", "--resend"]
+    let full = !["--small", "--test", "--background", "--resend", "--world"]
         .iter()
         .any(|f| flag(f));
     if full {

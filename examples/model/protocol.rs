@@ -19,12 +19,12 @@ use fenced_jobs::job::{
     AttemptOutcome, BlobRef, Failure, JobRecord, JobState, Millis, NewJob, RecordOutcome,
 };
 use fenced_jobs::ledger::transitions::{
-    apply_claim, apply_decide, apply_finish, apply_record_ref, apply_recover, apply_renew,
-    apply_settle,
+    apply_claim, apply_create, apply_decide, apply_finish, apply_record_ref, apply_recover,
+    apply_renew, apply_settle,
 };
 use fenced_jobs::ledger::{
-    AttemptEnd, ClaimRequest, DecideRequest, FinishRequest, OperatorAction, RecordRefRequest,
-    RecoverRequest, RenewRequest, SettleFrom, SettleRequest, Write,
+    AttemptEnd, ClaimRequest, CreateRequest, DecideRequest, FinishRequest, OperatorAction,
+    RecordRefRequest, RecoverRequest, RenewRequest, SettleFrom, SettleRequest, Write,
 };
 use fenced_jobs::provider::openai::classify_status;
 use fenced_jobs::provider::{Answer, ProviderError, Retrieval};
@@ -68,6 +68,13 @@ pub struct Bounds {
     pub faults: u8,
     /// A later record of the job may follow a delivery in its batch.
     pub followers: bool,
+    /// The pacer may have no capacity for a claim's call (otherwise it grants it at once).
+    pub pacing: bool,
+    /// An invocation may end a tick after its call leaves, cutting the call or its polling
+    /// short (otherwise every invocation outlasts the job).
+    pub short_invocations: bool,
+    /// A retrieval may say nothing yet (a 401/403, an unreachable provider).
+    pub silent_retrievals: bool,
     /// The rule changed, if any.
     pub mutation: Option<Mutation>,
 }
@@ -88,6 +95,9 @@ impl Bounds {
             replay: vec![ReplayPolicy::Never, ReplayPolicy::Replay],
             faults: 1,
             followers: true,
+            pacing: true,
+            short_invocations: true,
+            silent_retrievals: true,
             mutation: None,
         }
     }
@@ -101,18 +111,34 @@ impl Bounds {
             deadline: 4,
             upstreams: vec![Upstream::Blind, Upstream::Keyed],
             followers: false,
+            pacing: false,
+            short_invocations: false,
+            silent_retrievals: false,
             ..Bounds::small()
         }
     }
 
-    /// The test bound's other half, which `make test` also checks: the provider that runs calls
-    /// in the background, without ledger faults, and a later record of the job in a batch
-    /// (the model-check bound has all of them together).
+    /// The test bound's second part, which `make test` also checks: the provider that runs
+    /// calls in the background, without ledger faults, and a later record of the job in a
+    /// batch (the model-check bound has all of them together).
     pub fn background() -> Bounds {
         Bounds {
             upstreams: vec![Upstream::Background],
             faults: 0,
             followers: true,
+            ..Bounds::test()
+        }
+    }
+
+    /// The test bound's third part, which `make test` also checks: the pacer's refusals and
+    /// invocations that end before the job, with a provider asked by the client's key and no
+    /// ledger faults (retrievals that say nothing yet are the model-check bound's).
+    pub fn world() -> Bounds {
+        Bounds {
+            upstreams: vec![Upstream::Keyed],
+            faults: 0,
+            pacing: true,
+            short_invocations: true,
             ..Bounds::test()
         }
     }
@@ -140,7 +166,7 @@ impl Bounds {
     /// The bounds in one line.
     pub fn describe(&self) -> String {
         format!(
-            "{} workers, {} deliveries, deadline {} ticks, lease {}, skew {}, budget {}, epochs up to {}, {} tries to end an attempt, {} fault(s) per path, providers {:?}{}",
+            "{} workers, {} deliveries, deadline {} ticks, lease {}, skew {}, budget {}, epochs up to {}, {} tries to end an attempt, {} fault(s) per path, providers {:?}{}{}{}{}",
             self.workers,
             self.deliveries,
             self.deadline,
@@ -153,6 +179,21 @@ impl Bounds {
             self.upstreams,
             if self.followers {
                 ", later records of a batch"
+            } else {
+                ""
+            },
+            if self.pacing {
+                ", the pacer's refusals"
+            } else {
+                ""
+            },
+            if self.short_invocations {
+                ", invocations that end before the job"
+            } else {
+                ""
+            },
+            if self.silent_retrievals {
+                ", retrievals that say nothing yet"
             } else {
                 ""
             }
@@ -395,6 +436,11 @@ pub struct Call {
 pub enum Pc {
     /// No delivery.
     Idle,
+    /// Waiting for the pacer's capacity for the call its claim would start.
+    Admit {
+        /// The delivery's admission, as the processor runs it.
+        machine: Box<Admission>,
+    },
     /// About to make the write its admission asks for (`machine.op()`).
     Write {
         /// The delivery's admission, as the processor runs it.
@@ -426,6 +472,8 @@ pub enum Pc {
     Recovered {
         /// The item as the recovery claim left it.
         fenced: Box<JobRecord>,
+        /// The listing of the results bucket failed: what the lapsed owner stored is not seen.
+        unlisted: bool,
     },
     /// Ending the attempt with the owner's writes, as its [`Ending`] asks.
     Ending {
@@ -549,6 +597,9 @@ pub enum Word {
     /// No word before the job's deadline, which bounds the call: it is cut off, and may have
     /// run.
     PastDeadline,
+    /// No word before the invocation's end (less its margin), which bounds the call: it is cut
+    /// off, and may have run.
+    CutOff,
     /// Accepted to run in the background under the reference the provider assigns.
     Started,
 }
@@ -564,6 +615,23 @@ pub enum Retrieved {
     Running,
     /// The provider does not know it.
     NotFound,
+    /// The provider refused to say (401/403): nothing is known yet.
+    Denied,
+    /// The provider could not be reached, or the retrieval stalled: nothing is known yet.
+    Unreachable,
+}
+
+impl Retrieved {
+    /// What a retrieval may find (the last two only where the bound lets retrievals say
+    /// nothing).
+    const ALL: [Retrieved; 6] = [
+        Retrieved::Completed,
+        Retrieved::Failed,
+        Retrieved::Running,
+        Retrieved::NotFound,
+        Retrieved::Denied,
+        Retrieved::Unreachable,
+    ];
 }
 
 /// One event.
@@ -586,6 +654,14 @@ pub enum Action {
         /// The worker.
         worker: usize,
     },
+    /// The pacer answers the worker's request for capacity: granted, or none within its
+    /// horizon (the record then waits in the queue, its item created on a first sight).
+    Admit {
+        /// The worker.
+        worker: usize,
+        /// Capacity granted.
+        granted: bool,
+    },
     /// The worker's next ledger request, with its fault.
     Step {
         /// The worker.
@@ -599,6 +675,9 @@ pub enum Action {
         worker: usize,
         /// Sent.
         sent: bool,
+        /// The invocation ends a tick after the call leaves (before the job's deadline, it
+        /// bounds the call and the polling); otherwise it outlasts the job.
+        short: bool,
     },
     /// The provider answers the worker's call.
     Answer {
@@ -636,6 +715,12 @@ pub enum Action {
         /// What the provider says.
         said: Retrieved,
     },
+    /// A recovering worker's listing of the results bucket fails: it does not see the answer
+    /// the lapsed owner stored, and asks the provider as if nothing were stored.
+    Unlisted {
+        /// The worker.
+        worker: usize,
+    },
     /// The worker's process dies; its message comes back.
     Crash {
         /// The worker.
@@ -669,6 +754,12 @@ impl Protocol {
         }
     }
 
+    /// What a retrieval may find in this bound.
+    fn retrievals(&self) -> &'static [Retrieved] {
+        let n = if self.bounds.silent_retrievals { 6 } else { 4 };
+        &Retrieved::ALL[..n]
+    }
+
     fn mutated(&self, m: Mutation) -> bool {
         self.bounds.mutation == Some(m)
     }
@@ -694,6 +785,7 @@ impl Protocol {
             next.faults += 1;
         }
         if let Action::Crash { .. }
+        | Action::Unlisted { .. }
         | Action::Place {
             put: Put::Failed | Put::Lost,
             ..
@@ -734,13 +826,40 @@ impl Protocol {
                 next.workers[worker].view = None;
                 true
             }
+            Action::Admit { worker, granted } => {
+                let Pc::Admit { mut machine } = next.workers[worker].pc.clone() else {
+                    return None;
+                };
+                let now = self.now(&next, worker);
+                let step = if granted {
+                    note.push_str("gets capacity for its call");
+                    machine.admitted(now)
+                } else {
+                    note.push_str("gets no capacity for its call in time");
+                    machine.no_capacity(1)
+                };
+                self.take(&mut next, worker, *machine, step, &mut note);
+                true
+            }
             Action::Step { worker, fault } => self.ledger_step(&mut next, worker, fault, &mut note),
-            Action::Send { worker, sent } => self.send(&mut next, worker, sent, &mut note),
+            Action::Send {
+                worker,
+                sent,
+                short,
+            } => self.send(&mut next, worker, sent, short, &mut note),
             Action::Answer { worker, word } => self.answer(&mut next, worker, word, &mut note),
             Action::Renew { worker, fault } => self.renew(&mut next, worker, fault, &mut note),
             Action::Resend { worker, resent } => self.resend(&mut next, worker, resent, &mut note),
             Action::Ask { worker, said } => self.ask(&mut next, worker, said, &mut note),
             Action::Place { worker, put } => self.place(&mut next, worker, put, &mut note),
+            Action::Unlisted { worker } => {
+                let Pc::Recovered { unlisted, .. } = &mut next.workers[worker].pc else {
+                    return None;
+                };
+                *unlisted = true;
+                note.push_str("lists the results bucket: the request fails");
+                true
+            }
             Action::Crash { worker } => {
                 next.workers[worker].pc = Pc::Idle;
                 note.push_str("crashes; its message will come back");
@@ -849,8 +968,8 @@ impl Protocol {
         self.take(next, worker, machine, step, note);
     }
 
-    /// Carries out the admission's `step`: the world grants capacity at once (pacing is not
-    /// modelled); a write waits for the worker's next ledger request.
+    /// Carries out the admission's `step`: the pacer's answer (unless the bound grants capacity
+    /// at once) and a write wait for the world's next choice.
     fn take(
         &self,
         next: &mut State,
@@ -861,6 +980,12 @@ impl Protocol {
     ) {
         loop {
             match step {
+                Step::Admit if self.bounds.pacing => {
+                    next.workers[worker].pc = Pc::Admit {
+                        machine: Box::new(machine),
+                    };
+                    return;
+                }
                 Step::Admit => step = machine.admitted(self.now(next, worker)),
                 Step::Write(_) => {
                     next.workers[worker].pc = Pc::Write {
@@ -1133,6 +1258,15 @@ impl Protocol {
                 };
                 self.write(next, |c| apply_settle(c, &req), fault, epoch)
             }
+            Op::Create => {
+                let req = CreateRequest {
+                    job: job.clone(),
+                    now,
+                    enqueued: true,
+                };
+                note.push_str("creates the item to wait in");
+                self.write(next, |c| apply_create(c, &req), fault, None)
+            }
             Op::Recover { state, epoch } => {
                 let lapsed_before = if self.mutated(Mutation::RecoveryIgnoresLease) {
                     Millis::MAX
@@ -1194,6 +1328,7 @@ impl Protocol {
             },
             Applied::Investigate { .. } => Pc::Recovered {
                 fenced: Box::new(record),
+                unlisted: false,
             },
             Applied::End(outcome) => {
                 self.report(next, worker, &outcome, note);
@@ -1202,14 +1337,23 @@ impl Protocol {
         };
     }
 
-    fn send(&self, next: &mut State, worker: usize, sent: bool, note: &mut String) -> bool {
+    fn send(
+        &self,
+        next: &mut State,
+        worker: usize,
+        sent: bool,
+        short: bool,
+        note: &mut String,
+    ) -> bool {
         let Pc::Claimed { claimed } = next.workers[worker].pc.clone() else {
             return false;
         };
         let now = self.now(next, worker);
-        // The world's choice: whether the invocation still has time for the call.
+        // The world's choice: whether the invocation still has time for the call, and when it
+        // ends.
         let facts = CallFacts {
             latest_call_start: if sent { Millis::MAX } else { Millis::MIN },
+            invocation_end: if short { now + 1 } else { Millis::MAX },
             ..self.call_facts(next)
         };
         let mut owner = (*claimed).clone();
@@ -1516,7 +1660,7 @@ impl Protocol {
                         reason: "HTTP 429 rate_limit_exceeded".to_owned(),
                     })
                 }
-                Word::PastDeadline => Said::TimedOut,
+                Word::PastDeadline | Word::CutOff => Said::TimedOut,
                 Word::Started => Said::Started(call_ref(claimed.attempts, claimed.owner_epoch)),
                 // A bare 429, as a retrying gateway answers after forwarding, through the provider
                 // client's own classification: it proves nothing about the work.
@@ -1771,7 +1915,7 @@ impl Protocol {
         {
             return self.poll(next, worker, *machine, said, note);
         }
-        let Pc::Recovered { fenced } = next.workers[worker].pc.clone() else {
+        let Pc::Recovered { fenced, unlisted } = next.workers[worker].pc.clone() else {
             return false;
         };
         let now = self.now(next, worker);
@@ -1781,7 +1925,7 @@ impl Protocol {
             invocation_end: now,
             ..self.call_facts(next)
         };
-        let stored = Self::stored_answer(next, &fenced);
+        let stored = Self::stored_answer(next, &fenced).filter(|_| !unlisted);
         let found_stored = stored.is_some();
         let (mut machine, step) =
             Calling::resume(facts, (*fenced).clone(), "recovered", stored, now);
@@ -1860,6 +2004,8 @@ impl Protocol {
             .rev()
             .find(|c| c.attempt == attempt && Some(c.epoch) == claimed_at);
         let possible = match call.as_ref().map(|c| c.truth) {
+            // Whatever became of the call, the provider may not say.
+            _ if matches!(said, Retrieved::Denied | Retrieved::Unreachable) => true,
             None | Some(Truth::Refused) => said == Retrieved::NotFound,
             Some(Truth::Ran) => said == Retrieved::Completed,
             Some(Truth::NotRun) => matches!(said, Retrieved::Failed | Retrieved::NotFound),
@@ -1886,6 +2032,10 @@ impl Protocol {
             }),
             Retrieved::Running => Retrieval::Running,
             Retrieved::NotFound => Retrieval::NotFound,
+            Retrieved::Denied => Retrieval::Denied,
+            Retrieved::Unreachable => Retrieval::Unreachable {
+                retry_after_ms: None,
+            },
         })
     }
 
@@ -1927,6 +2077,7 @@ impl Protocol {
                 Action::Decide(_) => "operator".to_owned(),
                 Action::Deliver { worker, .. }
                 | Action::Follow { worker }
+                | Action::Admit { worker, .. }
                 | Action::Step { worker, .. }
                 | Action::Send { worker, .. }
                 | Action::Answer { worker, .. }
@@ -1934,6 +2085,7 @@ impl Protocol {
                 | Action::Resend { worker, .. }
                 | Action::Ask { worker, .. }
                 | Action::Place { worker, .. }
+                | Action::Unlisted { worker }
                 | Action::Crash { worker } => {
                     let w = &after.workers[worker];
                     let owner = if matches!(action, Action::Deliver { .. } | Action::Follow { .. })
@@ -2078,6 +2230,7 @@ fn word_name(word: Word) -> &'static str {
         Word::Throttled => "a 429",
         Word::Uncertain => "nothing certain (a gateway's bare 429)",
         Word::PastDeadline => "nothing before the deadline",
+        Word::CutOff => "nothing before the invocation's end",
         Word::Started => "started in the background",
     }
 }
@@ -2169,11 +2322,15 @@ impl Model for Protocol {
                     continue;
                 }
                 Pc::Claimed { .. } => {
-                    actions.push(Action::Send { worker, sent: true });
-                    actions.push(Action::Send {
-                        worker,
-                        sent: false,
-                    });
+                    for (sent, short) in [(true, false), (false, false), (true, true)] {
+                        if !short || b.short_invocations {
+                            actions.push(Action::Send {
+                                worker,
+                                sent,
+                                short,
+                            });
+                        }
+                    }
                 }
                 Pc::Calling {
                     lost,
@@ -2215,12 +2372,20 @@ impl Model for Protocol {
                                     actions.push(Action::Answer { worker, word });
                                 }
                             }
-                            if machine.bound() == Bound::JobDeadline
-                                && state.time + w.offset >= self.bounds.deadline
+                            let now = state.time + w.offset;
+                            if machine.bound() == Bound::JobDeadline && now >= self.bounds.deadline
                             {
                                 actions.push(Action::Answer {
                                     worker,
                                     word: Word::PastDeadline,
+                                });
+                            }
+                            if machine.bound() == Bound::Invocation
+                                && now >= machine.facts().invocation_end
+                            {
+                                actions.push(Action::Answer {
+                                    worker,
+                                    word: Word::CutOff,
                                 });
                             }
                         }
@@ -2238,12 +2403,7 @@ impl Model for Protocol {
                             }
                         }
                         Waits::Retrieval => {
-                            for said in [
-                                Retrieved::Completed,
-                                Retrieved::Failed,
-                                Retrieved::Running,
-                                Retrieved::NotFound,
-                            ] {
+                            for &said in self.retrievals() {
                                 actions.push(Action::Ask { worker, said });
                             }
                         }
@@ -2254,16 +2414,15 @@ impl Model for Protocol {
                         }
                     }
                 }
-                Pc::Recovered { fenced } => {
+                Pc::Recovered { fenced, unlisted } => {
                     let reference = fenced.last_provider_ref().is_some();
-                    let stored = Self::stored_answer(state, fenced).is_some();
+                    let stored = Self::stored_answer(state, fenced).is_some() && !unlisted;
+                    // The bucket's listing fails: a fault of the path's bound.
+                    if stored && state.faults < b.faults {
+                        actions.push(Action::Unlisted { worker });
+                    }
                     if state.retrievable() && reference && !stored {
-                        for said in [
-                            Retrieved::Completed,
-                            Retrieved::Failed,
-                            Retrieved::Running,
-                            Retrieved::NotFound,
-                        ] {
+                        for &said in self.retrievals() {
                             actions.push(Action::Ask { worker, said });
                         }
                     } else {
@@ -2288,6 +2447,11 @@ impl Model for Protocol {
                         for put in [Put::Failed, Put::Lost] {
                             actions.push(Action::Place { worker, put });
                         }
+                    }
+                }
+                Pc::Admit { .. } => {
+                    for granted in [true, false] {
+                        actions.push(Action::Admit { worker, granted });
                     }
                 }
                 // A read (after a write that failed) answers or fails: it applies nothing.
@@ -2384,6 +2548,14 @@ impl Model for Protocol {
                     s.item
                         .as_ref()
                         .is_some_and(|r| r.state == JobState::Succeeded && r.throttles > 0)
+                },
+            ),
+            Property::sometimes(
+                "a first sight with no capacity waits in the item it created, and the job still succeeds",
+                |_, s: &State| {
+                    s.item
+                        .as_ref()
+                        .is_some_and(|r| r.state == JobState::Succeeded && r.enqueued_at.is_some())
                 },
             ),
             Property::sometimes("a second call after a recorded decision", |_, s: &State| {

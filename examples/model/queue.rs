@@ -500,7 +500,9 @@ impl Timeline for Queue {
             let Some((after, note)) = self.step(state, action) else {
                 continue;
             };
-            let _ = writeln!(out, "  {:>9}  {note}", clock(after.now));
+            // The time of the receive; what follows on the line happens after it.
+            let received = state.now.max(state.visible_at);
+            let _ = writeln!(out, "  {:>9}  {note}", clock(received));
             for p in self.properties() {
                 if p.expectation == stateright::Expectation::Always
                     && (p.condition)(self, state)

@@ -32,6 +32,10 @@ pub enum Op {
         /// The epoch seen.
         epoch: u64,
     },
+    /// Create the item `ready` and marked enqueued, if it does not exist: a job first seen while
+    /// the pacer has no capacity for its call, so that its deadline is fixed and a lost message
+    /// can be re-sent. Whatever it answers, the record then waits in the queue.
+    Create,
 }
 
 impl Op {
@@ -140,6 +144,8 @@ pub struct Admission {
     seen_any: bool,
     /// Capacity was taken for the call.
     admitted: bool,
+    /// No capacity for the call: it comes back after this wait, and the delivery ends waiting.
+    paced: Option<Millis>,
     /// Reads after a write whose answer was lost that failed too.
     failed_reads: usize,
     /// The write made or about to be made.
@@ -159,6 +165,7 @@ impl Admission {
             rounds: 0,
             seen_any: false,
             admitted: false,
+            paced: None,
             failed_reads: 0,
             op: None,
         };
@@ -190,9 +197,26 @@ impl Admission {
         }
     }
 
+    /// The pacer has no capacity for the call within its horizon; it comes back after
+    /// `wait_ms`. The ledger is left as it is, but for a job first seen, whose item is created
+    /// to wait ([`Op::Create`]); then the record waits in the queue.
+    pub fn no_capacity(&mut self, wait_ms: Millis) -> Step {
+        self.paced = Some(wait_ms);
+        match self.op {
+            Some(Op::Claim {
+                first_sight: true, ..
+            }) => {
+                self.op = Some(Op::Create);
+                Step::Write(Op::Create)
+            }
+            _ => self.waits(),
+        }
+    }
+
     /// The write was applied and left `record`.
     pub fn applied(&self, record: &JobRecord) -> Applied {
         match &self.op {
+            Some(Op::Create) => Applied::End(self.waiting()),
             Some(Op::Recover { epoch, .. }) => Applied::Investigate { seen_epoch: *epoch },
             _ if record.state == JobState::Running => Applied::Call,
             _ => Applied::End(RecordOutcome::Done(record.state)),
@@ -201,7 +225,21 @@ impl Admission {
 
     /// The request failed before anything was written.
     pub fn failed(&self) -> Step {
+        if self.paced.is_some() {
+            return self.waits();
+        }
         Step::End(backoff("ledger"))
+    }
+
+    /// The end of a delivery that got no capacity for its call.
+    fn waits(&self) -> Step {
+        Step::End(self.waiting())
+    }
+
+    fn waiting(&self) -> RecordOutcome {
+        RecordOutcome::Failed(Failure::Paced {
+            wait_ms: self.paced.unwrap_or(0),
+        })
     }
 
     /// The write was sent and no answer came: it may have been applied. A claim applied and not
@@ -248,6 +286,10 @@ impl Admission {
 
     /// The item as a refusal (or a read) showed it; `None`: there is no item.
     pub fn seen(&mut self, seen: Option<&JobRecord>, digest: &str, now: Millis) -> Step {
+        if self.paced.is_some() {
+            // The item to wait in exists already: the record waits all the same.
+            return self.waits();
+        }
         self.rounds += 1;
         let op = match seen {
             // No item where one was expected (removed by TTL, say): start again from absent.
@@ -401,6 +443,41 @@ mod tests {
             first_sight: true,
         };
         assert_eq!(m.admitted(NOW), Step::Write(claim));
+    }
+
+    #[test]
+    fn a_first_sight_without_capacity_creates_its_item_then_waits_whatever_the_write_answers() {
+        let waits = Step::End(RecordOutcome::Failed(Failure::Paced { wait_ms: 7_000 }));
+        let start = || {
+            let (mut m, step) = Admission::start(facts(), None, "d", NOW);
+            assert_eq!(step, Step::Admit);
+            assert_eq!(m.no_capacity(7_000), Step::Write(Op::Create));
+            m
+        };
+        let created = ready(0);
+        assert_eq!(
+            start().applied(&created),
+            Applied::End(RecordOutcome::Failed(Failure::Paced { wait_ms: 7_000 }))
+        );
+        // Refused (the item exists: it is not decided from), failed, or lost: it waits.
+        assert_eq!(start().seen(Some(&ready(3)), "d", NOW), waits);
+        assert_eq!(start().failed(), waits);
+        assert_eq!(start().unanswered(), waits);
+        assert!(!start().ours(&created, "owner"));
+    }
+
+    #[test]
+    fn a_job_already_seen_without_capacity_waits_without_a_write() {
+        let in_ledger = Facts {
+            in_ledger: true,
+            ..facts()
+        };
+        let (mut m, step) = Admission::start(in_ledger, Some(&ready(2)), "d", NOW);
+        assert_eq!(step, Step::Admit);
+        assert_eq!(
+            m.no_capacity(500),
+            Step::End(RecordOutcome::Failed(Failure::Paced { wait_ms: 500 }))
+        );
     }
 
     #[test]

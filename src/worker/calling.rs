@@ -245,6 +245,11 @@ impl Calling {
         self.reference.as_ref().map(|(r, at)| (r.as_str(), *at))
     }
 
+    /// What the machine knows of the invocation and the settings.
+    pub fn facts(&self) -> CallFacts {
+        self.facts
+    }
+
     /// What bounds the call last sent.
     pub fn bound(&self) -> Bound {
         self.budget.1

@@ -257,7 +257,10 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
                             step = machine.admitted(self.clock.now_ms());
                             continue;
                         }
-                        Err(wait_ms) => return self.paced(msg, &job, view, wait_ms).await,
+                        Err(wait_ms) => {
+                            step = machine.no_capacity(wait_ms);
+                            continue;
+                        }
                     }
                 }
                 Step::Write(op) => {
@@ -329,22 +332,6 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         }
     }
 
-    /// No capacity for the call soon: the record waits in the queue, its job's item created if
-    /// nothing was seen of it.
-    async fn paced(
-        &self,
-        msg: &JobMessage,
-        job: &NewJob,
-        view: Option<JobRecord>,
-        wait_ms: Millis,
-    ) -> Processed {
-        let view = match view {
-            None => self.create_waiting(msg, job).await,
-            seen => seen,
-        };
-        failed(Failure::Paced { wait_ms }, view)
-    }
-
     /// Goes on from our own write, applied and leaving `record`.
     async fn go_on(
         &self,
@@ -400,6 +387,14 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
             Op::Settle(settle) => {
                 let req = settle.request(job, now);
                 self.ledger.settle(req).await.map_err(|e| (e, true))
+            }
+            Op::Create => {
+                let req = CreateRequest {
+                    job: job.clone(),
+                    now,
+                    enqueued: true,
+                };
+                self.ledger.create(req).await.map_err(|e| (e, true))
             }
             Op::Recover {
                 state: seen_state,
@@ -462,29 +457,6 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
             first_sight,
         };
         self.ledger.claim(req).await.map_err(|e| (e, true))
-    }
-
-    /// The item of a job seen for the first time that must wait for capacity: created `ready`
-    /// (its trigger is this message, in the queue), so the job's deadline is fixed from now and
-    /// the reconciler sees it even if the message is lost. Only a whole-job message's first
-    /// receive writes it; a failed or refused write is no reason not to wait.
-    async fn create_waiting(&self, msg: &JobMessage, job: &NewJob) -> Option<JobRecord> {
-        if msg.in_ledger || msg.delivered_before {
-            return None;
-        }
-        let req = CreateRequest {
-            job: job.clone(),
-            now: self.clock.now_ms(),
-            enqueued: true,
-        };
-        match self.ledger.create(req).await {
-            Ok(Write::Applied(created)) => Some(created),
-            Ok(Write::Refused(seen)) => seen,
-            Err(e) => {
-                tracing::warn!(job_id = %job.job_id, error = %e, "creating a waiting job failed");
-                None
-            }
-        }
     }
 
     /// The latest moment a call may start in this invocation: the least useful call time for
