@@ -29,7 +29,7 @@ use fenced_jobs::config::SdkTimeouts;
 use fenced_jobs::job::{Expect, JobDefaults, NewJob, ResultBody};
 use fenced_jobs::ledger::dynamodb::DynamoLedger;
 use fenced_jobs::ledger::memory::InMemoryLedger;
-use fenced_jobs::ledger::{AttemptEnd, ClaimRequest, FinishRequest, JobLedger, Write};
+use fenced_jobs::ledger::{AttemptEnd, ClaimRequest, EndRequest, JobLedger, Write};
 use fenced_jobs::provider::SimulatedProvider;
 use fenced_jobs::queue::{RecordingVisibility, SqsVisibility, VisibilityControl};
 use fenced_jobs::testing::sdk_calls::{CallCounter, counted_clients};
@@ -335,7 +335,7 @@ async fn ledger_cpu_per_request_us(
             let Ok(Write::Applied(record)) = ledger.claim(claim).await else {
                 panic!("claim refused");
             };
-            let finish = FinishRequest {
+            let finish = EndRequest {
                 job_id: record.job_id.clone(),
                 epoch: record.owner_epoch,
                 attempt: record.attempts,
@@ -344,7 +344,7 @@ async fn ledger_cpu_per_request_us(
                     result: ResultBody::Inline("simulated answer".to_owned()),
                 },
             };
-            let accepted = ledger.finish_known(&record, finish).await;
+            let accepted = ledger.end_known(&record, finish).await;
             assert!(matches!(accepted, Ok(Write::Applied(_))));
         });
         runs.buffer_unordered(in_flight)

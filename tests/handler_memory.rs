@@ -347,7 +347,7 @@ async fn no_work_starts_inside_the_invocation_safety_margin() {
 
 #[tokio::test]
 async fn losing_the_lease_cancels_the_call_and_its_answer_is_never_published() {
-    use fenced_jobs::ledger::{AttemptEnd, FinishRequest, RecoverRequest, Write};
+    use fenced_jobs::ledger::{AttemptEnd, EndRequest, RecoverRequest, Write};
     let ledger = Arc::new(InMemoryLedger::new());
     let settings = Settings {
         heartbeat_ms: 200,
@@ -377,7 +377,7 @@ async fn losing_the_lease_cancels_the_call_and_its_answer_is_never_published() {
             .expect("recover");
         assert!(matches!(fenced, Write::Applied(_)), "{fenced:?}");
         let accepted = ledger
-            .finish(FinishRequest {
+            .end(EndRequest {
                 job_id: "taken".into(),
                 epoch: 2,
                 attempt: 1,
@@ -874,11 +874,11 @@ impl JobLedger for TakenOverBeforeRecording {
     ) -> Result<fenced_jobs::ledger::Write, fenced_jobs::ledger::LedgerError> {
         self.0.claim(req).await
     }
-    async fn finish(
+    async fn end(
         &self,
-        req: fenced_jobs::ledger::FinishRequest,
+        req: fenced_jobs::ledger::EndRequest,
     ) -> Result<fenced_jobs::ledger::Write, fenced_jobs::ledger::LedgerError> {
-        self.0.finish(req).await
+        self.0.end(req).await
     }
     async fn settle(
         &self,
@@ -1503,7 +1503,7 @@ fn faulty(operation: &'static str, fault: Fault, times: u32) -> FaultyLedger<InM
 #[tokio::test]
 async fn a_paid_answer_survives_failing_acceptance_writes() {
     // GIVEN a ledger whose first two end-of-attempt writes fail
-    let ledger = faulty("finish", Fault::Fail, 2);
+    let ledger = faulty("end", Fault::Fail, 2);
     let h = handler(ledger, SimulatedProvider::new(), Settings::default());
     // WHEN a job is processed
     let report = h
@@ -1532,7 +1532,7 @@ fn tight_settings() -> Settings {
 #[tokio::test]
 async fn a_stalled_ledger_write_cannot_hold_the_response_past_the_deadline() {
     // GIVEN a ledger whose acceptance write never answers, and 2 s left in the invocation
-    let ledger = Arc::new(faulty("finish", Fault::Stall, u32::MAX));
+    let ledger = Arc::new(faulty("end", Fault::Stall, u32::MAX));
     let h = handler(ledger.clone(), SimulatedProvider::new(), tight_settings());
     let inv = Invocation {
         id: "inv".into(),
@@ -1701,7 +1701,7 @@ async fn turning_on_the_replay_policy_does_not_replay_jobs_already_unknown() {
     let body = job("old-unknown", r#","simulate":{"retrievable":false}"#);
     lapsed_claim(&ledger, &body).await;
     let ended = ledger
-        .finish(fenced_jobs::ledger::FinishRequest {
+        .end(fenced_jobs::ledger::EndRequest {
             job_id: "old-unknown".into(),
             epoch: 1,
             attempt: 1,
@@ -1930,7 +1930,7 @@ async fn a_job_awaiting_a_decision_for_thirteen_hours_keeps_its_long_wait_on_a_n
     let body = job("waits-long", r#","simulate":{"retrievable":false}"#);
     lapsed_claim(&ledger, &body).await;
     let ended = ledger
-        .finish(fenced_jobs::ledger::FinishRequest {
+        .end(fenced_jobs::ledger::EndRequest {
             job_id: "waits-long".into(),
             epoch: 1,
             attempt: 1,

@@ -12,7 +12,7 @@ use fenced_jobs::job::decision::SettleReason;
 use fenced_jobs::job::{Expect, JobRecord, JobState, NewJob, attention_key};
 use fenced_jobs::ledger::memory::InMemoryLedger;
 use fenced_jobs::ledger::{
-    AttemptEnd, CreateRequest, DecideRequest, EnqueuedRequest, FinishRequest, JobLedger,
+    AttemptEnd, CreateRequest, DecideRequest, EndRequest, EnqueuedRequest, JobLedger,
     OperatorAction, RecordRefRequest, RecoverRequest, SettleFrom, SettleRequest, Write,
 };
 
@@ -20,8 +20,8 @@ use common::{claim, new_job as job};
 
 const T: i64 = 1_800_000_000_000;
 
-fn finish(id: &str, epoch: u64, attempt: u32, now: i64, end: AttemptEnd) -> FinishRequest {
-    FinishRequest {
+fn end_req(id: &str, epoch: u64, attempt: u32, now: i64, end: AttemptEnd) -> EndRequest {
+    EndRequest {
         job_id: id.into(),
         epoch,
         attempt,
@@ -79,8 +79,8 @@ async fn scenario<L: JobLedger>(ledger: &L, prefix: &str) -> (Vec<String>, Vec<O
         ledger.claim(claim(&a, Expect::FRESH, "w2", T + 1))
     );
     step!(
-        "finish stale epoch",
-        ledger.finish(finish(&a.job_id, 0, 1, T + 2, ok("stale")))
+        "end stale epoch",
+        ledger.end(end_req(&a.job_id, 0, 1, T + 2, ok("stale")))
     );
     let recover = |now: i64| RecoverRequest {
         job_id: a.job_id.clone(),
@@ -121,11 +121,11 @@ async fn scenario<L: JobLedger>(ledger: &L, prefix: &str) -> (Vec<String>, Vec<O
     );
     step!(
         "fenced owner accepts",
-        ledger.finish(finish(&a.job_id, 1, 1, T + 121_000, ok("old")))
+        ledger.end(end_req(&a.job_id, 1, 1, T + 121_000, ok("old")))
     );
     step!(
         "new owner releases",
-        ledger.finish(finish(&a.job_id, 2, 1, T + 122_000, retry()))
+        ledger.end(end_req(&a.job_id, 2, 1, T + 122_000, retry()))
     );
     step!(
         "claim with old expectation",
@@ -142,11 +142,11 @@ async fn scenario<L: JobLedger>(ledger: &L, prefix: &str) -> (Vec<String>, Vec<O
     );
     step!(
         "accept after deadline",
-        ledger.finish(finish(&a.job_id, 3, 2, T + 3_600_000, ok("late")))
+        ledger.end(end_req(&a.job_id, 3, 2, T + 3_600_000, ok("late")))
     );
     step!(
         "accept",
-        ledger.finish(finish(&a.job_id, 3, 2, T + 126_000, ok("answer")))
+        ledger.end(end_req(&a.job_id, 3, 2, T + 126_000, ok("answer")))
     );
     let settle = |id: &str, from: SettleFrom, reason, now| SettleRequest {
         job_id: id.into(),
@@ -167,14 +167,14 @@ async fn scenario<L: JobLedger>(ledger: &L, prefix: &str) -> (Vec<String>, Vec<O
     );
     step!(
         "accept twice",
-        ledger.finish(finish(&a.job_id, 3, 2, T + 128_000, ok("again")))
+        ledger.end(end_req(&a.job_id, 3, 2, T + 128_000, ok("again")))
     );
 
     let b = job(&id("b"), "d-b", 1, T + 3_600_000);
     step!("b claim", ledger.claim(claim(&b, Expect::FRESH, "w1", T)));
     step!(
         "b release",
-        ledger.finish(finish(&b.job_id, 1, 1, T + 1, retry()))
+        ledger.end(end_req(&b.job_id, 1, 1, T + 1, retry()))
     );
     step!(
         "b claim past budget",
@@ -213,7 +213,7 @@ async fn scenario<L: JobLedger>(ledger: &L, prefix: &str) -> (Vec<String>, Vec<O
     };
     step!(
         "d uncertain",
-        ledger.finish(finish(&d.job_id, 1, 1, T + 5_000, unknown))
+        ledger.end(end_req(&d.job_id, 1, 1, T + 5_000, unknown))
     );
     step!(
         "d claim unknown",
@@ -250,7 +250,7 @@ async fn scenario<L: JobLedger>(ledger: &L, prefix: &str) -> (Vec<String>, Vec<O
     };
     step!(
         "f replay",
-        ledger.finish(finish(&f.job_id, 1, 1, T + 1_000, replay))
+        ledger.end(end_req(&f.job_id, 1, 1, T + 1_000, replay))
     );
     step!(
         "f claim replayed",
@@ -276,7 +276,7 @@ async fn scenario<L: JobLedger>(ledger: &L, prefix: &str) -> (Vec<String>, Vec<O
     );
     step!(
         "g uncertain",
-        ledger.finish(finish(&g.job_id, 1, 1, T + 2, uncertain()))
+        ledger.end(end_req(&g.job_id, 1, 1, T + 2, uncertain()))
     );
     step!(
         "g decide stale epoch",
@@ -296,7 +296,7 @@ async fn scenario<L: JobLedger>(ledger: &L, prefix: &str) -> (Vec<String>, Vec<O
     );
     step!(
         "g uncertain again",
-        ledger.finish(finish(&g.job_id, 3, 2, T + 7, uncertain()))
+        ledger.end(end_req(&g.job_id, 3, 2, T + 7, uncertain()))
     );
     step!(
         "g fail",
@@ -320,13 +320,13 @@ async fn scenario<L: JobLedger>(ledger: &L, prefix: &str) -> (Vec<String>, Vec<O
     step!("h claim", ledger.claim(claim(&h, Expect::FRESH, "w1", T)));
     step!(
         "h uncertain",
-        ledger.finish(finish(&h.job_id, 1, 1, T + 1, cut_off))
+        ledger.end(end_req(&h.job_id, 1, 1, T + 1, cut_off))
     );
     step!("h recover stale epoch", ledger.recover(recover_h(0, T + 2)));
     step!("h recover unknown", ledger.recover(recover_h(1, T + 3)));
     step!(
         "h accept retrieved",
-        ledger.finish(finish(&h.job_id, 2, 1, T + 4, ok("retrieved")))
+        ledger.end(end_req(&h.job_id, 2, 1, T + 4, ok("retrieved")))
     );
 
     let i = job(&id("i"), "d-i", 3, T + 10_000);
@@ -353,7 +353,7 @@ async fn scenario<L: JobLedger>(ledger: &L, prefix: &str) -> (Vec<String>, Vec<O
     step!("i record", ledger.record_ref(record_ref(1, 1, "resp_1")));
     step!(
         "i uncertain",
-        ledger.finish(finish(&i.job_id, 1, 1, T + 3, uncertain()))
+        ledger.end(end_req(&i.job_id, 1, 1, T + 3, uncertain()))
     );
     step!(
         "i record after the end",
@@ -400,7 +400,7 @@ async fn scenario<L: JobLedger>(ledger: &L, prefix: &str) -> (Vec<String>, Vec<O
     step!("j expire", ledger.settle(expire(T + 10_000)));
     step!(
         "j owner accepts after expiry",
-        ledger.finish(finish(&j.job_id, 1, 1, T + 10_001, ok("late")))
+        ledger.end(end_req(&j.job_id, 1, 1, T + 10_001, ok("late")))
     );
     step!("j expire again", ledger.settle(expire(T + 10_002)));
     step!(
@@ -439,7 +439,7 @@ async fn the_in_memory_ledger_and_dynamodb_agree_on_every_conditional_write() {
     let expected = [
         "claim fresh: applied running e1 a1",
         "claim duplicate: refused, saw running e1 a1",
-        "finish stale epoch: refused, saw running e1 a1",
+        "end stale epoch: refused, saw running e1 a1",
         "renew stale epoch: refused, saw running e1 a1",
         "renew: applied running e1 a1",
         "renew a lease that changed: refused, saw running e1 a1",
@@ -588,14 +588,14 @@ async fn accept_as_known_owner<L: JobLedger>(ledger: &L, id: &str) {
     let Ok(Write::Applied(claimed)) = ledger.claim(first).await else {
         panic!("{id}: the claim is applied");
     };
-    let stale = finish(id, 0, 1, T + 10, ok("late"));
+    let stale = end_req(id, 0, 1, T + 10, ok("late"));
     assert_eq!(
-        ledger.finish_known(&claimed, stale).await.expect("finish"),
+        ledger.end_known(&claimed, stale).await.expect("finish"),
         Write::Refused(Some(claimed.clone())),
         "{id}"
     );
-    let accept = finish(id, 1, 1, T + 20, ok("the answer"));
-    let Ok(Write::Applied(accepted)) = ledger.finish_known(&claimed, accept).await else {
+    let accept = end_req(id, 1, 1, T + 20, ok("the answer"));
+    let Ok(Write::Applied(accepted)) = ledger.end_known(&claimed, accept).await else {
         panic!("{id}: the acceptance is applied");
     };
     assert_eq!(accepted.state, JobState::Succeeded);

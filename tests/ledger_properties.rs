@@ -10,9 +10,9 @@ use fenced_jobs::job::decision::SettleReason;
 use fenced_jobs::job::{BlobRef, Expect, JobRecord, JobState, NewJob, ResultBody};
 use fenced_jobs::ledger::memory::InMemoryLedger;
 use fenced_jobs::ledger::{
-    AttemptEnd, ClaimRequest, CreateRequest, DecideRequest, EnqueuedRequest, FinishRequest,
-    JobLedger, OperatorAction, RecordRefRequest, RecoverRequest, RenewRequest, SettleFrom,
-    SettleRequest, Write,
+    AttemptEnd, ClaimRequest, CreateRequest, DecideRequest, EndRequest, EnqueuedRequest, JobLedger,
+    OperatorAction, RecordRefRequest, RecoverRequest, RenewRequest, SettleFrom, SettleRequest,
+    Write,
 };
 
 const T: i64 = 1_800_000_000_000;
@@ -198,7 +198,7 @@ async fn apply<L: JobLedger>(ledger: &L, prefix: &str, op: &Op) -> Write {
         }
         Op::Finish(j, epoch, attempt, now, end) => {
             ledger
-                .finish(FinishRequest {
+                .end(EndRequest {
                     job_id: id(j),
                     epoch: *epoch,
                     attempt: *attempt,

@@ -17,7 +17,7 @@ use fenced_jobs::ledger::memory::InMemoryLedger;
 use fenced_jobs::ledger::schedule::{
     CallSchedule, Limits, MemorySchedule, Reservation, ReserveRequest,
 };
-use fenced_jobs::ledger::{FinishRequest, JobLedger, Write};
+use fenced_jobs::ledger::{EndRequest, JobLedger, Write};
 use fenced_jobs::provider::{Answer, Provider, ProviderError, ProviderRequest};
 use fenced_jobs::worker::ending::{attempt_end, not_sent_end};
 use fenced_jobs::worker::processor::{AttemptWatch, Invocation, Processor};
@@ -27,13 +27,13 @@ use tokio_util::sync::CancellationToken;
 const T: i64 = 1_800_000_000_000;
 
 /// The end the owner holding `claimed` writes after a 429, as the worker builds it.
-fn throttled(claimed: &JobRecord, now: i64) -> FinishRequest {
+fn throttled(claimed: &JobRecord, now: i64) -> EndRequest {
     let refusal = ProviderError::Throttled {
         retry_after_ms: None,
         reason: "HTTP 429 rate_limit_exceeded".into(),
     };
     let (end, _) = attempt_end(Err(refusal), claimed, now, ReplayPolicy::Never);
-    FinishRequest {
+    EndRequest {
         job_id: claimed.job_id.clone(),
         epoch: claimed.owner_epoch,
         attempt: claimed.attempts,
@@ -77,7 +77,7 @@ async fn story<L: JobLedger>(ledger: &L) -> Vec<String> {
     let first = applied(step(
         ledger.claim(claim(&job, Expect::FRESH, "w1", T)).await,
     ));
-    step(ledger.finish(throttled(&first, T + 1)).await);
+    step(ledger.end(throttled(&first, T + 1)).await);
     // Given back twice over a budget of one: the job may still be claimed.
     let again = Expect {
         epoch: 1,
@@ -85,8 +85,8 @@ async fn story<L: JobLedger>(ledger: &L) -> Vec<String> {
     };
     let second = applied(step(ledger.claim(claim(&job, again, "w2", T + 2)).await));
     // A stale owner's throttle is refused like any stale write.
-    step(ledger.finish(throttled(&first, T + 3)).await);
-    let given = applied(step(ledger.finish(throttled(&second, T + 4)).await));
+    step(ledger.end(throttled(&first, T + 3)).await);
+    let given = applied(step(ledger.end(throttled(&second, T + 4)).await));
     // The attempts given back are kept apart, marked, in order.
     let kept: Vec<(u64, AttemptOutcome)> = given
         .given_back
@@ -109,7 +109,7 @@ async fn story<L: JobLedger>(ledger: &L) -> Vec<String> {
     let end = not_sent_end("no time left to make the call", &claimed, T + 6);
     step(
         ledger
-            .finish(FinishRequest {
+            .end(EndRequest {
                 job_id: claimed.job_id.clone(),
                 epoch: claimed.owner_epoch,
                 attempt: claimed.attempts,

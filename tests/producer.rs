@@ -246,7 +246,7 @@ async fn the_reconciler_repairs_a_stopped_producer_and_expires_jobs_past_their_d
         assert_eq!(item.state, JobState::Expired, "{id}");
     }
     let owner_accepts = ledger
-        .finish(fenced_jobs::ledger::FinishRequest {
+        .end(fenced_jobs::ledger::EndRequest {
             job_id: "late-running".into(),
             epoch: 1,
             attempt: 1,

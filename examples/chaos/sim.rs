@@ -23,10 +23,10 @@ use fenced_jobs::job::{
     AttemptOutcome, BlobRef, JobRecord, JobState, Millis, ResultBody, parse_trigger,
 };
 use fenced_jobs::ledger::memory::InMemoryLedger;
-use fenced_jobs::ledger::transitions::known_after_finish;
+use fenced_jobs::ledger::transitions::known_after_end;
 use fenced_jobs::ledger::{
-    AttemptEnd, ClaimRequest, CreateRequest, DecideRequest, EnqueuedRequest, FinishRequest,
-    JobLedger, LedgerError, RecordRefRequest, RecoverRequest, RenewRequest, SettleRequest, Write,
+    AttemptEnd, ClaimRequest, CreateRequest, DecideRequest, EndRequest, EnqueuedRequest, JobLedger,
+    LedgerError, RecordRefRequest, RecoverRequest, RenewRequest, SettleRequest, Write,
 };
 use fenced_jobs::ledger::{IndexCursor, LedgerIndex};
 use fenced_jobs::ops::dispatch::{StreamChange, StreamEvent, StreamRecord};
@@ -769,7 +769,7 @@ impl JobLedger for SimLedger {
         }
         self.call("claim", &id, self.table.claim(req)).await
     }
-    async fn finish(&self, req: FinishRequest) -> Result<Write, LedgerError> {
+    async fn end(&self, req: EndRequest) -> Result<Write, LedgerError> {
         let id = req.job_id.clone();
         let epoch = req.epoch;
         if let AttemptEnd::Succeeded {
@@ -804,7 +804,7 @@ impl JobLedger for SimLedger {
         // would be a stale result accepted.
         let apply = async {
             let before = self.table.get(&id).await?;
-            let written = self.table.finish(req).await?;
+            let written = self.table.end(req).await?;
             if let (Write::Applied(_), Some(b)) = (&written, &before)
                 && (b.owner_epoch != epoch || b.state != JobState::Running)
             {
@@ -816,16 +816,12 @@ impl JobLedger for SimLedger {
             }
             Ok(written)
         };
-        self.call("finish", &id, apply).await
+        self.call("end", &id, apply).await
     }
-    async fn finish_known(
-        &self,
-        known: &JobRecord,
-        req: FinishRequest,
-    ) -> Result<Write, LedgerError> {
+    async fn end_known(&self, known: &JobRecord, req: EndRequest) -> Result<Write, LedgerError> {
         let id = req.job_id.clone();
-        let rebuilt = known_after_finish(known, &req);
-        let written = self.finish(req).await?;
+        let rebuilt = known_after_end(known, &req);
+        let written = self.end(req).await?;
         let (Write::Applied(_), Some(rebuilt)) = (&written, rebuilt) else {
             return Ok(written);
         };

@@ -19,11 +19,11 @@ use fenced_jobs::job::{
     AttemptOutcome, BlobRef, Failure, JobRecord, JobState, Millis, NewJob, RecordOutcome,
 };
 use fenced_jobs::ledger::transitions::{
-    apply_claim, apply_create, apply_decide, apply_finish, apply_record_ref, apply_recover,
+    apply_claim, apply_create, apply_decide, apply_end, apply_record_ref, apply_recover,
     apply_renew, apply_settle,
 };
 use fenced_jobs::ledger::{
-    AttemptEnd, ClaimRequest, CreateRequest, DecideRequest, FinishRequest, OperatorAction,
+    AttemptEnd, ClaimRequest, CreateRequest, DecideRequest, EndRequest, OperatorAction,
     RecordRefRequest, RecoverRequest, RenewRequest, SettleFrom, SettleRequest, Write,
 };
 use fenced_jobs::provider::openai::classify_status;
@@ -58,7 +58,7 @@ pub struct Bounds {
     pub max_attempts: u32,
     /// No write may raise the epoch past this.
     pub max_epoch: u64,
-    /// Tries at ending an attempt whose write fails (the processor's `FINISH_TRIES`, smaller).
+    /// Tries at ending an attempt whose write fails (the processor's `END_TRIES`, smaller).
     pub finish_tries: u8,
     /// Provider kinds explored.
     pub upstreams: Vec<Upstream>,
@@ -1108,14 +1108,14 @@ impl Protocol {
                 let now = self.now(next, worker);
                 let epoch = Some(machine.owner().owner_epoch);
                 let answer = match machine.write(now) {
-                    EndWrite::Finish(req) => {
+                    EndWrite::End(req) => {
                         let _ = write!(
                             note,
                             "ends attempt {} as {}",
                             req.attempt,
                             req.end.target().as_str()
                         );
-                        self.write(next, |c| self.finish(c, &req), fault, epoch)
+                        self.write(next, |c| self.end(c, &req), fault, epoch)
                     }
                     EndWrite::Renew(req) if req.lease_until == now => {
                         note.push_str("ends its own lease: the call still runs upstream");
@@ -1161,16 +1161,16 @@ impl Protocol {
         (fault == Fault::None).then_some(heard)
     }
 
-    fn finish(&self, current: Option<&JobRecord>, req: &FinishRequest) -> Option<JobRecord> {
+    fn end(&self, current: Option<&JobRecord>, req: &EndRequest) -> Option<JobRecord> {
         if self.mutated(Mutation::FinishIgnoresEpoch) {
             let mut loose = req.clone();
             if let Some(c) = current {
                 loose.epoch = c.owner_epoch;
                 loose.attempt = c.attempts;
             }
-            return apply_finish(current, &loose);
+            return apply_end(current, &loose);
         }
-        apply_finish(current, req)
+        apply_end(current, req)
     }
 
     fn record_ref(&self, current: Option<&JobRecord>, req: &RecordRefRequest) -> Option<JobRecord> {

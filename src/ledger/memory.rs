@@ -5,11 +5,11 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::transitions::{
-    apply_claim, apply_create, apply_decide, apply_finish, apply_mark_enqueued, apply_record_ref,
+    apply_claim, apply_create, apply_decide, apply_end, apply_mark_enqueued, apply_record_ref,
     apply_recover, apply_renew, apply_settle,
 };
 use super::{
-    ClaimRequest, CreateRequest, DecideRequest, EnqueuedRequest, FinishRequest, IndexCursor,
+    ClaimRequest, CreateRequest, DecideRequest, EndRequest, EnqueuedRequest, IndexCursor,
     JobLedger, LedgerError, LedgerIndex, RecordRefRequest, RecoverRequest, RenewRequest,
     SettleRequest, Write,
 };
@@ -152,8 +152,8 @@ impl JobLedger for InMemoryLedger {
         self.write("claim", &req.job.job_id, |c| apply_claim(c, &req))
     }
 
-    async fn finish(&self, req: FinishRequest) -> Result<Write, LedgerError> {
-        self.write("finish", &req.job_id, |c| apply_finish(c, &req))
+    async fn end(&self, req: EndRequest) -> Result<Write, LedgerError> {
+        self.write("end", &req.job_id, |c| apply_end(c, &req))
     }
 
     async fn settle(&self, req: SettleRequest) -> Result<Write, LedgerError> {
@@ -226,7 +226,7 @@ impl<L: JobLedger> FaultyLedger<L> {
         }
     }
 
-    /// The next `times` calls of `operation` (`claim`, `finish`, `decide`, ...) meet `fault`.
+    /// The next `times` calls of `operation` (`claim`, `end`, `decide`, ...) meet `fault`.
     pub fn inject(&self, operation: &'static str, fault: Fault, times: u32) {
         self.faults
             .lock()
@@ -273,8 +273,8 @@ impl<L: JobLedger> JobLedger for FaultyLedger<L> {
     async fn claim(&self, req: ClaimRequest) -> Result<Write, LedgerError> {
         self.call("claim", self.inner.claim(req)).await
     }
-    async fn finish(&self, req: FinishRequest) -> Result<Write, LedgerError> {
-        self.call("finish", self.inner.finish(req)).await
+    async fn end(&self, req: EndRequest) -> Result<Write, LedgerError> {
+        self.call("end", self.inner.end(req)).await
     }
     async fn settle(&self, req: SettleRequest) -> Result<Write, LedgerError> {
         self.call("settle", self.inner.settle(req)).await
@@ -335,14 +335,14 @@ pub async fn ended_at(ledger: &impl JobLedger, job_id: &str, end: super::Attempt
         first_sight: true,
     };
     assert!(matches!(ledger.claim(claim).await, Ok(Write::Applied(_))));
-    let end = super::FinishRequest {
+    let end = super::EndRequest {
         job_id: job_id.into(),
         epoch: 1,
         attempt: 1,
         now: at,
         end,
     };
-    assert!(matches!(ledger.finish(end).await, Ok(Write::Applied(_))));
+    assert!(matches!(ledger.end(end).await, Ok(Write::Applied(_))));
 }
 
 #[cfg(test)]

@@ -134,7 +134,7 @@ impl AttemptEnd {
 /// accept a result, the deadline ahead). The lease is deliberately not part of the condition: see the README, "Accepting after a
 /// lapsed lease".
 #[derive(Debug, Clone, PartialEq)]
-pub struct FinishRequest {
+pub struct EndRequest {
     /// Job id.
     pub job_id: String,
     /// The owner's epoch.
@@ -378,23 +378,22 @@ pub enum LedgerError {
 pub trait JobLedger: Send + Sync {
     /// See [`ClaimRequest`].
     fn claim(&self, req: ClaimRequest) -> impl Future<Output = Result<Write, LedgerError>> + Send;
-    /// See [`FinishRequest`].
-    fn finish(&self, req: FinishRequest)
-    -> impl Future<Output = Result<Write, LedgerError>> + Send;
-    /// [`JobLedger::finish`] by an owner that holds `known`, the record its claim or recovery
+    /// See [`EndRequest`].
+    fn end(&self, req: EndRequest) -> impl Future<Output = Result<Write, LedgerError>> + Send;
+    /// [`JobLedger::end`] by an owner that holds `known`, the record its claim or recovery
     /// left. When the write accepts an answer, the record it returns is `known` with the end
-    /// applied ([`transitions::known_after_finish`]), not the item as stored, so that a ledger
+    /// applied ([`transitions::known_after_end`]), not the item as stored, so that a ledger
     /// need not send the item back: fields that only writes of other kinds change (the lease's
     /// end after renewals, `enqueued_at`, a provider reference recorded since the claim) are as
-    /// `known` has them. Refusals are as [`JobLedger::finish`]'s.
-    fn finish_known(
+    /// `known` has them. Refusals are as [`JobLedger::end`]'s.
+    fn end_known(
         &self,
         known: &JobRecord,
-        req: FinishRequest,
+        req: EndRequest,
     ) -> impl Future<Output = Result<Write, LedgerError>> + Send {
-        let rebuilt = transitions::known_after_finish(known, &req);
+        let rebuilt = transitions::known_after_end(known, &req);
         async move {
-            match self.finish(req).await? {
+            match self.end(req).await? {
                 Write::Applied(stored) => Ok(Write::Applied(rebuilt.unwrap_or(stored))),
                 refused => Ok(refused),
             }
@@ -470,7 +469,7 @@ impl AttemptEnd {
     }
 }
 
-impl FinishRequest {
+impl EndRequest {
     /// The decision this end records, if it is one.
     pub fn decision(&self) -> Option<crate::job::DecisionRecord> {
         match &self.end {
@@ -512,19 +511,16 @@ impl<L: JobLedger> JobLedger for std::sync::Arc<L> {
         (**self).claim(req)
     }
 
-    fn finish(
-        &self,
-        req: FinishRequest,
-    ) -> impl Future<Output = Result<Write, LedgerError>> + Send {
-        (**self).finish(req)
+    fn end(&self, req: EndRequest) -> impl Future<Output = Result<Write, LedgerError>> + Send {
+        (**self).end(req)
     }
 
-    fn finish_known(
+    fn end_known(
         &self,
         known: &JobRecord,
-        req: FinishRequest,
+        req: EndRequest,
     ) -> impl Future<Output = Result<Write, LedgerError>> + Send {
-        (**self).finish_known(known, req)
+        (**self).end_known(known, req)
     }
 
     fn settle(

@@ -4,7 +4,7 @@
 //! a whole item (a fresh claim), so both keep one contract.
 
 use super::{
-    ClaimRequest, CreateRequest, DecideRequest, EnqueuedRequest, FinishRequest, RecordRefRequest,
+    ClaimRequest, CreateRequest, DecideRequest, EndRequest, EnqueuedRequest, RecordRefRequest,
     RecoverRequest, RenewRequest, SettleFrom, SettleRequest,
 };
 use crate::job::decision::Expect;
@@ -56,8 +56,8 @@ pub fn apply_claim(current: Option<&JobRecord>, req: &ClaimRequest) -> Option<Jo
     Some(next)
 }
 
-/// Finish: see [`FinishRequest`].
-pub fn apply_finish(current: Option<&JobRecord>, req: &FinishRequest) -> Option<JobRecord> {
+/// End of attempt: see [`EndRequest`].
+pub fn apply_end(current: Option<&JobRecord>, req: &EndRequest) -> Option<JobRecord> {
     let r = current?;
     let accepting = matches!(req.end, super::AttemptEnd::Succeeded { .. });
     if r.state != JobState::Running
@@ -104,12 +104,12 @@ pub fn apply_finish(current: Option<&JobRecord>, req: &FinishRequest) -> Option<
     Some(next)
 }
 
-/// The record an applied finish leaves, as an owner holding `known` (the record its claim or
-/// recovery returned) can build it without reading: only when the finish accepts an answer (see
-/// [`super::JobLedger::finish_known`]).
-pub fn known_after_finish(known: &JobRecord, req: &FinishRequest) -> Option<JobRecord> {
+/// The record an applied end leaves, as an owner holding `known` (the record its claim or
+/// recovery returned) can build it without reading: only when the end accepts an answer (see
+/// [`super::JobLedger::end_known`]).
+pub fn known_after_end(known: &JobRecord, req: &EndRequest) -> Option<JobRecord> {
     match req.end {
-        super::AttemptEnd::Succeeded { .. } => apply_finish(Some(known), req),
+        super::AttemptEnd::Succeeded { .. } => apply_end(Some(known), req),
         _ => None,
     }
 }

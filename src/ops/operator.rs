@@ -485,7 +485,7 @@ mod tests {
     use super::*;
     use crate::job::{JobState, NewJob};
     use crate::ledger::memory::{Fault, FaultyLedger, InMemoryLedger};
-    use crate::ledger::{AttemptEnd, ClaimRequest, FinishRequest};
+    use crate::ledger::{AttemptEnd, ClaimRequest, EndRequest};
     use crate::queue::RecordingTriggers;
 
     fn new_job(job_id: &str) -> NewJob {
@@ -503,7 +503,7 @@ mod tests {
             first_sight: false,
         };
         assert!(matches!(ledger.claim(claim).await, Ok(Write::Applied(_))));
-        let end = FinishRequest {
+        let end = EndRequest {
             job_id: job_id.to_owned(),
             epoch: 1,
             attempt: 1,
@@ -512,7 +512,7 @@ mod tests {
                 evidence: "cut off".into(),
             },
         };
-        assert!(matches!(ledger.finish(end).await, Ok(Write::Applied(_))));
+        assert!(matches!(ledger.end(end).await, Ok(Write::Applied(_))));
     }
 
     fn dead_letter(id: &str, prompt: &str) -> String {

@@ -12,9 +12,7 @@ use aws_sdk_sqs::types::QueueAttributeName;
 use fenced_jobs::clock::SystemClock;
 use fenced_jobs::job::{Expect, NewJob};
 use fenced_jobs::ledger::dynamodb::DynamoLedger;
-use fenced_jobs::ledger::{
-    AttemptEnd, ClaimRequest, FinishRequest, JobLedger, RecoverRequest, Write,
-};
+use fenced_jobs::ledger::{AttemptEnd, ClaimRequest, EndRequest, JobLedger, RecoverRequest, Write};
 use fenced_jobs::provider::Provider;
 use fenced_jobs::provider::{Answer, ProviderError, ProviderRequest, SimulatedProvider};
 use fenced_jobs::queue::SqsVisibility;
@@ -357,7 +355,7 @@ impl Provider for TakenOverDuringTheCall {
         };
         let accepted = self
             .rival
-            .finish(FinishRequest {
+            .end(EndRequest {
                 job_id: req.job_id.to_owned(),
                 epoch: fenced.owner_epoch,
                 attempt: fenced.attempts,

@@ -10,11 +10,10 @@ use super::item::{
 use crate::job::{
     AttemptOutcome, AttemptRecord, JobRecord, JobState, NewJob, RecoveryRecord, ResultBody,
 };
-use crate::ledger::transitions::{apply_claim, apply_create, apply_settle, known_after_finish};
+use crate::ledger::transitions::{apply_claim, apply_create, apply_settle, known_after_end};
 use crate::ledger::{
-    AttemptEnd, ClaimRequest, CreateRequest, DecideRequest, EnqueuedRequest, FinishRequest,
-    JobLedger, LedgerError, RecordRefRequest, RecoverRequest, RenewRequest, SettleFrom,
-    SettleRequest, Write,
+    AttemptEnd, ClaimRequest, CreateRequest, DecideRequest, EndRequest, EnqueuedRequest, JobLedger,
+    LedgerError, RecordRefRequest, RecoverRequest, RenewRequest, SettleFrom, SettleRequest, Write,
 };
 
 impl JobLedger for DynamoLedger {
@@ -93,18 +92,14 @@ impl JobLedger for DynamoLedger {
         .await
     }
 
-    async fn finish(&self, req: FinishRequest) -> Result<Write, LedgerError> {
-        self.finish_to(&req, None).await
+    async fn end(&self, req: EndRequest) -> Result<Write, LedgerError> {
+        self.end_to(&req, None).await
     }
 
-    async fn finish_known(
-        &self,
-        known: &JobRecord,
-        req: FinishRequest,
-    ) -> Result<Write, LedgerError> {
+    async fn end_known(&self, known: &JobRecord, req: EndRequest) -> Result<Write, LedgerError> {
         // An accepted answer leaves a record its owner can build: the item (input and answer
         // included) need not come back.
-        self.finish_to(&req, known_after_finish(known, &req)).await
+        self.end_to(&req, known_after_end(known, &req)).await
     }
 
     async fn settle(&self, req: SettleRequest) -> Result<Write, LedgerError> {
@@ -319,16 +314,16 @@ fn new_job_values(job: &NewJob) -> Vec<(&'static str, AttributeValue)> {
 }
 
 impl DynamoLedger {
-    /// A finish; when the record it leaves is known (`rebuilt`), nothing comes back.
-    async fn finish_to(
+    /// An end of attempt; when the record it leaves is known (`rebuilt`), nothing comes back.
+    async fn end_to(
         &self,
-        req: &FinishRequest,
+        req: &EndRequest,
         rebuilt: Option<JobRecord>,
     ) -> Result<Write, LedgerError> {
-        let (update, condition, values) = finish_write(req);
+        let (update, condition, values) = end_write(req);
         let target = Some(req.end.target());
         self.update_to(
-            "finish",
+            "end",
             &req.job_id,
             &update,
             &condition,
@@ -340,10 +335,10 @@ impl DynamoLedger {
     }
 }
 
-/// The update, condition and values of a finish.
+/// The update, condition and values of an end of attempt.
 // Why this function is long: the two shapes of an end's write (a give-back moves the log
 // entry; any other end records it), each update beside its condition and values.
-fn finish_write(req: &FinishRequest) -> (String, String, Vec<(&'static str, AttributeValue)>) {
+fn end_write(req: &EndRequest) -> (String, String, Vec<(&'static str, AttributeValue)>) {
     let index = req.attempt.saturating_sub(1);
     if let (
         AttemptEnd::GivenBack {

@@ -7,7 +7,7 @@ use crate::job::{
     AttemptOutcome, BlobRef, Failure, JobRecord, JobState, Millis, RecordOutcome, ResultBody,
 };
 use crate::ledger::transitions::shows_end;
-use crate::ledger::{AttemptEnd, FinishRequest, RenewRequest, Write};
+use crate::ledger::{AttemptEnd, EndRequest, RenewRequest, Write};
 use crate::provider::ProviderError;
 use crate::worker::settings::ReplayPolicy;
 
@@ -101,7 +101,7 @@ pub enum EndStep {
 #[derive(Debug, Clone, PartialEq)]
 pub enum EndWrite {
     /// End the attempt (or, when only the deadline refused an answer, expire the job).
-    Finish(FinishRequest),
+    End(EndRequest),
     /// Renew the lease before another try, or end it now to hand the job over.
     Renew(RenewRequest),
 }
@@ -123,7 +123,7 @@ pub struct Closed {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 enum Phase {
     Place,
-    Finish,
+    End,
     Renew,
     Expire,
     HandOver,
@@ -170,7 +170,7 @@ impl Ending {
             tries: 0,
             kept_by_provider: false,
             seen: None,
-            phase: Phase::Finish,
+            phase: Phase::End,
         };
         let end = match waited {
             Waited::Ended(end, retry_after_ms) => {
@@ -240,13 +240,13 @@ impl Ending {
 
     /// Whether the write ends the attempt with an answer.
     pub fn accepting(&self) -> bool {
-        self.phase == Phase::Finish && matches!(self.end, Some(AttemptEnd::Succeeded { .. }))
+        self.phase == Phase::End && matches!(self.end, Some(AttemptEnd::Succeeded { .. }))
     }
 
     /// The answer was put so.
     pub fn placed(&mut self, placed: Placed, now: Millis) -> EndStep {
         let end = match placed {
-            Placed::Inline => return self.finish(),
+            Placed::Inline => return self.end_write(),
             Placed::Stored(blob) => AttemptEnd::Succeeded {
                 result: ResultBody::Stored(blob),
             },
@@ -265,14 +265,14 @@ impl Ending {
             }
         };
         self.end = Some(end);
-        self.finish()
+        self.end_write()
     }
 
     /// The write the current step makes, at `now`.
     pub fn write(&self, now: Millis) -> EndWrite {
         let (epoch, attempt) = (self.owner.owner_epoch, self.owner.attempts);
-        let finish = |end: AttemptEnd| {
-            EndWrite::Finish(FinishRequest {
+        let end_with = |end: AttemptEnd| {
+            EndWrite::End(EndRequest {
                 job_id: self.owner.job_id.clone(),
                 epoch,
                 attempt,
@@ -291,10 +291,10 @@ impl Ending {
             })
         };
         match self.phase {
-            Phase::Expire => finish(AttemptEnd::Expired),
+            Phase::Expire => end_with(AttemptEnd::Expired),
             Phase::Renew => renew(now + self.facts.lease_ms),
             Phase::HandOver => renew(now),
-            _ => finish(self.end.clone().unwrap_or(AttemptEnd::Expired)),
+            _ => end_with(self.end.clone().unwrap_or(AttemptEnd::Expired)),
         }
     }
 
@@ -302,7 +302,7 @@ impl Ending {
     pub fn answered(&mut self, answer: Option<Write>, now: Millis) -> EndStep {
         let epoch = self.owner.owner_epoch;
         match (self.phase, answer) {
-            (Phase::Finish, answer) => {
+            (Phase::End, answer) => {
                 self.tries += 1;
                 let target = self.end.as_ref().map_or(JobState::Expired, |e| e.target());
                 match answer {
@@ -321,7 +321,7 @@ impl Ending {
                 self.refused(Some(seen), now)
             }
             // A renewal that fails is no reason to stop trying.
-            (Phase::Renew, _) => self.finish(),
+            (Phase::Renew, _) => self.end_write(),
             (Phase::Expire, Some(Write::Applied(record))) => {
                 let outcome = RecordOutcome::after_write(record.state, None);
                 self.discarding(outcome, record, true)
@@ -370,11 +370,11 @@ impl Ending {
         }
         self.tries += 1;
         self.end = Some(too_large("the ledger refused the item with the answer"));
-        self.finish()
+        self.end_write()
     }
 
-    fn finish(&mut self) -> EndStep {
-        self.phase = Phase::Finish;
+    fn end_write(&mut self) -> EndStep {
+        self.phase = Phase::End;
         EndStep::Write { pause_ms: 0 }
     }
 

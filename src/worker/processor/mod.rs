@@ -8,10 +8,10 @@
 //! - this file: the entry points and the claim (or settle, or recovery claim) loop;
 //! - [`run`](self::run): the call and a background call's polling, as
 //!   [`Calling`](super::calling::Calling) asks;
-//! - [`finish`](self::finish): the writes that end an attempt, as [`Ending`](super::ending::Ending) asks;
+//! - [`end`](self::end): the writes that end an attempt, as [`Ending`](super::ending::Ending) asks;
 //! - [`recover`](self::recover): what a recovery claim does with the evidence it finds.
 
-mod finish;
+mod end;
 mod payload;
 mod recover;
 mod run;

@@ -36,7 +36,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
             let took = self.clock.now_ms() - started;
             watch.provider_latency(u64::try_from(took).unwrap_or(0));
         }
-        self.close(owner, waited, inv).await
+        self.end_attempt(owner, waited, inv).await
     }
 
     /// What the call's machine knows of this invocation and the settings.

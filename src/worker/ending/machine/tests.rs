@@ -1,7 +1,7 @@
 //! The ending machine, step by step, against the ledger's own transitions.
 
 use super::*;
-use crate::ledger::transitions::{apply_finish, apply_renew};
+use crate::ledger::transitions::{apply_end, apply_renew};
 
 const NOW: Millis = 1_000_000;
 const DEADLINE: Millis = NOW + 600_000;
@@ -26,7 +26,7 @@ fn claimed(reference: bool) -> JobRecord {
 /// The ledger's answer to `write` on `item`, as the transitions give it.
 fn apply(item: &JobRecord, write: EndWrite) -> Write {
     let after = match &write {
-        EndWrite::Finish(req) => apply_finish(Some(item), req),
+        EndWrite::End(req) => apply_end(Some(item), req),
         EndWrite::Renew(req) => apply_renew(Some(item), req),
     };
     after.map_or_else(|| Write::Refused(Some(item.clone())), Write::Applied)
@@ -58,11 +58,11 @@ fn an_answer_is_placed_then_accepted_by_one_write_on_the_owners_epoch() {
         m.placed(Placed::Inline, NOW),
         EndStep::Write { pause_ms: 0 }
     );
-    let EndWrite::Finish(req) = m.write(NOW) else {
-        panic!("a finish");
+    let EndWrite::End(req) = m.write(NOW) else {
+        panic!("an end");
     };
     assert_eq!((req.epoch, req.attempt), (1, 1));
-    let closed = done(m.answered(Some(apply(&owner, EndWrite::Finish(req))), NOW));
+    let closed = done(m.answered(Some(apply(&owner, EndWrite::End(req))), NOW));
     assert_eq!(closed.outcome, RecordOutcome::Done(JobState::Succeeded));
     assert!(!closed.refused);
 }
@@ -76,11 +76,11 @@ fn an_answer_refused_by_the_deadline_alone_expires_the_job_on_the_owners_epoch()
     let late = DEADLINE + 1;
     let step = m.answered(Some(apply(&owner, m.write(late))), late);
     assert_eq!(step, EndStep::Write { pause_ms: 0 });
-    let EndWrite::Finish(req) = m.write(late) else {
-        panic!("a finish");
+    let EndWrite::End(req) = m.write(late) else {
+        panic!("an end");
     };
     assert_eq!(req.end, AttemptEnd::Expired);
-    let closed = done(m.answered(Some(apply(&owner, EndWrite::Finish(req))), late));
+    let closed = done(m.answered(Some(apply(&owner, EndWrite::End(req))), late));
     assert_eq!(closed.outcome, RecordOutcome::Done(JobState::Expired));
     assert!(closed.refused);
 }
@@ -227,7 +227,7 @@ fn an_answer_within_the_skew_margin_of_the_deadline_is_not_accepted() {
     assert_eq!(step, EndStep::Write { pause_ms: 0 });
     assert!(matches!(
         m.write(DEADLINE - 1_000),
-        EndWrite::Finish(FinishRequest {
+        EndWrite::End(EndRequest {
             end: AttemptEnd::Expired,
             ..
         })

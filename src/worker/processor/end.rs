@@ -11,15 +11,15 @@ use crate::provider::Provider;
 use crate::worker::ending::{Closed, EndFacts, EndStep, EndWrite, Ending, Waited};
 
 /// Tries at ending an attempt whose write fails, within the invocation and the job's deadline.
-const FINISH_TRIES: u32 = 5;
+const END_TRIES: u32 = 5;
 /// Pause before the second try; doubled for each one after.
-const FINISH_RETRY_PAUSE_MS: Millis = 100;
+const END_RETRY_PAUSE_MS: Millis = 100;
 
 impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
     /// Ends the attempt of `owner` after what waiting for the provider came to: the steps of its
     /// [`Ending`], carried out. Every write is conditional on the owner's epoch; a refused end
     /// drops the answer unpublished.
-    pub(super) async fn close(
+    pub(super) async fn end_attempt(
         &self,
         owner: JobRecord,
         waited: Waited,
@@ -43,9 +43,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
                     }
                     let now = self.clock.now_ms();
                     let answer = match machine.write(now) {
-                        EndWrite::Finish(req) => {
-                            self.ledger.finish_known(machine.owner(), req).await
-                        }
+                        EndWrite::End(req) => self.ledger.end_known(machine.owner(), req).await,
                         EndWrite::Renew(req) => self.ledger.renew(req).await,
                     };
                     let job_id = &machine.owner().job_id;
@@ -62,7 +60,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
                         }
                     }
                 }
-                EndStep::Done(closed) => return self.closed(machine.owner(), *closed).await,
+                EndStep::Done(closed) => return self.ended(machine.owner(), *closed).await,
             }
         }
     }
@@ -78,14 +76,14 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
                 .map_or(Millis::MAX, |d| d - s.deadline_margin_ms),
             can_retrieve: self.provider.can_retrieve(),
             replay: s.replay,
-            tries: FINISH_TRIES,
-            first_pause_ms: FINISH_RETRY_PAUSE_MS,
+            tries: END_TRIES,
+            first_pause_ms: END_RETRY_PAUSE_MS,
         }
     }
 
     /// The delivery's end: a refusal said, a refused answer's object removed once nobody can
     /// accept it (what nobody accepts otherwise is the orphan sweep's, or the lifecycle rule's).
-    async fn closed(&self, owner: &JobRecord, closed: Closed) -> Processed {
+    async fn ended(&self, owner: &JobRecord, closed: Closed) -> Processed {
         if closed.refused {
             tracing::warn!(
                 job_id = %owner.job_id,
