@@ -20,28 +20,28 @@ pub enum ConfigError {
 
 /// Variables by name: the process environment, or a map in tests. A blank value counts as
 /// unset.
-pub struct Vars<'a> {
+pub(crate) struct Vars<'a> {
     lookup: &'a dyn Fn(&str) -> Option<String>,
 }
 
 impl<'a> Vars<'a> {
     /// Variables read through `lookup`.
-    pub fn new(lookup: &'a dyn Fn(&str) -> Option<String>) -> Self {
+    pub(crate) fn new(lookup: &'a dyn Fn(&str) -> Option<String>) -> Self {
         Vars { lookup }
     }
 
     /// The variable `name`, if set and not blank.
-    pub fn get(&self, name: &str) -> Option<String> {
+    pub(crate) fn get(&self, name: &str) -> Option<String> {
         (self.lookup)(name).filter(|v| !v.trim().is_empty())
     }
 
     /// The variable `name`, which must be set.
-    pub fn required(&self, name: &'static str) -> Result<String, ConfigError> {
+    pub(crate) fn required(&self, name: &'static str) -> Result<String, ConfigError> {
         self.get(name).ok_or(ConfigError::Missing(name))
     }
 
     /// The integer variable `name`, `default` when unset, refused outside `min..=max`.
-    pub fn integer(
+    pub(crate) fn integer(
         &self,
         name: &'static str,
         default: i64,
@@ -62,7 +62,7 @@ impl<'a> Vars<'a> {
 
     /// The variable `name` as one of `options` (its value, then what it means), `default` when
     /// unset.
-    pub fn choice<T: Copy>(
+    pub(crate) fn choice<T: Copy>(
         &self,
         name: &'static str,
         default: T,

@@ -20,9 +20,9 @@ use tracing_subscriber::layer::Context;
 use tracing_subscriber::registry::LookupSpan;
 
 /// The span fields sent as annotations.
-pub const ANNOTATED: [&str; 5] = ["job_id", "epoch", "attempt", "operation", "message_id"];
+pub(crate) const ANNOTATED: [&str; 5] = ["job_id", "epoch", "attempt", "operation", "message_id"];
 /// The span names sent as subsegments.
-pub const TRACED: [&str; 3] = ["record", "ledger", "provider"];
+pub(crate) const TRACED: [&str; 3] = ["record", "ledger", "provider"];
 
 /// The span of one invocation: its request id (on every log line inside it) and the trace
 /// header Lambda passed (where this layer finds the trace and the invocation's segment).

@@ -11,7 +11,7 @@ use crate::job::{Failure, InvalidMessage, Trigger};
 /// controls); an Extended Client pointer is followed to its payload (read through `blobs`),
 /// which is then parsed like any body. A payload that is gone is poison; a store that cannot be
 /// reached is a backoff.
-pub async fn resolve_body(
+pub(crate) async fn resolve_body(
     blobs: Option<&dyn BlobStore>,
     body: Option<&str>,
     check: InputCheck,

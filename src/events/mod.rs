@@ -16,7 +16,7 @@ use sha2::{Digest, Sha256};
 use crate::job::{JobRecord, JobState};
 
 /// An answer larger than this is not carried in the event: the event names where it is.
-pub const EVENT_INLINE_RESULT_BYTES: usize = 64 * 1024;
+pub(crate) const EVENT_INLINE_RESULT_BYTES: usize = 64 * 1024;
 
 /// One completion event.
 #[derive(Debug, Clone, PartialEq)]
@@ -79,7 +79,7 @@ impl CompletionEvent {
     }
 
     /// The detail type an EventBridge rule or a subscription filter matches on.
-    pub fn detail_type(&self) -> &'static str {
+    pub(crate) fn detail_type(&self) -> &'static str {
         match self.state {
             JobState::Succeeded => "Job Succeeded",
             JobState::FailedTerminal => "Job Failed",
@@ -106,7 +106,7 @@ pub fn event_id(job_id: &str, epoch: u64, state: JobState) -> String {
 impl CompletionEvent {
     /// The event without its inline answer, which `jobctl result` reads from the item instead:
     /// for an event too large for one request of its target.
-    pub fn without_result(&self) -> CompletionEvent {
+    pub(crate) fn without_result(&self) -> CompletionEvent {
         let mut slim = self.clone();
         if let Some(fields) = slim.detail.as_object_mut()
             && fields.remove("result").is_some()
@@ -129,7 +129,7 @@ pub enum Target {
 }
 
 /// Entries in one request: the limit of all three APIs.
-pub const MAX_REQUEST_ENTRIES: usize = 10;
+pub(crate) const MAX_REQUEST_ENTRIES: usize = 10;
 
 /// The `source` of every event on an EventBridge bus.
 pub const EVENT_SOURCE: &str = "fenced-jobs";
@@ -137,7 +137,7 @@ pub const EVENT_SOURCE: &str = "fenced-jobs";
 impl Target {
     /// The most bytes one request may carry: 256 KiB for `PutEvents` (all entries) and
     /// `PublishBatch` (all messages with their attributes), 1 MiB for `SendMessageBatch`.
-    pub fn max_request_bytes(self) -> usize {
+    pub(crate) fn max_request_bytes(self) -> usize {
         match self {
             Target::EventBridge | Target::Sns => 256 * 1024,
             Target::Sqs => 1024 * 1024,
@@ -148,7 +148,7 @@ impl Target {
     /// the UTF-8 bytes of the source, the detail type, the detail and each resource (a time
     /// would add 14; none is set); for SNS, the message and each attribute's name, type and
     /// value (the `state` attribute); for SQS, the body.
-    pub fn entry_bytes(self, event: &CompletionEvent) -> usize {
+    pub(crate) fn entry_bytes(self, event: &CompletionEvent) -> usize {
         let detail = event.detail.to_string().len();
         match self {
             Target::EventBridge => {

@@ -20,7 +20,7 @@ impl Expect {
     };
 
     /// True when an absent item satisfies this expectation.
-    pub fn allows_absent(self) -> bool {
+    pub(crate) fn allows_absent(self) -> bool {
         self == Expect::FRESH
     }
 }

@@ -12,18 +12,18 @@ use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 
 /// The largest body SQS and its Lambda trigger accept (1 MiB).
-pub const MAX_BODY_BYTES: usize = 1_048_576;
+pub(crate) const MAX_BODY_BYTES: usize = 1_048_576;
 /// The largest payload read through an Extended Client pointer: the job, input included, is held
 /// in memory while it runs.
-pub const MAX_PAYLOAD_BYTES: usize = 16 * 1_048_576;
+pub(crate) const MAX_PAYLOAD_BYTES: usize = 16 * 1_048_576;
 /// The longest `job_id`.
-pub const MAX_JOB_ID_LEN: usize = 128;
+pub(crate) const MAX_JOB_ID_LEN: usize = 128;
 /// The longest `contract`.
-pub const MAX_CONTRACT_LEN: usize = 64;
+pub(crate) const MAX_CONTRACT_LEN: usize = 64;
 /// The largest `metadata` object, encoded.
-pub const MAX_METADATA_BYTES: usize = 4_096;
+pub(crate) const MAX_METADATA_BYTES: usize = 4_096;
 /// The largest `max_attempts` a message may ask for.
-pub const MAX_ATTEMPTS_LIMIT: u32 = 100;
+pub(crate) const MAX_ATTEMPTS_LIMIT: u32 = 100;
 
 const TOP_LEVEL_FIELDS: [&str; 6] = [
     "job_id",
@@ -127,7 +127,7 @@ pub fn parse_trigger(body: Option<&str>) -> Result<Trigger, InvalidMessage> {
 }
 
 /// [`parse_trigger`], with `check` applied to a job's input.
-pub fn parse_trigger_with(
+pub(crate) fn parse_trigger_with(
     body: Option<&str>,
     check: InputCheck,
 ) -> Result<Trigger, InvalidMessage> {
@@ -195,7 +195,7 @@ pub struct JobMessage {
 
 /// Rules for a job's input beyond the contract's, supplied by what runs the job (the simulated
 /// provider checks its controls): a body that breaks them is poison like any other.
-pub type InputCheck = fn(&Map<String, Value>) -> Result<(), InvalidMessage>;
+pub(crate) type InputCheck = fn(&Map<String, Value>) -> Result<(), InvalidMessage>;
 
 fn no_check(_: &Map<String, Value>) -> Result<(), InvalidMessage> {
     Ok(())
@@ -207,7 +207,7 @@ pub fn parse_body(body: Option<&str>) -> Result<JobMessage, InvalidMessage> {
 }
 
 /// Parses and validates one SQS body against the contract and `check`.
-pub fn parse_body_with(
+pub(crate) fn parse_body_with(
     body: Option<&str>,
     check: InputCheck,
 ) -> Result<JobMessage, InvalidMessage> {
@@ -219,7 +219,7 @@ pub fn parse_body_with(
 }
 
 /// Parses the payload an Extended Client pointer named, like a body but with the payload limit.
-pub fn parse_payload_with(payload: &str, check: InputCheck) -> Result<Trigger, InvalidMessage> {
+pub(crate) fn parse_payload_with(payload: &str, check: InputCheck) -> Result<Trigger, InvalidMessage> {
     parse_trigger_text(payload, check, MAX_PAYLOAD_BYTES)
 }
 
@@ -458,7 +458,7 @@ fn wrong_type(field: &'static str, expected: &'static str) -> InvalidMessage {
 
 impl InvalidMessage {
     /// A field of the wrong JSON type.
-    pub fn wrong_type(field: &'static str, expected: &'static str) -> InvalidMessage {
+    pub(crate) fn wrong_type(field: &'static str, expected: &'static str) -> InvalidMessage {
         InvalidMessage::WrongType { field, expected }
     }
 }

@@ -19,7 +19,7 @@ pub use state::JobState;
 pub type Millis = i64;
 
 /// How many partitions the attention index spreads each state over.
-pub const ATTENTION_SHARDS: u8 = 16;
+pub(crate) const ATTENTION_SHARDS: u8 = 16;
 
 /// The key of a job in the sparse attention index: its state and a shard from its id
 /// (`unknown#07`), or `None` for a terminal job, which leaves the index. Sharding keeps the many
@@ -34,13 +34,13 @@ pub fn attention_key(state: JobState, job_id: &str) -> Option<String> {
 }
 
 /// The attention-index key of one shard of a state.
-pub fn attention_shard(state: JobState, shard: u8) -> String {
+pub(crate) fn attention_shard(state: JobState, shard: u8) -> String {
     format!("{}#{shard:02}", state.as_str())
 }
 
 /// The day (UTC, `YYYY-MM-DD`) a job that became terminal at `at` is filed under in the finished
 /// index, which `jobctl export` reads day by day.
-pub fn finished_day(at: Millis) -> String {
+pub(crate) fn finished_day(at: Millis) -> String {
     let date = time::OffsetDateTime::from_unix_timestamp(at.div_euclid(1000))
         .map_or(time::OffsetDateTime::UNIX_EPOCH.date(), |t| t.date());
     format!(
@@ -52,26 +52,26 @@ pub fn finished_day(at: Millis) -> String {
 }
 
 /// DynamoDB's limit on one item, attribute names and values together.
-pub const MAX_ITEM_BYTES: usize = 400 * 1024;
+pub(crate) const MAX_ITEM_BYTES: usize = 400 * 1024;
 
 /// `INLINE_MAX_BYTES` when unset: answers and inputs up to 64 KiB stay in the item.
 pub const DEFAULT_INLINE_MAX_BYTES: usize = 64 * 1024;
 
 /// The largest `INLINE_MAX_BYTES` may be: an inline answer and an inline input together stay
 /// well inside one item.
-pub const INLINE_LIMIT_BYTES: usize = 160 * 1024;
+pub(crate) const INLINE_LIMIT_BYTES: usize = 160 * 1024;
 
 /// Room kept under [`MAX_ITEM_BYTES`] for what the estimate of [`JobRecord::item_bytes`] leaves
 /// out and for the writes that follow an acceptance.
-pub const ITEM_HEADROOM_BYTES: usize = 8 * 1024;
+pub(crate) const ITEM_HEADROOM_BYTES: usize = 8 * 1024;
 
 /// How many given-back attempts an item keeps (the counts keep them all): a throttle storm
 /// must not grow the item towards DynamoDB's limit.
-pub const GIVEN_BACK_KEPT: usize = 5;
+pub(crate) const GIVEN_BACK_KEPT: usize = 5;
 
 /// How many recoveries an item lists (the rest are counted): a job asked about again and again
 /// must not grow its item towards DynamoDB's limit.
-pub const RECOVERIES_KEPT: usize = 10;
+pub(crate) const RECOVERIES_KEPT: usize = 10;
 
 /// One job's ledger item, decoded.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -141,7 +141,7 @@ impl JobRecord {
     /// An upper estimate of the item's size in DynamoDB: every string at its length, every
     /// number and attribute name at a generous fixed size, and every attempt, recovery and
     /// decision record in full.
-    pub fn item_bytes(&self) -> usize {
+    pub(crate) fn item_bytes(&self) -> usize {
         const FIELD: usize = 40; // an attribute name and a number, generously
         let opt = |s: &Option<String>| s.as_ref().map_or(0, String::len);
         let attempts: usize = self
@@ -191,7 +191,7 @@ impl JobRecord {
     }
 
     /// Whether the item could also hold `result` as its accepted answer.
-    pub fn can_hold_result(&self, result: &str) -> bool {
+    pub(crate) fn can_hold_result(&self, result: &str) -> bool {
         self.item_bytes() + result.len() + ITEM_HEADROOM_BYTES <= MAX_ITEM_BYTES
     }
 }

@@ -8,7 +8,7 @@ use super::{InvalidMessage, JobState, Millis, Next};
 pub const SQS_MAX_VISIBILITY_S: i64 = 43_200;
 /// Kept off the 12-hour cap, and off the earliest moment a receive can have happened: the
 /// request errors rather than clamps, and the receive time is only bounded from below.
-pub const SQS_CAP_MARGIN_S: i64 = 60;
+pub(crate) const SQS_CAP_MARGIN_S: i64 = 60;
 
 /// The earliest moment this receive of a record can have happened: the event source mapping
 /// received it at most `batching_window_ms` (and a margin) before the invocation began at
@@ -54,7 +54,7 @@ impl RecordOutcome {
     /// The outcome of a delivery that decided from `next` without a write of its own. A
     /// decision to claim or settle that is not carried out here (a duplicate in the batch, a
     /// refused end of attempt) backs off.
-    pub fn from_next(next: Next, message_digest: &str) -> RecordOutcome {
+    pub(crate) fn from_next(next: Next, message_digest: &str) -> RecordOutcome {
         match next {
             Next::Finished(state) => RecordOutcome::Done(state),
             Next::Conflict { ledger_digest } => RecordOutcome::Failed(Failure::Conflict {
@@ -75,7 +75,7 @@ impl RecordOutcome {
 
     /// The outcome after the delivery's own write ended an attempt or settled the job in
     /// `state`: a success only when that state is terminal.
-    pub fn after_write(state: JobState, retry_after_ms: Option<Millis>) -> RecordOutcome {
+    pub(crate) fn after_write(state: JobState, retry_after_ms: Option<Millis>) -> RecordOutcome {
         match state {
             s if s.is_terminal() => RecordOutcome::Done(s),
             JobState::Unknown => RecordOutcome::Failed(Failure::AwaitingDecision),
@@ -241,7 +241,7 @@ impl VisibilityPolicy {
     }
 
     /// Full-jitter exponential backoff: uniform in `0..=min(cap, base * 2^(count-1))` seconds.
-    pub fn backoff_s(&self, receive_count: u32, rng: &mut fastrand::Rng) -> i64 {
+    pub(crate) fn backoff_s(&self, receive_count: u32, rng: &mut fastrand::Rng) -> i64 {
         let exponent = receive_count.saturating_sub(1).min(30);
         let ceiling = self
             .backoff_base_s
@@ -255,7 +255,7 @@ impl VisibilityPolicy {
     /// the job's deadline: none while the record has used at most half its receives (ordinary
     /// backoffs, hand-overs and paced deferrals), then the time left spread over the receives
     /// left, less a tenth kept for the job's last steps.
-    pub fn receive_floor_s(&self, delivery: Delivery) -> i64 {
+    pub(crate) fn receive_floor_s(&self, delivery: Delivery) -> i64 {
         let max = self.max_receive_count;
         let Some(left_s) = delivery.deadline_left_s else {
             return 0;

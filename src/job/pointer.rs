@@ -22,11 +22,11 @@ pub struct PayloadPointer {
 
 /// The message attribute a pointer's producer may name its job in (the worker's dead letters
 /// carry it too): a pointer whose payload is gone then stands for that job.
-pub const NAMED_JOB_ATTRIBUTE: &str = "fenced-jobs.job-id";
+pub(crate) const NAMED_JOB_ATTRIBUTE: &str = "fenced-jobs.job-id";
 
 /// The job a pointer's message names in [`NAMED_JOB_ATTRIBUTE`], as a bare reference, when the
 /// value is a valid job id.
-pub fn named_job(value: Option<&str>) -> Option<super::Trigger> {
+pub(crate) fn named_job(value: Option<&str>) -> Option<super::Trigger> {
     let body = serde_json::json!({ "job_id": value? }).to_string();
     match super::parse_trigger(Some(&body)) {
         Ok(trigger @ super::Trigger::Ref(_)) => Some(trigger),

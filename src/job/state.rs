@@ -56,7 +56,7 @@ impl JobState {
     }
 
     /// States a claim may start an attempt from.
-    pub fn is_claimable(self) -> bool {
+    pub(crate) fn is_claimable(self) -> bool {
         matches!(self, JobState::Ready | JobState::RetryAuthorized)
     }
 }

@@ -69,7 +69,7 @@ pub struct IndexCursor {
 
 impl IndexCursor {
     /// Whether the walk has yet to return `job_id`, found at `at`.
-    pub fn admits(&self, job_id: &str, at: Millis) -> bool {
+    pub(crate) fn admits(&self, job_id: &str, at: Millis) -> bool {
         at > self.at || (at == self.at && !self.returned_at.contains(job_id))
     }
 

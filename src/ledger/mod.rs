@@ -434,7 +434,7 @@ pub trait JobLedger: Send + Sync {
 
 impl AttemptEnd {
     /// The outcome recorded on the attempt.
-    pub fn attempt_outcome(&self) -> crate::job::AttemptOutcome {
+    pub(crate) fn attempt_outcome(&self) -> crate::job::AttemptOutcome {
         use crate::job::AttemptOutcome;
         match self {
             AttemptEnd::Succeeded { .. } => AttemptOutcome::Succeeded,

@@ -16,7 +16,7 @@ use crate::job::Millis;
 
 /// The key prefix of schedule items in the ledger table (job ids never start with it: they
 /// are validated to the characters of a job id, `#` excluded).
-pub const SCHEDULE_KEY_PREFIX: &str = "#schedule#";
+pub(crate) const SCHEDULE_KEY_PREFIX: &str = "#schedule#";
 
 /// A provider's limits, as configured (`PROVIDER_RPM`, `PROVIDER_TPM`); 0 is no limit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -34,7 +34,7 @@ impl Limits {
     }
 
     /// The time `requests` and `tokens` take at these limits, in microseconds each.
-    pub fn cost_us(self, requests: u64, tokens: u64) -> (i64, i64) {
+    pub(crate) fn cost_us(self, requests: u64, tokens: u64) -> (i64, i64) {
         let at = |n: u64, per_minute: u64| -> i64 {
             if per_minute == 0 {
                 0
@@ -66,7 +66,7 @@ pub struct ReserveRequest {
 
 impl ReserveRequest {
     /// The latest start the writer would wait for, in microseconds.
-    pub fn horizon_end_us(&self) -> i64 {
+    pub(crate) fn horizon_end_us(&self) -> i64 {
         self.now
             .saturating_add(self.horizon_ms.max(0))
             .saturating_mul(1_000)
@@ -99,13 +99,13 @@ pub struct Booked {
 }
 
 /// Microseconds rounded up to milliseconds.
-pub fn ceil_ms(us: i64) -> Millis {
+pub(crate) fn ceil_ms(us: i64) -> Millis {
     us.saturating_add(999).div_euclid(1_000)
 }
 
 /// The reservation as a pure function: the state after it and what it got, or the state
 /// unchanged with `Booked` when it would start past the horizon.
-pub fn apply_reserve(
+pub(crate) fn apply_reserve(
     current: Option<Booked>,
     req: &ReserveRequest,
 ) -> (Option<Booked>, Reservation) {
@@ -144,7 +144,7 @@ pub trait CallSchedule: Send + Sync + std::fmt::Debug {
 
 impl Booked {
     /// When a reservation made at `now` would start.
-    pub fn start_at(self, now: Millis) -> Millis {
+    pub(crate) fn start_at(self, now: Millis) -> Millis {
         ceil_ms(self.requests_us.max(self.tokens_us)).max(now)
     }
 }

@@ -197,7 +197,7 @@ pub fn apply_create(current: Option<&JobRecord>, req: &CreateRequest) -> Option<
 }
 
 /// Mark enqueued: see [`EnqueuedRequest`].
-pub fn apply_mark_enqueued(
+pub(crate) fn apply_mark_enqueued(
     current: Option<&JobRecord>,
     req: &EnqueuedRequest,
 ) -> Option<JobRecord> {
@@ -242,19 +242,19 @@ pub fn apply_decide(current: Option<&JobRecord>, req: &DecideRequest) -> Option<
 
 /// Whether `seen` shows the claim of `owner_id`, made expecting `expect`, applied: how a claimant
 /// recognises its own write whose answer was lost (the owner id is unique to each delivery).
-pub fn shows_claim(seen: &JobRecord, expect: Expect, owner_id: &str) -> bool {
+pub(crate) fn shows_claim(seen: &JobRecord, expect: Expect, owner_id: &str) -> bool {
     seen.state == JobState::Running
         && seen.owner_epoch == expect.epoch + 1
         && seen.owner_id.as_deref() == Some(owner_id)
 }
 
 /// Whether `seen` shows the recovery claim of `owner_id` from `seen_epoch` applied.
-pub fn shows_recovery(seen: &JobRecord, seen_epoch: u64, owner_id: &str) -> bool {
+pub(crate) fn shows_recovery(seen: &JobRecord, seen_epoch: u64, owner_id: &str) -> bool {
     seen.owner_epoch == seen_epoch + 1 && seen.owner_id.as_deref() == Some(owner_id)
 }
 
 /// Whether `seen` shows the owner at `epoch` ended its attempt in `target` (an end of attempt
 /// keeps the epoch, and only that owner writes that state at that epoch).
-pub fn shows_end(seen: &JobRecord, epoch: u64, target: JobState) -> bool {
+pub(crate) fn shows_end(seen: &JobRecord, epoch: u64, target: JobState) -> bool {
     seen.owner_epoch == epoch && seen.state == target
 }

@@ -7,7 +7,7 @@ use crate::job::Millis;
 use crate::report::{BatchReport, ReconcileReport};
 
 /// `METRICS_NAMESPACE`'s default.
-pub const DEFAULT_NAMESPACE: &str = "FencedJobs";
+pub(crate) const DEFAULT_NAMESPACE: &str = "FencedJobs";
 
 /// Where metrics go: the namespace and the `Function` dimension's value.
 #[derive(Debug, Clone, PartialEq, Eq)]

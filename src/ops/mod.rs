@@ -12,4 +12,4 @@ pub mod replay;
 pub mod results;
 
 /// Ledger calls in flight at once (the producer's and the reconciler's).
-pub const CONCURRENCY: usize = 16;
+pub(crate) const CONCURRENCY: usize = 16;

@@ -301,14 +301,6 @@ impl DlqVerdict {
     }
 }
 
-/// Judges one dead-lettered body against the ledger's item for its job.
-pub fn dlq_verdict(body: Option<&str>, record: Option<&JobRecord>) -> DlqVerdict {
-    match crate::job::parse_trigger(body) {
-        Err(invalid) => DlqVerdict::Poison(invalid.to_string()),
-        Ok(trigger) => verdict_of(&trigger, record),
-    }
-}
-
 /// Judges a trigger against the ledger's item for its job.
 fn verdict_of(trigger: &Trigger, record: Option<&JobRecord>) -> DlqVerdict {
     match (record, trigger) {

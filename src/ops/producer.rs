@@ -19,7 +19,7 @@ use crate::queue::{Outgoing, TriggerSender};
 /// A body up to this size travels whole (one 64 KiB billing chunk, and the worker needs no
 /// read); a larger one travels as `{"job_id": ...}` and the worker reads the input from the
 /// ledger.
-pub const INLINE_BODY_MAX: usize = 65_536;
+pub(crate) const INLINE_BODY_MAX: usize = 65_536;
 
 /// How `submit` takes jobs in: the defaults for what a line leaves out, and where an input too
 /// large to keep inline is stored.

@@ -82,7 +82,7 @@ impl Default for ReconcileSettings {
 
 impl ReconcileSettings {
     /// Reads the `RECONCILE_*` settings.
-    pub fn from_vars(vars: &Vars<'_>) -> Result<ReconcileSettings, ConfigError> {
+    pub(crate) fn from_vars(vars: &Vars<'_>) -> Result<ReconcileSettings, ConfigError> {
         let d = ReconcileSettings::default();
         let seconds = |name, default_ms: Millis| {
             Ok::<_, ConfigError>(vars.integer(name, default_ms / 1000, 1, 31_536_000)? * 1000)

@@ -19,7 +19,7 @@ use crate::queue::{QueueError, QueueReader};
 
 /// Added on both sides of a failed batch's arrival times: the item's `updated_at` is the
 /// writer's clock, the arrival time the stream's.
-pub const WINDOW_MARGIN_MS: Millis = 60_000;
+pub(crate) const WINDOW_MARGIN_MS: Millis = 60_000;
 
 const DAY_MS: Millis = 86_400_000;
 const PAGE: usize = 200;
@@ -41,7 +41,7 @@ pub enum ReplayError {
 /// The stretch of time a failure message of a stream event source mapping names
 /// (`DDBStreamBatchInfo`: `approximateArrivalOfFirstRecord`, `approximateArrivalOfLastRecord`),
 /// widened by [`WINDOW_MARGIN_MS`]; `None` for any other message.
-pub fn failed_window(body: &str) -> Option<(Millis, Millis)> {
+pub(crate) fn failed_window(body: &str) -> Option<(Millis, Millis)> {
     let info = serde_json::from_str::<Value>(body).ok()?;
     let batch = info.get("DDBStreamBatchInfo")?;
     let at = |name: &str| {
@@ -62,7 +62,7 @@ pub fn failed_window(body: &str) -> Option<(Millis, Millis)> {
 
 /// The events of the jobs that entered an announced state from `from` to `to`: terminal jobs
 /// of the finished index, and `unknown` jobs last changed then. At most `max_jobs`.
-pub async fn events_between<L: JobLedger + LedgerIndex>(
+pub(crate) async fn events_between<L: JobLedger + LedgerIndex>(
     ledger: &L,
     from: Millis,
     to: Millis,

@@ -29,7 +29,7 @@ pub struct BedrockSettings {
 
 impl BedrockSettings {
     /// Reads the `BEDROCK_*` settings.
-    pub fn from_vars(vars: &Vars<'_>) -> BedrockSettings {
+    pub(crate) fn from_vars(vars: &Vars<'_>) -> BedrockSettings {
         BedrockSettings {
             model_id: vars.get("BEDROCK_MODEL_ID"),
             endpoint_url: vars.get("BEDROCK_ENDPOINT_URL"),

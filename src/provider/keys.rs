@@ -21,7 +21,7 @@ pub enum KeySource {
 
 impl KeySource {
     /// The one key source the variables name (none, or more than one, is refused).
-    pub fn from_vars(vars: &Vars<'_>) -> Result<KeySource, ConfigError> {
+    pub(crate) fn from_vars(vars: &Vars<'_>) -> Result<KeySource, ConfigError> {
         let sources = [
             vars.get("OPENAI_API_KEY")
                 .map(|v| KeySource::Value(Secret::new(v))),
@@ -55,7 +55,7 @@ impl Secret {
     }
 
     /// The credential, for the one place that sends it.
-    pub fn expose(&self) -> &str {
+    pub(crate) fn expose(&self) -> &str {
         &self.0
     }
 }
@@ -69,7 +69,7 @@ impl std::fmt::Debug for Secret {
 /// The key `source` names: from the environment, a Secrets Manager secret (the key itself, or
 /// JSON with an `api_key` field) or an SSM `SecureString` parameter. Errors name the source,
 /// never the value.
-pub async fn resolve(
+pub(crate) async fn resolve(
     source: &KeySource,
     aws: &aws_config::SdkConfig,
 ) -> Result<Option<Secret>, SetupError> {

@@ -21,7 +21,7 @@ pub use simulated::SimulatedProvider;
 #[cfg(feature = "openai")]
 pub use keys::{KeySource, Secret};
 
-use crate::job::message::{parse_payload_with, parse_trigger_with};
+use crate::job::message::parse_trigger_with;
 use crate::job::{InvalidMessage, Trigger};
 use crate::vars::{ConfigError, Vars};
 #[cfg(feature = "bedrock")]
@@ -34,12 +34,6 @@ use openai::OpenAiSettings;
 /// everywhere).
 pub fn parse_trigger(body: Option<&str>) -> Result<Trigger, InvalidMessage> {
     parse_trigger_with(body, simulated::check_controls)
-}
-
-/// Parses the payload an Extended Client pointer named, with the same rules as a body (and the
-/// payload size limit).
-pub fn parse_payload(payload: &str) -> Result<Trigger, InvalidMessage> {
-    parse_payload_with(payload, simulated::check_controls)
 }
 
 /// The model providers this build knows, and how to reach the one chosen.
@@ -62,7 +56,7 @@ pub enum ProviderConfig {
 
 impl ProviderConfig {
     /// `PROVIDER` and the chosen provider's own settings.
-    pub fn from_vars(vars: &Vars<'_>) -> Result<ProviderConfig, ConfigError> {
+    pub(crate) fn from_vars(vars: &Vars<'_>) -> Result<ProviderConfig, ConfigError> {
         Ok(match vars.get("PROVIDER").as_deref() {
             None | Some("simulated") => ProviderConfig::Simulated,
             #[cfg(feature = "openai")]
@@ -170,7 +164,7 @@ impl ProviderError {
 
 /// The longest wait a provider's `Retry-After` is taken for: a larger one (or one that is not a
 /// number) must not stop an environment for hours, nor overflow the clock arithmetic.
-pub const MAX_RETRY_AFTER_MS: i64 = 600_000;
+pub(crate) const MAX_RETRY_AFTER_MS: i64 = 600_000;
 
 /// What a provider says about an earlier attempt it was asked for by reference.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -14,7 +14,7 @@ use crate::clock::{Clock, SystemClock};
 use crate::job::{InvalidMessage, Millis};
 
 /// The longest simulated latency (one hour).
-pub const MAX_SIMULATED_LATENCY_MS: u64 = 3_600_000;
+pub(crate) const MAX_SIMULATED_LATENCY_MS: u64 = 3_600_000;
 const SIMULATE_FIELDS: [&str; 5] = [
     "latency_ms",
     "outcome",
@@ -23,11 +23,11 @@ const SIMULATE_FIELDS: [&str; 5] = [
     "answer_bytes",
 ];
 /// The largest simulated answer padding.
-pub const MAX_SIMULATED_ANSWER_BYTES: u64 = 2_000_000;
+pub(crate) const MAX_SIMULATED_ANSWER_BYTES: u64 = 2_000_000;
 
 /// Simulated-provider controls read from `input.simulate`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Simulation {
+pub(crate) struct Simulation {
     /// How long the simulated call takes.
     pub latency_ms: u64,
     /// What the call ends with once `fail_times` transient errors are spent.
@@ -54,7 +54,7 @@ impl Default for Simulation {
 
 /// The end of a simulated call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum SimulatedOutcome {
+pub(crate) enum SimulatedOutcome {
     /// A deterministic answer.
     #[default]
     Ok,
@@ -71,13 +71,13 @@ pub enum SimulatedOutcome {
 /// The input was checked when its message was parsed ([`check_controls`]), so this cannot fail
 /// on a job that came through [`super::parse_trigger`]; a hand-made input with bad controls falls
 /// back to the defaults.
-pub fn simulation_of(input: &Map<String, Value>) -> Simulation {
+pub(crate) fn simulation_of(input: &Map<String, Value>) -> Simulation {
     parse_simulation(input.get("simulate")).unwrap_or_default()
 }
 
 /// Checks the controls in `input.simulate`: applied to every body the worker and the producer
 /// parse, so a job with bad controls is poison whichever provider runs.
-pub fn check_controls(input: &Map<String, Value>) -> Result<(), InvalidMessage> {
+pub(crate) fn check_controls(input: &Map<String, Value>) -> Result<(), InvalidMessage> {
     parse_simulation(input.get("simulate")).map(|_| ())
 }
 

@@ -10,14 +10,14 @@ use futures::future::BoxFuture;
 use super::triggers::SQS_MAX_BYTES;
 
 /// The attribute that names why the worker dead-lettered a message (`poison`, `conflict`).
-pub const REASON_ATTRIBUTE: &str = "fenced-jobs.reason";
+pub(crate) const REASON_ATTRIBUTE: &str = "fenced-jobs.reason";
 /// The attribute with the classification (the rule a body broke, or both digests).
-pub const DETAIL_ATTRIBUTE: &str = "fenced-jobs.detail";
+pub(crate) const DETAIL_ATTRIBUTE: &str = "fenced-jobs.detail";
 /// The attribute with the job id, when the body named one (a redriven pointer whose payload is
 /// gone still stands for its job).
 pub const JOB_ID_ATTRIBUTE: &str = crate::job::pointer::NAMED_JOB_ATTRIBUTE;
 /// The attribute with the original message id.
-pub const SOURCE_ATTRIBUTE: &str = "fenced-jobs.source-message-id";
+pub(crate) const SOURCE_ATTRIBUTE: &str = "fenced-jobs.source-message-id";
 /// SQS's limit on a message's attributes.
 const MAX_ATTRIBUTES: usize = 10;
 

@@ -13,7 +13,7 @@ use aws_sdk_sqs::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_sqs::types::MessageAttributeValue;
 
 /// SQS receives at most ten messages a request.
-pub const RECEIVE_LIMIT: usize = 10;
+pub(crate) const RECEIVE_LIMIT: usize = 10;
 
 /// One message received, invisible to others until it is deleted, released or its hold ends.
 #[derive(Clone, PartialEq, Eq)]

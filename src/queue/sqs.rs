@@ -17,7 +17,7 @@ use super::triggers::{
 use super::{ChangeResult, ChangeResults, VisibilityChange, VisibilityControl};
 
 /// SQS allows at most ten entries per batch call.
-pub const SQS_BATCH_LIMIT: usize = 10;
+pub(crate) const SQS_BATCH_LIMIT: usize = 10;
 /// Batch calls in flight at once.
 const PARALLEL_CALLS: usize = 8;
 
@@ -219,7 +219,7 @@ impl SqsVisibility {
 }
 
 /// The account and queue name of an SQS queue ARN.
-pub fn parse_queue_arn(arn: &str) -> Option<(&str, &str)> {
+pub(crate) fn parse_queue_arn(arn: &str) -> Option<(&str, &str)> {
     let mut parts = arn.split(':');
     let (
         Some("arn"),

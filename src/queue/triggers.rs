@@ -7,9 +7,9 @@ use std::future::Future;
 use serde_json::json;
 
 /// SQS's limit on one message and on one `SendMessageBatch` request.
-pub const SQS_MAX_BYTES: usize = 1_048_576;
+pub(crate) const SQS_MAX_BYTES: usize = 1_048_576;
 /// Entries in one `SendMessageBatch` request.
-pub const SEND_BATCH_LIMIT: usize = 10;
+pub(crate) const SEND_BATCH_LIMIT: usize = 10;
 
 /// One trigger to send.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -63,7 +63,7 @@ pub fn batches(triggers: &[Outgoing]) -> Vec<&[Outgoing]> {
 }
 
 /// Splits `items` into `SendMessageBatch` requests by the size of each body.
-pub fn batches_by<T>(items: &[T], bytes_of: impl Fn(&T) -> usize) -> Vec<&[T]> {
+pub(crate) fn batches_by<T>(items: &[T], bytes_of: impl Fn(&T) -> usize) -> Vec<&[T]> {
     let mut batches = Vec::new();
     let mut start = 0;
     let mut bytes = 0;
@@ -83,12 +83,12 @@ pub fn batches_by<T>(items: &[T], bytes_of: impl Fn(&T) -> usize) -> Vec<&[T]> {
 }
 
 /// SQS's limit on a FIFO deduplication id.
-pub const MAX_DEDUP_ID_LEN: usize = 128;
+pub(crate) const MAX_DEDUP_ID_LEN: usize = 128;
 
 /// A FIFO deduplication id from the job id and a suffix: `job-suffix` when that fits in 128
 /// characters; otherwise the start of the job id and a digest of both, so that two suffixes
 /// never share an id, however long the job id.
-pub fn dedup_id(job_id: &str, suffix: &str) -> String {
+pub(crate) fn dedup_id(job_id: &str, suffix: &str) -> String {
     let plain = format!("{job_id}-{suffix}");
     if plain.len() <= MAX_DEDUP_ID_LEN {
         return plain;

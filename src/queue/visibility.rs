@@ -58,7 +58,7 @@ pub struct VisibilityReport {
 
 impl VisibilityReport {
     /// Adds one call's results.
-    pub fn add(&mut self, results: &ChangeResults) {
+    pub(crate) fn add(&mut self, results: &ChangeResults) {
         self.calls += results.calls;
         for r in &results.results {
             match r {

@@ -9,9 +9,9 @@ use crate::ledger::transitions::{shows_claim, shows_recovery};
 use crate::ledger::{SettleFrom, SettleRequest};
 
 /// Writes one delivery may make before it gives up on a contended job and backs off.
-pub const MAX_ROUNDS: usize = 4;
+pub(crate) const MAX_ROUNDS: usize = 4;
 /// Pauses before each read that looks for a claim or recovery whose answer was lost.
-pub const READ_BACK_PAUSES_MS: [u64; 3] = [0, 100, 400];
+pub(crate) const READ_BACK_PAUSES_MS: [u64; 3] = [0, 100, 400];
 
 /// A ledger write a delivery makes before any call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -270,7 +270,7 @@ impl Admission {
 
     /// Whether the delivery ended without knowing if its last write was applied: the write
     /// and every read after it went unanswered.
-    pub fn unconfirmed(&self) -> bool {
+    pub(crate) fn unconfirmed(&self) -> bool {
         self.failed_reads >= READ_BACK_PAUSES_MS.len()
     }
 

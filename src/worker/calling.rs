@@ -16,11 +16,11 @@ use crate::ledger::{AttemptEnd, RecordRefRequest, Write};
 use crate::provider::{Answer, ProviderError, Retrieval};
 
 /// The least time a call is started with, before its bound.
-pub const MIN_CALL_BUDGET_MS: Millis = 100;
+pub(crate) const MIN_CALL_BUDGET_MS: Millis = 100;
 /// Tries at recording a background call's reference before it is cancelled.
-pub const RECORD_TRIES: u32 = 3;
+pub(crate) const RECORD_TRIES: u32 = 3;
 /// Retrievals answered 401/403 before a background attempt is recorded uncertain.
-pub const MAX_DENIED_RETRIEVALS: u32 = 3;
+pub(crate) const MAX_DENIED_RETRIEVALS: u32 = 3;
 
 /// What the machine knows of the invocation and the settings.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

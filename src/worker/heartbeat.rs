@@ -44,7 +44,7 @@ pub struct Stats {
 }
 
 /// Provider latencies kept per invocation (the most one metric document takes).
-pub const MAX_LATENCY_SAMPLES: usize = 100;
+pub(crate) const MAX_LATENCY_SAMPLES: usize = 100;
 
 impl Stats {
     /// Counts a cut-off by the Lambda deadline.
@@ -72,7 +72,7 @@ impl Stats {
     }
 
     /// The provider latencies recorded so far, in milliseconds.
-    pub fn latencies(&self) -> Vec<u64> {
+    pub(crate) fn latencies(&self) -> Vec<u64> {
         self.latencies
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -264,7 +264,7 @@ impl Flights {
 
     /// When record `index` becomes visible as it stands, at the earliest, or `None` when it
     /// must be left alone (SQS refused an extension: its delivery is over).
-    pub fn visible_until(&self, index: usize) -> Option<Millis> {
+    pub(crate) fn visible_until(&self, index: usize) -> Option<Millis> {
         self.lock()
             .get(index)
             .filter(|f| !f.visibility_stopped)

@@ -108,7 +108,7 @@ pub struct Pacer {
 /// A call may go: while it is held it counts as in flight. Dropped unspent (the delivery found
 /// the job finished, or held by another owner), its leased call and tokens go back to the pool.
 #[derive(Debug)]
-pub struct Permit<'a> {
+pub(crate) struct Permit<'a> {
     pacer: &'a Pacer,
     /// The leased call and tokens it took, if it took any.
     leased: Option<i64>,
@@ -116,7 +116,7 @@ pub struct Permit<'a> {
 
 impl Permit<'_> {
     /// The claim succeeded: the call is made under this permit, and its capacity is used.
-    pub fn spend(&mut self) {
+    pub(crate) fn spend(&mut self) {
         self.leased = None;
     }
 }
@@ -169,7 +169,7 @@ impl Pacer {
     /// The tokens a provider is expected to charge a call with this input when it arrives: its
     /// size at four bytes a token, and the answer's ceiling (`max_tokens`,
     /// `max_completion_tokens` or `max_output_tokens`). Read only when a token limit is set.
-    pub fn estimated_tokens(&self, input_canonical: &str) -> u64 {
+    pub(crate) fn estimated_tokens(&self, input_canonical: &str) -> u64 {
         if self.settings.limits.tpm == 0 {
             return 0;
         }
@@ -189,7 +189,7 @@ impl Pacer {
     /// Waits for capacity for one call charged about `tokens`, at most until `latest` (and the
     /// horizon). Returns the permit, or how long the record should wait before it is
     /// delivered again.
-    pub async fn admit(
+    pub(crate) async fn admit(
         &self,
         tokens: u64,
         clock: &dyn Clock,
@@ -429,7 +429,7 @@ impl Pacer {
     }
 
     /// When a new call may start at the earliest (a `Retry-After` in force).
-    pub fn paused_until(&self) -> Millis {
+    pub(crate) fn paused_until(&self) -> Millis {
         self.lock().paused_until
     }
 

@@ -121,7 +121,7 @@ impl Settings {
     /// The longest deadline, from a job's first sight, whose stored input and answer the
     /// results bucket keeps for as long as the item may reference them (the bucket's retention
     /// less the item's after the deadline); `None` when the bucket keeps them for ever.
-    pub fn stored_room_ms(&self) -> Option<Millis> {
+    pub(crate) fn stored_room_ms(&self) -> Option<Millis> {
         (self.results_retention_days > 0).then(|| {
             (self.results_retention_days - self.job_defaults.retention_days).max(0) * 86_400_000
         })
@@ -157,7 +157,7 @@ impl Settings {
     /// the relations between them.
     // Why this function is long: one setting per variable, each read, defaulted and bounded in
     // one place, then the relations between them.
-    pub fn from_vars(vars: &Vars<'_>) -> Result<Settings, ConfigError> {
+    pub(crate) fn from_vars(vars: &Vars<'_>) -> Result<Settings, ConfigError> {
         let d = Settings::default();
         let number = |name, default, min, max| vars.integer(name, default, min, max);
         let seconds =

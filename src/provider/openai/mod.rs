@@ -65,7 +65,7 @@ impl Default for OpenAiSettings {
 
 impl OpenAiSettings {
     /// Reads the `OPENAI_*` settings (the key is read by [`super::keys::KeySource`]).
-    pub fn from_vars(vars: &Vars<'_>) -> Result<OpenAiSettings, ConfigError> {
+    pub(crate) fn from_vars(vars: &Vars<'_>) -> Result<OpenAiSettings, ConfigError> {
         let o = OpenAiSettings::default();
         Ok(OpenAiSettings {
             base_url: vars.get("OPENAI_BASE_URL").unwrap_or(o.base_url),

@@ -14,7 +14,7 @@ use crate::ledger::AttemptEnd;
 use crate::provider::{Answer, ProviderError};
 
 /// The wait after a 429 that named none.
-pub const THROTTLE_PAUSE_MS: Millis = 1_000;
+pub(crate) const THROTTLE_PAUSE_MS: Millis = 1_000;
 
 /// How the current attempt of `job` ends, from what the provider said (by the call or by a
 /// retrieval), and the wait the provider asked for, if any. Where an answer is kept is decided
@@ -110,7 +110,7 @@ fn given_back(why: AttemptOutcome, error: String, job: &JobRecord, now: Millis) 
 /// recorded uncertain (a job that was `unknown` before this delivery asked about it again) is
 /// never replayed by the policy: it applies when the uncertainty arises, so turning it on does
 /// not replay old `unknown` jobs.
-pub fn uncertain_end(
+pub(crate) fn uncertain_end(
     evidence: String,
     job: &JobRecord,
     now: Millis,
@@ -137,7 +137,7 @@ pub fn uncertain_end(
 /// The end an owner may write at `now`: an answer that comes within the clock-skew margin of the
 /// deadline is not accepted (a clock behind by the margin could accept it after the deadline),
 /// and the attempt expires instead. Any other end is written as it is.
-pub fn acceptable_end(
+pub(crate) fn acceptable_end(
     end: AttemptEnd,
     deadline_at: Millis,
     now: Millis,
@@ -153,7 +153,7 @@ pub fn acceptable_end(
 
 /// Whether the claimant's lease still holds at `now` by more than the clock-skew margin: the
 /// last check before a call leaves, which nothing in the ledger can fence once it has.
-pub fn lease_holds(claimed: &JobRecord, now: Millis, skew_ms: Millis) -> bool {
+pub(crate) fn lease_holds(claimed: &JobRecord, now: Millis, skew_ms: Millis) -> bool {
     claimed
         .owner_until
         .is_some_and(|until| now.saturating_add(skew_ms) < until)

@@ -170,7 +170,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
     /// Processes one delivery of a trigger. A trigger that carries only a job id costs one
     /// consistent read, then goes on from the item it found; one for a job the ledger does not
     /// hold is poison.
-    pub async fn process_trigger(
+    pub(crate) async fn process_trigger(
         &self,
         trigger: &Trigger,
         owner_id: &str,
