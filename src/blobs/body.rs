@@ -2,22 +2,18 @@
 //! pointer is followed to its payload.
 
 use super::{BlobError, BlobStore};
-use crate::job::message::{
-    InputCheck, MAX_PAYLOAD_BYTES, parse_payload_with, parse_pointer, parse_trigger_with,
-};
-use crate::job::{Failure, InvalidMessage, Trigger};
+use crate::job::message::{MAX_PAYLOAD_BYTES, parse_payload, parse_pointer};
+use crate::job::{Failure, InvalidMessage, Trigger, parse_trigger};
 
-/// Parses a record's body, with `check` applied to a job's input (the caller's: the provider's
-/// controls); an Extended Client pointer is followed to its payload (read through `blobs`),
-/// which is then parsed like any body. A payload that is gone is poison; a store that cannot be
+/// Parses a record's body; an Extended Client pointer is followed to its payload (read through
+/// `blobs`), which is then parsed like any body. A payload that is gone is poison; a store that cannot be
 /// reached is a backoff.
 pub(crate) async fn resolve_body(
     blobs: Option<&dyn BlobStore>,
     body: Option<&str>,
-    check: InputCheck,
 ) -> Result<Trigger, Failure> {
     let pointer = match body.and_then(parse_pointer) {
-        None => return parse_trigger_with(body, check).map_err(Failure::Poison),
+        None => return parse_trigger(body).map_err(Failure::Poison),
         Some(Err(invalid)) => return Err(Failure::Poison(invalid)),
         Some(Ok(pointer)) => pointer,
     };
@@ -40,7 +36,7 @@ pub(crate) async fn resolve_body(
         })?;
     let text = String::from_utf8(bytes)
         .map_err(|_| Failure::Poison(InvalidMessage::NotJson { line: 1, column: 1 }))?;
-    parse_payload_with(&text, check).map_err(Failure::Poison)
+    parse_payload(&text).map_err(Failure::Poison)
 }
 
 /// A store that cannot be read now: the record backs off.

@@ -120,28 +120,16 @@ impl Trigger {
     }
 }
 
-/// Parses a message body as a trigger: `{"job_id": ...}` alone names a job the ledger holds;
-/// anything else must be a whole job ([`parse_body`]).
+/// Parses a message body as a trigger, as the worker and the producer accept it: `{"job_id":
+/// ...}` alone names a job the ledger holds; anything else must be a whole job ([`parse_body`]).
 pub fn parse_trigger(body: Option<&str>) -> Result<Trigger, InvalidMessage> {
-    parse_trigger_with(body, no_check)
-}
-
-/// [`parse_trigger`], with `check` applied to a job's input.
-pub(crate) fn parse_trigger_with(
-    body: Option<&str>,
-    check: InputCheck,
-) -> Result<Trigger, InvalidMessage> {
     let text = body.ok_or(InvalidMessage::MissingBody)?;
-    parse_trigger_text(text, check, MAX_BODY_BYTES)
+    parse_trigger_text(text, MAX_BODY_BYTES)
 }
 
 /// A bare reference (a short `{"job_id": ...}` and nothing else) or a whole job, from text
 /// parsed once.
-fn parse_trigger_text(
-    text: &str,
-    check: InputCheck,
-    limit: usize,
-) -> Result<Trigger, InvalidMessage> {
+fn parse_trigger_text(text: &str, limit: usize) -> Result<Trigger, InvalidMessage> {
     let fields = parse_object(text, limit)?;
     // Only a short body can be a bare reference.
     if text.len() <= 256
@@ -154,7 +142,7 @@ fn parse_trigger_text(
         check_identifier(id, "job_id", MAX_JOB_ID_LEN, job_id_char)?;
         return Ok(Trigger::Ref(id.clone()));
     }
-    job_from_fields(fields, check).map(Trigger::Job)
+    job_from_fields(fields).map(Trigger::Job)
 }
 
 fn job_id_char(c: char) -> bool {
@@ -193,38 +181,15 @@ pub struct JobMessage {
     pub delivered_before: bool,
 }
 
-/// Rules for a job's input beyond the contract's, supplied by what runs the job (the simulated
-/// provider checks its controls): a body that breaks them is poison like any other.
-pub(crate) type InputCheck = fn(&Map<String, Value>) -> Result<(), InvalidMessage>;
-
-fn no_check(_: &Map<String, Value>) -> Result<(), InvalidMessage> {
-    Ok(())
-}
-
 /// Parses and validates one SQS body against the contract.
 pub fn parse_body(body: Option<&str>) -> Result<JobMessage, InvalidMessage> {
-    parse_body_with(body, no_check)
-}
-
-/// Parses and validates one SQS body against the contract and `check`.
-pub(crate) fn parse_body_with(
-    body: Option<&str>,
-    check: InputCheck,
-) -> Result<JobMessage, InvalidMessage> {
-    parse_job(
-        body.ok_or(InvalidMessage::MissingBody)?,
-        check,
-        MAX_BODY_BYTES,
-    )
+    let body = body.ok_or(InvalidMessage::MissingBody)?;
+    job_from_fields(parse_object(body, MAX_BODY_BYTES)?)
 }
 
 /// Parses the payload an Extended Client pointer named, like a body but with the payload limit.
-pub(crate) fn parse_payload_with(payload: &str, check: InputCheck) -> Result<Trigger, InvalidMessage> {
-    parse_trigger_text(payload, check, MAX_PAYLOAD_BYTES)
-}
-
-fn parse_job(body: &str, check: InputCheck, limit: usize) -> Result<JobMessage, InvalidMessage> {
-    job_from_fields(parse_object(body, limit)?, check)
+pub(crate) fn parse_payload(payload: &str) -> Result<Trigger, InvalidMessage> {
+    parse_trigger_text(payload, MAX_PAYLOAD_BYTES)
 }
 
 /// The top-level object of a body no longer than `limit`.
@@ -251,10 +216,7 @@ fn parse_object(body: &str, limit: usize) -> Result<Map<String, Value>, InvalidM
 }
 
 /// A validated job from a body's top-level fields.
-fn job_from_fields(
-    mut fields: Map<String, Value>,
-    check: InputCheck,
-) -> Result<JobMessage, InvalidMessage> {
+fn job_from_fields(mut fields: Map<String, Value>) -> Result<JobMessage, InvalidMessage> {
     if let Some(unknown) = fields
         .keys()
         .find(|k| !TOP_LEVEL_FIELDS.contains(&k.as_str()))
@@ -274,7 +236,7 @@ fn job_from_fields(
         Some(_) => return Err(wrong_type("input", "an object")),
     };
     validate_input(&input)?;
-    check(&input)?;
+    super::simulate::check_controls(&input)?;
     let deadline_at = match fields.remove("deadline_at") {
         None | Some(Value::Null) => None,
         Some(Value::String(s)) => Some(parse_rfc3339_ms(&s).ok_or(InvalidMessage::Invalid {

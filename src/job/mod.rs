@@ -7,6 +7,7 @@ mod digest;
 pub mod message;
 pub mod outcome;
 pub mod pointer;
+pub(crate) mod simulate;
 pub mod state;
 
 pub use artifact::{BlobRef, ResultBody};

@@ -7,7 +7,6 @@ use crate::blobs::BlobStore;
 use crate::job::message::format_rfc3339_ms;
 use crate::job::{BlobRef, Failure, InvalidMessage, JobRecord, JobState, Millis, Trigger};
 use crate::ledger::{DecideRequest, JobLedger, LedgerError, OperatorAction, Write};
-use crate::provider::simulated::check_controls;
 use crate::queue::reader::RECEIVE_LIMIT;
 use crate::queue::triggers::dedup_id;
 use crate::queue::{Message, Outgoing, QueueError, QueueReader, TriggerSender};
@@ -320,7 +319,7 @@ async fn dead_trigger(
     body: &str,
     named: Option<&str>,
 ) -> Result<Trigger, DlqVerdict> {
-    match crate::blobs::body::resolve_body(blobs, Some(body), check_controls).await {
+    match crate::blobs::body::resolve_body(blobs, Some(body)).await {
         Ok(trigger) => Ok(trigger),
         Err(Failure::Poison(InvalidMessage::PayloadMissing)) => {
             crate::job::pointer::named_job(named)

@@ -8,12 +8,12 @@ use futures::stream::{self, StreamExt};
 use super::CONCURRENCY;
 use crate::blobs::BlobStore;
 use crate::job::artifact::input_key;
+use crate::job::parse_trigger;
 use crate::job::{
     DEFAULT_INLINE_MAX_BYTES, INLINE_LIMIT_BYTES, JobDefaults, JobMessage, JobState, Millis,
     NewJob, Trigger,
 };
 use crate::ledger::{CreateRequest, EnqueuedRequest, JobLedger, LedgerError, Write};
-use crate::provider::parse_trigger;
 use crate::queue::{Outgoing, TriggerSender};
 
 /// A body up to this size travels whole (one 64 KiB billing chunk, and the worker needs no

@@ -21,20 +21,11 @@ pub use simulated::SimulatedProvider;
 #[cfg(feature = "openai")]
 pub use keys::{KeySource, Secret};
 
-use crate::job::message::parse_trigger_with;
-use crate::job::{InvalidMessage, Trigger};
 use crate::vars::{ConfigError, Vars};
 #[cfg(feature = "bedrock")]
 use bedrock::BedrockSettings;
 #[cfg(feature = "openai")]
 use openai::OpenAiSettings;
-
-/// Parses one SQS body as the worker and the producer accept it: the message contract, and the
-/// simulated provider's controls (checked whichever provider runs, so a body means the same
-/// everywhere).
-pub fn parse_trigger(body: Option<&str>) -> Result<Trigger, InvalidMessage> {
-    parse_trigger_with(body, simulated::check_controls)
-}
 
 /// The model providers this build knows, and how to reach the one chosen.
 #[derive(Debug, Clone, PartialEq)]

@@ -11,7 +11,6 @@ use crate::job::pointer::NAMED_JOB_ATTRIBUTE;
 use crate::job::{Failure, InvalidMessage, Trigger};
 use crate::ledger::JobLedger;
 use crate::provider::Provider;
-use crate::provider::simulated::check_controls;
 use crate::queue::IN_LEDGER_ATTRIBUTE;
 
 /// A payload takes about this many times its size while its record is processed: the bytes
@@ -78,13 +77,13 @@ where
                     Err(backoff("payload memory"))
                 } else {
                     read_any = true;
-                    match within(clock, backstop, resolve_body(blobs, body, check_controls)).await {
+                    match within(clock, backstop, resolve_body(blobs, body)).await {
                         Some(parsed) => parsed,
                         None => Err(backoff("payload not read in time")),
                     }
                 }
             }
-            _ => resolve_body(blobs, body, check_controls).await,
+            _ => resolve_body(blobs, body).await,
         };
         let mut parsed = match parsed {
             Err(Failure::Poison(InvalidMessage::PayloadMissing)) => {

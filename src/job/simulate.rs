@@ -1,0 +1,198 @@
+//! `input.simulate`: the controls of the simulated provider, part of the message contract (a
+//! body whose controls are wrong is poison whichever provider runs; only the simulated provider
+//! acts on them).
+
+use serde_json::{Map, Value};
+
+use super::InvalidMessage;
+
+/// The longest simulated latency (one hour).
+pub(crate) const MAX_SIMULATED_LATENCY_MS: u64 = 3_600_000;
+const SIMULATE_FIELDS: [&str; 5] = [
+    "latency_ms",
+    "outcome",
+    "fail_times",
+    "retrievable",
+    "answer_bytes",
+];
+/// The largest simulated answer padding.
+pub(crate) const MAX_SIMULATED_ANSWER_BYTES: u64 = 2_000_000;
+
+/// Simulated-provider controls read from `input.simulate`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Simulation {
+    /// How long the simulated call takes.
+    pub latency_ms: u64,
+    /// What the call ends with once `fail_times` transient errors are spent.
+    pub outcome: SimulatedOutcome,
+    /// Transient errors returned before the outcome (attempts 1..=fail_times fail).
+    pub fail_times: u32,
+    /// Whether the provider can be asked about an attempt afterwards (default true).
+    pub retrievable: bool,
+    /// Padding added to the answer's output, to make large answers (default 0).
+    pub answer_bytes: usize,
+}
+
+impl Default for Simulation {
+    fn default() -> Self {
+        Simulation {
+            latency_ms: 0,
+            outcome: SimulatedOutcome::Ok,
+            fail_times: 0,
+            retrievable: true,
+            answer_bytes: 0,
+        }
+    }
+}
+
+/// The end of a simulated call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) enum SimulatedOutcome {
+    /// A deterministic answer.
+    #[default]
+    Ok,
+    /// A transient error (rate limit, 5xx before acceptance).
+    Transient,
+    /// A permanent error (the request is rejected).
+    Permanent,
+    /// The call never returns.
+    Hang,
+}
+
+/// Reads the simulated-provider controls of an input (absent: an immediate success).
+///
+/// The input was checked when its message was parsed ([`check_controls`]), so this cannot fail
+/// on a job that came through [`super::parse_trigger`]; a hand-made input with bad controls falls
+/// back to the defaults.
+pub(crate) fn simulation_of(input: &Map<String, Value>) -> Simulation {
+    parse_simulation(input.get("simulate")).unwrap_or_default()
+}
+
+/// Checks the controls in `input.simulate`: part of the message contract, applied to every body
+/// parsed, so a job with bad controls is poison whichever provider runs.
+pub(crate) fn check_controls(input: &Map<String, Value>) -> Result<(), InvalidMessage> {
+    parse_simulation(input.get("simulate")).map(|_| ())
+}
+
+// Why this function is long: one block per control of `input.simulate`, each checked with the
+// rule its error names.
+fn parse_simulation(value: Option<&Value>) -> Result<Simulation, InvalidMessage> {
+    let Some(value) = value else {
+        return Ok(Simulation::default());
+    };
+    let Value::Object(fields) = value else {
+        return Err(InvalidMessage::wrong_type("input.simulate", "an object"));
+    };
+    if fields
+        .keys()
+        .any(|k| !SIMULATE_FIELDS.contains(&k.as_str()))
+    {
+        return Err(InvalidMessage::Invalid {
+            field: "input.simulate",
+            rule: "only latency_ms, outcome, fail_times, retrievable and answer_bytes are allowed",
+        });
+    }
+    let latency_ms = match fields.get("latency_ms") {
+        None => 0,
+        Some(v) => v
+            .as_u64()
+            .filter(|ms| *ms <= MAX_SIMULATED_LATENCY_MS)
+            .ok_or(InvalidMessage::Invalid {
+                field: "input.simulate.latency_ms",
+                rule: "must be an integer from 0 to 3600000",
+            })?,
+    };
+    let outcome = match fields.get("outcome") {
+        None => SimulatedOutcome::Ok,
+        Some(Value::String(s)) => match s.as_str() {
+            "ok" => SimulatedOutcome::Ok,
+            "transient" => SimulatedOutcome::Transient,
+            "permanent" => SimulatedOutcome::Permanent,
+            "hang" => SimulatedOutcome::Hang,
+            _ => {
+                return Err(InvalidMessage::Invalid {
+                    field: "input.simulate.outcome",
+                    rule: "must be ok, transient, permanent or hang",
+                });
+            }
+        },
+        Some(_) => {
+            return Err(InvalidMessage::wrong_type(
+                "input.simulate.outcome",
+                "a string",
+            ));
+        }
+    };
+    let fail_times = match fields.get("fail_times") {
+        None => 0,
+        Some(v) => v
+            .as_u64()
+            .filter(|n| *n <= 100)
+            .ok_or(InvalidMessage::Invalid {
+                field: "input.simulate.fail_times",
+                rule: "must be an integer from 0 to 100",
+            })? as u32,
+    };
+    let answer_bytes = match fields.get("answer_bytes") {
+        None => 0,
+        Some(v) => v
+            .as_u64()
+            .filter(|n| *n <= MAX_SIMULATED_ANSWER_BYTES)
+            .ok_or(InvalidMessage::Invalid {
+                field: "input.simulate.answer_bytes",
+                rule: "must be an integer from 0 to 2000000",
+            })? as usize,
+    };
+    let retrievable = match fields.get("retrievable") {
+        None => true,
+        Some(Value::Bool(b)) => *b,
+        Some(_) => {
+            return Err(InvalidMessage::wrong_type(
+                "input.simulate.retrievable",
+                "a boolean",
+            ));
+        }
+    };
+    Ok(Simulation {
+        latency_ms,
+        outcome,
+        fail_times,
+        retrievable,
+        answer_bytes,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::job::{parse_body, parse_trigger};
+
+    #[test]
+    fn simulation_controls_are_read_from_the_input() {
+        let job = parse_body(Some(
+            r#"{"job_id":"j","contract":"c","input":{"model":"m","prompt":"p","simulate":{"latency_ms":20,"outcome":"permanent","fail_times":2}}}"#,
+        ))
+        .expect("valid");
+        assert_eq!(
+            simulation_of(&job.input()),
+            Simulation {
+                latency_ms: 20,
+                outcome: SimulatedOutcome::Permanent,
+                fail_times: 2,
+                retrievable: true,
+                answer_bytes: 0,
+            }
+        );
+    }
+
+    #[test]
+    fn bad_controls_are_poison_in_every_parser_of_the_contract() {
+        let text = r#"{"job_id":"j","contract":"c","input":{"model":"m","prompt":"p","simulate":{"outcome":"boom"}}}"#;
+        let invalid = InvalidMessage::Invalid {
+            field: "input.simulate.outcome",
+            rule: "must be ok, transient, permanent or hang",
+        };
+        assert_eq!(parse_trigger(Some(text)).map(|_| ()), Err(invalid.clone()));
+        assert_eq!(parse_body(Some(text)).map(|_| ()), Err(invalid));
+    }
+}
