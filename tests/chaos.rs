@@ -10,7 +10,7 @@ mod sim;
 fn fixed_seeds_keep_every_invariant_under_every_fault() {
     // Every edge the worker guards against must be met: the rarer ones (a failed store of an
     // answer is 5 % of the few large answers) on the first four seeds or on up to four more.
-    const EDGES: [&str; 26] = [
+    const EDGES: [&str; 27] = [
         "gateway_error",
         "oversized_answer",
         "ddb_stall",
@@ -37,6 +37,7 @@ fn fixed_seeds_keep_every_invariant_under_every_fault() {
         "dead_letter_too_large",
         "trigger_never_sent",
         "reconciler_walk_past",
+        "deadline_past_reach",
     ];
     let mut seen = std::collections::BTreeSet::new();
     for seed in 1..=8 {

@@ -2303,6 +2303,23 @@ async fn a_deadline_beyond_what_the_redrive_count_carries_is_refused_at_first_si
     };
     assert!(reason.to_string().contains("MAX_RECEIVE_COUNT"), "{reason}");
     assert!(ledger.get("far").await.expect("get").is_none());
+    // AND delivered again (its dead letter could not be sent), it is refused again, its item
+    // still unwritten; a redelivery of a job the ledger holds is not judged
+    let again = |id: &str, hours: i64| {
+        let mut r = record(Some(id), &due(id, hours));
+        r.attributes
+            .insert("ApproximateReceiveCount".into(), "2".into());
+        r
+    };
+    let report = h
+        .handle_batch(
+            &event(vec![again("far", 100), again("near", 100)]),
+            &invocation(),
+        )
+        .await;
+    let labels: Vec<&str> = report.records.iter().map(|r| r.outcome.label()).collect();
+    assert_eq!(labels, ["poison", "succeeded"]);
+    assert!(ledger.get("far").await.expect("get").is_none());
 }
 
 /// Queue calls that stall (the visibility call hangs for seconds) never hold up the lease

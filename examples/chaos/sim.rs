@@ -132,6 +132,10 @@ pub struct FaultRates {
     pub store_slow: f64,
     /// Poison messages among the jobs (a fraction of the job count): the worker dead-letters them.
     pub poison_message: f64,
+    /// Jobs due further away than the redrive count carries them (a fraction of the job count):
+    /// the worker refuses them at their first sight and dead-letters them with their reason,
+    /// before anything is written.
+    pub deadline_past_reach: f64,
     /// The worker's send to the DLQ fails (the record falls back to visibility 0).
     pub dlq_send_failure: f64,
     /// The answer is kept inline and carried whole in its completion event (30 to 60 KB): a
@@ -180,11 +184,12 @@ impl FaultRates {
             large_answer: 0.05,
             store_error: 0.05,
             store_slow: 0.05,
-            store_lost_answer: 0.05,
+            store_lost_answer: 0.1,
             large_input: 0.03,
             input_expired: 0.2,
             trigger_never_sent: 0.02,
             poison_message: 0.01,
+            deadline_past_reach: 0.005,
             dlq_send_failure: 0.2,
             pause_after_claim: 0.01,
             claim_and_read_lost: 0.01,
@@ -338,6 +343,8 @@ struct Msg {
     duplicate_at: Option<Millis>,
     /// The message comes back at this instant after its deletion (once).
     resurrect_at: Option<Millis>,
+    /// The worker dead-lettered it as poison (its reason attribute): a redrive leaves it.
+    refused: bool,
 }
 
 /// A standard queue with a redrive policy.
@@ -504,11 +511,12 @@ impl Queue {
             in_dlq: false,
             duplicate_at: None,
             resurrect_at: None,
+            refused: false,
         });
     }
 
     /// A message the worker sent to the DLQ itself.
-    fn dead_letter(&self, body: &str) {
+    fn dead_letter(&self, body: &str, refused: bool) {
         let mut msgs = self.msgs.lock().expect("queue");
         let id = format!("dead-{:06}", msgs.len());
         msgs.push(Msg {
@@ -524,6 +532,7 @@ impl Queue {
             in_dlq: true,
             duplicate_at: None,
             resurrect_at: None,
+            refused,
         });
     }
 
@@ -548,8 +557,9 @@ impl Queue {
         let mut moved = 0;
         let mut msgs = self.msgs.lock().expect("queue");
         for m in msgs.iter_mut().filter(|m| m.in_dlq && !m.deleted) {
-            // Poison stays for a person, as `jobctl dlq redrive` leaves it.
-            if parse_trigger(Some(&m.body)).is_err() {
+            // Poison stays for a person, as `jobctl dlq redrive` leaves it: a body that is not a
+            // job, or one the worker refused at its first sight.
+            if parse_trigger(Some(&m.body)).is_err() || m.refused {
                 continue;
             }
             let state = futures::executor::block_on(ledger.get(&m.job_id))
@@ -618,7 +628,8 @@ impl DeadLetterQueue for SimDeadLetters {
                     if letter.all_attributes().is_none() {
                         return false;
                     }
-                    self.queue.dead_letter(&letter.body);
+                    self.queue
+                        .dead_letter(&letter.body, letter.reason == "poison");
                     true
                 })
                 .collect()
@@ -1496,6 +1507,25 @@ pub async fn run(config: &ChaosConfig) -> ChaosReport {
         );
         poison.push(body);
     }
+    // Jobs due well past what 300 receives carry (59 days): refused at their first sight, so
+    // they must reach the DLQ with no item ever written.
+    let mut far = Vec::new();
+    for i in 0..(config.jobs as f64 * world.rates.deadline_past_reach).ceil() as usize {
+        let job_id = format!("far-{i}");
+        let body = format!(
+            r#"{{"job_id":"{job_id}","contract":"chaos.v1","deadline_at":"{}","input":{{"model":"m","prompt":"far"}}}}"#,
+            fenced_jobs::job::message::format_rfc3339_ms(START_MS + 70 * 86_400_000)
+        );
+        *world
+            .faults
+            .lock()
+            .expect("faults")
+            .entry("deadline_past_reach")
+            .or_default() += 1;
+        queue.push(&job_id, &body, START_MS + 1_000 * i as Millis);
+        poison.push(body);
+        far.push(job_id);
+    }
     // One poison body of nearly 1 MiB: no room beside it for the reason, so the worker cannot
     // dead-letter it itself and leaves it to the redrive policy.
     if world.rates.poison_message > 0.0 {
@@ -1650,7 +1680,14 @@ pub async fn run(config: &ChaosConfig) -> ChaosReport {
                         Ok(trigger) => {
                             let job_id = trigger.job_id();
                             let state = table.get(job_id).await.ok().flatten().map(|r| r.state);
-                            if !state.is_some_and(JobState::is_terminal) {
+                            // A job refused at its first sight is acknowledged once the worker
+                            // sent it to the DLQ, with no item.
+                            let refused = state.is_none()
+                                && record
+                                    .body
+                                    .as_ref()
+                                    .is_some_and(|b| queue.dead_bodies().contains(b));
+                            if !refused && !state.is_some_and(JobState::is_terminal) {
                                 world.violation(format!(
                                     "{job_id}: message acknowledged while the job is {:?}",
                                     state.map(JobState::as_str)
@@ -1836,6 +1873,13 @@ pub async fn run(config: &ChaosConfig) -> ChaosReport {
     for body in &poison {
         if !dead.contains(body) {
             world.violation(format!("a poison message never reached the DLQ: {body}"));
+        }
+    }
+    for job_id in &far {
+        if table.get(job_id).await.ok().flatten().is_some() {
+            world.violation(format!(
+                "{job_id}: a job due past the redrive count's reach has an item"
+            ));
         }
     }
     let per_job = provider.per_job.lock().expect("per job").clone();

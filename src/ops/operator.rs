@@ -300,14 +300,19 @@ impl DlqVerdict {
     }
 }
 
-/// Judges a trigger against the ledger's item for its job.
-fn verdict_of(trigger: &Trigger, record: Option<&JobRecord>) -> DlqVerdict {
+/// Judges a trigger against the ledger's item for its job; `refused`: the worker dead-lettered
+/// the message as poison, with this detail (a job it refused at its first sight, such as one
+/// due further away than it can carry, is refused again on a redrive while it has no item).
+fn verdict_of(trigger: &Trigger, record: Option<&JobRecord>, refused: Option<&str>) -> DlqVerdict {
     match (record, trigger) {
         (Some(r), Trigger::Job(msg)) if r.input_digest != msg.digest => DlqVerdict::Conflict,
         (Some(r), _) if r.state.is_terminal() => DlqVerdict::Terminal(r.state),
         (Some(r), _) => DlqVerdict::Redrive(Some(r.state)),
         (None, Trigger::Ref(_)) => DlqVerdict::Poison(InvalidMessage::UnknownJob.to_string()),
-        (None, Trigger::Job(_)) => DlqVerdict::Redrive(None),
+        (None, Trigger::Job(_)) => match refused {
+            Some(detail) => DlqVerdict::Poison(detail.to_owned()),
+            None => DlqVerdict::Redrive(None),
+        },
     }
 }
 
@@ -402,6 +407,15 @@ pub async fn dlq_inspect<L: JobLedger>(
             if repeated || entries.len() == max {
                 continue;
             }
+            let own = |name: &str| {
+                m.attributes
+                    .iter()
+                    .find(|(n, _)| n == name)
+                    .map(|(_, v)| v.clone())
+            };
+            let refused = own(crate::queue::dead_letters::REASON_ATTRIBUTE)
+                .filter(|reason| reason == "poison")
+                .map(|_| own(crate::queue::dead_letters::DETAIL_ATTRIBUTE).unwrap_or_default());
             let attributes: Vec<(String, String)> = m
                 .attributes
                 .into_iter()
@@ -418,7 +432,7 @@ pub async fn dlq_inspect<L: JobLedger>(
                 None => None,
             };
             let verdict = match &trigger {
-                Ok(trigger) => verdict_of(trigger, record.as_ref()),
+                Ok(trigger) => verdict_of(trigger, record.as_ref(), refused.as_deref()),
                 Err(verdict) => verdict.clone(),
             };
             entries.push(DlqEntry {
@@ -478,6 +492,7 @@ mod tests {
     use crate::ledger::memory::{Fault, FaultyLedger, InMemoryLedger};
     use crate::ledger::{AttemptEnd, ClaimRequest, EndRequest};
     use crate::queue::RecordingTriggers;
+    use crate::queue::dead_letters::{DETAIL_ATTRIBUTE, REASON_ATTRIBUTE};
 
     fn new_job(job_id: &str) -> NewJob {
         NewJob::example(job_id, 10_000_000)
@@ -526,11 +541,21 @@ mod tests {
             r#"{"job_id":"stuck"}"#.to_owned(),
             dead_letter("new", "p"),
             "{broken".to_owned(),
+            // A job the worker refused at its first sight (its deadline too far), with its
+            // reason: a redrive would only be refused again.
+            dead_letter("far", "p"),
         ];
-        for body in &bodies {
+        let refused = [
+            (REASON_ATTRIBUTE.to_owned(), "poison".to_owned()),
+            (
+                DETAIL_ATTRIBUTE.to_owned(),
+                "deadline_at: further away than MAX_RECEIVE_COUNT receives carry".to_owned(),
+            ),
+        ];
+        for (i, body) in bodies.iter().enumerate() {
             let message = Message {
                 body,
-                attributes: &[],
+                attributes: if i == 3 { &refused } else { &[] },
                 fifo: None,
             };
             queue.send(dlq, message).await.expect("sent");
@@ -542,19 +567,29 @@ mod tests {
             .await
             .expect("inspected");
         let verdicts: Vec<String> = entries.iter().map(|e| e.verdict.label()).collect();
-        assert_eq!(verdicts.len(), 3, "{verdicts:?}");
+        assert_eq!(verdicts.len(), 4, "{verdicts:?}");
         assert!(
-            verdicts.iter().any(|v| v.starts_with("poison")),
+            verdicts
+                .iter()
+                .any(|v| v.starts_with("poison (body is not JSON")),
+            "{verdicts:?}"
+        );
+        assert!(
+            verdicts.contains(
+                &"poison (deadline_at: further away than MAX_RECEIVE_COUNT receives carry)"
+                    .to_owned()
+            ),
             "{verdicts:?}"
         );
         let held = dlq_inspect(&ledger, None, &queue, dlq, 10, 60)
             .await
             .expect("held");
         let moved = dlq_redrive(&queue, dlq, work, &held).await.expect("moved");
-        // THEN the two live jobs' letters are in the work queue and the broken one stays
+        // THEN the two live jobs' letters are in the work queue; the broken and the refused
+        // ones stay
         assert_eq!(moved, 2);
         assert_eq!(queue.bodies(work), bodies[..2]);
-        assert_eq!(queue.bodies(dlq), [bodies[2].clone()]);
+        assert_eq!(queue.bodies(dlq), bodies[2..]);
         // AND a queue that is not there is a typed error, not a string
         let missing = dlq_inspect(&ledger, None, &queue, "https://sqs.local/1/gone", 10, 0).await;
         assert!(

@@ -179,8 +179,8 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
     ) -> Processed {
         let job_id = match trigger {
             Trigger::Job(msg) => {
-                if let Some(invalid) = self.beyond_reach(msg) {
-                    return failed(Failure::Poison(invalid), None);
+                if let Some(refused) = self.beyond_reach(msg).await {
+                    return failed(refused, None);
                 }
                 return match self.offload_input(msg).await {
                     Ok(None) => self.process(msg, owner_id, inv, watch).await,
@@ -205,16 +205,30 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
     }
 
     /// A job seen for the first time whose deadline is further away than the worker can see it
-    /// through ([`Settings::deadline_refused`]). Refused as poison before anything is written; a
-    /// job already in the ledger is never judged again.
-    fn beyond_reach(&self, msg: &JobMessage) -> Option<InvalidMessage> {
+    /// through ([`Settings::deadline_refused`]): poison, before anything is written. A job the
+    /// ledger holds is never judged again; a message delivered before (a refusal whose dead
+    /// letter could not be sent comes back) is judged only when one read finds no item, and
+    /// backs off when that read fails.
+    async fn beyond_reach(&self, msg: &JobMessage) -> Option<Failure> {
         let deadline_at = msg.deadline_at?;
-        if msg.delivered_before || msg.in_ledger {
+        if msg.in_ledger {
             return None;
         }
         let stores = self.blobs().is_some_and(|b| b.bucket().is_some());
-        self.settings
-            .deadline_refused(deadline_at, self.clock.now_ms(), stores)
+        let invalid = self
+            .settings
+            .deadline_refused(deadline_at, self.clock.now_ms(), stores)?;
+        if msg.delivered_before {
+            match self.ledger.get(&msg.job_id).await {
+                Ok(None) => {}
+                Ok(Some(_)) => return None,
+                Err(e) => {
+                    tracing::warn!(job_id = %msg.job_id, error = %e, "ledger call failed");
+                    return Some(backoff("ledger"));
+                }
+            }
+        }
+        Some(Failure::Poison(invalid))
     }
 
     /// Processes a delivery from the item already read (`start`), if any: carries out the steps
