@@ -1,0 +1,173 @@
+use super::*;
+use crate::job::{JobState, NewJob};
+use crate::ledger::memory::{Fault, FaultyLedger, InMemoryLedger};
+use crate::ledger::{AttemptEnd, ClaimRequest, EndRequest};
+use crate::queue::RecordingTriggers;
+use crate::queue::dead_letters::{DETAIL_ATTRIBUTE, REASON_ATTRIBUTE};
+
+fn new_job(job_id: &str) -> NewJob {
+    NewJob::example(job_id, 10_000_000)
+}
+
+async fn unknown_job(ledger: &impl JobLedger, job_id: &str) {
+    let claim = ClaimRequest {
+        job: new_job(job_id),
+        expect: crate::job::Expect::FRESH,
+        owner_id: "w".into(),
+        now: 1_000,
+        lease_until: 61_000,
+        provider_ref: None,
+        first_sight: false,
+    };
+    assert!(matches!(ledger.claim(claim).await, Ok(Write::Applied(_))));
+    let end = EndRequest {
+        job_id: job_id.to_owned(),
+        epoch: 1,
+        attempt: 1,
+        now: 2_000,
+        end: AttemptEnd::Unknown {
+            evidence: "cut off".into(),
+        },
+    };
+    assert!(matches!(ledger.end(end).await, Ok(Write::Applied(_))));
+}
+
+fn dead_letter(id: &str, prompt: &str) -> String {
+    format!(
+        r#"{{"job_id":"{id}","contract":"summary.v1","input":{{"model":"m","prompt":"{prompt}"}}}}"#
+    )
+}
+
+#[tokio::test]
+async fn a_redrive_moves_the_live_jobs_letters_and_leaves_the_others() {
+    // GIVEN a DLQ with letters of an unknown job, a job never seen, and a broken body
+    let ledger = InMemoryLedger::new();
+    unknown_job(&ledger, "stuck").await;
+    let queue = crate::queue::MemoryQueue::new();
+    let (dlq, work) = ("https://sqs.local/1/dlq", "https://sqs.local/1/work");
+    queue.create(dlq);
+    queue.create(work);
+    let bodies = [
+        // A re-trigger by id, as the reconciler and operators send them.
+        r#"{"job_id":"stuck"}"#.to_owned(),
+        dead_letter("new", "p"),
+        "{broken".to_owned(),
+        // A job the worker refused at its first sight (its deadline too far), with its
+        // reason: a redrive would only be refused again.
+        dead_letter("far", "p"),
+    ];
+    let refused = [
+        (REASON_ATTRIBUTE.to_owned(), "poison".to_owned()),
+        (
+            DETAIL_ATTRIBUTE.to_owned(),
+            "deadline_at: further away than MAX_RECEIVE_COUNT receives carry".to_owned(),
+        ),
+    ];
+    for (i, body) in bodies.iter().enumerate() {
+        let message = Message {
+            body,
+            attributes: if i == 3 { &refused } else { &[] },
+            fifo: None,
+        };
+        queue.send(dlq, message).await.expect("sent");
+    }
+    // WHEN an operator inspects it (visible to others meanwhile; SQS's short receive comes
+    // back empty twice first) and redrives it
+    queue.sample_nothing(dlq, 2);
+    let entries = dlq_inspect(&ledger, None, &queue, dlq, 10, 0)
+        .await
+        .expect("inspected");
+    let verdicts: Vec<String> = entries.iter().map(|e| e.verdict.label()).collect();
+    assert_eq!(verdicts.len(), 4, "{verdicts:?}");
+    assert!(
+        verdicts
+            .iter()
+            .any(|v| v.starts_with("poison (body is not JSON")),
+        "{verdicts:?}"
+    );
+    assert!(
+        verdicts.contains(
+            &"poison (deadline_at: further away than MAX_RECEIVE_COUNT receives carry)".to_owned()
+        ),
+        "{verdicts:?}"
+    );
+    let held = dlq_inspect(&ledger, None, &queue, dlq, 10, 60)
+        .await
+        .expect("held");
+    let moved = dlq_redrive(&queue, dlq, work, &held).await.expect("moved");
+    // THEN the two live jobs' letters are in the work queue; the broken and the refused
+    // ones stay
+    assert_eq!(moved, 2);
+    assert_eq!(queue.bodies(work), bodies[..2]);
+    assert_eq!(queue.bodies(dlq), bodies[2..]);
+    // AND a queue that is not there is a typed error, not a string
+    let missing = dlq_inspect(&ledger, None, &queue, "https://sqs.local/1/gone", 10, 0).await;
+    assert!(
+        matches!(
+            missing,
+            Err(OperatorError::Queue(QueueError::NoSuchQueue(_)))
+        ),
+        "{missing:?}"
+    );
+}
+
+#[test]
+fn throttles_are_shown_when_there_were_any() {
+    let mut record = new_job("busy").into_record(JobState::RetryAuthorized, 1_000);
+    assert!(!to_text(&record, false).contains("throttles"));
+    record.throttles = 2;
+    assert!(to_text(&record, false).contains("throttles     2 (refused for the rate limit"));
+    assert_eq!(to_json(&record, false)["throttles"], 2);
+    // The attempts given back are listed with their outcome.
+    record.not_sent = 1;
+    record.given_back.push(crate::job::AttemptRecord {
+        number: 1,
+        epoch: 1,
+        owner_id: "inv/m".into(),
+        started_at: 1_000,
+        provider_ref: None,
+        outcome: crate::job::AttemptOutcome::NotSent,
+        finished_at: Some(1_500),
+    });
+    let text = to_text(&record, false);
+    assert!(text.contains("not sent      1 (claimed"), "{text}");
+    assert!(text.contains("1        1      not_sent"), "{text}");
+    assert_eq!(
+        to_json(&record, false)["given_back"][0]["outcome"],
+        "not_sent"
+    );
+}
+
+#[tokio::test]
+async fn a_decision_whose_answer_was_lost_reports_success_and_its_trigger_is_sent() {
+    // GIVEN an unknown job, and a ledger that applies the next decision and loses its answer
+    let ledger = FaultyLedger::new(InMemoryLedger::new());
+    unknown_job(&ledger, "j").await;
+    ledger.inject("decide", Fault::LoseAnswer, 1);
+    // WHEN an operator authorises a retry
+    let decided = decide(
+        &ledger,
+        "j",
+        OperatorAction::AuthorizeRetry,
+        "alice",
+        "checked upstream",
+        3_000,
+    )
+    .await
+    .expect("recognised as applied");
+    // THEN the decision is reported as made, and its trigger goes out
+    assert_eq!(
+        (decided.state, decided.owner_epoch),
+        (JobState::RetryAuthorized, 2)
+    );
+    let triggers = RecordingTriggers::new();
+    send_trigger(&triggers, &decided).await.expect("sent");
+    assert_eq!(triggers.sent().len(), 1);
+
+    // AND another operator's decision on the same epoch is still refused
+    let again = decide(&ledger, "j", OperatorAction::Fail, "bob", "no", 4_000).await;
+    assert!(
+        matches!(again, Err(OperatorError::NotUnknown { .. })),
+        "{again:?}"
+    );
+}
