@@ -17,6 +17,16 @@ fn threads() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
+fn print(bounds: &str, report: &protocol::Report) {
+    println!(
+        "{bounds}: {} distinct states, depth {}, {:.1} s",
+        report.unique, report.depth, report.seconds
+    );
+    if let Some(timeline) = &report.counterexample {
+        println!("{timeline}");
+    }
+}
+
 #[test]
 fn every_property_holds_in_the_test_bound_and_every_example_is_reached() {
     // The test bound comes in four parts: the providers that answer the submit, with ledger
@@ -32,16 +42,7 @@ fn every_property_holds_in_the_test_bound_and_every_example_is_reached() {
         Bounds::resend(),
     ] {
         let report = check(&bounds, threads(), false);
-        println!(
-            "{}: {} distinct states, depth {}, {:.1} s",
-            bounds.describe(),
-            report.unique,
-            report.depth,
-            report.seconds
-        );
-        if let Some(timeline) = &report.counterexample {
-            println!("{timeline}");
-        }
+        print(&bounds.describe(), &report);
         for (name, verdict) in &report.verdicts {
             match verdict {
                 Verdict::Holds => {}
@@ -91,16 +92,7 @@ fn each_property_is_broken_by_its_mutation_with_a_printed_counterexample() {
 fn a_live_jobs_message_is_never_dead_lettered_and_no_visibility_passes_its_receive() {
     let bounds = QueueBounds::test();
     let report = queue::check(&bounds, threads(), false);
-    println!(
-        "{}: {} distinct states, depth {}, {:.1} s",
-        bounds.describe(),
-        report.unique,
-        report.depth,
-        report.seconds
-    );
-    if let Some(timeline) = &report.counterexample {
-        println!("{timeline}");
-    }
+    print(&bounds.describe(), &report);
     for (name, verdict) in &report.verdicts {
         assert!(
             matches!(verdict, Verdict::Holds | Verdict::Reached),

@@ -76,26 +76,19 @@ fn main() {
     if let Some(n) = number("--faults") {
         bounds.faults = n as u8;
     }
-    for (name, on) in [("--pacing", true), ("--no-pacing", false)] {
-        if flag(name) {
-            bounds.pacing = on;
+    // `--NAME` turns a part of the world on, `--no-NAME` off.
+    let switch = |name: &str, on: &mut bool| {
+        if flag(&format!("--{name}")) {
+            *on = true;
         }
-    }
-    for (name, on) in [("--short", true), ("--no-short", false)] {
-        if flag(name) {
-            bounds.short_invocations = on;
+        if flag(&format!("--no-{name}")) {
+            *on = false;
         }
-    }
-    for (name, on) in [("--silent", true), ("--no-silent", false)] {
-        if flag(name) {
-            bounds.silent_retrievals = on;
-        }
-    }
-    for (name, on) in [("--followers", true), ("--no-followers", false)] {
-        if flag(name) {
-            bounds.followers = on;
-        }
-    }
+    };
+    switch("pacing", &mut bounds.pacing);
+    switch("short", &mut bounds.short_invocations);
+    switch("silent", &mut bounds.silent_retrievals);
+    switch("followers", &mut bounds.followers);
     if flag("--never-replay") {
         bounds.replay = vec![fenced_jobs::worker::ReplayPolicy::Never];
     }

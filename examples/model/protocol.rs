@@ -2679,15 +2679,31 @@ impl Report {
 /// the first counterexample (`first_failure`, which also makes that counterexample a shortest
 /// one).
 pub fn check(bounds: &Bounds, threads: usize, first_failure: bool) -> Report {
-    use stateright::{Checker, HasDiscoveries};
     let model = Protocol {
         bounds: bounds.clone(),
     };
-    let started = std::time::Instant::now();
-    let builder = model.clone().checker().threads(threads);
     // A mutation's check runs until it breaks the property it is meant to break (a stale
     // write, say, may come first on the way), and shows that property's counterexample.
     let meant = bounds.mutation.and_then(Mutation::breaks);
+    explore(model, threads, first_failure, meant)
+}
+
+/// Checks `model` on `threads`: depth first over every state, or breadth first until the
+/// `meant` property (or any) fails first (`first_failure`).
+pub fn explore<M>(
+    model: M,
+    threads: usize,
+    first_failure: bool,
+    meant: Option<&'static str>,
+) -> Report
+where
+    M: Timeline + Clone + Send + Sync + 'static,
+    M::State: std::hash::Hash + std::fmt::Debug + Send + Sync,
+    M::Action: std::fmt::Debug + Send + Sync,
+{
+    use stateright::{Checker, HasDiscoveries};
+    let started = std::time::Instant::now();
+    let builder = model.clone().checker().threads(threads);
     if first_failure {
         let until = match meant {
             Some(property) => HasDiscoveries::AnyOf([property].into()),

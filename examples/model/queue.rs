@@ -17,7 +17,7 @@ use fenced_jobs::worker::Settings;
 use fenced_jobs::worker::heartbeat::extension_s;
 use stateright::{Model, Property};
 
-use crate::protocol::{Report, Timeline, conclude};
+use crate::protocol::{Report, Timeline, explore};
 
 const HOUR: Millis = 3_600_000;
 /// The queue's visibility timeout (the template's default), seconds.
@@ -518,19 +518,6 @@ impl Timeline for Queue {
 
 /// Checks the queue model under `bounds`, as [`crate::protocol::check`] does the protocol.
 pub fn check(bounds: &QueueBounds, threads: usize, first_failure: bool) -> Report {
-    use stateright::{Checker, HasDiscoveries};
-    let model = Queue::new(bounds.clone());
-    let started = std::time::Instant::now();
-    let builder = model.clone().checker().threads(threads);
     let meant = bounds.mutation.map(QueueMutation::breaks);
-    if first_failure {
-        let until = match meant {
-            Some(property) => HasDiscoveries::AnyOf([property].into()),
-            None => HasDiscoveries::AnyFailures,
-        };
-        let checker = builder.finish_when(until).spawn_bfs().join();
-        conclude(&model, &checker, started, meant)
-    } else {
-        conclude(&model, &builder.spawn_dfs().join(), started, meant)
-    }
+    explore(Queue::new(bounds.clone()), threads, first_failure, meant)
 }
