@@ -342,6 +342,7 @@ async fn ledger_cpu_per_request_us(
                 now,
                 end: AttemptEnd::Succeeded {
                     result: ResultBody::Inline("simulated answer".to_owned()),
+                    finish: fenced_jobs::job::contract::Finish::Stop,
                 },
             };
             let accepted = ledger.end_known(&record, finish).await;

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use crate::events::aws::AwsSink;
 use crate::job::Millis;
+use crate::job::contract::Contracts;
 use crate::ops::reconcile::ReconcileSettings;
 use crate::provider::ProviderConfig;
 pub use crate::vars::ConfigError;
@@ -30,6 +31,67 @@ pub struct Config {
     /// `DLQ_URL`: the work queue's dead-letter queue, where the worker sends poison and
     /// conflicts at once with their reason (unset: they wait for the redrive policy).
     pub dlq_url: Option<String>,
+    /// Where the output contracts come from.
+    pub contracts: ContractSource,
+}
+
+/// Where the worker's output contracts come from: those built in from `contracts/`, and a
+/// folder read at start-up.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ContractSource {
+    /// `CONTRACTS_DIR`: a folder of `<id>.json` contract files read at start-up, over the
+    /// built-in ones (a Lambda layer's `/opt/contracts`, say).
+    pub dir: Option<String>,
+    /// `CONTRACTS_STRICT`: `true` refuses a new job naming a contract the registry does not
+    /// hold (poison); `false` (the default) holds it to free text.
+    pub strict: bool,
+}
+
+impl ContractSource {
+    fn from_vars(vars: &Vars<'_>) -> Result<ContractSource, ConfigError> {
+        Ok(ContractSource {
+            dir: vars.get("CONTRACTS_DIR"),
+            strict: vars.choice(
+                "CONTRACTS_STRICT",
+                false,
+                &[("true", true), ("false", false)],
+            )?,
+        })
+    }
+
+    /// Reads and compiles the registry: a folder that cannot be read, a contract that does
+    /// not compile, or a strict registry with no contract stops start-up with the reason.
+    pub fn load(&self) -> Result<Contracts, ConfigError> {
+        let invalid = |reason: String| ConfigError::Invalid {
+            name: "CONTRACTS_DIR",
+            reason,
+        };
+        let mut files = Vec::new();
+        if let Some(dir) = &self.dir {
+            let entries = std::fs::read_dir(dir).map_err(|e| invalid(format!("{dir:?}: {e}")))?;
+            for entry in entries {
+                let path = entry.map_err(|e| invalid(format!("{dir:?}: {e}")))?.path();
+                let (Some(id), Some("json")) = (
+                    path.file_stem().and_then(|s| s.to_str()),
+                    path.extension().and_then(|s| s.to_str()),
+                ) else {
+                    continue;
+                };
+                let text = std::fs::read_to_string(&path)
+                    .map_err(|e| invalid(format!("{}: {e}", path.display())))?;
+                files.push((id.to_owned(), text));
+            }
+        }
+        let contracts =
+            Contracts::with_built_in(&files, self.strict).map_err(|e| invalid(e.to_string()))?;
+        if self.strict && contracts.is_empty() {
+            return Err(ConfigError::Invalid {
+                name: "CONTRACTS_STRICT",
+                reason: "a strict registry with no contract would refuse every job".to_owned(),
+            });
+        }
+        Ok(contracts)
+    }
 }
 
 /// Bounds on each DynamoDB and SQS call, which the SDK leaves unbounded by default: a stalled
@@ -111,6 +173,7 @@ impl Config {
             sdk,
             results_bucket: vars.get("RESULTS_BUCKET"),
             dlq_url: vars.get("DLQ_URL"),
+            contracts: ContractSource::from_vars(&vars)?,
         })
     }
 }

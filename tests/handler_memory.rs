@@ -384,6 +384,7 @@ async fn losing_the_lease_cancels_the_call_and_its_answer_is_never_published() {
                 now: later,
                 end: AttemptEnd::Succeeded {
                     result: "\"rival\"".into(),
+                    finish: fenced_jobs::job::contract::Finish::Stop,
                 },
             })
             .await

@@ -37,6 +37,7 @@ fn expect(epoch: u64, attempts: u32) -> Expect {
 fn ok(result: &str) -> AttemptEnd {
     AttemptEnd::Succeeded {
         result: result.into(),
+        finish: fenced_jobs::job::contract::Finish::Stop,
     }
 }
 

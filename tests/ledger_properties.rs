@@ -91,6 +91,7 @@ fn op(rng: &mut fastrand::Rng, now: i64, items: &[Option<JobRecord>]) -> Op {
             let end = match rng.u8(0..6) {
                 0 if rng.bool() => AttemptEnd::Succeeded {
                     result: format!("r{}", rng.u8(..)).into(),
+                    finish: fenced_jobs::job::contract::Finish::Stop,
                 },
                 0 => AttemptEnd::Succeeded {
                     result: ResultBody::Stored(BlobRef {
@@ -99,6 +100,16 @@ fn op(rng: &mut fastrand::Rng, now: i64, items: &[Option<JobRecord>]) -> Op {
                         size: rng.u64(..1 << 40),
                         sha256: "d".repeat(64),
                     }),
+                    finish: fenced_jobs::job::contract::Finish::Unknown,
+                },
+                1 if rng.bool() => AttemptEnd::Invalid {
+                    rejected: fenced_jobs::job::contract::Rejected {
+                        finish: fenced_jobs::job::contract::Finish::Length,
+                        errors: vec!["the answer is cut off: finish length".into()],
+                        excerpt: "{\"to".into(),
+                        terminal: false,
+                    },
+                    last: rng.bool(),
                 },
                 1 => AttemptEnd::RetryAuthorized { error: "e".into() },
                 2 => AttemptEnd::FailedTerminal {

@@ -215,6 +215,7 @@ async fn the_api_key_is_read_from_secrets_manager_or_ssm_and_sent() {
             attempt: 1,
             epoch: 1,
             contract: "c",
+            output: &fenced_jobs::job::contract::Contract::free_text("c"),
             input,
             input_json: "{}",
             idempotency_key: "k/1".to_owned(),

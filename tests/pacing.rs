@@ -249,6 +249,7 @@ impl Provider for Limited {
         Ok(Answer {
             body: format!(r#"{{"job":"{}"}}"#, req.job_id),
             provider_ref: None,
+            finish: fenced_jobs::job::contract::Finish::Stop,
         })
     }
 }
@@ -422,6 +423,7 @@ impl Provider for Crowded {
         Ok(Answer {
             body: format!(r#"{{"job":"{}"}}"#, req.job_id),
             provider_ref: None,
+            finish: fenced_jobs::job::contract::Finish::Stop,
         })
     }
 }

@@ -253,6 +253,7 @@ async fn the_reconciler_repairs_a_stopped_producer_and_expires_jobs_past_their_d
             now: now + 1,
             end: fenced_jobs::ledger::AttemptEnd::Succeeded {
                 result: "{}".into(),
+                finish: fenced_jobs::job::contract::Finish::Stop,
             },
         })
         .await

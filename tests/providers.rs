@@ -7,6 +7,7 @@ mod common;
 use std::time::Duration;
 
 use common::http::{HttpStub, Reply};
+use fenced_jobs::job::contract::{Contract, Finish};
 use fenced_jobs::provider::Secret;
 use fenced_jobs::provider::bedrock::{BedrockProvider, BedrockSettings};
 use fenced_jobs::provider::openai::{OpenAiApi, OpenAiProvider, OpenAiSettings};
@@ -19,12 +20,17 @@ fn input(value: Value) -> Map<String, Value> {
     value.as_object().cloned().expect("object")
 }
 
+/// The contract of the requests: free text, as a job naming no contract file is held to.
+static FREE_TEXT: std::sync::LazyLock<Contract> =
+    std::sync::LazyLock::new(|| Contract::free_text("summary.v1"));
+
 fn request<'a>(input: &'a Map<String, Value>, json: &'a str) -> ProviderRequest<'a> {
     ProviderRequest {
         job_id: "job-7",
         attempt: 2,
         epoch: 3,
         contract: "summary.v1",
+        output: &FREE_TEXT,
         input,
         input_json: json,
         idempotency_key: "job-7/2".to_owned(),
@@ -260,7 +266,8 @@ async fn a_background_response_is_submitted_then_completes_on_the_third_poll() {
 }
 
 #[tokio::test]
-async fn failed_and_cancelled_background_responses_are_definite_failures() {
+async fn failed_and_cancelled_background_responses_are_definite_failures_and_an_incomplete_one_is_cut_off()
+ {
     let stub = HttpStub::start(|req, _| match req.path.as_str() {
         "/v1/responses/resp_f" => Reply::json(
             200,
@@ -270,7 +277,9 @@ async fn failed_and_cancelled_background_responses_are_definite_failures() {
         "/v1/responses/resp_i" => Reply::json(
             200,
             json!({"id": "resp_i", "status": "incomplete",
-                   "incomplete_details": {"reason": "max_output_tokens"}}),
+                   "incomplete_details": {"reason": "max_output_tokens"},
+                   "output": [{"type": "message", "content": [
+                       {"type": "output_text", "text": "{\"number\": \"INV-1\", \"tot"}]}]}),
         ),
         _ => Reply::json(503, json!({})),
     })
@@ -286,12 +295,19 @@ async fn failed_and_cancelled_background_responses_are_definite_failures() {
         provider.retrieve("resp_c", 0, &req).await,
         Retrieval::Failed(ProviderError::Transient { .. })
     ));
-    assert_eq!(
-        provider.retrieve("resp_i", 0, &req).await,
-        Retrieval::Failed(ProviderError::Permanent {
-            reason: "response incomplete: max_output_tokens".to_owned()
-        })
-    );
+    // An incomplete response is the model's answer cut off: its contract judges it.
+    let Retrieval::Completed(cut) = provider.retrieve("resp_i", 0, &req).await else {
+        panic!("an incomplete response carries its answer so far");
+    };
+    assert_eq!(cut.finish, Finish::Length);
+    assert_eq!(cut.provider_ref.as_deref(), Some("resp_i"));
+    let json = Contract::parse("x@1", r#"{"format": "json"}"#).expect("compiles");
+    let Err(ProviderError::InvalidOutput(rejected)) = cut.clone().judged(&json) else {
+        panic!("a JSON contract never takes a truncated answer");
+    };
+    assert_eq!(rejected.errors, ["the answer is cut off: finish length"]);
+    assert_eq!(rejected.excerpt, r#"{"number": "INV-1", "tot"#);
+    assert!(cut.judged(&FREE_TEXT).is_ok(), "free text takes it");
     // The provider cannot be asked right now: nothing is known, and it is never read as
     // running.
     assert_eq!(

@@ -492,6 +492,7 @@ impl Provider for LimitedProvider {
         Ok(Answer {
             body: format!(r#"{{"job":"{}","summary":"ok"}}"#, req.job_id),
             provider_ref: None,
+            finish: fenced_jobs::job::contract::Finish::Stop,
         })
     }
 }

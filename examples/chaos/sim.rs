@@ -785,6 +785,7 @@ impl JobLedger for SimLedger {
         let epoch = req.epoch;
         if let AttemptEnd::Succeeded {
             result: ResultBody::Stored(_),
+            finish: fenced_jobs::job::contract::Finish::Stop,
         } = &req.end
             && self.world.fault(
                 "pause_before_stored_accept",
@@ -1280,6 +1281,7 @@ impl Provider for SimProvider {
         answer.map(|body| Answer {
             body,
             provider_ref: None,
+            finish: fenced_jobs::job::contract::Finish::Stop,
         })
     }
 
@@ -1360,6 +1362,7 @@ impl Provider for SimProvider {
                 Ok(body) => Retrieval::Completed(Answer {
                     body,
                     provider_ref: Some(provider_ref.to_owned()),
+                    finish: fenced_jobs::job::contract::Finish::Stop,
                 }),
                 Err(e) => Retrieval::Failed(e),
             },

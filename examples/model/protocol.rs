@@ -1656,6 +1656,7 @@ impl Protocol {
                     Said::Answered(Answer {
                         body: format!("answer of attempt {}", claimed.attempts),
                         provider_ref: None,
+                        finish: fenced_jobs::job::contract::Finish::Stop,
                     })
                 }
                 Word::Transient => {
@@ -2043,6 +2044,7 @@ impl Protocol {
             Retrieved::Completed => Retrieval::Completed(Answer {
                 body: format!("answer of attempt {attempt}"),
                 provider_ref: None,
+                finish: fenced_jobs::job::contract::Finish::Stop,
             }),
             Retrieved::Failed => Retrieval::Failed(ProviderError::Transient {
                 retry_after_ms: None,

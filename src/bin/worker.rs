@@ -8,6 +8,7 @@ use std::sync::Arc;
 use fenced_jobs::blobs::s3::S3Blobs;
 use fenced_jobs::clock::{Clock, SystemClock};
 use fenced_jobs::config::{Config, s3_client};
+use fenced_jobs::job::contract::Contracts;
 use fenced_jobs::ledger::dynamodb::DynamoLedger;
 use fenced_jobs::ops::metrics;
 use fenced_jobs::provider::AnyProvider;
@@ -26,13 +27,7 @@ use tracing::Instrument;
 async fn main() -> Result<(), lambda_runtime::Error> {
     fenced_jobs::logs::init();
 
-    let config = match Config::from_env() {
-        Ok(config) => config,
-        Err(e) => {
-            fenced_jobs::logs::report_init_error("ConfigError", &e.to_string()).await;
-            return Err(e.into());
-        }
-    };
+    let (config, contracts) = configured().await?;
     let aws = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
     let provider = AnyProvider::from_config(&config.provider, &aws).await?;
     // DynamoDB and SQS calls are bounded; the provider keeps its own bounds.
@@ -43,7 +38,8 @@ async fn main() -> Result<(), lambda_runtime::Error> {
     let pacer = Pacer::new(config.settings.pacing(), Some(Arc::new(ledger.clone())));
     let processor = Processor::new(ledger, provider, SystemClock, config.settings)
         .with_blobs(Arc::new(blobs))
-        .with_pacer(pacer);
+        .with_pacer(pacer)
+        .with_contracts(contracts);
     let sqs = aws_sdk_sqs::Client::new(&bounded);
     let mut handler = BatchHandler::new(processor, SqsVisibility::new(sqs.clone()));
     if let Some(dlq_url) = config.dlq_url {
@@ -102,6 +98,29 @@ async fn main() -> Result<(), lambda_runtime::Error> {
         }
     }))
     .await
+}
+
+/// The worker's configuration and its output contracts, compiled once per execution
+/// environment; either failing stops start-up with the reason, reported to the runtime.
+async fn configured() -> Result<(Config, Arc<Contracts>), lambda_runtime::Error> {
+    let loaded = Config::from_env().and_then(|config| {
+        let contracts = config.contracts.load()?;
+        Ok((config, contracts))
+    });
+    match loaded {
+        Ok((config, contracts)) => {
+            tracing::info!(
+                contracts = contracts.len(),
+                strict = contracts.strict(),
+                "output contracts loaded"
+            );
+            Ok((config, Arc::new(contracts)))
+        }
+        Err(e) => {
+            fenced_jobs::logs::report_init_error("ConfigError", &e.to_string()).await;
+            Err(e.into())
+        }
+    }
 }
 
 /// Says once per execution environment that the runtime's deadline is not a time: cargo lambda's

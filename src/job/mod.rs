@@ -2,6 +2,7 @@
 //! them. Nothing here performs I/O, reads a clock or knows an AWS type: callers pass `now`.
 
 pub mod artifact;
+pub mod contract;
 pub mod decision;
 mod digest;
 pub mod message;
@@ -149,7 +150,10 @@ impl JobRecord {
             .attempt_log
             .iter()
             .chain(&self.given_back)
-            .map(|a| 8 * FIELD + a.owner_id.len() + opt(&a.provider_ref))
+            .map(|a| {
+                let errors: usize = a.errors.iter().map(|e| e.len() + FIELD).sum();
+                10 * FIELD + a.owner_id.len() + opt(&a.provider_ref) + errors + opt(&a.excerpt)
+            })
             .sum();
         let recoveries: usize = self
             .recoveries
@@ -214,6 +218,36 @@ pub struct AttemptRecord {
     pub outcome: AttemptOutcome,
     /// When the outcome was recorded.
     pub finished_at: Option<Millis>,
+    /// Why the model stopped, when an answer came (accepted or not).
+    pub finish: Option<contract::Finish>,
+    /// What was wrong with an answer its contract refused (see [`contract::Rejected`]).
+    pub errors: Vec<String>,
+    /// The first bytes of an answer its contract refused: restricted evidence, never logged.
+    pub excerpt: Option<String>,
+}
+
+impl AttemptRecord {
+    /// The attempt a claim records, before its call: pending, nothing heard yet.
+    pub(crate) fn claimed(
+        number: u32,
+        epoch: u64,
+        owner_id: &str,
+        started_at: Millis,
+        provider_ref: Option<String>,
+    ) -> AttemptRecord {
+        AttemptRecord {
+            number,
+            epoch,
+            owner_id: owner_id.to_owned(),
+            started_at,
+            provider_ref,
+            outcome: AttemptOutcome::Pending,
+            finished_at: None,
+            finish: None,
+            errors: Vec::new(),
+            excerpt: None,
+        }
+    }
 }
 
 /// How an attempt ended.
@@ -235,6 +269,8 @@ pub enum AttemptOutcome {
     Throttled,
     /// Given back: the call was never sent.
     NotSent,
+    /// The call answered, but not with the answer its job's contract asks for.
+    InvalidOutput,
 }
 
 impl AttemptOutcome {
@@ -249,6 +285,7 @@ impl AttemptOutcome {
             AttemptOutcome::Expired => "expired",
             AttemptOutcome::Throttled => "throttled",
             AttemptOutcome::NotSent => "not_sent",
+            AttemptOutcome::InvalidOutput => "invalid_output",
         }
     }
 
@@ -262,6 +299,7 @@ impl AttemptOutcome {
             "expired" => AttemptOutcome::Expired,
             "throttled" => AttemptOutcome::Throttled,
             "not_sent" => AttemptOutcome::NotSent,
+            "invalid_output" => AttemptOutcome::InvalidOutput,
             _ => AttemptOutcome::Uncertain,
         }
     }

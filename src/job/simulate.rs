@@ -8,18 +8,23 @@ use super::InvalidMessage;
 
 /// The longest simulated latency (one hour).
 pub(crate) const MAX_SIMULATED_LATENCY_MS: u64 = 3_600_000;
-const SIMULATE_FIELDS: [&str; 5] = [
+const SIMULATE_FIELDS: [&str; 8] = [
     "latency_ms",
     "outcome",
     "fail_times",
     "retrievable",
     "answer_bytes",
+    "output",
+    "bad_answer",
+    "bad_times",
 ];
+/// The largest simulated `output`, encoded.
+const MAX_SIMULATED_OUTPUT_BYTES: usize = 64 * 1024;
 /// The largest simulated answer padding.
 pub(crate) const MAX_SIMULATED_ANSWER_BYTES: u64 = 2_000_000;
 
 /// Simulated-provider controls read from `input.simulate`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Simulation {
     /// How long the simulated call takes.
     pub latency_ms: u64,
@@ -31,6 +36,22 @@ pub(crate) struct Simulation {
     pub retrievable: bool,
     /// Padding added to the answer's output, to make large answers (default 0).
     pub answer_bytes: usize,
+    /// What the model answers (a string as it is, any other value as its JSON text); absent,
+    /// a deterministic text.
+    pub output: Option<Value>,
+    /// How the first `bad_times` attempts answer instead, if badly.
+    pub bad_answer: Option<BadAnswer>,
+    /// Attempts `1..=bad_times` answer badly (absent: every attempt).
+    pub bad_times: u32,
+}
+
+/// A simulated answer that is not the one its job asked for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum BadAnswer {
+    /// The output cut in half, the model out of tokens (finish `length`).
+    Truncated,
+    /// A complete JSON answer that few schemas accept: `{"unexpected": true}`.
+    Invalid,
 }
 
 impl Default for Simulation {
@@ -41,6 +62,9 @@ impl Default for Simulation {
             fail_times: 0,
             retrievable: true,
             answer_bytes: 0,
+            output: None,
+            bad_answer: None,
+            bad_times: u32::MAX,
         }
     }
 }
@@ -89,7 +113,7 @@ fn parse_simulation(value: Option<&Value>) -> Result<Simulation, InvalidMessage>
     {
         return Err(InvalidMessage::Invalid {
             field: "input.simulate",
-            rule: "only latency_ms, outcome, fail_times, retrievable and answer_bytes are allowed",
+            rule: "only latency_ms, outcome, fail_times, retrievable, answer_bytes, output, bad_answer and bad_times are allowed",
         });
     }
     let latency_ms = match fields.get("latency_ms") {
@@ -153,12 +177,45 @@ fn parse_simulation(value: Option<&Value>) -> Result<Simulation, InvalidMessage>
             ));
         }
     };
+    let output = match fields.get("output") {
+        Some(v) if v.to_string().len() > MAX_SIMULATED_OUTPUT_BYTES => {
+            return Err(InvalidMessage::Invalid {
+                field: "input.simulate.output",
+                rule: "must be at most 65536 bytes encoded",
+            });
+        }
+        v => v.cloned(),
+    };
+    let bad_answer = match fields.get("bad_answer") {
+        None => None,
+        Some(Value::String(s)) if s == "truncated" => Some(BadAnswer::Truncated),
+        Some(Value::String(s)) if s == "invalid" => Some(BadAnswer::Invalid),
+        Some(_) => {
+            return Err(InvalidMessage::Invalid {
+                field: "input.simulate.bad_answer",
+                rule: "must be truncated or invalid",
+            });
+        }
+    };
+    let bad_times = match fields.get("bad_times") {
+        None => u32::MAX,
+        Some(v) => v
+            .as_u64()
+            .filter(|n| *n <= 100)
+            .ok_or(InvalidMessage::Invalid {
+                field: "input.simulate.bad_times",
+                rule: "must be an integer from 0 to 100",
+            })? as u32,
+    };
     Ok(Simulation {
         latency_ms,
         outcome,
         fail_times,
         retrievable,
         answer_bytes,
+        output,
+        bad_answer,
+        bad_times,
     })
 }
 
@@ -179,8 +236,7 @@ mod tests {
                 latency_ms: 20,
                 outcome: SimulatedOutcome::Permanent,
                 fail_times: 2,
-                retrievable: true,
-                answer_bytes: 0,
+                ..Simulation::default()
             }
         );
     }

@@ -316,6 +316,7 @@ impl<L: JobLedger> JobLedger for FaultyLedger<L> {
 pub async fn succeeded_at(ledger: &impl JobLedger, job_id: &str, answer: &str, at: Millis) {
     let end = super::AttemptEnd::Succeeded {
         result: answer.into(),
+        finish: crate::job::contract::Finish::Stop,
     };
     ended_at(ledger, job_id, end, at).await;
 }

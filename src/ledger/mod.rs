@@ -15,6 +15,7 @@ use std::future::Future;
 
 pub use index::{IndexCursor, LedgerIndex};
 
+use crate::job::contract::{Finish, Rejected};
 use crate::job::decision::{Expect, SettleReason};
 use crate::job::{JobRecord, JobState, Millis, NewJob, ResultBody};
 
@@ -63,6 +64,9 @@ pub enum AttemptEnd {
     Succeeded {
         /// The answer: inline, or the object it was written to before this acceptance.
         result: ResultBody,
+        /// Why the model stopped ([`Finish::Unknown`] for an answer a recovery collects from
+        /// the bucket, which its contract accepted before it was stored).
+        finish: Finish,
     },
     /// A definite transient failure with budget and time left: another attempt is permitted.
     RetryAuthorized {
@@ -110,6 +114,15 @@ pub enum AttemptEnd {
         /// epoch, so its record is the item's.)
         given_back: Vec<crate::job::AttemptRecord>,
     },
+    /// The call answered, but not with the answer the job's contract asks for: another attempt
+    /// is permitted, or, when the contract says so or no budget is left (`last`), the job fails
+    /// for good (`invalid_output`). The evidence is recorded on the attempt.
+    Invalid {
+        /// What was wrong, and the answer's first bytes.
+        rejected: Rejected,
+        /// The job fails with this attempt.
+        last: bool,
+    },
     /// The deadline passed during the attempt.
     Expired,
 }
@@ -123,6 +136,8 @@ impl AttemptEnd {
             AttemptEnd::FailedTerminal { .. } => JobState::FailedTerminal,
             AttemptEnd::Unknown { .. } => JobState::Unknown,
             AttemptEnd::Replay { .. } | AttemptEnd::GivenBack { .. } => JobState::RetryAuthorized,
+            AttemptEnd::Invalid { last: true, .. } => JobState::FailedTerminal,
+            AttemptEnd::Invalid { last: false, .. } => JobState::RetryAuthorized,
             AttemptEnd::Expired => JobState::Expired,
         }
     }
@@ -445,6 +460,7 @@ impl AttemptEnd {
             } => AttemptOutcome::Permanent,
             AttemptEnd::FailedTerminal { .. } => AttemptOutcome::Transient,
             AttemptEnd::Unknown { .. } | AttemptEnd::Replay { .. } => AttemptOutcome::Uncertain,
+            AttemptEnd::Invalid { .. } => AttemptOutcome::InvalidOutput,
             AttemptEnd::Expired => AttemptOutcome::Expired,
         }
     }
@@ -459,6 +475,7 @@ impl AttemptEnd {
             AttemptEnd::Unknown { evidence } | AttemptEnd::Replay { evidence, .. } => {
                 ("uncertain", evidence.clone())
             }
+            AttemptEnd::Invalid { rejected, .. } => ("invalid_output", rejected.to_string()),
             AttemptEnd::Expired => ("deadline", "deadline passed during the attempt".to_owned()),
         };
         Some(crate::job::ErrorRecord {

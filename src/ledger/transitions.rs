@@ -44,15 +44,13 @@ pub fn apply_claim(current: Option<&JobRecord>, req: &ClaimRequest) -> Option<Jo
     next.owner_id = Some(req.owner_id.clone());
     next.owner_until = Some(req.lease_until);
     next.updated_at = req.now;
-    next.attempt_log.push(AttemptRecord {
-        number: next.attempts,
-        epoch: next.owner_epoch,
-        owner_id: req.owner_id.clone(),
-        started_at: req.now,
-        provider_ref: req.provider_ref.clone(),
-        outcome: AttemptOutcome::Pending,
-        finished_at: None,
-    });
+    next.attempt_log.push(AttemptRecord::claimed(
+        next.attempts,
+        next.owner_epoch,
+        &req.owner_id,
+        req.now,
+        req.provider_ref.clone(),
+    ));
     Some(next)
 }
 
@@ -90,8 +88,17 @@ pub fn apply_end(current: Option<&JobRecord>, req: &EndRequest) -> Option<JobRec
     {
         attempt.outcome = req.end.attempt_outcome();
         attempt.finished_at = Some(req.now);
+        match &req.end {
+            super::AttemptEnd::Succeeded { finish, .. } => attempt.finish = Some(*finish),
+            super::AttemptEnd::Invalid { rejected, .. } => {
+                attempt.finish = Some(rejected.finish);
+                attempt.errors.clone_from(&rejected.errors);
+                attempt.excerpt = Some(rejected.excerpt.clone());
+            }
+            _ => {}
+        }
     }
-    if let super::AttemptEnd::Succeeded { result } = &req.end {
+    if let super::AttemptEnd::Succeeded { result, .. } = &req.end {
         match result {
             crate::job::ResultBody::Inline(text) => next.result = Some(text.clone()),
             crate::job::ResultBody::Stored(blob) => next.result_ref = Some(blob.clone()),

@@ -9,12 +9,13 @@ use std::time::Duration;
 use aws_sdk_bedrockruntime::Client;
 use aws_sdk_bedrockruntime::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_bedrockruntime::types::{
-    ContentBlock, ConversationRole, ConverseOutput, InferenceConfiguration, Message,
+    ContentBlock, ConversationRole, ConverseOutput, InferenceConfiguration, Message, StopReason,
     SystemContentBlock,
 };
 use serde_json::{Map, Value, json};
 
 use super::{Answer, Provider, ProviderError, ProviderRequest};
+use crate::job::contract::Finish;
 use crate::vars::Vars;
 
 /// How to reach Bedrock.
@@ -112,7 +113,19 @@ impl Provider for BedrockProvider {
         Ok(Answer {
             body: body.to_string(),
             provider_ref: None,
+            finish: finish(out.stop_reason()),
         })
+    }
+}
+
+/// A Converse stop reason in the one vocabulary of finish reasons.
+fn finish(reason: &StopReason) -> Finish {
+    match reason {
+        StopReason::EndTurn | StopReason::StopSequence => Finish::Stop,
+        StopReason::MaxTokens | StopReason::ModelContextWindowExceeded => Finish::Length,
+        StopReason::ContentFiltered | StopReason::GuardrailIntervened => Finish::ContentFilter,
+        StopReason::ToolUse => Finish::ToolUse,
+        _ => Finish::Unknown,
     }
 }
 

@@ -21,6 +21,7 @@ pub use simulated::SimulatedProvider;
 #[cfg(feature = "openai")]
 pub use keys::{KeySource, Secret};
 
+use crate::job::contract::{Contract, Finish, Rejected};
 use crate::vars::{ConfigError, Vars};
 #[cfg(feature = "bedrock")]
 use bedrock::BedrockSettings;
@@ -93,6 +94,9 @@ pub struct ProviderRequest<'a> {
     pub epoch: u64,
     /// Output-contract version.
     pub contract: &'a str,
+    /// The contract itself: the format and schema the provider is asked to follow (the
+    /// answer is judged against it after the call, whatever the provider did with it).
+    pub output: &'a Contract,
     /// The job input.
     pub input: &'a Map<String, Value>,
     /// The same input as canonical JSON (sorted keys, no whitespace).
@@ -109,6 +113,41 @@ pub struct Answer {
     pub body: String,
     /// The provider's reference for the call, when it has one.
     pub provider_ref: Option<String>,
+    /// Why the model stopped writing.
+    pub finish: Finish,
+}
+
+impl Answer {
+    /// The answer as its job's `contract` judges it: accepted (for a JSON contract, with its
+    /// `output` stored parsed, as JSON, in place of the text), or an
+    /// [`ProviderError::InvalidOutput`]. The body is a document this crate's providers build
+    /// (`{"contract", "model", "output", "usage", ..}`), so a body that is not one is refused
+    /// too, never accepted unread.
+    pub fn judged(self, contract: &Contract) -> Result<Answer, ProviderError> {
+        if contract.takes_anything() {
+            return Ok(self);
+        }
+        let mut document: Map<String, Value> = match serde_json::from_str(&self.body) {
+            Ok(Value::Object(document)) => document,
+            _ => Map::new(),
+        };
+        let Some(Value::String(output)) = document.get("output") else {
+            let error = "the answer has no output text: output".to_owned();
+            let rejected = contract.rejected(vec![error], self.finish, "");
+            return Err(ProviderError::InvalidOutput(rejected));
+        };
+        match contract.judge(output, self.finish) {
+            Ok(None) => Ok(self),
+            Ok(Some(parsed)) => {
+                document.insert("output".to_owned(), parsed);
+                Ok(Answer {
+                    body: Value::Object(document).to_string(),
+                    ..self
+                })
+            }
+            Err(rejected) => Err(ProviderError::InvalidOutput(rejected)),
+        }
+    }
 }
 
 /// How a call failed, as the processor must treat it.
@@ -144,6 +183,10 @@ pub enum ProviderError {
         /// What is known about the call.
         evidence: String,
     },
+    /// The call ran and answered, but not with the answer the job's contract asks for
+    /// (truncated, not JSON, invalid against the schema): a definite outcome.
+    #[error("invalid output: {0}")]
+    InvalidOutput(Rejected),
 }
 
 impl ProviderError {

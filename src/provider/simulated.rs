@@ -12,7 +12,8 @@ use sha2::{Digest, Sha256};
 use super::{Answer, Provider, ProviderError, ProviderRequest, Retrieval};
 use crate::clock::{Clock, SystemClock};
 use crate::job::Millis;
-use crate::job::simulate::{SimulatedOutcome, Simulation, simulation_of};
+use crate::job::contract::Finish;
+use crate::job::simulate::{BadAnswer, SimulatedOutcome, Simulation, simulation_of};
 
 /// The simulated provider. It counts its executions (calls started), in total and per job.
 #[derive(Debug, Default)]
@@ -128,7 +129,8 @@ impl Provider for SimulatedProvider {
     }
 }
 
-/// The answer depends on the input and contract only, never on the attempt or the time.
+/// The answer depends on the input and contract, and on the attempt's number only for a bad
+/// answer (`bad_answer` for attempts `1..=bad_times`); never on the time.
 fn answer(req: &ProviderRequest<'_>, sim: &Simulation) -> Answer {
     use std::fmt::Write;
     /// The answer's document, fields in the order they are written.
@@ -144,16 +146,36 @@ fn answer(req: &ProviderRequest<'_>, sim: &Simulation) -> Answer {
         input_chars: usize,
         output_tokens: u32,
     }
-    let mut hasher = Sha256::new();
-    hasher.update(req.contract.as_bytes());
-    hasher.update(b"\0");
-    hasher.update(req.input_json.as_bytes());
-    let digest = hasher.finalize();
-    let mut output = String::from("simulated answer ");
-    for b in &digest[..6] {
-        let _ = write!(output, "{b:02x}");
-    }
+    let mut output = match &sim.output {
+        Some(Value::String(text)) => text.clone(),
+        Some(value) => value.to_string(),
+        None => {
+            let mut hasher = Sha256::new();
+            hasher.update(req.contract.as_bytes());
+            hasher.update(b"\0");
+            hasher.update(req.input_json.as_bytes());
+            let digest = hasher.finalize();
+            let mut output = String::from("simulated answer ");
+            for b in &digest[..6] {
+                let _ = write!(output, "{b:02x}");
+            }
+            output
+        }
+    };
     output.extend(std::iter::repeat_n('.', sim.answer_bytes));
+    let mut finish = Finish::Stop;
+    match sim.bad_answer.filter(|_| req.attempt <= sim.bad_times) {
+        Some(BadAnswer::Truncated) => {
+            let mut half = output.len() / 2;
+            while !output.is_char_boundary(half) {
+                half -= 1;
+            }
+            output.truncate(half);
+            finish = Finish::Length;
+        }
+        Some(BadAnswer::Invalid) => output = r#"{"unexpected": true}"#.to_owned(),
+        None => {}
+    }
     let document = Document {
         contract: req.contract,
         model: req.input.get("model").and_then(Value::as_str).unwrap_or(""),
@@ -166,6 +188,7 @@ fn answer(req: &ProviderRequest<'_>, sim: &Simulation) -> Answer {
     Answer {
         body: serde_json::to_string(&document).unwrap_or_default(),
         provider_ref: None,
+        finish,
     }
 }
 
@@ -187,12 +210,16 @@ mod tests {
         }
     }
 
+    static FREE_TEXT: std::sync::LazyLock<crate::job::contract::Contract> =
+        std::sync::LazyLock::new(|| crate::job::contract::Contract::free_text("c"));
+
     fn request(input: &Input, attempt: u32) -> ProviderRequest<'_> {
         ProviderRequest {
             job_id: "j",
             attempt,
             epoch: u64::from(attempt),
             contract: "c",
+            output: &FREE_TEXT,
             input: &input.0,
             input_json: &input.1,
             idempotency_key: format!("j/{attempt}"),

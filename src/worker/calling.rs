@@ -11,6 +11,7 @@ use super::ending::{
     THROTTLE_PAUSE_MS, Waited, attempt_end, lease_holds, not_sent_end, uncertain_end,
 };
 use super::settings::ReplayPolicy;
+use crate::job::contract::Finish;
 use crate::job::{BlobRef, JobRecord, Millis, ResultBody};
 use crate::ledger::{AttemptEnd, RecordRefRequest, Write};
 use crate::provider::{Answer, ProviderError, Retrieval};
@@ -192,8 +193,10 @@ impl Calling {
     ) -> (Calling, CallStep) {
         if let Some(blob) = stored {
             let mut m = Calling::new(facts, owner, String::new());
+            // Its contract accepted it before it was stored; why the model stopped was not.
             let end = AttemptEnd::Succeeded {
                 result: ResultBody::Stored(blob),
+                finish: Finish::Unknown,
             };
             let step = m.done(Waited::Ended(end, None));
             return (m, step);

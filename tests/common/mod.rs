@@ -221,11 +221,20 @@ impl Emulator {
         provider: P,
         settings: Settings,
     ) -> BatchHandler<DynamoLedger, P, SystemClock, SqsVisibility> {
-        BatchHandler::new(
-            Processor::new(self.ledger(table), provider, SystemClock, settings),
-            SqsVisibility::new(self.sqs.clone()),
-        )
-        .with_seed(42)
+        self.processor_handler(Processor::new(
+            self.ledger(table),
+            provider,
+            SystemClock,
+            settings,
+        ))
+    }
+
+    /// A handler around `processor`, its visibility changed on this emulator's queues.
+    pub fn processor_handler<P: Provider>(
+        &self,
+        processor: Processor<DynamoLedger, P, SystemClock>,
+    ) -> BatchHandler<DynamoLedger, P, SystemClock, SqsVisibility> {
+        BatchHandler::new(processor, SqsVisibility::new(self.sqs.clone())).with_seed(42)
     }
 
     pub async fn source(&self, queue: &Queue) -> LocalEventSource {
@@ -362,6 +371,7 @@ impl Provider for TakenOverDuringTheCall {
                 now: later,
                 end: AttemptEnd::Succeeded {
                     result: r#"{"output":"rival answer"}"#.into(),
+                    finish: fenced_jobs::job::contract::Finish::Stop,
                 },
             })
             .await

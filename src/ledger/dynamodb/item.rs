@@ -5,6 +5,7 @@ use std::collections::HashMap;
 
 use aws_sdk_dynamodb::types::AttributeValue;
 
+use crate::job::contract::Finish;
 use crate::job::{
     AttemptOutcome, AttemptRecord, BlobRef, DecisionRecord, ErrorRecord, JobRecord, JobState,
     Millis, RecoveryRecord, attention_key, finished_day,
@@ -35,6 +36,18 @@ pub(super) fn encode_attempt(a: &AttemptRecord) -> AttributeValue {
     }
     if let Some(f) = a.finished_at {
         m.insert("finished_at".to_owned(), n(f));
+    }
+    if let Some(f) = a.finish {
+        m.insert("finish".to_owned(), s(f.as_str()));
+    }
+    if !a.errors.is_empty() {
+        m.insert(
+            "errors".to_owned(),
+            AttributeValue::L(a.errors.iter().map(|e| s(e)).collect()),
+        );
+    }
+    if let Some(e) = &a.excerpt {
+        m.insert("excerpt".to_owned(), s(e));
     }
     AttributeValue::M(m)
 }
@@ -272,6 +285,13 @@ pub(super) fn decode_attempt(v: &AttributeValue) -> Option<AttemptRecord> {
         provider_ref: get_s(m, "provider_ref").map(str::to_owned),
         outcome: AttemptOutcome::parse(get_s(m, "outcome")?),
         finished_at: get_n(m, "finished_at"),
+        finish: get_s(m, "finish").map(Finish::parse),
+        errors: m
+            .get("errors")
+            .and_then(|v| v.as_l().ok())
+            .map(|l| l.iter().filter_map(|e| e.as_s().ok().cloned()).collect())
+            .unwrap_or_default(),
+        excerpt: get_s(m, "excerpt").map(str::to_owned),
     })
 }
 
@@ -418,8 +438,11 @@ mod tests {
                 owner_id: "owner".into(),
                 started_at: 1_000,
                 provider_ref: Some("ref".into()),
-                outcome: AttemptOutcome::Succeeded,
+                outcome: AttemptOutcome::InvalidOutput,
                 finished_at: Some(2_000),
+                finish: Some(Finish::Length),
+                errors: vec!["the answer is cut off: finish length".into()],
+                excerpt: Some("{\"total\": 1".into()),
             }],
             recoveries: vec![RecoveryRecord {
                 epoch: 2,
@@ -453,9 +476,9 @@ mod tests {
                 epoch: 2,
                 owner_id: "earlier".into(),
                 started_at: 500,
-                provider_ref: None,
                 outcome: AttemptOutcome::Throttled,
                 finished_at: Some(600),
+                ..AttemptRecord::claimed(2, 2, "earlier", 500, None)
             }],
         }
     }

@@ -34,7 +34,7 @@ use super::{JobLedger, LedgerError, Write};
 use crate::job::{JobRecord, JobState, attention_key, finished_day};
 
 /// Attribute names, each used through a `#placeholder` (several are DynamoDB reserved words).
-const NAMES: [(&str, &str); 34] = [
+const NAMES: [(&str, &str); 37] = [
     ("#id", "job_id"),
     ("#state", "state"),
     ("#epoch", "owner_epoch"),
@@ -69,6 +69,9 @@ const NAMES: [(&str, &str); 34] = [
     ("#rdrop", "recoveries_dropped"),
     ("#booked_r", "booked_requests_us"),
     ("#booked_t", "booked_tokens_us"),
+    ("#finish", "finish"),
+    ("#errors", "errors"),
+    ("#excerpt", "excerpt"),
 ];
 
 /// What a conditional `UpdateItem` did: the item after it (`ALL_NEW`, unless the writer asked

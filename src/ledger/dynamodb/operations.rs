@@ -54,15 +54,13 @@ impl JobLedger for DynamoLedger {
         } else {
             claimable.to_owned()
         };
-        let attempt = AttemptRecord {
-            number: req.expect.attempts + 1,
-            epoch: req.expect.epoch + 1,
-            owner_id: req.owner_id.clone(),
-            started_at: req.now,
-            provider_ref: req.provider_ref.clone(),
-            outcome: AttemptOutcome::Pending,
-            finished_at: None,
-        };
+        let attempt = AttemptRecord::claimed(
+            req.expect.attempts + 1,
+            req.expect.epoch + 1,
+            &req.owner_id,
+            req.now,
+            req.provider_ref.clone(),
+        );
         let mut values = new_job_values(job);
         values.extend([
             (":running", s(JobState::Running.as_str())),
@@ -396,17 +394,39 @@ fn end_write(req: &EndRequest) -> (String, String, Vec<(&'static str, AttributeV
     match &req.end {
         AttemptEnd::Succeeded {
             result: ResultBody::Inline(result),
+            ..
         } => {
             update.push_str(", #result = :result");
             values.push((":result", s(result)));
         }
         AttemptEnd::Succeeded {
             result: ResultBody::Stored(blob),
+            ..
         } => {
             update.push_str(", #rref = :rref");
             values.push((":rref", encode_blob(blob)));
         }
+        AttemptEnd::Invalid { rejected, .. } => {
+            // The evidence of an answer its contract refused, on its attempt.
+            update.push_str(&format!(
+                ", #log[{index}].#errors = :errors, #log[{index}].#excerpt = :excerpt"
+            ));
+            values.push((
+                ":errors",
+                AttributeValue::L(rejected.errors.iter().map(|e| s(e)).collect()),
+            ));
+            values.push((":excerpt", s(&rejected.excerpt)));
+        }
         _ => {}
+    }
+    let finish = match &req.end {
+        AttemptEnd::Succeeded { finish, .. } => Some(*finish),
+        AttemptEnd::Invalid { rejected, .. } => Some(rejected.finish),
+        _ => None,
+    };
+    if let Some(finish) = finish {
+        update.push_str(&format!(", #log[{index}].#finish = :finish"));
+        values.push((":finish", s(finish.as_str())));
     }
     if matches!(req.end, AttemptEnd::Succeeded { .. }) {
         condition.push_str(" AND #deadline > :now");

@@ -121,13 +121,9 @@ fn throttles_are_shown_when_there_were_any() {
     // The attempts given back are listed with their outcome.
     record.not_sent = 1;
     record.given_back.push(crate::job::AttemptRecord {
-        number: 1,
-        epoch: 1,
-        owner_id: "inv/m".into(),
-        started_at: 1_000,
-        provider_ref: None,
         outcome: crate::job::AttemptOutcome::NotSent,
         finished_at: Some(1_500),
+        ..crate::job::AttemptRecord::claimed(1, 1, "inv/m", 1_000, None)
     });
     let text = to_text(&record, false);
     assert!(text.contains("not sent      1 (claimed"), "{text}");

@@ -23,6 +23,7 @@ use status::{classify, code_text, no_responses_api, read, retrieval_error, trans
 
 use super::{Answer, Provider, ProviderError, ProviderRequest, Retrieval, Submission};
 use crate::job::Millis;
+use crate::job::contract::Finish;
 use crate::vars::{ConfigError, Vars};
 
 /// Which OpenAI API the provider speaks.
@@ -173,11 +174,12 @@ impl OpenAiProvider {
             return Err(classify(status, &headers, &json));
         }
         let choice = json.pointer("/choices/0/message");
+        let finish = chat_finish(json.pointer("/choices/0/finish_reason"));
         match choice
             .and_then(|m| m.get("content"))
             .and_then(Value::as_str)
         {
-            Some(text) => Ok(answer(req, self.model(req), text, &json, None)),
+            Some(text) => Ok(answer(req, self.model(req), text, &json, None, finish)),
             None if choice.and_then(|m| m.get("refusal")).is_some() => {
                 Err(ProviderError::Permanent {
                     reason: "the model refused".to_owned(),
@@ -200,6 +202,7 @@ impl OpenAiProvider {
                     &text,
                     json,
                     id.map(str::to_owned),
+                    Finish::Stop,
                 )),
                 None => Retrieval::Failed(ProviderError::Permanent {
                     reason: "completed response without output text".to_owned(),
@@ -211,13 +214,19 @@ impl OpenAiProvider {
                 reason: "response cancelled".to_owned(),
             }),
             Some("incomplete") => {
-                let why = json
+                // The call ran and stopped early: its answer (perhaps empty) is the job's
+                // contract's to judge, with the reason it stopped.
+                let finish = match json
                     .pointer("/incomplete_details/reason")
                     .and_then(Value::as_str)
-                    .unwrap_or("unspecified");
-                Retrieval::Failed(ProviderError::Permanent {
-                    reason: format!("response incomplete: {}", code_text(why)),
-                })
+                {
+                    Some("max_output_tokens") => Finish::Length,
+                    Some("content_filter") => Finish::ContentFilter,
+                    _ => Finish::Unknown,
+                };
+                let text = output_text(json).unwrap_or_default();
+                let id = id.map(str::to_owned);
+                Retrieval::Completed(answer(req, self.model(req), &text, json, id, finish))
             }
             Some("failed") => {
                 let code = json
@@ -392,6 +401,7 @@ fn answer(
     text: &str,
     json: &Value,
     provider_ref: Option<String>,
+    finish: Finish,
 ) -> Answer {
     let body = json!({
         "contract": req.contract,
@@ -402,6 +412,18 @@ fn answer(
     Answer {
         body: body.to_string(),
         provider_ref,
+        finish,
+    }
+}
+
+/// A Chat Completions `finish_reason` in the one vocabulary of finish reasons.
+fn chat_finish(reason: Option<&Value>) -> Finish {
+    match reason.and_then(Value::as_str) {
+        Some("stop") => Finish::Stop,
+        Some("length") => Finish::Length,
+        Some("content_filter") => Finish::ContentFilter,
+        Some("tool_calls" | "function_call") => Finish::ToolUse,
+        _ => Finish::Unknown,
     }
 }
 

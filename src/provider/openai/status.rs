@@ -223,6 +223,7 @@ mod tests {
                 ProviderError::Transient { .. } => "transient",
                 ProviderError::Uncertain { .. } => "uncertain",
                 ProviderError::Permanent { .. } => "permanent",
+                ProviderError::InvalidOutput(_) => "invalid",
             }
         };
         // Refused before any work.

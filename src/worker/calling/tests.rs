@@ -234,7 +234,8 @@ fn a_recovery_without_a_reference_is_uncertain_and_never_calls() {
     assert_eq!(
         ended(step),
         AttemptEnd::Succeeded {
-            result: crate::job::ResultBody::Stored(blob)
+            result: crate::job::ResultBody::Stored(blob),
+            finish: crate::job::contract::Finish::Unknown,
         }
     );
 }

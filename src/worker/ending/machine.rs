@@ -2,6 +2,7 @@
 //! the results bucket said, and answers with the next [`EndStep`].
 
 use super::{THROTTLE_PAUSE_MS, acceptable_end, attempt_end, too_large};
+use crate::job::contract::Finish;
 use crate::job::decision::{Next, next_step};
 use crate::job::{
     AttemptOutcome, BlobRef, Failure, JobRecord, JobState, Millis, RecordOutcome, ResultBody,
@@ -197,7 +198,8 @@ impl Ending {
         let inline = matches!(
             end,
             AttemptEnd::Succeeded {
-                result: ResultBody::Inline(_)
+                result: ResultBody::Inline(_),
+                ..
             }
         );
         m.end = Some(end);
@@ -218,6 +220,7 @@ impl Ending {
         match &self.end {
             Some(AttemptEnd::Succeeded {
                 result: ResultBody::Inline(body),
+                ..
             }) if self.phase == Phase::Place => Some(body),
             _ => None,
         }
@@ -228,6 +231,7 @@ impl Ending {
         match &self.end {
             Some(AttemptEnd::Succeeded {
                 result: ResultBody::Stored(blob),
+                ..
             }) => Some(blob),
             _ => None,
         }
@@ -249,6 +253,10 @@ impl Ending {
             Placed::Inline => return self.end_write(),
             Placed::Stored(blob) => AttemptEnd::Succeeded {
                 result: ResultBody::Stored(blob),
+                finish: match self.end {
+                    Some(AttemptEnd::Succeeded { finish, .. }) => finish,
+                    _ => Finish::Unknown,
+                },
             },
             Placed::TooLarge(why) => too_large(&why),
             Placed::KeptByProvider => {
@@ -449,6 +457,7 @@ impl Ending {
         };
         if let Some(AttemptEnd::Succeeded {
             result: ResultBody::Stored(blob),
+            ..
         }) = &self.end
         {
             let referenced = seen.result_ref.as_ref().is_some_and(|r| r.key == blob.key);

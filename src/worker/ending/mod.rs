@@ -29,9 +29,21 @@ pub fn attempt_end(
         Ok(answer) => (
             AttemptEnd::Succeeded {
                 result: ResultBody::Inline(answer.body),
+                finish: answer.finish,
             },
             None,
         ),
+        Err(ProviderError::InvalidOutput(rejected)) => {
+            // The call ran and its answer is known: a definite outcome, which spends the
+            // attempt. The job fails with it if its contract says so or no budget is left.
+            let end = if now >= job.deadline_at {
+                AttemptEnd::Expired
+            } else {
+                let last = rejected.terminal || job.attempts >= job.max_attempts;
+                AttemptEnd::Invalid { rejected, last }
+            };
+            (end, None)
+        }
         Err(ProviderError::Throttled {
             retry_after_ms,
             reason,

@@ -28,6 +28,7 @@ use super::pacing::{Pacer, Permit};
 use super::settings::Settings;
 use crate::blobs::BlobStore;
 use crate::clock::Clock;
+use crate::job::contract::Contracts;
 use crate::job::decision::Expect;
 use crate::job::{
     Failure, InvalidMessage, JobMessage, JobRecord, JobState, Millis, NewJob, RecordOutcome,
@@ -73,6 +74,7 @@ pub struct Processor<L, P, C> {
     settings: Settings,
     blobs: Option<Arc<dyn BlobStore>>,
     pacer: Pacer,
+    contracts: Arc<Contracts>,
 }
 
 /// What the processor tells whoever keeps a running attempt alive (the invocation's heartbeat)
@@ -109,7 +111,20 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
             pacer: Pacer::new(settings.pacing(), None),
             settings,
             blobs: None,
+            contracts: Arc::default(),
         }
+    }
+
+    /// Holds each job to its output contract in `contracts` (without, to none: every answer is
+    /// accepted as it comes).
+    pub fn with_contracts(mut self, contracts: Arc<Contracts>) -> Self {
+        self.contracts = contracts;
+        self
+    }
+
+    /// The output contracts jobs are held to.
+    pub fn contracts(&self) -> &Contracts {
+        &self.contracts
     }
 
     /// Paces calls against the provider's limits (see [`Pacer`]); without it, only the
@@ -179,6 +194,14 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
     ) -> Processed {
         let job_id = match trigger {
             Trigger::Job(msg) => {
+                if !msg.in_ledger && self.contracts.admits(&msg.contract).is_err() {
+                    // A strict registry takes no job whose contract it does not hold.
+                    let unknown = InvalidMessage::Invalid {
+                        field: "contract",
+                        rule: "names no contract in the registry (CONTRACTS_STRICT)",
+                    };
+                    return failed(Failure::Poison(unknown), None);
+                }
                 if let Some(refused) = self.beyond_reach(msg).await {
                     return failed(refused, None);
                 }

@@ -9,6 +9,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{AttemptWatch, Invocation, Processed, Processor};
 use crate::clock::Clock;
+use crate::job::contract::Contract;
 use crate::job::{JobMessage, JobRecord, Millis};
 use crate::ledger::JobLedger;
 use crate::provider::{Provider, ProviderRequest, Retrieval, Submission};
@@ -77,7 +78,8 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
             owner.deadline_at,
         );
         let input = msg.input();
-        let request = self.request(msg, owner, &input);
+        let contract = self.contracts.for_job(&msg.contract);
+        let request = self.request(msg, owner, &input, &contract);
         let called = self
             .carry_out(&request, machine, step, inv, &lost, watch)
             .await;
@@ -141,7 +143,15 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
                     tokio::select! {
                         _ = lost.cancelled() => machine.lost(),
                         found = asked => {
-                            let found = found.unwrap_or(Retrieval::Unreachable { retry_after_ms: None });
+                            let found = match found {
+                                // Judged against the job's contract before anything reads it.
+                                Ok(Retrieval::Completed(answer)) => match answer.judged(request.output) {
+                                    Ok(answer) => Retrieval::Completed(answer),
+                                    Err(invalid) => Retrieval::Failed(invalid),
+                                },
+                                Ok(found) => found,
+                                Err(_) => Retrieval::Unreachable { retry_after_ms: None },
+                            };
                             machine.retrieved(found, self.clock.now_ms())
                         }
                     }
@@ -197,7 +207,11 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
                 Ok(Ok(submission)) => {
                     self.pacer.answered();
                     match submission {
-                        Submission::Answered(answer) => Said::Answered(answer),
+                        // Judged against the job's contract before anything reads it.
+                        Submission::Answered(answer) => match answer.judged(request.output) {
+                            Ok(answer) => Said::Answered(answer),
+                            Err(invalid) => Said::Failed(invalid),
+                        },
                         Submission::Started(reference) => Said::Started(reference),
                     }
                 }
@@ -229,6 +243,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         msg: &'a JobMessage,
         owner: &JobRecord,
         input: &'a serde_json::Map<String, serde_json::Value>,
+        output: &'a Contract,
     ) -> ProviderRequest<'a> {
         let attempt = owner.attempts;
         ProviderRequest {
@@ -236,6 +251,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
             attempt,
             epoch: owner.owner_epoch,
             contract: &msg.contract,
+            output,
             input,
             input_json: &msg.input_canonical,
             // Stable for the re-sends of this claim; a claim of the same number after a

@@ -36,6 +36,7 @@ fn answer(body: &str) -> Waited {
     Waited::Ended(
         AttemptEnd::Succeeded {
             result: ResultBody::Inline(body.into()),
+            finish: crate::job::contract::Finish::Stop,
         },
         None,
     )
@@ -142,6 +143,7 @@ fn a_refused_stored_answer_is_discarded_only_once_the_job_is_terminal_without_it
     let stored = Waited::Ended(
         AttemptEnd::Succeeded {
             result: ResultBody::Stored(blob.clone()),
+            finish: crate::job::contract::Finish::Stop,
         },
         None,
     );

@@ -1,0 +1,199 @@
+//! Output contracts end to end on the emulator: an answer is accepted only if it is the answer
+//! its job's contract asks for, and one that is not is recorded on its attempt.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{deliver, emulator, fast_settings};
+use fenced_jobs::clock::SystemClock;
+use fenced_jobs::job::contract::{Contracts, Finish};
+use fenced_jobs::job::{AttemptOutcome, Failure, JobState, RecordOutcome};
+use fenced_jobs::provider::SimulatedProvider;
+use fenced_jobs::worker::processor::Processor;
+use serde_json::{Value, json};
+
+/// An answer the built-in `invoice-extract@2` contract accepts.
+fn invoice() -> Value {
+    let party =
+        |name: &str| json!({"name": name, "vat_id": null, "address": null, "country": "FR"});
+    json!({
+        "number": "INV-1", "issued": "2026-11-30", "due": "2026-12-30", "currency": "EUR",
+        "seller": party("Seller"), "buyer": party("Buyer"), "purchase_order": null,
+        "lines": [{"description": "consulting", "quantity": 2, "unit_price": 50.0,
+                   "amount": 100.0, "tax_rate": 0.2, "sku": null}],
+        "subtotal": 100.0, "tax": 20.0, "total": 120.0, "paid": false,
+        "payment_terms": "30 days", "notes": null
+    })
+}
+
+/// An extraction job whose simulated model answers `invoice()` except as `bad` says.
+fn extraction(id: &str, contract: &str, max_attempts: u32, bad: Value) -> String {
+    let mut simulate = json!({"output": invoice()});
+    if let (Some(fields), Value::Object(bad)) = (simulate.as_object_mut(), bad) {
+        fields.extend(bad);
+    }
+    json!({
+        "job_id": id,
+        "contract": contract,
+        "max_attempts": max_attempts,
+        "input": {"model": "sim-1", "prompt": "Extract the invoice.", "simulate": simulate},
+    })
+    .to_string()
+}
+
+fn processor(
+    aws: &common::Emulator,
+    table: &str,
+    contracts: Contracts,
+) -> Processor<fenced_jobs::ledger::dynamodb::DynamoLedger, SimulatedProvider, SystemClock> {
+    Processor::new(
+        aws.ledger(table),
+        SimulatedProvider::new(),
+        SystemClock,
+        fast_settings(),
+    )
+    .with_contracts(Arc::new(contracts))
+}
+
+fn built_in(strict: bool) -> Contracts {
+    Contracts::with_built_in(&[], strict).expect("the built-in contracts compile")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_invalid_answer_then_a_valid_one_succeeds_with_two_attempts_and_the_first_ones_errors() {
+    // GIVEN an extraction job whose first answer breaks its schema
+    let aws = emulator().await;
+    let table = aws.table().await;
+    let queue = aws.queue(30).await;
+    let handler = aws.processor_handler(processor(&aws, &table, built_in(false)));
+    let source = aws.source(&queue).await;
+    let bad_once = json!({"bad_answer": "invalid", "bad_times": 1});
+    aws.send(
+        &queue,
+        &extraction("inv-1", "invoice-extract@2", 3, bad_once),
+    )
+    .await;
+
+    // WHEN it is delivered, and delivered again once its backoff has passed
+    let (_, first) = deliver(&source, &handler).await;
+    let first = first.expect("a batch");
+    assert!(
+        matches!(
+            first.records[0].outcome,
+            RecordOutcome::Failed(Failure::Backoff { .. })
+        ),
+        "{first:?}"
+    );
+    let record = aws.item(&table, "inv-1").await;
+    assert_eq!(record.state, JobState::RetryAuthorized);
+    tokio::time::sleep(Duration::from_millis(1_200)).await;
+    deliver(&source, &handler).await;
+
+    // THEN the second answer is accepted, stored as JSON, and the first attempt says why it
+    // was refused, by path and keyword
+    let record = aws.item(&table, "inv-1").await;
+    assert_eq!(record.state, JobState::Succeeded);
+    assert_eq!(record.attempts, 2);
+    assert_eq!(handler.processor().provider().executions_for("inv-1"), 2);
+    let [refused, accepted] = &record.attempt_log[..] else {
+        panic!("two attempts: {:?}", record.attempt_log);
+    };
+    assert_eq!(refused.outcome, AttemptOutcome::InvalidOutput);
+    assert_eq!(refused.finish, Some(Finish::Stop));
+    // The first errors are kept (five), each a path and a keyword.
+    assert_eq!(refused.errors.len(), 5, "{:?}", refused.errors);
+    assert_eq!(refused.errors[0], "/: required number");
+    assert_eq!(refused.excerpt.as_deref(), Some(r#"{"unexpected": true}"#));
+    assert_eq!(accepted.outcome, AttemptOutcome::Succeeded);
+    assert_eq!(accepted.finish, Some(Finish::Stop));
+    let result: Value = serde_json::from_str(record.result.as_deref().expect("inline result"))
+        .expect("the result is JSON");
+    assert_eq!(result["output"], invoice(), "the output is stored parsed");
+    assert!(aws.peek(&queue.url, 0).await.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_truncated_json_answer_never_succeeds_and_the_last_one_fails_the_job() {
+    // GIVEN an extraction job whose every answer is cut off by the token limit
+    let aws = emulator().await;
+    let table = aws.table().await;
+    let queue = aws.queue(30).await;
+    let handler = aws.processor_handler(processor(&aws, &table, built_in(false)));
+    let source = aws.source(&queue).await;
+    let truncated = json!({"bad_answer": "truncated"});
+    aws.send(
+        &queue,
+        &extraction("inv-2", "invoice-extract@2", 2, truncated),
+    )
+    .await;
+
+    // WHEN it is delivered until its budget is spent
+    deliver(&source, &handler).await;
+    assert_eq!(
+        aws.item(&table, "inv-2").await.state,
+        JobState::RetryAuthorized
+    );
+    tokio::time::sleep(Duration::from_millis(1_200)).await;
+    let (_, last) = deliver(&source, &handler).await;
+
+    // THEN no truncated answer was accepted: the job fails for its output, both attempts
+    // recorded with the finish reason, and its record is acknowledged
+    let record = aws.item(&table, "inv-2").await;
+    assert_eq!(record.state, JobState::FailedTerminal);
+    assert_eq!(record.result, None);
+    assert_eq!(
+        record.last_error.as_ref().map(|e| e.kind.as_str()),
+        Some("invalid_output")
+    );
+    for attempt in &record.attempt_log {
+        assert_eq!(attempt.outcome, AttemptOutcome::InvalidOutput);
+        assert_eq!(attempt.finish, Some(Finish::Length));
+        assert_eq!(attempt.errors, ["the answer is cut off: finish length"]);
+    }
+    assert_eq!(record.attempt_log.len(), 2);
+    assert_eq!(
+        last.expect("a batch").records[0].outcome,
+        RecordOutcome::Done(JobState::FailedTerminal)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_contract_that_fails_at_once_spends_one_attempt_and_a_strict_registry_refuses_unknown_contracts()
+ {
+    // GIVEN a contract whose invalid answers fail the job at once, in a strict registry
+    let aws = emulator().await;
+    let table = aws.table().await;
+    let queue = aws.queue(30).await;
+    let strict = Contracts::compile(
+        [(
+            "verdict@1",
+            r#"{"schema": {"type": "object", "required": ["pass"]}, "on_invalid": "fail"}"#,
+        )],
+        true,
+    )
+    .expect("compiles");
+    let handler = aws.processor_handler(processor(&aws, &table, strict));
+    let source = aws.source(&queue).await;
+    let invalid = json!({"bad_answer": "invalid"});
+    aws.send(&queue, &extraction("v-1", "verdict@1", 3, invalid))
+        .await;
+    aws.send(&queue, &extraction("s-1", "summary.v1", 3, json!({})))
+        .await;
+
+    // WHEN both are delivered
+    let (_, report) = deliver(&source, &handler).await;
+
+    // THEN the first fails with one attempt, and the second is poison, never in the ledger
+    let record = aws.item(&table, "v-1").await;
+    assert_eq!(record.state, JobState::FailedTerminal);
+    assert_eq!(record.attempts, 1);
+    let records = report.expect("a batch").records;
+    let poison = records.iter().find(|r| r.job_id.as_deref() == Some("s-1"));
+    assert!(
+        poison.is_some_and(|r| matches!(r.outcome, RecordOutcome::Failed(Failure::Poison(_)))),
+        "{records:?}"
+    );
+    assert_eq!(aws.item_count(&table).await, 1);
+}
