@@ -283,6 +283,28 @@ impl Contract {
         self.schema.as_deref()
     }
 
+    /// Whether the answer must be JSON (the provider is asked for JSON, following the schema
+    /// when there is one).
+    pub fn wants_json(&self) -> bool {
+        self.format == Format::Json && self.origin == Origin::File
+    }
+
+    /// The contract's id as a schema name a provider takes (`[A-Za-z0-9_-]`, at most 64
+    /// characters): `invoice-extract@2` is `invoice-extract_2`.
+    pub fn schema_name(&self) -> String {
+        self.id
+            .chars()
+            .take(64)
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                    c
+                } else {
+                    '_'
+                }
+            })
+            .collect()
+    }
+
     /// What an invalid answer becomes.
     pub fn on_invalid(&self) -> OnInvalid {
         self.on_invalid

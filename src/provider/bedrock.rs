@@ -9,13 +9,14 @@ use std::time::Duration;
 use aws_sdk_bedrockruntime::Client;
 use aws_sdk_bedrockruntime::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_bedrockruntime::types::{
-    ContentBlock, ConversationRole, ConverseOutput, InferenceConfiguration, Message, StopReason,
+    ContentBlock, ConversationRole, ConverseOutput, InferenceConfiguration, JsonSchemaDefinition,
+    Message, OutputConfig, OutputFormat, OutputFormatStructure, OutputFormatType, StopReason,
     SystemContentBlock,
 };
 use serde_json::{Map, Value, json};
 
 use super::{Answer, Provider, ProviderError, ProviderRequest};
-use crate::job::contract::Finish;
+use crate::job::contract::{Contract, Finish};
 use crate::vars::Vars;
 
 /// How to reach Bedrock.
@@ -83,6 +84,7 @@ impl Provider for BedrockProvider {
             .set_system((!system.is_empty()).then_some(system))
             .set_messages(Some(messages))
             .set_inference_config(inference(req.input.get("parameters")))
+            .set_output_config(output_config(req.output))
             .send()
             .await
             .map_err(|e| classify(&e))?;
@@ -116,6 +118,23 @@ impl Provider for BedrockProvider {
             finish: finish(out.stop_reason()),
         })
     }
+}
+
+/// The contract's JSON Schema as Converse structured output (`outputConfig.textFormat`); none
+/// for a text contract or one without a schema (its answer is still parsed and judged).
+fn output_config(contract: &Contract) -> Option<OutputConfig> {
+    let schema = contract.schema().filter(|_| contract.wants_json())?;
+    let definition = JsonSchemaDefinition::builder()
+        .schema(schema.to_string())
+        .name(contract.schema_name())
+        .build()
+        .ok()?;
+    let format = OutputFormat::builder()
+        .r#type(OutputFormatType::JsonSchema)
+        .structure(OutputFormatStructure::JsonSchema(definition))
+        .build()
+        .ok()?;
+    Some(OutputConfig::builder().text_format(format).build())
 }
 
 /// A Converse stop reason in the one vocabulary of finish reasons.

@@ -23,7 +23,7 @@ use status::{classify, code_text, no_responses_api, read, retrieval_error, trans
 
 use super::{Answer, Provider, ProviderError, ProviderRequest, Retrieval, Submission};
 use crate::job::Millis;
-use crate::job::contract::Finish;
+use crate::job::contract::{Contract, Finish};
 use crate::vars::{ConfigError, Vars};
 
 /// Which OpenAI API the provider speaks.
@@ -163,10 +163,11 @@ impl OpenAiProvider {
         let mut body = Map::new();
         body.insert("model".into(), json!(self.model(req)));
         body.insert("messages".into(), Value::Array(messages(req.input)));
-        if let Some(Value::Object(params)) = req.input.get("parameters") {
-            for (k, v) in params {
-                body.entry(k.clone()).or_insert_with(|| v.clone());
-            }
+        if let Some(format) = chat_format(req.output) {
+            body.insert("response_format".into(), format);
+        }
+        for (k, v) in parameters(req.input) {
+            body.entry(k.clone()).or_insert_with(|| v.clone());
         }
         let sent = self.post("/chat/completions", req).json(&body).send().await;
         let (status, headers, json) = read(sent).await?;
@@ -269,15 +270,16 @@ impl Provider for OpenAiProvider {
         body.insert("input".into(), responses_input(req.input));
         body.insert("background".into(), json!(true));
         body.insert("store".into(), json!(true));
-        if let Some(Value::Object(params)) = req.input.get("parameters") {
-            for (k, v) in params {
-                let k = if k == "max_tokens" {
-                    "max_output_tokens"
-                } else {
-                    k
-                };
-                body.entry(k.to_owned()).or_insert_with(|| v.clone());
-            }
+        if let Some(format) = responses_format(req.output) {
+            body.insert("text".into(), json!({ "format": format }));
+        }
+        for (k, v) in parameters(req.input) {
+            let k = if k == "max_tokens" {
+                "max_output_tokens"
+            } else {
+                k
+            };
+            body.entry(k.to_owned()).or_insert_with(|| v.clone());
         }
         let sent = self
             .post("/responses", req)
@@ -354,6 +356,48 @@ impl Provider for OpenAiProvider {
             Err(e) => tracing::warn!(error = %transport_kind(&e), "cancel failed"),
         }
     }
+}
+
+/// The job's `parameters`, less the output format of either API (`text`, `response_format`):
+/// the format comes from the job's contract, in each API's own form, never from parameters.
+fn parameters(input: &Map<String, Value>) -> impl Iterator<Item = (&String, &Value)> {
+    input
+        .get("parameters")
+        .and_then(Value::as_object)
+        .into_iter()
+        .flatten()
+        .filter(|(k, _)| !matches!(k.as_str(), "text" | "response_format"))
+}
+
+/// The contract's output format as the Responses API's `text.format`: a strict JSON Schema,
+/// or any JSON object when the contract has no schema; nothing for text.
+fn responses_format(contract: &Contract) -> Option<Value> {
+    if !contract.wants_json() {
+        return None;
+    }
+    Some(match contract.schema() {
+        Some(schema) => json!({
+            "type": "json_schema",
+            "name": contract.schema_name(),
+            "schema": schema,
+            "strict": true,
+        }),
+        None => json!({"type": "json_object"}),
+    })
+}
+
+/// The same format as Chat Completions' `response_format` (the schema one level down).
+fn chat_format(contract: &Contract) -> Option<Value> {
+    if !contract.wants_json() {
+        return None;
+    }
+    Some(match contract.schema() {
+        Some(schema) => json!({
+            "type": "json_schema",
+            "json_schema": {"name": contract.schema_name(), "schema": schema, "strict": true},
+        }),
+        None => json!({"type": "json_object"}),
+    })
 }
 
 /// The job's conversation as Chat Completions messages.
