@@ -110,12 +110,21 @@ pub async fn send_trigger(
 /// The record for scripts. The answer is included only when asked for.
 pub fn to_json(record: &JobRecord, with_result: bool) -> Value {
     let attempt = |a: &crate::job::AttemptRecord| {
-        json!({
+        let mut fields = json!({
             "number": a.number, "epoch": a.epoch, "owner_id": a.owner_id,
             "started_at": format_rfc3339_ms(a.started_at),
             "provider_ref": a.provider_ref, "outcome": a.outcome.as_str(),
             "finished_at": a.finished_at.map(format_rfc3339_ms),
-        })
+            "finish": a.finish.map(|f| f.as_str()),
+        });
+        if !a.errors.is_empty() {
+            fields["errors"] = json!(a.errors);
+        }
+        // The excerpt is the answer's own text: shown only with the answer.
+        if let (Some(excerpt), true) = (&a.excerpt, with_result) {
+            fields["excerpt"] = json!(excerpt);
+        }
+        fields
     };
     let attempts: Vec<Value> = record.attempt_log.iter().map(attempt).collect();
     let given_back: Vec<Value> = record.given_back.iter().map(attempt).collect();
@@ -232,6 +241,16 @@ pub fn to_text(record: &JobRecord, with_result: bool) -> String {
             format_rfc3339_ms(a.started_at),
             a.provider_ref.as_deref().unwrap_or("-")
         ));
+        if !a.errors.is_empty() {
+            let finish = a.finish.map_or("-", |f| f.as_str());
+            out.push_str(&format!(
+                "         refused (finish {finish}): {}\n",
+                a.errors.join("; ")
+            ));
+        }
+        if let (Some(excerpt), true) = (&a.excerpt, with_result) {
+            out.push_str(&format!("         answer began: {excerpt}\n"));
+        }
     }
     if !record.recoveries.is_empty()
         || !record.decisions.is_empty()

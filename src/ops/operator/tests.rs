@@ -167,3 +167,35 @@ async fn a_decision_whose_answer_was_lost_reports_success_and_its_trigger_is_sen
         "{again:?}"
     );
 }
+
+#[test]
+fn a_refused_answer_shows_its_errors_and_its_excerpt_only_with_the_answer() {
+    let mut record = new_job("refused").into_record(JobState::RetryAuthorized, 1_000);
+    record.attempt_log.push(crate::job::AttemptRecord {
+        outcome: crate::job::AttemptOutcome::InvalidOutput,
+        finished_at: Some(1_500),
+        finish: Some(crate::job::contract::Finish::Length),
+        errors: vec!["the answer is cut off: finish length".into()],
+        excerpt: Some(r#"{"secret": "tot"#.into()),
+        ..crate::job::AttemptRecord::claimed(1, 1, "inv/m", 1_000, None)
+    });
+    let text = to_text(&record, false);
+    assert!(
+        text.contains("invalid_output")
+            && text.contains("refused (finish length): the answer is cut off"),
+        "{text}"
+    );
+    assert!(!text.contains("secret"), "{text}");
+    assert!(to_text(&record, true).contains(r#"answer began: {"secret": "tot"#));
+    let json = to_json(&record, false);
+    assert_eq!(json["attempt_log"][0]["finish"], "length");
+    assert_eq!(
+        json["attempt_log"][0]["errors"][0],
+        "the answer is cut off: finish length"
+    );
+    assert!(json["attempt_log"][0].get("excerpt").is_none());
+    assert_eq!(
+        to_json(&record, true)["attempt_log"][0]["excerpt"],
+        r#"{"secret": "tot"#
+    );
+}
