@@ -14,6 +14,7 @@ use fenced_jobs::clock::SystemClock;
 use fenced_jobs::config::s3_client;
 use fenced_jobs::events::aws::AwsSink;
 use fenced_jobs::job::JobState;
+use fenced_jobs::job::contract::Contracts;
 use fenced_jobs::ledger::JobLedger;
 use fenced_jobs::ledger::dynamodb::DynamoLedger;
 use fenced_jobs::ops::dispatch::dispatch;
@@ -74,6 +75,12 @@ fn jobs(bucket: &str) -> Vec<(&'static str, &'static str, &'static str, String)>
             job("demo-eval", "Grade this answer.", r#"{"fail_times":2}"#),
         ),
         (
+            "invoice: invalid, then valid",
+            "demo-invoice",
+            "succeeded, 2 calls, 1st refused",
+            invoice_job(),
+        ),
+        (
             "permanent failure",
             "demo-reject",
             "failed_terminal, 1 call",
@@ -123,6 +130,58 @@ fn jobs(bucket: &str) -> Vec<(&'static str, &'static str, &'static str, String)>
     ]
 }
 
+/// An extraction held to the built-in `invoice-extract@2` contract, whose simulated model
+/// first answers with JSON its schema refuses.
+fn invoice_job() -> String {
+    let party = |name: &str| serde_json::json!({"name": name, "vat_id": null, "address": null, "country": "DE"});
+    let invoice = serde_json::json!({
+        "number": "INV-2026-0042", "issued": "2026-11-30", "due": "2026-12-30",
+        "currency": "EUR", "seller": party("Acme GmbH"), "buyer": party("Globex AG"),
+        "purchase_order": "PO-7", "subtotal": 200.0, "tax": 38.0, "total": 238.0,
+        "lines": [{"description": "Widgets", "quantity": 4, "unit_price": 50.0,
+                   "amount": 200.0, "tax_rate": 0.19, "sku": "W-1"}],
+        "paid": false, "payment_terms": "30 days net", "notes": null
+    });
+    serde_json::json!({
+        "job_id": "demo-invoice",
+        "contract": "invoice-extract@2",
+        "input": {
+            "model": "sim-1",
+            "prompt": "Extract the invoice's fields.",
+            "simulate": {"output": invoice, "bad_answer": "invalid", "bad_times": 1}
+        },
+        "metadata": {"source": "demo"}
+    })
+    .to_string()
+}
+
+/// What the ledger says of the invoice job: why its first answer was refused, and the
+/// accepted answer's total, read from the output stored as JSON.
+fn show_invoice(record: &fenced_jobs::job::JobRecord) {
+    for a in &record.attempt_log {
+        if !a.errors.is_empty() {
+            println!(
+                "demo-invoice, attempt {}: {} (finish {}): {}",
+                a.number,
+                a.outcome.as_str(),
+                a.finish.map_or("-", |f| f.as_str()),
+                a.errors.join("; ")
+            );
+        }
+    }
+    let total = record
+        .result
+        .as_deref()
+        .and_then(|r| serde_json::from_str::<serde_json::Value>(r).ok())
+        .map(|r| r["output"]["total"].clone());
+    if let Some(total) = total {
+        println!(
+            "demo-invoice, attempt {}: accepted; its output is stored as JSON (output.total = {total}).",
+            record.attempts
+        );
+    }
+}
+
 fn env(name: &str) -> String {
     std::env::var(name).unwrap_or_else(|_| {
         eprintln!("{name} is not set: run `make demo`");
@@ -165,7 +224,11 @@ async fn main() {
             SystemClock,
             settings,
         )
-        .with_blobs(Arc::new(S3Blobs::new(s3.clone(), Some(bucket.clone())))),
+        .with_blobs(Arc::new(S3Blobs::new(s3.clone(), Some(bucket.clone()))))
+        // The contracts built in from `contracts/`, as the worker loads them.
+        .with_contracts(Arc::new(
+            Contracts::with_built_in(&[], false).unwrap_or_else(|e| panic!("contracts: {e}")),
+        )),
         SqsVisibility::new(sqs.clone()),
     )
     .with_dead_letters(Arc::new(SqsDeadLetters::new(sqs.clone(), dlq_url.clone())));
@@ -253,6 +316,11 @@ async fn main() {
         if job_id != "-" {
             shown.insert(job_id, state);
         }
+    }
+
+    if let Ok(Some(invoice)) = ledger.get("demo-invoice").await {
+        println!();
+        show_invoice(&invoice);
     }
 
     let dead = sqs
