@@ -339,3 +339,42 @@ async fn the_schema_reaches_bedrock_as_structured_output_and_text_contracts_send
     let body: Value = serde_json::from_str(&accepted.body).expect("JSON");
     assert_eq!(body["output"], invoice());
 }
+
+#[tokio::test]
+async fn the_readmes_example_job_is_accepted_under_its_contract_and_announced_parsed() {
+    use fenced_jobs::events::CompletionEvent;
+    use fenced_jobs::ledger::JobLedger;
+    use fenced_jobs::ledger::memory::InMemoryLedger;
+    use fenced_jobs::worker::processor::Invocation;
+    // GIVEN the README's example job, held to the built-in review-verdict@1 contract
+    let body = std::fs::read_to_string("events/job-verdict.json").expect("the example job");
+    let msg = fenced_jobs::job::parse_body(Some(&body)).expect("a valid job");
+    let processor = Processor::new(
+        InMemoryLedger::new(),
+        SimulatedProvider::new(),
+        SystemClock,
+        fast_settings(),
+    )
+    .with_contracts(Arc::new(built_in(false)));
+
+    // WHEN it is processed
+    let inv = Invocation {
+        id: "readme".into(),
+        deadline: None,
+    };
+    processor
+        .process(&msg, "readme/1", &inv, &common::NoWatch)
+        .await;
+
+    // THEN it succeeded, and its completion event carries the verdict as JSON
+    let record = processor
+        .ledger()
+        .get(&msg.job_id)
+        .await
+        .expect("get")
+        .expect("item");
+    let event = CompletionEvent::of(&record).expect("announced");
+    println!("{}", serde_json::to_string_pretty(&event.detail).expect("json"));
+    assert_eq!(event.detail["result"]["output"]["verdict"], "fail");
+    assert_eq!(event.detail["metadata"]["tenant"], "acme");
+}

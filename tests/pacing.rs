@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{claim, new_job};
+use common::{NoWatch, claim, new_job};
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -20,9 +20,8 @@ use fenced_jobs::ledger::schedule::{
 use fenced_jobs::ledger::{EndRequest, JobLedger, Write};
 use fenced_jobs::provider::{Answer, Provider, ProviderError, ProviderRequest};
 use fenced_jobs::worker::ending::{attempt_end, not_sent_end};
-use fenced_jobs::worker::processor::{AttemptWatch, Invocation, Processor};
+use fenced_jobs::worker::processor::{Invocation, Processor};
 use fenced_jobs::worker::{ReplayPolicy, Settings};
-use tokio_util::sync::CancellationToken;
 
 const T: i64 = 1_800_000_000_000;
 
@@ -216,19 +215,6 @@ impl Clock for SharedClock {
     fn now_ms(&self) -> Millis {
         self.0.now_ms()
     }
-}
-
-/// Nobody keeps the attempt alive: the calls here end at once.
-struct NoWatch;
-
-impl AttemptWatch for NoWatch {
-    fn running(&self, _: &str, _: u64, _: Millis, _: Millis) -> CancellationToken {
-        CancellationToken::new()
-    }
-    fn call_ended(&self) {}
-    fn recovered(&self) {}
-    fn deadline_cutoff(&self) {}
-    fn provider_latency(&self, _: u64) {}
 }
 
 /// A provider at its rate limit for the first `refusals` calls, then answering.

@@ -479,3 +479,16 @@ pub fn claim(job: &NewJob, expect: Expect, owner: &str, now: i64) -> ClaimReques
         first_sight: expect == Expect::FRESH,
     }
 }
+
+/// Nobody keeps the attempt alive: the calls of a test that uses it end at once.
+pub struct NoWatch;
+
+impl fenced_jobs::worker::processor::AttemptWatch for NoWatch {
+    fn running(&self, _: &str, _: u64, _: i64, _: i64) -> tokio_util::sync::CancellationToken {
+        tokio_util::sync::CancellationToken::new()
+    }
+    fn call_ended(&self) {}
+    fn recovered(&self) {}
+    fn deadline_cutoff(&self) {}
+    fn provider_latency(&self, _: u64) {}
+}
