@@ -374,7 +374,10 @@ async fn the_readmes_example_job_is_accepted_under_its_contract_and_announced_pa
         .expect("get")
         .expect("item");
     let event = CompletionEvent::of(&record).expect("announced");
-    println!("{}", serde_json::to_string_pretty(&event.detail).expect("json"));
+    println!(
+        "{}",
+        serde_json::to_string_pretty(&event.detail).expect("json")
+    );
     assert_eq!(event.detail["result"]["output"]["verdict"], "fail");
     assert_eq!(event.detail["metadata"]["tenant"], "acme");
 }

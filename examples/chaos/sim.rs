@@ -19,6 +19,7 @@ use std::time::Duration;
 use aws_lambda_events::event::sqs::{SqsEvent, SqsMessage};
 use fenced_jobs::blobs::{BlobError, BlobStore, MemoryBlobs, read_checked};
 use fenced_jobs::clock::Clock;
+use fenced_jobs::job::contract::{Contracts, Finish};
 use fenced_jobs::job::{
     AttemptOutcome, BlobRef, JobRecord, JobState, Millis, ResultBody, parse_trigger,
 };
@@ -154,6 +155,10 @@ pub struct FaultRates {
     /// results bucket, for longer than the lease: a recovery may fence it and accept that same
     /// object meanwhile, while the paused owner's refused acceptance comes back to it.
     pub pause_before_stored_accept: f64,
+    /// The model answers complete JSON that the jobs' contract (`chaos.v1`) refuses.
+    pub invalid_answer: f64,
+    /// The model runs out of tokens: its answer is cut in half, finish `length`.
+    pub truncated_answer: f64,
 }
 
 impl FaultRates {
@@ -196,6 +201,8 @@ impl FaultRates {
             event_publish_failure: 0.1,
             event_sized_answer: 0.4,
             pause_before_stored_accept: 0.3,
+            invalid_answer: 0.03,
+            truncated_answer: 0.03,
         }
     }
 }
@@ -718,6 +725,12 @@ impl SimLedger {
     }
 
     fn check(&self, job_id: &str, record: &JobRecord) {
+        if let (JobState::Succeeded, Some(result)) = (record.state, &record.result)
+            && !meets_contract(job_id, result.as_bytes())
+        {
+            self.world
+                .violation(format!("{job_id}: an accepted answer fails its contract"));
+        }
         if record.attempts > record.max_attempts {
             self.world.violation(format!(
                 "{job_id}: {} attempts over a budget of {}",
@@ -785,7 +798,7 @@ impl JobLedger for SimLedger {
         let epoch = req.epoch;
         if let AttemptEnd::Succeeded {
             result: ResultBody::Stored(_),
-            finish: fenced_jobs::job::contract::Finish::Stop,
+            ..
         } = &req.end
             && self.world.fault(
                 "pause_before_stored_accept",
@@ -1090,9 +1103,12 @@ impl BlobStore for SimBlobs {
 struct Execution {
     done_at: Millis,
     answer: Result<String, ProviderError>,
+    /// Why the model stopped.
+    finish: Finish,
     forgotten: bool,
-    /// The worker was told, truthfully, that the call failed (a definite failure); false when
-    /// the model ran and its outcome reached the worker as anything else.
+    /// The worker was told, truthfully, that the call failed (a definite failure), or the model
+    /// answered badly (the worker learns nothing else of it); false when the model ran and its
+    /// outcome reached the worker as anything else.
     definite_failure: bool,
 }
 
@@ -1139,16 +1155,19 @@ impl SimProvider {
                 .any(|d| matches!(d.action.as_str(), "replay" | "authorize_retry"));
             if ran == Some(false) && !decided_now {
                 self.world.violation(format!(
-                    "{}: attempt {} executed after attempt {} ran with no definite failure and no decision",
+                    "{}: attempt {} executed after attempt {} ran with no definite failure and no decision (it ended {})",
                     req.job_id,
                     req.attempt,
-                    req.attempt - 1
+                    req.attempt - 1,
+                    item.attempt_log[req.attempt as usize - 2].outcome.as_str()
                 ));
             }
             let previous = &item.attempt_log[req.attempt as usize - 2];
             let definite = matches!(
                 previous.outcome,
-                AttemptOutcome::Transient | AttemptOutcome::Permanent
+                AttemptOutcome::Transient
+                    | AttemptOutcome::Permanent
+                    | AttemptOutcome::InvalidOutput
             );
             let decided = item
                 .decisions
@@ -1211,6 +1230,7 @@ impl Provider for SimProvider {
         let latency = self.latency();
         let now = w.now();
         let permanent = w.fault("provider_permanent", w.rates.provider_permanent);
+        let invalid = !permanent && w.fault("invalid_answer", w.rates.invalid_answer);
         let answer = if permanent {
             Err(ProviderError::Permanent {
                 reason: "HTTP 400".into(),
@@ -1235,11 +1255,27 @@ impl Provider for SimProvider {
                 req.attempt,
                 "y".repeat(80_000)
             ))
+        } else if invalid {
+            Ok(r#"{"unexpected":true}"#.to_owned())
         } else {
             Ok(format!(
                 r#"{{"job":"{}","attempt":{}}}"#,
                 req.job_id, req.attempt
             ))
+        };
+        let truncated = !permanent && w.fault("truncated_answer", w.rates.truncated_answer);
+        let bad_answer = invalid || truncated;
+        // The model's text in the document every provider of the crate answers with.
+        let answer = answer.map(|mut output| {
+            if truncated {
+                output.truncate(output.len() / 2);
+            }
+            serde_json::json!({"contract": req.contract, "output": output}).to_string()
+        });
+        let finish = if truncated {
+            Finish::Length
+        } else {
+            Finish::Stop
         };
         let hang = w.fault("provider_hang", w.rates.provider_hang);
         let lost = !hang && w.fault("connection_lost", w.rates.connection_lost);
@@ -1262,8 +1298,12 @@ impl Provider for SimProvider {
                     now + latency as Millis
                 },
                 answer: answer.clone(),
+                finish,
                 forgotten,
-                definite_failure: permanent && !lost && gateway.is_none(),
+                // A bad answer is one whichever way the worker learns it (the call, or a
+                // retrieval after the call was cut off); learnt as nothing, the attempt stays
+                // uncertain, which the check of the previous attempt's outcome guards.
+                definite_failure: bad_answer || (permanent && !lost && gateway.is_none()),
             },
         );
         if hang {
@@ -1281,7 +1321,7 @@ impl Provider for SimProvider {
         answer.map(|body| Answer {
             body,
             provider_ref: None,
-            finish: fenced_jobs::job::contract::Finish::Stop,
+            finish,
         })
     }
 
@@ -1362,7 +1402,7 @@ impl Provider for SimProvider {
                 Ok(body) => Retrieval::Completed(Answer {
                     body,
                     provider_ref: Some(provider_ref.to_owned()),
-                    finish: fenced_jobs::job::contract::Finish::Stop,
+                    finish: run.finish,
                 }),
                 Err(e) => Retrieval::Failed(e),
             },
@@ -1372,6 +1412,23 @@ impl Provider for SimProvider {
 
 // ---------------------------------------------------------------------------------------------
 // The run
+
+/// The jobs' output contract: JSON naming the job.
+const CONTRACT: &str = r#"{"schema": {"type": "object", "required": ["job"],
+    "properties": {"job": {"type": "string"}, "attempt": {"type": "integer"}}}}"#;
+
+/// The registry the consumers hold the jobs to.
+fn contracts() -> Contracts {
+    Contracts::compile([("chaos.v1", CONTRACT)], true).expect("the chaos contract compiles")
+}
+
+/// Whether an accepted answer's document holds the answer the job asked for: its output parsed,
+/// naming the job, as no truncated or invalid answer does. Checked apart from the worker's own
+/// judgement, on every acceptance and every stored answer.
+fn meets_contract(job_id: &str, document: &[u8]) -> bool {
+    serde_json::from_slice::<serde_json::Value>(document)
+        .is_ok_and(|d| d["output"]["job"].as_str() == Some(job_id))
+}
 
 fn settings(replay: bool) -> Settings {
     let mut s = Settings {
@@ -1568,7 +1625,8 @@ pub async fn run(config: &ChaosConfig) -> ChaosReport {
             provider.clone(),
             world.clock.clone(),
             settings(replay),
-        );
+        )
+        .with_contracts(Arc::new(contracts()));
         // Half the consumers have a results bucket; the others keep every answer inline.
         if c % 2 == 0 {
             processor = processor.with_blobs(Arc::new(SimBlobs {
@@ -2002,13 +2060,18 @@ async fn check_bucket(world: &World, table: &InMemoryLedger, job_ids: &[String])
             world.violation(format!("{key}: stored for no job"));
             continue;
         };
-        if let Some(blob) = job.result_ref.as_ref().filter(|b| b.key == key)
-            && read_checked(bucket, blob, usize::MAX).await.is_err()
-        {
-            world.violation(format!(
-                "{}: its stored answer is not what it references",
-                job.job_id
-            ));
+        if let Some(blob) = job.result_ref.as_ref().filter(|b| b.key == key) {
+            match read_checked(bucket, blob, usize::MAX).await {
+                Err(_) => world.violation(format!(
+                    "{}: its stored answer is not what it references",
+                    job.job_id
+                )),
+                Ok(bytes) if !meets_contract(&job.job_id, &bytes) => world.violation(format!(
+                    "{}: an accepted answer fails its contract",
+                    job.job_id
+                )),
+                Ok(_) => {}
+            }
         }
     }
     let now = world.now();
