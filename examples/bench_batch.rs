@@ -6,6 +6,7 @@
 //!
 //! `bench_batch peak N` handles one N-record batch through the SDK and exits, for `/usr/bin/time`;
 //! `bench_batch floor` prints only the comparison with the floor (a quick look after a change);
+//! `bench_batch contract` only the cost of judging answers against their contract;
 //! `bench_batch only KIND [RECORDS] [MS]` runs one kind of work alone, for `perf` or callgrind.
 //!
 //! Why this file is long: every table shares the same handlers, events and CPU windows, and a
@@ -26,6 +27,7 @@ use aws_sdk_dynamodb::types::AttributeValue;
 use fenced_jobs::blobs::s3::S3Blobs;
 use fenced_jobs::clock::{Clock, SystemClock};
 use fenced_jobs::config::SdkTimeouts;
+use fenced_jobs::job::contract::Contracts;
 use fenced_jobs::job::{Expect, JobDefaults, NewJob, ResultBody};
 use fenced_jobs::ledger::dynamodb::DynamoLedger;
 use fenced_jobs::ledger::memory::InMemoryLedger;
@@ -63,7 +65,13 @@ struct Shape {
     input_bytes: usize,
     /// The answer's length (0: the simulated provider's short answer).
     answer_bytes: usize,
+    /// An invoice extraction under `invoice-extract@2`, whose simulated model answers with a
+    /// valid invoice (twenty fields, nested parties and line items).
+    invoice: bool,
 }
+
+/// The invoice the simulated model answers with: valid under `invoice-extract@2`.
+const INVOICE: &str = r#"{"number":"INV-2026-0042","issued":"2026-11-30","due":"2026-12-30","currency":"EUR","seller":{"name":"Acme GmbH","vat_id":"DE123456789","address":"Hauptstr. 1, Berlin","country":"DE"},"buyer":{"name":"Globex AG","vat_id":null,"address":"Bahnhofstr. 9, Zurich","country":"CH"},"purchase_order":"PO-7","lines":[{"description":"Widgets","quantity":4,"unit_price":50.0,"amount":200.0,"tax_rate":0.19,"sku":"W-1"},{"description":"Gadgets","quantity":2,"unit_price":75.5,"amount":151.0,"tax_rate":0.19,"sku":"G-2"},{"description":"Support, November","quantity":1,"unit_price":120.0,"amount":120.0,"tax_rate":0.19,"sku":null}],"subtotal":471.0,"tax":89.49,"total":560.49,"paid":false,"payment_terms":"30 days net","notes":null}"#;
 
 /// The JSON of an event of `n` records for jobs `{prefix}-0..n`, each job `copies` times, as
 /// Lambda sends it.
@@ -73,7 +81,13 @@ fn event_json(prefix: &str, n: usize, copies: usize, shape: Shape) -> String {
         latency_ms,
         input_bytes,
         answer_bytes,
+        invoice,
     } = shape;
+    let (contract, output) = if invoice {
+        ("invoice-extract@2", format!(r#","output":{INVOICE}"#))
+    } else {
+        ("summary.v1", String::new())
+    };
     let records: Vec<SqsMessage> = (0..n)
         .map(|i| {
             let job = i / copies;
@@ -83,7 +97,7 @@ fn event_json(prefix: &str, n: usize, copies: usize, shape: Shape) -> String {
             m.message_id = Some(format!("{prefix}-msg-{i}"));
             m.receipt_handle = Some(format!("{prefix}-handle-{i}"));
             m.body = Some(format!(
-                r#"{{"job_id":"{prefix}-{job}","contract":"summary.v1","input":{{"model":"sim-1","messages":[{{"role":"user","content":"{prompt}"}}],"parameters":{{"temperature":0}},"simulate":{{"latency_ms":{latency_ms},"answer_bytes":{answer_bytes}}}}}}}"#
+                r#"{{"job_id":"{prefix}-{job}","contract":"{contract}","input":{{"model":"sim-1","messages":[{{"role":"user","content":"{prompt}"}}],"parameters":{{"temperature":0}},"simulate":{{"latency_ms":{latency_ms},"answer_bytes":{answer_bytes}{output}}}}}}}"#
             ));
             m.event_source = Some("aws:sqs".into());
             m.event_source_arn = Some(ARN.into());
@@ -197,10 +211,73 @@ fn memory_handler()
     )
 }
 
+/// The contracts built in from `contracts/`.
+fn built_in() -> Contracts {
+    Contracts::with_built_in(&[], false).expect("the built-in contracts")
+}
+
+/// [`memory_handler`] holding each job to the built-in contracts.
+fn judging_handler()
+-> BatchHandler<InMemoryLedger, SimulatedProvider, SystemClock, RecordingVisibility> {
+    BatchHandler::new(
+        Processor::new(
+            InMemoryLedger::new(),
+            SimulatedProvider::new(),
+            SystemClock,
+            settings(),
+        )
+        .with_contracts(Arc::new(built_in())),
+        RecordingVisibility::new(),
+    )
+}
+
+/// What judging an answer against its contract costs: fresh invoice extractions (100 records a
+/// batch) with no registry, where the answer is accepted as text, and held to
+/// `invoice-extract@2`, where it is parsed, validated and stored as JSON; alternated, medians.
+/// In memory, or through the SDK on the emulator when `sdk`.
+async fn contract_row(sdk: bool) {
+    let [free, held] = if sdk {
+        let (plain, _, _) = sdk_handler(false, false).await;
+        let (judged, _, _) = sdk_handler(false, true).await;
+        alternate_invoices(&plain, &judged).await
+    } else {
+        alternate_invoices(&memory_handler(), &judging_handler()).await
+    };
+    let adapters = if sdk { "SDK + emulator" } else { "in memory" };
+    println!(
+        "| {adapters} | {free:.1} | {held:.1} | ×{:.2} |",
+        held / free
+    );
+}
+
+/// Fresh invoice extractions' CPU per record through `free` (no registry) and `held` (the
+/// built-in contracts), alternated [`ALTERNATIONS`] times: the medians.
+async fn alternate_invoices<L: JobLedger, V: VisibilityControl>(
+    free: &BatchHandler<L, SimulatedProvider, SystemClock, V>,
+    held: &BatchHandler<L, SimulatedProvider, SystemClock, V>,
+) -> [f64; 2] {
+    const N: usize = 100;
+    let shape = Shape {
+        invoice: true,
+        ..Shape::default()
+    };
+    let tag = fastrand::u32(..);
+    let (mut free_us, mut held_us) = (vec![], vec![]);
+    for round in 0..ALTERNATIONS {
+        for (handler, side, us) in [(free, "free", &mut free_us), (held, "held", &mut held_us)] {
+            let jobs = |r: usize| event_json(&format!("c{tag}-{round}-{side}-{r}"), N, 1, shape);
+            let m = measure_for(handler, N, SLICE_MS, 0, jobs).await;
+            us.push(m.cpu_per_record_us);
+        }
+    }
+    [free_us, held_us].map(median)
+}
+
 /// A handler through the SDK on the emulator (with a results bucket when `bucket`), its
 /// DynamoDB client and the counter of both clients' calls.
 async fn sdk_handler(
     bucket: bool,
+    judged: bool,
 ) -> (
     BatchHandler<DynamoLedger, SimulatedProvider, SystemClock, SqsVisibility>,
     Floor,
@@ -239,6 +316,9 @@ async fn sdk_handler(
         SystemClock,
         settings(),
     );
+    if judged {
+        processor = processor.with_contracts(Arc::new(built_in()));
+    }
     if bucket {
         let s3 = aws_sdk_s3::Client::from_conf(
             aws_sdk_s3::config::Builder::from(&config)
@@ -374,7 +454,7 @@ async fn cpu_table(sdk: bool) {
             |round: usize| event_json(&format!("{tag}-r{round}"), n, 1, Shape::default());
         let first = redelivery(&fresh_json(0));
         let (fresh, redelivered, calls_fresh, calls_again) = if sdk {
-            let (handler, _, calls) = sdk_handler(false).await;
+            let (handler, _, calls) = sdk_handler(false, false).await;
             calls.reset();
             let fresh = measure(&handler, n, fresh_json).await;
             let calls_fresh = calls.total("dynamodb") as f64 / fresh.records as f64;
@@ -424,7 +504,7 @@ async fn floor_table() {
 /// redelivered records, alternating `ALTERNATIONS` times so that the machine's drift touches
 /// each alike. Medians, and each as a multiple of the floor's.
 async fn floor_row(n: usize) {
-    let (handler, floor, calls) = sdk_handler(false).await;
+    let (handler, floor, calls) = sdk_handler(false, false).await;
     let in_flight = n.min(settings().max_concurrency);
     let tag = format!("floor{n}-{}", fastrand::u32(..));
     let fresh_json = |round: usize| event_json(&format!("{tag}-r{round}"), n, 1, Shape::default());
@@ -460,7 +540,7 @@ async fn floor_row(n: usize) {
 /// `memory-redelivered` run the in-memory handler instead (CPU per record): the handler's own
 /// work, for a profiler.
 async fn only(kind: &str, n: usize, ms: u64) {
-    let (handler, floor, calls) = sdk_handler(false).await;
+    let (handler, floor, calls) = sdk_handler(false, false).await;
     let memory = memory_handler();
     let in_flight = n.min(settings().max_concurrency);
     let tag = format!("only{n}-{}", fastrand::u32(..));
@@ -523,7 +603,7 @@ fn runtime_row(n: usize) {
             };
             let runtime = builder.enable_all().build().expect("runtime");
             runtime.block_on(async {
-                let (handler, _, _) = sdk_handler(false).await;
+                let (handler, _, _) = sdk_handler(false, false).await;
                 let tag = format!("rt{multi}-{}", fastrand::u32(..));
                 let json =
                     |round: usize| event_json(&format!("{tag}-r{round}"), n, 1, Shape::default());
@@ -550,7 +630,7 @@ fn runtime_row(n: usize) {
 /// CPU per record against input size and against answer size (10-record batches, through the
 /// SDK with a results bucket: inputs and answers above 64 KiB go to S3).
 async fn size_table() {
-    let (handler, _, calls) = sdk_handler(true).await;
+    let (handler, _, calls) = sdk_handler(true, false).await;
     let n = 10;
     let kb = |bytes: usize| bytes / 1_000;
     for (what, shape) in [1_000, 10_000, 100_000, 1_000_000]
@@ -586,7 +666,7 @@ async fn size_table() {
 }
 
 async fn duplicate_calls() {
-    let (handler, _, calls) = sdk_handler(false).await;
+    let (handler, _, calls) = sdk_handler(false, false).await;
     let tag = format!("dup-{}", fastrand::u32(..));
     for (label, copies) in [
         ("each job once", 1),
@@ -654,7 +734,7 @@ fn main() {
     if args.get(1).map(String::as_str) == Some("peak") {
         let n: usize = args.get(2).and_then(|v| v.parse().ok()).unwrap_or(10_000);
         runtime.block_on(async {
-            let (handler, _, _) = sdk_handler(false).await;
+            let (handler, _, _) = sdk_handler(false, false).await;
             let json = event_json(
                 &format!("peak-{}", fastrand::u32(..)),
                 n,
@@ -672,6 +752,14 @@ fn main() {
         let n: usize = args.get(3).and_then(|v| v.parse().ok()).unwrap_or(100);
         let ms: u64 = args.get(4).and_then(|v| v.parse().ok()).unwrap_or(5_000);
         runtime.block_on(only(&kind, n, ms));
+        return;
+    }
+    if args.get(1).map(String::as_str) == Some("contract") {
+        // Only the cost of judging answers against their contract.
+        runtime.block_on(async {
+            contract_row(false).await;
+            contract_row(true).await;
+        });
         return;
     }
     if args.get(1).map(String::as_str) == Some("floor") {
@@ -704,6 +792,13 @@ fn main() {
             println!("| records per batch | current-thread | multi-thread (2 workers) | multi-thread costs |");
             println!("| ---: | ---: | ---: | ---: |");
             runtime_row(100);
+        }
+        println!("\nJudging answers against their contract: fresh invoice extractions' CPU per record (µs), 100 records a batch, medians of {ALTERNATIONS} alternations:\n");
+        println!("| adapters | no contract (text) | invoice-extract@2 (parsed, validated, stored as JSON) | judged costs |");
+        println!("| --- | ---: | ---: | ---: |");
+        contract_row(false).await;
+        if local {
+            contract_row(true).await;
         }
         println!("\nBatch wall time against the ideal (in-memory ledger, simulated call):\n");
         println!("| records | concurrency | call latency | ideal | measured | ratio |");

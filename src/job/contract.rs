@@ -363,7 +363,8 @@ impl Contract {
                 )]));
             }
         };
-        if let Some(validator) = &self.validator {
+        // The errors are collected only for an answer that fails (the fast check first).
+        if let Some(validator) = self.validator.as_ref().filter(|v| !v.is_valid(&value)) {
             let errors: Vec<String> = validator
                 .iter_errors(&value)
                 .take(ERRORS_KEPT)
