@@ -92,6 +92,15 @@ enum Origin {
     Missing,
 }
 
+/// How an accepted answer is kept.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Accepted {
+    /// As the model's text.
+    Text,
+    /// As the JSON value the text is (it parsed, and satisfies the schema if there is one).
+    Json,
+}
+
 /// One output contract, compiled.
 #[derive(Clone)]
 pub struct Contract {
@@ -316,14 +325,13 @@ impl Contract {
         self.origin == Origin::FreeText
     }
 
-    /// Judges the answer whose `output` (the model's text) finished for `finish`. `Ok(None)`:
-    /// accepted as it is; `Ok(Some(value))`: accepted, and `value` is the output parsed, which
-    /// is stored in its place; `Err`: the answer is not the one the job asked for.
-    pub fn judge(&self, output: &str, finish: Finish) -> Result<Option<Value>, Rejected> {
+    /// Judges the answer whose `output` (the model's text) finished for `finish`: accepted, as
+    /// text or as the JSON it is, or refused, as not the answer the job asked for.
+    pub fn judge(&self, output: &str, finish: Finish) -> Result<Accepted, Rejected> {
         let rejected = |errors: Vec<String>| self.rejected(errors, finish, output);
         match self.origin {
             Origin::File => {}
-            Origin::FreeText => return Ok(None),
+            Origin::FreeText => return Ok(Accepted::Text),
             Origin::Missing => {
                 return Err(rejected(vec![format!(
                     "no contract {:?} in the registry: contract",
@@ -351,7 +359,7 @@ impl Contract {
             )]));
         }
         if self.format == Format::Text {
-            return Ok(None);
+            return Ok(Accepted::Text);
         }
         let value: Value = match serde_json::from_str(output) {
             Ok(value) => value,
@@ -374,7 +382,7 @@ impl Contract {
                 return Err(rejected(errors));
             }
         }
-        Ok(Some(value))
+        Ok(Accepted::Json)
     }
 
     /// The refusal of an answer (`output`, which finished for `finish`) for `errors`, under

@@ -21,7 +21,11 @@ pub use simulated::SimulatedProvider;
 #[cfg(feature = "openai")]
 pub use keys::{KeySource, Secret};
 
-use crate::job::contract::{Contract, Finish, Rejected};
+use std::collections::BTreeMap;
+
+use serde_json::value::RawValue;
+
+use crate::job::contract::{Accepted, Contract, Finish, Rejected};
 use crate::vars::{ConfigError, Vars};
 #[cfg(feature = "bedrock")]
 use bedrock::BedrockSettings;
@@ -127,23 +131,38 @@ impl Answer {
         if contract.takes_anything() {
             return Ok(self);
         }
-        let mut document: Map<String, Value> = match serde_json::from_str(&self.body) {
-            Ok(Value::Object(document)) => document,
-            _ => Map::new(),
-        };
-        let Some(Value::String(output)) = document.get("output") else {
+        // The document's fields as they are written: only the output is read.
+        let fields: BTreeMap<String, &RawValue> =
+            serde_json::from_str(&self.body).unwrap_or_default();
+        let output = fields
+            .get("output")
+            .and_then(|raw| serde_json::from_str::<String>(raw.get()).ok());
+        let Some(output) = output else {
             let error = "the answer has no output text: output".to_owned();
             let rejected = contract.rejected(vec![error], self.finish, "");
             return Err(ProviderError::InvalidOutput(rejected));
         };
-        match contract.judge(output, self.finish) {
-            Ok(None) => Ok(self),
-            Ok(Some(parsed)) => {
-                document.insert("output".to_owned(), parsed);
-                Ok(Answer {
-                    body: Value::Object(document).to_string(),
-                    ..self
-                })
+        match contract.judge(&output, self.finish) {
+            Ok(Accepted::Text) => Ok(self),
+            Ok(Accepted::Json) => {
+                // The output is a JSON text: the document holds it as JSON, as the model wrote
+                // it, in place of the string.
+                let mut body = String::with_capacity(self.body.len());
+                body.push('{');
+                for (i, (key, raw)) in fields.iter().enumerate() {
+                    if i > 0 {
+                        body.push(',');
+                    }
+                    body.push_str(&Value::from(key.as_str()).to_string());
+                    body.push(':');
+                    body.push_str(if key == "output" {
+                        output.trim()
+                    } else {
+                        raw.get()
+                    });
+                }
+                body.push('}');
+                Ok(Answer { body, ..self })
             }
             Err(rejected) => Err(ProviderError::InvalidOutput(rejected)),
         }

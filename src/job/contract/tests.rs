@@ -27,7 +27,7 @@ fn valid_invoice() -> Value {
 fn a_valid_json_answer_is_accepted_parsed() {
     let answer = valid_invoice();
     let judged = invoice().judge(&answer.to_string(), Finish::Stop);
-    assert_eq!(judged, Ok(Some(answer)));
+    assert_eq!(judged, Ok(Accepted::Json));
 }
 
 #[test]
@@ -98,11 +98,14 @@ fn the_excerpt_is_bounded_at_a_character_boundary() {
 #[test]
 fn text_contracts_take_truncation_only_where_their_policy_allows() {
     let strict = Contract::parse("summary@1", r#"{"format": "text"}"#).expect("compiles");
-    assert_eq!(strict.judge("half a sum", Finish::Stop), Ok(None));
+    assert_eq!(strict.judge("half a sum", Finish::Stop), Ok(Accepted::Text));
     assert!(strict.judge("half a sum", Finish::Length).is_err());
     let lenient = Contract::parse("notes@1", r#"{"format": "text", "accept_truncated": true}"#)
         .expect("compiles");
-    assert_eq!(lenient.judge("half a sum", Finish::Length), Ok(None));
+    assert_eq!(
+        lenient.judge("half a sum", Finish::Length),
+        Ok(Accepted::Text)
+    );
     // A filtered answer is never the whole answer.
     assert!(lenient.judge("half", Finish::ContentFilter).is_err());
     let small = Contract::parse(
@@ -156,8 +159,8 @@ fn a_lenient_registry_holds_unknown_contracts_to_free_text_and_a_strict_one_refu
     let free = lenient.for_job("summary.v1");
     assert!(free.takes_anything() && free.schema().is_none());
     // Free text takes every answer as it comes, as jobs did before contracts.
-    assert_eq!(free.judge("anything", Finish::Length), Ok(None));
-    assert_eq!(free.judge("", Finish::ContentFilter), Ok(None));
+    assert_eq!(free.judge("anything", Finish::Length), Ok(Accepted::Text));
+    assert_eq!(free.judge("", Finish::ContentFilter), Ok(Accepted::Text));
     let strict = Contracts::compile([("invoice-extract@2", INVOICE)], true).expect("compiles");
     assert_eq!(strict.admits("invoice-extract@2"), Ok(()));
     assert_eq!(
