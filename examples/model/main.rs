@@ -6,7 +6,7 @@
 //! --full-world] [--queue] [--threads N] [--no-mutations]
 //! [--workers N] [--deliveries N] [--deadline N] [--budget N] [--lease N] [--faults N]
 //! [--upstreams blind,keyed,background] [--never-replay] [--[no-]pacing] [--[no-]short]
-//! [--[no-]silent] [--[no-]followers] [--mutation NAME]`; with `--queue`, the
+//! [--[no-]silent] [--[no-]followers] [--[no-]invalid] [--mutation NAME]`; with `--queue`, the
 //! message on its queue alone: `[--test] [--max-receives N] [--slow N] [--crashes N]`
 
 mod protocol;
@@ -89,6 +89,7 @@ fn main() {
     switch("short", &mut bounds.short_invocations);
     switch("silent", &mut bounds.silent_retrievals);
     switch("followers", &mut bounds.followers);
+    switch("invalid", &mut bounds.invalid_answers);
     if flag("--never-replay") {
         bounds.replay = vec![fenced_jobs::worker::ReplayPolicy::Never];
     }

@@ -75,6 +75,9 @@ pub struct Bounds {
     pub short_invocations: bool,
     /// A retrieval may say nothing yet (a 401/403, an unreachable provider).
     pub silent_retrievals: bool,
+    /// The model may answer with what the job's contract refuses (truncated, invalid), by the
+    /// call or a retrieval.
+    pub invalid_answers: bool,
     /// The rule changed, if any.
     pub mutation: Option<Mutation>,
 }
@@ -98,6 +101,7 @@ impl Bounds {
             pacing: true,
             short_invocations: true,
             silent_retrievals: true,
+            invalid_answers: false,
             mutation: None,
         }
     }
@@ -130,15 +134,17 @@ impl Bounds {
         }
     }
 
-    /// The test bound's third part, which `make test` also checks: the pacer's refusals and
-    /// invocations that end before the job, with a provider asked by the client's key and no
-    /// ledger faults (retrievals that say nothing yet are the model-check bound's).
+    /// The test bound's third part, which `make test` also checks: the pacer's refusals,
+    /// invocations that end before the job and answers the job's contract refuses, with a
+    /// provider asked by the client's key and no ledger faults (retrievals that say nothing yet
+    /// are the model-check bound's).
     pub fn world() -> Bounds {
         Bounds {
             upstreams: vec![Upstream::Keyed],
             faults: 0,
             pacing: true,
             short_invocations: true,
+            invalid_answers: true,
             ..Bounds::test()
         }
     }
@@ -169,14 +175,15 @@ impl Bounds {
         }
     }
 
-    /// The bound `make model-check` checks second: the pacer's refusals and invocations that
-    /// end before the job, with the providers that can be asked about a call, no ledger faults
-    /// and no later records of a batch.
+    /// The bound `make model-check` checks second: the pacer's refusals, invocations that end
+    /// before the job and answers the job's contract refuses, with the providers that can be
+    /// asked about a call, no ledger faults and no later records of a batch.
     pub fn full_world() -> Bounds {
         Bounds {
             upstreams: vec![Upstream::Keyed, Upstream::Background],
             faults: 0,
             followers: false,
+            invalid_answers: true,
             ..Bounds::small()
         }
     }
@@ -184,7 +191,7 @@ impl Bounds {
     /// The bounds in one line.
     pub fn describe(&self) -> String {
         format!(
-            "{} workers, {} deliveries, deadline {} ticks, lease {}, skew {}, budget {}, epochs up to {}, {} tries to end an attempt, {} fault(s) per path, providers {:?}{}{}{}{}",
+            "{} workers, {} deliveries, deadline {} ticks, lease {}, skew {}, budget {}, epochs up to {}, {} tries to end an attempt, {} fault(s) per path, providers {:?}{}{}{}{}{}",
             self.workers,
             self.deliveries,
             self.deadline,
@@ -212,6 +219,11 @@ impl Bounds {
             },
             if self.silent_retrievals {
                 ", retrievals that say nothing yet"
+            } else {
+                ""
+            },
+            if self.invalid_answers {
+                ", answers the contract refuses"
             } else {
                 ""
             }
@@ -261,11 +273,13 @@ pub enum Mutation {
     RecoveryAssumesNotSent,
     /// An answer whose put failed is accepted by reference all the same.
     PutFailureIgnored,
+    /// An answer the job's contract refuses is accepted (the processor does not judge it).
+    RefusedAnswerAccepted,
 }
 
 impl Mutation {
     /// Every mutation.
-    pub const ALL: [Mutation; 14] = [
+    pub const ALL: [Mutation; 15] = [
         Mutation::FinishIgnoresEpoch,
         Mutation::ExpiryIgnoresTerminal,
         Mutation::UncertainReleased,
@@ -280,6 +294,7 @@ impl Mutation {
         Mutation::BareThrottleTrusted,
         Mutation::RecoveryAssumesNotSent,
         Mutation::PutFailureIgnored,
+        Mutation::RefusedAnswerAccepted,
     ];
 
     /// The bound a mutation is checked in: the test bound, widened where the counterexample
@@ -301,6 +316,12 @@ impl Mutation {
                 ..test
             },
             Mutation::NotSentSpendsAttempt => Bounds { faults: 0, ..test },
+            Mutation::RefusedAnswerAccepted => Bounds {
+                faults: 0,
+                upstreams: vec![Upstream::Keyed],
+                invalid_answers: true,
+                ..test
+            },
             // A third delivery claims again after the replay policy authorised it.
             Mutation::RecordIgnoresEpoch => Bounds {
                 mutation: Some(self),
@@ -340,6 +361,7 @@ impl Mutation {
                 "a recovery without a reference assumes no call left"
             }
             Mutation::PutFailureIgnored => "an answer whose put failed is accepted by reference",
+            Mutation::RefusedAnswerAccepted => "an answer its contract refuses is accepted",
         }
     }
 
@@ -360,6 +382,7 @@ impl Mutation {
             Mutation::BareThrottleTrusted => NO_SILENT_REPEAT,
             Mutation::RecoveryAssumesNotSent => ENDS_AS_CALLED,
             Mutation::PutFailureIgnored => STORED_EXISTS,
+            Mutation::RefusedAnswerAccepted => ENDS_AS_CALLED,
         })
     }
 }
@@ -381,7 +404,7 @@ pub const ATTEMPT_RECORDED: &str = "every execution preceded by its attempt reco
 pub const SPENT_BY_CALLS: &str =
     "failed_terminal for the budget only after max_attempts calls were sent or may have been";
 /// An attempt whose end contradicts what its calls did.
-pub const ENDS_AS_CALLED: &str = "an attempt ends as its calls did: answered by one that ran, failed or given back only if none may have run";
+pub const ENDS_AS_CALLED: &str = "an attempt ends as its calls did: answered by one that ran with an answer its contract takes, refused for one whose answer it refused, failed or given back only if none may have run";
 /// An accepted answer that references a stored object whose object is gone.
 pub const STORED_EXISTS: &str = "an accepted answer stored in the bucket is there";
 /// A reference in the ledger that names another attempt's call, or a call never started.
@@ -419,6 +442,8 @@ pub enum Truth {
     /// The provider refused it for its rate limit before any work (its own 429): it did not
     /// run, and its sender heard so.
     Refused,
+    /// It ran and answered, and the job's contract refused the answer: a definite outcome.
+    Invalid,
 }
 
 /// Where an owner's answer went, as the world lets it.
@@ -620,6 +645,9 @@ pub enum Word {
     CutOff,
     /// Accepted to run in the background under the reference the provider assigns.
     Started,
+    /// An answer the job's contract refuses (cut off, not JSON, invalid): it ran, and its
+    /// outcome is known.
+    Invalid,
 }
 
 /// What a later owner learns by asking about a call.
@@ -637,6 +665,8 @@ pub enum Retrieved {
     Denied,
     /// The provider could not be reached, or the retrieval stalled: nothing is known yet.
     Unreachable,
+    /// Completed with an answer the job's contract refuses.
+    Invalid,
 }
 
 impl Retrieved {
@@ -773,9 +803,10 @@ impl Protocol {
     }
 
     /// What a retrieval may find in this bound.
-    fn retrievals(&self) -> &'static [Retrieved] {
+    fn retrievals(&self) -> impl Iterator<Item = Retrieved> + use<> {
         let n = if self.bounds.silent_retrievals { 6 } else { 4 };
-        &Retrieved::ALL[..n]
+        let invalid = self.bounds.invalid_answers.then_some(Retrieved::Invalid);
+        Retrieved::ALL[..n].iter().copied().chain(invalid)
     }
 
     fn mutated(&self, m: Mutation) -> bool {
@@ -1426,10 +1457,17 @@ impl Protocol {
                             AttemptOutcome::Transient | AttemptOutcome::Permanent
                         )
                 });
+            // An answer its contract refused, recorded so on its attempt: its outcome is known.
+            let refused_answer = c.truth == Truth::Invalid
+                && r.attempt_log.iter().any(|a| {
+                    a.number == c.attempt
+                        && a.epoch == c.epoch
+                        && a.outcome == AttemptOutcome::InvalidOutput
+                });
             let decided = r.decisions.iter().any(|d| d.epoch >= c.epoch);
             // The provider's own refusal before any work, heard by its sender: no execution.
             let refused = c.truth == Truth::Refused;
-            definite || decided || refused || given_back(c, r)
+            definite || refused_answer || decided || refused || given_back(c, r)
         });
         if !authorised {
             next.violations.push(Violation::SilentRepeat);
@@ -1637,10 +1675,14 @@ impl Protocol {
         // caller hears nothing that contradicts it.
         let consistent = !matches!(
             (call.truth, word),
-            (Truth::NotRun, Word::Answer)
+            (Truth::NotRun, Word::Answer | Word::Invalid)
                 | (
                     Truth::Ran,
-                    Word::Transient | Word::Permanent | Word::Throttled
+                    Word::Transient | Word::Permanent | Word::Throttled | Word::Invalid
+                )
+                | (
+                    Truth::Invalid,
+                    Word::Answer | Word::Transient | Word::Permanent | Word::Throttled
                 )
         );
         if !consistent && !lost {
@@ -1678,6 +1720,19 @@ impl Protocol {
                         retry_after_ms: Some(1),
                         reason: "HTTP 429 rate_limit_exceeded".to_owned(),
                     })
+                }
+                // The processor judges the answer before the machine hears it.
+                Word::Invalid if self.mutated(Mutation::RefusedAnswerAccepted) => {
+                    call.truth = Truth::Invalid;
+                    Said::Answered(Answer {
+                        body: format!("refused answer of attempt {}", claimed.attempts),
+                        provider_ref: None,
+                        finish: fenced_jobs::job::contract::Finish::Length,
+                    })
+                }
+                Word::Invalid => {
+                    call.truth = Truth::Invalid;
+                    Said::Failed(ProviderError::InvalidOutput(refused()))
                 }
                 Word::PastDeadline | Word::CutOff => Said::TimedOut,
                 Word::Started => Said::Started(call_ref(claimed.attempts, claimed.owner_epoch)),
@@ -2027,6 +2082,7 @@ impl Protocol {
             _ if matches!(said, Retrieved::Denied | Retrieved::Unreachable) => true,
             None | Some(Truth::Refused) => said == Retrieved::NotFound,
             Some(Truth::Ran) => said == Retrieved::Completed,
+            Some(Truth::Invalid) => said == Retrieved::Invalid,
             Some(Truth::NotRun) => matches!(said, Retrieved::Failed | Retrieved::NotFound),
             Some(Truth::InFlight) => true,
         };
@@ -2036,6 +2092,7 @@ impl Protocol {
         if let Some(call) = call {
             match said {
                 Retrieved::Completed => call.truth = Truth::Ran,
+                Retrieved::Invalid => call.truth = Truth::Invalid,
                 Retrieved::Failed => call.truth = Truth::NotRun,
                 _ => {}
             }
@@ -2050,6 +2107,7 @@ impl Protocol {
                 retry_after_ms: None,
                 reason: "failed upstream".to_owned(),
             }),
+            Retrieved::Invalid => Retrieval::Failed(ProviderError::InvalidOutput(refused())),
             Retrieved::Running => Retrieval::Running,
             Retrieved::NotFound => Retrieval::NotFound,
             Retrieved::Denied => Retrieval::Denied,
@@ -2193,9 +2251,11 @@ fn attempts_match_calls(s: &State, r: &JobRecord) -> bool {
             .iter()
             .filter(move |c| c.attempt == number && c.epoch == epoch)
     };
-    let ran = |c: &Call| matches!(c.truth, Truth::Ran | Truth::InFlight) && !c.dropped;
+    let ran =
+        |c: &Call| matches!(c.truth, Truth::Ran | Truth::InFlight | Truth::Invalid) && !c.dropped;
     r.attempt_log.iter().all(|a| match a.outcome {
         AttemptOutcome::Succeeded => calls(a).any(|c| c.truth == Truth::Ran),
+        AttemptOutcome::InvalidOutput => calls(a).any(|c| c.truth == Truth::Invalid),
         AttemptOutcome::Transient | AttemptOutcome::Permanent => {
             calls(a).next().is_some() && !calls(a).any(ran)
         }
@@ -2252,6 +2312,17 @@ fn word_name(word: Word) -> &'static str {
         Word::PastDeadline => "nothing before the deadline",
         Word::CutOff => "nothing before the invocation's end",
         Word::Started => "started in the background",
+        Word::Invalid => "an answer its contract refuses",
+    }
+}
+
+/// The refusal of an answer cut off by the model's token limit, as a contract words it.
+fn refused() -> fenced_jobs::job::contract::Rejected {
+    fenced_jobs::job::contract::Rejected {
+        finish: fenced_jobs::job::contract::Finish::Length,
+        errors: vec!["the answer is cut off: finish length".to_owned()],
+        excerpt: String::new(),
+        terminal: false,
     }
 }
 
@@ -2379,6 +2450,7 @@ impl Model for Protocol {
                             // A background provider answers through a retrieval, never the
                             // submit; the others never start a call in the background.
                             let background = state.upstream == Upstream::Background;
+                            let invalid = self.bounds.invalid_answers.then_some(Word::Invalid);
                             for word in [
                                 Word::Answer,
                                 Word::Transient,
@@ -2386,8 +2458,12 @@ impl Model for Protocol {
                                 Word::Throttled,
                                 Word::Uncertain,
                                 Word::Started,
-                            ] {
-                                let answers = !matches!(word, Word::Answer | Word::Started);
+                            ]
+                            .into_iter()
+                            .chain(invalid)
+                            {
+                                let answers =
+                                    !matches!(word, Word::Answer | Word::Started | Word::Invalid);
                                 if answers || (word == Word::Started) == background {
                                     actions.push(Action::Answer { worker, word });
                                 }
@@ -2423,7 +2499,7 @@ impl Model for Protocol {
                             }
                         }
                         Waits::Retrieval => {
-                            for &said in self.retrievals() {
+                            for said in self.retrievals() {
                                 actions.push(Action::Ask { worker, said });
                             }
                         }
@@ -2442,7 +2518,7 @@ impl Model for Protocol {
                         actions.push(Action::Unlisted { worker });
                     }
                     if state.retrievable() && reference && !stored {
-                        for &said in self.retrievals() {
+                        for said in self.retrievals() {
                             actions.push(Action::Ask { worker, said });
                         }
                     } else {
@@ -2556,6 +2632,17 @@ impl Model for Protocol {
             Property::sometimes(
                 "a later record of a batch is acknowledged from the item its first left",
                 |_, s: &State| s.followed,
+            ),
+            Property::sometimes(
+                "an answer its contract refuses is followed by one it takes",
+                |_, s: &State| {
+                    s.item.as_ref().is_some_and(|r| {
+                        r.state == JobState::Succeeded
+                            && r.attempt_log
+                                .iter()
+                                .any(|a| a.outcome == AttemptOutcome::InvalidOutput)
+                    })
+                },
             ),
             Property::sometimes("an answer is accepted", |_, s: &State| {
                 s.item
