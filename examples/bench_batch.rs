@@ -200,25 +200,13 @@ fn parse(json: &str) -> SqsEvent {
 
 fn memory_handler()
 -> BatchHandler<InMemoryLedger, SimulatedProvider, SystemClock, RecordingVisibility> {
-    BatchHandler::new(
-        Processor::new(
-            InMemoryLedger::new(),
-            SimulatedProvider::new(),
-            SystemClock,
-            settings(),
-        ),
-        RecordingVisibility::new(),
-    )
+    memory_handler_held_to(Contracts::default())
 }
 
-/// The contracts built in from `contracts/`.
-fn built_in() -> Contracts {
-    Contracts::with_built_in(&[], false).expect("the built-in contracts")
-}
-
-/// [`memory_handler`] holding each job to the built-in contracts.
-fn judging_handler()
--> BatchHandler<InMemoryLedger, SimulatedProvider, SystemClock, RecordingVisibility> {
+/// [`memory_handler`] holding each job to `contracts`.
+fn memory_handler_held_to(
+    contracts: Contracts,
+) -> BatchHandler<InMemoryLedger, SimulatedProvider, SystemClock, RecordingVisibility> {
     BatchHandler::new(
         Processor::new(
             InMemoryLedger::new(),
@@ -226,9 +214,14 @@ fn judging_handler()
             SystemClock,
             settings(),
         )
-        .with_contracts(Arc::new(built_in())),
+        .with_contracts(Arc::new(contracts)),
         RecordingVisibility::new(),
     )
+}
+
+/// The contracts built in from `contracts/`.
+fn built_in() -> Contracts {
+    Contracts::with_built_in(&[], false).expect("the built-in contracts")
 }
 
 /// What judging an answer against its contract costs: fresh invoice extractions (100 records a
@@ -241,7 +234,7 @@ async fn contract_row(sdk: bool) {
         let (judged, _, _) = sdk_handler(false, true).await;
         alternate_invoices(&plain, &judged).await
     } else {
-        alternate_invoices(&memory_handler(), &judging_handler()).await
+        alternate_invoices(&memory_handler(), &memory_handler_held_to(built_in())).await
     };
     let adapters = if sdk { "SDK + emulator" } else { "in memory" };
     println!(

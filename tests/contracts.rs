@@ -6,12 +6,11 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::http::{HttpStub, Reply};
+use common::http::{HttpStub, Reply, bedrock};
 use common::{deliver, emulator, fast_settings};
 use fenced_jobs::clock::SystemClock;
 use fenced_jobs::job::contract::{Contract, Contracts, Finish};
 use fenced_jobs::job::{AttemptOutcome, Failure, JobState, RecordOutcome};
-use fenced_jobs::provider::bedrock::{BedrockProvider, BedrockSettings};
 use fenced_jobs::provider::openai::{OpenAiApi, OpenAiProvider, OpenAiSettings};
 use fenced_jobs::provider::{
     Provider, ProviderError, ProviderRequest, SimulatedProvider, Submission,
@@ -298,18 +297,7 @@ async fn the_schema_reaches_bedrock_as_structured_output_and_text_contracts_send
         "usage": {"inputTokens": 9, "outputTokens": 90, "totalTokens": 99}
     });
     let stub = HttpStub::start(move |_, _| Reply::json(200, answer.clone())).await;
-    let aws = aws_config::SdkConfig::builder()
-        .region(aws_config::Region::new("us-east-1"))
-        .credentials_provider(aws_sdk_dynamodb::config::SharedCredentialsProvider::new(
-            aws_sdk_dynamodb::config::Credentials::for_tests(),
-        ))
-        .behavior_version(aws_config::BehaviorVersion::latest())
-        .build();
-    let settings = BedrockSettings {
-        model_id: None,
-        endpoint_url: Some(stub.url.clone()),
-    };
-    let provider = BedrockProvider::new(&aws, &settings);
+    let provider = bedrock(&stub.url);
     let (contract, input) = held_to_invoice();
 
     // WHEN an invoice extraction is called, then a free-text job

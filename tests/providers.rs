@@ -6,10 +6,9 @@ mod common;
 
 use std::time::Duration;
 
-use common::http::{HttpStub, Reply};
+use common::http::{HttpStub, Reply, bedrock};
 use fenced_jobs::job::contract::{Contract, Finish};
 use fenced_jobs::provider::Secret;
-use fenced_jobs::provider::bedrock::{BedrockProvider, BedrockSettings};
 use fenced_jobs::provider::openai::{OpenAiApi, OpenAiProvider, OpenAiSettings};
 use fenced_jobs::provider::{
     Answer, Provider, ProviderError, ProviderRequest, Retrieval, Submission,
@@ -398,23 +397,6 @@ async fn a_server_without_the_responses_api_gets_chat_completions() {
         Err(ProviderError::Permanent { .. })
     ));
     assert_eq!(stub.count("POST", "/v1/chat/completions"), 0);
-}
-
-fn bedrock(url: &str) -> BedrockProvider {
-    let aws = aws_config::SdkConfig::builder()
-        .region(aws_config::Region::new("us-east-1"))
-        .credentials_provider(aws_sdk_dynamodb::config::SharedCredentialsProvider::new(
-            aws_sdk_dynamodb::config::Credentials::for_tests(),
-        ))
-        .behavior_version(aws_config::BehaviorVersion::latest())
-        .build();
-    BedrockProvider::new(
-        &aws,
-        &BedrockSettings {
-            model_id: None,
-            endpoint_url: Some(url.to_owned()),
-        },
-    )
 }
 
 async fn converse_once(reply: Reply) -> (Result<Answer, ProviderError>, HttpStub) {

@@ -297,3 +297,20 @@ async fn write_reply(stream: &mut TcpStream, reply: Reply, request: &Request) ->
         }
     }
 }
+
+/// A Bedrock provider whose Converse requests go to `url` (a stub of ours), signed with test
+/// credentials.
+pub fn bedrock(url: &str) -> fenced_jobs::provider::bedrock::BedrockProvider {
+    let aws = aws_config::SdkConfig::builder()
+        .region(aws_config::Region::new("us-east-1"))
+        .credentials_provider(aws_sdk_dynamodb::config::SharedCredentialsProvider::new(
+            aws_sdk_dynamodb::config::Credentials::for_tests(),
+        ))
+        .behavior_version(aws_config::BehaviorVersion::latest())
+        .build();
+    let settings = fenced_jobs::provider::bedrock::BedrockSettings {
+        model_id: None,
+        endpoint_url: Some(url.to_owned()),
+    };
+    fenced_jobs::provider::bedrock::BedrockProvider::new(&aws, &settings)
+}
