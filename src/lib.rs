@@ -7,7 +7,8 @@
 //! `scripts/check_layout.py` in `make test`):
 //!
 //! 1. [`job`]: pure logic, no I/O, no clock, no AWS types: the ledger record, its states, the
-//!    message contract and digest, the decision for a delivery, record outcomes and visibility.
+//!    message contract and digest, the decision for a delivery, record outcomes and visibility,
+//!    output contracts (which answer a job asked for, and judging one).
 //!    Beside it, [`clock`] (injected time) and [`vars`] (reading settings from the environment).
 //! 2. [`ledger`]: the `JobLedger` trait (one conditional write per transition) and the
 //!    `LedgerIndex` trait (the sparse indexes), in DynamoDB ([`ledger::dynamodb`]) and in memory
