@@ -367,5 +367,8 @@ async fn the_readmes_example_job_is_accepted_under_its_contract_and_announced_pa
         serde_json::to_string_pretty(&event.detail).expect("json")
     );
     assert_eq!(event.detail["result"]["output"]["verdict"], "fail");
+    // The README shows this event: its id follows from the job, its epoch and its state.
+    assert_eq!(event.detail["event_id"], "165c0b118ab109efe06eadf1d37126ae");
+    assert_eq!(event.detail["result"]["usage"]["input_chars"], 280);
     assert_eq!(event.detail["metadata"]["tenant"], "acme");
 }

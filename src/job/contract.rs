@@ -314,11 +314,6 @@ impl Contract {
             .collect()
     }
 
-    /// What an invalid answer becomes.
-    pub fn on_invalid(&self) -> OnInvalid {
-        self.on_invalid
-    }
-
     /// Whether every answer is accepted as it comes, unread (a lenient registry's contract for
     /// an id it does not hold).
     pub fn takes_anything(&self) -> bool {
@@ -479,11 +474,6 @@ impl Contracts {
         let mut texts: BTreeMap<&str, &str> = BUILT_IN_CONTRACTS.iter().copied().collect();
         texts.extend(files.iter().map(|(id, text)| (id.as_str(), text.as_str())));
         Contracts::compile(texts, strict)
-    }
-
-    /// The ids the registry holds, in order.
-    pub fn ids(&self) -> impl Iterator<Item = &str> {
-        self.by_id.keys().map(String::as_str)
     }
 
     /// How many contracts the registry holds.

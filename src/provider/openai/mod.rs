@@ -386,18 +386,17 @@ fn responses_format(contract: &Contract) -> Option<Value> {
     })
 }
 
-/// The same format as Chat Completions' `response_format` (the schema one level down).
+/// The same format as Chat Completions' `response_format`: translated from the Responses
+/// form, the schema and its name one level down, under `json_schema`.
 fn chat_format(contract: &Contract) -> Option<Value> {
-    if !contract.wants_json() {
+    let Value::Object(mut format) = responses_format(contract)? else {
         return None;
+    };
+    let kind = format.remove("type").unwrap_or(Value::Null);
+    if format.is_empty() {
+        return Some(json!({ "type": kind }));
     }
-    Some(match contract.schema() {
-        Some(schema) => json!({
-            "type": "json_schema",
-            "json_schema": {"name": contract.schema_name(), "schema": schema, "strict": true},
-        }),
-        None => json!({"type": "json_object"}),
-    })
+    Some(json!({ "type": kind, "json_schema": format }))
 }
 
 /// The job's conversation as Chat Completions messages.
