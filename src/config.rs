@@ -165,6 +165,13 @@ impl Config {
         let jobs_table = vars.required("JOBS_TABLE")?;
         let settings = Settings::from_vars(&vars)?;
         let provider = ProviderConfig::from_vars(&vars)?;
+        if provider.names_model() && vars.get("ALLOWED_MODELS").is_none() {
+            // A real provider bills each job by the model it names: the deployment says which.
+            return Err(ConfigError::Invalid {
+                name: "ALLOWED_MODELS",
+                reason: "must name the models jobs may use (`*` for any) with a provider that calls the model a job names".to_owned(),
+            });
+        }
         let sdk = SdkTimeouts::from_lookup(&lookup)?;
         Ok(Config {
             jobs_table,
@@ -265,7 +272,15 @@ mod tests {
     fn defaults_apply_and_the_table_is_required() {
         assert_eq!(config(&[]), Err(ConfigError::Missing("JOBS_TABLE")));
         let c = config(&[("JOBS_TABLE", "jobs")]).expect("valid");
-        assert_eq!(c.settings, Settings::default());
+        // The defaults, with the table's name setting the idempotency keys apart.
+        assert_eq!(
+            c.settings,
+            Settings {
+                idempotency_prefix: c.settings.idempotency_prefix.clone(),
+                ..Settings::default()
+            }
+        );
+        assert_eq!(c.settings.idempotency_prefix.len(), 16);
         assert_eq!(c.provider, ProviderConfig::Simulated);
     }
 
@@ -291,22 +306,115 @@ mod tests {
     }
 
     #[test]
-    fn the_results_retention_must_cover_the_default_deadline_and_the_item_after_it() {
-        // 30 days of item after a 1-day default deadline: 31 days is enough, 30 is not.
-        let ok = config(&[("JOBS_TABLE", "t"), ("RESULTS_RETENTION_DAYS", "31")]).expect("valid");
-        assert_eq!(ok.settings.stored_room_ms(), Some(86_400_000));
-        let err = config(&[("JOBS_TABLE", "t"), ("RESULTS_RETENTION_DAYS", "30")])
+    fn the_results_retention_must_cover_the_longest_deadline_and_the_item_after_it() {
+        // 30 days of item after the longest deadline a producer may ask for (7 days): 37 days
+        // is enough, 36 is not.
+        let ok = config(&[("JOBS_TABLE", "t"), ("RESULTS_RETENTION_DAYS", "37")]).expect("valid");
+        assert_eq!(ok.settings.stored_room_ms(), Some(7 * 86_400_000));
+        for (days, longest) in [("36", "604800"), ("31", "86401")] {
+            let err = config(&[
+                ("JOBS_TABLE", "t"),
+                ("RESULTS_RETENTION_DAYS", days),
+                ("MAX_DEADLINE_SECONDS", longest),
+            ])
             .expect_err("too short");
-        assert!(matches!(
-            err,
-            ConfigError::Invalid {
-                name: "RESULTS_RETENTION_DAYS",
-                ..
-            }
-        ));
+            assert!(matches!(
+                err,
+                ConfigError::Invalid {
+                    name: "RESULTS_RETENTION_DAYS",
+                    ..
+                }
+            ));
+        }
+        config(&[
+            ("JOBS_TABLE", "t"),
+            ("RESULTS_RETENTION_DAYS", "31"),
+            ("MAX_DEADLINE_SECONDS", "86400"),
+        ])
+        .expect("valid");
         // Unset, the bucket is taken to keep its objects: nothing to check.
         let unset = config(&[("JOBS_TABLE", "t")]).expect("valid");
         assert_eq!(unset.settings.stored_room_ms(), None);
+    }
+
+    #[test]
+    fn what_producers_may_ask_for_is_read_and_bounds_the_defaults() {
+        use crate::job::policy::Models;
+        let c = config(&[
+            ("JOBS_TABLE", "t"),
+            ("ALLOWED_MODELS", "gpt-4.1-mini, gpt-4.1"),
+            ("ALLOWED_PARAMETERS", "temperature<=1,max_tokens<=2048"),
+            ("MAX_ATTEMPTS_LIMIT", "5"),
+            ("MAX_DEADLINE_SECONDS", "86400"),
+            ("PRODUCERS", "billing=AROABILLING"),
+            ("TRUSTED_SENDERS", "AROARECONCILER"),
+        ])
+        .expect("valid");
+        let policy = &c.settings.policy;
+        assert_eq!(
+            policy.models,
+            Models::Only(vec!["gpt-4.1-mini".into(), "gpt-4.1".into()])
+        );
+        let parameters = policy.parameters.as_ref().expect("a list");
+        assert_eq!(parameters.get("max_tokens"), Some(&Some(2048.0)));
+        assert_eq!(parameters.get("stream"), None);
+        assert_eq!(
+            (policy.max_attempts, policy.max_deadline_ms),
+            (5, 86_400_000)
+        );
+        assert!(c.settings.producers.scoped());
+        // Unset, the built-in safe list holds: no streaming, bounded answers.
+        let d = config(&[("JOBS_TABLE", "t")]).expect("valid");
+        let parameters = d.settings.policy.parameters.expect("the built-in list");
+        assert_eq!(parameters.get("stream"), None);
+        assert_eq!(parameters.get("max_tokens"), Some(&Some(16_384.0)));
+        // The defaults a message falls back on must be within what a message may ask.
+        for (name, vars) in [
+            (
+                "DEFAULT_MAX_ATTEMPTS",
+                [("DEFAULT_MAX_ATTEMPTS", "6"), ("MAX_ATTEMPTS_LIMIT", "5")],
+            ),
+            (
+                "DEFAULT_DEADLINE_SECONDS",
+                [
+                    ("DEFAULT_DEADLINE_SECONDS", "7200"),
+                    ("MAX_DEADLINE_SECONDS", "3600"),
+                ],
+            ),
+            (
+                "PRODUCERS",
+                [("PRODUCERS", "billing"), ("MAX_ATTEMPTS_LIMIT", "5")],
+            ),
+            (
+                "ALLOWED_PARAMETERS",
+                [
+                    ("ALLOWED_PARAMETERS", "max_tokens<=x"),
+                    ("MAX_ATTEMPTS_LIMIT", "5"),
+                ],
+            ),
+        ] {
+            let mut all = vec![("JOBS_TABLE", "t")];
+            all.extend(vars);
+            let err = config(&all).expect_err(name);
+            assert!(
+                matches!(err, ConfigError::Invalid { name: n, .. } if n == name),
+                "{err:?}"
+            );
+        }
+        // A provider that calls the model a job names needs the list.
+        let err = config(&[
+            ("JOBS_TABLE", "t"),
+            ("PROVIDER", "openai"),
+            ("OPENAI_API_KEY", "k"),
+        ])
+        .expect_err("no list");
+        assert!(matches!(
+            err,
+            ConfigError::Invalid {
+                name: "ALLOWED_MODELS",
+                ..
+            }
+        ));
     }
 
     #[test]
@@ -431,6 +539,7 @@ mod tests {
             ("OPENAI_BASE_URL", "http://127.0.0.1:9/v1"),
             ("OPENAI_API_KEY", "sk-very-secret"),
             ("OPENAI_API", "chat"),
+            ("ALLOWED_MODELS", "*"),
         ])
         .expect("valid");
         let ProviderConfig::OpenAi { settings, key } = &c.provider else {
@@ -465,6 +574,92 @@ mod tests {
                 model_id: Some("anthropic.claude".to_owned()),
                 endpoint_url: None
             })
+        );
+    }
+
+    #[test]
+    fn a_provider_is_reached_over_tls_unless_it_is_on_this_machine() {
+        let openai = |url: &str| {
+            config(&[
+                ("JOBS_TABLE", "t"),
+                ("PROVIDER", "openai"),
+                ("ALLOWED_MODELS", "*"),
+                ("OPENAI_BASE_URL", url),
+            ])
+        };
+        for url in [
+            "https://api.openai.com/v1",
+            "http://127.0.0.1:8080/v1",
+            "http://localhost:8080/v1",
+            "http://[::1]:8080/v1",
+        ] {
+            openai(url).expect(url);
+        }
+        for url in [
+            "http://api.openai.com/v1",
+            "http://127.0.0.1.example.com/v1",
+            "http://user@127.0.0.1/v1",
+            "ftp://127.0.0.1/v1",
+            "api.openai.com/v1",
+        ] {
+            assert!(
+                matches!(
+                    openai(url),
+                    Err(ConfigError::Invalid {
+                        name: "OPENAI_BASE_URL",
+                        ..
+                    })
+                ),
+                "{url}"
+            );
+        }
+        let bedrock = config(&[
+            ("JOBS_TABLE", "t"),
+            ("PROVIDER", "bedrock"),
+            ("BEDROCK_MODEL_ID", "m"),
+            ("BEDROCK_ENDPOINT_URL", "http://bedrock.internal"),
+        ]);
+        assert!(matches!(
+            bedrock,
+            Err(ConfigError::Invalid {
+                name: "BEDROCK_ENDPOINT_URL",
+                ..
+            })
+        ));
+    }
+
+    #[test]
+    fn idempotency_keys_differ_between_deployments_and_stay_stable_within_one() {
+        let key = |vars: &[(&str, &str)]| {
+            config(vars)
+                .expect("valid")
+                .settings
+                .idempotency_key("job-1", 2, 3)
+        };
+        let a = key(&[
+            ("JOBS_TABLE", "jobs"),
+            ("DEPLOYMENT_ID", "111111111111/eu-west-1/jobs"),
+        ]);
+        let b = key(&[
+            ("JOBS_TABLE", "jobs"),
+            ("DEPLOYMENT_ID", "222222222222/eu-west-1/jobs"),
+        ]);
+        assert_ne!(a, b);
+        assert!(
+            a.ends_with(":job-1/2@3") && a.len() == 16 + ":job-1/2@3".len(),
+            "{a}"
+        );
+        assert_eq!(
+            a,
+            key(&[
+                ("JOBS_TABLE", "other"),
+                ("DEPLOYMENT_ID", "111111111111/eu-west-1/jobs")
+            ])
+        );
+        // Without a deployment id, the table's name sets them apart.
+        assert_ne!(
+            key(&[("JOBS_TABLE", "jobs-a")]),
+            key(&[("JOBS_TABLE", "jobs-b")])
         );
     }
 

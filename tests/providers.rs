@@ -473,3 +473,113 @@ async fn bedrock_converse_answers_and_errors_are_classified() {
         "{result:?}"
     );
 }
+
+/// A redirect is never followed: it would carry the key and the prompt wherever the server
+/// says. The 3xx is a refusal like any other, and the other server never hears of the call.
+#[tokio::test]
+async fn a_redirect_is_refused_not_followed() {
+    let elsewhere = HttpStub::start(|_, _| Reply::json(200, chat_answer("stolen"))).await;
+    let location = format!("{}/v1/chat/completions", elsewhere.url);
+    let (result, stub) =
+        chat_once(Reply::json(307, json!({})).with_header("location", &location)).await;
+    assert!(
+        matches!(&result, Err(ProviderError::Permanent { reason }) if reason.contains("307")),
+        "{result:?}"
+    );
+    assert_eq!(stub.requests().len(), 1);
+    assert!(elsewhere.requests().is_empty());
+}
+
+/// A response id is checked before it goes into a URL, the ledger, an event or a terminal:
+/// one that is not an id is not used (the submit is uncertain: it may have started a call
+/// nothing can follow), and a stored reference that is not one is never put in a path.
+#[tokio::test]
+async fn a_response_id_that_is_not_an_id_is_never_used() {
+    let stub = HttpStub::start(|_, _| {
+        Reply::json(200, json!({"id": "../files/file-1?x=", "status": "queued"}))
+    })
+    .await;
+    let provider = openai(&stub.url, OpenAiApi::Responses);
+    let inp = input(json!({"model": "gpt-test", "prompt": "Summarise this."}));
+    let req = request(&inp, "{}");
+    let submitted = provider.submit(&req).await;
+    assert!(
+        matches!(&submitted, Err(ProviderError::Uncertain { evidence }) if evidence.contains("usable response id")),
+        "{submitted:?}"
+    );
+    assert!(matches!(
+        provider.retrieve("../files/file-1", 0, &req).await,
+        Retrieval::Denied
+    ));
+    provider.cancel("resp_1/../../x").await;
+    let paths: Vec<String> = stub.requests().iter().map(|r| r.path.clone()).collect();
+    assert_eq!(paths, ["/v1/responses"]);
+}
+
+/// A key rotated in SSM is taken up after the server refuses the old one: the call is sent
+/// again at once with the new key, and no attempt is spent; a second refusal within the
+/// minute does not read the parameter again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rotated_key_is_read_again_after_a_401() {
+    use fenced_jobs::provider::{AnyProvider, KeySource, ProviderConfig};
+    let aws = common::emulator().await;
+    let ssm = aws_sdk_ssm::Client::new(&aws.config);
+    let name = format!("/{}/openai-key", common::unique("keys"));
+    let put = |value: &'static str| {
+        ssm.put_parameter()
+            .name(&name)
+            .value(value)
+            .r#type(aws_sdk_ssm::types::ParameterType::SecureString)
+            .overwrite(true)
+            .send()
+    };
+    put("sk-old").await.expect("put");
+    let accepted = std::sync::Arc::new(std::sync::Mutex::new("Bearer sk-new".to_owned()));
+    let accepts = accepted.clone();
+    let stub = HttpStub::start(move |request, _| {
+        let good = accepts.lock().expect("lock").clone();
+        if request.header("authorization") == Some(good.as_str()) {
+            Reply::json(200, chat_answer("done"))
+        } else {
+            Reply::json(
+                401,
+                json!({"error": {"code": "invalid_api_key", "type": "invalid_request_error"}}),
+            )
+        }
+    })
+    .await;
+    let config = ProviderConfig::OpenAi {
+        settings: OpenAiSettings {
+            base_url: format!("{}/v1", stub.url),
+            api: OpenAiApi::Chat,
+            ..OpenAiSettings::default()
+        },
+        key: KeySource::Parameter(name.clone()),
+    };
+    let provider = AnyProvider::from_config(&config, &aws.config)
+        .await
+        .expect("provider");
+    // GIVEN the key was rotated after the environment read it
+    put("sk-new").await.expect("rotate");
+    let inp = input(json!({"model": "gpt-test", "prompt": "Summarise this."}));
+    let answer = provider.call(&request(&inp, "{}")).await.expect("answered");
+    assert_eq!(output_of(&answer), "done");
+    let auth: Vec<Option<String>> = stub
+        .requests()
+        .iter()
+        .map(|r| r.header("authorization").map(str::to_owned))
+        .collect();
+    assert_eq!(
+        auth,
+        [Some("Bearer sk-old".into()), Some("Bearer sk-new".into())]
+    );
+    // AND a key rotated again within the minute is not read again: the 401 is the answer
+    put("sk-newer").await.expect("rotate");
+    *accepted.lock().expect("lock") = "Bearer sk-newer".to_owned();
+    let refused = provider.call(&request(&inp, "{}")).await;
+    assert!(
+        matches!(&refused, Err(ProviderError::Transient { reason, .. }) if reason.contains("401")),
+        "{refused:?}"
+    );
+    assert_eq!(stub.requests().len(), 3);
+}

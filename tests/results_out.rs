@@ -487,13 +487,23 @@ async fn a_large_input_is_stored_by_submit_and_read_back_by_the_worker() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sns_and_fifo_sqs_sinks_carry_the_same_event_and_fifo_drops_the_repeat() {
+async fn sns_and_fifo_sqs_sinks_carry_the_same_event_routed_by_producer_and_fifo_drops_the_repeat()
+{
     let aws = emulator().await;
     let table = aws.table().await;
     let queue = aws.queue(30).await;
     let results = aws.bucket().await;
     aws.send(&queue, &job("small-1", "short", "")).await;
-    let handler = worker(&aws, &table, &results, SimulatedProvider::new());
+    // Producers kept apart: the emulator's one sender (SenderId) is the producer `billing`.
+    let settings = fenced_jobs::worker::Settings {
+        producers: fenced_jobs::job::scope::Producers::parse(
+            &format!("billing={EMULATOR_SENDER}"),
+            "",
+        )
+        .expect("producers"),
+        ..fast_settings()
+    };
+    let handler = worker_with(&aws, &table, &results, SimulatedProvider::new(), settings);
     let (poll, _) = deliver(&aws.source(&queue).await, &handler).await;
     assert_eq!(poll.deleted, 1);
     let mut stream = LocalStreamSource::connect(&aws.ddb, aws.streams.clone(), &table)
@@ -515,7 +525,13 @@ async fn sns_and_fifo_sqs_sinks_carry_the_same_event_and_fifo_drops_the_repeat()
     let on_queue = aws.peek(&fifo.url, 1).await;
     assert_eq!(on_queue.len(), 1);
     let from_queue: Value = serde_json::from_str(on_queue[0].body().expect("body")).expect("json");
-    assert_eq!(from_queue["job_id"], "small-1");
+    assert_eq!(from_queue["job_id"], "billing/small-1");
+    assert_eq!(from_queue["producer"], "billing");
+    let attribute = on_queue[0]
+        .message_attributes()
+        .and_then(|a| a.get("producer"))
+        .and_then(|a| a.string_value());
+    assert_eq!(attribute, Some("billing"));
     assert_eq!(from_queue["state"], "succeeded");
     assert_eq!(from_queue["result"]["contract"], "summary.v1");
 
@@ -530,15 +546,23 @@ async fn sns_and_fifo_sqs_sinks_carry_the_same_event_and_fifo_drops_the_repeat()
         .topic_arn()
         .expect("arn")
         .to_owned();
+    // Each producer's consumer subscribes with a filter on the `producer` attribute.
     let subscriber = aws.queue(30).await;
-    sns.subscribe()
-        .topic_arn(&topic)
-        .protocol("sqs")
-        .endpoint(&subscriber.arn)
-        .attributes("RawMessageDelivery", "true")
-        .send()
-        .await
-        .expect("subscribe");
+    let other_producer = aws.queue(30).await;
+    for (queue, producer) in [(&subscriber, "billing"), (&other_producer, "search")] {
+        sns.subscribe()
+            .topic_arn(&topic)
+            .protocol("sqs")
+            .endpoint(&queue.arn)
+            .attributes("RawMessageDelivery", "true")
+            .attributes(
+                "FilterPolicy",
+                json!({ "producer": [producer] }).to_string(),
+            )
+            .send()
+            .await
+            .expect("subscribe");
+    }
     let sink = AwsSink::Sns {
         client: sns,
         topic_arn: topic,
@@ -548,7 +572,11 @@ async fn sns_and_fifo_sqs_sinks_carry_the_same_event_and_fifo_drops_the_repeat()
     assert_eq!(on_topic.len(), 1);
     let from_topic: Value = serde_json::from_str(on_topic[0].body().expect("body")).expect("json");
     assert_eq!(from_topic, from_queue);
+    assert!(aws.peek(&other_producer.url, 0).await.is_empty());
 }
+
+/// The principal id the emulator gives every message's `SenderId`.
+const EMULATOR_SENDER: &str = "AIDAIT2UOQQY3AUEKVGXU";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn jobctl_export_writes_the_finished_jobs_from_the_index() {

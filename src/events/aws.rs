@@ -140,6 +140,14 @@ async fn publish_batch(
                 .id(i.to_string())
                 .message(e.detail.to_string())
                 .message_attributes("state", state);
+            if let Some(producer) = &e.producer {
+                let producer = MessageAttributeValue::builder()
+                    .data_type("String")
+                    .string_value(producer)
+                    .build()
+                    .map_err(|b| unbuilt(i, &b))?;
+                entry = entry.message_attributes("producer", producer);
+            }
             if fifo {
                 entry = entry
                     .message_group_id(&e.job_id)
@@ -163,7 +171,7 @@ async fn send_batch(
     queue_url: &str,
     events: &[CompletionEvent],
 ) -> Result<(), (usize, String)> {
-    use aws_sdk_sqs::types::SendMessageBatchRequestEntry;
+    use aws_sdk_sqs::types::{MessageAttributeValue, SendMessageBatchRequestEntry};
     let fifo = queue_url.ends_with(".fifo");
     let entries = events
         .iter()
@@ -172,6 +180,14 @@ async fn send_batch(
             let mut entry = SendMessageBatchRequestEntry::builder()
                 .id(i.to_string())
                 .message_body(e.detail.to_string());
+            if let Some(producer) = &e.producer {
+                let producer = MessageAttributeValue::builder()
+                    .data_type("String")
+                    .string_value(producer)
+                    .build()
+                    .map_err(|b| unbuilt(i, &b))?;
+                entry = entry.message_attributes("producer", producer);
+            }
             if fifo {
                 entry = entry
                     .message_group_id(&e.job_id)

@@ -27,6 +27,10 @@ pub struct CompletionEvent {
     pub job_id: String,
     /// The state it entered.
     pub state: JobState,
+    /// The producer whose job it is (`billing` of `billing/job-1`), when producers are kept
+    /// apart: on EventBridge a rule matches `detail.producer`; on SNS and SQS it is also the
+    /// message attribute `producer`, which a subscription's filter policy reads.
+    pub producer: Option<String>,
     /// The event's JSON document (never the prompt).
     pub detail: Value,
 }
@@ -49,6 +53,10 @@ impl CompletionEvent {
             "metadata": job.metadata.as_deref().and_then(|m| serde_json::from_str::<Value>(m).ok()),
         });
         let fields = detail.as_object_mut().expect("a json! object");
+        let producer = crate::job::scope::producer_of(&job.job_id).map(str::to_owned);
+        if let Some(producer) = &producer {
+            fields.insert("producer".into(), Value::String(producer.clone()));
+        }
         if let Some(blob) = &job.result_ref {
             fields.insert("result_ref".into(), blob.to_json());
         } else if let Some(result) = &job.result {
@@ -74,6 +82,7 @@ impl CompletionEvent {
             id,
             job_id: job.job_id.clone(),
             state: job.state,
+            producer,
             detail,
         })
     }
@@ -147,15 +156,22 @@ impl Target {
     /// The bytes `event` counts for in a request, as the service counts them: for EventBridge,
     /// the UTF-8 bytes of the source, the detail type, the detail and each resource (a time
     /// would add 14; none is set); for SNS, the message and each attribute's name, type and
-    /// value (the `state` attribute); for SQS, the body.
+    /// value (the `state` and `producer` attributes); for SQS, the body and the `producer`
+    /// attribute.
     pub(crate) fn entry_bytes(self, event: &CompletionEvent) -> usize {
         let detail = event.detail.to_string().len();
+        let producer = event
+            .producer
+            .as_ref()
+            .map_or(0, |p| "producer".len() + "String".len() + p.len());
         match self {
             Target::EventBridge => {
                 EVENT_SOURCE.len() + event.detail_type().len() + detail + event.job_id.len()
             }
-            Target::Sns => detail + "state".len() + "String".len() + event.state.as_str().len(),
-            Target::Sqs => detail,
+            Target::Sns => {
+                detail + "state".len() + "String".len() + event.state.as_str().len() + producer
+            }
+            Target::Sqs => detail + producer,
         }
     }
 }

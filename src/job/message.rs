@@ -95,6 +95,16 @@ pub enum InvalidMessage {
     /// A trigger carrying only a `job_id` names a job the ledger does not hold.
     #[error("job_id-only trigger for a job the ledger does not hold")]
     UnknownJob,
+    /// The job asks for something the deployment does not allow its producers (a model, a
+    /// parameter, a bound; see [`super::policy::Policy`]), or comes from a sender it does not
+    /// know.
+    #[error("field `{field}` is not allowed: {rule}")]
+    NotAllowed {
+        /// Dotted path of the field (a parameter's name only when it is a short identifier).
+        field: String,
+        /// The setting it breaks.
+        rule: &'static str,
+    },
 }
 
 /// What a message asks for: a whole job, or (`{"job_id": ...}` alone) a job the ledger holds.
@@ -139,14 +149,37 @@ fn parse_trigger_text(text: &str, limit: usize) -> Result<Trigger, InvalidMessag
         let Value::String(id) = id else {
             return Err(wrong_type("job_id", "a string"));
         };
-        check_identifier(id, "job_id", MAX_JOB_ID_LEN, job_id_char)?;
+        check_job_id(id)?;
         return Ok(Trigger::Ref(id.clone()));
     }
     job_from_fields(fields).map(Trigger::Job)
 }
 
+/// A job id's characters: `/` only between a producer's name and the producer's own id (see
+/// [`super::scope`]).
 fn job_id_char(c: char) -> bool {
-    c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | ':')
+    c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | ':' | '/')
+}
+
+/// Checks a job id: 1-128 characters from `A-Z a-z 0-9 _ - . :`, with at most one `/` between
+/// a producer's name and its own id, and no part made only of dots (which paths and keys read
+/// as the folder itself or its parent).
+fn check_job_id(id: &str) -> Result<(), InvalidMessage> {
+    check_identifier(id, "job_id", MAX_JOB_ID_LEN, job_id_char)?;
+    let parts: Vec<&str> = id.split('/').collect();
+    if parts.len() > 2 || parts.iter().any(|p| p.is_empty()) {
+        return Err(InvalidMessage::Invalid {
+            field: "job_id",
+            rule: "at most one `/`, between a producer and its own id",
+        });
+    }
+    if parts.iter().any(|p| p.chars().all(|c| c == '.')) {
+        return Err(InvalidMessage::Invalid {
+            field: "job_id",
+            rule: "must not be made only of dots",
+        });
+    }
+    Ok(())
 }
 
 /// A validated job, as carried by one message.
@@ -225,7 +258,7 @@ fn job_from_fields(mut fields: Map<String, Value>) -> Result<JobMessage, Invalid
     }
 
     let job_id = take_string(&mut fields, "job_id")?;
-    check_identifier(&job_id, "job_id", MAX_JOB_ID_LEN, job_id_char)?;
+    check_job_id(&job_id)?;
     let contract = take_string(&mut fields, "contract")?;
     check_identifier(&contract, "contract", MAX_CONTRACT_LEN, |c| {
         c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | ':' | '/' | '@' | '+')
@@ -428,7 +461,7 @@ impl InvalidMessage {
 /// An unknown field's name as an error may show it: a short identifier as it is; anything else
 /// (long, or with characters an identifier has not, which may be text from the job) only by
 /// its length.
-fn field_name_for_logs(name: &str) -> String {
+pub(crate) fn field_name_for_logs(name: &str) -> String {
     let identifier = name.len() <= 40
         && name
             .chars()
@@ -537,6 +570,22 @@ mod tests {
             (
                 r#"{"job_id":"has space","contract":"c","input":{"model":"m","prompt":"p"}}"#.into(),
                 InvalidMessage::Invalid { field: "job_id", rule: "character outside the allowed set" },
+            ),
+            (
+                r#"{"job_id":"..","contract":"c","input":{"model":"m","prompt":"p"}}"#.into(),
+                InvalidMessage::Invalid { field: "job_id", rule: "must not be made only of dots" },
+            ),
+            (
+                r#"{"job_id":"a/.","contract":"c","input":{"model":"m","prompt":"p"}}"#.into(),
+                InvalidMessage::Invalid { field: "job_id", rule: "must not be made only of dots" },
+            ),
+            (
+                r#"{"job_id":"a/b/c","contract":"c","input":{"model":"m","prompt":"p"}}"#.into(),
+                InvalidMessage::Invalid { field: "job_id", rule: "at most one `/`, between a producer and its own id" },
+            ),
+            (
+                r#"{"job_id":"/b","contract":"c","input":{"model":"m","prompt":"p"}}"#.into(),
+                InvalidMessage::Invalid { field: "job_id", rule: "at most one `/`, between a producer and its own id" },
             ),
             (
                 format!(r#"{{"job_id":"{}","contract":"c","input":{{"model":"m","prompt":"p"}}}}"#, "a".repeat(129)),

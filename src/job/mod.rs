@@ -8,6 +8,8 @@ mod digest;
 pub mod message;
 pub mod outcome;
 pub mod pointer;
+pub mod policy;
+pub mod scope;
 pub(crate) mod simulate;
 pub mod state;
 
@@ -15,6 +17,7 @@ pub use artifact::{BlobRef, ResultBody};
 pub use decision::{Expect, Next, next_step};
 pub use message::{InvalidMessage, JobMessage, Trigger, parse_body, parse_trigger};
 pub use outcome::{Failure, RecordOutcome, VisibilityPolicy};
+pub use policy::{OUTPUT_CEILINGS, output_ceiling};
 pub use state::JobState;
 
 /// Unix time in milliseconds. Every instant in the ledger uses it.

@@ -445,7 +445,13 @@ pub async fn dlq_inspect<L: JobLedger>(
                 .find(|(name, _)| name == crate::job::pointer::NAMED_JOB_ATTRIBUTE)
                 .map(|(_, v)| v.as_str());
             let trigger = dead_trigger(blobs, &m.body, named).await;
-            let job_id = trigger.as_ref().ok().map(|t| t.job_id().to_owned());
+            // A producer's body names its job by its own id; the worker's letter, by its whole id.
+            let job_id = trigger.as_ref().ok().map(|t| {
+                named
+                    .filter(|whole| crate::job::scope::whole_id(t.job_id(), whole).is_some())
+                    .unwrap_or(t.job_id())
+                    .to_owned()
+            });
             let record = match &job_id {
                 Some(id) => ledger.get(id).await?,
                 None => None,

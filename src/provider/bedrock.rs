@@ -30,12 +30,23 @@ pub struct BedrockSettings {
 }
 
 impl BedrockSettings {
-    /// Reads the `BEDROCK_*` settings.
-    pub(crate) fn from_vars(vars: &Vars<'_>) -> BedrockSettings {
-        BedrockSettings {
-            model_id: vars.get("BEDROCK_MODEL_ID"),
-            endpoint_url: vars.get("BEDROCK_ENDPOINT_URL"),
+    /// Reads the `BEDROCK_*` settings; an endpoint must be `https://` (`http://` only on the
+    /// loopback interface).
+    pub(crate) fn from_vars(vars: &Vars<'_>) -> Result<BedrockSettings, crate::vars::ConfigError> {
+        let endpoint_url = vars.get("BEDROCK_ENDPOINT_URL");
+        if endpoint_url
+            .as_deref()
+            .is_some_and(|url| !super::trusted_url(url))
+        {
+            return Err(crate::vars::ConfigError::Invalid {
+                name: "BEDROCK_ENDPOINT_URL",
+                reason: "must be https:// (http:// only on the loopback interface)".to_owned(),
+            });
         }
+        Ok(BedrockSettings {
+            model_id: vars.get("BEDROCK_MODEL_ID"),
+            endpoint_url,
+        })
     }
 }
 

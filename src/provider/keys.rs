@@ -117,6 +117,60 @@ pub(crate) async fn resolve(
     }
 }
 
+/// Where a key can be read again, and when it last was after a refusal.
+#[derive(Debug)]
+pub struct KeyRotation {
+    source: KeySource,
+    aws: aws_config::SdkConfig,
+    last_read: std::sync::Mutex<Option<std::time::Instant>>,
+    min_interval: std::time::Duration,
+}
+
+impl KeyRotation {
+    /// A rotation for `source` (a Secrets Manager secret or an SSM parameter; `None` for a key
+    /// that cannot change while the environment lives), read again at most once per
+    /// `min_interval`.
+    pub fn new(
+        source: &KeySource,
+        aws: &aws_config::SdkConfig,
+        min_interval: std::time::Duration,
+    ) -> Option<KeyRotation> {
+        matches!(
+            source,
+            KeySource::SecretsManager(_) | KeySource::Parameter(_)
+        )
+        .then(|| KeyRotation {
+            source: source.clone(),
+            aws: aws.clone(),
+            last_read: std::sync::Mutex::new(None),
+            min_interval,
+        })
+    }
+
+    /// The key read again after the server refused `current`, when it differs; `None` when it
+    /// is the same, cannot be read, or was read again less than the interval ago.
+    pub(crate) async fn read_again(&self, current: Option<&Secret>) -> Option<Secret> {
+        {
+            let mut last = self.last_read.lock().unwrap_or_else(|p| p.into_inner());
+            if last.is_some_and(|at| at.elapsed() < self.min_interval) {
+                return None;
+            }
+            *last = Some(std::time::Instant::now());
+        }
+        match resolve(&self.source, &self.aws).await {
+            Ok(Some(key)) if Some(&key) != current => {
+                tracing::info!("the provider refused the API key; a new one was read");
+                Some(key)
+            }
+            Ok(_) => None,
+            Err(e) => {
+                tracing::warn!(error = %e, "the API key could not be read again");
+                None
+            }
+        }
+    }
+}
+
 /// A key that was read: an empty one is a start-up error, not a run of 401s.
 fn non_empty(key: String, why: impl FnOnce() -> String) -> Result<Option<Secret>, SetupError> {
     if key.trim().is_empty() {

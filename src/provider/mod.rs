@@ -19,7 +19,38 @@ pub use openai::OpenAiProvider;
 pub use simulated::SimulatedProvider;
 
 #[cfg(feature = "openai")]
-pub use keys::{KeySource, Secret};
+pub use keys::{KeyRotation, KeySource, Secret};
+
+/// The least time between two readings of a provider's key after it was refused.
+#[cfg(feature = "openai")]
+pub const KEY_REREAD_INTERVAL: std::time::Duration = std::time::Duration::from_secs(60);
+
+#[cfg(any(feature = "openai", feature = "bedrock"))]
+/// Whether a provider's base URL may carry keys and prompts: `https://`, or `http://` to the
+/// loopback interface only (a local server or a test).
+pub(crate) fn trusted_url(url: &str) -> bool {
+    let lower = url.to_ascii_lowercase();
+    if lower.starts_with("https://") {
+        return true;
+    }
+    let Some(rest) = lower.strip_prefix("http://") else {
+        return false;
+    };
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
+    let host = match authority.rsplit_once('@') {
+        Some(_) => return false,
+        None => authority,
+    };
+    let host = if let Some(v6) = host.strip_prefix('[') {
+        v6.split(']').next().unwrap_or_default()
+    } else {
+        host.split(':').next().unwrap_or_default()
+    };
+    host == "localhost"
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
 
 use std::collections::BTreeMap;
 
@@ -51,6 +82,18 @@ pub enum ProviderConfig {
 }
 
 impl ProviderConfig {
+    /// Whether calls go to the model each job names (any real provider, unless Bedrock's
+    /// `BEDROCK_MODEL_ID` fixes one for every call).
+    pub(crate) fn names_model(&self) -> bool {
+        match self {
+            ProviderConfig::Simulated => false,
+            #[cfg(feature = "openai")]
+            ProviderConfig::OpenAi { .. } => true,
+            #[cfg(feature = "bedrock")]
+            ProviderConfig::Bedrock(settings) => settings.model_id.is_none(),
+        }
+    }
+
     /// `PROVIDER` and the chosen provider's own settings.
     pub(crate) fn from_vars(vars: &Vars<'_>) -> Result<ProviderConfig, ConfigError> {
         Ok(match vars.get("PROVIDER").as_deref() {
@@ -61,7 +104,7 @@ impl ProviderConfig {
                 key: KeySource::from_vars(vars)?,
             },
             #[cfg(feature = "bedrock")]
-            Some("bedrock") => ProviderConfig::Bedrock(BedrockSettings::from_vars(vars)),
+            Some("bedrock") => ProviderConfig::Bedrock(BedrockSettings::from_vars(vars)?),
             #[cfg(not(feature = "openai"))]
             Some("openai") => return Err(not_built("openai")),
             #[cfg(not(feature = "bedrock"))]
@@ -331,11 +374,17 @@ impl AnyProvider {
             ProviderConfig::Simulated => AnyProvider::Simulated(SimulatedProvider::new()),
             #[cfg(feature = "openai")]
             ProviderConfig::OpenAi { settings, key } => {
-                let key = keys::resolve(key, aws).await?;
+                let source = key;
+                let key = keys::resolve(source, aws).await?;
                 if key.is_none() {
                     tracing::warn!("no OpenAI API key configured; requests go unauthenticated");
                 }
-                AnyProvider::OpenAi(OpenAiProvider::new(settings.clone(), key).map_err(SetupError)?)
+                let mut provider =
+                    OpenAiProvider::new(settings.clone(), key).map_err(SetupError)?;
+                if let Some(rotation) = KeyRotation::new(source, aws, KEY_REREAD_INTERVAL) {
+                    provider = provider.with_rotation(rotation);
+                }
+                AnyProvider::OpenAi(provider)
             }
             #[cfg(feature = "bedrock")]
             ProviderConfig::Bedrock(settings) => {

@@ -8,6 +8,7 @@ use super::within;
 use crate::blobs::body::resolve_body;
 use crate::clock::Clock;
 use crate::job::pointer::NAMED_JOB_ATTRIBUTE;
+use crate::job::scope::{Producers, Sender};
 use crate::job::{Failure, InvalidMessage, Trigger};
 use crate::ledger::JobLedger;
 use crate::provider::Provider;
@@ -54,8 +55,18 @@ where
     for record in &event.records {
         let body = record.body.as_deref();
         let pointer = body.and_then(crate::job::message::parse_pointer);
-        let parsed = match pointer {
-            Some(Ok(_)) => {
+        let sender = settings
+            .producers
+            .sender(record.attributes.get("SenderId").map(String::as_str));
+        let parsed = match (pointer, &sender) {
+            (_, Err(refused)) => Err(Failure::Poison(refused.clone())),
+            (Some(Ok(p)), Ok(sender)) if !settings.producers.may_read(*sender, &p.key) => {
+                Err(Failure::Poison(InvalidMessage::NotAllowed {
+                    field: "s3Key".to_owned(),
+                    rule: "outside the producer's prefix (PRODUCERS)",
+                }))
+            }
+            (Some(Ok(_)), _) => {
                 let expected = PAYLOAD_SIZE_ATTRIBUTES
                     .iter()
                     .find_map(|name| {
@@ -85,11 +96,22 @@ where
             }
             _ => resolve_body(blobs, body).await,
         };
-        let mut parsed = match parsed {
+        let parsed = match parsed {
             Err(Failure::Poison(InvalidMessage::PayloadMissing)) => {
                 named_job(record).ok_or(Failure::Poison(InvalidMessage::PayloadMissing))
             }
             parsed => parsed,
+        };
+        // Each job id in its producer's namespace.
+        let mut parsed = match (parsed, sender) {
+            (Ok(trigger), Ok(sender)) => {
+                let named = record
+                    .message_attributes
+                    .get(NAMED_JOB_ATTRIBUTE)
+                    .and_then(|a| a.string_value.as_deref());
+                scoped(&settings.producers, sender, named, trigger)
+            }
+            (parsed, _) => parsed,
         };
         if let Ok(Trigger::Job(msg)) = &mut parsed {
             held = held.saturating_add(
@@ -104,6 +126,23 @@ where
         entries.push(Entry { record, parsed });
     }
     entries
+}
+
+/// The trigger with its job's whole id: the producer's namespace and the id the message gave.
+fn scoped(
+    producers: &Producers,
+    sender: Sender<'_>,
+    named: Option<&str>,
+    trigger: Trigger,
+) -> Result<Trigger, Failure> {
+    let whole = |id: &str| producers.job_id(sender, id, named).map_err(Failure::Poison);
+    Ok(match trigger {
+        Trigger::Job(mut msg) => {
+            msg.job_id = whole(&msg.job_id)?;
+            Trigger::Job(msg)
+        }
+        Trigger::Ref(id) => Trigger::Ref(whole(&id)?),
+    })
 }
 
 /// The job a pointer's message names: a pointer whose payload is gone then goes on from the

@@ -167,19 +167,16 @@ impl Pacer {
     }
 
     /// The tokens a provider is expected to charge a call with this input when it arrives: its
-    /// size at four bytes a token, and the answer's ceiling (`max_tokens`,
-    /// `max_completion_tokens` or `max_output_tokens`). Read only when a token limit is set.
+    /// size at four bytes a token, and the answer's ceiling from the job's `parameters` (the
+    /// largest of [`crate::job::OUTPUT_CEILINGS`], every spelling the providers read). Read
+    /// only when a token limit is set.
     pub(crate) fn estimated_tokens(&self, input_canonical: &str) -> u64 {
         if self.settings.limits.tpm == 0 {
             return 0;
         }
         let input: serde_json::Map<String, serde_json::Value> =
             serde_json::from_str(input_canonical).unwrap_or_default();
-        let ceiling = ["max_tokens", "max_completion_tokens", "max_output_tokens"]
-            .iter()
-            .find_map(|k| input.get(*k).and_then(serde_json::Value::as_u64))
-            .unwrap_or(0);
-        (input_canonical.len() as u64).div_ceil(4) + ceiling
+        (input_canonical.len() as u64).div_ceil(4) + crate::job::output_ceiling(&input)
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
@@ -663,8 +660,14 @@ mod tests {
             ..PacingSettings::default()
         };
         let pacer = Pacer::new(settings, None);
-        let input = r#"{"max_tokens":300,"prompt":"abcdefgh"}"#;
-        assert_eq!(pacer.estimated_tokens(input), 10 + 300);
+        // The ceiling is read from the parameters, where the providers read it, in any spelling.
+        let input = r#"{"parameters":{"max_tokens":300},"prompt":"abcdefgh"}"#;
+        assert_eq!(pacer.estimated_tokens(input), 14 + 300);
+        let bedrock = r#"{"parameters":{"maxTokens":300},"prompt":"abcdefgh"}"#;
+        assert_eq!(pacer.estimated_tokens(bedrock), 13 + 300);
+        // A key of that name outside the parameters reaches no provider and counts for nothing.
+        let outside = r#"{"max_tokens":300,"prompt":"abcdefghijklmnopqrstuvwxyzabcdefgh"}"#;
+        assert_eq!(pacer.estimated_tokens(outside), 16);
         // No token limit: nothing is parsed.
         assert_eq!(Pacer::new(sixteen(), None).estimated_tokens(input), 0);
     }

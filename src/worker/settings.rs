@@ -2,6 +2,8 @@
 //! failed records, each read from its variable (see the README's configuration table).
 
 use super::pacing::PacingSettings;
+use crate::job::policy::Policy;
+use crate::job::scope::Producers;
 use crate::job::{InvalidMessage, JobDefaults, Millis, VisibilityPolicy};
 use crate::ledger::schedule::Limits;
 use crate::vars::{ConfigError, Vars};
@@ -80,6 +82,15 @@ pub struct Settings {
     /// `PROVIDER_TPM`, `PROVIDER_LIMIT_KEY`, `PACING_CHUNK`, `PACING_HORIZON_SECONDS`,
     /// `MAX_CALLS_IN_FLIGHT`).
     pub pacing: PacingSettings,
+    /// What producers may ask for (`ALLOWED_MODELS`, `ALLOWED_PARAMETERS`,
+    /// `MAX_ATTEMPTS_LIMIT`, `MAX_DEADLINE_SECONDS`).
+    pub policy: Policy,
+    /// Who may send jobs, and each producer's namespace (`PRODUCERS`, `TRUSTED_SENDERS`).
+    pub producers: Producers,
+    /// What sets this deployment's idempotency keys apart from every other's sent to the same
+    /// provider account: 16 hex characters of SHA-256 over `DEPLOYMENT_ID` (the template sets
+    /// the account, Region and stack), else over `JOBS_TABLE`; empty in tests.
+    pub idempotency_prefix: String,
 }
 
 impl Default for Settings {
@@ -103,6 +114,9 @@ impl Default for Settings {
             visibility: VisibilityPolicy::default(),
             pacing: PacingSettings::default(),
             payload_memory_bytes: 512 * 1_048_576,
+            policy: Policy::default(),
+            producers: Producers::default(),
+            idempotency_prefix: String::new(),
         }
     }
 }
@@ -153,6 +167,17 @@ impl Settings {
         })
     }
 
+    /// The idempotency key of the call of `attempt` of `job_id` under `epoch`: the same for a
+    /// re-send of that call, different for every other call, and, with its prefix, for every
+    /// other deployment's calls to the same provider account.
+    pub fn idempotency_key(&self, job_id: &str, attempt: u32, epoch: u64) -> String {
+        if self.idempotency_prefix.is_empty() {
+            format!("{job_id}/{attempt}@{epoch}")
+        } else {
+            format!("{}:{job_id}/{attempt}@{epoch}", self.idempotency_prefix)
+        }
+    }
+
     /// Reads the settings, each from its variable, the default where it is unset, and checks
     /// the relations between them.
     // Why this function is long: one setting per variable, each read, defaulted and bounded in
@@ -173,6 +198,35 @@ impl Settings {
         let v = d.visibility;
         let j = d.job_defaults;
         let p = d.pacing;
+        let invalid =
+            |name: &'static str| move |reason: String| ConfigError::Invalid { name, reason };
+        let policy = Policy {
+            models: match vars.get("ALLOWED_MODELS") {
+                None => d.policy.models.clone(),
+                Some(list) => Policy::parse_models(&list).map_err(invalid("ALLOWED_MODELS"))?,
+            },
+            parameters: match vars
+                .get("ALLOWED_PARAMETERS")
+                .filter(|l| !l.trim().is_empty())
+            {
+                None => d.policy.parameters.clone(),
+                Some(list) => {
+                    Policy::parse_parameters(&list).map_err(invalid("ALLOWED_PARAMETERS"))?
+                }
+            },
+            max_attempts: number(
+                "MAX_ATTEMPTS_LIMIT",
+                i64::from(d.policy.max_attempts),
+                1,
+                i64::from(crate::job::message::MAX_ATTEMPTS_LIMIT),
+            )? as u32,
+            max_deadline_ms: seconds("MAX_DEADLINE_SECONDS", d.policy.max_deadline_ms, 31_536_000)?,
+        };
+        let producers = Producers::parse(
+            &vars.get("PRODUCERS").unwrap_or_default(),
+            &vars.get("TRUSTED_SENDERS").unwrap_or_default(),
+        )
+        .map_err(invalid("PRODUCERS"))?;
         let settings = Settings {
             max_concurrency: number("MAX_CONCURRENCY", d.max_concurrency as i64, 1, 10_000)?
                 as usize,
@@ -258,6 +312,17 @@ impl Settings {
                 max_in_flight: number("MAX_CALLS_IN_FLIGHT", i64::from(p.max_in_flight), 0, 10_000)?
                     as u32,
             },
+            policy,
+            producers,
+            idempotency_prefix: vars
+                .get("DEPLOYMENT_ID")
+                .or_else(|| vars.get("JOBS_TABLE"))
+                .map(|scope| {
+                    use sha2::{Digest, Sha256};
+                    let digest = Sha256::digest(scope.as_bytes());
+                    digest[..8].iter().map(|b| format!("{b:02x}")).collect()
+                })
+                .unwrap_or_default(),
         };
         settings.validate()?;
         Ok(settings)
@@ -265,13 +330,25 @@ impl Settings {
 
     /// Checks the relations between settings.
     pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.job_defaults.max_attempts > self.policy.max_attempts {
+            return Err(ConfigError::Invalid {
+                name: "DEFAULT_MAX_ATTEMPTS",
+                reason: "must not be more than MAX_ATTEMPTS_LIMIT".to_owned(),
+            });
+        }
+        if self.job_defaults.deadline_ms > self.policy.max_deadline_ms {
+            return Err(ConfigError::Invalid {
+                name: "DEFAULT_DEADLINE_SECONDS",
+                reason: "must not be more than MAX_DEADLINE_SECONDS".to_owned(),
+            });
+        }
         if self.results_retention_days > 0
-            && self.job_defaults.deadline_ms > self.stored_room_ms().unwrap_or(Millis::MAX)
+            && self.policy.max_deadline_ms > self.stored_room_ms().unwrap_or(Millis::MAX)
         {
             return Err(ConfigError::Invalid {
                 name: "RESULTS_RETENTION_DAYS",
                 reason: format!(
-                    "must cover the default deadline (DEFAULT_DEADLINE_SECONDS) and the item's {} days after it (RETENTION_DAYS): a stored answer would be deleted while its item references it",
+                    "must cover the longest deadline (MAX_DEADLINE_SECONDS) and the item's {} days after it (RETENTION_DAYS): a stored answer would be deleted while its item references it",
                     self.job_defaults.retention_days
                 ),
             });

@@ -275,6 +275,7 @@ impl Emulator {
             .queue_url(queue_url)
             .max_number_of_messages(10)
             .wait_time_seconds(wait_s)
+            .message_attribute_names("All")
             .send()
             .await
             .expect("receive")

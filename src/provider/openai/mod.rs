@@ -9,13 +9,14 @@
 //! dropped connection) is uncertain. Reasons carry status codes and error codes, never the
 //! provider's message text, which may quote the prompt.
 
+use std::sync::RwLock;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use reqwest::Client;
+use reqwest::{Client, StatusCode};
 use serde_json::{Map, Value, json};
 
-use super::keys::Secret;
+use super::keys::{KeyRotation, Secret};
 mod status;
 
 pub use status::{MAX_RESPONSE_BYTES, classify_status, retry_after_ms};
@@ -68,8 +69,15 @@ impl OpenAiSettings {
     /// Reads the `OPENAI_*` settings (the key is read by [`super::keys::KeySource`]).
     pub(crate) fn from_vars(vars: &Vars<'_>) -> Result<OpenAiSettings, ConfigError> {
         let o = OpenAiSettings::default();
+        let base_url = vars.get("OPENAI_BASE_URL").unwrap_or(o.base_url);
+        if !super::trusted_url(&base_url) {
+            return Err(ConfigError::Invalid {
+                name: "OPENAI_BASE_URL",
+                reason: "must be https:// (http:// only on the loopback interface): the API key and the prompts go there".to_owned(),
+            });
+        }
         Ok(OpenAiSettings {
-            base_url: vars.get("OPENAI_BASE_URL").unwrap_or(o.base_url),
+            base_url,
             api: vars.choice(
                 "OPENAI_API",
                 OpenAiApi::Responses,
@@ -100,7 +108,10 @@ impl OpenAiSettings {
 pub struct OpenAiProvider {
     http: Client,
     settings: OpenAiSettings,
-    key: Option<Secret>,
+    /// The key requests are sent with; replaced when a 401 finds it rotated.
+    key: RwLock<Option<Secret>>,
+    /// Where the key can be read again, when it can (boxed: an SDK configuration is large).
+    rotation: Option<Box<KeyRotation>>,
     /// Set once the server answered that it has no Responses API.
     chat_only: AtomicBool,
 }
@@ -111,9 +122,12 @@ impl OpenAiProvider {
         // TLS through aws-lc-rs, the provider the AWS SDK uses too (a second call finds it
         // installed, which is fine).
         let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
+        // Never follow a redirect: it would carry the key and the prompt to wherever the
+        // server says (a 3xx is a refusal like any other).
         let http = Client::builder()
             .connect_timeout(Duration::from_millis(settings.connect_timeout_ms as u64))
             .pool_idle_timeout(Duration::from_secs(60))
+            .redirect(reqwest::redirect::Policy::none())
             .build()
             .map_err(|e| format!("HTTP client: {e}"))?;
         let chat_only = AtomicBool::new(settings.api == OpenAiApi::Chat);
@@ -123,9 +137,42 @@ impl OpenAiProvider {
                 base_url: settings.base_url.trim_end_matches('/').to_owned(),
                 ..settings
             },
-            key,
+            key: RwLock::new(key),
+            rotation: None,
             chat_only,
         })
+    }
+
+    /// Reads the key again from `rotation` after a 401 (at most once a minute), so a key
+    /// rotated in Secrets Manager or SSM is taken up without a new execution environment and
+    /// without spending jobs' attempts on the old one.
+    pub fn with_rotation(mut self, rotation: KeyRotation) -> Self {
+        self.rotation = Some(Box::new(rotation));
+        self
+    }
+
+    /// Sends the request `build` makes and reads its answer; after a 401 whose key turns out
+    /// to have been rotated, sends it once more with the new key (a 401 is refused before any
+    /// work, so the resend repeats nothing).
+    async fn send(
+        &self,
+        build: impl Fn() -> reqwest::RequestBuilder,
+    ) -> Result<(StatusCode, reqwest::header::HeaderMap, Value), ProviderError> {
+        let first = read(build().send().await).await?;
+        if first.0 != StatusCode::UNAUTHORIZED {
+            return Ok(first);
+        }
+        let Some(rotation) = &self.rotation else {
+            return Ok(first);
+        };
+        let current = self.key.read().unwrap_or_else(|p| p.into_inner()).clone();
+        match rotation.read_again(current.as_ref()).await {
+            Some(key) => {
+                *self.key.write().unwrap_or_else(|p| p.into_inner()) = Some(key);
+                read(build().send().await).await
+            }
+            None => Ok(first),
+        }
     }
 
     fn url(&self, path: &str) -> String {
@@ -141,7 +188,7 @@ impl OpenAiProvider {
     }
 
     fn authorised(&self, builder: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
-        match &self.key {
+        match &*self.key.read().unwrap_or_else(|p| p.into_inner()) {
             Some(key) => builder.bearer_auth(key.expose()),
             None => builder,
         }
@@ -169,8 +216,9 @@ impl OpenAiProvider {
         for (k, v) in parameters(req.input) {
             body.entry(k.clone()).or_insert_with(|| v.clone());
         }
-        let sent = self.post("/chat/completions", req).json(&body).send().await;
-        let (status, headers, json) = read(sent).await?;
+        let (status, headers, json) = self
+            .send(|| self.post("/chat/completions", req).json(&body))
+            .await?;
         if !status.is_success() {
             return Err(classify(status, &headers, &json));
         }
@@ -194,7 +242,7 @@ impl OpenAiProvider {
 
     /// What a Responses API object says about its call.
     fn response_status(&self, req: &ProviderRequest<'_>, json: &Value) -> Retrieval {
-        let id = json.get("id").and_then(Value::as_str);
+        let id = response_id(json);
         match json.get("status").and_then(Value::as_str) {
             Some("completed") => match output_text(json) {
                 Some(text) => Retrieval::Completed(answer(
@@ -281,13 +329,13 @@ impl Provider for OpenAiProvider {
             };
             body.entry(k.to_owned()).or_insert_with(|| v.clone());
         }
-        let sent = self
-            .post("/responses", req)
-            .timeout(self.background_timeout())
-            .json(&body)
-            .send()
-            .await;
-        let (status, headers, json) = read(sent).await?;
+        let (status, headers, json) = self
+            .send(|| {
+                self.post("/responses", req)
+                    .timeout(self.background_timeout())
+                    .json(&body)
+            })
+            .await?;
         if no_responses_api(status, &json) {
             // Nothing reached a model: the same attempt goes to Chat Completions.
             if !self.chat_only.swap(true, Ordering::Relaxed) {
@@ -298,14 +346,12 @@ impl Provider for OpenAiProvider {
         if !status.is_success() {
             return Err(classify(status, &headers, &json));
         }
-        match (self.response_status(req, &json), json.get("id")) {
-            (Retrieval::Running, Some(Value::String(id))) if !id.is_empty() => {
-                Ok(Submission::Started(id.clone()))
-            }
+        match (self.response_status(req, &json), response_id(&json)) {
+            (Retrieval::Running, Some(id)) => Ok(Submission::Started(id.to_owned())),
             (Retrieval::Completed(answer), _) => Ok(Submission::Answered(answer)),
             (Retrieval::Failed(error), _) => Err(error),
             _ => Err(ProviderError::Uncertain {
-                evidence: "background submit answered without a response id".to_owned(),
+                evidence: "background submit answered without a usable response id".to_owned(),
             }),
         }
     }
@@ -320,15 +366,21 @@ impl Provider for OpenAiProvider {
         _started_at: Millis,
         req: &ProviderRequest<'_>,
     ) -> Retrieval {
+        if !valid_response_id(provider_ref) {
+            // Not an id this provider gave (it records only ids it checked): nothing can be
+            // learnt of the call, and nothing may be concluded from that.
+            return Retrieval::Denied;
+        }
         let sent = self
-            .authorised(
-                self.http
-                    .get(self.url(&format!("/responses/{provider_ref}"))),
-            )
-            .timeout(self.background_timeout())
-            .send()
+            .send(|| {
+                self.authorised(
+                    self.http
+                        .get(self.url(&format!("/responses/{provider_ref}"))),
+                )
+                .timeout(self.background_timeout())
+            })
             .await;
-        match read(sent).await {
+        match sent {
             Ok((status, _, json)) if status.is_success() => self.response_status(req, &json),
             Ok((status, headers, _)) => retrieval_error(status, &headers),
             Err(e) => {
@@ -342,6 +394,9 @@ impl Provider for OpenAiProvider {
     }
 
     async fn cancel(&self, provider_ref: &str) {
+        if !valid_response_id(provider_ref) {
+            return;
+        }
         let sent = self
             .authorised(
                 self.http
@@ -356,6 +411,23 @@ impl Provider for OpenAiProvider {
             Err(e) => tracing::warn!(error = %transport_kind(&e), "cancel failed"),
         }
     }
+}
+
+/// The response id an answer gives, when it is one this crate will put in a URL, the ledger, an
+/// event or an operator's terminal: 1-128 characters from `A-Z a-z 0-9 _ -` (OpenAI's are
+/// `resp_` and hex). Anything else from the server is not used.
+fn response_id(json: &Value) -> Option<&str> {
+    json.get("id")
+        .and_then(Value::as_str)
+        .filter(|id| valid_response_id(id))
+}
+
+fn valid_response_id(id: &str) -> bool {
+    !id.is_empty()
+        && id.len() <= 128
+        && id
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
 }
 
 /// The job's `parameters`, less the output format of either API (`text`, `response_format`):

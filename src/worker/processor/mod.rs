@@ -194,15 +194,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
     ) -> Processed {
         let job_id = match trigger {
             Trigger::Job(msg) => {
-                if !msg.in_ledger && self.contracts.admits(&msg.contract).is_err() {
-                    // A strict registry takes no job whose contract it does not hold.
-                    let unknown = InvalidMessage::Invalid {
-                        field: "contract",
-                        rule: "names no contract in the registry (CONTRACTS_STRICT)",
-                    };
-                    return failed(Failure::Poison(unknown), None);
-                }
-                if let Some(refused) = self.beyond_reach(msg).await {
+                if let Some(refused) = self.refused_at_first_sight(msg).await {
                     return failed(refused, None);
                 }
                 return match self.offload_input(msg).await {
@@ -227,21 +219,28 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         }
     }
 
-    /// A job seen for the first time whose deadline is further away than the worker can see it
-    /// through ([`Settings::deadline_refused`]): poison, before anything is written. A job the
-    /// ledger holds is never judged again; a message delivered before (a refusal whose dead
-    /// letter could not be sent comes back) is judged only when one read finds no item, and
-    /// backs off when that read fails.
-    async fn beyond_reach(&self, msg: &JobMessage) -> Option<Failure> {
-        let deadline_at = msg.deadline_at?;
-        if msg.in_ledger {
-            return None;
-        }
+    /// Why a job seen for the first time is refused, before anything is written: a model, a
+    /// parameter, a budget or a deadline the deployment does not allow its producers
+    /// ([`Settings::policy`]), a contract a strict registry does not hold, or a deadline further
+    /// away than the worker can see it through ([`Settings::deadline_refused`]). A job the
+    /// ledger holds is never judged again; but a message that says so (`JobInLedger`, which
+    /// the producer sets), or was delivered before (a refusal whose dead letter could not be
+    /// sent comes back), is refused only when one read finds no item, and backs off when that
+    /// read fails: the attribute cannot carry a new job past the rules.
+    async fn refused_at_first_sight(&self, msg: &JobMessage) -> Option<Failure> {
+        let now = self.clock.now_ms();
         let stores = self.blobs().is_some_and(|b| b.bucket().is_some());
-        let invalid = self
-            .settings
-            .deadline_refused(deadline_at, self.clock.now_ms(), stores)?;
-        if msg.delivered_before {
+        let invalid = self.settings.policy.refusal(msg, now).or_else(|| {
+            if self.contracts.admits(&msg.contract).is_err() {
+                return Some(InvalidMessage::Invalid {
+                    field: "contract",
+                    rule: "names no contract in the registry (CONTRACTS_STRICT)",
+                });
+            }
+            self.settings
+                .deadline_refused(msg.deadline_at?, now, stores)
+        })?;
+        if msg.in_ledger || msg.delivered_before {
             match self.ledger.get(&msg.job_id).await {
                 Ok(None) => {}
                 Ok(Some(_)) => return None,

@@ -256,7 +256,9 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
             input_json: &msg.input_canonical,
             // Stable for the re-sends of this claim; a claim of the same number after a
             // give-back is another request.
-            idempotency_key: format!("{}/{attempt}@{}", msg.job_id, owner.owner_epoch),
+            idempotency_key: self
+                .settings
+                .idempotency_key(&msg.job_id, attempt, owner.owner_epoch),
         }
     }
 }
