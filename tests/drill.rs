@@ -207,6 +207,7 @@ async fn the_recovery_drill() {
         JOB,
         OperatorAction::AuthorizeRetry,
         "operator",
+        None,
         "drill: upstream shows no completion",
         SystemClock.now_ms(),
     )

@@ -264,6 +264,7 @@ async fn scenario<L: JobLedger>(ledger: &L, prefix: &str) -> (Vec<String>, Vec<O
         epoch,
         action,
         by: "operator:alice".into(),
+        caller: Some("arn:aws:iam::123456789012:user/alice".into()),
         reason: "provider dashboard shows no completion".into(),
         now,
     };

@@ -264,6 +264,7 @@ async fn apply<L: JobLedger>(ledger: &L, prefix: &str, op: &Op) -> Write {
                     epoch: *epoch,
                     action: *action,
                     by: "op".into(),
+                    caller: None,
                     reason: "why".into(),
                     now: *now,
                 })

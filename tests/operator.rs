@@ -72,6 +72,7 @@ async fn an_unknown_job_runs_again_only_after_an_operator_authorises_it() {
         "op-retry",
         OperatorAction::AuthorizeRetry,
         "alice",
+        None,
         "no completion upstream",
         now,
     )
@@ -98,6 +99,7 @@ async fn an_unknown_job_runs_again_only_after_an_operator_authorises_it() {
         "op-retry",
         OperatorAction::Fail,
         "bob",
+        None,
         "late",
         now,
     )
@@ -128,18 +130,27 @@ async fn a_failed_decision_is_terminal_and_jobctl_shows_it() {
     let queue = aws.queue(30).await;
     unknown_job(&aws, &table, &queue, "op-fail").await;
     let ledger = aws.ledger(&table);
-    let now = SystemClock.now_ms();
-    let failed = operator::decide(
-        &ledger,
-        "op-fail",
-        OperatorAction::Fail,
-        "alice",
-        "duplicate cost not acceptable",
-        now,
-    )
-    .await
-    .expect("decide");
+    // The operator decides with jobctl: the name they give, and who AWS says they are.
+    let decided = std::process::Command::new(env!("CARGO_BIN_EXE_jobctl"))
+        .args(["--table", &table, "fail", "op-fail", "--yes"])
+        .args([
+            "--reason",
+            "duplicate cost not acceptable",
+            "--operator",
+            "alice",
+        ])
+        .output()
+        .expect("jobctl runs");
+    assert!(
+        decided.status.success(),
+        "{}",
+        String::from_utf8_lossy(&decided.stderr)
+    );
+    let failed = ledger.get("op-fail").await.expect("get").expect("item");
     assert_eq!(failed.state, JobState::FailedTerminal);
+    assert_eq!(failed.decisions[0].by, "alice");
+    let caller = failed.decisions[0].caller.as_deref().expect("the caller");
+    assert!(caller.starts_with("arn:aws:"), "{caller}");
 
     // A later delivery is acknowledged without a call.
     let handler = aws.handler(&table, SimulatedProvider::new(), fast_settings());
@@ -170,6 +181,7 @@ async fn a_failed_decision_is_terminal_and_jobctl_shows_it() {
     let shown: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
     assert_eq!(shown["state"], "failed_terminal");
     assert_eq!(shown["decisions"][0]["action"], "fail");
+    assert_eq!(shown["decisions"][0]["caller"], caller);
     assert_eq!(shown["attempt_log"][0]["outcome"], "uncertain");
     let text = std::process::Command::new(env!("CARGO_BIN_EXE_jobctl"))
         .args(["--table", &table, "show", "op-fail"])
@@ -255,6 +267,7 @@ async fn jobctl_lists_jobs_by_state_from_the_sparse_index() {
         "list-unknown-1",
         OperatorAction::AuthorizeRetry,
         "alice",
+        None,
         "retry",
         now,
     )

@@ -216,6 +216,40 @@ async fn a_pointer_job_with_a_1_mb_answer_is_announced_once_and_read_back_with_j
     );
     let printed = out.stdout.strip_suffix(b"\n").expect("a trailing newline");
     assert_eq!(sha256_hex(printed), blob.sha256);
+    // Into a file: its owner's only, never over another file unless asked, never through a link.
+    let dir = std::env::temp_dir().join(common::unique("jobctl-out"));
+    std::fs::create_dir_all(&dir).expect("folder");
+    let file = dir.join("answer.json");
+    let to_file = |extra: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_jobctl"))
+            .args(["result", "big-1", "--output", file.to_str().expect("path")])
+            .args(extra)
+            .env("JOBS_TABLE", &table)
+            .env("RESULTS_BUCKET", &results)
+            .output()
+            .expect("jobctl runs")
+    };
+    assert!(to_file(&[]).status.success());
+    assert_eq!(
+        sha256_hex(&std::fs::read(&file).expect("written")),
+        blob.sha256
+    );
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&file).expect("meta").permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+    }
+    let again = to_file(&[]);
+    assert_eq!(again.status.code(), Some(2), "exists: refused");
+    assert!(String::from_utf8_lossy(&again.stderr).contains("--force"));
+    assert!(to_file(&["--force"]).status.success());
+    std::fs::remove_file(&file).expect("remove");
+    let victim = dir.join("victim");
+    std::fs::write(&victim, "precious").expect("victim");
+    std::os::unix::fs::symlink(&victim, &file).expect("link");
+    assert!(!to_file(&["--force"]).status.success());
+    assert_eq!(std::fs::read_to_string(&victim).expect("read"), "precious");
+    std::fs::remove_dir_all(&dir).expect("clean");
     // An object someone changed is not printed, and says so with its own exit status.
     aws.s3
         .put_object()

@@ -948,6 +948,7 @@ impl Protocol {
                     epoch: item.owner_epoch,
                     action,
                     by: "operator".to_owned(),
+                    caller: None,
                     reason: "decided".to_owned(),
                     now: next.time,
                 };

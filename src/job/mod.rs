@@ -328,8 +328,11 @@ pub struct DecisionRecord {
     pub epoch: u64,
     /// What was decided (`replay`).
     pub action: String,
-    /// Who decided (`replay-policy`, or an operator).
+    /// Who decided (`replay-policy`, or an operator, as they named themselves: `--operator`).
     pub by: String,
+    /// The principal AWS authenticated for an operator's decision (the ARN
+    /// `sts:GetCallerIdentity` gives), beside the name they gave; `None` for the replay policy.
+    pub caller: Option<String>,
     /// Why.
     pub reason: String,
     /// When.

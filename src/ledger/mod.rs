@@ -332,8 +332,10 @@ pub struct DecideRequest {
     pub epoch: u64,
     /// What is decided.
     pub action: OperatorAction,
-    /// The operator's identity.
+    /// The operator's identity, as they gave it.
     pub by: String,
+    /// The principal AWS authenticated for the operator (`sts:GetCallerIdentity`).
+    pub caller: Option<String>,
     /// Why.
     pub reason: String,
     /// The operator's clock.
@@ -347,6 +349,7 @@ impl DecideRequest {
             epoch: self.epoch + 1,
             action: self.action.as_str().to_owned(),
             by: self.by.clone(),
+            caller: self.caller.clone(),
             reason: self.reason.clone(),
             at: self.now,
         }
@@ -494,6 +497,7 @@ impl EndRequest {
                 epoch: self.epoch,
                 action: "replay".to_owned(),
                 by: by.clone(),
+                caller: None,
                 reason: format!(
                     "attempt {} may have run; the replay policy accepts a possible duplicate call",
                     self.attempt

@@ -1,9 +1,10 @@
 //! Operations around the worker: putting jobs in ([`producer`]), repairing what crashes leave
 //! ([`reconcile`]), deciding about jobs by hand ([`operator`]), announcing how jobs ended
 //! ([`dispatch`]) and announcing again what it gave up on ([`replay`]), reading results out
-//! ([`results`]), and the metric documents of the functions ([`metrics`]).
+//! ([`results`]) into safe files ([`files`]), and the metric documents of the functions ([`metrics`]).
 
 pub mod dispatch;
+pub mod files;
 pub mod metrics;
 pub mod operator;
 pub mod producer;

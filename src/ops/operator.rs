@@ -53,6 +53,7 @@ pub async fn decide<L: JobLedger>(
     job_id: &str,
     action: OperatorAction,
     by: &str,
+    caller: Option<&str>,
     reason: &str,
     now: Millis,
 ) -> Result<JobRecord, OperatorError> {
@@ -68,6 +69,7 @@ pub async fn decide<L: JobLedger>(
         epoch: seen.owner_epoch,
         action,
         by: by.to_owned(),
+        caller: caller.map(str::to_owned),
         reason: reason.to_owned(),
         now,
     };
@@ -131,7 +133,7 @@ pub fn to_json(record: &JobRecord, with_result: bool) -> Value {
     let decisions: Vec<Value> = record
         .decisions
         .iter()
-        .map(|d| json!({"epoch": d.epoch, "action": d.action, "by": d.by, "reason": d.reason, "at": format_rfc3339_ms(d.at)}))
+        .map(|d| json!({"epoch": d.epoch, "action": d.action, "by": d.by, "caller": d.caller, "reason": d.reason, "at": format_rfc3339_ms(d.at)}))
         .collect();
     let recoveries: Vec<Value> = record
         .recoveries
@@ -284,6 +286,9 @@ pub fn to_text(record: &JobRecord, with_result: bool) -> String {
                 format_rfc3339_ms(d.at),
                 d.reason
             ));
+            if let Some(caller) = &d.caller {
+                out.push_str(&format!("       as {caller}\n"));
+            }
         }
     }
     out

@@ -12,6 +12,7 @@ use fenced_jobs::ops::results;
 use fenced_jobs::queue::{SqsReader, SqsTriggers};
 
 use super::{AWS_ERROR, DlqCommand, REFUSED, usage};
+use fenced_jobs::ops::files::OutputFile;
 
 pub(crate) async fn list(
     ledger: &DynamoLedger,
@@ -210,17 +211,48 @@ pub(crate) async fn reconcile(
     Ok(())
 }
 
-/// Writes `bytes` to `path`, or to standard output.
-pub(crate) fn write_out(path: Option<&std::path::Path>, bytes: &[u8]) -> Result<(), OperatorError> {
+/// Writes `bytes` to a new file at `path` (replacing one only when `force`), or to standard
+/// output.
+pub(crate) fn write_out(
+    path: Option<&std::path::Path>,
+    force: bool,
+    bytes: &[u8],
+) -> Result<(), OperatorError> {
     use std::io::Write;
     let written = match path {
-        Some(path) => std::fs::write(path, bytes),
+        Some(path) => OutputFile::create(path, force)
+            .and_then(|mut file| {
+                file.writer().write_all(bytes)?;
+                file.finish()
+            })
+            .map_err(|e| format!("{}: {e}", path.display())),
         None => {
             let mut out = std::io::stdout().lock();
-            out.write_all(bytes).and_then(|()| out.write_all(b"\n"))
+            out.write_all(bytes)
+                .and_then(|()| out.write_all(b"\n"))
+                .map_err(|e| e.to_string())
         }
     };
-    written.map_err(|e| usage(&e.to_string()))
+    written.map_err(|e| usage(&e))
+}
+
+/// The principal AWS authenticates this command as (`sts:GetCallerIdentity`), recorded with an
+/// operator's decision beside the name they give; a decision is not made without it.
+pub(crate) async fn caller(config: &aws_config::SdkConfig) -> String {
+    match aws_sdk_sts::Client::new(config)
+        .get_caller_identity()
+        .send()
+        .await
+    {
+        Ok(out) => out.arn().unwrap_or("unknown").to_owned(),
+        Err(e) => {
+            eprintln!(
+                "jobctl: who you are could not be established (sts:GetCallerIdentity): {}",
+                aws_sdk_sts::error::DisplayErrorContext(&e)
+            );
+            std::process::exit(AWS_ERROR);
+        }
+    }
 }
 
 pub(crate) async fn export(
@@ -228,6 +260,7 @@ pub(crate) async fn export(
     state: Option<String>,
     since: Option<String>,
     output: Option<std::path::PathBuf>,
+    force: bool,
 ) -> Result<(), OperatorError> {
     use std::io::{IsTerminal, Write};
     let state = match state.as_deref().map(str::parse::<JobState>) {
@@ -241,11 +274,15 @@ pub(crate) async fn export(
         Some(text) => fenced_jobs::job::message::parse_rfc3339_ms(text)
             .unwrap_or_else(|| usage("--since takes an RFC 3339 time, like 2026-11-30T00:00:00Z")),
     };
-    let mut out: Box<dyn Write> = match &output {
-        Some(path) => match std::fs::File::create(path) {
-            Ok(f) => Box::new(std::io::BufWriter::new(f)),
+    let mut file = match &output {
+        Some(path) => match OutputFile::create(path, force) {
+            Ok(f) => Some(f),
             Err(e) => usage(&format!("{}: {e}", path.display())),
         },
+        None => None,
+    };
+    let mut out: Box<dyn Write + '_> = match &mut file {
+        Some(f) => Box::new(std::io::BufWriter::new(f.writer())),
         None => Box::new(std::io::BufWriter::new(std::io::stdout().lock())),
     };
     let terminal = std::io::stderr().is_terminal();
@@ -259,13 +296,25 @@ pub(crate) async fn export(
     if terminal {
         eprintln!();
     }
-    let _ = out.flush();
-    match report {
+    let flushed = out.flush();
+    drop(out);
+    // The file takes its name only once complete; a failed export removes it (before `usage`
+    // exits, which runs no destructor).
+    let done = match (report, flushed) {
+        (Ok(r), Ok(())) => match file.take().map(OutputFile::finish) {
+            None | Some(Ok(())) => Ok(r),
+            Some(Err(e)) => Err(e.to_string()),
+        },
+        (Err(e), _) => Err(e.to_string()),
+        (_, Err(e)) => Err(e.to_string()),
+    };
+    drop(file);
+    match done {
         Ok(r) => {
             eprintln!("exported {} jobs from {} days", r.written, r.days);
             Ok(())
         }
-        Err(e) => usage(&e.to_string()),
+        Err(e) => usage(&e),
     }
 }
 

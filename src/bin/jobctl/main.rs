@@ -16,7 +16,7 @@ use fenced_jobs::ops::results::{self, ResultError};
 use fenced_jobs::queue::SqsTriggers;
 
 mod commands;
-use commands::{dlq, export, list, print, reconcile, replay, submit, watch, write_out};
+use commands::{caller, dlq, export, list, print, reconcile, replay, submit, watch, write_out};
 
 /// Exit status when a command was refused, or did only part of its work.
 pub(crate) const REFUSED: i32 = 1;
@@ -124,9 +124,13 @@ enum Command {
     Result {
         /// The job id.
         job_id: String,
-        /// Write it to FILE instead of standard output.
+        /// Write it to FILE instead of standard output (a new file, readable by its owner
+        /// only).
         #[arg(long)]
         output: Option<std::path::PathBuf>,
+        /// Replace FILE if it exists.
+        #[arg(long, requires = "output")]
+        force: bool,
     },
     /// Write the jobs that finished since a time as JSON lines (job id, state, metadata, answer
     /// or its reference, or the error), read day by day from the finished index, not a scan.
@@ -138,9 +142,13 @@ enum Command {
         /// RFC 3339 time (default: 24 hours ago).
         #[arg(long)]
         since: Option<String>,
-        /// Write to FILE instead of standard output.
+        /// Write to FILE instead of standard output (a new file, readable by its owner only;
+        /// none is left if the export fails).
         #[arg(long)]
         output: Option<std::path::PathBuf>,
+        /// Replace FILE if it exists.
+        #[arg(long, requires = "output")]
+        force: bool,
     },
     /// Re-send lost triggers, expire jobs past their deadline, count `unknown` jobs.
     Reconcile {
@@ -270,25 +278,28 @@ async fn main() {
     let ledger = DynamoLedger::new(aws_sdk_dynamodb::Client::new(&config), &table);
     let blobs = S3Blobs::new(s3_client(&config), cli.results_bucket.clone());
     let result = match cli.command {
-        Command::Result { job_id, output } => {
-            match results::result(&ledger, Some(&blobs), &job_id).await {
-                Ok(bytes) => write_out(output.as_deref(), &bytes),
-                Err(e) => {
-                    eprintln!("jobctl: {e}");
-                    std::process::exit(match e {
-                        ResultError::NotFound(_) | ResultError::NoAnswer { .. } => REFUSED,
-                        ResultError::NoStore(_) => USAGE,
-                        ResultError::Store(fenced_jobs::blobs::BlobError::Mismatch) => INTEGRITY,
-                        _ => AWS_ERROR,
-                    });
-                }
+        Command::Result {
+            job_id,
+            output,
+            force,
+        } => match results::result(&ledger, Some(&blobs), &job_id).await {
+            Ok(bytes) => write_out(output.as_deref(), force, &bytes),
+            Err(e) => {
+                eprintln!("jobctl: {e}");
+                std::process::exit(match e {
+                    ResultError::NotFound(_) | ResultError::NoAnswer { .. } => REFUSED,
+                    ResultError::NoStore(_) => USAGE,
+                    ResultError::Store(fenced_jobs::blobs::BlobError::Mismatch) => INTEGRITY,
+                    _ => AWS_ERROR,
+                });
             }
-        }
+        },
         Command::Export {
             state,
             since,
             output,
-        } => export(&ledger, state, since, output).await,
+            force,
+        } => export(&ledger, state, since, output, force).await,
         Command::Show { job_id, result } => operator::show(&ledger, &job_id)
             .await
             .map(|record| print(&record, cli.json, result)),
@@ -339,12 +350,14 @@ async fn main() {
             operator: by,
             queue_url,
         } => {
+            let caller = caller(&config).await;
             let now = SystemClock.now_ms();
             match operator::decide(
                 &ledger,
                 &job_id,
                 OperatorAction::AuthorizeRetry,
                 &by,
+                Some(&caller),
                 &reason,
                 now,
             )
@@ -398,8 +411,10 @@ async fn main() {
             if !yes && !confirmed(&format!("fail job {job_id} for good")) {
                 usage("not confirmed: fail needs --yes when not run on a terminal");
             }
+            let caller = caller(&config).await;
             let now = SystemClock.now_ms();
-            operator::decide(&ledger, &job_id, OperatorAction::Fail, &by, &reason, now)
+            let action = OperatorAction::Fail;
+            operator::decide(&ledger, &job_id, action, &by, Some(&caller), &reason, now)
                 .await
                 .map(|record| print(&record, cli.json, false))
         }

@@ -81,13 +81,17 @@ pub(super) fn encode_recovery(r: &RecoveryRecord) -> AttributeValue {
 }
 
 pub(super) fn encode_decision(d: &DecisionRecord) -> AttributeValue {
-    AttributeValue::M(HashMap::from([
+    let mut m = HashMap::from([
         ("epoch".to_owned(), n(d.epoch)),
         ("action".to_owned(), s(&d.action)),
         ("by".to_owned(), s(&d.by)),
         ("reason".to_owned(), s(&d.reason)),
         ("at".to_owned(), n(d.at)),
-    ]))
+    ]);
+    if let Some(caller) = &d.caller {
+        m.insert("caller".to_owned(), s(caller));
+    }
+    AttributeValue::M(m)
 }
 
 pub(super) fn decode_decision(v: &AttributeValue) -> Option<DecisionRecord> {
@@ -96,6 +100,7 @@ pub(super) fn decode_decision(v: &AttributeValue) -> Option<DecisionRecord> {
         epoch: to_u64(get_n(m, "epoch")?)?,
         action: get_s(m, "action")?.to_owned(),
         by: get_s(m, "by")?.to_owned(),
+        caller: get_s(m, "caller").map(str::to_owned),
         reason: get_s(m, "reason")?.to_owned(),
         at: get_n(m, "at")?,
     })
@@ -454,6 +459,7 @@ mod tests {
                 epoch: 2,
                 action: "retry".into(),
                 by: "operator".into(),
+                caller: Some("arn:aws:sts::123456789012:assumed-role/Ops/alice".into()),
                 reason: "checked".into(),
                 at: 950,
             }],

@@ -146,6 +146,7 @@ async fn a_decision_whose_answer_was_lost_reports_success_and_its_trigger_is_sen
         "j",
         OperatorAction::AuthorizeRetry,
         "alice",
+        Some("arn:aws:iam::123456789012:user/alice"),
         "checked upstream",
         3_000,
     )
@@ -161,7 +162,7 @@ async fn a_decision_whose_answer_was_lost_reports_success_and_its_trigger_is_sen
     assert_eq!(triggers.sent().len(), 1);
 
     // AND another operator's decision on the same epoch is still refused
-    let again = decide(&ledger, "j", OperatorAction::Fail, "bob", "no", 4_000).await;
+    let again = decide(&ledger, "j", OperatorAction::Fail, "bob", None, "no", 4_000).await;
     assert!(
         matches!(again, Err(OperatorError::NotUnknown { .. })),
         "{again:?}"
