@@ -159,6 +159,9 @@ pub struct FaultRates {
     pub invalid_answer: f64,
     /// The model runs out of tokens: its answer is cut in half, finish `length`.
     pub truncated_answer: f64,
+    /// Another producer sends a job under an id the first producer uses, with its own input,
+    /// before the first's (a fraction of the job count).
+    pub foreign_job_id: f64,
 }
 
 impl FaultRates {
@@ -203,6 +206,7 @@ impl FaultRates {
             pause_before_stored_accept: 0.3,
             invalid_answer: 0.03,
             truncated_answer: 0.03,
+            foreign_job_id: 0.01,
         }
     }
 }
@@ -336,6 +340,8 @@ impl World {
 
 struct Msg {
     id: String,
+    /// The principal SQS names as its sender (a producer's role, the reconciler's).
+    sender: &'static str,
     job_id: String,
     body: String,
     receive_count: u32,
@@ -350,7 +356,8 @@ struct Msg {
     duplicate_at: Option<Millis>,
     /// The message comes back at this instant after its deletion (once).
     resurrect_at: Option<Millis>,
-    /// The worker dead-lettered it as poison (its reason attribute): a redrive leaves it.
+    /// The worker dead-lettered it as poison or a conflict (its reason attribute): a redrive
+    /// leaves it.
     refused: bool,
 }
 
@@ -421,6 +428,8 @@ impl Queue {
             );
             r.attributes
                 .insert("ApproximateFirstReceiveTimestamp".into(), first.to_string());
+            r.attributes
+                .insert("SenderId".into(), format!("{}:session", m.sender));
             out.push(r);
         }
         out
@@ -501,12 +510,13 @@ impl Queue {
     }
 
     /// A new message for a job (a producer's or the reconciler's trigger), visible from
-    /// `visible_at`.
-    fn push(&self, job_id: &str, body: &str, visible_at: Millis) {
+    /// `visible_at`, sent by `sender`.
+    fn push(&self, sender: &'static str, job_id: &str, body: &str, visible_at: Millis) {
         let mut msgs = self.msgs.lock().expect("queue");
         let id = format!("msg-{:06}", msgs.len());
         msgs.push(Msg {
             id,
+            sender,
             job_id: job_id.to_owned(),
             body: body.to_owned(),
             receive_count: 0,
@@ -523,12 +533,14 @@ impl Queue {
     }
 
     /// A message the worker sent to the DLQ itself.
-    fn dead_letter(&self, body: &str, refused: bool) {
+    fn dead_letter(&self, body: &str, job_id: Option<&str>, refused: bool) {
         let mut msgs = self.msgs.lock().expect("queue");
         let id = format!("dead-{:06}", msgs.len());
         msgs.push(Msg {
             id,
-            job_id: String::new(),
+            // What comes out of the DLQ is an operator's redrive.
+            sender: OPERATOR,
+            job_id: job_id.unwrap_or_default().to_owned(),
             body: body.to_owned(),
             receive_count: 0,
             visible_at: 0,
@@ -635,8 +647,10 @@ impl DeadLetterQueue for SimDeadLetters {
                     if letter.all_attributes().is_none() {
                         return false;
                     }
+                    // Poison and conflicts both stay for a person, as `jobctl dlq redrive`
+                    // leaves them (a conflict again is all a redrive could give).
                     self.queue
-                        .dead_letter(&letter.body, letter.reason == "poison");
+                        .dead_letter(&letter.body, letter.job_id.as_deref(), true);
                     true
                 })
                 .collect()
@@ -986,7 +1000,7 @@ impl TriggerSender for SimTriggers {
                 if let Some((_, first @ None)) = unsent.get_mut(&t.job_id) {
                     *first = Some(now);
                 }
-                self.queue.push(&t.job_id, &t.body, now);
+                self.queue.push(RECONCILER, &t.job_id, &t.body, now);
                 (t.job_id.clone(), Ok(()))
             })
             .collect()
@@ -1430,6 +1444,15 @@ fn meets_contract(job_id: &str, document: &[u8]) -> bool {
         .is_ok_and(|d| d["output"]["job"].as_str() == Some(job_id))
 }
 
+/// The jobs' producer: the deployment's first, whose ids stay as they come.
+const PRODUCER: &str = "AROAPRODUCER";
+/// Another producer, which sends ids the first already uses.
+const FOREIGN: &str = "AROAFOREIGN";
+/// The reconciler's role, which names jobs by their whole id.
+const RECONCILER: &str = "AROARECONCILER";
+/// The operator's, who redrives the DLQ.
+const OPERATOR: &str = "AROAOPERATOR";
+
 fn settings(replay: bool) -> Settings {
     let mut s = Settings {
         max_concurrency: 8,
@@ -1442,6 +1465,11 @@ fn settings(replay: bool) -> Settings {
         deadline_margin_ms: 5_000,
         ..Settings::default()
     };
+    s.producers = fenced_jobs::job::scope::Producers::parse(
+        &format!("={PRODUCER},foreign={FOREIGN}"),
+        &format!("{RECONCILER},{OPERATOR}"),
+    )
+    .expect("producers");
     s.replay = if replay {
         ReplayPolicy::Replay
     } else {
@@ -1498,6 +1526,7 @@ pub async fn run(config: &ChaosConfig) -> ChaosReport {
     });
     let replay = config.seed % 2 == 1;
     let mut job_ids = Vec::with_capacity(config.jobs);
+    let mut digests = HashMap::new();
     for i in 0..config.jobs {
         let job_id = format!("job-{i:06}");
         // Most jobs have hours; one in ten has more than SQS's 12 hours of one receive, so a
@@ -1520,6 +1549,8 @@ pub async fn run(config: &ChaosConfig) -> ChaosReport {
             fenced_jobs::job::message::format_rfc3339_ms(deadline),
             world.range(1, 4)
         );
+        let digest = fenced_jobs::job::parse_body(Some(&body)).map(|m| m.digest);
+        digests.insert(job_id.clone(), digest.expect("a valid job"));
         if large {
             submit_stored(&world, &table, &body).await;
             body = format!(r#"{{"job_id":"{job_id}"}}"#);
@@ -1546,9 +1577,26 @@ pub async fn run(config: &ChaosConfig) -> ChaosReport {
                 .expect("unsent")
                 .insert(job_id.clone(), (visible_at, None));
         } else {
-            queue.push(&job_id, &body, visible_at);
+            queue.push(PRODUCER, &job_id, &body, visible_at);
         }
         job_ids.push(job_id);
+    }
+    // Another producer's jobs under ids the first uses, sent before the first's: each is its own
+    // job in its producer's namespace, and the first's job runs its own input.
+    let mut foreign = Vec::new();
+    for _ in 0..(config.jobs as f64 * world.rates.foreign_job_id).ceil() as usize {
+        let job_id = job_ids[world.range(0, job_ids.len() as u64 - 1) as usize].clone();
+        let body = format!(
+            r#"{{"job_id":"{job_id}","contract":"chaos.v1","input":{{"model":"m","prompt":"another producer's"}}}}"#
+        );
+        *world
+            .faults
+            .lock()
+            .expect("faults")
+            .entry("foreign_job_id")
+            .or_default() += 1;
+        queue.push(FOREIGN, &job_id, &body, START_MS);
+        foreign.push(job_id);
     }
     let mut poison = Vec::new();
     for i in 0..(config.jobs as f64 * world.rates.poison_message).ceil() as usize {
@@ -1561,6 +1609,7 @@ pub async fn run(config: &ChaosConfig) -> ChaosReport {
             .entry("poison_message")
             .or_default() += 1;
         queue.push(
+            PRODUCER,
             &format!("poison-{i}"),
             &body,
             START_MS + world.range(0, 600_000) as Millis,
@@ -1582,7 +1631,7 @@ pub async fn run(config: &ChaosConfig) -> ChaosReport {
             .expect("faults")
             .entry("deadline_past_reach")
             .or_default() += 1;
-        queue.push(&job_id, &body, START_MS + 1_000 * i as Millis);
+        queue.push(PRODUCER, &job_id, &body, START_MS + 1_000 * i as Millis);
         poison.push(body);
         far.push(job_id);
     }
@@ -1597,6 +1646,7 @@ pub async fn run(config: &ChaosConfig) -> ChaosReport {
             .entry("dead_letter_too_large")
             .or_default() += 1;
         queue.push(
+            PRODUCER,
             "poison-large",
             &body,
             START_MS + world.range(0, 600_000) as Millis,
@@ -1739,8 +1789,17 @@ pub async fn run(config: &ChaosConfig) -> ChaosReport {
                             }
                         }
                         Ok(trigger) => {
-                            let job_id = trigger.job_id();
-                            let state = table.get(job_id).await.ok().flatten().map(|r| r.state);
+                            // The other producer's ids are in its namespace.
+                            let foreign = record
+                                .attributes
+                                .get("SenderId")
+                                .is_some_and(|s| s.starts_with(FOREIGN));
+                            let job_id = if foreign {
+                                format!("foreign/{}", trigger.job_id())
+                            } else {
+                                trigger.job_id().to_owned()
+                            };
+                            let state = table.get(&job_id).await.ok().flatten().map(|r| r.state);
                             // A job refused at its first sight is acknowledged once the worker
                             // sent it to the DLQ, with no item.
                             let refused = state.is_none()
@@ -1923,6 +1982,20 @@ pub async fn run(config: &ChaosConfig) -> ChaosReport {
             world.violation(format!(
                 "{job_id}: written with no trigger at {written}, first re-sent at {first:?}, \
                  after {UNSENT_FOUND_WITHIN_RUNS} reconciler runs that could find it (by {bound})"
+            ));
+        }
+    }
+    for job_id in &foreign {
+        let ours = table.get(job_id).await.ok().flatten();
+        if ours.is_some_and(|r| Some(&r.input_digest) != digests.get(job_id)) {
+            world.violation(format!(
+                "{job_id}: holds another producer's input under its producer's id"
+            ));
+        }
+        let theirs = table.get(&format!("foreign/{job_id}")).await.ok().flatten();
+        if !theirs.is_some_and(|r| r.state.is_terminal() || r.state == JobState::Unknown) {
+            world.violation(format!(
+                "{job_id}: the other producer's job of that id did not run as its own"
             ));
         }
     }

@@ -7,6 +7,9 @@
 //! scopes (`job-1` from `billing` is the job `billing/job-1`), and a pointer it sends must name
 //! a key under the producer's prefix (`billing/`); a message from one of `TRUSTED_SENDERS` (the
 //! reconciler's role, operators) names jobs by their whole id; any other sender is refused.
+//! One producer may be listed without a name (`=AROA...`): its ids stay as they come, so a
+//! deployment that had one producer keeps its jobs when it takes more; no other producer's ids
+//! and keys can meet its own, which have no `/`.
 
 use std::collections::BTreeMap;
 
@@ -46,14 +49,13 @@ impl Producers {
                 return Err(format!("{entry:?}: expected name=PRINCIPAL_ID"));
             };
             let name = name.trim();
-            if name.is_empty()
-                || name.len() > 32
+            if name.len() > 32
                 || !name
                     .chars()
                     .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
             {
                 return Err(format!(
-                    "{name:?}: a producer's name is 1-32 characters from A-Z a-z 0-9 _ -"
+                    "{name:?}: a producer's name is up to 32 characters from A-Z a-z 0-9 _ - (none: ids unscoped)"
                 ));
             }
             for id in ids.split('|').map(str::trim) {
@@ -105,7 +107,8 @@ impl Producers {
     /// The whole id of the job a message from `sender` names `job_id`. `named` is the whole id
     /// the message's `fenced-jobs.job-id` attribute gives, which only a trusted sender's message
     /// is believed on: a dead letter the worker wrote carries it, so that an operator's redrive
-    /// of a producer's original body reaches that producer's job.
+    /// of a producer's original body reaches that producer's job. A trusted sender's id without
+    /// `/` is the unnamed producer's (or a job from before producers were listed).
     pub fn job_id(
         &self,
         sender: Sender<'_>,
@@ -114,7 +117,7 @@ impl Producers {
     ) -> Result<String, InvalidMessage> {
         let scoped = job_id.split_once('/');
         if let (Sender::Trusted, None, Some(whole)) = (sender, scoped, named)
-            && whole_id(job_id, whole).is_some_and(|p| self.by_sender.values().any(|n| n == p))
+            && whole_id(job_id, whole).is_some_and(|p| self.named(p))
         {
             return Ok(whole.to_owned());
         }
@@ -123,13 +126,13 @@ impl Producers {
             (Sender::Anyone, Some(_)) => {
                 Err(reserved("`/` separates producers, and PRODUCERS is unset"))
             }
+            (Sender::Producer(""), None) => Ok(job_id.to_owned()),
             (Sender::Producer(name), None) => Ok(format!("{name}/{job_id}")),
             (Sender::Producer(_), Some(_)) => Err(reserved(
                 "a producer names its jobs by its own ids, without `/`",
             )),
-            (Sender::Trusted, Some((name, _))) if self.by_sender.values().any(|n| n == name) => {
-                Ok(job_id.to_owned())
-            }
+            (Sender::Trusted, Some((name, _))) if self.named(name) => Ok(job_id.to_owned()),
+            (Sender::Trusted, None) => Ok(job_id.to_owned()),
             (Sender::Trusted, _) => Err(reserved(
                 "a trusted sender names a producer's job by its whole id",
             )),
@@ -137,14 +140,23 @@ impl Producers {
     }
 
     /// Whether a pointer from `sender` may name the object `key`: a producer's only under its
-    /// own prefix (`billing/`), so that no producer can have another's offloaded job read.
+    /// own prefix (`billing/`), so that no producer can have another's offloaded job read; the
+    /// unnamed producer's under no other producer's prefix.
     pub fn may_read(&self, sender: Sender<'_>, key: &str) -> bool {
+        let under = |name: &str| {
+            key.strip_prefix(name)
+                .is_some_and(|rest| rest.starts_with('/'))
+        };
         match sender {
-            Sender::Producer(name) => key
-                .strip_prefix(name)
-                .is_some_and(|rest| rest.starts_with('/')),
+            Sender::Producer("") => !self.by_sender.values().any(|n| !n.is_empty() && under(n)),
+            Sender::Producer(name) => under(name),
             Sender::Anyone | Sender::Trusted => true,
         }
+    }
+
+    /// Whether `name` is a listed producer with a namespace.
+    fn named(&self, name: &str) -> bool {
+        !name.is_empty() && self.by_sender.values().any(|n| n == name)
     }
 }
 
@@ -219,16 +231,20 @@ mod tests {
             p.job_id(trusted, "billing/job-1", None).expect("whole"),
             "billing/job-1"
         );
-        assert!(p.job_id(trusted, "job-1", None).is_err());
         assert!(p.job_id(trusted, "other/job-1", None).is_err());
+        // An id without `/` from a trusted sender is a job of before producers were listed.
+        assert_eq!(p.job_id(trusted, "job-1", None).expect("as is"), "job-1");
         // An operator's redrive of a producer's dead letter: the body's id, the letter's whole id.
         assert_eq!(
             p.job_id(trusted, "job-1", Some("billing/job-1"))
                 .expect("redriven"),
             "billing/job-1"
         );
-        assert!(p.job_id(trusted, "job-1", Some("billing/job-2")).is_err());
-        assert!(p.job_id(trusted, "job-1", Some("other/job-1")).is_err());
+        assert_eq!(
+            p.job_id(trusted, "job-1", Some("billing/job-2"))
+                .expect("not that job's letter"),
+            "job-1"
+        );
         // Anyone else is refused, and so is a message SQS gave no sender.
         assert!(p.sender(Some("AROASTRANGER:x")).is_err());
         assert!(p.sender(None).is_err());
@@ -256,8 +272,27 @@ mod tests {
     }
 
     #[test]
+    fn the_unnamed_producer_keeps_its_ids_and_meets_no_other() {
+        let p = Producers::parse("=AROAFIRST,billing=AROABILLING", "").expect("parsed");
+        let first = p.sender(Some("AROAFIRST:run")).expect("known");
+        assert_eq!(first, Sender::Producer(""));
+        assert_eq!(p.job_id(first, "job-1", None).expect("as is"), "job-1");
+        assert!(p.job_id(first, "billing/job-1", None).is_err());
+        assert!(p.may_read(first, "0f3c.json"));
+        assert!(p.may_read(first, "archive/0f3c.json"));
+        assert!(!p.may_read(first, "billing/0f3c.json"));
+        let billing = p.sender(Some("AROABILLING")).expect("known");
+        assert!(!p.may_read(billing, "0f3c.json"));
+        assert_eq!(
+            p.job_id(billing, "job-1", None).expect("scoped"),
+            "billing/job-1"
+        );
+    }
+
+    #[test]
     fn settings_that_cannot_be_meant_are_refused() {
         assert!(Producers::parse("billing", "").is_err());
+        assert!(Producers::parse("bil ling=AROA1", "").is_err());
         assert!(Producers::parse("bil/ling=AROA1", "").is_err());
         assert!(Producers::parse("a=AROA1,b=AROA1", "").is_err());
         assert!(Producers::parse("a=AROA1", "AROA1").is_err());
