@@ -16,6 +16,17 @@ blocks public access and expires what it stores; alarms watch poison, conflicts,
 failures, lost ownerships, deadline cut-offs, provider throttling, unknown jobs and the age of
 queued messages; the dashboard shows only metrics the functions emit; every parameter is in the
 README's table; no environment variable holds a key in plain text.
+
+And what keeps jobs and answers to their owners: every queue and topic is encrypted at rest; the
+results bucket refuses every call without TLS, on the bucket and its objects; the table has
+deletion protection; no role deletes objects outside results/, and the worker's and the
+dispatcher's roles carry no action their code does not send; completion events go to a bus, topic
+or queue of this stack (never the account's default bus) whose policy denies publishing to every
+principal but the dispatcher's role, which may publish there alone; the worker is told what
+producers may ask for (models, parameters, attempts, deadline), the bucket keeps inputs and
+answers for the longest deadline plus the 30 days an item outlives its job (for the parameter
+defaults), and with Bedrock the worker's role may call only the models the deployment names, in
+its own Region.
 """
 
 import copy
@@ -116,6 +127,151 @@ def worker_actions():
     )
 
 
+# What the roles' code calls besides the ledger, bucket and queue: the provider (its Converse call
+# and its key), the dispatcher's event targets.
+PROVIDER_CALLS = {"converse": "bedrock:InvokeModel", "get_secret_value": "secretsmanager:GetSecretValue"}
+DISPATCH_CALLS = {
+    "put_events": "events:PutEvents",
+    "publish_batch": "sns:Publish",
+    "send_message_batch": "sqs:SendMessage",
+}
+# What Lambda does as a role rather than the code: tracing, logs, and the event source mappings'
+# polling of the work queue and of the ledger's stream.
+RUNTIME_ACTIONS = {
+    "xray:PutTraceSegments",
+    "xray:PutTelemetryRecords",
+    "logs:CreateLogStream",
+    "logs:PutLogEvents",
+}
+QUEUE_POLLING = {"sqs:ReceiveMessage", "sqs:DeleteMessage", "sqs:GetQueueAttributes"}
+STREAM_POLLING = {
+    "dynamodb:DescribeStream",
+    "dynamodb:GetRecords",
+    "dynamodb:GetShardIterator",
+    "dynamodb:ListStreams",
+}
+
+
+def provider_actions():
+    return sdk_actions("src/provider/bedrock.rs", PROVIDER_CALLS) | sdk_actions(
+        "src/provider/keys.rs", PROVIDER_CALLS
+    )
+
+
+def dispatcher_actions():
+    """The publishing calls of the dispatcher's event sinks."""
+    return sdk_actions("src/events/aws.rs", DISPATCH_CALLS)
+
+
+# Stored answers are the only objects the code deletes: a refused one (the worker,
+# src/worker/processor/end.rs) and orphans (the reconciler, src/ops/results.rs). Inputs expire.
+DELETED_PREFIXES = ("results/",)
+
+# What producers may ask for, which the worker enforces: a job beyond it is refused.
+PRODUCER_LIMITS = (
+    "ALLOWED_MODELS",
+    "ALLOWED_PARAMETERS",
+    "MAX_ATTEMPTS_LIMIT",
+    "MAX_DEADLINE_SECONDS",
+    "PRODUCERS",
+    "TRUSTED_SENDERS",
+)
+
+# How long an item outlives its job (RETENTION_DAYS, 30 by default): what it references must
+# outlive it.
+ITEM_KEPT_DAYS = 30
+
+DISPATCHER_ARN = {"Fn::GetAtt": ["DispatcherRole", "Arn"]}
+# The principals a target's policy lets publish: the dispatcher's role, and the roles the
+# deployment names for `jobctl events replay` (none by default).
+PUBLISHERS = {
+    "Fn::Split": [
+        ",",
+        {"Fn::Join": [",", [DISPATCHER_ARN, {"Fn::Join": [",", {"Ref": "EventReplayPrincipalArns"}]}]]},
+    ]
+}
+
+# The dispatcher's targets by variable: the resource type it must be, the action that publishes
+# to it, and its ARN from its logical id.
+EVENT_TARGETS = {
+    "EVENT_BUS_NAME": ("AWS::Events::EventBus", "events:PutEvents", lambda ref: {"Fn::GetAtt": [ref, "Arn"]}),
+    "EVENT_TOPIC_ARN": ("AWS::SNS::Topic", "sns:Publish", lambda ref: {"Ref": ref}),
+    "EVENT_QUEUE_URL": ("AWS::SQS::Queue", "sqs:SendMessage", lambda ref: {"Fn::GetAtt": [ref, "Arn"]}),
+}
+
+
+def as_list(value):
+    return value if isinstance(value, list) else [value]
+
+
+def when(value):
+    """What an `!If [condition, value, AWS::NoValue]` gives when its condition holds."""
+    if isinstance(value, dict) and "Fn::If" in value:
+        return value["Fn::If"][1]
+    return value
+
+
+def arn_text(resource):
+    """A resource's ARN as written: a literal, or the string of its Fn::Sub."""
+    if isinstance(resource, dict) and "Fn::Sub" in resource:
+        sub = resource["Fn::Sub"]
+        return sub[0] if isinstance(sub, list) else sub
+    return resource if isinstance(resource, str) else json.dumps(resource)
+
+
+def policy_statements(resources, ref):
+    """The resource-policy statements of the bus, topic or queue `ref`: its bus policy (its own
+    Policy or an EventBusPolicy), topic policy or queue policy."""
+    target = {"Ref": ref}
+    found = []
+    own = resources.get(ref, {}).get("Properties", {}).get("Policy")
+    if isinstance(own, str):
+        own = json.loads(own)
+    if isinstance(own, dict):
+        found += as_list(own.get("Statement", []))
+    for res in resources.values():
+        props = res.get("Properties", {})
+        kind = res.get("Type")
+        if kind == "AWS::Events::EventBusPolicy" and props.get("EventBusName") == target:
+            found += as_list(props.get("Statement", []))
+        if (kind == "AWS::SNS::TopicPolicy" and target in props.get("Topics", [])) or (
+            kind == "AWS::SQS::QueuePolicy" and target in props.get("Queues", [])
+        ):
+            found += as_list(props.get("PolicyDocument", {}).get("Statement", []))
+    return [s for s in found if isinstance(s, dict)]
+
+
+def only_dispatcher(stmt, action, arn):
+    """A Deny of `action` on `arn` to every principal but the dispatcher's role: a Deny, so that no
+    account principal's own policy (sns:Publish on *, say) can allow it; that one condition, so
+    that nothing narrows it."""
+    return (
+        stmt.get("Effect") == "Deny"
+        and stmt.get("Principal") in ("*", {"AWS": "*"})
+        and action in as_list(stmt.get("Action", []))
+        and arn in as_list(stmt.get("Resource", []))
+        and stmt.get("Condition") in (
+            {"StringNotEquals": {"aws:PrincipalArn": DISPATCHER_ARN}},
+            {"StringNotEquals": {"aws:PrincipalArn": PUBLISHERS}},
+        )
+    )
+
+
+def tls_only(stmt):
+    """A Deny of every S3 call without TLS, on the results bucket and its objects."""
+    condition = stmt.get("Condition", {})
+    return (
+        stmt.get("Effect") == "Deny"
+        and stmt.get("Principal") in ("*", {"AWS": "*"})
+        and bool({"s3:*", "*"} & set(as_list(stmt.get("Action", []))))
+        and {"Fn::GetAtt": ["ResultsBucket", "Arn"]} in as_list(stmt.get("Resource", []))
+        and "${ResultsBucket.Arn}/*" in [arn_text(r) for r in as_list(stmt.get("Resource", []))]
+        and list(condition) == ["Bool"]
+        and list(condition["Bool"]) == ["aws:SecureTransport"]
+        and str(condition["Bool"]["aws:SecureTransport"]).lower() == "false"
+    )
+
+
 def role_actions(template, role):
     actions = set()
     for name, stmt in statements(template):
@@ -144,6 +300,73 @@ def problems(template):
             found.append(f"{name}: s3:ListBucket on objects (it applies to a bucket)")
     globals_fn = template.get("Globals", {}).get("Function", {})
     resources = template.get("Resources", {})
+
+    # No action the code does not send: what a role allows beyond it is only exposure.
+    unused = role_actions(template, "WorkerRole") - (
+        worker_actions() | provider_actions() | RUNTIME_ACTIONS | QUEUE_POLLING
+    )
+    if unused:
+        found.append(f"WorkerRole: allows {sorted(unused)}, which the code never sends")
+    sent = dispatcher_actions()
+    missing = sent - role_actions(template, "DispatcherRole")
+    if missing:
+        found.append(f"DispatcherRole: the code sends {sorted(missing)}, which the role does not allow")
+    unused = role_actions(template, "DispatcherRole") - (sent | RUNTIME_ACTIONS | STREAM_POLLING)
+    if unused:
+        found.append(f"DispatcherRole: allows {sorted(unused)}, which the code never sends")
+    for name, stmt in statements(template):
+        if stmt.get("Effect") == "Allow" and "s3:DeleteObject" in as_list(stmt.get("Action", [])):
+            for resource in as_list(stmt.get("Resource", [])):
+                arn = arn_text(resource)
+                if not any(arn.endswith(f"/{prefix}*") for prefix in DELETED_PREFIXES):
+                    found.append(f"{name}: s3:DeleteObject on {arn}, where the code deletes nothing")
+
+    # Prompts and answers at rest: the work queue and its DLQ hold them for 14 days.
+    for name, res in resources.items():
+        props = res.get("Properties", {})
+        if res.get("Type") == "AWS::SQS::Queue" and not (
+            props.get("SqsManagedSseEnabled") is True or props.get("KmsMasterKeyId")
+        ):
+            found.append(f"{name}: queue not encrypted at rest")
+        if res.get("Type") == "AWS::SNS::Topic" and not props.get("KmsMasterKeyId"):
+            found.append(f"{name}: topic not encrypted at rest")
+
+    # Completion events: consumers act on them, so only the dispatcher may publish them. Each
+    # target is one this stack creates (never the account's default bus, where any principal
+    # allowed events:PutEvents could forge one), its policy denies publishing to every other
+    # principal, and the dispatcher's role may publish to it alone.
+    dispatcher = resources.get("DispatcherFunction", {}).get("Properties", {})
+    dispatcher_env = (dispatcher.get("Environment") or {}).get("Variables", {})
+    targets = {}
+    for variable, (kind, action, arn_of) in EVENT_TARGETS.items():
+        if variable not in dispatcher_env:
+            continue
+        target = when(dispatcher_env[variable])
+        ref = target.get("Ref") if isinstance(target, dict) else None
+        if resources.get(ref, {}).get("Type") != kind:
+            found.append(f"DispatcherFunction: {variable} is not an {kind} of this stack")
+            continue
+        targets.setdefault(action, []).append(arn_of(ref))
+        if not any(only_dispatcher(s, action, arn_of(ref)) for s in policy_statements(resources, ref)):
+            found.append(f"{ref}: no policy denying {action} to every principal but the dispatcher")
+    # The stream's failure destination: Lambda sends the batches it gave up on as the role.
+    for event in (dispatcher.get("Events") or {}).values():
+        failure = event.get("Properties", {}).get("DestinationConfig", {}).get("OnFailure", {})
+        if failure.get("Destination"):
+            targets.setdefault("sqs:SendMessage", []).append(failure["Destination"])
+    granted = {}
+    for name, stmt in statements(template):
+        if name == "DispatcherRole" and stmt.get("Effect") == "Allow":
+            for action in as_list(stmt.get("Action", [])):
+                granted.setdefault(action, []).extend(as_list(stmt.get("Resource", [])))
+    for _, action, _ in EVENT_TARGETS.values():
+        allowed = targets.get(action, [])
+        for arn in allowed:
+            if arn not in granted.get(action, []):
+                found.append(f"DispatcherRole: no {action} on {json.dumps(arn)}")
+        for arn in granted.get(action, []):
+            if arn not in allowed:
+                found.append(f"DispatcherRole: {action} on {json.dumps(arn)}, not its event target")
 
     worker = resources.get("WorkerFunction", {}).get("Properties", {})
     timeout = int(resolve(template, worker.get("Timeout", globals_fn.get("Timeout", 3))))
@@ -219,6 +442,8 @@ def problems(template):
     table = resources.get("JobsTable", {}).get("Properties", {})
     if table.get("BillingMode") != "PAY_PER_REQUEST":
         found.append("JobsTable: not on demand")
+    if table.get("DeletionProtectionEnabled") is not True:
+        found.append("JobsTable: deletion protection off (the ledger is the jobs' only record)")
     if not table.get("TimeToLiveSpecification", {}).get("Enabled"):
         found.append("JobsTable: TTL off")
     pitr = table.get("PointInTimeRecoverySpecification", {})
@@ -280,6 +505,47 @@ def problems(template):
     for prefix in ("results/", "inputs/"):
         if prefix not in expiring:
             found.append(f"ResultsBucket: nothing expires {prefix}")
+    bucket_statements = [
+        stmt
+        for res in resources.values()
+        if res.get("Type") == "AWS::S3::BucketPolicy"
+        and res.get("Properties", {}).get("Bucket") == {"Ref": "ResultsBucket"}
+        for stmt in as_list(res["Properties"].get("PolicyDocument", {}).get("Statement", []))
+        if isinstance(stmt, dict)
+    ]
+    if not any(tls_only(stmt) for stmt in bucket_statements):
+        found.append("ResultsBucket: no policy denying every call without TLS, on the bucket and its objects")
+
+    worker_env = (worker.get("Environment") or {}).get("Variables", {})
+    for variable in PRODUCER_LIMITS:
+        if variable not in worker_env:
+            found.append(f"WorkerFunction: no {variable}, so producers may ask for anything")
+    # A job's input and answer must outlive its item: the longest deadline plus the item's days
+    # (for the parameter defaults; CloudFormation rules cannot compare numbers).
+    longest = resolve(template, worker_env.get("MAX_DEADLINE_SECONDS"))
+    kept = int(resolve(template, worker_env.get("RETENTION_DAYS", ITEM_KEPT_DAYS)))
+    if longest is not None:
+        for rule in rules:
+            days = resolve(template, rule.get("ExpirationInDays"))
+            if days is not None and int(days) * 86400 < int(longest) + kept * 86400:
+                found.append(
+                    f"ResultsBucket: {rule.get('Prefix')} expires after {days} days, before a job due in"
+                    f" {longest} s and its item's {kept} days"
+                )
+
+    # With Bedrock, only the models the deployment names; the cross-Region statement is bound to
+    # the profiles named instead.
+    for name, stmt in statements(template):
+        if name != "WorkerRole" or "bedrock:InvokeModel" not in as_list(stmt.get("Action", [])):
+            continue
+        condition = stmt.get("Condition", {})
+        if "bedrock:InferenceProfileArn" in condition.get("StringEquals", {}):
+            continue
+        resource = json.dumps(stmt.get("Resource"))
+        if '{"Ref": "AllowedModels"}' not in resource or re.search(r"(model|profile)/\*", resource):
+            found.append(f"WorkerRole: {stmt.get('Sid')} reaches models beyond AllowedModels")
+        if condition.get("StringEquals", {}).get("aws:RequestedRegion") != {"Ref": "AWS::Region"}:
+            found.append(f"WorkerRole: {stmt.get('Sid')} reaches other Regions")
     return found
 
 
@@ -292,6 +558,14 @@ def self_test(template):
         return problems(t)
 
     r = lambda t: t["Resources"]
+
+    def listed(t, role):
+        return r(t)[role]["Properties"]["Policies"][0]["PolicyDocument"]["Statement"]
+
+    def sid(t, role, name):
+        """A statement of `role` by its Sid (inside its !If, if it has one)."""
+        return next(when(s) for s in listed(t, role) if when(s).get("Sid") == name)
+
     cases = {
         "visibility": lambda t: r(t)["JobsQueue"]["Properties"].__setitem__("VisibilityTimeout", 900),
         "batch item failures": lambda t: r(t)["WorkerFunction"]["Properties"]["Events"]["Jobs"][
@@ -301,11 +575,7 @@ def self_test(template):
             "Statement"
         ][0].__setitem__("Action", "dynamodb:*"),
         "own role": lambda t: r(t)["WorkerFunction"]["Properties"].pop("Role"),
-        "s3 actions allowed": lambda t: [
-            stmt["Action"].remove("s3:DeleteObject")
-            for stmt in r(t)["WorkerRole"]["Properties"]["Policies"][0]["PolicyDocument"]["Statement"]
-            if isinstance(stmt, dict) and stmt.get("Sid") == "StoredAnswersAndInputs"
-        ],
+        "s3 actions allowed": lambda t: listed(t, "WorkerRole").remove(sid(t, "WorkerRole", "RefusedAnswers")),
         "sqs actions allowed": lambda t: [
             stmt["Action"].remove("sqs:ChangeMessageVisibility")
             for stmt in r(t)["WorkerRole"]["Properties"]["Policies"][0]["PolicyDocument"]["Statement"]
@@ -361,6 +631,57 @@ def self_test(template):
         "literal key": lambda t: r(t)["WorkerFunction"]["Properties"]["Environment"]["Variables"].__setitem__(
             "OPENAI_API_KEY", "sk-live"
         ),
+        "work queue encryption": lambda t: r(t)["JobsQueue"]["Properties"].pop("SqsManagedSseEnabled"),
+        "dlq encryption": lambda t: r(t)["JobsDeadLetterQueue"]["Properties"].pop("SqsManagedSseEnabled"),
+        "topic encryption": lambda t: r(t)["CompletionTopic"]["Properties"].pop("KmsMasterKeyId"),
+        "tls on every call": lambda t: r(t)["ResultsBucketPolicy"]["Properties"]["PolicyDocument"][
+            "Statement"
+        ][0].__setitem__("Action", "s3:GetObject"),
+        "tls on the bucket too": lambda t: r(t)["ResultsBucketPolicy"]["Properties"]["PolicyDocument"][
+            "Statement"
+        ][0].__setitem__("Resource", {"Fn::Sub": "${ResultsBucket.Arn}/*"}),
+        "deletion protection": lambda t: r(t)["JobsTable"]["Properties"].pop("DeletionProtectionEnabled"),
+        "deletes under results/ only": lambda t: sid(t, "WorkerRole", "RefusedAnswers").__setitem__(
+            "Resource",
+            [{"Fn::Sub": "${ResultsBucket.Arn}/results/*"}, {"Fn::Sub": "${ResultsBucket.Arn}/inputs/*"}],
+        ),
+        "unused worker action": lambda t: sid(t, "WorkerRole", "FailedRecordVisibility")["Action"].append(
+            "sqs:PurgeQueue"
+        ),
+        "dispatcher actions allowed": lambda t: listed(t, "DispatcherRole").remove(
+            next(s for s in listed(t, "DispatcherRole") if when(s).get("Sid") == "PublishToTopic")
+        ),
+        "unused dispatcher action": lambda t: sid(t, "DispatcherRole", "FailedBatches").__setitem__(
+            "Action", ["sqs:SendMessage", "sqs:ReceiveMessage"]
+        ),
+        "the stack's own bus": lambda t: r(t)["DispatcherFunction"]["Properties"]["Environment"][
+            "Variables"
+        ].__setitem__("EVENT_BUS_NAME", "default"),
+        "publishing to the stack's bus alone": lambda t: sid(t, "DispatcherRole", "PublishToBus").__setitem__(
+            "Resource",
+            {"Fn::Sub": "arn:${AWS::Partition}:events:${AWS::Region}:${AWS::AccountId}:event-bus/default"},
+        ),
+        "bus policy": lambda t: r(t).pop("CompletionBusPolicy"),
+        "bus policy a deny": lambda t: r(t)["CompletionBusPolicy"]["Properties"]["Statement"].__setitem__(
+            "Effect", "Allow"
+        ),
+        "topic policy": lambda t: r(t).pop("CompletionTopicPolicy"),
+        "topic policy names the dispatcher": lambda t: r(t)["CompletionTopicPolicy"]["Properties"][
+            "PolicyDocument"
+        ]["Statement"][0]["Condition"]["StringNotEquals"].__setitem__(
+            "aws:PrincipalArn", {"Fn::GetAtt": ["WorkerRole", "Arn"]}
+        ),
+        "queue policy": lambda t: r(t).pop("CompletionQueuePolicy"),
+        "producer limits": lambda t: r(t)["WorkerFunction"]["Properties"]["Environment"]["Variables"].pop(
+            "ALLOWED_MODELS"
+        ),
+        "retention over the longest deadline": lambda t: t["Parameters"]["MaxDeadlineSeconds"].__setitem__(
+            "Default", 90 * 86400
+        ),
+        "bedrock models named": lambda t: sid(t, "WorkerRole", "BedrockConverse").__setitem__(
+            "Resource", {"Fn::Sub": "arn:${AWS::Partition}:bedrock:${AWS::Region}::foundation-model/*"}
+        ),
+        "bedrock in this region": lambda t: sid(t, "WorkerRole", "BedrockConverse").pop("Condition"),
     }
     missed = [name for name, change in cases.items() if not broken(change)]
     return [f"self-test: the {name} rule did not catch a broken copy" for name in missed]

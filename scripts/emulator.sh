@@ -23,6 +23,16 @@ venv="$root/.venv"
 state="$root/.emulator"
 python_bin="${PYTHON:-python3}"
 
+# Installs a requirements file ($2) into a venv ($1). Each file pins every package with the
+# hashes of its files (scripts/pin-requirements.sh): pip installs those files, refuses one whose
+# hash differs, and fetches nothing else. --no-deps because the file already lists every
+# dependency (`pip check` makes sure), and the venv's pip 23 would take a dependency that asks
+# for extras (aws-sam-cli's `boto3[crt]`) for one not pinned.
+pip_install() {
+  "$1/bin/pip" install --quiet --disable-pip-version-check --require-hashes --no-deps -r "$2"
+  "$1/bin/pip" check >/dev/null || { "$1/bin/pip" check >&2; exit 1; }
+}
+
 # Installs scripts/requirements.txt into .venv, once per version of that file.
 install() {
   local want stamp="$venv/.requirements"
@@ -32,17 +42,22 @@ install() {
   fi
   echo "emulator: installing scripts/requirements.txt into .venv" >&2
   "$python_bin" -m venv "$venv"
-  "$venv/bin/pip" install --quiet --disable-pip-version-check -r "$root/scripts/requirements.txt"
+  pip_install "$venv" "$root/scripts/requirements.txt"
   printf '%s' "$want" > "$stamp"
 }
 
-# Installs scripts/requirements-build.txt (cargo-lambda and its zig) into .venv, once.
+# Installs scripts/requirements-build.txt (cargo-lambda and its zig) into .venv, once per
+# version of that file.
 install_build() {
   install
-  if ! "$venv/bin/python" -c "import importlib.metadata as m; m.version('cargo-lambda')" >/dev/null 2>&1; then
-    echo "emulator: installing scripts/requirements-build.txt into .venv" >&2
-    "$venv/bin/pip" install --quiet --disable-pip-version-check -r "$root/scripts/requirements-build.txt"
+  local want stamp="$venv/.requirements-build"
+  want=$(cat "$root/scripts/requirements-build.txt")
+  if [ -x "$venv/bin/cargo-lambda" ] && [ "$(cat "$stamp" 2>/dev/null)" = "$want" ]; then
+    return
   fi
+  echo "emulator: installing scripts/requirements-build.txt into .venv" >&2
+  pip_install "$venv" "$root/scripts/requirements-build.txt"
+  printf '%s' "$want" > "$stamp"
 }
 
 # Installs scripts/requirements-sam.txt into .venv-sam, once per version of that file.
@@ -54,7 +69,7 @@ install_sam() {
   fi
   echo "emulator: installing scripts/requirements-sam.txt into .venv-sam" >&2
   "$python_bin" -m venv "$root/.venv-sam"
-  "$root/.venv-sam/bin/pip" install --quiet --disable-pip-version-check -r "$root/scripts/requirements-sam.txt"
+  pip_install "$root/.venv-sam" "$root/scripts/requirements-sam.txt"
   printf '%s' "$want" > "$stamp"
 }
 

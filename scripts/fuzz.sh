@@ -4,7 +4,10 @@
 # fuzz/artifacts/<target>/; the corpus grows in fuzz/corpus/<target>/ (neither is committed).
 set -euo pipefail
 cd "$(dirname "$0")/../fuzz"
-command -v cargo-fuzz >/dev/null 2>&1 || cargo install cargo-fuzz --locked
+# A pinned cargo-fuzz (with the lock file it was released with): a new one is taken on purpose.
+fuzz_version=0.13.2
+[ "$(cargo fuzz --version 2>/dev/null)" = "cargo-fuzz $fuzz_version" ] ||
+  cargo install cargo-fuzz --version "$fuzz_version" --locked
 seconds="${FUZZ_SECONDS:-600}"
 for target in ${FUZZ_TARGETS:-message_body lambda_event}; do
   mkdir -p "corpus/$target"
