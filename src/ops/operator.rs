@@ -361,6 +361,15 @@ async fn dead_trigger(
     }
 }
 
+/// The whole id of the job a dead letter's trigger names: a producer's body names its job by
+/// its own id, the worker's letter (`named`) by its whole id.
+fn whole_id(trigger: &Trigger, named: Option<&str>) -> String {
+    named
+        .filter(|whole| crate::job::scope::whole_id(trigger.job_id(), whole).is_some())
+        .unwrap_or(trigger.job_id())
+        .to_owned()
+}
+
 /// The attributes the worker adds to a dead letter: a redrive sends the others back.
 const DEAD_LETTER_ATTRIBUTES: [&str; 3] = [
     crate::queue::dead_letters::REASON_ATTRIBUTE,
@@ -450,13 +459,7 @@ pub async fn dlq_inspect<L: JobLedger>(
                 .find(|(name, _)| name == crate::job::pointer::NAMED_JOB_ATTRIBUTE)
                 .map(|(_, v)| v.as_str());
             let trigger = dead_trigger(blobs, &m.body, named).await;
-            // A producer's body names its job by its own id; the worker's letter, by its whole id.
-            let job_id = trigger.as_ref().ok().map(|t| {
-                named
-                    .filter(|whole| crate::job::scope::whole_id(t.job_id(), whole).is_some())
-                    .unwrap_or(t.job_id())
-                    .to_owned()
-            });
+            let job_id = trigger.as_ref().ok().map(|t| whole_id(t, named));
             let record = match &job_id {
                 Some(id) => ledger.get(id).await?,
                 None => None,

@@ -7,7 +7,7 @@ use super::processor::{Invocation, Processor};
 use super::within;
 use crate::blobs::body::resolve_body;
 use crate::clock::Clock;
-use crate::job::pointer::NAMED_JOB_ATTRIBUTE;
+use crate::job::pointer::{NAMED_JOB_ATTRIBUTE, PayloadPointer};
 use crate::job::scope::{Producers, Sender};
 use crate::job::{Failure, InvalidMessage, Trigger};
 use crate::ledger::JobLedger;
@@ -55,17 +55,9 @@ where
     for record in &event.records {
         let body = record.body.as_deref();
         let pointer = body.and_then(crate::job::message::parse_pointer);
-        let sender = settings
-            .producers
-            .sender(record.attributes.get("SenderId").map(String::as_str));
+        let sender = sender_of(&settings.producers, record, pointer.as_ref());
         let parsed = match (pointer, &sender) {
-            (_, Err(refused)) => Err(Failure::Poison(refused.clone())),
-            (Some(Ok(p)), Ok(sender)) if !settings.producers.may_read(*sender, &p.key) => {
-                Err(Failure::Poison(InvalidMessage::NotAllowed {
-                    field: "s3Key".to_owned(),
-                    rule: "outside the producer's prefix (PRODUCERS)",
-                }))
-            }
+            (_, Err(refused)) => Err(refused.clone()),
             (Some(Ok(_)), _) => {
                 let expected = PAYLOAD_SIZE_ATTRIBUTES
                     .iter()
@@ -104,13 +96,7 @@ where
         };
         // Each job id in its producer's namespace.
         let mut parsed = match (parsed, sender) {
-            (Ok(trigger), Ok(sender)) => {
-                let named = record
-                    .message_attributes
-                    .get(NAMED_JOB_ATTRIBUTE)
-                    .and_then(|a| a.string_value.as_deref());
-                scoped(&settings.producers, sender, named, trigger)
-            }
+            (Ok(trigger), Ok(sender)) => scoped(&settings.producers, record, sender, trigger),
             (parsed, _) => parsed,
         };
         if let Ok(Trigger::Job(msg)) = &mut parsed {
@@ -128,13 +114,39 @@ where
     entries
 }
 
-/// The trigger with its job's whole id: the producer's namespace and the id the message gave.
+/// The record's sender as the deployment knows it (SQS's `SenderId`), or why the record is
+/// refused unread: a sender it does not list, or a pointer outside the sender's prefix.
+fn sender_of<'p>(
+    producers: &'p Producers,
+    record: &SqsMessage,
+    pointer: Option<&Result<PayloadPointer, InvalidMessage>>,
+) -> Result<Sender<'p>, Failure> {
+    let sender = producers
+        .sender(record.attributes.get("SenderId").map(String::as_str))
+        .map_err(Failure::Poison)?;
+    match pointer {
+        Some(Ok(p)) if !producers.may_read(sender, &p.key) => {
+            Err(Failure::Poison(InvalidMessage::NotAllowed {
+                field: "s3Key".to_owned(),
+                rule: "outside the producer's prefix (PRODUCERS)",
+            }))
+        }
+        _ => Ok(sender),
+    }
+}
+
+/// The trigger with its job's whole id: the producer's namespace and the id the message gave
+/// (or, for a trusted sender, the whole id its `fenced-jobs.job-id` attribute names).
 fn scoped(
     producers: &Producers,
+    record: &SqsMessage,
     sender: Sender<'_>,
-    named: Option<&str>,
     trigger: Trigger,
 ) -> Result<Trigger, Failure> {
+    let named = record
+        .message_attributes
+        .get(NAMED_JOB_ATTRIBUTE)
+        .and_then(|a| a.string_value.as_deref());
     let whole = |id: &str| producers.job_id(sender, id, named).map_err(Failure::Poison);
     Ok(match trigger {
         Trigger::Job(mut msg) => {

@@ -1,0 +1,460 @@
+use super::*;
+use crate::job::InvalidMessage;
+use crate::provider::bedrock::BedrockSettings;
+use crate::provider::openai::OpenAiApi;
+use crate::provider::{KeySource, Secret};
+use crate::worker::settings::ReplayPolicy;
+use std::collections::HashMap;
+
+fn config(vars: &[(&str, &str)]) -> Result<Config, ConfigError> {
+    let map: HashMap<String, String> = vars
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect();
+    Config::from_lookup(|k| map.get(k).cloned())
+}
+
+#[test]
+fn defaults_apply_and_the_table_is_required() {
+    assert_eq!(config(&[]), Err(ConfigError::Missing("JOBS_TABLE")));
+    let c = config(&[("JOBS_TABLE", "jobs")]).expect("valid");
+    // The defaults, with the table's name setting the idempotency keys apart.
+    assert_eq!(
+        c.settings,
+        Settings {
+            idempotency_prefix: c.settings.idempotency_prefix.clone(),
+            ..Settings::default()
+        }
+    );
+    assert_eq!(c.settings.idempotency_prefix.len(), 16);
+    assert_eq!(c.provider, ProviderConfig::Simulated);
+}
+
+#[test]
+fn the_provider_limits_and_the_pacing_are_read() {
+    let c = config(&[
+        ("JOBS_TABLE", "t"),
+        ("MAX_CONCURRENCY", "24"),
+        ("PROVIDER_RPM", "5000"),
+        ("PROVIDER_TPM", "3000000"),
+        ("PROVIDER_LIMIT_KEY", "openai-org-1"),
+        ("PACING_HORIZON_SECONDS", "4"),
+    ])
+    .expect("valid");
+    let pacing = c.settings.pacing();
+    assert_eq!((pacing.limits.rpm, pacing.limits.tpm), (5_000, 3_000_000));
+    assert_eq!(pacing.key, "openai-org-1");
+    assert_eq!(pacing.horizon_ms, 4_000);
+    // Unset, the ceiling of calls in flight is the records processed at once.
+    assert_eq!(pacing.max_in_flight, 24);
+    let capped = config(&[("JOBS_TABLE", "t"), ("MAX_CALLS_IN_FLIGHT", "4")]).expect("valid");
+    assert_eq!(capped.settings.pacing().max_in_flight, 4);
+}
+
+#[test]
+fn the_results_retention_must_cover_the_longest_deadline_and_the_item_after_it() {
+    // 30 days of item after the longest deadline a producer may ask for (7 days): 37 days
+    // is enough, 36 is not.
+    let ok = config(&[("JOBS_TABLE", "t"), ("RESULTS_RETENTION_DAYS", "37")]).expect("valid");
+    assert_eq!(ok.settings.stored_room_ms(), Some(7 * 86_400_000));
+    for (days, longest) in [("36", "604800"), ("31", "86401")] {
+        let err = config(&[
+            ("JOBS_TABLE", "t"),
+            ("RESULTS_RETENTION_DAYS", days),
+            ("MAX_DEADLINE_SECONDS", longest),
+        ])
+        .expect_err("too short");
+        assert!(matches!(
+            err,
+            ConfigError::Invalid {
+                name: "RESULTS_RETENTION_DAYS",
+                ..
+            }
+        ));
+    }
+    config(&[
+        ("JOBS_TABLE", "t"),
+        ("RESULTS_RETENTION_DAYS", "31"),
+        ("MAX_DEADLINE_SECONDS", "86400"),
+    ])
+    .expect("valid");
+    // Unset, the bucket is taken to keep its objects: nothing to check.
+    let unset = config(&[("JOBS_TABLE", "t")]).expect("valid");
+    assert_eq!(unset.settings.stored_room_ms(), None);
+}
+
+#[test]
+fn what_producers_may_ask_for_is_read_and_bounds_the_defaults() {
+    use crate::job::policy::Models;
+    let c = config(&[
+        ("JOBS_TABLE", "t"),
+        ("ALLOWED_MODELS", "gpt-4.1-mini, gpt-4.1"),
+        ("ALLOWED_PARAMETERS", "temperature<=1,max_tokens<=2048"),
+        ("MAX_ATTEMPTS_LIMIT", "5"),
+        ("MAX_DEADLINE_SECONDS", "86400"),
+        ("PRODUCERS", "billing=AROABILLING"),
+        ("TRUSTED_SENDERS", "AROARECONCILER"),
+    ])
+    .expect("valid");
+    let policy = &c.settings.policy;
+    assert_eq!(
+        policy.models,
+        Models::Only(vec!["gpt-4.1-mini".into(), "gpt-4.1".into()])
+    );
+    let parameters = policy.parameters.as_ref().expect("a list");
+    assert_eq!(parameters.get("max_tokens"), Some(&Some(2048.0)));
+    assert_eq!(parameters.get("stream"), None);
+    assert_eq!(
+        (policy.max_attempts, policy.max_deadline_ms),
+        (5, 86_400_000)
+    );
+    assert!(c.settings.producers.scoped());
+    // Unset, the built-in safe list holds: no streaming, bounded answers.
+    let d = config(&[("JOBS_TABLE", "t")]).expect("valid");
+    let parameters = d.settings.policy.parameters.expect("the built-in list");
+    assert_eq!(parameters.get("stream"), None);
+    assert_eq!(parameters.get("max_tokens"), Some(&Some(16_384.0)));
+    // The defaults a message falls back on must be within what a message may ask.
+    for (name, vars) in [
+        (
+            "DEFAULT_MAX_ATTEMPTS",
+            [("DEFAULT_MAX_ATTEMPTS", "6"), ("MAX_ATTEMPTS_LIMIT", "5")],
+        ),
+        (
+            "DEFAULT_DEADLINE_SECONDS",
+            [
+                ("DEFAULT_DEADLINE_SECONDS", "7200"),
+                ("MAX_DEADLINE_SECONDS", "3600"),
+            ],
+        ),
+        (
+            "PRODUCERS",
+            [("PRODUCERS", "billing"), ("MAX_ATTEMPTS_LIMIT", "5")],
+        ),
+        (
+            "ALLOWED_PARAMETERS",
+            [
+                ("ALLOWED_PARAMETERS", "max_tokens<=x"),
+                ("MAX_ATTEMPTS_LIMIT", "5"),
+            ],
+        ),
+    ] {
+        let mut all = vec![("JOBS_TABLE", "t")];
+        all.extend(vars);
+        let err = config(&all).expect_err(name);
+        assert!(
+            matches!(err, ConfigError::Invalid { name: n, .. } if n == name),
+            "{err:?}"
+        );
+    }
+    // A provider that calls the model a job names needs the list.
+    let err = config(&[
+        ("JOBS_TABLE", "t"),
+        ("PROVIDER", "openai"),
+        ("OPENAI_API_KEY", "k"),
+    ])
+    .expect_err("no list");
+    assert!(matches!(
+        err,
+        ConfigError::Invalid {
+            name: "ALLOWED_MODELS",
+            ..
+        }
+    ));
+}
+
+#[test]
+fn the_redrive_count_must_carry_the_default_deadline() {
+    // A 1-day default deadline: nine receives carry it (three waits of about 12 hours past
+    // the first half and its reserve), eight do not.
+    let ok = config(&[("JOBS_TABLE", "t"), ("MAX_RECEIVE_COUNT", "9")]).expect("valid");
+    assert_eq!(
+        ok.settings
+            .visibility
+            .reach_ms(ok.settings.batching_window_ms),
+        Some(3 * 43_080_000)
+    );
+    let err = config(&[("JOBS_TABLE", "t"), ("MAX_RECEIVE_COUNT", "8")]).expect_err("too few");
+    assert!(matches!(
+        err,
+        ConfigError::Invalid {
+            name: "MAX_RECEIVE_COUNT",
+            ..
+        }
+    ));
+    // A shorter default deadline is carried by fewer; 0 sets no redrive count at all.
+    config(&[
+        ("JOBS_TABLE", "t"),
+        ("MAX_RECEIVE_COUNT", "8"),
+        ("DEFAULT_DEADLINE_SECONDS", "3600"),
+    ])
+    .expect("valid");
+    let none = config(&[("JOBS_TABLE", "t"), ("MAX_RECEIVE_COUNT", "0")]).expect("valid");
+    assert_eq!(none.settings.visibility.reach_ms(0), None);
+}
+
+#[test]
+fn a_first_sight_deadline_is_refused_past_the_bucket_and_past_the_redrive_count() {
+    let day = 86_400_000;
+    let c = config(&[
+        ("JOBS_TABLE", "t"),
+        ("RESULTS_RETENTION_DAYS", "40"),
+        ("MAX_RECEIVE_COUNT", "20"),
+    ])
+    .expect("valid");
+    let s = &c.settings;
+    // 20 receives: 10 past the first half, 2 kept back, 8 waits of about 12 hours.
+    let reach = s.visibility.reach_ms(0).expect("a reach");
+    assert_eq!(reach, 8 * 43_080_000);
+    assert_eq!(s.deadline_refused(reach, 0, true), None);
+    let rule = |r: Option<InvalidMessage>| match r {
+        Some(InvalidMessage::Invalid { rule, .. }) => rule,
+        other => panic!("{other:?}"),
+    };
+    assert!(rule(s.deadline_refused(reach + 1, 0, true)).contains("MAX_RECEIVE_COUNT"));
+    // The bucket keeps 40 days less the item's 30: past 10 days, when answers are stored.
+    assert!(rule(s.deadline_refused(11 * day, 0, true)).contains("RESULTS_RETENTION_DAYS"));
+    assert!(rule(s.deadline_refused(11 * day, 0, false)).contains("MAX_RECEIVE_COUNT"));
+    // Measured from now.
+    assert_eq!(s.deadline_refused(day + reach, day, true), None);
+}
+
+#[test]
+fn bad_values_are_named() {
+    let err = config(&[("JOBS_TABLE", "t"), ("MAX_CONCURRENCY", "0")]).expect_err("invalid");
+    assert!(matches!(
+        err,
+        ConfigError::Invalid {
+            name: "MAX_CONCURRENCY",
+            ..
+        }
+    ));
+    let err = config(&[("JOBS_TABLE", "t"), ("REPLAY_POLICY", "sometimes")]).expect_err("invalid");
+    assert!(matches!(
+        err,
+        ConfigError::Invalid {
+            name: "REPLAY_POLICY",
+            ..
+        }
+    ));
+    let c = config(&[("JOBS_TABLE", "t"), ("REPLAY_POLICY", "replay")]).expect("valid");
+    assert_eq!(c.settings.replay, ReplayPolicy::Replay);
+    let err = config(&[("JOBS_TABLE", "t"), ("PROVIDER", "magic")]).expect_err("invalid");
+    assert!(matches!(
+        err,
+        ConfigError::Invalid {
+            name: "PROVIDER",
+            ..
+        }
+    ));
+    let err = config(&[
+        ("JOBS_TABLE", "t"),
+        ("HEARTBEAT_SECONDS", "0"),
+        ("LEASE_SECONDS", "60"),
+        ("PROVIDER_TIMEOUT_SECONDS", "60"),
+    ])
+    .expect_err("invalid");
+    assert!(matches!(
+        err,
+        ConfigError::Invalid {
+            name: "PROVIDER_TIMEOUT_SECONDS",
+            ..
+        }
+    ));
+    let err = config(&[
+        ("JOBS_TABLE", "t"),
+        ("LEASE_SECONDS", "20"),
+        ("HEARTBEAT_SECONDS", "10"),
+    ])
+    .expect_err("invalid");
+    assert!(matches!(
+        err,
+        ConfigError::Invalid {
+            name: "HEARTBEAT_SECONDS",
+            ..
+        }
+    ));
+}
+
+#[test]
+fn providers_are_configured_and_keys_never_printed() {
+    let c = config(&[
+        ("JOBS_TABLE", "t"),
+        ("PROVIDER", "openai"),
+        ("OPENAI_BASE_URL", "http://127.0.0.1:9/v1"),
+        ("OPENAI_API_KEY", "sk-very-secret"),
+        ("OPENAI_API", "chat"),
+        ("ALLOWED_MODELS", "*"),
+    ])
+    .expect("valid");
+    let ProviderConfig::OpenAi { settings, key } = &c.provider else {
+        panic!("openai expected");
+    };
+    assert_eq!(settings.api, OpenAiApi::Chat);
+    assert_eq!(settings.base_url, "http://127.0.0.1:9/v1");
+    assert_eq!(key, &KeySource::Value(Secret::new("sk-very-secret")));
+    assert!(!format!("{c:?}").contains("very-secret"));
+    let two_keys = config(&[
+        ("JOBS_TABLE", "t"),
+        ("PROVIDER", "openai"),
+        ("OPENAI_API_KEY", "k"),
+        ("OPENAI_API_KEY_PARAMETER", "/p"),
+    ]);
+    assert!(matches!(
+        two_keys,
+        Err(ConfigError::Invalid {
+            name: "OPENAI_API_KEY",
+            ..
+        })
+    ));
+    let c = config(&[
+        ("JOBS_TABLE", "t"),
+        ("PROVIDER", "bedrock"),
+        ("BEDROCK_MODEL_ID", "anthropic.claude"),
+    ])
+    .expect("valid");
+    assert_eq!(
+        c.provider,
+        ProviderConfig::Bedrock(BedrockSettings {
+            model_id: Some("anthropic.claude".to_owned()),
+            endpoint_url: None
+        })
+    );
+}
+
+#[test]
+fn a_provider_is_reached_over_tls_unless_it_is_on_this_machine() {
+    let openai = |url: &str| {
+        config(&[
+            ("JOBS_TABLE", "t"),
+            ("PROVIDER", "openai"),
+            ("ALLOWED_MODELS", "*"),
+            ("OPENAI_BASE_URL", url),
+        ])
+    };
+    for url in [
+        "https://api.openai.com/v1",
+        "http://127.0.0.1:8080/v1",
+        "http://localhost:8080/v1",
+        "http://[::1]:8080/v1",
+    ] {
+        openai(url).expect(url);
+    }
+    for url in [
+        "http://api.openai.com/v1",
+        "http://127.0.0.1.example.com/v1",
+        "http://user@127.0.0.1/v1",
+        "ftp://127.0.0.1/v1",
+        "api.openai.com/v1",
+    ] {
+        assert!(
+            matches!(
+                openai(url),
+                Err(ConfigError::Invalid {
+                    name: "OPENAI_BASE_URL",
+                    ..
+                })
+            ),
+            "{url}"
+        );
+    }
+    let bedrock = config(&[
+        ("JOBS_TABLE", "t"),
+        ("PROVIDER", "bedrock"),
+        ("BEDROCK_MODEL_ID", "m"),
+        ("BEDROCK_ENDPOINT_URL", "http://bedrock.internal"),
+    ]);
+    assert!(matches!(
+        bedrock,
+        Err(ConfigError::Invalid {
+            name: "BEDROCK_ENDPOINT_URL",
+            ..
+        })
+    ));
+}
+
+#[test]
+fn idempotency_keys_differ_between_deployments_and_stay_stable_within_one() {
+    let key = |vars: &[(&str, &str)]| {
+        config(vars)
+            .expect("valid")
+            .settings
+            .idempotency_key("job-1", 2, 3)
+    };
+    let a = key(&[
+        ("JOBS_TABLE", "jobs"),
+        ("DEPLOYMENT_ID", "111111111111/eu-west-1/jobs"),
+    ]);
+    let b = key(&[
+        ("JOBS_TABLE", "jobs"),
+        ("DEPLOYMENT_ID", "222222222222/eu-west-1/jobs"),
+    ]);
+    assert_ne!(a, b);
+    assert!(
+        a.ends_with(":job-1/2@3") && a.len() == 16 + ":job-1/2@3".len(),
+        "{a}"
+    );
+    assert_eq!(
+        a,
+        key(&[
+            ("JOBS_TABLE", "other"),
+            ("DEPLOYMENT_ID", "111111111111/eu-west-1/jobs")
+        ])
+    );
+    // Without a deployment id, the table's name sets them apart.
+    assert_ne!(
+        key(&[("JOBS_TABLE", "jobs-a")]),
+        key(&[("JOBS_TABLE", "jobs-b")])
+    );
+}
+
+#[test]
+fn the_reconciler_reads_its_own_variables() {
+    let map = |vars: &[(&str, &str)]| {
+        let vars: HashMap<String, String> = vars
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        reconciler_from_lookup(move |k| vars.get(k).cloned())
+    };
+    assert_eq!(
+        map(&[("JOBS_TABLE", "t")]).map(|_| ()),
+        Err(ConfigError::Missing("QUEUE_URL"))
+    );
+    let (table, queue, s) = map(&[
+        ("JOBS_TABLE", "t"),
+        ("QUEUE_URL", "q"),
+        ("RECONCILE_READY_AFTER_SECONDS", "60"),
+    ])
+    .expect("valid");
+    assert_eq!((table.as_str(), queue.as_str()), ("t", "q"));
+    assert_eq!(s.ready_after_ms, 60_000);
+    assert_eq!(s.retry_after_ms, 1_200_000);
+    assert!(matches!(
+        map(&[
+            ("JOBS_TABLE", "t"),
+            ("QUEUE_URL", "q"),
+            ("RECONCILE_MAX_JOBS", "0")
+        ]),
+        Err(ConfigError::Invalid {
+            name: "RECONCILE_MAX_JOBS",
+            ..
+        })
+    ));
+}
+
+#[test]
+fn the_heartbeat_defaults_to_a_third_of_the_shorter_window() {
+    let c = config(&[
+        ("JOBS_TABLE", "t"),
+        ("QUEUE_VISIBILITY_TIMEOUT_SECONDS", "1830"),
+    ])
+    .expect("valid");
+    assert_eq!(c.settings.heartbeat_ms, 20_000);
+    let c = config(&[
+        ("JOBS_TABLE", "t"),
+        ("QUEUE_VISIBILITY_TIMEOUT_SECONDS", "12"),
+    ])
+    .expect("valid");
+    assert_eq!(c.settings.heartbeat_ms, 4_000);
+}
