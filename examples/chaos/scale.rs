@@ -432,8 +432,8 @@ struct LimitedProvider {
     admitted: Arc<Mutex<HashMap<String, Millis>>>,
 }
 
-/// The tokens a request is charged when it arrives: its prompt (4 bytes a token) and its
-/// `max_tokens`.
+/// The tokens a request is charged when it arrives: its prompt (4 bytes a token) and the
+/// `max_tokens` of its parameters, which is what reaches the provider.
 fn charged_tokens(req: &ProviderRequest<'_>) -> u64 {
     let prompt = req
         .input
@@ -442,7 +442,8 @@ fn charged_tokens(req: &ProviderRequest<'_>) -> u64 {
         .map_or(0, str::len) as u64;
     let max_tokens = req
         .input
-        .get("max_tokens")
+        .get("parameters")
+        .and_then(|p| p.get("max_tokens"))
         .and_then(serde_json::Value::as_u64)
         .unwrap_or(0);
     prompt.div_ceil(4) + max_tokens
@@ -535,7 +536,7 @@ pub async fn run(config: &ScaleConfig) -> ScaleReport {
         // Prompts of 100 to 1,500 tokens, answers of up to 300.
         let prompt = "w".repeat(rng.usize(400..=6_000));
         let body = format!(
-            r#"{{"job_id":"{job_id}","contract":"scale.v1","deadline_at":"{deadline}","max_attempts":3,"input":{{"model":"m","max_tokens":300,"prompt":"{prompt}"}}}}"#
+            r#"{{"job_id":"{job_id}","contract":"scale.v1","deadline_at":"{deadline}","max_attempts":3,"input":{{"model":"m","parameters":{{"max_tokens":300}},"prompt":"{prompt}"}}}}"#
         );
         queue.push(body, start);
         job_ids.push(job_id);
