@@ -32,6 +32,18 @@ fn handler<L: JobLedger, P: Provider>(ledger: L, provider: P, settings: Settings
     .with_seed(1)
 }
 
+/// [`handler`] over the simulated provider, storing answers and inputs in `blobs`.
+fn handler_with_blobs<L: JobLedger>(
+    ledger: L,
+    settings: Settings,
+    blobs: Arc<fenced_jobs::blobs::MemoryBlobs>,
+) -> Handler<L, SimulatedProvider> {
+    BatchHandler::new(
+        Processor::new(ledger, SimulatedProvider::new(), SystemClock, settings).with_blobs(blobs),
+        RecordingVisibility::new(),
+    )
+}
+
 fn record(id: Option<&str>, body: &str) -> SqsMessage {
     let mut m = SqsMessage::default();
     m.message_id = id.map(str::to_owned);
@@ -2042,16 +2054,7 @@ async fn payloads_are_read_one_at_a_time_within_the_memory_set_aside_for_them() 
         payload_memory_bytes: 9 * 1_048_576,
         ..Settings::default()
     };
-    let h = BatchHandler::new(
-        Processor::new(
-            ledger.clone(),
-            SimulatedProvider::new(),
-            SystemClock,
-            settings,
-        )
-        .with_blobs(blobs),
-        RecordingVisibility::new(),
-    );
+    let h = handler_with_blobs(ledger.clone(), settings, blobs);
     let records = (0..4)
         .map(|i| pointer_record(&format!("m{i}"), &format!("k{i}"), Some(1_000_100)))
         .collect();
@@ -2477,17 +2480,7 @@ async fn producers_are_kept_apart_by_the_sender_sqs_names() {
             .expect("producers"),
         ..Settings::default()
     };
-    let h = BatchHandler::new(
-        Processor::new(
-            ledger.clone(),
-            SimulatedProvider::new(),
-            SystemClock,
-            settings,
-        )
-        .with_blobs(blobs),
-        RecordingVisibility::new(),
-    )
-    .with_seed(1);
+    let h = handler_with_blobs(ledger.clone(), settings, blobs).with_seed(1);
     let labels = |report: &fenced_jobs::report::BatchReport| -> Vec<&'static str> {
         report.records.iter().map(|r| r.outcome.label()).collect()
     };
