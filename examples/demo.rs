@@ -212,7 +212,11 @@ async fn main() {
 
     let aws = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
     let (ddb, sqs, calls) = counted_clients(&aws);
-    let mut settings = Settings::default();
+    // The demo's producer offloads its large body to the results bucket, under payloads/.
+    let mut settings = Settings {
+        payload_bucket: Some(bucket.clone()),
+        ..Settings::default()
+    };
     settings.visibility.backoff_base_s = 1;
     settings.visibility.backoff_cap_s = 2;
     let ledger = DynamoLedger::new(ddb.clone(), &table);

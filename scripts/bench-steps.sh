@@ -23,6 +23,7 @@ echo; echo "peak memory: ten Extended Client pointers to 8 MiB payloads, target/
   sleep 0.5
   AWS_LAMBDA_RUNTIME_API="127.0.0.1:$port" AWS_LAMBDA_FUNCTION_NAME=worker \
     AWS_LAMBDA_FUNCTION_VERSION='$LATEST' AWS_LAMBDA_FUNCTION_MEMORY_SIZE=128 PROVIDER=simulated \
+    PAYLOAD_BUCKET="$RESULTS_BUCKET-producer" \
     RUST_LOG=warn /usr/bin/time -v target/release/worker > /dev/null 2> /tmp/fenced-jobs-heavy.txt || true
   kill $mock 2>/dev/null || true
   grep -E "Maximum resident set size|Elapsed" /tmp/fenced-jobs-heavy.txt

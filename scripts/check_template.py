@@ -175,6 +175,7 @@ PRODUCER_LIMITS = (
     "MAX_DEADLINE_SECONDS",
     "PRODUCERS",
     "TRUSTED_SENDERS",
+    "PAYLOAD_BUCKET",
 )
 
 # How long an item outlives its job (RETENTION_DAYS, 30 by default): what it references must

@@ -223,6 +223,7 @@ fn request<'a>(contract: &'a Contract, input: &'a Map<String, Value>) -> Provide
         output: contract,
         input,
         input_json: "{}",
+        max_output_tokens: 0,
         idempotency_key: "inv-9/1@1".to_owned(),
     }
 }

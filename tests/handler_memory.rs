@@ -33,6 +33,17 @@ fn handler<L: JobLedger, P: Provider>(ledger: L, provider: P, settings: Settings
 }
 
 /// [`handler`] over the simulated provider, storing answers and inputs in `blobs`.
+/// The bucket the tests' Extended Client producers put payloads in.
+const PAYLOAD_BUCKET: &str = "producer";
+
+/// The default settings, with pointers to [`PAYLOAD_BUCKET`] taken.
+fn reading_payloads() -> Settings {
+    Settings {
+        payload_bucket: Some(PAYLOAD_BUCKET.to_owned()),
+        ..Settings::default()
+    }
+}
+
 fn handler_with_blobs<L: JobLedger>(
     ledger: L,
     settings: Settings,
@@ -1127,13 +1138,21 @@ async fn pointers_and_stored_answers_get_their_documented_outcomes() {
     let blobs = Arc::new(MemoryBlobs::new("results"));
     blobs.insert("producer", "p/ok", job("j-ptr", "").as_bytes());
     blobs.insert("producer", "p/bad", b"{not json");
+    // What the worker keeps is never a job's input, whoever names it.
+    blobs.insert(
+        "producer",
+        "results/j/1/ab.json",
+        job("j-theirs", "").as_bytes(),
+    );
+    blobs.insert("other", "p/ok", job("j-other", "").as_bytes());
+    blobs.insert("producer", "p/../p/ok", job("j-dots", "").as_bytes());
     let ledger = Arc::new(InMemoryLedger::new());
     let h = BatchHandler::new(
         Processor::new(
             ledger.clone(),
             SimulatedProvider::new(),
             SystemClock,
-            Settings::default(),
+            reading_payloads(),
         )
         .with_blobs(blobs.clone()),
         RecordingVisibility::new(),
@@ -1149,6 +1168,17 @@ async fn pointers_and_stored_answers_get_their_documented_outcomes() {
             "poison",
         ),
         (
+            "pointer to another bucket",
+            format!(r#"["{class}",{{"s3BucketName":"other","s3Key":"p/ok"}}]"#),
+            "poison",
+        ),
+        (
+            "pointer to a stored answer",
+            pointer("results/j/1/ab.json"),
+            "poison",
+        ),
+        ("pointer with a dot segment", pointer("p/../p/ok"), "poison"),
+        (
             "large answer",
             job("j-large", r#","simulate":{"answer_bytes":100000}"#),
             "succeeded",
@@ -1162,6 +1192,9 @@ async fn pointers_and_stored_answers_get_their_documented_outcomes() {
     let report = h.handle_batch(&event(records), &invocation()).await;
     for (r, (name, _, expected)) in report.records.iter().zip(&rows) {
         assert_eq!(r.outcome.label(), *expected, "{name}: {:?}", r.outcome);
+    }
+    for unread in ["j-theirs", "j-other", "j-dots"] {
+        assert!(ledger.get(unread).await.expect("get").is_none(), "{unread}");
     }
     let large = ledger.get("j-large").await.expect("get").expect("item");
     let blob = large.result_ref.expect("stored");
@@ -1217,7 +1250,7 @@ async fn pointers_and_stored_answers_get_their_documented_outcomes() {
     let plain = handler(
         Arc::new(InMemoryLedger::new()),
         SimulatedProvider::new(),
-        Settings::default(),
+        reading_payloads(),
     );
     let report = plain
         .handle_batch(
@@ -2052,7 +2085,7 @@ async fn payloads_are_read_one_at_a_time_within_the_memory_set_aside_for_them() 
     let ledger = Arc::new(InMemoryLedger::new());
     let settings = Settings {
         payload_memory_bytes: 9 * 1_048_576,
-        ..Settings::default()
+        ..reading_payloads()
     };
     let h = handler_with_blobs(ledger.clone(), settings, blobs);
     let records = (0..4)
@@ -2078,7 +2111,7 @@ async fn a_payload_read_that_never_answers_does_not_hold_the_batch_past_its_dead
     let ledger = Arc::new(InMemoryLedger::new());
     let settings = Settings {
         deadline_margin_ms: 1_000,
-        ..Settings::default()
+        ..reading_payloads()
     };
     let h = BatchHandler::new(
         Processor::new(ledger, SimulatedProvider::new(), SystemClock, settings).with_blobs(blobs),
@@ -2118,7 +2151,7 @@ async fn a_live_job_whose_input_is_gone_is_never_poison() {
             ledger.clone(),
             SimulatedProvider::new(),
             SystemClock,
-            Settings::default(),
+            reading_payloads(),
         )
         .with_blobs(blobs.clone()),
         RecordingVisibility::new(),
@@ -2478,7 +2511,7 @@ async fn producers_are_kept_apart_by_the_sender_sqs_names() {
     let settings = Settings {
         producers: Producers::parse("billing=AROABILLING,search=AROASEARCH", "AROARECONCILER")
             .expect("producers"),
-        ..Settings::default()
+        ..reading_payloads()
     };
     let h = handler_with_blobs(ledger.clone(), settings, blobs).with_seed(1);
     let labels = |report: &fenced_jobs::report::BatchReport| -> Vec<&'static str> {

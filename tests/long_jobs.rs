@@ -218,6 +218,7 @@ async fn the_api_key_is_read_from_secrets_manager_or_ssm_and_sent() {
             output: &fenced_jobs::job::contract::Contract::free_text("c"),
             input,
             input_json: "{}",
+            max_output_tokens: 0,
             idempotency_key: "k/1".to_owned(),
         };
         provider.submit(&req).await.expect("submitted");

@@ -8,6 +8,7 @@ mod common;
 
 use common::{deliver, emulator, fast_settings, job};
 use fenced_jobs::clock::{Clock, SystemClock};
+use fenced_jobs::job::scope::Producers;
 use fenced_jobs::job::{Failure, JobState, RecordOutcome};
 use fenced_jobs::ledger::{JobLedger, LedgerIndex, OperatorAction};
 use fenced_jobs::ops::operator::{self, OperatorError};
@@ -334,6 +335,7 @@ async fn dlq_inspect_pairs_messages_with_ledger_states_and_redrive_moves_only_li
     let entries = operator::dlq_inspect(
         &ledger,
         None,
+        &Producers::default(),
         &SqsReader::new(aws.sqs.clone()),
         &queue.dlq_url,
         10,
@@ -416,6 +418,7 @@ async fn dlq_redrive_works_on_fifo_queues() {
     let entries = operator::dlq_inspect(
         &ledger,
         None,
+        &Producers::default(),
         &SqsReader::new(aws.sqs.clone()),
         &queue.dlq_url,
         10,
@@ -449,7 +452,16 @@ async fn a_dlq_that_is_not_there_is_a_typed_queue_error() {
     let gone = format!("{}-gone", queue.dlq_url);
     // WHEN an operator inspects it
     let reader = SqsReader::new(aws.sqs.clone());
-    let inspected = operator::dlq_inspect(&aws.ledger(&table), None, &reader, &gone, 10, 0).await;
+    let inspected = operator::dlq_inspect(
+        &aws.ledger(&table),
+        None,
+        &Producers::default(),
+        &reader,
+        &gone,
+        10,
+        0,
+    )
+    .await;
     // THEN SQS's answer is classified, not passed on as text
     assert!(
         matches!(
@@ -627,6 +639,7 @@ async fn dlq_follows_extended_client_pointers_and_redrives_them_with_their_attri
     let entries = operator::dlq_inspect(
         &ledger,
         Some(&blobs),
+        &Producers::default(),
         &SqsReader::new(aws.sqs.clone()),
         &queue.dlq_url,
         10,

@@ -130,6 +130,7 @@ async fn ten_pointers_to_8_mib_payloads_stay_within_a_128_mb_function() {
         .env("AWS_EC2_METADATA_DISABLED", "true")
         .env("JOBS_TABLE", &table)
         .env("RESULTS_BUCKET", &results)
+        .env("PAYLOAD_BUCKET", &producer)
         .env("PROVIDER", "simulated")
         .env("RUST_LOG", "warn")
         .stdout(std::process::Stdio::null())

@@ -32,6 +32,7 @@ fn request<'a>(input: &'a Map<String, Value>, json: &'a str) -> ProviderRequest<
         output: &FREE_TEXT,
         input,
         input_json: json,
+        max_output_tokens: 0,
         idempotency_key: "job-7/2".to_owned(),
     }
 }
@@ -76,7 +77,12 @@ async fn chat_once(reply: Reply) -> (Result<Answer, ProviderError>, HttpStub) {
     let provider = openai(&stub.url, OpenAiApi::Chat);
     let inp = input(json!({"model": "gpt-test", "prompt": "Summarise this.",
                            "parameters": {"temperature": 0.2}}));
-    let result = provider.call(&request(&inp, "{}")).await;
+    // The job sets no ceiling on its answer: the deployment's is sent.
+    let req = ProviderRequest {
+        max_output_tokens: 16_384,
+        ..request(&inp, "{}")
+    };
+    let result = provider.call(&req).await;
     (result, stub)
 }
 
@@ -92,6 +98,7 @@ async fn chat_completions_answers_and_errors_are_classified() {
     assert_eq!(body["model"], "gpt-test");
     assert_eq!(body["messages"][0]["content"], "Summarise this.");
     assert_eq!(body["temperature"], 0.2);
+    assert_eq!(body["max_completion_tokens"], 16_384);
 
     let (result, _) = chat_once(
         Reply::json(429, json!({"error": {"code": "rate_limit_exceeded"}}))
@@ -229,7 +236,11 @@ async fn a_background_response_is_submitted_then_completes_on_the_third_poll() {
         {"role": "system", "content": "Be brief."},
         {"role": "user", "content": "Summarise."}
     ], "parameters": {"max_tokens": 64}}));
-    let req = request(&inp, "{}");
+    // The job's own ceiling, in the Responses API's spelling, never the deployment's.
+    let req = ProviderRequest {
+        max_output_tokens: 16_384,
+        ..request(&inp, "{}")
+    };
     let submitted = provider.submit(&req).await.expect("submitted");
     assert_eq!(submitted, Submission::Started("resp_42".to_owned()));
     let body = stub.requests()[0].json();
@@ -582,4 +593,34 @@ async fn a_rotated_key_is_read_again_after_a_401() {
         "{refused:?}"
     );
     assert_eq!(stub.requests().len(), 3);
+    // AND calls refused together while the key is replaced wait for the one that reads it,
+    // and are sent again with the new key rather than failing on the minute's rule
+    put("sk-third").await.expect("rotate");
+    *accepted.lock().expect("lock") = "Bearer sk-third".to_owned();
+    let provider = AnyProvider::from_config(
+        &ProviderConfig::OpenAi {
+            settings: OpenAiSettings {
+                base_url: format!("{}/v1", stub.url),
+                api: OpenAiApi::Chat,
+                ..OpenAiSettings::default()
+            },
+            key: KeySource::Parameter(name.clone()),
+        },
+        &aws.config,
+    )
+    .await
+    .expect("provider");
+    put("sk-new").await.expect("rotate");
+    *accepted.lock().expect("lock") = "Bearer sk-new".to_owned();
+    let before = stub.requests().len();
+    let req = request(&inp, "{}");
+    let calls = (0..4).map(|_| provider.call(&req));
+    for answer in futures::future::join_all(calls).await {
+        assert_eq!(output_of(&answer.expect("answered")), "done");
+    }
+    let resent = stub.requests()[before..]
+        .iter()
+        .filter(|r| r.header("authorization") == Some("Bearer sk-new"))
+        .count();
+    assert_eq!((stub.requests().len() - before, resent), (8, 4));
 }

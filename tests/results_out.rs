@@ -148,7 +148,11 @@ async fn a_pointer_job_with_a_1_mb_answer_is_announced_once_and_read_back_with_j
     .to_string();
     aws.send(&queue, &pointer).await;
 
-    let handler = worker(&aws, &table, &results, SimulatedProvider::new());
+    let settings = fenced_jobs::worker::Settings {
+        payload_bucket: Some(producer_bucket.clone()),
+        ..fast_settings()
+    };
+    let handler = worker_with(&aws, &table, &results, SimulatedProvider::new(), settings);
     let source = aws.source(&queue).await;
     let (poll, _) = deliver(&source, &handler).await;
     assert_eq!((poll.received, poll.deleted), (1, 1));

@@ -388,21 +388,7 @@ fn validate_input(input: &Map<String, Value>) -> Result<(), InvalidMessage> {
                 });
             }
             for message in messages {
-                let Value::Object(message) = message else {
-                    return Err(wrong_type("input.messages[]", "an object"));
-                };
-                if !matches!(message.get("role"), Some(Value::String(r)) if !r.is_empty()) {
-                    return Err(wrong_type("input.messages[].role", "a non-empty string"));
-                }
-                if !matches!(
-                    message.get("content"),
-                    Some(Value::String(_) | Value::Array(_))
-                ) {
-                    return Err(wrong_type(
-                        "input.messages[].content",
-                        "a string or an array of parts",
-                    ));
-                }
+                check_message(message)?;
             }
         }
         (Some(_), None) => return Err(wrong_type("input.messages", "an array")),
@@ -413,6 +399,57 @@ fn validate_input(input: &Map<String, Value>) -> Result<(), InvalidMessage> {
         return Err(wrong_type("input.parameters", "an object"));
     }
     Ok(())
+}
+
+/// The roles a job's conversation may give its messages.
+const ROLES: [&str; 4] = ["system", "developer", "user", "assistant"];
+/// The types a part of a message's content may have: text, in either API's spelling.
+const TEXT_PARTS: [&str; 3] = ["text", "input_text", "output_text"];
+
+/// Checks one message of a job's conversation: a role of [`ROLES`] and text content, a string
+/// or text parts, and nothing else. A part that names something the provider would fetch or
+/// look up (a file id, an image URL, a stored item) is refused: in an account that several
+/// producers share, it could name another producer's data.
+fn check_message(message: &Value) -> Result<(), InvalidMessage> {
+    let Value::Object(message) = message else {
+        return Err(wrong_type("input.messages[]", "an object"));
+    };
+    if !matches!(message.get("role"), Some(Value::String(r)) if ROLES.contains(&r.as_str())) {
+        return Err(InvalidMessage::Invalid {
+            field: "input.messages[].role",
+            rule: "must be system, developer, user or assistant",
+        });
+    }
+    if message
+        .keys()
+        .any(|k| !matches!(k.as_str(), "role" | "content" | "name"))
+    {
+        return Err(InvalidMessage::Invalid {
+            field: "input.messages[]",
+            rule: "a message has role, content and name only",
+        });
+    }
+    let text_part = |part: &Value| {
+        part.as_object().is_some_and(|part| {
+            matches!(part.get("text"), Some(Value::String(_)))
+                && part.keys().all(|k| k == "text" || k == "type")
+                && part
+                    .get("type")
+                    .is_none_or(|t| t.as_str().is_some_and(|t| TEXT_PARTS.contains(&t)))
+        })
+    };
+    match message.get("content") {
+        Some(Value::String(_)) => Ok(()),
+        Some(Value::Array(parts)) if parts.iter().all(text_part) => Ok(()),
+        Some(Value::Array(_)) => Err(InvalidMessage::Invalid {
+            field: "input.messages[].content",
+            rule: "parts are text only ({\"type\": \"text\", \"text\": ...})",
+        }),
+        _ => Err(wrong_type(
+            "input.messages[].content",
+            "a string or an array of parts",
+        )),
+    }
 }
 
 fn take_string(
@@ -545,6 +582,12 @@ mod tests {
 
     #[test]
     fn every_contract_violation_is_classified_without_echoing_values() {
+        // A conversation of text, in either API's spelling, is a job.
+        let conversation = r#"{"job_id":"j","contract":"c","input":{"model":"m","messages":[
+            {"role":"developer","content":"Be brief."},
+            {"role":"user","name":"ana","content":[{"type":"input_text","text":"a"},{"text":"b"}]},
+            {"role":"assistant","content":[{"type":"output_text","text":"c"}]}]}}"#;
+        assert!(parse_body(Some(conversation)).is_ok());
         let secret = "TOP-SECRET-PROMPT";
         let cases: Vec<(String, InvalidMessage)> = vec![
             ("not json".into(), InvalidMessage::NotJson { line: 1, column: 2 }),
@@ -606,6 +649,22 @@ mod tests {
             (
                 r#"{"job_id":"j","contract":"c","input":{"model":"m","messages":[{"role":"user"}]}}"#.into(),
                 InvalidMessage::WrongType { field: "input.messages[].content", expected: "a string or an array of parts" },
+            ),
+            (
+                r#"{"job_id":"j","contract":"c","input":{"model":"m","messages":[{"role":"tool","content":"x"}]}}"#.into(),
+                InvalidMessage::Invalid { field: "input.messages[].role", rule: "must be system, developer, user or assistant" },
+            ),
+            (
+                r#"{"job_id":"j","contract":"c","input":{"model":"m","messages":[{"role":"user","content":[{"type":"input_file","file_id":"file-theirs"}]}]}}"#.into(),
+                InvalidMessage::Invalid { field: "input.messages[].content", rule: "parts are text only ({\"type\": \"text\", \"text\": ...})" },
+            ),
+            (
+                r#"{"job_id":"j","contract":"c","input":{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"x","image_url":"http://169.254.169.254/"}]}]}}"#.into(),
+                InvalidMessage::Invalid { field: "input.messages[].content", rule: "parts are text only ({\"type\": \"text\", \"text\": ...})" },
+            ),
+            (
+                r#"{"job_id":"j","contract":"c","input":{"model":"m","messages":[{"type":"item_reference","id":"msg_theirs","role":"user","content":"x"}]}}"#.into(),
+                InvalidMessage::Invalid { field: "input.messages[]", rule: "a message has role, content and name only" },
             ),
             (
                 body(r#","max_attempts":0"#),

@@ -105,6 +105,30 @@ impl Policy {
         parse_parameters(list).map(Some)
     }
 
+    /// The answer's ceiling sent with a job that sets none of [`OUTPUT_CEILINGS`]: the smallest
+    /// bound `ALLOWED_PARAMETERS` gives any of them (16,384 by default), so that no job's
+    /// answer is bounded only by the model; 0 when none has a bound (`*`).
+    pub fn default_output_tokens(&self) -> u64 {
+        let Some(allowed) = &self.parameters else {
+            return 0;
+        };
+        OUTPUT_CEILINGS
+            .iter()
+            .filter_map(|name| allowed.get(*name).copied().flatten())
+            .map(|bound| bound.max(0.0).floor() as u64)
+            .min()
+            .unwrap_or(0)
+    }
+
+    /// The answer's ceiling a call for `input` is sent with: the job's, else
+    /// [`Policy::default_output_tokens`] (0: none).
+    pub fn output_tokens(&self, input: &Map<String, Value>) -> u64 {
+        match output_ceiling(input) {
+            0 => self.default_output_tokens(),
+            asked => asked,
+        }
+    }
+
     /// Why this deployment refuses a job seen for the first time at `now`, if it does: a model,
     /// a parameter or a parameter's value it does not allow, more attempts or a later deadline
     /// than it allows. Errors name the field and the setting, never a value.
@@ -126,6 +150,20 @@ impl Policy {
             let model = input.get("model").and_then(Value::as_str).unwrap_or("");
             if !models.iter().any(|m| m == model) {
                 return Some(not_allowed("input.model", "not among ALLOWED_MODELS"));
+            }
+        }
+        if let Some(Value::Object(parameters)) = input.get("parameters") {
+            // A ceiling counts where it is read (the pacer, Bedrock) only as a whole number.
+            for name in OUTPUT_CEILINGS {
+                if parameters
+                    .get(name)
+                    .is_some_and(|v| v.as_u64().is_none_or(|n| n == 0))
+                {
+                    return Some(not_allowed(
+                        &format!("input.parameters.{name}"),
+                        "must be a whole number of tokens, 1 or more",
+                    ));
+                }
             }
         }
         let (Some(allowed), Some(Value::Object(parameters))) =
@@ -230,7 +268,10 @@ mod tests {
                 "not among ALLOWED_PARAMETERS",
             ),
             (r#""max_tokens":1000000"#, "within its bound"),
-            (r#""maxTokens":"lots""#, "within its bound"),
+            (r#""maxTokens":"lots""#, "whole number of tokens"),
+            // A ceiling of 100.0 would be no ceiling where it is counted as a whole number.
+            (r#""max_tokens":100.0"#, "whole number of tokens"),
+            (r#""max_output_tokens":0"#, "whole number of tokens"),
         ] {
             let input = format!(r#","parameters":{{{parameter}}}"#);
             let why = refused(&policy, &job("", &input)).expect(parameter);
@@ -313,5 +354,35 @@ mod tests {
             12
         );
         assert_eq!(output_ceiling(&input(r#"{"max_tokens":9}"#)), 0);
+    }
+
+    #[test]
+    fn a_job_that_sets_no_ceiling_is_sent_the_deployment_s_bound() {
+        let input =
+            |text: &str| -> Map<String, Value> { serde_json::from_str(text).expect("json") };
+        let policy = Policy::default();
+        assert_eq!(policy.default_output_tokens(), 16_384);
+        assert_eq!(policy.output_tokens(&input(r#"{"prompt":"p"}"#)), 16_384);
+        assert_eq!(
+            policy.output_tokens(&input(r#"{"parameters":{"maxTokens":90}}"#)),
+            90
+        );
+        // The smallest bound of any spelling; none where no spelling has one.
+        let tight = Policy {
+            parameters: Policy::parse_parameters("max_tokens<=8000,max_output_tokens<=512,seed")
+                .expect("parsed"),
+            ..Policy::default()
+        };
+        assert_eq!(tight.default_output_tokens(), 512);
+        let unbounded = Policy {
+            parameters: Policy::parse_parameters("max_tokens,seed").expect("parsed"),
+            ..Policy::default()
+        };
+        assert_eq!(unbounded.default_output_tokens(), 0);
+        let open = Policy {
+            parameters: Policy::parse_parameters("*").expect("any"),
+            ..Policy::default()
+        };
+        assert_eq!(open.default_output_tokens(), 0);
     }
 }

@@ -14,6 +14,14 @@
 use std::collections::BTreeMap;
 
 use super::InvalidMessage;
+use super::message::MAX_JOB_ID_LEN;
+
+/// The keys the worker keeps stored answers and inputs under: no producer is named after them,
+/// and no pointer names a key under them.
+const RESERVED_PREFIXES: [&str; 2] = [
+    super::artifact::RESULTS_PREFIX,
+    super::artifact::INPUTS_PREFIX,
+];
 
 /// Who may send jobs, and the namespace of each.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -56,6 +64,14 @@ impl Producers {
             {
                 return Err(format!(
                     "{name:?}: a producer's name is up to 32 characters from A-Z a-z 0-9 _ - (none: ids unscoped)"
+                ));
+            }
+            if RESERVED_PREFIXES
+                .iter()
+                .any(|r| r.strip_suffix('/') == Some(name))
+            {
+                return Err(format!(
+                    "{name:?} is reserved: the worker keeps answers and inputs under it"
                 ));
             }
             for id in ids.split('|').map(str::trim) {
@@ -127,6 +143,11 @@ impl Producers {
                 Err(reserved("`/` separates producers, and PRODUCERS is unset"))
             }
             (Sender::Producer(""), None) => Ok(job_id.to_owned()),
+            (Sender::Producer(name), None) if name.len() + 1 + job_id.len() > MAX_JOB_ID_LEN => {
+                Err(reserved(
+                    "with the producer's name and `/` before it, a job id is at most 128 characters",
+                ))
+            }
             (Sender::Producer(name), None) => Ok(format!("{name}/{job_id}")),
             (Sender::Producer(_), Some(_)) => Err(reserved(
                 "a producer names its jobs by its own ids, without `/`",
@@ -141,8 +162,16 @@ impl Producers {
 
     /// Whether a pointer from `sender` may name the object `key`: a producer's only under its
     /// own prefix (`billing/`), so that no producer can have another's offloaded job read; the
-    /// unnamed producer's under no other producer's prefix.
-    pub fn may_read(&self, sender: Sender<'_>, key: &str) -> bool {
+    /// unnamed producer's under no other producer's prefix. A trusted sender's pointer (an
+    /// operator's redrive) is held to the rule of the producer whose job it names (`named`,
+    /// the message's `fenced-jobs.job-id`). No pointer names a key the worker keeps answers or
+    /// inputs under, nor one with a `.` or `..` segment.
+    pub fn may_read(&self, sender: Sender<'_>, key: &str, named: Option<&str>) -> bool {
+        if RESERVED_PREFIXES.iter().any(|r| key.starts_with(r))
+            || key.split('/').any(|part| part == "." || part == "..")
+        {
+            return false;
+        }
         let under = |name: &str| {
             key.strip_prefix(name)
                 .is_some_and(|rest| rest.starts_with('/'))
@@ -150,7 +179,11 @@ impl Producers {
         match sender {
             Sender::Producer("") => !self.by_sender.values().any(|n| !n.is_empty() && under(n)),
             Sender::Producer(name) => under(name),
-            Sender::Anyone | Sender::Trusted => true,
+            Sender::Trusted => {
+                let owner = named.and_then(producer_of).filter(|p| self.named(p));
+                self.may_read(Sender::Producer(owner.unwrap_or("")), key, None)
+            }
+            Sender::Anyone => true,
         }
     }
 
@@ -254,11 +287,23 @@ mod tests {
     fn pointers_reach_only_the_producers_own_prefix() {
         let p = two();
         let billing = Sender::Producer("billing");
-        assert!(p.may_read(billing, "billing/0f3c.json"));
-        assert!(!p.may_read(billing, "search/0f3c.json"));
-        assert!(!p.may_read(billing, "billing-old/0f3c.json"));
-        assert!(!p.may_read(billing, "0f3c.json"));
-        assert!(p.may_read(Sender::Trusted, "search/0f3c.json"));
+        assert!(p.may_read(billing, "billing/0f3c.json", None));
+        assert!(!p.may_read(billing, "search/0f3c.json", None));
+        assert!(!p.may_read(billing, "billing-old/0f3c.json", None));
+        assert!(!p.may_read(billing, "0f3c.json", None));
+        // A trusted sender's pointer (an operator's redrive) is held to the rule of the
+        // producer whose job its letter names.
+        let trusted = Sender::Trusted;
+        assert!(p.may_read(trusted, "search/0f3c.json", Some("search/job-1")));
+        assert!(!p.may_read(trusted, "search/0f3c.json", Some("billing/job-1")));
+        assert!(!p.may_read(trusted, "search/0f3c.json", None));
+        assert!(p.may_read(trusted, "0f3c.json", Some("job-1")));
+        // No pointer reaches the worker's own keys, nor a key with a dot segment.
+        assert!(!p.may_read(Sender::Anyone, "results/search/job-1/1/ab.json", None));
+        assert!(!p.may_read(Sender::Anyone, "inputs/billing/job-1/cd.json", None));
+        assert!(!p.may_read(billing, "billing/../search/0f3c.json", None));
+        assert!(!p.may_read(billing, "billing/./0f3c.json", None));
+        assert!(p.may_read(Sender::Anyone, "payloads/0f3c.json", None));
     }
 
     #[test]
@@ -278,11 +323,11 @@ mod tests {
         assert_eq!(first, Sender::Producer(""));
         assert_eq!(p.job_id(first, "job-1", None).expect("as is"), "job-1");
         assert!(p.job_id(first, "billing/job-1", None).is_err());
-        assert!(p.may_read(first, "0f3c.json"));
-        assert!(p.may_read(first, "archive/0f3c.json"));
-        assert!(!p.may_read(first, "billing/0f3c.json"));
+        assert!(p.may_read(first, "0f3c.json", None));
+        assert!(p.may_read(first, "archive/0f3c.json", None));
+        assert!(!p.may_read(first, "billing/0f3c.json", None));
         let billing = p.sender(Some("AROABILLING")).expect("known");
-        assert!(!p.may_read(billing, "0f3c.json"));
+        assert!(!p.may_read(billing, "0f3c.json", None));
         assert_eq!(
             p.job_id(billing, "job-1", None).expect("scoped"),
             "billing/job-1"
@@ -297,5 +342,16 @@ mod tests {
         assert!(Producers::parse("a=AROA1,b=AROA1", "").is_err());
         assert!(Producers::parse("a=AROA1", "AROA1").is_err());
         assert!(Producers::parse("a=arn:aws:iam::1:role/x", "").is_err());
+        assert!(Producers::parse("results=AROA1", "").is_err());
+        assert!(Producers::parse("inputs=AROA1", "").is_err());
+    }
+
+    #[test]
+    fn a_scoped_id_fits_the_ledger_s_128_characters() {
+        let p = two();
+        let billing = Sender::Producer("billing");
+        let longest = "j".repeat(128 - "billing/".len());
+        assert_eq!(p.job_id(billing, &longest, None).expect("fits").len(), 128);
+        assert!(p.job_id(billing, &format!("{longest}j"), None).is_err());
     }
 }

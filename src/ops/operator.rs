@@ -5,6 +5,7 @@ use serde_json::{Value, json};
 
 use crate::blobs::BlobStore;
 use crate::job::message::format_rfc3339_ms;
+use crate::job::scope::{Producers, Sender};
 use crate::job::{BlobRef, Failure, InvalidMessage, JobRecord, JobState, Millis, Trigger};
 use crate::ledger::{DecideRequest, JobLedger, LedgerError, OperatorAction, Write};
 use crate::queue::reader::RECEIVE_LIMIT;
@@ -411,6 +412,7 @@ impl std::fmt::Debug for DlqEntry {
 pub async fn dlq_inspect<L: JobLedger>(
     ledger: &L,
     blobs: Option<&dyn BlobStore>,
+    producers: &Producers,
     queue: &impl QueueReader,
     dlq_url: &str,
     max: usize,
@@ -440,40 +442,13 @@ pub async fn dlq_inspect<L: JobLedger>(
             if repeated || entries.len() == max {
                 continue;
             }
-            let own = |name: &str| {
-                m.attributes
-                    .iter()
-                    .find(|(n, _)| n == name)
-                    .map(|(_, v)| v.clone())
-            };
-            let refused = own(crate::queue::dead_letters::REASON_ATTRIBUTE)
-                .filter(|reason| reason == "poison")
-                .map(|_| own(crate::queue::dead_letters::DETAIL_ATTRIBUTE).unwrap_or_default());
-            let attributes: Vec<(String, String)> = m
-                .attributes
-                .into_iter()
-                .filter(|(name, _)| !DEAD_LETTER_ATTRIBUTES.contains(&name.as_str()))
-                .collect();
-            let named = attributes
-                .iter()
-                .find(|(name, _)| name == crate::job::pointer::NAMED_JOB_ATTRIBUTE)
-                .map(|(_, v)| v.as_str());
-            let trigger = dead_trigger(blobs, &m.body, named).await;
-            let job_id = trigger.as_ref().ok().map(|t| whole_id(t, named));
-            let record = match &job_id {
-                Some(id) => ledger.get(id).await?,
-                None => None,
-            };
-            let verdict = match &trigger {
-                Ok(trigger) => verdict_of(trigger, record.as_ref(), refused.as_deref()),
-                Err(verdict) => verdict.clone(),
-            };
+            let letter = judge_letter(ledger, blobs, producers, &m).await?;
             entries.push(DlqEntry {
                 message_id: m.message_id,
-                verdict,
-                job_id,
+                verdict: letter.verdict,
+                job_id: letter.job_id,
                 body: m.body,
-                attributes,
+                attributes: letter.attributes,
                 receipt_handle: m.receipt_handle,
             });
         }
@@ -484,6 +459,110 @@ pub async fn dlq_inspect<L: JobLedger>(
         };
     }
     Ok(entries)
+}
+
+/// A dead letter as jobctl judges it: its job's whole id, the verdict, and the attributes a
+/// redrive sends it with.
+struct Judged {
+    job_id: Option<String>,
+    verdict: DlqVerdict,
+    attributes: Vec<(String, String)>,
+}
+
+/// Judges one dead letter. A letter whose sender (`SenderId`) is one of `producers` is that
+/// producer's own message, moved by the redrive policy: what it says in attributes named like
+/// the worker's is not believed (a producer could name another's job there), its job is in the
+/// producer's namespace, a pointer must be under the producer's prefix, and the redrive names
+/// the job by its whole id. Any other letter is the worker's (or a trusted sender's) and is
+/// believed; without `producers` jobctl cannot tell, and leaves a letter naming a producer's
+/// job where it is.
+async fn judge_letter<L: JobLedger>(
+    ledger: &L,
+    blobs: Option<&dyn BlobStore>,
+    producers: &Producers,
+    m: &crate::queue::reader::Received,
+) -> Result<Judged, OperatorError> {
+    use crate::job::pointer::NAMED_JOB_ATTRIBUTE;
+    use crate::queue::dead_letters::{DETAIL_ATTRIBUTE, OWN_ATTRIBUTE_PREFIX, REASON_ATTRIBUTE};
+    let own = |name: &str| {
+        m.attributes
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+    };
+    let producer = match producers.sender(m.sender_id.as_deref()) {
+        Ok(Sender::Producer(name)) => Some(name),
+        _ => None,
+    };
+    let mut attributes: Vec<(String, String)> = m
+        .attributes
+        .iter()
+        .filter(|(name, _)| {
+            !DEAD_LETTER_ATTRIBUTES.contains(&name.as_str())
+                && (producer.is_none() || !name.starts_with(OWN_ATTRIBUTE_PREFIX))
+        })
+        .cloned()
+        .collect();
+    let unjudged = |verdict| Judged {
+        job_id: None,
+        verdict,
+        attributes: Vec::new(),
+    };
+    let Some(name) = producer else {
+        let named = own(NAMED_JOB_ATTRIBUTE);
+        if !producers.scoped() && named.is_some_and(|n| n.contains('/')) {
+            return Ok(unjudged(DlqVerdict::Unreadable(
+                "names a producer's job: give jobctl the deployment's PRODUCERS, so that it \
+                 can tell the worker's letters from a producer's"
+                    .to_owned(),
+            )));
+        }
+        let refused = own(REASON_ATTRIBUTE)
+            .filter(|reason| *reason == "poison")
+            .map(|_| own(DETAIL_ATTRIBUTE).unwrap_or_default());
+        let trigger = dead_trigger(blobs, &m.body, named).await;
+        let job_id = trigger.as_ref().ok().map(|t| whole_id(t, named));
+        let record = match &job_id {
+            Some(id) => ledger.get(id).await?,
+            None => None,
+        };
+        let verdict = match &trigger {
+            Ok(trigger) => verdict_of(trigger, record.as_ref(), refused),
+            Err(verdict) => verdict.clone(),
+        };
+        return Ok(Judged {
+            job_id,
+            verdict,
+            attributes,
+        });
+    };
+    // The producer's own message: its pointer read only under its prefix, its job scoped.
+    let sender = Sender::Producer(name);
+    let named = own(NAMED_JOB_ATTRIBUTE);
+    let poison = |invalid: InvalidMessage| unjudged(DlqVerdict::Poison(invalid.to_string()));
+    if let Some(Ok(pointer)) = crate::job::message::parse_pointer(&m.body)
+        && !producers.may_read(sender, &pointer.key, None)
+    {
+        return Ok(poison(InvalidMessage::NotAllowed {
+            field: "s3Key".to_owned(),
+            rule: "outside the producer's prefix (PRODUCERS), or a key the worker keeps its own under",
+        }));
+    }
+    let trigger = match dead_trigger(blobs, &m.body, named).await {
+        Ok(trigger) => trigger,
+        Err(verdict) => return Ok(unjudged(verdict)),
+    };
+    let whole = match producers.job_id(sender, trigger.job_id(), None) {
+        Ok(whole) => whole,
+        Err(invalid) => return Ok(poison(invalid)),
+    };
+    let record = ledger.get(&whole).await?;
+    attributes.push((NAMED_JOB_ATTRIBUTE.to_owned(), whole.clone()));
+    Ok(Judged {
+        verdict: verdict_of(&trigger, record.as_ref(), None),
+        job_id: Some(whole),
+        attributes,
+    })
 }
 
 /// Sends the redrivable entries back to the work queue, then deletes them from the DLQ; the

@@ -94,7 +94,10 @@ impl Provider for BedrockProvider {
             .model_id(model)
             .set_system((!system.is_empty()).then_some(system))
             .set_messages(Some(messages))
-            .set_inference_config(inference(req.input.get("parameters")))
+            .set_inference_config(inference(
+                req.input.get("parameters"),
+                req.max_output_tokens,
+            ))
             .set_output_config(output_config(req.output))
             .send()
             .await
@@ -210,10 +213,21 @@ fn conversation(
     Ok((system, messages))
 }
 
-/// Inference parameters from the job's `parameters` (both OpenAI and Bedrock spellings).
-fn inference(parameters: Option<&Value>) -> Option<InferenceConfiguration> {
-    let p = parameters?.as_object()?;
+/// Inference parameters from the job's `parameters` (both OpenAI and Bedrock spellings), the
+/// answer's ceiling `max_tokens` when the job sets none.
+fn inference(parameters: Option<&Value>, max_tokens: u64) -> Option<InferenceConfiguration> {
+    let empty = Map::new();
+    let p = parameters.and_then(Value::as_object).unwrap_or(&empty);
+    if p.is_empty() && max_tokens == 0 {
+        return None;
+    }
     let number = |names: &[&str]| names.iter().find_map(|n| p.get(*n)?.as_f64());
+    // The job's ceiling in any provider's spelling, else the deployment's.
+    let ceiling = crate::job::OUTPUT_CEILINGS
+        .iter()
+        .filter_map(|n| p.get(*n)?.as_u64())
+        .max()
+        .unwrap_or(max_tokens);
     let stop = match p.get("stop").or_else(|| p.get("stopSequences")) {
         Some(Value::String(s)) => Some(vec![s.clone()]),
         Some(Value::Array(a)) => Some(
@@ -225,7 +239,7 @@ fn inference(parameters: Option<&Value>) -> Option<InferenceConfiguration> {
     };
     Some(
         InferenceConfiguration::builder()
-            .set_max_tokens(number(&["max_tokens", "maxTokens"]).map(|v| v as i32))
+            .set_max_tokens((ceiling > 0).then(|| i32::try_from(ceiling).unwrap_or(i32::MAX)))
             .set_temperature(number(&["temperature"]).map(|v| v as f32))
             .set_top_p(number(&["top_p", "topP"]).map(|v| v as f32))
             .set_stop_sequences(stop)
@@ -366,14 +380,30 @@ mod tests {
 
     #[test]
     fn parameters_take_either_spelling() {
-        let config = inference(Some(
-            &json!({"max_tokens": 50, "temperature": 0.5, "topP": 0.9, "stop": "END"}),
-        ))
+        let config = inference(
+            Some(&json!({"max_tokens": 50, "temperature": 0.5, "topP": 0.9, "stop": "END"})),
+            16_384,
+        )
         .expect("config");
         assert_eq!(config.max_tokens(), Some(50));
         assert_eq!(config.temperature(), Some(0.5));
         assert_eq!(config.top_p(), Some(0.9));
         assert_eq!(config.stop_sequences(), ["END"]);
-        assert!(inference(None).is_none());
+        assert!(inference(None, 0).is_none());
+        // Every spelling of the answer's ceiling is read; a job that sets none is sent the
+        // deployment's.
+        let ceiling = |parameters: Value| {
+            inference(Some(&parameters), 16_384)
+                .expect("config")
+                .max_tokens()
+        };
+        assert_eq!(ceiling(json!({"max_output_tokens": 70})), Some(70));
+        assert_eq!(ceiling(json!({"max_completion_tokens": 80})), Some(80));
+        assert_eq!(ceiling(json!({"maxTokens": 90})), Some(90));
+        assert_eq!(ceiling(json!({"temperature": 0.5})), Some(16_384));
+        assert_eq!(
+            inference(None, 512).expect("config").max_tokens(),
+            Some(512)
+        );
     }
 }

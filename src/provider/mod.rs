@@ -148,6 +148,9 @@ pub struct ProviderRequest<'a> {
     pub input: &'a Map<String, Value>,
     /// The same input as canonical JSON (sorted keys, no whitespace).
     pub input_json: &'a str,
+    /// The answer's ceiling in tokens: the job's own, or for a job that sets none the
+    /// deployment's bound, which the provider is sent in its own spelling (0: none).
+    pub max_output_tokens: u64,
     /// Stable per job and attempt: a provider that deduplicates requests sees a retry of the
     /// same attempt as the same request.
     pub idempotency_key: String,

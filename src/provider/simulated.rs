@@ -222,6 +222,7 @@ mod tests {
             output: &FREE_TEXT,
             input: &input.0,
             input_json: &input.1,
+            max_output_tokens: 0,
             idempotency_key: format!("j/{attempt}"),
         }
     }

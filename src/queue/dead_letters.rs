@@ -18,6 +18,10 @@ pub(crate) const DETAIL_ATTRIBUTE: &str = "fenced-jobs.detail";
 pub const JOB_ID_ATTRIBUTE: &str = crate::job::pointer::NAMED_JOB_ATTRIBUTE;
 /// The attribute with the original message id.
 pub(crate) const SOURCE_ATTRIBUTE: &str = "fenced-jobs.source-message-id";
+/// What the names of the attributes the worker writes begin with: a producer's message that
+/// came with one keeps none of them in its dead letter, so that what a letter says about its
+/// job is the worker's word alone.
+pub(crate) const OWN_ATTRIBUTE_PREFIX: &str = "fenced-jobs.";
 /// SQS's limit on a message's attributes.
 const MAX_ATTRIBUTES: usize = 10;
 
@@ -37,7 +41,7 @@ pub struct DeadLetter {
     /// The original message group (FIFO).
     pub group_id: Option<String>,
     /// The original string attributes (an Extended Client pointer's size, say), kept while
-    /// they fit beside ours.
+    /// they fit beside ours; none named like ours.
     pub attributes: Vec<(String, String)>,
 }
 
@@ -62,6 +66,9 @@ impl DeadLetter {
             return None;
         }
         for attribute in &self.attributes {
+            if attribute.0.starts_with(OWN_ATTRIBUTE_PREFIX) {
+                continue;
+            }
             if out.len() == MAX_ATTRIBUTES {
                 break;
             }
@@ -183,6 +190,43 @@ mod tests {
         assert!(small.size() > 1_600, "{}", small.size());
         // A body of the whole 1 MiB leaves no room for the reason: not sent by the worker.
         assert_eq!(letter(SQS_MAX_BYTES, vec![]).all_attributes(), None);
+    }
+
+    #[test]
+    fn a_letter_says_what_the_worker_says_of_its_job_and_nothing_a_producer_planted() {
+        // A producer's message came with our attributes, naming another producer's job and
+        // a reason of its own: its letter carries the worker's words only.
+        let planted = vec![
+            (JOB_ID_ATTRIBUTE.to_owned(), "billing/job-1".to_owned()),
+            (REASON_ATTRIBUTE.to_owned(), "conflict".to_owned()),
+            ("trace".to_owned(), "t-1".to_owned()),
+        ];
+        let mut unread = letter(100, planted.clone());
+        let attributes = unread.all_attributes().expect("fits");
+        assert!(
+            attributes.iter().all(|(n, _)| n != JOB_ID_ATTRIBUTE),
+            "{attributes:?}"
+        );
+        assert_eq!(
+            attributes
+                .iter()
+                .filter(|(n, _)| n == REASON_ATTRIBUTE)
+                .count(),
+            1
+        );
+        assert!(attributes.contains(&(REASON_ATTRIBUTE.to_owned(), "poison".to_owned())));
+        assert!(attributes.contains(&("trace".to_owned(), "t-1".to_owned())));
+        // Where the worker read the job, the letter names it by the worker's whole id.
+        unread.job_id = Some("search/job-1".into());
+        let attributes = unread.all_attributes().expect("fits");
+        let named: Vec<_> = attributes
+            .iter()
+            .filter(|(n, _)| n == JOB_ID_ATTRIBUTE)
+            .collect();
+        assert_eq!(
+            named,
+            [&(JOB_ID_ATTRIBUTE.to_owned(), "search/job-1".to_owned())]
+        );
     }
 
     #[test]

@@ -10,7 +10,7 @@ use std::future::Future;
 use aws_sdk_sqs::Client;
 use aws_sdk_sqs::config::http::HttpResponse;
 use aws_sdk_sqs::error::{ProvideErrorMetadata, SdkError};
-use aws_sdk_sqs::types::MessageAttributeValue;
+use aws_sdk_sqs::types::{MessageAttributeValue, MessageSystemAttributeName};
 
 /// SQS receives at most ten messages a request.
 pub(crate) const RECEIVE_LIMIT: usize = 10;
@@ -24,6 +24,9 @@ pub struct Received {
     pub body: String,
     /// Its string attributes.
     pub attributes: Vec<(String, String)>,
+    /// The principal SQS says sent it (`SenderId`: a role's unique id and session, a user's
+    /// id), which the sender cannot choose.
+    pub sender_id: Option<String>,
     /// The handle that deletes or releases it.
     pub receipt_handle: String,
 }
@@ -184,6 +187,7 @@ impl QueueReader for SqsReader {
             .max_number_of_messages(i32::try_from(max).unwrap_or(i32::MAX))
             .visibility_timeout(hold_s)
             .message_attribute_names("All")
+            .message_system_attribute_names(MessageSystemAttributeName::SenderId)
             .send()
             .await
             .map_err(|e| classified("ReceiveMessage", queue_url, e))?;
@@ -199,6 +203,10 @@ impl QueueReader for SqsReader {
                     .flatten()
                     .filter_map(|(name, v)| Some((name.clone(), v.string_value()?.to_owned())))
                     .collect(),
+                sender_id: m
+                    .attributes()
+                    .and_then(|a| a.get(&MessageSystemAttributeName::SenderId))
+                    .cloned(),
                 receipt_handle: m.receipt_handle().unwrap_or_default().to_owned(),
             })
             .collect())
@@ -284,7 +292,8 @@ struct Kept {
 }
 
 #[cfg(any(test, feature = "test-support"))]
-type Queued = (u64, String, Vec<(String, String)>);
+/// Order sent, body, attributes, sender.
+type Queued = (u64, String, Vec<(String, String)>, Option<String>);
 
 #[cfg(any(test, feature = "test-support"))]
 impl MemoryQueue {
@@ -320,6 +329,45 @@ impl MemoryQueue {
             .collect();
         all.sort_by_key(|m| m.0);
         all.into_iter().map(|m| m.1.clone()).collect()
+    }
+
+    /// Sends `message` to `url` as the principal `sender_id` (what SQS gives as the message's
+    /// `SenderId`; `None` for none, which SQS never gives).
+    pub fn send_as(
+        &self,
+        queue_url: &str,
+        sender_id: Option<&str>,
+        message: Message<'_>,
+    ) -> Result<(), QueueError> {
+        let bytes = message.body.len()
+            + message
+                .attributes
+                .iter()
+                .map(|(n, v)| n.len() + "String".len() + v.len())
+                .sum::<usize>();
+        if message.attributes.len() > 10 {
+            return Err(refused("SendMessage", "at most 10 message attributes"));
+        }
+        if bytes > crate::job::message::MAX_BODY_BYTES {
+            return Err(refused("SendMessage", "a message is at most 1 MiB"));
+        }
+        if queue_url.ends_with(".fifo") != message.fifo.is_some() {
+            return Err(refused(
+                "SendMessage",
+                "a FIFO queue takes a group id, and only a FIFO queue",
+            ));
+        }
+        self.with(queue_url, |q| {
+            q.sent += 1;
+            let kept = (
+                q.sent,
+                message.body.to_owned(),
+                message.attributes.to_vec(),
+                sender_id.map(str::to_owned),
+            );
+            q.visible.push_back(kept);
+            Ok(())
+        })
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, Kept>> {
@@ -378,6 +426,7 @@ impl QueueReader for MemoryQueue {
                     message_id: Some(format!("m-{}", message.0)),
                     body: message.1.clone(),
                     attributes: message.2.clone(),
+                    sender_id: message.3.clone(),
                     receipt_handle: receipt_handle.clone(),
                 });
                 if hold_s == 0 {
@@ -399,30 +448,7 @@ impl QueueReader for MemoryQueue {
     }
 
     async fn send(&self, queue_url: &str, message: Message<'_>) -> Result<(), QueueError> {
-        let bytes = message.body.len()
-            + message
-                .attributes
-                .iter()
-                .map(|(n, v)| n.len() + "String".len() + v.len())
-                .sum::<usize>();
-        if message.attributes.len() > 10 {
-            return Err(refused("SendMessage", "at most 10 message attributes"));
-        }
-        if bytes > crate::job::message::MAX_BODY_BYTES {
-            return Err(refused("SendMessage", "a message is at most 1 MiB"));
-        }
-        if queue_url.ends_with(".fifo") != message.fifo.is_some() {
-            return Err(refused(
-                "SendMessage",
-                "a FIFO queue takes a group id, and only a FIFO queue",
-            ));
-        }
-        self.with(queue_url, |q| {
-            q.sent += 1;
-            let kept = (q.sent, message.body.to_owned(), message.attributes.to_vec());
-            q.visible.push_back(kept);
-            Ok(())
-        })
+        self.send_as(queue_url, None, message)
     }
 
     async fn delete(&self, queue_url: &str, receipt_handle: &str) -> Result<(), QueueError> {
@@ -583,6 +609,7 @@ mod tests {
             message_id: Some("m-1".into()),
             body: "secret prompt".into(),
             attributes: Vec::new(),
+            sender_id: None,
             receipt_handle: "AQEB-handle".into(),
         };
         let shown = format!("{m:?}");

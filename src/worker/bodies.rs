@@ -4,6 +4,7 @@
 use aws_lambda_events::event::sqs::{SqsEvent, SqsMessage};
 
 use super::processor::{Invocation, Processor};
+use super::settings::Settings;
 use super::within;
 use crate::blobs::body::resolve_body;
 use crate::clock::Clock;
@@ -55,7 +56,7 @@ where
     for record in &event.records {
         let body = record.body.as_deref();
         let pointer = body.and_then(crate::job::message::parse_pointer);
-        let sender = sender_of(&settings.producers, record, pointer.as_ref());
+        let sender = sender_of(settings, record, pointer.as_ref());
         let parsed = match (pointer, &sender) {
             (_, Err(refused)) => Err(refused.clone()),
             (Some(Ok(_)), _) => {
@@ -115,22 +116,32 @@ where
 }
 
 /// The record's sender as the deployment knows it (SQS's `SenderId`), or why the record is
-/// refused unread: a sender it does not list, or a pointer outside the sender's prefix.
+/// refused unread: a sender it does not list, or a pointer to a bucket other than
+/// `PAYLOAD_BUCKET` or to a key outside the sender's prefix.
 fn sender_of<'p>(
-    producers: &'p Producers,
+    settings: &'p Settings,
     record: &SqsMessage,
     pointer: Option<&Result<PayloadPointer, InvalidMessage>>,
 ) -> Result<Sender<'p>, Failure> {
+    let producers = &settings.producers;
     let sender = producers
         .sender(record.attributes.get("SenderId").map(String::as_str))
         .map_err(Failure::Poison)?;
+    let refused = |field: &str, rule| {
+        Err(Failure::Poison(InvalidMessage::NotAllowed {
+            field: field.to_owned(),
+            rule,
+        }))
+    };
     match pointer {
-        Some(Ok(p)) if !producers.may_read(sender, &p.key) => {
-            Err(Failure::Poison(InvalidMessage::NotAllowed {
-                field: "s3Key".to_owned(),
-                rule: "outside the producer's prefix (PRODUCERS)",
-            }))
-        }
+        Some(Ok(p)) if settings.payload_bucket.as_deref() != Some(p.bucket.as_str()) => refused(
+            "s3BucketName",
+            "not the bucket this deployment reads payloads from (PAYLOAD_BUCKET)",
+        ),
+        Some(Ok(p)) if !producers.may_read(sender, &p.key, named(record)) => refused(
+            "s3Key",
+            "outside the producer's prefix (PRODUCERS), or a key the worker keeps its own under",
+        ),
         _ => Ok(sender),
     }
 }
@@ -143,11 +154,11 @@ fn scoped(
     sender: Sender<'_>,
     trigger: Trigger,
 ) -> Result<Trigger, Failure> {
-    let named = record
-        .message_attributes
-        .get(NAMED_JOB_ATTRIBUTE)
-        .and_then(|a| a.string_value.as_deref());
-    let whole = |id: &str| producers.job_id(sender, id, named).map_err(Failure::Poison);
+    let whole = |id: &str| {
+        producers
+            .job_id(sender, id, named(record))
+            .map_err(Failure::Poison)
+    };
     Ok(match trigger {
         Trigger::Job(mut msg) => {
             msg.job_id = whole(&msg.job_id)?;
@@ -157,12 +168,20 @@ fn scoped(
     })
 }
 
+/// The whole id a message's `fenced-jobs.job-id` attribute names (believed on a trusted
+/// sender's message only).
+fn named(record: &SqsMessage) -> Option<&str> {
+    record
+        .message_attributes
+        .get(NAMED_JOB_ATTRIBUTE)
+        .and_then(|a| a.string_value.as_deref())
+}
+
 /// The job a pointer's message names: a pointer whose payload is gone then goes on from the
 /// job's item (which holds its input) instead of being poison, and is poison only when the
 /// ledger has no such job.
 fn named_job(record: &SqsMessage) -> Option<Trigger> {
-    let value = record.message_attributes.get(NAMED_JOB_ATTRIBUTE);
-    crate::job::pointer::named_job(value.and_then(|a| a.string_value.as_deref()))
+    crate::job::pointer::named_job(named(record))
 }
 
 /// Whether the producer marked the message's job as already in the ledger (it created the

@@ -23,6 +23,7 @@ use std::time::Duration;
 
 use crate::clock::Clock;
 use crate::job::Millis;
+use crate::job::policy::Policy;
 use crate::ledger::LedgerError;
 use crate::ledger::schedule::{CallSchedule, Limits, Reservation, ReserveRequest};
 
@@ -167,16 +168,16 @@ impl Pacer {
     }
 
     /// The tokens a provider is expected to charge a call with this input when it arrives: its
-    /// size at four bytes a token, and the answer's ceiling from the job's `parameters` (the
-    /// largest of [`crate::job::OUTPUT_CEILINGS`], every spelling the providers read). Read
-    /// only when a token limit is set.
-    pub(crate) fn estimated_tokens(&self, input_canonical: &str) -> u64 {
+    /// size at four bytes a token, and the answer's ceiling the call is sent with (`policy`'s
+    /// reading of the job's `parameters`: the largest of [`crate::job::OUTPUT_CEILINGS`],
+    /// else the deployment's bound). Read only when a token limit is set.
+    pub(crate) fn estimated_tokens(&self, input_canonical: &str, policy: &Policy) -> u64 {
         if self.settings.limits.tpm == 0 {
             return 0;
         }
         let input: serde_json::Map<String, serde_json::Value> =
             serde_json::from_str(input_canonical).unwrap_or_default();
-        (input_canonical.len() as u64).div_ceil(4) + crate::job::output_ceiling(&input)
+        (input_canonical.len() as u64).div_ceil(4) + policy.output_tokens(&input)
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
@@ -660,15 +661,20 @@ mod tests {
             ..PacingSettings::default()
         };
         let pacer = Pacer::new(settings, None);
+        let policy = Policy::default();
         // The ceiling is read from the parameters, where the providers read it, in any spelling.
         let input = r#"{"parameters":{"max_tokens":300},"prompt":"abcdefgh"}"#;
-        assert_eq!(pacer.estimated_tokens(input), 14 + 300);
+        assert_eq!(pacer.estimated_tokens(input, &policy), 14 + 300);
         let bedrock = r#"{"parameters":{"maxTokens":300},"prompt":"abcdefgh"}"#;
-        assert_eq!(pacer.estimated_tokens(bedrock), 13 + 300);
-        // A key of that name outside the parameters reaches no provider and counts for nothing.
+        assert_eq!(pacer.estimated_tokens(bedrock, &policy), 13 + 300);
+        // A key of that name outside the parameters reaches no provider: the call is sent,
+        // and counted, with the deployment's bound.
         let outside = r#"{"max_tokens":300,"prompt":"abcdefghijklmnopqrstuvwxyzabcdefgh"}"#;
-        assert_eq!(pacer.estimated_tokens(outside), 16);
+        assert_eq!(pacer.estimated_tokens(outside, &policy), 16 + 16_384);
         // No token limit: nothing is parsed.
-        assert_eq!(Pacer::new(sixteen(), None).estimated_tokens(input), 0);
+        assert_eq!(
+            Pacer::new(sixteen(), None).estimated_tokens(input, &policy),
+            0
+        );
     }
 }

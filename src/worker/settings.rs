@@ -87,6 +87,9 @@ pub struct Settings {
     pub policy: Policy,
     /// Who may send jobs, and each producer's namespace (`PRODUCERS`, `TRUSTED_SENDERS`).
     pub producers: Producers,
+    /// `PAYLOAD_BUCKET`: the one bucket an Extended Client pointer may name (unset: pointers
+    /// are refused).
+    pub payload_bucket: Option<String>,
     /// What sets this deployment's idempotency keys apart from every other's sent to the same
     /// provider account: 16 hex characters of SHA-256 over `DEPLOYMENT_ID` (the template sets
     /// the account, Region and stack), else over `JOBS_TABLE`; empty in tests.
@@ -116,6 +119,7 @@ impl Default for Settings {
             payload_memory_bytes: 512 * 1_048_576,
             policy: Policy::default(),
             producers: Producers::default(),
+            payload_bucket: None,
             idempotency_prefix: String::new(),
         }
     }
@@ -314,6 +318,7 @@ impl Settings {
             },
             policy,
             producers,
+            payload_bucket: vars.get("PAYLOAD_BUCKET").filter(|b| !b.trim().is_empty()),
             idempotency_prefix: vars
                 .get("DEPLOYMENT_ID")
                 .or_else(|| vars.get("JOBS_TABLE"))

@@ -40,12 +40,18 @@ pub(crate) async fn list(
     Ok(())
 }
 
+/// The dead-letter queue to read, how much of it, and who the deployment's producers are.
+pub(crate) struct DlqSource<'a> {
+    pub(crate) url: &'a str,
+    pub(crate) max: usize,
+    pub(crate) producers: &'a fenced_jobs::job::scope::Producers,
+}
+
 pub(crate) async fn dlq(
     ledger: &DynamoLedger,
     blobs: &S3Blobs,
     sqs: &aws_sdk_sqs::Client,
-    dlq_url: &str,
-    max: usize,
+    source: DlqSource<'_>,
     command: DlqCommand,
     json: bool,
 ) -> Result<(), OperatorError> {
@@ -60,10 +66,19 @@ pub(crate) async fn dlq(
     };
     let hold_s = if redrive_to.is_some() { 60 } else { 0 };
     let queue = SqsReader::new(sqs.clone());
-    let entries = operator::dlq_inspect(ledger, Some(blobs), &queue, dlq_url, max, hold_s).await?;
+    let entries = operator::dlq_inspect(
+        ledger,
+        Some(blobs),
+        source.producers,
+        &queue,
+        source.url,
+        source.max,
+        hold_s,
+    )
+    .await?;
     let moved = match redrive_to {
         None => None,
-        Some(to) => Some(operator::dlq_redrive(&queue, dlq_url, &to, &entries).await?),
+        Some(to) => Some(operator::dlq_redrive(&queue, source.url, &to, &entries).await?),
     };
     if json {
         let rows: Vec<serde_json::Value> = entries

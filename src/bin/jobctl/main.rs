@@ -16,7 +16,9 @@ use fenced_jobs::ops::results::{self, ResultError};
 use fenced_jobs::queue::SqsTriggers;
 
 mod commands;
-use commands::{caller, dlq, export, list, print, reconcile, replay, submit, watch, write_out};
+use commands::{
+    DlqSource, caller, dlq, export, list, print, reconcile, replay, submit, watch, write_out,
+};
 
 /// Exit status when a command was refused, or did only part of its work.
 pub(crate) const REFUSED: i32 = 1;
@@ -109,6 +111,11 @@ enum Command {
         /// At most this many messages.
         #[arg(long, default_value_t = 100)]
         max: usize,
+        /// The deployment's producers, as the worker's `PRODUCERS` (the stack's `Producers`):
+        /// a letter a producer sent is judged in its namespace, and what it says in attributes
+        /// named like the worker's is not believed.
+        #[arg(long, env = "PRODUCERS", default_value = "")]
+        producers: String,
     },
     /// Submit jobs (one JSON object a line, from FILE or stdin): each is written to the ledger
     /// as `ready` unless it is there, then its trigger is sent.
@@ -340,9 +347,17 @@ async fn main() {
             command,
             dlq_url,
             max,
+            producers,
         } => {
+            let producers = fenced_jobs::job::scope::Producers::parse(&producers, "")
+                .unwrap_or_else(|e| usage(&format!("--producers: {e}")));
             let sqs = aws_sdk_sqs::Client::new(&config);
-            dlq(&ledger, &blobs, &sqs, &dlq_url, max, command, cli.json).await
+            let source = DlqSource {
+                url: &dlq_url,
+                max,
+                producers: &producers,
+            };
+            dlq(&ledger, &blobs, &sqs, source, command, cli.json).await
         }
         Command::AuthorizeRetry {
             job_id,

@@ -1,4 +1,5 @@
 use super::*;
+use crate::job::scope::Producers;
 use crate::job::{JobState, NewJob};
 use crate::ledger::memory::{Fault, FaultyLedger, InMemoryLedger};
 use crate::ledger::{AttemptEnd, ClaimRequest, EndRequest};
@@ -74,7 +75,7 @@ async fn a_redrive_moves_the_live_jobs_letters_and_leaves_the_others() {
     // WHEN an operator inspects it (visible to others meanwhile; SQS's short receive comes
     // back empty twice first) and redrives it
     queue.sample_nothing(dlq, 2);
-    let entries = dlq_inspect(&ledger, None, &queue, dlq, 10, 0)
+    let entries = dlq_inspect(&ledger, None, &Producers::default(), &queue, dlq, 10, 0)
         .await
         .expect("inspected");
     let verdicts: Vec<String> = entries.iter().map(|e| e.verdict.label()).collect();
@@ -91,7 +92,7 @@ async fn a_redrive_moves_the_live_jobs_letters_and_leaves_the_others() {
         ),
         "{verdicts:?}"
     );
-    let held = dlq_inspect(&ledger, None, &queue, dlq, 10, 60)
+    let held = dlq_inspect(&ledger, None, &Producers::default(), &queue, dlq, 10, 60)
         .await
         .expect("held");
     let moved = dlq_redrive(&queue, dlq, work, &held).await.expect("moved");
@@ -101,13 +102,116 @@ async fn a_redrive_moves_the_live_jobs_letters_and_leaves_the_others() {
     assert_eq!(queue.bodies(work), bodies[..2]);
     assert_eq!(queue.bodies(dlq), bodies[2..]);
     // AND a queue that is not there is a typed error, not a string
-    let missing = dlq_inspect(&ledger, None, &queue, "https://sqs.local/1/gone", 10, 0).await;
+    let missing = dlq_inspect(
+        &ledger,
+        None,
+        &Producers::default(),
+        &queue,
+        "https://sqs.local/1/gone",
+        10,
+        0,
+    )
+    .await;
     assert!(
         matches!(
             missing,
             Err(OperatorError::Queue(QueueError::NoSuchQueue(_)))
         ),
         "{missing:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_producer_s_letter_is_judged_in_its_own_namespace_whatever_it_names() {
+    use crate::job::pointer::NAMED_JOB_ATTRIBUTE;
+    // GIVEN two producers, billing's job-1 waiting for a decision, and a DLQ holding: search's
+    // own message (moved there by the redrive policy) that names billing's job-1 in the
+    // attribute the worker's letters name jobs in, with a reason of its own; the worker's
+    // letter for billing's job-1; and a pointer of search's to billing's payload
+    let producers =
+        Producers::parse("billing=AROABILLING,search=AROASEARCH", "AROAOPERATOR").expect("parsed");
+    let ledger = InMemoryLedger::new();
+    unknown_job(&ledger, "billing/job-1").await;
+    let queue = crate::queue::MemoryQueue::new();
+    let (dlq, work) = ("https://sqs.local/1/dlq", "https://sqs.local/1/work");
+    queue.create(dlq);
+    queue.create(work);
+    let planted = [
+        (NAMED_JOB_ATTRIBUTE.to_owned(), "billing/job-1".to_owned()),
+        (REASON_ATTRIBUTE.to_owned(), "conflict".to_owned()),
+        ("trace".to_owned(), "t-1".to_owned()),
+    ];
+    let own = [(NAMED_JOB_ATTRIBUTE.to_owned(), "billing/job-1".to_owned())];
+    let pointer = r#"["software.amazon.payloadoffloading.PayloadS3Pointer",{"s3BucketName":"payloads","s3Key":"billing/p.json"}]"#;
+    type Letter<'a> = (&'a str, String, &'a [(String, String)]);
+    let letters: [Letter<'_>; 3] = [
+        ("AROASEARCH:lambda", dead_letter("job-1", "p"), &planted),
+        ("AROAWORKER:fn", r#"{"job_id":"job-1"}"#.to_owned(), &own),
+        ("AROASEARCH:lambda", pointer.to_owned(), &[]),
+    ];
+    for (sender, body, attributes) in &letters {
+        let message = Message {
+            body,
+            attributes,
+            fifo: None,
+        };
+        queue.send_as(dlq, Some(sender), message).expect("sent");
+    }
+    // WHEN an operator inspects the DLQ with the deployment's producers
+    let entries = dlq_inspect(&ledger, None, &producers, &queue, dlq, 10, 60)
+        .await
+        .expect("inspected");
+    let judged: Vec<_> = entries
+        .iter()
+        .map(|e| (e.job_id.as_deref(), e.verdict.clone()))
+        .collect();
+    // THEN search's letter is search's job-1 (never seen), the worker's is billing's, and the
+    // pointer outside search's prefix is poison
+    assert_eq!(judged[0], (Some("search/job-1"), DlqVerdict::Redrive(None)));
+    assert_eq!(
+        judged[1],
+        (
+            Some("billing/job-1"),
+            DlqVerdict::Redrive(Some(JobState::Unknown))
+        )
+    );
+    assert!(
+        matches!(&judged[2], (None, DlqVerdict::Poison(why)) if why.contains("s3Key")),
+        "{judged:?}"
+    );
+    // AND the redrive names each job by its whole id, and carries nothing search planted
+    let moved = dlq_redrive(&queue, dlq, work, &entries)
+        .await
+        .expect("moved");
+    assert_eq!(moved, 2);
+    let sent = queue.receive(work, 10, 0).await.expect("received");
+    let named = |m: &crate::queue::reader::Received| {
+        m.attributes
+            .iter()
+            .filter(|(n, _)| n.starts_with("fenced-jobs."))
+            .cloned()
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        named(&sent[0]),
+        [(NAMED_JOB_ATTRIBUTE.to_owned(), "search/job-1".to_owned())]
+    );
+    assert!(
+        sent[0]
+            .attributes
+            .contains(&("trace".to_owned(), "t-1".to_owned()))
+    );
+    assert_eq!(named(&sent[1]), own);
+    // AND without the producers jobctl cannot tell the worker's letter from a producer's: a
+    // letter naming a producer's job stays where it is
+    let blind = dlq_inspect(&ledger, None, &Producers::default(), &queue, dlq, 10, 0)
+        .await
+        .expect("inspected");
+    assert!(
+        blind
+            .iter()
+            .all(|e| !matches!(e.verdict, DlqVerdict::Redrive(_))),
+        "{blind:?}"
     );
 }
 

@@ -112,6 +112,9 @@ pub struct OpenAiProvider {
     key: RwLock<Option<Secret>>,
     /// Where the key can be read again, when it can (boxed: an SDK configuration is large).
     rotation: Option<Box<KeyRotation>>,
+    /// Held while a refused key is replaced: the calls refused meanwhile wait, then take the
+    /// new key instead of reading it again.
+    rotating: tokio::sync::Mutex<()>,
     /// Set once the server answered that it has no Responses API.
     chat_only: AtomicBool,
 }
@@ -139,6 +142,7 @@ impl OpenAiProvider {
             },
             key: RwLock::new(key),
             rotation: None,
+            rotating: tokio::sync::Mutex::new(()),
             chat_only,
         })
     }
@@ -158,40 +162,45 @@ impl OpenAiProvider {
         &self,
         build: impl Fn() -> reqwest::RequestBuilder,
     ) -> Result<(StatusCode, reqwest::header::HeaderMap, Value), ProviderError> {
-        let first = read(build().send().await).await?;
+        let used = self.current_key();
+        let first = read(with_key(build(), used.as_ref()).send().await).await?;
         if first.0 != StatusCode::UNAUTHORIZED {
             return Ok(first);
         }
         let Some(rotation) = &self.rotation else {
             return Ok(first);
         };
-        let current = self.key.read().unwrap_or_else(|p| p.into_inner()).clone();
-        match rotation.read_again(current.as_ref()).await {
-            Some(key) => {
-                *self.key.write().unwrap_or_else(|p| p.into_inner()) = Some(key);
-                read(build().send().await).await
+        // One replacement at a time: a call refused with a key another call has replaced
+        // meanwhile is sent again with the new one, without reading it again.
+        let next = {
+            let _one = self.rotating.lock().await;
+            let stored = self.current_key();
+            if stored != used {
+                stored
+            } else {
+                let Some(key) = rotation.read_again(used.as_ref()).await else {
+                    return Ok(first);
+                };
+                *self.key.write().unwrap_or_else(|p| p.into_inner()) = Some(key.clone());
+                Some(key)
             }
-            None => Ok(first),
-        }
+        };
+        read(with_key(build(), next.as_ref()).send().await).await
+    }
+
+    fn current_key(&self) -> Option<Secret> {
+        self.key.read().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     fn url(&self, path: &str) -> String {
         format!("{}{path}", self.settings.base_url)
     }
 
+    /// A POST to `path`, not yet authorised ([`OpenAiProvider::send`] adds the key).
     fn post(&self, path: &str, req: &ProviderRequest<'_>) -> reqwest::RequestBuilder {
-        let builder = self
-            .http
+        self.http
             .post(self.url(path))
-            .header("Idempotency-Key", &req.idempotency_key);
-        self.authorised(builder)
-    }
-
-    fn authorised(&self, builder: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
-        match &*self.key.read().unwrap_or_else(|p| p.into_inner()) {
-            Some(key) => builder.bearer_auth(key.expose()),
-            None => builder,
-        }
+            .header("Idempotency-Key", &req.idempotency_key)
     }
 
     fn model<'a>(&'a self, req: &'a ProviderRequest<'_>) -> &'a str {
@@ -216,6 +225,7 @@ impl OpenAiProvider {
         for (k, v) in parameters(req.input) {
             body.entry(k.clone()).or_insert_with(|| v.clone());
         }
+        bound_answer(&mut body, req, "max_completion_tokens");
         let (status, headers, json) = self
             .send(|| self.post("/chat/completions", req).json(&body))
             .await?;
@@ -329,6 +339,7 @@ impl Provider for OpenAiProvider {
             };
             body.entry(k.to_owned()).or_insert_with(|| v.clone());
         }
+        bound_answer(&mut body, req, "max_output_tokens");
         let (status, headers, json) = self
             .send(|| {
                 self.post("/responses", req)
@@ -373,11 +384,9 @@ impl Provider for OpenAiProvider {
         }
         let sent = self
             .send(|| {
-                self.authorised(
-                    self.http
-                        .get(self.url(&format!("/responses/{provider_ref}"))),
-                )
-                .timeout(self.background_timeout())
+                self.http
+                    .get(self.url(&format!("/responses/{provider_ref}")))
+                    .timeout(self.background_timeout())
             })
             .await;
         match sent {
@@ -397,14 +406,11 @@ impl Provider for OpenAiProvider {
         if !valid_response_id(provider_ref) {
             return;
         }
-        let sent = self
-            .authorised(
-                self.http
-                    .post(self.url(&format!("/responses/{provider_ref}/cancel"))),
-            )
-            .timeout(self.background_timeout())
-            .send()
-            .await;
+        let request = self
+            .http
+            .post(self.url(&format!("/responses/{provider_ref}/cancel")))
+            .timeout(self.background_timeout());
+        let sent = with_key(request, self.current_key().as_ref()).send().await;
         match sent {
             Ok(r) if r.status().is_success() => tracing::info!("background call cancelled"),
             Ok(r) => tracing::warn!(status = %r.status(), "cancel refused"),
@@ -469,6 +475,22 @@ fn chat_format(contract: &Contract) -> Option<Value> {
         return Some(json!({ "type": kind }));
     }
     Some(json!({ "type": kind, "json_schema": format }))
+}
+
+/// `builder` with `key` as its bearer token, when there is one.
+fn with_key(builder: reqwest::RequestBuilder, key: Option<&Secret>) -> reqwest::RequestBuilder {
+    match key {
+        Some(key) => builder.bearer_auth(key.expose()),
+        None => builder,
+    }
+}
+
+/// Sends a job that sets no ceiling on its answer with the deployment's (`name`: the API's
+/// spelling).
+fn bound_answer(body: &mut Map<String, Value>, req: &ProviderRequest<'_>, name: &str) {
+    if req.max_output_tokens > 0 && crate::job::output_ceiling(req.input) == 0 {
+        body.insert(name.into(), json!(req.max_output_tokens));
+    }
 }
 
 /// The job's conversation as Chat Completions messages.

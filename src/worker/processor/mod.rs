@@ -284,7 +284,9 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
             let now = self.clock.now_ms();
             let seen = match step {
                 Step::Admit => {
-                    let tokens = self.pacer.estimated_tokens(&msg.input_canonical);
+                    let tokens = self
+                        .pacer
+                        .estimated_tokens(&msg.input_canonical, &self.settings.policy);
                     let latest = self.latest_call_start(inv);
                     match self.pacer.admit(tokens, &self.clock, latest).await {
                         Ok(p) => {

@@ -254,6 +254,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
             output,
             input,
             input_json: &msg.input_canonical,
+            max_output_tokens: self.settings.policy.output_tokens(input),
             // Stable for the re-sends of this claim; a claim of the same number after a
             // give-back is another request.
             idempotency_key: self
