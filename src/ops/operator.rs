@@ -469,77 +469,81 @@ struct Judged {
     attributes: Vec<(String, String)>,
 }
 
+impl Judged {
+    /// A letter whose job could not be read: it stays in the DLQ.
+    fn unread(verdict: DlqVerdict) -> Judged {
+        Judged {
+            job_id: None,
+            verdict,
+            attributes: Vec::new(),
+        }
+    }
+}
+
 /// Judges one dead letter. A letter whose sender (`SenderId`) is one of `producers` is that
-/// producer's own message, moved by the redrive policy: what it says in attributes named like
-/// the worker's is not believed (a producer could name another's job there), its job is in the
-/// producer's namespace, a pointer must be under the producer's prefix, and the redrive names
-/// the job by its whole id. Any other letter is the worker's (or a trusted sender's) and is
-/// believed; without `producers` jobctl cannot tell, and leaves a letter naming a producer's
-/// job where it is.
+/// producer's own message, moved by the redrive policy ([`judge_producers_letter`]). Any other
+/// letter is the worker's (or a trusted sender's) and is believed; without `producers` jobctl
+/// cannot tell, and leaves a letter naming a producer's job where it is.
 async fn judge_letter<L: JobLedger>(
     ledger: &L,
     blobs: Option<&dyn BlobStore>,
     producers: &Producers,
     m: &crate::queue::reader::Received,
 ) -> Result<Judged, OperatorError> {
-    use crate::job::pointer::NAMED_JOB_ATTRIBUTE;
-    use crate::queue::dead_letters::{DETAIL_ATTRIBUTE, OWN_ATTRIBUTE_PREFIX, REASON_ATTRIBUTE};
-    let own = |name: &str| {
-        m.attributes
-            .iter()
-            .find(|(n, _)| n == name)
-            .map(|(_, v)| v.as_str())
+    use crate::queue::dead_letters::{DETAIL_ATTRIBUTE, REASON_ATTRIBUTE};
+    if let Ok(Sender::Producer(name)) = producers.sender(m.sender_id.as_deref()) {
+        return judge_producers_letter(ledger, blobs, producers, name, m).await;
+    }
+    let own = |name: &str| attribute(m, name);
+    let named = own(crate::job::pointer::NAMED_JOB_ATTRIBUTE);
+    if !producers.scoped() && named.is_some_and(|n| n.contains('/')) {
+        return Ok(Judged::unread(DlqVerdict::Unreadable(
+            "names a producer's job: give jobctl the deployment's PRODUCERS, so that it can \
+             tell the worker's letters from a producer's"
+                .to_owned(),
+        )));
+    }
+    let refused = own(REASON_ATTRIBUTE)
+        .filter(|reason| *reason == "poison")
+        .map(|_| own(DETAIL_ATTRIBUTE).unwrap_or_default());
+    let trigger = dead_trigger(blobs, &m.body, named).await;
+    let job_id = trigger.as_ref().ok().map(|t| whole_id(t, named));
+    let record = match &job_id {
+        Some(id) => ledger.get(id).await?,
+        None => None,
     };
-    let producer = match producers.sender(m.sender_id.as_deref()) {
-        Ok(Sender::Producer(name)) => Some(name),
-        _ => None,
+    let verdict = match &trigger {
+        Ok(trigger) => verdict_of(trigger, record.as_ref(), refused),
+        Err(verdict) => verdict.clone(),
     };
-    let mut attributes: Vec<(String, String)> = m
+    let attributes = m
         .attributes
         .iter()
-        .filter(|(name, _)| {
-            !DEAD_LETTER_ATTRIBUTES.contains(&name.as_str())
-                && (producer.is_none() || !name.starts_with(OWN_ATTRIBUTE_PREFIX))
-        })
+        .filter(|(name, _)| !DEAD_LETTER_ATTRIBUTES.contains(&name.as_str()))
         .cloned()
         .collect();
-    let unjudged = |verdict| Judged {
-        job_id: None,
+    Ok(Judged {
+        job_id,
         verdict,
-        attributes: Vec::new(),
-    };
-    let Some(name) = producer else {
-        let named = own(NAMED_JOB_ATTRIBUTE);
-        if !producers.scoped() && named.is_some_and(|n| n.contains('/')) {
-            return Ok(unjudged(DlqVerdict::Unreadable(
-                "names a producer's job: give jobctl the deployment's PRODUCERS, so that it \
-                 can tell the worker's letters from a producer's"
-                    .to_owned(),
-            )));
-        }
-        let refused = own(REASON_ATTRIBUTE)
-            .filter(|reason| *reason == "poison")
-            .map(|_| own(DETAIL_ATTRIBUTE).unwrap_or_default());
-        let trigger = dead_trigger(blobs, &m.body, named).await;
-        let job_id = trigger.as_ref().ok().map(|t| whole_id(t, named));
-        let record = match &job_id {
-            Some(id) => ledger.get(id).await?,
-            None => None,
-        };
-        let verdict = match &trigger {
-            Ok(trigger) => verdict_of(trigger, record.as_ref(), refused),
-            Err(verdict) => verdict.clone(),
-        };
-        return Ok(Judged {
-            job_id,
-            verdict,
-            attributes,
-        });
-    };
-    // The producer's own message: its pointer read only under its prefix, its job scoped.
+        attributes,
+    })
+}
+
+/// Judges a letter the producer `name` sent, moved to the DLQ by the redrive policy: what it
+/// says in attributes named like the worker's is not believed (a producer could name another's
+/// job there), its job is in the producer's namespace, a pointer must be under the producer's
+/// prefix, and the redrive names the job by its whole id.
+async fn judge_producers_letter<L: JobLedger>(
+    ledger: &L,
+    blobs: Option<&dyn BlobStore>,
+    producers: &Producers,
+    name: &str,
+    m: &crate::queue::reader::Received,
+) -> Result<Judged, OperatorError> {
+    use crate::job::pointer::NAMED_JOB_ATTRIBUTE;
+    use crate::queue::dead_letters::OWN_ATTRIBUTE_PREFIX;
     let sender = Sender::Producer(name);
-    let named = own(NAMED_JOB_ATTRIBUTE);
-    let poison = |invalid: InvalidMessage| unjudged(DlqVerdict::Poison(invalid.to_string()));
+    let poison = |invalid: InvalidMessage| Judged::unread(DlqVerdict::Poison(invalid.to_string()));
     if let Some(Ok(pointer)) = crate::job::message::parse_pointer(&m.body)
         && !producers.may_read(sender, &pointer.key, None)
     {
@@ -548,21 +552,36 @@ async fn judge_letter<L: JobLedger>(
             rule: "outside the producer's prefix (PRODUCERS), or a key the worker keeps its own under",
         }));
     }
-    let trigger = match dead_trigger(blobs, &m.body, named).await {
+    // A pointer's producer may name its own job (its own id) in the attribute.
+    let trigger = match dead_trigger(blobs, &m.body, attribute(m, NAMED_JOB_ATTRIBUTE)).await {
         Ok(trigger) => trigger,
-        Err(verdict) => return Ok(unjudged(verdict)),
+        Err(verdict) => return Ok(Judged::unread(verdict)),
     };
     let whole = match producers.job_id(sender, trigger.job_id(), None) {
         Ok(whole) => whole,
         Err(invalid) => return Ok(poison(invalid)),
     };
     let record = ledger.get(&whole).await?;
+    let mut attributes: Vec<(String, String)> = m
+        .attributes
+        .iter()
+        .filter(|(name, _)| !name.starts_with(OWN_ATTRIBUTE_PREFIX))
+        .cloned()
+        .collect();
     attributes.push((NAMED_JOB_ATTRIBUTE.to_owned(), whole.clone()));
     Ok(Judged {
         verdict: verdict_of(&trigger, record.as_ref(), None),
         job_id: Some(whole),
         attributes,
     })
+}
+
+/// The value of a received message's string attribute `name`.
+fn attribute<'m>(m: &'m crate::queue::reader::Received, name: &str) -> Option<&'m str> {
+    m.attributes
+        .iter()
+        .find(|(n, _)| n == name)
+        .map(|(_, v)| v.as_str())
 }
 
 /// Sends the redrivable entries back to the work queue, then deletes them from the DLQ; the
