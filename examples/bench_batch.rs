@@ -417,6 +417,7 @@ async fn ledger_cpu_per_request_us(
                     result: ResultBody::Inline("simulated answer".to_owned()),
                     finish: fenced_jobs::job::contract::Finish::Stop,
                 },
+                usage: None,
             };
             let accepted = ledger.end_known(&record, finish).await;
             assert!(matches!(accepted, Ok(Write::Applied(_))));

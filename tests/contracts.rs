@@ -112,6 +112,18 @@ async fn an_invalid_answer_then_a_valid_one_succeeds_with_two_attempts_and_the_f
     assert_eq!(refused.excerpt.as_deref(), Some(r#"{"unexpected": true}"#));
     assert_eq!(accepted.outcome, AttemptOutcome::Succeeded);
     assert_eq!(accepted.finish, Some(Finish::Stop));
+    // Each attempt records what the provider said it used, the refused one too, in the
+    // ledger's one vocabulary.
+    let input_tokens = (record.input.len() as u64).div_ceil(4);
+    for (attempt, answer) in [(refused, r#"{"unexpected": true}"#.len()), (accepted, 0)] {
+        let usage = attempt.usage.expect("usage reported");
+        assert!(!usage.estimated);
+        assert_eq!(usage.input, input_tokens, "{usage:?}");
+        assert!(usage.output > 0, "{usage:?}");
+        if answer > 0 {
+            assert_eq!(usage.output, (answer as u64).div_ceil(4));
+        }
+    }
     let result: Value = serde_json::from_str(record.result.as_deref().expect("inline result"))
         .expect("the result is JSON");
     assert_eq!(result["output"], invoice(), "the output is stored parsed");

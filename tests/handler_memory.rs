@@ -326,6 +326,12 @@ async fn a_hung_call_is_cut_off_and_recorded_as_uncertain_never_retried_blindly(
     assert!(report.records[0].visibility_s.is_some_and(|s| s <= 5));
     let item = ledger.get("stuck").await.expect("get").expect("item");
     assert_eq!(item.state, JobState::Unknown);
+    // What the call used is unknown: it is counted at its estimate, the input at four bytes a
+    // token and the whole answer its ceiling allows, and marked as one.
+    let usage = item.attempt_log[0].usage.expect("an estimate");
+    assert!(usage.estimated, "{usage:?}");
+    assert_eq!(usage.input, (item.input.len() as u64).div_ceil(4));
+    assert_eq!(usage.output, 16_384);
     assert_eq!(
         item.last_error.map(|e| e.kind),
         Some("uncertain".to_owned())
@@ -409,6 +415,7 @@ async fn losing_the_lease_cancels_the_call_and_its_answer_is_never_published() {
                     result: "\"rival\"".into(),
                     finish: fenced_jobs::job::contract::Finish::Stop,
                 },
+                usage: None,
             })
             .await
             .expect("finish");
@@ -1755,6 +1762,7 @@ async fn turning_on_the_replay_policy_does_not_replay_jobs_already_unknown() {
             end: fenced_jobs::ledger::AttemptEnd::Unknown {
                 evidence: "cut off".into(),
             },
+            usage: None,
         })
         .await
         .expect("finish");
@@ -1984,6 +1992,7 @@ async fn a_job_awaiting_a_decision_for_thirteen_hours_keeps_its_long_wait_on_a_n
             end: fenced_jobs::ledger::AttemptEnd::Unknown {
                 evidence: "cut off".into(),
             },
+            usage: None,
         })
         .await
         .expect("finish");

@@ -27,6 +27,7 @@ fn end_req(id: &str, epoch: u64, attempt: u32, now: i64, end: AttemptEnd) -> End
         attempt,
         now,
         end,
+        usage: None,
     }
 }
 

@@ -215,6 +215,7 @@ async fn apply<L: JobLedger>(ledger: &L, prefix: &str, op: &Op) -> Write {
                     attempt: *attempt,
                     now: *now,
                     end: end.clone(),
+                    usage: None,
                 })
                 .await
         }

@@ -38,6 +38,7 @@ fn throttled(claimed: &JobRecord, now: i64) -> EndRequest {
         attempt: claimed.attempts,
         now,
         end,
+        usage: None,
     }
 }
 
@@ -114,6 +115,7 @@ async fn story<L: JobLedger>(ledger: &L) -> Vec<String> {
                 attempt: claimed.attempts,
                 now: T + 6,
                 end,
+                usage: None,
             })
             .await,
     );
@@ -236,6 +238,7 @@ impl Provider for Limited {
             body: format!(r#"{{"job":"{}"}}"#, req.job_id),
             provider_ref: None,
             finish: fenced_jobs::job::contract::Finish::Stop,
+            usage: None,
         })
     }
 }
@@ -410,6 +413,7 @@ impl Provider for Crowded {
             body: format!(r#"{{"job":"{}"}}"#, req.job_id),
             provider_ref: None,
             finish: fenced_jobs::job::contract::Finish::Stop,
+            usage: None,
         })
     }
 }

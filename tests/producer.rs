@@ -255,6 +255,7 @@ async fn the_reconciler_repairs_a_stopped_producer_and_expires_jobs_past_their_d
                 result: "{}".into(),
                 finish: fenced_jobs::job::contract::Finish::Stop,
             },
+            usage: None,
         })
         .await
         .expect("finish");

@@ -89,7 +89,10 @@ async fn chat_once(reply: Reply) -> (Result<Answer, ProviderError>, HttpStub) {
 #[tokio::test]
 async fn chat_completions_answers_and_errors_are_classified() {
     let (result, stub) = chat_once(Reply::json(200, chat_answer("A summary."))).await;
-    assert_eq!(output_of(&result.expect("answer")), "A summary.");
+    let answer = result.expect("answer");
+    assert_eq!(output_of(&answer), "A summary.");
+    let usage = answer.usage.expect("usage");
+    assert_eq!((usage.input, usage.output), (5, 2));
     let sent = &stub.requests()[0];
     assert_eq!(sent.path, "/v1/chat/completions");
     assert_eq!(sent.header("authorization"), Some("Bearer sk-test-secret"));
@@ -261,6 +264,8 @@ async fn a_background_response_is_submitted_then_completes_on_the_third_poll() {
         panic!("completed expected on the third poll");
     };
     assert_eq!(output_of(&answer), "Done at last.");
+    let usage = answer.usage.expect("usage");
+    assert_eq!((usage.input, usage.output), (5, 2));
     assert_eq!(answer.provider_ref.as_deref(), Some("resp_42"));
     assert_eq!(
         provider.retrieve("resp_unknown", 0, &req).await,
@@ -440,6 +445,8 @@ async fn bedrock_converse_answers_and_errors_are_classified() {
     .await;
     let answer = result.expect("answer");
     assert_eq!(output_of(&answer), "Brief.");
+    let usage = answer.usage.expect("usage");
+    assert_eq!((usage.input, usage.output, usage.estimated), (9, 1, false));
     let sent = &stub.requests()[0];
     assert_eq!(sent.path, "/model/anthropic.claude-test/converse");
     let body = sent.json();

@@ -494,6 +494,7 @@ impl Provider for LimitedProvider {
             body: format!(r#"{{"job":"{}","summary":"ok"}}"#, req.job_id),
             provider_ref: None,
             finish: fenced_jobs::job::contract::Finish::Stop,
+            usage: None,
         })
     }
 }

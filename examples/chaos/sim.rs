@@ -1336,6 +1336,7 @@ impl Provider for SimProvider {
             body,
             provider_ref: None,
             finish,
+            usage: None,
         })
     }
 
@@ -1417,6 +1418,7 @@ impl Provider for SimProvider {
                     body,
                     provider_ref: Some(provider_ref.to_owned()),
                     finish: run.finish,
+                    usage: None,
                 }),
                 Err(e) => Retrieval::Failed(e),
             },

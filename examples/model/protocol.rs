@@ -1700,6 +1700,7 @@ impl Protocol {
                         body: format!("answer of attempt {}", claimed.attempts),
                         provider_ref: None,
                         finish: fenced_jobs::job::contract::Finish::Stop,
+                        usage: None,
                     })
                 }
                 Word::Transient => {
@@ -1729,6 +1730,7 @@ impl Protocol {
                         body: format!("refused answer of attempt {}", claimed.attempts),
                         provider_ref: None,
                         finish: fenced_jobs::job::contract::Finish::Length,
+                        usage: None,
                     })
                 }
                 Word::Invalid => {
@@ -2103,6 +2105,7 @@ impl Protocol {
                 body: format!("answer of attempt {attempt}"),
                 provider_ref: None,
                 finish: fenced_jobs::job::contract::Finish::Stop,
+                usage: None,
             }),
             Retrieved::Failed => Retrieval::Failed(ProviderError::Transient {
                 retry_after_ms: None,

@@ -12,6 +12,7 @@ pub mod policy;
 pub mod scope;
 pub(crate) mod simulate;
 pub mod state;
+pub mod usage;
 
 pub use artifact::{BlobRef, ResultBody};
 pub use decision::{Expect, Next, next_step};
@@ -19,6 +20,7 @@ pub use message::{InvalidMessage, JobMessage, Trigger, parse_body, parse_trigger
 pub use outcome::{Failure, RecordOutcome, VisibilityPolicy};
 pub use policy::{OUTPUT_CEILINGS, output_ceiling};
 pub use state::JobState;
+pub use usage::Usage;
 
 /// Unix time in milliseconds. Every instant in the ledger uses it.
 pub type Millis = i64;
@@ -227,6 +229,9 @@ pub struct AttemptRecord {
     pub errors: Vec<String>,
     /// The first bytes of an answer its contract refused: restricted evidence, never logged.
     pub excerpt: Option<String>,
+    /// What the call used, when the provider said (an estimate, marked, for a call whose
+    /// outcome is unknown).
+    pub usage: Option<Usage>,
 }
 
 impl AttemptRecord {
@@ -249,6 +254,7 @@ impl AttemptRecord {
             finish: None,
             errors: Vec::new(),
             excerpt: None,
+            usage: None,
         }
     }
 }

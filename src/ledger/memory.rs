@@ -342,6 +342,7 @@ pub async fn ended_at(ledger: &impl JobLedger, job_id: &str, end: super::Attempt
         attempt: 1,
         now: at,
         end,
+        usage: None,
     };
     assert!(matches!(ledger.end(end).await, Ok(Write::Applied(_))));
 }

@@ -160,6 +160,8 @@ pub struct EndRequest {
     pub now: Millis,
     /// How it ends.
     pub end: AttemptEnd,
+    /// What the call used, recorded on the attempt's entry (not on an attempt given back).
+    pub usage: Option<crate::job::Usage>,
 }
 
 /// What a settling write expects to find.

@@ -88,6 +88,7 @@ pub fn apply_end(current: Option<&JobRecord>, req: &EndRequest) -> Option<JobRec
     {
         attempt.outcome = req.end.attempt_outcome();
         attempt.finished_at = Some(req.now);
+        attempt.usage = req.usage;
         match &req.end {
             super::AttemptEnd::Succeeded { finish, .. } => attempt.finish = Some(*finish),
             super::AttemptEnd::Invalid { rejected, .. } => {

@@ -123,6 +123,9 @@ pub fn to_json(record: &JobRecord, with_result: bool) -> Value {
         if !a.errors.is_empty() {
             fields["errors"] = json!(a.errors);
         }
+        if let Some(usage) = &a.usage {
+            fields["usage"] = json!(usage);
+        }
         // The excerpt is the answer's own text: shown only with the answer.
         if let (Some(excerpt), true) = (&a.excerpt, with_result) {
             fields["excerpt"] = json!(excerpt);
@@ -244,6 +247,9 @@ pub fn to_text(record: &JobRecord, with_result: bool) -> String {
             format_rfc3339_ms(a.started_at),
             a.provider_ref.as_deref().unwrap_or("-")
         ));
+        if let Some(u) = &a.usage {
+            out.push_str(&format!("         used {}\n", usage_text(u)));
+        }
         if !a.errors.is_empty() {
             let finish = a.finish.map_or("-", |f| f.as_str());
             out.push_str(&format!(
@@ -293,6 +299,26 @@ pub fn to_text(record: &JobRecord, with_result: bool) -> String {
         }
     }
     out
+}
+
+/// An attempt's usage on one line (`176 in (+1024 read from the cache, 0 written to it), 300
+/// out (256 reasoning)`), `~` before an estimate.
+fn usage_text(u: &crate::job::Usage) -> String {
+    let mut text = format!("{}{} in", if u.estimated { "~" } else { "" }, u.input);
+    if u.cache_read > 0 || u.cache_write > 0 {
+        text.push_str(&format!(
+            " (+{} read from the cache, {} written to it)",
+            u.cache_read, u.cache_write
+        ));
+    }
+    text.push_str(&format!(", {} out", u.output));
+    if u.reasoning > 0 {
+        text.push_str(&format!(" ({} reasoning)", u.reasoning));
+    }
+    if u.estimated {
+        text.push_str(", estimated: the call's outcome is unknown");
+    }
+    text
 }
 
 /// What a redrive would do with one dead-lettered message, judged from its body and the ledger.

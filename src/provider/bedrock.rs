@@ -16,6 +16,7 @@ use aws_sdk_bedrockruntime::types::{
 use serde_json::{Map, Value, json};
 
 use super::{Answer, Provider, ProviderError, ProviderRequest};
+use crate::job::Usage;
 use crate::job::contract::{Contract, Finish};
 use crate::vars::Vars;
 
@@ -130,6 +131,14 @@ impl Provider for BedrockProvider {
             body: body.to_string(),
             provider_ref: None,
             finish: finish(out.stop_reason()),
+            usage: out.usage().map(|u| {
+                Usage::from_bedrock(
+                    u.input_tokens(),
+                    u.output_tokens(),
+                    u.cache_read_input_tokens().unwrap_or(0),
+                    u.cache_write_input_tokens().unwrap_or(0),
+                )
+            }),
         })
     }
 }

@@ -165,6 +165,8 @@ pub struct Answer {
     pub provider_ref: Option<String>,
     /// Why the model stopped writing.
     pub finish: Finish,
+    /// What the call used, when the provider said.
+    pub usage: Option<crate::job::Usage>,
 }
 
 impl Answer {

@@ -185,10 +185,17 @@ fn answer(req: &ProviderRequest<'_>, sim: &Simulation) -> Answer {
             output_tokens: 3,
         },
     };
+    // What a provider would report: the input and the answer at four bytes a token.
+    let usage = crate::job::Usage {
+        input: (req.input_json.len() as u64).div_ceil(crate::job::usage::BYTES_PER_TOKEN),
+        output: (document.output.len() as u64).div_ceil(crate::job::usage::BYTES_PER_TOKEN),
+        ..crate::job::Usage::default()
+    };
     Answer {
         body: serde_json::to_string(&document).unwrap_or_default(),
         provider_ref: None,
         finish,
+        usage: Some(usage),
     }
 }
 

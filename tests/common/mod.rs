@@ -374,6 +374,7 @@ impl Provider for TakenOverDuringTheCall {
                     result: r#"{"output":"rival answer"}"#.into(),
                     finish: fenced_jobs::job::contract::Finish::Stop,
                 },
+                usage: None,
             })
             .await
             .expect("rival accepts");

@@ -8,7 +8,7 @@ use aws_sdk_dynamodb::types::AttributeValue;
 use crate::job::contract::Finish;
 use crate::job::{
     AttemptOutcome, AttemptRecord, BlobRef, DecisionRecord, ErrorRecord, JobRecord, JobState,
-    Millis, RecoveryRecord, attention_key, finished_day,
+    Millis, RecoveryRecord, Usage, attention_key, finished_day,
 };
 use crate::ledger::LedgerError;
 
@@ -49,7 +49,38 @@ pub(super) fn encode_attempt(a: &AttemptRecord) -> AttributeValue {
     if let Some(e) = &a.excerpt {
         m.insert("excerpt".to_owned(), s(e));
     }
+    if let Some(u) = &a.usage {
+        m.insert("usage".to_owned(), encode_usage(u));
+    }
     AttributeValue::M(m)
+}
+
+/// An attempt's usage: its token counts, and `estimated` when it is an estimate.
+pub(super) fn encode_usage(u: &Usage) -> AttributeValue {
+    let mut m = HashMap::from([
+        ("input".to_owned(), n(u.input)),
+        ("output".to_owned(), n(u.output)),
+        ("cache_read".to_owned(), n(u.cache_read)),
+        ("cache_write".to_owned(), n(u.cache_write)),
+        ("reasoning".to_owned(), n(u.reasoning)),
+    ]);
+    if u.estimated {
+        m.insert("estimated".to_owned(), AttributeValue::Bool(true));
+    }
+    AttributeValue::M(m)
+}
+
+fn decode_usage(v: &AttributeValue) -> Option<Usage> {
+    let m = v.as_m().ok()?;
+    let count = |name: &str| get_n(m, name).and_then(to_u64).unwrap_or(0);
+    Some(Usage {
+        input: count("input"),
+        output: count("output"),
+        cache_read: count("cache_read"),
+        cache_write: count("cache_write"),
+        reasoning: count("reasoning"),
+        estimated: matches!(m.get("estimated"), Some(AttributeValue::Bool(true))),
+    })
 }
 
 pub(super) fn encode_blob(b: &BlobRef) -> AttributeValue {
@@ -297,6 +328,7 @@ pub(super) fn decode_attempt(v: &AttributeValue) -> Option<AttemptRecord> {
             .map(|l| l.iter().filter_map(|e| e.as_s().ok().cloned()).collect())
             .unwrap_or_default(),
         excerpt: get_s(m, "excerpt").map(str::to_owned),
+        usage: m.get("usage").and_then(decode_usage),
     })
 }
 
@@ -448,6 +480,14 @@ mod tests {
                 finish: Some(Finish::Length),
                 errors: vec!["the answer is cut off: finish length".into()],
                 excerpt: Some("{\"total\": 1".into()),
+                usage: Some(Usage {
+                    input: 1_200,
+                    output: 300,
+                    cache_read: 64,
+                    cache_write: 8,
+                    reasoning: 100,
+                    estimated: true,
+                }),
             }],
             recoveries: vec![RecoveryRecord {
                 epoch: 2,

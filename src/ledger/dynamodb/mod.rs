@@ -34,7 +34,7 @@ use super::{JobLedger, LedgerError, Write};
 use crate::job::{JobRecord, JobState, attention_key, finished_day};
 
 /// Attribute names, each used through a `#placeholder` (several are DynamoDB reserved words).
-const NAMES: [(&str, &str); 37] = [
+const NAMES: [(&str, &str); 38] = [
     ("#id", "job_id"),
     ("#state", "state"),
     ("#epoch", "owner_epoch"),
@@ -72,6 +72,7 @@ const NAMES: [(&str, &str); 37] = [
     ("#finish", "finish"),
     ("#errors", "errors"),
     ("#excerpt", "excerpt"),
+    ("#usage", "usage"),
 ];
 
 /// What a conditional `UpdateItem` did: the item after it (`ALL_NEW`, unless the writer asked

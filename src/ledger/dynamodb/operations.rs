@@ -5,7 +5,8 @@ use aws_sdk_dynamodb::types::AttributeValue;
 
 use super::DynamoLedger;
 use super::item::{
-    decode, encode_attempt, encode_blob, encode_decision, encode_error, encode_recovery, n, s,
+    decode, encode_attempt, encode_blob, encode_decision, encode_error, encode_recovery,
+    encode_usage, n, s,
 };
 use crate::job::{
     AttemptOutcome, AttemptRecord, JobRecord, JobState, NewJob, RecoveryRecord, ResultBody,
@@ -427,6 +428,10 @@ fn end_write(req: &EndRequest) -> (String, String, Vec<(&'static str, AttributeV
     if let Some(finish) = finish {
         update.push_str(&format!(", #log[{index}].#finish = :finish"));
         values.push((":finish", s(finish.as_str())));
+    }
+    if let Some(usage) = &req.usage {
+        update.push_str(&format!(", #log[{index}].#usage = :usage"));
+        values.push((":usage", encode_usage(usage)));
     }
     if matches!(req.end, AttemptEnd::Succeeded { .. }) {
         condition.push_str(" AND #deadline > :now");

@@ -29,6 +29,7 @@ async fn unknown_job(ledger: &impl JobLedger, job_id: &str) {
         end: AttemptEnd::Unknown {
             evidence: "cut off".into(),
         },
+        usage: None,
     };
     assert!(matches!(ledger.end(end).await, Ok(Write::Applied(_))));
 }
@@ -236,6 +237,45 @@ fn throttles_are_shown_when_there_were_any() {
         to_json(&record, false)["given_back"][0]["outcome"],
         "not_sent"
     );
+}
+
+#[test]
+fn each_attempt_shows_what_it_used_and_an_estimate_says_so() {
+    let mut record = new_job("used").into_record(JobState::Unknown, 1_000);
+    let heard = crate::job::Usage {
+        input: 176,
+        output: 300,
+        cache_read: 1_024,
+        reasoning: 256,
+        ..crate::job::Usage::default()
+    };
+    record.attempt_log = vec![
+        crate::job::AttemptRecord {
+            outcome: crate::job::AttemptOutcome::InvalidOutput,
+            usage: Some(heard),
+            ..crate::job::AttemptRecord::claimed(1, 1, "w", 1_000, None)
+        },
+        crate::job::AttemptRecord {
+            outcome: crate::job::AttemptOutcome::Uncertain,
+            usage: Some(crate::job::Usage::estimate(400, 16_384)),
+            ..crate::job::AttemptRecord::claimed(2, 2, "w", 2_000, None)
+        },
+    ];
+    let text = to_text(&record, false);
+    assert!(
+        text.contains(
+            "used 176 in (+1024 read from the cache, 0 written to it), 300 out (256 reasoning)"
+        ),
+        "{text}"
+    );
+    assert!(
+        text.contains("used ~100 in, 16384 out, estimated"),
+        "{text}"
+    );
+    let json = to_json(&record, false);
+    assert_eq!(json["attempt_log"][0]["usage"]["cache_read"], 1_024);
+    assert_eq!(json["attempt_log"][1]["usage"]["estimated"], true);
+    assert!(json["attempt_log"][0]["usage"].get("estimated").is_none());
 }
 
 #[tokio::test]

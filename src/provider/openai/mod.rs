@@ -23,8 +23,8 @@ pub use status::{MAX_RESPONSE_BYTES, classify_status, retry_after_ms};
 use status::{classify, code_text, no_responses_api, read, retrieval_error, transport_kind};
 
 use super::{Answer, Provider, ProviderError, ProviderRequest, Retrieval, Submission};
-use crate::job::Millis;
 use crate::job::contract::{Contract, Finish};
+use crate::job::{Millis, Usage};
 use crate::vars::{ConfigError, Vars};
 
 /// Which OpenAI API the provider speaks.
@@ -550,6 +550,7 @@ fn answer(
         body: body.to_string(),
         provider_ref,
         finish,
+        usage: json.get("usage").and_then(Usage::from_openai),
     }
 }
 

@@ -286,6 +286,7 @@ impl Ending {
                 attempt,
                 now,
                 end,
+                usage: None,
             })
         };
         let renew = |lease_until: Millis| {

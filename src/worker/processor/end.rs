@@ -23,6 +23,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         &self,
         owner: JobRecord,
         waited: Waited,
+        spent: super::run::Spent,
         inv: &Invocation,
     ) -> Processed {
         let facts = self.end_facts(inv);
@@ -43,7 +44,10 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
                     }
                     let now = self.clock.now_ms();
                     let answer = match machine.write(now) {
-                        EndWrite::End(req) => self.ledger.end_known(machine.owner(), req).await,
+                        EndWrite::End(mut req) => {
+                            req.usage = spent.recorded(&req.end);
+                            self.ledger.end_known(machine.owner(), req).await
+                        }
                         EndWrite::Renew(req) => self.ledger.renew(req).await,
                     };
                     let job_id = &machine.owner().job_id;

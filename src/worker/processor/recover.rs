@@ -42,10 +42,12 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         let now = self.clock.now_ms();
         let (machine, step) = Calling::resume(self.call_facts(inv), fenced, &because, stored, now);
         if let CallStep::Done(waited) = step {
-            return self.end_attempt(machine.into_owner(), waited, inv).await;
+            return self
+                .end_attempt(machine.into_owner(), waited, super::run::Spent::NONE, inv)
+                .await;
         }
-        let (owner, waited) = self.call(msg, machine, step, inv, watch).await;
-        self.end_attempt(owner, waited, inv).await
+        let (owner, waited, spent) = self.call(msg, machine, step, inv, watch).await;
+        self.end_attempt(owner, waited, spent, inv).await
     }
 
     /// Whether the provider can be asked about the job's last attempt.

@@ -10,11 +10,47 @@ use tokio_util::sync::CancellationToken;
 use super::{AttemptWatch, Invocation, Processed, Processor};
 use crate::clock::Clock;
 use crate::job::contract::Contract;
-use crate::job::{JobMessage, JobRecord, Millis};
+use crate::job::{JobMessage, JobRecord, Millis, Usage};
 use crate::ledger::JobLedger;
 use crate::provider::{Provider, ProviderRequest, Retrieval, Submission};
 use crate::worker::calling::{CallFacts, CallStep, Calling, MIN_CALL_BUDGET_MS, Said};
 use crate::worker::ending::Waited;
+
+/// What a call used: what the provider reported with an answer, and the estimate an attempt
+/// whose outcome is unknown is recorded with.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Spent {
+    pub(super) heard: Option<Usage>,
+    pub(super) estimate: Usage,
+}
+
+impl Spent {
+    /// Nothing heard, nothing estimated: an attempt ended without a call of this invocation.
+    pub(super) const NONE: Spent = Spent {
+        heard: None,
+        estimate: Usage {
+            input: 0,
+            output: 0,
+            cache_read: 0,
+            cache_write: 0,
+            reasoning: 0,
+            estimated: true,
+        },
+    };
+
+    /// The usage an attempt's end records: none for an attempt given back (nothing ran), the
+    /// estimate for one whose outcome is unknown unless an answer said, else what was heard.
+    pub(super) fn recorded(&self, end: &crate::ledger::AttemptEnd) -> Option<Usage> {
+        use crate::ledger::AttemptEnd;
+        match end {
+            AttemptEnd::GivenBack { .. } => None,
+            AttemptEnd::Unknown { .. } | AttemptEnd::Replay { .. } => {
+                self.heard.or(Some(self.estimate).filter(|e| e.total() > 0))
+            }
+            _ => self.heard,
+        }
+    }
+}
 
 /// The longest wait for a cancel request, however much time the invocation has.
 const CANCEL_WAIT_MS: Millis = 5_000;
@@ -32,12 +68,12 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         let started = self.clock.now_ms();
         let (machine, step) = Calling::start(self.call_facts(inv), claimed, started);
         let sent = matches!(step, CallStep::Submit { .. });
-        let (owner, waited) = self.call(msg, machine, step, inv, watch).await;
+        let (owner, waited, spent) = self.call(msg, machine, step, inv, watch).await;
         if sent {
             let took = self.clock.now_ms() - started;
             watch.provider_latency(u64::try_from(took).unwrap_or(0));
         }
-        self.end_attempt(owner, waited, inv).await
+        self.end_attempt(owner, waited, spent, inv).await
     }
 
     /// What the call's machine knows of this invocation and the settings.
@@ -59,8 +95,8 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
     }
 
     /// Carries out the steps of `machine` from `step` until the call comes to its end, the
-    /// owner's lease kept by `watch` meanwhile. Returns the owner's item and what the call came
-    /// to.
+    /// owner's lease kept by `watch` meanwhile. Returns the owner's item, what the call came
+    /// to, and what it used.
     pub(super) async fn call(
         &self,
         msg: &JobMessage,
@@ -68,7 +104,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         step: CallStep,
         inv: &Invocation,
         watch: &dyn AttemptWatch,
-    ) -> (JobRecord, Waited) {
+    ) -> (JobRecord, Waited, Spent) {
         let owner = machine.owner();
         // Cancelled when ownership is lost (a renewal refused, or the lease about to lapse).
         let lost = watch.running(
@@ -80,15 +116,21 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         let input = msg.input();
         let contract = self.contracts.for_job(&msg.contract);
         let request = self.request(msg, owner, &input, &contract);
-        let called = self
-            .carry_out(&request, machine, step, inv, &lost, watch)
+        let mut spent = Spent {
+            heard: None,
+            estimate: Usage::estimate(request.input_json.len(), request.max_output_tokens),
+        };
+        let (owner, waited) = self
+            .carry_out(&request, machine, step, inv, &lost, watch, &mut spent.heard)
             .await;
         watch.call_ended();
-        called
+        (owner, waited, spent)
     }
 
     // Why this function is long: one short arm per step of the call machine, each the I/O that
-    // step names and the answer it feeds back.
+    // step names and the answer it feeds back. `heard`: the usage the provider reported with an
+    // answer, whatever its contract said of it.
+    #[allow(clippy::too_many_arguments)]
     async fn carry_out(
         &self,
         request: &ProviderRequest<'_>,
@@ -97,11 +139,12 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         inv: &Invocation,
         lost: &CancellationToken,
         watch: &dyn AttemptWatch,
+        heard: &mut Option<Usage>,
     ) -> (JobRecord, Waited) {
         loop {
             step = match step {
                 CallStep::Submit { budget_ms } => {
-                    let said = self.submit(request, budget_ms, lost).await;
+                    let said = self.submit(request, budget_ms, lost, heard).await;
                     machine.submitted(said, self.clock.now_ms())
                 }
                 CallStep::Throttled { retry_after_ms } => {
@@ -145,10 +188,13 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
                         found = asked => {
                             let found = match found {
                                 // Judged against the job's contract before anything reads it.
-                                Ok(Retrieval::Completed(answer)) => match answer.judged(request.output) {
-                                    Ok(answer) => Retrieval::Completed(answer),
-                                    Err(invalid) => Retrieval::Failed(invalid),
-                                },
+                                Ok(Retrieval::Completed(answer)) => {
+                                    *heard = answer.usage.or(*heard);
+                                    match answer.judged(request.output) {
+                                        Ok(answer) => Retrieval::Completed(answer),
+                                        Err(invalid) => Retrieval::Failed(invalid),
+                                    }
+                                }
                                 Ok(found) => found,
                                 Err(_) => Retrieval::Unreachable { retry_after_ms: None },
                             };
@@ -184,12 +230,13 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
     }
 
     /// Sends the request, waiting at most `budget_ms`; a cancelled `lost` stops the wait (the
-    /// answer could not be accepted anyway).
+    /// answer could not be accepted anyway). An answer's usage is put in `heard`.
     async fn submit(
         &self,
         request: &ProviderRequest<'_>,
         budget_ms: Millis,
         lost: &CancellationToken,
+        heard: &mut Option<Usage>,
     ) -> Said {
         let span = tracing::debug_span!(
             "provider",
@@ -208,10 +255,13 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
                     self.pacer.answered();
                     match submission {
                         // Judged against the job's contract before anything reads it.
-                        Submission::Answered(answer) => match answer.judged(request.output) {
-                            Ok(answer) => Said::Answered(answer),
-                            Err(invalid) => Said::Failed(invalid),
-                        },
+                        Submission::Answered(answer) => {
+                            *heard = answer.usage.or(*heard);
+                            match answer.judged(request.output) {
+                                Ok(answer) => Said::Answered(answer),
+                                Err(invalid) => Said::Failed(invalid),
+                            }
+                        }
                         Submission::Started(reference) => Said::Started(reference),
                     }
                 }

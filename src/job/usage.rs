@@ -1,0 +1,157 @@
+//! What a call used, in one vocabulary whatever the provider: the tokens each kind of price
+//! applies to. Providers report usage in their own words (OpenAI's Chat Completions and
+//! Responses, Bedrock's Converse); each is read into [`Usage`] here, and a call whose outcome is
+//! unknown is counted at an estimate, marked as one.
+
+use serde_json::Value;
+
+/// The tokens one call used. `input` are the input tokens billed at the model's input price
+/// (those neither read from nor written to a prompt cache); `cache_read` and `cache_write` are
+/// billed at the cache's prices; `output` counts every token written, `reasoning` the part of
+/// them the model spent thinking (already in `output`, shown apart).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, serde::Serialize)]
+pub struct Usage {
+    /// Input tokens at the input price.
+    pub input: u64,
+    /// Output tokens, reasoning included.
+    pub output: u64,
+    /// Input tokens read from the prompt cache.
+    pub cache_read: u64,
+    /// Input tokens written to the prompt cache.
+    pub cache_write: u64,
+    /// Of `output`, the reasoning tokens.
+    pub reasoning: u64,
+    /// Not reported by the provider: estimated (a call whose outcome is unknown).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub estimated: bool,
+}
+
+/// Bytes of input counted as one token in an estimate (the usual rule of thumb for English
+/// text; exact counts come only from the provider).
+pub const BYTES_PER_TOKEN: u64 = 4;
+
+impl Usage {
+    /// The usage an OpenAI `usage` object reports, from Chat Completions (`prompt_tokens`,
+    /// `completion_tokens`, their `_details`) or the Responses API (`input_tokens`,
+    /// `output_tokens`, their `_details`). OpenAI counts cached tokens inside the prompt's, and
+    /// bills no cache writes. `None` when it reports nothing.
+    pub fn from_openai(usage: &Value) -> Option<Usage> {
+        let count = |path: &str| usage.pointer(path).and_then(Value::as_u64);
+        let (prompt, completion, details, output_details) = match count("/input_tokens") {
+            Some(input) => (
+                input,
+                count("/output_tokens"),
+                "/input_tokens_details/cached_tokens",
+                "/output_tokens_details/reasoning_tokens",
+            ),
+            None => (
+                count("/prompt_tokens")?,
+                count("/completion_tokens"),
+                "/prompt_tokens_details/cached_tokens",
+                "/completion_tokens_details/reasoning_tokens",
+            ),
+        };
+        let cached = count(details).unwrap_or(0).min(prompt);
+        Some(Usage {
+            input: prompt - cached,
+            output: completion.unwrap_or(0),
+            cache_read: cached,
+            cache_write: 0,
+            reasoning: count(output_details).unwrap_or(0),
+            estimated: false,
+        })
+    }
+
+    /// The usage Bedrock's Converse reports: its input tokens leave out the cache's, which it
+    /// counts apart.
+    pub fn from_bedrock(input: i32, output: i32, cache_read: i32, cache_write: i32) -> Usage {
+        let count = |n: i32| u64::try_from(n).unwrap_or(0);
+        Usage {
+            input: count(input),
+            output: count(output),
+            cache_read: count(cache_read),
+            cache_write: count(cache_write),
+            reasoning: 0,
+            estimated: false,
+        }
+    }
+
+    /// An estimate for a call whose outcome is unknown: its input at [`BYTES_PER_TOKEN`], and
+    /// the whole answer its ceiling allowed (the most it can have cost).
+    pub fn estimate(input_bytes: usize, output_ceiling: u64) -> Usage {
+        Usage {
+            input: (input_bytes as u64).div_ceil(BYTES_PER_TOKEN),
+            output: output_ceiling,
+            estimated: true,
+            ..Usage::default()
+        }
+    }
+
+    /// Every token, of every kind.
+    pub fn total(&self) -> u64 {
+        self.input + self.output + self.cache_read + self.cache_write
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn chat_completions_and_responses_read_into_one_vocabulary() {
+        let chat = json!({
+            "prompt_tokens": 1_200, "completion_tokens": 300, "total_tokens": 1_500,
+            "prompt_tokens_details": {"cached_tokens": 1_024},
+            "completion_tokens_details": {"reasoning_tokens": 256}
+        });
+        let expected = Usage {
+            input: 176,
+            output: 300,
+            cache_read: 1_024,
+            cache_write: 0,
+            reasoning: 256,
+            estimated: false,
+        };
+        assert_eq!(Usage::from_openai(&chat), Some(expected));
+        let responses = json!({
+            "input_tokens": 1_200, "output_tokens": 300, "total_tokens": 1_500,
+            "input_tokens_details": {"cached_tokens": 1_024},
+            "output_tokens_details": {"reasoning_tokens": 256}
+        });
+        assert_eq!(Usage::from_openai(&responses), Some(expected));
+        // Without details: nothing cached, no reasoning; without counts: nothing reported.
+        let plain = Usage::from_openai(&json!({"prompt_tokens": 5, "completion_tokens": 2}));
+        assert_eq!(
+            plain.map(|u| (u.input, u.output, u.total())),
+            Some((5, 2, 7))
+        );
+        assert_eq!(Usage::from_openai(&Value::Null), None);
+        assert_eq!(Usage::from_openai(&json!({"total_tokens": 9})), None);
+    }
+
+    #[test]
+    fn bedrock_counts_the_cache_apart_and_an_estimate_says_so() {
+        let u = Usage::from_bedrock(9, 1, 100, 20);
+        assert_eq!(
+            (u.input, u.output, u.cache_read, u.cache_write),
+            (9, 1, 100, 20)
+        );
+        assert_eq!(Usage::from_bedrock(-1, 0, 0, 0).input, 0);
+        let guess = Usage::estimate(4_001, 16_384);
+        assert_eq!(
+            (guess.input, guess.output, guess.estimated),
+            (1_001, 16_384, true)
+        );
+        assert_eq!(
+            serde_json::to_value(guess).expect("json")["estimated"],
+            true
+        );
+        assert!(
+            serde_json::to_value(u)
+                .expect("json")
+                .get("estimated")
+                .is_none()
+        );
+    }
+}
