@@ -123,6 +123,8 @@ async fn an_invalid_answer_then_a_valid_one_succeeds_with_two_attempts_and_the_f
         if answer > 0 {
             assert_eq!(usage.output, (answer as u64).div_ceil(4));
         }
+        // Priced at the built-in table's sim-1 prices: $1 a million in, $4 out.
+        assert_eq!(usage.cost_micros, Some(usage.input + 4 * usage.output));
     }
     let result: Value = serde_json::from_str(record.result.as_deref().expect("inline result"))
         .expect("the result is JSON");
@@ -382,6 +384,14 @@ async fn the_readmes_example_job_is_accepted_under_its_contract_and_announced_pa
     assert_eq!(event.detail["result"]["output"]["verdict"], "fail");
     // The README shows this event: its id follows from the job, its epoch and its state.
     assert_eq!(event.detail["event_id"], "165c0b118ab109efe06eadf1d37126ae");
-    assert_eq!(event.detail["result"]["usage"]["input_chars"], 280);
+    assert_eq!(event.detail["result"]["usage"]["input_tokens"], 70);
     assert_eq!(event.detail["metadata"]["tenant"], "acme");
+    // And what the job used and cost, in the ledger's vocabulary, priced at sim-1's $1 a
+    // million tokens in and $4 out.
+    let usage = &event.detail["usage"];
+    assert_eq!(usage["input"], 70);
+    assert_eq!(
+        usage["cost_micros"],
+        70 + 4 * usage["output"].as_u64().expect("output tokens")
+    );
 }

@@ -458,3 +458,36 @@ fn the_heartbeat_defaults_to_a_third_of_the_shorter_window() {
     .expect("valid");
     assert_eq!(c.settings.heartbeat_ms, 4_000);
 }
+
+#[test]
+fn a_prices_file_adds_its_models_and_one_that_does_not_parse_stops_start_up() {
+    let dir = std::env::temp_dir().join(format!("fenced-jobs-prices-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let good = dir.join("prices.json");
+    std::fs::write(
+        &good,
+        r#"{"as_of": "2026-12-01", "models": {"in-house-7b": {"input": 0.01, "output": 0.02}}}"#,
+    )
+    .expect("written");
+    let bad = dir.join("bad.json");
+    std::fs::write(&bad, r#"{"models": {"m": {"input": 1}}}"#).expect("written");
+    let path = |p: &std::path::Path| p.display().to_string();
+    let c = config(&[("JOBS_TABLE", "t"), ("PRICES_FILE", &path(&good))]).expect("valid");
+    assert!(c.settings.prices.price("in-house-7b").is_some());
+    assert!(c.settings.prices.price("gpt-4.1").is_some(), "built in");
+    assert_eq!(c.settings.prices.as_of, "2026-12-01");
+    for wrong in [path(&bad), path(&dir.join("absent.json"))] {
+        let refused = config(&[("JOBS_TABLE", "t"), ("PRICES_FILE", &wrong)]);
+        assert!(
+            matches!(
+                refused,
+                Err(ConfigError::Invalid {
+                    name: "PRICES_FILE",
+                    ..
+                })
+            ),
+            "{refused:?}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

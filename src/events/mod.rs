@@ -70,6 +70,10 @@ impl CompletionEvent {
                 }
             }
         }
+        // What the job's attempts used and cost, in the ledger's one vocabulary.
+        if let Some(usage) = job.usage() {
+            fields.insert("usage".into(), json!(usage));
+        }
         if job.state != JobState::Succeeded
             && let Some(error) = &job.last_error
         {

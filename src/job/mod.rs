@@ -9,6 +9,7 @@ pub mod message;
 pub mod outcome;
 pub mod pointer;
 pub mod policy;
+pub mod prices;
 pub mod scope;
 pub(crate) mod simulate;
 pub mod state;
@@ -145,6 +146,27 @@ pub struct JobRecord {
 }
 
 impl JobRecord {
+    /// What its attempts used and cost, summed (`None` when none recorded any): `estimated`
+    /// when one of them is an estimate, `cost_micros` the sum of the attempts the price table
+    /// priced (`None` when it priced none).
+    pub fn usage(&self) -> Option<Usage> {
+        self.attempt_log
+            .iter()
+            .filter_map(|a| a.usage)
+            .reduce(|sum, u| Usage {
+                input: sum.input + u.input,
+                output: sum.output + u.output,
+                cache_read: sum.cache_read + u.cache_read,
+                cache_write: sum.cache_write + u.cache_write,
+                reasoning: sum.reasoning + u.reasoning,
+                estimated: sum.estimated || u.estimated,
+                cost_micros: match (sum.cost_micros, u.cost_micros) {
+                    (Some(a), Some(b)) => Some(a + b),
+                    (a, b) => a.or(b),
+                },
+            })
+    }
+
     /// An upper estimate of the item's size in DynamoDB: every string at its length, every
     /// number and attribute name at a generous fixed size, and every attempt, recovery and
     /// decision record in full.
@@ -157,7 +179,13 @@ impl JobRecord {
             .chain(&self.given_back)
             .map(|a| {
                 let errors: usize = a.errors.iter().map(|e| e.len() + FIELD).sum();
-                10 * FIELD + a.owner_id.len() + opt(&a.provider_ref) + errors + opt(&a.excerpt)
+                let usage = a.usage.map_or(0, |_| 8 * FIELD);
+                10 * FIELD
+                    + a.owner_id.len()
+                    + opt(&a.provider_ref)
+                    + errors
+                    + opt(&a.excerpt)
+                    + usage
             })
             .sum();
         let recoveries: usize = self

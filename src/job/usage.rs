@@ -24,6 +24,10 @@ pub struct Usage {
     /// Not reported by the provider: estimated (a call whose outcome is unknown).
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub estimated: bool,
+    /// What it cost, in micro-dollars, at the deployment's prices for the model (`None`: the
+    /// price table does not price the model).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cost_micros: Option<u64>,
 }
 
 /// Bytes of input counted as one token in an estimate (the usual rule of thumb for English
@@ -59,6 +63,7 @@ impl Usage {
             cache_write: 0,
             reasoning: count(output_details).unwrap_or(0),
             estimated: false,
+            cost_micros: None,
         })
     }
 
@@ -73,6 +78,7 @@ impl Usage {
             cache_write: count(cache_write),
             reasoning: 0,
             estimated: false,
+            cost_micros: None,
         }
     }
 
@@ -112,6 +118,7 @@ mod tests {
             cache_write: 0,
             reasoning: 256,
             estimated: false,
+            cost_micros: None,
         };
         assert_eq!(Usage::from_openai(&chat), Some(expected));
         let responses = json!({

@@ -160,6 +160,7 @@ pub fn to_json(record: &JobRecord, with_result: bool) -> Value {
         "contract": record.contract,
         "input_digest": record.input_digest,
         "attempt_log": attempts,
+        "usage": record.usage(),
         "recoveries": recoveries,
         "decisions": decisions,
         "last_error": record.last_error.as_ref().map(|e| json!({"kind": e.kind, "message": e.message, "at": format_rfc3339_ms(e.at)})),
@@ -217,6 +218,9 @@ pub fn to_text(record: &JobRecord, with_result: bool) -> String {
                 record.not_sent
             ),
         );
+    }
+    if let Some(u) = record.usage() {
+        line("used", usage_text(&u));
     }
     line("contract", record.contract.clone());
     line("digest", record.input_digest.clone());
@@ -315,10 +319,19 @@ fn usage_text(u: &crate::job::Usage) -> String {
     if u.reasoning > 0 {
         text.push_str(&format!(" ({} reasoning)", u.reasoning));
     }
+    match u.cost_micros {
+        Some(micros) => text.push_str(&format!(", {}", dollars(micros))),
+        None => text.push_str(", not priced"),
+    }
     if u.estimated {
-        text.push_str(", estimated: the call's outcome is unknown");
+        text.push_str(", estimated: a call's outcome is unknown");
     }
     text
+}
+
+/// Micro-dollars as dollars: `$0.006000`.
+pub fn dollars(micros: u64) -> String {
+    format!("${}.{:06}", micros / 1_000_000, micros % 1_000_000)
 }
 
 /// What a redrive would do with one dead-lettered message, judged from its body and the ledger.

@@ -132,6 +132,9 @@ pub fn line(job: &JobRecord) -> Value {
         "metadata": job.metadata.as_deref().and_then(|m| serde_json::from_str::<Value>(m).ok()),
     });
     let fields = row.as_object_mut().expect("a json! object");
+    if let Some(usage) = job.usage() {
+        fields.insert("usage".into(), json!(usage));
+    }
     if let Some(blob) = &job.result_ref {
         fields.insert("result_ref".into(), blob.to_json());
     } else if let Some(result) = &job.result {

@@ -331,6 +331,15 @@ pub trait Provider: Send + Sync {
         None
     }
 
+    /// The model a call for `req` runs: the job's `input.model`, unless the provider is
+    /// configured with its own. Its prices are what the call costs.
+    fn model<'a>(&'a self, req: &'a ProviderRequest<'_>) -> &'a str {
+        req.input
+            .get("model")
+            .and_then(serde_json::Value::as_str)
+            .unwrap_or_default()
+    }
+
     /// Whether [`Provider::retrieve`] can answer at all.
     fn can_retrieve(&self) -> bool {
         false
@@ -431,6 +440,10 @@ impl Provider for AnyProvider {
 
     fn can_retrieve(&self) -> bool {
         each!(self, p => p.can_retrieve())
+    }
+
+    fn model<'a>(&'a self, req: &'a ProviderRequest<'_>) -> &'a str {
+        each!(self, p => p.model(req))
     }
 
     async fn retrieve(

@@ -141,10 +141,12 @@ fn answer(req: &ProviderRequest<'_>, sim: &Simulation) -> Answer {
         output: String,
         usage: Usage,
     }
+    /// The usage it reports, in the Responses API's words: the input and the answer at four
+    /// bytes a token.
     #[derive(serde::Serialize)]
     struct Usage {
-        input_chars: usize,
-        output_tokens: u32,
+        input_tokens: u64,
+        output_tokens: u64,
     }
     let mut output = match &sim.output {
         Some(Value::String(text)) => text.clone(),
@@ -176,20 +178,21 @@ fn answer(req: &ProviderRequest<'_>, sim: &Simulation) -> Answer {
         Some(BadAnswer::Invalid) => output = r#"{"unexpected": true}"#.to_owned(),
         None => {}
     }
+    let tokens = |bytes: usize| (bytes as u64).div_ceil(crate::job::usage::BYTES_PER_TOKEN);
+    let reported = Usage {
+        input_tokens: tokens(req.input_json.len()),
+        output_tokens: tokens(output.len()),
+    };
+    let usage = crate::job::Usage {
+        input: reported.input_tokens,
+        output: reported.output_tokens,
+        ..crate::job::Usage::default()
+    };
     let document = Document {
         contract: req.contract,
         model: req.input.get("model").and_then(Value::as_str).unwrap_or(""),
         output,
-        usage: Usage {
-            input_chars: req.input_json.len(),
-            output_tokens: 3,
-        },
-    };
-    // What a provider would report: the input and the answer at four bytes a token.
-    let usage = crate::job::Usage {
-        input: (req.input_json.len() as u64).div_ceil(crate::job::usage::BYTES_PER_TOKEN),
-        output: (document.output.len() as u64).div_ceil(crate::job::usage::BYTES_PER_TOKEN),
-        ..crate::job::Usage::default()
+        usage: reported,
     };
     Answer {
         body: serde_json::to_string(&document).unwrap_or_default(),
@@ -254,7 +257,7 @@ mod tests {
         let answer = p.call(&request(&inp, 1)).await.expect("ok");
         assert_eq!(
             answer.body,
-            r#"{"contract":"c","model":"m\"1","output":"simulated answer b49ada2be8e7...","usage":{"input_chars":59,"output_tokens":3}}"#
+            r#"{"contract":"c","model":"m\"1","output":"simulated answer b49ada2be8e7...","usage":{"input_tokens":15,"output_tokens":8}}"#
         );
     }
 

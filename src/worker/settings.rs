@@ -90,6 +90,9 @@ pub struct Settings {
     /// `PAYLOAD_BUCKET`: the one bucket an Extended Client pointer may name (unset: pointers
     /// are refused).
     pub payload_bucket: Option<String>,
+    /// The prices each attempt's usage is paid at: the built-in table, with `PRICES_FILE`'s
+    /// models over it.
+    pub prices: std::sync::Arc<crate::job::prices::PriceTable>,
     /// What sets this deployment's idempotency keys apart from every other's sent to the same
     /// provider account: 16 hex characters of SHA-256 over `DEPLOYMENT_ID` (the template sets
     /// the account, Region and stack), else over `JOBS_TABLE`; empty in tests.
@@ -120,9 +123,25 @@ impl Default for Settings {
             policy: Policy::default(),
             producers: Producers::default(),
             payload_bucket: None,
+            prices: std::sync::Arc::default(),
             idempotency_prefix: String::new(),
         }
     }
+}
+
+/// The price table: the built-in one, with the models of the file `PRICES_FILE` names over it.
+fn prices(vars: &Vars<'_>) -> Result<crate::job::prices::PriceTable, ConfigError> {
+    use crate::job::prices::PriceTable;
+    let Some(path) = vars.get("PRICES_FILE").filter(|p| !p.trim().is_empty()) else {
+        return Ok(PriceTable::built_in());
+    };
+    let invalid = |reason: String| ConfigError::Invalid {
+        name: "PRICES_FILE",
+        reason,
+    };
+    let text = std::fs::read_to_string(&path).map_err(|e| invalid(format!("{path:?}: {e}")))?;
+    let own = PriceTable::parse(&text).map_err(|e| invalid(format!("{path:?}: {e}")))?;
+    Ok(PriceTable::built_in().with(own))
 }
 
 impl Settings {
@@ -319,6 +338,7 @@ impl Settings {
             policy,
             producers,
             payload_bucket: vars.get("PAYLOAD_BUCKET").filter(|b| !b.trim().is_empty()),
+            prices: std::sync::Arc::new(prices(vars)?),
             idempotency_prefix: vars
                 .get("DEPLOYMENT_ID")
                 .or_else(|| vars.get("JOBS_TABLE"))

@@ -67,6 +67,9 @@ pub(super) fn encode_usage(u: &Usage) -> AttributeValue {
     if u.estimated {
         m.insert("estimated".to_owned(), AttributeValue::Bool(true));
     }
+    if let Some(cost) = u.cost_micros {
+        m.insert("cost_micros".to_owned(), n(cost));
+    }
     AttributeValue::M(m)
 }
 
@@ -80,6 +83,7 @@ fn decode_usage(v: &AttributeValue) -> Option<Usage> {
         cache_write: count("cache_write"),
         reasoning: count("reasoning"),
         estimated: matches!(m.get("estimated"), Some(AttributeValue::Bool(true))),
+        cost_micros: get_n(m, "cost_micros").and_then(to_u64),
     })
 }
 
@@ -487,6 +491,7 @@ mod tests {
                     cache_write: 8,
                     reasoning: 100,
                     estimated: true,
+                    cost_micros: Some(5_100),
                 }),
             }],
             recoveries: vec![RecoveryRecord {

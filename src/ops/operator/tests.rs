@@ -247,6 +247,7 @@ fn each_attempt_shows_what_it_used_and_an_estimate_says_so() {
         output: 300,
         cache_read: 1_024,
         reasoning: 256,
+        cost_micros: Some(6_000),
         ..crate::job::Usage::default()
     };
     record.attempt_log = vec![
@@ -262,16 +263,17 @@ fn each_attempt_shows_what_it_used_and_an_estimate_says_so() {
         },
     ];
     let text = to_text(&record, false);
-    assert!(
-        text.contains(
-            "used 176 in (+1024 read from the cache, 0 written to it), 300 out (256 reasoning)"
-        ),
-        "{text}"
-    );
-    assert!(
-        text.contains("used ~100 in, 16384 out, estimated"),
-        "{text}"
-    );
+    let lines = [
+        "         used 176 in (+1024 read from the cache, 0 written to it), 300 out (256 reasoning), $0.006000\n",
+        "         used ~100 in, 16384 out, not priced, estimated: a call's outcome is unknown\n",
+        // The job's line sums them: the cost of the attempts priced, marked as holding an
+        // estimate.
+        "used          ~276 in (+1024 read from the cache, 0 written to it), 16684 out (256 reasoning), $0.006000, estimated",
+    ];
+    for line in lines {
+        assert!(text.contains(line), "{line:?} in {text}");
+    }
+    assert_eq!(to_json(&record, false)["usage"]["cost_micros"], 6_000);
     let json = to_json(&record, false);
     assert_eq!(json["attempt_log"][0]["usage"]["cache_read"], 1_024);
     assert_eq!(json["attempt_log"][1]["usage"]["estimated"], true);

@@ -310,6 +310,10 @@ impl OpenAiProvider {
 }
 
 impl Provider for OpenAiProvider {
+    fn model<'a>(&'a self, req: &'a ProviderRequest<'_>) -> &'a str {
+        OpenAiProvider::model(self, req)
+    }
+
     async fn call(&self, req: &ProviderRequest<'_>) -> Result<Answer, ProviderError> {
         match self.submit(req).await? {
             Submission::Answered(answer) => Ok(answer),

@@ -45,7 +45,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
                     let now = self.clock.now_ms();
                     let answer = match machine.write(now) {
                         EndWrite::End(mut req) => {
-                            req.usage = spent.recorded(&req.end);
+                            req.usage = spent.recorded(&req.end, &self.settings.prices);
                             self.ledger.end_known(machine.owner(), req).await
                         }
                         EndWrite::Renew(req) => self.ledger.renew(req).await,

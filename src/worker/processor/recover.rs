@@ -43,7 +43,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         let (machine, step) = Calling::resume(self.call_facts(inv), fenced, &because, stored, now);
         if let CallStep::Done(waited) = step {
             return self
-                .end_attempt(machine.into_owner(), waited, super::run::Spent::NONE, inv)
+                .end_attempt(machine.into_owner(), waited, super::run::Spent::none(), inv)
                 .await;
         }
         let (owner, waited, spent) = self.call(msg, machine, step, inv, watch).await;

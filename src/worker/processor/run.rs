@@ -10,45 +10,52 @@ use tokio_util::sync::CancellationToken;
 use super::{AttemptWatch, Invocation, Processed, Processor};
 use crate::clock::Clock;
 use crate::job::contract::Contract;
+use crate::job::prices::PriceTable;
 use crate::job::{JobMessage, JobRecord, Millis, Usage};
 use crate::ledger::JobLedger;
 use crate::provider::{Provider, ProviderRequest, Retrieval, Submission};
 use crate::worker::calling::{CallFacts, CallStep, Calling, MIN_CALL_BUDGET_MS, Said};
 use crate::worker::ending::Waited;
 
-/// What a call used: what the provider reported with an answer, and the estimate an attempt
-/// whose outcome is unknown is recorded with.
-#[derive(Debug, Clone, Copy)]
+/// What a call used: what the provider reported with an answer, the estimate an attempt whose
+/// outcome is unknown is recorded with, and the model whose prices they are paid at.
+#[derive(Debug, Clone)]
 pub(super) struct Spent {
     pub(super) heard: Option<Usage>,
     pub(super) estimate: Usage,
+    pub(super) model: String,
 }
 
 impl Spent {
     /// Nothing heard, nothing estimated: an attempt ended without a call of this invocation.
-    pub(super) const NONE: Spent = Spent {
-        heard: None,
-        estimate: Usage {
-            input: 0,
-            output: 0,
-            cache_read: 0,
-            cache_write: 0,
-            reasoning: 0,
-            estimated: true,
-        },
-    };
+    pub(super) fn none() -> Spent {
+        Spent {
+            heard: None,
+            estimate: Usage::default(),
+            model: String::new(),
+        }
+    }
 
-    /// The usage an attempt's end records: none for an attempt given back (nothing ran), the
-    /// estimate for one whose outcome is unknown unless an answer said, else what was heard.
-    pub(super) fn recorded(&self, end: &crate::ledger::AttemptEnd) -> Option<Usage> {
+    /// The usage an attempt's end records, priced by `prices`: none for an attempt given back
+    /// (nothing ran), the estimate for one whose outcome is unknown unless an answer said, else
+    /// what was heard.
+    pub(super) fn recorded(
+        &self,
+        end: &crate::ledger::AttemptEnd,
+        prices: &PriceTable,
+    ) -> Option<Usage> {
         use crate::ledger::AttemptEnd;
-        match end {
+        let usage = match end {
             AttemptEnd::GivenBack { .. } => None,
             AttemptEnd::Unknown { .. } | AttemptEnd::Replay { .. } => {
                 self.heard.or(Some(self.estimate).filter(|e| e.total() > 0))
             }
             _ => self.heard,
-        }
+        };
+        usage.map(|u| Usage {
+            cost_micros: prices.cost_micros(&self.model, &u, false),
+            ..u
+        })
     }
 }
 
@@ -119,6 +126,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         let mut spent = Spent {
             heard: None,
             estimate: Usage::estimate(request.input_json.len(), request.max_output_tokens),
+            model: self.provider.model(&request).to_owned(),
         };
         let (owner, waited) = self
             .carry_out(&request, machine, step, inv, &lost, watch, &mut spent.heard)

@@ -1,0 +1,274 @@
+//! What a call cost: a price table turns an attempt's [`Usage`] into micro-dollars. The table
+//! is `prices/prices.json`, built in with the providers' list prices and the date they were
+//! taken; a deployment adds models or overrides prices with a file of the same shape
+//! (`PRICES_FILE`). Prices are read as micro-dollars per million tokens, so that costs add up
+//! in integers.
+
+use std::collections::BTreeMap;
+
+use serde_json::Value;
+
+use super::usage::Usage;
+
+/// The built-in table.
+const BUILT_IN: &str = include_str!("../../prices/prices.json");
+
+/// One model's prices, each in micro-dollars per million tokens (`2.50` USD is `2_500_000`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Price {
+    /// Input tokens at the input price.
+    pub input: u64,
+    /// Output tokens.
+    pub output: u64,
+    /// Input tokens read from the prompt cache (the input price where the table gives none).
+    pub cache_read: u64,
+    /// Input tokens written to the prompt cache (the input price where the table gives none).
+    pub cache_write: u64,
+    /// Input tokens of a batch call (the input price where the table gives none).
+    pub batch_input: u64,
+    /// Output tokens of a batch call (the output price where the table gives none).
+    pub batch_output: u64,
+}
+
+impl Price {
+    /// What `usage` cost at these prices, in micro-dollars, rounded up; `batch` for a call made
+    /// through the provider's batch interface.
+    pub fn cost_micros(&self, usage: &Usage, batch: bool) -> u64 {
+        let (input, output) = if batch {
+            (self.batch_input, self.batch_output)
+        } else {
+            (self.input, self.output)
+        };
+        let nano = |tokens: u64, price: u64| u128::from(tokens) * u128::from(price);
+        let total = nano(usage.input, input)
+            + nano(usage.output, output)
+            + nano(usage.cache_read, self.cache_read)
+            + nano(usage.cache_write, self.cache_write);
+        u64::try_from(total.div_ceil(1_000_000)).unwrap_or(u64::MAX)
+    }
+}
+
+/// The price table: models by the id a job names (or the provider is configured with).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PriceTable {
+    /// When the built-in prices were taken (the file's `as_of`).
+    pub as_of: String,
+    models: BTreeMap<String, Price>,
+}
+
+impl Default for PriceTable {
+    fn default() -> Self {
+        PriceTable::built_in()
+    }
+}
+
+impl PriceTable {
+    /// The table built in from `prices/prices.json`.
+    pub fn built_in() -> PriceTable {
+        // The file is part of the build and checked by a test: it parses.
+        PriceTable::parse(BUILT_IN).unwrap_or_else(|_| PriceTable {
+            as_of: String::new(),
+            models: BTreeMap::new(),
+        })
+    }
+
+    /// A table from the text of a prices file (`{"as_of", "models": {id: {"input", "output",
+    /// "cache_read", "cache_write", "batch_input", "batch_output"}}}`, USD per million tokens).
+    pub fn parse(text: &str) -> Result<PriceTable, String> {
+        let file: Value = serde_json::from_str(text).map_err(|e| format!("not JSON: {e}"))?;
+        let Some(models) = file.get("models").and_then(Value::as_object) else {
+            return Err("no `models` object".to_owned());
+        };
+        let mut table = BTreeMap::new();
+        for (id, prices) in models {
+            table.insert(id.clone(), price_of(id, prices)?);
+        }
+        Ok(PriceTable {
+            as_of: file
+                .get("as_of")
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_owned(),
+            models: table,
+        })
+    }
+
+    /// This table with `other`'s models added over its own (a deployment's file over the
+    /// built-in table); `other`'s date where it gives one.
+    pub fn with(mut self, other: PriceTable) -> PriceTable {
+        self.models.extend(other.models);
+        if !other.as_of.is_empty() {
+            self.as_of = other.as_of;
+        }
+        self
+    }
+
+    /// The prices of `model`: its own entry, else the entry of the model a Bedrock
+    /// cross-Region inference profile names (`us.anthropic...` is `anthropic...`), else the
+    /// longest entry it is a dated version of (`gpt-4.1-mini-2025-04-14` is `gpt-4.1-mini`).
+    pub fn price(&self, model: &str) -> Option<&Price> {
+        if let Some(price) = self.models.get(model) {
+            return Some(price);
+        }
+        if let Some((region, rest)) = model.split_once('.')
+            && (2..=7).contains(&region.len())
+            && region.chars().all(|c| c.is_ascii_lowercase() || c == '-')
+            && let Some(price) = self.models.get(rest)
+        {
+            return Some(price);
+        }
+        self.models
+            .iter()
+            .filter(|(id, _)| {
+                model
+                    .strip_prefix(id.as_str())
+                    .is_some_and(|rest| rest.starts_with('-'))
+            })
+            .max_by_key(|(id, _)| id.len())
+            .map(|(_, price)| price)
+    }
+
+    /// What `usage` of `model` cost, in micro-dollars; `None` for a model the table does not
+    /// price.
+    pub fn cost_micros(&self, model: &str, usage: &Usage, batch: bool) -> Option<u64> {
+        self.price(model).map(|p| p.cost_micros(usage, batch))
+    }
+}
+
+/// One model's entry, in USD per million tokens, read as micro-dollars per million tokens.
+fn price_of(id: &str, prices: &Value) -> Result<Price, String> {
+    let field = |name: &str| -> Result<Option<u64>, String> {
+        match prices.get(name) {
+            None => Ok(None),
+            Some(v) => match v.as_f64() {
+                Some(usd) if (0.0..1_000_000.0).contains(&usd) => {
+                    Ok(Some((usd * 1_000_000.0).round() as u64))
+                }
+                _ => Err(format!(
+                    "{id:?}: `{name}` is not a price in USD per million tokens"
+                )),
+            },
+        }
+    };
+    let (Some(input), Some(output)) = (field("input")?, field("output")?) else {
+        return Err(format!("{id:?}: `input` and `output` are required"));
+    };
+    Ok(Price {
+        input,
+        output,
+        cache_read: field("cache_read")?.unwrap_or(input),
+        cache_write: field("cache_write")?.unwrap_or(input),
+        batch_input: field("batch_input")?.unwrap_or(input),
+        batch_output: field("batch_output")?.unwrap_or(output),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn usage(input: u64, output: u64, cache_read: u64, cache_write: u64) -> Usage {
+        Usage {
+            input,
+            output,
+            cache_read,
+            cache_write,
+            ..Usage::default()
+        }
+    }
+
+    #[test]
+    fn the_built_in_table_parses_and_prices_the_models_the_providers_name() {
+        let table = PriceTable::parse(BUILT_IN).expect("the built-in table parses");
+        assert_eq!(table, PriceTable::built_in());
+        assert!(!table.as_of.is_empty());
+        for model in [
+            "gpt-4.1-mini",
+            "gpt-4o",
+            "anthropic.claude-sonnet-4-20250514-v1:0",
+        ] {
+            assert!(table.price(model).is_some(), "{model}");
+        }
+        // 1,000 tokens in and 500 out of gpt-4.1 ($2 and $8 a million): $0.006.
+        assert_eq!(
+            table.cost_micros("gpt-4.1", &usage(1_000, 500, 0, 0), false),
+            Some(6_000)
+        );
+        // Half that through the batch interface.
+        assert_eq!(
+            table.cost_micros("gpt-4.1", &usage(1_000, 500, 0, 0), true),
+            Some(3_000)
+        );
+    }
+
+    #[test]
+    fn cache_reads_and_writes_are_priced_apart_and_fractions_round_up() {
+        let table = PriceTable::built_in();
+        // Claude Sonnet 4 on Bedrock: $3 in, $15 out, $0.30 cache read, $3.75 cache write.
+        let sonnet = "anthropic.claude-sonnet-4-20250514-v1:0";
+        let cost = table.cost_micros(sonnet, &usage(100, 10, 10_000, 1_000), false);
+        assert_eq!(cost, Some(300 + 150 + 3_000 + 3_750));
+        // 7 tokens of nova-micro input ($0.035 a million) is a fraction of a micro-dollar:
+        // counted as one.
+        assert_eq!(
+            table.cost_micros("amazon.nova-micro-v1:0", &usage(7, 0, 0, 0), false),
+            Some(1)
+        );
+        assert_eq!(
+            table.cost_micros("gpt-4.1", &Usage::default(), false),
+            Some(0)
+        );
+    }
+
+    #[test]
+    fn profiles_and_dated_versions_find_their_model_and_unknown_ones_none() {
+        let table = PriceTable::built_in();
+        let base = table.price("anthropic.claude-sonnet-4-20250514-v1:0");
+        assert_eq!(
+            table.price("us.anthropic.claude-sonnet-4-20250514-v1:0"),
+            base
+        );
+        assert_eq!(
+            table.price("global.anthropic.claude-sonnet-4-20250514-v1:0"),
+            base
+        );
+        assert_eq!(
+            table.price("gpt-4.1-mini-2025-04-14"),
+            table.price("gpt-4.1-mini")
+        );
+        assert_ne!(table.price("gpt-4.1-mini"), table.price("gpt-4.1"));
+        assert_eq!(table.price("gpt-4.1x"), None);
+        assert_eq!(
+            table.cost_micros("a-model-nobody-priced", &Usage::default(), false),
+            None
+        );
+    }
+
+    #[test]
+    fn a_deployment_s_file_overrides_and_adds_and_a_bad_one_is_refused() {
+        let own = PriceTable::parse(
+            r#"{"as_of": "2026-12-01", "models": {
+                "gpt-4.1": {"input": 1.0, "output": 4.0},
+                "in-house-7b": {"input": 0.01, "output": 0.02}}}"#,
+        )
+        .expect("parses");
+        let table = PriceTable::built_in().with(own);
+        assert_eq!(table.as_of, "2026-12-01");
+        let gpt = table.price("gpt-4.1").expect("priced");
+        assert_eq!(
+            (gpt.input, gpt.output, gpt.cache_read),
+            (1_000_000, 4_000_000, 1_000_000)
+        );
+        assert_eq!(gpt.batch_output, 4_000_000);
+        assert!(table.price("in-house-7b").is_some());
+        assert!(table.price("gpt-4o").is_some(), "the others stay");
+        for bad in [
+            "[]",
+            r#"{"models": {"m": {"input": 1.0}}}"#,
+            r#"{"models": {"m": {"input": -1.0, "output": 1.0}}}"#,
+            r#"{"models": {"m": {"input": "1", "output": 1.0}}}"#,
+        ] {
+            assert!(PriceTable::parse(bad).is_err(), "{bad}");
+        }
+    }
+}
