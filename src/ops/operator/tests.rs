@@ -5,6 +5,7 @@ use crate::ledger::memory::{Fault, FaultyLedger, InMemoryLedger};
 use crate::ledger::{AttemptEnd, ClaimRequest, EndRequest};
 use crate::queue::RecordingTriggers;
 use crate::queue::dead_letters::{DETAIL_ATTRIBUTE, REASON_ATTRIBUTE};
+use crate::queue::{Message, QueueReader};
 
 fn new_job(job_id: &str) -> NewJob {
     NewJob::example(job_id, 10_000_000)
