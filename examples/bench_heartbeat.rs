@@ -46,6 +46,7 @@ fn job(i: usize, now: i64) -> NewJob {
         metadata: None,
         deadline_at: now + 3_600_000,
         max_attempts: 3,
+        max_cost_micros: None,
         expires_at: now / 1000 + 86_400,
     }
 }

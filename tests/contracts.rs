@@ -395,3 +395,56 @@ async fn the_readmes_example_job_is_accepted_under_its_contract_and_announced_pa
         70 + 4 * usage["output"].as_u64().expect("output tokens")
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_stops_at_its_spend_limit_before_a_call_that_would_pass_it() {
+    // GIVEN an extraction job whose first answer breaks its schema, with an answer ceiling of
+    // 1,000 tokens and a spend limit that holds one call at the most it can cost (its input at
+    // four bytes a token and 1,000 tokens out, at sim-1's $1 and $4 a million) and 30
+    // micro-dollars more: less than the first call will have cost
+    let aws = emulator().await;
+    let table = aws.table().await;
+    let queue = aws.queue(30).await;
+    let handler = aws.processor_handler(processor(&aws, &table, built_in(false)));
+    let source = aws.source(&queue).await;
+    let body = |max_cost: f64| {
+        let mut job: Value = serde_json::from_str(&extraction(
+            "capped-1",
+            "invoice-extract@2",
+            3,
+            json!({"bad_answer": "invalid", "bad_times": 1}),
+        ))
+        .expect("json");
+        job["input"]["parameters"] = json!({"max_tokens": 1_000});
+        job["max_cost"] = json!(max_cost);
+        job.to_string()
+    };
+    let input = fenced_jobs::job::parse_body(Some(&body(1.0)))
+        .expect("valid")
+        .input_canonical;
+    let most = (input.len() as u64).div_ceil(4) + 4 * 1_000;
+    aws.send(&queue, &body((most + 30) as f64 / 1_000_000.0))
+        .await;
+
+    // WHEN it is delivered, and delivered again once its backoff has passed
+    deliver(&source, &handler).await;
+    let record = aws.item(&table, "capped-1").await;
+    assert_eq!(record.state, JobState::RetryAuthorized);
+    let spent = record
+        .usage()
+        .and_then(|u| u.cost_micros)
+        .expect("the first call priced");
+    assert!(spent > 30, "{spent}");
+    tokio::time::sleep(Duration::from_millis(1_200)).await;
+    deliver(&source, &handler).await;
+
+    // THEN the second call is never made: the job ends failed for its spend, with one call
+    let record = aws.item(&table, "capped-1").await;
+    assert_eq!(record.state, JobState::FailedTerminal);
+    assert_eq!(record.attempts, 1);
+    assert_eq!(handler.processor().provider().executions_for("capped-1"), 1);
+    let error = record.last_error.expect("why");
+    assert_eq!(error.kind, "spend");
+    assert_eq!(record.max_cost_micros, Some(most + 30));
+    assert!(aws.peek(&queue.url, 0).await.is_empty());
+}

@@ -534,6 +534,7 @@ async fn lapsed_claim(ledger: &InMemoryLedger, body: &str) {
         metadata: None,
         deadline_at: then + 3_600_000,
         max_attempts: 3,
+        max_cost_micros: None,
         expires_at: 0,
     };
     let claimed = ledger
@@ -632,6 +633,7 @@ async fn a_stored_input_is_read_only_when_the_delivery_will_call() {
         metadata: None,
         deadline_at: now + 3_600_000,
         max_attempts: 3,
+        max_cost_micros: None,
         expires_at: 0,
     };
     let claimed = ledger
@@ -2191,6 +2193,7 @@ async fn a_live_job_whose_input_is_gone_is_never_poison() {
             metadata: None,
             deadline_at: now + 3_600_000,
             max_attempts: 3,
+            max_cost_micros: None,
             expires_at: 0,
         };
         ledger.create(ready(job)).await.expect("create");

@@ -54,6 +54,8 @@ fn new_job(digest: &str, max_attempts: u32, deadline_at: i64, metadata: bool) ->
         metadata: metadata.then(|| r#"{"trace":"t"}"#.to_owned()),
         deadline_at,
         max_attempts,
+        // Kept by the claim that creates the item, like the metadata.
+        max_cost_micros: metadata.then_some(500_000),
         expires_at: deadline_at / 1000 + 86_400,
     }
 }

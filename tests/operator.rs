@@ -217,6 +217,7 @@ fn a_re_trigger_names_the_job_and_the_worker_reads_it_back_with_the_same_digest(
         metadata: Some(r#"{"trace":"x"}"#.into()),
         deadline_at: 1_900_000_000_000,
         max_attempts: 4,
+        max_cost_micros: None,
         expires_at: 0,
     }
     .into_record(JobState::RetryAuthorized, 0);

@@ -474,6 +474,7 @@ fn new_job(msg: &fenced_jobs::job::JobMessage, now: i64) -> fenced_jobs::job::Ne
         metadata: None,
         deadline_at: now + 3_600_000,
         max_attempts: 3,
+        max_cost_micros: None,
         expires_at: now / 1000 + 86_400,
     }
 }

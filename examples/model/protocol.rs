@@ -798,6 +798,7 @@ impl Protocol {
             metadata: None,
             deadline_at: self.bounds.deadline,
             max_attempts: self.bounds.max_attempts,
+            max_cost_micros: None,
             expires_at: 0,
         }
     }
@@ -1013,6 +1014,9 @@ impl Protocol {
             latest_call_start: Millis::MAX,
             can_retrieve: next.retrievable(),
             in_ledger: false,
+            // The model's jobs have no spend limit.
+            next_call_micros: 0,
+            max_cost_micros: None,
         };
         let (machine, step) = Admission::start(facts, None, DIGEST, now);
         self.take(next, worker, machine, step, note);
@@ -1297,8 +1301,8 @@ impl Protocol {
             Op::Settle(settle) => {
                 let req = settle.request(&job, now);
                 let epoch = match settle {
-                    Settle::Absent => {
-                        note.push_str("creates the job expired");
+                    Settle::Absent(reason) => {
+                        let _ = write!(note, "creates the job settled ({})", reason.kind());
                         None
                     }
                     Settle::Seen { epoch, reason, .. } => {

@@ -491,3 +491,23 @@ fn a_prices_file_adds_its_models_and_one_that_does_not_parse_stops_start_up() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn a_default_spend_limit_is_read_in_usd() {
+    let c = config(&[("JOBS_TABLE", "t"), ("DEFAULT_MAX_COST", "0.5")]).expect("valid");
+    assert_eq!(c.settings.job_defaults.max_cost_micros, Some(500_000));
+    let none = config(&[("JOBS_TABLE", "t")]).expect("valid");
+    assert_eq!(none.settings.job_defaults.max_cost_micros, None);
+    for bad in ["0", "-2", "lots"] {
+        assert!(
+            matches!(
+                config(&[("JOBS_TABLE", "t"), ("DEFAULT_MAX_COST", bad)]),
+                Err(ConfigError::Invalid {
+                    name: "DEFAULT_MAX_COST",
+                    ..
+                })
+            ),
+            "{bad}"
+        );
+    }
+}

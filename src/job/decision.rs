@@ -34,6 +34,8 @@ pub enum SettleReason {
     BudgetSpent,
     /// The job's stored input is gone, or is not what its digest says: no call can be made.
     InputLost,
+    /// The next call's estimated cost would take the job's spend past its `max_cost`.
+    SpendLimit,
 }
 
 impl SettleReason {
@@ -41,7 +43,9 @@ impl SettleReason {
     pub fn target(self) -> JobState {
         match self {
             SettleReason::DeadlinePassed => JobState::Expired,
-            SettleReason::BudgetSpent | SettleReason::InputLost => JobState::FailedTerminal,
+            SettleReason::BudgetSpent | SettleReason::InputLost | SettleReason::SpendLimit => {
+                JobState::FailedTerminal
+            }
         }
     }
 
@@ -51,6 +55,7 @@ impl SettleReason {
             SettleReason::DeadlinePassed => "deadline",
             SettleReason::BudgetSpent => "budget",
             SettleReason::InputLost => "input_lost",
+            SettleReason::SpendLimit => "spend",
         }
     }
 }

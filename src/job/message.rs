@@ -25,14 +25,18 @@ pub(crate) const MAX_METADATA_BYTES: usize = 4_096;
 /// The largest `max_attempts` a message may ask for.
 pub(crate) const MAX_ATTEMPTS_LIMIT: u32 = 100;
 
-const TOP_LEVEL_FIELDS: [&str; 6] = [
+const TOP_LEVEL_FIELDS: [&str; 7] = [
     "job_id",
     "input",
     "contract",
     "deadline_at",
     "max_attempts",
+    "max_cost",
     "metadata",
 ];
+
+/// The largest `max_cost` a message may give, in USD.
+const MAX_COST_USD: f64 = 1_000_000.0;
 
 /// Why a body is not a valid job. Every variant is poison: retrying cannot fix it.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -199,6 +203,8 @@ pub struct JobMessage {
     pub deadline_at: Option<i64>,
     /// Attempt budget, if the message sets one.
     pub max_attempts: Option<u32>,
+    /// Spend limit in micro-dollars (`max_cost` in USD), if the message sets one.
+    pub max_cost_micros: Option<u64>,
     /// The producer's correlation data, canonical JSON; not part of the digest.
     pub metadata: Option<String>,
     /// Where the input is stored when it is too large for the ledger item (`input_canonical`
@@ -291,6 +297,21 @@ fn job_from_fields(mut fields: Map<String, Value>) -> Result<JobMessage, Invalid
         },
         Some(_) => return Err(wrong_type("max_attempts", "an integer")),
     };
+    let max_cost_micros = match fields.remove("max_cost") {
+        None | Some(Value::Null) => None,
+        Some(Value::Number(n)) => match n.as_f64() {
+            Some(usd) if usd > 0.0 && usd <= MAX_COST_USD => {
+                Some(((usd * 1_000_000.0).round() as u64).max(1))
+            }
+            _ => {
+                return Err(InvalidMessage::Invalid {
+                    field: "max_cost",
+                    rule: "must be a number of USD above 0, at most 1000000",
+                });
+            }
+        },
+        Some(_) => return Err(wrong_type("max_cost", "a number")),
+    };
     let metadata = match fields.remove("metadata") {
         None | Some(Value::Null) => None,
         Some(Value::Object(m)) => {
@@ -315,6 +336,7 @@ fn job_from_fields(mut fields: Map<String, Value>) -> Result<JobMessage, Invalid
         digest,
         deadline_at,
         max_attempts,
+        max_cost_micros,
         metadata,
         input_ref: None,
         in_ledger: false,
@@ -332,6 +354,7 @@ impl JobMessage {
             digest: record.input_digest.clone(),
             deadline_at: Some(record.deadline_at),
             max_attempts: Some(record.max_attempts),
+            max_cost_micros: record.max_cost_micros,
             metadata: record.metadata.clone(),
             input_ref: record.input_ref.clone(),
             in_ledger: true,

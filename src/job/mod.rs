@@ -94,6 +94,9 @@ pub struct JobRecord {
     pub attempts: u32,
     /// Attempt budget, fixed at creation.
     pub max_attempts: u32,
+    /// Spend limit, micro-dollars (`None`: none): no attempt is claimed whose estimated cost
+    /// would take the job's spend past it.
+    pub max_cost_micros: Option<u64>,
     /// Calls the provider refused for its rate limit before doing any work (HTTP 429,
     /// Bedrock's throttling): each gave its attempt back, so they spend no budget; the job's
     /// deadline bounds them.
@@ -405,6 +408,8 @@ pub struct NewJob {
     pub deadline_at: Millis,
     /// Attempt budget.
     pub max_attempts: u32,
+    /// Spend limit, micro-dollars.
+    pub max_cost_micros: Option<u64>,
     /// DynamoDB TTL, Unix seconds.
     pub expires_at: i64,
 }
@@ -419,6 +424,9 @@ pub struct JobDefaults {
     pub max_attempts: u32,
     /// `RETENTION_DAYS`: how long after its deadline a job item is kept (DynamoDB TTL).
     pub retention_days: i64,
+    /// `DEFAULT_MAX_COST` (USD): spend limit, in micro-dollars, of a job whose message sets
+    /// none (`None`: no limit).
+    pub max_cost_micros: Option<u64>,
 }
 
 impl Default for JobDefaults {
@@ -427,6 +435,7 @@ impl Default for JobDefaults {
             deadline_ms: 86_400_000,
             max_attempts: 3,
             retention_days: 30,
+            max_cost_micros: None,
         }
     }
 }
@@ -444,6 +453,7 @@ impl NewJob {
             metadata: None,
             deadline_at,
             max_attempts: 3,
+            max_cost_micros: None,
             expires_at: 0,
         }
     }
@@ -467,6 +477,7 @@ impl NewJob {
             metadata: msg.metadata.clone(),
             deadline_at,
             max_attempts: msg.max_attempts.unwrap_or(defaults.max_attempts),
+            max_cost_micros: msg.max_cost_micros.or(defaults.max_cost_micros),
             expires_at: deadline_at.max(now) / 1000 + defaults.retention_days * 86_400,
         }
     }
@@ -479,6 +490,7 @@ impl NewJob {
             owner_epoch: 0,
             attempts: 0,
             max_attempts: self.max_attempts,
+            max_cost_micros: self.max_cost_micros,
             input_digest: self.input_digest,
             contract: self.contract,
             input: self.input,

@@ -517,6 +517,9 @@ impl SettleRequest {
         let message = match self.reason {
             SettleReason::DeadlinePassed => "deadline passed before a result was accepted",
             SettleReason::BudgetSpent => "attempt budget spent",
+            SettleReason::SpendLimit => {
+                "the next call's estimated cost would take the job past its max_cost"
+            }
             SettleReason::InputLost => {
                 "the stored input is gone or does not match the job's digest"
             }

@@ -38,6 +38,9 @@ pub fn apply_claim(current: Option<&JobRecord>, req: &ClaimRequest) -> Option<Jo
     if next.metadata.is_none() {
         next.metadata = req.job.metadata.clone();
     }
+    if next.max_cost_micros.is_none() {
+        next.max_cost_micros = req.job.max_cost_micros;
+    }
     next.state = JobState::Running;
     next.owner_epoch = req.expect.epoch + 1;
     next.attempts = req.expect.attempts + 1;

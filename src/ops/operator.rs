@@ -149,6 +149,7 @@ pub fn to_json(record: &JobRecord, with_result: bool) -> Value {
         "deadline_at": format_rfc3339_ms(record.deadline_at),
         "attempts": record.attempts,
         "max_attempts": record.max_attempts,
+        "max_cost_micros": record.max_cost_micros,
         "throttles": record.throttles,
         "not_sent": record.not_sent,
         "recoveries_dropped": record.recoveries_dropped,
@@ -217,6 +218,9 @@ pub fn to_text(record: &JobRecord, with_result: bool) -> String {
     }
     if let Some(u) = record.usage() {
         line("used", usage_text(&u));
+    }
+    if let Some(max) = record.max_cost_micros {
+        line("max cost", dollars(max));
     }
     line("contract", record.contract.clone());
     line("digest", record.input_digest.clone());

@@ -79,15 +79,15 @@ impl BedrockProvider {
 }
 
 impl Provider for BedrockProvider {
-    fn model<'a>(&'a self, req: &'a ProviderRequest<'_>) -> &'a str {
+    fn model<'a>(&'a self, input: &'a Map<String, Value>) -> &'a str {
         self.model_id
             .as_deref()
-            .or_else(|| req.input.get("model").and_then(Value::as_str))
+            .or_else(|| input.get("model").and_then(Value::as_str))
             .unwrap_or_default()
     }
 
     async fn call(&self, req: &ProviderRequest<'_>) -> Result<Answer, ProviderError> {
-        let model = Provider::model(self, req);
+        let model = Provider::model(self, req.input);
         let (system, messages) =
             conversation(req.input).map_err(|reason| ProviderError::Permanent {
                 reason: reason.to_owned(),

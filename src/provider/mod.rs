@@ -331,10 +331,10 @@ pub trait Provider: Send + Sync {
         None
     }
 
-    /// The model a call for `req` runs: the job's `input.model`, unless the provider is
+    /// The model a call for a job's `input` runs: its `input.model`, unless the provider is
     /// configured with its own. Its prices are what the call costs.
-    fn model<'a>(&'a self, req: &'a ProviderRequest<'_>) -> &'a str {
-        req.input
+    fn model<'a>(&'a self, input: &'a serde_json::Map<String, serde_json::Value>) -> &'a str {
+        input
             .get("model")
             .and_then(serde_json::Value::as_str)
             .unwrap_or_default()
@@ -442,8 +442,8 @@ impl Provider for AnyProvider {
         each!(self, p => p.can_retrieve())
     }
 
-    fn model<'a>(&'a self, req: &'a ProviderRequest<'_>) -> &'a str {
-        each!(self, p => p.model(req))
+    fn model<'a>(&'a self, input: &'a serde_json::Map<String, serde_json::Value>) -> &'a str {
+        each!(self, p => p.model(input))
     }
 
     async fn retrieve(

@@ -48,8 +48,9 @@ impl Op {
 /// A job ended without a claim.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Settle {
-    /// Created already expired (first sight past its deadline).
-    Absent,
+    /// Created already terminal: first sight past its deadline, or with a first call that
+    /// would cost more than its spend limit.
+    Absent(SettleReason),
     /// Seen in `state` at `epoch`.
     Seen {
         /// The state seen.
@@ -65,10 +66,7 @@ impl Settle {
     /// The write, for `job` at `now`.
     pub fn request(self, job: &NewJob, now: Millis) -> SettleRequest {
         let (from, reason) = match self {
-            Settle::Absent => (
-                SettleFrom::Absent(Box::new(job.clone())),
-                SettleReason::DeadlinePassed,
-            ),
+            Settle::Absent(reason) => (SettleFrom::Absent(Box::new(job.clone())), reason),
             Settle::Seen {
                 state,
                 epoch,
@@ -132,6 +130,16 @@ pub struct Facts {
     pub can_retrieve: bool,
     /// The message says the ledger holds the job already.
     pub in_ledger: bool,
+    /// The next call's estimated cost, in micro-dollars (its input and its whole answer
+    /// ceiling, at the model's prices; 0 when the model is not priced).
+    pub next_call_micros: u64,
+    /// The spend limit of a job not in the ledger yet (its message's, or the default).
+    pub max_cost_micros: Option<u64>,
+}
+
+/// Whether a call estimated at `next` would take a job that has spent `spent` past `max`.
+fn overspends(spent: u64, next: u64, max: Option<u64>) -> bool {
+    max.is_some_and(|max| spent.saturating_add(next) > max)
 }
 
 /// The pre-call part of one delivery.
@@ -297,6 +305,21 @@ impl Admission {
             Some(seen) => {
                 self.seen_any = true;
                 match next_step(seen, digest, now, self.facts.skew) {
+                    // No call that would take the job past its spend limit: it ends, as when
+                    // its attempts are spent.
+                    Next::Claim(_)
+                        if overspends(
+                            seen.usage().and_then(|u| u.cost_micros).unwrap_or(0),
+                            self.facts.next_call_micros,
+                            seen.max_cost_micros,
+                        ) =>
+                    {
+                        Op::Settle(Settle::Seen {
+                            state: seen.state,
+                            epoch: seen.owner_epoch,
+                            reason: SettleReason::SpendLimit,
+                        })
+                    }
                     Next::Claim(expect) => Op::Claim {
                         expect,
                         first_sight: false,
@@ -335,7 +358,10 @@ impl Admission {
     /// The write to make when no item is known.
     fn when_absent(&self, now: Millis) -> Op {
         match deadline_phase(self.facts.deadline_at, now, self.facts.skew) {
-            DeadlinePhase::Passed => Op::Settle(Settle::Absent),
+            DeadlinePhase::Passed => Op::Settle(Settle::Absent(SettleReason::DeadlinePassed)),
+            _ if overspends(0, self.facts.next_call_micros, self.facts.max_cost_micros) => {
+                Op::Settle(Settle::Absent(SettleReason::SpendLimit))
+            }
             _ => Op::Claim {
                 expect: Expect::FRESH,
                 first_sight: !self.seen_any && !self.facts.in_ledger,
@@ -381,6 +407,7 @@ fn backoff(cause: &'static str) -> RecordOutcome {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::job::AttemptRecord;
 
     const NOW: Millis = 1_000_000;
 
@@ -391,6 +418,8 @@ mod tests {
             latest_call_start: NOW + 60_000,
             can_retrieve: false,
             in_ledger: false,
+            next_call_micros: 0,
+            max_cost_micros: None,
         }
     }
 
@@ -405,6 +434,63 @@ mod tests {
         let mut r = NewJob::example("j", NOW + 600_000).into_record(JobState::Ready, NOW - 1_000);
         r.owner_epoch = epoch;
         r
+    }
+
+    #[test]
+    fn no_call_is_claimed_that_would_take_the_job_past_its_spend_limit() {
+        // A call estimated at 400 micro-dollars, a limit of 1,000.
+        let costly = Facts {
+            next_call_micros: 400,
+            max_cost_micros: Some(1_000),
+            ..facts()
+        };
+        // First sight: the first call fits.
+        let (_, step) = Admission::start(costly, None, "d", NOW);
+        assert!(
+            matches!(step, Step::Write(Op::Claim { .. }) | Step::Admit),
+            "{step:?}"
+        );
+        // A first call dearer than the whole limit: the job is created failed, never run.
+        let dear = Facts {
+            next_call_micros: 1_001,
+            ..costly
+        };
+        let (_, step) = Admission::start(dear, None, "d", NOW);
+        assert_eq!(
+            step,
+            Step::Write(Op::Settle(Settle::Absent(SettleReason::SpendLimit)))
+        );
+        // Seen after attempts that spent 700 of its 1,000: the next would pass it, so the job
+        // ends without a claim, as when its attempts are spent.
+        let mut spent = ready(1);
+        spent.max_cost_micros = Some(1_000);
+        spent.attempt_log = vec![AttemptRecord {
+            usage: Some(crate::job::Usage {
+                cost_micros: Some(700),
+                ..crate::job::Usage::default()
+            }),
+            ..AttemptRecord::claimed(1, 1, "w", NOW - 5_000, None)
+        }];
+        spent.attempts = 1;
+        let (mut machine, _) = Admission::start(costly, None, "d", NOW);
+        assert_eq!(
+            machine.seen(Some(&spent), "d", NOW),
+            Step::Write(Op::Settle(Settle::Seen {
+                state: JobState::Ready,
+                epoch: 1,
+                reason: SettleReason::SpendLimit,
+            }))
+        );
+        // With 600 spent, the next call fits.
+        spent.attempt_log[0].usage = Some(crate::job::Usage {
+            cost_micros: Some(600),
+            ..crate::job::Usage::default()
+        });
+        let (mut machine, _) = Admission::start(costly, None, "d", NOW);
+        assert!(matches!(
+            machine.seen(Some(&spent), "d", NOW),
+            Step::Write(Op::Claim { .. }) | Step::Admit
+        ));
     }
 
     #[test]
@@ -554,7 +640,10 @@ mod tests {
     #[test]
     fn a_job_past_its_deadline_is_settled_without_a_permit() {
         let (m, step) = Admission::start(past(), None, "d", NOW);
-        assert_eq!(step, Step::Write(Op::Settle(Settle::Absent)));
+        assert_eq!(
+            step,
+            Step::Write(Op::Settle(Settle::Absent(SettleReason::DeadlinePassed)))
+        );
         let mut expired = ready(0);
         expired.state = JobState::Expired;
         assert_eq!(

@@ -129,6 +129,26 @@ impl Default for Settings {
     }
 }
 
+/// `DEFAULT_MAX_COST`: the spend limit, in USD, of a job whose message sets none, in
+/// micro-dollars (unset: none).
+fn max_cost(vars: &Vars<'_>) -> Result<Option<u64>, ConfigError> {
+    let Some(text) = vars
+        .get("DEFAULT_MAX_COST")
+        .filter(|t| !t.trim().is_empty())
+    else {
+        return Ok(None);
+    };
+    match text.trim().parse::<f64>() {
+        Ok(usd) if usd > 0.0 && usd <= 1_000_000.0 => {
+            Ok(Some(((usd * 1_000_000.0).round() as u64).max(1)))
+        }
+        _ => Err(ConfigError::Invalid {
+            name: "DEFAULT_MAX_COST",
+            reason: "a number of USD above 0, at most 1000000".to_owned(),
+        }),
+    }
+}
+
 /// The price table: the built-in one, with the models of the file `PRICES_FILE` names over it.
 fn prices(vars: &Vars<'_>) -> Result<crate::job::prices::PriceTable, ConfigError> {
     use crate::job::prices::PriceTable;
@@ -285,6 +305,7 @@ impl Settings {
                     as u32,
                 deadline_ms: seconds("DEFAULT_DEADLINE_SECONDS", j.deadline_ms, 31_536_000)?,
                 retention_days: number("RETENTION_DAYS", j.retention_days, 1, 3_650)?,
+                max_cost_micros: max_cost(vars)?,
             },
             replay: vars.choice(
                 "REPLAY_POLICY",

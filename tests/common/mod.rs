@@ -463,6 +463,7 @@ pub fn new_job(id: &str, digest: &str, max_attempts: u32, deadline_at: i64) -> N
         metadata: Some(r#"{"trace":"t-1"}"#.into()),
         deadline_at,
         max_attempts,
+        max_cost_micros: Some(1_000_000),
         expires_at: deadline_at / 1000 + 86_400,
     }
 }

@@ -64,6 +64,35 @@ fn optional_fields_are_parsed() {
     .expect("valid");
     assert_eq!(job.deadline_at, Some(1_796_083_200_000));
     assert_eq!(job.max_attempts, Some(5));
+    assert_eq!(job.max_cost_micros, None);
+    // A spend limit in USD, kept in micro-dollars; not part of the digest.
+    let capped = parse_body(Some(&body(r#","max_cost":0.25"#))).expect("valid");
+    assert_eq!(capped.max_cost_micros, Some(250_000));
+    assert_eq!(capped.digest, job.digest);
+    for (bad, rule) in [
+        ("0", true),
+        ("-1", true),
+        ("1e9", true),
+        (r#""0.25""#, false),
+    ] {
+        let err = parse_body(Some(&body(&format!(r#","max_cost":{bad}"#)))).expect_err(bad);
+        match rule {
+            true => assert_eq!(
+                err,
+                InvalidMessage::Invalid {
+                    field: "max_cost",
+                    rule: "must be a number of USD above 0, at most 1000000"
+                }
+            ),
+            false => assert_eq!(
+                err,
+                InvalidMessage::WrongType {
+                    field: "max_cost",
+                    expected: "a number"
+                }
+            ),
+        }
+    }
 }
 
 #[test]

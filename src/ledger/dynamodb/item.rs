@@ -154,7 +154,7 @@ pub(super) fn encode_error(e: &ErrorRecord) -> AttributeValue {
 /// job is live, `finished_on` once it is terminal).
 pub fn encode(r: &JobRecord) -> Item {
     // Room for every attribute a record can have, so the map is never grown.
-    let mut item = Item::with_capacity(29);
+    let mut item = Item::with_capacity(30);
     item.extend([
         ("job_id".to_owned(), s(&r.job_id)),
         ("state".to_owned(), s(r.state.as_str())),
@@ -176,6 +176,7 @@ pub fn encode(r: &JobRecord) -> Item {
     let optional = [
         ("input_ref", r.input_ref.as_ref().map(encode_blob)),
         ("metadata", r.metadata.as_deref().map(s)),
+        ("max_cost_micros", r.max_cost_micros.map(n)),
         ("owner_id", r.owner_id.as_deref().map(s)),
         ("owner_until", r.owner_until.map(n)),
         ("result", r.result.as_deref().map(s)),
@@ -278,6 +279,7 @@ pub fn decode(item: &Item) -> Result<JobRecord, LedgerError> {
         attempts: to_u32(req_n("attempts")?).ok_or_else(|| corrupt("attempts".into()))?,
         max_attempts: to_u32(req_n("max_attempts")?)
             .ok_or_else(|| corrupt("max_attempts".into()))?,
+        max_cost_micros: get_n(item, "max_cost_micros").and_then(to_u64),
         throttles: get_n(item, "throttles").and_then(to_u32).unwrap_or(0),
         not_sent: get_n(item, "not_sent").and_then(to_u32).unwrap_or(0),
         recoveries_dropped: get_n(item, "recoveries_dropped")
@@ -470,6 +472,7 @@ mod tests {
             input: "{}".into(),
             input_ref: Some(blob("inputs/job-1/cd")),
             metadata: Some(r#"{"tenant":"t"}"#.into()),
+            max_cost_micros: Some(250_000),
             deadline_at: 9_000,
             owner_id: Some("owner".into()),
             owner_until: Some(8_000),
@@ -566,10 +569,12 @@ mod tests {
             bare.enqueued_at,
         ) = (None, None, None, None);
         (bare.recoveries, bare.decisions) = (Vec::new(), Vec::new());
+        bare.max_cost_micros = None;
         let item = encode(&bare);
         for name in [
             "input_ref",
             "metadata",
+            "max_cost_micros",
             "owner_id",
             "result",
             "recoveries",

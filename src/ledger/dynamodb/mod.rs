@@ -34,7 +34,7 @@ use super::{JobLedger, LedgerError, Write};
 use crate::job::{JobRecord, JobState, attention_key, finished_day};
 
 /// Attribute names, each used through a `#placeholder` (several are DynamoDB reserved words).
-const NAMES: [(&str, &str); 38] = [
+const NAMES: [(&str, &str); 39] = [
     ("#id", "job_id"),
     ("#state", "state"),
     ("#epoch", "owner_epoch"),
@@ -73,6 +73,7 @@ const NAMES: [(&str, &str); 38] = [
     ("#errors", "errors"),
     ("#excerpt", "excerpt"),
     ("#usage", "usage"),
+    ("#maxcost", "max_cost_micros"),
 ];
 
 /// What a conditional `UpdateItem` did: the item after it (`ALL_NEW`, unless the writer asked

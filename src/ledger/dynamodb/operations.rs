@@ -48,6 +48,9 @@ impl JobLedger for DynamoLedger {
         if job.input_ref.is_some() {
             update.push_str(", #inref = if_not_exists(#inref, :inref)");
         }
+        if job.max_cost_micros.is_some() {
+            update.push_str(", #maxcost = if_not_exists(#maxcost, :maxcost)");
+        }
         let claimable = "(#state IN (:ready, :retry) AND #epoch = :epoch AND #attempts = :attempts \
              AND #digest = :digest AND #attempts < #max AND #deadline > :now)";
         let condition = if req.expect.allows_absent() {
@@ -308,6 +311,9 @@ fn new_job_values(job: &NewJob) -> Vec<(&'static str, AttributeValue)> {
     }
     if let Some(blob) = &job.input_ref {
         values.push((":inref", encode_blob(blob)));
+    }
+    if let Some(max) = job.max_cost_micros {
+        values.push((":maxcost", n(max)));
     }
     values
 }

@@ -275,6 +275,9 @@ fn each_attempt_shows_what_it_used_and_an_estimate_says_so() {
         assert!(text.contains(line), "{line:?} in {text}");
     }
     assert_eq!(to_json(&record, false)["usage"]["cost_micros"], 6_000);
+    record.max_cost_micros = Some(1_250_000);
+    assert!(to_text(&record, false).contains("max cost      $1.250000\n"));
+    assert_eq!(to_json(&record, false)["max_cost_micros"], 1_250_000);
     let json = to_json(&record, false);
     assert_eq!(json["attempt_log"][0]["usage"]["cache_read"], 1_024);
     assert_eq!(json["attempt_log"][1]["usage"]["estimated"], true);

@@ -310,8 +310,12 @@ impl OpenAiProvider {
 }
 
 impl Provider for OpenAiProvider {
-    fn model<'a>(&'a self, req: &'a ProviderRequest<'_>) -> &'a str {
-        OpenAiProvider::model(self, req)
+    fn model<'a>(&'a self, input: &'a Map<String, Value>) -> &'a str {
+        self.settings
+            .model
+            .as_deref()
+            .or_else(|| input.get("model").and_then(Value::as_str))
+            .unwrap_or_default()
     }
 
     async fn call(&self, req: &ProviderRequest<'_>) -> Result<Answer, ProviderError> {

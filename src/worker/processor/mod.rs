@@ -367,7 +367,27 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
             latest_call_start: self.latest_call_start(inv),
             can_retrieve: self.provider.can_retrieve(),
             in_ledger: msg.in_ledger,
+            next_call_micros: match job.max_cost_micros {
+                Some(_) => self.next_call_micros(msg),
+                None => 0,
+            },
+            max_cost_micros: job.max_cost_micros,
         }
+    }
+
+    /// The most the next call of `msg`'s job can cost: its input and its whole answer
+    /// ceiling, at the prices of the model it runs (0 when the table does not price it).
+    fn next_call_micros(&self, msg: &JobMessage) -> u64 {
+        let input = msg.input();
+        let estimate = crate::job::Usage::estimate(
+            msg.input_canonical.len(),
+            self.settings.policy.output_tokens(&input),
+        );
+        let model = self.provider.model(&input);
+        self.settings
+            .prices
+            .cost_micros(model, &estimate, false)
+            .unwrap_or(0)
     }
 
     /// Goes on from our own write, applied and leaving `record`.

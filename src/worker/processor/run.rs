@@ -126,7 +126,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         let mut spent = Spent {
             heard: None,
             estimate: Usage::estimate(request.input_json.len(), request.max_output_tokens),
-            model: self.provider.model(&request).to_owned(),
+            model: self.provider.model(request.input).to_owned(),
         };
         let (owner, waited) = self
             .carry_out(&request, machine, step, inv, &lost, watch, &mut spent.heard)
