@@ -284,34 +284,8 @@ fn job_from_fields(mut fields: Map<String, Value>) -> Result<JobMessage, Invalid
         })?),
         Some(_) => return Err(wrong_type("deadline_at", "an RFC 3339 string")),
     };
-    let max_attempts = match fields.remove("max_attempts") {
-        None | Some(Value::Null) => None,
-        Some(Value::Number(n)) => match n.as_u64() {
-            Some(v @ 1..) if v <= u64::from(MAX_ATTEMPTS_LIMIT) => Some(v as u32),
-            _ => {
-                return Err(InvalidMessage::Invalid {
-                    field: "max_attempts",
-                    rule: "must be an integer from 1 to 100",
-                });
-            }
-        },
-        Some(_) => return Err(wrong_type("max_attempts", "an integer")),
-    };
-    let max_cost_micros = match fields.remove("max_cost") {
-        None | Some(Value::Null) => None,
-        Some(Value::Number(n)) => match n.as_f64() {
-            Some(usd) if usd > 0.0 && usd <= MAX_COST_USD => {
-                Some(((usd * 1_000_000.0).round() as u64).max(1))
-            }
-            _ => {
-                return Err(InvalidMessage::Invalid {
-                    field: "max_cost",
-                    rule: "must be a number of USD above 0, at most 1000000",
-                });
-            }
-        },
-        Some(_) => return Err(wrong_type("max_cost", "a number")),
-    };
+    let max_attempts = max_attempts(fields.remove("max_attempts"))?;
+    let max_cost_micros = max_cost(fields.remove("max_cost"))?;
     let metadata = match fields.remove("metadata") {
         None | Some(Value::Null) => None,
         Some(Value::Object(m)) => {
@@ -341,6 +315,42 @@ fn job_from_fields(mut fields: Map<String, Value>) -> Result<JobMessage, Invalid
         input_ref: None,
         in_ledger: false,
         delivered_before: false,
+    })
+}
+
+/// `max_attempts`: 1 to [`MAX_ATTEMPTS_LIMIT`], if given.
+fn max_attempts(value: Option<Value>) -> Result<Option<u32>, InvalidMessage> {
+    Ok(match value {
+        None | Some(Value::Null) => None,
+        Some(Value::Number(n)) => match n.as_u64() {
+            Some(v @ 1..) if v <= u64::from(MAX_ATTEMPTS_LIMIT) => Some(v as u32),
+            _ => {
+                return Err(InvalidMessage::Invalid {
+                    field: "max_attempts",
+                    rule: "must be an integer from 1 to 100",
+                });
+            }
+        },
+        Some(_) => return Err(wrong_type("max_attempts", "an integer")),
+    })
+}
+
+/// `max_cost`: a number of USD above 0, at most [`MAX_COST_USD`], in micro-dollars, if given.
+fn max_cost(value: Option<Value>) -> Result<Option<u64>, InvalidMessage> {
+    Ok(match value {
+        None | Some(Value::Null) => None,
+        Some(Value::Number(n)) => match n.as_f64() {
+            Some(usd) if usd > 0.0 && usd <= MAX_COST_USD => {
+                Some(((usd * 1_000_000.0).round() as u64).max(1))
+            }
+            _ => {
+                return Err(InvalidMessage::Invalid {
+                    field: "max_cost",
+                    rule: "must be a number of USD above 0, at most 1000000",
+                });
+            }
+        },
+        Some(_) => return Err(wrong_type("max_cost", "a number")),
     })
 }
 
