@@ -110,6 +110,8 @@ pub struct StatsSnapshot {
     pub recoveries: u64,
     /// Provider calls refused for the provider's rate limit or quota.
     pub provider_throttled: u64,
+    /// Records that wait for the next day: the deployment's `DAILY_SPEND_LIMIT` is reached.
+    pub spend_deferred: u64,
 }
 
 /// The lease renewals of one record, for its log line.

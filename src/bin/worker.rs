@@ -36,10 +36,13 @@ async fn main() -> Result<(), lambda_runtime::Error> {
     let ledger = DynamoLedger::new(aws_sdk_dynamodb::Client::new(&bounded), config.jobs_table);
     // The provider's capacity is shared through a schedule item in the same table.
     let pacer = Pacer::new(config.settings.pacing(), Some(Arc::new(ledger.clone())));
+    let spend: Arc<DynamoLedger> = Arc::new(ledger.clone());
     let processor = Processor::new(ledger, provider, SystemClock, config.settings)
         .with_blobs(Arc::new(blobs))
         .with_pacer(pacer)
-        .with_contracts(contracts);
+        .with_contracts(contracts)
+        // The day's spend is an item of the same table, asked only under DAILY_SPEND_LIMIT.
+        .with_spend_budget(spend);
     let sqs = aws_sdk_sqs::Client::new(&bounded);
     let mut handler = BatchHandler::new(processor, SqsVisibility::new(sqs.clone()));
     if let Some(dlq_url) = config.dlq_url {

@@ -9,6 +9,7 @@ pub mod dynamodb;
 mod index;
 pub mod memory;
 pub mod schedule;
+pub mod spend;
 pub mod transitions;
 
 use std::future::Future;

@@ -131,6 +131,11 @@ pub fn invocation(target: &MetricsTarget, at: Millis, report: &BatchReport) -> V
             "Count",
             Sample::One(stats.provider_throttled as f64),
         ),
+        (
+            "SpendDeferred",
+            "Count",
+            Sample::One(stats.spend_deferred as f64),
+        ),
     ]);
     document(target, at, &metrics)
 }

@@ -40,6 +40,7 @@ pub struct Stats {
     deadline_cutoffs: AtomicU64,
     recoveries: AtomicU64,
     provider_throttled: AtomicU64,
+    spend_deferred: AtomicU64,
     latencies: std::sync::Mutex<Vec<u64>>,
 }
 
@@ -55,6 +56,11 @@ impl Stats {
     /// Counts a provider call refused for its rate limit or quota.
     pub fn throttled(&self) {
         self.provider_throttled.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts a record that waits for the next day's spend.
+    pub fn spend_deferred(&self) {
+        self.spend_deferred.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Counts a recovery claim.
@@ -94,6 +100,7 @@ impl Stats {
             deadline_cutoffs: get(&self.deadline_cutoffs),
             recoveries: get(&self.recoveries),
             provider_throttled: get(&self.provider_throttled),
+            spend_deferred: get(&self.spend_deferred),
             ..StatsSnapshot::default()
         }
     }
@@ -341,6 +348,10 @@ impl AttemptWatch for RecordSlot<'_> {
 
     fn throttled(&self) {
         self.flights.stats.throttled();
+    }
+
+    fn spend_deferred(&self) {
+        self.flights.stats.spend_deferred();
     }
 }
 

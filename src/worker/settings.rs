@@ -90,6 +90,9 @@ pub struct Settings {
     /// `PAYLOAD_BUCKET`: the one bucket an Extended Client pointer may name (unset: pointers
     /// are refused).
     pub payload_bucket: Option<String>,
+    /// `DAILY_SPEND_LIMIT` (USD): what the deployment's calls may cost in a day (UTC), in
+    /// micro-dollars (`None`: no limit).
+    pub daily_spend_limit_micros: Option<u64>,
     /// The prices each attempt's usage is paid at: the built-in table, with `PRICES_FILE`'s
     /// models over it.
     pub prices: std::sync::Arc<crate::job::prices::PriceTable>,
@@ -124,18 +127,15 @@ impl Default for Settings {
             producers: Producers::default(),
             payload_bucket: None,
             prices: std::sync::Arc::default(),
+            daily_spend_limit_micros: None,
             idempotency_prefix: String::new(),
         }
     }
 }
 
-/// `DEFAULT_MAX_COST`: the spend limit, in USD, of a job whose message sets none, in
-/// micro-dollars (unset: none).
-fn max_cost(vars: &Vars<'_>) -> Result<Option<u64>, ConfigError> {
-    let Some(text) = vars
-        .get("DEFAULT_MAX_COST")
-        .filter(|t| !t.trim().is_empty())
-    else {
+/// An amount of USD (`DEFAULT_MAX_COST`, `DAILY_SPEND_LIMIT`), in micro-dollars (unset: none).
+fn usd(vars: &Vars<'_>, name: &'static str) -> Result<Option<u64>, ConfigError> {
+    let Some(text) = vars.get(name).filter(|t| !t.trim().is_empty()) else {
         return Ok(None);
     };
     match text.trim().parse::<f64>() {
@@ -143,7 +143,7 @@ fn max_cost(vars: &Vars<'_>) -> Result<Option<u64>, ConfigError> {
             Ok(Some(((usd * 1_000_000.0).round() as u64).max(1)))
         }
         _ => Err(ConfigError::Invalid {
-            name: "DEFAULT_MAX_COST",
+            name,
             reason: "a number of USD above 0, at most 1000000".to_owned(),
         }),
     }
@@ -305,7 +305,7 @@ impl Settings {
                     as u32,
                 deadline_ms: seconds("DEFAULT_DEADLINE_SECONDS", j.deadline_ms, 31_536_000)?,
                 retention_days: number("RETENTION_DAYS", j.retention_days, 1, 3_650)?,
-                max_cost_micros: max_cost(vars)?,
+                max_cost_micros: usd(vars, "DEFAULT_MAX_COST")?,
             },
             replay: vars.choice(
                 "REPLAY_POLICY",
@@ -360,6 +360,7 @@ impl Settings {
             producers,
             payload_bucket: vars.get("PAYLOAD_BUCKET").filter(|b| !b.trim().is_empty()),
             prices: std::sync::Arc::new(prices(vars)?),
+            daily_spend_limit_micros: usd(vars, "DAILY_SPEND_LIMIT")?,
             idempotency_prefix: vars
                 .get("DEPLOYMENT_ID")
                 .or_else(|| vars.get("JOBS_TABLE"))

@@ -14,6 +14,7 @@ mod index;
 mod item;
 mod operations;
 mod schedule;
+mod spend;
 
 use std::collections::HashMap;
 
@@ -34,7 +35,7 @@ use super::{JobLedger, LedgerError, Write};
 use crate::job::{JobRecord, JobState, attention_key, finished_day};
 
 /// Attribute names, each used through a `#placeholder` (several are DynamoDB reserved words).
-const NAMES: [(&str, &str); 39] = [
+const NAMES: [(&str, &str); 40] = [
     ("#id", "job_id"),
     ("#state", "state"),
     ("#epoch", "owner_epoch"),
@@ -74,6 +75,7 @@ const NAMES: [(&str, &str); 39] = [
     ("#excerpt", "excerpt"),
     ("#usage", "usage"),
     ("#maxcost", "max_cost_micros"),
+    ("#spent", "spent_micros"),
 ];
 
 /// What a conditional `UpdateItem` did: the item after it (`ALL_NEW`, unless the writer asked
@@ -209,7 +211,8 @@ impl DynamoLedger {
             .table_name(&self.table)
             .key("job_id", s(key))
             .update_expression(update)
-            .condition_expression(condition)
+            // An adjustment of the day's spend is the one write without a condition.
+            .set_condition_expression((!condition.is_empty()).then(|| condition.to_owned()))
             .set_expression_attribute_names(Some(names))
             .set_expression_attribute_values(Some(values))
             .return_values(returns)

@@ -15,6 +15,7 @@ mod end;
 mod payload;
 mod recover;
 mod run;
+mod spend;
 
 use payload::InputError;
 
@@ -34,8 +35,10 @@ use crate::job::{
     Failure, InvalidMessage, JobMessage, JobRecord, JobState, Millis, NewJob, RecordOutcome,
     Trigger,
 };
+use crate::ledger::spend::SpendBudget;
 use crate::ledger::{ClaimRequest, CreateRequest, JobLedger, LedgerError, RecoverRequest, Write};
 use crate::provider::Provider;
+use spend::Reserved;
 
 /// What a claim asks for.
 #[derive(Debug, Clone, Copy)]
@@ -75,6 +78,8 @@ pub struct Processor<L, P, C> {
     blobs: Option<Arc<dyn BlobStore>>,
     pacer: Pacer,
     contracts: Arc<Contracts>,
+    /// The deployment's spend per day, when `DAILY_SPEND_LIMIT` is set.
+    spend: Option<Arc<dyn SpendBudget>>,
 }
 
 /// What the processor tells whoever keeps a running attempt alive (the invocation's heartbeat)
@@ -99,6 +104,8 @@ pub trait AttemptWatch: Sync {
     fn provider_latency(&self, ms: u64);
     /// The provider refused the call for its rate limit or quota.
     fn throttled(&self) {}
+    /// The record waits: the day's spend limit cannot take its call.
+    fn spend_deferred(&self) {}
 }
 
 impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
@@ -112,7 +119,15 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
             settings,
             blobs: None,
             contracts: Arc::default(),
+            spend: None,
         }
+    }
+
+    /// Keeps the deployment's calls within `DAILY_SPEND_LIMIT` a day, counted in `spend` (the
+    /// ledger table's day items); without a limit set it is never asked.
+    pub fn with_spend_budget(mut self, spend: Arc<dyn SpendBudget>) -> Self {
+        self.spend = Some(spend);
+        self
     }
 
     /// Holds each job to its output contract in `contracts` (without, to none: every answer is
@@ -280,6 +295,8 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         // Capacity for the call, taken before the claim that would start it: a record that
         // cannot get it soon leaves the ledger untouched and waits in the queue.
         let mut permit: Option<Permit<'_>> = None;
+        // What the call reserved of the day's spend: handed to the call, or given back.
+        let mut reserved: Option<Reserved> = None;
         loop {
             let now = self.clock.now_ms();
             let seen = match step {
@@ -290,6 +307,16 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
                     let latest = self.latest_call_start(inv);
                     match self.pacer.admit(tokens, &self.clock, latest).await {
                         Ok(p) => {
+                            // The day's spend, after the pacer (a record it turns away
+                            // reserves nothing); without room the permit goes back unspent.
+                            match self.reserve_spend(msg).await {
+                                Ok(r) => reserved = r,
+                                Err(wait_ms) => {
+                                    watch.spend_deferred();
+                                    step = machine.no_capacity(wait_ms);
+                                    continue;
+                                }
+                            }
                             permit = Some(p);
                             // The wait for capacity may have used the time the call needed.
                             step = machine.admitted(self.clock.now_ms());
@@ -306,7 +333,14 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
                         Ok(Write::Applied(record)) => {
                             let applied = machine.applied(&record);
                             return self
-                                .go_on(applied, record, msg, permit.as_mut(), inv, watch)
+                                .go_on(
+                                    applied,
+                                    record,
+                                    msg,
+                                    (permit.as_mut(), reserved),
+                                    inv,
+                                    watch,
+                                )
                                 .await;
                         }
                         Ok(Write::Refused(seen)) => seen,
@@ -332,6 +366,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
                     }
                 }
                 Step::End(outcome) => {
+                    self.settle_spend(reserved, 0).await;
                     if machine.unconfirmed() {
                         tracing::error!(
                             job_id = %job.job_id,
@@ -348,7 +383,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
                     tracing::info!(job_id = %job.job_id, "our write was applied though its answer was lost");
                     let applied = machine.applied(&ours);
                     return self
-                        .go_on(applied, ours, msg, permit.as_mut(), inv, watch)
+                        .go_on(applied, ours, msg, (permit.as_mut(), reserved), inv, watch)
                         .await;
                 }
                 seen => {
@@ -375,28 +410,14 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         }
     }
 
-    /// The most the next call of `msg`'s job can cost: its input and its whole answer
-    /// ceiling, at the prices of the model it runs (0 when the table does not price it).
-    fn next_call_micros(&self, msg: &JobMessage) -> u64 {
-        let input = msg.input();
-        let estimate = crate::job::Usage::estimate(
-            msg.input_canonical.len(),
-            self.settings.policy.output_tokens(&input),
-        );
-        let model = self.provider.model(&input);
-        self.settings
-            .prices
-            .cost_micros(model, &estimate, false)
-            .unwrap_or(0)
-    }
-
-    /// Goes on from our own write, applied and leaving `record`.
+    /// Goes on from our own write, applied and leaving `record`, with what the admission took
+    /// for the call (the pacer's permit, the day's spend): spent on the call, or given back.
     async fn go_on(
         &self,
         applied: Applied,
         record: JobRecord,
         msg: &JobMessage,
-        permit: Option<&mut Permit<'_>>,
+        (permit, reserved): (Option<&mut Permit<'_>>, Option<Reserved>),
         inv: &Invocation,
         watch: &dyn AttemptWatch,
     ) -> Processed {
@@ -405,17 +426,22 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
                 if let Some(permit) = permit {
                     permit.spend();
                 }
-                self.run_attempt(msg, record, inv, watch).await
+                self.run_attempt(msg, record, inv, watch, reserved).await
             }
+            // No call under these writes: the day's spend is given back.
             Applied::Investigate { seen_epoch } => {
+                self.settle_spend(reserved, 0).await;
                 watch.recovered();
                 self.after_recovery(msg, record, seen_epoch, inv, watch)
                     .await
             }
-            Applied::End(outcome) => Processed {
-                outcome,
-                view: Some(record),
-            },
+            Applied::End(outcome) => {
+                self.settle_spend(reserved, 0).await;
+                Processed {
+                    outcome,
+                    view: Some(record),
+                }
+            }
         }
     }
 

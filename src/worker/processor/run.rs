@@ -70,6 +70,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         claimed: JobRecord,
         inv: &Invocation,
         watch: &dyn AttemptWatch,
+        reserved: Option<super::Reserved>,
     ) -> Processed {
         tracing::Span::current().record("epoch", claimed.owner_epoch);
         let started = self.clock.now_ms();
@@ -80,6 +81,14 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
             let took = self.clock.now_ms() - started;
             watch.provider_latency(u64::try_from(took).unwrap_or(0));
         }
+        // The day's spend: what the call cost when the provider said, else all it reserved
+        // (an unknown outcome, or a failure that told nothing).
+        let actual = spent
+            .heard
+            .and_then(|u| self.settings.prices.cost_micros(&spent.model, &u, false))
+            .or(reserved.as_ref().filter(|_| sent).map(|r| r.micros))
+            .unwrap_or(0);
+        self.settle_spend(reserved, actual).await;
         self.end_attempt(owner, waited, spent, inv).await
     }
 

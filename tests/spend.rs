@@ -1,0 +1,126 @@
+//! The deployment's spend per day, on the emulator's table, with a clock the test moves: a
+//! call the day cannot take waits for the next day, never failed, and the day counts what calls
+//! cost.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::{NoWatch, emulator, fast_settings};
+use fenced_jobs::clock::{Clock, ManualClock};
+use fenced_jobs::job::{Failure, JobState, RecordOutcome};
+use fenced_jobs::ledger::JobLedger;
+use fenced_jobs::ledger::dynamodb::DynamoLedger;
+use fenced_jobs::provider::SimulatedProvider;
+use fenced_jobs::worker::processor::{Invocation, Processor};
+use serde_json::json;
+
+/// 2026-12-01T23:00:00Z: an hour before the next day.
+const LATE_EVENING: i64 = 1_796_166_000_000;
+
+fn job(id: &str) -> fenced_jobs::job::JobMessage {
+    let body = json!({
+        "job_id": id,
+        "contract": "summary.v1",
+        "deadline_at": "2026-12-04T00:00:00Z",
+        "input": {"model": "sim-1", "prompt": "Summarise.", "parameters": {"max_tokens": 100}},
+    });
+    fenced_jobs::job::parse_body(Some(&body.to_string())).expect("a valid job")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn past_the_days_limit_records_wait_for_the_next_day_and_then_run() {
+    // GIVEN a deployment whose calls may cost a day what one call at the most (its input at
+    // four bytes a token and 100 tokens out at sim-1's $1 and $4 a million) and 20
+    // micro-dollars more, the day's spend kept in the ledger table
+    let aws = emulator().await;
+    let table = aws.table().await;
+    let first = job("day-1");
+    let most = (first.input_canonical.len() as u64).div_ceil(4) + 4 * 100;
+    let settings = fenced_jobs::worker::Settings {
+        daily_spend_limit_micros: Some(most + 20),
+        ..fast_settings()
+    };
+    let ledger: DynamoLedger = aws.ledger(&table);
+    let processor = Processor::new(
+        ledger.clone(),
+        SimulatedProvider::new(),
+        ManualClock::at(LATE_EVENING),
+        settings,
+    )
+    .with_spend_budget(Arc::new(ledger.clone()));
+    let inv = Invocation {
+        id: "spend".into(),
+        deadline: None,
+    };
+
+    // WHEN one job runs, and a second is delivered the same evening
+    let done = processor.process(&first, "w/1", &inv, &NoWatch).await;
+    assert_eq!(done.outcome, RecordOutcome::Done(JobState::Succeeded));
+    let second = job("day-2");
+    let waited = processor.process(&second, "w/2", &inv, &NoWatch).await;
+
+    // THEN the second waits for the next day (an hour away), its job untouched: the first's
+    // call cost less than it reserved, but what it cost and the most the second's can cost pass
+    // the limit
+    let RecordOutcome::Failed(Failure::Paced { wait_ms }) = waited.outcome else {
+        panic!("paced for the next day: {:?}", waited.outcome);
+    };
+    assert_eq!(wait_ms, 3_600_000);
+    let untouched = ledger
+        .get("day-2")
+        .await
+        .expect("get")
+        .expect("the item to wait in");
+    assert_eq!((untouched.state, untouched.attempts), (JobState::Ready, 0));
+    let cost = ledger
+        .get("day-1")
+        .await
+        .expect("get")
+        .expect("item")
+        .usage()
+        .and_then(|u| u.cost_micros)
+        .expect("priced");
+    assert!(cost < most, "{cost} of {most}");
+    assert_eq!(day_spent(&aws, &table, "2026-12-01").await, cost);
+    assert_eq!(processor.provider().executions(), 1);
+
+    // AND once the day has turned, it runs
+    processor.clock().advance(3_600_000);
+    assert!(processor.clock().now_ms() >= LATE_EVENING + 3_600_000);
+    let next_day = processor.process(&second, "w/3", &inv, &NoWatch).await;
+    assert_eq!(next_day.outcome, RecordOutcome::Done(JobState::Succeeded));
+    assert_eq!(processor.provider().executions(), 2);
+    let second_cost = ledger
+        .get("day-2")
+        .await
+        .expect("get")
+        .expect("item")
+        .usage()
+        .and_then(|u| u.cost_micros)
+        .expect("priced");
+    assert_eq!(day_spent(&aws, &table, "2026-12-02").await, second_cost);
+}
+
+/// What the day's item in the table says was spent.
+async fn day_spent(aws: &common::Emulator, table: &str, day: &str) -> u64 {
+    let item = aws
+        .ddb
+        .get_item()
+        .table_name(table)
+        .key(
+            "job_id",
+            aws_sdk_dynamodb::types::AttributeValue::S(format!("#spend#{day}")),
+        )
+        .consistent_read(true)
+        .send()
+        .await
+        .expect("get")
+        .item
+        .expect("the day's item");
+    item["spent_micros"]
+        .as_n()
+        .expect("a number")
+        .parse()
+        .expect("an integer")
+}
