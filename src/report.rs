@@ -60,6 +60,8 @@ pub struct BatchReport {
     pub stats: StatsSnapshot,
     /// Provider call latencies in milliseconds (at most 100).
     pub provider_latency_ms: Vec<u64>,
+    /// What the attempts ended in this batch used and cost, summed by the model that ran.
+    pub usage_by_model: Vec<(String, crate::job::Usage)>,
     /// The response, or the reason the whole batch must fail.
     pub response: Result<Vec<String>, UnnamedFailure>,
 }

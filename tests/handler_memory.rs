@@ -2652,3 +2652,55 @@ async fn a_job_asking_for_what_the_deployment_does_not_allow_is_refused_unwritte
     }
     assert_eq!(h.processor().provider().executions(), 1);
 }
+
+#[tokio::test]
+async fn a_batch_reports_what_its_calls_used_and_cost_by_model() {
+    // GIVEN two jobs of sim-1 (priced at $1 and $4 a million) and one of a model the price
+    // table does not know
+    let ledger = Arc::new(InMemoryLedger::new());
+    let h = handler(
+        ledger.clone(),
+        SimulatedProvider::new(),
+        Settings::default(),
+    );
+    let of = |id: &str, model: &str| {
+        format!(r#"{{"job_id":"{id}","contract":"c","input":{{"model":"{model}","prompt":"p"}}}}"#)
+    };
+    let records = vec![
+        record(Some("m1"), &of("u-1", "sim-1")),
+        record(Some("m2"), &of("u-2", "sim-1")),
+        record(Some("m3"), &of("u-3", "unpriced-1")),
+    ];
+    // WHEN the batch is handled
+    let report = h.handle_batch(&event(records), &invocation()).await;
+    // THEN each model's sum is what its jobs' attempts recorded
+    let recorded = |id: &str| {
+        let ledger = ledger.clone();
+        let id = id.to_owned();
+        async move {
+            ledger
+                .get(&id)
+                .await
+                .expect("get")
+                .and_then(|r| r.usage())
+                .expect("usage")
+        }
+    };
+    let sim = recorded("u-1").await.plus(&recorded("u-2").await);
+    assert!(sim.cost_micros.is_some_and(|c| c > 0), "{sim:?}");
+    let unpriced = recorded("u-3").await;
+    assert_eq!(unpriced.cost_micros, None);
+    let models: Vec<&str> = report
+        .usage_by_model
+        .iter()
+        .map(|(m, _)| m.as_str())
+        .collect();
+    assert_eq!(
+        models,
+        ["sim-1", "unpriced-1"],
+        "{:?}",
+        report.usage_by_model
+    );
+    assert_eq!(report.usage_by_model[0].1, sim);
+    assert_eq!(report.usage_by_model[1].1, unpriced);
+}

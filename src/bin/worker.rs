@@ -91,9 +91,13 @@ async fn main() -> Result<(), lambda_runtime::Error> {
             );
             let report =
                 Box::pin(handler.handle_batch(&payload, &invocation).instrument(span)).await;
-            // One metric document per invocation, on its own stdout line (EMF).
-            let doc = metrics::invocation(&target, SystemClock.now_ms(), &report);
-            println!("{doc}");
+            // One metric document per invocation, on its own stdout line (EMF), and one per
+            // model its calls ran with what they used and cost.
+            let now = SystemClock.now_ms();
+            println!("{}", metrics::invocation(&target, now, &report));
+            for doc in metrics::usage_by_model(&target, now, &report) {
+                println!("{doc}");
+            }
             report.into_response().map_err(|e| Diagnostic {
                 error_type: "UnnamedFailure".to_owned(),
                 error_message: e.to_string(),

@@ -156,18 +156,7 @@ impl JobRecord {
         self.attempt_log
             .iter()
             .filter_map(|a| a.usage)
-            .reduce(|sum, u| Usage {
-                input: sum.input + u.input,
-                output: sum.output + u.output,
-                cache_read: sum.cache_read + u.cache_read,
-                cache_write: sum.cache_write + u.cache_write,
-                reasoning: sum.reasoning + u.reasoning,
-                estimated: sum.estimated || u.estimated,
-                cost_micros: match (sum.cost_micros, u.cost_micros) {
-                    (Some(a), Some(b)) => Some(a + b),
-                    (a, b) => a.or(b),
-                },
-            })
+            .reduce(|sum, u| sum.plus(&u))
     }
 
     /// An upper estimate of the item's size in DynamoDB: every string at its length, every

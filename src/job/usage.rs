@@ -93,6 +93,22 @@ impl Usage {
         }
     }
 
+    /// This usage and `other`, summed: estimated if either is, the cost of those priced.
+    pub fn plus(&self, other: &Usage) -> Usage {
+        Usage {
+            input: self.input + other.input,
+            output: self.output + other.output,
+            cache_read: self.cache_read + other.cache_read,
+            cache_write: self.cache_write + other.cache_write,
+            reasoning: self.reasoning + other.reasoning,
+            estimated: self.estimated || other.estimated,
+            cost_micros: match (self.cost_micros, other.cost_micros) {
+                (Some(a), Some(b)) => Some(a + b),
+                (a, b) => a.or(b),
+            },
+        }
+    }
+
     /// Every token, of every kind.
     pub fn total(&self) -> u64 {
         self.input + self.output + self.cache_read + self.cache_write

@@ -140,6 +140,33 @@ pub fn invocation(target: &MetricsTarget, at: Millis, report: &BatchReport) -> V
     document(target, at, &metrics)
 }
 
+/// One document per model the batch's ended attempts ran, with the dimensions `Function` and
+/// `Model`: `InputTokens` (every input token, cached or not), `OutputTokens` and `Cost` (USD, at
+/// the price table's prices; estimates included, left out for a model the table does not price).
+pub fn usage_by_model(target: &MetricsTarget, at: Millis, report: &BatchReport) -> Vec<Value> {
+    report
+        .usage_by_model
+        .iter()
+        .map(|(model, u)| {
+            let mut metrics = vec![
+                (
+                    "InputTokens",
+                    "Count",
+                    Sample::One((u.input + u.cache_read + u.cache_write) as f64),
+                ),
+                ("OutputTokens", "Count", Sample::One(u.output as f64)),
+            ];
+            if let Some(micros) = u.cost_micros {
+                metrics.push(("Cost", "None", Sample::One(micros as f64 / 1_000_000.0)));
+            }
+            let mut doc = document(target, at, &metrics);
+            doc["Model"] = json!(model);
+            doc["_aws"]["CloudWatchMetrics"][0]["Dimensions"] = json!([["Function", "Model"]]);
+            doc
+        })
+        .collect()
+}
+
 /// The reconciler's document for one run (`UnknownJobs` feeds the "stuck in unknown" alarm).
 pub fn reconciliation(target: &MetricsTarget, at: Millis, report: &ReconcileReport) -> Value {
     let metrics = [
@@ -297,8 +324,38 @@ mod tests {
             visibility: Default::default(),
             stats: Default::default(),
             provider_latency_ms: latencies,
+            usage_by_model: Vec::new(),
             response: Ok(Vec::new()),
         }
+    }
+
+    #[test]
+    fn each_model_gets_its_tokens_and_cost_under_its_own_dimension() {
+        let mut r = report(vec![], vec![]);
+        let used = |input, output, cost| crate::job::Usage {
+            input,
+            output,
+            cache_read: 10,
+            cost_micros: cost,
+            ..crate::job::Usage::default()
+        };
+        r.usage_by_model = vec![
+            ("gpt-4.1".into(), used(100, 50, Some(1_500))),
+            ("in-house".into(), used(7, 3, None)),
+        ];
+        let docs = usage_by_model(&target(), 1_000, &r);
+        assert_eq!(docs.len(), 2);
+        assert_eq!(docs[0]["Model"], "gpt-4.1");
+        assert_eq!(docs[0]["InputTokens"], 110.0);
+        assert_eq!(docs[0]["OutputTokens"], 50.0);
+        assert_eq!(docs[0]["Cost"], 0.0015);
+        assert_eq!(
+            docs[0]["_aws"]["CloudWatchMetrics"][0]["Dimensions"],
+            json!([["Function", "Model"]])
+        );
+        // A model the table does not price has tokens and no cost.
+        assert!(docs[1].get("Cost").is_none());
+        assert!(usage_by_model(&target(), 1_000, &report(vec![], vec![])).is_empty());
     }
 
     #[test]

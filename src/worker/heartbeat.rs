@@ -41,6 +41,7 @@ pub struct Stats {
     recoveries: AtomicU64,
     provider_throttled: AtomicU64,
     spend_deferred: AtomicU64,
+    usage: std::sync::Mutex<std::collections::BTreeMap<String, crate::job::Usage>>,
     latencies: std::sync::Mutex<Vec<u64>>,
 }
 
@@ -75,6 +76,19 @@ impl Stats {
         if samples.len() < MAX_LATENCY_SAMPLES {
             samples.push(ms);
         }
+    }
+
+    /// Adds what an ended attempt of `model` used to that model's sum.
+    pub fn used(&self, model: &str, usage: &crate::job::Usage) {
+        let mut sums = self.usage.lock().unwrap_or_else(|p| p.into_inner());
+        let sum = sums.entry(model.to_owned()).or_default();
+        *sum = sum.plus(usage);
+    }
+
+    /// What the attempts ended so far used, by model.
+    pub(crate) fn usage_by_model(&self) -> Vec<(String, crate::job::Usage)> {
+        let sums = self.usage.lock().unwrap_or_else(|p| p.into_inner());
+        sums.iter().map(|(m, u)| (m.clone(), *u)).collect()
     }
 
     /// The provider latencies recorded so far, in milliseconds.
@@ -352,6 +366,10 @@ impl AttemptWatch for RecordSlot<'_> {
 
     fn spend_deferred(&self) {
         self.flights.stats.spend_deferred();
+    }
+
+    fn used(&self, model: &str, usage: &crate::job::Usage) {
+        self.flights.stats.used(model, usage);
     }
 }
 

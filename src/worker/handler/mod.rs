@@ -309,6 +309,7 @@ impl<L: JobLedger, P: Provider, C: Clock, V: VisibilityControl> BatchHandler<L, 
             visibility,
             stats,
             provider_latency_ms: batch.flights.stats.latencies(),
+            usage_by_model: batch.flights.stats.usage_by_model(),
             response,
         }
     }

@@ -106,6 +106,8 @@ pub trait AttemptWatch: Sync {
     fn throttled(&self) {}
     /// The record waits: the day's spend limit cannot take its call.
     fn spend_deferred(&self) {}
+    /// An attempt of `model` ended, recording `usage`.
+    fn used(&self, _model: &str, _usage: &crate::job::Usage) {}
 }
 
 impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {

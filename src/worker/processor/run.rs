@@ -59,6 +59,24 @@ impl Spent {
     }
 }
 
+/// Tells `watch` what the attempt numbered `attempt` recorded it used, if its end was written.
+pub(super) fn count_usage(
+    processed: &Processed,
+    attempt: u32,
+    model: &str,
+    watch: &dyn AttemptWatch,
+) {
+    let recorded = processed
+        .view
+        .as_ref()
+        .and_then(|r| r.attempt_log.get(attempt.checked_sub(1)? as usize))
+        .filter(|a| a.number == attempt)
+        .and_then(|a| a.usage);
+    if let Some(usage) = recorded {
+        watch.used(model, &usage);
+    }
+}
+
 /// The longest wait for a cancel request, however much time the invocation has.
 const CANCEL_WAIT_MS: Millis = 5_000;
 
@@ -89,7 +107,10 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
             .or(reserved.as_ref().filter(|_| sent).map(|r| r.micros))
             .unwrap_or(0);
         self.settle_spend(reserved, actual).await;
-        self.end_attempt(owner, waited, spent, inv).await
+        let (attempt, model) = (owner.attempts, spent.model.clone());
+        let processed = self.end_attempt(owner, waited, spent, inv).await;
+        count_usage(&processed, attempt, &model, watch);
+        processed
     }
 
     /// What the call's machine knows of this invocation and the settings.
