@@ -91,13 +91,7 @@ async fn main() -> Result<(), lambda_runtime::Error> {
             );
             let report =
                 Box::pin(handler.handle_batch(&payload, &invocation).instrument(span)).await;
-            // One metric document per invocation, on its own stdout line (EMF), and one per
-            // model its calls ran with what they used and cost.
-            let now = SystemClock.now_ms();
-            println!("{}", metrics::invocation(&target, now, &report));
-            for doc in metrics::usage_by_model(&target, now, &report) {
-                println!("{doc}");
-            }
+            print_metrics(&target, &report);
             report.into_response().map_err(|e| Diagnostic {
                 error_type: "UnnamedFailure".to_owned(),
                 error_message: e.to_string(),
@@ -142,4 +136,14 @@ fn warn_no_deadline(deadline_ms: u64) {
              emulator's, say): working without an invocation deadline (said once)"
         );
     });
+}
+
+/// One metric document per invocation, on its own stdout line (EMF), and one per model its
+/// calls ran with what they used and cost.
+fn print_metrics(target: &metrics::MetricsTarget, report: &fenced_jobs::report::BatchReport) {
+    let now = SystemClock.now_ms();
+    println!("{}", metrics::invocation(target, now, report));
+    for doc in metrics::usage_by_model(target, now, report) {
+        println!("{doc}");
+    }
 }
