@@ -73,14 +73,7 @@ async fn past_the_days_limit_records_wait_for_the_next_day_and_then_run() {
         .expect("get")
         .expect("the item to wait in");
     assert_eq!((untouched.state, untouched.attempts), (JobState::Ready, 0));
-    let cost = ledger
-        .get("day-1")
-        .await
-        .expect("get")
-        .expect("item")
-        .usage()
-        .and_then(|u| u.cost_micros)
-        .expect("priced");
+    let cost = cost_of(&ledger, "day-1").await;
     assert!(cost < most, "{cost} of {most}");
     assert_eq!(day_spent(&aws, &table, "2026-12-01").await, cost);
     assert_eq!(processor.provider().executions(), 1);
@@ -91,15 +84,20 @@ async fn past_the_days_limit_records_wait_for_the_next_day_and_then_run() {
     let next_day = processor.process(&second, "w/3", &inv, &NoWatch).await;
     assert_eq!(next_day.outcome, RecordOutcome::Done(JobState::Succeeded));
     assert_eq!(processor.provider().executions(), 2);
-    let second_cost = ledger
-        .get("day-2")
+    let second_cost = cost_of(&ledger, "day-2").await;
+    assert_eq!(day_spent(&aws, &table, "2026-12-02").await, second_cost);
+}
+
+/// What the job's attempts cost, as its item records them.
+async fn cost_of(ledger: &DynamoLedger, job_id: &str) -> u64 {
+    ledger
+        .get(job_id)
         .await
         .expect("get")
         .expect("item")
         .usage()
         .and_then(|u| u.cost_micros)
-        .expect("priced");
-    assert_eq!(day_spent(&aws, &table, "2026-12-02").await, second_cost);
+        .expect("priced")
 }
 
 /// What the day's item in the table says was spent.
