@@ -589,6 +589,14 @@ async fn a_recovery_asks_the_provider_and_its_answer_decides_without_a_new_call(
     }
     let done = ledger.get("done").await.expect("get").expect("item");
     assert!(done.result.is_some());
+    // The lapsed attempt is counted as the provider's answer says, or at its estimate when the
+    // provider has forgotten it.
+    let heard = done.attempt_log[0].usage.expect("heard");
+    assert!(!heard.estimated && heard.output > 0, "{heard:?}");
+    let forgotten = ledger.get("forgotten").await.expect("get").expect("item");
+    let guessed = forgotten.attempt_log[0].usage.expect("estimated");
+    assert!(guessed.estimated, "{guessed:?}");
+    assert_eq!(guessed.output, 16_384);
     assert_eq!(
         h.processor().provider().executions(),
         0,

@@ -40,14 +40,17 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
             .map_or("recovered", |r| r.reason.as_str())
             .to_owned();
         let now = self.clock.now_ms();
+        let attempt = fenced.attempts;
         let (machine, step) = Calling::resume(self.call_facts(inv), fenced, &because, stored, now);
-        if let CallStep::Done(waited) = step {
-            return self
-                .end_attempt(machine.into_owner(), waited, super::run::Spent::none(), inv)
-                .await;
-        }
-        let (owner, waited, spent) = self.call(msg, machine, step, inv, watch).await;
-        self.end_attempt(owner, waited, spent, inv).await
+        let (owner, waited, spent) = match step {
+            // Nothing to ask: the lapsed attempt is counted at its estimate if it ends unknown.
+            CallStep::Done(waited) => (machine.into_owner(), waited, self.estimated(msg)),
+            step => self.call(msg, machine, step, inv, watch).await,
+        };
+        let model = spent.model.clone();
+        let processed = self.end_attempt(owner, waited, spent, inv).await;
+        super::run::count_usage(&processed, attempt, &model, watch);
+        processed
     }
 
     /// Whether the provider can be asked about the job's last attempt.

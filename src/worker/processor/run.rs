@@ -27,15 +27,6 @@ pub(super) struct Spent {
 }
 
 impl Spent {
-    /// Nothing heard, nothing estimated: an attempt ended without a call of this invocation.
-    pub(super) fn none() -> Spent {
-        Spent {
-            heard: None,
-            estimate: Usage::default(),
-            model: String::new(),
-        }
-    }
-
     /// The usage an attempt's end records, priced by `prices`: none for an attempt given back
     /// (nothing ran), the estimate for one whose outcome is unknown unless an answer said, else
     /// what was heard.
@@ -322,6 +313,20 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
             .is_err()
         {
             tracing::warn!("cancel request abandoned: no time left to wait for it");
+        }
+    }
+
+    /// What a call of `msg`'s job is counted at when nothing was heard of it: its estimate, at
+    /// the model it runs.
+    pub(super) fn estimated(&self, msg: &JobMessage) -> Spent {
+        let input = msg.input();
+        Spent {
+            heard: None,
+            estimate: Usage::estimate(
+                msg.input_canonical.len(),
+                self.settings.policy.output_tokens(&input),
+            ),
+            model: self.provider.model(&input).to_owned(),
         }
     }
 
