@@ -448,3 +448,35 @@ async fn a_job_stops_at_its_spend_limit_before_a_call_that_would_pass_it() {
     assert_eq!(record.max_cost_micros, Some(most + 30));
     assert!(aws.peek(&queue.url, 0).await.is_empty());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_attempt_that_heard_an_answer_records_what_it_used() {
+    // GIVEN a worker without a results bucket, and a job whose answer no item can hold
+    let aws = emulator().await;
+    let table = aws.table().await;
+    let queue = aws.queue(30).await;
+    let handler = aws.processor_handler(processor(&aws, &table, built_in(false)));
+    let source = aws.source(&queue).await;
+    let body = json!({
+        "job_id": "huge-1",
+        "contract": "summary.v1",
+        "input": {"model": "sim-1", "prompt": "Write it all.", "simulate": {"answer_bytes": 450_000}},
+    });
+    aws.send(&queue, &body.to_string()).await;
+
+    // WHEN it is delivered
+    deliver(&source, &handler).await;
+
+    // THEN the job fails for good, and its attempt records what the call used and cost: the
+    // answer was heard and paid for, though it could not be kept
+    let record = aws.item(&table, "huge-1").await;
+    assert_eq!(record.state, JobState::FailedTerminal);
+    assert_eq!(
+        record.last_error.as_ref().map(|e| e.kind.as_str()),
+        Some("too_large")
+    );
+    let usage = record.attempt_log[0].usage.expect("usage recorded");
+    assert!(!usage.estimated);
+    assert!(usage.output > 450_000 / 4, "{usage:?}");
+    assert_eq!(usage.cost_micros, Some(usage.input + 4 * usage.output));
+}
