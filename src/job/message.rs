@@ -35,9 +35,6 @@ const TOP_LEVEL_FIELDS: [&str; 7] = [
     "metadata",
 ];
 
-/// The largest `max_cost` a message may give, in USD.
-const MAX_COST_USD: f64 = 1_000_000.0;
-
 /// Why a body is not a valid job. Every variant is poison: retrying cannot fix it.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum InvalidMessage {
@@ -335,15 +332,13 @@ fn max_attempts(value: Option<Value>) -> Result<Option<u32>, InvalidMessage> {
     })
 }
 
-/// `max_cost`: a number of USD above 0, at most [`MAX_COST_USD`], in micro-dollars, if given.
+/// `max_cost`: a number of USD above 0, at most a million, in micro-dollars, if given.
 fn max_cost(value: Option<Value>) -> Result<Option<u64>, InvalidMessage> {
     Ok(match value {
         None | Some(Value::Null) => None,
-        Some(Value::Number(n)) => match n.as_f64() {
-            Some(usd) if usd > 0.0 && usd <= MAX_COST_USD => {
-                Some(((usd * 1_000_000.0).round() as u64).max(1))
-            }
-            _ => {
+        Some(Value::Number(n)) => match n.as_f64().and_then(super::prices::limit_micros) {
+            Some(micros) => Some(micros),
+            None => {
                 return Err(InvalidMessage::Invalid {
                     field: "max_cost",
                     rule: "must be a number of USD above 0, at most 1000000",

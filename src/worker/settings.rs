@@ -138,11 +138,14 @@ fn usd(vars: &Vars<'_>, name: &'static str) -> Result<Option<u64>, ConfigError> 
     let Some(text) = vars.get(name).filter(|t| !t.trim().is_empty()) else {
         return Ok(None);
     };
-    match text.trim().parse::<f64>() {
-        Ok(usd) if usd > 0.0 && usd <= 1_000_000.0 => {
-            Ok(Some(((usd * 1_000_000.0).round() as u64).max(1)))
-        }
-        _ => Err(ConfigError::Invalid {
+    match text
+        .trim()
+        .parse::<f64>()
+        .ok()
+        .and_then(crate::job::prices::limit_micros)
+    {
+        Some(micros) => Ok(Some(micros)),
+        None => Err(ConfigError::Invalid {
             name,
             reason: "a number of USD above 0, at most 1000000".to_owned(),
         }),

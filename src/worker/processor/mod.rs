@@ -311,7 +311,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
                         Ok(p) => {
                             // The day's spend, after the pacer (a record it turns away
                             // reserves nothing); without room the permit goes back unspent.
-                            match self.reserve_spend(msg).await {
+                            match self.reserve_spend(msg, facts.next_call_micros).await {
                                 Ok(r) => reserved = r,
                                 Err(wait_ms) => {
                                     watch.spend_deferred();
@@ -404,9 +404,10 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
             latest_call_start: self.latest_call_start(inv),
             can_retrieve: self.provider.can_retrieve(),
             in_ledger: msg.in_ledger,
-            next_call_micros: match job.max_cost_micros {
-                Some(_) => self.next_call_micros(msg),
-                None => 0,
+            // Read once, by both limits; a deployment with neither never parses the input.
+            next_call_micros: match (job.max_cost_micros, self.settings.daily_spend_limit_micros) {
+                (None, None) => 0,
+                _ => self.next_call_micros(msg),
             },
             max_cost_micros: job.max_cost_micros,
         }

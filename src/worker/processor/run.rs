@@ -91,15 +91,16 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
             watch.provider_latency(u64::try_from(took).unwrap_or(0));
         }
         // The day's spend: what the call cost when the provider said, else all it reserved
-        // (an unknown outcome, or a failure that told nothing).
+        // (an unknown outcome, or a failure that told nothing); corrected once the attempt's
+        // end is written, so that the acceptance waits for no other write.
         let actual = spent
             .heard
             .and_then(|u| self.settings.prices.cost_micros(&spent.model, &u, false))
             .or(reserved.as_ref().filter(|_| sent).map(|r| r.micros))
             .unwrap_or(0);
-        self.settle_spend(reserved, actual).await;
         let (attempt, model) = (owner.attempts, spent.model.clone());
         let processed = self.end_attempt(owner, waited, spent, inv).await;
+        self.settle_spend(reserved, actual).await;
         count_usage(&processed, attempt, &model, watch);
         processed
     }

@@ -30,17 +30,20 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
             .unwrap_or(0)
     }
 
-    /// Reserves the most `msg`'s next call can cost from the day's spend, when the deployment
+    /// Reserves `micros`, the most `msg`'s next call can cost, from the day's spend, when the deployment
     /// limits it: `Ok(None)` without a limit, `Err(wait)` when the day cannot take it (until
     /// the next day) or the budget cannot be read (a minute: never a call not counted).
-    pub(super) async fn reserve_spend(&self, msg: &JobMessage) -> Result<Option<Reserved>, Millis> {
+    pub(super) async fn reserve_spend(
+        &self,
+        msg: &JobMessage,
+        micros: u64,
+    ) -> Result<Option<Reserved>, Millis> {
         let (Some(limit), Some(spend)) = (self.settings.daily_spend_limit_micros, &self.spend)
         else {
             return Ok(None);
         };
         let now = self.clock.now_ms();
         let day = crate::ledger::spend::day_of(now);
-        let micros = self.next_call_micros(msg);
         match spend.reserve(&day, micros, limit, now).await {
             Ok(true) => Ok(Some(Reserved { day, micros })),
             Ok(false) => {
