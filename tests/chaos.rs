@@ -10,7 +10,7 @@ mod sim;
 fn fixed_seeds_keep_every_invariant_under_every_fault() {
     // Every edge the worker guards against must be met: the rarer ones (a failed store of an
     // answer is 5 % of the few large answers) on the first four seeds or on up to four more.
-    const EDGES: [&str; 30] = [
+    const EDGES: [&str; 31] = [
         "gateway_error",
         "oversized_answer",
         "ddb_stall",
@@ -41,6 +41,7 @@ fn fixed_seeds_keep_every_invariant_under_every_fault() {
         "invalid_answer",
         "truncated_answer",
         "foreign_job_id",
+        "planted_job_attribute",
     ];
     let mut seen = std::collections::BTreeSet::new();
     for seed in 1..=8 {

@@ -162,6 +162,9 @@ pub struct FaultRates {
     /// Another producer sends a job under an id the first producer uses, with its own input,
     /// before the first's (a fraction of the job count).
     pub foreign_job_id: f64,
+    /// Another producer sends a body that is not a job, naming the first producer's job in the
+    /// attribute the worker's dead letters name jobs in (a fraction of the job count).
+    pub planted_job_attribute: f64,
 }
 
 impl FaultRates {
@@ -207,6 +210,7 @@ impl FaultRates {
             invalid_answer: 0.03,
             truncated_answer: 0.03,
             foreign_job_id: 0.01,
+            planted_job_attribute: 0.005,
         }
     }
 }
@@ -359,6 +363,8 @@ struct Msg {
     /// The worker dead-lettered it as poison or a conflict (its reason attribute): a redrive
     /// leaves it.
     refused: bool,
+    /// Its string attributes: the sender's, or the worker's on a dead letter.
+    attributes: Vec<(String, String)>,
 }
 
 /// A standard queue with a redrive policy.
@@ -430,6 +436,12 @@ impl Queue {
                 .insert("ApproximateFirstReceiveTimestamp".into(), first.to_string());
             r.attributes
                 .insert("SenderId".into(), format!("{}:session", m.sender));
+            for (name, value) in &m.attributes {
+                let mut attribute = aws_lambda_events::sqs::SqsMessageAttribute::default();
+                attribute.string_value = Some(value.clone());
+                attribute.data_type = Some("String".into());
+                r.message_attributes.insert(name.clone(), attribute);
+            }
             out.push(r);
         }
         out
@@ -512,6 +524,18 @@ impl Queue {
     /// A new message for a job (a producer's or the reconciler's trigger), visible from
     /// `visible_at`, sent by `sender`.
     fn push(&self, sender: &'static str, job_id: &str, body: &str, visible_at: Millis) {
+        self.push_with(sender, job_id, body, visible_at, Vec::new());
+    }
+
+    /// [`Queue::push`], with string attributes.
+    fn push_with(
+        &self,
+        sender: &'static str,
+        job_id: &str,
+        body: &str,
+        visible_at: Millis,
+        attributes: Vec<(String, String)>,
+    ) {
         let mut msgs = self.msgs.lock().expect("queue");
         let id = format!("msg-{:06}", msgs.len());
         msgs.push(Msg {
@@ -529,11 +553,18 @@ impl Queue {
             duplicate_at: None,
             resurrect_at: None,
             refused: false,
+            attributes,
         });
     }
 
-    /// A message the worker sent to the DLQ itself.
-    fn dead_letter(&self, body: &str, job_id: Option<&str>, refused: bool) {
+    /// A message the worker sent to the DLQ itself, with the attributes it sent.
+    fn dead_letter(
+        &self,
+        body: &str,
+        job_id: Option<&str>,
+        refused: bool,
+        attributes: Vec<(String, String)>,
+    ) {
         let mut msgs = self.msgs.lock().expect("queue");
         let id = format!("dead-{:06}", msgs.len());
         msgs.push(Msg {
@@ -552,7 +583,28 @@ impl Queue {
             duplicate_at: None,
             resurrect_at: None,
             refused,
+            attributes,
         });
+    }
+
+    /// Every letter the worker wrote names, in its job-id attribute, only the job the worker
+    /// read from it: what a sender planted there is never carried on.
+    fn check_dead_letters(&self, world: &World) {
+        let msgs = self.msgs.lock().expect("queue");
+        for m in msgs.iter().filter(|m| m.in_dlq && !m.deleted) {
+            let named = m
+                .attributes
+                .iter()
+                .find(|(n, _)| n == fenced_jobs::queue::JOB_ID_ATTRIBUTE);
+            if let Some((_, named)) = named
+                && m.refused
+                && *named != m.job_id
+            {
+                world.violation(format!(
+                    "a dead letter names job {named:?}, which the worker did not read from it"
+                ));
+            }
+        }
     }
 
     /// The bodies in the DLQ.
@@ -644,13 +696,17 @@ impl DeadLetterQueue for SimDeadLetters {
                         return false;
                     }
                     // As SQS does: a message over 1 MiB, body and attributes, is refused.
-                    if letter.all_attributes().is_none() {
+                    let Some(attributes) = letter.all_attributes() else {
                         return false;
-                    }
+                    };
                     // Poison and conflicts both stay for a person, as `jobctl dlq redrive`
                     // leaves them (a conflict again is all a redrive could give).
-                    self.queue
-                        .dead_letter(&letter.body, letter.job_id.as_deref(), true);
+                    self.queue.dead_letter(
+                        &letter.body,
+                        letter.job_id.as_deref(),
+                        true,
+                        attributes,
+                    );
                     true
                 })
                 .collect()
@@ -1601,6 +1657,23 @@ pub async fn run(config: &ChaosConfig) -> ChaosReport {
         foreign.push(job_id);
     }
     let mut poison = Vec::new();
+    // Another producer's body that is not a job, naming the first producer's job where the
+    // worker's dead letters name theirs: its letter must carry no job id (the worker read none),
+    // so that no trusted redrive can take it into the first producer's job.
+    for i in 0..(config.jobs as f64 * world.rates.planted_job_attribute).ceil() as usize {
+        let victim = job_ids[world.range(0, job_ids.len() as u64 - 1) as usize].clone();
+        let body =
+            format!(r#"{{"job_id":"planted-{i}","contract":"chaos.v1","input":"not an object"}}"#);
+        *world
+            .faults
+            .lock()
+            .expect("faults")
+            .entry("planted_job_attribute")
+            .or_default() += 1;
+        let planted = vec![(fenced_jobs::queue::JOB_ID_ATTRIBUTE.to_owned(), victim)];
+        queue.push_with(FOREIGN, "", &body, START_MS, planted);
+        poison.push(body);
+    }
     for i in 0..(config.jobs as f64 * world.rates.poison_message).ceil() as usize {
         let body =
             format!(r#"{{"job_id":"poison-{i}","contract":"chaos.v1","input":"not an object"}}"#);
@@ -2005,6 +2078,7 @@ pub async fn run(config: &ChaosConfig) -> ChaosReport {
     check_events(&world, &table, &job_ids, config.seed).await;
     // Every poison message ended in the DLQ: sent there by the worker, or, when those sends
     // failed, moved by the redrive policy.
+    queue.check_dead_letters(&world);
     let dead = queue.dead_bodies();
     for body in &poison {
         if !dead.contains(body) {
