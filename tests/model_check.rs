@@ -29,10 +29,10 @@ fn print(bounds: &str, report: &protocol::Report) {
 
 #[test]
 fn every_property_holds_in_the_test_bound_and_every_example_is_reached() {
-    // The test bound comes in four parts: the providers that answer the submit, with ledger
+    // The test bound comes in five parts: the providers that answer the submit, with ledger
     // faults; the one that runs calls in the background, without; the pacer's refusals and
-    // invocations that end before the job; and a lease long enough for the pacer to send a
-    // refused call again.
+    // invocations that end before the job; a lease long enough for the pacer to send a
+    // refused call again; and a job whose spend limit holds one call.
     let mut reached = std::collections::BTreeSet::new();
     let mut examples = std::collections::BTreeSet::new();
     for bounds in [
@@ -40,6 +40,7 @@ fn every_property_holds_in_the_test_bound_and_every_example_is_reached() {
         Bounds::background(),
         Bounds::world(),
         Bounds::resend(),
+        Bounds::spend(),
     ] {
         let report = check(&bounds, threads(), false);
         print(&bounds.describe(), &report);

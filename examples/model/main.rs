@@ -40,6 +40,8 @@ fn main() {
         Bounds::world()
     } else if flag("--full-world") {
         Bounds::full_world()
+    } else if flag("--spend") {
+        Bounds::spend()
     } else {
         Bounds::full()
     };
@@ -159,13 +161,14 @@ fn main() {
         "--resend",
         "--world",
         "--full-world",
+        "--spend",
     ]
     .iter()
     .any(|f| flag(f));
     if full {
-        // The model-check bound comes in parts: the world's pacer and short invocations, and a
-        // lease long enough for a re-send, each in a bound of its own.
-        for part in [Bounds::full_world(), Bounds::resend()] {
+        // The model-check bound comes in parts: the world's pacer and short invocations, a
+        // lease long enough for a re-send, and a job's spend limit, each in a bound of its own.
+        for part in [Bounds::full_world(), Bounds::resend(), Bounds::spend()] {
             println!("\n{}", part.describe());
             let report = check(&part, threads, false);
             print_report(&report);

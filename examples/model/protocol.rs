@@ -78,6 +78,9 @@ pub struct Bounds {
     /// The model may answer with what the job's contract refuses (truncated, invalid), by the
     /// call or a retrieval.
     pub invalid_answers: bool,
+    /// The job may cost one call at the most (`max_cost`): every attempt that ran costs one,
+    /// at its estimate when its outcome is unknown, and the next call is estimated at one.
+    pub spend_limit: bool,
     /// The rule changed, if any.
     pub mutation: Option<Mutation>,
 }
@@ -102,6 +105,7 @@ impl Bounds {
             short_invocations: true,
             silent_retrievals: true,
             invalid_answers: false,
+            spend_limit: false,
             mutation: None,
         }
     }
@@ -149,6 +153,19 @@ impl Bounds {
         }
     }
 
+    /// The test bound's fifth part: a job that may cost one call, whose first answer its
+    /// contract may refuse, so that the admission's spend check stops the second call.
+    pub fn spend() -> Bounds {
+        Bounds {
+            upstreams: vec![Upstream::Keyed],
+            replay: vec![ReplayPolicy::Never],
+            faults: 0,
+            invalid_answers: true,
+            spend_limit: true,
+            ..Bounds::test()
+        }
+    }
+
     /// The bound both `make test` and `make model-check` check for the pacer's re-send of a
     /// call the provider refused for its rate limit: a lease of four ticks, so that a wait of
     /// one still leaves the claim's lease (the one the calling machine holds) more than the
@@ -191,7 +208,7 @@ impl Bounds {
     /// The bounds in one line.
     pub fn describe(&self) -> String {
         format!(
-            "{} workers, {} deliveries, deadline {} ticks, lease {}, skew {}, budget {}, epochs up to {}, {} tries to end an attempt, {} fault(s) per path, providers {:?}{}{}{}{}{}",
+            "{} workers, {} deliveries, deadline {} ticks, lease {}, skew {}, budget {}, epochs up to {}, {} tries to end an attempt, {} fault(s) per path, providers {:?}{}{}{}{}{}{}",
             self.workers,
             self.deliveries,
             self.deadline,
@@ -224,6 +241,11 @@ impl Bounds {
             },
             if self.invalid_answers {
                 ", answers the contract refuses"
+            } else {
+                ""
+            },
+            if self.spend_limit {
+                ", a spend limit of one call"
             } else {
                 ""
             }
@@ -275,11 +297,13 @@ pub enum Mutation {
     PutFailureIgnored,
     /// An answer the job's contract refuses is accepted (the processor does not judge it).
     RefusedAnswerAccepted,
+    /// The admission does not count the next call against the job's spend limit.
+    SpendLimitIgnored,
 }
 
 impl Mutation {
     /// Every mutation.
-    pub const ALL: [Mutation; 15] = [
+    pub const ALL: [Mutation; 16] = [
         Mutation::FinishIgnoresEpoch,
         Mutation::ExpiryIgnoresTerminal,
         Mutation::UncertainReleased,
@@ -295,6 +319,7 @@ impl Mutation {
         Mutation::RecoveryAssumesNotSent,
         Mutation::PutFailureIgnored,
         Mutation::RefusedAnswerAccepted,
+        Mutation::SpendLimitIgnored,
     ];
 
     /// The bound a mutation is checked in: the test bound, widened where the counterexample
@@ -316,6 +341,10 @@ impl Mutation {
                 ..test
             },
             Mutation::NotSentSpendsAttempt => Bounds { faults: 0, ..test },
+            Mutation::SpendLimitIgnored => Bounds {
+                mutation: Some(self),
+                ..Bounds::spend()
+            },
             Mutation::RefusedAnswerAccepted => Bounds {
                 faults: 0,
                 upstreams: vec![Upstream::Keyed],
@@ -362,6 +391,7 @@ impl Mutation {
             }
             Mutation::PutFailureIgnored => "an answer whose put failed is accepted by reference",
             Mutation::RefusedAnswerAccepted => "an answer its contract refuses is accepted",
+            Mutation::SpendLimitIgnored => "the next call is not counted against the spend limit",
         }
     }
 
@@ -383,6 +413,7 @@ impl Mutation {
             Mutation::RecoveryAssumesNotSent => ENDS_AS_CALLED,
             Mutation::PutFailureIgnored => STORED_EXISTS,
             Mutation::RefusedAnswerAccepted => ENDS_AS_CALLED,
+            Mutation::SpendLimitIgnored => SPEND_LIMIT,
         })
     }
 }
@@ -410,6 +441,8 @@ pub const STORED_EXISTS: &str = "an accepted answer stored in the bucket is ther
 /// A reference in the ledger that names another attempt's call, or a call never started.
 pub const REFERENCE_NAMES_CALL: &str =
     "every reference the ledger holds names its own attempt's call, which the provider started";
+/// What a job's attempts cost passed its limit.
+pub const SPEND_LIMIT: &str = "what a job's attempts cost stays within its spend limit";
 /// The liveness property.
 pub const ENDS: &str = "every job ends terminal, or unknown with evidence";
 
@@ -798,7 +831,7 @@ impl Protocol {
             metadata: None,
             deadline_at: self.bounds.deadline,
             max_attempts: self.bounds.max_attempts,
-            max_cost_micros: None,
+            max_cost_micros: self.bounds.spend_limit.then_some(1),
             expires_at: 0,
         }
     }
@@ -1014,9 +1047,11 @@ impl Protocol {
             latest_call_start: Millis::MAX,
             can_retrieve: next.retrievable(),
             in_ledger: false,
-            // The model's jobs have no spend limit.
-            next_call_micros: 0,
-            max_cost_micros: None,
+            // Under a spend limit, a call is estimated at the one it may cost.
+            next_call_micros: u64::from(
+                self.bounds.spend_limit && !self.mutated(Mutation::SpendLimitIgnored),
+            ),
+            max_cost_micros: self.bounds.spend_limit.then_some(1),
         };
         let (machine, step) = Admission::start(facts, None, DIGEST, now);
         self.take(next, worker, machine, step, note);
@@ -1216,6 +1251,28 @@ impl Protocol {
     }
 
     fn end(&self, current: Option<&JobRecord>, req: &EndRequest) -> Option<JobRecord> {
+        // As the processor records it: every attempt that may have run costs one (at its
+        // estimate when its outcome is unknown); one given back ran nothing.
+        let priced;
+        let req = if self.bounds.spend_limit
+            && !matches!(req.end, fenced_jobs::ledger::AttemptEnd::GivenBack { .. })
+        {
+            priced = EndRequest {
+                usage: Some(fenced_jobs::job::Usage {
+                    cost_micros: Some(1),
+                    estimated: matches!(
+                        req.end,
+                        fenced_jobs::ledger::AttemptEnd::Unknown { .. }
+                            | fenced_jobs::ledger::AttemptEnd::Replay { .. }
+                    ),
+                    ..fenced_jobs::job::Usage::default()
+                }),
+                ..req.clone()
+            };
+            &priced
+        } else {
+            req
+        };
         if self.mutated(Mutation::FinishIgnoresEpoch) {
             let mut loose = req.clone();
             if let Some(c) = current {
@@ -2629,6 +2686,22 @@ impl Model for Protocol {
             Property::always(REFERENCE_NAMES_CALL, |_, s: &State| {
                 s.item.as_ref().is_none_or(|r| references_name_calls(s, r))
             }),
+            Property::always(SPEND_LIMIT, |_, s: &State| {
+                s.item.as_ref().is_none_or(|r| {
+                    let spent = r.usage().and_then(|u| u.cost_micros).unwrap_or(0);
+                    // What really ran, whatever the ledger recorded: every call that may have
+                    // run, under claims of distinct attempts, costs one.
+                    let mut ran: Vec<(u32, u64)> = s
+                        .calls
+                        .iter()
+                        .filter(|c| !matches!(c.truth, Truth::NotRun | Truth::Refused))
+                        .map(|c| (c.attempt, c.epoch))
+                        .collect();
+                    ran.dedup();
+                    r.max_cost_micros
+                        .is_none_or(|max| spent <= max && ran.len() as u64 <= max)
+                })
+            }),
             Property::eventually(ENDS, |_, s: &State| {
                 s.item.as_ref().is_some_and(|r| {
                     r.state.is_terminal()
@@ -2717,6 +2790,15 @@ impl Model for Protocol {
                                 && r.result.is_some()
                                 && r.last_provider_ref().is_some()
                         })
+                },
+            ),
+            Property::sometimes(
+                "a job its spend limit stops before a second call",
+                |_, s: &State| {
+                    s.item.as_ref().is_some_and(|r| {
+                        r.state == JobState::FailedTerminal
+                            && r.last_error.as_ref().is_some_and(|e| e.kind == "spend")
+                    })
                 },
             ),
             Property::sometimes(
