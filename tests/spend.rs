@@ -116,6 +116,17 @@ async fn day_spent(aws: &common::Emulator, table: &str, day: &str) -> u64 {
         .expect("get")
         .item
         .expect("the day's item");
+    // The item expires two days after its last write (the test's clock stands on its day).
+    let expires: i64 = item["expires_at"]
+        .as_n()
+        .expect("a TTL")
+        .parse()
+        .expect("seconds");
+    let day_start = LATE_EVENING / 1_000 - 23 * 3_600;
+    assert!(
+        (day_start + 2 * 86_400..=day_start + 4 * 86_400).contains(&expires),
+        "{expires}"
+    );
     item["spent_micros"]
         .as_n()
         .expect("a number")
