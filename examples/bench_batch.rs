@@ -418,6 +418,7 @@ async fn ledger_cpu_per_request_us(
                     finish: fenced_jobs::job::contract::Finish::Stop,
                 },
                 usage: None,
+                input: None,
             };
             let accepted = ledger.end_known(&record, finish).await;
             assert!(matches!(accepted, Ok(Write::Applied(_))));

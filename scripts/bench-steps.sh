@@ -9,6 +9,9 @@ target/release/examples/bench_heartbeat
 echo; echo '$ target/release/examples/bench_batch'
 target/release/examples/bench_batch
 
+echo; echo '$ target/release/examples/bench_cost'
+target/release/examples/bench_cost
+
 echo; echo '$ /usr/bin/time -v target/release/examples/bench_batch peak 10000'
 /usr/bin/time -v target/release/examples/bench_batch peak 10000 2> /tmp/fenced-jobs-peak.txt
 grep -E "Maximum resident set size|Elapsed" /tmp/fenced-jobs-peak.txt

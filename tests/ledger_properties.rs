@@ -218,6 +218,7 @@ async fn apply<L: JobLedger>(ledger: &L, prefix: &str, op: &Op) -> Write {
                     now: *now,
                     end: end.clone(),
                     usage: None,
+                    input: None,
                 })
                 .await
         }

@@ -39,6 +39,7 @@ fn throttled(claimed: &JobRecord, now: i64) -> EndRequest {
         now,
         end,
         usage: None,
+        input: None,
     }
 }
 
@@ -116,6 +117,7 @@ async fn story<L: JobLedger>(ledger: &L) -> Vec<String> {
                 now: T + 6,
                 end,
                 usage: None,
+                input: None,
             })
             .await,
     );

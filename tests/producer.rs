@@ -5,7 +5,7 @@ mod common;
 
 use common::{deliver, emulator, fast_settings, job};
 use fenced_jobs::clock::{Clock, SystemClock};
-use fenced_jobs::job::NewJob;
+use fenced_jobs::job::{Expect, NewJob};
 use fenced_jobs::job::{Failure, InvalidMessage, JobState, RecordOutcome, parse_body};
 use fenced_jobs::ledger::{ClaimRequest, CreateRequest, JobLedger, Write};
 use fenced_jobs::ops::producer::{Intake, submit};
@@ -184,19 +184,47 @@ async fn the_reconciler_repairs_a_stopped_producer_and_expires_jobs_past_their_d
         .create(create(late("late-running"), now - 60_000))
         .await
         .expect("create");
-    let claimed = ledger
-        .claim(ClaimRequest {
-            job: create(late("late-running"), now - 60_000).job,
-            expect: fenced_jobs::job::Expect::FRESH,
-            owner_id: "w1".into(),
-            now: now - 59_000,
-            lease_until: now + 60_000,
-            provider_ref: None,
-            first_sight: false,
-        })
-        .await
-        .expect("claim");
-    assert!(matches!(claimed, Write::Applied(_)));
+    // A job's second claim (its first attempt failed), by `owner` at `at`, its lease to `until`:
+    // a running job the reconciler watches. One on its first claim is left to the message that
+    // claimed it, which stays in the queue until the job is terminal.
+    let second_claim = |body: String, owner: &'static str, at: i64, until: i64| {
+        let ledger = &ledger;
+        let job = create(body, at).job;
+        async move {
+            let claim = |expect, lease_until| ClaimRequest {
+                job: job.clone(),
+                expect,
+                owner_id: owner.into(),
+                now: at,
+                lease_until,
+                provider_ref: None,
+                first_sight: false,
+            };
+            let first = ledger.claim(claim(Expect::FRESH, until)).await;
+            assert!(matches!(first, Ok(Write::Applied(_))), "{first:?}");
+            let failed = ledger
+                .end(fenced_jobs::ledger::EndRequest {
+                    job_id: job.job_id.clone(),
+                    epoch: 1,
+                    attempt: 1,
+                    now: at,
+                    end: fenced_jobs::ledger::AttemptEnd::RetryAuthorized {
+                        error: "transient".into(),
+                    },
+                    usage: None,
+                    input: None,
+                })
+                .await;
+            assert!(matches!(failed, Ok(Write::Applied(_))), "{failed:?}");
+            let again = Expect {
+                epoch: 1,
+                attempts: 1,
+            };
+            let second = ledger.claim(claim(again, until)).await;
+            assert!(matches!(second, Ok(Write::Applied(_))), "{second:?}");
+        }
+    };
+    second_claim(late("late-running"), "w1", now - 59_000, now + 60_000).await;
     ledger
         .create(create(late("late-ready"), now - 60_000))
         .await
@@ -207,19 +235,31 @@ async fn the_reconciler_repairs_a_stopped_producer_and_expires_jobs_past_their_d
         .create(create(job("abandoned", "p", ""), now - 700_000))
         .await
         .expect("create");
-    let abandoned = ledger
+    second_claim(
+        job("abandoned", "p", ""),
+        "gone",
+        now - 700_000,
+        now - 640_000,
+    )
+    .await;
+
+    // AND one whose owner vanished on its first claim: its message brings it back
+    ledger
+        .create(create(job("first-claim", "p", ""), now - 700_000))
+        .await
+        .expect("create");
+    let first = ledger
         .claim(ClaimRequest {
-            job: create(job("abandoned", "p", ""), now - 700_000).job,
-            expect: fenced_jobs::job::Expect::FRESH,
+            job: create(job("first-claim", "p", ""), now - 700_000).job,
+            expect: Expect::FRESH,
             owner_id: "gone".into(),
             now: now - 700_000,
             lease_until: now - 640_000,
             provider_ref: None,
             first_sight: false,
         })
-        .await
-        .expect("claim");
-    assert!(matches!(abandoned, Write::Applied(_)));
+        .await;
+    assert!(matches!(first, Ok(Write::Applied(_))));
 
     // WHEN the reconciler runs
     let quick = ReconcileSettings {
@@ -237,10 +277,12 @@ async fn the_reconciler_repairs_a_stopped_producer_and_expires_jobs_past_their_d
     .expect("reconcile");
 
     // THEN the late jobs are expired (the live owner fenced), the stranded and the abandoned
-    // ones re-sent
+    // ones re-sent, and the job on its first claim is not looked at
     assert_eq!(report.expired, 2, "{report:?}");
     assert_eq!(report.resent, 2, "{report:?}");
     assert_eq!(report.unknown, 0);
+    let left = ledger.get("first-claim").await.expect("get").expect("item");
+    assert_eq!((left.state, left.owner_epoch), (JobState::Running, 1));
     for id in ["late-running", "late-ready"] {
         let item = ledger.get(id).await.expect("get").expect("item");
         assert_eq!(item.state, JobState::Expired, "{id}");
@@ -248,14 +290,15 @@ async fn the_reconciler_repairs_a_stopped_producer_and_expires_jobs_past_their_d
     let owner_accepts = ledger
         .end(fenced_jobs::ledger::EndRequest {
             job_id: "late-running".into(),
-            epoch: 1,
-            attempt: 1,
+            epoch: 2,
+            attempt: 2,
             now: now + 1,
             end: fenced_jobs::ledger::AttemptEnd::Succeeded {
                 result: "{}".into(),
                 finish: fenced_jobs::job::contract::Finish::Stop,
             },
             usage: None,
+            input: None,
         })
         .await
         .expect("finish");
@@ -282,7 +325,7 @@ async fn the_reconciler_repairs_a_stopped_producer_and_expires_jobs_past_their_d
     let item = ledger.get("stranded").await.expect("get").expect("item");
     assert_eq!(item.state, JobState::Succeeded);
     let item = ledger.get("abandoned").await.expect("get").expect("item");
-    assert_eq!((item.state, item.owner_epoch), (JobState::Unknown, 2));
+    assert_eq!((item.state, item.owner_epoch), (JobState::Unknown, 3));
     assert_eq!(handler.processor().provider().executions(), 1);
 }
 

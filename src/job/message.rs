@@ -367,6 +367,12 @@ impl JobMessage {
         }
     }
 
+    /// Whether the message carries the job's input: one built from an item that keeps none
+    /// ([`JobRecord::keeps_input`](crate::job::JobRecord::keeps_input)) does not.
+    pub fn keeps_input(&self) -> bool {
+        !self.input_canonical.is_empty() || self.input_ref.is_some()
+    }
+
     /// The job input as an object, parsed again from its canonical JSON (which this crate wrote
     /// from an object, so it parses; anything else reads as an empty object).
     pub fn input(&self) -> Map<String, Value> {

@@ -30,11 +30,18 @@ pub type Millis = i64;
 pub(crate) const ATTENTION_SHARDS: u8 = 16;
 
 /// The key of a job in the sparse attention index: its state and a shard from its id
-/// (`unknown#07`), or `None` for a terminal job, which leaves the index. Sharding keeps the many
-/// `running` jobs of a busy table from landing on one index partition.
-pub fn attention_key(state: JobState, job_id: &str) -> Option<String> {
+/// (`unknown#07`), or `None` for a job the reconciler has no need to find. Sharding keeps the
+/// many jobs of a busy table from landing on one index partition.
+///
+/// A terminal job leaves the index, and a job running on its first claim (`epoch` 1) never
+/// enters it: the message that claimed it stays in the queue until the job is terminal and
+/// brings it back if its owner dies, and the next delivery after a lapsed lease recovers it
+/// (a raised epoch) or records its attempt unknown, both of which enter the index. The
+/// happy path (first claim, then acceptance) therefore writes no index entry but the
+/// finished index's one; every other path is watched as before.
+pub fn attention_key(state: JobState, epoch: u64, job_id: &str) -> Option<String> {
     use sha2::{Digest, Sha256};
-    if state.is_terminal() {
+    if state.is_terminal() || (state == JobState::Running && epoch <= 1) {
         return None;
     }
     let shard = Sha256::digest(job_id.as_bytes())[0] % ATTENTION_SHARDS;
@@ -62,8 +69,14 @@ pub(crate) fn finished_day(at: Millis) -> String {
 /// DynamoDB's limit on one item, attribute names and values together.
 pub(crate) const MAX_ITEM_BYTES: usize = 400 * 1024;
 
-/// `INLINE_MAX_BYTES` when unset: answers and inputs up to 64 KiB stay in the item.
-pub const DEFAULT_INLINE_MAX_BYTES: usize = 64 * 1024;
+/// `INLINE_MAX_BYTES` when unset: answers and inputs up to 4 KiB stay in the item, larger ones
+/// go to the results bucket. The break-even at list prices: a kept input is billed on every
+/// later write of the item (at least two), 2 write units per KB at $0.625 per million, where
+/// storing it costs a `PutObject` ($5 per million) and a `GetObject` when read back ($0.40);
+/// an answer is billed on the acceptance alone (1 unit per KB), where storing it costs the
+/// same put and a get per reader. Inputs break even at 4 KB, answers near 8 KB; one bound
+/// keeps the items under 5 KB.
+pub const DEFAULT_INLINE_MAX_BYTES: usize = 4 * 1024;
 
 /// The largest `INLINE_MAX_BYTES` may be: an inline answer and an inline input together stay
 /// well inside one item.
@@ -112,7 +125,8 @@ pub struct JobRecord {
     pub input_digest: String,
     /// Output-contract version.
     pub contract: String,
-    /// Canonical JSON of the input; empty when it is stored (`input_ref`).
+    /// Canonical JSON of the input; empty when it is stored (`input_ref`), and while the job
+    /// runs on its first claim, whose message carries it ([`JobRecord::keeps_input`]).
     pub input: String,
     /// Where the input is stored when it is too large for the item.
     pub input_ref: Option<BlobRef>,
@@ -157,6 +171,15 @@ impl JobRecord {
             .iter()
             .filter_map(|a| a.usage)
             .reduce(|sum, u| sum.plus(&u))
+    }
+
+    /// Whether the item keeps the job's input (inline or stored). A job created by its first
+    /// claim does not: a write is billed on the whole item, and the message that claimed it
+    /// stays in the queue until the job is terminal, carrying the input to every delivery. The
+    /// second claim keeps it, so every job the reconciler or an operator triggers by id (one
+    /// that failed, ended unknown or was submitted to the ledger) has it.
+    pub fn keeps_input(&self) -> bool {
+        !self.input.is_empty() || self.input_ref.is_some()
     }
 
     /// An upper estimate of the item's size in DynamoDB: every string at its length, every

@@ -4,6 +4,8 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use super::dynamodb::billing::{item_bytes, write_cost};
+use super::dynamodb::encode;
 use super::transitions::{
     apply_claim, apply_create, apply_decide, apply_end, apply_mark_enqueued, apply_record_ref,
     apply_recover, apply_renew, apply_settle,
@@ -13,7 +15,7 @@ use super::{
     JobLedger, LedgerError, LedgerIndex, RecordRefRequest, RecoverRequest, RenewRequest,
     SettleRequest, Write,
 };
-use crate::job::{JobRecord, JobState, MAX_ITEM_BYTES, Millis};
+use crate::job::{JobRecord, JobState, MAX_ITEM_BYTES, Millis, attention_key};
 
 /// The ledger in a map. Each operation checks its condition and applies its effect under one
 /// lock, which is what a single-item conditional write does in DynamoDB.
@@ -22,12 +24,43 @@ pub struct InMemoryLedger {
     // A std mutex: the critical sections are short and never cross an await.
     items: Mutex<HashMap<String, JobRecord>>,
     writes: AtomicU64,
+    /// What the writes would be billed in DynamoDB, when metered.
+    bill: Option<Mutex<Bill>>,
+}
+
+/// What the writes of a metered ledger would be billed in DynamoDB, by its rules
+/// ([`write_cost`]): each write's item encoded as the DynamoDB ledger stores it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Bill {
+    /// Conditional writes (applied or refused).
+    pub writes: u64,
+    /// Write request units of the table writes.
+    pub table_units: u64,
+    /// Writes to the indexes.
+    pub index_writes: u64,
+    /// The largest item written, in bytes.
+    pub largest_item: usize,
 }
 
 impl InMemoryLedger {
     /// An empty ledger.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// An empty ledger that keeps what its writes would be billed in DynamoDB (each write
+    /// encodes its items: for benchmarks of the bill, not of CPU).
+    pub fn metered() -> Self {
+        InMemoryLedger {
+            bill: Some(Mutex::new(Bill::default())),
+            ..Self::default()
+        }
+    }
+
+    /// What the writes so far would be billed, when metered.
+    pub fn bill(&self) -> Option<Bill> {
+        let bill = self.bill.as_ref()?;
+        Some(*bill.lock().unwrap_or_else(|p| p.into_inner()))
     }
 
     /// Conditional writes attempted so far (applied or refused).
@@ -53,7 +86,19 @@ impl InMemoryLedger {
         self.writes.fetch_add(1, Ordering::Relaxed);
         let mut items = self.lock();
         let current = items.get(job_id);
-        match apply(current) {
+        let next = apply(current);
+        if let Some(bill) = &self.bill {
+            let before = current.map(encode);
+            let after = next.as_ref().map(encode).or_else(|| before.clone());
+            let cost = write_cost(before.as_ref(), after.as_ref());
+            let mut bill = bill.lock().unwrap_or_else(|p| p.into_inner());
+            bill.writes += 1;
+            bill.table_units += cost.table;
+            bill.index_writes += cost.index;
+            let size = after.as_ref().map(item_bytes).unwrap_or(0);
+            bill.largest_item = bill.largest_item.max(size);
+        }
+        match next {
             Some(next) if next.item_bytes() > MAX_ITEM_BYTES => Err(LedgerError::Rejected {
                 operation,
                 code: "ValidationException".to_owned(),
@@ -67,7 +112,8 @@ impl InMemoryLedger {
     }
 }
 
-/// The sparse indexes as DynamoDB keeps them: terminal jobs are in none of them.
+/// The sparse indexes as DynamoDB keeps them: terminal jobs, and jobs running on their first
+/// claim, are in none of the attention index's.
 impl LedgerIndex for InMemoryLedger {
     async fn untouched_since(
         &self,
@@ -138,7 +184,10 @@ impl InMemoryLedger {
         let mut found: Vec<(String, Millis)> = self
             .lock()
             .values()
-            .filter(|job| job.state == state)
+            .filter(|job| {
+                job.state == state
+                    && attention_key(job.state, job.owner_epoch, &job.job_id).is_some()
+            })
             .filter_map(|job| key(job).map(|at| (job.job_id.clone(), at)))
             .collect();
         found.sort_by(|a, b| a.1.cmp(&b.1).then_with(|| a.0.cmp(&b.0)));
@@ -343,6 +392,7 @@ pub async fn ended_at(ledger: &impl JobLedger, job_id: &str, end: super::Attempt
         now: at,
         end,
         usage: None,
+        input: None,
     };
     assert!(matches!(ledger.end(end).await, Ok(Write::Applied(_))));
 }

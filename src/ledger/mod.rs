@@ -163,6 +163,20 @@ pub struct EndRequest {
     pub end: AttemptEnd,
     /// What the call used, recorded on the attempt's entry (not on an attempt given back).
     pub usage: Option<crate::job::Usage>,
+    /// The job's input, kept by an end that leaves the job live when its item keeps none
+    /// ([`crate::job::JobRecord::keeps_input`]): a job that failed, ended unknown or gave its
+    /// attempt back may be triggered by id, and that delivery reads its input from the item.
+    pub input: Option<KeptInput>,
+}
+
+/// An input an end of attempt keeps: in the item, or the reference of the object it was
+/// stored in first (above `INLINE_MAX_BYTES`).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum KeptInput {
+    /// Canonical input JSON, in the item.
+    Inline(String),
+    /// Where it was stored.
+    Stored(Box<crate::job::BlobRef>),
 }
 
 /// What a settling write expects to find.

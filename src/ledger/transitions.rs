@@ -26,12 +26,21 @@ pub fn apply_claim(current: Option<&JobRecord>, req: &ClaimRequest) -> Option<Jo
     if !allowed {
         return None;
     }
+    let first = req.expect.epoch == 0;
     let mut next = match current {
         Some(r) => r.clone(),
         None => req.job.clone().into_record(JobState::Ready, req.now),
     };
-    // As DynamoDB's `if_not_exists`: metadata and an input reference the item lacks are taken
-    // from the message (the reference names the same content: its key is the input digest).
+    // The input is kept from the second claim on: the first one's message stays in the queue
+    // until the job is terminal and carries it to every delivery (see [`JobRecord::keeps_input`]). As
+    // DynamoDB's `if_not_exists`: an input, metadata and an input reference the item lacks are
+    // taken from the message (the reference names the same content: its key is the digest).
+    if current.is_none() && first {
+        next.input.clear();
+    }
+    if !first && next.input.is_empty() && !req.job.input.is_empty() {
+        next.input = req.job.input.clone();
+    }
     if next.input_ref.is_none() {
         next.input_ref = req.job.input_ref.clone();
     }
@@ -112,6 +121,18 @@ pub fn apply_end(current: Option<&JobRecord>, req: &EndRequest) -> Option<JobRec
         next.last_error = Some(error);
     }
     next.decisions.extend(req.decision());
+    // As DynamoDB's `if_not_exists`: the input an end of a live job carries, if none is kept.
+    if !next.state.is_terminal() {
+        match &req.input {
+            Some(super::KeptInput::Inline(input)) if next.input.is_empty() => {
+                next.input.clone_from(input);
+            }
+            Some(super::KeptInput::Stored(blob)) if next.input_ref.is_none() => {
+                next.input_ref = Some((**blob).clone());
+            }
+            _ => {}
+        }
+    }
     Some(next)
 }
 

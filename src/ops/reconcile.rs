@@ -320,8 +320,8 @@ async fn expire<L: JobLedger + LedgerIndex>(
 mod tests {
     use super::*;
     use crate::job::{Expect, NewJob};
-    use crate::ledger::ClaimRequest;
     use crate::ledger::memory::InMemoryLedger;
+    use crate::ledger::{ClaimRequest, RecoverRequest};
     use crate::queue::RecordingTriggers;
 
     /// A provider with background calls that records what it is asked to cancel.
@@ -348,7 +348,9 @@ mod tests {
 
     const T: Millis = 1_800_000_000_000;
 
-    /// A job claimed a minute before its deadline `T`, its lease ending at `lease_until`.
+    /// A job claimed two minutes before its deadline `T`, whose owner vanished, recovered by a
+    /// second owner a minute later, its lease ending at `lease_until`: a job the reconciler
+    /// watches (one on its first claim is its message's to bring back).
     async fn running_job(
         ledger: &InMemoryLedger,
         job_id: &str,
@@ -360,12 +362,26 @@ mod tests {
             job,
             expect: Expect::FRESH,
             owner_id: "w".into(),
-            now: T - 60_000,
-            lease_until,
+            now: T - 120_000,
+            lease_until: T - 90_000,
             provider_ref: provider_ref.map(str::to_owned),
             first_sight: false,
         };
         assert!(matches!(ledger.claim(claim).await, Ok(Write::Applied(_))));
+        let recover = RecoverRequest {
+            job_id: job_id.to_owned(),
+            seen_epoch: 1,
+            owner_id: "w2".into(),
+            now: T - 60_000,
+            lapsed_before: T - 62_000,
+            lease_until,
+            reason: "lease lapsed".into(),
+            seen_recoveries: 0,
+        };
+        assert!(matches!(
+            ledger.recover(recover).await,
+            Ok(Write::Applied(_))
+        ));
     }
 
     #[tokio::test]

@@ -375,6 +375,7 @@ impl Provider for TakenOverDuringTheCall {
                     finish: fenced_jobs::job::contract::Finish::Stop,
                 },
                 usage: None,
+                input: None,
             })
             .await
             .expect("rival accepts");

@@ -20,6 +20,36 @@ pub const DEADLINE_INDEX: &str = "deadline-index";
 /// `updated_at` (a terminal item is never written again), keys only. `jobctl export` reads it.
 pub const FINISHED_INDEX: &str = "finished-index";
 
+/// One global secondary index: its name and its partition and sort key attributes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IndexKeys {
+    /// The index name.
+    pub name: &'static str,
+    /// The partition key attribute.
+    pub partition: &'static str,
+    /// The sort key attribute.
+    pub sort: &'static str,
+}
+
+/// The ledger table's indexes, as `template.yaml` defines them (a test holds the two together).
+pub const INDEXES: [IndexKeys; 3] = [
+    IndexKeys {
+        name: ATTENTION_INDEX,
+        partition: "attention",
+        sort: "updated_at",
+    },
+    IndexKeys {
+        name: DEADLINE_INDEX,
+        partition: "attention",
+        sort: "deadline_at",
+    },
+    IndexKeys {
+        name: FINISHED_INDEX,
+        partition: "finished_on",
+        sort: "updated_at",
+    },
+];
+
 impl DynamoLedger {
     /// Creates a ledger table as `template.yaml` defines it (key `job_id`, the sparse attention
     /// index, on demand), for local set-ups, tests and benchmarks. TTL is not switched on here.
@@ -57,8 +87,11 @@ impl DynamoLedger {
                 .build()
                 .map_err(invalid)
         };
-        client
-            .create_table()
+        let mut create = client.create_table();
+        for keys in INDEXES {
+            create = create.global_secondary_indexes(index(keys.name, keys.partition, keys.sort)?);
+        }
+        create
             .table_name(name)
             .attribute_definitions(attribute("job_id", ScalarAttributeType::S).map_err(invalid)?)
             .attribute_definitions(attribute("attention", ScalarAttributeType::S).map_err(invalid)?)
@@ -72,9 +105,6 @@ impl DynamoLedger {
                 attribute("finished_on", ScalarAttributeType::S).map_err(invalid)?,
             )
             .key_schema(key("job_id", KeyType::Hash).map_err(invalid)?)
-            .global_secondary_indexes(index(ATTENTION_INDEX, "attention", "updated_at")?)
-            .global_secondary_indexes(index(DEADLINE_INDEX, "attention", "deadline_at")?)
-            .global_secondary_indexes(index(FINISHED_INDEX, "finished_on", "updated_at")?)
             .stream_specification(
                 StreamSpecification::builder()
                     .stream_enabled(true)

@@ -163,7 +163,6 @@ pub fn encode(r: &JobRecord) -> Item {
         ("max_attempts".to_owned(), n(r.max_attempts)),
         ("input_digest".to_owned(), s(&r.input_digest)),
         ("contract".to_owned(), s(&r.contract)),
-        ("input".to_owned(), s(&r.input)),
         ("deadline_at".to_owned(), n(r.deadline_at)),
         (
             "attempt_log".to_owned(),
@@ -174,6 +173,7 @@ pub fn encode(r: &JobRecord) -> Item {
         ("expires_at".to_owned(), n(r.expires_at)),
     ]);
     let optional = [
+        ("input", (!r.input.is_empty()).then(|| s(&r.input))),
         ("input_ref", r.input_ref.as_ref().map(encode_blob)),
         ("metadata", r.metadata.as_deref().map(s)),
         ("max_cost_micros", r.max_cost_micros.map(n)),
@@ -206,7 +206,7 @@ pub fn encode(r: &JobRecord) -> Item {
         ),
         (
             "attention",
-            attention_key(r.state, &r.job_id).map(|k| s(&k)),
+            attention_key(r.state, r.owner_epoch, &r.job_id).map(|k| s(&k)),
         ),
         (
             "finished_on",
@@ -288,7 +288,8 @@ pub fn decode(item: &Item) -> Result<JobRecord, LedgerError> {
         given_back,
         input_digest: req_s("input_digest")?,
         contract: req_s("contract")?,
-        input: req_s("input")?,
+        // Absent while the job's first claim runs (`JobRecord::keeps_input`).
+        input: get_s(item, "input").unwrap_or_default().to_owned(),
         input_ref: optional_blob(item, "input_ref").map_err(&corrupt)?,
         metadata: get_s(item, "metadata").map(str::to_owned),
         deadline_at: req_n("deadline_at")?,
@@ -544,7 +545,7 @@ mod tests {
         assert_eq!(decode(&item).expect("decodes"), live);
         assert_eq!(
             get_s(&item, "attention"),
-            attention_key(JobState::Running, "job-1").as_deref()
+            attention_key(JobState::Running, live.owner_epoch, "job-1").as_deref()
         );
         assert!(!item.contains_key("finished_on"));
 

@@ -10,6 +10,7 @@
 //! - [`item`]: the item codec (attribute values to and from [`JobRecord`]);
 //! - [`index`]: the table definition and the sparse-index queries ([`LedgerIndex`]).
 
+pub mod billing;
 mod index;
 mod item;
 mod operations;
@@ -25,7 +26,7 @@ use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
 use aws_sdk_dynamodb::types::{AttributeValue, ReturnValue, ReturnValuesOnConditionCheckFailure};
 use tracing::Instrument;
 
-pub use index::{ATTENTION_INDEX, DEADLINE_INDEX, FINISHED_INDEX};
+pub use index::{ATTENTION_INDEX, DEADLINE_INDEX, FINISHED_INDEX, INDEXES, IndexKeys};
 use item::s;
 pub use item::{Item, decode, encode, from_json_image, to_json_image};
 
@@ -145,7 +146,15 @@ impl DynamoLedger {
                 update.push_str(", #fin = :fin");
                 values.push((":fin", s(&day)));
             }
-            match attention_key(state, job_id) {
+            // The epoch the write leaves, where it raises one: only a first claim (epoch 1)
+            // leaves a running job out of the index; a write that raises none never sets
+            // `running`.
+            let epoch = values
+                .iter()
+                .find(|(token, _)| *token == ":new_epoch")
+                .and_then(|(_, v)| v.as_n().ok()?.parse().ok())
+                .unwrap_or(u64::MAX);
+            match attention_key(state, epoch, job_id) {
                 Some(key) => {
                     update.push_str(", #attn = :attn");
                     values.push((":attn", s(&key)));

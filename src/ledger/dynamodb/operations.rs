@@ -14,7 +14,8 @@ use crate::job::{
 use crate::ledger::transitions::{apply_claim, apply_create, apply_settle, known_after_end};
 use crate::ledger::{
     AttemptEnd, ClaimRequest, CreateRequest, DecideRequest, EndRequest, EnqueuedRequest, JobLedger,
-    LedgerError, RecordRefRequest, RecoverRequest, RenewRequest, SettleFrom, SettleRequest, Write,
+    KeptInput, LedgerError, RecordRefRequest, RecoverRequest, RenewRequest, SettleFrom,
+    SettleRequest, Write,
 };
 
 impl JobLedger for DynamoLedger {
@@ -37,11 +38,15 @@ impl JobLedger for DynamoLedger {
             "SET #state = :running, #epoch = :new_epoch, #attempts = :new_attempts, \
              #owner = :owner, #until = :until, #updated = :now, \
              #log = list_append(if_not_exists(#log, :empty), :attempt), \
-             #input = if_not_exists(#input, :input), #digest = if_not_exists(#digest, :digest), \
+             #digest = if_not_exists(#digest, :digest), \
              #contract = if_not_exists(#contract, :contract), \
              #deadline = if_not_exists(#deadline, :deadline), #max = if_not_exists(#max, :max), \
              #created = if_not_exists(#created, :now), #ttl = if_not_exists(#ttl, :ttl)",
         );
+        // The input is kept from the second claim on (`JobRecord::keeps_input`).
+        if req.expect.epoch > 0 && !job.input.is_empty() {
+            update.push_str(", #input = if_not_exists(#input, :input)");
+        }
         if job.metadata.is_some() {
             update.push_str(", #meta = if_not_exists(#meta, :meta)");
         }
@@ -318,6 +323,31 @@ fn new_job_values(job: &NewJob) -> Vec<(&'static str, AttributeValue)> {
     values
 }
 
+/// An end's update (its `SET` clause last) keeping the job's input, when it carries one for a
+/// job it leaves live.
+fn keep_input(
+    req: &EndRequest,
+    mut update: String,
+    mut values: Vec<(&'static str, AttributeValue)>,
+) -> (String, Vec<(&'static str, AttributeValue)>) {
+    match req
+        .input
+        .as_ref()
+        .filter(|_| !req.end.target().is_terminal())
+    {
+        Some(KeptInput::Inline(input)) => {
+            update.push_str(", #input = if_not_exists(#input, :input)");
+            values.push((":input", s(input)));
+        }
+        Some(KeptInput::Stored(blob)) => {
+            update.push_str(", #inref = if_not_exists(#inref, :inref)");
+            values.push((":inref", encode_blob(blob)));
+        }
+        None => {}
+    }
+    (update, values)
+}
+
 impl DynamoLedger {
     /// An end of attempt; when the record it leaves is known (`rebuilt`), nothing comes back.
     async fn end_to(
@@ -379,6 +409,7 @@ fn end_write(req: &EndRequest) -> (String, String, Vec<(&'static str, AttributeV
             (":epoch", n(req.epoch)),
             (":attempt", n(req.attempt)),
         ];
+        let (update, values) = keep_input(req, update, values);
         return (update, condition.to_owned(), values);
     }
     let mut update = format!(
@@ -446,6 +477,7 @@ fn end_write(req: &EndRequest) -> (String, String, Vec<(&'static str, AttributeV
         update.push_str(", #err = :err");
         values.push((":err", encode_error(&error)));
     }
+    let (mut update, mut values) = keep_input(req, update, values);
     if let Some(decision) = req.decision() {
         update.push_str(", #dec = list_append(if_not_exists(#dec, :empty), :decision)");
         values.push((":empty", AttributeValue::L(Vec::new())));

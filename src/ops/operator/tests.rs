@@ -31,6 +31,7 @@ async fn unknown_job(ledger: &impl JobLedger, job_id: &str) {
             evidence: "cut off".into(),
         },
         usage: None,
+        input: None,
     };
     assert!(matches!(ledger.end(end).await, Ok(Write::Applied(_))));
 }

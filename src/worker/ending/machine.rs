@@ -287,6 +287,7 @@ impl Ending {
                 now,
                 end,
                 usage: None,
+                input: None,
             })
         };
         let renew = |lease_until: Millis| {

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use super::{Invocation, Processed, Processor};
 use crate::clock::Clock;
-use crate::job::{JobRecord, Millis};
+use crate::job::{JobMessage, JobRecord, Millis};
 use crate::ledger::{JobLedger, LedgerError};
 use crate::provider::Provider;
 use crate::worker::ending::{Closed, EndFacts, EndStep, EndWrite, Ending, Waited};
@@ -24,6 +24,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         owner: JobRecord,
         waited: Waited,
         spent: super::run::Spent,
+        msg: &JobMessage,
         inv: &Invocation,
     ) -> Processed {
         let facts = self.end_facts(inv);
@@ -31,6 +32,8 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         if machine.late() {
             tracing::warn!(job_id = %machine.owner().job_id, "answer came within the skew margin of the deadline; not accepted");
         }
+        // The input this end keeps, once found (a retried write keeps the same).
+        let mut kept = None;
         loop {
             step = match step {
                 EndStep::Place => {
@@ -46,6 +49,13 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
                     let answer = match machine.write(now) {
                         EndWrite::End(mut req) => {
                             req.usage = spent.recorded(&req.end, &self.settings.prices);
+                            // A job left live keeps its input, for a trigger by id.
+                            if !req.end.target().is_terminal() && !machine.owner().keeps_input() {
+                                if kept.is_none() {
+                                    kept = Some(self.kept_input(msg).await);
+                                }
+                                req.input = kept.clone().flatten();
+                            }
                             self.ledger.end_known(machine.owner(), req).await
                         }
                         EndWrite::Renew(req) => self.ledger.renew(req).await,

@@ -301,6 +301,12 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         let mut reserved: Option<Reserved> = None;
         loop {
             let now = self.clock.now_ms();
+            if !msg.keeps_input() && matches!(step, Step::Admit | Step::Write(Op::Claim { .. })) {
+                // A trigger by id for a job whose first claim left no input in its item: the
+                // job's own message carries the input and claims it; this one waits.
+                self.settle_spend(reserved.take(), 0).await;
+                return failed(backoff("input with the job's message"), view);
+            }
             let seen = match step {
                 Step::Admit => {
                     let tokens = self
@@ -458,6 +464,17 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         view: Option<&JobRecord>,
     ) -> Result<Write, (LedgerError, bool)> {
         let now = self.clock.now_ms();
+        // A write that keeps the input stores it first when it is large.
+        let keeps = match *op {
+            Op::Claim { expect, .. } => expect.epoch > 0,
+            Op::Create => true,
+            _ => false,
+        };
+        let stored = match keeps {
+            true => self.kept_job(msg, job, view).await,
+            false => None,
+        };
+        let job = stored.as_ref().unwrap_or(job);
         match *op {
             Op::Claim {
                 expect,

@@ -12,10 +12,10 @@ use crate::job::artifact::{MAX_RESULT_BYTES, RESULTS_PREFIX, input_key, result_k
 use crate::job::decision::{Next, SettleReason, next_step};
 use crate::job::message::{MAX_PAYLOAD_BYTES, input_digest};
 use crate::job::{
-    BlobRef, Failure, INLINE_LIMIT_BYTES, InvalidMessage, JobMessage, JobRecord, JobState,
+    BlobRef, Failure, INLINE_LIMIT_BYTES, InvalidMessage, JobMessage, JobRecord, JobState, NewJob,
     RecordOutcome,
 };
-use crate::ledger::{JobLedger, SettleFrom, SettleRequest, Write};
+use crate::ledger::{JobLedger, KeptInput, SettleFrom, SettleRequest, Write};
 use crate::provider::Provider;
 use crate::worker::ending::Placed;
 
@@ -33,23 +33,21 @@ const STORE_TRIES: u32 = 3;
 const STORE_PAUSE_MS: u64 = 200;
 
 impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
-    /// The message with its input stored, when the input is above `INLINE_MAX_BYTES` and a
-    /// results bucket is set (or when the item could not hold it at all); `None` when the
-    /// message goes as it is. The key derives from the input digest, so a redelivery writes the
-    /// same object again.
+    /// The message with its input stored, when no item could hold it (above
+    /// `INLINE_LIMIT_BYTES`; poison without a results bucket); `None` when the message goes as
+    /// it is. A smaller input is stored only when a write keeps it ([`Self::kept_job`],
+    /// [`Self::kept_input`]): the first claim keeps none. The key derives from the input digest,
+    /// so a redelivery writes the same object again.
     pub(super) async fn offload_input(
         &self,
         msg: &JobMessage,
     ) -> Result<Option<JobMessage>, Failure> {
         let size = msg.input_canonical.len();
-        if msg.input_ref.is_some() || size <= self.settings.inline_max_bytes {
+        if msg.input_ref.is_some() || size <= INLINE_LIMIT_BYTES {
             return Ok(None);
         }
         let store = self.blobs().filter(|b| b.bucket().is_some());
         let Some(store) = store else {
-            if size <= INLINE_LIMIT_BYTES {
-                return Ok(None);
-            }
             return Err(Failure::Poison(InvalidMessage::TooLarge {
                 bytes: size,
                 limit: INLINE_LIMIT_BYTES,
@@ -66,6 +64,61 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
                 Err(backoff("input store"))
             }
         }
+    }
+
+    /// The job a write that keeps its input (a claim after the first, a creation) writes:
+    /// without the input when the item it finds (`view`) keeps it already; with the input
+    /// stored and its reference in place of it when it is above `INLINE_MAX_BYTES`. `None`:
+    /// the job goes as it is.
+    pub(super) async fn kept_job(
+        &self,
+        msg: &JobMessage,
+        job: &NewJob,
+        view: Option<&JobRecord>,
+    ) -> Option<NewJob> {
+        if job.input.is_empty() {
+            return None;
+        }
+        if view.is_some_and(JobRecord::keeps_input) {
+            return Some(NewJob {
+                input: String::new(),
+                ..job.clone()
+            });
+        }
+        match self.kept_input(msg).await? {
+            KeptInput::Stored(blob) => Some(NewJob {
+                input: String::new(),
+                input_ref: Some(*blob),
+                ..job.clone()
+            }),
+            KeptInput::Inline(_) => None,
+        }
+    }
+
+    /// How an end that leaves a job live keeps the input of `msg` (its item keeps none): in
+    /// the item up to `INLINE_MAX_BYTES`, stored in the results bucket above it (in the item
+    /// when the store fails: inputs the item could not hold were stored at first sight);
+    /// `None` when the message does not carry it either (a trigger by id).
+    pub(super) async fn kept_input(&self, msg: &JobMessage) -> Option<KeptInput> {
+        if let Some(blob) = &msg.input_ref {
+            return Some(KeptInput::Stored(Box::new(blob.clone())));
+        }
+        if msg.input_canonical.is_empty() {
+            return None;
+        }
+        let store = self.blobs().filter(|b| b.bucket().is_some());
+        if let Some(store) =
+            store.filter(|_| msg.input_canonical.len() > self.settings.inline_max_bytes)
+        {
+            let key = input_key(&msg.job_id, &msg.digest);
+            match store.put(&key, msg.input_canonical.as_bytes()).await {
+                Ok(blob) => return Some(KeptInput::Stored(Box::new(blob))),
+                Err(e) => {
+                    tracing::warn!(job_id = %msg.job_id, error = %e, "storing the input failed; kept inline");
+                }
+            }
+        }
+        Some(KeptInput::Inline(msg.input_canonical.clone()))
     }
 
     /// The message a ledger item stands for, its stored input read back and checked against

@@ -48,7 +48,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
             step => self.call(msg, machine, step, inv, watch).await,
         };
         let model = spent.model.clone();
-        let processed = self.end_attempt(owner, waited, spent, inv).await;
+        let processed = self.end_attempt(owner, waited, spent, msg, inv).await;
         super::run::count_usage(&processed, attempt, &model, watch);
         processed
     }

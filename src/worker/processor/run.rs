@@ -99,7 +99,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
             .or(reserved.as_ref().filter(|_| sent).map(|r| r.micros))
             .unwrap_or(0);
         let (attempt, model) = (owner.attempts, spent.model.clone());
-        let processed = self.end_attempt(owner, waited, spent, inv).await;
+        let processed = self.end_attempt(owner, waited, spent, msg, inv).await;
         self.settle_spend(reserved, actual).await;
         count_usage(&processed, attempt, &model, watch);
         processed

@@ -1,0 +1,275 @@
+//! What a job costs on the AWS bill (`make bench`): fresh jobs run through the worker's batch
+//! handler on a ledger that bills each write by DynamoDB's documented rules (the emulator bills
+//! nothing) and an object store that counts its requests, for prompts of 1, 10 and 50 KiB. It
+//! prints the largest item, the write units per job (table and index writes), the read units of
+//! a redelivery, the S3 requests, the cost per million jobs at list prices beside the Python
+//! peer's, and the whole bill of one reference job (model and AWS).
+//!
+//! Lambda and SQS are not counted here: their figures per job (Lambda $0.05 per million jobs
+//! for a 0 s call at 128 MB, SQS 1.2 requests) come from the CPU model of `BENCHMARKS.md` §10.
+
+use std::fmt::Debug;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use aws_lambda_events::event::sqs::{SqsEvent, SqsMessage};
+use fenced_jobs::blobs::{BlobError, BlobStore, MemoryBlobs};
+use fenced_jobs::clock::{Clock, SystemClock};
+use fenced_jobs::job::prices::PriceTable;
+use fenced_jobs::job::{BlobRef, DEFAULT_INLINE_MAX_BYTES, Usage};
+use fenced_jobs::ledger::memory::InMemoryLedger;
+use fenced_jobs::provider::SimulatedProvider;
+use fenced_jobs::queue::RecordingVisibility;
+use fenced_jobs::worker::Settings;
+use fenced_jobs::worker::handler::BatchHandler;
+use fenced_jobs::worker::processor::{Invocation, Processor};
+use futures::future::BoxFuture;
+
+/// us-east-1 list prices, USD per million requests.
+const WRITE_UNIT: f64 = 0.625;
+const S3_PUT: f64 = 5.0;
+const S3_GET: f64 = 0.4;
+/// Lambda (compute and requests) and SQS (1.2 requests) per million jobs, 0 s call (§10).
+const LAMBDA: f64 = 0.05;
+const SQS: f64 = 0.48;
+/// The Python peer (Powertools batch + idempotency) per million jobs, 0 s call, measured side
+/// by side at these prompt sizes.
+const PEER: [(usize, f64); 3] = [(1, 1.79), (10, 1.83), (50, 2.07)];
+/// Jobs per size: ten batches of ten.
+const JOBS: usize = 100;
+
+/// An object store that counts what S3 would bill.
+#[derive(Debug, Default)]
+struct Counted {
+    store: MemoryBlobs,
+    puts: AtomicU64,
+    gets: AtomicU64,
+}
+
+impl BlobStore for Counted {
+    fn bucket(&self) -> Option<&str> {
+        self.store.bucket()
+    }
+    fn put<'a>(
+        &'a self,
+        key: &'a str,
+        body: &'a [u8],
+    ) -> BoxFuture<'a, Result<BlobRef, BlobError>> {
+        self.puts.fetch_add(1, Ordering::Relaxed);
+        self.store.put(key, body)
+    }
+    fn get<'a>(
+        &'a self,
+        bucket: &'a str,
+        key: &'a str,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<Vec<u8>, BlobError>> {
+        self.gets.fetch_add(1, Ordering::Relaxed);
+        self.store.get(bucket, key, limit)
+    }
+    fn delete<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<(), BlobError>> {
+        self.store.delete(key)
+    }
+    fn list<'a>(
+        &'a self,
+        prefix: &'a str,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<Vec<String>, BlobError>> {
+        self.store.list(prefix, limit)
+    }
+}
+
+/// A job's record with a prompt of `bytes`, as a producer sends it, delivered for the
+/// `receive`th time; its first `fail_times` attempts fail with a transient error.
+fn record(job: &str, bytes: usize, fail_times: u32, receive: u32) -> SqsMessage {
+    let now = SystemClock.now_ms().to_string();
+    let mut prompt = format!("Summarise document {job}.");
+    prompt.extend(std::iter::repeat_n('x', bytes.saturating_sub(prompt.len())));
+    let mut m = SqsMessage::default();
+    m.message_id = Some(format!("{job}-msg"));
+    m.receipt_handle = Some(format!("{job}-handle"));
+    m.body = Some(format!(
+        r#"{{"job_id":"{job}","contract":"summary.v1","input":{{"model":"sim-1","messages":[{{"role":"user","content":"{prompt}"}}],"parameters":{{"temperature":0}},"simulate":{{"fail_times":{fail_times}}}}}}}"#
+    ));
+    m.event_source = Some("aws:sqs".into());
+    m.event_source_arn = Some("arn:aws:sqs:us-east-1:123456789012:bench".into());
+    let receive = receive.to_string();
+    for (k, v) in [
+        ("ApproximateReceiveCount", receive.as_str()),
+        ("SentTimestamp", now.as_str()),
+        ("ApproximateFirstReceiveTimestamp", now.as_str()),
+        ("SenderId", "AIDABENCH"),
+    ] {
+        m.attributes.insert(k.into(), v.into());
+    }
+    m
+}
+
+/// What one prompt size cost per job.
+struct Row {
+    kib: usize,
+    largest_item: usize,
+    table_units: f64,
+    index_writes: f64,
+    redelivery_read: f64,
+    puts: f64,
+    gets: f64,
+}
+
+impl Row {
+    fn dollars_per_million(&self) -> f64 {
+        (self.table_units + self.index_writes) * WRITE_UNIT
+            + self.puts * S3_PUT
+            + self.gets * S3_GET
+            + LAMBDA
+            + SQS
+    }
+}
+
+/// Runs `JOBS` fresh jobs of `kib` KiB prompts under `inline_max_bytes`, whose first
+/// `fail_times` attempts fail (each delivered again until it succeeds).
+async fn row(kib: usize, inline_max_bytes: usize, fail_times: u32) -> Row {
+    let blobs = Arc::new(Counted {
+        store: MemoryBlobs::new("results"),
+        ..Counted::default()
+    });
+    let settings = Settings {
+        heartbeat_ms: 0,
+        lease_ms: 300_000,
+        inline_max_bytes,
+        ..Settings::default()
+    };
+    let handler = BatchHandler::new(
+        Processor::new(
+            InMemoryLedger::metered(),
+            SimulatedProvider::new(),
+            SystemClock,
+            settings,
+        )
+        .with_blobs(blobs.clone()),
+        RecordingVisibility::new(),
+    );
+    let inv = Invocation {
+        id: "bench-cost".into(),
+        deadline: Some(SystemClock.now_ms() + 900_000),
+    };
+    for b in 0..JOBS / 10 {
+        for receive in 1..=fail_times + 1 {
+            let mut event = SqsEvent::default();
+            event.records = (0..10)
+                .map(|i| {
+                    record(
+                        &format!("cost-{kib}-{b}-{i}"),
+                        kib * 1024,
+                        fail_times,
+                        receive,
+                    )
+                })
+                .collect();
+            let report = handler.handle_batch(&event, &inv).await;
+            let failed = report.response.as_ref().map_or(usize::MAX, Vec::len);
+            let expected = if receive > fail_times { 0 } else { 10 };
+            assert_eq!(failed, expected, "delivery {receive}");
+        }
+    }
+    let ledger = handler.processor().ledger();
+    let bill = ledger.bill().expect("metered");
+    let (puts, gets) = (
+        blobs.puts.load(Ordering::Relaxed),
+        blobs.gets.load(Ordering::Relaxed),
+    );
+    let jobs = JOBS as f64;
+    Row {
+        kib,
+        largest_item: bill.largest_item,
+        table_units: bill.table_units as f64 / jobs,
+        index_writes: bill.index_writes as f64 / jobs,
+        // A redelivery of a finished job reads its item once, consistently: a unit per 4 KB.
+        redelivery_read: bill.largest_item.div_ceil(4096) as f64,
+        puts: puts as f64 / jobs,
+        gets: gets as f64 / jobs,
+    }
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() {
+    println!(
+        "What a job costs on the AWS bill: {JOBS} jobs per prompt size, 0 s call, short answer; \
+         DynamoDB units by its documented rules, S3 requests counted; Lambda ${LAMBDA:.2} and \
+         SQS ${SQS:.2} per million jobs (§10)"
+    );
+    let mut reference = None;
+    let shapes = [
+        (
+            "A fresh job that succeeds (the happy path)",
+            DEFAULT_INLINE_MAX_BYTES,
+            0,
+        ),
+        (
+            "A job whose first attempt failed: its input kept from then on, inline up to INLINE_MAX_BYTES 4 KiB (the default)",
+            DEFAULT_INLINE_MAX_BYTES,
+            1,
+        ),
+        (
+            "The same with INLINE_MAX_BYTES 64 KiB (every input inline)",
+            64 * 1024,
+            1,
+        ),
+    ];
+    for (label, inline, fail_times) in shapes {
+        println!();
+        println!("{label}");
+        println!(
+            "| prompt | largest item | write units per job (table + index) | redelivery read units | S3 PUT / GET per job | per million jobs | Python peer |"
+        );
+        println!("| ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
+        for (kib, peer) in PEER {
+            let r = row(kib, inline, fail_times).await;
+            if kib == 10 && fail_times == 0 {
+                reference = Some(r.dollars_per_million());
+            }
+            let peer = if fail_times == 0 {
+                format!("${peer:.2}")
+            } else {
+                "—".to_owned()
+            };
+            println!(
+                "| {} KiB | {} B | {:.2} ({:.2} + {:.2}) | {:.0} | {:.2} / {:.2} | ${:.2} | {} |",
+                r.kib,
+                r.largest_item,
+                r.table_units + r.index_writes,
+                r.table_units,
+                r.index_writes,
+                r.redelivery_read,
+                r.puts,
+                r.gets,
+                r.dollars_per_million(),
+                peer
+            );
+        }
+    }
+    whole_bill(reference.expect("the 10 KiB row"));
+}
+
+/// The whole bill of one reference job: a 10 KiB document summarised by `gpt-5-mini` (about
+/// 2,600 input tokens, 400 output), at list prices, against its AWS share (`aws`, per million).
+fn whole_bill(aws: f64) {
+    const MODEL: &str = "gpt-5-mini";
+    let usage = Usage {
+        input: 2_600,
+        output: 400,
+        ..Usage::default()
+    };
+    let prices = PriceTable::built_in();
+    // Micro-dollars per job are dollars per million jobs.
+    let model = prices.cost_micros(MODEL, &usage, false).expect("priced") as f64;
+    let batch = prices.cost_micros(MODEL, &usage, true).expect("priced") as f64;
+    println!();
+    println!(
+        "Whole bill of a reference job ({MODEL}, a 10 KiB document: 2,600 input and 400 output \
+         tokens), per million jobs: model ${model:.2} (batch ${batch:.2}) + AWS ${aws:.2} = \
+         ${:.2}; AWS is {:.2} % of it",
+        model + aws,
+        100.0 * aws / (model + aws)
+    );
+}

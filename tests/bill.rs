@@ -1,0 +1,208 @@
+//! What a job is billed in DynamoDB, by its documented rules (the in-memory ledger meters each
+//! write as the DynamoDB ledger stores it), and where its input is kept: a job on the happy
+//! path keeps none, so its item stays small whatever the prompt; a job that leaves it keeps it
+//! for a trigger by id.
+
+use std::sync::Arc;
+
+use aws_lambda_events::event::sqs::{SqsEvent, SqsMessage};
+use fenced_jobs::blobs::MemoryBlobs;
+use fenced_jobs::clock::{Clock, SystemClock};
+use fenced_jobs::job::{Expect, Failure, JobState, NewJob, RecordOutcome, parse_body};
+use fenced_jobs::ledger::memory::InMemoryLedger;
+use fenced_jobs::ledger::{ClaimRequest, JobLedger, OperatorAction, Write};
+use fenced_jobs::ops::operator::decide;
+use fenced_jobs::provider::SimulatedProvider;
+use fenced_jobs::queue::RecordingVisibility;
+use fenced_jobs::worker::Settings;
+use fenced_jobs::worker::handler::BatchHandler;
+use fenced_jobs::worker::processor::{Invocation, Processor};
+
+type Handler =
+    BatchHandler<Arc<InMemoryLedger>, SimulatedProvider, SystemClock, RecordingVisibility>;
+
+fn handler(ledger: Arc<InMemoryLedger>, blobs: Arc<MemoryBlobs>) -> Handler {
+    BatchHandler::new(
+        Processor::new(
+            ledger,
+            SimulatedProvider::new(),
+            SystemClock,
+            Settings::default(),
+        )
+        .with_blobs(blobs),
+        RecordingVisibility::new(),
+    )
+    .with_seed(1)
+}
+
+fn delivery(body: &str, receive_count: u32) -> SqsEvent {
+    let mut m = SqsMessage::default();
+    m.message_id = Some(format!("m-{}", fastrand::u32(..)));
+    m.receipt_handle = Some("handle".to_owned());
+    m.body = Some(body.to_owned());
+    m.event_source_arn = Some("arn:aws:sqs:us-east-1:123456789012:jobs".to_owned());
+    let now = SystemClock.now_ms().to_string();
+    m.attributes
+        .insert("ApproximateReceiveCount".into(), receive_count.to_string());
+    m.attributes
+        .insert("ApproximateFirstReceiveTimestamp".into(), now);
+    let mut e = SqsEvent::default();
+    e.records = vec![m];
+    e
+}
+
+fn invocation() -> Invocation {
+    Invocation {
+        id: "inv".into(),
+        deadline: Some(SystemClock.now_ms() + 60_000),
+    }
+}
+
+/// A job whose prompt is `bytes` long, with `simulate` options.
+fn job(id: &str, bytes: usize, simulate: &str) -> String {
+    let prompt = "x".repeat(bytes);
+    format!(
+        r#"{{"job_id":"{id}","contract":"c","input":{{"model":"m","prompt":"{prompt}"{simulate}}}}}"#
+    )
+}
+
+#[tokio::test]
+async fn a_fresh_job_is_billed_two_small_writes_and_one_index_write_whatever_its_prompt() {
+    for kib in [1, 10, 50] {
+        // GIVEN a worker with a results bucket, on a ledger billed as DynamoDB bills
+        let ledger = Arc::new(InMemoryLedger::metered());
+        let blobs = Arc::new(MemoryBlobs::new("results"));
+        let h = handler(ledger.clone(), blobs.clone());
+        // WHEN a fresh job with a prompt of `kib` KiB runs and succeeds
+        let report = h
+            .handle_batch(&delivery(&job("j", kib * 1024, ""), 1), &invocation())
+            .await;
+        assert_eq!(report.response, Ok(vec![]), "{kib} KiB");
+        // THEN it was billed a claim and an acceptance of at most 1 KB each, and its entry in
+        // the finished index: the item never held the prompt, and nothing went to S3
+        let bill = ledger.bill().expect("metered");
+        assert_eq!(
+            (bill.writes, bill.table_units, bill.index_writes),
+            (2, 2, 1),
+            "{kib} KiB: {bill:?}"
+        );
+        assert!(bill.largest_item <= 1024, "{kib} KiB: {bill:?}");
+        assert!(blobs.keys().is_empty(), "{:?}", blobs.keys());
+        let item = ledger.get("j").await.expect("get").expect("item");
+        assert_eq!(item.state, JobState::Succeeded);
+        assert!(!item.keeps_input());
+    }
+}
+
+#[tokio::test]
+async fn a_job_whose_first_attempt_failed_keeps_its_input_and_a_trigger_by_id_runs_it() {
+    // GIVEN a job whose first attempt fails with a transient error
+    let ledger = Arc::new(InMemoryLedger::metered());
+    let h = handler(ledger.clone(), Arc::new(MemoryBlobs::new("results")));
+    let body = job("flaky", 100, r#","simulate":{"fail_times":1}"#);
+    let first = h.handle_batch(&delivery(&body, 1), &invocation()).await;
+    assert_eq!(first.response.as_ref().map(Vec::len), Ok(1));
+    // THEN the end that leaves it live keeps its input, as the message has it
+    let item = ledger.get("flaky").await.expect("get").expect("item");
+    assert_eq!(item.state, JobState::RetryAuthorized);
+    let canonical = parse_body(Some(&body)).expect("a job").input_canonical;
+    assert_eq!(item.input, canonical);
+    // AND a trigger by id (the reconciler's) runs the second attempt from the item alone
+    let again = h
+        .handle_batch(&delivery(r#"{"job_id":"flaky"}"#, 1), &invocation())
+        .await;
+    assert_eq!(again.response, Ok(vec![]));
+    let item = ledger.get("flaky").await.expect("get").expect("item");
+    assert_eq!((item.state, item.attempts), (JobState::Succeeded, 2));
+    assert_eq!(h.processor().provider().executions(), 2);
+}
+
+#[tokio::test]
+async fn a_large_input_is_kept_by_reference_once_stored_and_read_back_by_a_trigger_by_id() {
+    // GIVEN a job with a 10 KiB prompt (above INLINE_MAX_BYTES) whose first attempt fails
+    let ledger = Arc::new(InMemoryLedger::new());
+    let blobs = Arc::new(MemoryBlobs::new("results"));
+    let h = handler(ledger.clone(), blobs.clone());
+    let body = job("large", 10 * 1024, r#","simulate":{"fail_times":1}"#);
+    h.handle_batch(&delivery(&body, 1), &invocation()).await;
+    // THEN the end that leaves it live stores the input and keeps only its reference
+    let item = ledger.get("large").await.expect("get").expect("item");
+    assert_eq!(item.state, JobState::RetryAuthorized);
+    assert!(item.input.is_empty());
+    let stored = item.input_ref.clone().expect("a reference");
+    assert_eq!(blobs.keys(), vec![stored.key.clone()]);
+    // AND a trigger by id reads it back and runs the job; the redelivered message stores
+    // nothing again
+    let again = h
+        .handle_batch(&delivery(r#"{"job_id":"large"}"#, 1), &invocation())
+        .await;
+    assert_eq!(again.response, Ok(vec![]));
+    let done = ledger.get("large").await.expect("get").expect("item");
+    assert_eq!(
+        (done.state, done.input_ref),
+        (JobState::Succeeded, Some(stored))
+    );
+    assert_eq!(blobs.keys().len(), 1);
+}
+
+#[tokio::test]
+async fn a_trigger_by_id_for_a_job_that_kept_no_input_waits_for_the_jobs_message() {
+    // GIVEN a job whose owner vanished on its first claim, so its item keeps no input
+    let ledger = Arc::new(InMemoryLedger::new());
+    let h = handler(ledger.clone(), Arc::new(MemoryBlobs::new("results")));
+    let body = job("orphan", 100, "");
+    let msg = parse_body(Some(&body)).expect("a job");
+    let now = SystemClock.now_ms();
+    let claim = ClaimRequest {
+        job: NewJob::from_message(&msg, now - 60_000, &Settings::default().job_defaults),
+        expect: Expect::FRESH,
+        owner_id: "gone".into(),
+        now: now - 60_000,
+        lease_until: now - 30_000,
+        provider_ref: None,
+        first_sight: true,
+    };
+    assert!(matches!(ledger.claim(claim).await, Ok(Write::Applied(_))));
+    // AND a trigger by id recovered it (its attempt may have run: unknown), and an operator
+    // authorised a retry
+    h.handle_batch(&delivery(r#"{"job_id":"orphan"}"#, 1), &invocation())
+        .await;
+    let item = ledger.get("orphan").await.expect("get").expect("item");
+    assert_eq!(item.state, JobState::Unknown);
+    assert!(!item.keeps_input());
+    let decided = decide(
+        &*ledger,
+        "orphan",
+        OperatorAction::AuthorizeRetry,
+        "operator",
+        None,
+        "no completion upstream",
+        SystemClock.now_ms(),
+    )
+    .await
+    .expect("decide");
+    // WHEN the operator's trigger by id arrives
+    let trigger = h
+        .handle_batch(&delivery(r#"{"job_id":"orphan"}"#, 1), &invocation())
+        .await;
+    // THEN it claims nothing and calls nothing: it backs off, the item as it was
+    assert!(
+        matches!(
+            trigger.records[0].outcome,
+            RecordOutcome::Failed(Failure::Backoff { .. })
+        ),
+        "{:?}",
+        trigger.records[0].outcome
+    );
+    assert_eq!(h.processor().provider().executions(), 0);
+    let waiting = ledger.get("orphan").await.expect("get").expect("item");
+    assert_eq!(decided.state, JobState::RetryAuthorized);
+    assert_eq!(waiting, decided);
+    // AND the job's own message, when it comes back, claims it, keeps its input and runs it
+    let own = h.handle_batch(&delivery(&body, 2), &invocation()).await;
+    assert_eq!(own.response, Ok(vec![]));
+    let done = ledger.get("orphan").await.expect("get").expect("item");
+    assert_eq!(done.state, JobState::Succeeded);
+    assert_eq!(done.input, msg.input_canonical);
+    assert_eq!(h.processor().provider().executions(), 1);
+}
