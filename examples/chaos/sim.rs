@@ -67,6 +67,10 @@ pub struct ChaosConfig {
 pub struct FaultRates {
     /// A receive also returns a message that is in flight (a second delivery).
     pub duplicate_delivery: f64,
+    /// A trigger carrying only the job id arrives beside a job's own message (an operator's or
+    /// a second sender's): it may find an item that keeps no input, and must then wait for the
+    /// job's message rather than call without it.
+    pub stray_trigger: f64,
     /// A deleted message comes back once.
     pub delivery_after_delete: f64,
     /// A visibility change fails (not applied) or times out (applied, no answer).
@@ -172,6 +176,7 @@ impl FaultRates {
     pub fn all() -> Self {
         FaultRates {
             duplicate_delivery: 0.02,
+            stray_trigger: 0.02,
             delivery_after_delete: 0.01,
             visibility_failure: 0.02,
             delete_failure: 0.02,
@@ -378,6 +383,23 @@ struct Queue {
 impl Queue {
     fn receive(&self, world: &World, max: usize) -> Vec<SqsMessage> {
         let now = world.now();
+        let mut strays = Vec::new();
+        let out = self.take(world, max, now, &mut strays);
+        for (job_id, at) in strays {
+            let body = format!(r#"{{"job_id":"{job_id}"}}"#);
+            self.push(RECONCILER, &job_id, &body, at);
+        }
+        out
+    }
+
+    /// The messages a receive at `now` returns, and the stray triggers it plans.
+    fn take(
+        &self,
+        world: &World,
+        max: usize,
+        now: Millis,
+        strays: &mut Vec<(String, Millis)>,
+    ) -> Vec<SqsMessage> {
         let mut msgs = self.msgs.lock().expect("queue");
         let mut out = Vec::new();
         for m in msgs.iter_mut() {
@@ -421,6 +443,13 @@ impl Queue {
             if world.fault("duplicate_delivery", world.rates.duplicate_delivery) {
                 m.duplicate_at =
                     Some(now + world.range(100, self.visibility_ms as u64 - 1) as Millis);
+            }
+            if m.receive_count == 1
+                && m.body.contains("\"input\"")
+                && world.fault("stray_trigger", world.rates.stray_trigger)
+            {
+                let at = now + world.range(1_000, 600_000) as Millis;
+                strays.push((m.job_id.clone(), at));
             }
             let first = *m.first_receive.get_or_insert(now);
             let mut r = SqsMessage::default();
@@ -1194,6 +1223,13 @@ impl SimProvider {
     /// Checks that the attempt was recorded before it ran, and that a second attempt had a
     /// recorded cause.
     async fn check_attempt(&self, req: &ProviderRequest<'_>) {
+        // A trigger by id for a job whose item keeps no input must never call without it.
+        if !req.input.contains_key("model") {
+            self.world.violation(format!(
+                "{}: attempt {} called without the job's input",
+                req.job_id, req.attempt
+            ));
+        }
         let item = self.table.get(req.job_id).await.ok().flatten();
         let Some(item) = item else {
             self.world
