@@ -25,9 +25,9 @@ import tempfile
 FLOORS = [
     ["job", "clock", "vars"],  # pure logic, injected time, reading settings
     ["ledger", "provider", "queue", "blobs", "events"],  # the outside systems, each behind a trait
-    ["report"],  # what a run did, as plain data
+    ["report", "telemetry"],  # what a run did, as plain data; what a trace says
     ["worker", "ops"],  # the function, and the operations around it
-    ["config", "logs", "xray", "testing"],  # assembly, set-up, test support
+    ["config", "logs", "testing"],  # assembly, set-up, test support
 ]
 
 PATH = re.compile(r"\b(crate|super)((?:::[A-Za-z_][A-Za-z0-9_]*)+)")

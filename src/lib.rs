@@ -16,12 +16,12 @@
 //!    (simulated, OpenAI-compatible, Bedrock) and its keys. [`queue`]: the visibility of records
 //!    and the sending of triggers, on SQS. [`blobs`]: objects in S3 (large answers and inputs,
 //!    Extended Client payloads). [`events`]: completion events and where they are published.
-//!    [`report`]: what a run did, as plain data.
+//!    [`report`]: what a run did, as plain data. [`telemetry`]: the functions' spans through
+//!    OpenTelemetry, provider calls as GenAI spans.
 //! 3. [`worker`]: the batch handler, the processor (one delivery), the heartbeat, the batch
 //!    response and the worker's settings. [`ops`]: the producer, the reconciler, operator
 //!    decisions, the dispatcher of completion events and the metric documents.
-//! 4. [`config`] assembles each binary's configuration; [`logs`] sets up logging and
-//!    [`xray`] sends spans to the X-Ray daemon;
+//! 4. [`config`] assembles each binary's configuration; [`logs`] sets up logging and tracing;
 //!    `testing` (feature `test-support`) holds the local event source and the request counter;
 //!    `bin/worker.rs`, `bin/reconciler.rs`, `bin/dispatcher.rs` and `bin/jobctl.rs` are the
 //!    entry points.
@@ -48,8 +48,8 @@ pub mod ops;
 pub mod provider;
 pub mod queue;
 pub mod report;
+pub mod telemetry;
 #[cfg(feature = "test-support")]
 pub mod testing;
 pub mod vars;
 pub mod worker;
-pub mod xray;

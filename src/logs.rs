@@ -20,15 +20,6 @@ use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields, MakeWriter}
 use tracing_subscriber::layer::Context;
 use tracing_subscriber::registry::LookupSpan;
 
-/// The targets of this crate's code: the library and its binaries.
-const OWN_TARGETS: [&str; 5] = [
-    "fenced_jobs",
-    "worker",
-    "reconciler",
-    "dispatcher",
-    "jobctl",
-];
-
 /// How the process logs.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LogSettings {
@@ -56,7 +47,10 @@ impl LogSettings {
                     "ERROR" | "FATAL" => "error",
                     _ => "info",
                 };
-                let own: Vec<String> = OWN_TARGETS.iter().map(|t| format!("{t}={level}")).collect();
+                let own: Vec<String> = crate::telemetry::OWN_TARGETS
+                    .iter()
+                    .map(|t| format!("{t}={level}"))
+                    .collect();
                 format!("warn,{}", own.join(","))
             }
         };
@@ -64,21 +58,16 @@ impl LogSettings {
     }
 }
 
-/// Installs the process's log subscriber, from the environment, writing to stdout; with active
-/// tracing (`AWS_XRAY_DAEMON_ADDRESS`), the X-Ray layer beside it, which alone sees the debug
-/// spans of ledger and provider calls (so they cost nothing without tracing).
+/// Installs the process's log subscriber, from the environment, writing to stdout; with an
+/// OTLP endpoint set, the OpenTelemetry layer beside it ([`crate::telemetry`]), which alone sees
+/// the debug spans of ledger and provider calls (so they cost nothing without tracing).
 pub fn init() {
     use tracing_subscriber::layer::SubscriberExt;
     use tracing_subscriber::util::SubscriberInitExt;
     let settings = LogSettings::from_lookup(|name| std::env::var(name).ok());
     let filter = tracing_subscriber::EnvFilter::try_new(&settings.filter)
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let xray = crate::xray::XRayLayer::from_env().map(|layer| {
-        let own = tracing_subscriber::filter::Targets::new()
-            .with_targets(OWN_TARGETS.map(|t| (t, tracing::Level::DEBUG)));
-        layer.with_filter(own)
-    });
-    let registry = tracing_subscriber::registry().with(xray);
+    let registry = tracing_subscriber::registry().with(crate::telemetry::from_env());
     let installed = if settings.json {
         registry
             .with(json_layer(std::io::stdout).with_filter(filter))

@@ -204,27 +204,32 @@ async fn a_configuration_error_is_reported_as_an_init_error() {
     }
 }
 
-/// With active tracing, each record and provider call becomes an X-Ray subsegment under the
-/// invocation's segment, annotated with job id and epoch and nothing else; an invocation that
-/// is not sampled sends nothing.
+/// With an OTLP endpoint, each record and provider call becomes a span under the trace Lambda
+/// passed, sent to a local collector (here a stub on the loopback: no network): the provider
+/// call a GenAI client span with its model, tokens, finish reason and cost, and no content; an
+/// invocation that is not sampled sends nothing.
 #[tokio::test]
-async fn records_and_provider_calls_become_xray_subsegments_without_content() {
-    use tracing_subscriber::Layer;
+async fn records_and_provider_calls_become_genai_spans_without_content() {
+    use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+    use opentelemetry_proto::tonic::common::v1::any_value::Value as Any;
+    use opentelemetry_proto::tonic::trace::v1::span::SpanKind;
+    use prost::Message;
     use tracing_subscriber::layer::SubscriberExt;
-    let daemon = std::net::UdpSocket::bind("127.0.0.1:0").expect("daemon");
-    daemon.set_nonblocking(true).expect("non-blocking");
-    let layer = fenced_jobs::xray::XRayLayer::to(&daemon.local_addr().expect("addr").to_string())
-        .expect("layer")
-        .with_filter(
-            tracing_subscriber::filter::Targets::new()
-                .with_target("fenced_jobs", tracing::Level::DEBUG),
-        );
+
+    let collector = HttpStub::start(|_, _| Reply::json(200, json!({}))).await;
+    let provider =
+        fenced_jobs::telemetry::provider(Some(&format!("{}/v1/traces", collector.url)), "worker")
+            .expect("a tracer provider");
+    let layer = fenced_jobs::telemetry::layer(&provider);
     let _guard = tracing::subscriber::set_default(tracing_subscriber::registry().with(layer));
 
     let server = HttpStub::start(|_, _| {
         Reply::json(
             200,
-            json!({"choices": [{"message": {"role": "assistant", "content": ANSWER}}]}),
+            json!({
+                "choices": [{"message": {"role": "assistant", "content": ANSWER}, "finish_reason": "stop"}],
+                "usage": {"prompt_tokens": 1200, "completion_tokens": 300},
+            }),
         )
     })
     .await;
@@ -233,79 +238,122 @@ async fn records_and_provider_calls_become_xray_subsegments_without_content() {
         api: OpenAiApi::Chat,
         ..OpenAiSettings::default()
     };
-    let provider = OpenAiProvider::new(settings, Some(Secret::new(API_KEY))).expect("client");
+    let openai = OpenAiProvider::new(settings, Some(Secret::new(API_KEY))).expect("client");
     let handler = BatchHandler::new(
         Processor::new(
             Arc::new(InMemoryLedger::new()),
-            provider,
+            openai,
             SystemClock,
             Settings::default(),
         ),
         RecordingVisibility::new(),
     );
-    let run = |job_id: &str, sampled: &str| {
+    let inv = Invocation {
+        id: "inv-otel".into(),
+        deadline: Some(SystemClock.now_ms() + 60_000),
+    };
+    for (job_id, sampled) in [("otel-1", "1"), ("otel-2", "0")] {
         let mut event = SqsEvent::default();
-        event.records = vec![record(&format!("m-{job_id}"), &job(job_id, PROMPT))];
+        let body = json!({"job_id": job_id, "contract": "c", "input": {"model": "gpt-4.1-mini", "prompt": PROMPT}});
+        event.records = vec![record(&format!("m-{job_id}"), &body.to_string())];
         let header = format!(
             "Root=1-5759e988-bd862e3fe1be46a994272793;Parent=53995c3f42cd8ad8;Sampled={sampled}"
         );
-        (event, header)
-    };
-    let inv = Invocation {
-        id: "inv-xray".into(),
-        deadline: Some(SystemClock.now_ms() + 60_000),
-    };
-    let receive = || {
-        let mut documents = Vec::new();
-        let mut buf = vec![0u8; 65_536];
-        while let Ok(n) = daemon.recv(&mut buf) {
-            let text = String::from_utf8_lossy(&buf[..n]).into_owned();
-            let (header, body) = text.split_once('\n').expect("header line");
-            assert_eq!(header, r#"{"format": "json", "version": 1}"#);
-            documents.push(body.to_owned());
-        }
-        documents
-    };
-
-    for (job_id, sampled) in [("xray-1", "1"), ("xray-2", "0")] {
-        let (event, header) = run(job_id, sampled);
-        let span = fenced_jobs::xray::invocation_span("req-x", Some(&header));
+        let span = fenced_jobs::telemetry::invocation_span("req-x", Some(&header));
         let report =
             tracing::Instrument::instrument(handler.handle_batch(&event, &inv), span).await;
         assert!(report.records[0].outcome.is_success());
     }
-    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    let documents = receive();
+    let flushed = tokio::task::spawn_blocking(move || provider.force_flush()).await;
+    assert!(matches!(flushed, Ok(Ok(()))), "{flushed:?}");
+
+    let sent = collector.requests();
+    assert!(sent.iter().all(|r| r.path == "/v1/traces"), "{sent:?}");
     for secret in [API_KEY, PROMPT, ANSWER, HANDLE] {
         assert!(
-            documents.iter().all(|d| !d.contains(secret)),
+            sent.iter().all(|r| !r.body.contains(secret)),
             "{secret} was traced"
         );
     }
-    let segments: Vec<Value> = documents
+    let spans: Vec<_> = sent
         .iter()
-        .map(|d| serde_json::from_str(d).expect("a segment document"))
+        .map(|r| ExportTraceServiceRequest::decode(r.raw.as_slice()).expect("an OTLP request"))
+        .flat_map(|req| req.resource_spans)
+        .flat_map(|r| r.scope_spans)
+        .flat_map(|s| s.spans)
         .collect();
-    let named = |name: &str| {
-        segments
+    let text = |span: &opentelemetry_proto::tonic::trace::v1::Span, key: &str| {
+        span.attributes
             .iter()
-            .find(|s| s["name"] == name)
-            .unwrap_or_else(|| panic!("no {name} subsegment: {segments:?}"))
-            .clone()
+            .find(|kv| kv.key == key)
+            .and_then(|kv| kv.value.as_ref()?.value.clone())
     };
-    let (record, call) = (named("record"), named("provider"));
+    let named = |name: &str| {
+        spans.iter().find(|s| s.name == name).unwrap_or_else(|| {
+            panic!(
+                "no {name} span: {:?}",
+                spans.iter().map(|s| &s.name).collect::<Vec<_>>()
+            )
+        })
+    };
+    // Only the sampled invocation's spans, all in the trace Lambda passed.
+    let root = hex_bytes("5759e988bd862e3fe1be46a994272793");
+    assert!(spans.iter().all(|s| s.trace_id == root), "another trace");
     assert!(
-        segments
+        spans
             .iter()
-            .all(|s| s["annotations"]["job_id"] == "xray-1"),
+            .filter_map(|s| text(s, "job_id"))
+            .all(|v| v == Any::StringValue("otel-1".into())),
         "not sampled: nothing sent"
     );
-    assert_eq!(record["trace_id"], "1-5759e988-bd862e3fe1be46a994272793");
-    assert_eq!(record["parent_id"], "53995c3f42cd8ad8");
-    assert_eq!(call["parent_id"], record["id"]);
-    assert_eq!(record["annotations"]["epoch"], 1);
-    assert_eq!(call["annotations"]["attempt"], 1);
-    assert!(call["end_time"].as_f64() >= call["start_time"].as_f64());
+    let (invocation, record, call) = (
+        named("invocation"),
+        named("record"),
+        named("chat gpt-4.1-mini"),
+    );
+    assert_eq!(invocation.parent_span_id, hex_bytes("53995c3f42cd8ad8"));
+    assert_eq!(record.parent_span_id, invocation.span_id);
+    assert!(call.start_time_unix_nano >= record.start_time_unix_nano);
+    assert_eq!(call.kind, SpanKind::Client as i32);
+    assert_eq!(
+        text(call, "gen_ai.operation.name"),
+        Some(Any::StringValue("chat".into()))
+    );
+    assert_eq!(
+        text(call, "gen_ai.provider.name"),
+        Some(Any::StringValue("openai".into()))
+    );
+    assert_eq!(
+        text(call, "gen_ai.request.model"),
+        Some(Any::StringValue("gpt-4.1-mini".into()))
+    );
+    assert_eq!(
+        text(call, "gen_ai.usage.input_tokens"),
+        Some(Any::IntValue(1200))
+    );
+    assert_eq!(
+        text(call, "gen_ai.usage.output_tokens"),
+        Some(Any::IntValue(300))
+    );
+    let Some(Any::ArrayValue(reasons)) = text(call, "gen_ai.response.finish_reasons") else {
+        panic!("no finish reasons: {call:?}");
+    };
+    let reasons: Vec<_> = reasons.values.iter().map(|v| v.value.clone()).collect();
+    assert_eq!(reasons, [Some(Any::StringValue("stop".into()))]);
+    // 1,200 input tokens at $0.40 and 300 output at $1.60 per million.
+    assert_eq!(
+        text(call, "fenced_jobs.cost_usd"),
+        Some(Any::DoubleValue(0.00096))
+    );
+    assert!(text(call, "attempt").is_some() && text(call, "epoch").is_some());
+}
+
+/// The bytes a hexadecimal id stands for.
+fn hex_bytes(hex: &str) -> Vec<u8> {
+    (0..hex.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).expect("hex"))
+        .collect()
 }
 
 #[test]

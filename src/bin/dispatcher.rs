@@ -29,13 +29,14 @@ async fn main() -> Result<(), lambda_runtime::Error> {
     lambda_runtime::run(service_fn(move |event: LambdaEvent<StreamEvent>| {
         let sink = Arc::clone(&sink);
         async move {
-            let span = fenced_jobs::xray::invocation_span(
+            let span = fenced_jobs::telemetry::invocation_span(
                 &event.context.request_id,
                 event.context.xray_trace_id.as_deref(),
             );
             let report = dispatch(&event.payload, sink.as_ref())
                 .instrument(span)
                 .await;
+            fenced_jobs::telemetry::flush().await;
             Ok::<_, lambda_runtime::Error>(report.response())
         }
     }))

@@ -46,19 +46,27 @@ async fn main() -> Result<(), lambda_runtime::Error> {
         .map(|bucket| S3Blobs::new(s3_client(&aws), Some(bucket)));
 
     lambda_runtime::run(service_fn(|event: LambdaEvent<serde_json::Value>| {
-        let span = fenced_jobs::xray::invocation_span(
+        let span = fenced_jobs::telemetry::invocation_span(
             &event.context.request_id,
             event.context.xray_trace_id.as_deref(),
         );
-        run_once(
-            &ledger,
-            &sender,
-            &provider,
-            &settings,
-            &target,
-            blobs.as_ref(),
-        )
-        .instrument(span)
+        // Boxed: the run's future is deep, and one allocation per run is nothing.
+        let run = Box::pin(
+            run_once(
+                &ledger,
+                &sender,
+                &provider,
+                &settings,
+                &target,
+                blobs.as_ref(),
+            )
+            .instrument(span),
+        );
+        async move {
+            let result = run.await;
+            fenced_jobs::telemetry::flush().await;
+            result
+        }
     }))
     .await
 }

@@ -85,13 +85,14 @@ async fn main() -> Result<(), lambda_runtime::Error> {
                 error_message: e.to_string(),
             })?;
             // Every line logged in this invocation carries its request id.
-            let span = fenced_jobs::xray::invocation_span(
+            let span = fenced_jobs::telemetry::invocation_span(
                 &invocation.id,
                 event.context.xray_trace_id.as_deref(),
             );
             let report =
                 Box::pin(handler.handle_batch(&payload, &invocation).instrument(span)).await;
             print_metrics(&target, &report);
+            fenced_jobs::telemetry::flush().await;
             report.into_response().map_err(|e| Diagnostic {
                 error_type: "UnnamedFailure".to_owned(),
                 error_message: e.to_string(),

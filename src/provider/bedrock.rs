@@ -79,6 +79,10 @@ impl BedrockProvider {
 }
 
 impl Provider for BedrockProvider {
+    fn name(&self) -> &'static str {
+        "aws.bedrock"
+    }
+
     fn model<'a>(&'a self, input: &'a Map<String, Value>) -> &'a str {
         self.model_id
             .as_deref()

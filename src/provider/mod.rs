@@ -331,6 +331,11 @@ pub trait Provider: Send + Sync {
         None
     }
 
+    /// The provider's name in traces (`gen_ai.provider.name` of the GenAI semantic conventions).
+    fn name(&self) -> &'static str {
+        "simulated"
+    }
+
     /// The model a call for a job's `input` runs: its `input.model`, unless the provider is
     /// configured with its own. Its prices are what the call costs.
     fn model<'a>(&'a self, input: &'a serde_json::Map<String, serde_json::Value>) -> &'a str {
@@ -440,6 +445,10 @@ impl Provider for AnyProvider {
 
     fn can_retrieve(&self) -> bool {
         each!(self, p => p.can_retrieve())
+    }
+
+    fn name(&self) -> &'static str {
+        each!(self, p => p.name())
     }
 
     fn model<'a>(&'a self, input: &'a serde_json::Map<String, serde_json::Value>) -> &'a str {

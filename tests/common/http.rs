@@ -16,6 +16,8 @@ pub struct Request {
     pub path: String,
     pub headers: Vec<(String, String)>,
     pub body: String,
+    /// The body's bytes, as sent (a protobuf body is no text).
+    pub raw: Vec<u8>,
 }
 
 impl Request {
@@ -220,6 +222,7 @@ async fn read_request(stream: &mut TcpStream) -> Option<Request> {
         path,
         headers,
         body: String::from_utf8_lossy(&body).into_owned(),
+        raw: body,
     })
 }
 

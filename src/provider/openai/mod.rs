@@ -310,6 +310,10 @@ impl OpenAiProvider {
 }
 
 impl Provider for OpenAiProvider {
+    fn name(&self) -> &'static str {
+        "openai"
+    }
+
     fn model<'a>(&'a self, input: &'a Map<String, Value>) -> &'a str {
         self.settings
             .model

@@ -14,6 +14,7 @@ use crate::job::prices::PriceTable;
 use crate::job::{JobMessage, JobRecord, Millis, Usage};
 use crate::ledger::JobLedger;
 use crate::provider::{Provider, ProviderRequest, Retrieval, Submission};
+use crate::telemetry;
 use crate::worker::calling::{CallFacts, CallStep, Calling, MIN_CALL_BUDGET_MS, Said};
 use crate::worker::ending::Waited;
 
@@ -268,15 +269,22 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         lost: &CancellationToken,
         heard: &mut Option<Usage>,
     ) -> Said {
+        // A GenAI client span (`chat {model}`), its figures recorded once answered.
+        let model = self.provider.model(request.input);
         let span = tracing::debug_span!(
             "provider",
+            otel.name = %format_args!("chat {model}"),
+            otel.kind = "client",
             job_id = %request.job_id,
             epoch = request.epoch,
-            attempt = request.attempt
+            attempt = request.attempt,
+            gen_ai.operation.name = "chat",
+            gen_ai.provider.name = self.provider.name(),
+            gen_ai.request.model = model,
         );
         let sent = tokio::time::timeout(
             Duration::from_millis(budget_ms as u64),
-            self.provider.submit(request).instrument(span),
+            self.provider.submit(request).instrument(span.clone()),
         );
         tokio::select! {
             _ = lost.cancelled() => Said::Cancelled,
@@ -287,6 +295,10 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
                         // Judged against the job's contract before anything reads it.
                         Submission::Answered(answer) => {
                             *heard = answer.usage.or(*heard);
+                            let cost = answer
+                                .usage
+                                .and_then(|u| self.settings.prices.cost_micros(model, &u, false));
+                            telemetry::record_call(&span, answer.usage.as_ref(), answer.finish, cost);
                             match answer.judged(request.output) {
                                 Ok(answer) => Said::Answered(answer),
                                 Err(invalid) => Said::Failed(invalid),

@@ -1,0 +1,168 @@
+//! Traces through OpenTelemetry. With `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` or
+//! `OTEL_EXPORTER_OTLP_ENDPOINT` set (the ADOT collector layer listens at
+//! `http://localhost:4318`), the functions' own spans are exported over OTLP/HTTP (protobuf):
+//! the invocation, each record, each ledger call and each provider call, under the trace Lambda
+//! passed (`_X_AMZN_TRACE_ID`, read with X-Ray's propagator; new ids made X-Ray's way), sampled
+//! as that header says. A provider call is a GenAI client span (`chat {model}`, the provider,
+//! the model, token counts, finish reason, and what the call cost), so a trace shows what each
+//! call cost. Spans carry ids, epochs, attempts, operations and those figures, never a prompt,
+//! an answer or a receipt handle; log lines are not exported. Unset, nothing is built and
+//! nothing is sent.
+//!
+//! Spans are batched in the process and sent by the end of each invocation ([`flush`]), before
+//! Lambda freezes the environment.
+
+use std::collections::HashMap;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use opentelemetry::propagation::TextMapPropagator;
+use opentelemetry::trace::TracerProvider as _;
+use opentelemetry::{Array, KeyValue, StringValue, Value};
+use opentelemetry_aws::trace::{XrayIdGenerator, XrayPropagator};
+use opentelemetry_otlp::{Protocol, WithExportConfig};
+use opentelemetry_sdk::Resource;
+use opentelemetry_sdk::trace::{Sampler, SdkTracerProvider};
+use tracing::Subscriber;
+use tracing_opentelemetry::OpenTelemetrySpanExt;
+use tracing_subscriber::Layer;
+use tracing_subscriber::registry::LookupSpan;
+
+use crate::job::Usage;
+use crate::job::contract::Finish;
+
+/// The targets of this crate's code: the library and its binaries.
+pub(crate) const OWN_TARGETS: [&str; 5] = [
+    "fenced_jobs",
+    "worker",
+    "reconciler",
+    "dispatcher",
+    "jobctl",
+];
+
+/// How long an export may take: the collector is local.
+const EXPORT_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The provider the process installed, flushed by the end of each invocation.
+static INSTALLED: OnceLock<SdkTracerProvider> = OnceLock::new();
+
+/// The span of one invocation: its request id (on every log line inside it), its trace the
+/// one Lambda passed in `xray_trace` (`Root=...;Parent=...;Sampled=...`), when there is one.
+pub fn invocation_span(request_id: &str, xray_trace: Option<&str>) -> tracing::Span {
+    let span = tracing::info_span!("invocation", requestId = request_id);
+    if let Some(header) = xray_trace {
+        let carrier = HashMap::from([("x-amzn-trace-id".to_owned(), header.to_owned())]);
+        let parent = XrayPropagator::default().extract(&carrier);
+        // Without the OpenTelemetry layer installed there is nothing to set.
+        let _ = span.set_parent(parent);
+    }
+    span
+}
+
+/// A tracer provider exporting to `endpoint` (the whole URL, `.../v1/traces`), or to the one
+/// the environment names when `None`, for the function `service`.
+pub fn provider(endpoint: Option<&str>, service: &str) -> Result<SdkTracerProvider, String> {
+    let endpoint = endpoint.map(str::to_owned);
+    // The exporter's blocking HTTP client runs on the batch processor's own thread, and must
+    // not be built on an async runtime's.
+    let built = std::thread::spawn(move || {
+        let builder = opentelemetry_otlp::SpanExporter::builder()
+            .with_http()
+            .with_protocol(Protocol::HttpBinary)
+            .with_timeout(EXPORT_TIMEOUT);
+        match endpoint {
+            Some(url) => builder.with_endpoint(url).build(),
+            None => builder.build(),
+        }
+    })
+    .join()
+    .map_err(|_| "building the span exporter panicked".to_owned())?;
+    let exporter = built.map_err(|e| e.to_string())?;
+    Ok(SdkTracerProvider::builder()
+        .with_batch_exporter(exporter)
+        .with_sampler(Sampler::ParentBased(Box::new(Sampler::AlwaysOn)))
+        .with_id_generator(XrayIdGenerator::default())
+        .with_resource(
+            Resource::builder_empty()
+                .with_attribute(KeyValue::new("service.name", service.to_owned()))
+                .with_attribute(KeyValue::new("cloud.provider", "aws"))
+                .with_attribute(KeyValue::new("cloud.platform", "aws_lambda"))
+                .build(),
+        )
+        .build())
+}
+
+/// The layer sending the crate's own spans (at debug and above, no events) through `provider`.
+pub fn layer<S>(provider: &SdkTracerProvider) -> impl Layer<S> + use<S>
+where
+    S: Subscriber + for<'a> LookupSpan<'a>,
+{
+    use tracing_subscriber::filter::{FilterExt, Targets, filter_fn};
+    let own = Targets::new().with_targets(OWN_TARGETS.map(|t| (t, tracing::Level::DEBUG)));
+    tracing_opentelemetry::layer()
+        .with_tracer(provider.tracer("fenced-jobs"))
+        .with_location(false)
+        .with_threads(false)
+        .with_tracked_inactivity(false)
+        .with_filter(own.and(filter_fn(|meta| meta.is_span())))
+}
+
+/// The layer for this process when the environment names an endpoint, its provider installed
+/// for [`flush`]; `None` otherwise, or when it cannot be built (said on stderr).
+pub fn from_env<S>() -> Option<impl Layer<S>>
+where
+    S: Subscriber + for<'a> LookupSpan<'a>,
+{
+    let set = |name: &str| std::env::var(name).is_ok_and(|v| !v.trim().is_empty());
+    if !set("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") && !set("OTEL_EXPORTER_OTLP_ENDPOINT") {
+        return None;
+    }
+    let service =
+        std::env::var("AWS_LAMBDA_FUNCTION_NAME").unwrap_or_else(|_| "fenced-jobs".into());
+    match provider(None, &service) {
+        Ok(provider) => {
+            let layer = layer(&provider);
+            let _ = INSTALLED.set(provider);
+            Some(layer)
+        }
+        Err(e) => {
+            eprintln!("tracing is off: the OTLP exporter could not be built: {e}");
+            None
+        }
+    }
+}
+
+/// Sends the spans the invocation finished, waiting for the collector's answer (at most the
+/// export timeout): Lambda may freeze the environment as soon as the invocation returns.
+pub async fn flush() {
+    if let Some(provider) = INSTALLED.get() {
+        let provider = provider.clone();
+        let _ = tokio::task::spawn_blocking(move || provider.force_flush()).await;
+    }
+}
+
+/// What a provider call's span records once it is answered, as the GenAI semantic conventions
+/// name it: the tokens the provider says it used, why the model stopped, and what it cost.
+pub fn record_call(
+    span: &tracing::Span,
+    usage: Option<&Usage>,
+    finish: Finish,
+    cost_micros: Option<u64>,
+) {
+    if let Some(u) = usage {
+        let input = u.input + u.cache_read + u.cache_write;
+        span.set_attribute(
+            "gen_ai.usage.input_tokens",
+            i64::try_from(input).unwrap_or(i64::MAX),
+        );
+        span.set_attribute(
+            "gen_ai.usage.output_tokens",
+            i64::try_from(u.output).unwrap_or(i64::MAX),
+        );
+    }
+    let reasons = Array::String(vec![StringValue::from(finish.as_str())]);
+    span.set_attribute("gen_ai.response.finish_reasons", Value::Array(reasons));
+    if let Some(micros) = cost_micros {
+        span.set_attribute("fenced_jobs.cost_usd", micros as f64 / 1e6);
+    }
+}
