@@ -20,7 +20,7 @@ use opentelemetry::propagation::TextMapPropagator;
 use opentelemetry::trace::TracerProvider as _;
 use opentelemetry::{Array, KeyValue, StringValue, Value};
 use opentelemetry_aws::trace::{XrayIdGenerator, XrayPropagator};
-use opentelemetry_otlp::{Protocol, WithExportConfig};
+use opentelemetry_otlp::{Protocol, RetryPolicy, WithExportConfig, WithHttpConfig};
 use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::trace::{Sampler, SdkTracerProvider};
 use tracing::Subscriber;
@@ -66,10 +66,13 @@ pub fn provider(endpoint: Option<&str>, service: &str) -> Result<SdkTracerProvid
     // The exporter's blocking HTTP client runs on the batch processor's own thread, and must
     // not be built on an async runtime's.
     let built = std::thread::spawn(move || {
+        // No retries: the collector is local, and a trace is never worth holding the
+        // invocation up (a refused export costs a connect; the spans are dropped).
         let builder = opentelemetry_otlp::SpanExporter::builder()
             .with_http()
             .with_protocol(Protocol::HttpBinary)
-            .with_timeout(EXPORT_TIMEOUT);
+            .with_timeout(EXPORT_TIMEOUT)
+            .with_retry_policy(RetryPolicy::disabled());
         match endpoint {
             Some(url) => builder.with_endpoint(url).build(),
             None => builder.build(),
