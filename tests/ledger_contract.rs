@@ -12,7 +12,7 @@ use fenced_jobs::job::decision::SettleReason;
 use fenced_jobs::job::{Expect, JobRecord, JobState, NewJob, attention_key};
 use fenced_jobs::ledger::memory::InMemoryLedger;
 use fenced_jobs::ledger::{
-    AttemptEnd, CreateRequest, DecideRequest, EndRequest, EnqueuedRequest, JobLedger,
+    AttemptEnd, CreateRequest, DecideRequest, EndRequest, EnqueuedRequest, JobLedger, KeptInput,
     OperatorAction, RecordRefRequest, RecoverRequest, SettleFrom, SettleRequest, Write,
 };
 
@@ -659,4 +659,49 @@ async fn a_job_recovered_again_and_again_lists_its_first_recoveries_and_counts_t
     assert_eq!((m.recoveries.len(), m.recoveries_dropped), (10, 4));
     assert_eq!(m.owner_epoch, 15);
     assert_eq!(m, d);
+}
+
+/// Where a job's input is kept, the same in both ledgers: not by its first claim (its message
+/// carries it), by an end that leaves the job live (for a trigger by id), and never written
+/// again over what the item keeps.
+async fn input_kept_off_the_happy_path<L: JobLedger>(ledger: &L, id: &str) {
+    let new = job(id, "d", 3, T + 3_600_000);
+    let mut first = claim(&new, Expect::FRESH, "w1", T);
+    first.first_sight = true;
+    let Ok(Write::Applied(claimed)) = ledger.claim(first).await else {
+        panic!("{id}: the claim is applied");
+    };
+    assert!(!claimed.keeps_input(), "{id}: {claimed:?}");
+    let mut failed = end_req(id, 1, 1, T + 10, retry());
+    failed.input = Some(KeptInput::Inline(new.input.clone()));
+    let Ok(Write::Applied(live)) = ledger.end(failed).await else {
+        panic!("{id}: the end is applied");
+    };
+    assert_eq!(live.input, new.input, "{id}");
+    // A second claim keeps what the item holds (`if_not_exists`), whatever it carries.
+    let mut other = new.clone();
+    other.input = r#"{"model":"m","prompt":"not this"}"#.into();
+    let second = claim(&other, expect(1, 1), "w2", T + 20);
+    let Ok(Write::Applied(again)) = ledger.claim(second).await else {
+        panic!("{id}: the second claim is applied");
+    };
+    assert_eq!(again.input, new.input, "{id}");
+    assert_eq!(ledger.get(id).await.expect("get"), Some(again));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_input_is_kept_off_the_happy_path_in_both_ledgers() {
+    let aws = common::emulator().await;
+    let table = aws.table().await;
+    input_kept_off_the_happy_path(&aws.ledger(&table), "dynamo").await;
+    input_kept_off_the_happy_path(&InMemoryLedger::new(), "memory").await;
+    // On DynamoDB, the first claim's item has no `input` attribute at all.
+    let mut fresh = claim(&job("bare", "d", 3, T + 3_600_000), Expect::FRESH, "w1", T);
+    fresh.first_sight = true;
+    assert!(matches!(
+        aws.ledger(&table).claim(fresh).await,
+        Ok(Write::Applied(_))
+    ));
+    let item = raw_item(&aws, &table, "bare").await;
+    assert!(!item.contains_key("input"), "{item:?}");
 }
