@@ -82,7 +82,7 @@ async fn a_fresh_job_is_billed_two_small_writes_and_one_index_write_whatever_its
         // the finished index: the item never held the prompt, and nothing went to S3
         let bill = ledger.bill().expect("metered");
         assert_eq!(
-            (bill.writes, bill.table_units, bill.index_writes),
+            (ledger.writes(), bill.table_units, bill.index_writes),
             (2, 2, 1),
             "{kib} KiB: {bill:?}"
         );

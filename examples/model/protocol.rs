@@ -1052,6 +1052,8 @@ impl Protocol {
                 self.bounds.spend_limit && !self.mutated(Mutation::SpendLimitIgnored),
             ),
             max_cost_micros: self.bounds.spend_limit.then_some(1),
+            // Every delivery the model makes is of the job's own message.
+            carries_input: true,
         };
         let (machine, step) = Admission::start(facts, None, DIGEST, now);
         self.take(next, worker, machine, step, note);

@@ -32,8 +32,6 @@ pub struct InMemoryLedger {
 /// ([`write_cost`]): each write's item encoded as the DynamoDB ledger stores it.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Bill {
-    /// Conditional writes (applied or refused).
-    pub writes: u64,
     /// Write request units of the table writes.
     pub table_units: u64,
     /// Writes to the indexes.
@@ -92,7 +90,6 @@ impl InMemoryLedger {
             let after = next.as_ref().map(encode).or_else(|| before.clone());
             let cost = write_cost(before.as_ref(), after.as_ref());
             let mut bill = bill.lock().unwrap_or_else(|p| p.into_inner());
-            bill.writes += 1;
             bill.table_units += cost.table;
             bill.index_writes += cost.index;
             let size = after.as_ref().map(item_bytes).unwrap_or(0);

@@ -135,6 +135,9 @@ pub struct Facts {
     pub next_call_micros: u64,
     /// The spend limit of a job not in the ledger yet (its message's, or the default).
     pub max_cost_micros: Option<u64>,
+    /// The delivery carries the job's input: a trigger by id for a job whose item keeps none
+    /// (`JobRecord::keeps_input`) does not, and never claims.
+    pub carries_input: bool,
 }
 
 /// Whether a call estimated at `next` would take a job that has spent `spent` past `max`.
@@ -378,6 +381,11 @@ impl Admission {
             // A claim now would send a call only to cut it off, making the job `unknown`:
             // leave the ledger untouched and let a later delivery claim it.
             return Step::End(backoff("too little time left for a call"));
+        }
+        if claims && !self.facts.carries_input {
+            // A trigger by id whose item keeps no input: the job's own message carries it and
+            // claims the job; this one waits.
+            return Step::End(backoff("input with the job's message"));
         }
         if claims && !self.admitted {
             return Step::Admit;

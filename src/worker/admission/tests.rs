@@ -12,6 +12,7 @@ fn facts() -> Facts {
         in_ledger: false,
         next_call_micros: 0,
         max_cost_micros: None,
+        carries_input: true,
     }
 }
 
@@ -242,4 +243,36 @@ fn a_job_past_its_deadline_is_settled_without_a_permit() {
         m.applied(&expired),
         Applied::End(RecordOutcome::Done(JobState::Expired))
     );
+}
+
+#[test]
+fn a_delivery_without_the_input_never_claims_but_may_still_recover_or_settle() {
+    let bare = Facts {
+        carries_input: false,
+        ..facts()
+    };
+    // Claimable (retry authorised after the first attempt): it waits, nothing written.
+    let mut retried = ready(1);
+    retried.state = JobState::RetryAuthorized;
+    retried.attempts = 1;
+    let (_, step) = Admission::start(bare, Some(&retried), &retried.input_digest, NOW);
+    assert_eq!(step, Step::End(backoff("input with the job's message")));
+    // With the input, the same item is claimed (after capacity is taken).
+    let (_, step) = Admission::start(facts(), Some(&retried), &retried.input_digest, NOW);
+    assert_eq!(step, Step::Admit);
+    // A lapsed owner is still fenced and the evidence looked at: no call is made from it.
+    let mut lapsed = ready(1);
+    lapsed.state = JobState::Running;
+    lapsed.owner_until = Some(NOW - 60_000);
+    let (_, step) = Admission::start(bare, Some(&lapsed), &lapsed.input_digest, NOW);
+    assert!(matches!(step, Step::Write(Op::Recover { .. })), "{step:?}");
+    // Past its deadline, it is still expired.
+    let bare_past = Facts {
+        carries_input: false,
+        ..past()
+    };
+    let mut late = retried.clone();
+    late.deadline_at = NOW - 10_000;
+    let (_, step) = Admission::start(bare_past, Some(&late), &late.input_digest, NOW);
+    assert!(matches!(step, Step::Write(Op::Settle(_))), "{step:?}");
 }

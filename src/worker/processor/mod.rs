@@ -301,12 +301,6 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         let mut reserved: Option<Reserved> = None;
         loop {
             let now = self.clock.now_ms();
-            if !msg.keeps_input() && matches!(step, Step::Admit | Step::Write(Op::Claim { .. })) {
-                // A trigger by id for a job whose first claim left no input in its item: the
-                // job's own message carries the input and claims it; this one waits.
-                self.settle_spend(reserved.take(), 0).await;
-                return failed(backoff("input with the job's message"), view);
-            }
             let seen = match step {
                 Step::Admit => {
                     let tokens = self
@@ -416,6 +410,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
                 _ => self.next_call_micros(msg),
             },
             max_cost_micros: job.max_cost_micros,
+            carries_input: msg.keeps_input(),
         }
     }
 
