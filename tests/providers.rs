@@ -1,6 +1,9 @@
 //! The HTTP providers against a scripted local server speaking each wire format: how every
 //! answer is classified, background calls and their retrieval, and the fallback to Chat
 //! Completions. No test reaches the internet.
+//!
+//! Why this file is long: every provider's table of answers is here, row by row, and the
+//! providers share the scripted server, the requests and the answers' reading.
 
 mod common;
 
@@ -9,6 +12,7 @@ use std::time::Duration;
 use common::http::{HttpStub, Reply, bedrock};
 use fenced_jobs::job::contract::{Contract, Finish};
 use fenced_jobs::provider::Secret;
+use fenced_jobs::provider::anthropic::{AnthropicProvider, AnthropicSettings, Structured};
 use fenced_jobs::provider::openai::{OpenAiApi, OpenAiProvider, OpenAiSettings};
 use fenced_jobs::provider::{
     Answer, Provider, ProviderError, ProviderRequest, Retrieval, Submission,
@@ -630,4 +634,276 @@ async fn a_rotated_key_is_read_again_after_a_401() {
         .filter(|r| r.header("authorization") == Some("Bearer sk-new"))
         .count();
     assert_eq!((stub.requests().len() - before, resent), (8, 4));
+}
+
+fn anthropic(url: &str, structured: Structured) -> AnthropicProvider {
+    let settings = AnthropicSettings {
+        base_url: url.to_owned(),
+        structured,
+        connect_timeout_ms: 1_000,
+        ..AnthropicSettings::default()
+    };
+    AnthropicProvider::new(settings, Some(Secret::new("sk-ant-test-secret"))).expect("client")
+}
+
+fn message(content: Value, stop_reason: &str) -> Value {
+    json!({
+        "id": "msg_01", "type": "message", "role": "assistant", "model": "claude-test",
+        "content": content, "stop_reason": stop_reason,
+        "usage": {"input_tokens": 9, "output_tokens": 4, "cache_read_input_tokens": 100,
+                  "cache_creation_input_tokens": 20, "service_tier": "standard"}
+    })
+}
+
+fn anthropic_error(status: u16, kind: &str) -> Reply {
+    Reply::json(
+        status,
+        json!({"type": "error", "error": {"type": kind, "message": "Summarise this. failed"},
+               "request_id": "req_01"}),
+    )
+}
+
+/// One Messages call for a job with a system message and a ceiling of its own, against a
+/// server that always gives `reply`.
+async fn message_once(reply: Reply) -> (Result<Answer, ProviderError>, HttpStub) {
+    let stub = HttpStub::start(move |_, _| reply.clone()).await;
+    let provider = anthropic(&stub.url, Structured::Format);
+    let inp = input(json!({"model": "claude-test", "messages": [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Summarise this."}
+    ], "parameters": {"max_tokens": 100, "temperature": 1.5, "stop": "END", "seed": 7}}));
+    let result = provider.call(&request(&inp, "{}")).await;
+    (result, stub)
+}
+
+/// Every row of the README's Anthropic table, on the wire.
+#[tokio::test]
+async fn anthropic_messages_answers_and_errors_are_classified() {
+    let text = json!([{"type": "text", "text": "Brief"}, {"type": "text", "text": "."}]);
+    let (result, stub) = message_once(Reply::json(200, message(text, "end_turn"))).await;
+    let answer = result.expect("answer");
+    assert_eq!(output_of(&answer), "Brief.");
+    assert_eq!(answer.finish, Finish::Stop);
+    let usage = answer.usage.expect("usage");
+    assert_eq!(
+        (
+            usage.input,
+            usage.output,
+            usage.cache_read,
+            usage.cache_write
+        ),
+        (9, 4, 100, 20),
+        "cache reads and writes are counted apart"
+    );
+    let sent = &stub.requests()[0];
+    assert_eq!(
+        (sent.method.as_str(), sent.path.as_str()),
+        ("POST", "/v1/messages")
+    );
+    assert_eq!(sent.header("x-api-key"), Some("sk-ant-test-secret"));
+    assert_eq!(sent.header("anthropic-version"), Some("2023-06-01"));
+    assert_eq!(
+        sent.header("authorization"),
+        None,
+        "the key goes in x-api-key only"
+    );
+    let body = sent.json();
+    assert_eq!(body["model"], "claude-test");
+    assert_eq!(
+        body["system"],
+        json!([{"type": "text", "text": "Be brief."}])
+    );
+    assert_eq!(
+        body["messages"],
+        json!([{"role": "user", "content": "Summarise this."}])
+    );
+    assert_eq!(body["max_tokens"], 100);
+    assert_eq!(body["temperature"], 1.0, "Anthropic's range is 0 to 1");
+    assert_eq!(body["stop_sequences"], json!(["END"]));
+    assert!(body.get("seed").is_none() && body.get("parameters").is_none());
+    assert!(body.get("output_config").is_none(), "free text: no format");
+
+    // Cut off by the answer's ceiling, or refused: the one vocabulary.
+    let (result, _) = message_once(Reply::json(200, message(json!([]), "max_tokens"))).await;
+    assert_eq!(result.expect("answer").finish, Finish::Length);
+    let (result, _) = message_once(Reply::json(200, message(json!([]), "refusal"))).await;
+    assert_eq!(result.expect("answer").finish, Finish::ContentFilter);
+
+    // Refused for the rate limit, before any work: a throttle with its wait.
+    let (result, _) =
+        message_once(anthropic_error(429, "rate_limit_error").with_header("retry-after", "12"))
+            .await;
+    assert_eq!(
+        result,
+        Err(ProviderError::Throttled {
+            retry_after_ms: Some(12_000),
+            reason: "HTTP 429 rate_limit_error".to_owned()
+        })
+    );
+    // The spend limit is no throttle: waiting does not clear it.
+    let spend = Reply::json(
+        429,
+        json!({"type": "error", "error": {"type": "rate_limit_error", "message": "x",
+               "details": {"error_code": "enforced_spend_limit_reached"}}}),
+    );
+    let (result, _) = message_once(spend).await;
+    assert!(
+        matches!(&result, Err(ProviderError::Transient { reason, .. })
+            if reason.ends_with("enforced_spend_limit_reached")),
+        "{result:?}"
+    );
+    // Overloaded: refused before work.
+    let (result, _) = message_once(anthropic_error(529, "overloaded_error")).await;
+    assert!(
+        matches!(result, Err(ProviderError::Transient { .. })),
+        "{result:?}"
+    );
+    // Credentials are configuration, not the job's fault.
+    let (result, _) = message_once(anthropic_error(401, "authentication_error")).await;
+    assert!(
+        matches!(result, Err(ProviderError::Transient { .. })),
+        "{result:?}"
+    );
+    // Anthropic's own failure, or a gateway's, after the request was sent: it may have run.
+    for reply in [
+        anthropic_error(500, "api_error"),
+        Reply::json(502, json!({})),
+        Reply::json(529, json!({})),
+        Reply::json(429, json!({"message": "slow down"})),
+    ] {
+        let (result, _) = message_once(reply.clone()).await;
+        assert!(
+            matches!(result, Err(ProviderError::Uncertain { .. })),
+            "{reply:?}: {result:?}"
+        );
+    }
+    // The request itself is wrong: the same call gives the same.
+    for (status, kind) in [
+        (400, "invalid_request_error"),
+        (404, "not_found_error"),
+        (413, "request_too_large"),
+    ] {
+        let (result, _) = message_once(anthropic_error(status, kind)).await;
+        assert_eq!(
+            result,
+            Err(ProviderError::Permanent {
+                reason: format!("HTTP {status} {kind}")
+            })
+        );
+    }
+    // The connection lost after sending, or the answer cut off: uncertain, never a partial
+    // answer accepted.
+    let (result, _) = message_once(Reply::Drop).await;
+    assert!(
+        matches!(result, Err(ProviderError::Uncertain { .. })),
+        "{result:?}"
+    );
+    let whole = message(json!([{"type": "text", "text": "Brief."}]), "end_turn").to_string();
+    let (result, _) = message_once(Reply::Cut {
+        status: 200,
+        body: whole.clone(),
+        sent: whole.len() / 2,
+    })
+    .await;
+    assert!(
+        matches!(result, Err(ProviderError::Uncertain { .. })),
+        "{result:?}"
+    );
+    // Nothing listening: nothing was sent.
+    let closed = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        format!("http://{}", listener.local_addr().expect("addr"))
+    };
+    let inp = input(json!({"model": "claude-test", "prompt": "Summarise this."}));
+    let result = anthropic(&closed, Structured::Format)
+        .call(&request(&inp, "{}"))
+        .await;
+    assert!(
+        matches!(result, Err(ProviderError::Transient { .. })),
+        "{result:?}"
+    );
+}
+
+/// The contract's schema reaches Anthropic in its own form: structured output, or a tool the
+/// model is made to call whose input is the answer.
+#[tokio::test]
+async fn anthropic_carries_the_contract_as_structured_output_or_a_forced_tool() {
+    let schema = json!({"type": "object", "properties": {"title": {"type": "string"}},
+                        "required": ["title"], "additionalProperties": false});
+    let contract =
+        Contract::parse("invoice@2", &json!({"schema": schema}).to_string()).expect("contract");
+    let inp = input(
+        json!({"model": "claude-test", "messages": [{"role": "user", "content": [
+            {"type": "text", "text": "Long document", "cache_control": {"type": "ephemeral"}},
+            {"type": "text", "text": "Extract."}
+        ]}]}),
+    );
+    let req = ProviderRequest {
+        output: &contract,
+        max_output_tokens: 2_048,
+        ..request(&inp, "{}")
+    };
+
+    let reply = message(
+        json!([{"type": "text", "text": "{\"title\": \"T\"}"}]),
+        "end_turn",
+    );
+    let stub = HttpStub::start(move |_, _| Reply::json(200, reply.clone())).await;
+    let answer = anthropic(&stub.url, Structured::Format)
+        .call(&req)
+        .await
+        .expect("answer")
+        .judged(&contract)
+        .expect("accepted");
+    let body: Value = serde_json::from_str(&answer.body).expect("json");
+    assert_eq!(body["output"], json!({"title": "T"}));
+    let sent = stub.requests()[0].json();
+    assert_eq!(
+        sent["output_config"],
+        json!({"format": {"type": "json_schema", "schema": schema}})
+    );
+    assert_eq!(sent["max_tokens"], 2_048, "the deployment's ceiling");
+    assert_eq!(
+        sent["messages"][0]["content"][0]["cache_control"],
+        json!({"type": "ephemeral"})
+    );
+
+    let reply = message(
+        json!([{"type": "tool_use", "id": "toolu_1", "name": "invoice_2",
+                "input": {"title": "T"}}]),
+        "tool_use",
+    );
+    let stub = HttpStub::start(move |_, _| Reply::json(200, reply.clone())).await;
+    let answer = anthropic(&stub.url, Structured::Tool)
+        .call(&req)
+        .await
+        .expect("answer");
+    assert_eq!(
+        answer.finish,
+        Finish::Stop,
+        "the forced tool's call is the answer"
+    );
+    let body: Value =
+        serde_json::from_str(&answer.judged(&contract).expect("ok").body).expect("json");
+    assert_eq!(body["output"], json!({"title": "T"}));
+    let sent = stub.requests()[0].json();
+    assert_eq!(sent["tools"][0]["name"], "invoice_2");
+    assert_eq!(sent["tools"][0]["input_schema"], schema);
+    assert_eq!(
+        sent["tool_choice"],
+        json!({"type": "tool", "name": "invoice_2"})
+    );
+    assert!(sent.get("output_config").is_none());
+
+    // An answer that breaks the contract is refused after the call, whatever was asked.
+    let reply = message(
+        json!([{"type": "text", "text": "{\"title\": 7}"}]),
+        "end_turn",
+    );
+    let stub = HttpStub::start(move |_, _| Reply::json(200, reply.clone())).await;
+    let answer = anthropic(&stub.url, Structured::Format).call(&req).await;
+    assert!(matches!(
+        answer.expect("answer").judged(&contract),
+        Err(ProviderError::InvalidOutput(_))
+    ));
 }

@@ -1,5 +1,6 @@
 use super::*;
 use crate::job::InvalidMessage;
+use crate::provider::anthropic::Structured;
 use crate::provider::bedrock::BedrockSettings;
 use crate::provider::openai::OpenAiApi;
 use crate::provider::{KeySource, Secret};
@@ -304,6 +305,35 @@ fn providers_are_configured_and_keys_never_printed() {
         two_keys,
         Err(ConfigError::Invalid {
             name: "OPENAI_API_KEY",
+            ..
+        })
+    ));
+    let c = config(&[
+        ("JOBS_TABLE", "t"),
+        ("PROVIDER", "anthropic"),
+        ("ANTHROPIC_API_KEY_SECRET_ID", "arn:aws:secretsmanager:x"),
+        ("ANTHROPIC_STRUCTURED_OUTPUT", "tool"),
+        ("ALLOWED_MODELS", "claude-haiku-4-5"),
+    ])
+    .expect("valid");
+    let ProviderConfig::Anthropic { settings, key } = &c.provider else {
+        panic!("anthropic expected");
+    };
+    assert_eq!(settings.structured, Structured::Tool);
+    assert_eq!(settings.base_url, "https://api.anthropic.com");
+    assert_eq!(
+        key,
+        &KeySource::SecretsManager("arn:aws:secretsmanager:x".to_owned())
+    );
+    let plain = config(&[
+        ("JOBS_TABLE", "t"),
+        ("PROVIDER", "anthropic"),
+        ("ANTHROPIC_BASE_URL", "http://example.com"),
+    ]);
+    assert!(matches!(
+        plain,
+        Err(ConfigError::Invalid {
+            name: "ANTHROPIC_BASE_URL",
             ..
         })
     ));

@@ -82,6 +82,22 @@ impl Usage {
         }
     }
 
+    /// The usage an Anthropic `usage` object reports: its `input_tokens` leave out the cache's,
+    /// which it counts apart (`cache_read_input_tokens`, `cache_creation_input_tokens`).
+    /// `None` when it reports nothing.
+    pub fn from_anthropic(usage: &Value) -> Option<Usage> {
+        let count = |name: &str| usage.get(name).and_then(Value::as_u64);
+        Some(Usage {
+            input: count("input_tokens")?,
+            output: count("output_tokens").unwrap_or(0),
+            cache_read: count("cache_read_input_tokens").unwrap_or(0),
+            cache_write: count("cache_creation_input_tokens").unwrap_or(0),
+            reasoning: 0,
+            estimated: false,
+            cost_micros: None,
+        })
+    }
+
     /// An estimate for a call whose outcome is unknown: its input at [`BYTES_PER_TOKEN`], and
     /// the whole answer its ceiling allowed (the most it can have cost).
     pub fn estimate(input_bytes: usize, output_ceiling: u64) -> Usage {
@@ -154,13 +170,20 @@ mod tests {
     }
 
     #[test]
-    fn bedrock_counts_the_cache_apart_and_an_estimate_says_so() {
+    fn bedrock_and_anthropic_count_the_cache_apart_and_an_estimate_says_so() {
         let u = Usage::from_bedrock(9, 1, 100, 20);
         assert_eq!(
             (u.input, u.output, u.cache_read, u.cache_write),
             (9, 1, 100, 20)
         );
         assert_eq!(Usage::from_bedrock(-1, 0, 0, 0).input, 0);
+        // Anthropic counts the cache apart too, in its own names.
+        let a = Usage::from_anthropic(&json!({
+            "input_tokens": 9, "output_tokens": 1, "cache_read_input_tokens": 100,
+            "cache_creation_input_tokens": 20, "service_tier": "standard"
+        }));
+        assert_eq!(a, Some(u));
+        assert_eq!(Usage::from_anthropic(&json!({"output_tokens": 1})), None);
         let guess = Usage::estimate(4_001, 16_384);
         assert_eq!(
             (guess.input, guess.output, guess.estimated),

@@ -9,35 +9,61 @@ use crate::vars::{ConfigError, Vars};
 /// Where a provider's API key comes from.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum KeySource {
-    /// No key (a local OpenAI-compatible server that needs none).
+    /// No key (a local server that needs none).
     None,
-    /// `OPENAI_API_KEY`: the key itself, from the environment (local use).
+    /// `<PROVIDER>_API_KEY`: the key itself, from the environment (local use).
     Value(Secret),
-    /// `OPENAI_API_KEY_SECRET_ID`: a Secrets Manager secret (the key, or JSON with `api_key`).
+    /// `<PROVIDER>_API_KEY_SECRET_ID`: a Secrets Manager secret (the key, or JSON with
+    /// `api_key`).
     SecretsManager(String),
-    /// `OPENAI_API_KEY_PARAMETER`: an SSM `SecureString` parameter.
+    /// `<PROVIDER>_API_KEY_PARAMETER`: an SSM `SecureString` parameter.
     Parameter(String),
 }
 
+/// The variables that name a provider's key: the key itself, a secret, a parameter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct KeyVars {
+    pub(crate) value: &'static str,
+    pub(crate) secret: &'static str,
+    pub(crate) parameter: &'static str,
+}
+
+impl KeyVars {
+    #[cfg(feature = "openai")]
+    /// OpenAI's: `OPENAI_API_KEY`, `OPENAI_API_KEY_SECRET_ID`, `OPENAI_API_KEY_PARAMETER`.
+    pub(crate) const OPENAI: KeyVars = KeyVars {
+        value: "OPENAI_API_KEY",
+        secret: "OPENAI_API_KEY_SECRET_ID",
+        parameter: "OPENAI_API_KEY_PARAMETER",
+    };
+    #[cfg(feature = "anthropic")]
+    /// Anthropic's: `ANTHROPIC_API_KEY`, `ANTHROPIC_API_KEY_SECRET_ID`,
+    /// `ANTHROPIC_API_KEY_PARAMETER`.
+    pub(crate) const ANTHROPIC: KeyVars = KeyVars {
+        value: "ANTHROPIC_API_KEY",
+        secret: "ANTHROPIC_API_KEY_SECRET_ID",
+        parameter: "ANTHROPIC_API_KEY_PARAMETER",
+    };
+}
+
 impl KeySource {
-    /// The one key source the variables name (none, or more than one, is refused).
-    pub(crate) fn from_vars(vars: &Vars<'_>) -> Result<KeySource, ConfigError> {
+    /// The one key source the variables `names` name (none, or more than one, is refused).
+    pub(crate) fn from_vars(vars: &Vars<'_>, names: KeyVars) -> Result<KeySource, ConfigError> {
         let sources = [
-            vars.get("OPENAI_API_KEY")
+            vars.get(names.value)
                 .map(|v| KeySource::Value(Secret::new(v))),
-            vars.get("OPENAI_API_KEY_SECRET_ID")
-                .map(KeySource::SecretsManager),
-            vars.get("OPENAI_API_KEY_PARAMETER")
-                .map(KeySource::Parameter),
+            vars.get(names.secret).map(KeySource::SecretsManager),
+            vars.get(names.parameter).map(KeySource::Parameter),
         ];
         let mut given = sources.into_iter().flatten();
         let key = given.next().unwrap_or(KeySource::None);
         if given.next().is_some() {
             return Err(ConfigError::Invalid {
-                name: "OPENAI_API_KEY",
-                reason: "give one of OPENAI_API_KEY, OPENAI_API_KEY_SECRET_ID and \
-                         OPENAI_API_KEY_PARAMETER"
-                    .to_owned(),
+                name: names.value,
+                reason: format!(
+                    "give one of {}, {} and {}",
+                    names.value, names.secret, names.parameter
+                ),
             });
         }
         Ok(key)
@@ -179,11 +205,11 @@ fn non_empty(key: String, why: impl FnOnce() -> String) -> Result<Option<Secret>
     Ok(Some(Secret::new(key)))
 }
 
-/// The key in a secret's text: the `api_key` (or `OPENAI_API_KEY`) field of a JSON object, or
-/// the whole text.
+/// The key in a secret's text: the `api_key` (or `OPENAI_API_KEY`, `ANTHROPIC_API_KEY`) field
+/// of a JSON object, or the whole text.
 fn key_of(text: &str) -> String {
     match serde_json::from_str::<Value>(text) {
-        Ok(Value::Object(fields)) => ["api_key", "OPENAI_API_KEY"]
+        Ok(Value::Object(fields)) => ["api_key", "OPENAI_API_KEY", "ANTHROPIC_API_KEY"]
             .iter()
             .find_map(|k| fields.get(*k).and_then(Value::as_str))
             .unwrap_or_default()

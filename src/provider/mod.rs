@@ -1,8 +1,12 @@
 //! The model call behind a trait, so the processor never knows which provider runs.
 
+#[cfg(feature = "anthropic")]
+pub mod anthropic;
 #[cfg(feature = "bedrock")]
 pub mod bedrock;
-#[cfg(feature = "openai")]
+#[cfg(feature = "http-api")]
+pub mod http;
+#[cfg(feature = "http-api")]
 pub mod keys;
 #[cfg(feature = "openai")]
 pub mod openai;
@@ -12,20 +16,22 @@ use std::future::Future;
 
 use serde_json::{Map, Value};
 
+#[cfg(feature = "anthropic")]
+pub use anthropic::AnthropicProvider;
 #[cfg(feature = "bedrock")]
 pub use bedrock::BedrockProvider;
 #[cfg(feature = "openai")]
 pub use openai::OpenAiProvider;
 pub use simulated::SimulatedProvider;
 
-#[cfg(feature = "openai")]
+#[cfg(feature = "http-api")]
 pub use keys::{KeyRotation, KeySource, Secret};
 
 /// The least time between two readings of a provider's key after it was refused.
-#[cfg(feature = "openai")]
+#[cfg(feature = "http-api")]
 pub const KEY_REREAD_INTERVAL: std::time::Duration = std::time::Duration::from_secs(60);
 
-#[cfg(any(feature = "openai", feature = "bedrock"))]
+#[cfg(any(feature = "http-api", feature = "bedrock"))]
 /// Whether a provider's base URL may carry keys and prompts: `https://`, or `http://` to the
 /// loopback interface only (a local server or a test).
 pub(crate) fn trusted_url(url: &str) -> bool {
@@ -58,6 +64,8 @@ use serde_json::value::RawValue;
 
 use crate::job::contract::{Accepted, Contract, Finish, Rejected};
 use crate::vars::{ConfigError, Vars};
+#[cfg(feature = "anthropic")]
+use anthropic::AnthropicSettings;
 #[cfg(feature = "bedrock")]
 use bedrock::BedrockSettings;
 #[cfg(feature = "openai")]
@@ -76,6 +84,14 @@ pub enum ProviderConfig {
         /// Where the API key comes from.
         key: KeySource,
     },
+    /// `anthropic`: Anthropic's Messages API.
+    #[cfg(feature = "anthropic")]
+    Anthropic {
+        /// Where and how.
+        settings: AnthropicSettings,
+        /// Where the API key comes from.
+        key: KeySource,
+    },
     /// `bedrock`: Amazon Bedrock `Converse`.
     #[cfg(feature = "bedrock")]
     Bedrock(BedrockSettings),
@@ -89,6 +105,8 @@ impl ProviderConfig {
             ProviderConfig::Simulated => false,
             #[cfg(feature = "openai")]
             ProviderConfig::OpenAi { .. } => true,
+            #[cfg(feature = "anthropic")]
+            ProviderConfig::Anthropic { settings, .. } => settings.model.is_none(),
             #[cfg(feature = "bedrock")]
             ProviderConfig::Bedrock(settings) => settings.model_id.is_none(),
         }
@@ -101,19 +119,26 @@ impl ProviderConfig {
             #[cfg(feature = "openai")]
             Some("openai") => ProviderConfig::OpenAi {
                 settings: OpenAiSettings::from_vars(vars)?,
-                key: KeySource::from_vars(vars)?,
+                key: KeySource::from_vars(vars, keys::KeyVars::OPENAI)?,
+            },
+            #[cfg(feature = "anthropic")]
+            Some("anthropic") => ProviderConfig::Anthropic {
+                settings: AnthropicSettings::from_vars(vars)?,
+                key: KeySource::from_vars(vars, keys::KeyVars::ANTHROPIC)?,
             },
             #[cfg(feature = "bedrock")]
             Some("bedrock") => ProviderConfig::Bedrock(BedrockSettings::from_vars(vars)?),
             #[cfg(not(feature = "openai"))]
             Some("openai") => return Err(not_built("openai")),
+            #[cfg(not(feature = "anthropic"))]
+            Some("anthropic") => return Err(not_built("anthropic")),
             #[cfg(not(feature = "bedrock"))]
             Some("bedrock") => return Err(not_built("bedrock")),
             Some(other) => {
                 return Err(ConfigError::Invalid {
                     name: "PROVIDER",
                     reason: format!(
-                        "unknown provider {other:?} (known: simulated, openai, bedrock)"
+                        "unknown provider {other:?} (known: simulated, openai, anthropic, bedrock)"
                     ),
                 });
             }
@@ -122,7 +147,7 @@ impl ProviderConfig {
 }
 
 /// A provider this build was compiled without.
-#[cfg(not(all(feature = "openai", feature = "bedrock")))]
+#[cfg(not(all(feature = "openai", feature = "anthropic", feature = "bedrock")))]
 fn not_built(name: &str) -> ConfigError {
     ConfigError::Invalid {
         name: "PROVIDER",
@@ -369,6 +394,9 @@ pub enum AnyProvider {
     /// See [`OpenAiProvider`].
     #[cfg(feature = "openai")]
     OpenAi(OpenAiProvider),
+    /// See [`AnthropicProvider`].
+    #[cfg(feature = "anthropic")]
+    Anthropic(AnthropicProvider),
     /// See [`BedrockProvider`].
     #[cfg(feature = "bedrock")]
     Bedrock(BedrockProvider),
@@ -382,7 +410,7 @@ pub struct SetupError(pub String);
 impl AnyProvider {
     /// The provider `config` names; its key, if any, read once from where the config says.
     #[cfg_attr(
-        not(any(feature = "openai", feature = "bedrock")),
+        not(any(feature = "http-api", feature = "bedrock")),
         allow(unused_variables)
     )]
     pub async fn from_config(
@@ -405,6 +433,20 @@ impl AnyProvider {
                 }
                 AnyProvider::OpenAi(provider)
             }
+            #[cfg(feature = "anthropic")]
+            ProviderConfig::Anthropic { settings, key } => {
+                let source = key;
+                let key = keys::resolve(source, aws).await?;
+                if key.is_none() {
+                    tracing::warn!("no Anthropic API key configured; requests go unauthenticated");
+                }
+                let mut provider =
+                    AnthropicProvider::new(settings.clone(), key).map_err(SetupError)?;
+                if let Some(rotation) = KeyRotation::new(source, aws, KEY_REREAD_INTERVAL) {
+                    provider = provider.with_rotation(rotation);
+                }
+                AnyProvider::Anthropic(provider)
+            }
             #[cfg(feature = "bedrock")]
             ProviderConfig::Bedrock(settings) => {
                 AnyProvider::Bedrock(BedrockProvider::new(aws, settings))
@@ -420,6 +462,8 @@ macro_rules! each {
             AnyProvider::Simulated($p) => $body,
             #[cfg(feature = "openai")]
             AnyProvider::OpenAi($p) => $body,
+            #[cfg(feature = "anthropic")]
+            AnyProvider::Anthropic($p) => $body,
             #[cfg(feature = "bedrock")]
             AnyProvider::Bedrock($p) => $body,
         }

@@ -46,6 +46,13 @@ pub enum Reply {
     Slow(Duration, Box<Reply>),
     /// Read the request, then close the connection without answering.
     Drop,
+    /// A JSON answer whose body is cut off: the head announces all of `body`, the first
+    /// `sent` bytes follow, then the connection closes.
+    Cut {
+        status: u16,
+        body: String,
+        sent: usize,
+    },
     /// Pass the request to the server at this base URL (`http://127.0.0.1:PORT`) and relay its
     /// answer.
     Forward(String),
@@ -230,6 +237,16 @@ async fn read_request(stream: &mut TcpStream) -> Option<Request> {
 async fn write_reply(stream: &mut TcpStream, reply: Reply, request: &Request) -> bool {
     match reply {
         Reply::Drop => false,
+        Reply::Cut { status, body, sent } => {
+            let head = format!(
+                "HTTP/1.1 {status} X\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+                body.len()
+            );
+            let mut bytes = head.into_bytes();
+            bytes.extend_from_slice(&body.as_bytes()[..sent.min(body.len())]);
+            let _ = stream.write_all(&bytes).await;
+            false
+        }
         Reply::Slow(pause, reply) => {
             tokio::time::sleep(pause).await;
             Box::pin(write_reply(stream, *reply, request)).await

@@ -9,18 +9,18 @@
 //! dropped connection) is uncertain. Reasons carry status codes and error codes, never the
 //! provider's message text, which may quote the prompt.
 
-use std::sync::RwLock;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use reqwest::{Client, StatusCode};
 use serde_json::{Map, Value, json};
 
+use super::http::{ApiKey, code_text, transport_kind};
 use super::keys::{KeyRotation, Secret};
 mod status;
 
-pub use status::{MAX_RESPONSE_BYTES, classify_status, retry_after_ms};
-use status::{classify, code_text, no_responses_api, read, retrieval_error, transport_kind};
+pub use status::classify_status;
+use status::{classify, no_responses_api, retrieval_error};
 
 use super::{Answer, Provider, ProviderError, ProviderRequest, Retrieval, Submission};
 use crate::job::contract::{Contract, Finish};
@@ -108,13 +108,8 @@ impl OpenAiSettings {
 pub struct OpenAiProvider {
     http: Client,
     settings: OpenAiSettings,
-    /// The key requests are sent with; replaced when a 401 finds it rotated.
-    key: RwLock<Option<Secret>>,
-    /// Where the key can be read again, when it can (boxed: an SDK configuration is large).
-    rotation: Option<Box<KeyRotation>>,
-    /// Held while a refused key is replaced: the calls refused meanwhile wait, then take the
-    /// new key instead of reading it again.
-    rotating: tokio::sync::Mutex<()>,
+    /// The key requests are sent with.
+    key: ApiKey,
     /// Set once the server answered that it has no Responses API.
     chat_only: AtomicBool,
 }
@@ -122,17 +117,7 @@ pub struct OpenAiProvider {
 impl OpenAiProvider {
     /// A provider for `settings`, authenticating with `key` when there is one.
     pub fn new(settings: OpenAiSettings, key: Option<Secret>) -> Result<Self, String> {
-        // TLS through aws-lc-rs, the provider the AWS SDK uses too (a second call finds it
-        // installed, which is fine).
-        let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
-        // Never follow a redirect: it would carry the key and the prompt to wherever the
-        // server says (a 3xx is a refusal like any other).
-        let http = Client::builder()
-            .connect_timeout(Duration::from_millis(settings.connect_timeout_ms as u64))
-            .pool_idle_timeout(Duration::from_secs(60))
-            .redirect(reqwest::redirect::Policy::none())
-            .build()
-            .map_err(|e| format!("HTTP client: {e}"))?;
+        let http = super::http::client(settings.connect_timeout_ms)?;
         let chat_only = AtomicBool::new(settings.api == OpenAiApi::Chat);
         Ok(OpenAiProvider {
             http,
@@ -140,56 +125,23 @@ impl OpenAiProvider {
                 base_url: settings.base_url.trim_end_matches('/').to_owned(),
                 ..settings
             },
-            key: RwLock::new(key),
-            rotation: None,
-            rotating: tokio::sync::Mutex::new(()),
+            key: ApiKey::new(key),
             chat_only,
         })
     }
 
-    /// Reads the key again from `rotation` after a 401 (at most once a minute), so a key
-    /// rotated in Secrets Manager or SSM is taken up without a new execution environment and
-    /// without spending jobs' attempts on the old one.
+    /// Reads the key again from `rotation` after a 401 (see [`ApiKey`]).
     pub fn with_rotation(mut self, rotation: KeyRotation) -> Self {
-        self.rotation = Some(Box::new(rotation));
+        self.key.rotated_by(rotation);
         self
     }
 
-    /// Sends the request `build` makes and reads its answer; after a 401 whose key turns out
-    /// to have been rotated, sends it once more with the new key (a 401 is refused before any
-    /// work, so the resend repeats nothing).
+    /// Sends the request `build` makes with the key, as a bearer token, and reads its answer.
     async fn send(
         &self,
         build: impl Fn() -> reqwest::RequestBuilder,
     ) -> Result<(StatusCode, reqwest::header::HeaderMap, Value), ProviderError> {
-        let used = self.current_key();
-        let first = read(with_key(build(), used.as_ref()).send().await).await?;
-        if first.0 != StatusCode::UNAUTHORIZED {
-            return Ok(first);
-        }
-        let Some(rotation) = &self.rotation else {
-            return Ok(first);
-        };
-        // One replacement at a time: a call refused with a key another call has replaced
-        // meanwhile is sent again with the new one, without reading it again.
-        let next = {
-            let _one = self.rotating.lock().await;
-            let stored = self.current_key();
-            if stored != used {
-                stored
-            } else {
-                let Some(key) = rotation.read_again(used.as_ref()).await else {
-                    return Ok(first);
-                };
-                *self.key.write().unwrap_or_else(|p| p.into_inner()) = Some(key.clone());
-                Some(key)
-            }
-        };
-        read(with_key(build(), next.as_ref()).send().await).await
-    }
-
-    fn current_key(&self) -> Option<Secret> {
-        self.key.read().unwrap_or_else(|p| p.into_inner()).clone()
+        self.key.send(|key| with_key(build(), key), classify).await
     }
 
     fn url(&self, path: &str) -> String {
@@ -422,7 +374,7 @@ impl Provider for OpenAiProvider {
             .http
             .post(self.url(&format!("/responses/{provider_ref}/cancel")))
             .timeout(self.background_timeout());
-        let sent = with_key(request, self.current_key().as_ref()).send().await;
+        let sent = with_key(request, self.key.current().as_ref()).send().await;
         match sent {
             Ok(r) if r.status().is_success() => tracing::info!("background call cancelled"),
             Ok(r) => tracing::warn!(status = %r.status(), "cancel refused"),

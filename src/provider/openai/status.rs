@@ -1,86 +1,12 @@
-//! What an OpenAI-compatible server's answer proves about the work: statuses and transport
-//! failures classified (transient, uncertain, permanent), retrieval errors, `Retry-After`, and
-//! the capped read of a body.
+//! What an OpenAI-compatible server's answer proves about the work: statuses classified
+//! (throttled, transient, uncertain, permanent), retrieval errors, and a missing Responses API.
 
 use reqwest::StatusCode;
-use reqwest::header::{HeaderMap, HeaderValue};
+use reqwest::header::HeaderMap;
 use serde_json::Value;
 
-use crate::job::Millis;
-use crate::provider::{MAX_RETRY_AFTER_MS, ProviderError, Retrieval};
-
-/// The most of a response body that is read. An answer beyond it could not be stored in the
-/// ledger item anyway.
-pub const MAX_RESPONSE_BYTES: usize = 1_048_576;
-
-/// Sends a request and reads its whole answer (at most [`MAX_RESPONSE_BYTES`]); a transport
-/// failure is classified.
-pub(super) async fn read(
-    sent: Result<reqwest::Response, reqwest::Error>,
-) -> Result<(StatusCode, HeaderMap, Value), ProviderError> {
-    let mut response = sent.map_err(|e| transport_error(&e))?;
-    let status = response.status();
-    let headers = response.headers().clone();
-    let mut bytes = Vec::new();
-    loop {
-        match response.chunk().await {
-            Ok(Some(chunk)) if bytes.len() + chunk.len() > MAX_RESPONSE_BYTES => {
-                // An answer this large could never be stored: the same call would give it
-                // again, so it is a permanent failure, not a reason to pay for a retry.
-                return Err(ProviderError::Permanent {
-                    reason: format!("answer larger than {MAX_RESPONSE_BYTES} bytes"),
-                });
-            }
-            Ok(Some(chunk)) => bytes.extend_from_slice(&chunk),
-            Ok(None) => break,
-            // The work was done and its answer lost on the way.
-            Err(e) if status.is_success() => return Err(transport_error(&e)),
-            // The status alone says what happened; the body that was cut off adds nothing.
-            Err(_) => return Err(classify(status, &headers, &Value::Null)),
-        }
-    }
-    let json = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
-    if status.is_success() && json.is_null() {
-        return Err(ProviderError::Uncertain {
-            evidence: format!("HTTP {} with a body that is not JSON", status.as_u16()),
-        });
-    }
-    Ok((status, headers, json))
-}
-
-/// A request that never produced a response.
-pub(super) fn transport_error(e: &reqwest::Error) -> ProviderError {
-    if e.is_connect() {
-        // Nothing was sent.
-        ProviderError::Transient {
-            retry_after_ms: None,
-            reason: "connection failed".to_owned(),
-        }
-    } else if e.is_builder() {
-        ProviderError::Permanent {
-            reason: "request could not be built".to_owned(),
-        }
-    } else {
-        ProviderError::Uncertain {
-            evidence: format!(
-                "{} after the request was sent; it may have run",
-                transport_kind(e)
-            ),
-        }
-    }
-}
-
-pub(super) fn transport_kind(e: &reqwest::Error) -> &'static str {
-    if e.is_timeout() {
-        "timeout"
-    } else if e.is_connect() {
-        "connection failed"
-    } else if e.is_decode() || e.is_body() {
-        "answer cut off"
-    } else {
-        "connection lost"
-    }
-}
+use crate::provider::http::{code_text, retry_after_ms};
+use crate::provider::{ProviderError, Retrieval};
 
 /// An error status of a call, classified by what it proves about the work (the README's table):
 ///
@@ -158,41 +84,10 @@ pub(super) fn no_responses_api(status: StatusCode, json: &Value) -> bool {
     matches!(status.as_u16(), 404 | 405) && !about_model
 }
 
-/// The wait a response asks for: `retry-after-ms`, or `retry-after` in seconds or as an HTTP
-/// date; at most [`MAX_RETRY_AFTER_MS`], and nothing for a value that is not a finite number.
-pub fn retry_after_ms(headers: &HeaderMap) -> Option<Millis> {
-    let text = |name: &str| {
-        headers
-            .get(name)
-            .and_then(|v: &HeaderValue| v.to_str().ok())
-    };
-    let capped = |ms: f64| {
-        ms.is_finite()
-            .then(|| ms.clamp(0.0, MAX_RETRY_AFTER_MS as f64) as Millis)
-    };
-    if let Some(ms) = text("retry-after-ms").and_then(|v| v.trim().parse::<f64>().ok()) {
-        return capped(ms);
-    }
-    let value = text("retry-after")?.trim();
-    if let Ok(seconds) = value.parse::<f64>() {
-        return capped(seconds * 1000.0);
-    }
-    let at =
-        time::OffsetDateTime::parse(value, &time::format_description::well_known::Rfc2822).ok()?;
-    let ms = (at - time::OffsetDateTime::now_utc()).whole_milliseconds();
-    Some(ms.clamp(0, i128::from(MAX_RETRY_AFTER_MS)) as Millis)
-}
-
-/// A provider code, made safe to record: short, and only identifier characters.
-pub(super) fn code_text(code: &str) -> String {
-    code.chars()
-        .filter(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))
-        .take(64)
-        .collect()
-}
 #[cfg(test)]
 mod tests {
     use super::*;
+    use reqwest::header::HeaderValue;
     use serde_json::json;
 
     #[test]
@@ -253,44 +148,6 @@ mod tests {
         assert_eq!(kind(502, &own), "uncertain");
         for status in [400, 404, 413, 422] {
             assert_eq!(kind(status, &Value::Null), "permanent", "{status}");
-        }
-    }
-
-    #[test]
-    fn retry_after_reads_milliseconds_seconds_and_dates() {
-        let mut h = HeaderMap::new();
-        h.insert("retry-after-ms", HeaderValue::from_static("1500"));
-        h.insert("retry-after", HeaderValue::from_static("9"));
-        assert_eq!(retry_after_ms(&h), Some(1_500));
-        let mut h = HeaderMap::new();
-        h.insert("retry-after", HeaderValue::from_static("2.5"));
-        assert_eq!(retry_after_ms(&h), Some(2_500));
-        let mut h = HeaderMap::new();
-        h.insert(
-            "retry-after",
-            HeaderValue::from_static("Wed, 21 Oct 2015 07:28:00 GMT"),
-        );
-        assert_eq!(
-            retry_after_ms(&h),
-            Some(0),
-            "a date in the past asks no wait"
-        );
-        let mut h = HeaderMap::new();
-        h.insert("retry-after", HeaderValue::from_static("soon"));
-        assert_eq!(retry_after_ms(&h), None);
-        // Capped, never overflowing, and nothing for what is not a finite number.
-        for huge in ["1e20", "86400", "9223372036854775807"] {
-            let mut h = HeaderMap::new();
-            h.insert("retry-after", HeaderValue::from_str(huge).expect("header"));
-            assert_eq!(retry_after_ms(&h), Some(MAX_RETRY_AFTER_MS), "{huge}");
-        }
-        for odd in ["inf", "NaN", "-inf"] {
-            let mut h = HeaderMap::new();
-            h.insert(
-                "retry-after-ms",
-                HeaderValue::from_str(odd).expect("header"),
-            );
-            assert_eq!(retry_after_ms(&h), None, "{odd}");
         }
     }
 }

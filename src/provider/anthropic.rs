@@ -1,0 +1,510 @@
+//! Anthropic's Messages API (`POST /v1/messages`), with `x-api-key` and `anthropic-version`.
+//!
+//! A message cannot be asked for again, so a call interrupted after it was sent is uncertain.
+//! The contract's schema is sent in Anthropic's own form: structured output
+//! (`output_config.format`), or for models without it a tool the model is made to call, whose
+//! input is the answer. Errors are classified by what they prove about the work (the README's
+//! table); reasons carry the status and Anthropic's error type, never its message.
+
+use reqwest::header::HeaderMap;
+use reqwest::{Client, StatusCode};
+use serde_json::{Map, Value, json};
+
+use super::http::{ApiKey, code_text, retry_after_ms};
+use super::keys::{KeyRotation, Secret};
+use super::{Answer, Provider, ProviderError, ProviderRequest};
+use crate::job::contract::{Contract, Finish};
+use crate::job::{Millis, Usage};
+use crate::vars::{ConfigError, Vars};
+
+/// The API version every request names (`anthropic-version`).
+pub const DEFAULT_VERSION: &str = "2023-06-01";
+
+/// The answer's ceiling sent when neither the job nor the deployment sets one: the API needs
+/// `max_tokens` on every request.
+pub const DEFAULT_MAX_TOKENS: u64 = 4_096;
+
+/// How the contract's schema is put to the model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Structured {
+    /// `output_config.format`: the answer's text follows the schema (constrained decoding).
+    Format,
+    /// A tool whose input schema is the contract's, which the model is made to call
+    /// (`tool_choice`): for models without structured output. Its input is the answer.
+    Tool,
+}
+
+/// How to reach Anthropic.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AnthropicSettings {
+    /// `ANTHROPIC_BASE_URL`, without the version (`https://api.anthropic.com`).
+    pub base_url: String,
+    /// `ANTHROPIC_VERSION`: the `anthropic-version` header.
+    pub version: String,
+    /// `ANTHROPIC_MODEL`: when set, the model of every call (otherwise the job's `input.model`).
+    pub model: Option<String>,
+    /// `ANTHROPIC_STRUCTURED_OUTPUT`: `format` (default) or `tool`.
+    pub structured: Structured,
+    /// `ANTHROPIC_CONNECT_TIMEOUT_MS`.
+    pub connect_timeout_ms: Millis,
+}
+
+impl Default for AnthropicSettings {
+    fn default() -> Self {
+        AnthropicSettings {
+            base_url: "https://api.anthropic.com".to_owned(),
+            version: DEFAULT_VERSION.to_owned(),
+            model: None,
+            structured: Structured::Format,
+            connect_timeout_ms: 5_000,
+        }
+    }
+}
+
+impl AnthropicSettings {
+    /// Reads the `ANTHROPIC_*` settings (the key is read by [`super::keys::KeySource`]).
+    pub(crate) fn from_vars(vars: &Vars<'_>) -> Result<AnthropicSettings, ConfigError> {
+        let d = AnthropicSettings::default();
+        let base_url = vars.get("ANTHROPIC_BASE_URL").unwrap_or(d.base_url);
+        if !super::trusted_url(&base_url) {
+            return Err(ConfigError::Invalid {
+                name: "ANTHROPIC_BASE_URL",
+                reason: "must be https:// (http:// only on the loopback interface): the API key and the prompts go there".to_owned(),
+            });
+        }
+        Ok(AnthropicSettings {
+            base_url,
+            version: vars.get("ANTHROPIC_VERSION").unwrap_or(d.version),
+            model: vars.get("ANTHROPIC_MODEL"),
+            structured: vars.choice(
+                "ANTHROPIC_STRUCTURED_OUTPUT",
+                Structured::Format,
+                &[("format", Structured::Format), ("tool", Structured::Tool)],
+            )?,
+            connect_timeout_ms: vars.integer(
+                "ANTHROPIC_CONNECT_TIMEOUT_MS",
+                d.connect_timeout_ms,
+                1,
+                60_000,
+            )?,
+        })
+    }
+}
+
+/// The Anthropic provider.
+#[derive(Debug)]
+pub struct AnthropicProvider {
+    http: Client,
+    settings: AnthropicSettings,
+    key: ApiKey,
+}
+
+impl AnthropicProvider {
+    /// A provider for `settings`, authenticating with `key` when there is one.
+    pub fn new(settings: AnthropicSettings, key: Option<Secret>) -> Result<Self, String> {
+        Ok(AnthropicProvider {
+            http: super::http::client(settings.connect_timeout_ms)?,
+            settings: AnthropicSettings {
+                base_url: settings.base_url.trim_end_matches('/').to_owned(),
+                ..settings
+            },
+            key: ApiKey::new(key),
+        })
+    }
+
+    /// Reads the key again after a 401 (see [`ApiKey`]).
+    pub fn with_rotation(mut self, rotation: KeyRotation) -> Self {
+        self.key.rotated_by(rotation);
+        self
+    }
+
+    /// The request's body: the conversation, the answer's ceiling, the job's parameters in
+    /// Anthropic's names, and the contract's schema in the form the settings choose.
+    fn body(&self, req: &ProviderRequest<'_>) -> Result<Map<String, Value>, ProviderError> {
+        let permanent = |reason: &str| ProviderError::Permanent {
+            reason: reason.to_owned(),
+        };
+        let (system, messages) = conversation(req.input).map_err(permanent)?;
+        let mut body = Map::new();
+        body.insert("model".into(), json!(Provider::model(self, req.input)));
+        body.insert("messages".into(), Value::Array(messages));
+        if !system.is_empty() {
+            body.insert("system".into(), Value::Array(system));
+        }
+        let ceiling = match crate::job::output_ceiling(req.input) {
+            0 if req.max_output_tokens > 0 => req.max_output_tokens,
+            0 => DEFAULT_MAX_TOKENS,
+            own => own,
+        };
+        body.insert("max_tokens".into(), json!(ceiling));
+        parameters(req.input, &mut body);
+        match (self.settings.structured, schema(req.output)) {
+            (_, None) => {}
+            (Structured::Format, Some(schema)) => {
+                let format = json!({"type": "json_schema", "schema": schema});
+                body.insert("output_config".into(), json!({ "format": format }));
+            }
+            (Structured::Tool, Some(schema)) => {
+                let name = req.output.schema_name();
+                body.insert(
+                    "tools".into(),
+                    json!([{
+                        "name": name,
+                        "description": "Give the answer.",
+                        "input_schema": schema,
+                    }]),
+                );
+                body.insert("tool_choice".into(), json!({"type": "tool", "name": name}));
+            }
+        }
+        Ok(body)
+    }
+
+    /// The answer a message gives: its text, or in tool mode the forced tool's input.
+    fn answer(&self, req: &ProviderRequest<'_>, json: &Value) -> Result<Answer, ProviderError> {
+        let blocks = json
+            .get("content")
+            .and_then(Value::as_array)
+            .ok_or_else(|| ProviderError::Permanent {
+                reason: "message without content".to_owned(),
+            })?;
+        let tool = (self.settings.structured == Structured::Tool && schema(req.output).is_some())
+            .then(|| req.output.schema_name());
+        let stop_reason = json.get("stop_reason").and_then(Value::as_str);
+        let mut finish = stop_finish(stop_reason);
+        let text = match &tool {
+            Some(name) => {
+                let input = blocks.iter().find(|b| {
+                    b.get("type").and_then(Value::as_str) == Some("tool_use")
+                        && b.get("name").and_then(Value::as_str) == Some(name)
+                });
+                if finish == Finish::ToolUse && input.is_some() {
+                    // The model called the tool it was made to call: that is its answer.
+                    finish = Finish::Stop;
+                }
+                input
+                    .and_then(|b| b.get("input"))
+                    .map(Value::to_string)
+                    .unwrap_or_default()
+            }
+            None => blocks
+                .iter()
+                .filter(|b| b.get("type").and_then(Value::as_str) == Some("text"))
+                .filter_map(|b| b.get("text").and_then(Value::as_str))
+                .collect(),
+        };
+        let model = Provider::model(self, req.input);
+        let usage = json.get("usage").cloned().unwrap_or(Value::Null);
+        let body = json!({
+            "contract": req.contract,
+            "model": json.get("model").and_then(Value::as_str).unwrap_or(model),
+            "output": text,
+            "stop_reason": stop_reason,
+            "usage": usage,
+        });
+        Ok(Answer {
+            body: body.to_string(),
+            provider_ref: None,
+            finish,
+            usage: Usage::from_anthropic(&usage),
+        })
+    }
+}
+
+impl Provider for AnthropicProvider {
+    fn name(&self) -> &'static str {
+        "anthropic"
+    }
+
+    fn model<'a>(&'a self, input: &'a Map<String, Value>) -> &'a str {
+        self.settings
+            .model
+            .as_deref()
+            .or_else(|| input.get("model").and_then(Value::as_str))
+            .unwrap_or_default()
+    }
+
+    async fn call(&self, req: &ProviderRequest<'_>) -> Result<Answer, ProviderError> {
+        let body = self.body(req)?;
+        let url = format!("{}/v1/messages", self.settings.base_url);
+        let (status, headers, json) = self
+            .key
+            .send(
+                |key| {
+                    let request = self
+                        .http
+                        .post(&url)
+                        .header("anthropic-version", &self.settings.version)
+                        .json(&body);
+                    match key {
+                        Some(key) => request.header("x-api-key", key.expose()),
+                        None => request,
+                    }
+                },
+                classify,
+            )
+            .await?;
+        if !status.is_success() {
+            return Err(classify(status, &headers, &json));
+        }
+        self.answer(req, &json)
+    }
+}
+
+/// An error status, classified by what it proves about the work (the README's table):
+///
+/// - throttled: a 429 with Anthropic's own `rate_limit_error`; but one whose
+///   `error.details.error_code` is `enforced_spend_limit_reached` is transient, since waiting
+///   does not clear it (it spends its attempt);
+/// - transient, refused before any work: a 529 with Anthropic's own `overloaded_error`; 401 and
+///   403 (credentials are configuration, not the job's fault), 408 and 425;
+/// - uncertain, the call may have run: a 500 (`api_error`: Anthropic's own failure, possibly
+///   mid-generation), a 429 or 529 without Anthropic's error object (a gateway's), 502, 504, the
+///   52x of proxies, and any other 5xx;
+/// - permanent: any other 4xx (`invalid_request_error`, `not_found_error`, 413).
+fn classify(status: StatusCode, headers: &HeaderMap, json: &Value) -> ProviderError {
+    let own = json.get("type").and_then(Value::as_str) == Some("error");
+    let kind = json
+        .pointer("/error/type")
+        .and_then(Value::as_str)
+        .filter(|_| own);
+    let detail = json
+        .pointer("/error/details/error_code")
+        .and_then(Value::as_str)
+        .filter(|_| own);
+    let mut reason = format!("HTTP {}", status.as_u16());
+    for word in [kind, detail].into_iter().flatten() {
+        reason.push(' ');
+        reason.push_str(&code_text(word));
+    }
+    let retry_after_ms = retry_after_ms(headers);
+    match (status.as_u16(), kind) {
+        (429, Some(_)) if detail == Some("enforced_spend_limit_reached") => {
+            ProviderError::Transient {
+                retry_after_ms,
+                reason,
+            }
+        }
+        (429, Some("rate_limit_error")) => ProviderError::Throttled {
+            retry_after_ms,
+            reason,
+        },
+        (529, Some("overloaded_error")) | (401 | 403 | 408 | 425, _) => ProviderError::Transient {
+            retry_after_ms,
+            reason,
+        },
+        (429 | 500..=599, _) => ProviderError::Uncertain {
+            evidence: format!("{reason} after the request was sent; it may have run"),
+        },
+        _ => ProviderError::Permanent { reason },
+    }
+}
+
+/// A `stop_reason` in the one vocabulary of finish reasons.
+fn stop_finish(reason: Option<&str>) -> Finish {
+    match reason {
+        Some("end_turn" | "stop_sequence") => Finish::Stop,
+        Some("max_tokens" | "model_context_window_exceeded") => Finish::Length,
+        Some("refusal") => Finish::ContentFilter,
+        Some("tool_use") => Finish::ToolUse,
+        _ => Finish::Unknown,
+    }
+}
+
+/// The contract's schema, when the answer must be JSON following one.
+fn schema(contract: &Contract) -> Option<&Value> {
+    contract.schema().filter(|_| contract.wants_json())
+}
+
+/// The job's parameters in Anthropic's names: `temperature` (at most 1 here), `top_p`,
+/// `top_k`, stop sequences in any spelling, and, where the deployment allows them,
+/// `service_tier`, `thinking`, `metadata` and `cache_control`. Others (`seed`, penalties,
+/// reasoning effort) have no counterpart and are left out.
+fn parameters(input: &Map<String, Value>, body: &mut Map<String, Value>) {
+    let Some(Value::Object(p)) = input.get("parameters") else {
+        return;
+    };
+    if let Some(t) = p.get("temperature").and_then(Value::as_f64) {
+        body.insert("temperature".into(), json!(t.clamp(0.0, 1.0)));
+    }
+    for name in [
+        "top_p",
+        "top_k",
+        "service_tier",
+        "thinking",
+        "metadata",
+        "cache_control",
+    ] {
+        if let Some(v) = p.get(name) {
+            body.insert(name.into(), v.clone());
+        }
+    }
+    let stop = ["stop_sequences", "stop", "stopSequences"]
+        .iter()
+        .find_map(|n| p.get(*n));
+    match stop {
+        Some(Value::String(s)) => {
+            body.insert("stop_sequences".into(), json!([s]));
+        }
+        Some(list @ Value::Array(_)) => {
+            body.insert("stop_sequences".into(), list.clone());
+        }
+        _ => {}
+    }
+}
+
+/// The job's conversation as Anthropic's `system` blocks and `messages`: system and developer
+/// messages become system blocks; content parts are carried in Anthropic's form, their
+/// `cache_control` with them.
+fn conversation(input: &Map<String, Value>) -> Result<(Vec<Value>, Vec<Value>), &'static str> {
+    if let Some(Value::String(prompt)) = input.get("prompt") {
+        return Ok((Vec::new(), vec![json!({"role": "user", "content": prompt})]));
+    }
+    let Some(Value::Array(entries)) = input.get("messages") else {
+        return Err("no prompt or messages");
+    };
+    let mut system = Vec::new();
+    let mut messages = Vec::new();
+    for entry in entries {
+        let role = entry.get("role").and_then(Value::as_str);
+        let content = match entry.get("content") {
+            Some(Value::String(text)) if matches!(role, Some("system" | "developer")) => {
+                vec![json!({"type": "text", "text": text})]
+            }
+            Some(text @ Value::String(_)) => {
+                messages.push(json!({"role": role, "content": text}));
+                continue;
+            }
+            Some(Value::Array(parts)) => parts.iter().map(part).collect::<Result<_, _>>()?,
+            _ => return Err("message without content"),
+        };
+        match role {
+            Some("system" | "developer") => system.extend(content),
+            Some("user" | "assistant") => {
+                messages.push(json!({"role": role, "content": content}));
+            }
+            _ => return Err("message role must be system, user or assistant"),
+        }
+    }
+    Ok((system, messages))
+}
+
+/// One content part in Anthropic's form: text (OpenAI's `input_text` and `output_text` too),
+/// an image by `image_url` (a `data:` URL or a link), or Anthropic's own `image` and `document`
+/// parts as they are.
+fn part(p: &Value) -> Result<Value, &'static str> {
+    let mut out = match p.get("type").and_then(Value::as_str) {
+        Some("text" | "input_text" | "output_text") => match p.get("text") {
+            Some(Value::String(t)) => json!({"type": "text", "text": t}),
+            _ => return Err("text part without text"),
+        },
+        Some("image_url") => {
+            let url = p
+                .pointer("/image_url/url")
+                .or_else(|| p.get("image_url"))
+                .and_then(Value::as_str)
+                .ok_or("image part without a URL")?;
+            json!({"type": "image", "source": image_source(url)?})
+        }
+        Some("image" | "document") if p.get("source").is_some_and(Value::is_object) => {
+            json!({"type": p["type"], "source": p["source"]})
+        }
+        _ => return Err("a content part this provider does not take"),
+    };
+    if let Some(cache) = p.get("cache_control") {
+        out["cache_control"] = cache.clone();
+    }
+    Ok(out)
+}
+
+/// An image URL as Anthropic's `source`: base64 data from a `data:` URL, else the link.
+fn image_source(url: &str) -> Result<Value, &'static str> {
+    let Some(data) = url.strip_prefix("data:") else {
+        return Ok(json!({"type": "url", "url": url}));
+    };
+    let (media_type, data) = data
+        .split_once(";base64,")
+        .ok_or("an image data URL must be base64")?;
+    Ok(json!({"type": "base64", "media_type": media_type, "data": data}))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn kind(status: u16, body: &Value) -> &'static str {
+        let status = StatusCode::from_u16(status).expect("status");
+        match classify(status, &HeaderMap::new(), body) {
+            ProviderError::Throttled { .. } => "throttled",
+            ProviderError::Transient { .. } => "transient",
+            ProviderError::Uncertain { .. } => "uncertain",
+            ProviderError::Permanent { .. } => "permanent",
+            ProviderError::InvalidOutput(_) => "invalid",
+        }
+    }
+
+    fn error(kind: &str) -> Value {
+        json!({"type": "error", "error": {"type": kind, "message": "quotes the prompt"}})
+    }
+
+    #[test]
+    fn statuses_are_classified_by_what_they_prove() {
+        assert_eq!(kind(429, &error("rate_limit_error")), "throttled");
+        let spend = json!({"type": "error", "error": {"type": "rate_limit_error",
+            "details": {"error_code": "enforced_spend_limit_reached"}}});
+        assert_eq!(kind(429, &spend), "transient");
+        assert_eq!(kind(529, &error("overloaded_error")), "transient");
+        for status in [401, 403, 408, 425] {
+            assert_eq!(kind(status, &Value::Null), "transient", "{status}");
+        }
+        assert_eq!(kind(500, &error("api_error")), "uncertain");
+        // Without Anthropic's own error object, a 429 or 529 is a gateway's word.
+        for status in [429, 529, 500, 502, 503, 504, 520] {
+            assert_eq!(kind(status, &Value::Null), "uncertain", "{status}");
+        }
+        assert_eq!(
+            kind(429, &json!({"error": {"type": "rate_limit_error"}})),
+            "uncertain"
+        );
+        for status in [400, 404, 413, 422] {
+            assert_eq!(kind(status, &error("invalid_request_error")), "permanent");
+        }
+        let reason = classify(StatusCode::TOO_MANY_REQUESTS, &HeaderMap::new(), &spend).to_string();
+        assert!(reason.contains("enforced_spend_limit_reached"), "{reason}");
+        assert!(!reason.contains("prompt"), "{reason}");
+    }
+
+    #[test]
+    fn parts_are_carried_in_anthropics_form() {
+        let input = json!({"messages": [
+            {"role": "system", "content": [{"type": "text", "text": "rules",
+                "cache_control": {"type": "ephemeral"}}]},
+            {"role": "user", "content": [
+                {"type": "input_text", "text": "look"},
+                {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}},
+                {"type": "document", "source": {"type": "url", "url": "https://x/y.pdf"}}
+            ]},
+            {"role": "assistant", "content": "ok"}
+        ]});
+        let (system, messages) = conversation(input.as_object().expect("object")).expect("ok");
+        assert_eq!(system[0]["cache_control"]["type"], "ephemeral");
+        let parts = &messages[0]["content"];
+        assert_eq!(parts[0], json!({"type": "text", "text": "look"}));
+        assert_eq!(parts[1]["source"]["media_type"], "image/png");
+        assert_eq!(parts[2]["type"], "document");
+        assert_eq!(messages[1]["content"], "ok");
+        let audio = json!({"messages": [{"role": "user", "content": [{"type": "input_audio"}]}]});
+        assert!(conversation(audio.as_object().expect("object")).is_err());
+    }
+
+    #[test]
+    fn stop_reasons_read_into_one_vocabulary() {
+        assert_eq!(stop_finish(Some("end_turn")), Finish::Stop);
+        assert_eq!(stop_finish(Some("stop_sequence")), Finish::Stop);
+        assert_eq!(stop_finish(Some("max_tokens")), Finish::Length);
+        assert_eq!(stop_finish(Some("refusal")), Finish::ContentFilter);
+        assert_eq!(stop_finish(Some("tool_use")), Finish::ToolUse);
+        assert_eq!(stop_finish(Some("pause_turn")), Finish::Unknown);
+        assert_eq!(stop_finish(None), Finish::Unknown);
+    }
+}
