@@ -403,6 +403,7 @@ async fn ledger_cpu_per_request_us(
                 now,
                 lease_until: now + 300_000,
                 provider_ref: None,
+                route: None,
                 first_sight: true,
             };
             let Ok(Write::Applied(record)) = ledger.claim(claim).await else {

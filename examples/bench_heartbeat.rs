@@ -62,6 +62,7 @@ async fn claim_all<L: JobLedger>(ledger: &L, flights: &Flights, n: usize) {
             now,
             lease_until: now + 600_000,
             provider_ref: None,
+            route: None,
             first_sight: false,
         };
         ledger.claim(req).await.expect("claim");

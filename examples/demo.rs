@@ -26,6 +26,7 @@ use fenced_jobs::testing::stream_source::LocalStreamSource;
 use fenced_jobs::worker::Settings;
 use fenced_jobs::worker::handler::BatchHandler;
 use fenced_jobs::worker::processor::Processor;
+use fenced_jobs::worker::routing::ModelMap;
 
 /// The Extended Client payload the pointer job names.
 const POINTER_KEY: &str = "payloads/demo-pointer.json";
@@ -73,6 +74,12 @@ fn jobs(bucket: &str) -> Vec<(&'static str, &'static str, &'static str, String)>
             "demo-eval",
             "succeeded, 3 calls",
             job("demo-eval", "Grade this answer.", r#"{"fail_times":2}"#),
+        ),
+        (
+            "1st provider overloaded",
+            "demo-fallback",
+            "succeeded, 2 calls, 2 providers",
+            r#"{"job_id":"demo-fallback","contract":"summary.v1","input":{"model":"sim-large","prompt":"Summarise the annual report."},"metadata":{"source":"demo"}}"#.to_owned(),
         ),
         (
             "invoice: invalid, then valid",
@@ -155,6 +162,27 @@ fn invoice_job() -> String {
     .to_string()
 }
 
+/// Where each attempt of the fallback job went, as its claim recorded it.
+fn show_fallback(record: &fenced_jobs::job::JobRecord) {
+    for a in &record.attempt_log {
+        let (provider, model) = a
+            .route
+            .as_ref()
+            .map_or(("-", "-"), |r| (r.provider.as_str(), r.model.as_str()));
+        let why = match &record.last_error {
+            Some(e) if a.outcome == fenced_jobs::job::AttemptOutcome::Transient => {
+                format!(": {}", e.message)
+            }
+            _ => String::new(),
+        };
+        println!(
+            "demo-fallback, attempt {}: sent to {provider} ({model}), {}{why}",
+            a.number,
+            a.outcome.as_str()
+        );
+    }
+}
+
 /// What the ledger says of the invoice job: why its first answer was refused, and the
 /// accepted answer's total, read from the output stored as JSON.
 fn show_invoice(record: &fenced_jobs::job::JobRecord) {
@@ -221,13 +249,17 @@ async fn main() {
     settings.visibility.backoff_cap_s = 2;
     let ledger = DynamoLedger::new(ddb.clone(), &table);
     let s3 = s3_client(&aws);
+    // Two providers in order: the first is overloaded for `sim-large` (it answers 529, as
+    // Anthropic does), so a job for that model goes to the second, which runs it as `sim-1`.
+    let backup = ModelMap::parse("SIMULATED_MODELS", "sim-large=sim-1").expect("model map");
     let handler = BatchHandler::new(
         Processor::new(
             ledger.clone(),
-            SimulatedProvider::new(),
+            SimulatedProvider::new().overloaded_for("sim-large"),
             SystemClock,
             settings,
         )
+        .with_fallback(SimulatedProvider::new().named("simulated-backup"), backup)
         .with_blobs(Arc::new(S3Blobs::new(s3.clone(), Some(bucket.clone()))))
         // The contracts built in from `contracts/`, as the worker loads them.
         .with_contracts(Arc::new(
@@ -289,7 +321,9 @@ async fn main() {
         started.elapsed().as_secs_f64()
     );
 
-    let provider = handler.processor().provider();
+    let providers: Vec<_> = handler.processor().providers().collect();
+    let calls_for =
+        |job_id: &str| -> u32 { providers.iter().map(|p| p.executions_for(job_id)).sum() };
     println!(
         "{:<31} {:<14} {:<16} {:>8} {:>6} {:>6}  expected",
         "message", "job_id", "final state", "attempts", "epoch", "calls"
@@ -312,7 +346,7 @@ async fn main() {
         let calls = if job_id == "-" {
             String::new()
         } else {
-            provider.executions_for(job_id).to_string()
+            calls_for(job_id).to_string()
         };
         println!(
             "{label:<31} {job_id:<14} {state:<16} {attempts:>8} {epoch:>6} {calls:>6}  {expected}"
@@ -322,6 +356,10 @@ async fn main() {
         }
     }
 
+    if let Ok(Some(fallback)) = ledger.get("demo-fallback").await {
+        println!();
+        show_fallback(&fallback);
+    }
     if let Ok(Some(invoice)) = ledger.get("demo-invoice").await {
         println!();
         show_invoice(&invoice);
@@ -339,7 +377,8 @@ async fn main() {
     println!(
         "\nDead-letter queue: {dead} messages (the conflict and the two poison messages, sent there by the worker after one receive, with their reason)."
     );
-    println!("Provider calls: {} in all.", provider.executions());
+    let executions: u64 = providers.iter().map(|p| p.executions()).sum();
+    println!("Provider calls: {executions} in all.");
     let counts = calls.counts();
     let line = |service: &str| {
         counts

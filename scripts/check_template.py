@@ -152,9 +152,18 @@ STREAM_POLLING = {
 }
 
 
+# What a call's own parameters make Bedrock check under the caller's role: a guardrail in the
+# Converse request is applied as bedrock:ApplyGuardrail.
+PROVIDER_PARAMETERS = {"set_guardrail_config": "bedrock:ApplyGuardrail"}
+
+
 def provider_actions():
-    return sdk_actions("src/provider/bedrock.rs", PROVIDER_CALLS) | sdk_actions(
-        "src/provider/keys.rs", PROVIDER_CALLS
+    bedrock = (pathlib.Path(__file__).parent.parent / "src/provider/bedrock.rs").read_text()
+    applied = {action for call, action in PROVIDER_PARAMETERS.items() if f".{call}(" in bedrock}
+    return (
+        sdk_actions("src/provider/bedrock.rs", PROVIDER_CALLS)
+        | sdk_actions("src/provider/keys.rs", PROVIDER_CALLS)
+        | applied
     )
 
 

@@ -12,6 +12,7 @@ use crate::ops::reconcile::ReconcileSettings;
 use crate::provider::ProviderConfig;
 pub use crate::vars::ConfigError;
 use crate::vars::Vars;
+use crate::worker::routing::ModelMap;
 use crate::worker::settings::Settings;
 
 /// Everything the worker reads from its environment. See the README's configuration table.
@@ -19,8 +20,14 @@ use crate::worker::settings::Settings;
 pub struct Config {
     /// `JOBS_TABLE`: the ledger table (required).
     pub jobs_table: String,
-    /// `PROVIDER`: which model provider runs the calls, and how to reach it.
+    /// `PROVIDER`: which model provider runs the calls, and how to reach it (the first of the
+    /// list).
     pub provider: ProviderConfig,
+    /// The first provider's model for each job model name (`<PROVIDER>_MODELS`).
+    pub models: ModelMap,
+    /// The providers after the first, in order, each with its models: the next takes a job
+    /// after a definite refusal of the one before.
+    pub fallbacks: Vec<(ProviderConfig, ModelMap)>,
     /// Processing settings.
     pub settings: Settings,
     /// Bounds on every DynamoDB and SQS call.
@@ -164,8 +171,13 @@ impl Config {
         let vars = Vars::new(&lookup);
         let jobs_table = vars.required("JOBS_TABLE")?;
         let settings = Settings::from_vars(&vars)?;
-        let provider = ProviderConfig::from_vars(&vars)?;
-        if provider.names_model() && vars.get("ALLOWED_MODELS").is_none() {
+        let mut providers = ProviderConfig::list_from_vars(&vars)?.into_iter();
+        let (provider, models) = providers
+            .next()
+            .unwrap_or((ProviderConfig::Simulated, ModelMap::default()));
+        let fallbacks: Vec<_> = providers.collect();
+        let names_model = provider.names_model() || fallbacks.iter().any(|(p, _)| p.names_model());
+        if names_model && vars.get("ALLOWED_MODELS").is_none() {
             // A real provider bills each job by the model it names: the deployment says which.
             return Err(ConfigError::Invalid {
                 name: "ALLOWED_MODELS",
@@ -176,6 +188,8 @@ impl Config {
         Ok(Config {
             jobs_table,
             provider,
+            models,
+            fallbacks,
             settings,
             sdk,
             results_bucket: vars.get("RESULTS_BUCKET"),
@@ -232,12 +246,19 @@ pub fn sink_from_lookup(
     }
 }
 
-/// The provider the environment names (`PROVIDER` and its settings), for a binary that needs
-/// only that of the worker's configuration (the reconciler cancels expired background calls).
+/// The provider of the list `PROVIDER` names whose calls run in the background (`openai`), else
+/// the first, with its settings: for a binary that needs only that of the worker's
+/// configuration (the reconciler cancels expired background calls).
 pub fn provider_from_lookup(
     lookup: impl Fn(&str) -> Option<String>,
 ) -> Result<ProviderConfig, ConfigError> {
-    ProviderConfig::from_vars(&Vars::new(&lookup))
+    let list = ProviderConfig::list_from_vars(&Vars::new(&lookup))?;
+    let background = list.iter().position(|(p, _)| p.runs_in_background());
+    let (provider, _) = list
+        .into_iter()
+        .nth(background.unwrap_or(0))
+        .unwrap_or((ProviderConfig::Simulated, ModelMap::default()));
+    Ok(provider)
 }
 
 /// The reconciler's environment: `JOBS_TABLE`, `QUEUE_URL` and the `RECONCILE_*` settings.

@@ -160,6 +160,7 @@ async fn a_trigger_by_id_for_a_job_that_kept_no_input_waits_for_the_jobs_message
         now: now - 60_000,
         lease_until: now - 30_000,
         provider_ref: None,
+        route: None,
         first_sight: true,
     };
     assert!(matches!(ledger.claim(claim).await, Ok(Write::Applied(_))));

@@ -239,6 +239,7 @@ fn request<'a>(contract: &'a Contract, input: &'a Map<String, Value>) -> Provide
         input_json: "{}",
         max_output_tokens: 0,
         idempotency_key: "inv-9/1@1".to_owned(),
+        progress: None,
     }
 }
 

@@ -549,6 +549,7 @@ async fn lapsed_claim(ledger: &InMemoryLedger, body: &str) {
             now: then,
             lease_until: then + 60_000,
             provider_ref: Some(format!("sim:{}/1", msg.job_id)),
+            route: None,
             first_sight: false,
         })
         .await
@@ -656,6 +657,7 @@ async fn a_stored_input_is_read_only_when_the_delivery_will_call() {
             now,
             lease_until: now + 60_000,
             provider_ref: None,
+            route: None,
             first_sight: false,
         })
         .await
@@ -2717,4 +2719,108 @@ async fn a_batch_reports_what_its_calls_used_and_cost_by_model() {
     );
     assert_eq!(report.usage_by_model[0].1, sim);
     assert_eq!(report.usage_by_model[1].1, unpriced);
+}
+
+/// A streamed call that marks its progress `marks` times, `every` apart, then answers; or,
+/// with `answers: false`, goes silent and never returns, ignoring the progress rule (a call
+/// its provider cannot cancel).
+struct Streams {
+    marks: u32,
+    every: std::time::Duration,
+    answers: bool,
+}
+
+impl Provider for Streams {
+    async fn call(&self, req: &ProviderRequest<'_>) -> Result<Answer, ProviderError> {
+        let progress = req.progress.clone().expect("a progress rule");
+        for _ in 0..self.marks {
+            progress.mark();
+            tokio::time::sleep(self.every).await;
+        }
+        if !self.answers {
+            std::future::pending::<()>().await;
+        }
+        Ok(Answer {
+            body: r#"{"contract":"summary.v1","output":"streamed"}"#.to_owned(),
+            provider_ref: None,
+            finish: fenced_jobs::job::contract::Finish::Stop,
+            usage: None,
+        })
+    }
+}
+
+/// The progress rule: a streamed call that goes silent ends uncertain within the progress
+/// timeout; one that its provider cannot cancel keeps a healthy heartbeat from renewing its
+/// lease, and is cancelled before the lease lapses; one that shows progress keeps its lease.
+#[tokio::test]
+async fn a_call_without_progress_is_hung_and_its_lease_is_not_renewed() {
+    let settings = Settings {
+        heartbeat_ms: 200,
+        lease_ms: 3_000,
+        skew_ms: 100,
+        progress_timeout_ms: 500,
+        ..Settings::default()
+    };
+    // The simulated stream that stops: uncertain, once the timeout has passed.
+    let ledger = Arc::new(InMemoryLedger::new());
+    let h = handler(ledger.clone(), SimulatedProvider::new(), settings.clone());
+    let body = job(
+        "stalls",
+        r#","simulate":{"outcome":"stall","retrievable":false}"#,
+    );
+    let started = std::time::Instant::now();
+    let report = h
+        .handle_batch(&event(vec![record(Some("m1"), &body)]), &invocation())
+        .await;
+    assert!(started.elapsed() < std::time::Duration::from_millis(2_000));
+    let item = ledger.get("stalls").await.expect("get").expect("item");
+    assert_eq!(item.state, JobState::Unknown, "{:?}", report.records[0]);
+    let evidence = item.last_error.expect("error").message;
+    assert!(evidence.contains("no bytes for"), "{evidence}");
+
+    // A silent call nobody cancels: no renewal after it went silent, cancelled before its
+    // lease lapses, the lease left as the claim set it.
+    let ledger = Arc::new(InMemoryLedger::new());
+    let silent = Streams {
+        marks: 1,
+        every: std::time::Duration::from_millis(10),
+        answers: false,
+    };
+    let h = handler(ledger.clone(), silent, settings.clone());
+    let started = SystemClock.now_ms();
+    let report = h
+        .handle_batch(
+            &event(vec![record(Some("m1"), &job("silent", ""))]),
+            &invocation(),
+        )
+        .await;
+    assert_eq!(report.stats.lease_renewed, 0, "{:?}", report.stats);
+    assert_eq!(report.stats.ownership_lost, 1, "{:?}", report.stats);
+    assert!(SystemClock.now_ms() - started < 4_000);
+    let item = ledger.get("silent").await.expect("get").expect("item");
+    assert!(item.owner_until.expect("lease") <= started + 3_100);
+    assert_ne!(
+        report.records[0].outcome,
+        RecordOutcome::Done(JobState::Succeeded)
+    );
+
+    // A call that keeps streaming keeps its lease for as long as it runs.
+    let ledger = Arc::new(InMemoryLedger::new());
+    let streaming = Streams {
+        marks: 40,
+        every: std::time::Duration::from_millis(100),
+        answers: true,
+    };
+    let h = handler(ledger.clone(), streaming, settings);
+    let report = h
+        .handle_batch(
+            &event(vec![record(Some("m1"), &job("streaming", ""))]),
+            &invocation(),
+        )
+        .await;
+    assert!(report.stats.lease_renewed >= 1, "{:?}", report.stats);
+    assert_eq!(
+        report.records[0].outcome,
+        RecordOutcome::Done(JobState::Succeeded)
+    );
 }

@@ -205,6 +205,7 @@ async fn apply<L: JobLedger>(ledger: &L, prefix: &str, op: &Op) -> Write {
                     now: *now,
                     lease_until: now + 30_000,
                     provider_ref: Some(format!("ref{now}")),
+                    route: None,
                     first_sight: *first_sight,
                 })
                 .await

@@ -220,6 +220,7 @@ async fn the_api_key_is_read_from_secrets_manager_or_ssm_and_sent() {
             input_json: "{}",
             max_output_tokens: 0,
             idempotency_key: "k/1".to_owned(),
+            progress: None,
         };
         provider.submit(&req).await.expect("submitted");
         let last = server.requests().pop().expect("request");
@@ -254,4 +255,176 @@ async fn the_api_key_is_read_from_secrets_manager_or_ssm_and_sent() {
         .await
         .expect_err("keyless secret");
     assert!(err.0.contains(&keyless), "{err}");
+}
+
+/// Two providers in order: Anthropic, whose server answers `first` to every message, then an
+/// OpenAI-compatible server that answers every chat call. The first provider's model name is
+/// the job's; the second maps it to its own.
+async fn two_providers(
+    aws: &common::Emulator,
+    table: &str,
+    first: Reply,
+) -> (
+    fenced_jobs::worker::BatchHandler<
+        fenced_jobs::ledger::dynamodb::DynamoLedger,
+        AnyProvider,
+        fenced_jobs::clock::SystemClock,
+        fenced_jobs::queue::SqsVisibility,
+    >,
+    HttpStub,
+    HttpStub,
+) {
+    use fenced_jobs::provider::anthropic::{AnthropicProvider, AnthropicSettings};
+    let anthropic = HttpStub::start(move |_, _| first.clone()).await;
+    let openai = HttpStub::start(|_, _| {
+        Reply::json(
+            200,
+            json!({"id": "chatcmpl-1", "model": "gpt-test", "choices": [{"index": 0,
+                   "finish_reason": "stop", "message": {"role": "assistant",
+                   "content": "From the second provider."}}],
+                   "usage": {"prompt_tokens": 5, "completion_tokens": 4}}),
+        )
+    })
+    .await;
+    let settings = AnthropicSettings {
+        base_url: anthropic.url.clone(),
+        connect_timeout_ms: 1_000,
+        ..AnthropicSettings::default()
+    };
+    let first = AnyProvider::Anthropic(AnthropicProvider::new(settings, None).expect("client"));
+    let second = AnyProvider::OpenAi(
+        fenced_jobs::provider::OpenAiProvider::new(
+            OpenAiSettings {
+                api: OpenAiApi::Chat,
+                ..openai_settings(&openai.url)
+            },
+            None,
+        )
+        .expect("client"),
+    );
+    let models =
+        fenced_jobs::worker::routing::ModelMap::parse("OPENAI_MODELS", "claude-test=gpt-test")
+            .expect("map");
+    let processor = fenced_jobs::worker::Processor::new(
+        aws.ledger(table),
+        first,
+        fenced_jobs::clock::SystemClock,
+        common::fast_settings(),
+    )
+    .with_fallback(second, models);
+    (aws.processor_handler(processor), anthropic, openai)
+}
+
+/// A job for `claude-test` with a budget of three attempts, due at `deadline` (RFC 3339).
+fn claude_job(id: &str, deadline: &str) -> String {
+    json!({"job_id": id, "contract": "summary.v1", "max_attempts": 3, "deadline_at": deadline,
+           "input": {"model": "claude-test", "prompt": "Summarise this."}})
+    .to_string()
+}
+
+/// A 529 is Anthropic refusing before any work: the next provider takes the job in the same
+/// delivery, as its second attempt of the same budget, under the same deadline, and each
+/// attempt names the provider and model it went to. A 500 may have run the model: no other
+/// provider is asked, and the job waits for a decision.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refusal_before_work_falls_back_to_the_next_provider_and_an_uncertain_one_never_does() {
+    let aws = emulator().await;
+    let table = aws.table().await;
+    let queue = aws.queue(30).await;
+    let overloaded = Reply::json(
+        529,
+        json!({"type": "error", "error": {"type": "overloaded_error", "message": "x"}}),
+    );
+    let (handler, anthropic, openai) = two_providers(&aws, &table, overloaded).await;
+    let source = aws.source(&queue).await;
+    // Whole seconds: the deadline is kept to the millisecond.
+    let due = time::OffsetDateTime::now_utc()
+        .replace_nanosecond(0)
+        .expect("date")
+        + time::Duration::hours(1);
+    let deadline = due
+        .format(&time::format_description::well_known::Rfc3339)
+        .expect("date");
+    aws.send(&queue, &claude_job("fallback-1", &deadline)).await;
+
+    let (_, report) = deliver(&source, &handler).await;
+    let outcomes: Vec<_> = report
+        .expect("report")
+        .records
+        .into_iter()
+        .map(|r| r.outcome)
+        .collect();
+    assert_eq!(outcomes, [RecordOutcome::Done(JobState::Succeeded)]);
+    assert_eq!(anthropic.count("POST", "/v1/messages"), 1);
+    assert_eq!(openai.count("POST", "/v1/chat/completions"), 1);
+    assert_eq!(
+        openai.requests()[0].json()["model"],
+        "gpt-test",
+        "the second provider's model for the job's"
+    );
+    let item = aws
+        .ledger(&table)
+        .get("fallback-1")
+        .await
+        .expect("get")
+        .expect("item");
+    assert_eq!(
+        (item.attempts, item.max_attempts),
+        (2, 3),
+        "one budget for both"
+    );
+    assert_eq!(
+        i128::from(item.deadline_at),
+        due.unix_timestamp_nanos() / 1_000_000,
+        "the deadline is the job's, kept"
+    );
+    let routes: Vec<_> = item
+        .attempt_log
+        .iter()
+        .map(|a| {
+            let r = a.route.as_ref().expect("route");
+            (r.provider.as_str(), r.model.as_str(), a.outcome.as_str())
+        })
+        .collect();
+    assert_eq!(
+        routes,
+        [
+            ("anthropic", "claude-test", "transient"),
+            ("openai", "gpt-test", "succeeded")
+        ]
+    );
+    assert!(
+        item.result
+            .expect("result")
+            .contains("From the second provider.")
+    );
+
+    // An uncertain 500: the job waits for a decision, and the second provider is never asked.
+    let api_error = Reply::json(
+        500,
+        json!({"type": "error", "error": {"type": "api_error", "message": "x"}}),
+    );
+    let (handler, anthropic, openai) = two_providers(&aws, &table, api_error).await;
+    aws.send(&queue, &claude_job("fallback-2", &deadline)).await;
+    let (_, report) = deliver(&source, &handler).await;
+    let outcomes: Vec<_> = report
+        .expect("report")
+        .records
+        .into_iter()
+        .map(|r| r.outcome)
+        .collect();
+    assert_eq!(outcomes, [RecordOutcome::Failed(Failure::AwaitingDecision)]);
+    assert_eq!(anthropic.count("POST", "/v1/messages"), 1);
+    assert_eq!(
+        openai.requests().len(),
+        0,
+        "no second call after an uncertain one"
+    );
+    let item = aws
+        .ledger(&table)
+        .get("fallback-2")
+        .await
+        .expect("get")
+        .expect("item");
+    assert_eq!((item.state, item.attempts), (JobState::Unknown, 1));
 }

@@ -198,6 +198,7 @@ async fn the_reconciler_repairs_a_stopped_producer_and_expires_jobs_past_their_d
                 now: at,
                 lease_until,
                 provider_ref: None,
+                route: None,
                 first_sight: false,
             };
             let first = ledger.claim(claim(Expect::FRESH, until)).await;
@@ -256,6 +257,7 @@ async fn the_reconciler_repairs_a_stopped_producer_and_expires_jobs_past_their_d
             now: now - 700_000,
             lease_until: now - 640_000,
             provider_ref: None,
+            route: None,
             first_sight: false,
         })
         .await;

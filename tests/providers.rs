@@ -38,6 +38,7 @@ fn request<'a>(input: &'a Map<String, Value>, json: &'a str) -> ProviderRequest<
         input_json: json,
         max_output_tokens: 0,
         idempotency_key: "job-7/2".to_owned(),
+        progress: None,
     }
 }
 
@@ -48,6 +49,8 @@ fn openai(url: &str, api: OpenAiApi) -> OpenAiProvider {
         model: None,
         connect_timeout_ms: 1_000,
         request_timeout_ms: 1_000,
+        stream: false,
+        ..OpenAiSettings::default()
     };
     OpenAiProvider::new(settings, Some(Secret::new("sk-test-secret"))).expect("client")
 }
@@ -284,6 +287,36 @@ async fn a_background_response_is_submitted_then_completes_on_the_third_poll() {
     );
 }
 
+/// A background response still `queued` past `OPENAI_QUEUED_TIMEOUT_SECONDS` from its claim
+/// never started: it is cancelled, and its attempt ends refused before work.
+#[tokio::test]
+async fn a_response_queued_too_long_is_cancelled_and_refused_before_work() {
+    let stub = HttpStub::start(|req, _| match req.method.as_str() {
+        "GET" => Reply::json(200, json!({"id": "resp_q", "status": "queued"})),
+        _ => Reply::json(200, json!({"id": "resp_q", "status": "cancelled"})),
+    })
+    .await;
+    let provider = openai(&stub.url, OpenAiApi::Responses);
+    let inp = input(json!({"model": "gpt-test", "prompt": "p"}));
+    let req = request(&inp, "{}");
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("time")
+        .as_millis() as i64;
+    assert_eq!(
+        provider.retrieve("resp_q", now - 60_000, &req).await,
+        Retrieval::Running
+    );
+    assert_eq!(stub.count("POST", "/v1/responses/resp_q/cancel"), 0);
+    let late = provider.retrieve("resp_q", now - 601_000, &req).await;
+    assert!(
+        matches!(&late, Retrieval::Failed(ProviderError::Transient { reason, .. })
+            if reason.contains("queued")),
+        "{late:?}"
+    );
+    assert_eq!(stub.count("POST", "/v1/responses/resp_q/cancel"), 1);
+}
+
 #[tokio::test]
 async fn failed_and_cancelled_background_responses_are_definite_failures_and_an_incomplete_one_is_cut_off()
  {
@@ -383,10 +416,15 @@ async fn retrieval_errors_say_not_found_denied_or_ask_again() {
     }
 }
 
+/// A model the server has no Responses API for gets Chat Completions, and once Chat
+/// Completions answered for it, its calls go there directly; other models are not switched.
 #[tokio::test]
 async fn a_server_without_the_responses_api_gets_chat_completions() {
     let stub = HttpStub::start(|req, _| match req.path.as_str() {
         "/v1/chat/completions" => Reply::json(200, chat_answer("From chat.")),
+        "/v1/responses" if req.json()["model"] == "other" => {
+            Reply::json(200, completed("resp_1", "From responses."))
+        }
         _ => Reply::json(404, json!({"detail": "Not Found"})),
     })
     .await;
@@ -405,7 +443,28 @@ async fn a_server_without_the_responses_api_gets_chat_completions() {
         "asked once, then remembered"
     );
     assert_eq!(stub.count("POST", "/v1/chat/completions"), 2);
-    assert!(!provider.can_retrieve(), "chat calls cannot be asked about");
+    let other = input(json!({"model": "other", "prompt": "p"}));
+    let Ok(Submission::Answered(answer)) = provider.submit(&request(&other, "{}")).await else {
+        panic!("an answer from the Responses API expected");
+    };
+    assert_eq!(output_of(&answer), "From responses.");
+    assert_eq!(
+        stub.count("POST", "/v1/responses"),
+        2,
+        "another model is not switched"
+    );
+
+    // A stray 404 whose Chat Completions call fails too switches nothing.
+    let stub = HttpStub::start(|_, _| Reply::json(404, json!({"detail": "Not Found"}))).await;
+    let provider = openai(&stub.url, OpenAiApi::Responses);
+    for _ in 0..2 {
+        assert!(provider.submit(&req).await.is_err());
+    }
+    assert_eq!(
+        stub.count("POST", "/v1/responses"),
+        2,
+        "asked again each time"
+    );
 
     // An unknown model is the job's problem, not a missing API.
     let stub =
@@ -641,6 +700,7 @@ fn anthropic(url: &str, structured: Structured) -> AnthropicProvider {
         base_url: url.to_owned(),
         structured,
         connect_timeout_ms: 1_000,
+        stream: false,
         ..AnthropicSettings::default()
     };
     AnthropicProvider::new(settings, Some(Secret::new("sk-ant-test-secret"))).expect("client")
@@ -906,4 +966,280 @@ async fn anthropic_carries_the_contract_as_structured_output_or_a_forced_tool() 
         answer.expect("answer").judged(&contract),
         Err(ProviderError::InvalidOutput(_))
     ));
+}
+
+/// Server-sent events: `event: <name>` and its JSON data, each sent after `pause`.
+fn sse(events: &[(&str, Value)], pause: Duration) -> Vec<(Duration, String)> {
+    events
+        .iter()
+        .map(|(name, data)| (pause, format!("event: {name}\ndata: {data}\n\n")))
+        .collect()
+}
+
+fn message_events(stop: bool) -> Vec<(&'static str, Value)> {
+    let mut events = vec![
+        (
+            "message_start",
+            json!({"type": "message_start", "message": {"id": "msg_1",
+            "type": "message", "role": "assistant", "model": "claude-test", "content": [],
+            "usage": {"input_tokens": 9, "output_tokens": 1, "cache_read_input_tokens": 100,
+                      "cache_creation_input_tokens": 20}}}),
+        ),
+        (
+            "content_block_start",
+            json!({"type": "content_block_start", "index": 0,
+            "content_block": {"type": "text", "text": ""}}),
+        ),
+        ("ping", json!({"type": "ping"})),
+        (
+            "content_block_delta",
+            json!({"type": "content_block_delta", "index": 0,
+            "delta": {"type": "text_delta", "text": "Brief"}}),
+        ),
+        (
+            "content_block_delta",
+            json!({"type": "content_block_delta", "index": 0,
+            "delta": {"type": "text_delta", "text": "."}}),
+        ),
+        (
+            "content_block_stop",
+            json!({"type": "content_block_stop", "index": 0}),
+        ),
+        (
+            "message_delta",
+            json!({"type": "message_delta",
+            "delta": {"stop_reason": "end_turn"}, "usage": {"output_tokens": 4}}),
+        ),
+    ];
+    if stop {
+        events.push(("message_stop", json!({"type": "message_stop"})));
+    }
+    events
+}
+
+/// A streamed Messages call against a server that sends `reply`, under a progress rule of
+/// `timeout`.
+async fn streamed_message(reply: Reply, timeout: Duration) -> Result<Answer, ProviderError> {
+    let stub = HttpStub::start(move |_, _| reply.clone()).await;
+    let settings = AnthropicSettings {
+        base_url: stub.url.clone(),
+        connect_timeout_ms: 1_000,
+        ..AnthropicSettings::default()
+    };
+    let provider = AnthropicProvider::new(settings, None).expect("client");
+    let inp = input(json!({"model": "claude-test", "prompt": "Summarise this."}));
+    let req = ProviderRequest {
+        progress: Some(fenced_jobs::provider::Progress::new(timeout)),
+        ..request(&inp, "{}")
+    };
+    let answer = provider.call(&req).await;
+    assert_eq!(
+        stub.requests()[0].json()["stream"],
+        true,
+        "the answer streams"
+    );
+    answer
+}
+
+/// A streamed answer is taken only whole: its text and usage once `message_stop` came; a
+/// stream that ends before, or an error event in it, is uncertain; and a stream that stops
+/// sending bytes is hung: cancelled within the progress timeout, uncertain.
+#[tokio::test]
+async fn anthropic_streams_are_taken_whole_and_a_stalled_one_is_hung() {
+    let minute = Duration::from_secs(60);
+    let whole = Reply::Events {
+        parts: sse(&message_events(true), Duration::ZERO),
+        stall: false,
+    };
+    let answer = streamed_message(whole, minute).await.expect("answer");
+    assert_eq!(output_of(&answer), "Brief.");
+    assert_eq!(answer.finish, Finish::Stop);
+    let usage = answer.usage.expect("usage");
+    assert_eq!(
+        (
+            usage.input,
+            usage.output,
+            usage.cache_read,
+            usage.cache_write
+        ),
+        (9, 4, 100, 20)
+    );
+
+    let cut = Reply::Events {
+        parts: sse(&message_events(false), Duration::ZERO),
+        stall: false,
+    };
+    let result = streamed_message(cut, minute).await;
+    assert!(
+        matches!(&result, Err(ProviderError::Uncertain { evidence }) if evidence.contains("ended before")),
+        "{result:?}"
+    );
+
+    let mut events = message_events(false);
+    events.truncate(4);
+    events.push((
+        "error",
+        json!({"type": "error", "error": {"type": "overloaded_error", "message": "x"}}),
+    ));
+    let failed = Reply::Events {
+        parts: sse(&events, Duration::ZERO),
+        stall: false,
+    };
+    let result = streamed_message(failed, minute).await;
+    assert!(
+        matches!(&result, Err(ProviderError::Uncertain { evidence }) if evidence.contains("overloaded_error")),
+        "{result:?}"
+    );
+
+    // Bytes every 300 ms keep a 1 s rule satisfied; then silence.
+    let mut events = message_events(false);
+    events.truncate(5);
+    let stalled = Reply::Events {
+        parts: sse(&events, Duration::from_millis(300)),
+        stall: true,
+    };
+    let started = std::time::Instant::now();
+    let result = streamed_message(stalled, Duration::from_secs(1)).await;
+    let took = started.elapsed();
+    assert!(
+        matches!(&result, Err(ProviderError::Uncertain { evidence }) if evidence.contains("no bytes for 1 s")),
+        "{result:?}"
+    );
+    assert!(
+        took >= Duration::from_millis(2_400) && took < Duration::from_secs(5),
+        "cancelled one timeout after the last bytes: {took:?}"
+    );
+}
+
+/// Chat Completions streams too: the deltas joined, the usage of the last chunk, taken only
+/// once `[DONE]` came; and a server that ignores `stream` answers whole, which is read as is.
+#[tokio::test]
+async fn chat_completions_streams_are_taken_whole() {
+    let chunk = |delta: Value, finish: Value| {
+        json!({"id": "c1", "object": "chat.completion.chunk", "model": "gpt-test",
+               "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
+    };
+    let mut parts: Vec<String> = [
+        chunk(json!({"role": "assistant", "content": ""}), Value::Null),
+        chunk(json!({"content": "From "}), Value::Null),
+        chunk(json!({"content": "a stream."}), Value::Null),
+        chunk(json!({}), json!("stop")),
+        json!({"id": "c1", "object": "chat.completion.chunk", "model": "gpt-test",
+               "choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 3}}),
+    ]
+    .iter()
+    .map(|c| format!("data: {c}\n\n"))
+    .collect();
+    let call = |parts: Vec<String>| async move {
+        let reply = Reply::Events {
+            parts: parts.into_iter().map(|p| (Duration::ZERO, p)).collect(),
+            stall: false,
+        };
+        let stub = HttpStub::start(move |_, _| reply.clone()).await;
+        let settings = OpenAiSettings {
+            stream: true,
+            ..OpenAiSettings {
+                base_url: format!("{}/v1", stub.url),
+                api: OpenAiApi::Chat,
+                ..OpenAiSettings::default()
+            }
+        };
+        let provider = OpenAiProvider::new(settings, None).expect("client");
+        let inp = input(json!({"model": "gpt-test", "prompt": "p"}));
+        let answer = provider.call(&request(&inp, "{}")).await;
+        let sent = stub.requests()[0].json();
+        assert_eq!(sent["stream"], true);
+        assert_eq!(sent["stream_options"]["include_usage"], true);
+        answer
+    };
+    // Without `[DONE]`, the answer may be cut: uncertain.
+    let result = call(parts.clone()).await;
+    assert!(
+        matches!(result, Err(ProviderError::Uncertain { .. })),
+        "{result:?}"
+    );
+    parts.push("data: [DONE]\n\n".to_owned());
+    let answer = call(parts).await.expect("answer");
+    assert_eq!(output_of(&answer), "From a stream.");
+    assert_eq!(answer.finish, Finish::Stop);
+    let usage = answer.usage.expect("usage");
+    assert_eq!((usage.input, usage.output), (5, 3));
+    // A server that ignores `stream` answers whole: read as is.
+    let (result, _) = {
+        let stub = HttpStub::start(|_, _| Reply::json(200, chat_answer("Whole."))).await;
+        let settings = OpenAiSettings {
+            base_url: format!("{}/v1", stub.url),
+            api: OpenAiApi::Chat,
+            ..OpenAiSettings::default()
+        };
+        let provider = OpenAiProvider::new(settings, None).expect("client");
+        let inp = input(json!({"model": "gpt-test", "prompt": "p"}));
+        (provider.call(&request(&inp, "{}")).await, stub)
+    };
+    assert_eq!(output_of(&result.expect("answer")), "Whole.");
+}
+
+/// Bedrock with all a job may ask of `Converse`: cache points where parts carry
+/// `cache_control`, an image and a document, the service tier and the model's own fields, the
+/// deployment's guardrail, the contract's schema; the cache's tokens kept in the usage.
+#[tokio::test]
+async fn bedrock_carries_cache_points_media_tiers_fields_guardrails_and_the_schema() {
+    let reply = json!({
+        "output": {"message": {"role": "assistant", "content": [{"text": "{\"title\": \"T\"}"}]}},
+        "stopReason": "end_turn",
+        "usage": {"inputTokens": 9, "outputTokens": 3, "totalTokens": 132,
+                  "cacheReadInputTokens": 100, "cacheWriteInputTokens": 20}
+    });
+    let stub = HttpStub::start(move |_, _| Reply::json(200, reply.clone())).await;
+    let schema = json!({"type": "object", "properties": {"title": {"type": "string"}},
+                        "required": ["title"], "additionalProperties": false});
+    let contract =
+        Contract::parse("invoice@2", &json!({"schema": schema}).to_string()).expect("contract");
+    let inp = input(json!({"model": "anthropic.claude-test", "messages": [
+        {"role": "system", "content": [{"type": "text", "text": "Rules.",
+            "cache_control": {"type": "ephemeral"}}]},
+        {"role": "user", "content": [
+            {"type": "text", "text": "A long document.", "cache_control": {"type": "ephemeral"}},
+            {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}},
+            {"type": "document", "title": "contract",
+             "source": {"type": "base64", "media_type": "application/pdf", "data": "JVBERi0="}},
+            {"type": "text", "text": "Extract the title."}
+        ]}
+    ], "parameters": {"service_tier": "flex",
+                      "additionalModelRequestFields": {"top_k": 40}}}));
+    let req = ProviderRequest {
+        output: &contract,
+        ..request(&inp, "{}")
+    };
+    let answer = bedrock(&stub.url).call(&req).await.expect("answer");
+    let usage = answer.usage.expect("usage");
+    assert_eq!((usage.cache_read, usage.cache_write), (100, 20));
+    let sent = stub.requests()[0].json();
+    assert_eq!(
+        sent["system"],
+        json!([{"text": "Rules."}, {"cachePoint": {"type": "default"}}])
+    );
+    let content = &sent["messages"][0]["content"];
+    assert_eq!(content[0], json!({"text": "A long document."}));
+    assert_eq!(content[1], json!({"cachePoint": {"type": "default"}}));
+    assert_eq!(
+        content[2],
+        json!({"image": {"format": "png", "source": {"bytes": "iVBORw0KGgo="}}})
+    );
+    assert_eq!(
+        content[3],
+        json!({"document": {"format": "pdf", "name": "contract",
+                            "source": {"bytes": "JVBERi0="}}})
+    );
+    assert_eq!(sent["serviceTier"], json!({"type": "flex"}));
+    assert_eq!(sent["additionalModelRequestFields"], json!({"top_k": 40}));
+    assert_eq!(
+        sent["guardrailConfig"],
+        json!({"guardrailIdentifier": "gr-1", "guardrailVersion": "2", "trace": "disabled"})
+    );
+    assert_eq!(
+        sent["outputConfig"]["textFormat"]["structure"]["jsonSchema"]["name"],
+        "invoice_2"
+    );
+    assert!(answer.judged(&contract).is_ok());
 }

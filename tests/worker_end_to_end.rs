@@ -132,6 +132,7 @@ async fn a_duplicate_while_a_live_owner_holds_the_job_defers_without_a_provider_
             now,
             lease_until: now + 20_000,
             provider_ref: None,
+            route: None,
             first_sight: false,
         })
         .await

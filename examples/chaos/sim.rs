@@ -38,6 +38,7 @@ use fenced_jobs::queue::{
 };
 use fenced_jobs::worker::handler::BatchHandler;
 use fenced_jobs::worker::processor::{Invocation, Processor};
+use fenced_jobs::worker::routing::ModelMap;
 use fenced_jobs::worker::{ReplayPolicy, Settings};
 
 const QUEUE_ARN: &str = "arn:aws:sqs:us-east-1:123456789012:chaos";
@@ -94,6 +95,12 @@ pub struct FaultRates {
     pub provider_permanent: f64,
     /// The provider never answers.
     pub provider_hang: f64,
+    /// The provider is overloaded and refuses before any work (Anthropic's 529): the next
+    /// provider of the list takes the job.
+    pub provider_overloaded: f64,
+    /// The answer streams, then goes silent: the progress rule finds the call hung, and it may
+    /// have run.
+    pub stalled_stream: f64,
     /// The provider ran the call and the connection was lost before the answer.
     pub connection_lost: f64,
     /// A provider forgets a call (retrieval answers "not found").
@@ -188,6 +195,8 @@ impl FaultRates {
             provider_throttle: 0.05,
             provider_permanent: 0.01,
             provider_hang: 0.005,
+            provider_overloaded: 0.03,
+            stalled_stream: 0.005,
             connection_lost: 0.02,
             provider_forgets: 0.2,
             gateway_error: 0.02,
@@ -1213,6 +1222,8 @@ struct Execution {
 
 #[derive(Clone)]
 struct SimProvider {
+    /// Its name in the deployment's list (attempts record it).
+    name: &'static str,
     world: Arc<World>,
     table: Arc<InMemoryLedger>,
     runs: Arc<Mutex<HashMap<(String, u32), Execution>>>,
@@ -1240,6 +1251,7 @@ impl SimProvider {
             .attempt_log
             .get(req.attempt as usize - 1)
             .is_some_and(|a| a.epoch == req.epoch);
+        self.check_route(req, &item);
         if item.owner_epoch != req.epoch || item.attempts != req.attempt || !recorded {
             self.world.violation(format!(
                 "{}: attempt {} at epoch {} executed without its attempt record",
@@ -1290,6 +1302,39 @@ impl SimProvider {
         }
     }
 
+    /// Checks that the call went to the provider its claim named, and that it is another
+    /// provider than the one of the job's attempt before only when that one refused definitely.
+    fn check_route(&self, req: &ProviderRequest<'_>, item: &fenced_jobs::job::JobRecord) {
+        let Some(current) = item.attempt_log.iter().find(|a| a.epoch == req.epoch) else {
+            return;
+        };
+        let named = current.route.as_ref().map(|r| r.provider.as_str());
+        if named != Some(self.name) {
+            self.world.violation(format!(
+                "{}: attempt {} sent to {} though its claim named {named:?}",
+                req.job_id, req.attempt, self.name
+            ));
+        }
+        let before = item
+            .attempt_log
+            .iter()
+            .chain(&item.given_back)
+            .filter(|a| a.epoch < req.epoch)
+            .max_by_key(|a| a.epoch);
+        if let Some(before) = before
+            && before.route.as_ref().map(|r| r.provider.as_str()) != named
+            && !fenced_jobs::worker::routing::refused(before)
+        {
+            self.world.violation(format!(
+                "{}: attempt {} moved to {} after an attempt ending {} at its provider",
+                req.job_id,
+                req.attempt,
+                self.name,
+                before.outcome.as_str()
+            ));
+        }
+    }
+
     fn latency(&self) -> u64 {
         // Mostly seconds, with a long tail of minutes.
         if self.world.roll(0.03) {
@@ -1308,6 +1353,13 @@ impl Provider for SimProvider {
             return Err(ProviderError::Transient {
                 retry_after_ms: None,
                 reason: "HTTP 503".into(),
+            });
+        }
+        if w.fault("provider_overloaded", w.rates.provider_overloaded) {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            return Err(ProviderError::Transient {
+                retry_after_ms: None,
+                reason: "HTTP 529 overloaded_error".into(),
             });
         }
         if w.fault("provider_throttle", w.rates.provider_throttle) {
@@ -1384,6 +1436,8 @@ impl Provider for SimProvider {
             Finish::Stop
         };
         let hang = w.fault("provider_hang", w.rates.provider_hang);
+        let stalled = !hang && w.fault("stalled_stream", w.rates.stalled_stream);
+        let hang = hang || stalled;
         let lost = !hang && w.fault("connection_lost", w.rates.connection_lost);
         // A gateway in front of the model gives up while the model still runs, and answers
         // with its own status: the worker reads it through the real status table.
@@ -1412,6 +1466,14 @@ impl Provider for SimProvider {
                 definite_failure: bad_answer || (permanent && !lost && gateway.is_none()),
             },
         );
+        if stalled && let Some(progress) = &req.progress {
+            // The first bytes, then silence: the progress rule ends the call, uncertain.
+            progress.mark();
+            tokio::time::sleep(progress.timeout()).await;
+            return Err(ProviderError::Uncertain {
+                evidence: "no bytes within the progress timeout; it may have run".into(),
+            });
+        }
         if hang {
             std::future::pending::<()>().await;
         }
@@ -1434,6 +1496,10 @@ impl Provider for SimProvider {
 
     fn reference(&self, job_id: &str, attempt: u32, epoch: u64) -> Option<String> {
         Some(format!("{job_id}/{attempt}@{epoch}"))
+    }
+
+    fn name(&self) -> &'static str {
+        self.name
     }
 
     async fn cancel(&self, provider_ref: &str) {
@@ -1557,6 +1623,7 @@ fn settings(replay: bool) -> Settings {
         provider_timeout_ms: 240_000,
         poll_ms: 5_000,
         deadline_margin_ms: 5_000,
+        progress_timeout_ms: 120_000,
         ..Settings::default()
     };
     s.producers = fenced_jobs::job::scope::Producers::parse(
@@ -1765,6 +1832,7 @@ pub async fn run(config: &ChaosConfig) -> ChaosReport {
         poison.push(body);
     }
     let provider = SimProvider {
+        name: "simulated",
         world: Arc::clone(&world),
         table: Arc::clone(&table),
         runs: Arc::new(Mutex::new(HashMap::new())),
@@ -1786,6 +1854,14 @@ pub async fn run(config: &ChaosConfig) -> ChaosReport {
             provider.clone(),
             world.clock.clone(),
             settings(replay),
+        )
+        // A second provider, sharing the world's ground truth, takes a job the first refused.
+        .with_fallback(
+            SimProvider {
+                name: "simulated-backup",
+                ..provider.clone()
+            },
+            ModelMap::parse("SIMULATED_MODELS", "*=sim-backup").expect("model map"),
         )
         .with_contracts(Arc::new(contracts()));
         // Half the consumers have a results bucket; the others keep every answer inline.

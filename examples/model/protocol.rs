@@ -81,6 +81,10 @@ pub struct Bounds {
     /// The job may cost one call at the most (`max_cost`): every attempt that ran costs one,
     /// at its estimate when its outcome is unknown, and the next call is estimated at one.
     pub spend_limit: bool,
+    /// A second provider takes the job in the same delivery after a definite refusal (a
+    /// transient failure, a throttle given back): the delivery claims again from the item its
+    /// end left, once.
+    pub fallback: bool,
     /// The rule changed, if any.
     pub mutation: Option<Mutation>,
 }
@@ -106,6 +110,7 @@ impl Bounds {
             silent_retrievals: true,
             invalid_answers: false,
             spend_limit: false,
+            fallback: true,
             mutation: None,
         }
     }
@@ -122,6 +127,7 @@ impl Bounds {
             pacing: false,
             short_invocations: false,
             silent_retrievals: false,
+            fallback: false,
             ..Bounds::small()
         }
     }
@@ -162,6 +168,7 @@ impl Bounds {
             faults: 0,
             invalid_answers: true,
             spend_limit: true,
+            fallback: true,
             ..Bounds::test()
         }
     }
@@ -208,7 +215,7 @@ impl Bounds {
     /// The bounds in one line.
     pub fn describe(&self) -> String {
         format!(
-            "{} workers, {} deliveries, deadline {} ticks, lease {}, skew {}, budget {}, epochs up to {}, {} tries to end an attempt, {} fault(s) per path, providers {:?}{}{}{}{}{}{}",
+            "{} workers, {} deliveries, deadline {} ticks, lease {}, skew {}, budget {}, epochs up to {}, {} tries to end an attempt, {} fault(s) per path, providers {:?}{}{}{}{}{}{}{}",
             self.workers,
             self.deliveries,
             self.deadline,
@@ -246,6 +253,11 @@ impl Bounds {
             },
             if self.spend_limit {
                 ", a spend limit of one call"
+            } else {
+                ""
+            },
+            if self.fallback {
+                ", a second provider after a refusal"
             } else {
                 ""
             }
@@ -570,6 +582,8 @@ pub struct Worker {
     /// The item as its last delivery left it, for a later record of the job in that batch
     /// (`None`: no such record may follow).
     pub view: Option<Box<JobRecord>>,
+    /// Its delivery claimed again for a second provider after a refusal.
+    pub hopped: bool,
 }
 
 /// The whole system.
@@ -597,6 +611,8 @@ pub struct State {
     pub bucket: Vec<String>,
     /// A later record of a batch was acknowledged from the item its first record left.
     pub followed: bool,
+    /// Second claims in one delivery, for a second provider after a refusal.
+    pub hops: u8,
     /// What went wrong.
     pub violations: Vec<Violation>,
 }
@@ -893,6 +909,7 @@ impl Protocol {
                 }
                 note.push_str("receives the message");
                 next.workers[worker].view = None;
+                next.workers[worker].hopped = false;
                 self.start(&mut next, worker, &mut note);
                 true
             }
@@ -1034,13 +1051,21 @@ impl Protocol {
     }
 
     fn owner_id(state: &State, worker: usize) -> String {
-        format!("d{}", state.workers[worker].owner)
+        let w = &state.workers[worker];
+        // A second claim in the same delivery has an owner id of its own, as the processor's.
+        format!("d{}{}", w.owner, if w.hopped { "+1" } else { "" })
     }
 
     /// A delivery starts: the processor's admission, from the message alone.
     fn start(&self, next: &mut State, worker: usize, note: &mut String) {
         let now = self.now(next, worker);
-        let facts = Facts {
+        let (machine, step) = Admission::start(self.facts(next), None, DIGEST, now);
+        self.take(next, worker, machine, step, note);
+    }
+
+    /// What the admission knows before anything is read.
+    fn facts(&self, next: &State) -> Facts {
+        Facts {
             deadline_at: self.bounds.deadline,
             skew: self.bounds.skew,
             // The time left for a call is the world's choice when it is sent (`Send`).
@@ -1054,9 +1079,7 @@ impl Protocol {
             max_cost_micros: self.bounds.spend_limit.then_some(1),
             // Every delivery the model makes is of the job's own message.
             carries_input: true,
-        };
-        let (machine, step) = Admission::start(facts, None, DIGEST, now);
-        self.take(next, worker, machine, step, note);
+        }
     }
 
     /// Carries out the admission's `step`: the pacer's answer (unless the bound grants capacity
@@ -1318,6 +1341,7 @@ impl Protocol {
                 first_sight,
             } => {
                 let req = ClaimRequest {
+                    route: None,
                     job: job.clone(),
                     expect,
                     owner_id: owner.clone(),
@@ -1881,6 +1905,25 @@ impl Protocol {
             next.bucket.retain(|k| *k != key);
             note.push_str("; removes the refused answer's object");
         }
+        // The processor's fallback: its own end left the job `retry_authorized` after a definite
+        // refusal, so the next provider's attempt is claimed in the same delivery, from the
+        // item that end left (once: the list has two providers).
+        let epoch = machine.owner().owner_epoch;
+        let view = closed.view.as_ref().filter(|v| {
+            v.owner_epoch == epoch
+                && v.state == JobState::RetryAuthorized
+                && fenced_jobs::worker::routing::last_refused(v)
+        });
+        if let Some(view) = view.filter(|_| self.bounds.fallback && !next.workers[worker].hopped) {
+            note.push_str("; the next provider takes the job in the same delivery");
+            next.workers[worker].hopped = true;
+            next.hops += 1;
+            let now = self.now(next, worker);
+            let facts = self.facts(next);
+            let (machine, step) = Admission::start(facts, Some(view), DIGEST, now);
+            self.take(next, worker, machine, step, note);
+            return;
+        }
         self.report(next, worker, &closed.outcome, note);
     }
 
@@ -2440,12 +2483,14 @@ impl Model for Protocol {
                                     owner: 0,
                                     offset,
                                     view: None,
+                                    hopped: false,
                                 })
                                 .collect(),
                             calls: Vec::new(),
                             accepted: None,
                             bucket: Vec::new(),
                             followed: false,
+                            hops: 0,
                             violations: Vec::new(),
                         });
                     }
@@ -2725,6 +2770,15 @@ impl Model for Protocol {
                                 .iter()
                                 .any(|a| a.outcome == AttemptOutcome::InvalidOutput)
                     })
+                },
+            ),
+            Property::sometimes(
+                "a second provider takes a refused job in the same delivery, and it succeeds",
+                |_, s: &State| {
+                    s.hops > 0
+                        && s.item
+                            .as_ref()
+                            .is_some_and(|r| r.state == JobState::Succeeded)
                 },
             ),
             Property::sometimes("an answer is accepted", |_, s: &State| {

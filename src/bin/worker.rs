@@ -11,7 +11,7 @@ use fenced_jobs::config::{Config, s3_client};
 use fenced_jobs::job::contract::Contracts;
 use fenced_jobs::ledger::dynamodb::DynamoLedger;
 use fenced_jobs::ops::metrics;
-use fenced_jobs::provider::AnyProvider;
+use fenced_jobs::provider::{AnyProvider, SetupError};
 use fenced_jobs::queue::{SqsDeadLetters, SqsVisibility};
 use fenced_jobs::worker::handler::{BatchHandler, event_from_json};
 use fenced_jobs::worker::pacing::Pacer;
@@ -29,15 +29,16 @@ async fn main() -> Result<(), lambda_runtime::Error> {
 
     let (config, contracts) = configured().await?;
     let aws = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
-    let provider = AnyProvider::from_config(&config.provider, &aws).await?;
     // DynamoDB and SQS calls are bounded; the provider keeps its own bounds.
     let bounded = config.sdk.apply(&aws);
-    let blobs = S3Blobs::new(s3_client(&bounded), config.results_bucket);
-    let ledger = DynamoLedger::new(aws_sdk_dynamodb::Client::new(&bounded), config.jobs_table);
+    let blobs = S3Blobs::new(s3_client(&bounded), config.results_bucket.clone());
+    let ledger = DynamoLedger::new(aws_sdk_dynamodb::Client::new(&bounded), &config.jobs_table);
     // The provider's capacity is shared through a schedule item in the same table.
     let pacer = Pacer::new(config.settings.pacing(), Some(Arc::new(ledger.clone())));
+    let dlq_url = config.dlq_url.clone();
     let spend: Arc<DynamoLedger> = Arc::new(ledger.clone());
-    let processor = Processor::new(ledger, provider, SystemClock, config.settings)
+    let processor = with_providers(ledger, &config, &aws)
+        .await?
         .with_blobs(Arc::new(blobs))
         .with_pacer(pacer)
         .with_contracts(contracts)
@@ -45,7 +46,7 @@ async fn main() -> Result<(), lambda_runtime::Error> {
         .with_spend_budget(spend);
     let sqs = aws_sdk_sqs::Client::new(&bounded);
     let mut handler = BatchHandler::new(processor, SqsVisibility::new(sqs.clone()));
-    if let Some(dlq_url) = config.dlq_url {
+    if let Some(dlq_url) = dlq_url {
         handler = handler.with_dead_letters(Arc::new(SqsDeadLetters::new(sqs, dlq_url)));
     }
     let handler = Arc::new(handler);
@@ -147,4 +148,21 @@ fn print_metrics(target: &metrics::MetricsTarget, report: &fenced_jobs::report::
     for doc in metrics::usage_by_model(target, now, report) {
         println!("{doc}");
     }
+}
+
+/// The processor over `ledger` with the providers `config` lists, in order: the first, then
+/// those that take a job after a definite refusal of the one before.
+async fn with_providers(
+    ledger: DynamoLedger,
+    config: &Config,
+    aws: &aws_config::SdkConfig,
+) -> Result<Processor<DynamoLedger, AnyProvider, SystemClock>, SetupError> {
+    let first = AnyProvider::from_config(&config.provider, aws).await?;
+    let mut processor = Processor::new(ledger, first, SystemClock, config.settings.clone())
+        .with_models(config.models.clone());
+    for (fallback, models) in &config.fallbacks {
+        let provider = AnyProvider::from_config(fallback, aws).await?;
+        processor = processor.with_fallback(provider, models.clone());
+    }
+    Ok(processor)
 }

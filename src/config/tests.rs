@@ -4,6 +4,7 @@ use crate::provider::anthropic::Structured;
 use crate::provider::bedrock::BedrockSettings;
 use crate::provider::openai::OpenAiApi;
 use crate::provider::{KeySource, Secret};
+use crate::worker::routing::ModelMap;
 use crate::worker::settings::ReplayPolicy;
 use std::collections::HashMap;
 
@@ -347,9 +348,65 @@ fn providers_are_configured_and_keys_never_printed() {
         c.provider,
         ProviderConfig::Bedrock(BedrockSettings {
             model_id: Some("anthropic.claude".to_owned()),
-            endpoint_url: None
+            endpoint_url: None,
+            guardrail: None,
         })
     );
+}
+
+#[test]
+fn providers_are_listed_in_order_each_with_its_models() {
+    let c = config(&[
+        ("JOBS_TABLE", "t"),
+        ("PROVIDER", "anthropic, bedrock"),
+        (
+            "BEDROCK_MODELS",
+            "claude-haiku-4-5=us.anthropic.claude-haiku-4-5-v1:0",
+        ),
+        ("ALLOWED_MODELS", "claude-haiku-4-5"),
+    ])
+    .expect("valid");
+    assert!(matches!(c.provider, ProviderConfig::Anthropic { .. }));
+    assert_eq!(c.models, ModelMap::default());
+    let [(ProviderConfig::Bedrock(_), models)] = c.fallbacks.as_slice() else {
+        panic!("bedrock second: {:?}", c.fallbacks);
+    };
+    assert_eq!(
+        models.get("claude-haiku-4-5"),
+        Some("us.anthropic.claude-haiku-4-5-v1:0")
+    );
+    for (list, name) in [
+        ("openai,openai", "PROVIDER"),
+        ("openai,mistral", "PROVIDER"),
+    ] {
+        let err = config(&[
+            ("JOBS_TABLE", "t"),
+            ("PROVIDER", list),
+            ("ALLOWED_MODELS", "*"),
+        ])
+        .expect_err(list);
+        assert!(
+            matches!(err, ConfigError::Invalid { name: n, .. } if n == name),
+            "{list}: {err:?}"
+        );
+    }
+    let bad_map = config(&[
+        ("JOBS_TABLE", "t"),
+        ("PROVIDER", "openai,anthropic"),
+        ("ANTHROPIC_MODELS", "gpt-5-mini"),
+        ("ALLOWED_MODELS", "*"),
+    ]);
+    assert!(matches!(
+        bad_map,
+        Err(ConfigError::Invalid {
+            name: "ANTHROPIC_MODELS",
+            ..
+        })
+    ));
+    // The reconciler cancels background calls: it takes the provider that makes them.
+    let vars = std::collections::HashMap::from([("PROVIDER", "anthropic,openai")]);
+    let provider = provider_from_lookup(|n| vars.get(n).map(|v| (*v).to_owned())).expect("ok");
+    assert!(matches!(provider, ProviderConfig::OpenAi { .. }));
 }
 
 #[test]

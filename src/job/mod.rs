@@ -195,9 +195,14 @@ impl JobRecord {
             .map(|a| {
                 let errors: usize = a.errors.iter().map(|e| e.len() + FIELD).sum();
                 let usage = a.usage.map_or(0, |_| 8 * FIELD);
+                let route = a
+                    .route
+                    .as_ref()
+                    .map_or(0, |r| 2 * FIELD + r.provider.len() + r.model.len());
                 10 * FIELD
                     + a.owner_id.len()
                     + opt(&a.provider_ref)
+                    + route
                     + errors
                     + opt(&a.excerpt)
                     + usage
@@ -275,6 +280,18 @@ pub struct AttemptRecord {
     /// What the call used, when the provider said (an estimate, marked, for a call whose
     /// outcome is unknown).
     pub usage: Option<Usage>,
+    /// Which of the deployment's providers the attempt was sent to, and the model it asked for
+    /// there (`None` in items written before providers were named).
+    pub route: Option<Route>,
+}
+
+/// A provider of the deployment and the model an attempt asks it for.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Route {
+    /// The provider's name (`openai`, `anthropic`, `aws.bedrock`, `simulated`).
+    pub provider: String,
+    /// The model, in the provider's own name.
+    pub model: String,
 }
 
 impl AttemptRecord {
@@ -298,7 +315,13 @@ impl AttemptRecord {
             errors: Vec::new(),
             excerpt: None,
             usage: None,
+            route: None,
         }
+    }
+
+    /// The attempt, sent to `route`.
+    pub(crate) fn routed(self, route: Option<Route>) -> AttemptRecord {
+        AttemptRecord { route, ..self }
     }
 }
 

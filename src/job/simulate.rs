@@ -81,6 +81,13 @@ pub(crate) enum SimulatedOutcome {
     Permanent,
     /// The call never returns.
     Hang,
+    /// The provider is overloaded and refuses before any work (Anthropic's 529).
+    Overloaded,
+    /// The provider account's spend limit is reached: refused before any work, and waiting
+    /// does not clear it (Anthropic's 429 `enforced_spend_limit_reached`).
+    SpendLimit,
+    /// The answer streams, then stops sending bytes: the call is hung.
+    Stall,
 }
 
 /// Reads the simulated-provider controls of an input (absent: an immediate success).
@@ -133,10 +140,13 @@ fn parse_simulation(value: Option<&Value>) -> Result<Simulation, InvalidMessage>
             "transient" => SimulatedOutcome::Transient,
             "permanent" => SimulatedOutcome::Permanent,
             "hang" => SimulatedOutcome::Hang,
+            "overloaded" => SimulatedOutcome::Overloaded,
+            "spend_limit" => SimulatedOutcome::SpendLimit,
+            "stall" => SimulatedOutcome::Stall,
             _ => {
                 return Err(InvalidMessage::Invalid {
                     field: "input.simulate.outcome",
-                    rule: "must be ok, transient, permanent or hang",
+                    rule: "must be ok, transient, permanent, hang, overloaded, spend_limit or stall",
                 });
             }
         },
@@ -246,7 +256,7 @@ mod tests {
         let text = r#"{"job_id":"j","contract":"c","input":{"model":"m","prompt":"p","simulate":{"outcome":"boom"}}}"#;
         let invalid = InvalidMessage::Invalid {
             field: "input.simulate.outcome",
-            rule: "must be ok, transient, permanent or hang",
+            rule: "must be ok, transient, permanent, hang, overloaded, spend_limit or stall",
         };
         assert_eq!(parse_trigger(Some(text)).map(|_| ()), Err(invalid.clone()));
         assert_eq!(parse_body(Some(text)).map(|_| ()), Err(invalid));

@@ -379,6 +379,7 @@ pub async fn ended_at(ledger: &impl JobLedger, job_id: &str, end: super::Attempt
         now: at - 1_000,
         lease_until: at + 60_000,
         provider_ref: None,
+        route: None,
         first_sight: true,
     };
     assert!(matches!(ledger.claim(claim).await, Ok(Write::Applied(_))));

@@ -51,6 +51,10 @@ pub struct ClaimRequest {
     /// The reference the provider will know this attempt by, when the client assigns it (an
     /// idempotency key): recorded with the attempt, so a recovery can ask the provider.
     pub provider_ref: Option<String>,
+    /// The provider of the deployment the attempt goes to, and the model it asks there:
+    /// recorded with the attempt, so a recovery asks that provider and a fallback knows who
+    /// refused.
+    pub route: Option<crate::job::Route>,
     /// The claimant has read no item of this job and its message does not say one exists (a
     /// whole-job message's first write), so the item is most likely absent and a ledger may try
     /// to create it whole first. Condition and

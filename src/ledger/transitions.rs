@@ -56,13 +56,16 @@ pub fn apply_claim(current: Option<&JobRecord>, req: &ClaimRequest) -> Option<Jo
     next.owner_id = Some(req.owner_id.clone());
     next.owner_until = Some(req.lease_until);
     next.updated_at = req.now;
-    next.attempt_log.push(AttemptRecord::claimed(
-        next.attempts,
-        next.owner_epoch,
-        &req.owner_id,
-        req.now,
-        req.provider_ref.clone(),
-    ));
+    next.attempt_log.push(
+        AttemptRecord::claimed(
+            next.attempts,
+            next.owner_epoch,
+            &req.owner_id,
+            req.now,
+            req.provider_ref.clone(),
+        )
+        .routed(req.route.clone()),
+    );
     Some(next)
 }
 

@@ -119,6 +119,10 @@ pub fn to_json(record: &JobRecord, with_result: bool) -> Value {
         if !a.errors.is_empty() {
             fields["errors"] = json!(a.errors);
         }
+        if let Some(route) = &a.route {
+            fields["provider"] = json!(route.provider);
+            fields["model"] = json!(route.model);
+        }
         if let Some(usage) = &a.usage {
             fields["usage"] = json!(usage);
         }
@@ -251,6 +255,9 @@ pub fn to_text(record: &JobRecord, with_result: bool) -> String {
             format_rfc3339_ms(a.started_at),
             a.provider_ref.as_deref().unwrap_or("-")
         ));
+        if let Some(r) = &a.route {
+            out.push_str(&format!("         sent to {} ({})\n", r.provider, r.model));
+        }
         if let Some(u) = &a.usage {
             out.push_str(&format!("         used {}\n", usage_text(u)));
         }

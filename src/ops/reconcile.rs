@@ -298,8 +298,15 @@ async fn expire<L: JobLedger + LedgerIndex>(
                     // A call that may still run upstream is cancelled: its answer can never be
                     // accepted now, and the provider would go on charging for it.
                     let running = matches!(state, JobState::Running | JobState::Unknown);
+                    // Only the provider that ran the attempt knows its reference.
+                    let ran = job
+                        .attempt_log
+                        .last()
+                        .and_then(|a| a.route.as_ref())
+                        .is_none_or(|r| r.provider == provider.name());
                     if let Some(r) = job.last_provider_ref()
                         && running
+                        && ran
                         && provider.can_retrieve()
                     {
                         let wait = Duration::from_millis(CANCEL_WAIT_MS);
@@ -365,6 +372,7 @@ mod tests {
             now: T - 120_000,
             lease_until: T - 90_000,
             provider_ref: provider_ref.map(str::to_owned),
+            route: None,
             first_sight: false,
         };
         assert!(matches!(ledger.claim(claim).await, Ok(Write::Applied(_))));

@@ -10,7 +10,7 @@ use reqwest::header::HeaderMap;
 use reqwest::{Client, StatusCode};
 use serde_json::{Map, Value, json};
 
-use super::http::{ApiKey, code_text, retry_after_ms};
+use super::http::{ApiKey, Events, Streamed, code_text, retry_after_ms};
 use super::keys::{KeyRotation, Secret};
 use super::{Answer, Provider, ProviderError, ProviderRequest};
 use crate::job::contract::{Contract, Finish};
@@ -47,6 +47,9 @@ pub struct AnthropicSettings {
     pub structured: Structured,
     /// `ANTHROPIC_CONNECT_TIMEOUT_MS`.
     pub connect_timeout_ms: Millis,
+    /// `PROVIDER_STREAMING` (`on`, the default, or `off`): the answer streams, so a long
+    /// generation survives idle-connection limits and its progress is evidence.
+    pub stream: bool,
 }
 
 impl Default for AnthropicSettings {
@@ -57,6 +60,7 @@ impl Default for AnthropicSettings {
             model: None,
             structured: Structured::Format,
             connect_timeout_ms: 5_000,
+            stream: true,
         }
     }
 }
@@ -87,6 +91,7 @@ impl AnthropicSettings {
                 1,
                 60_000,
             )?,
+            stream: super::streaming(vars)?,
         })
     }
 }
@@ -216,6 +221,10 @@ impl Provider for AnthropicProvider {
         "anthropic"
     }
 
+    fn fixed_model(&self) -> Option<&str> {
+        self.settings.model.as_deref()
+    }
+
     fn model<'a>(&'a self, input: &'a Map<String, Value>) -> &'a str {
         self.settings
             .model
@@ -225,29 +234,125 @@ impl Provider for AnthropicProvider {
     }
 
     async fn call(&self, req: &ProviderRequest<'_>) -> Result<Answer, ProviderError> {
-        let body = self.body(req)?;
-        let url = format!("{}/v1/messages", self.settings.base_url);
-        let (status, headers, json) = self
-            .key
-            .send(
-                |key| {
-                    let request = self
-                        .http
-                        .post(&url)
-                        .header("anthropic-version", &self.settings.version)
-                        .json(&body);
-                    match key {
-                        Some(key) => request.header("x-api-key", key.expose()),
-                        None => request,
-                    }
-                },
-                classify,
-            )
-            .await?;
-        if !status.is_success() {
-            return Err(classify(status, &headers, &json));
+        let mut body = self.body(req)?;
+        if self.settings.stream {
+            body.insert("stream".into(), json!(true));
         }
-        self.answer(req, &json)
+        let url = format!("{}/v1/messages", self.settings.base_url);
+        let build = |key: Option<&Secret>| {
+            let request = self
+                .http
+                .post(&url)
+                .header("anthropic-version", &self.settings.version)
+                .json(&body);
+            match key {
+                Some(key) => request.header("x-api-key", key.expose()),
+                None => request,
+            }
+        };
+        if !self.settings.stream {
+            let (status, headers, json) = self.key.send(build, classify).await?;
+            if !status.is_success() {
+                return Err(classify(status, &headers, &json));
+            }
+            return self.answer(req, &json);
+        }
+        let response = self.key.stream(build, classify).await?;
+        let message = match Streamed::of(response, req.progress.clone(), classify).await? {
+            Streamed::Events(events) => streamed_message(events).await?,
+            Streamed::Whole(json) => json,
+        };
+        self.answer(req, &message)
+    }
+}
+
+/// The message a stream of Messages events builds, whole: its `message_start`, its content
+/// blocks with their deltas, the `stop_reason` and usage of its `message_delta`, once
+/// `message_stop` came. An `error` event, or a stream that ends before `message_stop`, is
+/// uncertain: the model was running, and a part of an answer is never taken for one.
+// Why this function is long: one short arm per event type of the stream, each folding its part
+// into the one message; apart, they would pass the message and the tool inputs around.
+async fn streamed_message(mut events: Events) -> Result<Value, ProviderError> {
+    let cut = |what: &str| ProviderError::Uncertain {
+        evidence: format!("{what} after the request was sent; it may have run"),
+    };
+    let mut message = json!({"content": []});
+    // The tool inputs' JSON as it streams, by block.
+    let mut inputs: Vec<String> = Vec::new();
+    loop {
+        let Some(event) = events.next().await? else {
+            return Err(cut("the stream ended before the answer did"));
+        };
+        let data: Value = serde_json::from_str(&event.data).unwrap_or(Value::Null);
+        let kind = data
+            .get("type")
+            .and_then(Value::as_str)
+            .unwrap_or(&event.name);
+        match kind {
+            "message_start" => {
+                let start = data.get("message").cloned().unwrap_or_default();
+                for field in ["id", "model", "usage"] {
+                    if let Some(v) = start.get(field) {
+                        message[field] = v.clone();
+                    }
+                }
+            }
+            "content_block_start" => {
+                let block = data.get("content_block").cloned().unwrap_or_default();
+                if let Some(blocks) = message["content"].as_array_mut() {
+                    blocks.push(block);
+                    inputs.push(String::new());
+                }
+            }
+            "content_block_delta" => {
+                let i = data.get("index").and_then(Value::as_u64).unwrap_or(0) as usize;
+                let delta = data.get("delta").cloned().unwrap_or_default();
+                let block = message["content"].get_mut(i);
+                match (delta.get("type").and_then(Value::as_str), block) {
+                    (Some("text_delta"), Some(block)) => {
+                        let more = delta.get("text").and_then(Value::as_str).unwrap_or("");
+                        let text = block.get("text").and_then(Value::as_str).unwrap_or("");
+                        block["text"] = Value::from(format!("{text}{more}"));
+                    }
+                    (Some("input_json_delta"), Some(_)) => {
+                        let more = delta.get("partial_json").and_then(Value::as_str);
+                        if let Some(input) = inputs.get_mut(i) {
+                            input.push_str(more.unwrap_or(""));
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            "content_block_stop" => {
+                let i = data.get("index").and_then(Value::as_u64).unwrap_or(0) as usize;
+                let streamed = inputs.get(i).filter(|s| !s.is_empty());
+                if let (Some(text), Some(block)) = (streamed, message["content"].get_mut(i)) {
+                    // What could not be parsed stays text, for the contract to refuse.
+                    block["input"] =
+                        serde_json::from_str(text).unwrap_or_else(|_| Value::from(text.as_str()));
+                }
+            }
+            "message_delta" => {
+                if let Some(reason) = data.pointer("/delta/stop_reason") {
+                    message["stop_reason"] = reason.clone();
+                }
+                if let Some(Value::Object(usage)) = data.get("usage") {
+                    for (k, v) in usage {
+                        message["usage"][k] = v.clone();
+                    }
+                }
+            }
+            "message_stop" => return Ok(message),
+            "error" => {
+                let code = data
+                    .pointer("/error/type")
+                    .and_then(Value::as_str)
+                    .map(code_text)
+                    .unwrap_or_default();
+                return Err(cut(&format!("stream error {code}")));
+            }
+            _ => {}
+        }
     }
 }
 

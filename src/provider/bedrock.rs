@@ -9,8 +9,10 @@ use std::time::Duration;
 use aws_sdk_bedrockruntime::Client;
 use aws_sdk_bedrockruntime::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_bedrockruntime::types::{
-    ContentBlock, ConversationRole, ConverseOutput, InferenceConfiguration, JsonSchemaDefinition,
-    Message, OutputConfig, OutputFormat, OutputFormatStructure, OutputFormatType, StopReason,
+    CachePointBlock, CachePointType, ContentBlock, ConversationRole, ConverseOutput, DocumentBlock,
+    DocumentFormat, DocumentSource, GuardrailConfiguration, ImageBlock, ImageFormat, ImageSource,
+    InferenceConfiguration, JsonSchemaDefinition, Message, OutputConfig, OutputFormat,
+    OutputFormatStructure, OutputFormatType, S3Location, ServiceTier, ServiceTierType, StopReason,
     SystemContentBlock,
 };
 use serde_json::{Map, Value, json};
@@ -28,6 +30,9 @@ pub struct BedrockSettings {
     pub model_id: Option<String>,
     /// `BEDROCK_ENDPOINT_URL`: another endpoint (a VPC endpoint, or a local server in tests).
     pub endpoint_url: Option<String>,
+    /// `BEDROCK_GUARDRAIL_ID` and `BEDROCK_GUARDRAIL_VERSION`: the guardrail every call goes
+    /// through (a deployment's choice, never a job's).
+    pub guardrail: Option<(String, String)>,
 }
 
 impl BedrockSettings {
@@ -44,9 +49,24 @@ impl BedrockSettings {
                 reason: "must be https:// (http:// only on the loopback interface)".to_owned(),
             });
         }
+        let guardrail = match (
+            vars.get("BEDROCK_GUARDRAIL_ID"),
+            vars.get("BEDROCK_GUARDRAIL_VERSION"),
+        ) {
+            (Some(id), version) => Some((id, version.unwrap_or_else(|| "DRAFT".to_owned()))),
+            (None, None) => None,
+            (None, Some(_)) => {
+                return Err(crate::vars::ConfigError::Invalid {
+                    name: "BEDROCK_GUARDRAIL_VERSION",
+                    reason: "names the version of no guardrail: set BEDROCK_GUARDRAIL_ID"
+                        .to_owned(),
+                });
+            }
+        };
         Ok(BedrockSettings {
             model_id: vars.get("BEDROCK_MODEL_ID"),
             endpoint_url,
+            guardrail,
         })
     }
 }
@@ -56,6 +76,7 @@ impl BedrockSettings {
 pub struct BedrockProvider {
     client: Client,
     model_id: Option<String>,
+    guardrail: Option<GuardrailConfiguration>,
 }
 
 impl BedrockProvider {
@@ -71,9 +92,16 @@ impl BedrockProvider {
         if let Some(url) = &settings.endpoint_url {
             config = config.endpoint_url(url);
         }
+        let guardrail = settings.guardrail.as_ref().map(|(id, version)| {
+            GuardrailConfiguration::builder()
+                .guardrail_identifier(id)
+                .guardrail_version(version)
+                .build()
+        });
         BedrockProvider {
             client: Client::from_conf(config.build()),
             model_id: settings.model_id.clone(),
+            guardrail,
         }
     }
 }
@@ -81,6 +109,10 @@ impl BedrockProvider {
 impl Provider for BedrockProvider {
     fn name(&self) -> &'static str {
         "aws.bedrock"
+    }
+
+    fn fixed_model(&self) -> Option<&str> {
+        self.model_id.as_deref()
     }
 
     fn model<'a>(&'a self, input: &'a Map<String, Value>) -> &'a str {
@@ -96,17 +128,18 @@ impl Provider for BedrockProvider {
             conversation(req.input).map_err(|reason| ProviderError::Permanent {
                 reason: reason.to_owned(),
             })?;
+        let parameters = req.input.get("parameters");
         let out = self
             .client
             .converse()
             .model_id(model)
             .set_system((!system.is_empty()).then_some(system))
             .set_messages(Some(messages))
-            .set_inference_config(inference(
-                req.input.get("parameters"),
-                req.max_output_tokens,
-            ))
+            .set_inference_config(inference(parameters, req.max_output_tokens))
             .set_output_config(output_config(req.output))
+            .set_service_tier(service_tier(parameters))
+            .set_additional_model_request_fields(additional_fields(parameters))
+            .set_guardrail_config(self.guardrail.clone())
             .send()
             .await
             .map_err(|e| classify(&e))?;
@@ -123,10 +156,14 @@ impl Provider for BedrockProvider {
                 });
             }
         };
-        let usage = out.usage().map_or(
-            Value::Null,
-            |u| json!({"input_tokens": u.input_tokens(), "output_tokens": u.output_tokens()}),
-        );
+        let usage = out.usage().map_or(Value::Null, |u| {
+            json!({
+                "input_tokens": u.input_tokens(),
+                "output_tokens": u.output_tokens(),
+                "cache_read_input_tokens": u.cache_read_input_tokens(),
+                "cache_write_input_tokens": u.cache_write_input_tokens(),
+            })
+        });
         let body = json!({
             "contract": req.contract,
             "model": model,
@@ -178,8 +215,171 @@ fn finish(reason: &StopReason) -> Finish {
     }
 }
 
+/// `parameters.service_tier` (`default`, `flex`, `priority`, `reserved`) as Converse's
+/// `serviceTier`.
+fn service_tier(parameters: Option<&Value>) -> Option<ServiceTier> {
+    let tier = parameters?.get("service_tier")?.as_str()?;
+    ServiceTier::builder()
+        .r#type(ServiceTierType::from(tier))
+        .build()
+        .ok()
+}
+
+/// `parameters.additionalModelRequestFields` (or `additional_model_request_fields`): the
+/// model's own fields (`top_k`, `thinking`), sent as they are.
+fn additional_fields(parameters: Option<&Value>) -> Option<aws_smithy_types::Document> {
+    let p = parameters?;
+    let fields = p
+        .get("additionalModelRequestFields")
+        .or_else(|| p.get("additional_model_request_fields"))?;
+    fields.is_object().then(|| document(fields))
+}
+
+/// A JSON value as a Smithy document.
+fn document(value: &Value) -> aws_smithy_types::Document {
+    use aws_smithy_types::{Document, Number};
+    match value {
+        Value::Null => Document::Null,
+        Value::Bool(b) => Document::Bool(*b),
+        Value::Number(n) => Document::Number(match (n.as_u64(), n.as_i64()) {
+            (Some(u), _) => Number::PosInt(u),
+            (None, Some(i)) => Number::NegInt(i),
+            _ => Number::Float(n.as_f64().unwrap_or(0.0)),
+        }),
+        Value::String(s) => Document::String(s.clone()),
+        Value::Array(items) => Document::Array(items.iter().map(document).collect()),
+        Value::Object(fields) => Document::Object(
+            fields
+                .iter()
+                .map(|(k, v)| (k.clone(), document(v)))
+                .collect(),
+        ),
+    }
+}
+
+/// One content part as Converse blocks: text (`text`, `input_text`, `output_text`); an image
+/// (`image_url` as a `data:` URL, or an `s3://` one; Anthropic's base64 `image`); a document
+/// (Anthropic's `document`, base64 or plain text); each followed by a `cachePoint` when the part
+/// carries `cache_control`.
+fn blocks(part: &Value, index: usize) -> Result<Vec<ContentBlock>, &'static str> {
+    let block = match part.get("type").and_then(Value::as_str) {
+        Some("text" | "input_text" | "output_text") => match part.get("text") {
+            Some(Value::String(t)) => ContentBlock::Text(t.clone()),
+            _ => return Err("text part without text"),
+        },
+        Some("image_url") => {
+            let url = part
+                .pointer("/image_url/url")
+                .or_else(|| part.get("image_url"))
+                .and_then(Value::as_str)
+                .ok_or("image part without a URL")?;
+            ContentBlock::Image(image_from_url(url)?)
+        }
+        Some("image") => {
+            let source = part.get("source").ok_or("image part without a source")?;
+            let media = source
+                .get("media_type")
+                .and_then(Value::as_str)
+                .unwrap_or("");
+            let data = source.get("data").and_then(Value::as_str).unwrap_or("");
+            ContentBlock::Image(image_block(media, data)?)
+        }
+        Some("document") => ContentBlock::Document(document_block(part, index)?),
+        _ => return Err("a content part this provider does not take"),
+    };
+    let mut out = vec![block];
+    if part.get("cache_control").is_some() {
+        out.push(ContentBlock::CachePoint(cache_point()?));
+    }
+    Ok(out)
+}
+
+fn cache_point() -> Result<CachePointBlock, &'static str> {
+    CachePointBlock::builder()
+        .r#type(CachePointType::Default)
+        .build()
+        .map_err(|_| "cache point could not be built")
+}
+
+/// An image from a `data:<media type>;base64,<data>` or `s3://bucket/key` URL.
+fn image_from_url(url: &str) -> Result<ImageBlock, &'static str> {
+    if let Some(uri) = url.strip_prefix("s3://").map(|_| url) {
+        let format = url.rsplit('.').next().unwrap_or("");
+        let location = S3Location::builder()
+            .uri(uri)
+            .build()
+            .map_err(|_| "image location could not be built")?;
+        return ImageBlock::builder()
+            .format(ImageFormat::from(
+                format.to_ascii_lowercase().replace("jpg", "jpeg").as_str(),
+            ))
+            .source(ImageSource::S3Location(location))
+            .build()
+            .map_err(|_| "image could not be built");
+    }
+    let data = url
+        .strip_prefix("data:")
+        .ok_or("an image URL must be a data: or s3:// URL for this provider")?;
+    let (media, data) = data
+        .split_once(";base64,")
+        .ok_or("an image data URL must be base64")?;
+    image_block(media, data)
+}
+
+/// An image from its media type (`image/png`) and base64 data.
+fn image_block(media: &str, data: &str) -> Result<ImageBlock, &'static str> {
+    let format = media
+        .strip_prefix("image/")
+        .ok_or("an image needs an image/ media type")?;
+    let bytes = aws_smithy_types::base64::decode(data).map_err(|_| "image data is not base64")?;
+    ImageBlock::builder()
+        .format(ImageFormat::from(format))
+        .source(ImageSource::Bytes(bytes.into()))
+        .build()
+        .map_err(|_| "image could not be built")
+}
+
+/// A document part in Anthropic's form (`source`: base64 `data` with its `media_type`, or
+/// `text`), named by its `title` (Converse requires a name).
+fn document_block(part: &Value, index: usize) -> Result<DocumentBlock, &'static str> {
+    let source = part.get("source").ok_or("document part without a source")?;
+    let media = source
+        .get("media_type")
+        .and_then(Value::as_str)
+        .unwrap_or("");
+    let data = source.get("data").and_then(Value::as_str).unwrap_or("");
+    let (format, source) = match source.get("type").and_then(Value::as_str) {
+        Some("text") => (DocumentFormat::Txt, DocumentSource::Text(data.to_owned())),
+        Some("base64") => {
+            let format = match media {
+                "application/pdf" => DocumentFormat::Pdf,
+                "text/csv" => DocumentFormat::Csv,
+                "text/html" => DocumentFormat::Html,
+                "text/markdown" => DocumentFormat::Md,
+                "text/plain" => DocumentFormat::Txt,
+                _ => return Err("a document media type this provider does not take"),
+            };
+            let bytes = aws_smithy_types::base64::decode(data)
+                .map_err(|_| "document data is not base64")?;
+            (format, DocumentSource::Bytes(bytes.into()))
+        }
+        _ => return Err("a document source this provider does not take"),
+    };
+    let name = part
+        .get("title")
+        .and_then(Value::as_str)
+        .map_or_else(|| format!("document-{index}"), str::to_owned);
+    DocumentBlock::builder()
+        .format(format)
+        .name(name)
+        .source(source)
+        .build()
+        .map_err(|_| "document could not be built")
+}
+
 /// The job's conversation as Converse system blocks and messages. System messages become
-/// system blocks; text parts of array contents are kept, other parts are refused.
+/// system blocks; content parts become Converse blocks ([`blocks`]), with a `cachePoint` after
+/// each part that carries `cache_control`.
 fn conversation(
     input: &Map<String, Value>,
 ) -> Result<(Vec<SystemContentBlock>, Vec<Message>), &'static str> {
@@ -198,21 +398,29 @@ fn conversation(
     };
     let mut system = Vec::new();
     let mut messages = Vec::new();
+    let mut parts_seen = 0;
     for entry in entries {
-        let texts: Vec<String> = match entry.get("content") {
-            Some(Value::String(s)) => vec![s.clone()],
-            Some(Value::Array(parts)) => parts
-                .iter()
-                .map(|p| match p.get("text") {
-                    Some(Value::String(t)) => Ok(t.clone()),
-                    _ => Err("only text parts are supported by this provider"),
-                })
-                .collect::<Result<_, _>>()?,
+        let content: Vec<ContentBlock> = match entry.get("content") {
+            Some(Value::String(s)) => vec![ContentBlock::Text(s.clone())],
+            Some(Value::Array(parts)) => {
+                let mut content = Vec::new();
+                for part in parts {
+                    parts_seen += 1;
+                    content.extend(blocks(part, parts_seen)?);
+                }
+                content
+            }
             _ => return Err("message without content"),
         };
         let role = match entry.get("role").and_then(Value::as_str) {
             Some("system" | "developer") => {
-                system.extend(texts.into_iter().map(SystemContentBlock::Text));
+                for block in content {
+                    system.push(match block {
+                        ContentBlock::Text(t) => SystemContentBlock::Text(t),
+                        ContentBlock::CachePoint(c) => SystemContentBlock::CachePoint(c),
+                        _ => return Err("a system message takes text only"),
+                    });
+                }
                 continue;
             }
             Some("user") => ConversationRole::User,
@@ -221,7 +429,7 @@ fn conversation(
         };
         let message = Message::builder()
             .role(role)
-            .set_content(Some(texts.into_iter().map(ContentBlock::Text).collect()))
+            .set_content(Some(content))
             .build()
             .map_err(|_| "message could not be built")?;
         messages.push(message);
@@ -388,10 +596,14 @@ mod tests {
         assert_eq!(messages.len(), 2);
         assert_eq!(messages[0].content().len(), 2);
         assert_eq!(messages[1].role(), &ConversationRole::Assistant);
-        let image = json!({"model": "m", "messages": [
-            {"role": "user", "content": [{"type": "image_url", "image_url": "x"}]}
+        let audio = json!({"model": "m", "messages": [
+            {"role": "user", "content": [{"type": "input_audio", "input_audio": "x"}]}
         ]});
-        assert!(conversation(image.as_object().expect("object")).is_err());
+        assert!(conversation(audio.as_object().expect("object")).is_err());
+        let link = json!({"model": "m", "messages": [
+            {"role": "user", "content": [{"type": "image_url", "image_url": "https://x/y.png"}]}
+        ]});
+        assert!(conversation(link.as_object().expect("object")).is_err());
     }
 
     #[test]

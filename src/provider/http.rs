@@ -82,6 +82,34 @@ impl ApiKey {
         read(build(Some(&next)).send().await, classify).await
     }
 
+    /// Sends a request whose answer streams: a success's response, its body unread; an error
+    /// status read and classified (after a 401, sent once more with a rotated key, as
+    /// [`ApiKey::send`] does).
+    pub(crate) async fn stream(
+        &self,
+        build: impl Fn(Option<&Secret>) -> RequestBuilder,
+        classify: Classify,
+    ) -> Result<reqwest::Response, ProviderError> {
+        let used = self.current();
+        let mut response = build(used.as_ref())
+            .send()
+            .await
+            .map_err(|e| transport_error(&e))?;
+        if response.status() == StatusCode::UNAUTHORIZED
+            && let Some(next) = self.replacement(used).await
+        {
+            response = build(Some(&next))
+                .send()
+                .await
+                .map_err(|e| transport_error(&e))?;
+        }
+        if response.status().is_success() {
+            return Ok(response);
+        }
+        let (status, headers, json) = read(Ok(response), classify).await?;
+        Err(classify(status, &headers, &json))
+    }
+
     /// The key to send instead of `used`, which was refused: one another call has put in its
     /// place meanwhile, or one read again; `None` when there is none. One replacement at a time.
     pub(crate) async fn replacement(&self, used: Option<Secret>) -> Option<Secret> {
@@ -94,6 +122,141 @@ impl ApiKey {
         let key = rotation.read_again(used.as_ref()).await?;
         *self.key.write().unwrap_or_else(|p| p.into_inner()) = Some(key.clone());
         Some(key)
+    }
+}
+
+/// A streamed request's answer: its events, or a whole JSON body from a server that does not
+/// stream (an OpenAI-compatible server that ignores `stream`).
+pub(crate) enum Streamed {
+    Events(Events),
+    Whole(Value),
+}
+
+impl Streamed {
+    /// `response` (a success), read as events when it says it streams them.
+    pub(crate) async fn of(
+        response: reqwest::Response,
+        progress: Option<super::Progress>,
+        classify: Classify,
+    ) -> Result<Streamed, ProviderError> {
+        let events = response
+            .headers()
+            .get(reqwest::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.starts_with("text/event-stream"));
+        if !events {
+            return Ok(Streamed::Whole(read(Ok(response), classify).await?.2));
+        }
+        let progress =
+            progress.unwrap_or_else(|| super::Progress::new(super::DEFAULT_PROGRESS_TIMEOUT));
+        Ok(Streamed::Events(Events::new(response, progress)))
+    }
+}
+
+/// A server-sent event: its `event` name (empty when none) and its data lines, joined.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Event {
+    pub(crate) name: String,
+    pub(crate) data: String,
+}
+
+/// A streamed answer read event by event within the progress rule: every chunk of bytes marks
+/// progress, and a wait of more than the rule's timeout for the next one is a hung call,
+/// uncertain (it may have run). A cut stream is uncertain too; so is one whose answer grows past
+/// [`MAX_RESPONSE_BYTES`] (it could never be stored): permanent.
+pub(crate) struct Events {
+    response: reqwest::Response,
+    progress: super::Progress,
+    buffer: Vec<u8>,
+    read: usize,
+}
+
+impl Events {
+    /// Reads `response`'s events, marking `progress` (the request was just sent: marked now).
+    pub(crate) fn new(response: reqwest::Response, progress: super::Progress) -> Events {
+        progress.mark();
+        Events {
+            response,
+            progress,
+            buffer: Vec::new(),
+            read: 0,
+        }
+    }
+
+    /// The next event, or `None` at the end of the stream.
+    pub(crate) async fn next(&mut self) -> Result<Option<Event>, ProviderError> {
+        loop {
+            if let Some(event) = self.take_event() {
+                return Ok(Some(event));
+            }
+            let wait = self.progress.timeout();
+            let chunk = match tokio::time::timeout(wait, self.response.chunk()).await {
+                Err(_) => {
+                    return Err(ProviderError::Uncertain {
+                        evidence: format!(
+                            "no bytes for {} s: the call is hung, cancelled; it may have run",
+                            wait.as_secs()
+                        ),
+                    });
+                }
+                Ok(Err(e)) => return Err(transport_error(&e)),
+                Ok(Ok(None)) => return Ok(None),
+                Ok(Ok(Some(chunk))) => chunk,
+            };
+            self.progress.mark();
+            self.read += chunk.len();
+            if self.read > MAX_RESPONSE_BYTES {
+                return Err(ProviderError::Permanent {
+                    reason: format!("answer larger than {MAX_RESPONSE_BYTES} bytes"),
+                });
+            }
+            self.buffer.extend_from_slice(&chunk);
+        }
+    }
+
+    /// The first whole event in the buffer, if any (comments and blank events skipped).
+    fn take_event(&mut self) -> Option<Event> {
+        loop {
+            let (end, gap) = event_end(&self.buffer)?;
+            let raw: Vec<u8> = self.buffer.drain(..end + gap).collect();
+            let text = String::from_utf8_lossy(&raw[..end]);
+            let mut event = Event {
+                name: String::new(),
+                data: String::new(),
+            };
+            let mut has_data = false;
+            for line in text.lines() {
+                let (field, value) = line.split_once(':').unwrap_or((line, ""));
+                let value = value.strip_prefix(' ').unwrap_or(value);
+                match field {
+                    "event" => event.name = value.to_owned(),
+                    "data" => {
+                        if has_data {
+                            event.data.push('\n');
+                        }
+                        event.data.push_str(value);
+                        has_data = true;
+                    }
+                    _ => {}
+                }
+            }
+            if has_data || !event.name.is_empty() {
+                return Some(event);
+            }
+        }
+    }
+}
+
+/// Where the first event in `buffer` ends, and the length of the blank line after it.
+fn event_end(buffer: &[u8]) -> Option<(usize, usize)> {
+    let lf = buffer.windows(2).position(|w| w == b"\n\n").map(|i| (i, 2));
+    let crlf = buffer
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .map(|i| (i, 4));
+    match (lf, crlf) {
+        (Some(a), Some(b)) => Some(if a.0 <= b.0 { a } else { b }),
+        (a, b) => a.or(b),
     }
 }
 

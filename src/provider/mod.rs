@@ -8,8 +8,10 @@ pub mod bedrock;
 pub mod http;
 #[cfg(feature = "http-api")]
 pub mod keys;
+mod models;
 #[cfg(feature = "openai")]
 pub mod openai;
+mod progress;
 pub mod simulated;
 
 use std::future::Future;
@@ -20,8 +22,10 @@ use serde_json::{Map, Value};
 pub use anthropic::AnthropicProvider;
 #[cfg(feature = "bedrock")]
 pub use bedrock::BedrockProvider;
+pub use models::ModelMap;
 #[cfg(feature = "openai")]
 pub use openai::OpenAiProvider;
+pub use progress::{DEFAULT_PROGRESS_TIMEOUT, Progress};
 pub use simulated::SimulatedProvider;
 
 #[cfg(feature = "http-api")]
@@ -98,6 +102,15 @@ pub enum ProviderConfig {
 }
 
 impl ProviderConfig {
+    /// Whether the provider can run calls in the background (OpenAI's Responses API).
+    pub(crate) fn runs_in_background(&self) -> bool {
+        match self {
+            #[cfg(feature = "openai")]
+            ProviderConfig::OpenAi { settings, .. } => settings.api == openai::OpenAiApi::Responses,
+            _ => false,
+        }
+    }
+
     /// Whether calls go to the model each job names (any real provider, unless Bedrock's
     /// `BEDROCK_MODEL_ID` fixes one for every call).
     pub(crate) fn names_model(&self) -> bool {
@@ -112,29 +125,62 @@ impl ProviderConfig {
         }
     }
 
-    /// `PROVIDER` and the chosen provider's own settings.
-    pub(crate) fn from_vars(vars: &Vars<'_>) -> Result<ProviderConfig, ConfigError> {
-        Ok(match vars.get("PROVIDER").as_deref() {
-            None | Some("simulated") => ProviderConfig::Simulated,
+    /// The providers `PROVIDER` names, in order (`openai,bedrock`: the second takes a job after
+    /// a definite refusal of the first), each with its own settings and its model for each job
+    /// model name (`<PROVIDER>_MODELS`). A name given twice is refused.
+    pub(crate) fn list_from_vars(
+        vars: &Vars<'_>,
+    ) -> Result<Vec<(ProviderConfig, ModelMap)>, ConfigError> {
+        let text = vars
+            .get("PROVIDER")
+            .unwrap_or_else(|| "simulated".to_owned());
+        let names: Vec<&str> = text.split(',').map(str::trim).collect();
+        let mut list = Vec::new();
+        for (i, name) in names.iter().enumerate() {
+            if names[..i].contains(name) {
+                return Err(ConfigError::Invalid {
+                    name: "PROVIDER",
+                    reason: format!("{name:?} is named twice"),
+                });
+            }
+            let models_var = match *name {
+                "openai" => "OPENAI_MODELS",
+                "anthropic" => "ANTHROPIC_MODELS",
+                "bedrock" => "BEDROCK_MODELS",
+                _ => "SIMULATED_MODELS",
+            };
+            let models = match vars.get(models_var) {
+                Some(text) => ModelMap::parse(models_var, &text)?,
+                None => ModelMap::default(),
+            };
+            list.push((ProviderConfig::named(vars, name)?, models));
+        }
+        Ok(list)
+    }
+
+    /// The provider called `name`, with its own settings.
+    fn named(vars: &Vars<'_>, name: &str) -> Result<ProviderConfig, ConfigError> {
+        Ok(match name {
+            "" | "simulated" => ProviderConfig::Simulated,
             #[cfg(feature = "openai")]
-            Some("openai") => ProviderConfig::OpenAi {
+            "openai" => ProviderConfig::OpenAi {
                 settings: OpenAiSettings::from_vars(vars)?,
                 key: KeySource::from_vars(vars, keys::KeyVars::OPENAI)?,
             },
             #[cfg(feature = "anthropic")]
-            Some("anthropic") => ProviderConfig::Anthropic {
+            "anthropic" => ProviderConfig::Anthropic {
                 settings: AnthropicSettings::from_vars(vars)?,
                 key: KeySource::from_vars(vars, keys::KeyVars::ANTHROPIC)?,
             },
             #[cfg(feature = "bedrock")]
-            Some("bedrock") => ProviderConfig::Bedrock(BedrockSettings::from_vars(vars)?),
+            "bedrock" => ProviderConfig::Bedrock(BedrockSettings::from_vars(vars)?),
             #[cfg(not(feature = "openai"))]
-            Some("openai") => return Err(not_built("openai")),
+            "openai" => return Err(not_built("openai")),
             #[cfg(not(feature = "anthropic"))]
-            Some("anthropic") => return Err(not_built("anthropic")),
+            "anthropic" => return Err(not_built("anthropic")),
             #[cfg(not(feature = "bedrock"))]
-            Some("bedrock") => return Err(not_built("bedrock")),
-            Some(other) => {
+            "bedrock" => return Err(not_built("bedrock")),
+            other => {
                 return Err(ConfigError::Invalid {
                     name: "PROVIDER",
                     reason: format!(
@@ -144,6 +190,12 @@ impl ProviderConfig {
             }
         })
     }
+}
+
+/// `PROVIDER_STREAMING`: whether chat-style calls stream their answers (`on`, the default).
+#[cfg(feature = "http-api")]
+pub(crate) fn streaming(vars: &Vars<'_>) -> Result<bool, ConfigError> {
+    vars.choice("PROVIDER_STREAMING", true, &[("on", true), ("off", false)])
 }
 
 /// A provider this build was compiled without.
@@ -179,6 +231,9 @@ pub struct ProviderRequest<'a> {
     /// Stable per job and attempt: a provider that deduplicates requests sees a retry of the
     /// same attempt as the same request.
     pub idempotency_key: String,
+    /// The progress rule a streamed call marks (`None`: nobody watches; a provider that streams
+    /// applies [`DEFAULT_PROGRESS_TIMEOUT`]).
+    pub progress: Option<Progress>,
 }
 
 /// A provider's answer.
@@ -370,6 +425,12 @@ pub trait Provider: Send + Sync {
             .unwrap_or_default()
     }
 
+    /// The model every call runs, when the provider is configured with one of its own
+    /// (`OPENAI_MODEL`, `ANTHROPIC_MODEL`, `BEDROCK_MODEL_ID`) whatever the job names.
+    fn fixed_model(&self) -> Option<&str> {
+        None
+    }
+
     /// Whether [`Provider::retrieve`] can answer at all.
     fn can_retrieve(&self) -> bool {
         false
@@ -497,6 +558,10 @@ impl Provider for AnyProvider {
 
     fn model<'a>(&'a self, input: &'a serde_json::Map<String, serde_json::Value>) -> &'a str {
         each!(self, p => p.model(input))
+    }
+
+    fn fixed_model(&self) -> Option<&str> {
+        each!(self, p => p.fixed_model())
     }
 
     async fn retrieve(

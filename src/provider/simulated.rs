@@ -16,17 +16,46 @@ use crate::job::contract::Finish;
 use crate::job::simulate::{BadAnswer, SimulatedOutcome, Simulation, simulation_of};
 
 /// The simulated provider. It counts its executions (calls started), in total and per job.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct SimulatedProvider {
     executions: AtomicU64,
     retrievals: AtomicU64,
     per_job: Mutex<HashMap<String, u32>>,
+    /// Its name, as attempts record it (`simulated`).
+    name: &'static str,
+    /// Models it refuses as overloaded, before any work (a provider's outage of one model).
+    overloaded: Vec<String>,
+}
+
+impl Default for SimulatedProvider {
+    fn default() -> Self {
+        SimulatedProvider {
+            executions: AtomicU64::default(),
+            retrievals: AtomicU64::default(),
+            per_job: Mutex::default(),
+            name: "simulated",
+            overloaded: Vec::new(),
+        }
+    }
 }
 
 impl SimulatedProvider {
     /// A provider with zero executions.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// The same provider under another name: a second simulated provider in a list.
+    pub fn named(mut self, name: &'static str) -> Self {
+        self.name = name;
+        self
+    }
+
+    /// The same provider, overloaded for `model`: its calls are refused before any work, as
+    /// Anthropic's 529 `overloaded_error` refuses them.
+    pub fn overloaded_for(mut self, model: &str) -> Self {
+        self.overloaded.push(model.to_owned());
+        self
     }
 
     /// Calls started so far.
@@ -55,6 +84,10 @@ impl Provider for SimulatedProvider {
         *self.lock().entry(req.job_id.to_owned()).or_default() += 1;
 
         let sim = simulation_of(req.input);
+        let model = req.input.get("model").and_then(Value::as_str);
+        if model.is_some_and(|m| self.overloaded.iter().any(|o| o == m)) {
+            return Err(refusal(SimulatedOutcome::Overloaded));
+        }
         if sim.latency_ms > 0 {
             tokio::time::sleep(Duration::from_millis(sim.latency_ms)).await;
         }
@@ -79,7 +112,28 @@ impl Provider for SimulatedProvider {
                 reason: "simulated permanent failure".to_owned(),
             }),
             SimulatedOutcome::Hang => std::future::pending().await,
+            SimulatedOutcome::Overloaded | SimulatedOutcome::SpendLimit => {
+                Err(refusal(sim.outcome))
+            }
+            SimulatedOutcome::Stall => {
+                // The answer's first bytes, then silence: the progress rule finds it hung.
+                let Some(progress) = &req.progress else {
+                    return std::future::pending().await;
+                };
+                progress.mark();
+                tokio::time::sleep(progress.timeout()).await;
+                Err(ProviderError::Uncertain {
+                    evidence: format!(
+                        "no bytes for {} s: the call is hung, cancelled; it may have run",
+                        progress.timeout().as_secs()
+                    ),
+                })
+            }
         }
+    }
+
+    fn name(&self) -> &'static str {
+        self.name
     }
 
     fn can_retrieve(&self) -> bool {
@@ -117,7 +171,12 @@ impl Provider for SimulatedProvider {
         let finished = SystemClock.now_ms() - started_at >= sim.latency_ms as Millis;
         match sim.outcome {
             SimulatedOutcome::Ok if finished => Retrieval::Completed(answer(req, &sim)),
-            SimulatedOutcome::Ok | SimulatedOutcome::Hang => Retrieval::Running,
+            SimulatedOutcome::Ok | SimulatedOutcome::Hang | SimulatedOutcome::Stall => {
+                Retrieval::Running
+            }
+            SimulatedOutcome::Overloaded | SimulatedOutcome::SpendLimit => {
+                Retrieval::Failed(refusal(sim.outcome))
+            }
             SimulatedOutcome::Transient => Retrieval::Failed(ProviderError::Transient {
                 retry_after_ms: None,
                 reason: "simulated transient failure".to_owned(),
@@ -126,6 +185,18 @@ impl Provider for SimulatedProvider {
                 reason: "simulated permanent failure".to_owned(),
             }),
         }
+    }
+}
+
+/// A refusal before any work, in the words of the provider that gives it (Anthropic's).
+fn refusal(outcome: SimulatedOutcome) -> ProviderError {
+    let reason = match outcome {
+        SimulatedOutcome::SpendLimit => "HTTP 429 rate_limit_error enforced_spend_limit_reached",
+        _ => "HTTP 529 overloaded_error",
+    };
+    ProviderError::Transient {
+        retry_after_ms: None,
+        reason: reason.to_owned(),
     }
 }
 
@@ -234,6 +305,7 @@ mod tests {
             input_json: &input.1,
             max_output_tokens: 0,
             idempotency_key: format!("j/{attempt}"),
+            progress: None,
         }
     }
 

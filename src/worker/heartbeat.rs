@@ -160,6 +160,8 @@ struct Lease {
     lease_until: Millis,
     deadline_at: Millis,
     cancel: CancellationToken,
+    /// The progress rule of a streamed call: its lease is renewed only while it holds.
+    progress: Option<crate::provider::Progress>,
 }
 
 /// The records of one invocation and their renewal state, shared by the processor (which
@@ -231,9 +233,21 @@ impl Flights {
                 lease_until,
                 deadline_at,
                 cancel: cancel.clone(),
+                progress: None,
             });
         }
         cancel
+    }
+
+    /// The running call of record `index` streams under the progress rule `progress`.
+    pub fn progress(&self, index: usize, progress: &crate::provider::Progress) {
+        if let Some(Flight {
+            stage: Stage::Running(lease),
+            ..
+        }) = self.lock().get_mut(index)
+        {
+            lease.progress = Some(progress.clone());
+        }
     }
 
     /// The provider call of record `index` ended: its lease is no longer renewed, its
@@ -342,6 +356,10 @@ impl AttemptWatch for RecordSlot<'_> {
     ) -> CancellationToken {
         self.flights
             .running(self.index, job_id, epoch, lease_until, deadline_at)
+    }
+
+    fn progress(&self, progress: &crate::provider::Progress) {
+        self.flights.progress(self.index, progress);
     }
 
     fn call_ended(&self) {
@@ -567,6 +585,20 @@ impl<L: JobLedger, V: VisibilityControl, C: Clock> Heartbeat<'_, L, V, C> {
                 .iter()
                 .enumerate()
                 .filter_map(|(i, f)| match &f.stage {
+                    // A streamed call that shows no progress is hung: a healthy heartbeat must
+                    // not keep its lease, so another owner may recover the job; once the lease
+                    // is about to lapse, the call is cancelled here too (its provider should
+                    // have cancelled it already).
+                    Stage::Running(l) if l.progress.as_ref().is_some_and(|p| p.stalled()) => {
+                        tracing::warn!(job_id = %l.job_id, epoch = l.epoch, "the call shows no progress; its lease is not renewed");
+                        if l.lease_until - s.skew_ms <= now + s.heartbeat_ms
+                            && !l.cancel.is_cancelled()
+                        {
+                            l.cancel.cancel();
+                            bump(&self.flights.stats.ownership_lost, 1);
+                        }
+                        None
+                    }
                     Stage::Running(l) if !l.cancel.is_cancelled() && l.lease_until <= ample => {
                         Some((i, l.job_id.clone(), l.epoch))
                     }

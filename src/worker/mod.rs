@@ -10,6 +10,7 @@
 //! - [`ending`]: pure: how an attempt ends, from the provider's word, and the machine of the
 //!   writes that record it;
 //! - [`pacing`]: the provider's limits: capacity shared in chunks, an adaptive limit;
+//! - [`routing`]: pure: which of the deployment's providers takes an attempt;
 //! - [`settings`]: the worker's own settings.
 
 pub mod admission;
@@ -21,6 +22,7 @@ pub mod handler;
 pub mod heartbeat;
 pub mod pacing;
 pub mod processor;
+pub mod routing;
 pub mod settings;
 
 pub use handler::BatchHandler;
@@ -52,6 +54,7 @@ fn claimed_example(
     provider_ref: Option<String>,
 ) -> crate::job::JobRecord {
     let req = crate::ledger::ClaimRequest {
+        route: None,
         job: crate::job::NewJob::example("j", deadline_at),
         expect: crate::job::decision::Expect::FRESH,
         owner_id: "o".into(),

@@ -46,6 +46,9 @@ pub struct Settings {
     pub skew_ms: Millis,
     /// `PROVIDER_TIMEOUT_SECONDS`: longest model call; a call cut off is recorded as uncertain.
     pub provider_timeout_ms: Millis,
+    /// `PROGRESS_TIMEOUT_SECONDS`: the longest a streamed call may show no bytes before it is
+    /// taken for hung (cancelled, its attempt uncertain) and its lease is no longer renewed.
+    pub progress_timeout_ms: Millis,
     /// `POLL_INTERVAL_MS`: pause between two retrievals of a provider call that is still running.
     pub poll_ms: Millis,
     /// `DEADLINE_MARGIN_MS`: time kept before the Lambda deadline for the final writes, the
@@ -112,6 +115,7 @@ impl Default for Settings {
             heartbeat_ms: 10_000,
             skew_ms: 2_000,
             provider_timeout_ms: 240_000,
+            progress_timeout_ms: 300_000,
             poll_ms: 1_000,
             deadline_margin_ms: 5_000,
             min_call_ms: 20_000,
@@ -287,6 +291,12 @@ impl Settings {
                 d.provider_timeout_ms,
                 43_200,
             )?,
+            progress_timeout_ms: number(
+                "PROGRESS_TIMEOUT_SECONDS",
+                d.progress_timeout_ms / 1000,
+                1,
+                43_200,
+            )? * 1000,
             poll_ms: number("POLL_INTERVAL_MS", d.poll_ms, 10, 600_000)?,
             deadline_margin_ms: number("DEADLINE_MARGIN_MS", d.deadline_margin_ms, 0, 600_000)?,
             min_call_ms: number("MIN_CALL_SECONDS", d.min_call_ms / 1000, 0, 900)? * 1000,

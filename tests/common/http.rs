@@ -42,6 +42,12 @@ pub enum Reply {
         headers: Vec<(&'static str, String)>,
         body: String,
     },
+    /// A `text/event-stream` answer, chunk by chunk: each event text after its pause; then
+    /// the end of the stream, or with `stall` the connection held open, silent, for an hour.
+    Events {
+        parts: Vec<(Duration, String)>,
+        stall: bool,
+    },
     /// The reply, after a pause.
     Slow(Duration, Box<Reply>),
     /// Read the request, then close the connection without answering.
@@ -237,6 +243,24 @@ async fn read_request(stream: &mut TcpStream) -> Option<Request> {
 async fn write_reply(stream: &mut TcpStream, reply: Reply, request: &Request) -> bool {
     match reply {
         Reply::Drop => false,
+        Reply::Events { parts, stall } => {
+            let head = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n";
+            if stream.write_all(head.as_bytes()).await.is_err() {
+                return false;
+            }
+            for (pause, text) in parts {
+                tokio::time::sleep(pause).await;
+                let chunk = format!("{:x}\r\n{text}\r\n", text.len());
+                if stream.write_all(chunk.as_bytes()).await.is_err() {
+                    return false;
+                }
+            }
+            if stall {
+                tokio::time::sleep(Duration::from_secs(3_600)).await;
+                return false;
+            }
+            stream.write_all(b"0\r\n\r\n").await.is_ok()
+        }
         Reply::Cut { status, body, sent } => {
             let head = format!(
                 "HTTP/1.1 {status} X\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
@@ -329,6 +353,7 @@ pub fn bedrock(url: &str) -> fenced_jobs::provider::bedrock::BedrockProvider {
         .behavior_version(aws_config::BehaviorVersion::latest())
         .build();
     let settings = fenced_jobs::provider::bedrock::BedrockSettings {
+        guardrail: Some(("gr-1".to_owned(), "2".to_owned())),
         model_id: None,
         endpoint_url: Some(url.to_owned()),
     };

@@ -478,6 +478,7 @@ pub fn claim(job: &NewJob, expect: Expect, owner: &str, now: i64) -> ClaimReques
         now,
         lease_until: now + 60_000,
         provider_ref: Some(format!("ref:{}/{}", job.job_id, expect.attempts + 1)),
+        route: None,
         // A fresh claim tries the whole-item write first, which must keep the same contract
         // whether the item is absent or a producer's untouched one.
         first_sight: expect == Expect::FRESH,

@@ -8,7 +8,7 @@ use aws_sdk_dynamodb::types::AttributeValue;
 use crate::job::contract::Finish;
 use crate::job::{
     AttemptOutcome, AttemptRecord, BlobRef, DecisionRecord, ErrorRecord, JobRecord, JobState,
-    Millis, RecoveryRecord, Usage, attention_key, finished_day,
+    Millis, RecoveryRecord, Route, Usage, attention_key, finished_day,
 };
 use crate::ledger::LedgerError;
 
@@ -33,6 +33,10 @@ pub(super) fn encode_attempt(a: &AttemptRecord) -> AttributeValue {
     ]);
     if let Some(r) = &a.provider_ref {
         m.insert("provider_ref".to_owned(), s(r));
+    }
+    if let Some(route) = &a.route {
+        m.insert("provider".to_owned(), s(&route.provider));
+        m.insert("model".to_owned(), s(&route.model));
     }
     if let Some(f) = a.finished_at {
         m.insert("finished_at".to_owned(), n(f));
@@ -336,6 +340,10 @@ pub(super) fn decode_attempt(v: &AttributeValue) -> Option<AttemptRecord> {
             .unwrap_or_default(),
         excerpt: get_s(m, "excerpt").map(str::to_owned),
         usage: m.get("usage").and_then(decode_usage),
+        route: get_s(m, "provider").map(|provider| Route {
+            provider: provider.to_owned(),
+            model: get_s(m, "model").unwrap_or_default().to_owned(),
+        }),
     })
 }
 
@@ -496,6 +504,10 @@ mod tests {
                     reasoning: 100,
                     estimated: true,
                     cost_micros: Some(5_100),
+                }),
+                route: Some(Route {
+                    provider: "anthropic".into(),
+                    model: "claude-haiku-4-5".into(),
                 }),
             }],
             recoveries: vec![RecoveryRecord {

@@ -69,7 +69,8 @@ impl JobLedger for DynamoLedger {
             &req.owner_id,
             req.now,
             req.provider_ref.clone(),
-        );
+        )
+        .routed(req.route.clone());
         let mut values = new_job_values(job);
         values.extend([
             (":running", s(JobState::Running.as_str())),

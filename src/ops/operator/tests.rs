@@ -19,6 +19,7 @@ async fn unknown_job(ledger: &impl JobLedger, job_id: &str) {
         now: 1_000,
         lease_until: 61_000,
         provider_ref: None,
+        route: None,
         first_sight: false,
     };
     assert!(matches!(ledger.claim(claim).await, Ok(Write::Applied(_))));

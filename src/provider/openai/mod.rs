@@ -9,7 +9,6 @@
 //! dropped connection) is uncertain. Reasons carry status codes and error codes, never the
 //! provider's message text, which may quote the prompt.
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use reqwest::{Client, StatusCode};
@@ -17,6 +16,7 @@ use serde_json::{Map, Value, json};
 
 use super::http::{ApiKey, code_text, transport_kind};
 use super::keys::{KeyRotation, Secret};
+mod chat;
 mod status;
 
 pub use status::classify_status;
@@ -51,6 +51,13 @@ pub struct OpenAiSettings {
     /// `OPENAI_REQUEST_TIMEOUT_SECONDS`: one background request (submit, poll, cancel). A Chat
     /// Completions call is bounded by the processor's provider timeout instead.
     pub request_timeout_ms: Millis,
+    /// `OPENAI_QUEUED_TIMEOUT_SECONDS`: a background response still `queued` this long after
+    /// its claim is cancelled and its attempt ends refused before work (nothing ran), so the
+    /// job may go to another attempt, or another provider.
+    pub queued_timeout_ms: Millis,
+    /// `PROVIDER_STREAMING` (`on`, the default, or `off`): Chat Completions answers stream, so
+    /// a long generation survives idle-connection limits and its progress is evidence.
+    pub stream: bool,
 }
 
 impl Default for OpenAiSettings {
@@ -61,6 +68,8 @@ impl Default for OpenAiSettings {
             model: None,
             connect_timeout_ms: 5_000,
             request_timeout_ms: 30_000,
+            queued_timeout_ms: 600_000,
+            stream: true,
         }
     }
 }
@@ -99,6 +108,13 @@ impl OpenAiSettings {
                 1,
                 900,
             )? * 1000,
+            queued_timeout_ms: vars.integer(
+                "OPENAI_QUEUED_TIMEOUT_SECONDS",
+                o.queued_timeout_ms / 1000,
+                1,
+                86_400,
+            )? * 1000,
+            stream: super::streaming(vars)?,
         })
     }
 }
@@ -110,15 +126,16 @@ pub struct OpenAiProvider {
     settings: OpenAiSettings,
     /// The key requests are sent with.
     key: ApiKey,
-    /// Set once the server answered that it has no Responses API.
-    chat_only: AtomicBool,
+    /// The models this server was found to serve through Chat Completions only: a
+    /// `POST /responses` for them answered 404 or 405 (not about the model), and Chat
+    /// Completions then answered. One stray answer of a proxy switches nothing.
+    chat_models: std::sync::Mutex<std::collections::HashSet<String>>,
 }
 
 impl OpenAiProvider {
     /// A provider for `settings`, authenticating with `key` when there is one.
     pub fn new(settings: OpenAiSettings, key: Option<Secret>) -> Result<Self, String> {
         let http = super::http::client(settings.connect_timeout_ms)?;
-        let chat_only = AtomicBool::new(settings.api == OpenAiApi::Chat);
         Ok(OpenAiProvider {
             http,
             settings: OpenAiSettings {
@@ -126,7 +143,7 @@ impl OpenAiProvider {
                 ..settings
             },
             key: ApiKey::new(key),
-            chat_only,
+            chat_models: std::sync::Mutex::default(),
         })
     }
 
@@ -163,43 +180,18 @@ impl OpenAiProvider {
             .unwrap_or_default()
     }
 
-    fn background_timeout(&self) -> Duration {
-        Duration::from_millis(self.settings.request_timeout_ms as u64)
+    /// Whether `model`'s calls go to Chat Completions.
+    fn chat_only(&self, model: &str) -> bool {
+        self.settings.api == OpenAiApi::Chat
+            || self
+                .chat_models
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .contains(model)
     }
 
-    async fn chat(&self, req: &ProviderRequest<'_>) -> Result<Answer, ProviderError> {
-        let mut body = Map::new();
-        body.insert("model".into(), json!(self.model(req)));
-        body.insert("messages".into(), Value::Array(messages(req.input)));
-        if let Some(format) = chat_format(req.output) {
-            body.insert("response_format".into(), format);
-        }
-        for (k, v) in parameters(req.input) {
-            body.entry(k.clone()).or_insert_with(|| v.clone());
-        }
-        bound_answer(&mut body, req, "max_completion_tokens");
-        let (status, headers, json) = self
-            .send(|| self.post("/chat/completions", req).json(&body))
-            .await?;
-        if !status.is_success() {
-            return Err(classify(status, &headers, &json));
-        }
-        let choice = json.pointer("/choices/0/message");
-        let finish = chat_finish(json.pointer("/choices/0/finish_reason"));
-        match choice
-            .and_then(|m| m.get("content"))
-            .and_then(Value::as_str)
-        {
-            Some(text) => Ok(answer(req, self.model(req), text, &json, None, finish)),
-            None if choice.and_then(|m| m.get("refusal")).is_some() => {
-                Err(ProviderError::Permanent {
-                    reason: "the model refused".to_owned(),
-                })
-            }
-            None => Err(ProviderError::Permanent {
-                reason: "chat completion without message content".to_owned(),
-            }),
-        }
+    fn background_timeout(&self) -> Duration {
+        Duration::from_millis(self.settings.request_timeout_ms as u64)
     }
 
     /// What a Responses API object says about its call.
@@ -266,6 +258,10 @@ impl Provider for OpenAiProvider {
         "openai"
     }
 
+    fn fixed_model(&self) -> Option<&str> {
+        self.settings.model.as_deref()
+    }
+
     fn model<'a>(&'a self, input: &'a Map<String, Value>) -> &'a str {
         self.settings
             .model
@@ -284,7 +280,7 @@ impl Provider for OpenAiProvider {
     }
 
     async fn submit(&self, req: &ProviderRequest<'_>) -> Result<Submission, ProviderError> {
-        if self.chat_only.load(Ordering::Relaxed) {
+        if self.chat_only(self.model(req)) {
             return self.chat(req).await.map(Submission::Answered);
         }
         let mut body = Map::new();
@@ -312,11 +308,15 @@ impl Provider for OpenAiProvider {
             })
             .await?;
         if no_responses_api(status, &json) {
-            // Nothing reached a model: the same attempt goes to Chat Completions.
-            if !self.chat_only.swap(true, Ordering::Relaxed) {
-                tracing::warn!(%status, "no Responses API on this server; using Chat Completions");
+            // Nothing reached a model: the same attempt goes to Chat Completions, and once that
+            // answers, the model's calls go there from now on.
+            let answered = self.chat(req).await?;
+            let model = self.model(req).to_owned();
+            let mut chat = self.chat_models.lock().unwrap_or_else(|p| p.into_inner());
+            if chat.insert(model) {
+                tracing::warn!(%status, "no Responses API for this model on this server; using Chat Completions");
             }
-            return self.chat(req).await.map(Submission::Answered);
+            return Ok(Submission::Answered(answered));
         }
         if !status.is_success() {
             return Err(classify(status, &headers, &json));
@@ -332,13 +332,13 @@ impl Provider for OpenAiProvider {
     }
 
     fn can_retrieve(&self) -> bool {
-        !self.chat_only.load(Ordering::Relaxed)
+        self.settings.api == OpenAiApi::Responses
     }
 
     async fn retrieve(
         &self,
         provider_ref: &str,
-        _started_at: Millis,
+        started_at: Millis,
         req: &ProviderRequest<'_>,
     ) -> Retrieval {
         if !valid_response_id(provider_ref) {
@@ -354,7 +354,22 @@ impl Provider for OpenAiProvider {
             })
             .await;
         match sent {
-            Ok((status, _, json)) if status.is_success() => self.response_status(req, &json),
+            Ok((status, _, json)) if status.is_success() => {
+                let queued = json.get("status").and_then(Value::as_str) == Some("queued");
+                let waited = crate::clock::Clock::now_ms(&crate::clock::SystemClock) - started_at;
+                if queued && waited > self.settings.queued_timeout_ms {
+                    // Nothing ran: cancelled, so it never starts, and refused before work.
+                    self.cancel(provider_ref).await;
+                    return Retrieval::Failed(ProviderError::Transient {
+                        retry_after_ms: None,
+                        reason: format!(
+                            "response still queued after {} s; cancelled",
+                            self.settings.queued_timeout_ms / 1000
+                        ),
+                    });
+                }
+                self.response_status(req, &json)
+            }
             Ok((status, headers, _)) => retrieval_error(status, &headers),
             Err(e) => {
                 // Nothing was learnt about the call: ask again at the next poll.
@@ -428,19 +443,6 @@ fn responses_format(contract: &Contract) -> Option<Value> {
     })
 }
 
-/// The same format as Chat Completions' `response_format`: translated from the Responses
-/// form, the schema and its name one level down, under `json_schema`.
-fn chat_format(contract: &Contract) -> Option<Value> {
-    let Value::Object(mut format) = responses_format(contract)? else {
-        return None;
-    };
-    let kind = format.remove("type").unwrap_or(Value::Null);
-    if format.is_empty() {
-        return Some(json!({ "type": kind }));
-    }
-    Some(json!({ "type": kind, "json_schema": format }))
-}
-
 /// `builder` with `key` as its bearer token, when there is one.
 fn with_key(builder: reqwest::RequestBuilder, key: Option<&Secret>) -> reqwest::RequestBuilder {
     match key {
@@ -454,15 +456,6 @@ fn with_key(builder: reqwest::RequestBuilder, key: Option<&Secret>) -> reqwest::
 fn bound_answer(body: &mut Map<String, Value>, req: &ProviderRequest<'_>, name: &str) {
     if req.max_output_tokens > 0 && crate::job::output_ceiling(req.input) == 0 {
         body.insert(name.into(), json!(req.max_output_tokens));
-    }
-}
-
-/// The job's conversation as Chat Completions messages.
-fn messages(input: &Map<String, Value>) -> Vec<Value> {
-    match (input.get("messages"), input.get("prompt")) {
-        (Some(Value::Array(messages)), _) => messages.clone(),
-        (_, Some(prompt)) => vec![json!({"role": "user", "content": prompt})],
-        _ => Vec::new(),
     }
 }
 
@@ -515,17 +508,6 @@ fn answer(
         provider_ref,
         finish,
         usage: json.get("usage").and_then(Usage::from_openai),
-    }
-}
-
-/// A Chat Completions `finish_reason` in the one vocabulary of finish reasons.
-fn chat_finish(reason: Option<&Value>) -> Finish {
-    match reason.and_then(Value::as_str) {
-        Some("stop") => Finish::Stop,
-        Some("length") => Finish::Length,
-        Some("content_filter") => Finish::ContentFilter,
-        Some("tool_calls" | "function_call") => Finish::ToolUse,
-        _ => Finish::Unknown,
     }
 }
 

@@ -27,7 +27,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         msg: &JobMessage,
         inv: &Invocation,
     ) -> Processed {
-        let facts = self.end_facts(inv);
+        let facts = self.end_facts(inv, &owner);
         let (mut machine, mut step) = Ending::start(facts, owner, waited, self.clock.now_ms());
         if machine.late() {
             tracing::warn!(job_id = %machine.owner().job_id, "answer came within the skew margin of the deadline; not accepted");
@@ -80,7 +80,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
     }
 
     /// What the owner knows when it ends its attempt.
-    fn end_facts(&self, inv: &Invocation) -> EndFacts {
+    fn end_facts(&self, inv: &Invocation, owner: &JobRecord) -> EndFacts {
         let s = &self.settings;
         EndFacts {
             skew: s.skew_ms,
@@ -88,7 +88,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
             invocation_end: inv
                 .deadline
                 .map_or(Millis::MAX, |d| d - s.deadline_margin_ms),
-            can_retrieve: self.provider.can_retrieve(),
+            can_retrieve: self.link_of(owner).provider.can_retrieve(),
             replay: s.replay,
             tries: END_TRIES,
             first_pause_ms: END_RETRY_PAUSE_MS,

@@ -5,7 +5,11 @@
 //! returned. It knows nothing of batches: whoever keeps a running attempt alive (the heartbeat)
 //! is an [`AttemptWatch`].
 //!
-//! - this file: the entry points and the claim (or settle, or recovery claim) loop;
+//! - this file: the entry points and the admission's loop;
+//! - [`route`](self::route): which provider of the list takes an attempt, and the fallback to
+//!   the next in the same delivery;
+//! - [`writes`](self::writes): the writes before the call (the claim, a settle, a recovery
+//!   claim, a create);
 //! - [`run`](self::run): the call and a background call's polling, as
 //!   [`Calling`](super::calling::Calling) asks;
 //! - [`end`](self::end): the writes that end an attempt, as [`Ending`](super::ending::Ending) asks;
@@ -14,8 +18,10 @@
 mod end;
 mod payload;
 mod recover;
+mod route;
 mod run;
 mod spend;
+mod writes;
 
 use payload::InputError;
 
@@ -24,31 +30,20 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use super::admission::{Admission, Applied, Facts, Op, Step};
+use super::admission::{Admission, Applied, Facts, Step};
 use super::pacing::{Pacer, Permit};
+use super::routing::ModelMap;
 use super::settings::Settings;
 use crate::blobs::BlobStore;
 use crate::clock::Clock;
 use crate::job::contract::Contracts;
-use crate::job::decision::Expect;
 use crate::job::{
-    Failure, InvalidMessage, JobMessage, JobRecord, JobState, Millis, NewJob, RecordOutcome,
-    Trigger,
+    Failure, InvalidMessage, JobMessage, JobRecord, Millis, NewJob, RecordOutcome, Trigger,
 };
 use crate::ledger::spend::SpendBudget;
-use crate::ledger::{ClaimRequest, CreateRequest, JobLedger, LedgerError, RecoverRequest, Write};
+use crate::ledger::{JobLedger, LedgerError, Write};
 use crate::provider::Provider;
 use spend::Reserved;
-
-/// What a claim asks for.
-#[derive(Debug, Clone, Copy)]
-struct Claim<'a> {
-    job: &'a NewJob,
-    expect: Expect,
-    owner_id: &'a str,
-    /// Nothing read yet and nothing says the item exists: the write creates it.
-    first_sight: bool,
-}
 
 /// The invocation a record is processed in.
 #[derive(Debug, Clone)]
@@ -68,15 +63,28 @@ pub struct Processed {
     pub view: Option<JobRecord>,
 }
 
-/// Runs deliveries against a ledger and a provider.
+/// One provider of the deployment's ordered list, with its models and its pacing.
+#[derive(Debug)]
+struct Link<P> {
+    provider: P,
+    /// Its model for each job model name.
+    models: ModelMap,
+    /// Its own limits and adaptive state: one provider's refusals never slow another's calls.
+    pacer: Pacer,
+}
+
+/// Runs deliveries against a ledger and a provider, or an ordered list of providers of which
+/// the next takes a job only after a definite refusal of the one before ([`routing`]).
+///
+/// [`routing`]: super::routing
 #[derive(Debug)]
 pub struct Processor<L, P, C> {
     ledger: L,
-    provider: P,
+    /// The providers, in order; never empty.
+    links: Vec<Link<P>>,
     clock: C,
     settings: Settings,
     blobs: Option<Arc<dyn BlobStore>>,
-    pacer: Pacer,
     contracts: Arc<Contracts>,
     /// The deployment's spend per day, when `DAILY_SPEND_LIMIT` is set.
     spend: Option<Arc<dyn SpendBudget>>,
@@ -94,6 +102,9 @@ pub trait AttemptWatch: Sync {
         lease_until: Millis,
         deadline_at: Millis,
     ) -> CancellationToken;
+    /// The call streams under the progress rule `progress`: its lease is renewed only while the
+    /// call shows progress.
+    fn progress(&self, _progress: &crate::provider::Progress) {}
     /// The call ended: its lease is no longer renewed.
     fn call_ended(&self);
     /// A recovery claim fenced a lapsed owner.
@@ -113,11 +124,15 @@ pub trait AttemptWatch: Sync {
 impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
     /// A processor over these parts.
     pub fn new(ledger: L, provider: P, clock: C, settings: Settings) -> Self {
+        let first = Link {
+            provider,
+            models: ModelMap::default(),
+            pacer: Pacer::new(settings.pacing(), None),
+        };
         Processor {
             ledger,
-            provider,
+            links: vec![first],
             clock,
-            pacer: Pacer::new(settings.pacing(), None),
             settings,
             blobs: None,
             contracts: Arc::default(),
@@ -144,16 +159,38 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         &self.contracts
     }
 
-    /// Paces calls against the provider's limits (see [`Pacer`]); without it, only the
-    /// adaptive limit and `Retry-After` apply, at their defaults.
+    /// Paces calls against the (first) provider's limits (see [`Pacer`]); without it, only
+    /// the adaptive limit and `Retry-After` apply, at their defaults.
     pub fn with_pacer(mut self, pacer: Pacer) -> Self {
-        self.pacer = pacer;
+        self.links[0].pacer = pacer;
         self
     }
 
-    /// The pacer.
+    /// Gives the first provider its model for each job model name.
+    pub fn with_models(mut self, models: ModelMap) -> Self {
+        self.links[0].models = models;
+        self
+    }
+
+    /// Adds `provider` to the end of the list, with its model for each job model name: it
+    /// takes a job after a definite refusal of the one before it. Its pacing is its own: the
+    /// adaptive limit and `Retry-After`, kept apart from the others' (the deployment's shared
+    /// limits, `PROVIDER_RPM` and `PROVIDER_TPM`, are the first provider's).
+    pub fn with_fallback(mut self, provider: P, models: ModelMap) -> Self {
+        let mut pacing = self.settings.pacing();
+        pacing.limits = Default::default();
+        pacing.key = format!("{}#{}", pacing.key, provider.name());
+        self.links.push(Link {
+            provider,
+            models,
+            pacer: Pacer::new(pacing, None),
+        });
+        self
+    }
+
+    /// The (first) provider's pacer.
     pub fn pacer(&self) -> &Pacer {
-        &self.pacer
+        &self.links[0].pacer
     }
 
     /// Adds an object store: answers and inputs above `INLINE_MAX_BYTES` (or too large for the
@@ -173,9 +210,14 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         &self.ledger
     }
 
-    /// The provider.
+    /// The (first) provider.
     pub fn provider(&self) -> &P {
-        &self.provider
+        &self.links[0].provider
+    }
+
+    /// Every provider, in order.
+    pub fn providers(&self) -> impl Iterator<Item = &P> {
+        self.links.iter().map(|l| &l.provider)
     }
 
     /// The settings.
@@ -196,7 +238,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         inv: &Invocation,
         watch: &dyn AttemptWatch,
     ) -> Processed {
-        self.process_from(msg, None, owner_id, inv, watch).await
+        self.deliver(msg, None, owner_id, inv, watch).await
     }
 
     /// Processes one delivery of a trigger. A trigger that carries only a job id costs one
@@ -224,10 +266,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         };
         match self.ledger.get(job_id).await {
             Ok(Some(item)) => match self.stored_input(&item).await {
-                Ok(msg) => {
-                    self.process_from(&msg, Some(item), owner_id, inv, watch)
-                        .await
-                }
+                Ok(msg) => self.deliver(&msg, Some(item), owner_id, inv, watch).await,
                 Err(InputError::Lost(how)) => self.input_lost(item, how).await,
                 Err(InputError::Unavailable(failure)) => failed(failure, Some(item)),
             },
@@ -291,7 +330,8 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
             return failed(backoff("invocation deadline"), None);
         }
         let job = NewJob::from_message(msg, now, &self.settings.job_defaults);
-        let facts = self.admission_facts(msg, &job, inv);
+        let link = &self.links[self.next_link(start.as_ref(), msg)];
+        let facts = self.admission_facts(msg, &job, inv, link);
         let (mut machine, mut step) = Admission::start(facts, start.as_ref(), &msg.digest, now);
         let mut view = start;
         // Capacity for the call, taken before the claim that would start it: a record that
@@ -303,11 +343,12 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
             let now = self.clock.now_ms();
             let seen = match step {
                 Step::Admit => {
-                    let tokens = self
+                    let link = &self.links[self.next_link(view.as_ref(), msg)];
+                    let tokens = link
                         .pacer
                         .estimated_tokens(&msg.input_canonical, &self.settings.policy);
-                    let latest = self.latest_call_start(inv);
-                    match self.pacer.admit(tokens, &self.clock, latest).await {
+                    let latest = self.latest_call_start(inv, link);
+                    match link.pacer.admit(tokens, &self.clock, latest).await {
                         Ok(p) => {
                             // The day's spend, after the pacer (a record it turns away
                             // reserves nothing); without room the permit goes back unspent.
@@ -397,17 +438,23 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
     }
 
     /// What the admission machine knows of this delivery before anything is read.
-    fn admission_facts(&self, msg: &JobMessage, job: &NewJob, inv: &Invocation) -> Facts {
+    fn admission_facts(
+        &self,
+        msg: &JobMessage,
+        job: &NewJob,
+        inv: &Invocation,
+        link: &Link<P>,
+    ) -> Facts {
         Facts {
             deadline_at: job.deadline_at,
             skew: self.settings.skew_ms,
-            latest_call_start: self.latest_call_start(inv),
-            can_retrieve: self.provider.can_retrieve(),
+            latest_call_start: self.latest_call_start(inv, link),
+            can_retrieve: link.provider.can_retrieve(),
             in_ledger: msg.in_ledger,
             // Read once, by both limits; a deployment with neither never parses the input.
             next_call_micros: match (job.max_cost_micros, self.settings.daily_spend_limit_micros) {
                 (None, None) => 0,
-                _ => self.next_call_micros(msg),
+                _ => self.next_call_micros(msg, link),
             },
             max_cost_micros: job.max_cost_micros,
             carries_input: msg.keeps_input(),
@@ -449,124 +496,15 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         }
     }
 
-    /// One write before the call, as the admission asked for it; `view` is the item last seen.
-    async fn write(
-        &self,
-        msg: &JobMessage,
-        job: &NewJob,
-        op: &Op,
-        owner_id: &str,
-        view: Option<&JobRecord>,
-    ) -> Result<Write, (LedgerError, bool)> {
-        let now = self.clock.now_ms();
-        // A write that keeps the input stores it first when it is large.
-        let keeps = match *op {
-            Op::Claim { expect, .. } => expect.epoch > 0,
-            Op::Create => true,
-            _ => false,
-        };
-        let stored = match keeps {
-            true => self.kept_job(msg, job, view).await,
-            false => None,
-        };
-        let job = stored.as_ref().unwrap_or(job);
-        match *op {
-            Op::Claim {
-                expect,
-                first_sight,
-            } => {
-                let claim = Claim {
-                    job,
-                    expect,
-                    owner_id,
-                    first_sight,
-                };
-                self.claim(msg, claim).await
-            }
-            Op::Settle(settle) => {
-                let req = settle.request(job, now);
-                self.ledger.settle(req).await.map_err(|e| (e, true))
-            }
-            Op::Create => {
-                let req = CreateRequest {
-                    job: job.clone(),
-                    now,
-                    enqueued: true,
-                };
-                self.ledger.create(req).await.map_err(|e| (e, true))
-            }
-            Op::Recover {
-                state: seen_state,
-                epoch: seen_epoch,
-            } => {
-                let reason = if seen_state == JobState::Unknown {
-                    format!("asking the provider about the unknown attempt of epoch {seen_epoch}")
-                } else {
-                    format!("lease of epoch {seen_epoch} lapsed")
-                };
-                let req = RecoverRequest {
-                    job_id: job.job_id.clone(),
-                    seen_epoch,
-                    owner_id: owner_id.to_owned(),
-                    now,
-                    lapsed_before: now - self.settings.skew_ms,
-                    lease_until: now + self.settings.lease_ms,
-                    reason,
-                    seen_recoveries: view.map_or(0, |v| v.recoveries.len()),
-                };
-                self.ledger.recover(req).await.map_err(|e| (e, true))
-            }
-        }
-    }
-
-    /// The claim: one conditional write, recognised if its answer was lost. A first sight of a
-    /// message SQS delivered before reads first: the item most likely exists (often finished),
-    /// and the item read decides as a refused create's would, without the whole item carried
-    /// both ways; only an absent item is then created.
-    async fn claim(
-        &self,
-        msg: &JobMessage,
-        claim: Claim<'_>,
-    ) -> Result<Write, (LedgerError, bool)> {
-        let Claim {
-            job,
-            expect,
-            owner_id,
-            first_sight,
-        } = claim;
-        if first_sight
-            && msg.delivered_before
-            && let Some(item) = self.ledger.get(&job.job_id).await.map_err(|e| (e, false))?
-        {
-            // Nothing written: the item as it stands.
-            return Ok(Write::Refused(Some(item)));
-        }
-        let now = self.clock.now_ms();
-        let req = ClaimRequest {
-            job: job.clone(),
-            expect,
-            owner_id: owner_id.to_owned(),
-            now,
-            lease_until: now + self.settings.lease_ms,
-            provider_ref: self.provider.reference(
-                &job.job_id,
-                expect.attempts + 1,
-                expect.epoch + 1,
-            ),
-            first_sight,
-        };
-        self.ledger.claim(req).await.map_err(|e| (e, true))
-    }
-
     /// The latest moment a call may start in this invocation: the least useful call time for
     /// this provider (shorter when the call can be asked about later and handed over), never
     /// more than the provider timeout, before the invocation's margin.
-    fn latest_call_start(&self, inv: &Invocation) -> Millis {
+    fn latest_call_start(&self, inv: &Invocation, link: &Link<P>) -> Millis {
         let Some(deadline) = inv.deadline else {
             return Millis::MAX;
         };
         let s = &self.settings;
-        let least = if self.provider.can_retrieve() {
+        let least = if link.provider.can_retrieve() {
             s.min_background_call_ms
         } else {
             s.min_call_ms

@@ -248,7 +248,9 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
             tracing::info!(job_id = %claimed.job_id, "the answer's object was stored after all");
             return Placed::Stored(reference(bucket, &key, &bytes));
         }
-        let fetch = !fits && self.provider.can_retrieve() && self.attempt_reference(claimed).await;
+        let fetch = !fits
+            && self.link_of(claimed).provider.can_retrieve()
+            && self.attempt_reference(claimed).await;
         let placed = Placed::unstorable(fits, fetch);
         match placed {
             Placed::Inline => {

@@ -41,10 +41,15 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
             .to_owned();
         let now = self.clock.now_ms();
         let attempt = fenced.attempts;
-        let (machine, step) = Calling::resume(self.call_facts(inv), fenced, &because, stored, now);
+        let facts = self.call_facts(inv, self.link_of(&fenced));
+        let (machine, step) = Calling::resume(facts, fenced, &because, stored, now);
         let (owner, waited, spent) = match step {
             // Nothing to ask: the lapsed attempt is counted at its estimate if it ends unknown.
-            CallStep::Done(waited) => (machine.into_owner(), waited, self.estimated(msg)),
+            CallStep::Done(waited) => {
+                let owner = machine.into_owner();
+                let spent = self.estimated(msg, &owner);
+                (owner, waited, spent)
+            }
             step => self.call(msg, machine, step, inv, watch).await,
         };
         let model = spent.model.clone();
@@ -53,8 +58,8 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         processed
     }
 
-    /// Whether the provider can be asked about the job's last attempt.
+    /// Whether the provider of the job's last attempt can be asked about it.
     pub(super) fn can_ask_about(&self, job: &JobRecord) -> bool {
-        self.provider.can_retrieve() && job.last_provider_ref().is_some()
+        self.link_of(job).provider.can_retrieve() && job.last_provider_ref().is_some()
     }
 }

@@ -7,13 +7,13 @@ use tracing::Instrument;
 
 use tokio_util::sync::CancellationToken;
 
-use super::{AttemptWatch, Invocation, Processed, Processor};
+use super::{AttemptWatch, Invocation, Link, Processed, Processor};
 use crate::clock::Clock;
 use crate::job::contract::Contract;
 use crate::job::prices::PriceTable;
 use crate::job::{JobMessage, JobRecord, Millis, Usage};
 use crate::ledger::JobLedger;
-use crate::provider::{Provider, ProviderRequest, Retrieval, Submission};
+use crate::provider::{Progress, Provider, ProviderRequest, Retrieval, Submission};
 use crate::telemetry;
 use crate::worker::calling::{CallFacts, CallStep, Calling, MIN_CALL_BUDGET_MS, Said};
 use crate::worker::ending::Waited;
@@ -69,6 +69,15 @@ pub(super) fn count_usage(
     }
 }
 
+/// One call's provider and what watches it, as [`Processor::carry_out`] takes them.
+struct Call<'a, 'r, P> {
+    link: &'a Link<P>,
+    request: &'a ProviderRequest<'r>,
+    inv: &'a Invocation,
+    lost: &'a CancellationToken,
+    watch: &'a dyn AttemptWatch,
+}
+
 /// The longest wait for a cancel request, however much time the invocation has.
 const CANCEL_WAIT_MS: Millis = 5_000;
 
@@ -84,7 +93,8 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
     ) -> Processed {
         tracing::Span::current().record("epoch", claimed.owner_epoch);
         let started = self.clock.now_ms();
-        let (machine, step) = Calling::start(self.call_facts(inv), claimed, started);
+        let facts = self.call_facts(inv, self.link_of(&claimed));
+        let (machine, step) = Calling::start(facts, claimed, started);
         let sent = matches!(step, CallStep::Submit { .. });
         let (owner, waited, spent) = self.call(msg, machine, step, inv, watch).await;
         if sent {
@@ -107,7 +117,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
     }
 
     /// What the call's machine knows of this invocation and the settings.
-    pub(super) fn call_facts(&self, inv: &Invocation) -> CallFacts {
+    pub(super) fn call_facts(&self, inv: &Invocation, link: &Link<P>) -> CallFacts {
         let s = &self.settings;
         CallFacts {
             skew: s.skew_ms,
@@ -116,10 +126,10 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
             invocation_end: inv
                 .deadline
                 .map_or(Millis::MAX, |d| d - s.deadline_margin_ms),
-            latest_call_start: self.latest_call_start(inv),
+            latest_call_start: self.latest_call_start(inv, link),
             renewed: s.heartbeat_ms > 0,
             poll_ms: s.poll_ms,
-            horizon_ms: self.pacer.settings().horizon_ms,
+            horizon_ms: link.pacer.settings().horizon_ms,
             replay: s.replay,
         }
     }
@@ -143,17 +153,29 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
             owner.owner_until.unwrap_or_else(|| self.clock.now_ms()),
             owner.deadline_at,
         );
-        let input = msg.input();
+        let link = self.link_of(owner);
+        let input = self.routed_input(link, msg);
         let contract = self.contracts.for_job(&msg.contract);
-        let request = self.request(msg, owner, &input, &contract);
+        let mut request = self.request(msg, owner, &input, &contract);
+        // The progress rule: a streamed call that shows no bytes for the timeout is hung.
+        let progress = Progress::new(Duration::from_millis(
+            self.settings.progress_timeout_ms.max(1) as u64,
+        ));
+        watch.progress(&progress);
+        request.progress = Some(progress);
         let mut spent = Spent {
             heard: None,
             estimate: Usage::estimate(request.input_json.len(), request.max_output_tokens),
-            model: self.provider.model(request.input).to_owned(),
+            model: link.provider.model(request.input).to_owned(),
         };
-        let (owner, waited) = self
-            .carry_out(&request, machine, step, inv, &lost, watch, &mut spent.heard)
-            .await;
+        let call = Call {
+            link,
+            request: &request,
+            inv,
+            lost: &lost,
+            watch,
+        };
+        let (owner, waited) = self.carry_out(call, machine, step, &mut spent.heard).await;
         watch.call_ended();
         (owner, waited, spent)
     }
@@ -161,36 +183,40 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
     // Why this function is long: one short arm per step of the call machine, each the I/O that
     // step names and the answer it feeds back. `heard`: the usage the provider reported with an
     // answer, whatever its contract said of it.
-    #[allow(clippy::too_many_arguments)]
     async fn carry_out(
         &self,
-        request: &ProviderRequest<'_>,
+        call: Call<'_, '_, P>,
         mut machine: Calling,
         mut step: CallStep,
-        inv: &Invocation,
-        lost: &CancellationToken,
-        watch: &dyn AttemptWatch,
         heard: &mut Option<Usage>,
     ) -> (JobRecord, Waited) {
+        let Call {
+            link,
+            request,
+            inv,
+            lost,
+            watch,
+        } = call;
+        let pacer = &link.pacer;
         loop {
             step = match step {
                 CallStep::Submit { budget_ms } => {
-                    let said = self.submit(request, budget_ms, lost, heard).await;
+                    let said = self.submit(link, request, budget_ms, lost, heard).await;
                     machine.submitted(said, self.clock.now_ms())
                 }
                 CallStep::Throttled { retry_after_ms } => {
                     watch.throttled();
                     let now = self.clock.now_ms();
-                    self.pacer.throttled(now, retry_after_ms);
-                    machine.paced(self.pacer.paused_until(), now)
+                    pacer.throttled(now, retry_after_ms);
+                    machine.paced(pacer.paused_until(), now)
                 }
                 CallStep::Resend { at } => {
                     // Out of the calls in flight while it waits, and back only when the
                     // adaptive limit the refusal lowered has room.
-                    let latest = self.latest_call_start(inv);
+                    let latest = self.latest_call_start(inv, link);
                     let resent = tokio::select! {
                         _ = lost.cancelled() => false,
-                        resent = self.pacer.resend(&self.clock, at, latest) => resent,
+                        resent = pacer.resend(&self.clock, at, latest) => resent,
                     };
                     machine.resent(resent, self.clock.now_ms())
                 }
@@ -212,7 +238,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
                         .unwrap_or_default();
                     let asked = tokio::time::timeout(
                         Duration::from_millis(wait_ms as u64),
-                        self.provider.retrieve(&reference, started_at, request),
+                        link.provider.retrieve(&reference, started_at, request),
                     );
                     tokio::select! {
                         _ = lost.cancelled() => machine.lost(),
@@ -243,7 +269,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
                     if let Some((reference, _)) = machine.reference() {
                         let reference = reference.to_owned();
                         tracing::info!(job_id = %request.job_id, "cancelling the background call: its answer could not be accepted");
-                        self.cancel(&reference, inv).await;
+                        self.cancel(&link.provider, &reference, inv).await;
                     }
                     machine.cancelled(self.clock.now_ms())
                 }
@@ -264,13 +290,14 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
     /// answer could not be accepted anyway). An answer's usage is put in `heard`.
     async fn submit(
         &self,
+        link: &Link<P>,
         request: &ProviderRequest<'_>,
         budget_ms: Millis,
         lost: &CancellationToken,
         heard: &mut Option<Usage>,
     ) -> Said {
         // A GenAI client span (`chat {model}`), its figures recorded once answered.
-        let model = self.provider.model(request.input);
+        let model = link.provider.model(request.input);
         let span = tracing::debug_span!(
             "provider",
             otel.name = %format_args!("chat {model}"),
@@ -279,18 +306,18 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
             epoch = request.epoch,
             attempt = request.attempt,
             gen_ai.operation.name = "chat",
-            gen_ai.provider.name = self.provider.name(),
+            gen_ai.provider.name = link.provider.name(),
             gen_ai.request.model = model,
         );
         let sent = tokio::time::timeout(
             Duration::from_millis(budget_ms as u64),
-            self.provider.submit(request).instrument(span.clone()),
+            link.provider.submit(request).instrument(span.clone()),
         );
         tokio::select! {
             _ = lost.cancelled() => Said::Cancelled,
             called = sent => match called {
                 Ok(Ok(submission)) => {
-                    self.pacer.answered();
+                    link.pacer.answered();
                     match submission {
                         // Judged against the job's contract before anything reads it.
                         Submission::Answered(answer) => {
@@ -316,12 +343,12 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
     /// Asks the provider to cancel a background call, waiting at most until this invocation's
     /// margin: a cancel that stalls must not delay the batch response. A cancel not sent is
     /// harmless; the call's answer is never accepted.
-    async fn cancel(&self, provider_ref: &str, inv: &Invocation) {
+    pub(super) async fn cancel(&self, provider: &P, provider_ref: &str, inv: &Invocation) {
         let left = inv.deadline.map_or(CANCEL_WAIT_MS, |d| {
             d - self.settings.deadline_margin_ms - self.clock.now_ms()
         });
         let wait = Duration::from_millis(left.clamp(1, CANCEL_WAIT_MS) as u64);
-        if tokio::time::timeout(wait, self.provider.cancel(provider_ref))
+        if tokio::time::timeout(wait, provider.cancel(provider_ref))
             .await
             .is_err()
         {
@@ -331,15 +358,16 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
 
     /// What a call of `msg`'s job is counted at when nothing was heard of it: its estimate, at
     /// the model it runs.
-    pub(super) fn estimated(&self, msg: &JobMessage) -> Spent {
-        let input = msg.input();
+    pub(super) fn estimated(&self, msg: &JobMessage, owner: &JobRecord) -> Spent {
+        let link = self.link_of(owner);
+        let input = self.routed_input(link, msg);
         Spent {
             heard: None,
             estimate: Usage::estimate(
                 msg.input_canonical.len(),
                 self.settings.policy.output_tokens(&input),
             ),
-            model: self.provider.model(&input).to_owned(),
+            model: link.provider.model(&input).to_owned(),
         }
     }
 
@@ -366,6 +394,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
             idempotency_key: self
                 .settings
                 .idempotency_key(&msg.job_id, attempt, owner.owner_epoch),
+            progress: None,
         }
     }
 }

@@ -17,13 +17,13 @@ pub(super) struct Reserved {
 impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
     /// The most the next call of `msg`'s job can cost: its input and its whole answer
     /// ceiling, at the prices of the model it runs (0 when the table does not price it).
-    pub(super) fn next_call_micros(&self, msg: &JobMessage) -> u64 {
-        let input = msg.input();
+    pub(super) fn next_call_micros(&self, msg: &JobMessage, link: &super::Link<P>) -> u64 {
+        let input = self.routed_input(link, msg);
         let estimate = crate::job::Usage::estimate(
             msg.input_canonical.len(),
             self.settings.policy.output_tokens(&input),
         );
-        let model = self.provider.model(&input);
+        let model = link.provider.model(&input);
         self.settings
             .prices
             .cost_micros(model, &estimate, false)

@@ -1,0 +1,144 @@
+//! The writes a delivery makes before its call, as the admission asks for them: the claim
+//! (with the route of its attempt), a settle, a create, a recovery claim.
+
+use super::Processor;
+use crate::clock::Clock;
+use crate::job::decision::Expect;
+use crate::job::{JobMessage, JobRecord, JobState, NewJob, Route};
+use crate::ledger::{ClaimRequest, CreateRequest, JobLedger, LedgerError, RecoverRequest, Write};
+use crate::provider::Provider;
+use crate::worker::admission::Op;
+
+/// What a claim asks for.
+#[derive(Debug, Clone, Copy)]
+struct Claim<'a> {
+    job: &'a NewJob,
+    expect: Expect,
+    owner_id: &'a str,
+    /// Nothing read yet and nothing says the item exists: the write creates it.
+    first_sight: bool,
+    /// The item last seen: which provider's attempt came last.
+    view: Option<&'a JobRecord>,
+}
+
+impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
+    /// One write before the call, as the admission asked for it; `view` is the item last seen.
+    pub(super) async fn write(
+        &self,
+        msg: &JobMessage,
+        job: &NewJob,
+        op: &Op,
+        owner_id: &str,
+        view: Option<&JobRecord>,
+    ) -> Result<Write, (LedgerError, bool)> {
+        let now = self.clock.now_ms();
+        // A write that keeps the input stores it first when it is large.
+        let keeps = match *op {
+            Op::Claim { expect, .. } => expect.epoch > 0,
+            Op::Create => true,
+            _ => false,
+        };
+        let stored = match keeps {
+            true => self.kept_job(msg, job, view).await,
+            false => None,
+        };
+        let job = stored.as_ref().unwrap_or(job);
+        match *op {
+            Op::Claim {
+                expect,
+                first_sight,
+            } => {
+                let claim = Claim {
+                    job,
+                    expect,
+                    owner_id,
+                    first_sight,
+                    view,
+                };
+                self.claim(msg, claim).await
+            }
+            Op::Settle(settle) => {
+                let req = settle.request(job, now);
+                self.ledger.settle(req).await.map_err(|e| (e, true))
+            }
+            Op::Create => {
+                let req = CreateRequest {
+                    job: job.clone(),
+                    now,
+                    enqueued: true,
+                };
+                self.ledger.create(req).await.map_err(|e| (e, true))
+            }
+            Op::Recover {
+                state: seen_state,
+                epoch: seen_epoch,
+            } => {
+                let reason = if seen_state == JobState::Unknown {
+                    format!("asking the provider about the unknown attempt of epoch {seen_epoch}")
+                } else {
+                    format!("lease of epoch {seen_epoch} lapsed")
+                };
+                let req = RecoverRequest {
+                    job_id: job.job_id.clone(),
+                    seen_epoch,
+                    owner_id: owner_id.to_owned(),
+                    now,
+                    lapsed_before: now - self.settings.skew_ms,
+                    lease_until: now + self.settings.lease_ms,
+                    reason,
+                    seen_recoveries: view.map_or(0, |v| v.recoveries.len()),
+                };
+                self.ledger.recover(req).await.map_err(|e| (e, true))
+            }
+        }
+    }
+
+    /// The claim: one conditional write, recognised if its answer was lost. A first sight of a
+    /// message SQS delivered before reads first: the item most likely exists (often finished),
+    /// and the item read decides as a refused create's would, without the whole item carried
+    /// both ways; only an absent item is then created.
+    async fn claim(
+        &self,
+        msg: &JobMessage,
+        claim: Claim<'_>,
+    ) -> Result<Write, (LedgerError, bool)> {
+        let Claim {
+            job,
+            expect,
+            owner_id,
+            first_sight,
+            view,
+        } = claim;
+        if first_sight
+            && msg.delivered_before
+            && let Some(item) = self.ledger.get(&job.job_id).await.map_err(|e| (e, false))?
+        {
+            // Nothing written: the item as it stands.
+            return Ok(Write::Refused(Some(item)));
+        }
+        let now = self.clock.now_ms();
+        let link = &self.links[self.next_link(view, msg)];
+        let route = Route {
+            provider: link.provider.name().to_owned(),
+            model: link
+                .provider
+                .model(&self.routed_input(link, msg))
+                .to_owned(),
+        };
+        let req = ClaimRequest {
+            job: job.clone(),
+            expect,
+            owner_id: owner_id.to_owned(),
+            now,
+            lease_until: now + self.settings.lease_ms,
+            provider_ref: link.provider.reference(
+                &job.job_id,
+                expect.attempts + 1,
+                expect.epoch + 1,
+            ),
+            route: Some(route),
+            first_sight,
+        };
+        self.ledger.claim(req).await.map_err(|e| (e, true))
+    }
+}

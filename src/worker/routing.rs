@@ -1,0 +1,189 @@
+//! Which of the deployment's providers takes an attempt: the ordered list (`PROVIDER=openai,
+//! bedrock`), each provider's model for the job's model name, and the rule that moves a job to
+//! the next provider only after a definite refusal of the one before.
+//!
+//! Every attempt records its route (provider and model) with its claim, so the rule reads
+//! nothing but the job's item: a recovery asks the provider of the attempt it recovers, and a
+//! fallback knows who refused.
+
+use serde_json::{Map, Value};
+
+use crate::job::{AttemptOutcome, AttemptRecord, JobRecord};
+pub use crate::provider::ModelMap;
+
+/// What the routing knows of one provider of the list.
+#[derive(Debug, Clone, Copy)]
+pub struct Stop<'a> {
+    /// Its name, as attempts record it.
+    pub name: &'a str,
+    /// Its models by job model name.
+    pub models: &'a ModelMap,
+    /// Whether it calls one model whatever the job names (`OPENAI_MODEL`, say).
+    pub fixed: bool,
+}
+
+impl Stop<'_> {
+    /// Whether this provider, at `index` in the list, can run a job asking for `job_model`: the
+    /// first takes every name as it is; the others a name their map gives a model for, or any
+    /// when they call one model of their own.
+    fn serves(&self, index: usize, job_model: &str) -> bool {
+        index == 0 || self.fixed || self.models.get(job_model).is_some()
+    }
+}
+
+/// The job's input with `model` set to the model `stop` is asked for (its map's, else the
+/// job's own name); a provider with a model of its own uses that one whatever this says.
+pub fn routed_input(stop: &ModelMap, input: &Map<String, Value>) -> Option<Map<String, Value>> {
+    let job_model = input.get("model").and_then(Value::as_str)?;
+    let mapped = stop.get(job_model)?;
+    let mut input = input.clone();
+    input.insert("model".to_owned(), Value::from(mapped));
+    Some(input)
+}
+
+/// The latest attempt of `job`, counted or given back (the one with the highest epoch).
+fn latest(job: &JobRecord) -> Option<&AttemptRecord> {
+    let counted = job.attempt_log.last();
+    let given = job.given_back.last();
+    match (counted, given) {
+        (Some(a), Some(b)) => Some(if b.epoch > a.epoch { b } else { a }),
+        (a, b) => a.or(b),
+    }
+}
+
+/// Whether an attempt ended with a definite refusal of its provider, before any work: a
+/// transient failure (a refusal before work, a connect failure, an overload), or a throttle
+/// beyond the pacing horizon (given back). An uncertain outcome never is.
+pub fn refused(attempt: &AttemptRecord) -> bool {
+    matches!(
+        attempt.outcome,
+        AttemptOutcome::Transient | AttemptOutcome::Throttled
+    )
+}
+
+/// Whether `job`'s latest attempt was refused definitely by its provider ([`refused`]).
+pub fn last_refused(job: &JobRecord) -> bool {
+    latest(job).is_some_and(refused)
+}
+
+/// The index in `stops` of the provider an attempt recorded (the first when it names none, or
+/// one this deployment no longer has).
+pub fn index_of(attempt: Option<&AttemptRecord>, stops: &[Stop<'_>]) -> usize {
+    attempt
+        .and_then(|a| a.route.as_ref())
+        .and_then(|r| stops.iter().position(|s| s.name == r.provider))
+        .unwrap_or(0)
+}
+
+/// The index of the provider that runs `job`'s current (latest) attempt.
+pub fn current(job: &JobRecord, stops: &[Stop<'_>]) -> usize {
+    index_of(latest(job), stops)
+}
+
+/// The index of the provider that takes the next attempt of a job asking for `job_model`: the
+/// first that serves the model for a job with no attempt yet; else the one of its latest
+/// attempt, unless that provider refused it definitely ([`refused`]), in which case the next
+/// in order that serves the model, round to the first again (the attempt budget and the
+/// deadline bound the rounds).
+pub fn next(job: Option<&JobRecord>, job_model: &str, stops: &[Stop<'_>]) -> usize {
+    let Some(last) = job.and_then(latest) else {
+        return 0;
+    };
+    let at = index_of(Some(last), stops);
+    if !refused(last) {
+        return at;
+    }
+    (1..stops.len())
+        .map(|step| (at + step) % stops.len())
+        .find(|&i| stops[i].serves(i, job_model))
+        .unwrap_or(at)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::job::Route;
+
+    fn attempt(epoch: u64, provider: &str, outcome: AttemptOutcome) -> AttemptRecord {
+        AttemptRecord {
+            outcome,
+            ..AttemptRecord::claimed(epoch as u32, epoch, "w", 1_000, None).routed(Some(Route {
+                provider: provider.to_owned(),
+                model: "m".to_owned(),
+            }))
+        }
+    }
+
+    fn job(log: Vec<AttemptRecord>, given_back: Vec<AttemptRecord>) -> JobRecord {
+        let mut job = crate::job::NewJob::example("j", 10_000)
+            .into_record(crate::job::JobState::RetryAuthorized, 1_000);
+        job.attempt_log = log;
+        job.given_back = given_back;
+        job
+    }
+
+    #[test]
+    fn a_mapped_input_asks_for_the_providers_model() {
+        let map = ModelMap::parse("X", "a=b").expect("map");
+        let input = serde_json::json!({"model": "a", "prompt": "p"});
+        let routed = routed_input(&map, input.as_object().expect("object")).expect("mapped");
+        assert_eq!(routed["model"], "b");
+        let other = serde_json::json!({"model": "z", "prompt": "p"});
+        assert!(routed_input(&map, other.as_object().expect("object")).is_none());
+    }
+
+    #[test]
+    fn only_a_definite_refusal_moves_a_job_to_the_next_provider() {
+        let mapped = ModelMap::parse("X", "gpt-5-mini=claude-haiku").expect("map");
+        let none = ModelMap::default();
+        let stops = [
+            Stop {
+                name: "openai",
+                models: &none,
+                fixed: false,
+            },
+            Stop {
+                name: "anthropic",
+                models: &mapped,
+                fixed: false,
+            },
+        ];
+        let model = "gpt-5-mini";
+        assert_eq!(next(None, model, &stops), 0);
+        let refused_by_openai = job(
+            vec![attempt(1, "openai", AttemptOutcome::Transient)],
+            vec![],
+        );
+        assert_eq!(next(Some(&refused_by_openai), model, &stops), 1);
+        // A model the second has no mapping for stays with the first.
+        assert_eq!(next(Some(&refused_by_openai), "o3", &stops), 0);
+        // Uncertain, invalid or not sent: the same provider.
+        for outcome in [
+            AttemptOutcome::Uncertain,
+            AttemptOutcome::InvalidOutput,
+            AttemptOutcome::NotSent,
+        ] {
+            let j = job(vec![attempt(1, "openai", outcome)], vec![]);
+            assert_eq!(next(Some(&j), model, &stops), 0, "{outcome:?}");
+        }
+        // A throttle beyond the horizon, given back after a counted attempt, is the latest.
+        let throttled = job(
+            vec![attempt(1, "openai", AttemptOutcome::InvalidOutput)],
+            vec![attempt(2, "openai", AttemptOutcome::Throttled)],
+        );
+        assert_eq!(next(Some(&throttled), model, &stops), 1);
+        // Refused by the last: round to the first.
+        let refused_by_anthropic = job(
+            vec![attempt(1, "anthropic", AttemptOutcome::Transient)],
+            vec![],
+        );
+        assert_eq!(next(Some(&refused_by_anthropic), model, &stops), 0);
+        assert_eq!(current(&refused_by_anthropic, &stops), 1);
+        // An attempt that names no provider, or one no longer listed, was the first's.
+        let old = job(
+            vec![AttemptRecord::claimed(1, 1, "w", 1, None)],
+            vec![attempt(0, "gone", AttemptOutcome::Throttled)],
+        );
+        assert_eq!(current(&old, &stops), 0);
+    }
+}
