@@ -291,9 +291,14 @@ async fn a_background_response_is_submitted_then_completes_on_the_third_poll() {
 /// never started: it is cancelled, and its attempt ends refused before work.
 #[tokio::test]
 async fn a_response_queued_too_long_is_cancelled_and_refused_before_work() {
-    let stub = HttpStub::start(|req, _| match req.method.as_str() {
-        "GET" => Reply::json(200, json!({"id": "resp_q", "status": "queued"})),
-        _ => Reply::json(200, json!({"id": "resp_q", "status": "cancelled"})),
+    // Queued until cancelled; then the server says so.
+    let stub = HttpStub::start(|req, before| {
+        let cancelled = before.iter().any(|r| r.path.ends_with("/cancel"));
+        match req.method.as_str() {
+            "GET" if cancelled => Reply::json(200, json!({"id": "resp_q", "status": "cancelled"})),
+            "GET" => Reply::json(200, json!({"id": "resp_q", "status": "queued"})),
+            _ => Reply::json(200, json!({"id": "resp_q", "status": "cancelled"})),
+        }
     })
     .await;
     let provider = openai(&stub.url, OpenAiApi::Responses);
@@ -315,6 +320,22 @@ async fn a_response_queued_too_long_is_cancelled_and_refused_before_work() {
         "{late:?}"
     );
     assert_eq!(stub.count("POST", "/v1/responses/resp_q/cancel"), 1);
+
+    // A response that started while the cancel was on its way is followed, not refused.
+    let stub = HttpStub::start(|req, before| {
+        let cancelled = before.iter().any(|r| r.path.ends_with("/cancel"));
+        match req.method.as_str() {
+            "GET" if cancelled => {
+                Reply::json(200, json!({"id": "resp_q", "status": "in_progress"}))
+            }
+            "GET" => Reply::json(200, json!({"id": "resp_q", "status": "queued"})),
+            _ => Reply::json(409, json!({"error": {"code": "cannot_cancel"}})),
+        }
+    })
+    .await;
+    let provider = openai(&stub.url, OpenAiApi::Responses);
+    let started = provider.retrieve("resp_q", now - 601_000, &req).await;
+    assert_eq!(started, Retrieval::Running);
 }
 
 #[tokio::test]

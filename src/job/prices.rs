@@ -187,6 +187,27 @@ mod tests {
     }
 
     #[test]
+    fn anthropics_own_model_ids_are_priced_as_on_bedrock() {
+        let table = PriceTable::built_in();
+        let usage = Usage {
+            input: 1_000_000,
+            output: 1_000_000,
+            ..Usage::default()
+        };
+        let bedrock = table.cost_micros("anthropic.claude-haiku-4-5-20251001-v1:0", &usage, false);
+        assert_eq!(
+            table.cost_micros("claude-haiku-4-5-20251001", &usage, false),
+            bedrock
+        );
+        assert_eq!(
+            table.cost_micros("claude-haiku-4-5", &usage, false),
+            Some(6_000_000)
+        );
+        // The longest id that is a prefix decides: Sonnet 4.5 is not Sonnet 4.
+        assert!(table.price("claude-sonnet-4-5-20250929").is_some());
+    }
+
+    #[test]
     fn the_built_in_table_parses_and_prices_the_models_the_providers_name() {
         let table = PriceTable::parse(BUILT_IN).expect("the built-in table parses");
         assert_eq!(table, PriceTable::built_in());

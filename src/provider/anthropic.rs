@@ -10,7 +10,7 @@ use reqwest::header::HeaderMap;
 use reqwest::{Client, StatusCode};
 use serde_json::{Map, Value, json};
 
-use super::http::{ApiKey, Events, Streamed, code_text, retry_after_ms};
+use super::http::{ApiKey, Events, MAX_RESPONSE_BYTES, Streamed, code_text, retry_after_ms};
 use super::keys::{KeyRotation, Secret};
 use super::{Answer, Provider, ProviderError, ProviderRequest};
 use crate::job::contract::{Contract, Finish};
@@ -69,15 +69,8 @@ impl AnthropicSettings {
     /// Reads the `ANTHROPIC_*` settings (the key is read by [`super::keys::KeySource`]).
     pub(crate) fn from_vars(vars: &Vars<'_>) -> Result<AnthropicSettings, ConfigError> {
         let d = AnthropicSettings::default();
-        let base_url = vars.get("ANTHROPIC_BASE_URL").unwrap_or(d.base_url);
-        if !super::trusted_url(&base_url) {
-            return Err(ConfigError::Invalid {
-                name: "ANTHROPIC_BASE_URL",
-                reason: "must be https:// (http:// only on the loopback interface): the API key and the prompts go there".to_owned(),
-            });
-        }
         Ok(AnthropicSettings {
-            base_url,
+            base_url: super::base_url(vars, "ANTHROPIC_BASE_URL", d.base_url)?,
             version: vars.get("ANTHROPIC_VERSION").unwrap_or(d.version),
             model: vars.get("ANTHROPIC_MODEL"),
             structured: vars.choice(
@@ -266,19 +259,23 @@ impl Provider for AnthropicProvider {
     }
 }
 
-/// The message a stream of Messages events builds, whole: its `message_start`, its content
-/// blocks with their deltas, the `stop_reason` and usage of its `message_delta`, once
-/// `message_stop` came. An `error` event, or a stream that ends before `message_stop`, is
-/// uncertain: the model was running, and a part of an answer is never taken for one.
+/// The message a stream of Messages events builds, whole: the `message_start`'s model and
+/// usage, its content blocks with their deltas (text, a tool's input JSON), the `stop_reason`
+/// and usage of its `message_delta`, once `message_stop` came. An `error` event, a delta for a
+/// block never started, or a stream that ends before `message_stop` is uncertain: the model was
+/// running, and a part of an answer is never taken for one. An answer past
+/// [`MAX_RESPONSE_BYTES`] could never be stored: permanent.
 // Why this function is long: one short arm per event type of the stream, each folding its part
-// into the one message; apart, they would pass the message and the tool inputs around.
+// into the one message; apart, they would pass the blocks and the usage around.
 async fn streamed_message(mut events: Events) -> Result<Value, ProviderError> {
     let cut = |what: &str| ProviderError::Uncertain {
         evidence: format!("{what} after the request was sent; it may have run"),
     };
-    let mut message = json!({"content": []});
-    // The tool inputs' JSON as it streams, by block.
-    let mut inputs: Vec<String> = Vec::new();
+    let mut head = Map::new();
+    let mut usage = Map::new();
+    let mut blocks: Vec<Block> = Vec::new();
+    let mut stop_reason = Value::Null;
+    let mut size = 0usize;
     loop {
         let Some(event) = events.next().await? else {
             return Err(cut("the stream ended before the answer did"));
@@ -288,61 +285,58 @@ async fn streamed_message(mut events: Events) -> Result<Value, ProviderError> {
             .get("type")
             .and_then(Value::as_str)
             .unwrap_or(&event.name);
+        let index = data.get("index").and_then(Value::as_u64).unwrap_or(0) as usize;
         match kind {
             "message_start" => {
-                let start = data.get("message").cloned().unwrap_or_default();
-                for field in ["id", "model", "usage"] {
-                    if let Some(v) = start.get(field) {
-                        message[field] = v.clone();
+                for field in ["id", "model"] {
+                    if let Some(v) = data.pointer(&format!("/message/{field}")) {
+                        head.insert(field.to_owned(), v.clone());
                     }
+                }
+                if let Some(Value::Object(u)) = data.pointer("/message/usage") {
+                    usage.extend(u.clone());
                 }
             }
             "content_block_start" => {
-                let block = data.get("content_block").cloned().unwrap_or_default();
-                if let Some(blocks) = message["content"].as_array_mut() {
-                    blocks.push(block);
-                    inputs.push(String::new());
-                }
+                let block = data.get("content_block");
+                let text = |field| block.and_then(|b| b.get(field)).and_then(Value::as_str);
+                blocks.push(Block {
+                    kind: text("type").unwrap_or_default().to_owned(),
+                    name: text("name").map(str::to_owned),
+                    text: text("text").unwrap_or_default().to_owned(),
+                    input: String::new(),
+                });
             }
             "content_block_delta" => {
-                let i = data.get("index").and_then(Value::as_u64).unwrap_or(0) as usize;
-                let delta = data.get("delta").cloned().unwrap_or_default();
-                let block = message["content"].get_mut(i);
-                match (delta.get("type").and_then(Value::as_str), block) {
-                    (Some("text_delta"), Some(block)) => {
-                        let more = delta.get("text").and_then(Value::as_str).unwrap_or("");
-                        let text = block.get("text").and_then(Value::as_str).unwrap_or("");
-                        block["text"] = Value::from(format!("{text}{more}"));
+                let Some(block) = blocks.get_mut(index) else {
+                    return Err(cut("a delta for a block never started"));
+                };
+                let delta = data.get("delta");
+                let part = |field| delta.and_then(|d| d.get(field)).and_then(Value::as_str);
+                let more = match delta.and_then(|d| d.get("type")).and_then(Value::as_str) {
+                    Some("text_delta") => part("text").map(|t| (&mut block.text, t)),
+                    Some("input_json_delta") => part("partial_json").map(|t| (&mut block.input, t)),
+                    _ => None,
+                };
+                if let Some((into, text)) = more {
+                    size += text.len();
+                    if size > MAX_RESPONSE_BYTES {
+                        return Err(ProviderError::Permanent {
+                            reason: format!("answer larger than {MAX_RESPONSE_BYTES} bytes"),
+                        });
                     }
-                    (Some("input_json_delta"), Some(_)) => {
-                        let more = delta.get("partial_json").and_then(Value::as_str);
-                        if let Some(input) = inputs.get_mut(i) {
-                            input.push_str(more.unwrap_or(""));
-                        }
-                    }
-                    _ => {}
-                }
-            }
-            "content_block_stop" => {
-                let i = data.get("index").and_then(Value::as_u64).unwrap_or(0) as usize;
-                let streamed = inputs.get(i).filter(|s| !s.is_empty());
-                if let (Some(text), Some(block)) = (streamed, message["content"].get_mut(i)) {
-                    // What could not be parsed stays text, for the contract to refuse.
-                    block["input"] =
-                        serde_json::from_str(text).unwrap_or_else(|_| Value::from(text.as_str()));
+                    into.push_str(text);
                 }
             }
             "message_delta" => {
                 if let Some(reason) = data.pointer("/delta/stop_reason") {
-                    message["stop_reason"] = reason.clone();
+                    stop_reason = reason.clone();
                 }
-                if let Some(Value::Object(usage)) = data.get("usage") {
-                    for (k, v) in usage {
-                        message["usage"][k] = v.clone();
-                    }
+                if let Some(Value::Object(u)) = data.get("usage") {
+                    usage.extend(u.clone());
                 }
             }
-            "message_stop" => return Ok(message),
+            "message_stop" => break,
             "error" => {
                 let code = data
                     .pointer("/error/type")
@@ -353,6 +347,41 @@ async fn streamed_message(mut events: Events) -> Result<Value, ProviderError> {
             }
             _ => {}
         }
+    }
+    let mut message = head;
+    let content: Vec<Value> = blocks.into_iter().map(Block::into_value).collect();
+    message.insert("content".to_owned(), Value::Array(content));
+    message.insert("stop_reason".to_owned(), stop_reason);
+    message.insert("usage".to_owned(), Value::Object(usage));
+    Ok(Value::Object(message))
+}
+
+/// A content block as its stream builds it.
+struct Block {
+    kind: String,
+    name: Option<String>,
+    text: String,
+    /// A tool's input, as the JSON text its deltas give.
+    input: String,
+}
+
+impl Block {
+    /// The block as the whole message would hold it: a tool's input parsed (what cannot be
+    /// parsed stays text, for the contract to refuse).
+    fn into_value(self) -> Value {
+        let mut block = json!({"type": self.kind});
+        match self.kind.as_str() {
+            "tool_use" => {
+                block["name"] = json!(self.name);
+                // No deltas: the input the block started with, which is empty.
+                block["input"] = match self.input.as_str() {
+                    "" => json!({}),
+                    text => serde_json::from_str(text).unwrap_or_else(|_| Value::from(text)),
+                };
+            }
+            _ => block["text"] = Value::from(self.text),
+        }
+        block
     }
 }
 
@@ -539,13 +568,7 @@ mod tests {
 
     fn kind(status: u16, body: &Value) -> &'static str {
         let status = StatusCode::from_u16(status).expect("status");
-        match classify(status, &HeaderMap::new(), body) {
-            ProviderError::Throttled { .. } => "throttled",
-            ProviderError::Transient { .. } => "transient",
-            ProviderError::Uncertain { .. } => "uncertain",
-            ProviderError::Permanent { .. } => "permanent",
-            ProviderError::InvalidOutput(_) => "invalid",
-        }
+        classify(status, &HeaderMap::new(), body).kind()
     }
 
     fn error(kind: &str) -> Value {

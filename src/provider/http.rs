@@ -160,15 +160,30 @@ pub(crate) struct Event {
     pub(crate) data: String,
 }
 
+/// The most bytes a streamed answer may take on the wire: its events wrap each token in some
+/// hundred bytes of JSON, so the answer itself is bounded apart ([`MAX_RESPONSE_BYTES`], by the
+/// reader that folds the events).
+pub(crate) const MAX_STREAM_BYTES: usize = 64 * MAX_RESPONSE_BYTES;
+
 /// A streamed answer read event by event within the progress rule: every chunk of bytes marks
 /// progress, and a wait of more than the rule's timeout for the next one is a hung call,
-/// uncertain (it may have run). A cut stream is uncertain too; so is one whose answer grows past
-/// [`MAX_RESPONSE_BYTES`] (it could never be stored): permanent.
+/// uncertain (it may have run). A cut stream is uncertain too; one past [`MAX_STREAM_BYTES`]
+/// permanent. Line ends may be CRLF, LF or CR.
 pub(crate) struct Events {
     response: reqwest::Response,
     progress: super::Progress,
-    buffer: Vec<u8>,
+    pending: Pending,
     read: usize,
+}
+
+/// The bytes of a stream not yet read as events.
+#[derive(Debug, Default)]
+struct Pending {
+    /// Line ends made LF.
+    buffer: Vec<u8>,
+    /// The last byte received was a CR: a line end, whatever follows (an LF after it is the
+    /// same line end).
+    after_cr: bool,
 }
 
 impl Events {
@@ -178,7 +193,7 @@ impl Events {
         Events {
             response,
             progress,
-            buffer: Vec::new(),
+            pending: Pending::default(),
             read: 0,
         }
     }
@@ -186,7 +201,7 @@ impl Events {
     /// The next event, or `None` at the end of the stream.
     pub(crate) async fn next(&mut self) -> Result<Option<Event>, ProviderError> {
         loop {
-            if let Some(event) = self.take_event() {
+            if let Some(event) = self.pending.take_event() {
                 return Ok(Some(event));
             }
             let wait = self.progress.timeout();
@@ -200,17 +215,47 @@ impl Events {
                     });
                 }
                 Ok(Err(e)) => return Err(transport_error(&e)),
-                Ok(Ok(None)) => return Ok(None),
+                Ok(Ok(None)) => return Ok(self.pending.finish()),
                 Ok(Ok(Some(chunk))) => chunk,
             };
             self.progress.mark();
             self.read += chunk.len();
-            if self.read > MAX_RESPONSE_BYTES {
+            if self.read > MAX_STREAM_BYTES {
                 return Err(ProviderError::Permanent {
-                    reason: format!("answer larger than {MAX_RESPONSE_BYTES} bytes"),
+                    reason: format!("stream larger than {MAX_STREAM_BYTES} bytes"),
                 });
             }
-            self.buffer.extend_from_slice(&chunk);
+            self.pending.push(&chunk);
+        }
+    }
+}
+
+impl Pending {
+    /// The last event of a stream that ended: one with no blank line after it is still one.
+    fn finish(&mut self) -> Option<Event> {
+        if std::mem::take(&mut self.after_cr) {
+            self.buffer.push(b'\n');
+        }
+        if self.buffer.is_empty() {
+            return None;
+        }
+        self.buffer.extend_from_slice(b"\n\n");
+        self.take_event()
+    }
+
+    /// Appends `chunk` to the buffer with its line ends made LF.
+    fn push(&mut self, chunk: &[u8]) {
+        for &b in chunk {
+            if std::mem::take(&mut self.after_cr) {
+                self.buffer.push(b'\n');
+                if b == b'\n' {
+                    continue;
+                }
+            }
+            match b {
+                b'\r' => self.after_cr = true,
+                b => self.buffer.push(b),
+            }
         }
     }
 
@@ -247,17 +292,10 @@ impl Events {
     }
 }
 
-/// Where the first event in `buffer` ends, and the length of the blank line after it.
+/// Where the first event in `buffer` (line ends LF) ends, and the length of the blank line
+/// after it.
 fn event_end(buffer: &[u8]) -> Option<(usize, usize)> {
-    let lf = buffer.windows(2).position(|w| w == b"\n\n").map(|i| (i, 2));
-    let crlf = buffer
-        .windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .map(|i| (i, 4));
-    match (lf, crlf) {
-        (Some(a), Some(b)) => Some(if a.0 <= b.0 { a } else { b }),
-        (a, b) => a.or(b),
-    }
+    buffer.windows(2).position(|w| w == b"\n\n").map(|i| (i, 2))
 }
 
 /// The most of a response body that is read. An answer beyond it could not be stored in the
@@ -370,6 +408,28 @@ pub(crate) fn code_text(code: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn events_are_read_whatever_the_line_ends_and_the_chunks() {
+        let mut pending = Pending::default();
+        let names = |pending: &mut Pending| {
+            std::iter::from_fn(|| pending.take_event())
+                .map(|e| format!("{}={}", e.name, e.data))
+                .collect::<Vec<_>>()
+        };
+        // An event split across chunks, CRLF between its lines, a CR split from its LF.
+        pending.push(b"event: a\r\ndata: {\"x\"");
+        assert!(names(&mut pending).is_empty());
+        pending.push(b":1}\r");
+        pending.push(b"\n\r\n: a comment\n\nevent: b\rdata: one\rdata: two\r\r");
+        // The last CR may be a CRLF's: the event it ends waits for the next byte.
+        assert_eq!(names(&mut pending), ["a={\"x\":1}"]);
+        // A last event with no blank line after it, at the end of the stream.
+        pending.push(b"data: [DONE]");
+        assert_eq!(names(&mut pending), ["b=one\ntwo"]);
+        assert_eq!(pending.finish().map(|e| e.data).as_deref(), Some("[DONE]"));
+        assert!(pending.finish().is_none());
+    }
 
     #[test]
     fn retry_after_reads_milliseconds_seconds_and_dates() {

@@ -97,6 +97,7 @@ impl std::fmt::Debug for Secret {
 /// never the value.
 pub(crate) async fn resolve(
     source: &KeySource,
+    field: &'static str,
     aws: &aws_config::SdkConfig,
 ) -> Result<Option<Secret>, SetupError> {
     match source {
@@ -117,7 +118,9 @@ pub(crate) async fn resolve(
             let text = out
                 .secret_string()
                 .ok_or_else(|| SetupError(format!("secret {id} has no string value")))?;
-            non_empty(key_of(text), || format!("secret {id} holds no API key"))
+            non_empty(key_of(text, field), || {
+                format!("secret {id} holds no API key")
+            })
         }
         KeySource::Parameter(name) => {
             let out = aws_sdk_ssm::Client::new(aws)
@@ -147,6 +150,8 @@ pub(crate) async fn resolve(
 #[derive(Debug)]
 pub struct KeyRotation {
     source: KeySource,
+    /// The provider's own field in a JSON secret, after `api_key`.
+    field: &'static str,
     aws: aws_config::SdkConfig,
     last_read: std::sync::Mutex<Option<std::time::Instant>>,
     min_interval: std::time::Duration,
@@ -158,6 +163,7 @@ impl KeyRotation {
     /// `min_interval`.
     pub fn new(
         source: &KeySource,
+        field: &'static str,
         aws: &aws_config::SdkConfig,
         min_interval: std::time::Duration,
     ) -> Option<KeyRotation> {
@@ -167,6 +173,7 @@ impl KeyRotation {
         )
         .then(|| KeyRotation {
             source: source.clone(),
+            field,
             aws: aws.clone(),
             last_read: std::sync::Mutex::new(None),
             min_interval,
@@ -183,7 +190,7 @@ impl KeyRotation {
             }
             *last = Some(std::time::Instant::now());
         }
-        match resolve(&self.source, &self.aws).await {
+        match resolve(&self.source, self.field, &self.aws).await {
             Ok(Some(key)) if Some(&key) != current => {
                 tracing::info!("the provider refused the API key; a new one was read");
                 Some(key)
@@ -205,11 +212,11 @@ fn non_empty(key: String, why: impl FnOnce() -> String) -> Result<Option<Secret>
     Ok(Some(Secret::new(key)))
 }
 
-/// The key in a secret's text: the `api_key` (or `OPENAI_API_KEY`, `ANTHROPIC_API_KEY`) field
-/// of a JSON object, or the whole text.
-fn key_of(text: &str) -> String {
+/// The key in a secret's text: the `api_key` field of a JSON object, else the provider's own
+/// `field` (`OPENAI_API_KEY`, `ANTHROPIC_API_KEY`: never another provider's), or the whole text.
+fn key_of(text: &str, field: &str) -> String {
     match serde_json::from_str::<Value>(text) {
-        Ok(Value::Object(fields)) => ["api_key", "OPENAI_API_KEY", "ANTHROPIC_API_KEY"]
+        Ok(Value::Object(fields)) => ["api_key", field]
             .iter()
             .find_map(|k| fields.get(*k).and_then(Value::as_str))
             .unwrap_or_default()
@@ -224,14 +231,31 @@ mod tests {
 
     #[test]
     fn a_secret_holds_the_key_or_json_with_it() {
-        assert_eq!(key_of("sk-1\n"), "sk-1");
-        assert_eq!(key_of(r#"{"api_key":"sk-2","other":1}"#), "sk-2");
-        assert_eq!(key_of(r#"{"OPENAI_API_KEY":"sk-3"}"#), "sk-3");
+        assert_eq!(key_of("sk-1\n", "OPENAI_API_KEY"), "sk-1");
+        assert_eq!(
+            key_of(r#"{"api_key":"sk-2","other":1}"#, "OPENAI_API_KEY"),
+            "sk-2"
+        );
+        assert_eq!(
+            key_of(r#"{"OPENAI_API_KEY":"sk-3"}"#, "OPENAI_API_KEY"),
+            "sk-3"
+        );
+        // One secret holding both providers' keys: each takes its own, never the other's.
+        let both = r#"{"OPENAI_API_KEY":"sk-3","ANTHROPIC_API_KEY":"sk-ant-4"}"#;
+        assert_eq!(key_of(both, "ANTHROPIC_API_KEY"), "sk-ant-4");
+        assert_eq!(
+            key_of(r#"{"OPENAI_API_KEY":"sk-3"}"#, "ANTHROPIC_API_KEY"),
+            ""
+        );
     }
 
     #[test]
     fn an_empty_key_is_a_start_up_error() {
-        assert!(non_empty(key_of(r#"{"other":"x"}"#), || "no key".to_owned()).is_err());
+        assert!(
+            non_empty(key_of(r#"{"other":"x"}"#, "OPENAI_API_KEY"), || "no key"
+                .to_owned())
+            .is_err()
+        );
         assert!(non_empty("  ".to_owned(), || "empty".to_owned()).is_err());
         assert!(matches!(
             non_empty("sk-1".to_owned(), String::new),

@@ -161,7 +161,7 @@ impl ProviderConfig {
     /// The provider called `name`, with its own settings.
     fn named(vars: &Vars<'_>, name: &str) -> Result<ProviderConfig, ConfigError> {
         Ok(match name {
-            "" | "simulated" => ProviderConfig::Simulated,
+            "simulated" => ProviderConfig::Simulated,
             #[cfg(feature = "openai")]
             "openai" => ProviderConfig::OpenAi {
                 settings: OpenAiSettings::from_vars(vars)?,
@@ -190,6 +190,24 @@ impl ProviderConfig {
             }
         })
     }
+}
+
+/// The base URL variable `name` sets (else `default`): `https://`, or `http://` on the loopback
+/// interface only, since the API key and the prompts go there.
+#[cfg(feature = "http-api")]
+pub(crate) fn base_url(
+    vars: &Vars<'_>,
+    name: &'static str,
+    default: String,
+) -> Result<String, ConfigError> {
+    let url = vars.get(name).unwrap_or(default);
+    if !trusted_url(&url) {
+        return Err(ConfigError::Invalid {
+            name,
+            reason: "must be https:// (http:// only on the loopback interface): the API key and the prompts go there".to_owned(),
+        });
+    }
+    Ok(url)
 }
 
 /// `PROVIDER_STREAMING`: whether chat-style calls stream their answers (`on`, the default).
@@ -337,6 +355,17 @@ pub enum ProviderError {
 }
 
 impl ProviderError {
+    /// Its kind, in one word: `throttled`, `transient`, `uncertain`, `permanent`, `invalid`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            ProviderError::Throttled { .. } => "throttled",
+            ProviderError::Transient { .. } => "transient",
+            ProviderError::Uncertain { .. } => "uncertain",
+            ProviderError::Permanent { .. } => "permanent",
+            ProviderError::InvalidOutput(_) => "invalid",
+        }
+    }
+
     /// Whether the provider refused for its rate limit before any work.
     pub fn is_throttle(&self) -> bool {
         matches!(self, ProviderError::Throttled { .. })
@@ -483,13 +512,14 @@ impl AnyProvider {
             #[cfg(feature = "openai")]
             ProviderConfig::OpenAi { settings, key } => {
                 let source = key;
-                let key = keys::resolve(source, aws).await?;
+                let field = keys::KeyVars::OPENAI.value;
+                let key = keys::resolve(source, field, aws).await?;
                 if key.is_none() {
                     tracing::warn!("no OpenAI API key configured; requests go unauthenticated");
                 }
                 let mut provider =
                     OpenAiProvider::new(settings.clone(), key).map_err(SetupError)?;
-                if let Some(rotation) = KeyRotation::new(source, aws, KEY_REREAD_INTERVAL) {
+                if let Some(rotation) = KeyRotation::new(source, field, aws, KEY_REREAD_INTERVAL) {
                     provider = provider.with_rotation(rotation);
                 }
                 AnyProvider::OpenAi(provider)
@@ -497,13 +527,14 @@ impl AnyProvider {
             #[cfg(feature = "anthropic")]
             ProviderConfig::Anthropic { settings, key } => {
                 let source = key;
-                let key = keys::resolve(source, aws).await?;
+                let field = keys::KeyVars::ANTHROPIC.value;
+                let key = keys::resolve(source, field, aws).await?;
                 if key.is_none() {
                     tracing::warn!("no Anthropic API key configured; requests go unauthenticated");
                 }
                 let mut provider =
                     AnthropicProvider::new(settings.clone(), key).map_err(SetupError)?;
-                if let Some(rotation) = KeyRotation::new(source, aws, KEY_REREAD_INTERVAL) {
+                if let Some(rotation) = KeyRotation::new(source, field, aws, KEY_REREAD_INTERVAL) {
                     provider = provider.with_rotation(rotation);
                 }
                 AnyProvider::Anthropic(provider)

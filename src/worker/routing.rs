@@ -42,7 +42,7 @@ pub fn routed_input(stop: &ModelMap, input: &Map<String, Value>) -> Option<Map<S
 }
 
 /// The latest attempt of `job`, counted or given back (the one with the highest epoch).
-fn latest(job: &JobRecord) -> Option<&AttemptRecord> {
+pub fn latest(job: &JobRecord) -> Option<&AttemptRecord> {
     let counted = job.attempt_log.last();
     let given = job.given_back.last();
     match (counted, given) {

@@ -2,7 +2,7 @@
 
 use serde_json::{Map, Value, json};
 
-use super::super::http::{Events, Streamed, code_text};
+use super::super::http::{Events, MAX_RESPONSE_BYTES, Streamed, code_text};
 use super::super::keys::Secret;
 use super::status::classify;
 use super::{OpenAiProvider, answer, bound_answer, parameters, responses_format, with_key};
@@ -70,6 +70,7 @@ async fn streamed_chat(mut events: Events) -> Result<Value, ProviderError> {
     };
     let (mut content, mut refusal) = (None::<String>, None::<String>);
     let (mut finish, mut model, mut usage) = (Value::Null, Value::Null, Value::Null);
+    let mut size = 0usize;
     loop {
         let Some(event) = events.next().await? else {
             return Err(cut("the stream ended before the answer did"));
@@ -101,6 +102,12 @@ async fn streamed_chat(mut events: Events) -> Result<Value, ProviderError> {
                 .pointer(&format!("/delta/{field}"))
                 .and_then(Value::as_str)
             {
+                size += text.len();
+                if size > MAX_RESPONSE_BYTES {
+                    return Err(ProviderError::Permanent {
+                        reason: format!("answer larger than {MAX_RESPONSE_BYTES} bytes"),
+                    });
+                }
                 into.get_or_insert_with(String::new).push_str(text);
             }
         }

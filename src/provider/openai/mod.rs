@@ -78,15 +78,8 @@ impl OpenAiSettings {
     /// Reads the `OPENAI_*` settings (the key is read by [`super::keys::KeySource`]).
     pub(crate) fn from_vars(vars: &Vars<'_>) -> Result<OpenAiSettings, ConfigError> {
         let o = OpenAiSettings::default();
-        let base_url = vars.get("OPENAI_BASE_URL").unwrap_or(o.base_url);
-        if !super::trusted_url(&base_url) {
-            return Err(ConfigError::Invalid {
-                name: "OPENAI_BASE_URL",
-                reason: "must be https:// (http:// only on the loopback interface): the API key and the prompts go there".to_owned(),
-            });
-        }
         Ok(OpenAiSettings {
-            base_url,
+            base_url: super::base_url(vars, "OPENAI_BASE_URL", o.base_url)?,
             api: vars.choice(
                 "OPENAI_API",
                 OpenAiApi::Responses,
@@ -178,6 +171,55 @@ impl OpenAiProvider {
             .as_deref()
             .or_else(|| req.input.get("model").and_then(Value::as_str))
             .unwrap_or_default()
+    }
+
+    /// Asks the server to cancel a background response (best effort, logged).
+    async fn cancel_request(&self, provider_ref: &str) {
+        if !valid_response_id(provider_ref) {
+            return;
+        }
+        let request = self
+            .http
+            .post(self.url(&format!("/responses/{provider_ref}/cancel")))
+            .timeout(self.background_timeout());
+        let sent = with_key(request, self.key.current().as_ref()).send().await;
+        match sent {
+            Ok(r) if r.status().is_success() => tracing::info!("background call cancelled"),
+            Ok(r) => tracing::warn!(status = %r.status(), "cancel refused"),
+            Err(e) => tracing::warn!(error = %transport_kind(&e), "cancel failed"),
+        }
+    }
+
+    /// A response still `queued` past `OPENAI_QUEUED_TIMEOUT_SECONDS`: cancelled, then asked
+    /// about again. Only a response the server says is `cancelled` (it never started) ends
+    /// refused before work; one that started meanwhile is followed as any other, and one the
+    /// server cannot be asked about now is asked about again later.
+    async fn cancel_queued(&self, provider_ref: &str, req: &ProviderRequest<'_>) -> Retrieval {
+        self.cancel_request(provider_ref).await;
+        let sent = self
+            .send(|| {
+                self.http
+                    .get(self.url(&format!("/responses/{provider_ref}")))
+                    .timeout(self.background_timeout())
+            })
+            .await;
+        match sent {
+            Ok((status, _, json)) if status.is_success() => {
+                match json.get("status").and_then(Value::as_str) {
+                    Some("cancelled") => Retrieval::Failed(ProviderError::Transient {
+                        retry_after_ms: None,
+                        reason: format!(
+                            "response still queued after {} s; cancelled",
+                            self.settings.queued_timeout_ms / 1000
+                        ),
+                    }),
+                    _ => self.response_status(req, &json),
+                }
+            }
+            _ => Retrieval::Unreachable {
+                retry_after_ms: None,
+            },
+        }
     }
 
     /// Whether `model`'s calls go to Chat Completions.
@@ -331,8 +373,16 @@ impl Provider for OpenAiProvider {
         }
     }
 
+    /// Background calls can be asked about; once a model is found to be served by Chat
+    /// Completions only, the process's calls are not counted on it (a call that cannot be asked
+    /// about needs the longer time before the invocation's end).
     fn can_retrieve(&self) -> bool {
         self.settings.api == OpenAiApi::Responses
+            && self
+                .chat_models
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .is_empty()
     }
 
     async fn retrieve(
@@ -358,15 +408,7 @@ impl Provider for OpenAiProvider {
                 let queued = json.get("status").and_then(Value::as_str) == Some("queued");
                 let waited = crate::clock::Clock::now_ms(&crate::clock::SystemClock) - started_at;
                 if queued && waited > self.settings.queued_timeout_ms {
-                    // Nothing ran: cancelled, so it never starts, and refused before work.
-                    self.cancel(provider_ref).await;
-                    return Retrieval::Failed(ProviderError::Transient {
-                        retry_after_ms: None,
-                        reason: format!(
-                            "response still queued after {} s; cancelled",
-                            self.settings.queued_timeout_ms / 1000
-                        ),
-                    });
+                    return self.cancel_queued(provider_ref, req).await;
                 }
                 self.response_status(req, &json)
             }
@@ -382,19 +424,7 @@ impl Provider for OpenAiProvider {
     }
 
     async fn cancel(&self, provider_ref: &str) {
-        if !valid_response_id(provider_ref) {
-            return;
-        }
-        let request = self
-            .http
-            .post(self.url(&format!("/responses/{provider_ref}/cancel")))
-            .timeout(self.background_timeout());
-        let sent = with_key(request, self.key.current().as_ref()).send().await;
-        match sent {
-            Ok(r) if r.status().is_success() => tracing::info!("background call cancelled"),
-            Ok(r) => tracing::warn!(status = %r.status(), "cancel refused"),
-            Err(e) => tracing::warn!(error = %transport_kind(&e), "cancel failed"),
-        }
+        self.cancel_request(provider_ref).await;
     }
 }
 

@@ -113,13 +113,7 @@ mod tests {
         let own = json!({"error": {"type": "server_error"}});
         let kind = |status: u16, body: &Value| {
             let status = StatusCode::from_u16(status).expect("status");
-            match classify(status, &HeaderMap::new(), body) {
-                ProviderError::Throttled { .. } => "throttled",
-                ProviderError::Transient { .. } => "transient",
-                ProviderError::Uncertain { .. } => "uncertain",
-                ProviderError::Permanent { .. } => "permanent",
-                ProviderError::InvalidOutput(_) => "invalid",
-            }
+            classify(status, &HeaderMap::new(), body).kind()
         };
         // Refused before any work.
         for status in [401, 403, 408, 425] {

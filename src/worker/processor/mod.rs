@@ -330,8 +330,9 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
             return failed(backoff("invocation deadline"), None);
         }
         let job = NewJob::from_message(msg, now, &self.settings.job_defaults);
-        let link = &self.links[self.next_link(start.as_ref(), msg)];
-        let facts = self.admission_facts(msg, &job, inv, link);
+        // The provider the claim would go to: its facts, its capacity.
+        let mut routed = self.next_link(start.as_ref(), msg);
+        let mut facts = self.admission_facts(msg, &job, inv, &self.links[routed]);
         let (mut machine, mut step) = Admission::start(facts, start.as_ref(), &msg.digest, now);
         let mut view = start;
         // Capacity for the call, taken before the claim that would start it: a record that
@@ -343,7 +344,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
             let now = self.clock.now_ms();
             let seen = match step {
                 Step::Admit => {
-                    let link = &self.links[self.next_link(view.as_ref(), msg)];
+                    let link = &self.links[routed];
                     let tokens = link
                         .pacer
                         .estimated_tokens(&msg.input_canonical, &self.settings.policy);
@@ -430,7 +431,20 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
                         .await;
                 }
                 seen => {
-                    step = machine.seen(seen.as_ref(), &msg.digest, now);
+                    let rerouted = seen.as_ref().map(|s| self.next_link(Some(s), msg));
+                    match rerouted.filter(|r| *r != routed) {
+                        // The item shows the claim goes to another provider: decided afresh
+                        // with that provider's facts, the capacity and spend taken given back.
+                        Some(other) => {
+                            permit = None;
+                            self.settle_spend(reserved.take(), 0).await;
+                            routed = other;
+                            facts = self.admission_facts(msg, &job, inv, &self.links[routed]);
+                            (machine, step) =
+                                Admission::start(facts, seen.as_ref(), &msg.digest, now);
+                        }
+                        None => step = machine.seen(seen.as_ref(), &msg.digest, now),
+                    }
                     view = seen.or(view);
                 }
             }

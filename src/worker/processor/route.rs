@@ -61,23 +61,27 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         watch: &dyn AttemptWatch,
     ) -> Processed {
         let mut processed = self.process_from(msg, start, owner_id, inv, watch).await;
+        let mut owner = owner_id.to_owned();
         for hop in 1..self.links.len() {
-            let Some(view) = processed.view.as_ref().filter(|v| self.falls_back(v, msg)) else {
+            let view = processed.view.as_ref();
+            let Some(view) = view.filter(|v| self.falls_back(v, msg, &owner)) else {
                 break;
             };
             tracing::info!(job_id = %msg.job_id, "the provider refused before any work; the next one takes the job");
             let start = Some(view.clone());
-            let owner = format!("{owner_id}+{hop}");
+            owner = format!("{owner_id}+{hop}");
             processed = self.process_from(msg, start, &owner, inv, watch).await;
         }
         processed
     }
 
     /// Whether `job`, as this delivery left it, goes on at once with another provider: its
-    /// latest attempt was refused definitely, and the next attempt is another provider's.
-    fn falls_back(&self, job: &JobRecord, msg: &JobMessage) -> bool {
+    /// latest attempt is this delivery's own claim (`owner`), refused definitely, and the next
+    /// attempt is another provider's.
+    fn falls_back(&self, job: &JobRecord, msg: &JobMessage, owner: &str) -> bool {
         let stops = self.stops();
         job.state == JobState::RetryAuthorized
+            && routing::latest(job).is_some_and(|a| a.owner_id == owner)
             && routing::last_refused(job)
             && self.next_link(Some(job), msg) != routing::current(job, &stops)
     }
