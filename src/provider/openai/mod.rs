@@ -445,8 +445,23 @@ fn valid_response_id(id: &str) -> bool {
             .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
 }
 
-/// The job's `parameters`, less the output format of either API (`text`, `response_format`):
-/// the format comes from the job's contract, in each API's own form, never from parameters.
+/// The parameters other providers take and OpenAI's APIs refuse: a job written for Anthropic or
+/// Bedrock that falls back here is sent without them rather than refused (a 400, permanent).
+const OTHER_PROVIDERS_PARAMETERS: [&str; 9] = [
+    "top_k",
+    "topP",
+    "maxTokens",
+    "stopSequences",
+    "stop_sequences",
+    "thinking",
+    "cache_control",
+    "additionalModelRequestFields",
+    "additional_model_request_fields",
+];
+
+/// The job's `parameters`, less the output format of either API (`text`, `response_format`:
+/// the format comes from the job's contract, in each API's own form, never from parameters) and
+/// other providers' own ([`OTHER_PROVIDERS_PARAMETERS`]).
 fn parameters(input: &Map<String, Value>) -> impl Iterator<Item = (&String, &Value)> {
     input
         .get("parameters")
@@ -454,6 +469,7 @@ fn parameters(input: &Map<String, Value>) -> impl Iterator<Item = (&String, &Val
         .into_iter()
         .flatten()
         .filter(|(k, _)| !matches!(k.as_str(), "text" | "response_format"))
+        .filter(|(k, _)| !OTHER_PROVIDERS_PARAMETERS.contains(&k.as_str()))
 }
 
 /// The contract's output format as the Responses API's `text.format`: a strict JSON Schema,
@@ -545,6 +561,16 @@ fn answer(
 mod tests {
     use super::*;
     use reqwest::StatusCode;
+
+    #[test]
+    fn other_providers_parameters_are_left_out() {
+        let input = json!({"parameters": {"temperature": 0.2, "top_k": 40, "stopSequences": ["x"],
+                                          "response_format": {}, "seed": 7}});
+        let sent: Vec<&str> = parameters(input.as_object().expect("object"))
+            .map(|(k, _)| k.as_str())
+            .collect();
+        assert_eq!(sent, ["seed", "temperature"]);
+    }
 
     #[test]
     fn only_a_missing_api_falls_back_to_chat() {
