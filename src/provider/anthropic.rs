@@ -218,14 +218,6 @@ impl Provider for AnthropicProvider {
         self.settings.model.as_deref()
     }
 
-    fn model<'a>(&'a self, input: &'a Map<String, Value>) -> &'a str {
-        self.settings
-            .model
-            .as_deref()
-            .or_else(|| input.get("model").and_then(Value::as_str))
-            .unwrap_or_default()
-    }
-
     async fn call(&self, req: &ProviderRequest<'_>) -> Result<Answer, ProviderError> {
         let mut body = self.body(req)?;
         if self.settings.stream {

@@ -115,13 +115,6 @@ impl Provider for BedrockProvider {
         self.model_id.as_deref()
     }
 
-    fn model<'a>(&'a self, input: &'a Map<String, Value>) -> &'a str {
-        self.model_id
-            .as_deref()
-            .or_else(|| input.get("model").and_then(Value::as_str))
-            .unwrap_or_default()
-    }
-
     async fn call(&self, req: &ProviderRequest<'_>) -> Result<Answer, ProviderError> {
         let model = Provider::model(self, req.input);
         let (system, messages) =

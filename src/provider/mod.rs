@@ -446,11 +446,10 @@ pub trait Provider: Send + Sync {
     }
 
     /// The model a call for a job's `input` runs: its `input.model`, unless the provider is
-    /// configured with its own. Its prices are what the call costs.
+    /// configured with its own ([`Provider::fixed_model`]). Its prices are what the call costs.
     fn model<'a>(&'a self, input: &'a serde_json::Map<String, serde_json::Value>) -> &'a str {
-        input
-            .get("model")
-            .and_then(serde_json::Value::as_str)
+        self.fixed_model()
+            .or_else(|| input.get("model").and_then(serde_json::Value::as_str))
             .unwrap_or_default()
     }
 
@@ -511,30 +510,20 @@ impl AnyProvider {
             ProviderConfig::Simulated => AnyProvider::Simulated(SimulatedProvider::new()),
             #[cfg(feature = "openai")]
             ProviderConfig::OpenAi { settings, key } => {
-                let source = key;
-                let field = keys::KeyVars::OPENAI.value;
-                let key = keys::resolve(source, field, aws).await?;
-                if key.is_none() {
-                    tracing::warn!("no OpenAI API key configured; requests go unauthenticated");
-                }
+                let (key, rotation) = keyed(key, keys::KeyVars::OPENAI.value, aws).await?;
                 let mut provider =
                     OpenAiProvider::new(settings.clone(), key).map_err(SetupError)?;
-                if let Some(rotation) = KeyRotation::new(source, field, aws, KEY_REREAD_INTERVAL) {
+                if let Some(rotation) = rotation {
                     provider = provider.with_rotation(rotation);
                 }
                 AnyProvider::OpenAi(provider)
             }
             #[cfg(feature = "anthropic")]
             ProviderConfig::Anthropic { settings, key } => {
-                let source = key;
-                let field = keys::KeyVars::ANTHROPIC.value;
-                let key = keys::resolve(source, field, aws).await?;
-                if key.is_none() {
-                    tracing::warn!("no Anthropic API key configured; requests go unauthenticated");
-                }
+                let (key, rotation) = keyed(key, keys::KeyVars::ANTHROPIC.value, aws).await?;
                 let mut provider =
                     AnthropicProvider::new(settings.clone(), key).map_err(SetupError)?;
-                if let Some(rotation) = KeyRotation::new(source, field, aws, KEY_REREAD_INTERVAL) {
+                if let Some(rotation) = rotation {
                     provider = provider.with_rotation(rotation);
                 }
                 AnyProvider::Anthropic(provider)
@@ -545,6 +534,25 @@ impl AnyProvider {
             }
         })
     }
+}
+
+/// The key `source` names (`field`: the provider's own field in a JSON secret), read once, and
+/// where it can be read again after a 401.
+#[cfg(feature = "http-api")]
+async fn keyed(
+    source: &KeySource,
+    field: &'static str,
+    aws: &aws_config::SdkConfig,
+) -> Result<(Option<Secret>, Option<KeyRotation>), SetupError> {
+    let key = keys::resolve(source, field, aws).await?;
+    if key.is_none() {
+        tracing::warn!(
+            key = field,
+            "no API key configured; requests go unauthenticated"
+        );
+    }
+    let rotation = KeyRotation::new(source, field, aws, KEY_REREAD_INTERVAL);
+    Ok((key, rotation))
 }
 
 /// Forwards a call to whichever provider is configured.

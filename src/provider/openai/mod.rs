@@ -196,14 +196,7 @@ impl OpenAiProvider {
     /// server cannot be asked about now is asked about again later.
     async fn cancel_queued(&self, provider_ref: &str, req: &ProviderRequest<'_>) -> Retrieval {
         self.cancel_request(provider_ref).await;
-        let sent = self
-            .send(|| {
-                self.http
-                    .get(self.url(&format!("/responses/{provider_ref}")))
-                    .timeout(self.background_timeout())
-            })
-            .await;
-        match sent {
+        match self.get_response(provider_ref).await {
             Ok((status, _, json)) if status.is_success() => {
                 match json.get("status").and_then(Value::as_str) {
                     Some("cancelled") => Retrieval::Failed(ProviderError::Transient {
@@ -220,6 +213,19 @@ impl OpenAiProvider {
                 retry_after_ms: None,
             },
         }
+    }
+
+    /// `GET /responses/{id}`, read.
+    async fn get_response(
+        &self,
+        provider_ref: &str,
+    ) -> Result<(StatusCode, reqwest::header::HeaderMap, Value), ProviderError> {
+        self.send(|| {
+            self.http
+                .get(self.url(&format!("/responses/{provider_ref}")))
+                .timeout(self.background_timeout())
+        })
+        .await
     }
 
     /// Whether `model`'s calls go to Chat Completions.
@@ -302,14 +308,6 @@ impl Provider for OpenAiProvider {
 
     fn fixed_model(&self) -> Option<&str> {
         self.settings.model.as_deref()
-    }
-
-    fn model<'a>(&'a self, input: &'a Map<String, Value>) -> &'a str {
-        self.settings
-            .model
-            .as_deref()
-            .or_else(|| input.get("model").and_then(Value::as_str))
-            .unwrap_or_default()
     }
 
     async fn call(&self, req: &ProviderRequest<'_>) -> Result<Answer, ProviderError> {
@@ -396,14 +394,7 @@ impl Provider for OpenAiProvider {
             // learnt of the call, and nothing may be concluded from that.
             return Retrieval::Denied;
         }
-        let sent = self
-            .send(|| {
-                self.http
-                    .get(self.url(&format!("/responses/{provider_ref}")))
-                    .timeout(self.background_timeout())
-            })
-            .await;
-        match sent {
+        match self.get_response(provider_ref).await {
             Ok((status, _, json)) if status.is_success() => {
                 let queued = json.get("status").and_then(Value::as_str) == Some("queued");
                 let waited = crate::clock::Clock::now_ms(&crate::clock::SystemClock) - started_at;
