@@ -129,7 +129,11 @@ def worker_actions():
 
 # What the roles' code calls besides the ledger, bucket and queue: the provider (its Converse call
 # and its key), the dispatcher's event targets.
-PROVIDER_CALLS = {"converse": "bedrock:InvokeModel", "get_secret_value": "secretsmanager:GetSecretValue"}
+PROVIDER_CALLS = {
+    "converse": "bedrock:InvokeModel",
+    "converse_stream": "bedrock:InvokeModelWithResponseStream",
+    "get_secret_value": "secretsmanager:GetSecretValue",
+}
 DISPATCH_CALLS = {
     "put_events": "events:PutEvents",
     "publish_batch": "sns:Publish",
@@ -158,10 +162,10 @@ PROVIDER_PARAMETERS = {"set_guardrail_config": "bedrock:ApplyGuardrail"}
 
 
 def provider_actions():
-    bedrock = (pathlib.Path(__file__).parent.parent / "src/provider/bedrock.rs").read_text()
+    bedrock = (pathlib.Path(__file__).parent.parent / "src/provider/bedrock/mod.rs").read_text()
     applied = {action for call, action in PROVIDER_PARAMETERS.items() if f".{call}(" in bedrock}
     return (
-        sdk_actions("src/provider/bedrock.rs", PROVIDER_CALLS)
+        sdk_actions("src/provider/bedrock/mod.rs", PROVIDER_CALLS)
         | sdk_actions("src/provider/keys.rs", PROVIDER_CALLS)
         | applied
     )

@@ -1264,3 +1264,106 @@ async fn bedrock_carries_cache_points_media_tiers_fields_guardrails_and_the_sche
     );
     assert!(answer.judged(&contract).is_ok());
 }
+
+/// One `ConverseStream` event as Bedrock frames it: the event's type in its headers, its JSON
+/// payload.
+fn converse_event(kind: &str, payload: Value) -> Vec<u8> {
+    use aws_smithy_types::event_stream::{Header, HeaderValue, Message};
+    let message = Message::new(payload.to_string().into_bytes())
+        .add_header(Header::new(
+            ":message-type",
+            HeaderValue::String("event".into()),
+        ))
+        .add_header(Header::new(
+            ":event-type",
+            HeaderValue::String(kind.to_owned().into()),
+        ))
+        .add_header(Header::new(
+            ":content-type",
+            HeaderValue::String("application/json".into()),
+        ));
+    let mut bytes = Vec::new();
+    aws_smithy_eventstream::frame::write_message_to(&message, &mut bytes).expect("frame");
+    bytes
+}
+
+/// A streamed Converse call against a server that sends these events (then stalls, with
+/// `stall`), under a progress rule of `timeout`.
+async fn converse_streamed(
+    events: Vec<Vec<u8>>,
+    pause: Duration,
+    stall: bool,
+    timeout: Duration,
+) -> (Result<Answer, ProviderError>, HttpStub) {
+    let reply = Reply::Bytes {
+        content_type: "application/vnd.amazon.eventstream",
+        parts: events.into_iter().map(|e| (pause, e)).collect(),
+        stall,
+    };
+    let stub = HttpStub::start(move |_, _| reply.clone()).await;
+    let provider = common::http::bedrock_with(&stub.url, true);
+    let inp = input(json!({"model": "anthropic.claude-test", "prompt": "Summarise."}));
+    let req = ProviderRequest {
+        progress: Some(fenced_jobs::provider::Progress::new(timeout)),
+        ..request(&inp, "{}")
+    };
+    (provider.call(&req).await, stub)
+}
+
+/// Bedrock streams through `ConverseStream` (its event-stream frames): the answer taken whole
+/// once the stream ended after `messageStop`, its usage from the metadata; a stream that ends
+/// before is uncertain, and one that goes silent is hung within the progress timeout.
+#[tokio::test]
+async fn bedrock_converse_streams_are_taken_whole_and_a_stalled_one_is_hung() {
+    let delta = |text: &str| {
+        converse_event(
+            "contentBlockDelta",
+            json!({"contentBlockIndex": 0, "delta": {"text": text}}),
+        )
+    };
+    let start = converse_event("messageStart", json!({"role": "assistant"}));
+    let stop = converse_event("messageStop", json!({"stopReason": "end_turn"}));
+    let meta = converse_event(
+        "metadata",
+        json!({"usage": {"inputTokens": 9, "outputTokens": 2, "totalTokens": 11,
+                         "cacheReadInputTokens": 4}, "metrics": {"latencyMs": 5}}),
+    );
+    let minute = Duration::from_secs(60);
+    let whole = vec![start.clone(), delta("Brief"), delta("."), stop, meta];
+    let (answer, stub) = converse_streamed(whole, Duration::ZERO, false, minute).await;
+    let answer = answer.expect("answer");
+    assert_eq!(output_of(&answer), "Brief.");
+    assert_eq!(answer.finish, Finish::Stop);
+    let usage = answer.usage.expect("usage");
+    assert_eq!((usage.input, usage.output, usage.cache_read), (9, 2, 4));
+    assert_eq!(
+        stub.requests()[0].path,
+        "/model/anthropic.claude-test/converse-stream"
+    );
+
+    let cut = vec![start.clone(), delta("Bri")];
+    let (result, _) = converse_streamed(cut, Duration::ZERO, false, minute).await;
+    assert!(
+        matches!(&result, Err(ProviderError::Uncertain { evidence }) if evidence.contains("ended before")),
+        "{result:?}"
+    );
+
+    let stalled = vec![start, delta("Bri")];
+    let began = std::time::Instant::now();
+    let (result, _) = converse_streamed(
+        stalled,
+        Duration::from_millis(300),
+        true,
+        Duration::from_secs(1),
+    )
+    .await;
+    assert!(
+        matches!(&result, Err(ProviderError::Uncertain { evidence }) if evidence.contains("no bytes for 1 s")),
+        "{result:?}"
+    );
+    let took = began.elapsed();
+    assert!(
+        took >= Duration::from_millis(1_500) && took < Duration::from_secs(5),
+        "{took:?}"
+    );
+}

@@ -350,6 +350,7 @@ fn providers_are_configured_and_keys_never_printed() {
             model_id: Some("anthropic.claude".to_owned()),
             endpoint_url: None,
             guardrail: None,
+            stream: true,
         })
     );
 }

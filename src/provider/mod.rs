@@ -211,7 +211,7 @@ pub(crate) fn base_url(
 }
 
 /// `PROVIDER_STREAMING`: whether chat-style calls stream their answers (`on`, the default).
-#[cfg(feature = "http-api")]
+#[cfg(any(feature = "http-api", feature = "bedrock"))]
 pub(crate) fn streaming(vars: &Vars<'_>) -> Result<bool, ConfigError> {
     vars.choice("PROVIDER_STREAMING", true, &[("on", true), ("off", false)])
 }

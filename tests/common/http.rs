@@ -48,6 +48,13 @@ pub enum Reply {
         parts: Vec<(Duration, String)>,
         stall: bool,
     },
+    /// A binary stream (`content_type`), part by part, each after its pause; then its end, or
+    /// with `stall` the connection held open, silent, for an hour.
+    Bytes {
+        content_type: &'static str,
+        parts: Vec<(Duration, Vec<u8>)>,
+        stall: bool,
+    },
     /// The reply, after a pause.
     Slow(Duration, Box<Reply>),
     /// Read the request, then close the connection without answering.
@@ -244,14 +251,34 @@ async fn write_reply(stream: &mut TcpStream, reply: Reply, request: &Request) ->
     match reply {
         Reply::Drop => false,
         Reply::Events { parts, stall } => {
-            let head = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n";
+            let parts = parts
+                .into_iter()
+                .map(|(p, t)| (p, t.into_bytes()))
+                .collect();
+            let reply = Reply::Bytes {
+                content_type: "text/event-stream",
+                parts,
+                stall,
+            };
+            Box::pin(write_reply(stream, reply, request)).await
+        }
+        Reply::Bytes {
+            content_type,
+            parts,
+            stall,
+        } => {
+            let head = format!(
+                "HTTP/1.1 200 OK\r\ncontent-type: {content_type}\r\ntransfer-encoding: chunked\r\n\r\n"
+            );
             if stream.write_all(head.as_bytes()).await.is_err() {
                 return false;
             }
-            for (pause, text) in parts {
+            for (pause, bytes) in parts {
                 tokio::time::sleep(pause).await;
-                let chunk = format!("{:x}\r\n{text}\r\n", text.len());
-                if stream.write_all(chunk.as_bytes()).await.is_err() {
+                let mut chunk = format!("{:x}\r\n", bytes.len()).into_bytes();
+                chunk.extend_from_slice(&bytes);
+                chunk.extend_from_slice(b"\r\n");
+                if stream.write_all(&chunk).await.is_err() {
                     return false;
                 }
             }
@@ -343,8 +370,13 @@ async fn write_reply(stream: &mut TcpStream, reply: Reply, request: &Request) ->
 }
 
 /// A Bedrock provider whose Converse requests go to `url` (a stub of ours), signed with test
-/// credentials.
+/// credentials; its answers whole.
 pub fn bedrock(url: &str) -> fenced_jobs::provider::bedrock::BedrockProvider {
+    bedrock_with(url, false)
+}
+
+/// [`bedrock`], its answers streamed (`ConverseStream`) when `stream`.
+pub fn bedrock_with(url: &str, stream: bool) -> fenced_jobs::provider::bedrock::BedrockProvider {
     let aws = aws_config::SdkConfig::builder()
         .region(aws_config::Region::new("us-east-1"))
         .credentials_provider(aws_sdk_dynamodb::config::SharedCredentialsProvider::new(
@@ -356,6 +388,7 @@ pub fn bedrock(url: &str) -> fenced_jobs::provider::bedrock::BedrockProvider {
         guardrail: Some(("gr-1".to_owned(), "2".to_owned())),
         model_id: None,
         endpoint_url: Some(url.to_owned()),
+        stream,
     };
     fenced_jobs::provider::bedrock::BedrockProvider::new(&aws, &settings)
 }

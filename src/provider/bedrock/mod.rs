@@ -9,18 +9,20 @@ use std::time::Duration;
 use aws_sdk_bedrockruntime::Client;
 use aws_sdk_bedrockruntime::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_bedrockruntime::types::{
-    CachePointBlock, CachePointType, ContentBlock, ConversationRole, ConverseOutput, DocumentBlock,
-    DocumentFormat, DocumentSource, GuardrailConfiguration, ImageBlock, ImageFormat, ImageSource,
-    InferenceConfiguration, JsonSchemaDefinition, Message, OutputConfig, OutputFormat,
-    OutputFormatStructure, OutputFormatType, S3Location, ServiceTier, ServiceTierType, StopReason,
-    SystemContentBlock,
+    ContentBlockDelta, ConverseOutput, ConverseStreamOutput, GuardrailConfiguration,
+    GuardrailStreamConfiguration, InferenceConfiguration, JsonSchemaDefinition, OutputConfig,
+    OutputFormat, OutputFormatStructure, OutputFormatType, ServiceTier, ServiceTierType,
+    StopReason, TokenUsage,
 };
 use serde_json::{Map, Value, json};
+
+mod content;
 
 use super::{Answer, Provider, ProviderError, ProviderRequest};
 use crate::job::Usage;
 use crate::job::contract::{Contract, Finish};
 use crate::vars::Vars;
+use content::conversation;
 
 /// How to reach Bedrock.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -33,6 +35,9 @@ pub struct BedrockSettings {
     /// `BEDROCK_GUARDRAIL_ID` and `BEDROCK_GUARDRAIL_VERSION`: the guardrail every call goes
     /// through (a deployment's choice, never a job's).
     pub guardrail: Option<(String, String)>,
+    /// `PROVIDER_STREAMING` (`on`, the default, or `off`): answers stream (`ConverseStream`), so
+    /// a long generation survives idle-connection limits and its progress is evidence.
+    pub stream: bool,
 }
 
 impl BedrockSettings {
@@ -67,6 +72,7 @@ impl BedrockSettings {
             model_id: vars.get("BEDROCK_MODEL_ID"),
             endpoint_url,
             guardrail,
+            stream: super::streaming(vars)?,
         })
     }
 }
@@ -76,7 +82,10 @@ impl BedrockSettings {
 pub struct BedrockProvider {
     client: Client,
     model_id: Option<String>,
-    guardrail: Option<GuardrailConfiguration>,
+    /// The guardrail every call goes through (id, version).
+    guardrail: Option<(String, String)>,
+    /// Answers stream (`ConverseStream`).
+    stream: bool,
 }
 
 impl BedrockProvider {
@@ -92,16 +101,11 @@ impl BedrockProvider {
         if let Some(url) = &settings.endpoint_url {
             config = config.endpoint_url(url);
         }
-        let guardrail = settings.guardrail.as_ref().map(|(id, version)| {
-            GuardrailConfiguration::builder()
-                .guardrail_identifier(id)
-                .guardrail_version(version)
-                .build()
-        });
         BedrockProvider {
             client: Client::from_conf(config.build()),
             model_id: settings.model_id.clone(),
-            guardrail,
+            guardrail: settings.guardrail.clone(),
+            stream: settings.stream,
         }
     }
 }
@@ -121,18 +125,51 @@ impl Provider for BedrockProvider {
             conversation(req.input).map_err(|reason| ProviderError::Permanent {
                 reason: reason.to_owned(),
             })?;
+        let system = (!system.is_empty()).then_some(system);
         let parameters = req.input.get("parameters");
+        if self.stream {
+            let sent = self
+                .client
+                .converse_stream()
+                .model_id(model)
+                .set_system(system)
+                .set_messages(Some(messages))
+                .set_inference_config(inference(parameters, req.max_output_tokens))
+                .set_output_config(output_config(req.output))
+                .set_service_tier(service_tier(parameters))
+                .set_additional_model_request_fields(additional_fields(parameters))
+                .set_guardrail_config(self.guardrail.as_ref().map(|(id, version)| {
+                    GuardrailStreamConfiguration::builder()
+                        .guardrail_identifier(id)
+                        .guardrail_version(version)
+                        .build()
+                }))
+                .send()
+                .await
+                .map_err(|e| classify(&e))?;
+            let progress = req
+                .progress
+                .clone()
+                .unwrap_or_else(|| super::Progress::new(super::DEFAULT_PROGRESS_TIMEOUT));
+            let (text, stop, usage) = streamed(sent.stream, progress).await?;
+            return Ok(answer(req, model, text, &stop, usage.as_ref()));
+        }
         let out = self
             .client
             .converse()
             .model_id(model)
-            .set_system((!system.is_empty()).then_some(system))
+            .set_system(system)
             .set_messages(Some(messages))
             .set_inference_config(inference(parameters, req.max_output_tokens))
             .set_output_config(output_config(req.output))
             .set_service_tier(service_tier(parameters))
             .set_additional_model_request_fields(additional_fields(parameters))
-            .set_guardrail_config(self.guardrail.clone())
+            .set_guardrail_config(self.guardrail.as_ref().map(|(id, version)| {
+                GuardrailConfiguration::builder()
+                    .guardrail_identifier(id)
+                    .guardrail_version(version)
+                    .build()
+            }))
             .send()
             .await
             .map_err(|e| classify(&e))?;
@@ -149,36 +186,110 @@ impl Provider for BedrockProvider {
                 });
             }
         };
-        let usage = out.usage().map_or(Value::Null, |u| {
-            json!({
-                "input_tokens": u.input_tokens(),
-                "output_tokens": u.output_tokens(),
-                "cache_read_input_tokens": u.cache_read_input_tokens(),
-                "cache_write_input_tokens": u.cache_write_input_tokens(),
-            })
-        });
-        let body = json!({
-            "contract": req.contract,
-            "model": model,
-            "output": text,
-            "stop_reason": out.stop_reason().as_str(),
-            "usage": usage,
-        });
-        Ok(Answer {
-            body: body.to_string(),
-            provider_ref: None,
-            finish: finish(out.stop_reason()),
-            usage: out.usage().map(|u| {
-                Usage::from_bedrock(
-                    u.input_tokens(),
-                    u.output_tokens(),
-                    u.cache_read_input_tokens().unwrap_or(0),
-                    u.cache_write_input_tokens().unwrap_or(0),
-                )
-            }),
-        })
+        Ok(answer(req, model, text, out.stop_reason(), out.usage()))
     }
 }
+
+/// The answer recorded in the ledger: the same shape for every provider, the cache's tokens in
+/// the usage.
+fn answer(
+    req: &ProviderRequest<'_>,
+    model: &str,
+    text: String,
+    stop: &StopReason,
+    usage: Option<&TokenUsage>,
+) -> Answer {
+    let recorded = usage.map_or(Value::Null, |u| {
+        json!({
+            "input_tokens": u.input_tokens(),
+            "output_tokens": u.output_tokens(),
+            "cache_read_input_tokens": u.cache_read_input_tokens(),
+            "cache_write_input_tokens": u.cache_write_input_tokens(),
+        })
+    });
+    let body = json!({
+        "contract": req.contract,
+        "model": model,
+        "output": text,
+        "stop_reason": stop.as_str(),
+        "usage": recorded,
+    });
+    Answer {
+        body: body.to_string(),
+        provider_ref: None,
+        finish: finish(stop),
+        usage: usage.map(|u| {
+            Usage::from_bedrock(
+                u.input_tokens(),
+                u.output_tokens(),
+                u.cache_read_input_tokens().unwrap_or(0),
+                u.cache_write_input_tokens().unwrap_or(0),
+            )
+        }),
+    }
+}
+
+/// A `ConverseStream` read whole within the progress rule: its text deltas joined, its stop
+/// reason, and the usage of its metadata event, once the stream ended after `messageStop`. No
+/// event for the rule's timeout is a hung call; an error in the stream, or an end before
+/// `messageStop`, is uncertain: the model was running, and a part of an answer is never taken
+/// for one. An answer past 1 MiB could never be stored: permanent.
+async fn streamed(
+    mut stream: aws_sdk_bedrockruntime::primitives::event_stream::EventReceiver<
+        ConverseStreamOutput,
+        aws_sdk_bedrockruntime::types::error::ConverseStreamOutputError,
+    >,
+    progress: super::Progress,
+) -> Result<(String, StopReason, Option<TokenUsage>), ProviderError> {
+    let cut = |what: &str| ProviderError::Uncertain {
+        evidence: format!("{what} after the request was sent; it may have run"),
+    };
+    progress.mark();
+    let (mut text, mut stop, mut usage) = (String::new(), None, None);
+    loop {
+        let wait = progress.timeout();
+        let event = match tokio::time::timeout(wait, stream.recv()).await {
+            Err(_) => {
+                return Err(ProviderError::Uncertain {
+                    evidence: format!(
+                        "no bytes for {} s: the call is hung, cancelled; it may have run",
+                        wait.as_secs()
+                    ),
+                });
+            }
+            Ok(Err(e)) => {
+                let code = e
+                    .as_service_error()
+                    .and_then(|s| s.code())
+                    .unwrap_or("lost");
+                return Err(cut(&format!("stream error {}", code_text(code))));
+            }
+            Ok(Ok(None)) => break,
+            Ok(Ok(Some(event))) => event,
+        };
+        progress.mark();
+        match event {
+            ConverseStreamOutput::ContentBlockDelta(delta) => {
+                if let Some(ContentBlockDelta::Text(more)) = delta.delta() {
+                    if text.len() + more.len() > MAX_ANSWER_BYTES {
+                        return Err(ProviderError::Permanent {
+                            reason: format!("answer larger than {MAX_ANSWER_BYTES} bytes"),
+                        });
+                    }
+                    text.push_str(more);
+                }
+            }
+            ConverseStreamOutput::MessageStop(end) => stop = Some(end.stop_reason().clone()),
+            ConverseStreamOutput::Metadata(meta) => usage = meta.usage().cloned(),
+            _ => {}
+        }
+    }
+    let stop = stop.ok_or_else(|| cut("the stream ended before the answer did"))?;
+    Ok((text, stop, usage))
+}
+
+/// The most of an answer a stream is read for: one larger could not be stored.
+const MAX_ANSWER_BYTES: usize = 1_048_576;
 
 /// The contract's JSON Schema as Converse structured output (`outputConfig.textFormat`); none
 /// for a text contract or one without a schema (its answer is still parsed and judged).
@@ -248,186 +359,6 @@ fn document(value: &Value) -> aws_smithy_types::Document {
                 .collect(),
         ),
     }
-}
-
-/// One content part as Converse blocks: text (`text`, `input_text`, `output_text`); an image
-/// (`image_url` as a `data:` URL, or an `s3://` one; Anthropic's base64 `image`); a document
-/// (Anthropic's `document`, base64 or plain text); each followed by a `cachePoint` when the part
-/// carries `cache_control`.
-fn blocks(part: &Value, index: usize) -> Result<Vec<ContentBlock>, &'static str> {
-    let block = match part.get("type").and_then(Value::as_str) {
-        Some("text" | "input_text" | "output_text") => match part.get("text") {
-            Some(Value::String(t)) => ContentBlock::Text(t.clone()),
-            _ => return Err("text part without text"),
-        },
-        Some("image_url") => {
-            let url = part
-                .pointer("/image_url/url")
-                .or_else(|| part.get("image_url"))
-                .and_then(Value::as_str)
-                .ok_or("image part without a URL")?;
-            ContentBlock::Image(image_from_url(url)?)
-        }
-        Some("image") => {
-            let source = part.get("source").ok_or("image part without a source")?;
-            let media = source
-                .get("media_type")
-                .and_then(Value::as_str)
-                .unwrap_or("");
-            let data = source.get("data").and_then(Value::as_str).unwrap_or("");
-            ContentBlock::Image(image_block(media, data)?)
-        }
-        Some("document") => ContentBlock::Document(document_block(part, index)?),
-        _ => return Err("a content part this provider does not take"),
-    };
-    let mut out = vec![block];
-    if part.get("cache_control").is_some() {
-        out.push(ContentBlock::CachePoint(cache_point()?));
-    }
-    Ok(out)
-}
-
-fn cache_point() -> Result<CachePointBlock, &'static str> {
-    CachePointBlock::builder()
-        .r#type(CachePointType::Default)
-        .build()
-        .map_err(|_| "cache point could not be built")
-}
-
-/// An image from a `data:<media type>;base64,<data>` or `s3://bucket/key` URL.
-fn image_from_url(url: &str) -> Result<ImageBlock, &'static str> {
-    if let Some(uri) = url.strip_prefix("s3://").map(|_| url) {
-        let format = url.rsplit('.').next().unwrap_or("");
-        let location = S3Location::builder()
-            .uri(uri)
-            .build()
-            .map_err(|_| "image location could not be built")?;
-        return ImageBlock::builder()
-            .format(ImageFormat::from(
-                format.to_ascii_lowercase().replace("jpg", "jpeg").as_str(),
-            ))
-            .source(ImageSource::S3Location(location))
-            .build()
-            .map_err(|_| "image could not be built");
-    }
-    let data = url
-        .strip_prefix("data:")
-        .ok_or("an image URL must be a data: or s3:// URL for this provider")?;
-    let (media, data) = data
-        .split_once(";base64,")
-        .ok_or("an image data URL must be base64")?;
-    image_block(media, data)
-}
-
-/// An image from its media type (`image/png`) and base64 data.
-fn image_block(media: &str, data: &str) -> Result<ImageBlock, &'static str> {
-    let format = media
-        .strip_prefix("image/")
-        .ok_or("an image needs an image/ media type")?;
-    let bytes = aws_smithy_types::base64::decode(data).map_err(|_| "image data is not base64")?;
-    ImageBlock::builder()
-        .format(ImageFormat::from(format))
-        .source(ImageSource::Bytes(bytes.into()))
-        .build()
-        .map_err(|_| "image could not be built")
-}
-
-/// A document part in Anthropic's form (`source`: base64 `data` with its `media_type`, or
-/// `text`), named by its `title` (Converse requires a name).
-fn document_block(part: &Value, index: usize) -> Result<DocumentBlock, &'static str> {
-    let source = part.get("source").ok_or("document part without a source")?;
-    let media = source
-        .get("media_type")
-        .and_then(Value::as_str)
-        .unwrap_or("");
-    let data = source.get("data").and_then(Value::as_str).unwrap_or("");
-    let (format, source) = match source.get("type").and_then(Value::as_str) {
-        Some("text") => (DocumentFormat::Txt, DocumentSource::Text(data.to_owned())),
-        Some("base64") => {
-            let format = match media {
-                "application/pdf" => DocumentFormat::Pdf,
-                "text/csv" => DocumentFormat::Csv,
-                "text/html" => DocumentFormat::Html,
-                "text/markdown" => DocumentFormat::Md,
-                "text/plain" => DocumentFormat::Txt,
-                _ => return Err("a document media type this provider does not take"),
-            };
-            let bytes = aws_smithy_types::base64::decode(data)
-                .map_err(|_| "document data is not base64")?;
-            (format, DocumentSource::Bytes(bytes.into()))
-        }
-        _ => return Err("a document source this provider does not take"),
-    };
-    let name = part
-        .get("title")
-        .and_then(Value::as_str)
-        .map_or_else(|| format!("document-{index}"), str::to_owned);
-    DocumentBlock::builder()
-        .format(format)
-        .name(name)
-        .source(source)
-        .build()
-        .map_err(|_| "document could not be built")
-}
-
-/// The job's conversation as Converse system blocks and messages. System messages become
-/// system blocks; content parts become Converse blocks ([`blocks`]), with a `cachePoint` after
-/// each part that carries `cache_control`.
-fn conversation(
-    input: &Map<String, Value>,
-) -> Result<(Vec<SystemContentBlock>, Vec<Message>), &'static str> {
-    let user = |text: &str| {
-        Message::builder()
-            .role(ConversationRole::User)
-            .content(ContentBlock::Text(text.to_owned()))
-            .build()
-            .map_err(|_| "message could not be built")
-    };
-    if let Some(Value::String(prompt)) = input.get("prompt") {
-        return Ok((Vec::new(), vec![user(prompt)?]));
-    }
-    let Some(Value::Array(entries)) = input.get("messages") else {
-        return Err("no prompt or messages");
-    };
-    let mut system = Vec::new();
-    let mut messages = Vec::new();
-    let mut parts_seen = 0;
-    for entry in entries {
-        let content: Vec<ContentBlock> = match entry.get("content") {
-            Some(Value::String(s)) => vec![ContentBlock::Text(s.clone())],
-            Some(Value::Array(parts)) => {
-                let mut content = Vec::new();
-                for part in parts {
-                    parts_seen += 1;
-                    content.extend(blocks(part, parts_seen)?);
-                }
-                content
-            }
-            _ => return Err("message without content"),
-        };
-        let role = match entry.get("role").and_then(Value::as_str) {
-            Some("system" | "developer") => {
-                for block in content {
-                    system.push(match block {
-                        ContentBlock::Text(t) => SystemContentBlock::Text(t),
-                        ContentBlock::CachePoint(c) => SystemContentBlock::CachePoint(c),
-                        _ => return Err("a system message takes text only"),
-                    });
-                }
-                continue;
-            }
-            Some("user") => ConversationRole::User,
-            Some("assistant") => ConversationRole::Assistant,
-            _ => return Err("message role must be system, user or assistant"),
-        };
-        let message = Message::builder()
-            .role(role)
-            .set_content(Some(content))
-            .build()
-            .map_err(|_| "message could not be built")?;
-        messages.push(message);
-    }
-    Ok((system, messages))
 }
 
 /// Inference parameters from the job's `parameters` (both OpenAI and Bedrock spellings), the
@@ -549,6 +480,7 @@ fn refused_connection(e: &aws_smithy_runtime_api::client::result::ConnectorError
 #[cfg(test)]
 mod tests {
     use super::*;
+    use aws_sdk_bedrockruntime::types::ConversationRole;
 
     #[test]
     fn error_codes_are_never_permanent_unless_the_request_is_wrong() {
