@@ -1054,10 +1054,11 @@ async fn streamed_message(reply: Reply, timeout: Duration) -> Result<Answer, Pro
         ..request(&inp, "{}")
     };
     let answer = provider.call(&req).await;
+    let sent = stub.requests()[0].json();
+    assert_eq!(sent["stream"], true, "the answer streams");
     assert_eq!(
-        stub.requests()[0].json()["stream"],
-        true,
-        "the answer streams"
+        sent["max_tokens"], 4096,
+        "neither the job nor the deployment sets a ceiling: the default"
     );
     answer
 }
@@ -1109,6 +1110,19 @@ async fn anthropic_streams_are_taken_whole_and_a_stalled_one_is_hung() {
     let result = streamed_message(failed, minute).await;
     assert!(
         matches!(&result, Err(ProviderError::Uncertain { evidence }) if evidence.contains("overloaded_error")),
+        "{result:?}"
+    );
+
+    // A delta for a block that never started: a part of the answer would be lost.
+    let mut events = message_events(true);
+    events.remove(1);
+    let orphan = Reply::Events {
+        parts: sse(&events, Duration::ZERO),
+        stall: false,
+    };
+    let result = streamed_message(orphan, minute).await;
+    assert!(
+        matches!(&result, Err(ProviderError::Uncertain { evidence }) if evidence.contains("never started")),
         "{result:?}"
     );
 

@@ -379,6 +379,8 @@ fn providers_are_listed_in_order_each_with_its_models() {
     for (list, name) in [
         ("openai,openai", "PROVIDER"),
         ("openai,mistral", "PROVIDER"),
+        // An empty entry is no provider (it must not read as the simulated one).
+        (",openai", "PROVIDER"),
     ] {
         let err = config(&[
             ("JOBS_TABLE", "t"),

@@ -243,7 +243,7 @@ impl Provider for AnthropicProvider {
             return self.answer(req, &json);
         }
         let response = self.key.stream(build, classify).await?;
-        let message = match Streamed::of(response, req.progress.clone(), classify).await? {
+        let message = match Streamed::of(response, req.progress_rule(), classify).await? {
             Streamed::Events(events) => streamed_message(events).await?,
             Streamed::Whole(json) => json,
         };

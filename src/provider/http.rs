@@ -136,7 +136,7 @@ impl Streamed {
     /// `response` (a success), read as events when it says it streams them.
     pub(crate) async fn of(
         response: reqwest::Response,
-        progress: Option<super::Progress>,
+        progress: super::Progress,
         classify: Classify,
     ) -> Result<Streamed, ProviderError> {
         let events = response
@@ -147,8 +147,6 @@ impl Streamed {
         if !events {
             return Ok(Streamed::Whole(read(Ok(response), classify).await?.2));
         }
-        let progress =
-            progress.unwrap_or_else(|| super::Progress::new(super::DEFAULT_PROGRESS_TIMEOUT));
         Ok(Streamed::Events(Events::new(response, progress)))
     }
 }

@@ -254,6 +254,16 @@ pub struct ProviderRequest<'a> {
     pub progress: Option<Progress>,
 }
 
+impl ProviderRequest<'_> {
+    /// The progress rule a streamed call keeps to: the caller's, else one of
+    /// [`DEFAULT_PROGRESS_TIMEOUT`].
+    pub(crate) fn progress_rule(&self) -> Progress {
+        self.progress
+            .clone()
+            .unwrap_or_else(|| Progress::new(DEFAULT_PROGRESS_TIMEOUT))
+    }
+}
+
 /// A provider's answer.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Answer {

@@ -127,52 +127,35 @@ impl Provider for BedrockProvider {
             })?;
         let system = (!system.is_empty()).then_some(system);
         let parameters = req.input.get("parameters");
+        // The same request to `Converse` and `ConverseStream`, whose builders are two types;
+        // only the guardrail's configuration type differs.
+        macro_rules! request {
+            ($builder:expr, $guardrail:ident) => {
+                $builder
+                    .model_id(model)
+                    .set_system(system)
+                    .set_messages(Some(messages))
+                    .set_inference_config(inference(parameters, req.max_output_tokens))
+                    .set_output_config(output_config(req.output))
+                    .set_service_tier(service_tier(parameters))
+                    .set_additional_model_request_fields(additional_fields(parameters))
+                    .set_guardrail_config(self.guardrail.as_ref().map(|(id, version)| {
+                        $guardrail::builder()
+                            .guardrail_identifier(id)
+                            .guardrail_version(version)
+                            .build()
+                    }))
+                    .send()
+                    .await
+                    .map_err(|e| classify(&e))?
+            };
+        }
         if self.stream {
-            let sent = self
-                .client
-                .converse_stream()
-                .model_id(model)
-                .set_system(system)
-                .set_messages(Some(messages))
-                .set_inference_config(inference(parameters, req.max_output_tokens))
-                .set_output_config(output_config(req.output))
-                .set_service_tier(service_tier(parameters))
-                .set_additional_model_request_fields(additional_fields(parameters))
-                .set_guardrail_config(self.guardrail.as_ref().map(|(id, version)| {
-                    GuardrailStreamConfiguration::builder()
-                        .guardrail_identifier(id)
-                        .guardrail_version(version)
-                        .build()
-                }))
-                .send()
-                .await
-                .map_err(|e| classify(&e))?;
-            let progress = req
-                .progress
-                .clone()
-                .unwrap_or_else(|| super::Progress::new(super::DEFAULT_PROGRESS_TIMEOUT));
-            let (text, stop, usage) = streamed(sent.stream, progress).await?;
+            let sent = request!(self.client.converse_stream(), GuardrailStreamConfiguration);
+            let (text, stop, usage) = streamed(sent.stream, req.progress_rule()).await?;
             return Ok(answer(req, model, text, &stop, usage.as_ref()));
         }
-        let out = self
-            .client
-            .converse()
-            .model_id(model)
-            .set_system(system)
-            .set_messages(Some(messages))
-            .set_inference_config(inference(parameters, req.max_output_tokens))
-            .set_output_config(output_config(req.output))
-            .set_service_tier(service_tier(parameters))
-            .set_additional_model_request_fields(additional_fields(parameters))
-            .set_guardrail_config(self.guardrail.as_ref().map(|(id, version)| {
-                GuardrailConfiguration::builder()
-                    .guardrail_identifier(id)
-                    .guardrail_version(version)
-                    .build()
-            }))
-            .send()
-            .await
-            .map_err(|e| classify(&e))?;
+        let out = request!(self.client.converse(), GuardrailConfiguration);
         let text: String = match out.output() {
             Some(ConverseOutput::Message(message)) => message
                 .content()

@@ -28,7 +28,7 @@ impl OpenAiProvider {
                 with_key(self.post("/chat/completions", req).json(&body), key)
             };
             let response = self.key.stream(build, classify).await?;
-            match Streamed::of(response, req.progress.clone(), classify).await? {
+            match Streamed::of(response, req.progress_rule(), classify).await? {
                 Streamed::Events(events) => streamed_chat(events).await?,
                 Streamed::Whole(json) => json,
             }

@@ -373,7 +373,10 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
                     }
                 }
                 Step::Write(op) => {
-                    match self.write(msg, &job, &op, owner_id, view.as_ref()).await {
+                    match self
+                        .write(msg, &job, &op, (owner_id, routed), view.as_ref())
+                        .await
+                    {
                         Ok(Write::Applied(record)) => {
                             let applied = machine.applied(&record);
                             return self

@@ -17,18 +17,20 @@ struct Claim<'a> {
     owner_id: &'a str,
     /// Nothing read yet and nothing says the item exists: the write creates it.
     first_sight: bool,
-    /// The item last seen: which provider's attempt came last.
-    view: Option<&'a JobRecord>,
+    /// The provider (its index in the list) the admission took capacity and spend for: the
+    /// attempt goes there.
+    route: usize,
 }
 
 impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
-    /// One write before the call, as the admission asked for it; `view` is the item last seen.
+    /// One write before the call, as the admission asked for it; `view` is the item last seen,
+    /// `route` the provider the admission chose for a claim.
     pub(super) async fn write(
         &self,
         msg: &JobMessage,
         job: &NewJob,
         op: &Op,
-        owner_id: &str,
+        (owner_id, route): (&str, usize),
         view: Option<&JobRecord>,
     ) -> Result<Write, (LedgerError, bool)> {
         let now = self.clock.now_ms();
@@ -53,7 +55,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
                     expect,
                     owner_id,
                     first_sight,
-                    view,
+                    route,
                 };
                 self.claim(msg, claim).await
             }
@@ -107,7 +109,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
             expect,
             owner_id,
             first_sight,
-            view,
+            route,
         } = claim;
         if first_sight
             && msg.delivered_before
@@ -117,7 +119,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
             return Ok(Write::Refused(Some(item)));
         }
         let now = self.clock.now_ms();
-        let link = &self.links[self.next_link(view, msg)];
+        let link = &self.links[route];
         let route = Route {
             provider: link.provider.name().to_owned(),
             model: link
