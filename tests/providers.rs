@@ -1381,3 +1381,150 @@ async fn bedrock_converse_streams_are_taken_whole_and_a_stalled_one_is_hung() {
         "{took:?}"
     );
 }
+
+/// The uploaded JSONL of a `POST /v1/files`: the multipart part after its headers.
+fn uploaded_jsonl(body: &str) -> String {
+    let start = body.find("application/jsonl\r\n\r\n").expect("file part") + 21;
+    let end = body[start..]
+        .find("\r\n--batch-")
+        .expect("closing boundary")
+        + start;
+    body[start..end].to_owned()
+}
+
+/// An OpenAI Batch API server: one batch over one uploaded file, validating, then in
+/// progress, finalizing, and completed with an output file (a success and a refused line) and
+/// an error file (an expired line).
+async fn openai_batch_server(lines: [String; 4]) -> HttpStub {
+    let [ok, refused, expired, _never] = lines;
+    HttpStub::start(move |req, before| {
+        let looks = before
+            .iter()
+            .filter(|r| r.method == "GET" && r.path == "/v1/batches/batch_1")
+            .count();
+        let uploaded = || {
+            before
+                .iter()
+                .find(|r| r.path == "/v1/files")
+                .map(|r| uploaded_jsonl(&r.body))
+                .unwrap_or_default()
+        };
+        match (req.method.as_str(), req.path.as_str()) {
+            ("POST", "/v1/files") => Reply::json(200, json!({"id": "file-in1", "purpose": "batch"})),
+            ("POST", "/v1/batches") => Reply::json(200, json!({"id": "batch_1", "status": "validating"})),
+            ("GET", "/v1/batches/batch_1") => {
+                let status = ["validating", "in_progress", "finalizing"]
+                    .get(looks)
+                    .copied()
+                    .unwrap_or("completed");
+                Reply::json(200, json!({"id": "batch_1", "status": status, "input_file_id": "file-in1",
+                    "output_file_id": "file-out1", "error_file_id": "file-err1",
+                    "created_at": 1_700_000_000, "metadata": {"source": "fenced-jobs"}}))
+            }
+            ("GET", "/v1/batches?limit=100") => Reply::json(200, json!({"data": [
+                {"id": "batch_1", "created_at": 4_000_000_000_i64, "metadata": {"source": "fenced-jobs"}},
+                {"id": "batch_other", "created_at": 4_000_000_000_i64, "metadata": {"source": "someone-else"}}
+            ], "has_more": false, "last_id": "batch_other"})),
+            ("GET", "/v1/files/file-in1/content") => Reply::Json { status: 200, headers: vec![], body: uploaded() },
+            ("GET", "/v1/files/file-out1/content") => {
+                let answered = json!({"id": "batch_req_1", "custom_id": ok, "response": {"status_code": 200,
+                    "body": chat_answer("Batched answer.")}, "error": null});
+                let refused = json!({"id": "batch_req_2", "custom_id": refused, "response": {"status_code": 400,
+                    "body": {"error": {"code": "invalid_value", "message": "no"}}}, "error": null});
+                Reply::Json { status: 200, headers: vec![], body: format!("{answered}\n{refused}\n") }
+            }
+            ("GET", "/v1/files/file-err1/content") => {
+                let line = json!({"id": "batch_req_3", "custom_id": expired, "response": null,
+                    "error": {"code": "batch_expired", "message": "not run"}});
+                Reply::Json { status: 200, headers: vec![], body: format!("{line}\n") }
+            }
+            _ => Reply::json(404, json!({"error": {"code": "not_found"}})),
+        }
+    })
+    .await
+}
+
+#[tokio::test]
+async fn openai_batches_are_uploaded_created_followed_and_read_line_by_line() {
+    use fenced_jobs::provider::batch::{batch_ref, line_id, pending_ref};
+    let ids = [1, 2, 3, 4].map(|a| line_id("job-7", a, 9));
+    let stub = openai_batch_server(ids.clone()).await;
+    let provider = openai(&stub.url, OpenAiApi::Responses);
+    assert!(provider.batches());
+    let inp = input(json!({"model": "gpt-test", "prompt": "Summarise.", "deferrable": true}));
+    let req = request(&inp, "{}");
+    let lines: Vec<_> = ids
+        .iter()
+        .map(|id| provider.batch_line(&req, id).expect("line"))
+        .collect();
+    assert_eq!(
+        provider.submit_batch(&lines).await.as_deref(),
+        Ok("batch_1")
+    );
+    let sent = stub.requests();
+    let jsonl = uploaded_jsonl(&sent[0].body);
+    assert!(sent[0].body.contains("name=\"purpose\"\r\n\r\nbatch\r\n"));
+    let first: Value = serde_json::from_str(jsonl.lines().next().expect("line")).expect("json");
+    assert_eq!(first["custom_id"], ids[0].as_str());
+    assert_eq!(first["url"], "/v1/chat/completions");
+    assert_eq!(first["body"]["messages"][0]["content"], "Summarise.");
+    assert!(first["body"].get("deferrable").is_none());
+    assert_eq!(jsonl.lines().count(), 4);
+    let create = sent[1].json();
+    assert_eq!(create["input_file_id"], "file-in1");
+    assert_eq!(create["completion_window"], "24h");
+    assert_eq!(create["endpoint"], "/v1/chat/completions");
+
+    // Validating: running (and taken as running for a minute by this environment).
+    let a = batch_ref("batch_1", &ids[0]);
+    assert_eq!(provider.retrieve(&a, 0, &req).await, Retrieval::Running);
+    assert_eq!(provider.retrieve(&a, 0, &req).await, Retrieval::Running);
+    assert_eq!(stub.count("GET", "/v1/batches/batch_1"), 1);
+    // Another environment, later: in progress, finalizing, then completed.
+    for _ in 0..2 {
+        let later = openai(&stub.url, OpenAiApi::Responses);
+        assert_eq!(later.retrieve(&a, 0, &req).await, Retrieval::Running);
+    }
+    let later = openai(&stub.url, OpenAiApi::Responses);
+    let Retrieval::Completed(answer) = later.retrieve(&a, 0, &req).await else {
+        panic!("the first line answered");
+    };
+    assert_eq!(output_of(&answer), "Batched answer.");
+    // The other lines from the results read once.
+    let reads = stub.count("GET", "/v1/files/file-out1/content");
+    assert!(matches!(
+        later
+            .retrieve(&batch_ref("batch_1", &ids[1]), 0, &req)
+            .await,
+        Retrieval::Failed(ProviderError::Permanent { .. })
+    ));
+    assert!(matches!(
+        later.retrieve(&batch_ref("batch_1", &ids[2]), 0, &req).await,
+        Retrieval::Failed(ProviderError::Transient { ref reason, .. }) if reason.contains("batch_expired")
+    ));
+    assert!(matches!(
+        later.retrieve(&batch_ref("batch_1", &ids[3]), 0, &req).await,
+        Retrieval::Failed(ProviderError::Transient { ref reason, .. }) if reason.contains("before running the line")
+    ));
+    assert_eq!(stub.count("GET", "/v1/files/file-out1/content"), reads);
+
+    // A line whose batch id was never recorded is found by listing (ours only), then read.
+    let fresh = openai(&stub.url, OpenAiApi::Responses);
+    let pending = pending_ref(&ids[0]);
+    assert!(matches!(
+        fresh.retrieve(&pending, 4_000_000_000_000, &req).await,
+        Retrieval::Completed(_)
+    ));
+    assert_eq!(stub.count("GET", "/v1/batches/batch_other"), 0);
+    // A line no batch holds was never submitted: the provider does not know it.
+    let never = pending_ref(&line_id("job-7", 5, 9));
+    assert_eq!(
+        fresh.retrieve(&never, 4_000_000_000_000, &req).await,
+        Retrieval::NotFound
+    );
+    assert_eq!(
+        stub.count("POST", "/v1/batches"),
+        1,
+        "nothing was submitted again"
+    );
+}

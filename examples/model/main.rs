@@ -5,7 +5,7 @@
 //! `cargo run --release --example model -- [--small | --test | --background | --resend | --world |
 //! --full-world] [--queue] [--threads N] [--no-mutations]
 //! [--workers N] [--deliveries N] [--deadline N] [--budget N] [--lease N] [--faults N]
-//! [--upstreams blind,keyed,background] [--never-replay] [--[no-]pacing] [--[no-]short]
+//! [--upstreams blind,keyed,background,batch] [--never-replay] [--[no-]pacing] [--[no-]short]
 //! [--[no-]silent] [--[no-]followers] [--[no-]invalid] [--mutation NAME]`; with `--queue`, the
 //! message on its queue alone: `[--test] [--max-receives N] [--slow N] [--crashes N]`
 
@@ -56,7 +56,8 @@ fn main() {
                 "blind" => Upstream::Blind,
                 "keyed" => Upstream::Keyed,
                 "background" => Upstream::Background,
-                other => panic!("no upstream {other:?}: blind, keyed or background"),
+                "batch" => Upstream::Batch,
+                other => panic!("no upstream {other:?}: blind, keyed, background or batch"),
             })
             .collect();
     }

@@ -26,6 +26,7 @@ use fenced_jobs::ledger::{
     AttemptEnd, ClaimRequest, CreateRequest, DecideRequest, EndRequest, OperatorAction,
     RecordRefRequest, RecoverRequest, RenewRequest, SettleFrom, SettleRequest, Write,
 };
+use fenced_jobs::provider::batch;
 use fenced_jobs::provider::openai::classify_status;
 use fenced_jobs::provider::{Answer, ProviderError, Retrieval};
 use fenced_jobs::worker::ReplayPolicy;
@@ -101,7 +102,12 @@ impl Bounds {
             max_attempts: 2,
             max_epoch: 4,
             finish_tries: 2,
-            upstreams: vec![Upstream::Blind, Upstream::Keyed, Upstream::Background],
+            upstreams: vec![
+                Upstream::Blind,
+                Upstream::Keyed,
+                Upstream::Background,
+                Upstream::Batch,
+            ],
             replay: vec![ReplayPolicy::Never, ReplayPolicy::Replay],
             faults: 1,
             followers: true,
@@ -137,7 +143,7 @@ impl Bounds {
     /// batch (the model-check bound has all of them together).
     pub fn background() -> Bounds {
         Bounds {
-            upstreams: vec![Upstream::Background],
+            upstreams: vec![Upstream::Background, Upstream::Batch],
             faults: 0,
             followers: true,
             ..Bounds::test()
@@ -628,6 +634,10 @@ pub enum Upstream {
     /// The provider may run a call in the background under a reference it assigns after the
     /// submit (the OpenAI Responses API's background mode): the owner records it, then polls.
     Background,
+    /// The provider's batch interface (a deferrable job): the claim records the line's pending
+    /// reference, the submit says the batch that holds it, and the owner records that and
+    /// hands the job over while the batch runs; a later delivery reads the line.
+    Batch,
 }
 
 impl State {
@@ -657,6 +667,17 @@ pub enum Waits {
 /// background provider assigns (the model's provider names its calls as the client does).
 fn call_ref(attempt: u32, epoch: u64) -> String {
     format!("{JOB}/{attempt}@{epoch}")
+}
+
+/// The batch reference of the call of `attempt` at `epoch`: pending (as the claim records it),
+/// or in the batch the submit named.
+fn line_ref(attempt: u32, epoch: u64, pending: bool) -> String {
+    let line = batch::line_id(JOB, attempt, epoch);
+    if pending {
+        batch::pending_ref(&line)
+    } else {
+        batch::batch_ref("batch_1", &line)
+    }
 }
 
 /// A fault on a ledger request.
@@ -1347,8 +1368,13 @@ impl Protocol {
                     owner_id: owner.clone(),
                     now,
                     lease_until: now + self.bounds.lease,
-                    provider_ref: (next.upstream == Upstream::Keyed)
-                        .then(|| call_ref(expect.attempts + 1, expect.epoch + 1)),
+                    provider_ref: match next.upstream {
+                        Upstream::Keyed => Some(call_ref(expect.attempts + 1, expect.epoch + 1)),
+                        Upstream::Batch => {
+                            Some(line_ref(expect.attempts + 1, expect.epoch + 1, true))
+                        }
+                        _ => None,
+                    },
                     first_sight,
                 };
                 let _ = write!(note, "claims expecting epoch {}", expect.epoch);
@@ -1825,6 +1851,9 @@ impl Protocol {
                     Said::Failed(ProviderError::InvalidOutput(refused()))
                 }
                 Word::PastDeadline | Word::CutOff => Said::TimedOut,
+                Word::Started if next.upstream == Upstream::Batch => {
+                    Said::Started(line_ref(claimed.attempts, claimed.owner_epoch, false))
+                }
                 Word::Started => Said::Started(call_ref(claimed.attempts, claimed.owner_epoch)),
                 // A bare 429, as a retrying gateway answers after forwarding, through the provider
                 // client's own classification: it proves nothing about the work.
@@ -1871,6 +1900,7 @@ impl Protocol {
             tries: u32::from(self.bounds.finish_tries),
             // Any interleaving may fall in a pause: the world's choice, not a time.
             first_pause_ms: 0,
+            batch_poll_ms: self.bounds.lease,
         };
         let now = self.now(next, worker);
         let (machine, step) = Ending::start(facts, *owner, waited, now);
@@ -2243,6 +2273,7 @@ impl Protocol {
                 Upstream::Blind => "not retrievable",
                 Upstream::Keyed => "retrievable by the client's key",
                 Upstream::Background => "running calls in the background",
+                Upstream::Batch => "answering through a batch",
             },
             first.replay,
             first.workers.iter().map(|w| w.offset).collect::<Vec<_>>(),
@@ -2403,8 +2434,15 @@ fn spent_by_calls(r: &JobRecord, calls: &[Call]) -> bool {
 fn references_name_calls(s: &State, r: &JobRecord) -> bool {
     r.attempt_log.iter().all(|a| {
         a.provider_ref.as_ref().is_none_or(|reference| {
-            *reference == call_ref(a.number, a.epoch)
-                && (s.upstream == Upstream::Keyed
+            let named = match s.upstream {
+                Upstream::Batch => {
+                    *reference == line_ref(a.number, a.epoch, true)
+                        || *reference == line_ref(a.number, a.epoch, false)
+                }
+                _ => *reference == call_ref(a.number, a.epoch),
+            };
+            named
+                && (matches!(s.upstream, Upstream::Keyed | Upstream::Batch)
                     || s.calls
                         .iter()
                         .any(|c| c.attempt == a.number && c.epoch == a.epoch))
@@ -2561,7 +2599,8 @@ impl Model for Protocol {
                         Waits::Word => {
                             // A background provider answers through a retrieval, never the
                             // submit; the others never start a call in the background.
-                            let background = state.upstream == Upstream::Background;
+                            let background =
+                                matches!(state.upstream, Upstream::Background | Upstream::Batch);
                             let invalid = self.bounds.invalid_answers.then_some(Word::Invalid);
                             for word in [
                                 Word::Answer,
@@ -2779,6 +2818,15 @@ impl Model for Protocol {
                         && s.item
                             .as_ref()
                             .is_some_and(|r| r.state == JobState::Succeeded)
+                },
+            ),
+            Property::sometimes(
+                "a line of a batch is handed over, and a later delivery accepts its answer",
+                |_, s: &State| {
+                    s.upstream == Upstream::Batch
+                        && s.item.as_ref().is_some_and(|r| {
+                            r.state == JobState::Succeeded && !r.recoveries.is_empty()
+                        })
                 },
             ),
             Property::sometimes("an answer is accepted", |_, s: &State| {

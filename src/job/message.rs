@@ -432,6 +432,9 @@ fn validate_input(input: &Map<String, Value>) -> Result<(), InvalidMessage> {
     if !matches!(input.get("parameters"), None | Some(Value::Object(_))) {
         return Err(wrong_type("input.parameters", "an object"));
     }
+    if !matches!(input.get("deferrable"), None | Some(Value::Bool(_))) {
+        return Err(wrong_type("input.deferrable", "true or false"));
+    }
     Ok(())
 }
 

@@ -336,6 +336,47 @@ pub(crate) async fn read(
     Ok((status, headers, json))
 }
 
+/// The largest batch file (results or input) read into memory: a batch is gathered from one
+/// invocation's records, so its files stay far below this.
+pub(crate) const MAX_BATCH_FILE_BYTES: usize = 256 * MAX_RESPONSE_BYTES;
+
+/// A batch file's text, read whole (at most [`MAX_BATCH_FILE_BYTES`]): `None` if it could not
+/// be read now (any error status, a transport failure, a file too large).
+pub(crate) async fn read_file(request: RequestBuilder) -> Option<String> {
+    let mut response = match request.send().await {
+        Ok(r) if r.status().is_success() => r,
+        Ok(r) => {
+            tracing::warn!(status = %r.status(), "batch file not read");
+            return None;
+        }
+        Err(e) => {
+            tracing::warn!(error = %transport_kind(&e), "batch file not read");
+            return None;
+        }
+    };
+    let mut bytes = Vec::new();
+    while let Ok(Some(chunk)) = response.chunk().await {
+        if bytes.len() + chunk.len() > MAX_BATCH_FILE_BYTES {
+            tracing::warn!("batch file larger than {MAX_BATCH_FILE_BYTES} bytes; not read");
+            return None;
+        }
+        bytes.extend_from_slice(&chunk);
+    }
+    String::from_utf8(bytes).ok()
+}
+
+/// The lines of a JSONL batch file, by their `custom_id`.
+pub(crate) fn lines_by_id(text: &str, into: &mut std::collections::HashMap<String, String>) {
+    for line in text.lines().filter(|l| !l.trim().is_empty()) {
+        let id = serde_json::from_str::<Value>(line)
+            .ok()
+            .and_then(|v| v.get("custom_id")?.as_str().map(str::to_owned));
+        if let Some(id) = id {
+            into.insert(id, line.to_owned());
+        }
+    }
+}
+
 /// A request that never produced a response.
 pub(crate) fn transport_error(e: &reqwest::Error) -> ProviderError {
     if e.is_connect() {

@@ -2,6 +2,7 @@
 
 #[cfg(feature = "anthropic")]
 pub mod anthropic;
+pub mod batch;
 #[cfg(feature = "bedrock")]
 pub mod bedrock;
 #[cfg(feature = "http-api")]
@@ -20,6 +21,7 @@ use serde_json::{Map, Value};
 
 #[cfg(feature = "anthropic")]
 pub use anthropic::AnthropicProvider;
+pub use batch::BatchLine;
 #[cfg(feature = "bedrock")]
 pub use bedrock::BedrockProvider;
 pub use models::ModelMap;
@@ -474,6 +476,37 @@ pub trait Provider: Send + Sync {
         false
     }
 
+    /// Whether deferrable jobs go through this provider's batch interface (half the price,
+    /// answered within a day): their lines are gathered, submitted as one batch, and asked
+    /// about by [`Provider::retrieve`] under their [`batch`] references.
+    fn batches(&self) -> bool {
+        false
+    }
+
+    /// `req` as the line `line` of a batch.
+    fn batch_line(
+        &self,
+        _req: &ProviderRequest<'_>,
+        _line: &str,
+    ) -> Result<BatchLine, ProviderError> {
+        Err(ProviderError::Permanent {
+            reason: "this provider has no batch interface".to_owned(),
+        })
+    }
+
+    /// Creates one batch of `lines`, and says its id. An error that may hide a created batch
+    /// is [`ProviderError::Uncertain`]: its lines are then found again by listing.
+    fn submit_batch(
+        &self,
+        _lines: &[BatchLine],
+    ) -> impl Future<Output = Result<String, ProviderError>> + Send {
+        async {
+            Err(ProviderError::Permanent {
+                reason: "this provider has no batch interface".to_owned(),
+            })
+        }
+    }
+
     /// Asks about an earlier attempt by its reference (`started_at` is when it was claimed).
     fn retrieve(
         &self,
@@ -599,6 +632,22 @@ impl Provider for AnyProvider {
 
     fn can_retrieve(&self) -> bool {
         each!(self, p => p.can_retrieve())
+    }
+
+    fn batches(&self) -> bool {
+        each!(self, p => p.batches())
+    }
+
+    fn batch_line(
+        &self,
+        req: &ProviderRequest<'_>,
+        line: &str,
+    ) -> Result<BatchLine, ProviderError> {
+        each!(self, p => p.batch_line(req, line))
+    }
+
+    async fn submit_batch(&self, lines: &[BatchLine]) -> Result<String, ProviderError> {
+        each!(self, p => p.submit_batch(lines).await)
     }
 
     fn name(&self) -> &'static str {

@@ -9,6 +9,7 @@ use std::time::Duration;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
+use super::batch::{self, BatchApi, BatchLine, Book, Status};
 use super::{Answer, Provider, ProviderError, ProviderRequest, Retrieval};
 use crate::clock::{Clock, SystemClock};
 use crate::job::Millis;
@@ -25,6 +26,24 @@ pub struct SimulatedProvider {
     name: &'static str,
     /// Models it refuses as overloaded, before any work (a provider's outage of one model).
     overloaded: Vec<String>,
+    /// Its batch interface, when it has one ([`SimulatedProvider::with_batches`]).
+    batches: Option<Batches>,
+}
+
+/// The simulated batch interface: each batch ends once the longest `simulate.latency_ms` of
+/// its lines has passed since it was created.
+#[derive(Debug, Default)]
+struct Batches {
+    created: Mutex<Vec<SimBatch>>,
+    book: Book,
+}
+
+#[derive(Debug)]
+struct SimBatch {
+    id: String,
+    created_at: Millis,
+    ends_at: Millis,
+    lines: Vec<String>,
 }
 
 impl Default for SimulatedProvider {
@@ -35,6 +54,7 @@ impl Default for SimulatedProvider {
             per_job: Mutex::default(),
             name: "simulated",
             overloaded: Vec::new(),
+            batches: None,
         }
     }
 }
@@ -56,6 +76,20 @@ impl SimulatedProvider {
     pub fn overloaded_for(mut self, model: &str) -> Self {
         self.overloaded.push(model.to_owned());
         self
+    }
+
+    /// The same provider with a batch interface: deferrable jobs go through it.
+    pub fn with_batches(mut self) -> Self {
+        self.batches = Some(Batches::default());
+        self
+    }
+
+    /// Batches created so far, each with its number of lines.
+    pub fn batch_sizes(&self) -> Vec<usize> {
+        self.batches.as_ref().map_or_else(Vec::new, |b| {
+            let created = b.created.lock().unwrap_or_else(|p| p.into_inner());
+            created.iter().map(|b| b.lines.len()).collect()
+        })
     }
 
     /// Calls started so far.
@@ -150,11 +184,71 @@ impl Provider for SimulatedProvider {
     /// running; `"retrievable": false` makes the provider not know it.
     async fn retrieve(
         &self,
-        _provider_ref: &str,
+        provider_ref: &str,
         started_at: Millis,
         req: &ProviderRequest<'_>,
     ) -> Retrieval {
         self.retrievals.fetch_add(1, Ordering::Relaxed);
+        if batch::is_batch_ref(provider_ref) {
+            return match &self.batches {
+                Some(_) => batch::retrieve_line(self, provider_ref, started_at, req).await,
+                None => Retrieval::NotFound,
+            };
+        }
+        let sim = simulation_of(req.input);
+        let finished = SystemClock.now_ms() - started_at >= sim.latency_ms as Millis;
+        self.word(req, finished)
+    }
+
+    fn batches(&self) -> bool {
+        self.batches.is_some()
+    }
+
+    fn batch_line(
+        &self,
+        req: &ProviderRequest<'_>,
+        line: &str,
+    ) -> Result<BatchLine, ProviderError> {
+        let sim = simulation_of(req.input);
+        let body = serde_json::json!({"job_id": req.job_id, "latency_ms": sim.latency_ms});
+        Ok(BatchLine {
+            id: line.to_owned(),
+            body: body.to_string(),
+        })
+    }
+
+    async fn submit_batch(&self, lines: &[BatchLine]) -> Result<String, ProviderError> {
+        let Some(batches) = &self.batches else {
+            return Err(ProviderError::Permanent {
+                reason: "no batch interface".to_owned(),
+            });
+        };
+        let now = SystemClock.now_ms();
+        let mut longest = 0;
+        for line in lines {
+            let body: Value = serde_json::from_str(&line.body).unwrap_or_default();
+            longest = longest.max(body["latency_ms"].as_i64().unwrap_or(0));
+            let job_id = body["job_id"].as_str().unwrap_or_default().to_owned();
+            self.executions.fetch_add(1, Ordering::Relaxed);
+            *self.lock().entry(job_id).or_default() += 1;
+        }
+        let mut created = batches.created.lock().unwrap_or_else(|p| p.into_inner());
+        let id = format!("simbatch-{}", created.len() + 1);
+        created.push(SimBatch {
+            id: id.clone(),
+            created_at: now,
+            ends_at: now + longest,
+            lines: lines.iter().map(|l| l.id.clone()).collect(),
+        });
+        Ok(id)
+    }
+}
+
+impl SimulatedProvider {
+    /// What the simulated upstream says about an attempt: the same outcome its call has,
+    /// `finished` or not; `hang` is forever running; `"retrievable": false` makes the
+    /// provider not know it.
+    fn word(&self, req: &ProviderRequest<'_>, finished: bool) -> Retrieval {
         let sim = simulation_of(req.input);
         if !sim.retrievable {
             return Retrieval::NotFound;
@@ -168,7 +262,6 @@ impl Provider for SimulatedProvider {
                 ),
             });
         }
-        let finished = SystemClock.now_ms() - started_at >= sim.latency_ms as Millis;
         match sim.outcome {
             SimulatedOutcome::Ok if finished => Retrieval::Completed(answer(req, &sim)),
             SimulatedOutcome::Ok | SimulatedOutcome::Hang | SimulatedOutcome::Stall => {
@@ -185,6 +278,55 @@ impl Provider for SimulatedProvider {
                 reason: "simulated permanent failure".to_owned(),
             }),
         }
+    }
+}
+
+impl BatchApi for SimulatedProvider {
+    fn book(&self) -> &Book {
+        // Only asked through `retrieve_line`, which runs only with batches on.
+        static NONE: std::sync::OnceLock<Book> = std::sync::OnceLock::new();
+        self.batches
+            .as_ref()
+            .map_or_else(|| NONE.get_or_init(Book::default), |b| &b.book)
+    }
+
+    async fn status(&self, batch_id: &str) -> Result<Status, Retrieval> {
+        let Some(batches) = &self.batches else {
+            return Err(Retrieval::NotFound);
+        };
+        let created = batches.created.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(batch) = created.iter().find(|b| b.id == batch_id) else {
+            return Err(Retrieval::NotFound);
+        };
+        if SystemClock.now_ms() < batch.ends_at {
+            return Ok(Status::Running);
+        }
+        let results = batch.lines.iter().map(|l| (l.clone(), String::new()));
+        Ok(Status::Ended(std::sync::Arc::new(results.collect())))
+    }
+
+    async fn created_since(&self, since: Millis) -> Result<Vec<String>, Retrieval> {
+        let Some(batches) = &self.batches else {
+            return Ok(Vec::new());
+        };
+        let created = batches.created.lock().unwrap_or_else(|p| p.into_inner());
+        Ok(created
+            .iter()
+            .rev()
+            .filter(|b| b.created_at >= since)
+            .map(|b| b.id.clone())
+            .collect())
+    }
+
+    async fn holds(&self, batch_id: &str, line: &str) -> Option<bool> {
+        let batches = self.batches.as_ref()?;
+        let created = batches.created.lock().unwrap_or_else(|p| p.into_inner());
+        let batch = created.iter().find(|b| b.id == batch_id)?;
+        Some(batch.lines.iter().any(|l| l == line))
+    }
+
+    fn line_result(&self, _raw: &str, req: &ProviderRequest<'_>) -> Retrieval {
+        self.word(req, true)
     }
 }
 

@@ -14,6 +14,7 @@ use super::settings::ReplayPolicy;
 use crate::job::contract::Finish;
 use crate::job::{BlobRef, JobRecord, Millis, ResultBody};
 use crate::ledger::{AttemptEnd, RecordRefRequest, Write};
+use crate::provider::batch::is_batch_ref;
 use crate::provider::{Answer, ProviderError, Retrieval};
 
 /// The least time a call is started with, before its bound.
@@ -263,6 +264,13 @@ impl Calling {
         self.cut_off
     }
 
+    /// The call is a line of a provider batch.
+    pub fn batched(&self) -> bool {
+        self.reference
+            .as_ref()
+            .is_some_and(|(r, _)| is_batch_ref(r))
+    }
+
     /// What the call was told, at `now`.
     pub fn submitted(&mut self, said: Said, now: Millis) -> CallStep {
         match said {
@@ -371,7 +379,15 @@ impl Calling {
     pub fn recorded(&mut self, answer: Option<Write>, now: Millis) -> CallStep {
         self.record_tries += 1;
         let why = match answer {
+            // The batch's first lines come back in minutes at best: handed over at once.
+            Some(Write::Applied(_)) if self.batched() => return self.done(Waited::Batched),
             Some(Write::Applied(_)) => return self.poll(now),
+            // The claim recorded the line's pending reference: whoever owns the job finds its
+            // batch by listing. A batch holds other jobs' lines, so it is never cancelled.
+            Some(Write::Refused(_)) if self.batched() => return self.done(Waited::Lost),
+            None if self.batched() && self.record_tries >= RECORD_TRIES => {
+                return self.done(Waited::Batched);
+            }
             Some(Write::Refused(_)) => "ownership was lost before the reference was recorded",
             None if self.record_tries < RECORD_TRIES => return CallStep::Record,
             None => "the reference could not be recorded",
@@ -384,6 +400,10 @@ impl Calling {
     pub fn retrieved(&mut self, found: Retrieval, now: Millis) -> CallStep {
         let mut wait = self.facts.poll_ms;
         let why = match found {
+            // A batch takes hours: the next look is a later delivery's.
+            Retrieval::Running | Retrieval::Unreachable { .. } if self.batched() => {
+                return self.done(Waited::Batched);
+            }
             Retrieval::Completed(answer) => return self.heard(Ok(answer), now),
             Retrieval::Failed(error) => return self.heard(Err(error), now),
             Retrieval::NotFound => "the provider does not know the call",

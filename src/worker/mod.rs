@@ -18,6 +18,7 @@ pub mod batch;
 mod bodies;
 pub mod calling;
 pub mod ending;
+mod gather;
 pub mod handler;
 pub mod heartbeat;
 pub mod pacing;

@@ -99,6 +99,9 @@ pub struct Settings {
     /// The prices each attempt's usage is paid at: the built-in table, with `PRICES_FILE`'s
     /// models over it.
     pub prices: std::sync::Arc<crate::job::prices::PriceTable>,
+    /// How deferrable jobs go through the providers' batch interfaces (`DEFERRABLE`,
+    /// `BATCH_GATHER_SECONDS`, `BATCH_MAX_LINES`, `BATCH_POLL_SECONDS`).
+    pub batching: Batching,
     /// What sets this deployment's idempotency keys apart from every other's sent to the same
     /// provider account: 16 hex characters of SHA-256 over `DEPLOYMENT_ID` (the template sets
     /// the account, Region and stack), else over `JOBS_TABLE`; empty in tests.
@@ -132,8 +135,46 @@ impl Default for Settings {
             payload_bucket: None,
             prices: std::sync::Arc::default(),
             daily_spend_limit_micros: None,
+            batching: Batching::default(),
             idempotency_prefix: String::new(),
         }
+    }
+}
+
+/// How deferrable jobs go through a provider's batch interface.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Batching {
+    /// `DEFERRABLE` (`off`, the default, or `on`): whether a job that does not say
+    /// (`input.deferrable`) may wait for a batch.
+    pub default_deferrable: bool,
+    /// `BATCH_GATHER_SECONDS` (5): the longest a claimed line waits for others before its
+    /// batch goes; it goes earlier once every record of the invocation waits or is done.
+    pub gather_ms: Millis,
+    /// `BATCH_MAX_LINES` (10,000): the most lines in one batch.
+    pub max_lines: usize,
+    /// `BATCH_POLL_SECONDS` (600): how long a record whose batch runs stays invisible before
+    /// its next look at the batch.
+    pub poll_ms: Millis,
+}
+
+impl Default for Batching {
+    fn default() -> Self {
+        Batching {
+            default_deferrable: false,
+            gather_ms: 5_000,
+            max_lines: 10_000,
+            poll_ms: 600_000,
+        }
+    }
+}
+
+impl Batching {
+    /// Whether the job of `input` may wait for a batch: its own `deferrable`, else the default.
+    pub fn deferrable(&self, input: &serde_json::Map<String, serde_json::Value>) -> bool {
+        input
+            .get("deferrable")
+            .and_then(serde_json::Value::as_bool)
+            .unwrap_or(self.default_deferrable)
     }
 }
 
@@ -345,6 +386,16 @@ impl Settings {
                     0,
                     1_000,
                 )? as u32,
+            },
+            batching: Batching {
+                default_deferrable: vars.choice(
+                    "DEFERRABLE",
+                    false,
+                    &[("off", false), ("on", true)],
+                )?,
+                gather_ms: number("BATCH_GATHER_SECONDS", 5, 0, 300)? * 1000,
+                max_lines: number("BATCH_MAX_LINES", 10_000, 1, 50_000)? as usize,
+                poll_ms: number("BATCH_POLL_SECONDS", 600, 1, 43_200)? * 1000,
             },
             payload_memory_bytes: {
                 let function_mb = number("AWS_LAMBDA_FUNCTION_MEMORY_SIZE", 560, 128, 10_240)?;

@@ -11,16 +11,7 @@ use crate::provider::{Answer, ProviderError, ProviderRequest};
 
 impl OpenAiProvider {
     pub(super) async fn chat(&self, req: &ProviderRequest<'_>) -> Result<Answer, ProviderError> {
-        let mut body = Map::new();
-        body.insert("model".into(), json!(self.model(req)));
-        body.insert("messages".into(), Value::Array(messages(req.input)));
-        if let Some(format) = chat_format(req.output) {
-            body.insert("response_format".into(), format);
-        }
-        for (k, v) in parameters(req.input) {
-            body.entry(k.clone()).or_insert_with(|| v.clone());
-        }
-        bound_answer(&mut body, req, "max_completion_tokens");
+        let mut body = self.chat_body(req);
         let json = if self.settings.stream {
             body.insert("stream".into(), json!(true));
             body.insert("stream_options".into(), json!({"include_usage": true}));
@@ -41,13 +32,37 @@ impl OpenAiProvider {
             }
             json
         };
+        self.chat_answer(req, &json)
+    }
+
+    /// The Chat Completions request of `req`, whole (not streamed).
+    pub(super) fn chat_body(&self, req: &ProviderRequest<'_>) -> Map<String, Value> {
+        let mut body = Map::new();
+        body.insert("model".into(), json!(self.model(req)));
+        body.insert("messages".into(), Value::Array(messages(req.input)));
+        if let Some(format) = chat_format(req.output) {
+            body.insert("response_format".into(), format);
+        }
+        for (k, v) in parameters(req.input) {
+            body.entry(k.clone()).or_insert_with(|| v.clone());
+        }
+        bound_answer(&mut body, req, "max_completion_tokens");
+        body
+    }
+
+    /// The answer a Chat Completions object gives.
+    pub(super) fn chat_answer(
+        &self,
+        req: &ProviderRequest<'_>,
+        json: &Value,
+    ) -> Result<Answer, ProviderError> {
         let choice = json.pointer("/choices/0/message");
         let finish = chat_finish(json.pointer("/choices/0/finish_reason"));
         match choice
             .and_then(|m| m.get("content"))
             .and_then(Value::as_str)
         {
-            Some(text) => Ok(answer(req, self.model(req), text, &json, None, finish)),
+            Some(text) => Ok(answer(req, self.model(req), text, json, None, finish)),
             None if choice.and_then(|m| m.get("refusal")).is_some() => {
                 Err(ProviderError::Permanent {
                     reason: "the model refused".to_owned(),

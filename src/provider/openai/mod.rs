@@ -16,6 +16,7 @@ use serde_json::{Map, Value, json};
 
 use super::http::{ApiKey, code_text, transport_kind};
 use super::keys::{KeyRotation, Secret};
+mod batch;
 mod chat;
 mod status;
 
@@ -58,6 +59,9 @@ pub struct OpenAiSettings {
     /// `PROVIDER_STREAMING` (`on`, the default, or `off`): Chat Completions answers stream, so
     /// a long generation survives idle-connection limits and its progress is evidence.
     pub stream: bool,
+    /// `OPENAI_BATCHES` (`on`, the default, or `off`): deferrable jobs go through the Batch
+    /// API (a server without it: `off`).
+    pub batches: bool,
 }
 
 impl Default for OpenAiSettings {
@@ -70,6 +74,7 @@ impl Default for OpenAiSettings {
             request_timeout_ms: 30_000,
             queued_timeout_ms: 600_000,
             stream: true,
+            batches: true,
         }
     }
 }
@@ -108,6 +113,7 @@ impl OpenAiSettings {
                 86_400,
             )? * 1000,
             stream: super::streaming(vars)?,
+            batches: vars.choice("OPENAI_BATCHES", true, &[("on", true), ("off", false)])?,
         })
     }
 }
@@ -123,6 +129,8 @@ pub struct OpenAiProvider {
     /// `POST /responses` for them answered 404 or 405 (not about the model), and Chat
     /// Completions then answered. One stray answer of a proxy switches nothing.
     chat_models: std::sync::Mutex<std::collections::HashSet<String>>,
+    /// What this environment knows of its batches.
+    book: super::batch::Book,
 }
 
 impl OpenAiProvider {
@@ -137,6 +145,7 @@ impl OpenAiProvider {
             },
             key: ApiKey::new(key),
             chat_models: std::sync::Mutex::default(),
+            book: super::batch::Book::default(),
         })
     }
 
@@ -226,6 +235,26 @@ impl OpenAiProvider {
                 .timeout(self.background_timeout())
         })
         .await
+    }
+
+    /// The Responses API request of `req` (in the foreground).
+    fn responses_body(&self, req: &ProviderRequest<'_>) -> Map<String, Value> {
+        let mut body = Map::new();
+        body.insert("model".into(), json!(self.model(req)));
+        body.insert("input".into(), responses_input(req.input));
+        if let Some(format) = responses_format(req.output) {
+            body.insert("text".into(), json!({ "format": format }));
+        }
+        for (k, v) in parameters(req.input) {
+            let k = if k == "max_tokens" {
+                "max_output_tokens"
+            } else {
+                k
+            };
+            body.entry(k.to_owned()).or_insert_with(|| v.clone());
+        }
+        bound_answer(&mut body, req, "max_output_tokens");
+        body
     }
 
     /// Whether `model`'s calls go to Chat Completions.
@@ -323,23 +352,9 @@ impl Provider for OpenAiProvider {
         if self.chat_only(self.model(req)) {
             return self.chat(req).await.map(Submission::Answered);
         }
-        let mut body = Map::new();
-        body.insert("model".into(), json!(self.model(req)));
-        body.insert("input".into(), responses_input(req.input));
+        let mut body = self.responses_body(req);
         body.insert("background".into(), json!(true));
         body.insert("store".into(), json!(true));
-        if let Some(format) = responses_format(req.output) {
-            body.insert("text".into(), json!({ "format": format }));
-        }
-        for (k, v) in parameters(req.input) {
-            let k = if k == "max_tokens" {
-                "max_output_tokens"
-            } else {
-                k
-            };
-            body.entry(k.to_owned()).or_insert_with(|| v.clone());
-        }
-        bound_answer(&mut body, req, "max_output_tokens");
         let (status, headers, json) = self
             .send(|| {
                 self.post("/responses", req)
@@ -383,12 +398,31 @@ impl Provider for OpenAiProvider {
                 .is_empty()
     }
 
+    fn batches(&self) -> bool {
+        self.settings.batches
+    }
+
+    fn batch_line(
+        &self,
+        req: &ProviderRequest<'_>,
+        line: &str,
+    ) -> Result<super::BatchLine, ProviderError> {
+        Ok(self.line(req, line))
+    }
+
+    async fn submit_batch(&self, lines: &[super::BatchLine]) -> Result<String, ProviderError> {
+        self.create_batch(lines).await
+    }
+
     async fn retrieve(
         &self,
         provider_ref: &str,
         started_at: Millis,
         req: &ProviderRequest<'_>,
     ) -> Retrieval {
+        if super::batch::is_batch_ref(provider_ref) {
+            return super::batch::retrieve_line(self, provider_ref, started_at, req).await;
+        }
         if !valid_response_id(provider_ref) {
             // Not an id this provider gave (it records only ids it checked): nothing can be
             // learnt of the call, and nothing may be concluded from that.

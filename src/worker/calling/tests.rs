@@ -239,3 +239,50 @@ fn a_recovery_without_a_reference_is_uncertain_and_never_calls() {
         }
     );
 }
+
+#[test]
+fn a_line_of_a_batch_is_handed_over_once_recorded_and_while_its_batch_runs() {
+    use crate::provider::batch::{batch_ref, pending_ref};
+    let line = batch_ref("batch_1", "j1-a1-e1");
+    let (mut m, _) = Calling::start(facts(), claimed(), NOW);
+    assert_eq!(
+        m.submitted(Said::Started(line.clone()), NOW),
+        CallStep::Record
+    );
+    assert!(m.batched());
+    // No poll in this invocation: the batch takes far longer.
+    let recorded = Some(Write::Applied(claimed()));
+    assert_eq!(m.recorded(recorded, NOW), CallStep::Done(Waited::Batched));
+    // A reference that cannot be recorded: the claim's pending one finds the batch later; the
+    // batch holds other jobs' lines, so nothing is cancelled.
+    let (mut m, _) = Calling::start(facts(), claimed(), NOW);
+    m.submitted(Said::Started(line.clone()), NOW);
+    for _ in 1..RECORD_TRIES {
+        assert_eq!(m.recorded(None, NOW), CallStep::Record);
+    }
+    assert_eq!(m.recorded(None, NOW), CallStep::Done(Waited::Batched));
+    let (mut m, _) = Calling::start(facts(), claimed(), NOW);
+    m.submitted(Said::Started(pending_ref("j1-a1-e1")), NOW);
+    assert_eq!(
+        m.recorded(Some(Write::Refused(None)), NOW),
+        CallStep::Done(Waited::Lost)
+    );
+    // A recovery that finds the batch still running hands over again; ended, it decides.
+    let mut owner = claimed();
+    owner.attempt_log[0].provider_ref = Some(line);
+    let (mut m, step) = Calling::resume(facts(), owner.clone(), "lapsed", None, NOW);
+    assert!(matches!(step, CallStep::Retrieve { .. }));
+    assert_eq!(
+        m.retrieved(Retrieval::Running, NOW),
+        CallStep::Done(Waited::Batched)
+    );
+    let (mut m, _) = Calling::resume(facts(), owner, "lapsed", None, NOW);
+    let failed = Retrieval::Failed(ProviderError::Transient {
+        retry_after_ms: None,
+        reason: "batch_expired".into(),
+    });
+    assert!(matches!(
+        ended(m.retrieved(failed, NOW)),
+        AttemptEnd::RetryAuthorized { .. }
+    ));
+}

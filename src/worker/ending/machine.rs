@@ -23,6 +23,9 @@ pub enum Waited {
     /// Still running upstream at the end of this invocation: the job is handed to the next
     /// delivery.
     Running,
+    /// A line of a provider batch that has not ended: the job is handed over, and its record
+    /// looks again after the batch poll interval.
+    Batched,
     /// Ownership was lost while waiting.
     Lost,
 }
@@ -81,6 +84,8 @@ pub struct EndFacts {
     pub tries: u32,
     /// Pause before the second try; doubled for each one after.
     pub first_pause_ms: Millis,
+    /// How long a record whose batch runs waits before its next look.
+    pub batch_poll_ms: Millis,
 }
 
 /// What the owner does next to end its attempt.
@@ -148,6 +153,8 @@ pub struct Ending {
     tries: u32,
     /// The hand-over leaves an answer with the provider: the next delivery backs off.
     kept_by_provider: bool,
+    /// The hand-over leaves a line in a running batch: the next look is a poll interval away.
+    batched: bool,
     /// The item a refusal showed, once one did.
     seen: Option<JobRecord>,
     phase: Phase,
@@ -170,6 +177,7 @@ impl Ending {
             late: false,
             tries: 0,
             kept_by_provider: false,
+            batched: false,
             seen: None,
             phase: Phase::End,
         };
@@ -184,6 +192,11 @@ impl Ending {
             }
             Waited::Running => {
                 m.phase = Phase::HandOver;
+                return (m, EndStep::Write { pause_ms: 0 });
+            }
+            Waited::Batched => {
+                m.phase = Phase::HandOver;
+                m.batched = true;
                 return (m, EndStep::Write { pause_ms: 0 });
             }
             Waited::Lost => {
@@ -351,6 +364,12 @@ impl Ending {
                     // The next delivery recovers the job and fetches the answer: a backoff,
                     // not the moment a hand-over of a running call waits, lets the bucket mend.
                     backoff("results bucket")
+                } else if self.batched {
+                    // The next look at the batch, never past the job's deadline.
+                    let left = self.owner.deadline_at - record.owner_until.unwrap_or(0);
+                    RecordOutcome::Failed(Failure::Deferred {
+                        remaining_ms: self.facts.batch_poll_ms.min(left).max(self.facts.skew),
+                    })
                 } else {
                     RecordOutcome::Failed(Failure::Deferred {
                         remaining_ms: self.facts.skew,

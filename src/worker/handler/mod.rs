@@ -162,8 +162,15 @@ impl<L: JobLedger, P: Provider, C: Clock, V: VisibilityControl> BatchHandler<L, 
         let backstop = inv.deadline.map(|d| d - settings.deadline_margin_ms / 2);
         let stop = CancellationToken::new();
         let work = async {
-            let lanes = stream::iter(lanes(entries, *fifo))
-                .map(|lane| self.run_lane(lane, entries, inv, flights, *fifo, &decided))
+            let lanes = lanes(entries, *fifo);
+            // Counted until done: a batch of deferrable lines waits for those that may join.
+            let counted = self.processor.lanes(lanes.len(), settings.max_concurrency);
+            let lanes = stream::iter(lanes)
+                .map(|lane| async {
+                    let _running = counted.lane();
+                    self.run_lane(lane, entries, inv, flights, *fifo, &decided)
+                        .await
+                })
                 .buffer_unordered(settings.max_concurrency)
                 .for_each(|()| async {});
             if within(clock, backstop, lanes).await.is_none() {

@@ -92,6 +92,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
             replay: s.replay,
             tries: END_TRIES,
             first_pause_ms: END_RETRY_PAUSE_MS,
+            batch_poll_ms: s.batching.poll_ms,
         }
     }
 

@@ -15,6 +15,7 @@
 //! - [`end`](self::end): the writes that end an attempt, as [`Ending`](super::ending::Ending) asks;
 //! - [`recover`](self::recover): what a recovery claim does with the evidence it finds.
 
+mod batches;
 mod end;
 mod payload;
 mod recover;
@@ -30,7 +31,7 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use super::admission::{Admission, Applied, Facts, Step};
+use super::admission::{Admission, Applied, Facts, Op, Step};
 use super::pacing::{Pacer, Permit};
 use super::routing::ModelMap;
 use super::settings::Settings;
@@ -88,6 +89,8 @@ pub struct Processor<L, P, C> {
     contracts: Arc<Contracts>,
     /// The deployment's spend per day, when `DAILY_SPEND_LIMIT` is set.
     spend: Option<Arc<dyn SpendBudget>>,
+    /// Deferrable jobs' lines waiting for their batch.
+    gather: super::gather::Gather,
 }
 
 /// What the processor tells whoever keeps a running attempt alive (the invocation's heartbeat)
@@ -137,6 +140,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
             blobs: None,
             contracts: Arc::default(),
             spend: None,
+            gather: super::gather::Gather::default(),
         }
     }
 
@@ -218,6 +222,12 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
     /// Every provider, in order.
     pub fn providers(&self) -> impl Iterator<Item = &P> {
         self.links.iter().map(|l| &l.provider)
+    }
+
+    /// An invocation's `count` lanes, run `concurrency` at a time: a batch of deferrable jobs'
+    /// lines waits (within the gathering window) for those that run or may start.
+    pub(crate) fn lanes(&self, count: usize, concurrency: usize) -> super::gather::Lanes<'_> {
+        self.gather.lanes(count, concurrency)
     }
 
     /// The settings.
@@ -373,6 +383,16 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
                     }
                 }
                 Step::Write(op) => {
+                    // A line of a batch still running: the record waits, nothing written.
+                    if let (Op::Recover { .. }, Some(seen)) = (&op, view.as_ref())
+                        && let Some(wait_ms) = self.batch_still_running(msg, seen).await
+                    {
+                        self.settle_spend(reserved, 0).await;
+                        let outcome = RecordOutcome::Failed(Failure::Deferred {
+                            remaining_ms: wait_ms,
+                        });
+                        return Processed { outcome, view };
+                    }
                     match self
                         .write(msg, &job, &op, (owner_id, routed), view.as_ref())
                         .await

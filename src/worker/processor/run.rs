@@ -25,6 +25,8 @@ pub(super) struct Spent {
     pub(super) heard: Option<Usage>,
     pub(super) estimate: Usage,
     pub(super) model: String,
+    /// The call is a line of a provider batch, paid at the batch prices.
+    pub(super) batch: bool,
 }
 
 impl Spent {
@@ -45,7 +47,7 @@ impl Spent {
             _ => self.heard,
         };
         usage.map(|u| Usage {
-            cost_micros: prices.cost_micros(&self.model, &u, false),
+            cost_micros: prices.cost_micros(&self.model, &u, self.batch),
             ..u
         })
     }
@@ -106,7 +108,11 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         // end is written, so that the acceptance waits for no other write.
         let actual = spent
             .heard
-            .and_then(|u| self.settings.prices.cost_micros(&spent.model, &u, false))
+            .and_then(|u| {
+                self.settings
+                    .prices
+                    .cost_micros(&spent.model, &u, spent.batch)
+            })
             .or(reserved.as_ref().filter(|_| sent).map(|r| r.micros))
             .unwrap_or(0);
         let (attempt, model) = (owner.attempts, spent.model.clone());
@@ -167,6 +173,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
             heard: None,
             estimate: Usage::estimate(request.input_json.len(), request.max_output_tokens),
             model: link.provider.model(request.input).to_owned(),
+            batch: self.batched(link, &input) || super::batches::in_batch(owner),
         };
         let call = Call {
             link,
@@ -309,9 +316,16 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
             gen_ai.provider.name = link.provider.name(),
             gen_ai.request.model = model,
         );
+        let submitted = async {
+            if self.batched(link, request.input) {
+                self.submit_line(link, request).await
+            } else {
+                link.provider.submit(request).await
+            }
+        };
         let sent = tokio::time::timeout(
             Duration::from_millis(budget_ms as u64),
-            link.provider.submit(request).instrument(span.clone()),
+            submitted.instrument(span.clone()),
         );
         tokio::select! {
             _ = lost.cancelled() => Said::Cancelled,
@@ -368,6 +382,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
                 self.settings.policy.output_tokens(&input),
             ),
             model: link.provider.model(&input).to_owned(),
+            batch: super::batches::in_batch(owner),
         }
     }
 

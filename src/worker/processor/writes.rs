@@ -6,7 +6,7 @@ use crate::clock::Clock;
 use crate::job::decision::Expect;
 use crate::job::{JobMessage, JobRecord, JobState, NewJob, Route};
 use crate::ledger::{ClaimRequest, CreateRequest, JobLedger, LedgerError, RecoverRequest, Write};
-use crate::provider::Provider;
+use crate::provider::{Provider, batch};
 use crate::worker::admission::Op;
 
 /// What a claim asks for.
@@ -120,12 +120,22 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         }
         let now = self.clock.now_ms();
         let link = &self.links[route];
+        let input = self.routed_input(link, msg);
         let route = Route {
             provider: link.provider.name().to_owned(),
-            model: link
-                .provider
-                .model(&self.routed_input(link, msg))
-                .to_owned(),
+            model: link.provider.model(&input).to_owned(),
+        };
+        let (attempt, epoch) = (expect.attempts + 1, expect.epoch + 1);
+        // A line of a batch: its pending reference, found again by listing if the batch's id
+        // is never recorded.
+        let provider_ref = if self.batched(link, &input) {
+            Some(batch::pending_ref(&batch::line_id(
+                &job.job_id,
+                attempt,
+                epoch,
+            )))
+        } else {
+            link.provider.reference(&job.job_id, attempt, epoch)
         };
         let req = ClaimRequest {
             job: job.clone(),
@@ -133,11 +143,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
             owner_id: owner_id.to_owned(),
             now,
             lease_until: now + self.settings.lease_ms,
-            provider_ref: link.provider.reference(
-                &job.job_id,
-                expect.attempts + 1,
-                expect.epoch + 1,
-            ),
+            provider_ref,
             route: Some(route),
             first_sight,
         };

@@ -15,6 +15,7 @@ fn facts() -> EndFacts {
         replay: ReplayPolicy::Never,
         tries: 3,
         first_pause_ms: 100,
+        batch_poll_ms: 300_000,
     }
 }
 
@@ -218,6 +219,25 @@ fn an_answer_the_bucket_could_not_take_is_left_with_the_provider_and_the_job_han
         closed.outcome,
         RecordOutcome::Failed(Failure::Deferred {
             remaining_ms: 2_000
+        })
+    );
+    // A line of a running batch: handed over, its record back after the batch poll interval,
+    // never later than the job's deadline.
+    let (mut m, _) = Ending::start(facts(), owner.clone(), Waited::Batched, NOW);
+    let closed = done(m.answered(Some(apply(&owner, m.write(NOW))), NOW));
+    assert_eq!(
+        closed.outcome,
+        RecordOutcome::Failed(Failure::Deferred {
+            remaining_ms: 300_000
+        })
+    );
+    let near = DEADLINE - 10_000;
+    let (mut m, _) = Ending::start(facts(), owner.clone(), Waited::Batched, near);
+    let closed = done(m.answered(Some(apply(&owner, m.write(near))), near));
+    assert_eq!(
+        closed.outcome,
+        RecordOutcome::Failed(Failure::Deferred {
+            remaining_ms: 10_000
         })
     );
 }

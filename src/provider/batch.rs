@@ -1,0 +1,291 @@
+//! Deferrable jobs through a provider's batch interface: the reference an attempt's line is
+//! known by, and what a provider keeps of its batches in one execution environment.
+//!
+//! A line's reference is recorded twice under the owner's epoch: with the claim, before the
+//! batch exists (`batch::<line>`, *pending*: a later owner finds the batch by listing), and
+//! once the batch is created (`batch:<batch id>:<line>`). The line's id names the job, the
+//! attempt and the epoch, so the answer of an attempt given back is never taken for another's.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+
+use sha2::{Digest, Sha256};
+
+use super::{ProviderError, ProviderRequest, Retrieval};
+use crate::clock::{Clock, SystemClock};
+use crate::job::Millis;
+
+/// How long a running batch's status is taken as it was read, for every delivery of the
+/// environment that asks: one request a minute at most per batch.
+pub(crate) const STATUS_FRESH_MS: Millis = 60_000;
+/// How long before an attempt's claim the batches listed for its line may have been created
+/// (clocks differ).
+const LISTING_SLACK_MS: Millis = 300_000;
+
+/// What a batch reference starts with.
+const PREFIX: &str = "batch:";
+
+/// One attempt's request, written as a line of the provider's batch input.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BatchLine {
+    /// The line's id ([`line_id`]), the provider's `custom_id`.
+    pub id: String,
+    /// The line as the provider's batch input takes it (JSON).
+    pub body: String,
+}
+
+/// The id of the line of `job_id`'s attempt claimed at `epoch`: `j`, 24 hex digits of the job
+/// id's SHA-256, the attempt and the epoch. Within every provider's `custom_id` rules
+/// (`[A-Za-z0-9_-]{1,64}`), whatever characters the job id has.
+pub fn line_id(job_id: &str, attempt: u32, epoch: u64) -> String {
+    let digest = Sha256::digest(job_id.as_bytes());
+    let mut id = String::with_capacity(48);
+    id.push('j');
+    for b in &digest[..12] {
+        id.push_str(&format!("{b:02x}"));
+    }
+    id.push_str(&format!("-a{attempt}-e{epoch}"));
+    id
+}
+
+/// The reference of `line` in the batch `batch_id`.
+pub fn batch_ref(batch_id: &str, line: &str) -> String {
+    format!("{PREFIX}{batch_id}:{line}")
+}
+
+/// The reference of `line` before its batch is known (found again by listing the batches).
+pub fn pending_ref(line: &str) -> String {
+    format!("{PREFIX}:{line}")
+}
+
+/// A batch reference's batch id (`None` while pending) and line, if `provider_ref` is one.
+pub fn parse_ref(provider_ref: &str) -> Option<(Option<&str>, &str)> {
+    let rest = provider_ref.strip_prefix(PREFIX)?;
+    let (batch, line) = rest.rsplit_once(':')?;
+    if line.is_empty() {
+        return None;
+    }
+    Some(((!batch.is_empty()).then_some(batch), line))
+}
+
+/// Whether `provider_ref` names a line of a provider batch.
+pub fn is_batch_ref(provider_ref: &str) -> bool {
+    parse_ref(provider_ref).is_some()
+}
+
+/// What the provider said of one batch.
+#[derive(Debug, Clone)]
+pub(crate) enum Status {
+    /// Not ended: its lines are not answered yet.
+    Running,
+    /// Ended (completed, expired, cancelled): each answered line's result by line id, as the
+    /// provider wrote it; a line it does not hold was never run.
+    Ended(Arc<HashMap<String, String>>),
+    /// The provider failed the batch as a whole before running any line (its input refused).
+    Failed(String),
+}
+
+/// What one execution environment knows of a provider's batches: a batch's status, asked at
+/// most once per `fresh_ms` whichever delivery asks, and its results, read once (every
+/// delivery of the environment reads its own line from them); the batch each line found by
+/// listing belongs to.
+#[derive(Debug, Default)]
+pub(crate) struct Book {
+    inner: Mutex<Inner>,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    batches: HashMap<String, (Millis, Status)>,
+    lines: HashMap<String, String>,
+}
+
+/// Ended batches an environment keeps the results of: the oldest go first.
+const KEPT_BATCHES: usize = 64;
+
+impl Book {
+    /// The status of `batch_id` if it was asked at or after `since` (an ended batch never
+    /// changes).
+    pub(crate) fn status(&self, batch_id: &str, since: Millis) -> Option<Status> {
+        let inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let (at, status) = inner.batches.get(batch_id)?;
+        match status {
+            Status::Running if *at < since => None,
+            status => Some(status.clone()),
+        }
+    }
+
+    /// Keeps what the provider said of `batch_id` at `at`.
+    pub(crate) fn keep(&self, batch_id: &str, at: Millis, status: Status) {
+        let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        if inner.batches.len() >= KEPT_BATCHES && !inner.batches.contains_key(batch_id) {
+            let oldest = inner
+                .batches
+                .iter()
+                .min_by_key(|(_, (at, _))| *at)
+                .map(|(id, _)| id.clone());
+            if let Some(oldest) = oldest {
+                inner.batches.remove(&oldest);
+            }
+        }
+        inner.batches.insert(batch_id.to_owned(), (at, status));
+    }
+
+    /// The batch `line` was found in by listing, if it was.
+    pub(crate) fn found(&self, line: &str) -> Option<String> {
+        let inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        inner.lines.get(line).cloned()
+    }
+
+    /// `line` is in the batch `batch_id`.
+    pub(crate) fn place(&self, line: &str, batch_id: &str) {
+        let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        if inner.lines.len() >= 100_000 {
+            inner.lines.clear();
+        }
+        inner.lines.insert(line.to_owned(), batch_id.to_owned());
+    }
+}
+
+/// A provider's batch interface, as [`retrieve_line`] asks it.
+pub(crate) trait BatchApi: Sync {
+    /// What this environment knows of the provider's batches.
+    fn book(&self) -> &Book;
+
+    /// What the provider says of `batch_id` now (an `Err` is what the retrieval answers: the
+    /// provider could not be asked, refused to say, or does not know the batch).
+    fn status(&self, batch_id: &str) -> impl Future<Output = Result<Status, Retrieval>> + Send;
+
+    /// The batches created since `since` (Unix milliseconds), newest first.
+    fn created_since(
+        &self,
+        since: Millis,
+    ) -> impl Future<Output = Result<Vec<String>, Retrieval>> + Send;
+
+    /// Whether `batch_id` holds `line` (`None`: it cannot tell yet).
+    fn holds(&self, batch_id: &str, line: &str) -> impl Future<Output = Option<bool>> + Send;
+
+    /// What one line's result, as the provider wrote it, comes to for the attempt.
+    fn line_result(&self, raw: &str, req: &ProviderRequest<'_>) -> Retrieval;
+}
+
+/// What became of the line `provider_ref` names (claimed at `started_at`): its batch, found by
+/// listing while the reference is pending, asked about (at most once a minute per batch in one
+/// environment), and the line read from its results once it ended. A line an ended batch does
+/// not hold was never run (the batch expired or was cancelled first): refused before work.
+pub(crate) async fn retrieve_line<A: BatchApi>(
+    api: &A,
+    provider_ref: &str,
+    started_at: Millis,
+    req: &ProviderRequest<'_>,
+) -> Retrieval {
+    let Some((batch, line)) = parse_ref(provider_ref) else {
+        return Retrieval::Denied;
+    };
+    let batch = match batch.map(str::to_owned).or_else(|| api.book().found(line)) {
+        Some(batch) => batch,
+        None => match find(api, line, started_at).await {
+            Ok(Some(batch)) => batch,
+            Ok(None) => return Retrieval::NotFound,
+            Err(said) => return said,
+        },
+    };
+    let now = SystemClock.now_ms();
+    let status = match api.book().status(&batch, now - STATUS_FRESH_MS) {
+        Some(status) => status,
+        None => match api.status(&batch).await {
+            Ok(status) => {
+                api.book().keep(&batch, now, status.clone());
+                status
+            }
+            Err(said) => return said,
+        },
+    };
+    match status {
+        Status::Running => Retrieval::Running,
+        Status::Failed(why) => Retrieval::Failed(ProviderError::Transient {
+            retry_after_ms: None,
+            reason: format!("the batch failed before running any line: {why}"),
+        }),
+        Status::Ended(results) => match results.get(line) {
+            Some(raw) => api.line_result(raw, req),
+            None => Retrieval::Failed(ProviderError::Transient {
+                retry_after_ms: None,
+                reason: "the batch ended (expired or cancelled) before running the line".to_owned(),
+            }),
+        },
+    }
+}
+
+/// The batch holding `line`, among those created since its claim: `None` once every one of
+/// them says it does not (the submission never happened); `Running` while one cannot tell.
+async fn find<A: BatchApi>(
+    api: &A,
+    line: &str,
+    started_at: Millis,
+) -> Result<Option<String>, Retrieval> {
+    let candidates = api.created_since(started_at - LISTING_SLACK_MS).await?;
+    let mut undecided = false;
+    for batch in candidates {
+        match api.holds(&batch, line).await {
+            Some(true) => {
+                tracing::info!(%batch, "the attempt's batch was found by listing");
+                api.book().place(line, &batch);
+                return Ok(Some(batch));
+            }
+            Some(false) => {}
+            None => undecided = true,
+        }
+    }
+    if undecided {
+        return Err(Retrieval::Running);
+    }
+    Ok(None)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_line_id_fits_every_providers_custom_id_whatever_the_job_id() {
+        let id = line_id("tenant/a.b:c", 3, 17);
+        assert!(id.len() <= 64, "{id}");
+        assert!(
+            id.chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+        );
+        assert!(id.ends_with("-a3-e17"));
+        // Another epoch of the same attempt is another line.
+        assert_ne!(id, line_id("tenant/a.b:c", 3, 18));
+        assert_ne!(id, line_id("tenant/a.b:d", 3, 17));
+        let longest = line_id(&"x".repeat(128), u32::MAX, u64::MAX);
+        assert!(longest.len() <= 64, "{longest}");
+    }
+
+    #[test]
+    fn references_read_back_as_written_and_others_are_not_batch_references() {
+        let line = line_id("j", 1, 1);
+        assert_eq!(
+            parse_ref(&batch_ref("batch_abc", &line)),
+            Some((Some("batch_abc"), line.as_str()))
+        );
+        assert_eq!(parse_ref(&pending_ref(&line)), Some((None, line.as_str())));
+        assert_eq!(parse_ref("resp_123"), None);
+        assert_eq!(parse_ref("sim:j/1@1"), None);
+        assert_eq!(parse_ref("batch:abc:"), None);
+    }
+
+    #[test]
+    fn a_running_batch_is_asked_again_once_stale_an_ended_one_never() {
+        let book = Book::default();
+        book.keep("b1", 100, Status::Running);
+        assert!(matches!(book.status("b1", 100), Some(Status::Running)));
+        assert!(book.status("b1", 101).is_none());
+        book.keep("b1", 200, Status::Ended(Arc::default()));
+        assert!(matches!(book.status("b1", 10_000), Some(Status::Ended(_))));
+        book.place("l1", "b1");
+        assert_eq!(book.found("l1").as_deref(), Some("b1"));
+    }
+}

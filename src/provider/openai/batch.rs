@@ -1,0 +1,284 @@
+//! OpenAI's Batch API: the lines (Chat Completions requests, the one endpoint every
+//! OpenAI-compatible server has) uploaded as one JSONL file, the batch created over it with a
+//! 24-hour window, its status read, its output and error files read once it ended, and the
+//! batches listed to find a line whose batch id was never recorded.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use reqwest::StatusCode;
+use reqwest::header::HeaderMap;
+use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
+
+use super::status::{classify, retrieval_error};
+use super::{OpenAiProvider, with_key};
+use crate::job::Millis;
+use crate::provider::batch::{BatchApi, BatchLine, Book, Status};
+use crate::provider::http::{code_text, lines_by_id, read_file};
+use crate::provider::{ProviderError, ProviderRequest, Retrieval};
+
+/// What this crate's batches carry in their metadata, so an operator can tell them apart.
+const SOURCE: &str = "fenced-jobs";
+/// Pages of the batch list read to find a line (100 batches each).
+const LIST_PAGES: usize = 10;
+
+impl OpenAiProvider {
+    /// `req` as a line of a batch: a Chat Completions request, whole.
+    pub(super) fn line(&self, req: &ProviderRequest<'_>, id: &str) -> BatchLine {
+        let line = json!({
+            "custom_id": id,
+            "method": "POST",
+            "url": "/v1/chat/completions",
+            "body": Value::Object(self.chat_body(req)),
+        });
+        BatchLine {
+            id: id.to_owned(),
+            body: line.to_string(),
+        }
+    }
+
+    /// Uploads the lines as a `batch` file, then creates the batch over it. A failed upload
+    /// created nothing that runs (transient); a create whose answer was lost may have created
+    /// the batch (uncertain: its lines are found by listing).
+    pub(super) async fn create_batch(&self, lines: &[BatchLine]) -> Result<String, ProviderError> {
+        let mut jsonl = String::new();
+        for line in lines {
+            jsonl.push_str(&line.body);
+            jsonl.push('\n');
+        }
+        let (content_type, body) = multipart(&jsonl);
+        let upload = self
+            .send(|| {
+                self.http
+                    .post(self.url("/files"))
+                    .timeout(self.background_timeout())
+                    .header("content-type", &content_type)
+                    .body(body.clone())
+            })
+            .await
+            .map_err(|e| ProviderError::Transient {
+                retry_after_ms: None,
+                reason: format!("batch file not uploaded: {}", e.kind()),
+            })?;
+        let file = match upload {
+            (status, _, json) if status.is_success() => id_of(&json),
+            (status, headers, json) => return Err(refused(status, &headers, &json)),
+        }
+        .ok_or_else(|| ProviderError::Transient {
+            retry_after_ms: None,
+            reason: "batch file uploaded without a usable id".to_owned(),
+        })?;
+        let create = json!({
+            "input_file_id": file,
+            "endpoint": "/v1/chat/completions",
+            "completion_window": "24h",
+            "metadata": {"source": SOURCE},
+        });
+        let (status, headers, json) = self
+            .send(|| {
+                self.http
+                    .post(self.url("/batches"))
+                    .timeout(self.background_timeout())
+                    .json(&create)
+            })
+            .await?;
+        if !status.is_success() {
+            return Err(classify(status, &headers, &json));
+        }
+        id_of(&json).ok_or_else(|| ProviderError::Uncertain {
+            evidence: "batch created without a usable id".to_owned(),
+        })
+    }
+
+    /// `GET` of `path`, read as JSON; what a retrieval answers when it cannot be read.
+    async fn get_json(&self, path: &str) -> Result<Value, Retrieval> {
+        match self
+            .send(|| {
+                self.http
+                    .get(self.url(path))
+                    .timeout(self.background_timeout())
+            })
+            .await
+        {
+            Ok((status, _, json)) if status.is_success() => Ok(json),
+            Ok((status, headers, _)) => Err(retrieval_error(status, &headers)),
+            Err(_) => Err(Retrieval::Unreachable {
+                retry_after_ms: None,
+            }),
+        }
+    }
+
+    /// A file's text, read whole.
+    async fn file_text(&self, file: &str) -> Option<String> {
+        let request = self
+            .http
+            .get(self.url(&format!("/files/{file}/content")))
+            .timeout(self.background_timeout());
+        read_file(with_key(request, self.key.current().as_ref())).await
+    }
+}
+
+impl BatchApi for OpenAiProvider {
+    fn book(&self) -> &Book {
+        &self.book
+    }
+
+    async fn status(&self, batch_id: &str) -> Result<Status, Retrieval> {
+        if !super::valid_response_id(batch_id) {
+            return Err(Retrieval::Denied);
+        }
+        let batch = self.get_json(&format!("/batches/{batch_id}")).await?;
+        match batch.get("status").and_then(Value::as_str) {
+            Some("completed" | "expired" | "cancelled") => {
+                let mut results = HashMap::new();
+                for field in ["output_file_id", "error_file_id"] {
+                    let Some(file) = batch.get(field).and_then(Value::as_str) else {
+                        continue;
+                    };
+                    if !super::valid_response_id(file) {
+                        continue;
+                    }
+                    let text = self.file_text(file).await.ok_or(Retrieval::Unreachable {
+                        retry_after_ms: None,
+                    })?;
+                    lines_by_id(&text, &mut results);
+                }
+                Ok(Status::Ended(Arc::new(results)))
+            }
+            Some("failed") => {
+                let code = batch
+                    .pointer("/errors/data/0/code")
+                    .and_then(Value::as_str)
+                    .unwrap_or("unspecified");
+                Ok(Status::Failed(code_text(code)))
+            }
+            Some(_) => Ok(Status::Running),
+            None => Err(Retrieval::Unreachable {
+                retry_after_ms: None,
+            }),
+        }
+    }
+
+    async fn created_since(&self, since: Millis) -> Result<Vec<String>, Retrieval> {
+        let mut found = Vec::new();
+        let mut after: Option<String> = None;
+        for _ in 0..LIST_PAGES {
+            let path = match &after {
+                Some(last) => format!("/batches?limit=100&after={last}"),
+                None => "/batches?limit=100".to_owned(),
+            };
+            let page = self.get_json(&path).await?;
+            let batches = page.get("data").and_then(Value::as_array);
+            let mut older = false;
+            for batch in batches.into_iter().flatten() {
+                let created = batch.get("created_at").and_then(Value::as_i64).unwrap_or(0);
+                if created.saturating_mul(1000) < since {
+                    older = true;
+                    continue;
+                }
+                let ours =
+                    batch.pointer("/metadata/source").and_then(Value::as_str) == Some(SOURCE);
+                if let Some(id) = id_of(batch).filter(|_| ours) {
+                    found.push(id);
+                }
+            }
+            let more = page.get("has_more").and_then(Value::as_bool) == Some(true);
+            after = page
+                .get("last_id")
+                .and_then(Value::as_str)
+                .filter(|id| super::valid_response_id(id))
+                .map(str::to_owned);
+            if older || !more || after.is_none() {
+                return Ok(found);
+            }
+        }
+        Ok(found)
+    }
+
+    async fn holds(&self, batch_id: &str, line: &str) -> Option<bool> {
+        let batch = self.get_json(&format!("/batches/{batch_id}")).await.ok()?;
+        let file = batch
+            .get("input_file_id")
+            .and_then(Value::as_str)
+            .filter(|f| super::valid_response_id(f))?;
+        let text = self.file_text(file).await?;
+        let mut lines = HashMap::new();
+        lines_by_id(&text, &mut lines);
+        Some(lines.contains_key(line))
+    }
+
+    fn line_result(&self, raw: &str, req: &ProviderRequest<'_>) -> Retrieval {
+        let line: Value = serde_json::from_str(raw).unwrap_or_default();
+        if let Some(response) = line.get("response").filter(|r| r.is_object()) {
+            let code = response
+                .get("status_code")
+                .and_then(Value::as_u64)
+                .and_then(|c| u16::try_from(c).ok())
+                .and_then(|c| StatusCode::from_u16(c).ok());
+            let body = response.get("body").cloned().unwrap_or_default();
+            return match code {
+                Some(code) if code.is_success() => match self.chat_answer(req, &body) {
+                    Ok(answer) => Retrieval::Completed(answer),
+                    Err(error) => Retrieval::Failed(error),
+                },
+                Some(code) => Retrieval::Failed(classify(code, &HeaderMap::new(), &body)),
+                None => Retrieval::Failed(ProviderError::Uncertain {
+                    evidence: "batch line without a status".to_owned(),
+                }),
+            };
+        }
+        let code = line
+            .pointer("/error/code")
+            .and_then(Value::as_str)
+            .unwrap_or("unspecified");
+        let reason = format!("batch line failed: {}", code_text(code));
+        Retrieval::Failed(match code {
+            // Never run: the batch ran out of time or was cancelled first.
+            "batch_expired" | "batch_cancelled" => ProviderError::Transient {
+                retry_after_ms: None,
+                reason,
+            },
+            _ => ProviderError::Permanent { reason },
+        })
+    }
+}
+
+/// A refused upload or create: transient or permanent as its status says, but never
+/// uncertain (nothing that runs was created).
+fn refused(status: StatusCode, headers: &HeaderMap, json: &Value) -> ProviderError {
+    match classify(status, headers, json) {
+        ProviderError::Uncertain { evidence } => ProviderError::Transient {
+            retry_after_ms: None,
+            reason: evidence,
+        },
+        other => other,
+    }
+}
+
+fn id_of(json: &Value) -> Option<String> {
+    json.get("id")
+        .and_then(Value::as_str)
+        .filter(|id| super::valid_response_id(id))
+        .map(str::to_owned)
+}
+
+/// A `multipart/form-data` body of the `purpose` and the `file`, and its content type; the
+/// boundary is made of the content's digest, so the content cannot hold it.
+fn multipart(jsonl: &str) -> (String, Vec<u8>) {
+    let digest = Sha256::digest(jsonl.as_bytes());
+    let boundary: String = digest[..16].iter().map(|b| format!("{b:02x}")).collect();
+    let boundary = format!("batch-{boundary}");
+    let mut body = Vec::with_capacity(jsonl.len() + 400);
+    body.extend_from_slice(
+        format!(
+            "--{boundary}\r\nContent-Disposition: form-data; name=\"purpose\"\r\n\r\nbatch\r\n\
+             --{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"batch.jsonl\"\r\n\
+             Content-Type: application/jsonl\r\n\r\n"
+        )
+        .as_bytes(),
+    );
+    body.extend_from_slice(jsonl.as_bytes());
+    body.extend_from_slice(format!("\r\n--{boundary}--\r\n").as_bytes());
+    (format!("multipart/form-data; boundary={boundary}"), body)
+}
