@@ -1528,3 +1528,102 @@ async fn openai_batches_are_uploaded_created_followed_and_read_line_by_line() {
         "nothing was submitted again"
     );
 }
+
+#[tokio::test]
+async fn anthropic_message_batches_are_created_followed_and_read_line_by_line() {
+    use fenced_jobs::provider::batch::{batch_ref, line_id, pending_ref};
+    let ids = [1, 2, 3, 4, 5].map(|a| line_id("job-7", a, 9));
+    let lines = ids.clone();
+    let stub = HttpStub::start(move |req, before| {
+        let looks = before
+            .iter()
+            .filter(|r| r.method == "GET" && r.path == "/v1/messages/batches/msgbatch_1")
+            .count();
+        let batch = |status: &str| {
+            json!({"id": "msgbatch_1", "type": "message_batch", "processing_status": status,
+                   "created_at": "2096-01-01T00:00:00Z", "results_url": null})
+        };
+        match (req.method.as_str(), req.path.as_str()) {
+            ("POST", "/v1/messages/batches") => Reply::json(200, batch("in_progress")),
+            ("GET", "/v1/messages/batches/msgbatch_1") if looks == 0 => {
+                Reply::json(200, batch("in_progress"))
+            }
+            ("GET", "/v1/messages/batches/msgbatch_1") => Reply::json(200, batch("ended")),
+            ("GET", "/v1/messages/batches?limit=100") => Reply::json(
+                200,
+                json!({"data": [batch("ended")], "has_more": false, "last_id": "msgbatch_1"}),
+            ),
+            ("GET", "/v1/messages/batches/msgbatch_1/results") => {
+                let results = [
+                    json!({"custom_id": lines[0], "result": {"type": "succeeded", "message":
+                        message(json!([{"type": "text", "text": "Batched."}]), "end_turn")}}),
+                    json!({"custom_id": lines[1], "result": {"type": "errored", "error":
+                        {"type": "error", "error": {"type": "invalid_request_error", "message": "no"}}}}),
+                    json!({"custom_id": lines[2], "result": {"type": "errored", "error":
+                        {"type": "error", "error": {"type": "overloaded_error", "message": "busy"}}}}),
+                    json!({"custom_id": lines[3], "result": {"type": "expired"}}),
+                ];
+                let body: Vec<String> = results.iter().map(Value::to_string).collect();
+                Reply::Json {
+                    status: 200,
+                    headers: vec![],
+                    body: body.join("\n"),
+                }
+            }
+            _ => anthropic_error(404, "not_found_error"),
+        }
+    })
+    .await;
+    let provider = anthropic(&stub.url, Structured::Format);
+    assert!(provider.batches());
+    let inp = input(json!({"model": "claude-test", "prompt": "Summarise this.", "deferrable": true}));
+    let req = request(&inp, "{}");
+    let batch: Vec<_> = ids[..4]
+        .iter()
+        .map(|id| provider.batch_line(&req, id).expect("line"))
+        .collect();
+    assert_eq!(provider.submit_batch(&batch).await.as_deref(), Ok("msgbatch_1"));
+    let created = stub.requests()[0].clone();
+    assert_eq!(created.header("anthropic-version"), Some("2023-06-01"));
+    assert_eq!(created.header("x-api-key"), Some("sk-ant-test-secret"));
+    let sent = created.json();
+    assert_eq!(sent["requests"].as_array().map(Vec::len), Some(4));
+    assert_eq!(sent["requests"][0]["custom_id"], ids[0].as_str());
+    assert_eq!(sent["requests"][0]["params"]["model"], "claude-test");
+    assert_eq!(sent["requests"][0]["params"]["max_tokens"], 4_096);
+    assert!(sent["requests"][0]["params"].get("stream").is_none());
+
+    let a = batch_ref("msgbatch_1", &ids[0]);
+    assert_eq!(provider.retrieve(&a, 0, &req).await, Retrieval::Running);
+    let later = anthropic(&stub.url, Structured::Format);
+    let Retrieval::Completed(answer) = later.retrieve(&a, 0, &req).await else {
+        panic!("the first line answered");
+    };
+    assert_eq!(output_of(&answer), "Batched.");
+    let failed = |i: usize| {
+        let later = &later;
+        let line = batch_ref("msgbatch_1", &ids[i]);
+        let req = req.clone();
+        async move { later.retrieve(&line, 0, &req).await }
+    };
+    assert!(matches!(failed(1).await, Retrieval::Failed(ProviderError::Permanent { .. })));
+    assert!(matches!(failed(2).await, Retrieval::Failed(ProviderError::Transient { .. })));
+    assert!(matches!(
+        failed(3).await,
+        Retrieval::Failed(ProviderError::Transient { ref reason, .. }) if reason.contains("expired")
+    ));
+    assert!(matches!(failed(4).await, Retrieval::Failed(ProviderError::Transient { .. })));
+    assert_eq!(stub.count("GET", "/v1/messages/batches/msgbatch_1/results"), 1);
+
+    // Found again by listing its ended batch; a line no batch holds is not known.
+    let fresh = anthropic(&stub.url, Structured::Format);
+    assert!(matches!(
+        fresh.retrieve(&pending_ref(&ids[0]), 0, &req).await,
+        Retrieval::Completed(_)
+    ));
+    assert_eq!(
+        fresh.retrieve(&pending_ref(&ids[4]), 0, &req).await,
+        Retrieval::NotFound
+    );
+    assert_eq!(stub.count("POST", "/v1/messages/batches"), 1);
+}

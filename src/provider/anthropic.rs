@@ -6,6 +6,8 @@
 //! input is the answer. Errors are classified by what they prove about the work (the README's
 //! table); reasons carry the status and Anthropic's error type, never its message.
 
+mod batch;
+
 use reqwest::header::HeaderMap;
 use reqwest::{Client, StatusCode};
 use serde_json::{Map, Value, json};
@@ -95,6 +97,8 @@ pub struct AnthropicProvider {
     http: Client,
     settings: AnthropicSettings,
     key: ApiKey,
+    /// What this environment knows of its batches.
+    book: super::batch::Book,
 }
 
 impl AnthropicProvider {
@@ -107,6 +111,7 @@ impl AnthropicProvider {
                 ..settings
             },
             key: ApiKey::new(key),
+            book: super::batch::Book::default(),
         })
     }
 
@@ -216,6 +221,39 @@ impl Provider for AnthropicProvider {
 
     fn fixed_model(&self) -> Option<&str> {
         self.settings.model.as_deref()
+    }
+
+    fn can_retrieve(&self) -> bool {
+        // Only a batch's lines can be asked about; a message cannot.
+        false
+    }
+
+    fn batches(&self) -> bool {
+        true
+    }
+
+    fn batch_line(
+        &self,
+        req: &ProviderRequest<'_>,
+        line: &str,
+    ) -> Result<super::BatchLine, ProviderError> {
+        self.line(req, line)
+    }
+
+    async fn submit_batch(&self, lines: &[super::BatchLine]) -> Result<String, ProviderError> {
+        self.create_batch(lines).await
+    }
+
+    async fn retrieve(
+        &self,
+        provider_ref: &str,
+        started_at: Millis,
+        req: &ProviderRequest<'_>,
+    ) -> super::Retrieval {
+        if super::batch::is_batch_ref(provider_ref) {
+            return super::batch::retrieve_line(self, provider_ref, started_at, req).await;
+        }
+        super::Retrieval::Unsupported
     }
 
     async fn call(&self, req: &ProviderRequest<'_>) -> Result<Answer, ProviderError> {

@@ -1,0 +1,242 @@
+//! Anthropic's Message Batches: the lines (Messages requests, whole) created as one batch in
+//! one request, its status read, its results read once it ended, and the batches listed to
+//! find a line whose batch id was never recorded (an ended batch's results show its lines; a
+//! batch still processing cannot say, so the look waits for it).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use reqwest::RequestBuilder;
+use serde_json::{Value, json};
+
+use super::{AnthropicProvider, classify};
+use crate::job::Millis;
+use crate::job::message::parse_rfc3339_ms;
+use crate::provider::batch::{BatchApi, BatchLine, Book, Status};
+use crate::provider::http::{code_text, lines_by_id, read_file};
+use crate::provider::keys::Secret;
+use crate::provider::{ProviderError, ProviderRequest, Retrieval};
+
+/// Pages of the batch list read to find a line (100 batches each).
+const LIST_PAGES: usize = 10;
+/// The longest wait for one request about batches.
+const REQUEST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
+impl AnthropicProvider {
+    /// `req` as a line of a batch: its Messages request, whole.
+    pub(super) fn line(
+        &self,
+        req: &ProviderRequest<'_>,
+        id: &str,
+    ) -> Result<BatchLine, ProviderError> {
+        let params = Value::Object(self.body(req)?);
+        Ok(BatchLine {
+            id: id.to_owned(),
+            body: json!({"custom_id": id, "params": params}).to_string(),
+        })
+    }
+
+    /// A request to `path` under the API, with the version header and the key.
+    fn request(&self, method: reqwest::Method, path: &str, key: Option<&Secret>) -> RequestBuilder {
+        let request = self
+            .http
+            .request(method, format!("{}{path}", self.settings.base_url))
+            .timeout(REQUEST_TIMEOUT)
+            .header("anthropic-version", &self.settings.version);
+        match key {
+            Some(key) => request.header("x-api-key", key.expose()),
+            None => request,
+        }
+    }
+
+    /// Creates the batch of `lines` in one request. A create whose answer was lost may have
+    /// created it (uncertain: its lines are found by listing once it ended).
+    pub(super) async fn create_batch(&self, lines: &[BatchLine]) -> Result<String, ProviderError> {
+        let mut body = String::from(r#"{"requests":["#);
+        for (i, line) in lines.iter().enumerate() {
+            if i > 0 {
+                body.push(',');
+            }
+            body.push_str(&line.body);
+        }
+        body.push_str("]}");
+        let (status, headers, json) = self
+            .key
+            .send(
+                |key| {
+                    self.request(reqwest::Method::POST, "/v1/messages/batches", key)
+                        .header("content-type", "application/json")
+                        .body(body.clone())
+                },
+                classify,
+            )
+            .await?;
+        if !status.is_success() {
+            return Err(classify(status, &headers, &json));
+        }
+        id_of(&json).ok_or_else(|| ProviderError::Uncertain {
+            evidence: "batch created without a usable id".to_owned(),
+        })
+    }
+
+    async fn get_json(&self, path: &str) -> Result<Value, Retrieval> {
+        let sent = self
+            .key
+            .send(|key| self.request(reqwest::Method::GET, path, key), classify)
+            .await;
+        match sent {
+            Ok((status, _, json)) if status.is_success() => Ok(json),
+            Ok((status, headers, _)) => Err(match status.as_u16() {
+                401 | 403 => Retrieval::Denied,
+                404 => Retrieval::NotFound,
+                _ => Retrieval::Unreachable {
+                    retry_after_ms: crate::provider::http::retry_after_ms(&headers),
+                },
+            }),
+            Err(_) => Err(Retrieval::Unreachable {
+                retry_after_ms: None,
+            }),
+        }
+    }
+
+    /// An ended batch's results, by line.
+    async fn results(&self, batch_id: &str) -> Option<HashMap<String, String>> {
+        let path = format!("/v1/messages/batches/{batch_id}/results");
+        let key = self.key.current();
+        let text = read_file(self.request(reqwest::Method::GET, &path, key.as_ref())).await?;
+        let mut lines = HashMap::new();
+        lines_by_id(&text, &mut lines);
+        Some(lines)
+    }
+}
+
+impl BatchApi for AnthropicProvider {
+    fn book(&self) -> &Book {
+        &self.book
+    }
+
+    async fn status(&self, batch_id: &str) -> Result<Status, Retrieval> {
+        if !valid_id(batch_id) {
+            return Err(Retrieval::Denied);
+        }
+        let batch = self
+            .get_json(&format!("/v1/messages/batches/{batch_id}"))
+            .await?;
+        match batch.get("processing_status").and_then(Value::as_str) {
+            Some("ended") => {
+                let results = self.results(batch_id).await.ok_or(Retrieval::Unreachable {
+                    retry_after_ms: None,
+                })?;
+                Ok(Status::Ended(Arc::new(results)))
+            }
+            Some(_) => Ok(Status::Running),
+            None => Err(Retrieval::Unreachable {
+                retry_after_ms: None,
+            }),
+        }
+    }
+
+    async fn created_since(&self, since: Millis) -> Result<Vec<String>, Retrieval> {
+        let mut found = Vec::new();
+        let mut after: Option<String> = None;
+        for _ in 0..LIST_PAGES {
+            let path = match &after {
+                Some(last) => format!("/v1/messages/batches?limit=100&after_id={last}"),
+                None => "/v1/messages/batches?limit=100".to_owned(),
+            };
+            let page = self.get_json(&path).await?;
+            let mut older = false;
+            for batch in page.get("data").and_then(Value::as_array).into_iter().flatten() {
+                let created = batch
+                    .get("created_at")
+                    .and_then(Value::as_str)
+                    .and_then(parse_rfc3339_ms)
+                    .unwrap_or(0);
+                if created < since {
+                    older = true;
+                } else if let Some(id) = id_of(batch) {
+                    found.push(id);
+                }
+            }
+            let more = page.get("has_more").and_then(Value::as_bool) == Some(true);
+            after = page
+                .get("last_id")
+                .and_then(Value::as_str)
+                .filter(|id| valid_id(id))
+                .map(str::to_owned);
+            if older || !more || after.is_none() {
+                break;
+            }
+        }
+        Ok(found)
+    }
+
+    async fn holds(&self, batch_id: &str, line: &str) -> Option<bool> {
+        match self.status(batch_id).await.ok()? {
+            Status::Ended(results) => {
+                self.book.keep(
+                    batch_id,
+                    crate::clock::Clock::now_ms(&crate::clock::SystemClock),
+                    Status::Ended(results.clone()),
+                );
+                Some(results.contains_key(line))
+            }
+            // Its lines show only once it ended.
+            Status::Running | Status::Failed(_) => None,
+        }
+    }
+
+    fn line_result(&self, raw: &str, req: &ProviderRequest<'_>) -> Retrieval {
+        let line: Value = serde_json::from_str(raw).unwrap_or_default();
+        let result = line.get("result").cloned().unwrap_or_default();
+        match result.get("type").and_then(Value::as_str) {
+            Some("succeeded") => {
+                let message = result.get("message").cloned().unwrap_or_default();
+                match self.answer(req, &message) {
+                    Ok(answer) => Retrieval::Completed(answer),
+                    Err(error) => Retrieval::Failed(error),
+                }
+            }
+            Some("errored") => {
+                let kind = result
+                    .pointer("/error/error/type")
+                    .and_then(Value::as_str)
+                    .unwrap_or("unspecified");
+                let reason = format!("batch line failed: {}", code_text(kind));
+                Retrieval::Failed(match kind {
+                    "invalid_request_error" | "not_found_error" | "request_too_large" => {
+                        ProviderError::Permanent { reason }
+                    }
+                    _ => ProviderError::Transient {
+                        retry_after_ms: None,
+                        reason,
+                    },
+                })
+            }
+            // Never run: the batch was cancelled or ran out of its 24 hours first.
+            Some(kind @ ("canceled" | "expired")) => Retrieval::Failed(ProviderError::Transient {
+                retry_after_ms: None,
+                reason: format!("batch line {kind} before it ran"),
+            }),
+            _ => Retrieval::Failed(ProviderError::Uncertain {
+                evidence: "batch line without a known result".to_owned(),
+            }),
+        }
+    }
+}
+
+fn id_of(json: &Value) -> Option<String> {
+    json.get("id")
+        .and_then(Value::as_str)
+        .filter(|id| valid_id(id))
+        .map(str::to_owned)
+}
+
+/// A batch id this crate puts in a URL or the ledger: 1-128 characters of `A-Z a-z 0-9 _ -`.
+fn valid_id(id: &str) -> bool {
+    !id.is_empty()
+        && id.len() <= 128
+        && id
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+}
