@@ -1475,7 +1475,7 @@ async fn openai_batches_are_uploaded_created_followed_and_read_line_by_line() {
     assert_eq!(create["completion_window"], "24h");
     assert_eq!(create["endpoint"], "/v1/chat/completions");
 
-    // Validating: running (and taken as running for a minute by this environment).
+    // Validating: running (and taken as running for ten seconds by this environment).
     let a = batch_ref("batch_1", &ids[0]);
     assert_eq!(provider.retrieve(&a, 0, &req).await, Retrieval::Running);
     assert_eq!(provider.retrieve(&a, 0, &req).await, Retrieval::Running);
@@ -1576,13 +1576,17 @@ async fn anthropic_message_batches_are_created_followed_and_read_line_by_line() 
     .await;
     let provider = anthropic(&stub.url, Structured::Format);
     assert!(provider.batches());
-    let inp = input(json!({"model": "claude-test", "prompt": "Summarise this.", "deferrable": true}));
+    let inp =
+        input(json!({"model": "claude-test", "prompt": "Summarise this.", "deferrable": true}));
     let req = request(&inp, "{}");
     let batch: Vec<_> = ids[..4]
         .iter()
         .map(|id| provider.batch_line(&req, id).expect("line"))
         .collect();
-    assert_eq!(provider.submit_batch(&batch).await.as_deref(), Ok("msgbatch_1"));
+    assert_eq!(
+        provider.submit_batch(&batch).await.as_deref(),
+        Ok("msgbatch_1")
+    );
     let created = stub.requests()[0].clone();
     assert_eq!(created.header("anthropic-version"), Some("2023-06-01"));
     assert_eq!(created.header("x-api-key"), Some("sk-ant-test-secret"));
@@ -1606,14 +1610,26 @@ async fn anthropic_message_batches_are_created_followed_and_read_line_by_line() 
         let req = req.clone();
         async move { later.retrieve(&line, 0, &req).await }
     };
-    assert!(matches!(failed(1).await, Retrieval::Failed(ProviderError::Permanent { .. })));
-    assert!(matches!(failed(2).await, Retrieval::Failed(ProviderError::Transient { .. })));
+    assert!(matches!(
+        failed(1).await,
+        Retrieval::Failed(ProviderError::Permanent { .. })
+    ));
+    assert!(matches!(
+        failed(2).await,
+        Retrieval::Failed(ProviderError::Transient { .. })
+    ));
     assert!(matches!(
         failed(3).await,
         Retrieval::Failed(ProviderError::Transient { ref reason, .. }) if reason.contains("expired")
     ));
-    assert!(matches!(failed(4).await, Retrieval::Failed(ProviderError::Transient { .. })));
-    assert_eq!(stub.count("GET", "/v1/messages/batches/msgbatch_1/results"), 1);
+    assert!(matches!(
+        failed(4).await,
+        Retrieval::Failed(ProviderError::Transient { .. })
+    ));
+    assert_eq!(
+        stub.count("GET", "/v1/messages/batches/msgbatch_1/results"),
+        1
+    );
 
     // Found again by listing its ended batch; a line no batch holds is not known.
     let fresh = anthropic(&stub.url, Structured::Format);

@@ -17,8 +17,8 @@ use crate::clock::{Clock, SystemClock};
 use crate::job::Millis;
 
 /// How long a running batch's status is taken as it was read, for every delivery of the
-/// environment that asks: one request a minute at most per batch.
-pub(crate) const STATUS_FRESH_MS: Millis = 60_000;
+/// environment that asks: the records of one batch, redelivered together, share one request.
+pub(crate) const STATUS_FRESH_MS: Millis = 10_000;
 /// How long before an attempt's claim the batches listed for its line may have been created
 /// (clocks differ).
 const LISTING_SLACK_MS: Millis = 300_000;
@@ -171,7 +171,7 @@ pub(crate) trait BatchApi: Sync {
 }
 
 /// What became of the line `provider_ref` names (claimed at `started_at`): its batch, found by
-/// listing while the reference is pending, asked about (at most once a minute per batch in one
+/// listing while the reference is pending, asked about (at most once in ten seconds per batch in one
 /// environment), and the line read from its results once it ended. A line an ended batch does
 /// not hold was never run (the batch expired or was cancelled first): refused before work.
 pub(crate) async fn retrieve_line<A: BatchApi>(

@@ -82,7 +82,10 @@ impl AnthropicProvider {
     async fn get_json(&self, path: &str) -> Result<Value, Retrieval> {
         let sent = self
             .key
-            .send(|key| self.request(reqwest::Method::GET, path, key), classify)
+            .send(
+                |key| self.request(reqwest::Method::GET, path, key),
+                classify,
+            )
             .await;
         match sent {
             Ok((status, _, json)) if status.is_success() => Ok(json),
@@ -146,7 +149,12 @@ impl BatchApi for AnthropicProvider {
             };
             let page = self.get_json(&path).await?;
             let mut older = false;
-            for batch in page.get("data").and_then(Value::as_array).into_iter().flatten() {
+            for batch in page
+                .get("data")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+            {
                 let created = batch
                     .get("created_at")
                     .and_then(Value::as_str)

@@ -47,7 +47,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
     }
 
     /// For a job handed over with its line in a batch whose id is recorded: whether that batch
-    /// is still running (asked at most once a minute per batch in this environment). If so, the
+    /// is still running (asked at most once in ten seconds per batch in this environment). If so, the
     /// record waits for the next look and nothing is written; otherwise the lapsed owner is
     /// fenced as any other and its line read.
     pub(super) async fn batch_still_running(
