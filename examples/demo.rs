@@ -88,6 +88,24 @@ fn jobs(bucket: &str) -> Vec<(&'static str, &'static str, &'static str, String)>
             invoice_job(),
         ),
         (
+            "deferrable (batch, 1/3)",
+            "demo-night-1",
+            "succeeded, 1 batch line",
+            night("demo-night-1", "Summarise Monday's tickets."),
+        ),
+        (
+            "deferrable (batch, 2/3)",
+            "demo-night-2",
+            "succeeded, 1 batch line",
+            night("demo-night-2", "Summarise Tuesday's tickets."),
+        ),
+        (
+            "deferrable (batch, 3/3)",
+            "demo-night-3",
+            "succeeded, 1 batch line",
+            night("demo-night-3", "Summarise Wednesday's tickets."),
+        ),
+        (
             "permanent failure",
             "demo-reject",
             "failed_terminal, 1 call",
@@ -135,6 +153,34 @@ fn jobs(bucket: &str) -> Vec<(&'static str, &'static str, &'static str, String)>
                 .to_owned(),
         ),
     ]
+}
+
+/// A deferrable summary: it waits for the provider's batch (a simulated batch that ends 1.5 s
+/// after it was created) at the batch price.
+fn night(id: &str, prompt: &str) -> String {
+    format!(
+        r#"{{"job_id":"{id}","contract":"summary.v1","input":{{"model":"sim-1","prompt":"{prompt}","deferrable":true,"simulate":{{"latency_ms":1500}}}},"metadata":{{"source":"demo"}}}}"#
+    )
+}
+
+/// What the ledger says of the deferrable jobs: the batch each line went in, and how often its
+/// record came back to look before the batch ended.
+fn show_batches(records: &[fenced_jobs::job::JobRecord], sizes: &[usize]) {
+    println!(
+        "Deferrable jobs: {} provider batch(es) of {sizes:?} line(s), at the batch price.",
+        sizes.len()
+    );
+    for r in records {
+        let a = r.attempt_log.last();
+        println!(
+            "{}: {} at attempt {}, its line {}; handed over while the batch ran, its answer read by the delivery that fenced the hand-over ({} recovery).",
+            r.job_id,
+            r.state,
+            r.attempts,
+            a.and_then(|a| a.provider_ref.as_deref()).unwrap_or("-"),
+            r.recoveries.len(),
+        );
+    }
 }
 
 /// An extraction held to the built-in `invoice-extract@2` contract, whose simulated model
@@ -247,6 +293,8 @@ async fn main() {
     };
     settings.visibility.backoff_base_s = 1;
     settings.visibility.backoff_cap_s = 2;
+    // A deferrable job's record looks at its batch again a second after each look.
+    settings.batching.poll_ms = 1_000;
     let ledger = DynamoLedger::new(ddb.clone(), &table);
     let s3 = s3_client(&aws);
     // Two providers in order: the first is overloaded for `sim-large` (it answers 529, as
@@ -255,7 +303,9 @@ async fn main() {
     let handler = BatchHandler::new(
         Processor::new(
             ledger.clone(),
-            SimulatedProvider::new().overloaded_for("sim-large"),
+            SimulatedProvider::new()
+                .overloaded_for("sim-large")
+                .with_batches(),
             SystemClock,
             settings,
         )
@@ -275,6 +325,9 @@ async fn main() {
             std::process::exit(1)
         });
     source.wait_seconds = 1;
+    // Every message in one invocation, as an event source mapping with a batching window
+    // would give them: the deferrable jobs go as one batch.
+    source.batch_size = 20;
 
     // The producer's Extended Client put this body in the bucket and sent a pointer to it.
     let payload = r#"{"job_id":"demo-pointer","contract":"extract.v1","input":{"model":"sim-1","prompt":"A long contract, offloaded to S3."},"metadata":{"source":"demo"}}"#;
@@ -364,6 +417,14 @@ async fn main() {
         println!();
         show_invoice(&invoice);
     }
+    let mut nights = Vec::new();
+    for id in ["demo-night-1", "demo-night-2", "demo-night-3"] {
+        if let Ok(Some(r)) = ledger.get(id).await {
+            nights.push(r);
+        }
+    }
+    println!();
+    show_batches(&nights, &handler.processor().provider().batch_sizes());
 
     let dead = sqs
         .get_queue_attributes()

@@ -114,6 +114,10 @@ pub struct StatsSnapshot {
     pub provider_throttled: u64,
     /// Records that wait for the next day: the deployment's `DAILY_SPEND_LIMIT` is reached.
     pub spend_deferred: u64,
+    /// Deferrable jobs' lines submitted in provider batches.
+    pub batch_lines: u64,
+    /// Records that looked at their running batch and wait, nothing written.
+    pub batch_waits: u64,
 }
 
 /// The lease renewals of one record, for its log line.

@@ -91,6 +91,7 @@ async fn deferrable_jobs_of_one_invocation_go_as_one_batch_and_succeed_at_batch_
     let jobs: Vec<String> = (0..50).map(|i| deferrable(&format!("d{i}"), "")).collect();
     let first = h.handle_batch(&event(&jobs, 1), &invocation()).await;
     assert_eq!(h.processor().provider().batch_sizes(), vec![50]);
+    assert_eq!(first.stats.batch_lines, 50);
     // Handed over while the batch runs: each record looks again after the poll interval.
     for r in &first.records {
         assert!(
@@ -122,6 +123,11 @@ async fn deferrable_jobs_of_one_invocation_go_as_one_batch_and_succeed_at_batch_
     let batch = prices.cost_micros("gpt-4o-mini", &usage, true);
     assert_eq!(usage.cost_micros, batch);
     assert!(batch < prices.cost_micros("gpt-4o-mini", &usage, false));
+    // The completion event and `jobctl show --json` say which batch it went in.
+    let event = fenced_jobs::events::CompletionEvent::of(&item).expect("announced");
+    assert_eq!(event.detail["batch"]["id"], "simbatch-1");
+    let shown = fenced_jobs::ops::operator::to_json(&item, false);
+    assert_eq!(shown["attempt_log"][0]["batch"], "simbatch-1");
 }
 
 #[tokio::test]

@@ -70,6 +70,13 @@ impl CompletionEvent {
                 }
             }
         }
+        // The provider batch its last attempt went in, for a deferrable job.
+        if let Some((batch, _)) = job
+            .last_provider_ref()
+            .and_then(crate::provider::batch::parse_ref)
+        {
+            fields.insert("batch".into(), json!({ "id": batch }));
+        }
         // What the job's attempts used and cost, in the ledger's one vocabulary.
         if let Some(usage) = job.usage() {
             fields.insert("usage".into(), json!(usage));

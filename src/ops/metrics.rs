@@ -136,6 +136,8 @@ pub fn invocation(target: &MetricsTarget, at: Millis, report: &BatchReport) -> V
             "Count",
             Sample::One(stats.spend_deferred as f64),
         ),
+        ("BatchLines", "Count", Sample::One(stats.batch_lines as f64)),
+        ("BatchWaits", "Count", Sample::One(stats.batch_waits as f64)),
     ]);
     document(target, at, &metrics)
 }
@@ -371,9 +373,12 @@ mod tests {
         );
         let mut r = r;
         r.stats.provider_throttled = 3;
+        r.stats.batch_lines = 7;
         let doc = invocation(&target(), 1_700_000_000_000, &r);
         check_emf(&doc).expect("valid EMF");
         assert_eq!(doc["ProviderThrottled"], 3.0);
+        assert_eq!(doc["BatchLines"], 7.0);
+        assert_eq!(doc["BatchWaits"], 0.0);
         assert_eq!(doc["Succeeded"], 2.0);
         assert_eq!(doc["DeferredToLiveOwner"], 1.0);
         assert_eq!(doc["Unknown"], 1.0);

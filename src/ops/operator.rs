@@ -123,6 +123,14 @@ pub fn to_json(record: &JobRecord, with_result: bool) -> Value {
             fields["provider"] = json!(route.provider);
             fields["model"] = json!(route.model);
         }
+        // A deferrable job's line: the batch it went in (null while its id is not recorded).
+        if let Some((batch, _)) = a
+            .provider_ref
+            .as_deref()
+            .and_then(crate::provider::batch::parse_ref)
+        {
+            fields["batch"] = json!(batch);
+        }
         if let Some(usage) = &a.usage {
             fields["usage"] = json!(usage);
         }

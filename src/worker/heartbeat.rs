@@ -41,6 +41,8 @@ pub struct Stats {
     recoveries: AtomicU64,
     provider_throttled: AtomicU64,
     spend_deferred: AtomicU64,
+    batch_lines: AtomicU64,
+    batch_waits: AtomicU64,
     usage: std::sync::Mutex<std::collections::BTreeMap<String, crate::job::Usage>>,
     latencies: std::sync::Mutex<Vec<u64>>,
 }
@@ -62,6 +64,16 @@ impl Stats {
     /// Counts a record that waits for the next day's spend.
     pub fn spend_deferred(&self) {
         self.spend_deferred.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts a line submitted in a provider batch.
+    pub fn batch_line(&self) {
+        self.batch_lines.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts a record that looked at its running batch and waits, nothing written.
+    pub fn batch_wait(&self) {
+        self.batch_waits.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Counts a recovery claim.
@@ -115,6 +127,8 @@ impl Stats {
             recoveries: get(&self.recoveries),
             provider_throttled: get(&self.provider_throttled),
             spend_deferred: get(&self.spend_deferred),
+            batch_lines: get(&self.batch_lines),
+            batch_waits: get(&self.batch_waits),
             ..StatsSnapshot::default()
         }
     }
@@ -384,6 +398,14 @@ impl AttemptWatch for RecordSlot<'_> {
 
     fn spend_deferred(&self) {
         self.flights.stats.spend_deferred();
+    }
+
+    fn batched(&self) {
+        self.flights.stats.batch_line();
+    }
+
+    fn batch_waiting(&self) {
+        self.flights.stats.batch_wait();
     }
 
     fn used(&self, model: &str, usage: &crate::job::Usage) {

@@ -120,6 +120,10 @@ pub trait AttemptWatch: Sync {
     fn throttled(&self) {}
     /// The record waits: the day's spend limit cannot take its call.
     fn spend_deferred(&self) {}
+    /// The call went as a line of a provider batch.
+    fn batched(&self) {}
+    /// The record looked at its running batch and waits, nothing written.
+    fn batch_waiting(&self) {}
     /// An attempt of `model` ended, recording `usage`.
     fn used(&self, _model: &str, _usage: &crate::job::Usage) {}
 }
@@ -387,6 +391,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
                     if let (Op::Recover { .. }, Some(seen)) = (&op, view.as_ref())
                         && let Some(wait_ms) = self.batch_still_running(msg, seen).await
                     {
+                        watch.batch_waiting();
                         self.settle_spend(reserved, 0).await;
                         let outcome = RecordOutcome::Failed(Failure::Deferred {
                             remaining_ms: wait_ms,

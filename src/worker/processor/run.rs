@@ -209,6 +209,10 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
             step = match step {
                 CallStep::Submit { budget_ms } => {
                     let said = self.submit(link, request, budget_ms, lost, heard).await;
+                    if matches!(&said, Said::Started(r) if crate::provider::batch::is_batch_ref(r))
+                    {
+                        watch.batched();
+                    }
                     machine.submitted(said, self.clock.now_ms())
                 }
                 CallStep::Throttled { retry_after_ms } => {
