@@ -18,10 +18,9 @@ use fenced_jobs::worker::settings::Batching;
 
 const ARN: &str = "arn:aws:sqs:us-east-1:123456789012:jobs";
 
-type Handler =
-    BatchHandler<Arc<InMemoryLedger>, SimulatedProvider, SystemClock, RecordingVisibility>;
+type Handler<L> = BatchHandler<L, SimulatedProvider, SystemClock, RecordingVisibility>;
 
-fn handler(ledger: Arc<InMemoryLedger>, settings: Settings) -> Handler {
+fn handler<L: JobLedger>(ledger: L, settings: Settings) -> Handler<L> {
     let provider = SimulatedProvider::new().with_batches();
     BatchHandler::new(
         Processor::new(ledger, provider, SystemClock, settings),
@@ -191,4 +190,41 @@ async fn a_job_that_is_not_deferrable_is_called_as_usual() {
     let report = h.handle_batch(&event(&[body], 1), &invocation()).await;
     assert_eq!(report.response, Ok(vec![]));
     assert!(h.processor().provider().batch_sizes().is_empty());
+}
+
+#[tokio::test]
+async fn the_reconciler_leaves_a_line_of_a_running_batch_to_its_record_for_hours() {
+    use fenced_jobs::ledger::memory::{Fault, FaultyLedger};
+    use fenced_jobs::ops::reconcile::{ReconcileSettings, reconcile};
+    use fenced_jobs::queue::triggers::RecordingTriggers;
+    let ledger = Arc::new(InMemoryLedger::new());
+    // The batch's id is never recorded: the next delivery fences the owner and finds the
+    // batch by listing, so the job runs on under a recovery (which the reconciler watches).
+    let faulty = Arc::new(FaultyLedger::new(ledger.clone()));
+    faulty.inject("record_ref", Fault::Fail, 3);
+    let h = handler(faulty, settings());
+    let jobs = vec![deferrable(
+        "overnight",
+        r#","simulate":{"latency_ms":3600000}"#,
+    )];
+    h.handle_batch(&event(&jobs, 1), &invocation()).await;
+    h.handle_batch(&event(&jobs, 2), &invocation()).await;
+    let item = ledger.get("overnight").await.expect("get").expect("item");
+    assert_eq!((item.state, item.owner_epoch), (JobState::Running, 2));
+    assert_eq!(h.processor().provider().batch_sizes(), vec![1]);
+    let triggers = RecordingTriggers::default();
+    let provider = SimulatedProvider::new();
+    let walk = ReconcileSettings::default();
+    let now = SystemClock.now_ms();
+    // Ten minutes on, a running job's lapsed lease is due a re-send; a batch line's is not.
+    let soon = reconcile(ledger.as_ref(), &triggers, &provider, now + 600_000, &walk)
+        .await
+        .expect("reconcile");
+    assert_eq!(soon.resent, 0, "{soon:?}");
+    // Past the stale wait (six hours) without a change, its record may have been lost.
+    let later = now + walk.enqueue_stale_after_ms + 60_000;
+    let late = reconcile(ledger.as_ref(), &triggers, &provider, later, &walk)
+        .await
+        .expect("reconcile");
+    assert_eq!(late.resent, 1, "{late:?}");
 }

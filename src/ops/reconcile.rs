@@ -186,6 +186,19 @@ async fn due_in<L: JobLedger + LedgerIndex>(
 ) -> Result<Vec<Outgoing>, LedgerError> {
     let mut due = Vec::new();
     let is_due = |job: &JobRecord| {
+        // A line of a provider batch is handed over and its record looks at the batch without
+        // writing, for up to a day: only a record lost that long is sent again (the stale
+        // enqueue's wait, six hours by default).
+        let batch = job
+            .last_provider_ref()
+            .is_some_and(crate::provider::batch::is_batch_ref);
+        let (after, enqueue_after) = match batch && state == JobState::Running {
+            true => (
+                after.max(settings.enqueue_stale_after_ms),
+                enqueue_after.max(settings.enqueue_stale_after_ms),
+            ),
+            false => (after, enqueue_after),
+        };
         job.state == state
             && job.updated_at <= now - after
             && job.owner_until.is_none_or(|until| until <= now - after)
