@@ -27,6 +27,10 @@ use futures::future::BoxFuture;
 
 /// us-east-1 list prices, USD per million requests.
 const WRITE_UNIT: f64 = 0.625;
+const READ_UNIT: f64 = 0.125;
+const SQS_REQUEST: f64 = 0.40;
+/// One Lambda request, and 20 ms at 128 MB (arm64), per million: a look at a running batch.
+const LAMBDA_LOOK: f64 = 0.20 + 0.02 * 0.125 * 13.33;
 const S3_PUT: f64 = 5.0;
 const S3_GET: f64 = 0.4;
 /// Lambda (compute and requests) and SQS (1.2 requests) per million jobs, 0 s call (§10).
@@ -82,6 +86,15 @@ impl BlobStore for Counted {
 /// A job's record with a prompt of `bytes`, as a producer sends it, delivered for the
 /// `receive`th time; its first `fail_times` attempts fail with a transient error.
 fn record(job: &str, bytes: usize, fail_times: u32, receive: u32) -> SqsMessage {
+    record_of(job, bytes, &format!(r#"{{"fail_times":{fail_times}}}"#), "", receive)
+}
+
+/// A deferrable job's record (its batch runs until the benchmark ends it).
+fn deferrable(job: &str, bytes: usize, receive: u32) -> SqsMessage {
+    record_of(job, bytes, r#"{"latency_ms":3600000}"#, r#","deferrable":true"#, receive)
+}
+
+fn record_of(job: &str, bytes: usize, simulate: &str, extra: &str, receive: u32) -> SqsMessage {
     let now = SystemClock.now_ms().to_string();
     let mut prompt = format!("Summarise document {job}.");
     prompt.extend(std::iter::repeat_n('x', bytes.saturating_sub(prompt.len())));
@@ -89,7 +102,7 @@ fn record(job: &str, bytes: usize, fail_times: u32, receive: u32) -> SqsMessage 
     m.message_id = Some(format!("{job}-msg"));
     m.receipt_handle = Some(format!("{job}-handle"));
     m.body = Some(format!(
-        r#"{{"job_id":"{job}","contract":"summary.v1","input":{{"model":"sim-1","messages":[{{"role":"user","content":"{prompt}"}}],"parameters":{{"temperature":0}},"simulate":{{"fail_times":{fail_times}}}}}}}"#
+        r#"{{"job_id":"{job}","contract":"summary.v1","input":{{"model":"sim-1","messages":[{{"role":"user","content":"{prompt}"}}],"parameters":{{"temperature":0}},"simulate":{simulate}{extra}}}}}"#
     ));
     m.event_source = Some("aws:sqs".into());
     m.event_source_arn = Some("arn:aws:sqs:us-east-1:123456789012:bench".into());
@@ -249,6 +262,115 @@ async fn main() {
         }
     }
     whole_bill(reference.expect("the 10 KiB row"));
+    batches(reference.expect("the 10 KiB row")).await;
+}
+
+/// What a deferrable job adds on the AWS bill, measured: its first delivery (claim, the
+/// batch's reference, the hand-over), a look at its running batch, and the delivery that reads
+/// its line and accepts the answer; for 10 KiB prompts, ten jobs a batch.
+async fn batch_aws() -> (f64, f64, u64) {
+    let settings = Settings {
+        heartbeat_ms: 0,
+        lease_ms: 300_000,
+        skew_ms: 0,
+        ..Settings::default()
+    };
+    let handler = BatchHandler::new(
+        Processor::new(
+            InMemoryLedger::metered(),
+            SimulatedProvider::new().with_batches(),
+            SystemClock,
+            settings,
+        ),
+        RecordingVisibility::new(),
+    );
+    // Each delivery its own invocation (a record's owner id names it).
+    let inv = |receive: u32| Invocation {
+        id: format!("bench-batch-{receive}"),
+        deadline: Some(SystemClock.now_ms() + 900_000),
+    };
+    let deliver = |receive: u32| {
+        let mut event = SqsEvent::default();
+        event.records = (0..JOBS)
+            .map(|i| deferrable(&format!("batch-{i}"), 10 * 1024, receive))
+            .collect();
+        event
+    };
+    let units = |h: &BatchHandler<_, _, _, _>| {
+        let ledger: &InMemoryLedger = h.processor().ledger();
+        let bill = ledger.bill().expect("metered");
+        (bill.table_units + bill.index_writes, bill.largest_item)
+    };
+    let mut after = Vec::new();
+    for receive in 1..=2 {
+        let event = deliver(receive);
+        for chunk in event.records.chunks(10) {
+            let mut part = SqsEvent::default();
+            part.records = chunk.to_vec();
+            handler.handle_batch(&part, &inv(receive)).await;
+        }
+        after.push(units(&handler).0);
+    }
+    assert_eq!(after[0], after[1], "a look at a running batch writes nothing");
+    let (after_look, _) = units(&handler);
+    handler.processor().provider().end_batches();
+    let event = deliver(3);
+    for chunk in event.records.chunks(10) {
+        let mut part = SqsEvent::default();
+        part.records = chunk.to_vec();
+        let report = handler.handle_batch(&part, &inv(3)).await;
+        assert_eq!(report.response, Ok(vec![]), "every line read and accepted");
+    }
+    let (total, largest) = units(&handler);
+    assert_eq!(
+        handler.processor().provider().batch_sizes(),
+        vec![10; JOBS / 10],
+        "one batch per invocation of ten"
+    );
+    let jobs = JOBS as f64;
+    (after_look as f64 / jobs, (total - after_look) as f64 / jobs, largest as u64)
+}
+
+/// The reference job's model bill with and without batches, and what batches add on AWS.
+async fn batches(direct_aws: f64) {
+    const MODEL: &str = "gpt-5-mini";
+    let usage = Usage {
+        input: 2_600,
+        output: 400,
+        ..Usage::default()
+    };
+    let prices = PriceTable::built_in();
+    let model = prices.cost_micros(MODEL, &usage, false).expect("priced") as f64;
+    let batch = prices.cost_micros(MODEL, &usage, true).expect("priced") as f64;
+    let (first, last, largest) = batch_aws().await;
+    // A look: one consistent read of the item, a tenth of a receive and of a visibility change
+    // (ten records a batch), a tenth of a Lambda invocation; nothing written.
+    let read_units = largest.div_ceil(4096) as f64;
+    let look = read_units * READ_UNIT + 0.2 * SQS_REQUEST + 0.1 * LAMBDA_LOOK;
+    let fixed = (first + last) * WRITE_UNIT + 0.2 * SQS_REQUEST + LAMBDA + SQS;
+    println!();
+    println!(
+        "Deferrable jobs through a provider batch ({MODEL}, the reference job), per million jobs:"
+    );
+    println!("| | model | AWS | total | vs. direct |");
+    println!("| --- | ---: | ---: | ---: | ---: |");
+    let direct = model + direct_aws;
+    println!("| direct call | ${model:.2} | ${direct_aws:.2} | ${direct:.2} | — |");
+    for looks in [1_u32, 6, 144] {
+        let aws = fixed + f64::from(looks) * look;
+        let total = batch + aws;
+        println!(
+            "| batch, {looks} look(s) at the running batch | ${batch:.2} | ${aws:.2} | ${total:.2} | {:.1} % less |",
+            100.0 * (1.0 - total / direct)
+        );
+    }
+    println!(
+        "Measured: write units per job {first:.2} (first delivery: claim, the batch's \
+         reference, the hand-over) + {last:.2} (the delivery that accepts), 0 for a look; a \
+         look costs {read_units:.0} read unit(s), 0.2 SQS requests and a tenth of an \
+         invocation (${look:.3} per million); 6 looks is a batch of an hour at \
+         BATCH_POLL_SECONDS 600, 144 a whole day"
+    );
 }
 
 /// The whole bill of one reference job: a 10 KiB document summarised by `gpt-5-mini` (about

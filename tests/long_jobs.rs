@@ -1,6 +1,10 @@
 //! Real-provider paths on the emulator: a background call that outlasts its Lambda invocations
-//! (submit, record the reference, poll, hand over, resume polling on the next delivery), and
-//! API keys read from Secrets Manager and SSM.
+//! (submit, record the reference, poll, hand over, resume polling on the next delivery), API
+//! keys read from Secrets Manager and SSM, the fallback to a second provider, and deferrable
+//! jobs through OpenAI's Batch API (one batch, recovery by listing, a failed line retried).
+//!
+//! Why this file is long: each test runs the worker against scripted provider servers and the
+//! emulator, and one test binary links once; the batch server alone is a page.
 
 mod common;
 

@@ -106,40 +106,44 @@ pub async fn send_trigger(
     }
 }
 
+/// One attempt of the record for scripts; its excerpt (the answer's own text) only
+/// `with_result`.
+fn attempt_json(a: &crate::job::AttemptRecord, with_result: bool) -> Value {
+    let mut fields = json!({
+        "number": a.number, "epoch": a.epoch, "owner_id": a.owner_id,
+        "started_at": format_rfc3339_ms(a.started_at),
+        "provider_ref": a.provider_ref, "outcome": a.outcome.as_str(),
+        "finished_at": a.finished_at.map(format_rfc3339_ms),
+        "finish": a.finish.map(|f| f.as_str()),
+    });
+    if !a.errors.is_empty() {
+        fields["errors"] = json!(a.errors);
+    }
+    if let Some(route) = &a.route {
+        fields["provider"] = json!(route.provider);
+        fields["model"] = json!(route.model);
+    }
+    // A deferrable job's line: the batch it went in (null while its id is not recorded).
+    if let Some((batch, _)) = a
+        .provider_ref
+        .as_deref()
+        .and_then(crate::provider::batch::parse_ref)
+    {
+        fields["batch"] = json!(batch);
+    }
+    if let Some(usage) = &a.usage {
+        fields["usage"] = json!(usage);
+    }
+    // The excerpt is the answer's own text: shown only with the answer.
+    if let (Some(excerpt), true) = (&a.excerpt, with_result) {
+        fields["excerpt"] = json!(excerpt);
+    }
+    fields
+}
+
 /// The record for scripts. The answer is included only when asked for.
 pub fn to_json(record: &JobRecord, with_result: bool) -> Value {
-    let attempt = |a: &crate::job::AttemptRecord| {
-        let mut fields = json!({
-            "number": a.number, "epoch": a.epoch, "owner_id": a.owner_id,
-            "started_at": format_rfc3339_ms(a.started_at),
-            "provider_ref": a.provider_ref, "outcome": a.outcome.as_str(),
-            "finished_at": a.finished_at.map(format_rfc3339_ms),
-            "finish": a.finish.map(|f| f.as_str()),
-        });
-        if !a.errors.is_empty() {
-            fields["errors"] = json!(a.errors);
-        }
-        if let Some(route) = &a.route {
-            fields["provider"] = json!(route.provider);
-            fields["model"] = json!(route.model);
-        }
-        // A deferrable job's line: the batch it went in (null while its id is not recorded).
-        if let Some((batch, _)) = a
-            .provider_ref
-            .as_deref()
-            .and_then(crate::provider::batch::parse_ref)
-        {
-            fields["batch"] = json!(batch);
-        }
-        if let Some(usage) = &a.usage {
-            fields["usage"] = json!(usage);
-        }
-        // The excerpt is the answer's own text: shown only with the answer.
-        if let (Some(excerpt), true) = (&a.excerpt, with_result) {
-            fields["excerpt"] = json!(excerpt);
-        }
-        fields
-    };
+    let attempt = |a: &crate::job::AttemptRecord| attempt_json(a, with_result);
     let attempts: Vec<Value> = record.attempt_log.iter().map(attempt).collect();
     let given_back: Vec<Value> = record.given_back.iter().map(attempt).collect();
     let decisions: Vec<Value> = record

@@ -83,6 +83,7 @@ pub(crate) enum Status {
     /// provider wrote it; a line it does not hold was never run.
     Ended(Arc<HashMap<String, String>>),
     /// The provider failed the batch as a whole before running any line (its input refused).
+    #[cfg_attr(not(feature = "openai"), allow(dead_code))]
     Failed(String),
 }
 
@@ -130,6 +131,12 @@ impl Book {
             }
         }
         inner.batches.insert(batch_id.to_owned(), (at, status));
+    }
+
+    /// Forgets every batch and line.
+    pub(crate) fn forget(&self) {
+        let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        *inner = Inner::default();
     }
 
     /// The batch `line` was found in by listing, if it was.

@@ -92,6 +92,18 @@ impl SimulatedProvider {
         })
     }
 
+    /// Ends every batch created so far, whatever its lines' latency (what this environment
+    /// knew of them is forgotten): for benchmarks that look at running batches first.
+    pub fn end_batches(&self) {
+        if let Some(batches) = &self.batches {
+            let mut created = batches.created.lock().unwrap_or_else(|p| p.into_inner());
+            for b in created.iter_mut() {
+                b.ends_at = 0;
+            }
+            batches.book.forget();
+        }
+    }
+
     /// Calls started so far.
     pub fn executions(&self) -> u64 {
         self.executions.load(Ordering::Relaxed)
