@@ -86,12 +86,24 @@ impl BlobStore for Counted {
 /// A job's record with a prompt of `bytes`, as a producer sends it, delivered for the
 /// `receive`th time; its first `fail_times` attempts fail with a transient error.
 fn record(job: &str, bytes: usize, fail_times: u32, receive: u32) -> SqsMessage {
-    record_of(job, bytes, &format!(r#"{{"fail_times":{fail_times}}}"#), "", receive)
+    record_of(
+        job,
+        bytes,
+        &format!(r#"{{"fail_times":{fail_times}}}"#),
+        "",
+        receive,
+    )
 }
 
 /// A deferrable job's record (its batch runs until the benchmark ends it).
 fn deferrable(job: &str, bytes: usize, receive: u32) -> SqsMessage {
-    record_of(job, bytes, r#"{"latency_ms":3600000}"#, r#","deferrable":true"#, receive)
+    record_of(
+        job,
+        bytes,
+        r#"{"latency_ms":3600000}"#,
+        r#","deferrable":true"#,
+        receive,
+    )
 }
 
 fn record_of(job: &str, bytes: usize, simulate: &str, extra: &str, receive: u32) -> SqsMessage {
@@ -311,7 +323,10 @@ async fn batch_aws() -> (f64, f64, u64) {
         }
         after.push(units(&handler).0);
     }
-    assert_eq!(after[0], after[1], "a look at a running batch writes nothing");
+    assert_eq!(
+        after[0], after[1],
+        "a look at a running batch writes nothing"
+    );
     let (after_look, _) = units(&handler);
     handler.processor().provider().end_batches();
     let event = deliver(3);
@@ -328,7 +343,11 @@ async fn batch_aws() -> (f64, f64, u64) {
         "one batch per invocation of ten"
     );
     let jobs = JOBS as f64;
-    (after_look as f64 / jobs, (total - after_look) as f64 / jobs, largest as u64)
+    (
+        after_look as f64 / jobs,
+        (total - after_look) as f64 / jobs,
+        largest as u64,
+    )
 }
 
 /// The reference job's model bill with and without batches, and what batches add on AWS.

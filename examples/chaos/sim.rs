@@ -101,6 +101,11 @@ pub struct FaultRates {
     /// The answer streams, then goes silent: the progress rule finds the call hung, and it may
     /// have run.
     pub stalled_stream: f64,
+    /// A deferrable job (one in five): its attempts go as lines of the provider's batches.
+    pub deferrable: f64,
+    /// A batch is created upstream and the answer to its create is lost: its lines' owners
+    /// record their pending references and whoever looks next finds the batch by listing.
+    pub batch_answer_lost: f64,
     /// The provider ran the call and the connection was lost before the answer.
     pub connection_lost: f64,
     /// A provider forgets a call (retrieval answers "not found").
@@ -197,6 +202,8 @@ impl FaultRates {
             provider_hang: 0.005,
             provider_overloaded: 0.03,
             stalled_stream: 0.005,
+            deferrable: 0.2,
+            batch_answer_lost: 0.1,
             connection_lost: 0.02,
             provider_forgets: 0.2,
             gateway_error: 0.02,
@@ -1228,9 +1235,35 @@ struct SimProvider {
     table: Arc<InMemoryLedger>,
     runs: Arc<Mutex<HashMap<(String, u32), Execution>>>,
     per_job: Arc<Mutex<HashMap<String, u64>>>,
+    /// The batches created: each one's lines, by line id, with the job and attempt each runs.
+    batches: Arc<Mutex<Vec<Vec<Line>>>>,
 }
 
+/// A line of a batch: its id, the job and the attempt it runs.
+type Line = (String, String, u32);
+
 impl SimProvider {
+    /// The job and attempt of the line a batch reference names, if a batch holds it (found by
+    /// listing when the reference is pending).
+    fn line(&self, provider_ref: &str) -> Option<Option<(String, u32)>> {
+        let (batch, line) = fenced_jobs::provider::batch::parse_ref(provider_ref)?;
+        let batches = self.batches.lock().expect("batches");
+        let held = |lines: &Vec<Line>| {
+            lines
+                .iter()
+                .find(|(id, _, _)| id == line)
+                .map(|(_, job, attempt)| (job.clone(), *attempt))
+        };
+        Some(match batch {
+            Some(batch) => batch
+                .strip_prefix("chaosbatch-")
+                .and_then(|n| n.parse::<usize>().ok())
+                .and_then(|n| batches.get(n))
+                .and_then(held),
+            None => batches.iter().find_map(held),
+        })
+    }
+
     /// Checks that the attempt was recorded before it ran, and that a second attempt had a
     /// recorded cause.
     async fn check_attempt(&self, req: &ProviderRequest<'_>) {
@@ -1533,6 +1566,105 @@ impl Provider for SimProvider {
         true
     }
 
+    fn batches(&self) -> bool {
+        true
+    }
+
+    fn batch_line(
+        &self,
+        req: &ProviderRequest<'_>,
+        line: &str,
+    ) -> Result<fenced_jobs::provider::BatchLine, ProviderError> {
+        let body = serde_json::json!({"job": req.job_id, "attempt": req.attempt, "contract": req.contract});
+        Ok(fenced_jobs::provider::BatchLine {
+            id: line.to_owned(),
+            body: body.to_string(),
+        })
+    }
+
+    /// Runs each line as an execution that ends with the batch (minutes to an hour from now):
+    /// an answer, a failed line (transient or permanent); the create's answer may be lost.
+    async fn submit_batch(
+        &self,
+        lines: &[fenced_jobs::provider::BatchLine],
+    ) -> Result<String, ProviderError> {
+        let w = &self.world;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let done_at = w.now() + w.range(60_000, 3_600_000) as Millis;
+        let mut held = Vec::new();
+        for line in lines {
+            let body: serde_json::Value = serde_json::from_str(&line.body).unwrap_or_default();
+            let job = body["job"].as_str().unwrap_or_default().to_owned();
+            let attempt = body["attempt"].as_u64().unwrap_or(0) as u32;
+            let key = (job.clone(), attempt);
+            if self.runs.lock().expect("runs").contains_key(&key) {
+                w.violation(format!("{job}: attempt {attempt} executed twice (batch)"));
+            }
+            // The line's claim recorded its pending reference before the batch went.
+            let item = self.table.get(&job).await.ok().flatten();
+            let claimed = item.is_some_and(|item| {
+                item.attempt_log.iter().any(|a| {
+                    a.number == attempt
+                        && a.provider_ref.as_deref()
+                            == Some(fenced_jobs::provider::batch::pending_ref(&line.id).as_str())
+                })
+            });
+            if !claimed {
+                w.violation(format!(
+                    "{job}: attempt {attempt}'s line went in a batch before its claim recorded it"
+                ));
+            }
+            *self
+                .per_job
+                .lock()
+                .expect("per job")
+                .entry(job.clone())
+                .or_default() += 1;
+            let failed = if w.fault("provider_transient", w.rates.provider_transient) {
+                Some(ProviderError::Transient {
+                    retry_after_ms: None,
+                    reason: "batch line failed: server_error".into(),
+                })
+            } else if w.fault("provider_permanent", w.rates.provider_permanent) {
+                Some(ProviderError::Permanent {
+                    reason: "batch line failed: invalid_request".into(),
+                })
+            } else {
+                None
+            };
+            let answer = match failed {
+                Some(e) => Err(e),
+                None => Ok(serde_json::json!({
+                    "contract": body["contract"],
+                    "output": format!(r#"{{"job":"{job}","attempt":{attempt}}}"#),
+                })
+                .to_string()),
+            };
+            self.runs.lock().expect("runs").insert(
+                key,
+                Execution {
+                    done_at,
+                    definite_failure: answer.is_err(),
+                    answer,
+                    finish: Finish::Stop,
+                    forgotten: false,
+                },
+            );
+            held.push((line.id.clone(), job, attempt));
+        }
+        let id = {
+            let mut batches = self.batches.lock().expect("batches");
+            batches.push(held);
+            format!("chaosbatch-{}", batches.len() - 1)
+        };
+        if w.fault("batch_answer_lost", w.rates.batch_answer_lost) {
+            return Err(ProviderError::Uncertain {
+                evidence: "the batch's create timed out after it was sent".into(),
+            });
+        }
+        Ok(id)
+    }
+
     async fn retrieve(
         &self,
         provider_ref: &str,
@@ -1559,13 +1691,20 @@ impl Provider for SimProvider {
                 }
             };
         }
-        let Some((job, attempt)) = provider_ref
-            .rsplit_once('@')
-            .and_then(|(r, _)| r.rsplit_once('/'))
-        else {
-            return Retrieval::NotFound;
+        let key = match self.line(provider_ref) {
+            Some(Some(key)) => key,
+            // A line no batch holds was never sent.
+            Some(None) => return Retrieval::NotFound,
+            None => {
+                let Some((job, attempt)) = provider_ref
+                    .rsplit_once('@')
+                    .and_then(|(r, _)| r.rsplit_once('/'))
+                else {
+                    return Retrieval::NotFound;
+                };
+                (job.to_owned(), attempt.parse().unwrap_or(0))
+            }
         };
-        let key = (job.to_owned(), attempt.parse().unwrap_or(0));
         let run = self.runs.lock().expect("runs").get(&key).cloned();
         match run {
             None => Retrieval::NotFound,
@@ -1705,8 +1844,13 @@ pub async fn run(config: &ChaosConfig) -> ChaosReport {
         } else {
             String::new()
         };
+        let deferrable = if world.roll(world.rates.deferrable) {
+            r#","deferrable":true"#
+        } else {
+            ""
+        };
         let mut body = format!(
-            r#"{{"job_id":"{job_id}","contract":"chaos.v1","deadline_at":"{}","max_attempts":{},"input":{{"model":"m","prompt":"p{i}{padding}"}}}}"#,
+            r#"{{"job_id":"{job_id}","contract":"chaos.v1","deadline_at":"{}","max_attempts":{},"input":{{"model":"m","prompt":"p{i}{padding}"{deferrable}}}}}"#,
             fenced_jobs::job::message::format_rfc3339_ms(deadline),
             world.range(1, 4)
         );
@@ -1837,6 +1981,7 @@ pub async fn run(config: &ChaosConfig) -> ChaosReport {
         table: Arc::clone(&table),
         runs: Arc::new(Mutex::new(HashMap::new())),
         per_job: Arc::new(Mutex::new(HashMap::new())),
+        batches: Arc::default(),
     };
     let deliveries = Arc::new(AtomicI64::new(0));
     let invocations = Arc::new(AtomicI64::new(0));
