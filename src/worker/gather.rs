@@ -140,12 +140,14 @@ impl Gather {
 
     /// Gathers `line` for the provider `link` of `providers`, and waits for its batch. The
     /// caller that finds the gathering due submits every line waiting, one batch per provider.
+    /// A line still waiting at `give_up` leaves, not sent: a refusal before work.
     pub(crate) async fn join<P: Provider>(
         &self,
         providers: &[&P],
         link: usize,
         line: BatchLine,
         window: Window,
+        give_up: tokio::time::Instant,
     ) -> Sent {
         let (tx, mut rx) = oneshot::channel();
         let serial = {
@@ -185,6 +187,24 @@ impl Gather {
                 }
                 () = &mut changed => {}
                 () = tokio::time::sleep_until(closes) => {}
+                () = tokio::time::sleep_until(give_up) => {
+                    let mut state = self.lock();
+                    if let Some(at) = state.waiting.iter().position(|w| w.serial == serial) {
+                        state.waiting.remove(at);
+                        return Err(ProviderError::Transient {
+                            retry_after_ms: None,
+                            reason: "the batch did not go within the call's time; the line was not sent".to_owned(),
+                        });
+                    }
+                    // Taken: its batch is being created; its answer comes.
+                    drop(state);
+                    return match rx.await {
+                        Ok(sent) => sent,
+                        Err(_) => Err(ProviderError::Uncertain {
+                            evidence: "the batch's submission was abandoned; it may have been created".to_owned(),
+                        }),
+                    };
+                }
             }
         }
     }
@@ -257,6 +277,27 @@ mod tests {
         }
     }
 
+    fn never() -> tokio::time::Instant {
+        tokio::time::Instant::now() + Duration::from_secs(86_400)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_line_still_waiting_when_its_call_runs_out_of_time_leaves_unsent() {
+        let provider = SimulatedProvider::new().with_batches();
+        let providers = [&provider];
+        let gather = Gather::default();
+        let _lanes = gather.lanes(2, 16);
+        let give_up = tokio::time::Instant::now() + Duration::from_secs(3);
+        let sent = gather
+            .join(&providers, 0, line("late"), WINDOW, give_up)
+            .await;
+        assert!(
+            matches!(&sent, Err(ProviderError::Transient { reason, .. }) if reason.contains("not sent")),
+            "{sent:?}"
+        );
+        assert!(provider.batch_sizes().is_empty(), "nothing was sent");
+    }
+
     const WINDOW: Window = Window {
         wait: Duration::from_secs(60),
         max_lines: 100,
@@ -268,7 +309,8 @@ mod tests {
         let providers = [&provider];
         let gather = Gather::default();
         let lanes = gather.lanes(3, 16);
-        let joins = (0..3).map(|i| gather.join(&providers, 0, line(&format!("l{i}")), WINDOW));
+        let joins =
+            (0..3).map(|i| gather.join(&providers, 0, line(&format!("l{i}")), WINDOW, never()));
         let started = tokio::time::Instant::now();
         let sent = futures::future::join_all(joins).await;
         assert!(sent.iter().all(|s| s.as_deref() == Ok("simbatch-1")));
@@ -286,7 +328,8 @@ mod tests {
         // 100 lanes, 4 at a time: four lines waiting fill every slot.
         let _lanes = gather.lanes(100, 4);
         let started = tokio::time::Instant::now();
-        let joins = (0..4).map(|i| gather.join(&providers, 0, line(&format!("l{i}")), WINDOW));
+        let joins =
+            (0..4).map(|i| gather.join(&providers, 0, line(&format!("l{i}")), WINDOW, never()));
         futures::future::join_all(joins).await;
         assert_eq!(provider.batch_sizes(), vec![4]);
         assert!(started.elapsed() < Duration::from_secs(1));
@@ -300,7 +343,7 @@ mod tests {
         let lanes = gather.lanes(2, 16);
         let other = lanes.lane();
         let started = tokio::time::Instant::now();
-        let join = gather.join(&providers, 0, line("l1"), WINDOW);
+        let join = gather.join(&providers, 0, line("l1"), WINDOW, never());
         let done_later = async {
             tokio::time::sleep(Duration::from_secs(5)).await;
             drop(other);
@@ -312,7 +355,9 @@ mod tests {
         // A record that never comes: the window closes the batch.
         let hung = gather.lanes(2, 16);
         let started = tokio::time::Instant::now();
-        let sent = gather.join(&providers, 0, line("l2"), WINDOW).await;
+        let sent = gather
+            .join(&providers, 0, line("l2"), WINDOW, never())
+            .await;
         assert_eq!(sent.as_deref(), Ok("simbatch-2"));
         assert_eq!(started.elapsed(), WINDOW.wait);
         drop(hung);
@@ -331,11 +376,12 @@ mod tests {
         // A line whose owner stops waiting leaves the gathering.
         let left = tokio::time::timeout(
             Duration::from_secs(1),
-            gather.join(&providers, 0, line("gone"), small),
+            gather.join(&providers, 0, line("gone"), small, never()),
         )
         .await;
         assert!(left.is_err());
-        let joins = (0..2).map(|i| gather.join(&providers, 0, line(&format!("l{i}")), small));
+        let joins =
+            (0..2).map(|i| gather.join(&providers, 0, line(&format!("l{i}")), small, never()));
         let sent = futures::future::join_all(joins).await;
         assert!(sent.iter().all(Result::is_ok));
         assert_eq!(provider.batch_sizes(), vec![2]);

@@ -19,13 +19,14 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
     }
 
     /// Sends `request` as a line of the next batch of `link`'s provider and waits for the
-    /// batch to be created. A batch whose creation may have happened unseen leaves the line's
-    /// pending reference: the owner records it, and whoever looks next finds the batch by
-    /// listing before anything is sent again.
+    /// batch to be created, within `budget_ms`. A batch whose creation may have happened unseen
+    /// leaves the line's pending reference: the owner records it, and whoever looks next finds
+    /// the batch by listing before anything is sent again.
     pub(super) async fn submit_line(
         &self,
         link: &Link<P>,
         request: &ProviderRequest<'_>,
+        budget_ms: Millis,
     ) -> Result<Submission, ProviderError> {
         let line = line_id(request.job_id, request.attempt, request.epoch);
         let body = link.provider.batch_line(request, &line)?;
@@ -39,7 +40,16 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
             wait: std::time::Duration::from_millis(self.settings.batching.gather_ms as u64),
             max_lines: self.settings.batching.max_lines,
         };
-        match self.gather.join(&providers, index, body, window).await {
+        // A line that cannot go within its call's budget leaves unsent, a tenth of the budget
+        // (at most a second) before it, so that its attempt is given back, not left uncertain.
+        let spare = (budget_ms / 10).clamp(1, 1_000);
+        let give_up = tokio::time::Instant::now()
+            + std::time::Duration::from_millis(budget_ms.saturating_sub(spare).max(0) as u64);
+        match self
+            .gather
+            .join(&providers, index, body, window, give_up)
+            .await
+        {
             Ok(batch) => Ok(Submission::Started(batch_ref(&batch, &line))),
             Err(ProviderError::Uncertain { .. }) => Ok(Submission::Started(pending_ref(&line))),
             Err(error) => Err(error),

@@ -322,7 +322,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         );
         let submitted = async {
             if self.batched(link, request.input) {
-                self.submit_line(link, request).await
+                self.submit_line(link, request, budget_ms).await
             } else {
                 link.provider.submit(request).await
             }
