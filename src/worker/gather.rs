@@ -188,22 +188,21 @@ impl Gather {
                 () = &mut changed => {}
                 () = tokio::time::sleep_until(closes) => {}
                 () = tokio::time::sleep_until(give_up) => {
-                    let mut state = self.lock();
-                    if let Some(at) = state.waiting.iter().position(|w| w.serial == serial) {
-                        state.waiting.remove(at);
+                    let left = {
+                        let mut state = self.lock();
+                        let at = state.waiting.iter().position(|w| w.serial == serial);
+                        at.map(|at| state.waiting.remove(at)).is_some()
+                    };
+                    if left {
                         return Err(ProviderError::Transient {
                             retry_after_ms: None,
                             reason: "the batch did not go within the call's time; the line was not sent".to_owned(),
                         });
                     }
                     // Taken: its batch is being created; its answer comes.
-                    drop(state);
-                    return match rx.await {
-                        Ok(sent) => sent,
-                        Err(_) => Err(ProviderError::Uncertain {
-                            evidence: "the batch's submission was abandoned; it may have been created".to_owned(),
-                        }),
-                    };
+                    return rx.await.unwrap_or_else(|_| Err(ProviderError::Uncertain {
+                        evidence: "the batch's submission was abandoned; it may have been created".to_owned(),
+                    }));
                 }
             }
         }
