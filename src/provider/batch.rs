@@ -12,6 +12,8 @@ use std::sync::{Arc, Mutex};
 
 use sha2::{Digest, Sha256};
 
+use serde_json::Value;
+
 use super::{ProviderError, ProviderRequest, Retrieval};
 use crate::clock::{Clock, SystemClock};
 use crate::job::Millis;
@@ -164,11 +166,15 @@ pub(crate) trait BatchApi: Sync {
     /// provider could not be asked, refused to say, or does not know the batch).
     fn status(&self, batch_id: &str) -> impl Future<Output = Result<Status, Retrieval>> + Send;
 
-    /// The batches created since `since` (Unix milliseconds), newest first.
-    fn created_since(
-        &self,
-        since: Millis,
-    ) -> impl Future<Output = Result<Vec<String>, Retrieval>> + Send;
+    /// The path of one page of the provider's list of batches (newest first), after the batch
+    /// `after` when it is not the first.
+    fn list_path(&self, after: Option<&str>) -> String;
+
+    /// A `GET` of `path`, read as JSON (an `Err` is what the retrieval answers).
+    fn get_json(&self, path: &str) -> impl Future<Output = Result<Value, Retrieval>> + Send;
+
+    /// When a listed batch was created (Unix milliseconds), if it says and is one of ours.
+    fn created_ms(&self, batch: &Value) -> Option<Millis>;
 
     /// Whether `batch_id` holds `line` (`None`: it cannot tell yet).
     fn holds(&self, batch_id: &str, line: &str) -> impl Future<Output = Option<bool>> + Send;
@@ -225,6 +231,62 @@ pub(crate) async fn retrieve_line<A: BatchApi>(
     }
 }
 
+/// Pages of a provider's batch list read to find a line (100 batches each).
+const LIST_PAGES: usize = 10;
+
+/// The batches created since `since` (Unix milliseconds), newest first: the list read page
+/// by page until one reaches older batches, has no more, or [`LIST_PAGES`] were read.
+async fn created_since<A: BatchApi>(api: &A, since: Millis) -> Result<Vec<String>, Retrieval> {
+    let mut found = Vec::new();
+    let mut after: Option<String> = None;
+    for _ in 0..LIST_PAGES {
+        let page = api.get_json(&api.list_path(after.as_deref())).await?;
+        let mut older = false;
+        for batch in page
+            .get("data")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
+            let created = batch.get("created_at").and_then(|_| api.created_ms(batch));
+            match (created, batch_id(batch)) {
+                (Some(at), _) if at < since => older = true,
+                (Some(_), Some(id)) => found.push(id),
+                _ => {}
+            }
+        }
+        let more = page.get("has_more").and_then(Value::as_bool) == Some(true);
+        after = page
+            .get("last_id")
+            .and_then(Value::as_str)
+            .filter(|id| valid_id(id))
+            .map(str::to_owned);
+        if older || !more || after.is_none() {
+            break;
+        }
+    }
+    Ok(found)
+}
+
+/// A batch's id, when it is one this crate will put in a URL or the ledger: 1-128 characters
+/// of `A-Z a-z 0-9 _ -`.
+pub(crate) fn batch_id(batch: &Value) -> Option<String> {
+    batch
+        .get("id")
+        .and_then(Value::as_str)
+        .filter(|id| valid_id(id))
+        .map(str::to_owned)
+}
+
+/// Whether `id` is a provider's id this crate will use: 1-128 characters of `A-Z a-z 0-9 _ -`.
+pub(crate) fn valid_id(id: &str) -> bool {
+    !id.is_empty()
+        && id.len() <= 128
+        && id
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+}
+
 /// The batch holding `line`, among those created since its claim: `None` once every one of
 /// them says it does not (the submission never happened); `Running` while one cannot tell.
 async fn find<A: BatchApi>(
@@ -232,7 +294,7 @@ async fn find<A: BatchApi>(
     line: &str,
     started_at: Millis,
 ) -> Result<Option<String>, Retrieval> {
-    let candidates = api.created_since(started_at - LISTING_SLACK_MS).await?;
+    let candidates = created_since(api, started_at - LISTING_SLACK_MS).await?;
     let mut undecided = false;
     for batch in candidates {
         match api.holds(&batch, line).await {

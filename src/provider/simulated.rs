@@ -317,17 +317,26 @@ impl BatchApi for SimulatedProvider {
         Ok(Status::Ended(std::sync::Arc::new(results.collect())))
     }
 
-    async fn created_since(&self, since: Millis) -> Result<Vec<String>, Retrieval> {
+    fn list_path(&self, _after: Option<&str>) -> String {
+        "batches".to_owned()
+    }
+
+    /// Its batches as one page of a provider's list, newest first.
+    async fn get_json(&self, _path: &str) -> Result<Value, Retrieval> {
         let Some(batches) = &self.batches else {
-            return Ok(Vec::new());
+            return Ok(Value::Null);
         };
         let created = batches.created.lock().unwrap_or_else(|p| p.into_inner());
-        Ok(created
+        let data: Vec<Value> = created
             .iter()
             .rev()
-            .filter(|b| b.created_at >= since)
-            .map(|b| b.id.clone())
-            .collect())
+            .map(|b| serde_json::json!({"id": b.id, "created_at": b.created_at}))
+            .collect();
+        Ok(serde_json::json!({"data": data, "has_more": false}))
+    }
+
+    fn created_ms(&self, batch: &Value) -> Option<Millis> {
+        batch.get("created_at").and_then(Value::as_i64)
     }
 
     async fn holds(&self, batch_id: &str, line: &str) -> Option<bool> {

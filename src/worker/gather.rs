@@ -180,11 +180,7 @@ impl Gather {
                 submit(providers, lines).await;
             }
             tokio::select! {
-                sent = &mut rx => {
-                    return sent.unwrap_or_else(|_| Err(ProviderError::Uncertain {
-                        evidence: "the batch's submission was abandoned; it may have been created".to_owned(),
-                    }));
-                }
+                sent = &mut rx => return sent.unwrap_or_else(|_| Err(abandoned())),
                 () = &mut changed => {}
                 () = tokio::time::sleep_until(closes) => {}
                 () = tokio::time::sleep_until(give_up) => {
@@ -200,9 +196,7 @@ impl Gather {
                         });
                     }
                     // Taken: its batch is being created; its answer comes.
-                    return rx.await.unwrap_or_else(|_| Err(ProviderError::Uncertain {
-                        evidence: "the batch's submission was abandoned; it may have been created".to_owned(),
-                    }));
+                    return rx.await.unwrap_or_else(|_| Err(abandoned()));
                 }
             }
         }
@@ -223,6 +217,14 @@ impl Gather {
         }
         state.opened_at = None;
         (Some(std::mem::take(&mut state.waiting)), closes)
+    }
+}
+
+/// What a line's owner learns when the caller submitting its batch stopped before the answer:
+/// the batch may exist (its lines are found by listing).
+fn abandoned() -> ProviderError {
+    ProviderError::Uncertain {
+        evidence: "the batch's submission was abandoned; it may have been created".to_owned(),
     }
 }
 

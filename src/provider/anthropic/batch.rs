@@ -12,13 +12,11 @@ use serde_json::{Value, json};
 use super::{AnthropicProvider, classify};
 use crate::job::Millis;
 use crate::job::message::parse_rfc3339_ms;
-use crate::provider::batch::{BatchApi, BatchLine, Book, Status};
+use crate::provider::batch::{BatchApi, BatchLine, Book, Status, batch_id, valid_id};
 use crate::provider::http::{code_text, lines_by_id, read_file};
 use crate::provider::keys::Secret;
 use crate::provider::{ProviderError, ProviderRequest, Retrieval};
 
-/// Pages of the batch list read to find a line (100 batches each).
-const LIST_PAGES: usize = 10;
 /// The longest wait for one request about batches.
 const REQUEST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 
@@ -74,12 +72,12 @@ impl AnthropicProvider {
         if !status.is_success() {
             return Err(classify(status, &headers, &json));
         }
-        id_of(&json).ok_or_else(|| ProviderError::Uncertain {
+        batch_id(&json).ok_or_else(|| ProviderError::Uncertain {
             evidence: "batch created without a usable id".to_owned(),
         })
     }
 
-    async fn get_json(&self, path: &str) -> Result<Value, Retrieval> {
+    async fn get(&self, path: &str) -> Result<Value, Retrieval> {
         let sent = self
             .key
             .send(
@@ -123,7 +121,7 @@ impl BatchApi for AnthropicProvider {
             return Err(Retrieval::Denied);
         }
         let batch = self
-            .get_json(&format!("/v1/messages/batches/{batch_id}"))
+            .get(&format!("/v1/messages/batches/{batch_id}"))
             .await?;
         match batch.get("processing_status").and_then(Value::as_str) {
             Some("ended") => {
@@ -139,44 +137,22 @@ impl BatchApi for AnthropicProvider {
         }
     }
 
-    async fn created_since(&self, since: Millis) -> Result<Vec<String>, Retrieval> {
-        let mut found = Vec::new();
-        let mut after: Option<String> = None;
-        for _ in 0..LIST_PAGES {
-            let path = match &after {
-                Some(last) => format!("/v1/messages/batches?limit=100&after_id={last}"),
-                None => "/v1/messages/batches?limit=100".to_owned(),
-            };
-            let page = self.get_json(&path).await?;
-            let mut older = false;
-            for batch in page
-                .get("data")
-                .and_then(Value::as_array)
-                .into_iter()
-                .flatten()
-            {
-                let created = batch
-                    .get("created_at")
-                    .and_then(Value::as_str)
-                    .and_then(parse_rfc3339_ms)
-                    .unwrap_or(0);
-                if created < since {
-                    older = true;
-                } else if let Some(id) = id_of(batch) {
-                    found.push(id);
-                }
-            }
-            let more = page.get("has_more").and_then(Value::as_bool) == Some(true);
-            after = page
-                .get("last_id")
-                .and_then(Value::as_str)
-                .filter(|id| valid_id(id))
-                .map(str::to_owned);
-            if older || !more || after.is_none() {
-                break;
-            }
+    fn list_path(&self, after: Option<&str>) -> String {
+        match after {
+            Some(last) => format!("/v1/messages/batches?limit=100&after_id={last}"),
+            None => "/v1/messages/batches?limit=100".to_owned(),
         }
-        Ok(found)
+    }
+
+    async fn get_json(&self, path: &str) -> Result<Value, Retrieval> {
+        self.get(path).await
+    }
+
+    fn created_ms(&self, batch: &Value) -> Option<Millis> {
+        batch
+            .get("created_at")
+            .and_then(Value::as_str)
+            .and_then(parse_rfc3339_ms)
     }
 
     async fn holds(&self, batch_id: &str, line: &str) -> Option<bool> {
@@ -231,20 +207,4 @@ impl BatchApi for AnthropicProvider {
             }),
         }
     }
-}
-
-fn id_of(json: &Value) -> Option<String> {
-    json.get("id")
-        .and_then(Value::as_str)
-        .filter(|id| valid_id(id))
-        .map(str::to_owned)
-}
-
-/// A batch id this crate puts in a URL or the ledger: 1-128 characters of `A-Z a-z 0-9 _ -`.
-fn valid_id(id: &str) -> bool {
-    !id.is_empty()
-        && id.len() <= 128
-        && id
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
 }

@@ -20,8 +20,6 @@ use crate::provider::{ProviderError, ProviderRequest, Retrieval};
 
 /// What this crate's batches carry in their metadata, so an operator can tell them apart.
 const SOURCE: &str = "fenced-jobs";
-/// Pages of the batch list read to find a line (100 batches each).
-const LIST_PAGES: usize = 10;
 
 impl OpenAiProvider {
     /// `req` as a line of a batch: a Chat Completions request, whole.
@@ -92,7 +90,7 @@ impl OpenAiProvider {
     }
 
     /// `GET` of `path`, read as JSON; what a retrieval answers when it cannot be read.
-    async fn get_json(&self, path: &str) -> Result<Value, Retrieval> {
+    async fn get(&self, path: &str) -> Result<Value, Retrieval> {
         match self
             .send(|| {
                 self.http
@@ -128,7 +126,7 @@ impl BatchApi for OpenAiProvider {
         if !super::valid_response_id(batch_id) {
             return Err(Retrieval::Denied);
         }
-        let batch = self.get_json(&format!("/batches/{batch_id}")).await?;
+        let batch = self.get(&format!("/batches/{batch_id}")).await?;
         match batch.get("status").and_then(Value::as_str) {
             Some("completed" | "expired" | "cancelled") => {
                 let mut results = HashMap::new();
@@ -160,44 +158,26 @@ impl BatchApi for OpenAiProvider {
         }
     }
 
-    async fn created_since(&self, since: Millis) -> Result<Vec<String>, Retrieval> {
-        let mut found = Vec::new();
-        let mut after: Option<String> = None;
-        for _ in 0..LIST_PAGES {
-            let path = match &after {
-                Some(last) => format!("/batches?limit=100&after={last}"),
-                None => "/batches?limit=100".to_owned(),
-            };
-            let page = self.get_json(&path).await?;
-            let batches = page.get("data").and_then(Value::as_array);
-            let mut older = false;
-            for batch in batches.into_iter().flatten() {
-                let created = batch.get("created_at").and_then(Value::as_i64).unwrap_or(0);
-                if created.saturating_mul(1000) < since {
-                    older = true;
-                    continue;
-                }
-                let ours =
-                    batch.pointer("/metadata/source").and_then(Value::as_str) == Some(SOURCE);
-                if let Some(id) = id_of(batch).filter(|_| ours) {
-                    found.push(id);
-                }
-            }
-            let more = page.get("has_more").and_then(Value::as_bool) == Some(true);
-            after = page
-                .get("last_id")
-                .and_then(Value::as_str)
-                .filter(|id| super::valid_response_id(id))
-                .map(str::to_owned);
-            if older || !more || after.is_none() {
-                return Ok(found);
-            }
+    fn list_path(&self, after: Option<&str>) -> String {
+        match after {
+            Some(last) => format!("/batches?limit=100&after={last}"),
+            None => "/batches?limit=100".to_owned(),
         }
-        Ok(found)
+    }
+
+    async fn get_json(&self, path: &str) -> Result<Value, Retrieval> {
+        self.get(path).await
+    }
+
+    /// Only ours: a batch carries this crate's `metadata.source`.
+    fn created_ms(&self, batch: &Value) -> Option<Millis> {
+        let ours = batch.pointer("/metadata/source").and_then(Value::as_str) == Some(SOURCE);
+        let created = batch.get("created_at").and_then(Value::as_i64)?;
+        ours.then_some(created.saturating_mul(1000))
     }
 
     async fn holds(&self, batch_id: &str, line: &str) -> Option<bool> {
-        let batch = self.get_json(&format!("/batches/{batch_id}")).await.ok()?;
+        let batch = self.get(&format!("/batches/{batch_id}")).await.ok()?;
         let file = batch
             .get("input_file_id")
             .and_then(Value::as_str)
