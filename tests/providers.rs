@@ -1502,9 +1502,12 @@ async fn openai_batches_are_uploaded_created_followed_and_read_line_by_line() {
         later.retrieve(&batch_ref("batch_1", &ids[2]), 0, &req).await,
         Retrieval::Failed(ProviderError::Transient { ref reason, .. }) if reason.contains("batch_expired")
     ));
+    // A line an ended batch's files do not hold was lost on the way: read them again later.
     assert!(matches!(
-        later.retrieve(&batch_ref("batch_1", &ids[3]), 0, &req).await,
-        Retrieval::Failed(ProviderError::Transient { ref reason, .. }) if reason.contains("before running the line")
+        later
+            .retrieve(&batch_ref("batch_1", &ids[3]), 0, &req)
+            .await,
+        Retrieval::Unreachable { .. }
     ));
     assert_eq!(stub.count("GET", "/v1/files/file-out1/content"), reads);
 
@@ -1622,10 +1625,7 @@ async fn anthropic_message_batches_are_created_followed_and_read_line_by_line() 
         failed(3).await,
         Retrieval::Failed(ProviderError::Transient { ref reason, .. }) if reason.contains("expired")
     ));
-    assert!(matches!(
-        failed(4).await,
-        Retrieval::Failed(ProviderError::Transient { .. })
-    ));
+    assert!(matches!(failed(4).await, Retrieval::Unreachable { .. }));
     assert_eq!(
         stub.count("GET", "/v1/messages/batches/msgbatch_1/results"),
         1
@@ -1642,4 +1642,76 @@ async fn anthropic_message_batches_are_created_followed_and_read_line_by_line() 
         Retrieval::NotFound
     );
     assert_eq!(stub.count("POST", "/v1/messages/batches"), 1);
+}
+
+/// What a batch server can do wrong: a results file cut off, a list that goes on past what is
+/// read, no Batch API at all.
+#[tokio::test]
+async fn a_cut_results_file_a_long_list_and_a_server_without_batches_are_never_taken_for_answers() {
+    use fenced_jobs::provider::batch::{batch_ref, line_id, pending_ref};
+    let line = line_id("job-7", 1, 9);
+    let stub = HttpStub::start(|req, before| {
+        match (req.method.as_str(), req.path.as_str()) {
+            ("GET", "/v1/batches/batch_1") => Reply::json(
+                200,
+                json!({"id": "batch_1",
+                "status": "completed", "output_file_id": "file-out1", "error_file_id": null}),
+            ),
+            // The output file announces more than it sends.
+            ("GET", "/v1/files/file-out1/content") => Reply::Cut {
+                status: 200,
+                body: format!("{}\n", "x".repeat(4_000)),
+                sent: 100,
+            },
+            // Every page full of other people's batches, and more to come.
+            ("GET", path) if path.starts_with("/v1/batches?") => {
+                let page = before
+                    .iter()
+                    .filter(|r| r.path.starts_with("/v1/batches?"))
+                    .count();
+                let data: Vec<Value> = (0..100)
+                    .map(|i| {
+                        json!({"id": format!("batch_p{page}_{i}"), "created_at": 4_000_000_000_i64,
+                                    "metadata": {"source": "someone-else"}})
+                    })
+                    .collect();
+                Reply::json(
+                    200,
+                    json!({"data": data, "has_more": true, "last_id": format!("batch_p{page}_99")}),
+                )
+            }
+            ("POST", "/v1/files") => Reply::json(404, json!({"error": {"code": "not_found"}})),
+            _ => Reply::json(404, json!({})),
+        }
+    })
+    .await;
+    let provider = openai(&stub.url, OpenAiApi::Responses);
+    let inp = input(json!({"model": "gpt-test", "prompt": "Summarise."}));
+    let req = request(&inp, "{}");
+    // A file cut off: nothing is concluded, and it is read again next time.
+    for _ in 0..2 {
+        assert!(matches!(
+            provider
+                .retrieve(&batch_ref("batch_1", &line), 0, &req)
+                .await,
+            Retrieval::Unreachable { .. }
+        ));
+    }
+    assert_eq!(stub.count("GET", "/v1/files/file-out1/content"), 2);
+    // Ten pages and still more: the line may be further on, so it is not "never sent".
+    assert_eq!(
+        provider
+            .retrieve(&pending_ref(&line), 4_000_000_000_000, &req)
+            .await,
+        Retrieval::Running
+    );
+    assert_eq!(stub.count("GET", "/v1/batches?"), 10);
+    // No Batch API: the lines were not sent, and deferrable jobs are called directly.
+    assert!(provider.batches());
+    let lines = vec![provider.batch_line(&req, &line).expect("line")];
+    assert!(matches!(
+        provider.submit_batch(&lines).await,
+        Err(ProviderError::Transient { ref reason, .. }) if reason.contains("no Batch API")
+    ));
+    assert!(!provider.batches());
 }

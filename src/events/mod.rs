@@ -75,7 +75,12 @@ impl CompletionEvent {
             .last_provider_ref()
             .and_then(crate::provider::batch::parse_ref)
         {
-            fields.insert("batch".into(), json!({ "id": batch }));
+            // Its id, once recorded (a line found only by listing keeps its pending one).
+            let batch = match batch {
+                Some(id) => json!({ "id": id }),
+                None => json!({ "pending": true }),
+            };
+            fields.insert("batch".into(), batch);
         }
         // What the job's attempts used and cost, in the ledger's one vocabulary.
         if let Some(usage) = job.usage() {

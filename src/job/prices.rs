@@ -48,11 +48,22 @@ impl Price {
         } else {
             (self.input, self.output)
         };
+        // A batch discounts the cache's tokens as it does the input's.
+        let scaled = |price: u64| {
+            let scaled =
+                u128::from(price) * u128::from(self.batch_input) / u128::from(self.input.max(1));
+            u64::try_from(scaled).unwrap_or(price)
+        };
+        let (cache_read, cache_write) = if batch {
+            (scaled(self.cache_read), scaled(self.cache_write))
+        } else {
+            (self.cache_read, self.cache_write)
+        };
         let nano = |tokens: u64, price: u64| u128::from(tokens) * u128::from(price);
         let total = nano(usage.input, input)
             + nano(usage.output, output)
-            + nano(usage.cache_read, self.cache_read)
-            + nano(usage.cache_write, self.cache_write);
+            + nano(usage.cache_read, cache_read)
+            + nano(usage.cache_write, cache_write);
         u64::try_from(total.div_ceil(1_000_000)).unwrap_or(u64::MAX)
     }
 }
@@ -224,10 +235,18 @@ mod tests {
             table.cost_micros("gpt-4.1", &usage(1_000, 500, 0, 0), false),
             Some(6_000)
         );
-        // Half that through the batch interface.
+        // Half that through the batch interface, the cache's tokens too.
         assert_eq!(
             table.cost_micros("gpt-4.1", &usage(1_000, 500, 0, 0), true),
             Some(3_000)
+        );
+        let cached = usage(0, 0, 1_000_000, 0);
+        let direct = table
+            .cost_micros("gpt-4.1", &cached, false)
+            .expect("priced");
+        assert_eq!(
+            table.cost_micros("gpt-4.1", &cached, true),
+            Some(direct / 2)
         );
     }
 

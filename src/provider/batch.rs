@@ -104,8 +104,9 @@ struct Inner {
     lines: HashMap<String, String>,
 }
 
-/// Ended batches an environment keeps the results of: the oldest go first.
-const KEPT_BATCHES: usize = 64;
+/// Batches an environment keeps (an ended one with its results, at most
+/// [`super::http::MAX_BATCH_FILE_BYTES`] each): the oldest go first.
+const KEPT_BATCHES: usize = 16;
 
 impl Book {
     /// The status of `batch_id` if it was asked at or after `since` (an ended batch never
@@ -133,6 +134,12 @@ impl Book {
             }
         }
         inner.batches.insert(batch_id.to_owned(), (at, status));
+    }
+
+    /// Forgets what it knew of `batch_id`.
+    pub(crate) fn forget_batch(&self, batch_id: &str) {
+        let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        inner.batches.remove(batch_id);
     }
 
     /// Forgets every batch and line.
@@ -173,8 +180,13 @@ pub(crate) trait BatchApi: Sync {
     /// A `GET` of `path`, read as JSON (an `Err` is what the retrieval answers).
     fn get_json(&self, path: &str) -> impl Future<Output = Result<Value, Retrieval>> + Send;
 
-    /// When a listed batch was created (Unix milliseconds), if it says and is one of ours.
+    /// When a listed batch was created (Unix milliseconds), if it says.
     fn created_ms(&self, batch: &Value) -> Option<Millis>;
+
+    /// Whether a listed batch may be one of this crate's.
+    fn ours(&self, _batch: &Value) -> bool {
+        true
+    }
 
     /// Whether `batch_id` holds `line` (`None`: it cannot tell yet).
     fn holds(&self, batch_id: &str, line: &str) -> impl Future<Output = Option<bool>> + Send;
@@ -223,10 +235,15 @@ pub(crate) async fn retrieve_line<A: BatchApi>(
         }),
         Status::Ended(results) => match results.get(line) {
             Some(raw) => api.line_result(raw, req),
-            None => Retrieval::Failed(ProviderError::Transient {
-                retry_after_ms: None,
-                reason: "the batch ended (expired or cancelled) before running the line".to_owned(),
-            }),
+            // Both APIs give every line of an ended batch a result (an expired or cancelled
+            // one says so): a line missing was lost on the way, and may have run. Read again.
+            None => {
+                tracing::warn!(%batch, "an ended batch's results miss a line; reading them again later");
+                api.book().forget_batch(&batch);
+                Retrieval::Unreachable {
+                    retry_after_ms: None,
+                }
+            }
         },
     }
 }
@@ -236,7 +253,7 @@ const LIST_PAGES: usize = 10;
 
 /// The batches created since `since` (Unix milliseconds), newest first: the list read page
 /// by page until one reaches older batches, has no more, or [`LIST_PAGES`] were read.
-async fn created_since<A: BatchApi>(api: &A, since: Millis) -> Result<Vec<String>, Retrieval> {
+async fn created_since<A: BatchApi>(api: &A, since: Millis) -> Result<Listed, Retrieval> {
     let mut found = Vec::new();
     let mut after: Option<String> = None;
     for _ in 0..LIST_PAGES {
@@ -248,10 +265,9 @@ async fn created_since<A: BatchApi>(api: &A, since: Millis) -> Result<Vec<String
             .into_iter()
             .flatten()
         {
-            let created = batch.get("created_at").and_then(|_| api.created_ms(batch));
-            match (created, batch_id(batch)) {
+            match (api.created_ms(batch), batch_id(batch)) {
                 (Some(at), _) if at < since => older = true,
-                (Some(_), Some(id)) => found.push(id),
+                (Some(_), Some(id)) if api.ours(batch) => found.push(id),
                 _ => {}
             }
         }
@@ -261,11 +277,27 @@ async fn created_since<A: BatchApi>(api: &A, since: Millis) -> Result<Vec<String
             .and_then(Value::as_str)
             .filter(|id| valid_id(id))
             .map(str::to_owned);
-        if older || !more || after.is_none() {
+        if older || !more {
+            return Ok(Listed {
+                batches: found,
+                complete: true,
+            });
+        }
+        if after.is_none() {
             break;
         }
     }
-    Ok(found)
+    // The list goes on past what was read: a batch made since the claim may be further on.
+    Ok(Listed {
+        batches: found,
+        complete: false,
+    })
+}
+
+/// The batches a listing found, and whether it reached every batch made since the claim.
+struct Listed {
+    batches: Vec<String>,
+    complete: bool,
 }
 
 /// A batch's id, when it is one this crate will put in a URL or the ledger: 1-128 characters
@@ -288,15 +320,16 @@ pub(crate) fn valid_id(id: &str) -> bool {
 }
 
 /// The batch holding `line`, among those created since its claim: `None` once every one of
-/// them says it does not (the submission never happened); `Running` while one cannot tell.
+/// them says it does not (the submission never happened); `Running` while one cannot tell, or
+/// the list runs on past the pages read.
 async fn find<A: BatchApi>(
     api: &A,
     line: &str,
     started_at: Millis,
 ) -> Result<Option<String>, Retrieval> {
-    let candidates = created_since(api, started_at - LISTING_SLACK_MS).await?;
-    let mut undecided = false;
-    for batch in candidates {
+    let listed = created_since(api, started_at - LISTING_SLACK_MS).await?;
+    let mut undecided = !listed.complete;
+    for batch in listed.batches {
         match api.holds(&batch, line).await {
             Some(true) => {
                 tracing::info!(%batch, "the attempt's batch was found by listing");

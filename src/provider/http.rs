@@ -354,13 +354,26 @@ pub(crate) async fn read_file(request: RequestBuilder) -> Option<String> {
             return None;
         }
     };
+    let announced = response.content_length();
     let mut bytes = Vec::new();
-    while let Ok(Some(chunk)) = response.chunk().await {
-        if bytes.len() + chunk.len() > MAX_BATCH_FILE_BYTES {
-            tracing::warn!("batch file larger than {MAX_BATCH_FILE_BYTES} bytes; not read");
-            return None;
+    loop {
+        match response.chunk().await {
+            Ok(Some(chunk)) if bytes.len() + chunk.len() > MAX_BATCH_FILE_BYTES => {
+                tracing::warn!("batch file larger than {MAX_BATCH_FILE_BYTES} bytes; not read");
+                return None;
+            }
+            Ok(Some(chunk)) => bytes.extend_from_slice(&chunk),
+            Ok(None) => break,
+            // A file cut off is no file: a line missing from it may have run.
+            Err(e) => {
+                tracing::warn!(error = %transport_kind(&e), "batch file cut off; not read");
+                return None;
+            }
         }
-        bytes.extend_from_slice(&chunk);
+    }
+    if announced.is_some_and(|n| n != bytes.len() as u64) {
+        tracing::warn!("batch file shorter than announced; not read");
+        return None;
     }
     String::from_utf8(bytes).ok()
 }

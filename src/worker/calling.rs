@@ -55,6 +55,8 @@ pub enum Said {
     Answered(Answer),
     /// It runs in the background under this reference.
     Started(String),
+    /// It was never sent (why): a deferrable job's line that no batch holds.
+    NotSent(String),
     /// A failure: definite, a refusal for the rate limit, or uncertain.
     Failed(ProviderError),
     /// No word within the call's budget.
@@ -291,6 +293,11 @@ impl Calling {
                 self.evidence = format!("attempt {} ({reference})", self.owner.attempts);
                 self.reference = Some((reference, now));
                 CallStep::Record
+            }
+            // Nothing ran: the attempt is given back, as for a call the time did not let go.
+            Said::NotSent(why) => {
+                let end = not_sent_end(&why, &self.owner, now);
+                self.done(Waited::Ended(end, None))
             }
             // The job's own deadline cut the call off: an answer could not be accepted anyway.
             Said::TimedOut if self.budget.1 == Bound::JobDeadline => {

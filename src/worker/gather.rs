@@ -13,8 +13,37 @@ use tokio::sync::{Notify, oneshot};
 
 use crate::provider::{BatchLine, Provider, ProviderError};
 
-/// What a line's submission came to: the batch's id, or why no batch holds it.
+/// What a line's submission came to: the batch's id, or what the provider said instead.
 type Sent = Result<String, ProviderError>;
+
+/// What the owner of a line learns.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Joined {
+    /// The batch `.0` holds the line.
+    In(String),
+    /// The line may be in a batch whose creation went unseen: its owner keeps the pending
+    /// reference, and whoever looks next finds the batch by listing.
+    Unseen,
+    /// No batch holds the line (why): nothing ran, and the attempt is given back.
+    NotSent(String),
+    /// The provider refused the batch for good (a 4xx): nothing ran, but the same lines would
+    /// be refused again, so the attempt is spent (transient), within the job's budget.
+    Refused(String),
+}
+
+impl From<Sent> for Joined {
+    fn from(sent: Sent) -> Joined {
+        match sent {
+            Ok(batch) => Joined::In(batch),
+            Err(ProviderError::Uncertain { .. }) => Joined::Unseen,
+            Err(ProviderError::Permanent { reason }) => {
+                Joined::Refused(format!("the batch was refused: {reason}"))
+            }
+            // Refused for now (a 429, an overload, an upload that failed): nothing was created.
+            Err(refused) => Joined::NotSent(format!("the batch was refused: {refused}")),
+        }
+    }
+}
 
 /// The lines waiting for their batch, and the records running that may still add one.
 #[derive(Debug, Default)]
@@ -38,7 +67,8 @@ struct State {
 #[derive(Debug)]
 struct Waiting {
     serial: u64,
-    link: usize,
+    /// The provider (its index in the list) and the model: one batch each.
+    group: (usize, String),
     line: BatchLine,
     tx: oneshot::Sender<Sent>,
 }
@@ -50,7 +80,21 @@ pub(crate) struct Window {
     pub wait: Duration,
     /// The most lines in one batch.
     pub max_lines: usize,
+    /// The most bytes of lines in one batch.
+    pub max_bytes: usize,
 }
+
+/// When a line's owner stops waiting.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Until {
+    /// A line still waiting then leaves, not sent.
+    pub give_up: tokio::time::Instant,
+    /// A line taken into a batch whose creation has not answered by then is left to listing.
+    pub stop: tokio::time::Instant,
+}
+
+/// Batches no provider takes more of: OpenAI's file holds 200 MB, Anthropic's batch 256 MB.
+pub(crate) const MAX_BATCH_BYTES: usize = 100 * 1_048_576;
 
 /// One invocation's lanes (the records of a job, or of a FIFO group), counted while they may
 /// still add a line: as many run at once as its concurrency allows, and a batch waits for
@@ -138,17 +182,18 @@ impl Gather {
         lanes
     }
 
-    /// Gathers `line` for the provider `link` of `providers`, and waits for its batch. The
-    /// caller that finds the gathering due submits every line waiting, one batch per provider.
-    /// A line still waiting at `give_up` leaves, not sent: a refusal before work.
+    /// Gathers `line` for the provider and model `group` (the provider's index in
+    /// `providers`), and waits for its batch. The caller that finds the gathering due submits
+    /// every line waiting, one batch per provider and model, within its own `until.stop`. A
+    /// line still waiting at `until.give_up` leaves, not sent.
     pub(crate) async fn join<P: Provider>(
         &self,
         providers: &[&P],
-        link: usize,
+        group: (usize, String),
         line: BatchLine,
         window: Window,
-        give_up: tokio::time::Instant,
-    ) -> Sent {
+        until: Until,
+    ) -> Joined {
         let (tx, mut rx) = oneshot::channel();
         let serial = {
             let mut state = self.lock();
@@ -156,7 +201,7 @@ impl Gather {
             let serial = state.serial;
             state.waiting.push(Waiting {
                 serial,
-                link,
+                group,
                 line,
                 tx,
             });
@@ -177,26 +222,33 @@ impl Gather {
             changed.as_mut().enable();
             let (due, closes) = self.due(window);
             if let Some(lines) = due {
-                submit(providers, lines).await;
+                // The submission is this caller's, bounded by its own time: past it, every line
+                // taken is left to listing (the senders dropped).
+                let left = until
+                    .stop
+                    .saturating_duration_since(tokio::time::Instant::now());
+                let _ = tokio::time::timeout(left, submit(providers, lines, window)).await;
             }
             tokio::select! {
-                sent = &mut rx => return sent.unwrap_or_else(|_| Err(abandoned())),
+                sent = &mut rx => return sent.map_or(Joined::Unseen, Joined::from),
                 () = &mut changed => {}
                 () = tokio::time::sleep_until(closes) => {}
-                () = tokio::time::sleep_until(give_up) => {
+                () = tokio::time::sleep_until(until.give_up) => {
                     let left = {
                         let mut state = self.lock();
                         let at = state.waiting.iter().position(|w| w.serial == serial);
                         at.map(|at| state.waiting.remove(at)).is_some()
                     };
                     if left {
-                        return Err(ProviderError::Transient {
-                            retry_after_ms: None,
-                            reason: "the batch did not go within the call's time; the line was not sent".to_owned(),
-                        });
+                        return Joined::NotSent(
+                            "the batch did not go within the call's time".to_owned(),
+                        );
                     }
-                    // Taken: its batch is being created; its answer comes.
-                    return rx.await.unwrap_or_else(|_| Err(abandoned()));
+                    // Taken: its batch is being created; its answer comes, or listing finds it.
+                    return match tokio::time::timeout_at(until.stop, rx).await {
+                        Ok(Ok(sent)) => Joined::from(sent),
+                        _ => Joined::Unseen,
+                    };
                 }
             }
         }
@@ -210,7 +262,7 @@ impl Gather {
             return (None, now + window.wait);
         };
         let closes = opened + window.wait;
-        let full = most_for_one(&state.waiting) >= window.max_lines;
+        let full = fullest(&state.waiting, window);
         let all_wait = state.waiting.len() >= state.running;
         if !(full || all_wait || now >= closes) {
             return (None, closes);
@@ -220,35 +272,35 @@ impl Gather {
     }
 }
 
-/// What a line's owner learns when the caller submitting its batch stopped before the answer:
-/// the batch may exist (its lines are found by listing).
-fn abandoned() -> ProviderError {
-    ProviderError::Uncertain {
-        evidence: "the batch's submission was abandoned; it may have been created".to_owned(),
-    }
+/// Whether one provider and model has a batch's worth of lines waiting.
+fn fullest(waiting: &[Waiting], window: Window) -> bool {
+    let mut sizes: std::collections::HashMap<&(usize, String), (usize, usize)> =
+        std::collections::HashMap::new();
+    waiting.iter().any(|w| {
+        let size = sizes.entry(&w.group).or_default();
+        *size = (size.0 + 1, size.1 + w.line.body.len());
+        size.0 >= window.max_lines || size.1 >= window.max_bytes
+    })
 }
 
-/// The most lines waiting for one provider.
-fn most_for_one(waiting: &[Waiting]) -> usize {
-    let mut counts = std::collections::HashMap::new();
-    for w in waiting {
-        *counts.entry(w.link).or_insert(0) += 1;
-    }
-    counts.into_values().max().unwrap_or(0)
-}
-
-/// Submits `lines` as one batch per provider, and tells each line's owner what came of it.
-async fn submit<P: Provider>(providers: &[&P], mut lines: Vec<Waiting>) {
-    lines.sort_by_key(|w| w.link);
+/// Submits `lines` as one batch per provider and model (more when one would pass the window's
+/// lines or bytes), and tells each line's owner what came of it.
+async fn submit<P: Provider>(providers: &[&P], mut lines: Vec<Waiting>, window: Window) {
+    lines.sort_by(|a, b| a.group.cmp(&b.group));
     while !lines.is_empty() {
-        let link = lines[0].link;
+        let group = lines[0].group.clone();
+        let mut bytes = 0;
         let split = lines
             .iter()
-            .position(|w| w.link != link)
-            .unwrap_or(lines.len());
-        let rest = lines.split_off(split);
+            .position(|w| {
+                bytes += w.line.body.len();
+                w.group != group || bytes > window.max_bytes
+            })
+            .unwrap_or(lines.len())
+            .clamp(1, window.max_lines.max(1));
+        let rest = lines.split_off(split.min(lines.len()));
         let batch: Vec<BatchLine> = lines.iter().map(|w| w.line.clone()).collect();
-        let sent = match providers.get(link) {
+        let sent = match providers.get(group.0) {
             Some(provider) => provider.submit_batch(&batch).await,
             None => Err(ProviderError::Permanent {
                 reason: "no such provider".to_owned(),
@@ -278,8 +330,16 @@ mod tests {
         }
     }
 
-    fn never() -> tokio::time::Instant {
-        tokio::time::Instant::now() + Duration::from_secs(86_400)
+    fn never() -> Until {
+        let far = tokio::time::Instant::now() + Duration::from_secs(86_400);
+        Until {
+            give_up: far,
+            stop: far,
+        }
+    }
+
+    fn group() -> (usize, String) {
+        (0, "m".to_owned())
     }
 
     #[tokio::test(start_paused = true)]
@@ -289,19 +349,55 @@ mod tests {
         let gather = Gather::default();
         let _lanes = gather.lanes(2, 16);
         let give_up = tokio::time::Instant::now() + Duration::from_secs(3);
+        let until = Until {
+            give_up,
+            stop: give_up,
+        };
         let sent = gather
-            .join(&providers, 0, line("late"), WINDOW, give_up)
+            .join(&providers, group(), line("late"), WINDOW, until)
             .await;
-        assert!(
-            matches!(&sent, Err(ProviderError::Transient { reason, .. }) if reason.contains("not sent")),
-            "{sent:?}"
-        );
+        assert!(matches!(&sent, Joined::NotSent(_)), "{sent:?}");
         assert!(provider.batch_sizes().is_empty(), "nothing was sent");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn each_model_goes_in_a_batch_of_its_own_and_a_refusal_is_told_apart() {
+        let provider = SimulatedProvider::new().with_batches();
+        let providers = [&provider];
+        let gather = Gather::default();
+        let _lanes = gather.lanes(3, 16);
+        let joins = [("a", "m1"), ("b", "m2"), ("c", "m1")].map(|(id, model)| {
+            gather.join(&providers, (0, model.to_owned()), line(id), WINDOW, never())
+        });
+        let sent = futures::future::join_all(joins).await;
+        assert_eq!(provider.batch_sizes(), vec![2, 1]);
+        assert_eq!(sent[0], sent[2]);
+        assert_ne!(sent[0], sent[1]);
+        // What the provider said of a batch, for its lines: refused for now, nothing ran;
+        // refused for good, the attempt is spent; an answer lost, the line is found by listing.
+        let said = |e: ProviderError| Joined::from(Err(e));
+        let reason = || "HTTP 400".to_owned();
+        assert!(matches!(
+            said(ProviderError::Throttled {
+                retry_after_ms: None,
+                reason: reason()
+            }),
+            Joined::NotSent(_)
+        ));
+        assert!(matches!(
+            said(ProviderError::Permanent { reason: reason() }),
+            Joined::Refused(_)
+        ));
+        assert_eq!(
+            said(ProviderError::Uncertain { evidence: reason() }),
+            Joined::Unseen
+        );
     }
 
     const WINDOW: Window = Window {
         wait: Duration::from_secs(60),
         max_lines: 100,
+        max_bytes: MAX_BATCH_BYTES,
     };
 
     #[tokio::test(start_paused = true)]
@@ -310,11 +406,14 @@ mod tests {
         let providers = [&provider];
         let gather = Gather::default();
         let lanes = gather.lanes(3, 16);
-        let joins =
-            (0..3).map(|i| gather.join(&providers, 0, line(&format!("l{i}")), WINDOW, never()));
+        let joins = (0..3)
+            .map(|i| gather.join(&providers, group(), line(&format!("l{i}")), WINDOW, never()));
         let started = tokio::time::Instant::now();
         let sent = futures::future::join_all(joins).await;
-        assert!(sent.iter().all(|s| s.as_deref() == Ok("simbatch-1")));
+        assert!(
+            sent.iter()
+                .all(|s| *s == Joined::In("simbatch-1".to_owned()))
+        );
         assert_eq!(provider.batch_sizes(), vec![3]);
         // Nobody waited for the window.
         assert!(started.elapsed() < Duration::from_secs(1));
@@ -329,8 +428,8 @@ mod tests {
         // 100 lanes, 4 at a time: four lines waiting fill every slot.
         let _lanes = gather.lanes(100, 4);
         let started = tokio::time::Instant::now();
-        let joins =
-            (0..4).map(|i| gather.join(&providers, 0, line(&format!("l{i}")), WINDOW, never()));
+        let joins = (0..4)
+            .map(|i| gather.join(&providers, group(), line(&format!("l{i}")), WINDOW, never()));
         futures::future::join_all(joins).await;
         assert_eq!(provider.batch_sizes(), vec![4]);
         assert!(started.elapsed() < Duration::from_secs(1));
@@ -344,22 +443,22 @@ mod tests {
         let lanes = gather.lanes(2, 16);
         let other = lanes.lane();
         let started = tokio::time::Instant::now();
-        let join = gather.join(&providers, 0, line("l1"), WINDOW, never());
+        let join = gather.join(&providers, group(), line("l1"), WINDOW, never());
         let done_later = async {
             tokio::time::sleep(Duration::from_secs(5)).await;
             drop(other);
         };
         let (sent, ()) = tokio::join!(join, done_later);
-        assert_eq!(sent.as_deref(), Ok("simbatch-1"));
+        assert_eq!(sent, Joined::In("simbatch-1".to_owned()));
         let waited = started.elapsed();
         assert!(waited >= Duration::from_secs(5) && waited < Duration::from_secs(6));
         // A record that never comes: the window closes the batch.
         let hung = gather.lanes(2, 16);
         let started = tokio::time::Instant::now();
         let sent = gather
-            .join(&providers, 0, line("l2"), WINDOW, never())
+            .join(&providers, group(), line("l2"), WINDOW, never())
             .await;
-        assert_eq!(sent.as_deref(), Ok("simbatch-2"));
+        assert_eq!(sent, Joined::In("simbatch-2".to_owned()));
         assert_eq!(started.elapsed(), WINDOW.wait);
         drop(hung);
     }
@@ -377,14 +476,14 @@ mod tests {
         // A line whose owner stops waiting leaves the gathering.
         let left = tokio::time::timeout(
             Duration::from_secs(1),
-            gather.join(&providers, 0, line("gone"), small, never()),
+            gather.join(&providers, group(), line("gone"), small, never()),
         )
         .await;
         assert!(left.is_err());
-        let joins =
-            (0..2).map(|i| gather.join(&providers, 0, line(&format!("l{i}")), small, never()));
+        let joins = (0..2)
+            .map(|i| gather.join(&providers, group(), line(&format!("l{i}")), small, never()));
         let sent = futures::future::join_all(joins).await;
-        assert!(sent.iter().all(Result::is_ok));
+        assert!(sent.iter().all(|s| matches!(s, Joined::In(_))));
         assert_eq!(provider.batch_sizes(), vec![2]);
     }
 }

@@ -61,6 +61,9 @@ impl OpenAiProvider {
             })?;
         let file = match upload {
             (status, _, json) if status.is_success() => id_of(&json),
+            (status, _, _) if matches!(status.as_u16(), 404 | 405) => {
+                return Err(self.no_batch_api());
+            }
             (status, headers, json) => return Err(refused(status, &headers, &json)),
         }
         .ok_or_else(|| ProviderError::Transient {
@@ -81,12 +84,30 @@ impl OpenAiProvider {
                     .json(&create)
             })
             .await?;
+        if matches!(status.as_u16(), 404 | 405) {
+            return Err(self.no_batch_api());
+        }
         if !status.is_success() {
             return Err(classify(status, &headers, &json));
         }
         id_of(&json).ok_or_else(|| ProviderError::Uncertain {
             evidence: "batch created without a usable id".to_owned(),
         })
+    }
+
+    /// The server has no Batch API (a 404 or 405 for its files or batches): deferrable jobs are
+    /// called directly from now on, and these lines were not sent.
+    fn no_batch_api(&self) -> ProviderError {
+        if !self
+            .no_batches
+            .swap(true, std::sync::atomic::Ordering::Relaxed)
+        {
+            tracing::warn!("no Batch API on this server; deferrable jobs are called directly");
+        }
+        ProviderError::Transient {
+            retry_after_ms: None,
+            reason: "no Batch API on this server".to_owned(),
+        }
     }
 
     /// `GET` of `path`, read as JSON; what a retrieval answers when it cannot be read.
@@ -169,11 +190,14 @@ impl BatchApi for OpenAiProvider {
         self.get(path).await
     }
 
-    /// Only ours: a batch carries this crate's `metadata.source`.
     fn created_ms(&self, batch: &Value) -> Option<Millis> {
-        let ours = batch.pointer("/metadata/source").and_then(Value::as_str) == Some(SOURCE);
         let created = batch.get("created_at").and_then(Value::as_i64)?;
-        ours.then_some(created.saturating_mul(1000))
+        Some(created.saturating_mul(1000))
+    }
+
+    /// Ours carry this crate's `metadata.source`.
+    fn ours(&self, batch: &Value) -> bool {
+        batch.pointer("/metadata/source").and_then(Value::as_str) == Some(SOURCE)
     }
 
     async fn holds(&self, batch_id: &str, line: &str) -> Option<bool> {
@@ -202,9 +226,21 @@ impl BatchApi for OpenAiProvider {
                     Ok(answer) => Retrieval::Completed(answer),
                     Err(error) => Retrieval::Failed(error),
                 },
-                Some(code) => Retrieval::Failed(classify(code, &HeaderMap::new(), &body)),
-                None => Retrieval::Failed(ProviderError::Uncertain {
-                    evidence: "batch line without a status".to_owned(),
+                // A line's outcome is final: what a call's status would leave uncertain (a
+                // gateway's, a bare 5xx) is the line's failure here, as is a 429 inside a batch.
+                Some(code) => Retrieval::Failed(match classify(code, &HeaderMap::new(), &body) {
+                    ProviderError::Permanent { reason } => ProviderError::Permanent { reason },
+                    ProviderError::Transient { reason, .. }
+                    | ProviderError::Throttled { reason, .. }
+                    | ProviderError::Uncertain { evidence: reason } => ProviderError::Transient {
+                        retry_after_ms: None,
+                        reason: format!("batch line failed: {reason}"),
+                    },
+                    invalid @ ProviderError::InvalidOutput(_) => invalid,
+                }),
+                None => Retrieval::Failed(ProviderError::Transient {
+                    retry_after_ms: None,
+                    reason: "batch line without a status".to_owned(),
                 }),
             };
         }

@@ -131,6 +131,8 @@ pub struct OpenAiProvider {
     chat_models: std::sync::Mutex<std::collections::HashSet<String>>,
     /// What this environment knows of its batches.
     book: super::batch::Book,
+    /// The server was found to have no Batch API.
+    no_batches: std::sync::atomic::AtomicBool,
 }
 
 impl OpenAiProvider {
@@ -146,6 +148,7 @@ impl OpenAiProvider {
             key: ApiKey::new(key),
             chat_models: std::sync::Mutex::default(),
             book: super::batch::Book::default(),
+            no_batches: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -399,7 +402,7 @@ impl Provider for OpenAiProvider {
     }
 
     fn batches(&self) -> bool {
-        self.settings.batches
+        self.settings.batches && !self.no_batches.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     fn batch_line(

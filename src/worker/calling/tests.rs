@@ -286,3 +286,13 @@ fn a_line_of_a_batch_is_handed_over_once_recorded_and_while_its_batch_runs() {
         AttemptEnd::RetryAuthorized { .. }
     ));
 }
+
+#[test]
+fn a_line_no_batch_holds_gives_its_attempt_back() {
+    let (mut m, _) = Calling::start(facts(), claimed(), NOW);
+    let step = m.submitted(Said::NotSent("the batch did not go".into()), NOW);
+    assert!(matches!(
+        ended(step),
+        AttemptEnd::GivenBack { why: AttemptOutcome::NotSent, error, .. } if error.contains("did not go")
+    ));
+}

@@ -8,8 +8,11 @@ use crate::clock::Clock;
 use crate::job::{JobMessage, JobRecord, Millis};
 use crate::ledger::JobLedger;
 use crate::provider::batch::{batch_ref, is_batch_ref, line_id, parse_ref, pending_ref};
-use crate::provider::{Provider, ProviderError, ProviderRequest, Retrieval, Submission};
-use crate::worker::gather::Window;
+use std::time::Duration;
+
+use crate::provider::{Provider, ProviderError, ProviderRequest, Retrieval};
+use crate::worker::calling::Said;
+use crate::worker::gather::{Joined, MAX_BATCH_BYTES, Until, Window};
 
 impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
     /// Whether an attempt of the job of `input` through `link` is a line of a batch: the job is
@@ -19,40 +22,53 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
     }
 
     /// Sends `request` as a line of the next batch of `link`'s provider and waits for the
-    /// batch to be created, within `budget_ms`. A batch whose creation may have happened unseen
-    /// leaves the line's pending reference: the owner records it, and whoever looks next finds
-    /// the batch by listing before anything is sent again.
+    /// batch to be created, within `budget_ms`: the batch's reference, or the line's pending
+    /// one when the creation went unseen (the owner records it, and whoever looks next finds
+    /// the batch by listing before anything is sent again); not sent (the attempt given back);
+    /// or refused for good (the attempt spent).
     pub(super) async fn submit_line(
         &self,
         link: &Link<P>,
         request: &ProviderRequest<'_>,
         budget_ms: Millis,
-    ) -> Result<Submission, ProviderError> {
+    ) -> Said {
         let line = line_id(request.job_id, request.attempt, request.epoch);
-        let body = link.provider.batch_line(request, &line)?;
-        let index = self
-            .links
-            .iter()
-            .position(|l| std::ptr::eq(l, link))
-            .unwrap_or(0);
+        let body = match link.provider.batch_line(request, &line) {
+            Ok(body) => body,
+            Err(e) => return Said::Failed(e),
+        };
+        let Some(index) = self.links.iter().position(|l| std::ptr::eq(l, link)) else {
+            return Said::NotSent("no such provider".to_owned());
+        };
         let providers: Vec<&P> = self.links.iter().map(|l| &l.provider).collect();
         let window = Window {
-            wait: std::time::Duration::from_millis(self.settings.batching.gather_ms as u64),
+            wait: Duration::from_millis(self.settings.batching.gather_ms as u64),
             max_lines: self.settings.batching.max_lines,
+            max_bytes: MAX_BATCH_BYTES,
         };
-        // A line that cannot go within its call's budget leaves unsent, a tenth of the budget
-        // (at most a second) before it, so that its attempt is given back, not left uncertain.
-        let spare = (budget_ms / 10).clamp(1, 1_000);
-        let give_up = tokio::time::Instant::now()
-            + std::time::Duration::from_millis(budget_ms.saturating_sub(spare).max(0) as u64);
+        // The line leaves unsent a tenth of the budget (at most a second) before it, and a
+        // submission taken but unanswered is left to listing a quarter of that before it: the
+        // call's own bound never cuts the wait off, so nothing is left uncertain for want of
+        // time.
+        let spare = (budget_ms / 10).clamp(4, 1_000) as u64;
+        let end = tokio::time::Instant::now() + Duration::from_millis(budget_ms.max(0) as u64);
+        let until = Until {
+            give_up: end - Duration::from_millis(spare),
+            stop: end - Duration::from_millis(spare / 4),
+        };
+        let group = (index, link.provider.model(request.input).to_owned());
         match self
             .gather
-            .join(&providers, index, body, window, give_up)
+            .join(&providers, group, body, window, until)
             .await
         {
-            Ok(batch) => Ok(Submission::Started(batch_ref(&batch, &line))),
-            Err(ProviderError::Uncertain { .. }) => Ok(Submission::Started(pending_ref(&line))),
-            Err(error) => Err(error),
+            Joined::In(batch) => Said::Started(batch_ref(&batch, &line)),
+            Joined::Unseen => Said::Started(pending_ref(&line)),
+            Joined::NotSent(why) => Said::NotSent(why),
+            Joined::Refused(reason) => Said::Failed(ProviderError::Transient {
+                retry_after_ms: None,
+                reason,
+            }),
         }
     }
 

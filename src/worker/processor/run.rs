@@ -320,16 +320,18 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
             gen_ai.provider.name = link.provider.name(),
             gen_ai.request.model = model,
         );
-        let submitted = async {
-            if self.batched(link, request.input) {
-                self.submit_line(link, request, budget_ms).await
-            } else {
-                link.provider.submit(request).await
-            }
-        };
+        if self.batched(link, request.input) {
+            // A line waits for its batch within its budget, whoever else loses ownership
+            // meanwhile: the record of its batch's reference is fenced, and a line taken into
+            // a batch is found again by whoever owns the job next.
+            return self
+                .submit_line(link, request, budget_ms)
+                .instrument(span)
+                .await;
+        }
         let sent = tokio::time::timeout(
             Duration::from_millis(budget_ms as u64),
-            submitted.instrument(span.clone()),
+            link.provider.submit(request).instrument(span.clone()),
         );
         tokio::select! {
             _ = lost.cancelled() => Said::Cancelled,
