@@ -715,6 +715,12 @@ pub enum Word {
     CutOff,
     /// Accepted to run in the background under the reference the provider assigns.
     Started,
+    /// A batch's create whose answer was lost: the line may be in a batch, which the owner
+    /// cannot name (it records the line's pending reference; listing finds the batch).
+    StartedUnseen,
+    /// No batch holds the line (the gathering gave up, or the batch was refused for now):
+    /// nothing ran.
+    NotSent,
     /// An answer the job's contract refuses (cut off, not JSON, invalid): it ran, and its
     /// outcome is known.
     Invalid,
@@ -1792,11 +1798,19 @@ impl Protocol {
             (Truth::NotRun, Word::Answer | Word::Invalid)
                 | (
                     Truth::Ran,
-                    Word::Transient | Word::Permanent | Word::Throttled | Word::Invalid
+                    Word::Transient
+                        | Word::Permanent
+                        | Word::Throttled
+                        | Word::Invalid
+                        | Word::NotSent
                 )
                 | (
                     Truth::Invalid,
-                    Word::Answer | Word::Transient | Word::Permanent | Word::Throttled
+                    Word::Answer
+                        | Word::Transient
+                        | Word::Permanent
+                        | Word::Throttled
+                        | Word::NotSent
                 )
         );
         if !consistent && !lost {
@@ -1853,6 +1867,13 @@ impl Protocol {
                 Word::PastDeadline | Word::CutOff => Said::TimedOut,
                 Word::Started if next.upstream == Upstream::Batch => {
                     Said::Started(line_ref(claimed.attempts, claimed.owner_epoch, false))
+                }
+                Word::StartedUnseen => {
+                    Said::Started(line_ref(claimed.attempts, claimed.owner_epoch, true))
+                }
+                Word::NotSent => {
+                    call.truth = Truth::Refused;
+                    Said::NotSent("no batch holds the line".to_owned())
                 }
                 Word::Started => Said::Started(call_ref(claimed.attempts, claimed.owner_epoch)),
                 // A bare 429, as a retrying gateway answers after forwarding, through the provider
@@ -2460,6 +2481,8 @@ fn word_name(word: Word) -> &'static str {
         Word::PastDeadline => "nothing before the deadline",
         Word::CutOff => "nothing before the invocation's end",
         Word::Started => "started in the background",
+        Word::StartedUnseen => "a batch whose create went unseen",
+        Word::NotSent => "not sent: no batch holds the line",
         Word::Invalid => "an answer its contract refuses",
     }
 }
@@ -2616,6 +2639,12 @@ impl Model for Protocol {
                                 let answers =
                                     !matches!(word, Word::Answer | Word::Started | Word::Invalid);
                                 if answers || (word == Word::Started) == background {
+                                    actions.push(Action::Answer { worker, word });
+                                }
+                            }
+                            // A batch's own words: its create unseen, its line never sent.
+                            if state.upstream == Upstream::Batch {
+                                for word in [Word::StartedUnseen, Word::NotSent] {
                                     actions.push(Action::Answer { worker, word });
                                 }
                             }
@@ -2826,6 +2855,20 @@ impl Model for Protocol {
                     s.upstream == Upstream::Batch
                         && s.item.as_ref().is_some_and(|r| {
                             r.state == JobState::Succeeded && !r.recoveries.is_empty()
+                        })
+                },
+            ),
+            Property::sometimes(
+                "a line whose batch went unseen is found again, and its answer accepted",
+                |_, s: &State| {
+                    s.upstream == Upstream::Batch
+                        && s.item.as_ref().is_some_and(|r| {
+                            r.state == JobState::Succeeded
+                                && r.attempt_log.last().is_some_and(|a| {
+                                    a.provider_ref.as_deref().is_some_and(|p| {
+                                        batch::parse_ref(p).is_some_and(|(b, _)| b.is_none())
+                                    })
+                                })
                         })
                 },
             ),

@@ -340,8 +340,11 @@ impl Admission {
                     },
                     // An unknown attempt with a reference: ask the provider again, under a new
                     // epoch.
+                    // (A line of a batch can always be asked about, whoever its provider.)
                     Next::AwaitDecision
-                        if self.facts.can_retrieve && seen.last_provider_ref().is_some() =>
+                        if seen.last_provider_ref().is_some_and(|r| {
+                            self.facts.can_retrieve || crate::provider::batch::is_batch_ref(r)
+                        }) =>
                     {
                         Op::Recover {
                             state: seen.state,

@@ -58,8 +58,11 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         processed
     }
 
-    /// Whether the provider of the job's last attempt can be asked about it.
+    /// Whether the provider of the job's last attempt can be asked about it (a line of a batch
+    /// always can).
     pub(super) fn can_ask_about(&self, job: &JobRecord) -> bool {
-        self.link_of(job).provider.can_retrieve() && job.last_provider_ref().is_some()
+        job.last_provider_ref().is_some_and(|r| {
+            self.link_of(job).provider.can_retrieve() || crate::provider::batch::is_batch_ref(r)
+        })
     }
 }
