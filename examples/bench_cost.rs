@@ -350,17 +350,25 @@ async fn batch_aws() -> (f64, f64, u64) {
     )
 }
 
-/// The reference job's model bill with and without batches, and what batches add on AWS.
-async fn batches(direct_aws: f64) {
-    const MODEL: &str = "gpt-5-mini";
+/// The reference job's model.
+const MODEL: &str = "gpt-5-mini";
+
+/// What the reference job's call costs at list prices, direct and through a batch, in dollars
+/// per million jobs (micro-dollars per job).
+fn reference_job() -> (f64, f64) {
     let usage = Usage {
         input: 2_600,
         output: 400,
         ..Usage::default()
     };
     let prices = PriceTable::built_in();
-    let model = prices.cost_micros(MODEL, &usage, false).expect("priced") as f64;
-    let batch = prices.cost_micros(MODEL, &usage, true).expect("priced") as f64;
+    let cost = |batch| prices.cost_micros(MODEL, &usage, batch).expect("priced") as f64;
+    (cost(false), cost(true))
+}
+
+/// The reference job's model bill with and without batches, and what batches add on AWS.
+async fn batches(direct_aws: f64) {
+    let (model, batch) = reference_job();
     let (first, last, largest) = batch_aws().await;
     // A look: one consistent read of the item, a tenth of a receive and of a visibility change
     // (ten records a batch), a tenth of a Lambda invocation; nothing written.
@@ -395,16 +403,7 @@ async fn batches(direct_aws: f64) {
 /// The whole bill of one reference job: a 10 KiB document summarised by `gpt-5-mini` (about
 /// 2,600 input tokens, 400 output), at list prices, against its AWS share (`aws`, per million).
 fn whole_bill(aws: f64) {
-    const MODEL: &str = "gpt-5-mini";
-    let usage = Usage {
-        input: 2_600,
-        output: 400,
-        ..Usage::default()
-    };
-    let prices = PriceTable::built_in();
-    // Micro-dollars per job are dollars per million jobs.
-    let model = prices.cost_micros(MODEL, &usage, false).expect("priced") as f64;
-    let batch = prices.cost_micros(MODEL, &usage, true).expect("priced") as f64;
+    let (model, batch) = reference_job();
     println!();
     println!(
         "Whole bill of a reference job ({MODEL}, a 10 KiB document: 2,600 input and 400 output \

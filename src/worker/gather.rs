@@ -229,7 +229,10 @@ impl Gather {
                     .saturating_duration_since(tokio::time::Instant::now());
                 let _ = tokio::time::timeout(left, submit(providers, lines, window)).await;
             }
+            // In this order whatever is ready at once, so a seeded run replays the same way:
+            // an answer, then a change, then the window's close, then giving up.
             tokio::select! {
+                biased;
                 sent = &mut rx => return sent.map_or(Joined::Unseen, Joined::from),
                 () = &mut changed => {}
                 () = tokio::time::sleep_until(closes) => {}

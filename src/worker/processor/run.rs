@@ -226,6 +226,9 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
                     // adaptive limit the refusal lowered has room.
                     let latest = self.latest_call_start(inv, link);
                     let resent = tokio::select! {
+                        // Ownership lost first whatever is ready at once, so a seeded simulation
+                        // replays the same way.
+                        biased;
                         _ = lost.cancelled() => false,
                         resent = pacer.resend(&self.clock, at, latest) => resent,
                     };
@@ -252,6 +255,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
                         link.provider.retrieve(&reference, started_at, request),
                     );
                     tokio::select! {
+                        biased;
                         _ = lost.cancelled() => machine.lost(),
                         found = asked => {
                             let found = match found {
@@ -271,6 +275,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
                     }
                 }
                 CallStep::Pause { ms } => tokio::select! {
+                    biased;
                     _ = lost.cancelled() => machine.lost(),
                     _ = tokio::time::sleep(Duration::from_millis(ms as u64)) => {
                         machine.paused(self.clock.now_ms())
@@ -334,6 +339,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
             link.provider.submit(request).instrument(span.clone()),
         );
         tokio::select! {
+            biased;
             _ = lost.cancelled() => Said::Cancelled,
             called = sent => match called {
                 Ok(Ok(submission)) => {
