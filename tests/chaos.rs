@@ -10,7 +10,10 @@ mod sim;
 fn fixed_seeds_keep_every_invariant_under_every_fault() {
     // Every edge the worker guards against must be met: the rarer ones (a failed store of an
     // answer is 5 % of the few large answers) on the first four seeds or on up to four more.
-    const EDGES: [&str; 31] = [
+    const EDGES: [&str; 34] = [
+        "batch_answer_lost",
+        "batch_refused",
+        "batch_results_cut",
         "gateway_error",
         "oversized_answer",
         "ddb_stall",

@@ -106,6 +106,12 @@ pub struct FaultRates {
     /// A batch is created upstream and the answer to its create is lost: its lines' owners
     /// record their pending references and whoever looks next finds the batch by listing.
     pub batch_answer_lost: f64,
+    /// A batch's create is refused before anything is made: for now (a 429 or an overload:
+    /// its lines given back) or for good (a 4xx: their attempts spent).
+    pub batch_refused: f64,
+    /// An ended batch's results file comes cut off, missing lines: they must be read again,
+    /// never taken for lines that did not run.
+    pub batch_results_cut: f64,
     /// The provider ran the call and the connection was lost before the answer.
     pub connection_lost: f64,
     /// A provider forgets a call (retrieval answers "not found").
@@ -204,6 +210,8 @@ impl FaultRates {
             stalled_stream: 0.005,
             deferrable: 0.2,
             batch_answer_lost: 0.1,
+            batch_refused: 0.05,
+            batch_results_cut: 0.05,
             connection_lost: 0.02,
             provider_forgets: 0.2,
             gateway_error: 0.02,
@@ -1590,6 +1598,18 @@ impl Provider for SimProvider {
     ) -> Result<String, ProviderError> {
         let w = &self.world;
         tokio::time::sleep(Duration::from_millis(100)).await;
+        if w.fault("batch_refused", w.rates.batch_refused) {
+            return Err(if w.roll(0.5) {
+                ProviderError::Throttled {
+                    retry_after_ms: Some(1_000),
+                    reason: "HTTP 429 rate_limit_exceeded".into(),
+                }
+            } else {
+                ProviderError::Permanent {
+                    reason: "HTTP 400 invalid_request".into(),
+                }
+            });
+        }
         let done_at = w.now() + w.range(60_000, 3_600_000) as Millis;
         let mut held = Vec::new();
         for line in lines {
@@ -1689,6 +1709,16 @@ impl Provider for SimProvider {
                 Retrieval::Unreachable {
                     retry_after_ms: Some(self.world.range(0, 2_000) as Millis),
                 }
+            };
+        }
+        // The results file of an ended batch, cut off: the line must be read again later.
+        if fenced_jobs::provider::batch::is_batch_ref(provider_ref)
+            && self
+                .world
+                .fault("batch_results_cut", self.world.rates.batch_results_cut)
+        {
+            return Retrieval::Unreachable {
+                retry_after_ms: None,
             };
         }
         let key = match self.line(provider_ref) {

@@ -30,6 +30,11 @@ pub struct SimulatedProvider {
     batches: Option<Batches>,
 }
 
+/// The most lines of one batch (OpenAI's limit; Anthropic's is 100,000).
+const MAX_BATCH_LINES: usize = 50_000;
+/// The largest batch input (OpenAI's file; Anthropic's batch takes 256 MB).
+const MAX_BATCH_FILE_BYTES: usize = 200_000_000;
+
 /// The simulated batch interface: each batch ends once the longest `simulate.latency_ms` of
 /// its lines has passed since it was created.
 #[derive(Debug, Default)]
@@ -235,6 +240,14 @@ impl Provider for SimulatedProvider {
                 reason: "no batch interface".to_owned(),
             });
         };
+        // The tighter of the providers' limits, as OpenAI refuses a larger batch: 50,000 lines,
+        // a 200 MB file.
+        let bytes: usize = lines.iter().map(|l| l.body.len() + 1).sum();
+        if lines.is_empty() || lines.len() > MAX_BATCH_LINES || bytes > MAX_BATCH_FILE_BYTES {
+            return Err(ProviderError::Permanent {
+                reason: format!("HTTP 400 batch of {} lines, {bytes} bytes", lines.len()),
+            });
+        }
         let now = SystemClock.now_ms();
         let mut longest = 0;
         for line in lines {
@@ -527,5 +540,26 @@ mod tests {
         let hang = input(json!({"model": "m", "prompt": "p", "simulate": {"outcome": "hang"}}));
         let cut = tokio::time::timeout(Duration::from_secs(3600), p.call(&request(&hang, 1))).await;
         assert!(cut.is_err());
+    }
+
+    #[tokio::test]
+    async fn a_batch_past_the_providers_limits_is_refused_and_runs_nothing() {
+        let provider = SimulatedProvider::new().with_batches();
+        let line = |i: usize| BatchLine {
+            id: format!("l{i}"),
+            body: r#"{"job_id":"j","latency_ms":0}"#.to_owned(),
+        };
+        let too_many: Vec<BatchLine> = (0..=MAX_BATCH_LINES).map(line).collect();
+        assert!(matches!(
+            provider.submit_batch(&too_many).await,
+            Err(ProviderError::Permanent { .. })
+        ));
+        assert!(provider.submit_batch(&[]).await.is_err());
+        assert_eq!(
+            (provider.executions(), provider.batch_sizes().len()),
+            (0, 0)
+        );
+        let fits: Vec<BatchLine> = (0..MAX_BATCH_LINES).map(line).collect();
+        assert!(provider.submit_batch(&fits).await.is_ok());
     }
 }

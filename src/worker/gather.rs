@@ -397,6 +397,24 @@ mod tests {
         );
     }
 
+    #[tokio::test(start_paused = true)]
+    async fn a_gathering_past_the_bytes_a_batch_holds_goes_as_several() {
+        let provider = SimulatedProvider::new().with_batches();
+        let providers = [&provider];
+        let gather = Gather::default();
+        let _lanes = gather.lanes(3, 16);
+        // Each line is 29 bytes: two fit in 60, the third goes in a batch of its own.
+        let small = Window {
+            max_bytes: 60,
+            ..WINDOW
+        };
+        let joins =
+            ["a", "b", "c"].map(|id| gather.join(&providers, group(), line(id), small, never()));
+        let sent = futures::future::join_all(joins).await;
+        assert!(sent.iter().all(|s| matches!(s, Joined::In(_))));
+        assert_eq!(provider.batch_sizes(), vec![2, 1]);
+    }
+
     const WINDOW: Window = Window {
         wait: Duration::from_secs(60),
         max_lines: 100,
