@@ -10,7 +10,7 @@ mod sim;
 fn fixed_seeds_keep_every_invariant_under_every_fault() {
     // Every edge the worker guards against must be met: the rarer ones (a failed store of an
     // answer is 5 % of the few large answers) on the first four seeds or on up to four more.
-    const EDGES: [&str; 34] = [
+    const EDGES: [&str; 37] = [
         "batch_answer_lost",
         "batch_refused",
         "batch_results_cut",
@@ -45,6 +45,9 @@ fn fixed_seeds_keep_every_invariant_under_every_fault() {
         "truncated_answer",
         "foreign_job_id",
         "planted_job_attribute",
+        "operator_cancel",
+        "cancel_running",
+        "cancel_idle",
     ];
     let mut seen = std::collections::BTreeSet::new();
     for seed in 1..=8 {

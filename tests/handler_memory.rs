@@ -969,6 +969,12 @@ impl JobLedger for TakenOverBeforeRecording {
     ) -> Result<fenced_jobs::ledger::Write, fenced_jobs::ledger::LedgerError> {
         self.0.decide(req).await
     }
+    async fn cancel(
+        &self,
+        req: fenced_jobs::ledger::CancelRequest,
+    ) -> Result<fenced_jobs::ledger::Write, fenced_jobs::ledger::LedgerError> {
+        self.0.cancel(req).await
+    }
     async fn get(
         &self,
         job_id: &str,

@@ -12,8 +12,9 @@ use fenced_jobs::job::decision::SettleReason;
 use fenced_jobs::job::{Expect, JobRecord, JobState, NewJob, attention_key};
 use fenced_jobs::ledger::memory::InMemoryLedger;
 use fenced_jobs::ledger::{
-    AttemptEnd, CreateRequest, DecideRequest, EndRequest, EnqueuedRequest, JobLedger, KeptInput,
-    OperatorAction, RecordRefRequest, RecoverRequest, SettleFrom, SettleRequest, Write,
+    AttemptEnd, CancelRequest, CreateRequest, DecideRequest, EndRequest, EnqueuedRequest,
+    JobLedger, KeptInput, OperatorAction, RecordRefRequest, RecoverRequest, SettleFrom,
+    SettleRequest, Write,
 };
 
 use common::{claim, new_job as job};
@@ -527,6 +528,160 @@ async fn the_in_memory_ledger_and_dynamodb_agree_on_every_conditional_write() {
     let j = memory_items[9].as_ref().expect("j");
     assert_eq!(j.enqueued_at, Some(T + 4));
     assert_eq!(j.input_digest, "d-j");
+}
+
+/// An operator's cancel: at once for a job nobody runs, as a request its owner carries out for
+/// a running one (whose heartbeat's renewals and other ends it refuses).
+async fn cancels<L: JobLedger>(ledger: &L, prefix: &str) -> (Vec<String>, Vec<Option<JobRecord>>) {
+    let id = |s: &str| format!("{prefix}{s}");
+    let mut log = Vec::new();
+    macro_rules! step {
+        ($name:expr, $op:expr) => {
+            log.push(line($name, $op.await.expect("ledger call")))
+        };
+    }
+    let k = job(&id("k"), "d-k", 3, T + 10_000);
+    let cancel_k = |seen: JobState, epoch: u64, now: i64| CancelRequest {
+        job_id: k.job_id.clone(),
+        seen,
+        epoch,
+        by: "operator:alice".into(),
+        caller: None,
+        reason: "submitted by mistake".into(),
+        now,
+    };
+    let renew_k = |until: i64, now: i64| fenced_jobs::ledger::RenewRequest {
+        job_id: k.job_id.clone(),
+        epoch: 1,
+        expected_until: Some(until),
+        now,
+        lease_until: now + 60_000,
+    };
+    step!("k claim", ledger.claim(claim(&k, Expect::FRESH, "w1", T)));
+    step!(
+        "k cancel as if ready",
+        ledger.cancel(cancel_k(JobState::Ready, 1, T + 1))
+    );
+    step!(
+        "k cancel running",
+        ledger.cancel(cancel_k(JobState::Running, 1, T + 2))
+    );
+    step!(
+        "k cancel running again",
+        ledger.cancel(cancel_k(JobState::Running, 1, T + 3))
+    );
+    let lease = ledger
+        .get(&k.job_id)
+        .await
+        .expect("get")
+        .and_then(|r| r.owner_until);
+    step!(
+        "k heartbeat renews",
+        ledger.renew(renew_k(lease.unwrap_or_default(), T + 4))
+    );
+    step!(
+        "k owner accepts",
+        ledger.end(end_req(&k.job_id, 1, 1, T + 5, ok("too late")))
+    );
+    step!(
+        "k owner gives back",
+        ledger.end(end_req(&k.job_id, 1, 1, T + 5, retry()))
+    );
+    step!(
+        "k owner ends cancelled",
+        ledger.end(end_req(&k.job_id, 1, 1, T + 6, AttemptEnd::Cancelled))
+    );
+    step!(
+        "k cancel cancelled",
+        ledger.cancel(cancel_k(JobState::Cancelled, 1, T + 7))
+    );
+    let l = job(&id("l"), "d-l", 3, T + 10_000);
+    let cancel_l = |seen: JobState, epoch: u64| CancelRequest {
+        job_id: l.job_id.clone(),
+        seen,
+        epoch,
+        by: "operator:alice".into(),
+        caller: None,
+        reason: "no longer wanted".into(),
+        now: T + 1,
+    };
+    step!(
+        "l cancel absent",
+        ledger.cancel(cancel_l(JobState::Ready, 0))
+    );
+    step!(
+        "l create",
+        ledger.create(CreateRequest {
+            job: l.clone(),
+            now: T,
+            enqueued: false,
+        })
+    );
+    step!(
+        "l owner ends cancelled unasked",
+        ledger.end(end_req(&l.job_id, 0, 0, T, AttemptEnd::Cancelled))
+    );
+    step!(
+        "l cancel ready",
+        ledger.cancel(cancel_l(JobState::Ready, 0))
+    );
+    step!(
+        "l claim cancelled",
+        ledger.claim(claim(&l, Expect::FRESH, "w1", T + 2))
+    );
+
+    let mut items = Vec::new();
+    for s in ["k", "l"] {
+        let mut item = ledger.get(&id(s)).await.expect("get");
+        if let Some(item) = item.as_mut() {
+            item.job_id = s.to_owned();
+        }
+        items.push(item);
+    }
+    (log, items)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_in_memory_ledger_and_dynamodb_agree_on_cancels() {
+    let (memory_log, items) = cancels(&InMemoryLedger::new(), "").await;
+    let aws = common::emulator().await;
+    let table = aws.table().await;
+    let (dynamo_log, dynamo_items) = cancels(&aws.ledger(&table), "").await;
+    assert_eq!(memory_log, dynamo_log);
+    assert_eq!(items, dynamo_items);
+    let expected = [
+        "k claim: applied running e1 a1",
+        "k cancel as if ready: refused, saw running e1 a1",
+        "k cancel running: applied running e1 a1",
+        "k cancel running again: refused, saw running e1 a1",
+        "k heartbeat renews: refused, saw running e1 a1",
+        "k owner accepts: refused, saw running e1 a1",
+        "k owner gives back: refused, saw running e1 a1",
+        "k owner ends cancelled: applied cancelled e1 a1",
+        "k cancel cancelled: refused, saw cancelled e1 a1",
+        "l cancel absent: refused, no item",
+        "l create: applied ready e0 a0",
+        "l owner ends cancelled unasked: refused, saw ready e0 a0",
+        "l cancel ready: applied cancelled e1 a0",
+        "l claim cancelled: refused, saw cancelled e1 a0",
+    ];
+    assert_eq!(memory_log, expected);
+    let k = items[0].as_ref().expect("k");
+    assert_eq!(k.cancel_requested, Some(T + 2));
+    assert_eq!(k.decisions.len(), 1);
+    assert_eq!(k.decisions[0].action, "cancel");
+    assert_eq!(k.decisions[0].epoch, 1);
+    assert_eq!(k.result, None);
+    assert_eq!(
+        k.attempt_log[0].outcome,
+        fenced_jobs::job::AttemptOutcome::Cancelled
+    );
+    let l = items[1].as_ref().expect("l");
+    assert_eq!(l.decisions[0].epoch, 1);
+    assert_eq!(
+        l.last_error.as_ref().map(|e| e.kind.as_str()),
+        Some("cancelled")
+    );
 }
 
 /// The raw item, as DynamoDB holds it, without the attributes the job id decides.

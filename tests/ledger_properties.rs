@@ -1,5 +1,5 @@
 //! Random sequences of ledger operations (claims, renewals, acceptances, releases, recovery
-//! claims, decisions, expiries, creations, references; claims on first sight or after a read),
+//! claims, decisions, cancels, expiries, creations, references; claims on first sight or after a read),
 //! with current and stale epochs and clocks that jump, applied to the in-memory ledger and to DynamoDB on the emulator: the same
 //! answer to every operation and the same items at the end. This keeps the fast fake honest.
 //! A failure names the seed and the step, and `LEDGER_PROPERTY_SEED=<seed>` replays it alone.
@@ -10,9 +10,9 @@ use fenced_jobs::job::decision::SettleReason;
 use fenced_jobs::job::{BlobRef, Expect, JobRecord, JobState, NewJob, ResultBody};
 use fenced_jobs::ledger::memory::InMemoryLedger;
 use fenced_jobs::ledger::{
-    AttemptEnd, ClaimRequest, CreateRequest, DecideRequest, EndRequest, EnqueuedRequest, JobLedger,
-    OperatorAction, RecordRefRequest, RecoverRequest, RenewRequest, SettleFrom, SettleRequest,
-    Write,
+    AttemptEnd, CancelRequest, ClaimRequest, CreateRequest, DecideRequest, EndRequest,
+    EnqueuedRequest, JobLedger, OperatorAction, RecordRefRequest, RecoverRequest, RenewRequest,
+    SettleFrom, SettleRequest, Write,
 };
 
 const T: i64 = 1_800_000_000_000;
@@ -29,6 +29,7 @@ enum Op {
     Recover(usize, u64, i64),
     Renew(usize, u64, Option<i64>, i64),
     Decide(usize, u64, OperatorAction, i64),
+    Cancel(usize, JobState, u64, i64),
     Enqueued(usize, i64),
     RecordRef(usize, u64, u32, i64),
 }
@@ -125,6 +126,7 @@ fn op(rng: &mut fastrand::Rng, now: i64, items: &[Option<JobRecord>]) -> Op {
                     evidence: "cut off".into(),
                     by: "replay-policy".into(),
                 },
+                5 if rng.bool() => AttemptEnd::Cancelled,
                 _ => AttemptEnd::Expired,
             };
             // Mostly the current attempt; sometimes one the log does not have.
@@ -168,7 +170,16 @@ fn op(rng: &mut fastrand::Rng, now: i64, items: &[Option<JobRecord>]) -> Op {
             } else {
                 OperatorAction::Fail
             };
-            Op::Decide(j, pick_epoch(rng), action, now)
+            if rng.bool() {
+                // The state as it stands, or another one.
+                let seen = match item {
+                    Some(r) if rng.u8(0..4) > 0 => r.state,
+                    _ => JobState::ALL[rng.usize(..JobState::ALL.len())],
+                };
+                Op::Cancel(j, seen, pick_epoch(rng), now)
+            } else {
+                Op::Decide(j, pick_epoch(rng), action, now)
+            }
         }
         _ => {
             if rng.bool() {
@@ -268,6 +279,19 @@ async fn apply<L: JobLedger>(ledger: &L, prefix: &str, op: &Op) -> Write {
                     job_id: id(j),
                     epoch: *epoch,
                     action: *action,
+                    by: "op".into(),
+                    caller: None,
+                    reason: "why".into(),
+                    now: *now,
+                })
+                .await
+        }
+        Op::Cancel(j, seen, epoch, now) => {
+            ledger
+                .cancel(CancelRequest {
+                    job_id: id(j),
+                    seen: *seen,
+                    epoch: *epoch,
                     by: "op".into(),
                     caller: None,
                     reason: "why".into(),

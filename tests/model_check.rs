@@ -32,7 +32,7 @@ fn every_property_holds_in_the_test_bound_and_every_example_is_reached() {
     // The test bound comes in five parts: the providers that answer the submit, with ledger
     // faults; the one that runs calls in the background, without; the pacer's refusals and
     // invocations that end before the job; a lease long enough for the pacer to send a
-    // refused call again; and a job whose spend limit holds one call.
+    // refused call again; a job whose spend limit holds one call; and an operator's cancel.
     let mut reached = std::collections::BTreeSet::new();
     let mut examples = std::collections::BTreeSet::new();
     for bounds in [
@@ -41,6 +41,7 @@ fn every_property_holds_in_the_test_bound_and_every_example_is_reached() {
         Bounds::world(),
         Bounds::resend(),
         Bounds::spend(),
+        Bounds::cancel(),
     ] {
         let report = check(&bounds, threads(), false);
         print(&bounds.describe(), &report);

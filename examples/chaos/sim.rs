@@ -26,8 +26,9 @@ use fenced_jobs::job::{
 use fenced_jobs::ledger::memory::InMemoryLedger;
 use fenced_jobs::ledger::transitions::known_after_end;
 use fenced_jobs::ledger::{
-    AttemptEnd, ClaimRequest, CreateRequest, DecideRequest, EndRequest, EnqueuedRequest, JobLedger,
-    LedgerError, RecordRefRequest, RecoverRequest, RenewRequest, SettleRequest, Write,
+    AttemptEnd, CancelRequest, ClaimRequest, CreateRequest, DecideRequest, EndRequest,
+    EnqueuedRequest, JobLedger, LedgerError, RecordRefRequest, RecoverRequest, RenewRequest,
+    SettleRequest, Write,
 };
 use fenced_jobs::ledger::{IndexCursor, LedgerIndex};
 use fenced_jobs::ops::dispatch::{StreamChange, StreamEvent, StreamRecord};
@@ -187,6 +188,9 @@ pub struct FaultRates {
     /// Another producer sends a body that is not a job, naming the first producer's job in the
     /// attribute the worker's dead letters name jobs in (a fraction of the job count).
     pub planted_job_attribute: f64,
+    /// An operator cancels a job picked at random (a chance per virtual minute), whatever it
+    /// is doing: once the cancel is written, the job must end `cancelled` (or `expired`).
+    pub operator_cancel: f64,
 }
 
 impl FaultRates {
@@ -240,6 +244,7 @@ impl FaultRates {
             truncated_answer: 0.03,
             foreign_job_id: 0.01,
             planted_job_attribute: 0.005,
+            operator_cancel: 0.3,
         }
     }
 }
@@ -307,6 +312,8 @@ struct World {
     /// Jobs whose producer never sent a trigger: when each was written, and when the
     /// reconciler first sent one.
     unsent: Mutex<HashMap<String, (Millis, Option<Millis>)>>,
+    /// Jobs whose cancel an operator wrote.
+    cancelled: Mutex<Vec<String>>,
     /// When each reconciler run started and ended.
     reconciler_runs: Mutex<Vec<(Millis, Millis)>>,
 }
@@ -1020,6 +1027,10 @@ impl JobLedger for SimLedger {
     async fn decide(&self, req: DecideRequest) -> Result<Write, LedgerError> {
         let id = req.job_id.clone();
         self.call("decide", &id, self.table.decide(req)).await
+    }
+    async fn cancel(&self, req: CancelRequest) -> Result<Write, LedgerError> {
+        let id = req.job_id.clone();
+        self.call("cancel", &id, self.table.cancel(req)).await
     }
     async fn get(&self, job_id: &str) -> Result<Option<JobRecord>, LedgerError> {
         self.gate.pass(&self.world).await;
@@ -1843,6 +1854,7 @@ pub async fn run(config: &ChaosConfig) -> ChaosReport {
         failing_reads: Mutex::new(std::collections::HashSet::new()),
         stream: Mutex::new((HashMap::new(), Vec::new())),
         unsent: Mutex::new(HashMap::new()),
+        cancelled: Mutex::new(Vec::new()),
         reconciler_runs: Mutex::new(Vec::new()),
     });
     let table = Arc::new(InMemoryLedger::new());
@@ -2187,12 +2199,54 @@ pub async fn run(config: &ChaosConfig) -> ChaosReport {
     let operator = {
         let (world, queue, table) = (Arc::clone(&world), Arc::clone(&queue), Arc::clone(&table));
         let finished = Arc::clone(&finished);
+        // The operator's own client, with the same faults.
+        let ledger = SimLedger {
+            world: Arc::clone(&world),
+            table: Arc::clone(&table),
+            gate: Arc::new(PauseGate::default()),
+        };
+        let job_ids = job_ids.clone();
         async move {
             let mut ticks = 0u64;
             let mut quiet = 0u64;
             loop {
                 tokio::time::sleep(Duration::from_millis(60_000)).await;
                 ticks += 1;
+                if world.fault("operator_cancel", world.rates.operator_cancel) {
+                    // A job picked among a few at random, one not finished if there is one.
+                    let mut job_id = &job_ids[0];
+                    for _ in 0..20 {
+                        job_id = &job_ids[world.range(0, job_ids.len() as u64 - 1) as usize];
+                        let item = table.get(job_id).await.ok().flatten();
+                        if item.is_some_and(|r| !r.state.is_terminal()) {
+                            break;
+                        }
+                    }
+                    let now = world.now();
+                    let cancel = fenced_jobs::ops::operator::cancel(
+                        &ledger, job_id, "chaos", None, "chaos", now,
+                    );
+                    let kind = match cancel.await {
+                        Ok(fenced_jobs::ops::operator::Cancelled::Requested(_)) => {
+                            Some("cancel_running")
+                        }
+                        Ok(fenced_jobs::ops::operator::Cancelled::Ended(_)) => Some("cancel_idle"),
+                        Err(_) => None,
+                    };
+                    if let Some(kind) = kind {
+                        world
+                            .cancelled
+                            .lock()
+                            .expect("cancelled")
+                            .push(job_id.clone());
+                        *world
+                            .faults
+                            .lock()
+                            .expect("faults")
+                            .entry(kind)
+                            .or_default() += 1;
+                    }
+                }
                 // Empty for 45 minutes in a row: the reconciler (every 10 minutes, re-sending
                 // what was untouched for 20) has had its chance to re-trigger stranded jobs.
                 quiet = if queue.live() == 0 { quiet + 1 } else { 0 };
@@ -2332,7 +2386,12 @@ pub async fn run(config: &ChaosConfig) -> ChaosReport {
     // of its becoming due, however deep the backlog sent before it.
     let ready_after = fenced_jobs::ops::reconcile::ReconcileSettings::default().ready_after_ms;
     let runs = world.reconciler_runs.lock().expect("runs").clone();
+    let cancelled = world.cancelled.lock().expect("cancelled").clone();
     for (job_id, (written, first)) in world.unsent.lock().expect("unsent").iter() {
+        // A job cancelled before its trigger was due needs none.
+        if cancelled.contains(job_id) {
+            continue;
+        }
         let bound = runs
             .iter()
             .filter(|(start, _)| *start >= written + ready_after)
@@ -2358,6 +2417,17 @@ pub async fn run(config: &ChaosConfig) -> ChaosReport {
         if !theirs.is_some_and(|r| r.state.is_terminal() || r.state == JobState::Unknown) {
             world.violation(format!(
                 "{job_id}: the other producer's job of that id did not run as its own"
+            ));
+        }
+    }
+    // A job whose cancel was written ends cancelled, or expired if its deadline came first;
+    // never with an answer accepted after the cancel.
+    for job_id in &cancelled {
+        let state = table.get(job_id).await.ok().flatten().map(|r| r.state);
+        if !matches!(state, Some(JobState::Cancelled | JobState::Expired)) {
+            world.violation(format!(
+                "{job_id}: its cancel was written, and it ended {:?}",
+                state.map(JobState::as_str)
             ));
         }
     }

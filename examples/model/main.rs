@@ -42,6 +42,10 @@ fn main() {
         Bounds::full_world()
     } else if flag("--spend") {
         Bounds::spend()
+    } else if flag("--cancel") {
+        Bounds::cancel()
+    } else if flag("--full-cancel") {
+        Bounds::full_cancel()
     } else {
         Bounds::full()
     };
@@ -163,13 +167,21 @@ fn main() {
         "--world",
         "--full-world",
         "--spend",
+        "--cancel",
+        "--full-cancel",
     ]
     .iter()
     .any(|f| flag(f));
     if full {
         // The model-check bound comes in parts: the world's pacer and short invocations, a
-        // lease long enough for a re-send, and a job's spend limit, each in a bound of its own.
-        for part in [Bounds::full_world(), Bounds::resend(), Bounds::spend()] {
+        // lease long enough for a re-send, a job's spend limit and an operator's cancel, each
+        // in a bound of its own.
+        for part in [
+            Bounds::full_world(),
+            Bounds::resend(),
+            Bounds::spend(),
+            Bounds::full_cancel(),
+        ] {
             println!("\n{}", part.describe());
             let report = check(&part, threads, false);
             print_report(&report);

@@ -19,12 +19,13 @@ use fenced_jobs::job::{
     AttemptOutcome, BlobRef, Failure, JobRecord, JobState, Millis, NewJob, RecordOutcome,
 };
 use fenced_jobs::ledger::transitions::{
-    apply_claim, apply_create, apply_decide, apply_end, apply_record_ref, apply_recover,
-    apply_renew, apply_settle,
+    apply_cancel, apply_claim, apply_create, apply_decide, apply_end, apply_record_ref,
+    apply_recover, apply_renew, apply_settle,
 };
 use fenced_jobs::ledger::{
-    AttemptEnd, ClaimRequest, CreateRequest, DecideRequest, EndRequest, OperatorAction,
-    RecordRefRequest, RecoverRequest, RenewRequest, SettleFrom, SettleRequest, Write,
+    AttemptEnd, CancelRequest, ClaimRequest, CreateRequest, DecideRequest, EndRequest,
+    OperatorAction, RecordRefRequest, RecoverRequest, RenewRequest, SettleFrom, SettleRequest,
+    Write,
 };
 use fenced_jobs::provider::batch;
 use fenced_jobs::provider::openai::classify_status;
@@ -86,6 +87,8 @@ pub struct Bounds {
     /// transient failure, a throttle given back): the delivery claims again from the item its
     /// end left, once.
     pub fallback: bool,
+    /// An operator may cancel the job at any moment (once).
+    pub cancels: bool,
     /// The rule changed, if any.
     pub mutation: Option<Mutation>,
 }
@@ -117,6 +120,7 @@ impl Bounds {
             invalid_answers: false,
             spend_limit: false,
             fallback: true,
+            cancels: false,
             mutation: None,
         }
     }
@@ -179,6 +183,39 @@ impl Bounds {
         }
     }
 
+    /// The test bound's sixth part: an operator's cancel at any moment, with the provider that
+    /// runs calls in the background (cancelled upstream), an earlier deadline, no ledger faults
+    /// and one replay policy.
+    pub fn cancel() -> Bounds {
+        Bounds {
+            deadline: 3,
+            upstreams: vec![Upstream::Background],
+            replay: vec![ReplayPolicy::Never],
+            faults: 0,
+            cancels: true,
+            ..Bounds::test()
+        }
+    }
+
+    /// The bound `make model-check` checks for an operator's cancel: three deliveries, a later
+    /// deadline, the providers that can be asked about a call and the batch provider, both
+    /// replay policies, no ledger faults.
+    pub fn full_cancel() -> Bounds {
+        Bounds {
+            deliveries: 3,
+            deadline: 5,
+            upstreams: vec![Upstream::Keyed, Upstream::Background, Upstream::Batch],
+            faults: 0,
+            followers: false,
+            pacing: false,
+            short_invocations: false,
+            silent_retrievals: false,
+            fallback: false,
+            cancels: true,
+            ..Bounds::small()
+        }
+    }
+
     /// The bound both `make test` and `make model-check` check for the pacer's re-send of a
     /// call the provider refused for its rate limit: a lease of four ticks, so that a wait of
     /// one still leaves the claim's lease (the one the calling machine holds) more than the
@@ -221,7 +258,7 @@ impl Bounds {
     /// The bounds in one line.
     pub fn describe(&self) -> String {
         format!(
-            "{} workers, {} deliveries, deadline {} ticks, lease {}, skew {}, budget {}, epochs up to {}, {} tries to end an attempt, {} fault(s) per path, providers {:?}{}{}{}{}{}{}{}",
+            "{} workers, {} deliveries, deadline {} ticks, lease {}, skew {}, budget {}, epochs up to {}, {} tries to end an attempt, {} fault(s) per path, providers {:?}{}{}{}{}{}{}{}{}",
             self.workers,
             self.deliveries,
             self.deadline,
@@ -264,6 +301,11 @@ impl Bounds {
             },
             if self.fallback {
                 ", a second provider after a refusal"
+            } else {
+                ""
+            },
+            if self.cancels {
+                ", an operator's cancel at any moment"
             } else {
                 ""
             }
@@ -317,11 +359,13 @@ pub enum Mutation {
     RefusedAnswerAccepted,
     /// The admission does not count the next call against the job's spend limit.
     SpendLimitIgnored,
+    /// The end of an attempt does not look at a cancel request: an answer is accepted after it.
+    CancelIgnored,
 }
 
 impl Mutation {
     /// Every mutation.
-    pub const ALL: [Mutation; 16] = [
+    pub const ALL: [Mutation; 17] = [
         Mutation::FinishIgnoresEpoch,
         Mutation::ExpiryIgnoresTerminal,
         Mutation::UncertainReleased,
@@ -338,6 +382,7 @@ impl Mutation {
         Mutation::PutFailureIgnored,
         Mutation::RefusedAnswerAccepted,
         Mutation::SpendLimitIgnored,
+        Mutation::CancelIgnored,
     ];
 
     /// The bound a mutation is checked in: the test bound, widened where the counterexample
@@ -359,6 +404,11 @@ impl Mutation {
                 ..test
             },
             Mutation::NotSentSpendsAttempt => Bounds { faults: 0, ..test },
+            Mutation::CancelIgnored => Bounds {
+                mutation: Some(self),
+                upstreams: vec![Upstream::Blind],
+                ..Bounds::cancel()
+            },
             Mutation::SpendLimitIgnored => Bounds {
                 mutation: Some(self),
                 ..Bounds::spend()
@@ -410,6 +460,7 @@ impl Mutation {
             Mutation::PutFailureIgnored => "an answer whose put failed is accepted by reference",
             Mutation::RefusedAnswerAccepted => "an answer its contract refuses is accepted",
             Mutation::SpendLimitIgnored => "the next call is not counted against the spend limit",
+            Mutation::CancelIgnored => "the end of an attempt ignores a cancel request",
         }
     }
 
@@ -432,6 +483,7 @@ impl Mutation {
             Mutation::PutFailureIgnored => STORED_EXISTS,
             Mutation::RefusedAnswerAccepted => ENDS_AS_CALLED,
             Mutation::SpendLimitIgnored => SPEND_LIMIT,
+            Mutation::CancelIgnored => CANCEL_HOLDS,
         })
     }
 }
@@ -461,6 +513,11 @@ pub const REFERENCE_NAMES_CALL: &str =
     "every reference the ledger holds names its own attempt's call, which the provider started";
 /// What a job's attempts cost passed its limit.
 pub const SPEND_LIMIT: &str = "what a job's attempts cost stays within its spend limit";
+/// A job succeeded after an operator's cancel was written.
+pub const CANCEL_HOLDS: &str = "a job never succeeds once its cancel is written";
+/// A call left under a claim made after the cancel.
+pub const NO_CALL_AFTER_CANCEL: &str =
+    "no call leaves once the cancel is written, but one its owner had claimed before";
 /// The liveness property.
 pub const ENDS: &str = "every job ends terminal, or unknown with evidence";
 
@@ -479,6 +536,10 @@ pub enum Violation {
     AckedEarly,
     /// A call sent without its attempt in the item.
     UnrecordedCall,
+    /// An answer accepted after the job's cancel was written.
+    AcceptedAfterCancel,
+    /// A call sent under a claim made after the job's cancel was written.
+    CallAfterCancel,
 }
 
 /// What the provider did with one call, as only the model knows it.
@@ -561,6 +622,8 @@ pub enum Pc {
         lease_until: Millis,
         /// A renewal was refused: the call is cancelled.
         lost: bool,
+        /// The renewal's refusal showed an operator's cancel (`lost` is set too: the call stops).
+        withdrawn: bool,
     },
     /// Recovered a lapsed or unknown attempt: its evidence decides, never a new call.
     Recovered {
@@ -619,6 +682,8 @@ pub struct State {
     pub followed: bool,
     /// Second claims in one delivery, for a second provider after a refusal.
     pub hops: u8,
+    /// The item's epoch once an operator's cancel was written (a request, or the end).
+    pub cancel_epoch: Option<u64>,
     /// What went wrong.
     pub violations: Vec<Violation>,
 }
@@ -854,6 +919,9 @@ pub enum Action {
     Expire,
     /// An operator decides about an `unknown` job.
     Decide(OperatorAction),
+    /// An operator cancels the job: at once if nobody runs it, else by a request its owner
+    /// carries out.
+    Cancel,
 }
 
 /// The protocol under `bounds`.
@@ -1035,6 +1103,27 @@ impl Protocol {
                 let _ = write!(note, "decides: {}", action.as_str());
                 true
             }
+            Action::Cancel => {
+                let item = next.item.clone()?;
+                let req = CancelRequest {
+                    job_id: JOB.to_owned(),
+                    seen: item.state,
+                    epoch: item.owner_epoch,
+                    by: "operator".to_owned(),
+                    caller: None,
+                    reason: "cancelled".to_owned(),
+                    now: next.time,
+                };
+                let after = apply_cancel(Some(&item), &req)?;
+                next.cancel_epoch = Some(after.owner_epoch);
+                self.commit(&mut next, after, None);
+                note.push_str(if req.immediate() {
+                    "cancels the job"
+                } else {
+                    "asks the running job's owner to cancel it"
+                });
+                true
+            }
         };
         if !done {
             return None;
@@ -1053,6 +1142,12 @@ impl Protocol {
         if let Some(before) = &next.item {
             if before.state.is_terminal() && *before != after {
                 next.violations.push(Violation::ResultChanged);
+            }
+            if next.cancel_epoch.is_some()
+                && after.state == JobState::Succeeded
+                && before.state != JobState::Succeeded
+            {
+                next.violations.push(Violation::AcceptedAfterCancel);
             }
             if epoch.is_some_and(|e| e < before.owner_epoch) {
                 next.violations.push(Violation::StaleWrite);
@@ -1325,6 +1420,13 @@ impl Protocol {
         } else {
             req
         };
+        if self.mutated(Mutation::CancelIgnored) && req.end != AttemptEnd::Cancelled {
+            let mut unmarked = current.cloned();
+            if let Some(c) = unmarked.as_mut() {
+                c.cancel_requested = None;
+            }
+            return apply_end(unmarked.as_ref(), req);
+        }
         if self.mutated(Mutation::FinishIgnoresEpoch) {
             let mut loose = req.clone();
             if let Some(c) = current {
@@ -1545,6 +1647,7 @@ impl Protocol {
             waits: Waits::Word,
             lease_until,
             lost: false,
+            withdrawn: false,
         };
         true
     }
@@ -1561,6 +1664,9 @@ impl Protocol {
         });
         if !recorded {
             next.violations.push(Violation::UnrecordedCall);
+        }
+        if next.cancel_epoch.is_some_and(|e| epoch > e) {
+            next.violations.push(Violation::CallAfterCancel);
         }
         // Every earlier call that may have run must be settled by a definite failure the
         // ledger recorded for its attempt, or by a decision recorded at or after its epoch.
@@ -1623,6 +1729,7 @@ impl Protocol {
             waits: Waits::Resend { .. },
             lease_until,
             lost: false,
+            withdrawn: false,
         } = next.workers[worker].pc.clone()
         else {
             return false;
@@ -1639,6 +1746,7 @@ impl Protocol {
                 waits: Waits::Word,
                 lease_until,
                 lost: false,
+                withdrawn: false,
             };
             return true;
         }
@@ -1706,11 +1814,14 @@ impl Protocol {
         note: &mut String,
     ) {
         let now = self.now(next, worker);
-        let (lease_until, lost) = match next.workers[worker].pc {
+        let (lease_until, lost, withdrawn) = match next.workers[worker].pc {
             Pc::Calling {
-                lease_until, lost, ..
-            } => (lease_until, lost),
-            _ => (machine.owner().owner_until.unwrap_or(now), false),
+                lease_until,
+                lost,
+                withdrawn,
+                ..
+            } => (lease_until, lost, withdrawn),
+            _ => (machine.owner().owner_until.unwrap_or(now), false, false),
         };
         loop {
             step = match step {
@@ -1722,6 +1833,7 @@ impl Protocol {
                         waits: Waits::Resend { at },
                         lease_until,
                         lost,
+                        withdrawn,
                     };
                     return;
                 }
@@ -1741,6 +1853,7 @@ impl Protocol {
                         waits,
                         lease_until,
                         lost,
+                        withdrawn,
                     };
                     return;
                 }
@@ -1758,6 +1871,7 @@ impl Protocol {
         let Pc::Calling {
             machine,
             lost,
+            withdrawn,
             waits,
             ..
         } = next.workers[worker].pc.clone()
@@ -1767,6 +1881,12 @@ impl Protocol {
         let mut machine = *machine;
         match waits {
             Waits::Word => {}
+            Waits::Retrieval | Waits::Resend { .. } if withdrawn => {
+                note.push_str("stops waiting: the job's cancel was requested");
+                let step = machine.withdrawn();
+                self.take_call(next, worker, machine, step, note);
+                return true;
+            }
             Waits::Retrieval if lost => {
                 note.push_str("stops polling: ownership lost");
                 let step = machine.lost();
@@ -1816,7 +1936,10 @@ impl Protocol {
         if !consistent && !lost {
             return false;
         }
-        let said = if lost {
+        let said = if withdrawn {
+            // The heartbeat stopped the call for the operator's cancel.
+            Said::Withdrawn
+        } else if lost {
             // The heartbeat cancelled the call: it was sent and may have run.
             Said::Cancelled
         } else {
@@ -2079,6 +2202,7 @@ impl Protocol {
             waits,
             lease_until,
             lost: false,
+            withdrawn: false,
         } = next.workers[worker].pc.clone()
         else {
             return false;
@@ -2103,6 +2227,7 @@ impl Protocol {
             heartbeat_ms: 1,
             first_pause_ms: 1,
         };
+        let mut withdrawn = false;
         let (lease_until, lost) = match after_renewal(answer.as_ref(), epoch, 0, lease_until, ticks)
         {
             Renewed::Extended { until } => {
@@ -2115,6 +2240,11 @@ impl Protocol {
             }
             Renewed::Lost => {
                 note.push_str("renewal refused: ownership lost, the call is cancelled");
+                (lease_until, true)
+            }
+            Renewed::Withdrawn => {
+                note.push_str("renewal refused: the job's cancel was requested, the call stops");
+                withdrawn = true;
                 (lease_until, true)
             }
             Renewed::Retry { .. } => {
@@ -2135,6 +2265,7 @@ impl Protocol {
             waits,
             lease_until,
             lost,
+            withdrawn,
         };
         true
     }
@@ -2163,6 +2294,15 @@ impl Protocol {
         let found_stored = stored.is_some();
         let (mut machine, step) =
             Calling::resume(facts, (*fenced).clone(), "recovered", stored, now);
+        if fenced.cancel_requested.is_some() {
+            // One step, taken as the `NotFound` choice: nothing is asked.
+            if said != Retrieved::NotFound {
+                return false;
+            }
+            note.push_str("finds the job's cancel request");
+            self.take_call(next, worker, machine, step, note);
+            return true;
+        }
         if let CallStep::Done(waited) = step {
             // A stored answer, or nothing to ask about (one step, the `NotFound` choice).
             if said != Retrieved::NotFound {
@@ -2314,7 +2454,7 @@ impl Protocol {
             let who = match *action {
                 Action::Tick => "clock".to_owned(),
                 Action::Expire => "reconciler".to_owned(),
-                Action::Decide(_) => "operator".to_owned(),
+                Action::Decide(_) | Action::Cancel => "operator".to_owned(),
                 Action::Deliver { worker, .. }
                 | Action::Follow { worker }
                 | Action::Admit { worker, .. }
@@ -2552,6 +2692,7 @@ impl Model for Protocol {
                             bucket: Vec::new(),
                             followed: false,
                             hops: 0,
+                            cancel_epoch: None,
                             violations: Vec::new(),
                         });
                     }
@@ -2765,6 +2906,9 @@ impl Model for Protocol {
                 actions.push(Action::Decide(OperatorAction::AuthorizeRetry));
                 actions.push(Action::Decide(OperatorAction::Fail));
             }
+            if b.cancels && state.cancel_epoch.is_none() && !terminal {
+                actions.push(Action::Cancel);
+            }
         }
     }
 
@@ -2786,6 +2930,12 @@ impl Model for Protocol {
             Property::always(NO_SILENT_REPEAT, |_, s| holds(s, Violation::SilentRepeat)),
             Property::always(ACK_TERMINAL, |_, s| holds(s, Violation::AckedEarly)),
             Property::always(ATTEMPT_RECORDED, |_, s| holds(s, Violation::UnrecordedCall)),
+            Property::always(CANCEL_HOLDS, |_, s| {
+                holds(s, Violation::AcceptedAfterCancel)
+            }),
+            Property::always(NO_CALL_AFTER_CANCEL, |_, s| {
+                holds(s, Violation::CallAfterCancel)
+            }),
             Property::always(SPENT_BY_CALLS, |_, s: &State| {
                 s.item.as_ref().is_none_or(|r| spent_by_calls(r, &s.calls))
             }),
@@ -2872,6 +3022,23 @@ impl Model for Protocol {
                         })
                 },
             ),
+            Property::sometimes(
+                "a running job's cancel stops its call, and its owner ends it cancelled",
+                |_, s: &State| {
+                    s.item.as_ref().is_some_and(|r| {
+                        r.state == JobState::Cancelled
+                            && r.attempt_log
+                                .last()
+                                .is_some_and(|a| a.outcome == AttemptOutcome::Cancelled)
+                    })
+                },
+            ),
+            Property::sometimes("a job is cancelled before any call", |_, s: &State| {
+                s.calls.is_empty()
+                    && s.item
+                        .as_ref()
+                        .is_some_and(|r| r.state == JobState::Cancelled)
+            }),
             Property::sometimes("an answer is accepted", |_, s: &State| {
                 s.item
                     .as_ref()

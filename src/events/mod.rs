@@ -109,6 +109,7 @@ impl CompletionEvent {
             JobState::Succeeded => "Job Succeeded",
             JobState::FailedTerminal => "Job Failed",
             JobState::Expired => "Job Expired",
+            JobState::Cancelled => "Job Cancelled",
             _ => "Job Needs Decision",
         }
     }
@@ -350,5 +351,26 @@ impl EventSink for RecordingSink {
             published.push(event.clone());
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cancelled_job_is_announced_as_cancelled_with_who_cancelled_it() {
+        let mut job = crate::worker::claimed_example(10_000, 1_000, None);
+        job.state = JobState::Cancelled;
+        job.last_error = Some(crate::job::ErrorRecord {
+            kind: "cancelled".into(),
+            message: "cancelled by alice".into(),
+            at: 2_000,
+        });
+        let event = CompletionEvent::of(&job).expect("announced");
+        assert_eq!(event.detail_type(), "Job Cancelled");
+        assert_eq!(event.detail["state"], "cancelled");
+        assert_eq!(event.detail["error"]["kind"], "cancelled");
+        assert_eq!(event.detail["error"]["message"], "cancelled by alice");
     }
 }

@@ -202,6 +202,7 @@ mod tests {
             JobState::Succeeded,
             JobState::FailedTerminal,
             JobState::Expired,
+            JobState::Cancelled,
         ] {
             assert_eq!(
                 next_step(&record(state), "d", NOW, 0),

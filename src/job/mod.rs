@@ -160,6 +160,10 @@ pub struct JobRecord {
     pub expires_at: i64,
     /// When the producer or the reconciler last sent a trigger for the job.
     pub enqueued_at: Option<Millis>,
+    /// When an operator asked to cancel the job while it ran (the decision records who and
+    /// why): its owner stops the call and ends the attempt `cancelled`; no other end is
+    /// accepted.
+    pub cancel_requested: Option<Millis>,
 }
 
 impl JobRecord {
@@ -346,6 +350,9 @@ pub enum AttemptOutcome {
     NotSent,
     /// The call answered, but not with the answer its job's contract asks for.
     InvalidOutput,
+    /// An operator cancelled the job while the attempt ran: its answer, if any, is never
+    /// accepted.
+    Cancelled,
 }
 
 impl AttemptOutcome {
@@ -361,6 +368,7 @@ impl AttemptOutcome {
             AttemptOutcome::Throttled => "throttled",
             AttemptOutcome::NotSent => "not_sent",
             AttemptOutcome::InvalidOutput => "invalid_output",
+            AttemptOutcome::Cancelled => "cancelled",
         }
     }
 
@@ -375,6 +383,7 @@ impl AttemptOutcome {
             "throttled" => AttemptOutcome::Throttled,
             "not_sent" => AttemptOutcome::NotSent,
             "invalid_output" => AttemptOutcome::InvalidOutput,
+            "cancelled" => AttemptOutcome::Cancelled,
             _ => AttemptOutcome::Uncertain,
         }
     }
@@ -548,6 +557,7 @@ impl NewJob {
             updated_at: now,
             expires_at: self.expires_at,
             enqueued_at: None,
+            cancel_requested: None,
         }
     }
 }

@@ -20,11 +20,13 @@ pub enum JobState {
     FailedTerminal,
     /// Terminal: the job's fixed deadline passed before a result was accepted.
     Expired,
+    /// Terminal: an operator cancelled the job; no result is accepted after the cancel.
+    Cancelled,
 }
 
 impl JobState {
     /// Every state, in the order of the README's state table.
-    pub const ALL: [JobState; 7] = [
+    pub const ALL: [JobState; 8] = [
         JobState::Ready,
         JobState::Running,
         JobState::Unknown,
@@ -32,6 +34,7 @@ impl JobState {
         JobState::Succeeded,
         JobState::FailedTerminal,
         JobState::Expired,
+        JobState::Cancelled,
     ];
 
     /// The lowercase name stored in the `state` attribute.
@@ -44,6 +47,7 @@ impl JobState {
             JobState::Succeeded => "succeeded",
             JobState::FailedTerminal => "failed_terminal",
             JobState::Expired => "expired",
+            JobState::Cancelled => "cancelled",
         }
     }
 
@@ -51,7 +55,10 @@ impl JobState {
     pub fn is_terminal(self) -> bool {
         matches!(
             self,
-            JobState::Succeeded | JobState::FailedTerminal | JobState::Expired
+            JobState::Succeeded
+                | JobState::FailedTerminal
+                | JobState::Expired
+                | JobState::Cancelled
         )
     }
 
@@ -88,7 +95,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn names_round_trip_and_only_three_are_terminal() {
+    fn names_round_trip_and_only_four_are_terminal() {
         for state in JobState::ALL {
             assert_eq!(state.as_str().parse::<JobState>(), Ok(state));
         }
@@ -101,7 +108,8 @@ mod tests {
             [
                 JobState::Succeeded,
                 JobState::FailedTerminal,
-                JobState::Expired
+                JobState::Expired,
+                JobState::Cancelled
             ]
         );
         assert!("Running".parse::<JobState>().is_err());

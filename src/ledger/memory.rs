@@ -7,13 +7,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use super::dynamodb::billing::{item_bytes, write_cost};
 use super::dynamodb::encode;
 use super::transitions::{
-    apply_claim, apply_create, apply_decide, apply_end, apply_mark_enqueued, apply_record_ref,
-    apply_recover, apply_renew, apply_settle,
+    apply_cancel, apply_claim, apply_create, apply_decide, apply_end, apply_mark_enqueued,
+    apply_record_ref, apply_recover, apply_renew, apply_settle,
 };
 use super::{
-    ClaimRequest, CreateRequest, DecideRequest, EndRequest, EnqueuedRequest, IndexCursor,
-    JobLedger, LedgerError, LedgerIndex, RecordRefRequest, RecoverRequest, RenewRequest,
-    SettleRequest, Write,
+    CancelRequest, ClaimRequest, CreateRequest, DecideRequest, EndRequest, EnqueuedRequest,
+    IndexCursor, JobLedger, LedgerError, LedgerIndex, RecordRefRequest, RecoverRequest,
+    RenewRequest, SettleRequest, Write,
 };
 use crate::job::{JobRecord, JobState, MAX_ITEM_BYTES, Millis, attention_key};
 
@@ -232,6 +232,10 @@ impl JobLedger for InMemoryLedger {
         self.write("decide", &req.job_id, |c| apply_decide(c, &req))
     }
 
+    async fn cancel(&self, req: CancelRequest) -> Result<Write, LedgerError> {
+        self.write("cancel", &req.job_id, |c| apply_cancel(c, &req))
+    }
+
     async fn get(&self, job_id: &str) -> Result<Option<JobRecord>, LedgerError> {
         Ok(self.lock().get(job_id).cloned())
     }
@@ -343,6 +347,9 @@ impl<L: JobLedger> JobLedger for FaultyLedger<L> {
     }
     async fn decide(&self, req: DecideRequest) -> Result<Write, LedgerError> {
         self.call("decide", self.inner.decide(req)).await
+    }
+    async fn cancel(&self, req: CancelRequest) -> Result<Write, LedgerError> {
+        self.call("cancel", self.inner.cancel(req)).await
     }
     async fn get(&self, job_id: &str) -> Result<Option<JobRecord>, LedgerError> {
         match self.take("get") {

@@ -130,6 +130,10 @@ pub enum AttemptEnd {
     },
     /// The deadline passed during the attempt.
     Expired,
+    /// An operator cancelled the job while the attempt ran (`cancel_requested` is set): the
+    /// call was stopped, and its answer, if one came, is not accepted. The only end besides
+    /// [`AttemptEnd::Expired`] a job with a cancel request takes.
+    Cancelled,
 }
 
 impl AttemptEnd {
@@ -144,14 +148,22 @@ impl AttemptEnd {
             AttemptEnd::Invalid { last: true, .. } => JobState::FailedTerminal,
             AttemptEnd::Invalid { last: false, .. } => JobState::RetryAuthorized,
             AttemptEnd::Expired => JobState::Expired,
+            AttemptEnd::Cancelled => JobState::Cancelled,
         }
+    }
+
+    /// Whether a job with a cancel request may end its attempt so: only as cancelled, or as
+    /// expired when its deadline passed first.
+    pub fn allowed_after_cancel(&self) -> bool {
+        matches!(self, AttemptEnd::Cancelled | AttemptEnd::Expired)
     }
 }
 
 /// The owner at `epoch` ends attempt `attempt`.
 ///
 /// Condition: `running` at exactly `epoch`, with `attempt` the job's current attempt (and, to
-/// accept a result, the deadline ahead). The lease is deliberately not part of the condition: see the README, "Accepting after a
+/// accept a result, the deadline ahead); with no cancel request unless the end is
+/// [`AttemptEnd::allowed_after_cancel`], and [`AttemptEnd::Cancelled`] only with one. The lease is deliberately not part of the condition: see the README, "Accepting after a
 /// lapsed lease".
 #[derive(Debug, Clone, PartialEq)]
 pub struct EndRequest {
@@ -244,8 +256,9 @@ pub struct RecoverRequest {
 
 /// The owner at `epoch` extends (or ends) its lease.
 ///
-/// Condition: `running` at exactly `epoch` and, when `expected_until` is given, with exactly the
-/// lease the owner last wrote. Effect: `owner_until` set.
+/// Condition: `running` at exactly `epoch` and, when `expected_until` is given (a heartbeat's
+/// renewal), with exactly the lease the owner last wrote and no cancel request: a refusal that
+/// shows one tells the owner to stop its call. Effect: `owner_until` set.
 ///
 /// A lapsed lease that nobody took over is renewed: a takeover raises the epoch first, so an
 /// unchanged epoch means the job is still the owner's, and renewing saves the call it runs. A
@@ -377,6 +390,59 @@ impl DecideRequest {
     }
 }
 
+/// An operator cancels a job.
+///
+/// Condition: not terminal, in `seen` at exactly `epoch`; when `seen` is `running`, with no
+/// cancel request yet. Effect, from `ready`, `retry_authorized` or `unknown`: `cancelled`, the
+/// epoch raised (fencing anything that holds the old one) and the decision recorded. From
+/// `running`: `cancel_requested` set and the decision recorded, the epoch and the lease left to
+/// the owner, who learns it at its next renewal or end and ends the attempt `cancelled`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CancelRequest {
+    /// Job id.
+    pub job_id: String,
+    /// The state the operator saw.
+    pub seen: JobState,
+    /// The epoch the operator saw.
+    pub epoch: u64,
+    /// The operator's identity, as they gave it.
+    pub by: String,
+    /// The principal AWS authenticated for the operator.
+    pub caller: Option<String>,
+    /// Why.
+    pub reason: String,
+    /// The operator's clock.
+    pub now: Millis,
+}
+
+impl CancelRequest {
+    /// Whether the write ends the job at once (anything but a running job).
+    pub fn immediate(&self) -> bool {
+        self.seen != JobState::Running
+    }
+
+    /// The decision recorded on the job.
+    pub fn decision(&self) -> crate::job::DecisionRecord {
+        crate::job::DecisionRecord {
+            epoch: self.epoch + u64::from(self.immediate()),
+            action: "cancel".to_owned(),
+            by: self.by.clone(),
+            caller: self.caller.clone(),
+            reason: self.reason.clone(),
+            at: self.now,
+        }
+    }
+
+    /// The `last_error` an immediate cancel records.
+    pub fn error(&self) -> crate::job::ErrorRecord {
+        crate::job::ErrorRecord {
+            kind: "cancelled".to_owned(),
+            message: format!("cancelled by {}", self.by),
+            at: self.now,
+        }
+    }
+}
+
 /// A ledger failure that is not a refused condition. The caller backs off.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum LedgerError {
@@ -464,6 +530,9 @@ pub trait JobLedger: Send + Sync {
     /// See [`DecideRequest`].
     fn decide(&self, req: DecideRequest)
     -> impl Future<Output = Result<Write, LedgerError>> + Send;
+    /// See [`CancelRequest`].
+    fn cancel(&self, req: CancelRequest)
+    -> impl Future<Output = Result<Write, LedgerError>> + Send;
     /// A strongly consistent read.
     fn get(
         &self,
@@ -486,6 +555,7 @@ impl AttemptEnd {
             AttemptEnd::Unknown { .. } | AttemptEnd::Replay { .. } => AttemptOutcome::Uncertain,
             AttemptEnd::Invalid { .. } => AttemptOutcome::InvalidOutput,
             AttemptEnd::Expired => AttemptOutcome::Expired,
+            AttemptEnd::Cancelled => AttemptOutcome::Cancelled,
         }
     }
 
@@ -501,6 +571,10 @@ impl AttemptEnd {
             }
             AttemptEnd::Invalid { rejected, .. } => ("invalid_output", rejected.to_string()),
             AttemptEnd::Expired => ("deadline", "deadline passed during the attempt".to_owned()),
+            AttemptEnd::Cancelled => (
+                "cancelled",
+                "cancelled by an operator while the attempt ran".to_owned(),
+            ),
         };
         Some(crate::job::ErrorRecord {
             kind: kind.to_owned(),
@@ -612,6 +686,13 @@ impl<L: JobLedger> JobLedger for std::sync::Arc<L> {
         req: DecideRequest,
     ) -> impl Future<Output = Result<Write, LedgerError>> + Send {
         (**self).decide(req)
+    }
+
+    fn cancel(
+        &self,
+        req: CancelRequest,
+    ) -> impl Future<Output = Result<Write, LedgerError>> + Send {
+        (**self).cancel(req)
     }
 
     fn get(

@@ -4,8 +4,8 @@
 //! a whole item (a fresh claim), so both keep one contract.
 
 use super::{
-    ClaimRequest, CreateRequest, DecideRequest, EndRequest, EnqueuedRequest, RecordRefRequest,
-    RecoverRequest, RenewRequest, SettleFrom, SettleRequest,
+    CancelRequest, ClaimRequest, CreateRequest, DecideRequest, EndRequest, EnqueuedRequest,
+    RecordRefRequest, RecoverRequest, RenewRequest, SettleFrom, SettleRequest,
 };
 use crate::job::decision::Expect;
 use crate::job::{AttemptOutcome, AttemptRecord, JobRecord, JobState, RecoveryRecord};
@@ -73,10 +73,13 @@ pub fn apply_claim(current: Option<&JobRecord>, req: &ClaimRequest) -> Option<Jo
 pub fn apply_end(current: Option<&JobRecord>, req: &EndRequest) -> Option<JobRecord> {
     let r = current?;
     let accepting = matches!(req.end, super::AttemptEnd::Succeeded { .. });
+    let cancelled = matches!(req.end, super::AttemptEnd::Cancelled);
     if r.state != JobState::Running
         || r.owner_epoch != req.epoch
         || r.attempts != req.attempt
         || (accepting && r.deadline_at <= req.now)
+        || (r.cancel_requested.is_some() && !req.end.allowed_after_cancel())
+        || (cancelled && r.cancel_requested.is_none())
     {
         return None;
     }
@@ -209,7 +212,7 @@ pub fn apply_renew(current: Option<&JobRecord>, req: &RenewRequest) -> Option<Jo
         || r.owner_epoch != req.epoch
         || req
             .expected_until
-            .is_some_and(|until| r.owner_until != Some(until))
+            .is_some_and(|until| r.owner_until != Some(until) || r.cancel_requested.is_some())
     {
         return None;
     }
@@ -273,6 +276,35 @@ pub fn apply_decide(current: Option<&JobRecord>, req: &DecideRequest) -> Option<
     next.updated_at = req.now;
     next.decisions.push(req.decision());
     Some(next)
+}
+
+/// Cancel: see [`CancelRequest`].
+pub fn apply_cancel(current: Option<&JobRecord>, req: &CancelRequest) -> Option<JobRecord> {
+    let r = current?;
+    if r.state.is_terminal()
+        || r.state != req.seen
+        || r.owner_epoch != req.epoch
+        || r.cancel_requested.is_some()
+    {
+        return None;
+    }
+    let mut next = r.clone();
+    next.updated_at = req.now;
+    next.decisions.push(req.decision());
+    if req.immediate() {
+        next.state = JobState::Cancelled;
+        next.owner_epoch += 1;
+        next.owner_id = Some(req.by.clone());
+        next.last_error = Some(req.error());
+    } else {
+        next.cancel_requested = Some(req.now);
+    }
+    Some(next)
+}
+
+/// Whether `seen` shows the cancel `req` applied (its answer lost): the same decision, last.
+pub fn shows_cancel(seen: &JobRecord, req: &CancelRequest) -> bool {
+    seen.decisions.last() == Some(&req.decision())
 }
 
 /// Whether `seen` shows the claim of `owner_id`, made expecting `expect`, applied: how a claimant

@@ -68,10 +68,11 @@ pub fn document(target: &MetricsTarget, at: Millis, metrics: &[(&str, &str, Samp
 }
 
 /// Outcome labels ([`RecordOutcome::label`]) counted per invocation, and their metric names.
-const OUTCOME_METRICS: [(&str, &str); 9] = [
+const OUTCOME_METRICS: [(&str, &str); 10] = [
     ("succeeded", "Succeeded"),
     ("failed_terminal", "FailedTerminal"),
     ("expired", "Expired"),
+    ("cancelled", "Cancelled"),
     ("deferred", "DeferredToLiveOwner"),
     ("backoff", "Transient"),
     ("paced", "Paced"),
@@ -393,6 +394,7 @@ mod tests {
             RecordOutcome::Done(JobState::Succeeded),
             RecordOutcome::Done(JobState::FailedTerminal),
             RecordOutcome::Done(JobState::Expired),
+            RecordOutcome::Done(JobState::Cancelled),
             RecordOutcome::Failed(Failure::Deferred { remaining_ms: 1 }),
             RecordOutcome::Failed(Failure::Backoff {
                 retry_after_ms: None,

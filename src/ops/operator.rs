@@ -5,7 +5,8 @@ use serde_json::{Value, json};
 
 use crate::job::message::format_rfc3339_ms;
 use crate::job::{BlobRef, JobRecord, JobState, Millis};
-use crate::ledger::{DecideRequest, JobLedger, LedgerError, OperatorAction, Write};
+use crate::ledger::transitions::shows_cancel;
+use crate::ledger::{CancelRequest, DecideRequest, JobLedger, LedgerError, OperatorAction, Write};
 use crate::queue::{Outgoing, QueueError, TriggerSender};
 
 /// Why an operator's command did nothing.
@@ -17,6 +18,14 @@ pub enum OperatorError {
     /// The job is not waiting for a decision.
     #[error("job {job_id} is {state}; only an unknown job can be decided")]
     NotUnknown {
+        /// Job id.
+        job_id: String,
+        /// Its state.
+        state: JobState,
+    },
+    /// The job is terminal already: nothing to cancel.
+    #[error("job {job_id} is {state} already; nothing to cancel")]
+    Terminal {
         /// Job id.
         job_id: String,
         /// Its state.
@@ -87,6 +96,81 @@ pub async fn decide<L: JobLedger>(
             _ => Err(e.into()),
         },
     }
+}
+
+/// What a cancel did.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Cancelled {
+    /// The job was not running: it is `cancelled` now.
+    Ended(JobRecord),
+    /// The job is running: the request is recorded (now or before), and its owner stops the
+    /// call and ends it `cancelled` at its next lease renewal, or whoever recovers it does.
+    Requested(JobRecord),
+}
+
+impl Cancelled {
+    /// The item as the cancel left it.
+    pub fn record(&self) -> &JobRecord {
+        match self {
+            Cancelled::Ended(r) | Cancelled::Requested(r) => r,
+        }
+    }
+}
+
+/// Tries at a cancel whose job moved between the read and the write (a claim took a `ready`
+/// job, an attempt ended).
+const CANCEL_TRIES: u32 = 3;
+
+/// Cancels a job with one conditional write on the state and epoch just read: at once when
+/// nobody runs it, by a request its owner carries out when it runs. A job that moved meanwhile
+/// is read again and the cancel tried again, a few times.
+pub async fn cancel<L: JobLedger>(
+    ledger: &L,
+    job_id: &str,
+    by: &str,
+    caller: Option<&str>,
+    reason: &str,
+    now: Millis,
+) -> Result<Cancelled, OperatorError> {
+    for _ in 0..CANCEL_TRIES {
+        let seen = show(ledger, job_id).await?;
+        if seen.state.is_terminal() {
+            return Err(OperatorError::Terminal {
+                job_id: job_id.to_owned(),
+                state: seen.state,
+            });
+        }
+        if seen.cancel_requested.is_some() {
+            return Ok(Cancelled::Requested(seen));
+        }
+        let req = CancelRequest {
+            job_id: job_id.to_owned(),
+            seen: seen.state,
+            epoch: seen.owner_epoch,
+            by: by.to_owned(),
+            caller: caller.map(str::to_owned),
+            reason: reason.to_owned(),
+            now,
+        };
+        let done = |record: JobRecord| {
+            if req.immediate() {
+                Cancelled::Ended(record)
+            } else {
+                Cancelled::Requested(record)
+            }
+        };
+        match ledger.cancel(req.clone()).await {
+            Ok(Write::Applied(record)) => return Ok(done(record)),
+            // Our write, applied though its answer was lost.
+            Ok(Write::Refused(Some(item))) if shows_cancel(&item, &req) => return Ok(done(item)),
+            Ok(Write::Refused(_)) => continue,
+            Err(e) => match ledger.get(job_id).await {
+                Ok(Some(item)) if shows_cancel(&item, &req) => return Ok(done(item)),
+                _ => return Err(e.into()),
+            },
+        }
+    }
+    Err(OperatorError::Changed(job_id.to_owned()))
 }
 
 /// Sends the trigger for `record` to the queue (after the decision is recorded: ledger first).
@@ -162,6 +246,7 @@ pub fn to_json(record: &JobRecord, with_result: bool) -> Value {
         "owner_epoch": record.owner_epoch,
         "owner_id": record.owner_id,
         "owner_until": record.owner_until.map(format_rfc3339_ms),
+        "cancel_requested": record.cancel_requested.map(format_rfc3339_ms),
         "deadline_at": format_rfc3339_ms(record.deadline_at),
         "attempts": record.attempts,
         "max_attempts": record.max_attempts,
@@ -209,6 +294,15 @@ pub fn to_text(record: &JobRecord, with_result: bool) -> String {
         "lease until",
         record.owner_until.map_or("-".into(), format_rfc3339_ms),
     );
+    if let Some(at) = record.cancel_requested {
+        line(
+            "cancel",
+            format!(
+                "requested {} (its owner stops the call and ends it cancelled)",
+                format_rfc3339_ms(at)
+            ),
+        );
+    }
     line("deadline", format_rfc3339_ms(record.deadline_at));
     line(
         "attempts",

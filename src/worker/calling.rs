@@ -63,6 +63,8 @@ pub enum Said {
     TimedOut,
     /// Cancelled because ownership was lost (a renewal refused, or the lease about to lapse).
     Cancelled,
+    /// Stopped because an operator cancelled the job (a renewal's refusal showed it).
+    Withdrawn,
 }
 
 /// What the owner does next with its call.
@@ -150,6 +152,8 @@ enum Cancelled {
     Unrecorded(&'static str),
     /// The job's deadline passed while the call ran.
     PastDeadline,
+    /// An operator cancelled the job.
+    Requested,
 }
 
 /// The call of one attempt, made by its owner.
@@ -186,7 +190,9 @@ impl Calling {
     /// The owner of a recovery claim, about to look at the evidence the lapsed attempt left
     /// (`because`: why it was recovered; `stored`: the answer it stored and never accepted, if
     /// any). A stored answer is the outcome; otherwise the provider is asked about the call.
-    /// Never a new call: without a reference, the attempt may have run.
+    /// Never a new call: without a reference, the attempt may have run. A job with a cancel
+    /// request is not resumed: its background call is cancelled and the attempt ends
+    /// `cancelled` (see [`Calling::withdrawn`]).
     pub fn resume(
         facts: CallFacts,
         owner: JobRecord,
@@ -194,6 +200,16 @@ impl Calling {
         stored: Option<BlobRef>,
         now: Millis,
     ) -> (Calling, CallStep) {
+        if owner.cancel_requested.is_some() {
+            let reference = owner
+                .attempt_log
+                .last()
+                .and_then(|a| a.provider_ref.clone().map(|r| (r, a.started_at)));
+            let mut m = Calling::new(facts, owner, String::new());
+            m.reference = reference;
+            let step = m.withdrawn();
+            return (m, step);
+        }
         if let Some(blob) = stored {
             let mut m = Calling::new(facts, owner, String::new());
             // Its contract accepted it before it was stored; why the model stopped was not.
@@ -313,6 +329,7 @@ impl Calling {
                 let end = uncertain_end(evidence, &self.owner, now, self.facts.replay);
                 self.done(Waited::Ended(end, None))
             }
+            Said::Withdrawn => self.withdrawn(),
             Said::Cancelled => {
                 let error = ProviderError::Uncertain {
                     evidence: "call cancelled after the lease could not be renewed; \
@@ -445,6 +462,7 @@ impl Calling {
         };
         let end = match why {
             Cancelled::PastDeadline => AttemptEnd::Expired,
+            Cancelled::Requested => AttemptEnd::Cancelled,
             Cancelled::Unrecorded(why) => {
                 let evidence = format!(
                     "attempt {} was submitted; {why}; cancel requested",
@@ -460,6 +478,18 @@ impl Calling {
     /// the job over finds the reference and asks for the same call.
     pub fn lost(&mut self) -> CallStep {
         self.done(Waited::Lost)
+    }
+
+    /// An operator cancelled the job: no call starts any more, a background call is cancelled
+    /// upstream (a batch line is not: its batch holds other jobs' lines), and the attempt ends
+    /// `cancelled`.
+    pub fn withdrawn(&mut self) -> CallStep {
+        self.pending = Pending::Nothing;
+        if self.reference.is_some() && !self.batched() {
+            self.pending = Pending::Cancel(Cancelled::Requested);
+            return CallStep::Cancel;
+        }
+        self.done(Waited::Ended(AttemptEnd::Cancelled, None))
     }
 
     /// The call leaves if its budget, the invocation and the lease leave room; otherwise it is

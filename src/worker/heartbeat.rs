@@ -174,6 +174,9 @@ struct Lease {
     lease_until: Millis,
     deadline_at: Millis,
     cancel: CancellationToken,
+    /// The token was cancelled because an operator cancelled the job, not because ownership
+    /// was lost.
+    withdrawn: bool,
     /// The progress rule of a streamed call: its lease is renewed only while it holds.
     progress: Option<crate::provider::Progress>,
 }
@@ -247,6 +250,7 @@ impl Flights {
                 lease_until,
                 deadline_at,
                 cancel: cancel.clone(),
+                withdrawn: false,
                 progress: None,
             });
         }
@@ -262,6 +266,14 @@ impl Flights {
         {
             lease.progress = Some(progress.clone());
         }
+    }
+
+    /// Whether the running call of record `index` was stopped by an operator's cancel.
+    pub fn withdrawn(&self, index: usize) -> bool {
+        matches!(
+            self.lock().get(index).map(|f| &f.stage),
+            Some(Stage::Running(lease)) if lease.withdrawn
+        )
     }
 
     /// The provider call of record `index` ended: its lease is no longer renewed, its
@@ -378,6 +390,10 @@ impl AttemptWatch for RecordSlot<'_> {
 
     fn call_ended(&self) {
         self.flights.call_ended(self.index);
+    }
+
+    fn withdrawn(&self) -> bool {
+        self.flights.withdrawn(self.index)
     }
 
     fn recovered(&self) {
@@ -682,6 +698,11 @@ impl<L: JobLedger, V: VisibilityControl, C: Clock> Heartbeat<'_, L, V, C> {
                     self.cancel(index);
                     return;
                 }
+                Renewed::Withdrawn => {
+                    tracing::info!(job_id = %job_id, epoch, "cancel requested: stopping the call");
+                    self.withdraw(index);
+                    return;
+                }
                 Renewed::Retry { pause_ms } => {
                     tokio::time::sleep(Duration::from_millis(pause_ms as u64)).await;
                 }
@@ -695,6 +716,19 @@ impl<L: JobLedger, V: VisibilityControl, C: Clock> Heartbeat<'_, L, V, C> {
                     return;
                 }
             }
+        }
+    }
+
+    /// An operator's cancel: the call's token is cancelled as for a lost lease, the flight
+    /// marked first so that the owner ends the attempt `cancelled` instead of walking away.
+    fn withdraw(&self, index: usize) {
+        if let Some(Flight {
+            stage: Stage::Running(lease),
+            ..
+        }) = self.flights.lock().get_mut(index)
+        {
+            lease.withdrawn = true;
+            lease.cancel.cancel();
         }
     }
 
@@ -762,6 +796,10 @@ pub enum Renewed {
     },
     /// Refused: ownership is lost, and the call is cancelled.
     Lost,
+    /// Refused: the job is still ours, and an operator asked to cancel it. The call is
+    /// stopped (and cancelled upstream where the provider can) and the attempt ends
+    /// `cancelled`.
+    Withdrawn,
     /// No answer: try again after `pause_ms`, which still leaves the lease holding.
     Retry {
         /// The pause before the next try.
@@ -789,6 +827,13 @@ pub fn after_renewal(
         Some(Write::Applied(record)) => Renewed::Extended {
             until: record.owner_until.unwrap_or(lease_until),
         },
+        Some(Write::Refused(Some(seen)))
+            if seen.state == JobState::Running
+                && seen.owner_epoch == epoch
+                && seen.cancel_requested.is_some() =>
+        {
+            Renewed::Withdrawn
+        }
         Some(Write::Refused(Some(seen)))
             if seen.state == JobState::Running
                 && seen.owner_epoch == epoch
@@ -884,6 +929,24 @@ mod tests {
         let gone = Write::Refused(None);
         assert_eq!(
             after_renewal(Some(&gone), 3, 0, NOW + 20_000, TICKS),
+            Renewed::Lost
+        );
+    }
+
+    #[test]
+    fn a_refusal_that_shows_a_cancel_request_on_our_epoch_withdraws_the_call() {
+        let mut marked = running(3, NOW + 45_000);
+        marked.cancel_requested = Some(NOW);
+        let refused = Write::Refused(Some(marked.clone()));
+        assert_eq!(
+            after_renewal(Some(&refused), 3, 0, NOW + 20_000, TICKS),
+            Renewed::Withdrawn
+        );
+        // A cancel request under another owner's epoch is that owner's: ours is lost.
+        marked.owner_epoch = 4;
+        let fenced = Write::Refused(Some(marked));
+        assert_eq!(
+            after_renewal(Some(&fenced), 3, 0, NOW + 20_000, TICKS),
             Renewed::Lost
         );
     }

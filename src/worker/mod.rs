@@ -49,7 +49,7 @@ async fn within<T>(
 
 /// The item a fresh claim of job `j` at `now` leaves, with a lease of 30 s (the machines' tests).
 #[cfg(test)]
-fn claimed_example(
+pub(crate) fn claimed_example(
     deadline_at: crate::job::Millis,
     now: crate::job::Millis,
     provider_ref: Option<String>,

@@ -456,3 +456,64 @@ pub(crate) async fn replay(
     }
     Ok(())
 }
+
+/// The job ids given, then those of `file` (one a line; `-`: stdin), blanks skipped.
+pub(crate) fn job_ids(mut ids: Vec<String>, file: Option<std::path::PathBuf>) -> Vec<String> {
+    use std::io::BufRead;
+    let reader: Box<dyn BufRead> = match file {
+        None => return ids,
+        Some(path) if path.as_os_str() == "-" => Box::new(std::io::stdin().lock()),
+        Some(path) => match std::fs::File::open(&path) {
+            Ok(f) => Box::new(std::io::BufReader::new(f)),
+            Err(e) => crate::usage(&format!("{}: {e}", path.display())),
+        },
+    };
+    ids.extend(
+        reader
+            .lines()
+            .map_while(Result::ok)
+            .map(|line| line.trim().to_owned())
+            .filter(|line| !line.is_empty()),
+    );
+    ids
+}
+
+/// Cancels each job, printing what became of it: `cancelled`, `cancel requested` (running:
+/// its owner stops at its next lease renewal), or why not. The first failure is returned
+/// once all were tried (its exit status), after a line for each job.
+pub(crate) async fn cancel(
+    ledger: &DynamoLedger,
+    ids: &[String],
+    by: &str,
+    caller: &str,
+    reason: &str,
+    json: bool,
+) -> Result<(), OperatorError> {
+    let mut first_error = None;
+    for job_id in ids {
+        let now = SystemClock.now_ms();
+        let outcome = operator::cancel(ledger, job_id, by, Some(caller), reason, now).await;
+        let (status, detail) = match &outcome {
+            Ok(operator::Cancelled::Ended(_)) => ("cancelled", String::new()),
+            Ok(operator::Cancelled::Requested(_)) => (
+                "cancel_requested",
+                "running: its owner stops the call at its next lease renewal".to_owned(),
+            ),
+            Err(e) => ("refused", e.to_string()),
+        };
+        if json {
+            println!(
+                "{}",
+                serde_json::json!({ "job_id": job_id, "status": status, "detail": detail })
+            );
+        } else if detail.is_empty() {
+            println!("{job_id}: {status}");
+        } else {
+            println!("{job_id}: {status} ({detail})");
+        }
+        if let Err(e) = outcome {
+            first_error.get_or_insert(e);
+        }
+    }
+    first_error.map_or(Ok(()), Err)
+}

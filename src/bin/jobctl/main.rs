@@ -184,6 +184,26 @@ enum Command {
         #[arg(long)]
         yes: bool,
     },
+    /// Cancel jobs: one that nobody runs (ready, retry_authorized, unknown) is `cancelled` at
+    /// once; a running one is asked to stop, and its owner cancels the call (upstream where
+    /// the provider can) and ends it `cancelled` at its next lease renewal. Asks for
+    /// confirmation on a terminal; needs `--yes` elsewhere.
+    Cancel {
+        /// The job ids.
+        job_ids: Vec<String>,
+        /// Also each job id in FILE, one a line (`-`: stdin).
+        #[arg(long)]
+        file: Option<std::path::PathBuf>,
+        /// Why (recorded on each job).
+        #[arg(long)]
+        reason: String,
+        /// Who cancels (recorded on each job).
+        #[arg(long, env = "USER", default_value = "operator")]
+        operator: String,
+        /// Do not ask.
+        #[arg(long)]
+        yes: bool,
+    },
     /// Follow a job until it is terminal, printing each change; exit 0 if it succeeded, 1 if
     /// it failed or expired.
     Watch {
@@ -417,6 +437,23 @@ async fn main() {
             )
             .await
         }
+        Command::Cancel {
+            job_ids,
+            file,
+            reason,
+            operator: by,
+            yes,
+        } => {
+            let ids = commands::job_ids(job_ids, file);
+            if ids.is_empty() {
+                usage("no job to cancel: give job ids, or --file");
+            }
+            if !yes && !confirmed(&format!("cancel {} job(s)", ids.len())) {
+                usage("not confirmed: cancel needs --yes when not run on a terminal");
+            }
+            let caller = caller(&config).await;
+            commands::cancel(&ledger, &ids, &by, &caller, &reason, cli.json).await
+        }
         Command::Fail {
             job_id,
             reason,
@@ -439,6 +476,7 @@ async fn main() {
         std::process::exit(match e {
             OperatorError::NotFound(_)
             | OperatorError::NotUnknown { .. }
+            | OperatorError::Terminal { .. }
             | OperatorError::Changed(_) => REFUSED,
             OperatorError::Ledger(_) | OperatorError::NotSent(_) | OperatorError::Queue(_) => {
                 AWS_ERROR

@@ -187,6 +187,7 @@ pub fn encode(r: &JobRecord) -> Item {
         ("result_ref", r.result_ref.as_ref().map(encode_blob)),
         ("last_error", r.last_error.as_ref().map(encode_error)),
         ("enqueued_at", r.enqueued_at.map(n)),
+        ("cancel_requested", r.cancel_requested.map(n)),
         ("throttles", (r.throttles > 0).then(|| n(r.throttles))),
         ("not_sent", (r.not_sent > 0).then(|| n(r.not_sent))),
         (
@@ -309,6 +310,7 @@ pub fn decode(item: &Item) -> Result<JobRecord, LedgerError> {
         updated_at: req_n("updated_at")?,
         expires_at: req_n("expires_at")?,
         enqueued_at: get_n(item, "enqueued_at"),
+        cancel_requested: get_n(item, "cancel_requested"),
         job_id: job_id.clone(),
     })
 }
@@ -535,6 +537,7 @@ mod tests {
             updated_at: 86_400_000 * 3 + 5,
             expires_at: 99,
             enqueued_at: Some(150),
+            cancel_requested: Some(160),
             throttles: 4,
             not_sent: 1,
             recoveries_dropped: 2,

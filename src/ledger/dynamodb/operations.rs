@@ -13,9 +13,9 @@ use crate::job::{
 };
 use crate::ledger::transitions::{apply_claim, apply_create, apply_settle, known_after_end};
 use crate::ledger::{
-    AttemptEnd, ClaimRequest, CreateRequest, DecideRequest, EndRequest, EnqueuedRequest, JobLedger,
-    KeptInput, LedgerError, RecordRefRequest, RecoverRequest, RenewRequest, SettleFrom,
-    SettleRequest, Write,
+    AttemptEnd, CancelRequest, ClaimRequest, CreateRequest, DecideRequest, EndRequest,
+    EnqueuedRequest, JobLedger, KeptInput, LedgerError, RecordRefRequest, RecoverRequest,
+    RenewRequest, SettleFrom, SettleRequest, Write,
 };
 
 impl JobLedger for DynamoLedger {
@@ -221,8 +221,9 @@ impl JobLedger for DynamoLedger {
             (":running", s(JobState::Running.as_str())),
             (":epoch", n(req.epoch)),
         ];
+        // A heartbeat's renewal is refused by a cancel request, which its owner then sees.
         if let Some(expected) = req.expected_until {
-            condition.push_str(" AND #until = :expected_until");
+            condition.push_str(" AND #until = :expected_until AND attribute_not_exists(#cancel)");
             values.push((":expected_until", n(expected)));
         }
         self.update("renew", &req.job_id, update, &condition, values, None)
@@ -294,6 +295,51 @@ impl JobLedger for DynamoLedger {
         ];
         let target = Some(req.action.target());
         self.update("decide", &req.job_id, update, condition, values, target)
+            .await
+    }
+
+    async fn cancel(&self, req: CancelRequest) -> Result<Write, LedgerError> {
+        let mut values = vec![
+            (":now", n(req.now)),
+            (":seen", s(req.seen.as_str())),
+            (":epoch", n(req.epoch)),
+            (":empty", AttributeValue::L(Vec::new())),
+            (
+                ":decision",
+                AttributeValue::L(vec![encode_decision(&req.decision())]),
+            ),
+        ];
+        let decision = "#dec = list_append(if_not_exists(#dec, :empty), :decision)";
+        if !req.immediate() {
+            // Invariant: a running job's cancel is a request its owner carries out; the epoch
+            // and lease stay the owner's, and a second request changes nothing.
+            values.push((":running", s(JobState::Running.as_str())));
+            let update = format!("SET #cancel = :now, #updated = :now, {decision}");
+            let condition =
+                "#state = :running AND #epoch = :epoch AND attribute_not_exists(#cancel)";
+            return self
+                .update("cancel", &req.job_id, &update, condition, values, None)
+                .await;
+        }
+        // Invariant: a job nobody runs ends at once, fencing anything that holds its epoch; a
+        // terminal item is never rewritten (`:seen` is never a terminal state).
+        values.extend([
+            (":to", s(JobState::Cancelled.as_str())),
+            (":new_epoch", n(req.epoch + 1)),
+            (":by", s(&req.by)),
+            (":err", encode_error(&req.error())),
+            (":ready", s(JobState::Ready.as_str())),
+            (":retry", s(JobState::RetryAuthorized.as_str())),
+            (":unknown", s(JobState::Unknown.as_str())),
+        ]);
+        let update = format!(
+            "SET #state = :to, #epoch = :new_epoch, #owner = :by, #updated = :now, \
+             #err = :err, {decision}"
+        );
+        let condition =
+            "#state = :seen AND #epoch = :epoch AND #state IN (:ready, :retry, :unknown)";
+        let target = Some(JobState::Cancelled);
+        self.update("cancel", &req.job_id, &update, condition, values, target)
             .await
     }
 
@@ -395,7 +441,8 @@ fn end_write(req: &EndRequest) -> (String, String, Vec<(&'static str, AttributeV
             "REMOVE #log[{index}] ADD {counter} :one \
              SET #state = :to, #updated = :now, #attempts = :prev, #err = :err, #gb = :gb"
         );
-        let condition = "#state = :running AND #epoch = :epoch AND #attempts = :attempt";
+        let condition = "#state = :running AND #epoch = :epoch AND #attempts = :attempt \
+                         AND attribute_not_exists(#cancel)";
         let values = vec![
             (":to", s(req.end.target().as_str())),
             (":now", n(req.now)),
@@ -473,6 +520,12 @@ fn end_write(req: &EndRequest) -> (String, String, Vec<(&'static str, AttributeV
     }
     if matches!(req.end, AttemptEnd::Succeeded { .. }) {
         condition.push_str(" AND #deadline > :now");
+    }
+    // A cancel request leaves the owner two ends: cancelled, or expired.
+    if matches!(req.end, AttemptEnd::Cancelled) {
+        condition.push_str(" AND attribute_exists(#cancel)");
+    } else if !req.end.allowed_after_cancel() {
+        condition.push_str(" AND attribute_not_exists(#cancel)");
     }
     if let Some(error) = req.end.error(req.now) {
         update.push_str(", #err = :err");

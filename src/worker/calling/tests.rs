@@ -296,3 +296,28 @@ fn a_line_no_batch_holds_gives_its_attempt_back() {
         AttemptEnd::GivenBack { why: AttemptOutcome::NotSent, error, .. } if error.contains("did not go")
     ));
 }
+
+#[test]
+fn a_cancel_request_stops_the_call_and_cancels_a_background_one_upstream_but_never_a_batch() {
+    // A call in flight: its wait stops, the attempt ends cancelled.
+    let (mut m, _) = Calling::start(facts(), claimed(), NOW);
+    assert_eq!(
+        ended(m.submitted(Said::Withdrawn, NOW)),
+        AttemptEnd::Cancelled
+    );
+    // A background call: cancelled upstream first.
+    let mut m = polling();
+    assert_eq!(m.withdrawn(), CallStep::Cancel);
+    assert_eq!(ended(m.cancelled(NOW)), AttemptEnd::Cancelled);
+    // A recovery of a job with a cancel request asks nothing: it cancels what runs.
+    let mut marked = claimed();
+    marked.cancel_requested = Some(NOW);
+    marked.attempt_log[0].provider_ref = Some("r1".into());
+    let (mut m, step) = Calling::resume(facts(), marked.clone(), "lapsed", None, NOW);
+    assert_eq!(step, CallStep::Cancel);
+    assert_eq!(ended(m.cancelled(NOW)), AttemptEnd::Cancelled);
+    // A batch line is never cancelled upstream: its batch holds other jobs' lines.
+    marked.attempt_log[0].provider_ref = Some(crate::provider::batch::batch_ref("b1", "l1"));
+    let (_, step) = Calling::resume(facts(), marked, "lapsed", None, NOW);
+    assert_eq!(ended(step), AttemptEnd::Cancelled);
+}

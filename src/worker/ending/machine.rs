@@ -157,6 +157,9 @@ pub struct Ending {
     batched: bool,
     /// The item a refusal showed, once one did.
     seen: Option<JobRecord>,
+    /// The answer stored for an acceptance a cancel request refused: it goes once the job
+    /// ends cancelled.
+    withdrawn: Option<BlobRef>,
     phase: Phase,
 }
 
@@ -179,6 +182,7 @@ impl Ending {
             kept_by_provider: false,
             batched: false,
             seen: None,
+            withdrawn: None,
             phase: Phase::End,
         };
         let end = match waited {
@@ -445,7 +449,14 @@ impl Ending {
             }
             _ => RecordOutcome::after_write(record.state, self.retry_after_ms),
         };
-        self.done(outcome, Some(record), false)
+        let step = self.done(outcome, Some(record), false);
+        match (step, self.withdrawn.take()) {
+            (EndStep::Done(mut closed), Some(blob)) => {
+                closed.discard = Some(blob);
+                EndStep::Done(closed)
+            }
+            (step, _) => step,
+        }
     }
 
     /// The end was refused: another owner took over, or the deadline passed. An answer refused
@@ -454,6 +465,21 @@ impl Ending {
         let Some(seen) = seen else {
             return self.done(backoff("job vanished"), None, true);
         };
+        // Still ours, with an operator's cancel request: the attempt ends cancelled, whatever
+        // it came to (an answer that came first included).
+        let ours = seen.state == JobState::Running && seen.owner_epoch == self.owner.owner_epoch;
+        if ours
+            && seen.cancel_requested.is_some()
+            && !self
+                .end
+                .as_ref()
+                .is_some_and(AttemptEnd::allowed_after_cancel)
+        {
+            self.withdrawn = self.stored().cloned();
+            self.seen = Some(seen);
+            self.end = Some(AttemptEnd::Cancelled);
+            return self.end_write();
+        }
         let accepting = matches!(self.end, Some(AttemptEnd::Succeeded { .. }));
         if accepting
             && seen.state == JobState::Running

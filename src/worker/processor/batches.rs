@@ -81,6 +81,10 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         msg: &JobMessage,
         seen: &JobRecord,
     ) -> Option<Millis> {
+        // A job with a cancel request is recovered at once and ends cancelled.
+        if seen.cancel_requested.is_some() {
+            return None;
+        }
         let attempt = seen.attempt_log.last()?;
         let reference = attempt.provider_ref.as_deref()?;
         // A pending reference needs a listing: the recovery that follows does it.

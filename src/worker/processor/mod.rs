@@ -110,6 +110,12 @@ pub trait AttemptWatch: Sync {
     fn progress(&self, _progress: &crate::provider::Progress) {}
     /// The call ended: its lease is no longer renewed.
     fn call_ended(&self);
+    /// The token [`AttemptWatch::running`] returned was cancelled because an operator
+    /// cancelled the job (a renewal's refusal showed the request), not because ownership was
+    /// lost: the owner ends the attempt `cancelled`.
+    fn withdrawn(&self) -> bool {
+        false
+    }
     /// A recovery claim fenced a lapsed owner.
     fn recovered(&self);
     /// The call was cut short by the invocation's deadline.

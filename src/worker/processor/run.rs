@@ -80,6 +80,16 @@ struct Call<'a, 'r, P> {
     watch: &'a dyn AttemptWatch,
 }
 
+/// What the call comes to when its token is cancelled: an operator's cancel, or ownership
+/// lost.
+fn stopped(machine: &mut Calling, watch: &dyn AttemptWatch) -> CallStep {
+    if watch.withdrawn() {
+        machine.withdrawn()
+    } else {
+        machine.lost()
+    }
+}
+
 /// The longest wait for a cancel request, however much time the invocation has.
 const CANCEL_WAIT_MS: Millis = 5_000;
 
@@ -208,7 +218,10 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         loop {
             step = match step {
                 CallStep::Submit { budget_ms } => {
-                    let said = self.submit(link, request, budget_ms, lost, heard).await;
+                    let mut said = self.submit(link, request, budget_ms, lost, heard).await;
+                    if said == Said::Cancelled && watch.withdrawn() {
+                        said = Said::Withdrawn;
+                    }
                     if matches!(&said, Said::Started(r) if crate::provider::batch::is_batch_ref(r))
                     {
                         watch.batched();
@@ -232,7 +245,11 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
                         _ = lost.cancelled() => false,
                         resent = pacer.resend(&self.clock, at, latest) => resent,
                     };
-                    machine.resent(resent, self.clock.now_ms())
+                    if watch.withdrawn() {
+                        machine.withdrawn()
+                    } else {
+                        machine.resent(resent, self.clock.now_ms())
+                    }
                 }
                 CallStep::Record => {
                     let req = machine.record(self.clock.now_ms());
@@ -256,7 +273,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
                     );
                     tokio::select! {
                         biased;
-                        _ = lost.cancelled() => machine.lost(),
+                        _ = lost.cancelled() => stopped(&mut machine, watch),
                         found = asked => {
                             let found = match found {
                                 // Judged against the job's contract before anything reads it.
@@ -276,7 +293,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
                 }
                 CallStep::Pause { ms } => tokio::select! {
                     biased;
-                    _ = lost.cancelled() => machine.lost(),
+                    _ = lost.cancelled() => stopped(&mut machine, watch),
                     _ = tokio::time::sleep(Duration::from_millis(ms as u64)) => {
                         machine.paused(self.clock.now_ms())
                     }
@@ -284,7 +301,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
                 CallStep::Cancel => {
                     if let Some((reference, _)) = machine.reference() {
                         let reference = reference.to_owned();
-                        tracing::info!(job_id = %request.job_id, "cancelling the background call: its answer could not be accepted");
+                        tracing::info!(job_id = %request.job_id, "cancelling the background call: its answer would not be accepted");
                         self.cancel(&link.provider, &reference, inv).await;
                     }
                     machine.cancelled(self.clock.now_ms())

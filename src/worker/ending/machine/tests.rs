@@ -255,3 +255,35 @@ fn an_answer_within_the_skew_margin_of_the_deadline_is_not_accepted() {
         })
     ));
 }
+
+#[test]
+fn an_answer_that_comes_after_a_cancel_request_is_not_accepted_and_the_job_ends_cancelled() {
+    let owner = claimed(false);
+    let mut marked = owner.clone();
+    marked.cancel_requested = Some(NOW);
+    let blob = BlobRef {
+        bucket: "b".into(),
+        key: "results/j/1/x".into(),
+        size: 2,
+        sha256: "x".into(),
+    };
+    let stored = Waited::Ended(
+        AttemptEnd::Succeeded {
+            result: ResultBody::Stored(blob.clone()),
+            finish: crate::job::contract::Finish::Stop,
+        },
+        None,
+    );
+    let (mut m, _) = Ending::start(facts(), owner, stored, NOW);
+    // The acceptance is refused by the request; the job is still ours.
+    let step = m.answered(Some(apply(&marked, m.write(NOW))), NOW);
+    assert_eq!(step, EndStep::Write { pause_ms: 0 });
+    let EndWrite::End(req) = m.write(NOW) else {
+        panic!("an end");
+    };
+    assert_eq!(req.end, AttemptEnd::Cancelled);
+    let closed = done(m.answered(Some(apply(&marked, EndWrite::End(req))), NOW));
+    assert_eq!(closed.outcome, RecordOutcome::Done(JobState::Cancelled));
+    // The answer stored for it goes: nobody will ever accept it.
+    assert_eq!(closed.discard, Some(blob));
+}
