@@ -38,6 +38,7 @@ fn settings() -> Settings {
 
 fn job(i: usize, now: i64) -> NewJob {
     NewJob {
+        class: Default::default(),
         job_id: format!("bench-{i}"),
         input_digest: "d".into(),
         contract: "c".into(),

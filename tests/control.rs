@@ -1,6 +1,6 @@
-//! An operator in control, on the emulator: each kind of cancel (a `ready` job, an `unknown`
-//! one, and a running background call, cancelled upstream), each through `operator::cancel`
-//! and the worker's own deliveries.
+//! An operator and tenants in control, on the emulator: each kind of cancel (a `ready` job, an
+//! `unknown` one, and a running background call, cancelled upstream), an urgent job overtaking
+//! a backlog through its own queue, and two tenants' jobs sent in their message groups.
 
 mod common;
 
@@ -214,4 +214,178 @@ async fn a_running_background_call_is_cancelled_upstream_by_its_owner_at_its_nex
     assert_eq!(item.owner_epoch, 1, "its own owner ended it");
     assert_eq!(item.attempt_log[0].outcome, AttemptOutcome::Cancelled);
     assert_eq!(item.result, None);
+}
+
+/// Submits `lines` (JSONL) through the producer, to `sender`'s queues.
+async fn submit_lines(
+    ledger: &fenced_jobs::ledger::dynamodb::DynamoLedger,
+    sender: &SqsTriggers,
+    lines: Vec<String>,
+) {
+    let n = lines.len() as u64;
+    let report = submit(
+        ledger,
+        sender,
+        lines.into_iter().map(Ok),
+        || SystemClock.now_ms(),
+        &Intake::default(),
+        |_| {},
+    )
+    .await;
+    assert_eq!((report.created, report.sent), (n, n), "{report:?}");
+}
+
+/// Everything on the queue now, with its system attributes, left there.
+async fn everything_on(
+    aws: &common::Emulator,
+    queue_url: &str,
+) -> Vec<aws_sdk_sqs::types::Message> {
+    let mut all = Vec::new();
+    loop {
+        let got = aws
+            .sqs
+            .receive_message()
+            .queue_url(queue_url)
+            .max_number_of_messages(10)
+            .visibility_timeout(30)
+            .message_system_attribute_names(aws_sdk_sqs::types::MessageSystemAttributeName::All)
+            .send()
+            .await
+            .expect("receive");
+        if got.messages().is_empty() {
+            return all;
+        }
+        all.extend(got.messages().iter().cloned());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_tenants_jobs_go_in_their_message_groups_and_an_urgent_one_to_the_urgent_queue() {
+    // GIVEN a work queue and an urgent queue
+    let aws = emulator().await;
+    let table = aws.table().await;
+    let queue = aws.queue(30).await;
+    let urgent = aws.queue(30).await;
+    let ledger = aws.ledger(&table);
+    let sender =
+        SqsTriggers::new(aws.sqs.clone(), queue.url.clone()).with_urgent(Some(urgent.url.clone()));
+
+    // WHEN a burst of one tenant's jobs, a trickle of another's and an urgent job are submitted
+    let mut lines: Vec<String> = (0..5)
+        .map(|i| format!(r#"{{"job_id":"burst-{i}","tenant":"acme","contract":"summary.v1","input":{{"model":"sim-1","prompt":"p"}}}}"#))
+        .collect();
+    lines.push(r#"{"job_id":"trickle-0","tenant":"globex","contract":"summary.v1","input":{"model":"sim-1","prompt":"p"}}"#.to_owned());
+    lines.push(r#"{"job_id":"now-0","tenant":"globex","priority":"urgent","contract":"summary.v1","input":{"model":"sim-1","prompt":"p"}}"#.to_owned());
+    submit_lines(&ledger, &sender, lines).await;
+
+    // THEN each message is in its tenant's group, the urgent one alone on the urgent queue
+    let groups = |messages: &[aws_sdk_sqs::types::Message]| -> Vec<(String, String)> {
+        let mut groups: Vec<(String, String)> = messages
+            .iter()
+            .map(|m| {
+                let body: serde_json::Value =
+                    serde_json::from_str(m.body().unwrap_or_default()).expect("json");
+                let group = m
+                    .attributes()
+                    .and_then(|a| {
+                        a.get(&aws_sdk_sqs::types::MessageSystemAttributeName::MessageGroupId)
+                    })
+                    .cloned()
+                    .unwrap_or_default();
+                (
+                    body["job_id"].as_str().unwrap_or_default().to_owned(),
+                    group,
+                )
+            })
+            .collect();
+        groups.sort();
+        groups
+    };
+    let work = groups(&everything_on(&aws, &queue.url).await);
+    let expected: Vec<(String, String)> = (0..5)
+        .map(|i| (format!("burst-{i}"), "acme".to_owned()))
+        .chain([("trickle-0".to_owned(), "globex".to_owned())])
+        .collect();
+    assert_eq!(work, expected);
+    assert_eq!(
+        groups(&everything_on(&aws, &urgent.url).await),
+        [("now-0".to_owned(), "globex".to_owned())]
+    );
+    // AND the ledger keeps whose each job is, and how urgent
+    let item = aws.item(&table, "now-0").await;
+    assert_eq!(item.class.tenant.as_deref(), Some("globex"));
+    assert!(item.class.urgent);
+    assert!(!aws.item(&table, "burst-0").await.class.urgent);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_urgent_job_overtakes_a_backlog_through_its_own_queue() {
+    // GIVEN a backlog of 20 jobs of 200 ms each on the work queue, one consumer each for it
+    // and for the urgent queue (their event source mappings), and an urgent job sent last
+    let aws = emulator().await;
+    let table = aws.table().await;
+    let queue = aws.queue(30).await;
+    let urgent = aws.queue(30).await;
+    let ledger = aws.ledger(&table);
+    let sender =
+        SqsTriggers::new(aws.sqs.clone(), queue.url.clone()).with_urgent(Some(urgent.url.clone()));
+    let slow = r#""simulate":{"latency_ms":200}"#;
+    let backlog: Vec<String> = (0..20)
+        .map(|i| common::job(&format!("backlog-{i}"), "p", slow))
+        .collect();
+    submit_lines(&ledger, &sender, backlog).await;
+    let urgent_job = r#"{"job_id":"urgent-0","priority":"urgent","contract":"summary.v1","input":{"model":"sim-1","prompt":"p","simulate":{"latency_ms":200}}}"#;
+    submit_lines(&ledger, &sender, vec![urgent_job.to_owned()]).await;
+    let handler = aws.handler(&table, SimulatedProvider::new(), fast_settings());
+    let mut work_source = aws.source(&queue).await;
+    work_source.batch_size = 1;
+    let mut urgent_source = aws.source(&urgent).await;
+    urgent_source.batch_size = 1;
+
+    // WHEN both consumers run until the urgent job is done
+    let backlog_done = || async {
+        let mut done = 0;
+        for i in 0..20 {
+            if aws
+                .item(&table, &format!("backlog-{i}"))
+                .await
+                .state
+                .is_terminal()
+            {
+                done += 1;
+            }
+        }
+        done
+    };
+    let work = async {
+        for _ in 0..40 {
+            if aws.item(&table, "urgent-0").await.state.is_terminal() {
+                break;
+            }
+            deliver(&work_source, &handler).await;
+        }
+    };
+    let started = Instant::now();
+    let urgent_run = async {
+        loop {
+            let (_, report) = deliver(&urgent_source, &handler).await;
+            if report.is_some_and(|r| r.records.iter().any(|r| r.outcome.is_success())) {
+                return started.elapsed();
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(20),
+                "urgent job never ran"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    let (took, ()) = tokio::join!(urgent_run, work);
+
+    // THEN it succeeded while most of the backlog still waited
+    assert_eq!(
+        aws.item(&table, "urgent-0").await.state,
+        JobState::Succeeded
+    );
+    let done = backlog_done().await;
+    assert!(done <= 5, "{done} of the backlog's 20 ran first ({took:?})");
 }

@@ -530,6 +530,7 @@ async fn lapsed_claim(ledger: &InMemoryLedger, body: &str) {
     let msg = fenced_jobs::job::parse_body(Some(body)).expect("valid");
     let then = SystemClock.now_ms() - 120_000;
     let job = NewJob {
+        class: Default::default(),
         job_id: msg.job_id.clone(),
         input_digest: msg.digest.clone(),
         contract: msg.contract.clone(),
@@ -633,6 +634,7 @@ async fn a_stored_input_is_read_only_when_the_delivery_will_call() {
     .with_seed(1);
     let now = SystemClock.now_ms();
     let job = NewJob {
+        class: Default::default(),
         job_id: "stored-in".into(),
         input_digest: "d".into(),
         contract: "c".into(),
@@ -2202,6 +2204,7 @@ async fn a_live_job_whose_input_is_gone_is_never_poison() {
         ("altered", "inputs/altered/d.json"),
     ] {
         let job = NewJob {
+            class: Default::default(),
             job_id: id.into(),
             input_digest: "d".into(),
             contract: "c".into(),

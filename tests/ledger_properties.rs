@@ -38,6 +38,7 @@ fn new_job(digest: &str, max_attempts: u32, deadline_at: i64, metadata: bool) ->
     // One job in three (those with a budget of two) keeps its input as an object.
     let stored = max_attempts == 2;
     NewJob {
+        class: Default::default(),
         job_id: String::new(),
         input_digest: digest.into(),
         contract: "c".into(),

@@ -209,6 +209,7 @@ fn a_re_trigger_names_the_job_and_the_worker_reads_it_back_with_the_same_digest(
     let body = job("t-1", "hello", r#""parameters":{"temperature":0}"#);
     let msg = fenced_jobs::job::parse_body(Some(&body)).expect("valid");
     let record = fenced_jobs::job::NewJob {
+        class: Default::default(),
         job_id: msg.job_id.clone(),
         input_digest: msg.digest.clone(),
         contract: msg.contract.clone(),

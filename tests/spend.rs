@@ -19,8 +19,13 @@ use serde_json::json;
 const LATE_EVENING: i64 = 1_796_166_000_000;
 
 fn job(id: &str) -> fenced_jobs::job::JobMessage {
+    tenant_job(id, None)
+}
+
+fn tenant_job(id: &str, tenant: Option<&str>) -> fenced_jobs::job::JobMessage {
     let body = json!({
         "job_id": id,
+        "tenant": tenant,
         "contract": "summary.v1",
         "deadline_at": "2026-12-04T00:00:00Z",
         "input": {"model": "sim-1", "prompt": "Summarise.", "parameters": {"max_tokens": 100}},
@@ -86,6 +91,70 @@ async fn past_the_days_limit_records_wait_for_the_next_day_and_then_run() {
     assert_eq!(processor.provider().executions(), 2);
     let second_cost = cost_of(&ledger, "day-2").await;
     assert_eq!(day_spent(&aws, &table, "2026-12-02").await, second_cost);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn past_one_tenants_limit_its_records_wait_while_another_tenants_run() {
+    // GIVEN a limit per tenant of one call at the most and 20 micro-dollars more, and none for
+    // the deployment
+    let aws = emulator().await;
+    let table = aws.table().await;
+    let first = tenant_job("acme-1", Some("acme"));
+    let most = (first.input_canonical.len() as u64).div_ceil(4) + 4 * 100;
+    let settings = fenced_jobs::worker::Settings {
+        tenant_daily_spend_limit_micros: Some(most + 20),
+        ..fast_settings()
+    };
+    let ledger: DynamoLedger = aws.ledger(&table);
+    let processor = Processor::new(
+        ledger.clone(),
+        SimulatedProvider::new(),
+        ManualClock::at(LATE_EVENING),
+        settings,
+    )
+    .with_spend_budget(Arc::new(ledger.clone()));
+    let inv = Invocation {
+        id: "tenants".into(),
+        deadline: None,
+    };
+
+    // WHEN acme's first job runs, then acme's second and another tenant's are delivered
+    let done = processor.process(&first, "w/1", &inv, &NoWatch).await;
+    assert_eq!(done.outcome, RecordOutcome::Done(JobState::Succeeded));
+    let acme = processor
+        .process(&tenant_job("acme-2", Some("acme")), "w/2", &inv, &NoWatch)
+        .await;
+    let globex = processor
+        .process(
+            &tenant_job("globex-1", Some("globex")),
+            "w/3",
+            &inv,
+            &NoWatch,
+        )
+        .await;
+
+    // THEN acme's second waits for the next day, the other tenant's runs, and each tenant's
+    // day item holds what its calls cost
+    assert!(
+        matches!(
+            acme.outcome,
+            RecordOutcome::Failed(Failure::Paced { wait_ms: 3_600_000 })
+        ),
+        "{:?}",
+        acme.outcome
+    );
+    assert_eq!(globex.outcome, RecordOutcome::Done(JobState::Succeeded));
+    assert_eq!(processor.provider().executions(), 2);
+    assert_eq!(
+        day_spent(&aws, &table, "2026-12-01#acme").await,
+        cost_of(&ledger, "acme-1").await
+    );
+    assert_eq!(
+        day_spent(&aws, &table, "2026-12-01#globex").await,
+        cost_of(&ledger, "globex-1").await
+    );
+    let item = ledger.get("acme-1").await.expect("get").expect("item");
+    assert_eq!(item.class.tenant.as_deref(), Some("acme"));
 }
 
 /// What the job's attempts cost, as its item records them.

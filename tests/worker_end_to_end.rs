@@ -467,6 +467,7 @@ async fn a_mixed_batch_reports_exactly_the_records_whose_jobs_are_not_terminal()
 
 fn new_job(msg: &fenced_jobs::job::JobMessage, now: i64) -> fenced_jobs::job::NewJob {
     fenced_jobs::job::NewJob {
+        class: Default::default(),
         job_id: msg.job_id.clone(),
         input_digest: msg.digest.clone(),
         contract: msg.contract.clone(),

@@ -934,6 +934,7 @@ pub struct Protocol {
 impl Protocol {
     fn job(&self) -> NewJob {
         NewJob {
+            class: Default::default(),
             job_id: JOB.to_owned(),
             input_digest: DIGEST.to_owned(),
             contract: "c".to_owned(),

@@ -34,7 +34,9 @@ async fn main() -> Result<(), lambda_runtime::Error> {
     let sdk = fenced_jobs::config::SdkTimeouts::from_lookup(|name| std::env::var(name).ok())?;
     let aws = sdk.apply(&aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await);
     let ledger = DynamoLedger::new(aws_sdk_dynamodb::Client::new(&aws), table);
-    let sender = SqsTriggers::new(aws_sdk_sqs::Client::new(&aws), queue_url);
+    // Urgent jobs' triggers go to their own queue.
+    let sender = SqsTriggers::new(aws_sdk_sqs::Client::new(&aws), queue_url)
+        .with_urgent(std::env::var("URGENT_QUEUE_URL").ok());
     // The provider, to cancel the background calls of jobs it expires.
     let provider = fenced_jobs::config::provider_from_lookup(|name| std::env::var(name).ok())?;
     let provider = AnyProvider::from_config(&provider, &aws).await?;

@@ -37,13 +37,19 @@ async fn main() -> Result<(), lambda_runtime::Error> {
     let pacer = Pacer::new(config.settings.pacing(), Some(Arc::new(ledger.clone())));
     let dlq_url = config.dlq_url.clone();
     let spend: Arc<DynamoLedger> = Arc::new(ledger.clone());
-    let processor = with_providers(ledger, &config, &aws)
+    let schedule = Arc::new(ledger.clone());
+    let mut processor = with_providers(ledger, &config, &aws)
         .await?
         .with_blobs(Arc::new(blobs))
         .with_pacer(pacer)
         .with_contracts(contracts)
-        // The day's spend is an item of the same table, asked only under DAILY_SPEND_LIMIT.
+        // The day's spend is an item of the same table, asked only under DAILY_SPEND_LIMIT
+        // or TENANT_DAILY_SPEND_LIMIT.
         .with_spend_budget(spend);
+    // Urgent jobs' share of the capacity, on a schedule item of its own.
+    if let Some(urgent) = config.settings.urgent_pacing() {
+        processor = processor.with_urgent_pacer(Pacer::new(urgent, Some(schedule)));
+    }
     let sqs = aws_sdk_sqs::Client::new(&bounded);
     let mut handler = BatchHandler::new(processor, SqsVisibility::new(sqs.clone()));
     if let Some(dlq_url) = dlq_url {

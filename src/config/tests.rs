@@ -601,3 +601,29 @@ fn a_default_spend_limit_is_read_in_usd() {
         );
     }
 }
+
+#[test]
+fn urgent_jobs_keep_their_share_of_the_limits_and_tenants_their_day() {
+    let c = config(&[
+        ("JOBS_TABLE", "t"),
+        ("PROVIDER_RPM", "1000"),
+        ("PROVIDER_TPM", "2000000"),
+        ("URGENT_PACING_PERCENT", "20"),
+        ("TENANT_DAILY_SPEND_LIMIT", "5"),
+    ])
+    .expect("valid");
+    let s = &c.settings;
+    assert_eq!(s.tenant_daily_spend_limit_micros, Some(5_000_000));
+    let normal = s.pacing();
+    let urgent = s.urgent_pacing().expect("a share kept");
+    assert_eq!((normal.limits.rpm, normal.limits.tpm), (800, 1_600_000));
+    assert_eq!((urgent.limits.rpm, urgent.limits.tpm), (200, 400_000));
+    assert_eq!(urgent.key, format!("{}#urgent", normal.key));
+    // Without limits, or without a share, urgent jobs pace with the others.
+    let unlimited = config(&[("JOBS_TABLE", "t"), ("URGENT_PACING_PERCENT", "20")]).expect("ok");
+    assert!(unlimited.settings.urgent_pacing().is_none());
+    let unshared = config(&[("JOBS_TABLE", "t"), ("PROVIDER_RPM", "1000")]).expect("ok");
+    assert!(unshared.settings.urgent_pacing().is_none());
+    assert_eq!(unshared.settings.pacing().limits.rpm, 1000);
+    assert!(config(&[("JOBS_TABLE", "t"), ("URGENT_PACING_PERCENT", "95")]).is_err());
+}

@@ -57,6 +57,13 @@ impl CompletionEvent {
         if let Some(producer) = &producer {
             fields.insert("producer".into(), Value::String(producer.clone()));
         }
+        // Whose and how urgent: a rule matches `detail.tenant` or `detail.priority`.
+        if let Some(tenant) = &job.class.tenant {
+            fields.insert("tenant".into(), Value::String(tenant.clone()));
+        }
+        if job.class.urgent {
+            fields.insert("priority".into(), Value::String("urgent".into()));
+        }
         if let Some(blob) = &job.result_ref {
             fields.insert("result_ref".into(), blob.to_json());
         } else if let Some(result) = &job.result {

@@ -25,7 +25,7 @@ pub(crate) const MAX_METADATA_BYTES: usize = 4_096;
 /// The largest `max_attempts` a message may ask for.
 pub(crate) const MAX_ATTEMPTS_LIMIT: u32 = 100;
 
-const TOP_LEVEL_FIELDS: [&str; 7] = [
+const TOP_LEVEL_FIELDS: [&str; 9] = [
     "job_id",
     "input",
     "contract",
@@ -33,7 +33,12 @@ const TOP_LEVEL_FIELDS: [&str; 7] = [
     "max_attempts",
     "max_cost",
     "metadata",
+    "tenant",
+    "priority",
 ];
+
+/// The longest `tenant` (an SQS message group id takes 128 characters).
+pub(crate) const MAX_TENANT_LEN: usize = 64;
 
 /// Why a body is not a valid job. Every variant is poison: retrying cannot fix it.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -204,6 +209,8 @@ pub struct JobMessage {
     pub max_cost_micros: Option<u64>,
     /// The producer's correlation data, canonical JSON; not part of the digest.
     pub metadata: Option<String>,
+    /// `tenant` and `priority`; not part of the digest.
+    pub class: super::JobClass,
     /// Where the input is stored when it is too large for the ledger item (`input_canonical`
     /// still holds it, for the call).
     pub input_ref: Option<super::BlobRef>,
@@ -298,9 +305,11 @@ fn job_from_fields(mut fields: Map<String, Value>) -> Result<JobMessage, Invalid
         Some(_) => return Err(wrong_type("metadata", "an object")),
     };
 
+    let class = job_class(&mut fields)?;
     let input_canonical = canonical_json(&Value::Object(input));
     let digest = input_digest(&contract, &input_canonical);
     Ok(JobMessage {
+        class,
         job_id,
         contract,
         input_canonical,
@@ -313,6 +322,32 @@ fn job_from_fields(mut fields: Map<String, Value>) -> Result<JobMessage, Invalid
         in_ledger: false,
         delivered_before: false,
     })
+}
+
+/// `tenant` (1 to 64 letters, digits and `_ - . : @`) and `priority` (`urgent` or `normal`).
+fn job_class(fields: &mut Map<String, Value>) -> Result<super::JobClass, InvalidMessage> {
+    let tenant = match fields.remove("tenant") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(t)) => {
+            check_identifier(&t, "tenant", MAX_TENANT_LEN, |c| {
+                c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | ':' | '@')
+            })?;
+            Some(t)
+        }
+        Some(_) => return Err(wrong_type("tenant", "a string")),
+    };
+    let urgent = match fields.remove("priority") {
+        None | Some(Value::Null) => false,
+        Some(Value::String(p)) if p == "urgent" => true,
+        Some(Value::String(p)) if p == "normal" => false,
+        Some(_) => {
+            return Err(InvalidMessage::Invalid {
+                field: "priority",
+                rule: "must be \"urgent\" or \"normal\"",
+            });
+        }
+    };
+    Ok(super::JobClass { tenant, urgent })
 }
 
 /// `max_attempts`: 1 to [`MAX_ATTEMPTS_LIMIT`], if given.
@@ -361,6 +396,7 @@ impl JobMessage {
             max_attempts: Some(record.max_attempts),
             max_cost_micros: record.max_cost_micros,
             metadata: record.metadata.clone(),
+            class: record.class.clone(),
             input_ref: record.input_ref.clone(),
             in_ledger: true,
             delivered_before: false,

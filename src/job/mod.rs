@@ -160,6 +160,8 @@ pub struct JobRecord {
     pub expires_at: i64,
     /// When the producer or the reconciler last sent a trigger for the job.
     pub enqueued_at: Option<Millis>,
+    /// Its tenant and priority.
+    pub class: JobClass,
     /// When an operator asked to cancel the job while it ran (the decision records who and
     /// why): its owner stops the call and ends the attempt `cancelled`; no other end is
     /// accepted.
@@ -456,6 +458,29 @@ pub struct NewJob {
     pub max_cost_micros: Option<u64>,
     /// DynamoDB TTL, Unix seconds.
     pub expires_at: i64,
+    /// Its tenant and priority.
+    pub class: JobClass,
+}
+
+/// Whose a job is and how urgent: which queue its triggers go to, which message group (fair
+/// queue) they are in, and whose shares and limits its calls draw on. Not part of the digest:
+/// kept by the first write that creates the item, as the metadata.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
+pub struct JobClass {
+    /// The message's `tenant`: its triggers' `MessageGroupId` on a standard queue (SQS fair
+    /// queues), its own spend limit, its label in events and exports.
+    pub tenant: Option<String>,
+    /// `priority: "urgent"`: its triggers go to the urgent queue, whose event source mapping
+    /// polls beside the backlog, and its calls draw on the reserved share of the paced
+    /// capacity.
+    pub urgent: bool,
+}
+
+impl JobClass {
+    /// The `priority` a message and an item name it by.
+    pub fn priority(&self) -> &'static str {
+        if self.urgent { "urgent" } else { "normal" }
+    }
 }
 
 /// What a job gets when its message does not say: a deadline, an attempt budget, and how long
@@ -489,6 +514,7 @@ impl NewJob {
     /// A job for tests: digest `d`, contract `c`, input `{}`, three attempts, kept for ever.
     pub fn example(job_id: &str, deadline_at: Millis) -> NewJob {
         NewJob {
+            class: Default::default(),
             job_id: job_id.to_owned(),
             input_digest: "d".into(),
             contract: "c".into(),
@@ -523,6 +549,7 @@ impl NewJob {
             max_attempts: msg.max_attempts.unwrap_or(defaults.max_attempts),
             max_cost_micros: msg.max_cost_micros.or(defaults.max_cost_micros),
             expires_at: deadline_at.max(now) / 1000 + defaults.retention_days * 86_400,
+            class: msg.class.clone(),
         }
     }
 
@@ -557,6 +584,7 @@ impl NewJob {
             updated_at: now,
             expires_at: self.expires_at,
             enqueued_at: None,
+            class: self.class,
             cancel_requested: None,
         }
     }

@@ -33,6 +33,21 @@ impl Limits {
         self.rpm > 0 || self.tpm > 0
     }
 
+    /// `percent` of these limits (a limit set stays at least 1).
+    pub fn share(self, percent: u64) -> Limits {
+        let part = |limit: u64| {
+            if limit == 0 {
+                0
+            } else {
+                (u128::from(limit) * u128::from(percent) / 100).max(1) as u64
+            }
+        };
+        Limits {
+            rpm: part(self.rpm),
+            tpm: part(self.tpm),
+        }
+    }
+
     /// The time `requests` and `tokens` take at these limits, in microseconds each.
     pub(crate) fn cost_us(self, requests: u64, tokens: u64) -> (i64, i64) {
         let at = |n: u64, per_minute: u64| -> i64 {

@@ -47,6 +47,10 @@ pub fn apply_claim(current: Option<&JobRecord>, req: &ClaimRequest) -> Option<Jo
     if next.metadata.is_none() {
         next.metadata = req.job.metadata.clone();
     }
+    if next.class.tenant.is_none() {
+        next.class.tenant = req.job.class.tenant.clone();
+    }
+    next.class.urgent |= req.job.class.urgent;
     if next.max_cost_micros.is_none() {
         next.max_cost_micros = req.job.max_cost_micros;
     }

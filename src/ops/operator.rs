@@ -173,6 +173,45 @@ pub async fn cancel<L: JobLedger>(
     Err(OperatorError::Changed(job_id.to_owned()))
 }
 
+/// Index pages read at a time when looking for a tenant's jobs.
+const TENANT_PAGE: usize = 500;
+
+/// The live jobs of `tenant`, as the attention index lists them: every `ready`,
+/// `retry_authorized` and `unknown` job, and every `running` one past its first claim (a job on
+/// its first claim is in no index: it is found once that attempt ends and leaves it live). One
+/// query page and one read a job, for every live job of the table: an operator's command, not
+/// a hot path.
+pub async fn tenant_jobs<L: JobLedger + crate::ledger::LedgerIndex>(
+    ledger: &L,
+    tenant: &str,
+) -> Result<Vec<String>, OperatorError> {
+    let mut found = Vec::new();
+    for state in [
+        JobState::Ready,
+        JobState::RetryAuthorized,
+        JobState::Unknown,
+        JobState::Running,
+    ] {
+        let mut cursor = crate::ledger::IndexCursor::default();
+        loop {
+            let page = ledger
+                .untouched_since(state, Millis::MAX, &cursor, TENANT_PAGE)
+                .await?;
+            cursor.advance(&page);
+            for (job_id, _) in &page {
+                let item = ledger.get(job_id).await?;
+                if item.is_some_and(|r| r.class.tenant.as_deref() == Some(tenant)) {
+                    found.push(job_id.clone());
+                }
+            }
+            if page.len() < TENANT_PAGE {
+                break;
+            }
+        }
+    }
+    Ok(found)
+}
+
 /// Sends the trigger for `record` to the queue (after the decision is recorded: ledger first).
 /// It carries only the job id: the worker reads the job from the ledger, so the trigger can
 /// never disagree with it.
@@ -180,7 +219,7 @@ pub async fn send_trigger(
     sender: &impl TriggerSender,
     record: &JobRecord,
 ) -> Result<(), OperatorError> {
-    let trigger = [Outgoing::by_id(&record.job_id)];
+    let trigger = [Outgoing::by_id(&record.job_id).of_class(&record.class)];
     let suffix = format!("epoch-{}", record.owner_epoch);
     let sent = sender.send(&trigger, &suffix).await;
     match sent.into_iter().next() {
@@ -247,6 +286,8 @@ pub fn to_json(record: &JobRecord, with_result: bool) -> Value {
         "owner_id": record.owner_id,
         "owner_until": record.owner_until.map(format_rfc3339_ms),
         "cancel_requested": record.cancel_requested.map(format_rfc3339_ms),
+        "tenant": record.class.tenant,
+        "priority": record.class.priority(),
         "deadline_at": format_rfc3339_ms(record.deadline_at),
         "attempts": record.attempts,
         "max_attempts": record.max_attempts,
@@ -294,6 +335,12 @@ pub fn to_text(record: &JobRecord, with_result: bool) -> String {
         "lease until",
         record.owner_until.map_or("-".into(), format_rfc3339_ms),
     );
+    if let Some(tenant) = &record.class.tenant {
+        line("tenant", tenant.clone());
+    }
+    if record.class.urgent {
+        line("priority", "urgent".to_owned());
+    }
     if let Some(at) = record.cancel_requested {
         line(
             "cancel",

@@ -256,9 +256,10 @@ fn to_send(
                 job_id: msg.job_id.clone(),
                 body: text.to_owned(),
                 in_ledger: true,
+                class: msg.class.clone(),
             }
         } else {
-            Outgoing::by_id(&msg.job_id)
+            Outgoing::by_id(&msg.job_id).of_class(&msg.class)
         }
     })
 }

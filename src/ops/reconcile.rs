@@ -225,7 +225,7 @@ async fn due_in<L: JobLedger + LedgerIndex>(
         for item in items {
             match item {
                 Ok(Some(job)) if found < settings.max_jobs && is_due(&job) => {
-                    due.push(Outgoing::by_id(&job.job_id));
+                    due.push(Outgoing::by_id(&job.job_id).of_class(&job.class));
                     found += 1;
                 }
                 Ok(_) => {}

@@ -21,11 +21,13 @@ pub(crate) const SQS_BATCH_LIMIT: usize = 10;
 /// Batch calls in flight at once.
 const PARALLEL_CALLS: usize = 8;
 
-/// Sends triggers to one queue with `SendMessageBatch`.
+/// Sends triggers with `SendMessageBatch`: to the work queue, and an urgent job's to the urgent
+/// queue when one is set.
 #[derive(Debug, Clone)]
 pub struct SqsTriggers {
     client: Client,
     queue_url: String,
+    urgent_url: Option<String>,
 }
 
 impl SqsTriggers {
@@ -34,14 +36,47 @@ impl SqsTriggers {
         SqsTriggers {
             client,
             queue_url: queue_url.into(),
+            urgent_url: None,
         }
+    }
+
+    /// Urgent jobs' triggers go to the queue at `url` (`URGENT_QUEUE_URL`), if set.
+    pub fn with_urgent(mut self, url: Option<String>) -> Self {
+        self.urgent_url = url.filter(|u| !u.is_empty());
+        self
     }
 }
 
 impl TriggerSender for SqsTriggers {
     async fn send(&self, triggers: &[Outgoing], dedup_suffix: &str) -> Vec<Sent> {
+        let Some(urgent_url) = &self.urgent_url else {
+            return self.send_to(&self.queue_url, triggers, dedup_suffix).await;
+        };
+        let (urgent, normal): (Vec<Outgoing>, Vec<Outgoing>) =
+            triggers.iter().cloned().partition(|t| t.class.urgent);
+        let mut sent = self.send_to(urgent_url, &urgent, dedup_suffix).await;
+        sent.extend(self.send_to(&self.queue_url, &normal, dedup_suffix).await);
+        // In the order given.
+        let mut ordered = Vec::with_capacity(sent.len());
+        let (mut u, mut n) = (0, urgent.len());
+        for t in triggers {
+            let i = if t.class.urgent { &mut u } else { &mut n };
+            ordered.push(sent[*i].clone());
+            *i += 1;
+        }
+        ordered
+    }
+}
+
+impl SqsTriggers {
+    async fn send_to(
+        &self,
+        queue_url: &str,
+        triggers: &[Outgoing],
+        dedup_suffix: &str,
+    ) -> Vec<Sent> {
         use aws_sdk_sqs::types::SendMessageBatchRequestEntry;
-        let fifo = self.queue_url.ends_with(".fifo");
+        let fifo = queue_url.ends_with(".fifo");
         let mut results = Vec::with_capacity(triggers.len());
         for batch in batches(triggers) {
             let entries: Vec<SendMessageBatchRequestEntry> = batch
@@ -63,6 +98,9 @@ impl TriggerSender for SqsTriggers {
                         entry = entry
                             .message_group_id(&t.job_id)
                             .message_deduplication_id(dedup_id(&t.job_id, dedup_suffix));
+                    } else if let Some(tenant) = &t.class.tenant {
+                        // A fair queue keeps one tenant's burst from delaying the others.
+                        entry = entry.message_group_id(tenant);
                     }
                     entry.build().ok()
                 })
@@ -70,7 +108,7 @@ impl TriggerSender for SqsTriggers {
             match self
                 .client
                 .send_message_batch()
-                .queue_url(&self.queue_url)
+                .queue_url(queue_url)
                 .set_entries(Some(entries))
                 .send()
                 .await

@@ -21,6 +21,8 @@ pub struct Outgoing {
     /// The job's item was created before this message was sent: the message carries
     /// [`IN_LEDGER_ATTRIBUTE`], so that the worker claims it in place on first sight.
     pub in_ledger: bool,
+    /// The job's tenant (its message group on a standard queue) and priority (its queue).
+    pub class: crate::job::JobClass,
 }
 
 /// The message attribute (`String`, `"true"`) of a whole-job message whose item the producer
@@ -34,19 +36,27 @@ impl Outgoing {
             job_id: job_id.to_owned(),
             body: json!({ "job_id": job_id }).to_string(),
             in_ledger: true,
+            class: crate::job::JobClass::default(),
         }
+    }
+
+    /// The trigger, for a job of `class`.
+    pub fn of_class(mut self, class: &crate::job::JobClass) -> Outgoing {
+        self.class = class.clone();
+        self
     }
 }
 
 /// What became of one trigger: sent, or the reason it was not.
 pub type Sent = (String, Result<(), String>);
 
-/// Sends triggers to the work queue.
+/// Sends triggers to the work queue (an urgent job's to the urgent queue, when there is one).
 ///
 /// Every trigger comes back with its result, in order: sent, or the reason it was not (an entry
 /// the queue refused, or a request that failed as a whole). On a FIFO queue each job is its own
 /// message group, deduplicated by [`dedup_id`] of the job id and `dedup_suffix`, so a repeat
-/// with the same suffix within five minutes is dropped by the queue.
+/// with the same suffix within five minutes is dropped by the queue; on a standard queue a job
+/// with a tenant is in its tenant's message group (SQS fair queues).
 pub trait TriggerSender: Send + Sync {
     /// Sends `triggers`.
     fn send(
@@ -148,6 +158,7 @@ mod tests {
         let sizes: Vec<usize> = batches(&small).iter().map(|b| b.len()).collect();
         assert_eq!(sizes, vec![10, 10, 3]);
         let big = |id: &str| Outgoing {
+            class: crate::job::JobClass::default(),
             job_id: id.to_owned(),
             body: "x".repeat(400_000),
             in_ledger: false,

@@ -96,6 +96,12 @@ pub struct Settings {
     /// `DAILY_SPEND_LIMIT` (USD): what the deployment's calls may cost in a day (UTC), in
     /// micro-dollars (`None`: no limit).
     pub daily_spend_limit_micros: Option<u64>,
+    /// `TENANT_DAILY_SPEND_LIMIT` (USD): what one tenant's calls may cost in a day (UTC),
+    /// within the deployment's, in micro-dollars (`None`: no limit per tenant).
+    pub tenant_daily_spend_limit_micros: Option<u64>,
+    /// `URGENT_PACING_PERCENT`: the share of `PROVIDER_RPM` and `PROVIDER_TPM` kept for urgent
+    /// jobs (their own schedule item); normal jobs pace within the rest. 0: none kept.
+    pub urgent_pacing_percent: u8,
     /// The prices each attempt's usage is paid at: the built-in table, with `PRICES_FILE`'s
     /// models over it.
     pub prices: std::sync::Arc<crate::job::prices::PriceTable>,
@@ -135,6 +141,8 @@ impl Default for Settings {
             payload_bucket: None,
             prices: std::sync::Arc::default(),
             daily_spend_limit_micros: None,
+            tenant_daily_spend_limit_micros: None,
+            urgent_pacing_percent: 0,
             batching: Batching::default(),
             idempotency_prefix: String::new(),
         }
@@ -215,12 +223,33 @@ fn prices(vars: &Vars<'_>) -> Result<crate::job::prices::PriceTable, ConfigError
 impl Settings {
     /// The pacing settings with their ceiling of calls in flight resolved (`MAX_CALLS_IN_FLIGHT`,
     /// or `MAX_CONCURRENCY` when it is unset).
+    /// Normal jobs' limits are what `URGENT_PACING_PERCENT` leaves of the provider's.
     pub fn pacing(&self) -> PacingSettings {
         let mut pacing = self.pacing.clone();
         if pacing.max_in_flight == 0 {
             pacing.max_in_flight = u32::try_from(self.max_concurrency).unwrap_or(u32::MAX);
         }
+        if self.urgent_pacing().is_some() {
+            pacing.limits = pacing
+                .limits
+                .share(100 - u64::from(self.urgent_pacing_percent));
+        }
         pacing
+    }
+
+    /// The urgent jobs' pacing: `URGENT_PACING_PERCENT` of the provider's limits, on a
+    /// schedule item of its own, when both are set.
+    pub fn urgent_pacing(&self) -> Option<PacingSettings> {
+        let percent = u64::from(self.urgent_pacing_percent);
+        (percent > 0 && self.pacing.limits.any()).then(|| {
+            let mut pacing = self.pacing.clone();
+            if pacing.max_in_flight == 0 {
+                pacing.max_in_flight = u32::try_from(self.max_concurrency).unwrap_or(u32::MAX);
+            }
+            pacing.limits = pacing.limits.share(percent);
+            pacing.key = format!("{}#urgent", pacing.key);
+            pacing
+        })
     }
 
     /// The longest deadline, from a job's first sight, whose stored input and answer the
@@ -425,6 +454,8 @@ impl Settings {
             payload_bucket: vars.get("PAYLOAD_BUCKET").filter(|b| !b.trim().is_empty()),
             prices: std::sync::Arc::new(prices(vars)?),
             daily_spend_limit_micros: usd(vars, "DAILY_SPEND_LIMIT")?,
+            tenant_daily_spend_limit_micros: usd(vars, "TENANT_DAILY_SPEND_LIMIT")?,
+            urgent_pacing_percent: number("URGENT_PACING_PERCENT", 0, 0, 90)? as u8,
             idempotency_prefix: vars
                 .get("DEPLOYMENT_ID")
                 .or_else(|| vars.get("JOBS_TABLE"))

@@ -456,6 +456,7 @@ pub fn spawn_frozen_worker(
 /// A job as a ledger test makes it.
 pub fn new_job(id: &str, digest: &str, max_attempts: u32, deadline_at: i64) -> NewJob {
     NewJob {
+        class: Default::default(),
         job_id: id.into(),
         input_digest: digest.into(),
         contract: "summary.v1".into(),

@@ -62,6 +62,9 @@ struct Cli {
     /// Print JSON instead of text.
     #[arg(long, global = true)]
     json: bool,
+    /// The urgent queue: triggers of urgent jobs go there (the stack's `UrgentQueue`).
+    #[arg(long, env = "URGENT_QUEUE_URL", global = true)]
+    urgent_queue_url: Option<String>,
     #[command(subcommand)]
     command: Command,
 }
@@ -194,6 +197,10 @@ enum Command {
         /// Also each job id in FILE, one a line (`-`: stdin).
         #[arg(long)]
         file: Option<std::path::PathBuf>,
+        /// Also every live job of this tenant the attention index lists (a running job on its
+        /// first claim is not listed until that attempt ends: run it again then).
+        #[arg(long)]
+        tenant: Option<String>,
         /// Why (recorded on each job).
         #[arg(long)]
         reason: String,
@@ -400,9 +407,12 @@ async fn main() {
             {
                 Ok(record) => {
                     let sqs = aws_sdk_sqs::Client::new(&config);
-                    operator::send_trigger(&SqsTriggers::new(sqs, queue_url), &record)
-                        .await
-                        .map(|()| print(&record, cli.json, false))
+                    operator::send_trigger(
+                        &SqsTriggers::new(sqs, queue_url).with_urgent(cli.urgent_queue_url.clone()),
+                        &record,
+                    )
+                    .await
+                    .map(|()| print(&record, cli.json, false))
                 }
                 Err(e) => Err(e),
             }
@@ -414,7 +424,7 @@ async fn main() {
                 inline_max_bytes: cli.inline_max_bytes,
                 ..Intake::default()
             };
-            let sender = SqsTriggers::new(sqs, queue_url);
+            let sender = SqsTriggers::new(sqs, queue_url).with_urgent(cli.urgent_queue_url.clone());
             submit(&ledger, &sender, file, &intake, cli.json).await
         }
         Command::Reconcile {
@@ -431,7 +441,7 @@ async fn main() {
             reconcile(
                 &ledger,
                 &config,
-                SqsTriggers::new(sqs, queue_url),
+                SqsTriggers::new(sqs, queue_url).with_urgent(cli.urgent_queue_url.clone()),
                 &settings,
                 cli.json,
             )
@@ -440,13 +450,27 @@ async fn main() {
         Command::Cancel {
             job_ids,
             file,
+            tenant,
             reason,
             operator: by,
             yes,
         } => {
-            let ids = commands::job_ids(job_ids, file);
+            let mut ids = commands::job_ids(job_ids, file);
+            if let Some(tenant) = &tenant {
+                match operator::tenant_jobs(&ledger, tenant).await {
+                    Ok(found) => ids.extend(found),
+                    Err(e) => {
+                        eprintln!("jobctl: {e}");
+                        std::process::exit(AWS_ERROR);
+                    }
+                }
+            }
+            if ids.is_empty() && tenant.is_some() {
+                println!("no live job of that tenant");
+                return;
+            }
             if ids.is_empty() {
-                usage("no job to cancel: give job ids, or --file");
+                usage("no job to cancel: give job ids, --file or --tenant");
             }
             if !yes && !confirmed(&format!("cancel {} job(s)", ids.len())) {
                 usage("not confirmed: cancel needs --yes when not run on a terminal");

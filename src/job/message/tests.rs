@@ -219,3 +219,27 @@ fn every_contract_violation_is_classified_without_echoing_values() {
         Err(InvalidMessage::TooLarge { .. })
     ));
 }
+
+#[test]
+fn a_tenant_and_a_priority_are_read_and_checked_and_stay_out_of_the_digest() {
+    let plain = parse_body(Some(&body(""))).expect("valid");
+    let classed =
+        parse_body(Some(&body(r#","tenant":"acme-eu.1","priority":"urgent""#))).expect("valid");
+    assert_eq!(classed.class.tenant.as_deref(), Some("acme-eu.1"));
+    assert!(classed.class.urgent);
+    assert_eq!(classed.digest, plain.digest);
+    assert_eq!(plain.class, crate::job::JobClass::default());
+    let normal = parse_body(Some(&body(r#","priority":"normal""#))).expect("valid");
+    assert!(!normal.class.urgent);
+    for bad in [
+        r#","tenant":"""#,
+        r#","tenant":"a b""#,
+        r#","tenant":7"#,
+        r#","priority":"high""#,
+        r#","priority":1"#,
+    ] {
+        assert!(parse_body(Some(&body(bad))).is_err(), "{bad}");
+    }
+    let long = format!(r#","tenant":"{}""#, "t".repeat(MAX_TENANT_LEN + 1));
+    assert!(parse_body(Some(&body(&long))).is_err());
+}

@@ -188,6 +188,8 @@ pub fn encode(r: &JobRecord) -> Item {
         ("last_error", r.last_error.as_ref().map(encode_error)),
         ("enqueued_at", r.enqueued_at.map(n)),
         ("cancel_requested", r.cancel_requested.map(n)),
+        ("tenant", r.class.tenant.as_deref().map(s)),
+        ("priority", r.class.urgent.then(|| s("urgent"))),
         ("throttles", (r.throttles > 0).then(|| n(r.throttles))),
         ("not_sent", (r.not_sent > 0).then(|| n(r.not_sent))),
         (
@@ -311,6 +313,10 @@ pub fn decode(item: &Item) -> Result<JobRecord, LedgerError> {
         expires_at: req_n("expires_at")?,
         enqueued_at: get_n(item, "enqueued_at"),
         cancel_requested: get_n(item, "cancel_requested"),
+        class: crate::job::JobClass {
+            tenant: get_s(item, "tenant").map(str::to_owned),
+            urgent: get_s(item, "priority") == Some("urgent"),
+        },
         job_id: job_id.clone(),
     })
 }
@@ -538,6 +544,10 @@ mod tests {
             expires_at: 99,
             enqueued_at: Some(150),
             cancel_requested: Some(160),
+            class: crate::job::JobClass {
+                tenant: Some("acme".into()),
+                urgent: true,
+            },
             throttles: 4,
             not_sent: 1,
             recoveries_dropped: 2,

@@ -36,7 +36,7 @@ use super::{JobLedger, LedgerError, Write};
 use crate::job::{JobRecord, JobState, attention_key, finished_day};
 
 /// Attribute names, each used through a `#placeholder` (several are DynamoDB reserved words).
-const NAMES: [(&str, &str); 41] = [
+const NAMES: [(&str, &str); 43] = [
     ("#id", "job_id"),
     ("#state", "state"),
     ("#epoch", "owner_epoch"),
@@ -63,6 +63,8 @@ const NAMES: [(&str, &str); 41] = [
     ("#ref", "provider_ref"),
     ("#enq", "enqueued_at"),
     ("#cancel", "cancel_requested"),
+    ("#tenant", "tenant"),
+    ("#prio", "priority"),
     ("#rref", "result_ref"),
     ("#inref", "input_ref"),
     ("#fin", "finished_on"),

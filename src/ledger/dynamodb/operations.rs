@@ -50,6 +50,12 @@ impl JobLedger for DynamoLedger {
         if job.metadata.is_some() {
             update.push_str(", #meta = if_not_exists(#meta, :meta)");
         }
+        if job.class.tenant.is_some() {
+            update.push_str(", #tenant = if_not_exists(#tenant, :tenant)");
+        }
+        if job.class.urgent {
+            update.push_str(", #prio = if_not_exists(#prio, :prio)");
+        }
         if job.input_ref.is_some() {
             update.push_str(", #inref = if_not_exists(#inref, :inref)");
         }
@@ -360,6 +366,12 @@ fn new_job_values(job: &NewJob) -> Vec<(&'static str, AttributeValue)> {
     ];
     if let Some(meta) = &job.metadata {
         values.push((":meta", s(meta)));
+    }
+    if let Some(tenant) = &job.class.tenant {
+        values.push((":tenant", s(tenant)));
+    }
+    if job.class.urgent {
+        values.push((":prio", s("urgent")));
     }
     if let Some(blob) = &job.input_ref {
         values.push((":inref", encode_blob(blob)));

@@ -352,3 +352,37 @@ fn a_refused_answer_shows_its_errors_and_its_excerpt_only_with_the_answer() {
         r#"{"secret": "tot"#
     );
 }
+
+#[tokio::test]
+async fn a_tenants_live_jobs_are_found_through_the_index_and_no_other_tenants() {
+    use crate::ledger::CreateRequest;
+    let ledger = crate::ledger::memory::InMemoryLedger::new();
+    for (id, tenant) in [("a-1", "acme"), ("a-2", "acme"), ("g-1", "globex")] {
+        let mut job = crate::job::NewJob::from_message(
+            &crate::job::parse_body(Some(&format!(
+                r#"{{"job_id":"{id}","tenant":"{tenant}","contract":"c","input":{{"model":"m","prompt":"p"}}}}"#
+            )))
+            .expect("valid"),
+            1_000,
+            &crate::job::JobDefaults::default(),
+        );
+        job.input = "{}".into();
+        ledger
+            .create(CreateRequest {
+                job,
+                now: 1_000,
+                enqueued: false,
+            })
+            .await
+            .expect("create");
+    }
+    cancel(&ledger, "a-2", "op", None, "gone", 2_000)
+        .await
+        .expect("cancel");
+    let found = tenant_jobs(&ledger, "acme").await.expect("walk");
+    assert_eq!(found, ["a-1"], "a cancelled job is not live");
+    assert_eq!(
+        tenant_jobs(&ledger, "initech").await.expect("walk").len(),
+        0
+    );
+}

@@ -72,6 +72,19 @@ struct Link<P> {
     models: ModelMap,
     /// Its own limits and adaptive state: one provider's refusals never slow another's calls.
     pacer: Pacer,
+    /// Urgent jobs' pacer, on the share of the limits kept for them (the first provider's,
+    /// under `URGENT_PACING_PERCENT`); without it they pace with the others.
+    urgent: Option<Pacer>,
+}
+
+impl<P> Link<P> {
+    /// The pacer `msg`'s calls draw on.
+    fn pacer_for(&self, msg: &JobMessage) -> &Pacer {
+        match &self.urgent {
+            Some(urgent) if msg.class.urgent => urgent,
+            _ => &self.pacer,
+        }
+    }
 }
 
 /// Runs deliveries against a ledger and a provider, or an ordered list of providers of which
@@ -141,6 +154,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
             provider,
             models: ModelMap::default(),
             pacer: Pacer::new(settings.pacing(), None),
+            urgent: settings.urgent_pacing().map(|p| Pacer::new(p, None)),
         };
         Processor {
             ledger,
@@ -180,6 +194,13 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         self
     }
 
+    /// Paces urgent jobs' calls on the share of the (first) provider's limits kept for them
+    /// ([`Settings::urgent_pacing`]).
+    pub fn with_urgent_pacer(mut self, pacer: Pacer) -> Self {
+        self.links[0].urgent = Some(pacer);
+        self
+    }
+
     /// Gives the first provider its model for each job model name.
     pub fn with_models(mut self, models: ModelMap) -> Self {
         self.links[0].models = models;
@@ -198,6 +219,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
             provider,
             models,
             pacer: Pacer::new(pacing, None),
+            urgent: None,
         });
         self
     }
@@ -365,11 +387,11 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
             let seen = match step {
                 Step::Admit => {
                     let link = &self.links[routed];
-                    let tokens = link
-                        .pacer
-                        .estimated_tokens(&msg.input_canonical, &self.settings.policy);
+                    let pacer = link.pacer_for(msg);
+                    let tokens =
+                        pacer.estimated_tokens(&msg.input_canonical, &self.settings.policy);
                     let latest = self.latest_call_start(inv, link);
-                    match link.pacer.admit(tokens, &self.clock, latest).await {
+                    match pacer.admit(tokens, &self.clock, latest).await {
                         Ok(p) => {
                             // The day's spend, after the pacer (a record it turns away
                             // reserves nothing); without room the permit goes back unspent.
@@ -499,10 +521,19 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
             latest_call_start: self.latest_call_start(inv, link),
             can_retrieve: link.provider.can_retrieve(),
             in_ledger: msg.in_ledger,
-            // Read once, by both limits; a deployment with neither never parses the input.
-            next_call_micros: match (job.max_cost_micros, self.settings.daily_spend_limit_micros) {
-                (None, None) => 0,
-                _ => self.next_call_micros(msg, link),
+            // Read once, by every limit; a deployment with none never parses the input.
+            next_call_micros: {
+                let s = &self.settings;
+                let tenant_limit =
+                    msg.class.tenant.is_some() && s.tenant_daily_spend_limit_micros.is_some();
+                if job.max_cost_micros.is_none()
+                    && s.daily_spend_limit_micros.is_none()
+                    && !tenant_limit
+                {
+                    0
+                } else {
+                    self.next_call_micros(msg, link)
+                }
             },
             max_cost_micros: job.max_cost_micros,
             carries_input: msg.keeps_input(),

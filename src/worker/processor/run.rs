@@ -71,9 +71,18 @@ pub(super) fn count_usage(
     }
 }
 
+/// Where a call is sent: its provider, and the pacer it draws on.
+#[derive(Clone, Copy)]
+struct Sent<'a, P> {
+    link: &'a Link<P>,
+    pacer: &'a crate::worker::pacing::Pacer,
+}
+
 /// One call's provider and what watches it, as [`Processor::carry_out`] takes them.
 struct Call<'a, 'r, P> {
     link: &'a Link<P>,
+    /// The pacer the job's calls draw on (its link's, or its urgent one).
+    pacer: &'a crate::worker::pacing::Pacer,
     request: &'a ProviderRequest<'r>,
     inv: &'a Invocation,
     lost: &'a CancellationToken,
@@ -187,6 +196,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         };
         let call = Call {
             link,
+            pacer: link.pacer_for(msg),
             request: &request,
             inv,
             lost: &lost,
@@ -209,16 +219,17 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
     ) -> (JobRecord, Waited) {
         let Call {
             link,
+            pacer,
             request,
             inv,
             lost,
             watch,
         } = call;
-        let pacer = &link.pacer;
         loop {
             step = match step {
                 CallStep::Submit { budget_ms } => {
-                    let mut said = self.submit(link, request, budget_ms, lost, heard).await;
+                    let sent = Sent { link, pacer };
+                    let mut said = self.submit(sent, request, budget_ms, lost, heard).await;
                     if said == Said::Cancelled && watch.withdrawn() {
                         said = Said::Withdrawn;
                     }
@@ -323,12 +334,13 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
     /// answer could not be accepted anyway). An answer's usage is put in `heard`.
     async fn submit(
         &self,
-        link: &Link<P>,
+        sent: Sent<'_, P>,
         request: &ProviderRequest<'_>,
         budget_ms: Millis,
         lost: &CancellationToken,
         heard: &mut Option<Usage>,
     ) -> Said {
+        let Sent { link, pacer } = sent;
         // A GenAI client span (`chat {model}`), its figures recorded once answered.
         let model = link.provider.model(request.input);
         let span = tracing::debug_span!(
@@ -360,7 +372,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
             _ = lost.cancelled() => Said::Cancelled,
             called = sent => match called {
                 Ok(Ok(submission)) => {
-                    link.pacer.answered();
+                    pacer.answered();
                     match submission {
                         // Judged against the job's contract before anything reads it.
                         Submission::Answered(answer) => {

@@ -10,7 +10,8 @@ use crate::provider::Provider;
 /// corrected to the call's cost once it ended.
 #[derive(Debug)]
 pub(super) struct Reserved {
-    day: String,
+    /// The days it was reserved from: the deployment's, the tenant's, or both.
+    days: Vec<String>,
     pub(super) micros: u64,
 }
 
@@ -30,31 +31,56 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
             .unwrap_or(0)
     }
 
-    /// Reserves `micros`, the most `msg`'s next call can cost, from the day's spend, when the deployment
-    /// limits it: `Ok(None)` without a limit, `Err(wait)` when the day cannot take it (until
-    /// the next day) or the budget cannot be read (a minute: never a call not counted).
+    /// Reserves `micros`, the most `msg`'s next call can cost, from the day's spend, when the
+    /// deployment limits it, and from its tenant's day item, when tenants are limited:
+    /// `Ok(None)` without a limit, `Err(wait)` when a day cannot take it (until the next day;
+    /// what the other reserved is given back) or a budget cannot be read (a minute: never a
+    /// call not counted).
     pub(super) async fn reserve_spend(
         &self,
         msg: &JobMessage,
         micros: u64,
     ) -> Result<Option<Reserved>, Millis> {
-        let (Some(limit), Some(spend)) = (self.settings.daily_spend_limit_micros, &self.spend)
-        else {
+        let Some(spend) = &self.spend else {
             return Ok(None);
         };
         let now = self.clock.now_ms();
         let day = crate::ledger::spend::day_of(now);
-        match spend.reserve(&day, micros, limit, now).await {
-            Ok(true) => Ok(Some(Reserved { day, micros })),
-            Ok(false) => {
-                tracing::warn!(job_id = %msg.job_id, "the day's spend limit is reached; the record waits for the next day");
-                Err(crate::ledger::spend::until_next_day(now))
-            }
-            Err(e) => {
-                tracing::warn!(job_id = %msg.job_id, error = %e, "the day's spend could not be read");
-                Err(60_000)
-            }
+        // The deployment's day, then the tenant's (`<day>#<tenant>`: a tenant never holds `#`).
+        let limits = [
+            self.settings
+                .daily_spend_limit_micros
+                .map(|l| (day.clone(), l)),
+            msg.class
+                .tenant
+                .as_ref()
+                .zip(self.settings.tenant_daily_spend_limit_micros)
+                .map(|(tenant, l)| (format!("{day}#{tenant}"), l)),
+        ];
+        let mut reserved = Reserved {
+            days: Vec::new(),
+            micros,
+        };
+        for (day, limit) in limits.into_iter().flatten() {
+            let refused = match spend.reserve(&day, micros, limit, now).await {
+                Ok(true) => {
+                    reserved.days.push(day);
+                    continue;
+                }
+                Ok(false) => {
+                    tracing::warn!(job_id = %msg.job_id, day = %day, "the day's spend limit is reached; the record waits for the next day");
+                    crate::ledger::spend::until_next_day(now)
+                }
+                Err(e) => {
+                    tracing::warn!(job_id = %msg.job_id, error = %e, "the day's spend could not be read");
+                    60_000
+                }
+            };
+            // No call: what was reserved goes back.
+            self.settle_spend(Some(reserved), 0).await;
+            return Err(refused);
         }
+        Ok((!reserved.days.is_empty()).then_some(reserved))
     }
 
     /// Corrects the day's spend by `actual` less what `reserved` took (`actual` 0: no call).
@@ -64,12 +90,14 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         };
         let delta = i64::try_from(actual).unwrap_or(i64::MAX)
             - i64::try_from(reserved.micros).unwrap_or(i64::MAX);
-        if let Err(e) = spend
-            .adjust(&reserved.day, delta, self.clock.now_ms())
-            .await
-        {
-            // The day counts the reservation in full: more than was spent, never less.
-            tracing::warn!(error = %e, "the day's spend could not be corrected");
+        if delta == 0 {
+            return;
+        }
+        for day in &reserved.days {
+            if let Err(e) = spend.adjust(day, delta, self.clock.now_ms()).await {
+                // The day counts the reservation in full: more than was spent, never less.
+                tracing::warn!(error = %e, "the day's spend could not be corrected");
+            }
         }
     }
 }
