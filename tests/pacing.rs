@@ -475,3 +475,62 @@ async fn calls_sent_again_after_429s_keep_to_the_limit_the_429s_lowered() {
         "{most} calls at once after the refusals"
     );
 }
+
+/// Processes jobs of `tenant` until one is paced (at most `most`), on a clock that stands
+/// still; returns how many were admitted first.
+async fn admitted_before_paced(
+    processor: &Processor<InMemoryLedger, fenced_jobs::provider::SimulatedProvider, ManualClock>,
+    tenant: &str,
+    most: usize,
+) -> usize {
+    let inv = Invocation {
+        id: "tenants".into(),
+        deadline: None,
+    };
+    for i in 0..most {
+        let body = format!(
+            r#"{{"job_id":"{tenant}-{i}","tenant":"{tenant}","contract":"c","input":{{"model":"m","prompt":"p"}}}}"#
+        );
+        let msg = fenced_jobs::job::parse_body(Some(&body)).expect("valid");
+        let done = processor
+            .process(&msg, &format!("w/{tenant}/{i}"), &inv, &NoWatch)
+            .await;
+        if matches!(done.outcome, RecordOutcome::Failed(Failure::Paced { .. })) {
+            return i;
+        }
+    }
+    most
+}
+
+#[tokio::test]
+async fn a_tenant_capped_at_half_the_pace_leaves_the_other_half_to_another_tenant() {
+    for (percent, other_runs) in [(50, true), (100, false)] {
+        // GIVEN 120 requests a minute, a horizon of 1 s, and tenants capped at `percent`
+        let mut settings = Settings::default();
+        settings.pacing.limits = Limits { rpm: 120, tpm: 0 };
+        settings.pacing.horizon_ms = 1_000;
+        settings.pacing.chunk = 1;
+        settings.tenant_pacing_percent = percent;
+        let schedule: Arc<dyn CallSchedule> = Arc::new(MemorySchedule::new());
+        let processor = Processor::new(
+            InMemoryLedger::new(),
+            fenced_jobs::provider::SimulatedProvider::new(),
+            ManualClock::at(1_800_000_000_000),
+            settings.clone(),
+        )
+        .with_pacer(fenced_jobs::worker::pacing::Pacer::new(
+            settings.pacing(),
+            Some(Arc::clone(&schedule)),
+        ))
+        .with_tenant_schedule(Arc::clone(&schedule));
+
+        // WHEN one tenant's jobs run until the pace turns one away, then another's comes
+        let bulk = admitted_before_paced(&processor, "bulk", 20).await;
+        let other = admitted_before_paced(&processor, "other", 1).await;
+
+        // THEN the capped tenant stopped at its share, and the other tenant's job ran; uncapped,
+        // the first tenant took the whole horizon and the other waits behind it
+        assert!(bulk < 20, "{percent} %: never paced");
+        assert_eq!(other == 1, other_runs, "{percent} %: bulk ran {bulk}");
+    }
+}

@@ -5,7 +5,9 @@
 //! `cargo run --release --example chaos -- [--seed N] [--jobs N] [--consumers N] [--seeds N]`
 //!
 //! `make scale` runs the scale scenario instead (`--scale`): a burst of jobs against a
-//! rate-limited provider, with `--jobs`, `--concurrency`, `--rpm`, `--tpm`, `--call-ms`.
+//! rate-limited provider, with `--jobs`, `--concurrency`, `--rpm`, `--tpm`, `--call-ms`;
+//! `--tenants` and `--urgent` run its fairness and priority scenarios (a burst of `--jobs`,
+//! default 50,000, and a trickle whose latency is measured).
 
 mod scale;
 mod sim;
@@ -21,6 +23,61 @@ fn main() {
     };
     let first = arg("--seed", 1);
     let seeds = arg("--seeds", 1);
+    // The fairness and priority runs: each scenario unloaded, loaded without its remedy, and
+    // loaded with it, the trickle's latency compared (goal: p99 within twice the unloaded).
+    let tenants = args.iter().any(|a| a == "--tenants");
+    if tenants || args.iter().any(|a| a == "--urgent") {
+        let burst = arg("--jobs", 50_000) as usize;
+        use scale::ScaleConfig;
+        let runs = if tenants {
+            vec![
+                ("unloaded", ScaleConfig::tenants(first, 0, false, 100)),
+                (
+                    "behind a burst, one queue order",
+                    ScaleConfig::tenants(first, burst, false, 100),
+                ),
+                (
+                    "behind a burst, fair queue",
+                    ScaleConfig::tenants(first, burst, true, 100),
+                ),
+                (
+                    "behind a burst, fair queue, each tenant at most 50 % of the pace",
+                    ScaleConfig::tenants(first, burst, true, 50),
+                ),
+            ]
+        } else {
+            vec![
+                ("unloaded", ScaleConfig::urgent(first, 0, true)),
+                (
+                    "behind a backlog, same queue",
+                    ScaleConfig::urgent(first, burst, false),
+                ),
+                (
+                    "behind a backlog, urgent queue",
+                    ScaleConfig::urgent(first, burst, true),
+                ),
+            ]
+        };
+        let mut unloaded = 0.0;
+        for (name, config) in runs {
+            let started = std::time::Instant::now();
+            let report = scale::run_blocking(&config);
+            println!("== {name}");
+            report.print(&config);
+            println!("  wall time: {:.1} s", started.elapsed().as_secs_f64());
+            let p99 = report.trickle_quantile(0.99);
+            if name == "unloaded" {
+                unloaded = p99;
+            } else {
+                println!(
+                    "  p99 {:.1} s = {:.2} x unloaded (goal: at most 2)",
+                    p99,
+                    p99 / unloaded.max(0.001)
+                );
+            }
+        }
+        return;
+    }
     if args.iter().any(|a| a == "--scale") {
         for seed in first..first + seeds {
             let mut config = scale::ScaleConfig::burst(seed);

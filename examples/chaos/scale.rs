@@ -62,6 +62,33 @@ pub struct ScaleConfig {
     /// The redrive policy's `maxReceiveCount` (`MAX_RECEIVE_COUNT`): a message received this
     /// often goes to the DLQ on its next receive, as SQS moves it.
     pub max_receive: u32,
+    /// The burst's tenant (its message group), if it has one.
+    pub burst_tenant: Option<&'static str>,
+    /// Jobs that arrive one at a time while the burst runs, whose latency is measured.
+    pub trickle: Option<Trickle>,
+    /// The queue is a fair queue: a receive takes the visible messages of each message group
+    /// in turn, so a group with a backlog does not delay the others (SQS fair queues).
+    pub fair: bool,
+    /// Concurrent invocations of the urgent queue's event source mapping (0: no urgent queue,
+    /// urgent jobs share the work queue).
+    pub urgent_concurrency: usize,
+    /// `URGENT_PACING_PERCENT`.
+    pub urgent_percent: u8,
+    /// `TENANT_PACING_PERCENT`.
+    pub tenant_percent: u8,
+}
+
+/// Jobs that arrive one at a time, from the start.
+#[derive(Debug, Clone, Copy)]
+pub struct Trickle {
+    /// How many.
+    pub jobs: usize,
+    /// One every this long.
+    pub every_ms: Millis,
+    /// Their tenant.
+    pub tenant: Option<&'static str>,
+    /// They are urgent.
+    pub urgent: bool,
 }
 
 impl ScaleConfig {
@@ -80,6 +107,50 @@ impl ScaleConfig {
             pacing: PacingSettings::default(),
             paced_spread_s: Settings::default().visibility.paced_spread_s,
             max_receive: 300,
+            burst_tenant: None,
+            trickle: None,
+            fair: false,
+            urgent_concurrency: 0,
+            urgent_percent: 0,
+            tenant_percent: 100,
+        }
+    }
+
+    /// The fairness runs of `make scale`: one tenant's burst of `burst` jobs and another's
+    /// trickle of one job every 3 s for 10 minutes, in the work queue, a fair queue or not,
+    /// each tenant's calls capped at `share` percent of the pace (`burst` 0: the trickle
+    /// unloaded).
+    pub fn tenants(seed: u64, burst: usize, fair: bool, share: u8) -> Self {
+        ScaleConfig {
+            jobs: burst,
+            burst_tenant: Some("bulk"),
+            trickle: Some(Trickle {
+                jobs: 200,
+                every_ms: 3_000,
+                tenant: Some("trickle"),
+                urgent: false,
+            }),
+            fair,
+            tenant_percent: share,
+            ..ScaleConfig::burst(seed)
+        }
+    }
+
+    /// The priority runs of `make scale`: urgent jobs, one every 3 s for 10 minutes, behind a
+    /// backlog of `burst` jobs; through an urgent queue of their own (with its event source
+    /// mapping of 100 and a fifth of the pace kept for them) or not (`burst` 0: unloaded).
+    pub fn urgent(seed: u64, burst: usize, own_queue: bool) -> Self {
+        ScaleConfig {
+            jobs: burst,
+            trickle: Some(Trickle {
+                jobs: 200,
+                every_ms: 3_000,
+                tenant: None,
+                urgent: true,
+            }),
+            urgent_concurrency: if own_queue { 100 } else { 0 },
+            urgent_percent: if own_queue { 20 } else { 0 },
+            ..ScaleConfig::burst(seed)
         }
     }
 }
@@ -119,6 +190,9 @@ pub struct ScaleReport {
     pub reservations: (u64, u64, u64),
     /// Messages the redrive policy moved to the DLQ (goal 0: none of them is poison).
     pub dead_lettered: u64,
+    /// The trickle's jobs: from their submit to their acceptance (ms), sorted; a job that was
+    /// not accepted counts as the whole run.
+    pub trickle_latency: Vec<Millis>,
 }
 
 impl ScaleReport {
@@ -129,6 +203,16 @@ impl ScaleReport {
         let by_requests = self.executed as f64 / (config.rpm as f64 * minutes);
         let by_tokens = self.tokens as f64 / (config.tpm as f64 * minutes);
         by_requests.max(by_tokens)
+    }
+
+    /// The `q` quantile (0 to 1) of the trickle's latency, in seconds.
+    pub fn trickle_quantile(&self, q: f64) -> f64 {
+        let n = self.trickle_latency.len();
+        if n == 0 {
+            return 0.0;
+        }
+        let i = ((n as f64 * q).ceil() as usize).clamp(1, n) - 1;
+        self.trickle_latency[i] as f64 / 1_000.0
     }
 
     /// The share of calls answered 429.
@@ -151,6 +235,17 @@ impl ScaleReport {
             config.call_ms.1
         );
         println!("  jobs ending: {}", listed(&self.end_states));
+        if let Some(trickle) = &config.trickle {
+            println!(
+                "  trickle ({} jobs, one every {} s{}{}): submit to acceptance p50 {:.1} s, p99 {:.1} s",
+                trickle.jobs,
+                trickle.every_ms / 1_000,
+                if trickle.urgent { ", urgent" } else { "" },
+                if config.fair { ", fair queue" } else { "" },
+                self.trickle_quantile(0.5),
+                self.trickle_quantile(0.99)
+            );
+        }
         println!(
             "  goodput {:.1} % of the limit; 429s {:.1} % of calls ({:.3} per accepted answer); failed or expired by throttling alone: {}",
             100.0 * self.goodput(config),
@@ -197,6 +292,8 @@ struct Counters {
 // SQS: a standard queue, its messages ordered by when they become visible
 
 struct Msg {
+    /// Its message group ("" on a queue that is not fair).
+    group: String,
     body: String,
     receive_count: u32,
     visible_at: Millis,
@@ -204,53 +301,107 @@ struct Msg {
     deleted: bool,
 }
 
+/// (visible at, message index, handle), earliest first.
+type Ready = BinaryHeap<Reverse<(Millis, usize, u64)>>;
+
 #[derive(Default)]
 struct QueueState {
     msgs: Vec<Msg>,
-    /// (visible at, message index, handle): stale entries are skipped when popped.
-    ready: BinaryHeap<Reverse<(Millis, usize, u64)>>,
+    /// Each message group's (visible at, message index, handle): stale entries are skipped
+    /// when popped.
+    ready: BTreeMap<String, Ready>,
+    /// The group a fair receive starts with.
+    turn: usize,
     next_handle: u64,
     dead_lettered: u64,
+}
+
+impl QueueState {
+    fn schedule(&mut self, i: usize, at: Millis, handle: u64) {
+        let group = self.msgs[i].group.clone();
+        self.ready
+            .entry(group)
+            .or_default()
+            .push(Reverse((at, i, handle)));
+    }
+
+    /// The next visible message of `group` at `now` (stale entries dropped), or when its next
+    /// one becomes visible.
+    fn next_of(&mut self, group: &str, now: Millis) -> Result<usize, Option<Millis>> {
+        let Some(heap) = self.ready.get_mut(group) else {
+            return Err(None);
+        };
+        while let Some(&Reverse((at, i, handle))) = heap.peek() {
+            let m = &self.msgs[i];
+            if m.deleted || m.handle != handle || m.visible_at != at {
+                heap.pop();
+                continue;
+            }
+            if at > now {
+                return Err(Some(at));
+            }
+            heap.pop();
+            return Ok(i);
+        }
+        Err(None)
+    }
 }
 
 struct Queue {
     state: Mutex<QueueState>,
     visibility_ms: Millis,
     max_receive: u32,
+    /// A fair queue: each message group's messages are taken in turn.
+    fair: bool,
 }
 
 impl Queue {
-    fn push(&self, body: String, now: Millis) {
+    /// A message visible from `at`, in `group` (a fair queue's message group).
+    fn push(&self, body: String, group: &str, at: Millis) {
         let mut q = self.state.lock().expect("queue");
         let i = q.msgs.len();
+        let group = if self.fair { group } else { "" };
         q.msgs.push(Msg {
+            group: group.to_owned(),
             body,
             receive_count: 0,
-            visible_at: now,
+            visible_at: at,
             handle: 0,
             deleted: false,
         });
-        q.ready.push(Reverse((now, i, 0)));
+        q.schedule(i, at, 0);
     }
 
-    /// Up to `max` visible messages, or when the next one becomes visible.
+    /// Up to `max` visible messages, or when the next one becomes visible. A fair queue takes
+    /// one message of each group in turn.
     fn receive(&self, now: Millis, max: usize) -> Result<Vec<SqsMessage>, Option<Millis>> {
         let mut q = self.state.lock().expect("queue");
         let mut out = Vec::new();
-        while out.len() < max {
-            let Some(&Reverse((at, i, handle))) = q.ready.peek() else {
-                break;
+        let groups: Vec<String> = q.ready.keys().cloned().collect();
+        let start = q.turn;
+        q.turn = q.turn.wrapping_add(1);
+        let mut next_visible: Option<Millis> = None;
+        let mut dry = 0;
+        let mut g = 0;
+        while out.len() < max && dry < groups.len() {
+            let group = &groups[(start + g) % groups.len()];
+            g += 1;
+            let i = match q.next_of(group, now) {
+                Ok(i) => {
+                    dry = 0;
+                    i
+                }
+                Err(at) => {
+                    dry += 1;
+                    next_visible = match (next_visible, at) {
+                        (Some(a), Some(b)) => Some(a.min(b)),
+                        (a, b) => a.or(b),
+                    };
+                    continue;
+                }
             };
             let m = &q.msgs[i];
-            if m.deleted || m.handle != handle || m.visible_at != at {
-                q.ready.pop();
-                continue;
-            }
-            if at > now {
-                break;
-            }
             let exhausted = m.receive_count >= self.max_receive;
-            q.ready.pop();
             if exhausted {
                 // The redrive policy moves it instead of delivering it.
                 q.msgs[i].deleted = true;
@@ -274,10 +425,10 @@ impl Queue {
                 m.receive_count.to_string(),
             );
             out.push(r);
-            q.ready.push(Reverse((visible_at, i, handle)));
+            q.schedule(i, visible_at, handle);
         }
         if out.is_empty() {
-            return Err(q.ready.peek().map(|Reverse((at, ..))| *at));
+            return Err(next_visible);
         }
         Ok(out)
     }
@@ -309,7 +460,7 @@ impl Queue {
         let m = &mut q.msgs[i];
         m.visible_at = at;
         let handle = m.handle;
-        q.ready.push(Reverse((at, i, handle)));
+        q.schedule(i, at, handle);
         ChangeResult::Changed
     }
 }
@@ -515,6 +666,14 @@ fn settings(config: &ScaleConfig) -> Settings {
     };
     s.visibility.paced_spread_s = config.paced_spread_s;
     s.visibility.max_receive_count = config.max_receive;
+    s.tenant_pacing_percent = config.tenant_percent;
+    if let Some(share) = config.schedule_share {
+        // The tenants' caps are shares of the limits the worker is configured with.
+        s.pacing.limits = Limits {
+            rpm: (config.rpm as f64 * share) as u64,
+            tpm: (config.tpm as f64 * share) as u64,
+        };
+    }
     s
 }
 
@@ -524,22 +683,52 @@ pub async fn run(config: &ScaleConfig) -> ScaleReport {
     let start = clock.now_ms();
     let counters = Arc::new(Counters::default());
     let table = Arc::new(InMemoryLedger::new());
-    let queue = Arc::new(Queue {
-        state: Mutex::new(QueueState::default()),
-        visibility_ms: 30_000,
-        max_receive: config.max_receive,
-    });
+    let new_queue = || {
+        Arc::new(Queue {
+            state: Mutex::new(QueueState::default()),
+            visibility_ms: 30_000,
+            max_receive: config.max_receive,
+            fair: config.fair,
+        })
+    };
+    let queue = new_queue();
+    let urgent_queue = new_queue();
     let mut rng = fastrand::Rng::with_seed(config.seed);
     let deadline = fenced_jobs::job::message::format_rfc3339_ms(start + 4 * 3_600_000);
     let mut job_ids = Vec::with_capacity(config.jobs);
+    // Prompts of 100 to 1,500 tokens, answers of up to 300.
+    let body = |rng: &mut fastrand::Rng, job_id: &str, tenant: Option<&str>, urgent: bool| {
+        let prompt = "w".repeat(rng.usize(400..=6_000));
+        let tenant = tenant.map_or(String::new(), |t| format!(r#","tenant":"{t}""#));
+        let priority = if urgent {
+            r#","priority":"urgent""#
+        } else {
+            ""
+        };
+        format!(
+            r#"{{"job_id":"{job_id}","contract":"scale.v1","deadline_at":"{deadline}","max_attempts":3{tenant}{priority},"input":{{"model":"m","parameters":{{"max_tokens":300}},"prompt":"{prompt}"}}}}"#
+        )
+    };
     for i in 0..config.jobs {
         let job_id = format!("job-{i:06}");
-        // Prompts of 100 to 1,500 tokens, answers of up to 300.
-        let prompt = "w".repeat(rng.usize(400..=6_000));
-        let body = format!(
-            r#"{{"job_id":"{job_id}","contract":"scale.v1","deadline_at":"{deadline}","max_attempts":3,"input":{{"model":"m","parameters":{{"max_tokens":300}},"prompt":"{prompt}"}}}}"#
-        );
-        queue.push(body, start);
+        let body = body(&mut rng, &job_id, config.burst_tenant, false);
+        queue.push(body, config.burst_tenant.unwrap_or_default(), start);
+        job_ids.push(job_id);
+    }
+    // The trickle: each job submitted at its moment, to the urgent queue if it has one.
+    let mut trickle = Vec::new();
+    for i in 0..config.trickle.map_or(0, |t| t.jobs) {
+        let Some(spec) = config.trickle else { break };
+        let job_id = format!("trickle-{i:04}");
+        let at = start + i as Millis * spec.every_ms;
+        let body = body(&mut rng, &job_id, spec.tenant, spec.urgent);
+        let to = if spec.urgent && config.urgent_concurrency > 0 {
+            &urgent_queue
+        } else {
+            &queue
+        };
+        to.push(body, spec.tenant.unwrap_or_default(), at);
+        trickle.push((job_id.clone(), at));
         job_ids.push(job_id);
     }
     let provider = LimitedProvider {
@@ -563,34 +752,51 @@ pub async fn run(config: &ScaleConfig) -> ScaleReport {
     let invocations = Arc::new(AtomicU64::new(0));
     let invocation_ms = Arc::new(AtomicU64::new(0));
     let deliveries = Arc::new(AtomicU64::new(0));
-    let remaining = Arc::new(AtomicU64::new(config.jobs as u64));
+    let remaining = Arc::new(AtomicU64::new(job_ids.len() as u64));
     let horizon = start + 6 * 3_600_000;
 
-    let consumers = (0..config.concurrency).map(|c| {
-        let pacer = Pacer::new(
-            PacingSettings {
-                limits,
-                max_in_flight: config.batch_size as u32,
-                ..config.pacing.clone()
-            },
-            Some(Arc::clone(&schedule) as Arc<dyn CallSchedule>),
-        );
-        let handler = BatchHandler::new(
-            Processor::new(
-                Arc::clone(&table),
-                provider.clone(),
-                clock.clone(),
-                settings(config),
+    // The work queue's consumers, then the urgent queue's (their own event source mapping).
+    let queues = std::iter::repeat_n(&queue, config.concurrency).chain(std::iter::repeat_n(
+        &urgent_queue,
+        config.urgent_concurrency,
+    ));
+    let consumers = queues.enumerate().map(|(c, queue)| {
+        let percent = u64::from(config.urgent_percent);
+        let pacer = |limits: Limits, key: &str| {
+            Pacer::new(
+                PacingSettings {
+                    limits,
+                    key: key.to_owned(),
+                    max_in_flight: config.batch_size as u32,
+                    ..config.pacing.clone()
+                },
+                Some(Arc::clone(&schedule) as Arc<dyn CallSchedule>),
             )
-            .with_pacer(pacer),
+        };
+        let mut processor = Processor::new(
+            Arc::clone(&table),
+            provider.clone(),
+            clock.clone(),
+            settings(config),
+        )
+        .with_tenant_schedule(Arc::clone(&schedule) as Arc<dyn CallSchedule>);
+        if percent > 0 && limits.any() {
+            processor = processor
+                .with_pacer(pacer(limits.share(100 - percent), "provider"))
+                .with_urgent_pacer(pacer(limits.share(percent), "provider#urgent"));
+        } else {
+            processor = processor.with_pacer(pacer(limits, "provider"));
+        }
+        let handler = BatchHandler::new(
+            processor,
             ScaleVisibility {
-                queue: Arc::clone(&queue),
+                queue: Arc::clone(queue),
                 clock: clock.clone(),
                 counters: Arc::clone(&counters),
             },
         )
         .with_seed(config.seed.wrapping_add(c as u64));
-        let (queue, clock, counters) = (Arc::clone(&queue), clock.clone(), Arc::clone(&counters));
+        let (queue, clock, counters) = (Arc::clone(queue), clock.clone(), Arc::clone(&counters));
         let (invocations, invocation_ms, deliveries) = (
             Arc::clone(&invocations),
             Arc::clone(&invocation_ms),
@@ -681,6 +887,15 @@ pub async fn run(config: &ScaleConfig) -> ScaleReport {
         schedule.granted_calls.load(Ordering::Relaxed),
         schedule.booked.load(Ordering::Relaxed),
     );
+    for (job_id, submitted) in &trickle {
+        let item = table.get(job_id).await.ok().flatten();
+        let latency = match item {
+            Some(r) if r.state == JobState::Succeeded => r.updated_at - submitted,
+            _ => clock.now_ms() - start,
+        };
+        report.trickle_latency.push(latency);
+    }
+    report.trickle_latency.sort_unstable();
     let admitted = provider.admitted.lock().expect("admitted").clone();
     report.admission_ms = admitted.values().max().map_or(0, |at| at - start);
     for job_id in &job_ids {

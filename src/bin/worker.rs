@@ -33,23 +33,14 @@ async fn main() -> Result<(), lambda_runtime::Error> {
     let bounded = config.sdk.apply(&aws);
     let blobs = S3Blobs::new(s3_client(&bounded), config.results_bucket.clone());
     let ledger = DynamoLedger::new(aws_sdk_dynamodb::Client::new(&bounded), &config.jobs_table);
-    // The provider's capacity is shared through a schedule item in the same table.
-    let pacer = Pacer::new(config.settings.pacing(), Some(Arc::new(ledger.clone())));
     let dlq_url = config.dlq_url.clone();
-    let spend: Arc<DynamoLedger> = Arc::new(ledger.clone());
-    let schedule = Arc::new(ledger.clone());
-    let mut processor = with_providers(ledger, &config, &aws)
-        .await?
-        .with_blobs(Arc::new(blobs))
-        .with_pacer(pacer)
-        .with_contracts(contracts)
-        // The day's spend is an item of the same table, asked only under DAILY_SPEND_LIMIT
-        // or TENANT_DAILY_SPEND_LIMIT.
-        .with_spend_budget(spend);
-    // Urgent jobs' share of the capacity, on a schedule item of its own.
-    if let Some(urgent) = config.settings.urgent_pacing() {
-        processor = processor.with_urgent_pacer(Pacer::new(urgent, Some(schedule)));
-    }
+    let processor = paced(
+        with_providers(ledger.clone(), &config, &aws).await?,
+        &ledger,
+        &config,
+    )
+    .with_blobs(Arc::new(blobs))
+    .with_contracts(contracts);
     let sqs = aws_sdk_sqs::Client::new(&bounded);
     let mut handler = BatchHandler::new(processor, SqsVisibility::new(sqs.clone()));
     if let Some(dlq_url) = dlq_url {
@@ -158,6 +149,25 @@ fn print_metrics(target: &metrics::MetricsTarget, report: &fenced_jobs::report::
 
 /// The processor over `ledger` with the providers `config` lists, in order: the first, then
 /// those that take a job after a definite refusal of the one before.
+/// The processor's pacers and day budgets, all items of the ledger table: the provider's
+/// shared schedule, urgent jobs' share of it, each tenant's cap, and the days' spend (asked only under
+/// `DAILY_SPEND_LIMIT` or `TENANT_DAILY_SPEND_LIMIT`).
+fn paced(
+    processor: Processor<DynamoLedger, AnyProvider, SystemClock>,
+    ledger: &DynamoLedger,
+    config: &Config,
+) -> Processor<DynamoLedger, AnyProvider, SystemClock> {
+    let schedule = Arc::new(ledger.clone());
+    let mut processor = processor
+        .with_pacer(Pacer::new(config.settings.pacing(), Some(schedule.clone())))
+        .with_tenant_schedule(schedule.clone())
+        .with_spend_budget(Arc::new(ledger.clone()));
+    if let Some(urgent) = config.settings.urgent_pacing() {
+        processor = processor.with_urgent_pacer(Pacer::new(urgent, Some(schedule)));
+    }
+    processor
+}
+
 async fn with_providers(
     ledger: DynamoLedger,
     config: &Config,

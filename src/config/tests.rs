@@ -626,4 +626,17 @@ fn urgent_jobs_keep_their_share_of_the_limits_and_tenants_their_day() {
     assert!(unshared.settings.urgent_pacing().is_none());
     assert_eq!(unshared.settings.pacing().limits.rpm, 1000);
     assert!(config(&[("JOBS_TABLE", "t"), ("URGENT_PACING_PERCENT", "95")]).is_err());
+    // Tenants are not capped unless asked; a cap is a share of normal jobs' limits.
+    assert!(s.tenant_pacing("acme").is_none());
+    let capped = config(&[
+        ("JOBS_TABLE", "t"),
+        ("PROVIDER_RPM", "1000"),
+        ("URGENT_PACING_PERCENT", "20"),
+        ("TENANT_PACING_PERCENT", "50"),
+    ])
+    .expect("valid");
+    let acme = capped.settings.tenant_pacing("acme").expect("capped");
+    assert_eq!(acme.limits.rpm, 400);
+    assert!(acme.key.ends_with("#tenant#acme"), "{}", acme.key);
+    assert!(config(&[("JOBS_TABLE", "t"), ("TENANT_PACING_PERCENT", "0")]).is_err());
 }

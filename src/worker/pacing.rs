@@ -113,12 +113,24 @@ pub(crate) struct Permit<'a> {
     pacer: &'a Pacer,
     /// The leased call and tokens it took, if it took any.
     leased: Option<i64>,
+    /// The permit of the tenant's share the call also holds, if any: spent and given back
+    /// with this one.
+    tenant: Option<Box<Permit<'a>>>,
 }
 
-impl Permit<'_> {
+impl<'a> Permit<'a> {
     /// The claim succeeded: the call is made under this permit, and its capacity is used.
     pub(crate) fn spend(&mut self) {
         self.leased = None;
+        if let Some(tenant) = self.tenant.as_mut() {
+            tenant.spend();
+        }
+    }
+
+    /// This permit, holding `tenant`'s too.
+    pub(crate) fn with_tenant(mut self, tenant: Permit<'a>) -> Permit<'a> {
+        self.tenant = Some(Box::new(tenant));
+        self
     }
 }
 
@@ -233,6 +245,7 @@ impl Pacer {
                     return Ok(Permit {
                         pacer: self,
                         leased,
+                        tenant: None,
                     });
                 }
                 if st.paused_until > until {

@@ -102,6 +102,9 @@ pub struct Settings {
     /// `URGENT_PACING_PERCENT`: the share of `PROVIDER_RPM` and `PROVIDER_TPM` kept for urgent
     /// jobs (their own schedule item); normal jobs pace within the rest. 0: none kept.
     pub urgent_pacing_percent: u8,
+    /// `TENANT_PACING_PERCENT`: the most of normal jobs' paced capacity one tenant's calls may
+    /// take (a schedule item per tenant); 100: no cap.
+    pub tenant_pacing_percent: u8,
     /// The prices each attempt's usage is paid at: the built-in table, with `PRICES_FILE`'s
     /// models over it.
     pub prices: std::sync::Arc<crate::job::prices::PriceTable>,
@@ -143,6 +146,7 @@ impl Default for Settings {
             daily_spend_limit_micros: None,
             tenant_daily_spend_limit_micros: None,
             urgent_pacing_percent: 0,
+            tenant_pacing_percent: 100,
             batching: Batching::default(),
             idempotency_prefix: String::new(),
         }
@@ -235,6 +239,21 @@ impl Settings {
                 .share(100 - u64::from(self.urgent_pacing_percent));
         }
         pacing
+    }
+
+    /// The pacing of `tenant`'s normal jobs, beside the provider's: at most
+    /// `TENANT_PACING_PERCENT` of normal jobs' limits, on a schedule item of the tenant's own
+    /// (`<key>#tenant#<tenant>`), when that is under 100 and limits are set. Its ceiling of
+    /// calls in flight is the provider pacer's business.
+    pub fn tenant_pacing(&self, tenant: &str) -> Option<PacingSettings> {
+        let percent = u64::from(self.tenant_pacing_percent);
+        let mut pacing = self.pacing();
+        (percent < 100 && pacing.limits.any()).then(|| {
+            pacing.limits = pacing.limits.share(percent);
+            pacing.key = format!("{}#tenant#{tenant}", pacing.key);
+            pacing.max_in_flight = 10_000;
+            pacing
+        })
     }
 
     /// The urgent jobs' pacing: `URGENT_PACING_PERCENT` of the provider's limits, on a
@@ -456,6 +475,7 @@ impl Settings {
             daily_spend_limit_micros: usd(vars, "DAILY_SPEND_LIMIT")?,
             tenant_daily_spend_limit_micros: usd(vars, "TENANT_DAILY_SPEND_LIMIT")?,
             urgent_pacing_percent: number("URGENT_PACING_PERCENT", 0, 0, 90)? as u8,
+            tenant_pacing_percent: number("TENANT_PACING_PERCENT", 100, 1, 100)? as u8,
             idempotency_prefix: vars
                 .get("DEPLOYMENT_ID")
                 .or_else(|| vars.get("JOBS_TABLE"))

@@ -44,24 +44,8 @@ impl JobLedger for DynamoLedger {
              #created = if_not_exists(#created, :now), #ttl = if_not_exists(#ttl, :ttl)",
         );
         // The input is kept from the second claim on (`JobRecord::keeps_input`).
-        if req.expect.epoch > 0 && !job.input.is_empty() {
-            update.push_str(", #input = if_not_exists(#input, :input)");
-        }
-        if job.metadata.is_some() {
-            update.push_str(", #meta = if_not_exists(#meta, :meta)");
-        }
-        if job.class.tenant.is_some() {
-            update.push_str(", #tenant = if_not_exists(#tenant, :tenant)");
-        }
-        if job.class.urgent {
-            update.push_str(", #prio = if_not_exists(#prio, :prio)");
-        }
-        if job.input_ref.is_some() {
-            update.push_str(", #inref = if_not_exists(#inref, :inref)");
-        }
-        if job.max_cost_micros.is_some() {
-            update.push_str(", #maxcost = if_not_exists(#maxcost, :maxcost)");
-        }
+        let keeps_input = req.expect.epoch > 0 && !job.input.is_empty();
+        update.push_str(&kept_if_absent(job, keeps_input));
         let claimable = "(#state IN (:ready, :retry) AND #epoch = :epoch AND #attempts = :attempts \
              AND #digest = :digest AND #attempts < #max AND #deadline > :now)";
         let condition = if req.expect.allows_absent() {
@@ -353,6 +337,24 @@ impl JobLedger for DynamoLedger {
         let item = self.get_item("get", job_id, true).await?;
         item.as_ref().map(decode).transpose()
     }
+}
+
+/// The claim's `SET` clauses for what the message carries and the item may lack: each set
+/// only where the item has none (its input, when `input`).
+fn kept_if_absent(job: &NewJob, input: bool) -> String {
+    let fields = [
+        (input, "#input", ":input"),
+        (job.metadata.is_some(), "#meta", ":meta"),
+        (job.class.tenant.is_some(), "#tenant", ":tenant"),
+        (job.class.urgent, "#prio", ":prio"),
+        (job.input_ref.is_some(), "#inref", ":inref"),
+        (job.max_cost_micros.is_some(), "#maxcost", ":maxcost"),
+    ];
+    fields
+        .iter()
+        .filter(|(carried, ..)| *carried)
+        .map(|(_, name, value)| format!(", {name} = if_not_exists({name}, {value})"))
+        .collect()
 }
 
 fn new_job_values(job: &NewJob) -> Vec<(&'static str, AttributeValue)> {

@@ -87,6 +87,17 @@ impl<P> Link<P> {
     }
 }
 
+/// The pacers of the tenants this environment has seen, on the shared schedule.
+#[derive(Debug, Default)]
+struct TenantPacers {
+    schedule: Option<Arc<dyn crate::ledger::schedule::CallSchedule>>,
+    pacers: std::sync::Mutex<std::collections::HashMap<String, Arc<Pacer>>>,
+}
+
+/// Tenant pacers one environment keeps; past it they start again (a tenant's schedule item
+/// holds its share, not the pacer).
+const TENANT_PACERS_KEPT: usize = 256;
+
 /// Runs deliveries against a ledger and a provider, or an ordered list of providers of which
 /// the next takes a job only after a definite refusal of the one before ([`routing`]).
 ///
@@ -102,6 +113,8 @@ pub struct Processor<L, P, C> {
     contracts: Arc<Contracts>,
     /// The deployment's spend per day, when `DAILY_SPEND_LIMIT` is set.
     spend: Option<Arc<dyn SpendBudget>>,
+    /// Each tenant's pacer, under `TENANT_PACING_PERCENT`.
+    tenants: TenantPacers,
     /// Deferrable jobs' lines waiting for their batch.
     gather: super::gather::Gather,
 }
@@ -164,6 +177,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
             blobs: None,
             contracts: Arc::default(),
             spend: None,
+            tenants: TenantPacers::default(),
             gather: super::gather::Gather::default(),
         }
     }
@@ -192,6 +206,35 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
     pub fn with_pacer(mut self, pacer: Pacer) -> Self {
         self.links[0].pacer = pacer;
         self
+    }
+
+    /// Caps each tenant's normal jobs at `TENANT_PACING_PERCENT` of the paced capacity, on a
+    /// schedule item per tenant in `schedule` ([`Settings::tenant_pacing`]).
+    pub fn with_tenant_schedule(
+        mut self,
+        schedule: Arc<dyn crate::ledger::schedule::CallSchedule>,
+    ) -> Self {
+        self.tenants.schedule = Some(schedule);
+        self
+    }
+
+    /// The pacer of `msg`'s tenant, for a normal job when tenants are capped.
+    fn tenant_pacer(&self, msg: &JobMessage) -> Option<Arc<Pacer>> {
+        let tenant = msg.class.tenant.as_deref().filter(|_| !msg.class.urgent)?;
+        let schedule = self.tenants.schedule.as_ref()?;
+        let settings = self.settings.tenant_pacing(tenant)?;
+        let mut pacers = self
+            .tenants
+            .pacers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if pacers.len() >= TENANT_PACERS_KEPT && !pacers.contains_key(tenant) {
+            pacers.clear();
+        }
+        let pacer = pacers
+            .entry(tenant.to_owned())
+            .or_insert_with(|| Arc::new(Pacer::new(settings, Some(Arc::clone(schedule)))));
+        Some(Arc::clone(pacer))
     }
 
     /// Paces urgent jobs' calls on the share of the (first) provider's limits kept for them
@@ -379,6 +422,8 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         let mut view = start;
         // Capacity for the call, taken before the claim that would start it: a record that
         // cannot get it soon leaves the ledger untouched and waits in the queue.
+        // The tenant's share, taken first when tenants are capped.
+        let tenant_pacer = self.tenant_pacer(msg);
         let mut permit: Option<Permit<'_>> = None;
         // What the call reserved of the day's spend: handed to the call, or given back.
         let mut reserved: Option<Reserved> = None;
@@ -391,8 +436,24 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
                     let tokens =
                         pacer.estimated_tokens(&msg.input_canonical, &self.settings.policy);
                     let latest = self.latest_call_start(inv, link);
+                    let mut tenant_permit = None;
+                    if let Some(tenant) = &tenant_pacer {
+                        let tokens =
+                            tenant.estimated_tokens(&msg.input_canonical, &self.settings.policy);
+                        match tenant.admit(tokens, &self.clock, latest).await {
+                            Ok(p) => tenant_permit = Some(p),
+                            Err(wait_ms) => {
+                                step = machine.no_capacity(wait_ms);
+                                continue;
+                            }
+                        }
+                    }
                     match pacer.admit(tokens, &self.clock, latest).await {
                         Ok(p) => {
+                            let p = match tenant_permit.take() {
+                                Some(tenant) => p.with_tenant(tenant),
+                                None => p,
+                            };
                             // The day's spend, after the pacer (a record it turns away
                             // reserves nothing); without room the permit goes back unspent.
                             match self.reserve_spend(msg, facts.next_call_micros).await {
