@@ -216,6 +216,34 @@ async fn a_running_background_call_is_cancelled_upstream_by_its_owner_at_its_nex
     assert_eq!(item.result, None);
 }
 
+/// A table, a work queue and an urgent queue, and the producer's sender to them.
+struct Queues {
+    aws: common::Emulator,
+    table: String,
+    queue: common::Queue,
+    urgent: common::Queue,
+    ledger: fenced_jobs::ledger::dynamodb::DynamoLedger,
+    sender: SqsTriggers,
+}
+
+async fn queues() -> Queues {
+    let aws = emulator().await;
+    let table = aws.table().await;
+    let queue = aws.queue(30).await;
+    let urgent = aws.queue(30).await;
+    let ledger = aws.ledger(&table);
+    let sender =
+        SqsTriggers::new(aws.sqs.clone(), queue.url.clone()).with_urgent(Some(urgent.url.clone()));
+    Queues {
+        aws,
+        table,
+        queue,
+        urgent,
+        ledger,
+        sender,
+    }
+}
+
 /// Submits `lines` (JSONL) through the producer, to `sender`'s queues.
 async fn submit_lines(
     ledger: &fenced_jobs::ledger::dynamodb::DynamoLedger,
@@ -262,13 +290,14 @@ async fn everything_on(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_tenants_jobs_go_in_their_message_groups_and_an_urgent_one_to_the_urgent_queue() {
     // GIVEN a work queue and an urgent queue
-    let aws = emulator().await;
-    let table = aws.table().await;
-    let queue = aws.queue(30).await;
-    let urgent = aws.queue(30).await;
-    let ledger = aws.ledger(&table);
-    let sender =
-        SqsTriggers::new(aws.sqs.clone(), queue.url.clone()).with_urgent(Some(urgent.url.clone()));
+    let Queues {
+        aws,
+        table,
+        queue,
+        urgent,
+        ledger,
+        sender,
+    } = queues().await;
 
     // WHEN a burst of one tenant's jobs, a trickle of another's and an urgent job are submitted
     let mut lines: Vec<String> = (0..5)
@@ -322,13 +351,14 @@ async fn two_tenants_jobs_go_in_their_message_groups_and_an_urgent_one_to_the_ur
 async fn an_urgent_job_overtakes_a_backlog_through_its_own_queue() {
     // GIVEN a backlog of 20 jobs of 200 ms each on the work queue, one consumer each for it
     // and for the urgent queue (their event source mappings), and an urgent job sent last
-    let aws = emulator().await;
-    let table = aws.table().await;
-    let queue = aws.queue(30).await;
-    let urgent = aws.queue(30).await;
-    let ledger = aws.ledger(&table);
-    let sender =
-        SqsTriggers::new(aws.sqs.clone(), queue.url.clone()).with_urgent(Some(urgent.url.clone()));
+    let Queues {
+        aws,
+        table,
+        queue,
+        urgent,
+        ledger,
+        sender,
+    } = queues().await;
     let slow = r#""simulate":{"latency_ms":200}"#;
     let backlog: Vec<String> = (0..20)
         .map(|i| common::job(&format!("backlog-{i}"), "p", slow))

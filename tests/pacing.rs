@@ -505,10 +505,10 @@ async fn admitted_before_paced(
 #[tokio::test]
 async fn a_tenant_capped_at_half_the_pace_leaves_the_other_half_to_another_tenant() {
     for (percent, other_runs) in [(50, true), (100, false)] {
-        // GIVEN 120 requests a minute, a horizon of 1 s, and tenants capped at `percent`
+        // GIVEN 1,200 requests a minute, a horizon of 0.2 s, and tenants capped at `percent`
         let mut settings = Settings::default();
-        settings.pacing.limits = Limits { rpm: 120, tpm: 0 };
-        settings.pacing.horizon_ms = 1_000;
+        settings.pacing.limits = Limits { rpm: 1_200, tpm: 0 };
+        settings.pacing.horizon_ms = 200;
         settings.pacing.chunk = 1;
         settings.tenant_pacing_percent = percent;
         let schedule: Arc<dyn CallSchedule> = Arc::new(MemorySchedule::new());

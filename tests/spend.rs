@@ -47,17 +47,7 @@ async fn past_the_days_limit_records_wait_for_the_next_day_and_then_run() {
         ..fast_settings()
     };
     let ledger: DynamoLedger = aws.ledger(&table);
-    let processor = Processor::new(
-        ledger.clone(),
-        SimulatedProvider::new(),
-        ManualClock::at(LATE_EVENING),
-        settings,
-    )
-    .with_spend_budget(Arc::new(ledger.clone()));
-    let inv = Invocation {
-        id: "spend".into(),
-        deadline: None,
-    };
+    let (processor, inv) = late_evening(&ledger, settings);
 
     // WHEN one job runs, and a second is delivered the same evening
     let done = processor.process(&first, "w/1", &inv, &NoWatch).await;
@@ -106,17 +96,7 @@ async fn past_one_tenants_limit_its_records_wait_while_another_tenants_run() {
         ..fast_settings()
     };
     let ledger: DynamoLedger = aws.ledger(&table);
-    let processor = Processor::new(
-        ledger.clone(),
-        SimulatedProvider::new(),
-        ManualClock::at(LATE_EVENING),
-        settings,
-    )
-    .with_spend_budget(Arc::new(ledger.clone()));
-    let inv = Invocation {
-        id: "tenants".into(),
-        deadline: None,
-    };
+    let (processor, inv) = late_evening(&ledger, settings);
 
     // WHEN acme's first job runs, then acme's second and another tenant's are delivered
     let done = processor.process(&first, "w/1", &inv, &NoWatch).await;
@@ -155,6 +135,29 @@ async fn past_one_tenants_limit_its_records_wait_while_another_tenants_run() {
     );
     let item = ledger.get("acme-1").await.expect("get").expect("item");
     assert_eq!(item.class.tenant.as_deref(), Some("acme"));
+}
+
+/// A processor whose clock stands an hour before the next day, its days' spend in `ledger`'s
+/// table, and an invocation with no deadline.
+fn late_evening(
+    ledger: &DynamoLedger,
+    settings: fenced_jobs::worker::Settings,
+) -> (
+    Processor<DynamoLedger, SimulatedProvider, ManualClock>,
+    Invocation,
+) {
+    let processor = Processor::new(
+        ledger.clone(),
+        SimulatedProvider::new(),
+        ManualClock::at(LATE_EVENING),
+        settings,
+    )
+    .with_spend_budget(Arc::new(ledger.clone()));
+    let inv = Invocation {
+        id: "spend".into(),
+        deadline: None,
+    };
+    (processor, inv)
 }
 
 /// What the job's attempts cost, as its item records them.

@@ -184,11 +184,12 @@ impl Bounds {
     }
 
     /// The test bound's sixth part: an operator's cancel at any moment, with the provider that
-    /// runs calls in the background (cancelled upstream), an earlier deadline, no ledger faults
-    /// and one replay policy.
+    /// runs calls in the background (cancelled upstream), an earlier deadline, a budget of one
+    /// attempt, no ledger faults and one replay policy.
     pub fn cancel() -> Bounds {
         Bounds {
             deadline: 3,
+            max_attempts: 1,
             upstreams: vec![Upstream::Background],
             replay: vec![ReplayPolicy::Never],
             faults: 0,

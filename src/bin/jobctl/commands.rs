@@ -281,7 +281,7 @@ pub(crate) async fn export(
     let state = match state.as_deref().map(str::parse::<JobState>) {
         None => None,
         Some(Ok(s)) if s.is_terminal() => Some(s),
-        Some(_) => usage("--state takes succeeded, failed_terminal or expired"),
+        Some(_) => usage("--state takes succeeded, failed_terminal, expired or cancelled"),
     };
     let now = SystemClock.now_ms();
     let since = match since.as_deref() {

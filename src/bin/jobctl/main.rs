@@ -146,7 +146,7 @@ enum Command {
     /// or its reference, or the error), read day by day from the finished index, not a scan.
     /// For a dump of the whole table use DynamoDB's export to S3.
     Export {
-        /// succeeded, failed_terminal or expired (default: all three).
+        /// succeeded, failed_terminal, expired or cancelled (default: all four).
         #[arg(long)]
         state: Option<String>,
         /// RFC 3339 time (default: 24 hours ago).

@@ -17,6 +17,7 @@
 
 mod batches;
 mod end;
+mod pacers;
 mod payload;
 mod recover;
 mod route;
@@ -44,6 +45,7 @@ use crate::job::{
 use crate::ledger::spend::SpendBudget;
 use crate::ledger::{JobLedger, LedgerError, Write};
 use crate::provider::Provider;
+use pacers::TenantPacers;
 use spend::Reserved;
 
 /// The invocation a record is processed in.
@@ -76,27 +78,6 @@ struct Link<P> {
     /// under `URGENT_PACING_PERCENT`); without it they pace with the others.
     urgent: Option<Pacer>,
 }
-
-impl<P> Link<P> {
-    /// The pacer `msg`'s calls draw on.
-    fn pacer_for(&self, msg: &JobMessage) -> &Pacer {
-        match &self.urgent {
-            Some(urgent) if msg.class.urgent => urgent,
-            _ => &self.pacer,
-        }
-    }
-}
-
-/// The pacers of the tenants this environment has seen, on the shared schedule.
-#[derive(Debug, Default)]
-struct TenantPacers {
-    schedule: Option<Arc<dyn crate::ledger::schedule::CallSchedule>>,
-    pacers: std::sync::Mutex<std::collections::HashMap<String, Arc<Pacer>>>,
-}
-
-/// Tenant pacers one environment keeps; past it they start again (a tenant's schedule item
-/// holds its share, not the pacer).
-const TENANT_PACERS_KEPT: usize = 256;
 
 /// Runs deliveries against a ledger and a provider, or an ordered list of providers of which
 /// the next takes a job only after a definite refusal of the one before ([`routing`]).
@@ -201,49 +182,6 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         &self.contracts
     }
 
-    /// Paces calls against the (first) provider's limits (see [`Pacer`]); without it, only
-    /// the adaptive limit and `Retry-After` apply, at their defaults.
-    pub fn with_pacer(mut self, pacer: Pacer) -> Self {
-        self.links[0].pacer = pacer;
-        self
-    }
-
-    /// Caps each tenant's normal jobs at `TENANT_PACING_PERCENT` of the paced capacity, on a
-    /// schedule item per tenant in `schedule` ([`Settings::tenant_pacing`]).
-    pub fn with_tenant_schedule(
-        mut self,
-        schedule: Arc<dyn crate::ledger::schedule::CallSchedule>,
-    ) -> Self {
-        self.tenants.schedule = Some(schedule);
-        self
-    }
-
-    /// The pacer of `msg`'s tenant, for a normal job when tenants are capped.
-    fn tenant_pacer(&self, msg: &JobMessage) -> Option<Arc<Pacer>> {
-        let tenant = msg.class.tenant.as_deref().filter(|_| !msg.class.urgent)?;
-        let schedule = self.tenants.schedule.as_ref()?;
-        let settings = self.settings.tenant_pacing(tenant)?;
-        let mut pacers = self
-            .tenants
-            .pacers
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        if pacers.len() >= TENANT_PACERS_KEPT && !pacers.contains_key(tenant) {
-            pacers.clear();
-        }
-        let pacer = pacers
-            .entry(tenant.to_owned())
-            .or_insert_with(|| Arc::new(Pacer::new(settings, Some(Arc::clone(schedule)))));
-        Some(Arc::clone(pacer))
-    }
-
-    /// Paces urgent jobs' calls on the share of the (first) provider's limits kept for them
-    /// ([`Settings::urgent_pacing`]).
-    pub fn with_urgent_pacer(mut self, pacer: Pacer) -> Self {
-        self.links[0].urgent = Some(pacer);
-        self
-    }
-
     /// Gives the first provider its model for each job model name.
     pub fn with_models(mut self, models: ModelMap) -> Self {
         self.links[0].models = models;
@@ -265,11 +203,6 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
             urgent: None,
         });
         self
-    }
-
-    /// The (first) provider's pacer.
-    pub fn pacer(&self) -> &Pacer {
-        &self.links[0].pacer
     }
 
     /// Adds an object store: answers and inputs above `INLINE_MAX_BYTES` (or too large for the

@@ -135,19 +135,7 @@ fn a_refusal_showing_the_owners_own_end_counts_as_applied() {
 #[test]
 fn a_refused_stored_answer_is_discarded_only_once_the_job_is_terminal_without_it() {
     let owner = claimed(false);
-    let blob = BlobRef {
-        bucket: "b".into(),
-        key: "results/j/1/x".into(),
-        size: 2,
-        sha256: "x".into(),
-    };
-    let stored = Waited::Ended(
-        AttemptEnd::Succeeded {
-            result: ResultBody::Stored(blob.clone()),
-            finish: crate::job::contract::Finish::Stop,
-        },
-        None,
-    );
+    let (blob, stored) = stored_answer();
     let mut rival = owner.clone();
     rival.owner_epoch = 2;
     let (mut m, step) = Ending::start(facts(), owner.clone(), stored.clone(), NOW);
@@ -261,6 +249,23 @@ fn an_answer_that_comes_after_a_cancel_request_is_not_accepted_and_the_job_ends_
     let owner = claimed(false);
     let mut marked = owner.clone();
     marked.cancel_requested = Some(NOW);
+    let (blob, stored) = stored_answer();
+    let (mut m, _) = Ending::start(facts(), owner, stored, NOW);
+    // The acceptance is refused by the request; the job is still ours.
+    let step = m.answered(Some(apply(&marked, m.write(NOW))), NOW);
+    assert_eq!(step, EndStep::Write { pause_ms: 0 });
+    let EndWrite::End(req) = m.write(NOW) else {
+        panic!("an end");
+    };
+    assert_eq!(req.end, AttemptEnd::Cancelled);
+    let closed = done(m.answered(Some(apply(&marked, EndWrite::End(req))), NOW));
+    assert_eq!(closed.outcome, RecordOutcome::Done(JobState::Cancelled));
+    // The answer stored for it goes: nobody will ever accept it.
+    assert_eq!(closed.discard, Some(blob));
+}
+
+/// An answer stored in the bucket, and the owner's word that it came.
+fn stored_answer() -> (BlobRef, Waited) {
     let blob = BlobRef {
         bucket: "b".into(),
         key: "results/j/1/x".into(),
@@ -274,16 +279,5 @@ fn an_answer_that_comes_after_a_cancel_request_is_not_accepted_and_the_job_ends_
         },
         None,
     );
-    let (mut m, _) = Ending::start(facts(), owner, stored, NOW);
-    // The acceptance is refused by the request; the job is still ours.
-    let step = m.answered(Some(apply(&marked, m.write(NOW))), NOW);
-    assert_eq!(step, EndStep::Write { pause_ms: 0 });
-    let EndWrite::End(req) = m.write(NOW) else {
-        panic!("an end");
-    };
-    assert_eq!(req.end, AttemptEnd::Cancelled);
-    let closed = done(m.answered(Some(apply(&marked, EndWrite::End(req))), NOW));
-    assert_eq!(closed.outcome, RecordOutcome::Done(JobState::Cancelled));
-    // The answer stored for it goes: nobody will ever accept it.
-    assert_eq!(closed.discard, Some(blob));
+    (blob, stored)
 }
