@@ -419,3 +419,50 @@ async fn an_urgent_job_overtakes_a_backlog_through_its_own_queue() {
     let done = backlog_done().await;
     assert!(done <= 5, "{done} of the backlog's 20 ran first ({took:?})");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_running_synchronous_call_is_dropped_and_its_attempt_ends_cancelled() {
+    // GIVEN a call that never answers, its lease renewed every 200 ms
+    let aws = emulator().await;
+    let table = aws.table().await;
+    let queue = aws.queue(30).await;
+    let mut settings = slow_settings(30, 200, 1_000);
+    settings.provider_timeout_ms = 15_000;
+    let handler = aws.handler(&table, SimulatedProvider::new(), settings);
+    let mut source = aws.source(&queue).await;
+    source.function_timeout_ms = 20_000;
+    let hang = r#""simulate":{"outcome":"hang"}"#;
+    aws.send(&queue, &common::job("hung-1", "p", hang)).await;
+    let ledger = aws.ledger(&table);
+
+    // WHEN an operator cancels it once it runs
+    let operator = async {
+        let started = Instant::now();
+        loop {
+            let item = ledger.get("hung-1").await.expect("get");
+            if item.is_some_and(|r| r.state == JobState::Running) {
+                return cancel(&ledger, "hung-1").await;
+            }
+            assert!(started.elapsed() < Duration::from_secs(10), "never claimed");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    let started = Instant::now();
+    let ((_, report), cancelled) = tokio::join!(deliver(&source, &handler), operator);
+
+    // THEN the owner dropped the call at its next renewal and ended the attempt cancelled,
+    // long before the call's own timeout
+    assert!(
+        matches!(cancelled, Ok(Cancelled::Requested(_))),
+        "{cancelled:?}"
+    );
+    assert_eq!(
+        report.expect("report").records[0].outcome,
+        RecordOutcome::Done(JobState::Cancelled)
+    );
+    assert!(started.elapsed() < Duration::from_secs(10));
+    let item = aws.item(&table, "hung-1").await;
+    assert_eq!(item.state, JobState::Cancelled);
+    assert_eq!(item.attempt_log[0].outcome, AttemptOutcome::Cancelled);
+    assert_eq!(item.decisions[0].action, "cancel");
+}
