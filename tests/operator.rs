@@ -698,3 +698,27 @@ async fn dlq_follows_extended_client_pointers_and_redrives_them_with_their_attri
         assert!(!names.contains("fenced-jobs.reason"), "{names:?}");
     }
 }
+
+#[test]
+fn jobctl_says_what_to_set_when_the_region_or_the_table_is_missing() {
+    let run = |region: Option<&str>, table: &str| {
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_jobctl"));
+        cmd.args(["show", "job-1", "--table", table])
+            .env_remove("AWS_REGION")
+            .env_remove("AWS_DEFAULT_REGION")
+            .env_remove("JOBS_TABLE")
+            .env("AWS_CONFIG_FILE", "/nonexistent/config")
+            .env("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent/credentials");
+        if let Some(region) = region {
+            cmd.env("AWS_REGION", region);
+        }
+        let out = cmd.output().expect("jobctl runs");
+        (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    let (code, stderr) = run(None, "jobs");
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(stderr.contains("set AWS_REGION, or --region"), "{stderr}");
+    let (code, stderr) = run(Some("us-east-1"), "");
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(stderr.contains("--table or JOBS_TABLE is required"), "{stderr}");
+}

@@ -305,10 +305,15 @@ async fn main() {
         loader = loader.endpoint_url(url);
     }
     let config = loader.load().await;
+    // As the AWS CLI says it, before any request fails for it.
+    if config.region().is_none() {
+        usage("no region: set AWS_REGION, or --region, or a profile's region");
+    }
     let table = cli
         .table
         .clone()
-        .unwrap_or_else(|| usage("the ledger table is not set (--table or JOBS_TABLE)"));
+        .filter(|t| !t.trim().is_empty())
+        .unwrap_or_else(|| usage("--table or JOBS_TABLE is required: the ledger table's name"));
     let ledger = DynamoLedger::new(aws_sdk_dynamodb::Client::new(&config), &table);
     let blobs = S3Blobs::new(s3_client(&config), cli.results_bucket.clone());
     let result = match cli.command {
@@ -497,6 +502,9 @@ async fn main() {
     };
     if let Err(e) = result {
         eprintln!("jobctl: {e}");
+        if let Some(hint) = hint(&e) {
+            eprintln!("jobctl: {hint}");
+        }
         std::process::exit(match e {
             OperatorError::NotFound(_)
             | OperatorError::NotUnknown { .. }
@@ -507,6 +515,32 @@ async fn main() {
             }
         });
     }
+}
+
+/// What to do about an AWS failure, as a person reads it, where its code says.
+fn hint(e: &OperatorError) -> Option<&'static str> {
+    use fenced_jobs::ledger::LedgerError;
+    let OperatorError::Ledger(LedgerError::Unavailable { code, .. }) = e else {
+        return None;
+    };
+    Some(match code.as_str() {
+        "dispatch_failure" => {
+            "the request did not reach DynamoDB: check the network, --endpoint-url (or \
+             AWS_ENDPOINT_URL) and that credentials are set (AWS_PROFILE, AWS_ACCESS_KEY_ID)"
+        }
+        "timeout" => "DynamoDB did not answer in time: try again, or check --endpoint-url",
+        "ResourceNotFoundException" => {
+            "no such table in this region: check --table (or JOBS_TABLE) and --region"
+        }
+        "UnrecognizedClientException" | "InvalidSignatureException" => {
+            "the credentials are not valid for this account: check AWS_PROFILE or the keys"
+        }
+        "ExpiredTokenException" => "the credentials have expired: log in again (aws sso login)",
+        "AccessDeniedException" => {
+            "the credentials may not do this: the role needs the table's read and write actions"
+        }
+        _ => return None,
+    })
 }
 
 /// Asks on the terminal; anything but `yes` (or no terminal at all) is a no.
@@ -520,4 +554,25 @@ fn confirmed(what: &str) -> bool {
     let mut answer = String::new();
     let _ = std::io::stdin().lock().read_line(&mut answer);
     answer.trim() == "yes"
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fenced_jobs::ledger::LedgerError;
+
+    #[test]
+    fn an_aws_failure_comes_with_what_to_do_about_it() {
+        let failed = |code: &str| {
+            OperatorError::Ledger(LedgerError::Unavailable {
+                operation: "get",
+                code: code.to_owned(),
+            })
+        };
+        assert!(hint(&failed("dispatch_failure")).is_some_and(|h| h.contains("--endpoint-url")));
+        assert!(hint(&failed("ResourceNotFoundException")).is_some_and(|h| h.contains("--table")));
+        assert!(hint(&failed("ExpiredTokenException")).is_some());
+        assert_eq!(hint(&failed("InternalServerError")), None);
+        assert_eq!(hint(&OperatorError::NotFound("j".into())), None);
+    }
 }
