@@ -1,8 +1,11 @@
 # The two commands of the README need no set-up: they install what they need.
-.PHONY: demo test drill chaos scale model-check fuzz bench build invoke deploy check fmt clippy emulator-start emulator-stop clean
+.PHONY: demo local test drill chaos scale model-check fuzz bench build invoke deploy check fmt clippy emulator-start emulator-stop clean
 
 demo: ## Run the main job end to end on the local emulator
 	scripts/demo.sh
+
+local: ## The worker and dispatcher on the local emulator until Ctrl-C; jobctl's settings in .emulator/local.env
+	scripts/local.sh
 
 test: ## Lint the template and run every test (emulator started and stopped here)
 	scripts/test.sh

@@ -11,5 +11,7 @@ if ! [ -f .emulator/pid ] || ! kill -0 "$(cat .emulator/pid)" 2>/dev/null; then
 fi
 cleanup() { if [ "$started_here" = 1 ]; then scripts/emulator.sh stop; fi; }
 trap cleanup EXIT
+# Ctrl-C or a kill ends the script as an exit, so that the emulator started here stops.
+trap 'exit 130' INT TERM
 eval "$(scripts/emulator.sh env)"
 "$@"

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# make local: the emulator with a table, a queue and a bucket, and the worker and the dispatcher
+# running on them until Ctrl-C. Their settings go to .emulator/local.env, for jobctl in another
+# terminal:  . .emulator/local.env && cargo run --bin jobctl -- submit events/jobs.jsonl
+set -euo pipefail
+cd "$(dirname "$0")/.."
+run() {
+  suffix=$(date +%s)
+  resources=$(scripts/emulator.sh create "jobs-local-$suffix" "jobs-local-$suffix")
+  eval "$resources"
+  { scripts/emulator.sh env; echo "$resources"; } > .emulator/local.env
+  cat <<'HELP'
+Settings for jobctl are in .emulator/local.env. In another terminal:
+  . .emulator/local.env
+  cargo run --bin jobctl -- submit events/jobs.jsonl
+  cargo run --bin jobctl -- show local-summary-1
+  cargo run --bin jobctl -- result local-summary-1
+HELP
+  cargo run --quiet --example local
+}
+export -f run
+scripts/with-emulator.sh bash -c run
