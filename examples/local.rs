@@ -35,7 +35,9 @@ impl EventSink for Printed {
         for e in events {
             let d = &e.detail;
             let answer = match (d.get("result_ref"), d.get("result"), d.get("error")) {
-                (Some(r), _, _) => format!("stored ({} bytes): jobctl result {}", r["size"], e.job_id),
+                (Some(r), _, _) => {
+                    format!("stored ({} bytes): jobctl result {}", r["size"], e.job_id)
+                }
                 (_, Some(_), _) => format!("inline: jobctl result {}", e.job_id),
                 (_, _, Some(err)) => format!("{}: {}", err["kind"], err["message"]),
                 _ => String::new(),

@@ -713,12 +713,18 @@ fn jobctl_says_what_to_set_when_the_region_or_the_table_is_missing() {
             cmd.env("AWS_REGION", region);
         }
         let out = cmd.output().expect("jobctl runs");
-        (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
     };
     let (code, stderr) = run(None, "jobs");
     assert_eq!(code, Some(2), "{stderr}");
     assert!(stderr.contains("set AWS_REGION, or --region"), "{stderr}");
     let (code, stderr) = run(Some("us-east-1"), "");
     assert_eq!(code, Some(2), "{stderr}");
-    assert!(stderr.contains("--table or JOBS_TABLE is required"), "{stderr}");
+    assert!(
+        stderr.contains("--table or JOBS_TABLE is required"),
+        "{stderr}"
+    );
 }
