@@ -15,7 +15,7 @@ its three sparse indexes and a stream of new and old images; the results bucket 
 blocks public access and expires what it stores; alarms watch poison, conflicts, terminal
 failures, lost ownerships, deadline cut-offs, provider throttling, unknown jobs and the age of
 queued messages; the dashboard shows only metrics the functions emit; every parameter is in the
-README's table; no environment variable holds a key in plain text.
+configuration reference's table and every alarm has its section in the runbook; no environment variable holds a key in plain text.
 
 And what keeps jobs and answers to their owners: every queue and topic is encrypted at rest; the
 results bucket refuses every call without TLS, on the bucket and its objects; the table has
@@ -502,10 +502,18 @@ def problems(template):
                 if namespace == "x" and names[1] not in emitted:
                     found.append(f"the dashboard shows {names[1]}, which no function emits")
 
-    readme = (pathlib.Path(__file__).parent.parent / "README.md").read_text()
+    docs = pathlib.Path(__file__).parent.parent / "docs"
+    configuration = (docs / "configuration.md").read_text()
     for parameter in template.get("Parameters", {}):
-        if f"| `{parameter}` |" not in readme:
-            found.append(f"parameter {parameter} is not in the README's table")
+        if f"| `{parameter}` |" not in configuration:
+            found.append(f"parameter {parameter} is not in docs/configuration.md's table")
+    # The runbook is keyed by alarm: one section per alarm, named by its logical id.
+    runbook = set(re.findall(r"(?m)^## (\S+)\s*$", (docs / "runbook.md").read_text()))
+    alarms = {name for name, res in resources.items() if res.get("Type") == "AWS::CloudWatch::Alarm"}
+    for name in sorted(alarms - runbook):
+        found.append(f"alarm {name} has no section in docs/runbook.md")
+    for name in sorted(runbook - alarms):
+        found.append(f"docs/runbook.md has a section for {name}, which the template does not create")
 
     bucket = resources.get("ResultsBucket", {}).get("Properties", {})
     if not bucket.get("BucketEncryption"):
@@ -696,6 +704,10 @@ def self_test(template):
             "Resource", {"Fn::Sub": "arn:${AWS::Partition}:bedrock:${AWS::Region}::foundation-model/*"}
         ),
         "bedrock in this region": lambda t: sid(t, "WorkerRole", "BedrockConverse").pop("Condition"),
+        "parameter documented": lambda t: t["Parameters"].__setitem__("UndocumentedKnob", {"Type": "String"}),
+        "alarm in the runbook": lambda t: r(t).__setitem__(
+            "UnexplainedAlarm", {"Type": "AWS::CloudWatch::Alarm", "Properties": {"MetricName": "Poison"}}
+        ),
     }
     missed = [name for name, change in cases.items() if not broken(change)]
     return [f"self-test: the {name} rule did not catch a broken copy" for name in missed]

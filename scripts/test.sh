@@ -15,6 +15,8 @@ echo "== template consistency" >&2
 .venv/bin/python scripts/check_template.py --self-test template.yaml
 echo "== rust-version against the lock" >&2
 .venv/bin/python scripts/check_msrv.py --self-test
+echo "== documents against the code" >&2
+.venv/bin/python scripts/check_docs.py --self-test
 echo "== module layout" >&2
 .venv/bin/python scripts/check_layout.py --self-test src
 echo "== cargo test" >&2

@@ -1,0 +1,206 @@
+"""The documents against the code: nothing they name may drift from what is there.
+
+    check_docs.py [ROOT]              check the repository (exit 1 with every problem found)
+    check_docs.py --self-test [ROOT]  also prove each rule fails on a copy broken on purpose
+
+Rules:
+
+1. Configuration: every environment variable the code reads (a string literal in `src/` that
+   looks like one) has a row in `docs/configuration.md`, and every variable a row there names
+   is read by the code (or by the AWS SDK, or set by Lambda).
+2. Links: every relative link in the README, `docs/` and the top-level documents points at a
+   file that exists, and its `#anchor`, if any, at a heading of that file.
+3. Paths: every path in backticks under `src/`, `tests/`, `scripts/` or `examples/` exists
+   (the changelog and the decisions tell history, and may name what is gone).
+4. The README stays a front door: at most 250 lines.
+5. Decisions: each record of `docs/decisions.md` is numbered in order, has a status, and is in
+   the index.
+"""
+
+import os
+import re
+import sys
+
+# A string literal of the code that looks like a variable but is not a setting.
+NOT_SETTINGS = {"OUT_DIR"}  # cargo's build output, for the contracts built in
+# Read by the AWS SDK or the CLI tradition rather than by our code.
+SDK_VARIABLES = {"AWS_REGION", "AWS_ENDPOINT_URL", "AWS_PROFILE"}
+VARIABLE = re.compile(r'"([A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+)"')
+DOCUMENTS = ["README.md", "CHANGELOG.md", "VERIFICATION.md", "BENCHMARKS.md", "events/README.md"]
+README_MAX_LINES = 250
+HISTORY = {"CHANGELOG.md", os.path.join("docs", "decisions.md")}
+
+
+def code_variables(root):
+    """Each variable name a non-test source file of `src/` holds as a string literal."""
+    found = set()
+    for dirpath, _, files in os.walk(os.path.join(root, "src")):
+        if os.sep + "testing" in dirpath:
+            continue
+        for name in files:
+            if not name.endswith(".rs") or name == "tests.rs":
+                continue
+            with open(os.path.join(dirpath, name), encoding="utf-8") as f:
+                text = f.read()
+            # Unit tests at the end of a file name variables they set, not ones the code reads.
+            text = text.split("#[cfg(test)]")[0]
+            found.update(VARIABLE.findall(text))
+    return found - NOT_SETTINGS
+
+
+def documented_variables(text):
+    """The variables the first column of each table row of the configuration names."""
+    names = set()
+    for line in text.splitlines():
+        if not line.startswith("| `"):
+            continue
+        cells = line.split("|")
+        for cell in cells[1:3]:
+            names.update(n for n in re.findall(r"`([A-Z][A-Z0-9_*]+)`", cell) if "_" in n)
+    return names
+
+
+def check_configuration(code, doc_text):
+    documented = documented_variables(doc_text)
+    exact = {n for n in documented if "*" not in n}
+    patterns = [re.compile("^" + n.replace("*", "[A-Z0-9_]+") + "$") for n in documented - exact]
+    problems = []
+    for name in sorted(code - exact):
+        if not any(p.match(name) for p in patterns):
+            problems.append(f"docs/configuration.md: {name} is read by the code but has no row")
+    for name in sorted(exact - code - SDK_VARIABLES):
+        if not name.startswith("AWS_LAMBDA_"):
+            problems.append(f"docs/configuration.md: {name} has a row but the code never reads it")
+    return problems
+
+
+def anchor(heading):
+    """GitHub's anchor for a heading."""
+    h = heading.strip().lower().replace("`", "")
+    h = re.sub(r"[^\w\- ]", "", h)
+    return h.replace(" ", "-")
+
+
+def anchors(text):
+    """The anchors of a markdown text's headings, outside code blocks."""
+    text = re.sub(r"(?ms)^```.*?^```", "", text)
+    return {anchor(m) for m in re.findall(r"(?m)^#{1,6} (.+)$", text)}
+
+
+def documents(root):
+    """The documents checked: the top-level ones and everything in docs/."""
+    paths = [p for p in DOCUMENTS if os.path.exists(os.path.join(root, p))]
+    paths += sorted(os.path.join("docs", n) for n in os.listdir(os.path.join(root, "docs")) if n.endswith(".md"))
+    return paths
+
+
+def check_links(root, path, text):
+    problems = []
+    base = os.path.dirname(path)
+    prose = re.sub(r"(?ms)^```.*?^```", "", text)
+    for target in re.findall(r"\]\(([^)\s]+)\)", prose):
+        if re.match(r"^(https?:|mailto:)", target):
+            continue
+        file, _, frag = target.partition("#")
+        dest = os.path.normpath(os.path.join(base, file)) if file else path
+        full = os.path.join(root, dest)
+        if not os.path.exists(full):
+            problems.append(f"{path}: link to {target}, which does not exist")
+            continue
+        if frag and dest.endswith(".md"):
+            with open(full, encoding="utf-8") as f:
+                if frag not in anchors(f.read()):
+                    problems.append(f"{path}: link to {target}, no such heading")
+    if path in HISTORY:
+        return problems
+    for ref in re.findall(r"`((?:src|tests|scripts|examples)/[A-Za-z0-9_./-]+)`", prose):
+        if not os.path.exists(os.path.join(root, ref.rstrip("/."))):
+            problems.append(f"{path}: names {ref}, which does not exist")
+    return problems
+
+
+def check_readme(text):
+    n = len(text.splitlines())
+    return [f"README.md: {n} lines, more than {README_MAX_LINES}"] if n > README_MAX_LINES else []
+
+
+def check_decisions(text):
+    problems = []
+    records = re.findall(r"(?m)^## (\d+)\. (.+)$", text)
+    numbers = [int(n) for n, _ in records]
+    if numbers != list(range(1, len(numbers) + 1)):
+        problems.append("docs/decisions.md: records are not numbered 1, 2, 3, ... in order")
+    if re.search(r"(?m)^## (?!\d+\. |Index$)", text):
+        problems.append("docs/decisions.md: a record without a number")
+    parts = re.split(r"(?m)^## \d+\. .+$", text)
+    index, bodies = parts[0], parts[1:]
+    for (n, title), body in zip(records, bodies):
+        if not re.search(r"(?m)^Status: ", body):
+            problems.append(f"docs/decisions.md: record {n} ({title}) has no status")
+        if f"(#{anchor(n + '. ' + title)})" not in index:
+            problems.append(f"docs/decisions.md: record {n} ({title}) is not in the index")
+    return problems
+
+
+def read(root, path):
+    with open(os.path.join(root, path), encoding="utf-8") as f:
+        return f.read()
+
+
+def check(root, texts=None, code=None):
+    """Every problem found; `texts` and `code` replace what is read from disk (self-test)."""
+    texts = dict(texts or {})
+    for path in documents(root):
+        texts.setdefault(path, read(root, path))
+    code = code_variables(root) if code is None else code
+    problems = check_configuration(code, texts["docs/configuration.md"])
+    for path, text in texts.items():
+        problems += check_links(root, path, text)
+    problems += check_readme(texts["README.md"])
+    problems += check_decisions(texts["docs/decisions.md"])
+    return problems
+
+
+def self_test(root):
+    """Each rule must fail on a copy broken on purpose."""
+    config = read(root, "docs/configuration.md")
+    readme = read(root, "README.md")
+    decisions = read(root, "docs/decisions.md")
+    first = re.search(r"(?m)^## (\d+)\. .+$", decisions)
+    breaks = {
+        "a variable the code reads, not documented": ({}, code_variables(root) | {"NEW_SETTING_X"}),
+        "a documented variable nobody reads": (
+            {"docs/configuration.md": config + "\n| `STALE_SETTING` | 1 | gone |\n"}, None),
+        "a broken link": ({"README.md": readme + "\n[x](docs/missing.md)\n"}, None),
+        "a broken anchor": ({"README.md": readme + "\n[x](docs/protocol.md#no-such-part)\n"}, None),
+        "a missing path": ({"README.md": readme + "\n`src/no_such_file.rs`\n"}, None),
+        "a long README": ({"README.md": readme + "\n" * README_MAX_LINES}, None),
+        "a decision without a status": (
+            {"docs/decisions.md": decisions.replace("\nStatus: ", "\nState: ", 1)}, None),
+        "a decision out of order": (
+            {"docs/decisions.md": decisions[: first.start()] + "## 999. Extra\n\nStatus: accepted.\n\n"
+             + decisions[first.start():]}, None),
+    }
+    failures = []
+    for rule, (texts, code) in breaks.items():
+        if not check(root, texts, code):
+            failures.append(f"self-test: {rule} was not caught")
+    return failures
+
+
+def main(argv):
+    args = [a for a in argv if not a.startswith("--")]
+    root = args[0] if args else os.path.join(os.path.dirname(__file__), "..")
+    problems = check(root)
+    if "--self-test" in argv:
+        problems += self_test(root)
+    for p in problems:
+        print(p, file=sys.stderr)
+    if problems:
+        return 1
+    print(f"docs: {len(code_variables(root))} variables documented, links and paths resolve")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
