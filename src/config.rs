@@ -15,7 +15,7 @@ use crate::vars::Vars;
 use crate::worker::routing::ModelMap;
 use crate::worker::settings::Settings;
 
-/// Everything the worker reads from its environment. See the README's configuration table.
+/// Everything the worker reads from its environment. See `docs/configuration.md`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Config {
     /// `JOBS_TABLE`: the ledger table (required).

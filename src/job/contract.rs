@@ -2,7 +2,7 @@
 //!
 //! A contract names an output format (free text or JSON), a JSON Schema (2020-12) for JSON
 //! outputs, and its policy: what an invalid or truncated answer becomes, and the largest answer
-//! accepted. Contracts are files (`contracts/<id>.json`, see the README's message contract),
+//! accepted. Contracts are files (`contracts/<id>.json`, see `docs/contracts.md`),
 //! compiled once per execution environment into [`Contracts`]; a job names one by its
 //! `contract` field. Judging an answer ([`Contract::judge`]) is pure: it reads the answer's
 //! document and the provider's finish reason, and never logs the answer.

@@ -51,7 +51,7 @@ pub enum Models {
     Only(Vec<String>),
 }
 
-/// What producers may ask for. See the README's security section.
+/// What producers may ask for. See `docs/security.md`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Policy {
     /// `ALLOWED_MODELS`.

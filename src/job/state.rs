@@ -25,7 +25,7 @@ pub enum JobState {
 }
 
 impl JobState {
-    /// Every state, in the order of the README's state table.
+    /// Every state, in the order of the state table of `docs/protocol.md`.
     pub const ALL: [JobState; 8] = [
         JobState::Ready,
         JobState::Running,

@@ -165,7 +165,7 @@ impl AttemptEnd {
 ///
 /// Condition: `running` at exactly `epoch`, with `attempt` the job's current attempt (and, to
 /// accept a result, the deadline ahead); with no cancel request unless the end is
-/// [`AttemptEnd::allowed_after_cancel`], and [`AttemptEnd::Cancelled`] only with one. The lease is deliberately not part of the condition: see the README, "Accepting after a
+/// [`AttemptEnd::allowed_after_cancel`], and [`AttemptEnd::Cancelled`] only with one. The lease is deliberately not part of the condition: see `docs/protocol.md`, "Accepting after a
 /// lapsed lease".
 #[derive(Debug, Clone, PartialEq)]
 pub struct EndRequest {

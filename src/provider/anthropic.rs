@@ -3,8 +3,8 @@
 //! A message cannot be asked for again, so a call interrupted after it was sent is uncertain.
 //! The contract's schema is sent in Anthropic's own form: structured output
 //! (`output_config.format`), or for models without it a tool the model is made to call, whose
-//! input is the answer. Errors are classified by what they prove about the work (the README's
-//! table); reasons carry the status and Anthropic's error type, never its message.
+//! input is the answer. Errors are classified by what they prove about the work (the table in
+//! `docs/providers.md`); reasons carry the status and Anthropic's error type, never its message.
 
 mod batch;
 
@@ -415,7 +415,8 @@ impl Block {
     }
 }
 
-/// An error status, classified by what it proves about the work (the README's table):
+/// An error status, classified by what it proves about the work (the table in
+/// `docs/providers.md`):
 ///
 /// - throttled: a 429 with Anthropic's own `rate_limit_error`; but one whose
 ///   `error.details.error_code` is `enforced_spend_limit_reached` is transient, since waiting

@@ -3,7 +3,7 @@
 //! A record is left out of `batchItemFailures` (and so deleted by Lambda) only when its job is
 //! terminal. A failed record is named by its real `messageId`; a failed record without one
 //! cannot be named, and an empty identifier would fail the whole batch anyway, so the whole
-//! batch is failed on purpose instead (see the README).
+//! batch is failed on purpose instead (see `docs/protocol.md`).
 
 pub use crate::report::UnnamedFailure;
 

@@ -1,5 +1,5 @@
 //! The worker's settings: processing, heartbeat, time margins, replay and the visibility of
-//! failed records, each read from its variable (see the README's configuration table).
+//! failed records, each read from its variable (see `docs/configuration.md`).
 
 use super::pacing::PacingSettings;
 use crate::job::policy::Policy;

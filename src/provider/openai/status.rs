@@ -8,7 +8,8 @@ use serde_json::Value;
 use crate::provider::http::{code_text, retry_after_ms};
 use crate::provider::{ProviderError, Retrieval};
 
-/// An error status of a call, classified by what it proves about the work (the README's table):
+/// An error status of a call, classified by what it proves about the work (the table in
+/// `docs/providers.md`):
 ///
 /// - throttled, refused for the rate limit before any work: a 429 that carries the provider's
 ///   own error object and code (`rate_limit_exceeded`, say), but not `insufficient_quota`,
