@@ -3,4 +3,4 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/emulator.sh install
-scripts/with-emulator.sh cargo test --quiet --test drill -- --nocapture
+scripts/with-emulator.sh cargo test --quiet --test emulator -- --nocapture drill::

@@ -20,7 +20,7 @@ scripts/emulator.sh install-build
 # whole dependency tree a second time without them (over two minutes here). WORKER_BIN and
 # DISPATCHER_BIN name other binaries (a `cargo build` of your own, say).
 if [ -z "${WORKER_BIN:-}" ] || [ -z "${DISPATCHER_BIN:-}" ]; then
-  cargo test --no-run --test invoke
+  cargo test --no-run --test emulator
 fi
 run() {
   export PATH="$PWD/.venv/bin:$PATH"

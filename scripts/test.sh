@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 # The SAM CLI installs (into its own venv) while the rest runs; its check comes last.
 scripts/emulator.sh install-sam > .sam-install.log 2>&1 &
 sam_install=$!
-# moto and cfn-lint; cargo-lambda for tests/invoke.rs (`make invoke` under cargo-lambda).
+# moto and cfn-lint; cargo-lambda for tests/emulator/invoke.rs (`make invoke` under cargo-lambda).
 scripts/emulator.sh install-build
 echo "== cfn-lint template.yaml" >&2
 .venv/bin/cfn-lint template.yaml

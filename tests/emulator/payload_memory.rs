@@ -1,0 +1,179 @@
+//! Large Extended Client payloads within the function's memory: the worker binary, with the
+//! 128 MB a template function has, takes a batch of ten pointers to 8 MiB payloads on the
+//! emulator, behind a scripted Lambda Runtime API, and its peak resident memory stays under
+//! 128 MiB (under a 128 MiB cgroup limit as well, where this machine lets a test make one).
+
+use std::time::{Duration, Instant};
+
+use fenced_jobs::clock::{Clock, SystemClock};
+use serde_json::{Value, json};
+
+use crate::support::http::{HttpStub, Reply};
+use crate::support::{self, emulator};
+
+const PAYLOAD_BYTES: usize = 8 * 1_048_576;
+
+/// The peak resident set of a process, from `/proc`.
+fn peak_rss_bytes(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
+/// Puts `pid` in a new memory cgroup limited to `bytes`, where the machine allows it (cgroup v1
+/// or v2, writable); `false` where it does not.
+fn limit_memory(pid: u32, bytes: u64) -> bool {
+    let name = support::unique("fenced-jobs-mem");
+    for (root, limit_file) in [
+        ("/sys/fs/cgroup/memory", "memory.limit_in_bytes"),
+        ("/sys/fs/cgroup", "memory.max"),
+    ] {
+        let dir = std::path::Path::new(root).join(&name);
+        if std::fs::create_dir(&dir).is_ok()
+            && std::fs::write(dir.join(limit_file), bytes.to_string()).is_ok()
+            && std::fs::write(dir.join("cgroup.procs"), pid.to_string()).is_ok()
+        {
+            return true;
+        }
+        let _ = std::fs::remove_dir(&dir);
+    }
+    false
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ten_pointers_to_8_mib_payloads_stay_within_a_128_mb_function() {
+    // GIVEN ten jobs whose 8 MiB messages an Extended Client producer put in its bucket
+    let aws = emulator().await;
+    let table = aws.table().await;
+    let queue = aws.queue(30).await;
+    let results = aws.bucket().await;
+    let producer = aws.bucket().await;
+    let prompt = "w".repeat(PAYLOAD_BYTES);
+    let mut records = Vec::new();
+    for i in 0..10 {
+        let body = json!({
+            "job_id": format!("heavy-{i}"),
+            "contract": "summary.v1",
+            "input": {"model": "sim-1", "prompt": prompt},
+        })
+        .to_string();
+        let key = format!("payloads/{i}");
+        aws.s3
+            .put_object()
+            .bucket(&producer)
+            .key(&key)
+            .body(body.clone().into_bytes().into())
+            .send()
+            .await
+            .expect("put payload");
+        let pointer = json!([
+            "software.amazon.payloadoffloading.PayloadS3Pointer",
+            {"s3BucketName": producer, "s3Key": key}
+        ]);
+        records.push(json!({
+            "messageId": format!("m{i}"),
+            "receiptHandle": format!("h{i}"),
+            "body": pointer.to_string(),
+            "attributes": {"ApproximateReceiveCount": "1"},
+            "messageAttributes": {
+                "ExtendedPayloadSize": {"stringValue": body.len().to_string(), "dataType": "Number"}
+            },
+            "eventSource": "aws:sqs",
+            "eventSourceARN": queue.arn,
+        }));
+    }
+    let event = json!({ "Records": records }).to_string();
+    // A Runtime API that hands out the event once, then holds the next request open (the
+    // process stays up, so its peak memory can be read).
+    let deadline = SystemClock.now_ms() + 120_000;
+    let runtime = HttpStub::start(move |req, seen| {
+        if req.method == "GET" && req.path.ends_with("/invocation/next") {
+            let first = !seen.iter().any(|r| r.path.ends_with("/invocation/next"));
+            if first {
+                return Reply::Json {
+                    status: 200,
+                    headers: vec![
+                        ("lambda-runtime-aws-request-id", "req-heavy".to_owned()),
+                        ("lambda-runtime-deadline-ms", deadline.to_string()),
+                        (
+                            "lambda-runtime-invoked-function-arn",
+                            "arn:aws:lambda:us-east-1:123456789012:function:worker".to_owned(),
+                        ),
+                    ],
+                    body: event.clone(),
+                };
+            }
+            return Reply::Slow(Duration::from_secs(3_600), Box::new(Reply::Drop));
+        }
+        Reply::json(202, json!({"status": "OK"}))
+    })
+    .await;
+    let mut worker = std::process::Command::new(env!("CARGO_BIN_EXE_worker"))
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .env(
+            "AWS_LAMBDA_RUNTIME_API",
+            runtime.url.trim_start_matches("http://"),
+        )
+        .env("AWS_LAMBDA_FUNCTION_NAME", "worker")
+        .env("AWS_LAMBDA_FUNCTION_VERSION", "1")
+        .env("AWS_LAMBDA_FUNCTION_MEMORY_SIZE", "128")
+        .env(
+            "AWS_ENDPOINT_URL",
+            std::env::var("AWS_ENDPOINT_URL").expect("emulator"),
+        )
+        .env("AWS_ACCESS_KEY_ID", "emulator")
+        .env("AWS_SECRET_ACCESS_KEY", "emulator")
+        .env("AWS_REGION", "us-east-1")
+        .env("AWS_EC2_METADATA_DISABLED", "true")
+        .env("JOBS_TABLE", &table)
+        .env("RESULTS_BUCKET", &results)
+        .env("PAYLOAD_BUCKET", &producer)
+        .env("PROVIDER", "simulated")
+        .env("RUST_LOG", "warn")
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("the worker starts");
+    let limited = limit_memory(worker.id(), 128 * 1_048_576);
+
+    // WHEN it handles the batch
+    let started = Instant::now();
+    let response = loop {
+        if let Some(r) = runtime
+            .requests()
+            .into_iter()
+            .find(|r| r.method == "POST" && r.path.contains("/response"))
+        {
+            break r;
+        }
+        if let Ok(Some(status)) = worker.try_wait() {
+            panic!(
+                "the worker exited before answering ({status}; under a cgroup limit: {limited})"
+            );
+        }
+        assert!(started.elapsed() < Duration::from_secs(90), "no answer");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let peak = peak_rss_bytes(worker.id()).expect("peak memory");
+    let _ = worker.kill();
+    let _ = worker.wait();
+
+    // THEN it answered, within the memory: some jobs ran, the rest wait for a later batch
+    let failures: Value = serde_json::from_str(&response.body).expect("a batch response");
+    let failed = failures["batchItemFailures"]
+        .as_array()
+        .expect("failures")
+        .len();
+    assert!(failed < 10, "no job ran: {failures}");
+    assert!(
+        peak < 128 * 1_048_576,
+        "peak resident memory {} MiB (under a cgroup limit: {limited})",
+        peak / 1_048_576
+    );
+    println!(
+        "peak resident memory {:.1} MiB, {} of 10 records ran, under a cgroup limit: {limited}",
+        peak as f64 / 1_048_576.0,
+        10 - failed
+    );
+}

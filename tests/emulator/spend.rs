@@ -1,0 +1,206 @@
+//! The deployment's spend per day, on the emulator's table, with a clock the test moves: a
+//! call the day cannot take waits for the next day, never failed, and the day counts what calls
+//! cost.
+
+use std::sync::Arc;
+
+use fenced_jobs::clock::{Clock, ManualClock};
+use fenced_jobs::job::{Failure, JobState, RecordOutcome};
+use fenced_jobs::ledger::JobLedger;
+use fenced_jobs::ledger::dynamodb::DynamoLedger;
+use fenced_jobs::provider::SimulatedProvider;
+use fenced_jobs::worker::processor::{Invocation, Processor};
+use serde_json::json;
+
+use crate::support::{self, NoWatch, emulator, fast_settings};
+
+/// 2026-12-01T23:00:00Z: an hour before the next day.
+const LATE_EVENING: i64 = 1_796_166_000_000;
+
+fn job(id: &str) -> fenced_jobs::job::JobMessage {
+    tenant_job(id, None)
+}
+
+fn tenant_job(id: &str, tenant: Option<&str>) -> fenced_jobs::job::JobMessage {
+    let body = json!({
+        "job_id": id,
+        "tenant": tenant,
+        "contract": "summary.v1",
+        "deadline_at": "2026-12-04T00:00:00Z",
+        "input": {"model": "sim-1", "prompt": "Summarise.", "parameters": {"max_tokens": 100}},
+    });
+    fenced_jobs::job::parse_body(Some(&body.to_string())).expect("a valid job")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn past_the_days_limit_records_wait_for_the_next_day_and_then_run() {
+    // GIVEN a deployment whose calls may cost a day what one call at the most (its input at
+    // four bytes a token and 100 tokens out at sim-1's $1 and $4 a million) and 20
+    // micro-dollars more, the day's spend kept in the ledger table
+    let aws = emulator().await;
+    let table = aws.table().await;
+    let first = job("day-1");
+    let most = (first.input_canonical.len() as u64).div_ceil(4) + 4 * 100;
+    let settings = fenced_jobs::worker::Settings {
+        daily_spend_limit_micros: Some(most + 20),
+        ..fast_settings()
+    };
+    let ledger: DynamoLedger = aws.ledger(&table);
+    let (processor, inv) = late_evening(&ledger, settings);
+
+    // WHEN one job runs, and a second is delivered the same evening
+    let done = processor.process(&first, "w/1", &inv, &NoWatch).await;
+    assert_eq!(done.outcome, RecordOutcome::Done(JobState::Succeeded));
+    let second = job("day-2");
+    let waited = processor.process(&second, "w/2", &inv, &NoWatch).await;
+
+    // THEN the second waits for the next day (an hour away), its job untouched: the first's
+    // call cost less than it reserved, but what it cost and the most the second's can cost pass
+    // the limit
+    let RecordOutcome::Failed(Failure::Paced { wait_ms }) = waited.outcome else {
+        panic!("paced for the next day: {:?}", waited.outcome);
+    };
+    assert_eq!(wait_ms, 3_600_000);
+    let untouched = ledger
+        .get("day-2")
+        .await
+        .expect("get")
+        .expect("the item to wait in");
+    assert_eq!((untouched.state, untouched.attempts), (JobState::Ready, 0));
+    let cost = cost_of(&ledger, "day-1").await;
+    assert!(cost < most, "{cost} of {most}");
+    assert_eq!(day_spent(&aws, &table, "2026-12-01").await, cost);
+    assert_eq!(processor.provider().executions(), 1);
+
+    // AND once the day has turned, it runs
+    processor.clock().advance(3_600_000);
+    assert!(processor.clock().now_ms() >= LATE_EVENING + 3_600_000);
+    let next_day = processor.process(&second, "w/3", &inv, &NoWatch).await;
+    assert_eq!(next_day.outcome, RecordOutcome::Done(JobState::Succeeded));
+    assert_eq!(processor.provider().executions(), 2);
+    let second_cost = cost_of(&ledger, "day-2").await;
+    assert_eq!(day_spent(&aws, &table, "2026-12-02").await, second_cost);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn past_one_tenants_limit_its_records_wait_while_another_tenants_run() {
+    // GIVEN a limit per tenant of one call at the most and 20 micro-dollars more, and none for
+    // the deployment
+    let aws = emulator().await;
+    let table = aws.table().await;
+    let first = tenant_job("acme-1", Some("acme"));
+    let most = (first.input_canonical.len() as u64).div_ceil(4) + 4 * 100;
+    let settings = fenced_jobs::worker::Settings {
+        tenant_daily_spend_limit_micros: Some(most + 20),
+        ..fast_settings()
+    };
+    let ledger: DynamoLedger = aws.ledger(&table);
+    let (processor, inv) = late_evening(&ledger, settings);
+
+    // WHEN acme's first job runs, then acme's second and another tenant's are delivered
+    let done = processor.process(&first, "w/1", &inv, &NoWatch).await;
+    assert_eq!(done.outcome, RecordOutcome::Done(JobState::Succeeded));
+    let acme = processor
+        .process(&tenant_job("acme-2", Some("acme")), "w/2", &inv, &NoWatch)
+        .await;
+    let globex = processor
+        .process(
+            &tenant_job("globex-1", Some("globex")),
+            "w/3",
+            &inv,
+            &NoWatch,
+        )
+        .await;
+
+    // THEN acme's second waits for the next day, the other tenant's runs, and each tenant's
+    // day item holds what its calls cost
+    assert!(
+        matches!(
+            acme.outcome,
+            RecordOutcome::Failed(Failure::Paced { wait_ms: 3_600_000 })
+        ),
+        "{:?}",
+        acme.outcome
+    );
+    assert_eq!(globex.outcome, RecordOutcome::Done(JobState::Succeeded));
+    assert_eq!(processor.provider().executions(), 2);
+    assert_eq!(
+        day_spent(&aws, &table, "2026-12-01#acme").await,
+        cost_of(&ledger, "acme-1").await
+    );
+    assert_eq!(
+        day_spent(&aws, &table, "2026-12-01#globex").await,
+        cost_of(&ledger, "globex-1").await
+    );
+    let item = ledger.get("acme-1").await.expect("get").expect("item");
+    assert_eq!(item.class.tenant.as_deref(), Some("acme"));
+}
+
+/// A processor whose clock stands an hour before the next day, its days' spend in `ledger`'s
+/// table, and an invocation with no deadline.
+fn late_evening(
+    ledger: &DynamoLedger,
+    settings: fenced_jobs::worker::Settings,
+) -> (
+    Processor<DynamoLedger, SimulatedProvider, ManualClock>,
+    Invocation,
+) {
+    let processor = Processor::new(
+        ledger.clone(),
+        SimulatedProvider::new(),
+        ManualClock::at(LATE_EVENING),
+        settings,
+    )
+    .with_spend_budget(Arc::new(ledger.clone()));
+    let inv = Invocation {
+        id: "spend".into(),
+        deadline: None,
+    };
+    (processor, inv)
+}
+
+/// What the job's attempts cost, as its item records them.
+async fn cost_of(ledger: &DynamoLedger, job_id: &str) -> u64 {
+    ledger
+        .get(job_id)
+        .await
+        .expect("get")
+        .expect("item")
+        .usage()
+        .and_then(|u| u.cost_micros)
+        .expect("priced")
+}
+
+/// What the day's item in the table says was spent.
+async fn day_spent(aws: &support::Emulator, table: &str, day: &str) -> u64 {
+    let item = aws
+        .ddb
+        .get_item()
+        .table_name(table)
+        .key(
+            "job_id",
+            aws_sdk_dynamodb::types::AttributeValue::S(format!("#spend#{day}")),
+        )
+        .consistent_read(true)
+        .send()
+        .await
+        .expect("get")
+        .item
+        .expect("the day's item");
+    // The item expires two days after its last write (the test's clock stands on its day).
+    let expires: i64 = item["expires_at"]
+        .as_n()
+        .expect("a TTL")
+        .parse()
+        .expect("seconds");
+    let day_start = LATE_EVENING / 1_000 - 23 * 3_600;
+    assert!(
+        (day_start + 2 * 86_400..=day_start + 4 * 86_400).contains(&expires),
+        "{expires}"
+    );
+    item["spent_micros"]
+        .as_n()
+        .expect("a number")
+        .parse()
+        .expect("an integer")
+}

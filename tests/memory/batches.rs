@@ -1,0 +1,230 @@
+//! Deferrable jobs through a provider's batch interface, over the in-memory ledger: gathered
+//! into one batch, handed over while it runs, read once it ended, priced at batch prices.
+
+use std::sync::Arc;
+
+use aws_lambda_events::event::sqs::{SqsEvent, SqsMessage};
+use fenced_jobs::clock::{Clock, SystemClock};
+use fenced_jobs::job::prices::PriceTable;
+use fenced_jobs::job::{AttemptOutcome, Failure, JobState, RecordOutcome};
+use fenced_jobs::ledger::JobLedger;
+use fenced_jobs::ledger::memory::InMemoryLedger;
+use fenced_jobs::provider::SimulatedProvider;
+use fenced_jobs::queue::RecordingVisibility;
+use fenced_jobs::worker::Settings;
+use fenced_jobs::worker::handler::BatchHandler;
+use fenced_jobs::worker::processor::{Invocation, Processor};
+use fenced_jobs::worker::settings::Batching;
+
+use crate::support::ARN;
+
+type Handler<L> = BatchHandler<L, SimulatedProvider, SystemClock, RecordingVisibility>;
+
+fn handler<L: JobLedger>(ledger: L, settings: Settings) -> Handler<L> {
+    let provider = SimulatedProvider::new().with_batches();
+    BatchHandler::new(
+        Processor::new(ledger, provider, SystemClock, settings),
+        RecordingVisibility::new(),
+    )
+    .with_seed(1)
+}
+
+fn settings() -> Settings {
+    Settings {
+        max_concurrency: 64,
+        // A hand-over's lease is over at once: the next delivery may look.
+        skew_ms: 0,
+        batching: Batching {
+            poll_ms: 120_000,
+            ..Batching::default()
+        },
+        ..Settings::default()
+    }
+}
+
+fn record(id: &str, body: &str, receives: u32) -> SqsMessage {
+    let mut m = SqsMessage::default();
+    m.message_id = Some(id.to_owned());
+    m.receipt_handle = Some(format!("handle-{id}"));
+    m.body = Some(body.to_owned());
+    m.event_source_arn = Some(ARN.to_owned());
+    m.attributes
+        .insert("ApproximateReceiveCount".into(), receives.to_string());
+    m.attributes.insert(
+        "ApproximateFirstReceiveTimestamp".into(),
+        SystemClock.now_ms().to_string(),
+    );
+    m
+}
+
+fn event(jobs: &[String], receives: u32) -> SqsEvent {
+    let mut e = SqsEvent::default();
+    e.records = jobs
+        .iter()
+        .enumerate()
+        .map(|(i, body)| record(&format!("m{i}"), body, receives))
+        .collect();
+    e
+}
+
+/// Each a new invocation (a delivery's owner id names it).
+fn invocation() -> Invocation {
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(1);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    Invocation {
+        id: format!("inv-{n}"),
+        deadline: Some(SystemClock.now_ms() + 60_000),
+    }
+}
+
+fn deferrable(id: &str, simulate: &str) -> String {
+    format!(
+        r#"{{"job_id":"{id}","contract":"c","input":{{"model":"gpt-4o-mini","prompt":"summarise","deferrable":true{simulate}}}}}"#
+    )
+}
+
+#[tokio::test]
+async fn deferrable_jobs_of_one_invocation_go_as_one_batch_and_succeed_at_batch_prices() {
+    let ledger = Arc::new(InMemoryLedger::new());
+    let h = handler(ledger.clone(), settings());
+    let jobs: Vec<String> = (0..50).map(|i| deferrable(&format!("d{i}"), "")).collect();
+    let first = h.handle_batch(&event(&jobs, 1), &invocation()).await;
+    assert_eq!(h.processor().provider().batch_sizes(), vec![50]);
+    assert_eq!(first.stats.batch_lines, 50);
+    // Handed over while the batch runs: each record looks again after the poll interval.
+    for r in &first.records {
+        assert!(
+            matches!(r.outcome, RecordOutcome::Failed(Failure::Deferred { remaining_ms }) if remaining_ms == 120_000),
+            "{:?}",
+            r.outcome
+        );
+        assert!(
+            r.visibility_s.is_some_and(|v| v >= 120),
+            "{:?}",
+            r.visibility_s
+        );
+    }
+    let item = ledger.get("d7").await.expect("get").expect("item");
+    assert_eq!(item.state, JobState::Running);
+    let reference = item.last_provider_ref().expect("reference");
+    assert!(reference.starts_with("batch:simbatch-1:"), "{reference}");
+
+    let second = h.handle_batch(&event(&jobs, 2), &invocation()).await;
+    assert_eq!(second.response, Ok(vec![]));
+    // One paid request each, and no second batch.
+    assert_eq!(h.processor().provider().executions(), 50);
+    assert_eq!(h.processor().provider().batch_sizes(), vec![50]);
+    let item = ledger.get("d7").await.expect("get").expect("item");
+    assert_eq!(item.state, JobState::Succeeded);
+    assert_eq!(item.attempts, 1);
+    let usage = item.attempt_log[0].usage.expect("usage");
+    let prices = PriceTable::built_in();
+    let batch = prices.cost_micros("gpt-4o-mini", &usage, true);
+    assert_eq!(usage.cost_micros, batch);
+    assert!(batch < prices.cost_micros("gpt-4o-mini", &usage, false));
+    // The completion event and `jobctl show --json` say which batch it went in.
+    let event = fenced_jobs::events::CompletionEvent::of(&item).expect("announced");
+    assert_eq!(event.detail["batch"]["id"], "simbatch-1");
+    let shown = fenced_jobs::ops::operator::to_json(&item, false);
+    assert_eq!(shown["attempt_log"][0]["batch"], "simbatch-1");
+}
+
+#[tokio::test]
+async fn a_look_at_a_running_batch_writes_nothing() {
+    let ledger = Arc::new(InMemoryLedger::new());
+    let h = handler(ledger.clone(), settings());
+    let jobs: Vec<String> = (0..3)
+        .map(|i| deferrable(&format!("s{i}"), r#","simulate":{"latency_ms":600000}"#))
+        .collect();
+    h.handle_batch(&event(&jobs, 1), &invocation()).await;
+    let writes = ledger.writes();
+    let second = h.handle_batch(&event(&jobs, 2), &invocation()).await;
+    assert_eq!(
+        ledger.writes(),
+        writes,
+        "a look at a running batch writes nothing"
+    );
+    assert!(
+        second
+            .records
+            .iter()
+            .all(|r| matches!(r.outcome, RecordOutcome::Failed(Failure::Deferred { .. })))
+    );
+    let item = ledger.get("s0").await.expect("get").expect("item");
+    assert_eq!((item.state, item.owner_epoch), (JobState::Running, 1));
+}
+
+#[tokio::test]
+async fn a_failed_line_is_retried_in_a_later_batch() {
+    let ledger = Arc::new(InMemoryLedger::new());
+    let h = handler(ledger.clone(), settings());
+    let jobs = vec![
+        deferrable("ok", ""),
+        deferrable("flaky", r#","simulate":{"fail_times":1}"#),
+    ];
+    h.handle_batch(&event(&jobs, 1), &invocation()).await;
+    let second = h.handle_batch(&event(&jobs, 2), &invocation()).await;
+    let flaky = ledger.get("flaky").await.expect("get").expect("item");
+    assert_eq!(flaky.state, JobState::RetryAuthorized);
+    assert_eq!(flaky.attempt_log[0].outcome, AttemptOutcome::Transient);
+    assert!(second.records[0].outcome.is_success());
+    // The retry is claimed and joins a batch of its own.
+    h.handle_batch(&event(&jobs[1..], 3), &invocation()).await;
+    h.handle_batch(&event(&jobs[1..], 4), &invocation()).await;
+    assert_eq!(h.processor().provider().batch_sizes(), vec![2, 1]);
+    let flaky = ledger.get("flaky").await.expect("get").expect("item");
+    assert_eq!((flaky.state, flaky.attempts), (JobState::Succeeded, 2));
+    assert!(
+        flaky.attempt_log[1]
+            .provider_ref
+            .as_deref()
+            .is_some_and(|r| r.starts_with("batch:simbatch-2:"))
+    );
+}
+
+#[tokio::test]
+async fn a_job_that_is_not_deferrable_is_called_as_usual() {
+    let ledger = Arc::new(InMemoryLedger::new());
+    let h = handler(ledger.clone(), settings());
+    let body = r#"{"job_id":"now","contract":"c","input":{"model":"m","prompt":"p"}}"#.to_owned();
+    let report = h.handle_batch(&event(&[body], 1), &invocation()).await;
+    assert_eq!(report.response, Ok(vec![]));
+    assert!(h.processor().provider().batch_sizes().is_empty());
+}
+
+#[tokio::test]
+async fn the_reconciler_leaves_a_line_of_a_running_batch_to_its_record_for_hours() {
+    use fenced_jobs::ledger::memory::{Fault, FaultyLedger};
+    use fenced_jobs::ops::reconcile::{ReconcileSettings, reconcile};
+    use fenced_jobs::queue::triggers::RecordingTriggers;
+    let ledger = Arc::new(InMemoryLedger::new());
+    // The batch's id is never recorded: the next delivery fences the owner and finds the
+    // batch by listing, so the job runs on under a recovery (which the reconciler watches).
+    let faulty = Arc::new(FaultyLedger::new(ledger.clone()));
+    faulty.inject("record_ref", Fault::Fail, 3);
+    let h = handler(faulty, settings());
+    let jobs = vec![deferrable(
+        "overnight",
+        r#","simulate":{"latency_ms":3600000}"#,
+    )];
+    h.handle_batch(&event(&jobs, 1), &invocation()).await;
+    h.handle_batch(&event(&jobs, 2), &invocation()).await;
+    let item = ledger.get("overnight").await.expect("get").expect("item");
+    assert_eq!((item.state, item.owner_epoch), (JobState::Running, 2));
+    assert_eq!(h.processor().provider().batch_sizes(), vec![1]);
+    let triggers = RecordingTriggers::default();
+    let provider = SimulatedProvider::new();
+    let walk = ReconcileSettings::default();
+    let now = SystemClock.now_ms();
+    // Ten minutes on, a running job's lapsed lease is due a re-send; a batch line's is not.
+    let soon = reconcile(ledger.as_ref(), &triggers, &provider, now + 600_000, &walk)
+        .await
+        .expect("reconcile");
+    assert_eq!(soon.resent, 0, "{soon:?}");
+    // Past the stale wait (six hours) without a change, its record may have been lost.
+    let later = now + walk.enqueue_stale_after_ms + 60_000;
+    let late = reconcile(ledger.as_ref(), &triggers, &provider, later, &walk)
+        .await
+        .expect("reconcile");
+    assert_eq!(late.resent, 1, "{late:?}");
+}

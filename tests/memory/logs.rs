@@ -1,0 +1,388 @@
+//! The logs of a full batch (success through a real HTTP provider, a call whose connection
+//! drops, poison, a conflict, a job-id trigger) carry what an operator needs per record and
+//! nothing secret: no receipt handle, prompt, answer or credential.
+
+use std::io::Write;
+use std::sync::{Arc, Mutex};
+
+use aws_lambda_events::event::sqs::{SqsEvent, SqsMessage};
+use fenced_jobs::clock::{Clock, SystemClock};
+use fenced_jobs::ledger::memory::InMemoryLedger;
+use fenced_jobs::provider::OpenAiProvider;
+use fenced_jobs::provider::Secret;
+use fenced_jobs::provider::openai::{OpenAiApi, OpenAiSettings};
+use fenced_jobs::queue::RecordingVisibility;
+use fenced_jobs::worker::Settings;
+use fenced_jobs::worker::handler::BatchHandler;
+use fenced_jobs::worker::processor::{Invocation, Processor};
+use serde_json::{Value, json};
+
+use crate::support::http::{HttpStub, Reply};
+
+const API_KEY: &str = "sk-CANARY-KEY-5521";
+const PROMPT: &str = "CANARY-PROMPT-8830";
+const ANSWER: &str = "CANARY-ANSWER-1177";
+const HANDLE: &str = "CANARY-HANDLE-4406";
+
+#[derive(Clone, Default)]
+struct Captured(Arc<Mutex<Vec<u8>>>);
+
+impl Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().expect("buffer").extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+fn record(id: &str, body: &str) -> SqsMessage {
+    let mut m = SqsMessage::default();
+    m.message_id = Some(id.to_owned());
+    m.receipt_handle = Some(format!("{HANDLE}-{id}"));
+    m.body = Some(body.to_owned());
+    m.event_source_arn = Some("arn:aws:sqs:us-east-1:123456789012:jobs".to_owned());
+    m.attributes
+        .insert("ApproximateReceiveCount".into(), "2".into());
+    m
+}
+
+fn job(id: &str, prompt: &str) -> String {
+    json!({"job_id": id, "contract": "c", "input": {"model": "m", "prompt": prompt}}).to_string()
+}
+
+#[tokio::test]
+async fn a_full_batch_logs_each_record_without_secrets() {
+    let captured = Captured::default();
+    let sink = captured.clone();
+    // The functions' own format: flat JSON lines, span fields at the top level.
+    let subscriber = fenced_jobs::logs::json_subscriber("debug", move || sink.clone());
+    let _guard = tracing::subscriber::set_default(subscriber);
+
+    let server = HttpStub::start(|req, _| {
+        let body = req.json();
+        let prompt = body["messages"][0]["content"].as_str().unwrap_or_default();
+        if prompt.ends_with("drop") {
+            return Reply::Drop;
+        }
+        Reply::json(
+            200,
+            json!({"choices": [{"message": {"role": "assistant", "content": ANSWER}}],
+                   "error_echo": prompt}),
+        )
+    })
+    .await;
+    let settings = OpenAiSettings {
+        base_url: format!("{}/v1", server.url),
+        api: OpenAiApi::Chat,
+        ..OpenAiSettings::default()
+    };
+    let provider = OpenAiProvider::new(settings, Some(Secret::new(API_KEY))).expect("client");
+    let ledger = Arc::new(InMemoryLedger::new());
+    let handler = BatchHandler::new(
+        Processor::new(ledger.clone(), provider, SystemClock, Settings::default()),
+        RecordingVisibility::new(),
+    );
+    let mut event = SqsEvent::default();
+    event.records = vec![
+        record("m-ok", &job("log-ok", PROMPT)),
+        record("m-drop", &job("log-drop", &format!("{PROMPT} drop"))),
+        record(
+            "m-poison",
+            &format!(r#"{{"job_id":"{PROMPT} !","contract":"c"}}"#),
+        ),
+        record("m-conflict", &job("log-ok", &format!("{PROMPT} other"))),
+        record("m-by-id", r#"{"job_id":"log-ok"}"#),
+    ];
+    let inv = Invocation {
+        id: "inv-logs".into(),
+        deadline: Some(SystemClock.now_ms() + 60_000),
+    };
+    let span = tracing::info_span!("invocation", requestId = "req-7");
+    let report = tracing::Instrument::instrument(handler.handle_batch(&event, &inv), span).await;
+    assert!(report.records[0].outcome.is_success());
+    drop(_guard);
+
+    let text = String::from_utf8(captured.0.lock().expect("buffer").clone()).expect("utf-8");
+    for secret in [API_KEY, PROMPT, ANSWER, HANDLE] {
+        assert!(!text.contains(secret), "{secret} reached the logs:\n{text}");
+    }
+    let lines: Vec<Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("every log line is JSON"))
+        .collect();
+    let done = |message_id: &str| {
+        lines
+            .iter()
+            .find(|l| {
+                let message = l["message"].as_str().unwrap_or_default();
+                l["message_id"] == message_id
+                    && (message == "record done"
+                        || message.starts_with("poison")
+                        || message.starts_with("conflict"))
+            })
+            .unwrap_or_else(|| panic!("no line for {message_id}:\n{text}"))
+            .clone()
+    };
+    let ok = done("m-ok");
+    assert_eq!(ok["job_id"], "log-ok");
+    assert_eq!(ok["delivery_count"], "2");
+    assert_eq!(ok["epoch"], 1);
+    assert_eq!(ok["attempts"], 1);
+    assert_eq!(ok["outcome"], "succeeded");
+    assert_eq!(ok["renewal"], "none");
+    assert_eq!(
+        (ok["level"].as_str(), ok["requestId"].as_str()),
+        (Some("INFO"), Some("req-7"))
+    );
+    assert!(ok["deadline_left_ms"].as_i64().expect("deadline") > 0);
+    assert_eq!(done("m-drop")["outcome"], "awaiting_decision");
+    assert_eq!(done("m-poison")["message"], "poison record");
+    assert_eq!(done("m-by-id")["outcome"], "succeeded");
+    assert!(
+        lines
+            .iter()
+            .any(|l| l["message"] == "batch done" && l["requestId"] == "req-7"),
+        "{text}"
+    );
+    // Lines logged while a record is processed name its job at the top level, and every line
+    // its invocation.
+    assert!(
+        lines
+            .iter()
+            .any(|l| l["job_id"] == "log-drop" && l["message"] != "record done"),
+        "{text}"
+    );
+    assert!(lines.iter().all(|l| l["requestId"] == "req-7"), "{text}");
+}
+
+/// A function that cannot start (its configuration is incomplete) says so through the Runtime
+/// API's init-error endpoint, with an error type, then exits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_configuration_error_is_reported_as_an_init_error() {
+    let runtime_api = HttpStub::start(|_, _| Reply::json(202, json!({"status": "OK"}))).await;
+    let address = runtime_api.url.trim_start_matches("http://").to_owned();
+    for (binary, missing) in [
+        (env!("CARGO_BIN_EXE_worker"), "JOBS_TABLE"),
+        (env!("CARGO_BIN_EXE_dispatcher"), "EVENT_BUS_NAME"),
+    ] {
+        let mut command = std::process::Command::new(binary);
+        command
+            .env_clear()
+            .env("AWS_LAMBDA_RUNTIME_API", &address)
+            .env("AWS_REGION", "us-east-1")
+            .env("PATH", std::env::var("PATH").unwrap_or_default());
+        let status = tokio::task::spawn_blocking(move || command.status())
+            .await
+            .expect("joined")
+            .expect("the function runs");
+        assert!(
+            !status.success(),
+            "{binary} started without its configuration"
+        );
+        let reported = runtime_api
+            .requests()
+            .into_iter()
+            .rev()
+            .find(|r| r.method == "POST" && r.path == "/2018-06-01/runtime/init/error")
+            .unwrap_or_else(|| panic!("{binary}: no init error reported"));
+        assert_eq!(
+            reported.header("lambda-runtime-function-error-type"),
+            Some("ConfigError")
+        );
+        let body = reported.json();
+        assert_eq!(body["errorType"], "ConfigError");
+        assert!(
+            body["errorMessage"]
+                .as_str()
+                .expect("message")
+                .contains(missing),
+            "{body}"
+        );
+    }
+}
+
+/// With an OTLP endpoint, each record and provider call becomes a span under the trace Lambda
+/// passed, sent to a local collector (here a stub on the loopback: no network): the provider
+/// call a GenAI client span with its model, tokens, finish reason and cost, and no content; an
+/// invocation that is not sampled sends nothing.
+#[tokio::test]
+async fn records_and_provider_calls_become_genai_spans_without_content() {
+    use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+    use opentelemetry_proto::tonic::common::v1::any_value::Value as Any;
+    use opentelemetry_proto::tonic::trace::v1::span::SpanKind;
+    use prost::Message;
+    use tracing_subscriber::layer::SubscriberExt;
+
+    let collector = HttpStub::start(|_, _| Reply::json(200, json!({}))).await;
+    let provider =
+        fenced_jobs::telemetry::provider(Some(&format!("{}/v1/traces", collector.url)), "worker")
+            .expect("a tracer provider");
+    let layer = fenced_jobs::telemetry::layer(&provider);
+    let _guard = tracing::subscriber::set_default(tracing_subscriber::registry().with(layer));
+
+    let server = HttpStub::start(|_, _| {
+        Reply::json(
+            200,
+            json!({
+                "choices": [{"message": {"role": "assistant", "content": ANSWER}, "finish_reason": "stop"}],
+                "usage": {"prompt_tokens": 1200, "completion_tokens": 300},
+            }),
+        )
+    })
+    .await;
+    let settings = OpenAiSettings {
+        base_url: format!("{}/v1", server.url),
+        api: OpenAiApi::Chat,
+        ..OpenAiSettings::default()
+    };
+    let openai = OpenAiProvider::new(settings, Some(Secret::new(API_KEY))).expect("client");
+    let handler = BatchHandler::new(
+        Processor::new(
+            Arc::new(InMemoryLedger::new()),
+            openai,
+            SystemClock,
+            Settings::default(),
+        ),
+        RecordingVisibility::new(),
+    );
+    let inv = Invocation {
+        id: "inv-otel".into(),
+        deadline: Some(SystemClock.now_ms() + 60_000),
+    };
+    for (job_id, sampled) in [("otel-1", "1"), ("otel-2", "0")] {
+        let mut event = SqsEvent::default();
+        let body = json!({"job_id": job_id, "contract": "c", "input": {"model": "gpt-4.1-mini", "prompt": PROMPT}});
+        event.records = vec![record(&format!("m-{job_id}"), &body.to_string())];
+        let header = format!(
+            "Root=1-5759e988-bd862e3fe1be46a994272793;Parent=53995c3f42cd8ad8;Sampled={sampled}"
+        );
+        let span = fenced_jobs::telemetry::invocation_span("req-x", Some(&header));
+        let report =
+            tracing::Instrument::instrument(handler.handle_batch(&event, &inv), span).await;
+        assert!(report.records[0].outcome.is_success());
+    }
+    let flushed = tokio::task::spawn_blocking(move || provider.force_flush()).await;
+    assert!(matches!(flushed, Ok(Ok(()))), "{flushed:?}");
+
+    let sent = collector.requests();
+    assert!(sent.iter().all(|r| r.path == "/v1/traces"), "{sent:?}");
+    for secret in [API_KEY, PROMPT, ANSWER, HANDLE] {
+        assert!(
+            sent.iter().all(|r| !r.body.contains(secret)),
+            "{secret} was traced"
+        );
+    }
+    let spans: Vec<_> = sent
+        .iter()
+        .map(|r| ExportTraceServiceRequest::decode(r.raw.as_slice()).expect("an OTLP request"))
+        .flat_map(|req| req.resource_spans)
+        .flat_map(|r| r.scope_spans)
+        .flat_map(|s| s.spans)
+        .collect();
+    let text = |span: &opentelemetry_proto::tonic::trace::v1::Span, key: &str| {
+        span.attributes
+            .iter()
+            .find(|kv| kv.key == key)
+            .and_then(|kv| kv.value.as_ref()?.value.clone())
+    };
+    let named = |name: &str| {
+        spans.iter().find(|s| s.name == name).unwrap_or_else(|| {
+            panic!(
+                "no {name} span: {:?}",
+                spans.iter().map(|s| &s.name).collect::<Vec<_>>()
+            )
+        })
+    };
+    // Only the sampled invocation's spans, all in the trace Lambda passed.
+    let root = hex_bytes("5759e988bd862e3fe1be46a994272793");
+    assert!(spans.iter().all(|s| s.trace_id == root), "another trace");
+    assert!(
+        spans
+            .iter()
+            .filter_map(|s| text(s, "job_id"))
+            .all(|v| v == Any::StringValue("otel-1".into())),
+        "not sampled: nothing sent"
+    );
+    let (invocation, record, call) = (
+        named("invocation"),
+        named("record"),
+        named("chat gpt-4.1-mini"),
+    );
+    assert_eq!(invocation.parent_span_id, hex_bytes("53995c3f42cd8ad8"));
+    assert_eq!(record.parent_span_id, invocation.span_id);
+    assert!(call.start_time_unix_nano >= record.start_time_unix_nano);
+    assert_eq!(call.kind, SpanKind::Client as i32);
+    assert_eq!(
+        text(call, "gen_ai.operation.name"),
+        Some(Any::StringValue("chat".into()))
+    );
+    assert_eq!(
+        text(call, "gen_ai.provider.name"),
+        Some(Any::StringValue("openai".into()))
+    );
+    assert_eq!(
+        text(call, "gen_ai.request.model"),
+        Some(Any::StringValue("gpt-4.1-mini".into()))
+    );
+    assert_eq!(
+        text(call, "gen_ai.usage.input_tokens"),
+        Some(Any::IntValue(1200))
+    );
+    assert_eq!(
+        text(call, "gen_ai.usage.output_tokens"),
+        Some(Any::IntValue(300))
+    );
+    let Some(Any::ArrayValue(reasons)) = text(call, "gen_ai.response.finish_reasons") else {
+        panic!("no finish reasons: {call:?}");
+    };
+    let reasons: Vec<_> = reasons.values.iter().map(|v| v.value.clone()).collect();
+    assert_eq!(reasons, [Some(Any::StringValue("stop".into()))]);
+    // 1,200 input tokens at $0.40 and 300 output at $1.60 per million.
+    assert_eq!(
+        text(call, "fenced_jobs.cost_usd"),
+        Some(Any::DoubleValue(0.00096))
+    );
+    assert!(text(call, "attempt").is_some() && text(call, "epoch").is_some());
+}
+
+/// The bytes a hexadecimal id stands for.
+fn hex_bytes(hex: &str) -> Vec<u8> {
+    (0..hex.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).expect("hex"))
+        .collect()
+}
+
+#[test]
+fn a_line_is_flat_in_order_and_the_innermost_value_wins() {
+    let captured = Captured::default();
+    let sink = captured.clone();
+    let subscriber = fenced_jobs::logs::json_subscriber("info", move || sink.clone());
+    tracing::subscriber::with_default(subscriber, || {
+        let outer = tracing::info_span!("invocation", requestId = "r-1", job_id = "outer");
+        let _outer = outer.enter();
+        let inner = tracing::info_span!("record", job_id = "j-1", epoch = tracing::field::Empty);
+        let _inner = inner.enter();
+        inner.record("epoch", 3);
+        tracing::info!(job_id = "j-event", attempts = 2, "record done");
+    });
+    let text = String::from_utf8(captured.0.lock().expect("buffer").clone()).expect("utf-8");
+    let line: serde_json::Map<String, Value> =
+        serde_json::from_str(text.trim()).expect("one JSON line");
+    assert_eq!(line["level"], "INFO");
+    assert_eq!(line["requestId"], "r-1");
+    assert_eq!(line["job_id"], "j-event", "the event's own value wins");
+    assert_eq!(line["epoch"], 3, "a field recorded after the span began");
+    assert_eq!(line["attempts"], 2);
+    assert_eq!(line["message"], "record done");
+    let keys: Vec<&str> = text
+        .trim()
+        .trim_start_matches('{')
+        .split(",\"")
+        .filter_map(|part| part.trim_start_matches('"').split('"').next())
+        .collect();
+    assert_eq!(&keys[..3], ["timestamp", "level", "requestId"], "{text}");
+    assert_eq!(text.matches("\"job_id\"").count(), 1, "{text}");
+}

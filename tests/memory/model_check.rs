@@ -1,0 +1,128 @@
+//! The ledger protocol checked over every interleaving within the smallest bound (`make
+//! model-check` checks a larger one), and each property shown to bite: a mutation of the
+//! protocol produces a counterexample, whose timeline the test prints.
+
+// The queue's model of `make model-check`, over the protocol at the crate root (its
+// `crate::protocol`).
+#[allow(dead_code)]
+#[path = "../../examples/model/queue.rs"]
+mod queue;
+
+use protocol::{Bounds, Mutation, Verdict, check};
+use queue::{QueueBounds, QueueMutation};
+
+use crate::protocol;
+
+fn threads() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+fn print(bounds: &str, report: &protocol::Report) {
+    println!(
+        "{bounds}: {} distinct states, depth {}, {:.1} s",
+        report.unique, report.depth, report.seconds
+    );
+    if let Some(timeline) = &report.counterexample {
+        println!("{timeline}");
+    }
+}
+
+#[test]
+fn every_property_holds_in_the_test_bound_and_every_example_is_reached() {
+    // The test bound comes in five parts: the providers that answer the submit, with ledger
+    // faults; the one that runs calls in the background, without; the pacer's refusals and
+    // invocations that end before the job; a lease long enough for the pacer to send a
+    // refused call again; a job whose spend limit holds one call; and an operator's cancel.
+    let mut reached = std::collections::BTreeSet::new();
+    let mut examples = std::collections::BTreeSet::new();
+    for bounds in [
+        Bounds::test(),
+        Bounds::background(),
+        Bounds::world(),
+        Bounds::resend(),
+        Bounds::spend(),
+        Bounds::cancel(),
+    ] {
+        let report = check(&bounds, threads(), false);
+        print(&bounds.describe(), &report);
+        for (name, verdict) in &report.verdicts {
+            match verdict {
+                Verdict::Holds => {}
+                Verdict::Reached => {
+                    reached.insert(*name);
+                    examples.insert(*name);
+                }
+                Verdict::Unreached => {
+                    examples.insert(*name);
+                }
+                Verdict::Violated => panic!("{name}: violated in {}", bounds.describe()),
+            }
+        }
+        // The bound is not vacuous: the checker went through a real number of interleavings.
+        assert!(report.unique > 10_000, "{} states", report.unique);
+    }
+    let unreached: Vec<_> = examples.difference(&reached).collect();
+    assert!(unreached.is_empty(), "never reached: {unreached:?}");
+}
+
+#[test]
+fn each_property_is_broken_by_its_mutation_with_a_printed_counterexample() {
+    for mutation in Mutation::ALL {
+        let Some(expected) = mutation.breaks() else {
+            continue;
+        };
+        let report = check(&mutation.bounds(), threads(), true);
+        println!("{mutation:?}: breaks {:?}", report.violated());
+        if let Some(timeline) = &report.counterexample {
+            println!("{timeline}");
+        }
+        assert!(
+            report.violated().contains(&expected),
+            "{mutation:?} ({}) should break \"{expected}\", broke {:?}",
+            mutation.describe(),
+            report.violated()
+        );
+        let timeline = report.counterexample.expect("a counterexample");
+        assert!(
+            timeline.contains(&format!("VIOLATED: {expected}")),
+            "{mutation:?}: the timeline ends elsewhere:\n{timeline}"
+        );
+    }
+}
+
+#[test]
+fn a_live_jobs_message_is_never_dead_lettered_and_no_visibility_passes_its_receive() {
+    let bounds = QueueBounds::test();
+    let report = queue::check(&bounds, threads(), false);
+    print(&bounds.describe(), &report);
+    for (name, verdict) in &report.verdicts {
+        assert!(
+            matches!(verdict, Verdict::Holds | Verdict::Reached),
+            "{name}: {verdict:?}"
+        );
+    }
+    // Past the first half of its receives, the message waits: the path is as long as the count.
+    assert_eq!(report.depth as u32, bounds.max_receive_count + 2);
+    assert!(report.unique > 1_000, "{} states", report.unique);
+}
+
+#[test]
+fn each_rule_of_the_queue_is_broken_by_its_mutation_with_a_printed_counterexample() {
+    for mutation in QueueMutation::ALL {
+        let expected = mutation.breaks();
+        let report = queue::check(&mutation.bounds(), threads(), true);
+        println!("{mutation:?}: breaks {:?}", report.violated());
+        let timeline = report.counterexample.clone().expect("a counterexample");
+        println!("{timeline}");
+        assert!(
+            report.violated().contains(&expected),
+            "{mutation:?} ({}) should break \"{expected}\", broke {:?}",
+            mutation.describe(),
+            report.violated()
+        );
+        assert!(
+            timeline.contains(&format!("VIOLATED: {expected}")),
+            "{mutation:?}: the timeline ends elsewhere:\n{timeline}"
+        );
+    }
+}

@@ -1,0 +1,255 @@
+//! The provider's rate limit in memory, on a clock the test moves: a job refused by 429s again
+//! and again still has its whole budget, calls sent again after 429s keep to the limit the 429s
+//! lowered, and a tenant capped at half the pace leaves the other half to another tenant.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use fenced_jobs::clock::{Clock, ManualClock};
+use fenced_jobs::job::{Failure, JobState, Millis, RecordOutcome, parse_body};
+use fenced_jobs::ledger::JobLedger;
+use fenced_jobs::ledger::memory::InMemoryLedger;
+use fenced_jobs::ledger::schedule::{CallSchedule, Limits, MemorySchedule};
+use fenced_jobs::provider::{Answer, Provider, ProviderError, ProviderRequest};
+use fenced_jobs::worker::Settings;
+use fenced_jobs::worker::processor::{Invocation, Processor};
+
+use crate::support::{self, NoWatch, T};
+
+/// One clock for the test and the processor.
+#[derive(Clone)]
+struct SharedClock(Arc<ManualClock>);
+
+impl Clock for SharedClock {
+    fn now_ms(&self) -> Millis {
+        self.0.now_ms()
+    }
+}
+
+/// A provider at its rate limit for the first `refusals` calls, then answering.
+struct Limited {
+    refusals: u32,
+    calls: AtomicU32,
+}
+
+impl Provider for Limited {
+    async fn call(&self, req: &ProviderRequest<'_>) -> Result<Answer, ProviderError> {
+        let n = self.calls.fetch_add(1, Ordering::Relaxed);
+        if n < self.refusals {
+            return Err(ProviderError::Throttled {
+                retry_after_ms: Some(60_000),
+                reason: "HTTP 429 rate_limit_exceeded".into(),
+            });
+        }
+        Ok(Answer {
+            body: format!(r#"{{"job":"{}"}}"#, req.job_id),
+            provider_ref: None,
+            finish: fenced_jobs::job::contract::Finish::Stop,
+            usage: None,
+        })
+    }
+}
+
+#[tokio::test]
+async fn a_job_refused_by_429s_more_often_than_its_budget_still_runs_and_counts_them() {
+    let ledger = Arc::new(InMemoryLedger::new());
+    let clock = SharedClock(Arc::new(ManualClock::at(T)));
+    let provider = Limited {
+        refusals: 3,
+        calls: AtomicU32::new(0),
+    };
+    let processor = Processor::new(
+        Arc::clone(&ledger),
+        provider,
+        clock.clone(),
+        Settings::default(),
+    );
+    let msg = parse_body(Some(
+        r#"{"job_id":"busy","contract":"summary.v1","max_attempts":1,"input":{"model":"m","prompt":"p"}}"#,
+    ))
+    .expect("valid");
+    let inv = Invocation {
+        id: "inv".into(),
+        deadline: None,
+    };
+    let mut outcomes = Vec::new();
+    for delivery in 0..4 {
+        let processed = processor
+            .process(&msg, &format!("w{delivery}"), &inv, &NoWatch)
+            .await;
+        outcomes.push(processed.outcome);
+        // The wait the provider asked for (60 s, past the in-process horizon) passes.
+        clock.0.advance(61_000);
+    }
+    // Given back, each refused delivery waits for capacity (the provider's Retry-After), not a
+    // backoff that grows with the receives.
+    let labels: Vec<&str> = outcomes.iter().map(RecordOutcome::label).collect();
+    assert_eq!(labels, ["paced", "paced", "paced", "succeeded"]);
+    assert_eq!(
+        outcomes[0],
+        RecordOutcome::Failed(Failure::Paced { wait_ms: 60_000 })
+    );
+    let item = ledger.get("busy").await.expect("get").expect("item");
+    assert_eq!(item.state, JobState::Succeeded);
+    assert_eq!(
+        (item.attempts, item.max_attempts, item.throttles),
+        (1, 1, 3)
+    );
+    assert!(matches!(
+        processor
+            .process(&msg, "late", &inv, &NoWatch)
+            .await
+            .outcome,
+        RecordOutcome::Done(JobState::Succeeded)
+    ));
+    // The environment's adaptive limit was halved by each refusal and grew back by the answer.
+    assert!(processor.pacer().limit() < 16.0);
+}
+
+/// A provider refusing every call of its first round for its rate limit (a short
+/// `Retry-After`), then answering slowly; it counts the calls running at once in each round.
+struct Crowded {
+    round_size: u32,
+    calls: AtomicU32,
+    running: AtomicU32,
+    most_after_refusals: AtomicU32,
+}
+
+impl Provider for Crowded {
+    async fn call(&self, req: &ProviderRequest<'_>) -> Result<Answer, ProviderError> {
+        let n = self.calls.fetch_add(1, Ordering::SeqCst);
+        if n < self.round_size {
+            // All of the first round are in flight together before they are refused.
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            return Err(ProviderError::Throttled {
+                retry_after_ms: Some(200),
+                reason: "HTTP 429 rate_limit_exceeded".into(),
+            });
+        }
+        let now = self.running.fetch_add(1, Ordering::SeqCst) + 1;
+        self.most_after_refusals.fetch_max(now, Ordering::SeqCst);
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        self.running.fetch_sub(1, Ordering::SeqCst);
+        Ok(Answer {
+            body: format!(r#"{{"job":"{}"}}"#, req.job_id),
+            provider_ref: None,
+            finish: fenced_jobs::job::contract::Finish::Stop,
+            usage: None,
+        })
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_sent_again_after_429s_keep_to_the_limit_the_429s_lowered() {
+    // GIVEN a batch of ten records whose ten calls, sent together, are all refused for the
+    // rate limit with a short Retry-After (so each is sent again under its claim)
+    let provider = Crowded {
+        round_size: 10,
+        calls: AtomicU32::new(0),
+        running: AtomicU32::new(0),
+        most_after_refusals: AtomicU32::new(0),
+    };
+    let mut settings = Settings::default();
+    settings.pacing.max_in_flight = 10;
+    let pacer = fenced_jobs::worker::pacing::Pacer::new(settings.pacing(), None);
+    let handler = fenced_jobs::worker::BatchHandler::new(
+        Processor::new(
+            Arc::new(InMemoryLedger::new()),
+            provider,
+            fenced_jobs::clock::SystemClock,
+            settings,
+        )
+        .with_pacer(pacer),
+        fenced_jobs::queue::RecordingVisibility::new(),
+    );
+    let records = (0..10)
+        .map(|i| {
+            let mut m = aws_lambda_events::sqs::SqsMessage::default();
+            m.message_id = Some(format!("m{i}"));
+            m.receipt_handle = Some(format!("h{i}"));
+            m.body = Some(support::job(&format!("crowd-{i}"), "p", ""));
+            m.event_source_arn = Some("arn:aws:sqs:us-east-1:123456789012:q".into());
+            m
+        })
+        .collect();
+    let mut event = aws_lambda_events::sqs::SqsEvent::default();
+    event.records = records;
+    let inv = Invocation {
+        id: "inv".into(),
+        deadline: Some(fenced_jobs::clock::SystemClock.now_ms() + 60_000),
+    };
+    // WHEN the batch runs
+    let report = handler.handle_batch(&event, &inv).await;
+    // THEN every job succeeded, and the calls sent again never ran more than five at once:
+    // the limit the refusals halved holds for them, instead of all ten going again together
+    assert!(
+        report.records.iter().all(|r| r.outcome.is_success()),
+        "{report:?}"
+    );
+    let provider = handler.processor().provider();
+    assert_eq!(provider.calls.load(Ordering::SeqCst), 20);
+    let most = provider.most_after_refusals.load(Ordering::SeqCst);
+    assert!(
+        (1..=5).contains(&most),
+        "{most} calls at once after the refusals"
+    );
+}
+
+/// Processes jobs of `tenant` until one is paced (at most `most`), on a clock that stands
+/// still; returns how many were admitted first.
+async fn admitted_before_paced(
+    processor: &Processor<InMemoryLedger, fenced_jobs::provider::SimulatedProvider, ManualClock>,
+    tenant: &str,
+    most: usize,
+) -> usize {
+    let inv = Invocation {
+        id: "tenants".into(),
+        deadline: None,
+    };
+    for i in 0..most {
+        let body = format!(
+            r#"{{"job_id":"{tenant}-{i}","tenant":"{tenant}","contract":"c","input":{{"model":"m","prompt":"p"}}}}"#
+        );
+        let msg = fenced_jobs::job::parse_body(Some(&body)).expect("valid");
+        let done = processor
+            .process(&msg, &format!("w/{tenant}/{i}"), &inv, &NoWatch)
+            .await;
+        if matches!(done.outcome, RecordOutcome::Failed(Failure::Paced { .. })) {
+            return i;
+        }
+    }
+    most
+}
+
+#[tokio::test]
+async fn a_tenant_capped_at_half_the_pace_leaves_the_other_half_to_another_tenant() {
+    for (percent, other_runs) in [(50, true), (100, false)] {
+        // GIVEN 1,200 requests a minute, a horizon of 0.2 s, and tenants capped at `percent`
+        let mut settings = Settings::default();
+        settings.pacing.limits = Limits { rpm: 1_200, tpm: 0 };
+        settings.pacing.horizon_ms = 200;
+        settings.pacing.chunk = 1;
+        settings.tenant_pacing_percent = percent;
+        let schedule: Arc<dyn CallSchedule> = Arc::new(MemorySchedule::new());
+        let processor = Processor::new(
+            InMemoryLedger::new(),
+            fenced_jobs::provider::SimulatedProvider::new(),
+            ManualClock::at(1_800_000_000_000),
+            settings.clone(),
+        )
+        .with_pacer(fenced_jobs::worker::pacing::Pacer::new(
+            settings.pacing(),
+            Some(Arc::clone(&schedule)),
+        ))
+        .with_tenant_schedule(Arc::clone(&schedule));
+
+        // WHEN one tenant's jobs run until the pace turns one away, then another's comes
+        let bulk = admitted_before_paced(&processor, "bulk", 20).await;
+        let other = admitted_before_paced(&processor, "other", 1).await;
+
+        // THEN the capped tenant stopped at its share, and the other tenant's job ran; uncapped,
+        // the first tenant took the whole horizon and the other waits behind it
+        assert!(bulk < 20, "{percent} %: never paced");
+        assert_eq!(other == 1, other_runs, "{percent} %: bulk ran {bulk}");
+    }
+}
