@@ -100,11 +100,13 @@ async fn a_fifo_dead_letter_is_deduplicated_by_its_original_message_id() {
     }
 }
 
-/// The worker's dead letters to the queue `name` of a scripted SQS at `url`.
+/// The worker's dead letters to the queue `name` of a scripted SQS at `url`, signed with test
+/// credentials (the tests need no emulator and no account).
 async fn dead_letters_at(url: &str, name: &str) -> fenced_jobs::queue::SqsDeadLetters {
     let config = aws_config::defaults(aws_config::BehaviorVersion::latest())
         .region(aws_config::Region::new("us-east-1"))
         .endpoint_url(url)
+        .credentials_provider(aws_sdk_sqs::config::Credentials::for_tests())
         .load()
         .await;
     fenced_jobs::queue::SqsDeadLetters::new(
