@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 
 use fenced_jobs::job::{Failure, JobState, RecordOutcome};
 use fenced_jobs::ledger::JobLedger;
-use fenced_jobs::provider::openai::{OpenAiApi, OpenAiSettings};
 use fenced_jobs::provider::AnyProvider;
+use fenced_jobs::provider::openai::{OpenAiApi, OpenAiSettings};
 use serde_json::json;
 
 use crate::support::http::{HttpStub, Reply};
