@@ -1,22 +1,37 @@
 #!/usr/bin/env bash
-# The benchmark steps; run by scripts/bench.sh with the emulator up.
+# The benchmark steps; run by scripts/bench.sh with the emulator up. Each step's output goes to
+# the terminal and to OUT_DIR (target/bench), from which BENCHMARKS.md is written.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+out=${1:-target/bench}
+mkdir -p "$out"
+step() { # step NAME COMMAND...: runs a step, its output kept as OUT_DIR/NAME.txt
+  local name=$1
+  shift
+  echo
+  echo "\$ $*"
+  "$@" | tee "$out/$name.txt"
+}
 
-echo; echo '$ target/release/examples/bench_heartbeat'
-target/release/examples/bench_heartbeat
+step heartbeat target/release/examples/bench_heartbeat
+step batch target/release/examples/bench_batch
+step cost target/release/examples/bench_cost
+step chaos target/release/examples/chaos --seed 1 --jobs 10000
+step scale target/release/examples/chaos --scale --seed 1 --jobs 100000 --series "$out/scale-series.json"
+step tenants target/release/examples/chaos --tenants --seed 1
+step urgent target/release/examples/chaos --urgent --seed 1
+DRILL_TIMELINE="$out/drill.json" step drill cargo test --quiet --test emulator drill -- --nocapture
 
-echo; echo '$ target/release/examples/bench_batch'
-target/release/examples/bench_batch
+echo
+echo "peak memory: one 10,000-record batch through the SDK"
+/usr/bin/time -v target/release/examples/bench_batch peak 10000 2> "$out/peak.txt" >/dev/null
+{
+  echo "one 10,000-record batch through the SDK (bench_batch peak 10000):"
+  grep -E "Maximum resident set size|Elapsed" "$out/peak.txt"
+} | tee "$out/memory.txt"
 
-echo; echo '$ target/release/examples/bench_cost'
-target/release/examples/bench_cost
-
-echo; echo '$ /usr/bin/time -v target/release/examples/bench_batch peak 10000'
-/usr/bin/time -v target/release/examples/bench_batch peak 10000 2> /tmp/fenced-jobs-peak.txt
-grep -E "Maximum resident set size|Elapsed" /tmp/fenced-jobs-peak.txt
-
-echo; echo "peak memory: ten Extended Client pointers to 8 MiB payloads, target/release/worker at 128 MB"
+echo
+echo "peak memory: ten Extended Client pointers to 8 MiB payloads, target/release/worker at 128 MB"
 (
   eval "$(scripts/emulator.sh create "jobs-heavy-$$" "jobs-heavy-$$")"
   .venv/bin/python scripts/bench_payloads.py /tmp/fenced-jobs-heavy-event.json
@@ -27,13 +42,29 @@ echo; echo "peak memory: ten Extended Client pointers to 8 MiB payloads, target/
   AWS_LAMBDA_RUNTIME_API="127.0.0.1:$port" AWS_LAMBDA_FUNCTION_NAME=worker \
     AWS_LAMBDA_FUNCTION_VERSION='$LATEST' AWS_LAMBDA_FUNCTION_MEMORY_SIZE=128 PROVIDER=simulated \
     PAYLOAD_BUCKET="$RESULTS_BUCKET-producer" \
-    RUST_LOG=warn /usr/bin/time -v target/release/worker > /dev/null 2> /tmp/fenced-jobs-heavy.txt || true
+    RUST_LOG=warn /usr/bin/time -v target/release/worker > /dev/null 2> "$out/heavy.txt" || true
   kill $mock 2>/dev/null || true
-  grep -E "Maximum resident set size|Elapsed" /tmp/fenced-jobs-heavy.txt
+  {
+    echo
+    echo "ten Extended Client pointers to 8 MiB payloads, the release worker at 128 MB:"
+    grep -E "Maximum resident set size|Elapsed" "$out/heavy.txt"
+  } | tee -a "$out/memory.txt"
 )
 
-echo; echo "cold start: hyperfine over target/release/worker against a mock Runtime API"
-command -v hyperfine >/dev/null || { echo "hyperfine is not installed (apt-get install hyperfine)"; exit 0; }
+echo
+echo "sizes"
+{
+  ls -l target/release/worker | awk '{print "x86_64 release binary: " $5 " bytes"}'
+  if [ -f target/lambda/worker/bootstrap.zip ]; then
+    ls -l target/lambda/worker/bootstrap.zip | awk '{print "arm64 deployable zip (make build): " $5 " bytes"}'
+  else
+    echo "arm64 deployable zip: not built (make build before make bench)"
+  fi
+} | tee "$out/sizes.txt"
+
+echo
+echo "cold start: hyperfine over target/release/worker against a mock Runtime API"
+command -v hyperfine >/dev/null || { echo "hyperfine is not installed (apt-get install hyperfine)" | tee "$out/cold.txt"; exit 0; }
 eval "$(scripts/emulator.sh create "jobs-cold-$$" "jobs-cold-$$")"
 port=$(.venv/bin/python -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 # The sample one-job event without its simulated latency: the first run claims and accepts the
@@ -53,14 +84,5 @@ sleep 0.5
 export AWS_LAMBDA_RUNTIME_API="127.0.0.1:$port" AWS_LAMBDA_FUNCTION_NAME=worker \
   AWS_LAMBDA_FUNCTION_VERSION='$LATEST' AWS_LAMBDA_FUNCTION_MEMORY_SIZE=128 \
   AWS_LAMBDA_LOG_STREAM_NAME=bench AWS_LAMBDA_LOG_GROUP_NAME=bench RUST_LOG=warn
-hyperfine -N --warmup 3 --runs 30 -i --export-json /tmp/fenced-jobs-cold.json \
-  --output=null target/release/worker
-.venv/bin/python -c "import json; r = json.load(open('/tmp/fenced-jobs-cold.json'))['results'][0]; print(f\"cold start (process start to exit after one event): median {r['median']*1000:.1f} ms, min {r['min']*1000:.1f} ms\")"
-
-echo; echo "sizes"
-ls -l target/release/worker | awk '{print "x86_64 release binary: " $5 " bytes"}'
-if [ -f target/lambda/worker/bootstrap.zip ]; then
-  ls -l target/lambda/worker/bootstrap.zip | awk '{print "arm64 deployable zip (make build): " $5 " bytes"}'
-else
-  echo "arm64 deployable zip: run make build first"
-fi
+hyperfine -N --warmup 3 --runs 30 -i --export-json "$out/cold.json" \
+  --output=null target/release/worker | tee "$out/cold.txt"

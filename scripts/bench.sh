@@ -1,9 +1,25 @@
 #!/usr/bin/env bash
-# make bench: release builds, then every benchmark with the emulator up; prints markdown.
+# make bench: release builds, then every benchmark with the emulator up, each step's output kept
+# in target/bench/; then BENCHMARKS.md is written from this one run (scripts/bench_report.py),
+# dated, with its commit and its machine, and its pictures drawn into benchmarks/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-echo "machine: $(nproc) cores, $(uname -m), $(date -u +%Y-%m-%d)"
-cargo build --release --quiet --bin worker --example bench_heartbeat --example bench_batch --example bench_cost
+out=target/bench
+rm -rf "$out"
+mkdir -p "$out"
+cargo build --release --quiet --bin worker --example bench_heartbeat --example bench_batch \
+  --example bench_cost --example chaos --example bench_plots
 # moto behind a keep-alive server, as DynamoDB and SQS keep connections alive.
 scripts/emulator.sh stop
-EMULATOR_KEEPALIVE=1 scripts/with-emulator.sh scripts/bench-steps.sh
+EMULATOR_KEEPALIVE=1 scripts/with-emulator.sh scripts/bench-steps.sh "$out"
+dirty=$(git diff --quiet HEAD -- src examples && echo "" || echo " with local changes")
+cpu=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//' || true)
+cat > "$out/meta.json" <<META
+{"date": "$(date -u +%Y-%m-%d)", "commit": "$(git rev-parse --short HEAD)$dirty",
+ "machine": "$(nproc) cores, $(uname -m)${cpu:+, $cpu}, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo)",
+ "rustc": "$(rustc -V | cut -d' ' -f1-2)"}
+META
+.venv/bin/python scripts/bench_report.py --plots "$out"
+target/release/examples/bench_plots "$out" benchmarks
+.venv/bin/python scripts/bench_report.py "$out" BENCHMARKS.md
+echo "wrote BENCHMARKS.md and benchmarks/*.svg from this run"

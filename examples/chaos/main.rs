@@ -103,6 +103,12 @@ fn main() {
             let report = scale::run_blocking(&config);
             report.print(&config);
             println!("  wall time: {:.1} s", started.elapsed().as_secs_f64());
+            // `make bench` draws the burst minute by minute from this file.
+            if let Some(i) = args.iter().position(|a| a == "--series") {
+                let path = args.get(i + 1).expect("--series FILE");
+                let json = serde_json::to_string(&report.minutes).expect("minutes as JSON");
+                std::fs::write(path, json).expect("write the series");
+            }
         }
         return;
     }

@@ -193,6 +193,20 @@ pub struct ScaleReport {
     /// The trickle's jobs: from their submit to their acceptance (ms), sorted; a job that was
     /// not accepted counts as the whole run.
     pub trickle_latency: Vec<Millis>,
+    /// Minute by minute from the burst: calls the model ran, calls answered 429, and jobs not
+    /// yet ended at the minute's start.
+    pub minutes: Vec<Minute>,
+}
+
+/// One minute of a run, for `make bench`'s picture of the burst.
+#[derive(Debug, Default, Clone, Copy, serde::Serialize)]
+pub struct Minute {
+    /// Calls the model ran.
+    pub executed: u64,
+    /// Calls answered 429.
+    pub throttled: u64,
+    /// Jobs not yet ended when the minute began.
+    pub open: u64,
 }
 
 impl ScaleReport {
@@ -286,6 +300,23 @@ struct Counters {
     throttled: AtomicU64,
     tokens: AtomicU64,
     sqs: AtomicU64,
+    /// Calls the model ran and calls answered 429, per minute from the burst.
+    minutes: Mutex<Vec<Minute>>,
+}
+
+impl Counters {
+    /// Counts a call in its minute: ran, or answered 429.
+    fn minute(&self, minute: usize, ran: bool) {
+        let mut minutes = self.minutes.lock().expect("minutes");
+        if minutes.len() <= minute {
+            minutes.resize(minute + 1, Minute::default());
+        }
+        if ran {
+            minutes[minute].executed += 1;
+        } else {
+            minutes[minute].throttled += 1;
+        }
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -581,6 +612,8 @@ struct LimitedProvider {
     call_ms: (u64, u64),
     /// Jobs whose model ran, and when each was first admitted.
     admitted: Arc<Mutex<HashMap<String, Millis>>>,
+    /// When the burst arrived.
+    start: Millis,
 }
 
 /// The tokens a request is charged when it arrives: its prompt (4 bytes a token) and the
@@ -604,6 +637,7 @@ impl Provider for LimitedProvider {
     async fn call(&self, req: &ProviderRequest<'_>) -> Result<Answer, ProviderError> {
         tokio::time::sleep(Duration::from_millis(30)).await;
         let now = self.clock.now_ms();
+        let minute = usize::try_from((now - self.start) / 60_000).unwrap_or_default();
         let tokens = charged_tokens(req) as f64;
         let refused = {
             let mut limits = self.limits.lock().expect("limits");
@@ -621,6 +655,7 @@ impl Provider for LimitedProvider {
         };
         if let Some(wait) = refused {
             self.counters.throttled.fetch_add(1, Ordering::Relaxed);
+            self.counters.minute(minute, false);
             // Retry-After in whole seconds, as most gateways send it.
             return Err(ProviderError::Throttled {
                 retry_after_ms: Some((wait + 999) / 1_000 * 1_000),
@@ -628,6 +663,7 @@ impl Provider for LimitedProvider {
             });
         }
         self.counters.executed.fetch_add(1, Ordering::Relaxed);
+        self.counters.minute(minute, true);
         self.counters
             .tokens
             .fetch_add(tokens as u64, Ordering::Relaxed);
@@ -741,6 +777,7 @@ pub async fn run(config: &ScaleConfig) -> ScaleReport {
         rng: Arc::new(Mutex::new(fastrand::Rng::with_seed(config.seed ^ 0x5eed))),
         call_ms: config.call_ms,
         admitted: Arc::new(Mutex::new(HashMap::new())),
+        start,
     };
     let schedule = Arc::new(CountingSchedule::default());
     let limits = config
@@ -866,7 +903,17 @@ pub async fn run(config: &ScaleConfig) -> ScaleReport {
             }
         }
     });
-    futures::future::join_all(consumers).await;
+    // The jobs not yet ended, sampled at each minute's start.
+    let sampler = async {
+        let mut open = Vec::new();
+        while remaining.load(Ordering::Relaxed) > queue.dead_lettered() && clock.now_ms() < horizon
+        {
+            open.push(remaining.load(Ordering::Relaxed));
+            tokio::time::sleep(Duration::from_secs(60)).await;
+        }
+        open
+    };
+    let (_, open) = futures::join!(futures::future::join_all(consumers), sampler);
 
     let mut report = ScaleReport {
         executed: counters.executed.load(Ordering::Relaxed),
@@ -882,6 +929,12 @@ pub async fn run(config: &ScaleConfig) -> ScaleReport {
         dead_lettered: queue.dead_lettered(),
         ..ScaleReport::default()
     };
+    let mut minutes = counters.minutes.lock().expect("minutes").clone();
+    minutes.resize(minutes.len().max(open.len()), Minute::default());
+    for (minute, open) in minutes.iter_mut().zip(open) {
+        minute.open = open;
+    }
+    report.minutes = minutes;
     report.reservations = (
         schedule.granted.load(Ordering::Relaxed),
         schedule.granted_calls.load(Ordering::Relaxed),

@@ -25,6 +25,8 @@ struct Timeline {
     started: Instant,
     deliveries: u32,
     rows: Vec<String>,
+    /// The same rows as data, for `make bench`'s picture of the drill.
+    events: Vec<serde_json::Value>,
 }
 
 impl Timeline {
@@ -59,6 +61,15 @@ impl Timeline {
         };
         let deadline_left = format!("{}s", (item.deadline_at - SystemClock.now_ms()) / 1000);
         let recovery = item.recoveries.last().map_or("-", |r| r.reason.as_str());
+        self.events.push(serde_json::json!({
+            "at": self.started.elapsed().as_secs_f64(),
+            "actor": actor,
+            "label": if outcome == "-" {
+                format!("e{} {}", item.owner_epoch, item.state.as_str())
+            } else {
+                format!("{outcome} (e{} {})", item.owner_epoch, item.state.as_str())
+            },
+        }));
         self.rows.push(format!(
             "{:>5.1}s  {:<8} {:>10} {:<17} {:>5}  {:<17} {:>8}  {:>9}  {:>12}  {:<24} {:<13} {what}",
             self.started.elapsed().as_secs_f64(),
@@ -94,6 +105,11 @@ impl Timeline {
         for row in &self.rows {
             println!("{row}");
         }
+        // `make bench` draws the timeline from this file.
+        if let Ok(path) = std::env::var("DRILL_TIMELINE") {
+            let json = serde_json::to_string(&self.events).expect("the timeline as JSON");
+            std::fs::write(path, json).expect("write the timeline");
+        }
     }
 }
 
@@ -108,6 +124,7 @@ async fn the_recovery_drill() {
         started: Instant::now(),
         deliveries: 1,
         rows: Vec::new(),
+        events: Vec::new(),
     };
     aws.send(&queue, &job(JOB, "a long report", NOT_RETRIEVABLE))
         .await;
