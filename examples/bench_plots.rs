@@ -10,6 +10,7 @@
 use std::error::Error;
 use std::path::Path;
 
+use plotters::coord::types::RangedCoordf64;
 use plotters::prelude::*;
 use serde::Deserialize;
 
@@ -82,6 +83,20 @@ fn top(values: impl Iterator<Item = f64>) -> f64 {
     values.fold(0.0_f64, f64::max).max(1e-9) * 1.1
 }
 
+/// A chart of the lines and bars pictures: numbers on both axes.
+type Chart<'a, 'b> = ChartContext<'a, SVGBackend<'b>, Cartesian2d<RangedCoordf64, RangedCoordf64>>;
+
+/// The series' names, boxed in the upper right corner.
+fn legend<'a, 'b: 'a>(chart: &mut Chart<'a, 'b>) -> Drawn {
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperRight)
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .draw()?;
+    Ok(())
+}
+
 fn lines(path: &Path, title: &str, x_label: &str, panels: &[Panel]) -> Drawn {
     let root = SVGBackend::new(path, (900, 260 * panels.len() as u32 + 40)).into_drawing_area();
     root.fill(&WHITE)?;
@@ -116,12 +131,7 @@ fn lines(path: &Path, title: &str, x_label: &str, panels: &[Panel]) -> Drawn {
                     PathElement::new(vec![(x, y), (x + 20, y)], c.stroke_width(2))
                 });
         }
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::UpperRight)
-            .background_style(WHITE.mix(0.8))
-            .border_style(BLACK)
-            .draw()?;
+        legend(&mut chart)?;
     }
     root.present()?;
     Ok(())
@@ -162,12 +172,7 @@ fn bars(path: &Path, title: &str, y_label: &str, groups: &[String], series: &[Ba
             ("sans-serif", 15),
         )
     }))?;
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperRight)
-        .background_style(WHITE.mix(0.8))
-        .border_style(BLACK)
-        .draw()?;
+    legend(&mut chart)?;
     root.present()?;
     Ok(())
 }
