@@ -33,7 +33,8 @@ const SQS_REQUEST: f64 = 0.40;
 const LAMBDA_LOOK: f64 = 0.20 + 0.02 * 0.125 * 13.33;
 const S3_PUT: f64 = 5.0;
 const S3_GET: f64 = 0.4;
-/// Lambda (compute and requests) and SQS (1.2 requests) per million jobs, 0 s call (§10).
+/// Lambda (compute and requests) and SQS (1.2 requests) per million jobs, 0 s call (from the
+/// scale model's counts per job).
 const LAMBDA: f64 = 0.05;
 const SQS: f64 = 0.48;
 /// The Python peer (Powertools batch + idempotency) per million jobs, 0 s call, measured side
