@@ -4,6 +4,7 @@
 #   scripts/emulator.sh install   create .venv with scripts/requirements.txt (moto, cfn-lint)
 #   scripts/emulator.sh install-build   and scripts/requirements-build.txt (cargo-lambda)
 #   scripts/emulator.sh install-sam     .venv-sam with scripts/requirements-sam.txt (SAM CLI)
+#   scripts/emulator.sh install-iam     the IAM evaluator (npm, scripts/iam/package-lock.json)
 #   scripts/emulator.sh start     install if needed, start, wait until it answers
 #                                 (EMULATOR_KEEPALIVE=1: behind waitress, which keeps connections alive)
 #   scripts/emulator.sh stop      stop it (by pid)
@@ -43,6 +44,20 @@ install() {
   echo "emulator: installing scripts/requirements.txt into .venv" >&2
   "$python_bin" -m venv "$venv"
   pip_install "$venv" "$root/scripts/requirements.txt"
+  printf '%s' "$want" > "$stamp"
+}
+
+# Installs the IAM evaluator (scripts/iam/package-lock.json, from npm) into scripts/iam, once
+# per version of that file.
+install_iam() {
+  local want stamp="$root/scripts/iam/node_modules/.lock"
+  command -v npm >/dev/null || { echo "emulator: the IAM check needs Node.js and npm (apt-get install nodejs npm)" >&2; exit 1; }
+  want=$(cat "$root/scripts/iam/package-lock.json")
+  if [ "$(cat "$stamp" 2>/dev/null)" = "$want" ]; then
+    return
+  fi
+  echo "emulator: installing scripts/iam/package-lock.json into scripts/iam" >&2
+  (cd "$root/scripts/iam" && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error >/dev/null)
   printf '%s' "$want" > "$stamp"
 }
 
@@ -131,6 +146,7 @@ case "${1:-}" in
   install) install ;;
   install-build) install_build ;;
   install-sam) install_sam ;;
+  install-iam) install_iam ;;
   start) start ;;
   stop) stop ;;
   env) print_env ;;

@@ -9,10 +9,14 @@ scripts/emulator.sh install-sam > .sam-install.log 2>&1 &
 sam_install=$!
 # moto and cfn-lint; cargo-lambda for tests/emulator/invoke.rs (`make invoke` under cargo-lambda).
 scripts/emulator.sh install-build
+# The IAM evaluator tests/emulator/iam.rs judges each role's calls with (npm).
+scripts/emulator.sh install-iam
 echo "== cfn-lint template.yaml" >&2
 .venv/bin/cfn-lint template.yaml
 echo "== template consistency" >&2
 .venv/bin/python scripts/check_template.py --self-test template.yaml
+echo "== IAM: the template's roles judged on known requests" >&2
+.venv/bin/python scripts/iam_check.py --self-test template.yaml
 echo "== rust-version against the lock" >&2
 .venv/bin/python scripts/check_msrv.py --self-test
 echo "== documents against the code" >&2

@@ -93,3 +93,147 @@ impl Intercept for CallCounter {
         Ok(())
     }
 }
+
+/// One AWS request as IAM would judge it: who sent it, and what it named.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, serde::Serialize)]
+pub struct RecordedCall {
+    /// The template's logical id of the role the sender runs as (`WorkerRole`, ...).
+    pub role: String,
+    /// The SDK's service name, in lowercase (`sqs`, `dynamodb`, `s3`, ...).
+    pub service: String,
+    /// The API operation (`ChangeMessageVisibilityBatch`, `Query`, ...).
+    pub operation: String,
+    /// The request's path (S3 names its bucket and key there).
+    pub path: String,
+    /// The resource names the request's JSON or form body carries (`QueueUrl`, `TableName`,
+    /// `IndexName`, `StreamArn`, `EventBusName`, `TopicArn`, `SecretId`), by name.
+    pub names: BTreeMap<String, String>,
+}
+
+/// Records every request a client sends as one role, for an IAM evaluator to judge later
+/// (`scripts/iam_check.py`). Attach with `.interceptor(recorder.clone())`.
+#[derive(Debug, Clone)]
+pub struct CallRecorder {
+    role: String,
+    calls: Arc<Mutex<Vec<RecordedCall>>>,
+}
+
+/// The body fields that name a resource, in the services the functions call.
+const NAMED: [&str; 8] = [
+    "QueueName",
+    "QueueUrl",
+    "TableName",
+    "IndexName",
+    "StreamArn",
+    "EventBusName",
+    "TopicArn",
+    "SecretId",
+];
+
+impl CallRecorder {
+    /// A recorder for `role` that appends to `calls` (shared by every role of one test).
+    pub fn new(role: &str, calls: Arc<Mutex<Vec<RecordedCall>>>) -> Self {
+        Self {
+            role: role.to_owned(),
+            calls,
+        }
+    }
+
+    fn names_in(body: &[u8]) -> BTreeMap<String, String> {
+        let mut names = BTreeMap::new();
+        if let Ok(serde_json::Value::Object(doc)) = serde_json::from_slice(body) {
+            for key in NAMED {
+                if let Some(v) = doc.get(key).and_then(|v| v.as_str()) {
+                    names.insert(key.to_owned(), v.to_owned());
+                }
+            }
+            // PutEvents names its bus in each entry.
+            if let Some(bus) = doc
+                .get("Entries")
+                .and_then(|e| e.get(0))
+                .and_then(|e| e.get("EventBusName"))
+                .and_then(|v| v.as_str())
+            {
+                names.insert("EventBusName".to_owned(), bus.to_owned());
+            }
+        } else if let Ok(text) = std::str::from_utf8(body) {
+            // The query protocol (SNS): a form.
+            for pair in text.split('&') {
+                if let Some((k, v)) = pair.split_once('=')
+                    && NAMED.contains(&k)
+                {
+                    names.insert(k.to_owned(), percent_decoded(v));
+                }
+            }
+        }
+        names
+    }
+}
+
+fn percent_decoded(v: &str) -> String {
+    let bytes = v.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'%' if i + 2 < bytes.len() => {
+                let hex = std::str::from_utf8(&bytes[i + 1..i + 3]).unwrap_or("");
+                match u8::from_str_radix(hex, 16) {
+                    Ok(b) => {
+                        out.push(b);
+                        i += 3;
+                        continue;
+                    }
+                    Err(_) => out.push(b'%'),
+                }
+            }
+            b'+' => out.push(b' '),
+            b => out.push(b),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+impl Intercept for CallRecorder {
+    fn name(&self) -> &'static str {
+        "CallRecorder"
+    }
+
+    fn read_before_transmit(
+        &self,
+        context: &BeforeTransmitInterceptorContextRef<'_>,
+        _runtime_components: &RuntimeComponents,
+        cfg: &mut ConfigBag,
+    ) -> Result<(), BoxError> {
+        let (service, operation) = cfg.load::<Metadata>().map_or_else(
+            || ("unknown".to_owned(), "unknown".to_owned()),
+            |m| (m.service().to_ascii_lowercase(), m.name().to_owned()),
+        );
+        let request = context.request();
+        let path = request
+            .uri()
+            .split_once("://")
+            .map_or(request.uri(), |(_, rest)| {
+                rest.find('/').map_or("/", |i| &rest[i..])
+            })
+            .to_owned();
+        let names = request
+            .body()
+            .bytes()
+            .map(Self::names_in)
+            .unwrap_or_default();
+        let call = RecordedCall {
+            role: self.role.clone(),
+            service,
+            operation,
+            path,
+            names,
+        };
+        self.calls
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(call);
+        Ok(())
+    }
+}

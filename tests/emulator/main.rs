@@ -10,6 +10,7 @@ mod chaos;
 mod contracts;
 mod control;
 mod drill;
+mod iam;
 mod invoke;
 mod ledger_contract;
 mod ledger_properties;

@@ -91,6 +91,50 @@ pub async fn emulator() -> Emulator {
     Emulator::on(&config)
 }
 
+/// The emulator's clients for one role of the template: every request they send is recorded
+/// into `calls`, with `role`, for `scripts/iam_check.py` to judge against that role's policy.
+pub async fn emulator_as(
+    role: &str,
+    calls: &std::sync::Arc<std::sync::Mutex<Vec<fenced_jobs::testing::sdk_calls::RecordedCall>>>,
+) -> Emulator {
+    use fenced_jobs::testing::sdk_calls::CallRecorder;
+    let config = emulator().await.config;
+    let recorder = CallRecorder::new(role, calls.clone());
+    let counter = CallCounter::new();
+    Emulator {
+        ddb: aws_sdk_dynamodb::Client::from_conf(
+            aws_sdk_dynamodb::config::Builder::from(&config)
+                .interceptor(recorder.clone())
+                .interceptor(counter.clone())
+                .build(),
+        ),
+        sqs: aws_sdk_sqs::Client::from_conf(
+            aws_sdk_sqs::config::Builder::from(&config)
+                .interceptor(recorder.clone())
+                .interceptor(counter.clone())
+                .build(),
+        ),
+        calls: counter,
+        s3: aws_sdk_s3::Client::from_conf(
+            aws_sdk_s3::config::Builder::from(&config)
+                .force_path_style(true)
+                .interceptor(recorder.clone())
+                .build(),
+        ),
+        events: aws_sdk_eventbridge::Client::from_conf(
+            aws_sdk_eventbridge::config::Builder::from(&config)
+                .interceptor(recorder.clone())
+                .build(),
+        ),
+        streams: aws_sdk_dynamodbstreams::Client::from_conf(
+            aws_sdk_dynamodbstreams::config::Builder::from(&config)
+                .interceptor(recorder)
+                .build(),
+        ),
+        config,
+    }
+}
+
 /// The same emulator, reached through `proxy_url` (a loopback proxy that may stall or refuse
 /// chosen requests), with the worker's bounds on every call.
 pub async fn through(proxy_url: &str, timeouts: fenced_jobs::config::SdkTimeouts) -> Emulator {

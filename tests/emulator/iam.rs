@@ -1,0 +1,203 @@
+//! Each function under its own role: the worker, the reconciler and the dispatcher run their
+//! main paths on the emulator with clients that record every request, and every recorded
+//! (role, action, resource) is judged against the template's own policies, resolved as
+//! CloudFormation would with this test's resources, by an IAM evaluator we did not write
+//! (`scripts/iam_check.py`, `@cloud-copilot/iam-simulate`). A call the role may not make fails
+//! the test as AWS would refuse it. moto itself enforces no IAM that could judge these (see the
+//! script's header).
+
+use std::sync::{Arc, Mutex};
+
+use fenced_jobs::blobs::s3::S3Blobs;
+use fenced_jobs::clock::{Clock, SystemClock};
+use fenced_jobs::events::aws::AwsSink;
+use fenced_jobs::ops::dispatch::dispatch;
+use fenced_jobs::ops::producer::{Intake, submit};
+use fenced_jobs::ops::reconcile::{ReconcileSettings, reconcile};
+use fenced_jobs::ops::results::sweep_orphans;
+use fenced_jobs::provider::SimulatedProvider;
+use fenced_jobs::queue::{SqsDeadLetters, SqsTriggers, SqsVisibility};
+use fenced_jobs::testing::sdk_calls::RecordedCall;
+use fenced_jobs::testing::stream_source::LocalStreamSource;
+use fenced_jobs::worker::handler::BatchHandler;
+use fenced_jobs::worker::processor::Processor;
+
+use crate::support::{self, deliver, emulator, emulator_as, fast_settings, job};
+
+/// Judges `calls` against the template with `resources` (logical id to physical name); the
+/// evaluator's refusals, if any.
+fn refusals(resources: serde_json::Value, calls: &[RecordedCall]) -> Result<String, String> {
+    let root = env!("CARGO_MANIFEST_DIR");
+    let file = std::env::temp_dir().join(support::unique("iam-calls") + ".json");
+    let document = serde_json::json!({"resources": resources, "calls": calls});
+    std::fs::write(&file, document.to_string()).expect("write calls");
+    let python = format!("{root}/.venv/bin/python");
+    let out = std::process::Command::new(python)
+        .arg(format!("{root}/scripts/iam_check.py"))
+        .arg(format!("{root}/template.yaml"))
+        .arg(&file)
+        .output()
+        .expect("run scripts/iam_check.py (make test installs .venv and scripts/iam)");
+    let _ = std::fs::remove_file(&file);
+    let said = String::from_utf8_lossy(&out.stderr).into_owned();
+    if out.status.success() {
+        Ok(said)
+    } else {
+        Err(said)
+    }
+}
+
+/// The queue's name, the last part of its URL.
+fn name_of(url: &str) -> &str {
+    url.rsplit('/').next().unwrap_or(url)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_function_makes_only_the_calls_its_role_in_the_template_allows() {
+    // GIVEN the stack's table, work queue, urgent queue, DLQ, results bucket and event bus,
+    // made by the test's own (unjudged) clients
+    let setup = emulator().await;
+    let table = setup.table().await;
+    let queue = setup.queue(30).await;
+    let urgent = setup.queue(30).await;
+    let bucket = setup.bucket().await;
+    let bus = support::unique("bus");
+    setup
+        .events
+        .create_event_bus()
+        .name(&bus)
+        .send()
+        .await
+        .expect("bus");
+    let calls: Arc<Mutex<Vec<RecordedCall>>> = Arc::default();
+
+    // AND jobs on both queues that take the worker's every path: an answer stored in S3, a
+    // transient failure (a visibility change on each queue), poison (a dead letter)
+    let producer = setup.ledger(&table);
+    let sender = SqsTriggers::new(setup.sqs.clone(), queue.url.clone())
+        .with_urgent(Some(urgent.url.clone()));
+    let lines = [
+        job("iam-big", "p", r#""simulate":{"answer_bytes":20000}"#),
+        job("iam-again", "p", r#""simulate":{"fail_times":1}"#),
+        r#"{"job_id":"iam-urgent","priority":"urgent","contract":"summary.v1","input":{"model":"sim-1","prompt":"p","simulate":{"fail_times":1}}}"#.to_owned(),
+        r#"{"job_id":"iam-lost","priority":"urgent","contract":"summary.v1","input":{"model":"sim-1","prompt":"p"}}"#.to_owned(),
+    ];
+    let report = submit(
+        &producer,
+        &sender,
+        lines.into_iter().map(Ok),
+        || SystemClock.now_ms(),
+        &Intake::default(),
+        |_| {},
+    )
+    .await;
+    assert_eq!(report.created, 4, "{report:?}");
+    setup.send(&queue, "{not json").await;
+
+    // WHEN the worker handles both queues as its event source mappings would, under its role
+    let worker = emulator_as("WorkerRole", &calls).await;
+    let handler = BatchHandler::new(
+        Processor::new(
+            worker.ledger(&table),
+            SimulatedProvider::new(),
+            SystemClock,
+            fast_settings(),
+        )
+        .with_blobs(Arc::new(S3Blobs::new(
+            worker.s3.clone(),
+            Some(bucket.clone()),
+        ))),
+        SqsVisibility::new(worker.sqs.clone()),
+    )
+    .with_dead_letters(Arc::new(SqsDeadLetters::new(
+        worker.sqs.clone(),
+        queue.dlq_url.clone(),
+    )))
+    .with_seed(3);
+    let mut on_urgent = worker.source(&urgent).await;
+    on_urgent.batch_size = 1;
+    let (poll, _) = deliver(&worker.source(&queue).await, &handler).await;
+    assert_eq!((poll.received, poll.deleted), (3, 2), "{poll:?}");
+    let (poll, _) = deliver(&on_urgent, &handler).await;
+    assert_eq!(poll.received, 1, "{poll:?}");
+
+    // AND the reconciler runs later, under its role: a lost trigger re-sent, an orphan sweep
+    let reconciler = emulator_as("ReconcilerRole", &calls).await;
+    let later = SystemClock.now_ms() + 600_000;
+    let resent = reconcile(
+        &reconciler.ledger(&table),
+        &SqsTriggers::new(reconciler.sqs.clone(), queue.url.clone())
+            .with_urgent(Some(urgent.url.clone())),
+        &SimulatedProvider::new(),
+        later,
+        &ReconcileSettings {
+            ready_after_ms: 1_000,
+            retry_after_ms: 1_000,
+            enqueue_stale_after_ms: 1_000,
+            ..ReconcileSettings::default()
+        },
+    )
+    .await
+    .expect("reconcile");
+    assert!(resent.resent >= 1, "{resent:?}");
+    let blobs = S3Blobs::new(reconciler.s3.clone(), Some(bucket.clone()));
+    sweep_orphans(
+        &reconciler.ledger(&table),
+        &blobs,
+        later - 3_600_000,
+        later,
+        (100, fenced_jobs::job::DEFAULT_INLINE_MAX_BYTES),
+    )
+    .await
+    .expect("sweep");
+
+    // AND the dispatcher announces what ended, under its role
+    let dispatcher = emulator_as("DispatcherRole", &calls).await;
+    let sink = AwsSink::EventBridge {
+        client: dispatcher.events.clone(),
+        bus: bus.clone(),
+    };
+    let mut stream = LocalStreamSource::connect(&setup.ddb, dispatcher.streams.clone(), &table)
+        .await
+        .expect("stream");
+    let (_, response) = stream
+        .poll_once(|e| async move { dispatch(&e, &sink).await.response() })
+        .await
+        .expect("stream poll");
+    assert!(response.batch_item_failures.is_empty(), "{response:?}");
+
+    // THEN every request each role sent is one its policy in the template allows
+    let calls = calls.lock().expect("calls").clone();
+    for (role, service) in [
+        ("WorkerRole", "sqs"),
+        ("WorkerRole", "dynamodb"),
+        ("WorkerRole", "s3"),
+        ("ReconcilerRole", "sqs"),
+        ("DispatcherRole", "eventbridge"),
+    ] {
+        assert!(
+            calls.iter().any(|c| c.role == role && c.service == service),
+            "{role} sent no {service} request: the scenario no longer covers it"
+        );
+    }
+    let urgent_visibility = calls.iter().any(|c| {
+        c.role == "WorkerRole"
+            && c.operation.starts_with("ChangeMessageVisibility")
+            && c.names.get("QueueUrl").map(String::as_str) == Some(urgent.url.as_str())
+    });
+    assert!(
+        urgent_visibility,
+        "the worker changed no urgent record's visibility"
+    );
+    let resources = serde_json::json!({
+        "JobsQueue": name_of(&queue.url),
+        "UrgentQueue": name_of(&urgent.url),
+        "JobsDeadLetterQueue": name_of(&queue.dlq_url),
+        "JobsTable": table,
+        "ResultsBucket": bucket,
+        "CompletionBus": bus,
+    });
+    if let Err(refused) = refusals(resources, &calls) {
+        panic!("requests the template's roles may not make:\n{refused}");
+    }
+}
