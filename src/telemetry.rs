@@ -10,7 +10,8 @@
 //! nothing is sent.
 //!
 //! Spans are batched in the process and sent by the end of each invocation ([`flush`]), before
-//! Lambda freezes the environment.
+//! Lambda freezes the environment, within what is left before the invocation's margin: a
+//! collector that stalls costs spans, never the response.
 
 use std::collections::HashMap;
 use std::sync::OnceLock;
@@ -135,12 +136,53 @@ where
     }
 }
 
-/// Sends the spans the invocation finished, waiting for the collector's answer (at most the
-/// export timeout): Lambda may freeze the environment as soon as the invocation returns.
-pub async fn flush() {
+/// Sends the spans the invocation finished, waiting for the collector's answer at most
+/// `budget` (and the export timeout): Lambda may freeze the environment as soon as the
+/// invocation returns, and the response must not wait on a collector that stalls. A flush cut
+/// short costs spans, never the response; a zero budget sends nothing now (the spans wait in
+/// the batch for the next invocation's flush).
+pub async fn flush(budget: Duration) {
     if let Some(provider) = INSTALLED.get() {
-        let provider = provider.clone();
-        let _ = tokio::task::spawn_blocking(move || provider.force_flush()).await;
+        flush_provider(provider, budget).await;
+    }
+}
+
+/// [`flush`] within what is left of an invocation whose Lambda deadline is `deadline_ms` once
+/// `margin_ms` is kept back (a deadline of 0, or none the clock can read, is none).
+pub async fn flush_before(deadline_ms: u64, margin_ms: i64) {
+    use crate::clock::Clock;
+    let deadline = i64::try_from(deadline_ms).ok().filter(|d| *d > 0);
+    let now = crate::clock::SystemClock.now_ms();
+    flush(flush_budget(deadline, margin_ms, now)).await;
+}
+
+/// The margin the reconciler and the dispatcher keep back from their deadline for the flush.
+pub const FLUSH_MARGIN_MS: i64 = 1_000;
+
+/// [`flush`] for `provider`: whether the collector took the spans within `budget`.
+pub async fn flush_provider(provider: &SdkTracerProvider, budget: Duration) -> bool {
+    if budget.is_zero() {
+        return false;
+    }
+    let provider = provider.clone();
+    // The blocking flush goes on in its thread when the budget runs out; nothing waits for it.
+    let flushing = tokio::task::spawn_blocking(move || provider.force_flush());
+    matches!(
+        tokio::time::timeout(budget.min(EXPORT_TIMEOUT), flushing).await,
+        Ok(Ok(Ok(())))
+    )
+}
+
+/// The time a flush may take: what is left before the invocation's margin (`deadline_ms`
+/// less `margin_ms`, both in milliseconds since the epoch) at `now_ms`, at most the export
+/// timeout; without a deadline, the export timeout.
+pub fn flush_budget(deadline_ms: Option<i64>, margin_ms: i64, now_ms: i64) -> Duration {
+    match deadline_ms {
+        None => EXPORT_TIMEOUT,
+        Some(deadline) => {
+            let left = deadline.saturating_sub(margin_ms).saturating_sub(now_ms);
+            Duration::from_millis(u64::try_from(left).unwrap_or(0)).min(EXPORT_TIMEOUT)
+        }
     }
 }
 

@@ -36,7 +36,11 @@ async fn main() -> Result<(), lambda_runtime::Error> {
             let report = dispatch(&event.payload, sink.as_ref())
                 .instrument(span)
                 .await;
-            fenced_jobs::telemetry::flush().await;
+            fenced_jobs::telemetry::flush_before(
+                event.context.deadline,
+                fenced_jobs::telemetry::FLUSH_MARGIN_MS,
+            )
+            .await;
             Ok::<_, lambda_runtime::Error>(report.response())
         }
     }))

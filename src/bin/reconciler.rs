@@ -64,9 +64,11 @@ async fn main() -> Result<(), lambda_runtime::Error> {
             )
             .instrument(span),
         );
+        let deadline = event.context.deadline;
         async move {
             let result = run.await;
-            fenced_jobs::telemetry::flush().await;
+            fenced_jobs::telemetry::flush_before(deadline, fenced_jobs::telemetry::FLUSH_MARGIN_MS)
+                .await;
             result
         }
     }))

@@ -49,6 +49,7 @@ async fn main() -> Result<(), lambda_runtime::Error> {
     let handler = Arc::new(handler);
 
     let target = Arc::new(metrics::MetricsTarget::from_env());
+    let margin_ms = config.settings.deadline_margin_ms;
     lambda_runtime::run(service_fn(move |event: LambdaEvent<serde_json::Value>| {
         let handler = Arc::clone(&handler);
         let target = Arc::clone(&target);
@@ -90,7 +91,14 @@ async fn main() -> Result<(), lambda_runtime::Error> {
             let report =
                 Box::pin(handler.handle_batch(&payload, &invocation).instrument(span)).await;
             print_metrics(&target, &report);
-            fenced_jobs::telemetry::flush().await;
+            // Within what is left before the margin: a stalled collector never holds the
+            // response past the deadline.
+            let budget = fenced_jobs::telemetry::flush_budget(
+                invocation.deadline,
+                margin_ms,
+                SystemClock.now_ms(),
+            );
+            fenced_jobs::telemetry::flush(budget).await;
             report.into_response().map_err(|e| Diagnostic {
                 error_type: "UnnamedFailure".to_owned(),
                 error_message: e.to_string(),

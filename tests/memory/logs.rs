@@ -386,3 +386,58 @@ fn a_line_is_flat_in_order_and_the_innermost_value_wins() {
     assert_eq!(&keys[..3], ["timestamp", "level", "requestId"], "{text}");
     assert_eq!(text.matches("\"job_id\"").count(), 1, "{text}");
 }
+
+/// A collector that takes connections and never answers costs spans, never the response: the
+/// invocation's flush gives up when what is left before its margin runs out, well before the
+/// export's own timeout (2 s), and a batch that ran to its margin sends nothing now.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_collector_costs_spans_never_the_response() {
+    use std::time::{Duration, Instant};
+    use tracing_subscriber::layer::SubscriberExt;
+
+    // GIVEN a collector that accepts every connection and holds it, answering nothing
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let url = format!("http://{}/v1/traces", listener.local_addr().expect("addr"));
+    let held = Arc::new(Mutex::new(Vec::new()));
+    let holding = held.clone();
+    std::thread::spawn(move || {
+        for stream in listener.incoming().flatten() {
+            holding.lock().expect("held").push(stream);
+        }
+    });
+    let provider = fenced_jobs::telemetry::provider(Some(&url), "worker").expect("provider");
+    let layer = fenced_jobs::telemetry::layer(&provider);
+    let _guard = tracing::subscriber::set_default(tracing_subscriber::registry().with(layer));
+    tracing::info_span!(target: "fenced_jobs", "record").in_scope(|| {});
+
+    // WHEN a batch that ended 100 ms before its margin flushes its spans
+    let now = SystemClock.now_ms();
+    let budget = fenced_jobs::telemetry::flush_budget(Some(now + 5_100), 5_000, now);
+    assert!(budget <= Duration::from_millis(100), "{budget:?}");
+    let started = Instant::now();
+    let sent = fenced_jobs::telemetry::flush_provider(&provider, budget).await;
+
+    // THEN the flush gives up within its budget, not the export's timeout
+    let took = started.elapsed();
+    assert!(!sent);
+    assert!(took < Duration::from_millis(1_500), "{took:?}");
+    // AND the collector was reached (the stall was real)
+    let waited = Instant::now();
+    while held.lock().expect("held").is_empty() && waited.elapsed() < Duration::from_secs(5) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        !held.lock().expect("held").is_empty(),
+        "no export reached the collector"
+    );
+
+    // AND a batch that ran to its margin has nothing left to flush with
+    let at_margin = fenced_jobs::telemetry::flush_budget(Some(now + 5_000), 5_000, now);
+    assert_eq!(at_margin, Duration::ZERO);
+    assert!(!fenced_jobs::telemetry::flush_provider(&provider, at_margin).await);
+    // AND without a deadline (a local runtime) the export's own timeout bounds it
+    assert_eq!(
+        fenced_jobs::telemetry::flush_budget(None, 5_000, now),
+        Duration::from_secs(2)
+    );
+}
