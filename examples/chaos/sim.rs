@@ -1999,8 +1999,8 @@ pub async fn run(config: &ChaosConfig) -> ChaosReport {
         poison.push(body);
         far.push(job_id);
     }
-    // One poison body of nearly 1 MiB: no room beside it for the reason, so the worker cannot
-    // dead-letter it itself and leaves it to the redrive policy.
+    // One poison body of nearly 1 MiB: no room beside it for the reason, so the worker
+    // dead-letters a smaller letter of its own in its place.
     if world.rates.poison_message > 0.0 {
         let body = format!("{{not json {}", "x".repeat(1_048_500));
         *world

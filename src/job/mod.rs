@@ -4,7 +4,7 @@
 pub mod artifact;
 pub mod contract;
 pub mod decision;
-mod digest;
+pub(crate) mod digest;
 pub mod message;
 pub mod outcome;
 pub mod pointer;

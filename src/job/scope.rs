@@ -95,6 +95,14 @@ impl Producers {
         })
     }
 
+    /// Whether the principal of `sender_id` (`ROLE_ID:session`) is one of `TRUSTED_SENDERS`,
+    /// whether or not producers are kept apart: jobctl believes the worker's words on a dead
+    /// letter only from these.
+    pub fn trusts(&self, sender_id: Option<&str>) -> bool {
+        let principal = sender_id.map(|s| s.split_once(':').map_or(s, |(id, _)| id));
+        principal.is_some_and(|p| self.trusted.iter().any(|t| t == p))
+    }
+
     /// Whether producers are kept apart at all.
     pub fn scoped(&self) -> bool {
         !self.by_sender.is_empty()

@@ -81,6 +81,34 @@ impl DeadLetter {
         Some(out)
     }
 
+    /// The letter as it can travel: itself when its body and the worker's attributes fit in
+    /// one message; otherwise the worker's own smaller letter, whose body says how large the
+    /// original was and its SHA-256 (a poison or conflicting body is no job, so nothing
+    /// accepted is lost), with the reason, the detail, the job id and the message id as ever.
+    /// The original is then left out rather than left to the redrive policy, which would move
+    /// it without the worker's word on it.
+    pub fn fitted(self) -> DeadLetter {
+        use sha2::{Digest, Sha256};
+        if self.all_attributes().is_some() {
+            return self;
+        }
+        let digest = crate::job::digest::hex(&Sha256::digest(self.body.as_bytes()));
+        let body = serde_json::json!({
+            "fenced-jobs": "body not kept: no room beside the reason",
+            "bytes": self.body.len(),
+            "sha256": digest,
+        });
+        let mut detail = self.detail;
+        // The detail is ours and short; bounded all the same, so the letter always fits.
+        detail.truncate(detail.floor_char_boundary(4_096));
+        DeadLetter {
+            body: body.to_string(),
+            detail,
+            attributes: Vec::new(),
+            ..self
+        }
+    }
+
     /// The bytes SQS counts for this letter: its body and the attributes it is sent with.
     pub fn size(&self) -> usize {
         let attributes = self.all_attributes().unwrap_or_default();
@@ -188,8 +216,19 @@ mod tests {
                 .any(|(n, _)| n == "trace")
         );
         assert!(small.size() > 1_600, "{}", small.size());
-        // A body of the whole 1 MiB leaves no room for the reason: not sent by the worker.
-        assert_eq!(letter(SQS_MAX_BYTES, vec![]).all_attributes(), None);
+        // A body of the whole 1 MiB leaves no room for the reason: the worker sends a smaller
+        // letter of its own, with the reason, the size and the digest of what it left out.
+        let whole = letter(SQS_MAX_BYTES, vec![]);
+        assert_eq!(whole.all_attributes(), None);
+        let smaller = whole.clone().fitted();
+        let attributes = smaller.all_attributes().expect("the smaller letter fits");
+        assert!(attributes.contains(&(REASON_ATTRIBUTE.to_owned(), "poison".to_owned())));
+        let said: serde_json::Value = serde_json::from_str(&smaller.body).expect("json");
+        assert_eq!(said["bytes"], SQS_MAX_BYTES);
+        assert_eq!(said["sha256"].as_str().map(str::len), Some(64));
+        assert_eq!(smaller.message_id, whole.message_id);
+        // One with room travels as it is.
+        assert_eq!(letter(1_000, vec![]).fitted(), letter(1_000, vec![]));
     }
 
     #[test]

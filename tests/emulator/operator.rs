@@ -302,7 +302,7 @@ async fn dlq_inspect_pairs_messages_with_ledger_states_and_redrive_moves_only_li
     let entries = operator::dlq_inspect(
         &ledger,
         None,
-        &Producers::default(),
+        &worker_believed(),
         &SqsReader::new(aws.sqs.clone()),
         &queue.dlq_url,
         10,
@@ -385,7 +385,7 @@ async fn dlq_redrive_works_on_fifo_queues() {
     let entries = operator::dlq_inspect(
         &ledger,
         None,
-        &Producers::default(),
+        &worker_believed(),
         &SqsReader::new(aws.sqs.clone()),
         &queue.dlq_url,
         10,
@@ -422,7 +422,7 @@ async fn a_dlq_that_is_not_there_is_a_typed_queue_error() {
     let inspected = operator::dlq_inspect(
         &aws.ledger(&table),
         None,
-        &Producers::default(),
+        &worker_believed(),
         &reader,
         &gone,
         10,
@@ -606,7 +606,7 @@ async fn dlq_follows_extended_client_pointers_and_redrives_them_with_their_attri
     let entries = operator::dlq_inspect(
         &ledger,
         Some(&blobs),
-        &Producers::default(),
+        &worker_believed(),
         &SqsReader::new(aws.sqs.clone()),
         &queue.dlq_url,
         10,
@@ -662,4 +662,10 @@ async fn dlq_follows_extended_client_pointers_and_redrives_them_with_their_attri
         assert!(names.contains("ExtendedPayloadSize"), "{names:?}");
         assert!(!names.contains("fenced-jobs.reason"), "{names:?}");
     }
+}
+
+/// jobctl believing the worker's dead letters: on the emulator every message's sender is the
+/// one principal moto names.
+fn worker_believed() -> Producers {
+    Producers::parse("", crate::support::EMULATOR_SENDER).expect("parsed")
 }

@@ -535,7 +535,7 @@ async fn sns_and_fifo_sqs_sinks_carry_the_same_event_routed_by_producer_and_fifo
     // Producers kept apart: the emulator's one sender (SenderId) is the producer `billing`.
     let settings = fenced_jobs::worker::Settings {
         producers: fenced_jobs::job::scope::Producers::parse(
-            &format!("billing={EMULATOR_SENDER}"),
+            &format!("billing={}", support::EMULATOR_SENDER),
             "",
         )
         .expect("producers"),
@@ -614,7 +614,6 @@ async fn sns_and_fifo_sqs_sinks_carry_the_same_event_routed_by_producer_and_fifo
 }
 
 /// The principal id the emulator gives every message's `SenderId`.
-const EMULATOR_SENDER: &str = "AIDAIT2UOQQY3AUEKVGXU";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn jobctl_export_writes_the_finished_jobs_from_the_index() {

@@ -28,6 +28,10 @@ use fenced_jobs::worker::processor::Processor;
 /// A fixed instant of the ledger tests, in milliseconds.
 pub const T: i64 = 1_800_000_000_000;
 
+/// The sender moto names on every message (its `SenderId`): on the emulator the worker, the
+/// producers and the tests are all this one principal.
+pub const EMULATOR_SENDER: &str = "AIDAIT2UOQQY3AUEKVGXU";
+
 /// The queue the in-memory tests' records come from.
 pub const ARN: &str = "arn:aws:sqs:us-east-1:123456789012:jobs";
 

@@ -119,6 +119,11 @@ enum Command {
         /// named like the worker's is not believed.
         #[arg(long, env = "PRODUCERS", default_value = "")]
         producers: String,
+        /// The principal ids whose dead letters are believed (`ID,...`): the worker's role
+        /// (the stack's `TrustedSenders` output lists it with the reconciler's and the
+        /// operators'). A letter from anyone else is judged as a stranger's.
+        #[arg(long, env = "TRUSTED_SENDERS", default_value = "")]
+        trusted_senders: String,
     },
     /// Submit jobs (one JSON object a line, from FILE or stdin): each is written to the ledger
     /// as `ready` unless it is there, then its trigger is sent.
@@ -380,9 +385,10 @@ async fn main() {
             dlq_url,
             max,
             producers,
+            trusted_senders,
         } => {
-            let producers = fenced_jobs::job::scope::Producers::parse(&producers, "")
-                .unwrap_or_else(|e| usage(&format!("--producers: {e}")));
+            let producers = fenced_jobs::job::scope::Producers::parse(&producers, &trusted_senders)
+                .unwrap_or_else(|e| usage(&format!("--producers, --trusted-senders: {e}")));
             let sqs = aws_sdk_sqs::Client::new(&config);
             let source = DlqSource {
                 url: &dlq_url,

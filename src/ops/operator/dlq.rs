@@ -197,9 +197,11 @@ impl Judged {
 }
 
 /// Judges one dead letter. A letter whose sender (`SenderId`) is one of `producers` is that
-/// producer's own message, moved by the redrive policy ([`judge_producers_letter`]). Any other
-/// letter is the worker's (or a trusted sender's) and is believed; without `producers` jobctl
-/// cannot tell, and leaves a letter naming a producer's job where it is.
+/// producer's own message, moved by the redrive policy ([`judge_senders_letter`]). A letter from
+/// one of the trusted senders (`TRUSTED_SENDERS`: the worker's role, the reconciler's, the
+/// operators') is the worker's and is believed. Any other letter is a stranger's: with
+/// producers kept apart it is poison, and without them it is judged as the one producer's own
+/// message, whatever its `fenced-jobs.*` attributes say.
 async fn judge_letter<L: JobLedger>(
     ledger: &L,
     blobs: Option<&dyn BlobStore>,
@@ -207,11 +209,10 @@ async fn judge_letter<L: JobLedger>(
     m: &crate::queue::reader::Received,
 ) -> Result<Judged, OperatorError> {
     use crate::queue::dead_letters::{DETAIL_ATTRIBUTE, REASON_ATTRIBUTE};
-    if let Ok(Sender::Producer(name)) = producers.sender(m.sender_id.as_deref()) {
-        return judge_producers_letter(ledger, blobs, producers, name, m).await;
+    if let Ok(sender @ Sender::Producer(_)) = producers.sender(m.sender_id.as_deref()) {
+        return judge_senders_letter(ledger, blobs, producers, sender, m).await;
     }
-    let own = |name: &str| attribute(m, name);
-    let named = own(crate::job::pointer::NAMED_JOB_ATTRIBUTE);
+    let named = attribute(m, crate::job::pointer::NAMED_JOB_ATTRIBUTE);
     if !producers.scoped() && named.is_some_and(|n| n.contains('/')) {
         return Ok(Judged::unread(DlqVerdict::Unreadable(
             "names a producer's job: give jobctl the deployment's PRODUCERS, so that it can \
@@ -219,6 +220,17 @@ async fn judge_letter<L: JobLedger>(
                 .to_owned(),
         )));
     }
+    if !producers.trusts(m.sender_id.as_deref()) {
+        if producers.scoped() {
+            return Ok(Judged::unread(DlqVerdict::Poison(
+                "sent by neither the worker, a trusted sender (TRUSTED_SENDERS) nor a producer"
+                    .to_owned(),
+            )));
+        }
+        return judge_senders_letter(ledger, blobs, producers, Sender::Anyone, m).await;
+    }
+    let own = |name: &str| attribute(m, name);
+    let named = own(crate::job::pointer::NAMED_JOB_ATTRIBUTE);
     let refused = own(REASON_ATTRIBUTE)
         .filter(|reason| *reason == "poison")
         .map(|_| own(DETAIL_ATTRIBUTE).unwrap_or_default());
@@ -245,20 +257,20 @@ async fn judge_letter<L: JobLedger>(
     })
 }
 
-/// Judges a letter the producer `name` sent, moved to the DLQ by the redrive policy: what it
-/// says in attributes named like the worker's is not believed (a producer could name another's
-/// job there), its job is in the producer's namespace, a pointer must be under the producer's
-/// prefix, and the redrive names the job by its whole id.
-async fn judge_producers_letter<L: JobLedger>(
+/// Judges a letter `sender` sent (a producer, or the one producer when none are named), moved
+/// to the DLQ by the redrive policy: what it says in attributes named like the worker's is not
+/// believed (a producer could name another's job there), its job is in the producer's
+/// namespace, a pointer must be under the producer's prefix, and the redrive names the job by
+/// its whole id.
+async fn judge_senders_letter<L: JobLedger>(
     ledger: &L,
     blobs: Option<&dyn BlobStore>,
     producers: &Producers,
-    name: &str,
+    sender: Sender<'_>,
     m: &crate::queue::reader::Received,
 ) -> Result<Judged, OperatorError> {
     use crate::job::pointer::NAMED_JOB_ATTRIBUTE;
     use crate::queue::dead_letters::OWN_ATTRIBUTE_PREFIX;
-    let sender = Sender::Producer(name);
     let poison = |invalid: InvalidMessage| Judged::unread(DlqVerdict::Poison(invalid.to_string()));
     if let Some(Ok(pointer)) = crate::job::message::parse_pointer(&m.body)
         && !producers.may_read(sender, &pointer.key, None)

@@ -74,12 +74,15 @@ async fn a_redrive_moves_the_live_jobs_letters_and_leaves_the_others() {
             attributes: if i == 3 { &refused } else { &[] },
             fifo: None,
         };
-        queue.send(dlq, message).await.expect("sent");
+        queue
+            .send_as(dlq, Some("AROAWORKER:fn"), message)
+            .expect("sent");
     }
     // WHEN an operator inspects it (visible to others meanwhile; SQS's short receive comes
-    // back empty twice first) and redrives it
+    // back empty twice first), believing the worker's letters, and redrives it
+    let worker = Producers::parse("", "AROAWORKER").expect("parsed");
     queue.sample_nothing(dlq, 2);
-    let entries = dlq_inspect(&ledger, None, &Producers::default(), &queue, dlq, 10, 0)
+    let entries = dlq_inspect(&ledger, None, &worker, &queue, dlq, 10, 0)
         .await
         .expect("inspected");
     let verdicts: Vec<String> = entries.iter().map(|e| e.verdict.label()).collect();
@@ -96,7 +99,7 @@ async fn a_redrive_moves_the_live_jobs_letters_and_leaves_the_others() {
         ),
         "{verdicts:?}"
     );
-    let held = dlq_inspect(&ledger, None, &Producers::default(), &queue, dlq, 10, 60)
+    let held = dlq_inspect(&ledger, None, &worker, &queue, dlq, 10, 60)
         .await
         .expect("held");
     let moved = dlq_redrive(&queue, dlq, work, &held).await.expect("moved");
@@ -105,6 +108,40 @@ async fn a_redrive_moves_the_live_jobs_letters_and_leaves_the_others() {
     assert_eq!(moved, 2);
     assert_eq!(queue.bodies(work), bodies[..2]);
     assert_eq!(queue.bodies(dlq), bodies[2..]);
+    // AND the same refusal on a letter nobody trusted sent is not believed: a stranger's
+    // letter is judged by its body alone (the one producer's job, never seen: redrivable)
+    let stranger = "https://sqs.local/1/stranger";
+    queue.create(stranger);
+    let message = Message {
+        body: &bodies[3],
+        attributes: &refused,
+        fifo: None,
+    };
+    queue
+        .send_as(stranger, Some("AIDASOMEONE"), message)
+        .expect("sent");
+    let judged = dlq_inspect(&ledger, None, &worker, &queue, stranger, 10, 0)
+        .await
+        .expect("inspected");
+    assert_eq!(judged[0].verdict, DlqVerdict::Redrive(None), "{judged:?}");
+    // AND its redrive carries none of the reasons it planted
+    let again = "https://sqs.local/1/again";
+    queue.create(again);
+    assert_eq!(
+        dlq_redrive(&queue, stranger, again, &judged)
+            .await
+            .expect("moved"),
+        1
+    );
+    let sent = queue.receive(again, 10, 0).await.expect("received");
+    assert!(
+        sent[0]
+            .attributes
+            .iter()
+            .all(|(n, _)| n != REASON_ATTRIBUTE && n != DETAIL_ATTRIBUTE),
+        "{:?}",
+        sent[0].attributes
+    );
     // AND a queue that is not there is a typed error, not a string
     let missing = dlq_inspect(
         &ledger,
@@ -132,8 +169,11 @@ async fn a_producer_s_letter_is_judged_in_its_own_namespace_whatever_it_names() 
     // own message (moved there by the redrive policy) that names billing's job-1 in the
     // attribute the worker's letters name jobs in, with a reason of its own; the worker's
     // letter for billing's job-1; and a pointer of search's to billing's payload
-    let producers =
-        Producers::parse("billing=AROABILLING,search=AROASEARCH", "AROAOPERATOR").expect("parsed");
+    let producers = Producers::parse(
+        "billing=AROABILLING,search=AROASEARCH",
+        "AROAOPERATOR,AROAWORKER",
+    )
+    .expect("parsed");
     let ledger = InMemoryLedger::new();
     unknown_job(&ledger, "billing/job-1").await;
     let queue = crate::queue::MemoryQueue::new();
@@ -148,10 +188,12 @@ async fn a_producer_s_letter_is_judged_in_its_own_namespace_whatever_it_names() 
     let own = [(NAMED_JOB_ATTRIBUTE.to_owned(), "billing/job-1".to_owned())];
     let pointer = r#"["software.amazon.payloadoffloading.PayloadS3Pointer",{"s3BucketName":"payloads","s3Key":"billing/p.json"}]"#;
     type Letter<'a> = (&'a str, String, &'a [(String, String)]);
-    let letters: [Letter<'_>; 3] = [
+    let letters: [Letter<'_>; 4] = [
         ("AROASEARCH:lambda", dead_letter("job-1", "p"), &planted),
         ("AROAWORKER:fn", r#"{"job_id":"job-1"}"#.to_owned(), &own),
         ("AROASEARCH:lambda", pointer.to_owned(), &[]),
+        // Someone else (allowed by IAM to send to the DLQ) writing the worker's words.
+        ("AROASTRANGER:x", r#"{"job_id":"job-1"}"#.to_owned(), &own),
     ];
     for (sender, body, attributes) in &letters {
         let message = Message {
@@ -181,6 +223,11 @@ async fn a_producer_s_letter_is_judged_in_its_own_namespace_whatever_it_names() 
     );
     assert!(
         matches!(&judged[2], (None, DlqVerdict::Poison(why)) if why.contains("s3Key")),
+        "{judged:?}"
+    );
+    // AND the stranger's letter is not believed: poison, its job not named
+    assert!(
+        matches!(&judged[3], (None, DlqVerdict::Poison(why)) if why.contains("TRUSTED_SENDERS")),
         "{judged:?}"
     );
     // AND the redrive names each job by its whole id, and carries nothing search planted

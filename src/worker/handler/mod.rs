@@ -347,19 +347,24 @@ impl<L: JobLedger, P: Provider, C: Clock, V: VisibilityControl> BatchHandler<L, 
             };
             let record = entry.record;
             at.push(index);
-            letters.push(DeadLetter {
-                body: record.body.clone().unwrap_or_default(),
-                reason,
-                detail,
-                job_id: entry.parsed.as_ref().ok().map(|t| t.job_id().to_owned()),
-                message_id: record.message_id.clone(),
-                group_id: record.attributes.get("MessageGroupId").cloned(),
-                attributes: record
-                    .message_attributes
-                    .iter()
-                    .filter_map(|(name, a)| Some((name.clone(), a.string_value.clone()?)))
-                    .collect(),
-            });
+            letters.push(
+                DeadLetter {
+                    body: record.body.clone().unwrap_or_default(),
+                    reason,
+                    detail,
+                    job_id: entry.parsed.as_ref().ok().map(|t| t.job_id().to_owned()),
+                    message_id: record.message_id.clone(),
+                    group_id: record.attributes.get("MessageGroupId").cloned(),
+                    attributes: record
+                        .message_attributes
+                        .iter()
+                        .filter_map(|(name, a)| Some((name.clone(), a.string_value.clone()?)))
+                        .collect(),
+                }
+                // A body that leaves no room for the reason goes as a smaller letter of ours,
+                // never as it came (the redrive policy would move it without our word on it).
+                .fitted(),
+            );
         }
         if letters.is_empty() {
             return;

@@ -203,3 +203,31 @@ async fn poison_and_conflicts_are_dead_lettered_with_their_reason_and_acknowledg
     );
     assert_eq!(refused.records[0].visibility_s, Some(0));
 }
+
+/// A poison body that leaves no room beside it for the worker's reason (SQS counts a message's
+/// attributes with its body against 1 MiB) is dead-lettered as a smaller letter of the worker's
+/// own, with the reason, its size and its digest, and acknowledged: never left to the redrive
+/// policy, which would move it without the worker's word on it.
+#[tokio::test]
+async fn a_poison_body_with_no_room_for_the_reason_is_dead_lettered_as_a_smaller_letter() {
+    use fenced_jobs::queue::RecordingDeadLetters;
+    let letters = Arc::new(RecordingDeadLetters::new());
+    let h = handler(
+        Arc::new(InMemoryLedger::new()),
+        SimulatedProvider::new(),
+        Settings::default(),
+    )
+    .with_dead_letters(letters.clone());
+    let body = format!("{{not json {}", "x".repeat(1_048_500));
+    let report = h
+        .handle_batch(&event(vec![record(Some("big"), &body)]), &invocation())
+        .await;
+    assert_eq!(report.records[0].outcome.label(), "poison");
+    assert!(report.records[0].outcome.is_success(), "acknowledged");
+    let sent = letters.sent();
+    assert_eq!(sent.len(), 1);
+    let said: serde_json::Value = serde_json::from_str(&sent[0].body).expect("our own JSON");
+    assert_eq!(said["bytes"], body.len());
+    assert_eq!(sent[0].reason, "poison");
+    assert!(sent[0].detail.contains("not JSON"), "{}", sent[0].detail);
+}
