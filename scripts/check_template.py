@@ -6,7 +6,9 @@
 Rules: the work queue's visibility timeout is at least six times the worker's timeout plus the
 batching window (for the parameter defaults); the redrive allows a 24-hour job's hand-overs (one
 per function timeout) and a message the worker keeps failing on still reaches the DLQ within the
-queue's retention; the worker dead-letters poison itself (DLQ_URL); every SQS event source
+queue's retention; the worker's MemorySize holds the worst case its budgets allow (the runtime's
+reserve, the costliest document and the largest payload, from the code's constants); the worker
+dead-letters poison itself (DLQ_URL); every SQS event source
 reports batch item failures, and so does every DynamoDB stream event source, which also bisects failed batches and
 has an on-failure destination; the DLQ keeps messages 14 days; every function has a role of its
 own (no SAM policies, no managed policy) and JSON logs in a log group that expires them; no IAM
@@ -295,6 +297,29 @@ def role_actions(template, role):
     return actions
 
 
+def worst_case_mib():
+    """The worker's worst case in MiB, from the constants in the code: the memory it keeps back
+    for the runtime and the clients (PAYLOAD_MEMORY_RESERVE_MB), the most a document may cost
+    parsed (MAX_DOCUMENT_COST) and the largest payload's bytes read beside it
+    (MAX_PAYLOAD_BYTES)."""
+    src = pathlib.Path(__file__).resolve().parent.parent / "src"
+
+    def constant(path, name):
+        text = (src / path).read_text()
+        expr = re.search(rf"const {name}: \w+ = ([0-9_ *]+);", text).group(1)
+        value = 1
+        for factor in expr.replace("_", "").split("*"):
+            value *= int(factor)
+        return value
+
+    mib = 1_048_576
+    return (
+        constant("worker/settings.rs", "PAYLOAD_MEMORY_RESERVE_MB")
+        + constant("job/cost.rs", "MAX_DOCUMENT_COST") // mib
+        + constant("job/message.rs", "MAX_PAYLOAD_BYTES") // mib
+    )
+
+
 def problems(template):
     found = []
     # The worker writes the ledger with every kind of write the ledger code sends: a role
@@ -314,6 +339,12 @@ def problems(template):
             found.append(f"{name}: s3:ListBucket on objects (it applies to a bucket)")
     globals_fn = template.get("Globals", {}).get("Function", {})
     resources = template.get("Resources", {})
+    # The worker's memory holds its worst case: the runtime's reserve, the costliest document
+    # the worker parses and the largest payload's bytes beside it.
+    worst = worst_case_mib()
+    memory = resources.get("WorkerFunction", {}).get("Properties", {}).get("MemorySize", globals_fn.get("MemorySize"))
+    if not isinstance(memory, int) or memory < worst:
+        found.append(f"WorkerFunction: MemorySize {memory} MB is below the worst case the budgets allow ({worst} MiB)")
 
     # No action the code does not send: what a role allows beyond it is only exposure.
     unused = role_actions(template, "WorkerRole") - (
@@ -589,6 +620,7 @@ def self_test(template):
         return next(when(s) for s in listed(t, role) if when(s).get("Sid") == name)
 
     cases = {
+        "memory for the worst case": lambda t: t["Globals"]["Function"].__setitem__("MemorySize", 64),
         "visibility": lambda t: r(t)["JobsQueue"]["Properties"].__setitem__("VisibilityTimeout", 900),
         "batch item failures": lambda t: r(t)["WorkerFunction"]["Properties"]["Events"]["Jobs"][
             "Properties"

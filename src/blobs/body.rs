@@ -12,6 +12,17 @@ pub(crate) async fn resolve_body(
     blobs: Option<&dyn BlobStore>,
     body: Option<&str>,
 ) -> Result<Trigger, Failure> {
+    resolve_body_within(blobs, body, MAX_PAYLOAD_BYTES).await
+}
+
+/// [`resolve_body`] with room for a payload of at most `room` bytes now: one larger (by the
+/// object's own size, whatever the pointer's attributes say) but within the payload limit
+/// waits for a batch with more room (a backoff, unread); one past the limit is poison.
+pub(crate) async fn resolve_body_within(
+    blobs: Option<&dyn BlobStore>,
+    body: Option<&str>,
+    room: usize,
+) -> Result<Trigger, Failure> {
     let pointer = match body.and_then(parse_pointer) {
         None => return parse_trigger(body).map_err(Failure::Poison),
         Some(Err(invalid)) => return Err(Failure::Poison(invalid)),
@@ -21,10 +32,13 @@ pub(crate) async fn resolve_body(
         return Err(unavailable("no object store for a pointer body"));
     };
     let bytes = blobs
-        .get(&pointer.bucket, &pointer.key, MAX_PAYLOAD_BYTES)
+        .get(&pointer.bucket, &pointer.key, room.min(MAX_PAYLOAD_BYTES))
         .await
         .map_err(|e| match e {
             BlobError::NotFound => Failure::Poison(InvalidMessage::PayloadMissing),
+            BlobError::TooLarge { bytes, .. } if bytes <= MAX_PAYLOAD_BYTES as u64 => {
+                unavailable("payload memory")
+            }
             BlobError::TooLarge { bytes, limit } => Failure::Poison(InvalidMessage::TooLarge {
                 bytes: bytes as usize,
                 limit,

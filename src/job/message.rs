@@ -54,6 +54,15 @@ pub enum InvalidMessage {
         /// The limit it breaks.
         limit: usize,
     },
+    /// The body would take more memory parsed than a document may (many small values cost far
+    /// more than their bytes; see [`super::cost`]).
+    #[error("body would take {cost} bytes parsed, more than {limit}")]
+    TooCostly {
+        /// What the parsed document would take.
+        cost: usize,
+        /// The limit it breaks.
+        limit: usize,
+    },
     /// An Extended Client pointer whose object is not there (deleted, or never written).
     #[error("the payload the pointer names does not exist")]
     PayloadMissing,
@@ -241,6 +250,13 @@ fn parse_object(body: &str, limit: usize) -> Result<Map<String, Value>, InvalidM
         return Err(InvalidMessage::TooLarge {
             bytes: body.len(),
             limit,
+        });
+    }
+    let cost = super::cost::document_cost(body);
+    if cost > super::cost::MAX_DOCUMENT_COST {
+        return Err(InvalidMessage::TooCostly {
+            cost,
+            limit: super::cost::MAX_DOCUMENT_COST,
         });
     }
     let value: Value = serde_json::from_str(body).map_err(|e| {

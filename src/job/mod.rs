@@ -3,6 +3,7 @@
 
 pub mod artifact;
 pub mod contract;
+pub mod cost;
 pub mod decision;
 pub(crate) mod digest;
 pub mod message;

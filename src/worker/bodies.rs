@@ -6,8 +6,9 @@ use aws_lambda_events::event::sqs::{SqsEvent, SqsMessage};
 use super::processor::{Invocation, Processor};
 use super::settings::Settings;
 use super::within;
-use crate::blobs::body::resolve_body;
+use crate::blobs::body::{resolve_body, resolve_body_within};
 use crate::clock::Clock;
+use crate::job::cost::document_cost;
 use crate::job::pointer::{NAMED_JOB_ATTRIBUTE, PayloadPointer};
 use crate::job::scope::{Producers, Sender};
 use crate::job::{Failure, InvalidMessage, Trigger};
@@ -20,10 +21,6 @@ use crate::queue::IN_LEDGER_ATTRIBUTE;
 /// input, the message the stored input is recorded on, and the copy the input's upload sends.
 const PAYLOAD_PEAK_FACTOR: usize = 4;
 
-/// The message attributes the Amazon SQS Extended Client gives a pointer's payload size in
-/// (the current name, and the older one).
-const PAYLOAD_SIZE_ATTRIBUTES: [&str; 2] = ["ExtendedPayloadSize", "SQSLargePayloadSize"];
-
 pub(super) struct Entry<'a> {
     pub(super) record: &'a SqsMessage,
     /// The trigger, or why the record fails without reaching the ledger (poison, or a pointer's
@@ -33,9 +30,10 @@ pub(super) struct Entry<'a> {
 
 /// Each record's body, parsed, in order. An Extended Client pointer's payload is read first,
 /// one at a time, while the payloads read so far and the one being read fit in the memory
-/// set aside for them (`PAYLOAD_MEMORY_BYTES`, by default half the function's); a record
-/// beyond that, or not reached by the backstop, backs off unread, for a later batch. The
-/// first pointer is always read, so that every batch makes progress.
+/// set aside for them (`PAYLOAD_MEMORY_BYTES`, by default the function's less 48 MiB), by the
+/// object's own size; every job, plain body or payload, counts what its document costs parsed
+/// ([`document_cost`]). A record beyond that, or not reached by the backstop, backs off, for a
+/// later batch. The first job is always taken, so that every batch makes progress.
 pub(super) async fn read_bodies<'e, L, P, C>(
     processor: &Processor<L, P, C>,
     event: &'e SqsEvent,
@@ -51,6 +49,11 @@ where
     let clock = processor.clock();
     let backstop = inv.deadline.map(|d| d - settings.deadline_margin_ms / 2);
     let mut entries: Vec<Entry<'e>> = Vec::with_capacity(event.records.len());
+    let budget = settings.payload_memory_bytes;
+    let backoff = |cause| Failure::Backoff {
+        retry_after_ms: None,
+        cause,
+    };
     let mut held = 0_usize;
     let mut read_any = false;
     for record in &event.records {
@@ -60,28 +63,17 @@ where
         let parsed = match (pointer, &sender) {
             (_, Err(refused)) => Err(refused.clone()),
             (Some(Ok(_)), _) => {
-                let expected = PAYLOAD_SIZE_ATTRIBUTES
-                    .iter()
-                    .find_map(|name| {
-                        record
-                            .message_attributes
-                            .get(*name)?
-                            .string_value
-                            .as_deref()?
-                            .parse()
-                            .ok()
-                    })
-                    .unwrap_or(crate::job::message::MAX_PAYLOAD_BYTES);
-                let need = held.saturating_add(expected.saturating_mul(PAYLOAD_PEAK_FACTOR));
-                let backoff = |cause| Failure::Backoff {
-                    retry_after_ms: None,
-                    cause,
+                // The room left for this payload's bytes and what they become, by the object's
+                // own size (never the pointer's word for it).
+                let room = if read_any {
+                    budget.saturating_sub(held) / PAYLOAD_PEAK_FACTOR
+                } else {
+                    crate::job::message::MAX_PAYLOAD_BYTES
                 };
-                if read_any && need > settings.payload_memory_bytes {
+                if room == 0 {
                     Err(backoff("payload memory"))
                 } else {
-                    read_any = true;
-                    match within(clock, backstop, resolve_body(blobs, body)).await {
+                    match within(clock, backstop, resolve_body_within(blobs, body, room)).await {
                         Some(parsed) => parsed,
                         None => Err(backoff("payload not read in time")),
                     }
@@ -100,12 +92,23 @@ where
             (Ok(trigger), Ok(sender)) => scoped(&settings.producers, record, sender, trigger),
             (parsed, _) => parsed,
         };
-        if let Ok(Trigger::Job(msg)) = &mut parsed {
-            held = held.saturating_add(
+        // What the job holds while its record is processed (its input rebuilt for the call,
+        // by what the document costs, and its copies): past the room left, the record waits
+        // for a later batch, the first job always taken.
+        let holds = match &parsed {
+            Ok(Trigger::Job(msg)) => document_cost(&msg.input_canonical).saturating_add(
                 msg.input_canonical
                     .len()
-                    .saturating_mul(PAYLOAD_PEAK_FACTOR),
-            );
+                    .saturating_mul(PAYLOAD_PEAK_FACTOR - 1),
+            ),
+            _ => 0,
+        };
+        if holds > 0 && read_any && held.saturating_add(holds) > budget {
+            parsed = Err(backoff("payload memory"));
+        }
+        if let Ok(Trigger::Job(msg)) = &mut parsed {
+            held = held.saturating_add(holds);
+            read_any = true;
             msg.in_ledger = in_ledger(record);
             msg.delivered_before =
                 attribute(record, "ApproximateReceiveCount").is_some_and(|n| n > 1);
