@@ -147,11 +147,11 @@ pub async fn flush(budget: Duration) {
     }
 }
 
-/// [`flush`] within what is left of an invocation whose Lambda deadline is `deadline_ms` once
-/// `margin_ms` is kept back (a deadline of 0, or none the clock can read, is none).
-pub async fn flush_before(deadline_ms: u64, margin_ms: i64) {
+/// [`flush`] within what is left of an invocation whose deadline is `deadline_ms` (milliseconds
+/// since the epoch; `None`, or 0, when there is none) once `margin_ms` is kept back.
+pub async fn flush_before(deadline_ms: Option<i64>, margin_ms: i64) {
     use crate::clock::Clock;
-    let deadline = i64::try_from(deadline_ms).ok().filter(|d| *d > 0);
+    let deadline = deadline_ms.filter(|d| *d > 0);
     let now = crate::clock::SystemClock.now_ms();
     flush(flush_budget(deadline, margin_ms, now)).await;
 }

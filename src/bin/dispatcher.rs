@@ -36,11 +36,9 @@ async fn main() -> Result<(), lambda_runtime::Error> {
             let report = dispatch(&event.payload, sink.as_ref())
                 .instrument(span)
                 .await;
-            fenced_jobs::telemetry::flush_before(
-                event.context.deadline,
-                fenced_jobs::telemetry::FLUSH_MARGIN_MS,
-            )
-            .await;
+            let deadline = i64::try_from(event.context.deadline).ok();
+            fenced_jobs::telemetry::flush_before(deadline, fenced_jobs::telemetry::FLUSH_MARGIN_MS)
+                .await;
             Ok::<_, lambda_runtime::Error>(report.response())
         }
     }))

@@ -64,7 +64,7 @@ async fn main() -> Result<(), lambda_runtime::Error> {
             )
             .instrument(span),
         );
-        let deadline = event.context.deadline;
+        let deadline = i64::try_from(event.context.deadline).ok();
         async move {
             let result = run.await;
             fenced_jobs::telemetry::flush_before(deadline, fenced_jobs::telemetry::FLUSH_MARGIN_MS)

@@ -91,14 +91,8 @@ async fn main() -> Result<(), lambda_runtime::Error> {
             let report =
                 Box::pin(handler.handle_batch(&payload, &invocation).instrument(span)).await;
             print_metrics(&target, &report);
-            // Within what is left before the margin: a stalled collector never holds the
-            // response past the deadline.
-            let budget = fenced_jobs::telemetry::flush_budget(
-                invocation.deadline,
-                margin_ms,
-                SystemClock.now_ms(),
-            );
-            fenced_jobs::telemetry::flush(budget).await;
+            // Within what is left before the margin: a stalled collector costs spans only.
+            fenced_jobs::telemetry::flush_before(invocation.deadline, margin_ms).await;
             report.into_response().map_err(|e| Diagnostic {
                 error_type: "UnnamedFailure".to_owned(),
                 error_message: e.to_string(),

@@ -92,17 +92,8 @@ where
             (Ok(trigger), Ok(sender)) => scoped(&settings.producers, record, sender, trigger),
             (parsed, _) => parsed,
         };
-        // What the job holds while its record is processed (its input rebuilt for the call,
-        // by what the document costs, and its copies): past the room left, the record waits
-        // for a later batch, the first job always taken.
-        let holds = match &parsed {
-            Ok(Trigger::Job(msg)) => document_cost(&msg.input_canonical).saturating_add(
-                msg.input_canonical
-                    .len()
-                    .saturating_mul(PAYLOAD_PEAK_FACTOR - 1),
-            ),
-            _ => 0,
-        };
+        // Past the room left, the record waits for a later batch; the first job is taken.
+        let holds = holds(&parsed);
         if holds > 0 && read_any && held.saturating_add(holds) > budget {
             parsed = Err(backoff("payload memory"));
         }
@@ -116,6 +107,16 @@ where
         entries.push(Entry { record, parsed });
     }
     entries
+}
+
+/// What a job holds while its record is processed: its input rebuilt for the call, by what the
+/// document costs parsed, and the copies of its bytes.
+fn holds(parsed: &Result<Trigger, Failure>) -> usize {
+    let Ok(Trigger::Job(msg)) = parsed else {
+        return 0;
+    };
+    let copies = msg.input_canonical.len() * (PAYLOAD_PEAK_FACTOR - 1);
+    document_cost(&msg.input_canonical).saturating_add(copies)
 }
 
 /// The record's sender as the deployment knows it (SQS's `SenderId`), or why the record is
