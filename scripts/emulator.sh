@@ -5,6 +5,8 @@
 #   scripts/emulator.sh install-build   and scripts/requirements-build.txt (cargo-lambda)
 #   scripts/emulator.sh install-sam     .venv-sam with scripts/requirements-sam.txt (SAM CLI)
 #   scripts/emulator.sh install-iam     the IAM evaluator (npm, scripts/iam/package-lock.json)
+#   scripts/emulator.sh start-second    dynalite (npm), a second DynamoDB, on 127.0.0.1 at a free
+#                                 port (SECOND_DYNAMODB_URL in `env`); stop-second stops it
 #   scripts/emulator.sh start     install if needed, start, wait until it answers
 #                                 (EMULATOR_KEEPALIVE=1: behind waitress, which keeps connections alive)
 #   scripts/emulator.sh stop      stop it (by pid)
@@ -88,6 +90,62 @@ install_sam() {
   printf '%s' "$want" > "$stamp"
 }
 
+# Installs dynalite (scripts/dynalite/package-lock.json, from npm), a second DynamoDB
+# implementation the ledger's contract tests also run against, once per version of that file.
+install_dynalite() {
+  local want stamp="$root/scripts/dynalite/node_modules/.lock"
+  command -v npm >/dev/null || { echo "emulator: the second DynamoDB needs Node.js and npm (apt-get install nodejs npm)" >&2; exit 1; }
+  want=$(cat "$root/scripts/dynalite/package-lock.json")
+  if [ "$(cat "$stamp" 2>/dev/null)" = "$want" ]; then
+    return
+  fi
+  echo "emulator: installing scripts/dynalite/package-lock.json into scripts/dynalite" >&2
+  (cd "$root/scripts/dynalite" && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error >/dev/null)
+  printf '%s' "$want" > "$stamp"
+}
+
+second_running() {
+  [ -f "$state/dynalite.pid" ] && kill -0 "$(cat "$state/dynalite.pid")" 2>/dev/null
+}
+
+# dynalite in memory on 127.0.0.1 at a free port, tables active at once.
+start_second() {
+  install
+  install_dynalite
+  mkdir -p "$state"
+  if second_running; then
+    return
+  fi
+  local p
+  p=$("$venv/bin/python" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  echo "$p" > "$state/dynalite.port"
+  nohup node "$root/scripts/dynalite/node_modules/dynalite/cli.js" --host 127.0.0.1 --port "$p" \
+    --createTableMs 0 --deleteTableMs 0 --updateTableMs 0 > "$state/dynalite.log" 2>&1 &
+  echo $! > "$state/dynalite.pid"
+  for _ in $(seq 1 100); do
+    # Any HTTP answer (an unsigned request is refused) means it listens.
+    if "$venv/bin/python" -c "
+import urllib.request, urllib.error
+try: urllib.request.urlopen('http://127.0.0.1:$p/', timeout=1)
+except urllib.error.HTTPError: pass" 2>/dev/null; then
+      echo "emulator: dynalite on 127.0.0.1:$p (pid $(cat "$state/dynalite.pid"))" >&2
+      return
+    fi
+    sleep 0.2
+  done
+  echo "emulator: dynalite did not start; see $state/dynalite.log" >&2
+  tail -20 "$state/dynalite.log" >&2 || true
+  exit 1
+}
+
+stop_second() {
+  if second_running; then
+    kill "$(cat "$state/dynalite.pid")" 2>/dev/null || true
+    echo "emulator: dynalite stopped" >&2
+  fi
+  rm -f "$state/dynalite.pid" "$state/dynalite.port"
+}
+
 port() { cat "$state/port" 2>/dev/null; }
 
 running() {
@@ -140,6 +198,9 @@ export AWS_SECRET_ACCESS_KEY=emulator
 export AWS_REGION=us-east-1
 export AWS_EC2_METADATA_DISABLED=true
 VARS
+  if second_running; then
+    echo "export SECOND_DYNAMODB_URL=http://127.0.0.1:$(cat "$state/dynalite.port")"
+  fi
 }
 
 case "${1:-}" in
@@ -147,6 +208,9 @@ case "${1:-}" in
   install-build) install_build ;;
   install-sam) install_sam ;;
   install-iam) install_iam ;;
+  install-dynalite) install_dynalite ;;
+  start-second) start_second ;;
+  stop-second) stop_second ;;
   start) start ;;
   stop) stop ;;
   env) print_env ;;
@@ -167,5 +231,5 @@ case "${1:-}" in
     running || { echo "emulator: not running" >&2; exit 1; }
     "$venv/bin/python" -c "import urllib.request; urllib.request.urlopen(urllib.request.Request('http://127.0.0.1:$(port)/moto-api/reset', method='POST'))"
     ;;
-  *) echo "usage: $0 install|install-build|install-sam|start|stop|env|create TABLE QUEUE [--also-queue NAME ...]|local|reset" >&2; exit 2 ;;
+  *) echo "usage: $0 install|install-build|install-sam|install-iam|install-dynalite|start|stop|start-second|stop-second|env|create TABLE QUEUE [--also-queue NAME ...]|local|reset" >&2; exit 2 ;;
 esac

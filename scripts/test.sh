@@ -24,7 +24,8 @@ echo "== documents against the code" >&2
 echo "== module layout" >&2
 .venv/bin/python scripts/check_layout.py --self-test src
 echo "== cargo test" >&2
-scripts/with-emulator.sh cargo test --all-targets "$@"
+# With dynalite beside moto: the ledger's contract tests run against both.
+SECOND_DYNAMODB=1 scripts/with-emulator.sh cargo test --all-targets "$@"
 echo "== sam validate" >&2
 wait "$sam_install" || { cat .sam-install.log >&2; exit 1; }
 rm -f .sam-install.log

@@ -9,7 +9,16 @@ if ! [ -f .emulator/pid ] || ! kill -0 "$(cat .emulator/pid)" 2>/dev/null; then
   scripts/emulator.sh start
   started_here=1
 fi
-cleanup() { if [ "$started_here" = 1 ]; then scripts/emulator.sh stop; fi; }
+# SECOND_DYNAMODB=1: dynalite as well, for the ledger's contract tests (make test sets it).
+second_here=0
+if [ "${SECOND_DYNAMODB:-0}" = 1 ] && ! { [ -f .emulator/dynalite.pid ] && kill -0 "$(cat .emulator/dynalite.pid)" 2>/dev/null; }; then
+  scripts/emulator.sh start-second
+  second_here=1
+fi
+cleanup() {
+  if [ "$started_here" = 1 ]; then scripts/emulator.sh stop; fi
+  if [ "$second_here" = 1 ]; then scripts/emulator.sh stop-second; fi
+}
 trap cleanup EXIT
 # Ctrl-C or a kill ends the script as an exit, so that the emulator started here stops.
 trap 'exit 130' INT TERM

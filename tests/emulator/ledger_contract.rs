@@ -61,7 +61,10 @@ fn line(step: &str, w: Write) -> String {
     }
 }
 
-async fn scenario<L: JobLedger>(ledger: &L, prefix: &str) -> (Vec<String>, Vec<Option<JobRecord>>) {
+pub(crate) async fn scenario<L: JobLedger>(
+    ledger: &L,
+    prefix: &str,
+) -> (Vec<String>, Vec<Option<JobRecord>>) {
     let id = |s: &str| format!("{prefix}{s}");
     let a = job(&id("a"), "d-a", 3, T + 3_600_000);
     let mut log = Vec::new();
@@ -528,7 +531,10 @@ async fn the_in_memory_ledger_and_dynamodb_agree_on_every_conditional_write() {
 
 /// An operator's cancel: at once for a job nobody runs, as a request its owner carries out for
 /// a running one (whose heartbeat's renewals and other ends it refuses).
-async fn cancels<L: JobLedger>(ledger: &L, prefix: &str) -> (Vec<String>, Vec<Option<JobRecord>>) {
+pub(crate) async fn cancels<L: JobLedger>(
+    ledger: &L,
+    prefix: &str,
+) -> (Vec<String>, Vec<Option<JobRecord>>) {
     let id = |s: &str| format!("{prefix}{s}");
     let mut log = Vec::new();
     macro_rules! step {
@@ -738,7 +744,7 @@ async fn a_claim_on_first_sight_writes_the_item_a_claim_in_place_writes() {
 
 /// An owner accepts an answer with the record its claim returned: a stale epoch is refused with
 /// the item as it stands, and the applied write returns exactly what the ledger then holds.
-async fn accept_as_known_owner<L: JobLedger>(ledger: &L, id: &str) {
+pub(crate) async fn accept_as_known_owner<L: JobLedger>(ledger: &L, id: &str) {
     let mut first = claim(&job(id, "d", 3, T + 3_600_000), Expect::FRESH, "w1", T);
     first.first_sight = true;
     let Ok(Write::Applied(claimed)) = ledger.claim(first).await else {
@@ -769,7 +775,7 @@ async fn an_acceptance_by_a_known_owner_returns_the_record_the_ledger_holds() {
 
 /// Recovers the job `id` (claimed once) `times` times, each as a recoverer that read the item
 /// first, and returns the item after.
-async fn recovered_often<L: JobLedger>(ledger: &L, id: &str, times: u64) -> JobRecord {
+pub(crate) async fn recovered_often<L: JobLedger>(ledger: &L, id: &str, times: u64) -> JobRecord {
     let a = job(id, "d-r", 3, T + 86_400_000);
     ledger
         .claim(claim(&a, Expect::FRESH, "w0", T))
@@ -815,7 +821,7 @@ async fn a_job_recovered_again_and_again_lists_its_first_recoveries_and_counts_t
 /// Where a job's input is kept, the same in both ledgers: not by its first claim (its message
 /// carries it), by an end that leaves the job live (for a trigger by id), and never written
 /// again over what the item keeps.
-async fn input_kept_off_the_happy_path<L: JobLedger>(ledger: &L, id: &str) {
+pub(crate) async fn input_kept_off_the_happy_path<L: JobLedger>(ledger: &L, id: &str) {
     let new = job(id, "d", 3, T + 3_600_000);
     let mut first = claim(&new, Expect::FRESH, "w1", T);
     first.first_sight = true;
@@ -855,4 +861,60 @@ async fn the_input_is_kept_off_the_happy_path_in_both_ledgers() {
     ));
     let item = raw_item(&aws, &table, "bare").await;
     assert!(!item.contains_key("input"), "{item:?}");
+}
+
+/// What the sparse indexes show of the jobs `scenario` left: each live state's jobs by last
+/// change and by deadline, its count, and the jobs finished on the scenario's day, in order.
+pub(crate) async fn index_views<L: JobLedger + fenced_jobs::ledger::LedgerIndex>(
+    ledger: &L,
+) -> Vec<String> {
+    use fenced_jobs::ledger::IndexCursor;
+    let mut views = Vec::new();
+    for state in [
+        JobState::Ready,
+        JobState::Running,
+        JobState::Unknown,
+        JobState::RetryAuthorized,
+    ] {
+        let by_change = ledger
+            .untouched_since(state, i64::MAX, &IndexCursor::default(), 100)
+            .await
+            .expect("by last change");
+        let by_deadline = ledger
+            .past_deadline(state, T + 86_400_000, 100)
+            .await
+            .expect("by deadline");
+        let count = ledger.count(state).await.expect("count");
+        views.push(format!("{state:?}: {by_change:?} {by_deadline:?} {count}"));
+    }
+    let day = time::OffsetDateTime::from_unix_timestamp(T / 1000).expect("a day");
+    let day = format!(
+        "{:04}-{:02}-{:02}",
+        day.year(),
+        u8::from(day.month()),
+        day.day()
+    );
+    let finished = ledger.finished(&day, 0, None, 100).await.expect("finished");
+    views.push(format!("finished on {day}: {finished:?}"));
+    views
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sparse_indexes_show_the_same_jobs_in_memory_and_on_dynamodb() {
+    let memory = InMemoryLedger::new();
+    scenario(&memory, "").await;
+    let aws = support::emulator().await;
+    let table = aws.table().await;
+    let dynamo = aws.ledger(&table);
+    scenario(&dynamo, "").await;
+    let views = index_views(&memory).await;
+    assert_eq!(views, index_views(&dynamo).await);
+    // The views hold jobs: a wrong index agreeing on nothing would fail here.
+    assert!(
+        views
+            .iter()
+            .any(|v| v.starts_with("Unknown") && !v.ends_with(" 0")),
+        "{views:?}"
+    );
+    assert!(views.last().is_some_and(|v| v.contains('"')), "{views:?}");
 }

@@ -331,7 +331,12 @@ async fn apply<L: JobLedger>(ledger: &L, prefix: &str, op: &Op) -> Write {
 async fn random_operation_sequences_get_the_same_answers_from_memory_and_dynamodb() {
     let aws = support::emulator().await;
     let table = aws.table().await;
-    let dynamo = aws.ledger(&table);
+    agree_on_random_sequences(&aws.ledger(&table)).await;
+}
+
+/// Random operation sequences (16 seeds, or `LEDGER_PROPERTY_SEED`) applied to `dynamo` and to
+/// the in-memory ledger: the same answer at every step, the same items at the end.
+pub(crate) async fn agree_on_random_sequences(dynamo: &impl JobLedger) {
     let seeds: Vec<u64> = match std::env::var("LEDGER_PROPERTY_SEED") {
         Ok(s) => vec![s.parse().expect("a seed")],
         Err(_) => (1..=16).collect(),
@@ -353,7 +358,7 @@ async fn random_operation_sequences_get_the_same_answers_from_memory_and_dynamod
             }
             let op = op(&mut rng, now, &items);
             let m = apply(&memory, &prefix, &op).await;
-            let d = apply(&dynamo, &prefix, &op).await;
+            let d = apply(dynamo, &prefix, &op).await;
             assert_eq!(
                 m, d,
                 "seed {seed}, step {step}: {op:?}\nreplay: LEDGER_PROPERTY_SEED={seed}"

@@ -21,6 +21,7 @@ mod payload_memory;
 mod producer;
 mod provider_keys;
 mod results_out;
+mod second_dynamodb;
 mod slow_records;
 mod spend;
 mod worker_end_to_end;
