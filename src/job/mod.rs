@@ -5,7 +5,7 @@ pub mod artifact;
 pub mod contract;
 pub mod cost;
 pub mod decision;
-pub(crate) mod digest;
+mod digest;
 pub mod message;
 pub mod outcome;
 pub mod pointer;

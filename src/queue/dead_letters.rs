@@ -88,11 +88,10 @@ impl DeadLetter {
     /// The original is then left out rather than left to the redrive policy, which would move
     /// it without the worker's word on it.
     pub fn fitted(self) -> DeadLetter {
-        use sha2::{Digest, Sha256};
         if self.all_attributes().is_some() {
             return self;
         }
-        let digest = crate::job::digest::hex(&Sha256::digest(self.body.as_bytes()));
+        let digest = crate::job::artifact::sha256_hex(self.body.as_bytes());
         let body = serde_json::json!({
             "fenced-jobs": "body not kept: no room beside the reason",
             "bytes": self.body.len(),

@@ -7,7 +7,7 @@ use crate::sim;
 fn fixed_seeds_keep_every_invariant_under_every_fault() {
     // Every edge the worker guards against must be met: the rarer ones (a failed store of an
     // answer is 5 % of the few large answers) on the first four seeds or on up to four more.
-    const EDGES: [&str; 37] = [
+    const EDGES: [&str; 38] = [
         "batch_answer_lost",
         "batch_refused",
         "batch_results_cut",
@@ -35,6 +35,7 @@ fn fixed_seeds_keep_every_invariant_under_every_fault() {
         "event_sized_answer",
         "event_publish_failure",
         "dead_letter_too_large",
+        "document_too_costly",
         "trigger_never_sent",
         "reconciler_walk_past",
         "deadline_past_reach",
