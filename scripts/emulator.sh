@@ -49,18 +49,18 @@ install() {
   printf '%s' "$want" > "$stamp"
 }
 
-# Installs the IAM evaluator (scripts/iam/package-lock.json, from npm) into scripts/iam, once
-# per version of that file.
-install_iam() {
-  local want stamp="$root/scripts/iam/node_modules/.lock"
-  command -v npm >/dev/null || { echo "emulator: the IAM check needs Node.js and npm (apt-get install nodejs npm)" >&2; exit 1; }
-  want=$(cat "$root/scripts/iam/package-lock.json")
-  if [ "$(cat "$stamp" 2>/dev/null)" = "$want" ]; then
+# Installs the npm packages of scripts/$1 (its package-lock.json) into scripts/$1, once per
+# version of that file: the IAM evaluator (iam) and the second DynamoDB (dynalite).
+npm_install() {
+  local dir="$root/scripts/$1" want
+  command -v npm >/dev/null || { echo "emulator: scripts/$1 needs Node.js and npm (apt-get install nodejs npm)" >&2; exit 1; }
+  want=$(cat "$dir/package-lock.json")
+  if [ "$(cat "$dir/node_modules/.lock" 2>/dev/null)" = "$want" ]; then
     return
   fi
-  echo "emulator: installing scripts/iam/package-lock.json into scripts/iam" >&2
-  (cd "$root/scripts/iam" && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error >/dev/null)
-  printf '%s' "$want" > "$stamp"
+  echo "emulator: installing scripts/$1/package-lock.json into scripts/$1" >&2
+  (cd "$dir" && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error >/dev/null)
+  printf '%s' "$want" > "$dir/node_modules/.lock"
 }
 
 # Installs scripts/requirements-build.txt (cargo-lambda and its zig) into .venv, once per
@@ -90,20 +90,6 @@ install_sam() {
   printf '%s' "$want" > "$stamp"
 }
 
-# Installs dynalite (scripts/dynalite/package-lock.json, from npm), a second DynamoDB
-# implementation the ledger's contract tests also run against, once per version of that file.
-install_dynalite() {
-  local want stamp="$root/scripts/dynalite/node_modules/.lock"
-  command -v npm >/dev/null || { echo "emulator: the second DynamoDB needs Node.js and npm (apt-get install nodejs npm)" >&2; exit 1; }
-  want=$(cat "$root/scripts/dynalite/package-lock.json")
-  if [ "$(cat "$stamp" 2>/dev/null)" = "$want" ]; then
-    return
-  fi
-  echo "emulator: installing scripts/dynalite/package-lock.json into scripts/dynalite" >&2
-  (cd "$root/scripts/dynalite" && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error >/dev/null)
-  printf '%s' "$want" > "$stamp"
-}
-
 second_running() {
   [ -f "$state/dynalite.pid" ] && kill -0 "$(cat "$state/dynalite.pid")" 2>/dev/null
 }
@@ -111,7 +97,7 @@ second_running() {
 # dynalite in memory on 127.0.0.1 at a free port, tables active at once.
 start_second() {
   install
-  install_dynalite
+  npm_install dynalite
   mkdir -p "$state"
   if second_running; then
     return
@@ -207,8 +193,8 @@ case "${1:-}" in
   install) install ;;
   install-build) install_build ;;
   install-sam) install_sam ;;
-  install-iam) install_iam ;;
-  install-dynalite) install_dynalite ;;
+  install-iam) npm_install iam ;;
+  install-dynalite) npm_install dynalite ;;
   start-second) start_second ;;
   stop-second) stop_second ;;
   start) start ;;
