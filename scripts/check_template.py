@@ -495,7 +495,7 @@ def problems(template):
     if not pitr.get("PointInTimeRecoveryEnabled"):
         found.append("JobsTable: point-in-time recovery off")
     indexes = {i.get("IndexName") for i in table.get("GlobalSecondaryIndexes", [])}
-    for index in ("attention-index", "deadline-index", "finished-index"):
+    for index in ("attention-index", "deadline-index", "due-index"):
         if index not in indexes:
             found.append(f"JobsTable: no {index}")
     if table.get("StreamSpecification", {}).get("StreamViewType") != "NEW_AND_OLD_IMAGES":

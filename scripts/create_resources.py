@@ -44,7 +44,7 @@ if table not in ddb.list_tables()["TableNames"]:
             {"AttributeName": "attention", "AttributeType": "S"},
             {"AttributeName": "updated_at", "AttributeType": "N"},
             {"AttributeName": "deadline_at", "AttributeType": "N"},
-            {"AttributeName": "finished_on", "AttributeType": "S"},
+            {"AttributeName": "due_on", "AttributeType": "S"},
         ],
         KeySchema=[{"AttributeName": "job_id", "KeyType": "HASH"}],
         # The sparse indexes of jobs that are not terminal: by last change (jobctl list, the
@@ -62,7 +62,7 @@ if table not in ddb.list_tables()["TableNames"]:
             for name, partition, sort in [
                 ("attention-index", "attention", "updated_at"),
                 ("deadline-index", "attention", "deadline_at"),
-                ("finished-index", "finished_on", "updated_at"),
+                ("due-index", "due_on", "deadline_at"),
             ]
         ],
         StreamSpecification={"StreamEnabled": True, "StreamViewType": "NEW_AND_OLD_IMAGES"},

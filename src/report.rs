@@ -159,6 +159,11 @@ pub struct UnnamedFailure {
 pub struct ReconcileReport {
     /// Jobs moved to `expired`.
     pub expired: u64,
+    /// Of those, jobs the due index found on their first claim with their message gone
+    /// (`message_lost`): no other index holds them.
+    pub message_lost: u64,
+    /// Jobs past their deadline read from the due index.
+    pub due_walked: u64,
     /// Background calls of expired jobs whose cancel was sent upstream.
     pub cancelled: u64,
     /// Expiries refused (the job changed since the index was read).

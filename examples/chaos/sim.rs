@@ -1104,14 +1104,20 @@ impl LedgerIndex for SimLedger {
     async fn count(&self, state: JobState) -> Result<u64, LedgerError> {
         self.table.count(state).await
     }
-    async fn finished(
+    async fn due(
         &self,
         day: &str,
-        since: Millis,
+        range: (Millis, Millis),
         cursor: Option<&(String, Millis)>,
         limit: usize,
     ) -> Result<Vec<(String, Millis)>, LedgerError> {
-        self.table.finished(day, since, cursor, limit).await
+        self.table.due(day, range, cursor, limit).await
+    }
+    async fn due_walked(&self) -> Result<Option<Millis>, LedgerError> {
+        self.table.due_walked().await
+    }
+    async fn walked_due_to(&self, to: Millis) -> Result<(), LedgerError> {
+        self.table.walked_due_to(to).await
     }
 }
 
@@ -2613,11 +2619,13 @@ async fn check_bucket(world: &World, table: &InMemoryLedger, job_ids: &[String])
         }
     }
     let now = world.now();
+    // Every job the run created, whatever its deadline (the longest a worker takes).
+    let every_deadline = now + fenced_jobs::job::policy::Policy::default().max_deadline_ms;
     let removed = fenced_jobs::ops::results::sweep_orphans(
         table,
         bucket,
         START_MS,
-        now,
+        every_deadline,
         (usize::MAX, fenced_jobs::job::DEFAULT_INLINE_MAX_BYTES),
     )
     .await

@@ -1555,6 +1555,7 @@ impl Protocol {
                     lease_until: now + self.bounds.lease,
                     reason: format!("{} at epoch {epoch}", state.as_str()),
                     seen_recoveries: next.item.as_ref().map_or(0, |r| r.recoveries.len()),
+                    input: None,
                 };
                 let _ = write!(
                     note,

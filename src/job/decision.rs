@@ -36,13 +36,16 @@ pub enum SettleReason {
     InputLost,
     /// The next call's estimated cost would take the job's spend past its `max_cost`.
     SpendLimit,
+    /// The fixed deadline has passed, and the ledger never kept the job's input: it ran only on
+    /// its first claim, and no delivery of its message (the input's only copy) came back.
+    MessageLost,
 }
 
 impl SettleReason {
     /// The terminal state this reason leads to.
     pub fn target(self) -> JobState {
         match self {
-            SettleReason::DeadlinePassed => JobState::Expired,
+            SettleReason::DeadlinePassed | SettleReason::MessageLost => JobState::Expired,
             SettleReason::BudgetSpent | SettleReason::InputLost | SettleReason::SpendLimit => {
                 JobState::FailedTerminal
             }
@@ -56,6 +59,7 @@ impl SettleReason {
             SettleReason::BudgetSpent => "budget",
             SettleReason::InputLost => "input_lost",
             SettleReason::SpendLimit => "spend",
+            SettleReason::MessageLost => "message_lost",
         }
     }
 }

@@ -38,8 +38,9 @@ pub(crate) const ATTENTION_SHARDS: u8 = 16;
 /// enters it: the message that claimed it stays in the queue until the job is terminal and
 /// brings it back if its owner dies, and the next delivery after a lapsed lease recovers it
 /// (a raised epoch) or records its attempt unknown, both of which enter the index. The
-/// happy path (first claim, then acceptance) therefore writes no index entry but the
-/// finished index's one; every other path is watched as before.
+/// happy path (first claim, then acceptance) therefore writes no index entry but the due
+/// index's one, at the claim; every other path is watched as before. Should that message be
+/// lost, the due index still finds the job at its deadline.
 pub fn attention_key(state: JobState, epoch: u64, job_id: &str) -> Option<String> {
     use sha2::{Digest, Sha256};
     if state.is_terminal() || (state == JobState::Running && epoch <= 1) {
@@ -54,9 +55,9 @@ pub(crate) fn attention_shard(state: JobState, shard: u8) -> String {
     format!("{}#{shard:02}", state.as_str())
 }
 
-/// The day (UTC, `YYYY-MM-DD`) a job that became terminal at `at` is filed under in the finished
-/// index, which `jobctl export` reads day by day.
-pub(crate) fn finished_day(at: Millis) -> String {
+/// The day (UTC, `YYYY-MM-DD`) of the instant `at`: a job is filed in the due index under its
+/// deadline's day, and the day's spend under the day it is spent.
+pub(crate) fn utc_day(at: Millis) -> String {
     let date = time::OffsetDateTime::from_unix_timestamp(at.div_euclid(1000))
         .map_or(time::OffsetDateTime::UNIX_EPOCH.date(), |t| t.date());
     format!(

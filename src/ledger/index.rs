@@ -1,5 +1,5 @@
-//! The ledger's sparse indexes, read by the reconciler, replays and `jobctl list`, and a
-//! cursor to walk them.
+//! The ledger's indexes, read by the reconciler, replays, exports and `jobctl list`, and
+//! cursors to walk them.
 
 use std::collections::HashSet;
 use std::future::Future;
@@ -7,8 +7,9 @@ use std::future::Future;
 use super::LedgerError;
 use crate::job::{JobState, Millis};
 
-/// The ledger's sparse indexes: jobs that are not terminal, by state, by last change and by
-/// deadline. The reconciler and `jobctl list` read through it, never by a scan.
+/// The ledger's indexes: jobs that are not terminal, by state, by last change and by deadline
+/// (sparse), and every job by its deadline (the due index). The reconciler, exports and `jobctl
+/// list` read through it, never by a scan.
 pub trait LedgerIndex: Send + Sync {
     /// Jobs in `state` last changed before `before` that `after` admits, oldest first, at most
     /// `limit`, with when each last changed. Walk on with [`IndexCursor::advance`].
@@ -29,16 +30,24 @@ pub trait LedgerIndex: Send + Sync {
         limit: usize,
     ) -> impl Future<Output = Result<Vec<(String, Millis)>, LedgerError>> + Send;
 
-    /// Jobs that became terminal on `day` (UTC, `YYYY-MM-DD`) at or after `since`, by that time
-    /// and job id, after `cursor`, at most `limit`, with that time. The next page starts after
-    /// the last one returned.
-    fn finished(
+    /// Jobs due on `day` (UTC, `YYYY-MM-DD`, their deadline's day) whose deadline is from
+    /// `from` to `to`, in any state, by deadline and job id, after `cursor`, at most `limit`,
+    /// with their deadlines. Every job is in it from its first write until its item expires: its
+    /// key never changes, so a job enters it once and no later write touches it.
+    fn due(
         &self,
         day: &str,
-        since: Millis,
+        range: (Millis, Millis),
         cursor: Option<&(String, Millis)>,
         limit: usize,
     ) -> impl Future<Output = Result<Vec<(String, Millis)>, LedgerError>> + Send;
+
+    /// The deadline up to which the reconciler has walked the due index (`None`: never).
+    fn due_walked(&self) -> impl Future<Output = Result<Option<Millis>, LedgerError>> + Send;
+
+    /// Records that the reconciler has walked the due index up to `to`; a record further on
+    /// is kept.
+    fn walked_due_to(&self, to: Millis) -> impl Future<Output = Result<(), LedgerError>> + Send;
 
     /// How many jobs are in `state` (no items are read).
     fn count(&self, state: JobState) -> impl Future<Output = Result<u64, LedgerError>> + Send;
@@ -84,5 +93,52 @@ impl IndexCursor {
                 self.returned_at.insert(job_id.clone());
             }
         }
+    }
+}
+
+/// A walk through the due index, day by day, of the jobs whose deadline is from `from` to
+/// `to`, in deadline order.
+#[derive(Debug, Clone)]
+pub struct DueWalk {
+    range: (Millis, Millis),
+    day_start: Millis,
+    cursor: Option<(String, Millis)>,
+}
+
+const DAY_MS: Millis = 86_400_000;
+
+impl DueWalk {
+    /// A walk of the deadlines from `from` to `to`.
+    pub fn new(from: Millis, to: Millis) -> Self {
+        DueWalk {
+            range: (from, to),
+            day_start: from - from.rem_euclid(DAY_MS),
+            cursor: None,
+        }
+    }
+
+    /// The next page, at most `limit` jobs (fewer where a day ends), or `None` once the walk is
+    /// over. A day with no due job costs one query.
+    pub async fn next<L: LedgerIndex>(
+        &mut self,
+        ledger: &L,
+        limit: usize,
+    ) -> Result<Option<Vec<(String, Millis)>>, LedgerError> {
+        while self.day_start <= self.range.1 {
+            let day = crate::job::utc_day(self.day_start);
+            let page = ledger
+                .due(&day, self.range, self.cursor.as_ref(), limit)
+                .await?;
+            if page.len() < limit {
+                self.day_start += DAY_MS;
+                self.cursor = None;
+            } else {
+                self.cursor = page.last().cloned();
+            }
+            if !page.is_empty() {
+                return Ok(Some(page));
+            }
+        }
+        Ok(None)
     }
 }

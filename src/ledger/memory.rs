@@ -24,6 +24,8 @@ pub struct InMemoryLedger {
     // A std mutex: the critical sections are short and never cross an await.
     items: Mutex<HashMap<String, JobRecord>>,
     writes: AtomicU64,
+    /// How far the reconciler has walked the due index.
+    walked: Mutex<Option<Millis>>,
     /// What the writes would be billed in DynamoDB, when metered.
     bill: Option<Mutex<Bill>>,
 }
@@ -140,10 +142,10 @@ impl LedgerIndex for InMemoryLedger {
         Ok(self.indexed(state, usize::MAX, |_| Some(0)).len() as u64)
     }
 
-    async fn finished(
+    async fn due(
         &self,
         day: &str,
-        since: Millis,
+        (from, to): (Millis, Millis),
         cursor: Option<&(String, Millis)>,
         limit: usize,
     ) -> Result<Vec<(String, Millis)>, LedgerError> {
@@ -151,11 +153,10 @@ impl LedgerIndex for InMemoryLedger {
             .lock()
             .values()
             .filter(|job| {
-                job.state.is_terminal()
-                    && job.updated_at >= since
-                    && crate::job::finished_day(job.updated_at) == day
+                (from..=to).contains(&job.deadline_at)
+                    && crate::job::utc_day(job.deadline_at) == day
             })
-            .map(|job| (job.job_id.clone(), job.updated_at))
+            .map(|job| (job.job_id.clone(), job.deadline_at))
             .collect();
         found.sort_by(|a, b| (a.1, &a.0).cmp(&(b.1, &b.0)));
         Ok(found
@@ -163,6 +164,16 @@ impl LedgerIndex for InMemoryLedger {
             .filter(|(id, at)| cursor.is_none_or(|(cid, cat)| (at, id) > (cat, cid)))
             .take(limit)
             .collect())
+    }
+
+    async fn due_walked(&self) -> Result<Option<Millis>, LedgerError> {
+        Ok(*self.walked.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    async fn walked_due_to(&self, to: Millis) -> Result<(), LedgerError> {
+        let mut walked = self.walked.lock().unwrap_or_else(|p| p.into_inner());
+        *walked = Some(walked.map_or(to, |at| at.max(to)));
+        Ok(())
     }
 }
 

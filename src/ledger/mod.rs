@@ -15,7 +15,7 @@ pub mod transitions;
 
 use std::future::Future;
 
-pub use index::{IndexCursor, LedgerIndex};
+pub use index::{DueWalk, IndexCursor, LedgerIndex};
 pub use operator::{CancelRequest, DecideRequest, OperatorAction};
 
 use crate::job::contract::{Finish, Rejected};
@@ -254,6 +254,10 @@ pub struct RecoverRequest {
     /// it raises the epoch it expects): once it holds [`crate::job::RECOVERIES_KEPT`], this one
     /// is counted in `recoveries_dropped` instead of listed.
     pub seen_recoveries: usize,
+    /// The job's input, kept by a recovery when the item keeps none (a job recovered on its
+    /// second delivery may be triggered by id later, and that delivery reads its input from
+    /// the item, as after an end that leaves the job live).
+    pub input: Option<KeptInput>,
 }
 
 /// The owner at `epoch` extends (or ends) its lease.
@@ -501,6 +505,11 @@ impl SettleRequest {
             }
             SettleReason::InputLost => {
                 "the stored input is gone or does not match the job's digest"
+            }
+            SettleReason::MessageLost => {
+                "deadline passed before a result was accepted; the ledger never kept the input, and \
+                 no delivery of the job's message came back after its first claim (lost or \
+                 dead-lettered)"
             }
         };
         crate::job::ErrorRecord {

@@ -14,7 +14,7 @@ pub const SPEND_KEY_PREFIX: &str = "#spend#";
 
 /// The day `now` falls on (UTC), as a day item names it.
 pub fn day_of(now: Millis) -> String {
-    crate::job::finished_day(now)
+    crate::job::utc_day(now)
 }
 
 /// Milliseconds from `now` to the start of the next day (UTC).

@@ -131,19 +131,23 @@ pub fn apply_end(current: Option<&JobRecord>, req: &EndRequest) -> Option<JobRec
         next.last_error = Some(error);
     }
     next.decisions.extend(req.decision());
-    // As DynamoDB's `if_not_exists`: the input an end of a live job carries, if none is kept.
     if !next.state.is_terminal() {
-        match &req.input {
-            Some(super::KeptInput::Inline(input)) if next.input.is_empty() => {
-                next.input.clone_from(input);
-            }
-            Some(super::KeptInput::Stored(blob)) if next.input_ref.is_none() => {
-                next.input_ref = Some((**blob).clone());
-            }
-            _ => {}
-        }
+        keep_input(&mut next, req.input.as_ref());
     }
     Some(next)
+}
+
+/// As DynamoDB's `if_not_exists`: the input a write carries, if the item keeps none.
+fn keep_input(next: &mut JobRecord, input: Option<&super::KeptInput>) {
+    match input {
+        Some(super::KeptInput::Inline(input)) if next.input.is_empty() => {
+            next.input.clone_from(input);
+        }
+        Some(super::KeptInput::Stored(blob)) if next.input_ref.is_none() => {
+            next.input_ref = Some((**blob).clone());
+        }
+        _ => {}
+    }
 }
 
 /// The record an applied end leaves, as an owner holding `known` (the record its claim or
@@ -206,6 +210,7 @@ pub fn apply_recover(current: Option<&JobRecord>, req: &RecoverRequest) -> Optio
             reason: req.reason.clone(),
         });
     }
+    keep_input(&mut next, req.input.as_ref());
     Some(next)
 }
 

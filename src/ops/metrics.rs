@@ -174,6 +174,11 @@ pub fn usage_by_model(target: &MetricsTarget, at: Millis, report: &BatchReport) 
 pub fn reconciliation(target: &MetricsTarget, at: Millis, report: &ReconcileReport) -> Value {
     let metrics = [
         ("Expired", "Count", Sample::One(report.expired as f64)),
+        (
+            "MessagesLost",
+            "Count",
+            Sample::One(report.message_lost as f64),
+        ),
         ("Resent", "Count", Sample::One(report.resent as f64)),
         (
             "ResendFailed",

@@ -3,7 +3,10 @@
 //!
 //! - Jobs past their deadline that are not terminal become `expired`, with a write conditional
 //!   on the deadline having passed and the job not being terminal: whoever owns it is fenced,
-//!   and a background call it may have left running upstream is cancelled.
+//!   and a background call it may have left running upstream is cancelled. The sparse deadline
+//!   index finds every such job but those on their first claim; the due index, walked once from
+//!   where the last run stopped, finds those: a job whose item never kept its input and whose
+//!   message never came back ends `expired` with `message_lost`.
 //! - `ready` jobs untouched for `ready_after` whose trigger was never recorded as sent (a
 //!   producer that stopped between its ledger write and its send) or was sent longer ago than
 //!   `enqueue_stale_after` (a lost message), and `retry_authorized` jobs untouched for
@@ -132,6 +135,7 @@ pub async fn reconcile<L: JobLedger + LedgerIndex>(
         &mut report,
     )
     .await?;
+    walk_due(ledger, provider, expiry_clock, settings, &mut report).await?;
     let mut due = Vec::new();
     for (state, after, enqueue_after) in [
         (
@@ -204,6 +208,9 @@ async fn due_in<L: JobLedger + LedgerIndex>(
             && job.owner_until.is_none_or(|until| until <= now - after)
             && job.enqueued_at.is_none_or(|at| at <= now - enqueue_after)
             && (state != JobState::Unknown || job.last_provider_ref().is_some())
+            // A trigger by id cannot run a job whose item keeps no input: only its own
+            // message can, or its deadline ends it (`walk_due`).
+            && job.keeps_input()
     };
     // The index knows when a job last changed, not when its trigger was last sent: walk on
     // past the jobs sent recently until a page of due ones is found or the walk's budget
@@ -308,25 +315,7 @@ async fn expire<L: JobLedger + LedgerIndex>(
             match w {
                 Ok(Write::Applied(job)) => {
                     report.expired += 1;
-                    // A call that may still run upstream is cancelled: its answer can never be
-                    // accepted now, and the provider would go on charging for it.
-                    let running = matches!(state, JobState::Running | JobState::Unknown);
-                    // Only the provider that ran the attempt knows its reference.
-                    let ran = job
-                        .attempt_log
-                        .last()
-                        .and_then(|a| a.route.as_ref())
-                        .is_none_or(|r| r.provider == provider.name());
-                    if let Some(r) = job.last_provider_ref()
-                        && running
-                        && ran
-                        && provider.can_retrieve()
-                    {
-                        let wait = Duration::from_millis(CANCEL_WAIT_MS);
-                        if tokio::time::timeout(wait, provider.cancel(r)).await.is_ok() {
-                            report.cancelled += 1;
-                        }
-                    }
+                    cancel_upstream(provider, state, &job, report).await;
                 }
                 Ok(Write::Refused(_)) => report.expire_refused += 1,
                 Err(_) => report.errors += 1,
@@ -336,117 +325,141 @@ async fn expire<L: JobLedger + LedgerIndex>(
     Ok(())
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::job::{Expect, NewJob};
-    use crate::ledger::memory::InMemoryLedger;
-    use crate::ledger::{ClaimRequest, RecoverRequest};
-    use crate::queue::RecordingTriggers;
-
-    /// A provider with background calls that records what it is asked to cancel.
-    #[derive(Default)]
-    struct Cancels(std::sync::Mutex<Vec<String>>);
-
-    impl Provider for Cancels {
-        async fn call(
-            &self,
-            _: &crate::provider::ProviderRequest<'_>,
-        ) -> Result<crate::provider::Answer, crate::provider::ProviderError> {
-            std::future::pending().await
+/// After a job that was in `state` expired: a call that may still run upstream is cancelled
+/// (its answer can never be accepted now, and the provider would go on charging for it), by
+/// the provider that ran the attempt, which alone knows its reference.
+async fn cancel_upstream(
+    provider: &impl Provider,
+    state: JobState,
+    job: &JobRecord,
+    report: &mut ReconcileReport,
+) {
+    let running = matches!(state, JobState::Running | JobState::Unknown);
+    let ran = job
+        .attempt_log
+        .last()
+        .and_then(|a| a.route.as_ref())
+        .is_none_or(|r| r.provider == provider.name());
+    if let Some(r) = job.last_provider_ref()
+        && running
+        && ran
+        && provider.can_retrieve()
+    {
+        let wait = Duration::from_millis(CANCEL_WAIT_MS);
+        if tokio::time::timeout(wait, provider.cancel(r)).await.is_ok() {
+            report.cancelled += 1;
         }
-        fn can_retrieve(&self) -> bool {
-            true
-        }
-        async fn cancel(&self, provider_ref: &str) {
-            self.0
-                .lock()
-                .expect("cancels")
-                .push(provider_ref.to_owned());
-        }
-    }
-
-    const T: Millis = 1_800_000_000_000;
-
-    /// A job claimed two minutes before its deadline `T`, whose owner vanished, recovered by a
-    /// second owner a minute later, its lease ending at `lease_until`: a job the reconciler
-    /// watches (one on its first claim is its message's to bring back).
-    async fn running_job(
-        ledger: &InMemoryLedger,
-        job_id: &str,
-        lease_until: Millis,
-        provider_ref: Option<&str>,
-    ) {
-        let job = NewJob::example(job_id, T);
-        let claim = ClaimRequest {
-            job,
-            expect: Expect::FRESH,
-            owner_id: "w".into(),
-            now: T - 120_000,
-            lease_until: T - 90_000,
-            provider_ref: provider_ref.map(str::to_owned),
-            route: None,
-            first_sight: false,
-        };
-        assert!(matches!(ledger.claim(claim).await, Ok(Write::Applied(_))));
-        let recover = RecoverRequest {
-            job_id: job_id.to_owned(),
-            seen_epoch: 1,
-            owner_id: "w2".into(),
-            now: T - 60_000,
-            lapsed_before: T - 62_000,
-            lease_until,
-            reason: "lease lapsed".into(),
-            seen_recoveries: 0,
-        };
-        assert!(matches!(
-            ledger.recover(recover).await,
-            Ok(Write::Applied(_))
-        ));
-    }
-
-    #[tokio::test]
-    async fn expiring_a_running_job_cancels_its_call_upstream() {
-        // GIVEN a running job past its deadline whose attempt has a provider reference
-        let ledger = InMemoryLedger::new();
-        running_job(&ledger, "bg", T + 600_000, Some("resp_9")).await;
-        let provider = Cancels::default();
-        // WHEN the reconciler expires it
-        let report = reconcile(
-            &ledger,
-            &RecordingTriggers::new(),
-            &provider,
-            T + 10_000,
-            &ReconcileSettings::default(),
-        )
-        .await
-        .expect("run");
-        // THEN the call is cancelled upstream: its answer can never be accepted
-        assert_eq!((report.expired, report.cancelled), (1, 1));
-        assert_eq!(
-            *provider.0.lock().expect("cancels"),
-            vec!["resp_9".to_owned()]
-        );
-    }
-
-    #[tokio::test]
-    async fn a_job_is_expired_only_past_its_deadline_and_the_skew_margin() {
-        // GIVEN a running job whose deadline is T, and a reconciler with a 2 s margin
-        let ledger = InMemoryLedger::new();
-        running_job(&ledger, "j", T - 30_000, None).await;
-        let settings = ReconcileSettings::default();
-        let triggers = RecordingTriggers::new();
-        // WHEN it runs 1 s after the deadline, then 2 s after
-        let provider = crate::provider::SimulatedProvider::new();
-        let early = reconcile(&ledger, &triggers, &provider, T + 1_000, &settings)
-            .await
-            .expect("run");
-        let late = reconcile(&ledger, &triggers, &provider, T + 2_000, &settings)
-            .await
-            .expect("run");
-        // THEN only the second run expires it: a clock ahead by the margin never expires early
-        assert_eq!((early.expired, late.expired), (0, 1));
-        let item = ledger.get("j").await.expect("get").expect("item");
-        assert_eq!(item.state, JobState::Expired);
     }
 }
+
+/// How far back the first walk of the due index starts.
+const FIRST_WALK_MS: Millis = 86_400_000;
+
+/// Walks the due index from where the last run stopped to `clock` (the deadline every clock
+/// sees passed): every job found not terminal is expired, `message_lost` when its item never
+/// kept its input. The walk records how far it came; one cut short (a failed write, or
+/// `RECONCILE_MAX_EXAMINED`) goes on from there next run, so each job is read about once.
+async fn walk_due<L: JobLedger + LedgerIndex>(
+    ledger: &L,
+    provider: &impl Provider,
+    clock: Millis,
+    settings: &ReconcileSettings,
+    report: &mut ReconcileReport,
+) -> Result<(), LedgerError> {
+    const PAGE: usize = 200;
+    let from = match ledger.due_walked().await? {
+        Some(at) => at + 1,
+        None => clock - FIRST_WALK_MS,
+    };
+    if from > clock {
+        return Ok(());
+    }
+    let mut walk = crate::ledger::DueWalk::new(from, clock);
+    // Every deadline up to `done` is handled.
+    let mut done = clock;
+    let mut examined = 0;
+    while let Some(page) = walk.next(ledger, PAGE).await? {
+        examined += page.len();
+        report.due_walked += page.len() as u64;
+        let items: Vec<_> = stream::iter(&page)
+            .map(|(job_id, _)| ledger.get(job_id))
+            .buffered(CONCURRENCY)
+            .collect()
+            .await;
+        let mut stopped = None;
+        for ((_, deadline), item) in page.iter().zip(items) {
+            let handled = match item {
+                Ok(Some(job)) if !job.state.is_terminal() => {
+                    expire_found(ledger, provider, job, clock, report).await
+                }
+                Ok(_) => true,
+                Err(_) => false,
+            };
+            if !handled {
+                report.errors += 1;
+                stopped = Some(*deadline);
+                break;
+            }
+        }
+        let last = page.last().map_or(clock, |(_, at)| *at);
+        if let Some(deadline) = stopped {
+            done = deadline - 1;
+            break;
+        }
+        if examined >= settings.max_examined {
+            // Jobs sharing the last deadline may go on past the page: from it, next run (unless
+            // the whole walk was that one millisecond).
+            done = if last > from { last - 1 } else { last };
+            tracing::warn!(
+                examined,
+                "the walk of the due index stopped at RECONCILE_MAX_EXAMINED; it goes on next run"
+            );
+            report.walks_cut += 1;
+            break;
+        }
+    }
+    if done >= from {
+        ledger.walked_due_to(done).await?;
+    }
+    Ok(())
+}
+
+/// Expires one job the due walk found past its deadline and not terminal; `false` when the
+/// write failed (the walk stops there, to go on from it next run).
+async fn expire_found<L: JobLedger>(
+    ledger: &L,
+    provider: &impl Provider,
+    job: JobRecord,
+    now: Millis,
+    report: &mut ReconcileReport,
+) -> bool {
+    let reason = match job.keeps_input() {
+        true => SettleReason::DeadlinePassed,
+        false => SettleReason::MessageLost,
+    };
+    let req = SettleRequest {
+        job_id: job.job_id.clone(),
+        from: SettleFrom::PastDeadline,
+        reason,
+        now,
+    };
+    match ledger.settle(req).await {
+        Ok(Write::Applied(ended)) => {
+            report.expired += 1;
+            if reason == SettleReason::MessageLost {
+                tracing::warn!(job_id = %job.job_id, "expired with its message lost: it ran only on its first claim");
+                report.message_lost += 1;
+            }
+            cancel_upstream(provider, job.state, &ended, report).await;
+            true
+        }
+        Ok(Write::Refused(_)) => {
+            report.expire_refused += 1;
+            true
+        }
+        Err(_) => false,
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -4,16 +4,16 @@
 //! A failure message names a stretch of the stream (shard, sequence numbers, and when its first
 //! and last records arrived), not the jobs, and the stream keeps records for 24 hours only. So
 //! the replay reads the ledger instead: every job that became terminal in that stretch of time
-//! (the finished index) or is `unknown` since then (the attention index) is announced again.
+//! (found in the due index) or is `unknown` since then (the attention index) is announced again.
 //! Event ids derive from the job, its epoch and its state, so a consumer that saw an event drops
 //! the copy; announcing a neighbour twice costs nothing else.
 
 use serde_json::Value;
 
 use crate::events::{CompletionEvent, EventSink, publish};
-use crate::job::finished_day;
 use crate::job::{JobState, Millis};
 use crate::ledger::{IndexCursor, JobLedger, LedgerError, LedgerIndex};
+use crate::ops::results::finished_between;
 use crate::queue::reader::RECEIVE_LIMIT;
 use crate::queue::{QueueError, QueueReader};
 
@@ -21,7 +21,6 @@ use crate::queue::{QueueError, QueueReader};
 /// writer's clock, the arrival time the stream's.
 pub(crate) const WINDOW_MARGIN_MS: Millis = 60_000;
 
-const DAY_MS: Millis = 86_400_000;
 const PAGE: usize = 200;
 
 /// Why a replay stopped.
@@ -61,31 +60,28 @@ pub(crate) fn failed_window(body: &str) -> Option<(Millis, Millis)> {
 }
 
 /// The events of the jobs that entered an announced state from `from` to `to`: terminal jobs
-/// of the finished index, and `unknown` jobs last changed then. At most `max_jobs`.
+/// the due index holds by a deadline they can have ([`finished_between`], `max_deadline_ms`),
+/// and `unknown` jobs last changed then. At most `max_jobs`.
 pub(crate) async fn events_between<L: JobLedger + LedgerIndex>(
     ledger: &L,
-    from: Millis,
-    to: Millis,
+    (from, to): (Millis, Millis),
+    max_deadline_ms: Millis,
     max_jobs: usize,
 ) -> Result<Vec<CompletionEvent>, LedgerError> {
-    let mut ids: Vec<String> = Vec::new();
-    let mut day_start = from - from.rem_euclid(DAY_MS);
-    while day_start <= to && ids.len() < max_jobs {
-        let day = finished_day(day_start);
-        let mut cursor: Option<(String, Millis)> = None;
-        loop {
-            let page = ledger.finished(&day, from, cursor.as_ref(), PAGE).await?;
-            ids.extend(
-                page.iter()
-                    .filter(|(_, at)| *at <= to)
-                    .map(|(id, _)| id.clone()),
-            );
-            cursor = page.last().cloned();
-            if page.len() < PAGE || cursor.as_ref().is_some_and(|(_, at)| *at > to) {
-                break;
+    let mut events = Vec::new();
+    let mut walk = finished_between(from, to, max_deadline_ms);
+    while events.len() < max_jobs
+        && let Some(page) = walk.next(ledger, PAGE).await?
+    {
+        for (id, _) in page {
+            if let Some(job) = ledger.get(&id).await?
+                && job.state.is_terminal()
+                && (from..=to).contains(&job.updated_at)
+                && let Some(event) = CompletionEvent::of(&job)
+            {
+                events.push(event);
             }
         }
-        day_start += DAY_MS;
     }
     // From `from` in the index itself: unknown jobs older than that never take the page.
     let since = IndexCursor {
@@ -95,16 +91,14 @@ pub(crate) async fn events_between<L: JobLedger + LedgerIndex>(
     let unknown = ledger
         .untouched_since(JobState::Unknown, to.saturating_add(1), &since, max_jobs)
         .await?;
-    ids.extend(unknown.into_iter().map(|(id, _)| id));
-    ids.truncate(max_jobs);
-    let mut events = Vec::with_capacity(ids.len());
-    for id in ids {
+    for (id, _) in unknown {
         if let Some(job) = ledger.get(&id).await?
             && let Some(event) = CompletionEvent::of(&job)
         {
             events.push(event);
         }
     }
+    events.truncate(max_jobs);
     Ok(events)
 }
 
@@ -140,7 +134,7 @@ pub async fn replay_failures<L: JobLedger + LedgerIndex>(
     sink: &impl EventSink,
     queue: &impl QueueReader,
     queue_url: &str,
-    max: usize,
+    (max, max_deadline_ms): (usize, Millis),
     dry_run: bool,
 ) -> Result<ReplayReport, ReplayError> {
     let mut report = ReplayReport::default();
@@ -174,7 +168,7 @@ pub async fn replay_failures<L: JobLedger + LedgerIndex>(
                 release(queue, queue_url, handle, dry_run).await;
                 continue;
             };
-            let events = events_between(ledger, from, to, 10_000).await?;
+            let events = events_between(ledger, (from, to), max_deadline_ms, 10_000).await?;
             report.events += events.len();
             if dry_run {
                 continue;
@@ -208,6 +202,8 @@ mod tests {
     use crate::ledger::AttemptEnd;
     use crate::ledger::memory::{InMemoryLedger, ended_at, succeeded_at};
 
+    const DAY: Millis = 86_400_000;
+
     #[test]
     fn a_stream_failure_message_names_its_stretch_of_time() {
         // As Lambda writes it for a stream event source mapping's on-failure destination.
@@ -235,7 +231,7 @@ mod tests {
         succeeded_at(&ledger, "during", r#"{"ok":true}"#, t).await;
         succeeded_at(&ledger, "after", r#"{"ok":true}"#, t + 600_000).await;
         // WHEN the stretch is replayed
-        let events = events_between(&ledger, t - 60_000, t + 60_000, 100)
+        let events = events_between(&ledger, (t - 60_000, t + 60_000), DAY, 100)
             .await
             .expect("read");
         let sink = RecordingSink::new();
@@ -264,7 +260,7 @@ mod tests {
         }
         ended_at(&ledger, "during", unknown(), t).await;
         // WHEN the stretch is replayed three jobs at a time
-        let events = events_between(&ledger, t - 60_000, t + 60_000, 3)
+        let events = events_between(&ledger, (t - 60_000, t + 60_000), DAY, 3)
             .await
             .expect("read");
         // THEN the job of the stretch is announced

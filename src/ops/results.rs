@@ -1,14 +1,14 @@
 //! Reading answers out: one job's answer (`jobctl result`), and the jobs that finished since a
-//! time as JSON lines (`jobctl export`), read day by day from the sparse finished index, never by
-//! a scan of the table.
+//! time as JSON lines (`jobctl export`), found day by day in the due index (by the deadlines a
+//! job finished then can have), never by a scan of the table.
 
 use futures::stream::{self, StreamExt};
 use serde_json::{Value, json};
 
 use super::CONCURRENCY;
 use crate::blobs::{BlobError, BlobStore, read_checked};
-use crate::job::{JobRecord, JobState, Millis, finished_day};
-use crate::ledger::{JobLedger, LedgerError, LedgerIndex};
+use crate::job::{JobRecord, JobState, Millis};
+use crate::ledger::{DueWalk, JobLedger, LedgerError, LedgerIndex};
 
 pub use crate::job::artifact::MAX_RESULT_BYTES;
 
@@ -64,63 +64,69 @@ pub async fn result(
 /// What `export` wrote.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ExportReport {
-    /// Days read from the finished index.
-    pub days: u64,
+    /// Jobs read from the due index.
+    pub read: u64,
     /// Lines written.
     pub written: u64,
     /// Finished jobs skipped by the state filter.
     pub filtered: u64,
 }
 
+/// How far from its deadline a job can finish: at most `max_deadline_ms` before it (the
+/// furthest deadline a worker takes, `MAX_DEADLINE_SECONDS`), and at most [`FINISHED_LATE_MS`]
+/// after it (the reconciler expires a job within a run of its deadline).
+pub const FINISHED_LATE_MS: Millis = 86_400_000;
+
+/// The walk of the due index that meets every job that finished from `from` to `to`.
+pub fn finished_between(from: Millis, to: Millis, max_deadline_ms: Millis) -> DueWalk {
+    DueWalk::new(
+        from.saturating_sub(FINISHED_LATE_MS),
+        to.saturating_add(max_deadline_ms),
+    )
+}
+
 /// Writes one JSON line per job that finished from `since` to `now` (in `state`, when given):
 /// job id, state, finish time, metadata, and the answer inline or its reference (or the error).
-/// `progress` is called after each page.
+/// Every job whose deadline could fall in that time is read (`max_deadline_ms`, see
+/// [`finished_between`]). `progress` is called after each page, with the day being read.
 pub async fn export<L: JobLedger + LedgerIndex>(
     ledger: &L,
-    since: Millis,
-    now: Millis,
+    (since, now): (Millis, Millis),
+    max_deadline_ms: Millis,
     state: Option<JobState>,
     out: &mut impl std::io::Write,
     mut progress: impl FnMut(&ExportReport, &str),
 ) -> Result<ExportReport, ResultError> {
     const PAGE: usize = 200;
     let mut report = ExportReport::default();
-    let mut day_start = since - since.rem_euclid(DAY_MS);
-    while day_start <= now {
-        let day = finished_day(day_start);
-        report.days += 1;
-        let mut cursor: Option<(String, Millis)> = None;
-        loop {
-            let page = ledger.finished(&day, since, cursor.as_ref(), PAGE).await?;
-            let jobs: Vec<Result<Option<JobRecord>, LedgerError>> = stream::iter(&page)
-                .map(|(id, _)| ledger.get(id))
-                .buffered(CONCURRENCY)
-                .collect()
-                .await;
-            for job in jobs {
-                let Some(job) = job? else { continue };
-                if state.is_some_and(|s| s != job.state) {
-                    report.filtered += 1;
-                    continue;
-                }
-                writeln!(out, "{}", line(&job)).map_err(|e| LedgerError::Unavailable {
-                    operation: "write",
-                    code: e.to_string(),
-                })?;
-                report.written += 1;
+    let mut walk = finished_between(since, now, max_deadline_ms);
+    while let Some(page) = walk.next(ledger, PAGE).await? {
+        report.read += page.len() as u64;
+        let jobs: Vec<Result<Option<JobRecord>, LedgerError>> = stream::iter(&page)
+            .map(|(id, _)| ledger.get(id))
+            .buffered(CONCURRENCY)
+            .collect()
+            .await;
+        for job in jobs {
+            let Some(job) = job? else { continue };
+            if !job.state.is_terminal() || !(since..=now).contains(&job.updated_at) {
+                continue;
             }
-            progress(&report, &day);
-            cursor = page.last().cloned();
-            if page.len() < PAGE {
-                break;
+            if state.is_some_and(|s| s != job.state) {
+                report.filtered += 1;
+                continue;
             }
+            writeln!(out, "{}", line(&job)).map_err(|e| LedgerError::Unavailable {
+                operation: "write",
+                code: e.to_string(),
+            })?;
+            report.written += 1;
         }
-        day_start += DAY_MS;
+        let day = page.last().map(|(_, at)| crate::job::utc_day(*at));
+        progress(&report, day.as_deref().unwrap_or_default());
     }
     Ok(report)
 }
-
-const DAY_MS: Millis = 86_400_000;
 
 /// One export line.
 pub fn line(job: &JobRecord) -> Value {
@@ -154,11 +160,13 @@ pub fn line(job: &JobRecord) -> Value {
 
 /// Removes the objects no item references: answers written by an owner that was fenced or
 /// crashed before its acceptance (or whose removal failed), or by a put that timed out but
-/// landed. Only jobs that finished from `since` on are looked at (the finished index), and of
-/// those only the ones that could have left one: any but a success accepted at the first epoch
-/// with its answer stored, or inline and no larger than `inline_max_bytes` (one attempt, and
-/// no object but the one referenced). An object is removed only once its job is terminal, so
-/// an acceptance still in flight never loses its answer. Returns how many were removed.
+/// landed. Only jobs whose deadline passed from `since` to `now` are looked at (the due index:
+/// every job is terminal once its deadline has passed, and the reconciler expires the others
+/// first), and of those only the ones that could have left one: any but a success accepted at
+/// the first epoch with its answer stored, or inline and no larger than `inline_max_bytes` (one
+/// attempt, and no object but the one referenced). An object is removed only once its job is
+/// terminal, so an acceptance still in flight never loses its answer. Returns how many were
+/// removed.
 pub async fn sweep_orphans<L: JobLedger + LedgerIndex>(
     ledger: &L,
     blobs: &dyn BlobStore,
@@ -169,41 +177,33 @@ pub async fn sweep_orphans<L: JobLedger + LedgerIndex>(
     let (max_jobs, inline_max_bytes) = limits;
     let mut removed = 0;
     let mut looked = 0;
-    let mut day_start = since - since.rem_euclid(DAY_MS);
-    while day_start <= now && looked < max_jobs {
-        let day = finished_day(day_start);
-        let mut cursor: Option<(String, Millis)> = None;
-        loop {
-            let page = ledger.finished(&day, since, cursor.as_ref(), 200).await?;
-            looked += page.len();
-            for (job_id, _) in &page {
-                let Some(job) = ledger.get(job_id).await? else {
-                    continue;
-                };
-                let kept_small = job.result_ref.is_some()
-                    || job
-                        .result
-                        .as_ref()
-                        .is_some_and(|r| r.len() <= inline_max_bytes);
-                let clean = job.state == JobState::Succeeded && job.owner_epoch <= 1 && kept_small;
-                if clean || !job.state.is_terminal() {
-                    continue;
-                }
-                let prefix = format!("{}{job_id}/", crate::job::artifact::RESULTS_PREFIX);
-                for key in blobs.list(&prefix, 1_000).await? {
-                    let kept = job.result_ref.as_ref().is_some_and(|r| r.key == key);
-                    if !kept {
-                        blobs.delete(&key).await?;
-                        removed += 1;
-                    }
-                }
+    let mut walk = DueWalk::new(since, now);
+    while looked < max_jobs
+        && let Some(page) = walk.next(ledger, 200).await?
+    {
+        looked += page.len();
+        for (job_id, _) in &page {
+            let Some(job) = ledger.get(job_id).await? else {
+                continue;
+            };
+            let kept_small = job.result_ref.is_some()
+                || job
+                    .result
+                    .as_ref()
+                    .is_some_and(|r| r.len() <= inline_max_bytes);
+            let clean = job.state == JobState::Succeeded && job.owner_epoch <= 1 && kept_small;
+            if clean || !job.state.is_terminal() {
+                continue;
             }
-            cursor = page.last().cloned();
-            if page.len() < 200 || looked >= max_jobs {
-                break;
+            let prefix = format!("{}{job_id}/", crate::job::artifact::RESULTS_PREFIX);
+            for key in blobs.list(&prefix, 1_000).await? {
+                let kept = job.result_ref.as_ref().is_some_and(|r| r.key == key);
+                if !kept {
+                    blobs.delete(&key).await?;
+                    removed += 1;
+                }
             }
         }
-        day_start += DAY_MS;
     }
     Ok(removed)
 }
@@ -228,9 +228,10 @@ mod tests {
         // and a job whose small inline answer could never have been stored
         succeeded_at(&ledger, "small", r#"{"output":"ok"}"#, T).await;
         blobs.insert("results", "results/small/1/def.json", b"{}");
-        // WHEN the sweep runs
+        // WHEN the sweep runs after their deadline (an hour after they ended)
         let limits = (100, crate::job::DEFAULT_INLINE_MAX_BYTES);
-        let removed = sweep_orphans(&ledger, &blobs, T - 60_000, T + 60_000, limits)
+        let due = T + 3_600_000;
+        let removed = sweep_orphans(&ledger, &blobs, due - 60_000, due + 60_000, limits)
             .await
             .expect("sweep");
         // THEN the first job's orphan is gone; the second is not even listed

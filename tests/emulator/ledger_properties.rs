@@ -259,6 +259,7 @@ async fn apply<L: JobLedger>(ledger: &L, prefix: &str, op: &Op) -> Write {
                     lease_until: now + 30_000,
                     reason: "lapsed".into(),
                     seen_recoveries: 0,
+                    input: None,
                 })
                 .await
         }

@@ -392,3 +392,88 @@ async fn a_backlog_sent_recently_never_hides_a_job_whose_trigger_was_never_sent(
         .expect("reconcile");
     assert_eq!((cut.resent, cut.walks_cut, cut.examined), (0, 1, 20));
 }
+
+/// A job claimed on first sight as the worker claims it (its item keeps no input), due two
+/// seconds after `now`, whose owner died and whose message is gone (dead-lettered, its
+/// retention passed): no sparse index holds it. The reconciler runs before the deadline, past
+/// it, and once more; what each run did, and the job after them.
+pub(crate) async fn lost_on_its_first_claim<L>(
+    ledger: &L,
+    triggers: &impl fenced_jobs::queue::TriggerSender,
+    now: i64,
+) -> (
+    Vec<fenced_jobs::ops::reconcile::ReconcileReport>,
+    fenced_jobs::job::JobRecord,
+)
+where
+    L: JobLedger + fenced_jobs::ledger::LedgerIndex,
+{
+    let msg = parse_body(Some(&job("lost", "p", ""))).expect("valid");
+    let mut new = NewJob::from_message(&msg, now, &fast_settings().job_defaults);
+    new.deadline_at = now + 2_000;
+    let claimed = ledger
+        .claim(ClaimRequest {
+            job: new,
+            expect: Expect::FRESH,
+            owner_id: "gone".into(),
+            now,
+            lease_until: now + 1_000,
+            provider_ref: None,
+            route: None,
+            first_sight: true,
+        })
+        .await;
+    let Ok(Write::Applied(claimed)) = claimed else {
+        panic!("{claimed:?}");
+    };
+    assert!(!claimed.keeps_input());
+    let provider = SimulatedProvider::new();
+    let settings = ReconcileSettings::default();
+    let mut runs = Vec::new();
+    for at in [now, now + 10_000, now + 20_000] {
+        let run = reconcile(ledger, triggers, &provider, at, &settings).await;
+        runs.push(run.expect("reconcile"));
+    }
+    // The run past the deadline finds it in the due index and expires it, saying why; nothing
+    // is sent (a trigger by id cannot run a job without its input); the walk is recorded, so
+    // the last run reads nothing again.
+    let lost: Vec<_> = runs.iter().map(|r| (r.expired, r.message_lost)).collect();
+    assert_eq!(lost, [(0, 0), (1, 1), (0, 0)], "{runs:?}");
+    assert_eq!(runs.iter().map(|r| r.resent).sum::<u64>(), 0);
+    let walked: Vec<_> = runs.iter().map(|r| r.due_walked).collect();
+    assert_eq!(walked, [0, 1, 0]);
+    let item = ledger.get("lost").await.expect("get").expect("item");
+    assert_eq!(item.state, JobState::Expired);
+    assert_eq!(
+        item.last_error.as_ref().map(|e| e.kind.as_str()),
+        Some("message_lost")
+    );
+    (runs, item)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_whose_message_is_lost_on_its_first_claim_ends_message_lost_at_its_deadline() {
+    use aws_sdk_dynamodb::types::AttributeValue;
+    let aws = emulator().await;
+    let table = aws.table().await;
+    let queue = aws.queue(1).await;
+    let triggers = SqsTriggers::new(aws.sqs.clone(), &queue.url);
+    let now = SystemClock.now_ms();
+    lost_on_its_first_claim(&aws.ledger(&table), &triggers, now).await;
+    // The walk's record is an item of the table, as far as the last run saw deadlines pass.
+    let walk = aws
+        .ddb
+        .get_item()
+        .table_name(&table)
+        .key("job_id", AttributeValue::S("#reconcile#due".into()))
+        .consistent_read(true)
+        .send()
+        .await
+        .expect("get");
+    let walked = walk.item().and_then(|i| i.get("walked_to")).cloned();
+    let skew = ReconcileSettings::default().skew_ms;
+    assert_eq!(
+        walked,
+        Some(AttributeValue::N((now + 20_000 - skew).to_string()))
+    );
+}

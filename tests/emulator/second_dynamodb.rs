@@ -128,3 +128,12 @@ async fn the_second_dynamodb_shows_the_same_jobs_in_its_sparse_indexes() {
         ledger_contract::index_views(&ledger).await
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_second_dynamodb_finds_a_job_lost_on_its_first_claim_by_its_deadline() {
+    use fenced_jobs::clock::{Clock, SystemClock};
+    let ledger = second_ledger().await;
+    let triggers = fenced_jobs::queue::RecordingTriggers::new();
+    crate::producer::lost_on_its_first_claim(&ledger, &triggers, SystemClock.now_ms()).await;
+    assert!(triggers.sent().is_empty());
+}

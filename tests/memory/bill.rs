@@ -10,8 +10,7 @@ use fenced_jobs::blobs::MemoryBlobs;
 use fenced_jobs::clock::{Clock, SystemClock};
 use fenced_jobs::job::{Expect, Failure, JobState, NewJob, RecordOutcome, parse_body};
 use fenced_jobs::ledger::memory::InMemoryLedger;
-use fenced_jobs::ledger::{ClaimRequest, JobLedger, OperatorAction, Write};
-use fenced_jobs::ops::operator::decide;
+use fenced_jobs::ledger::{ClaimRequest, JobLedger, Write};
 use fenced_jobs::provider::SimulatedProvider;
 use fenced_jobs::queue::RecordingVisibility;
 use fenced_jobs::worker::Settings;
@@ -79,7 +78,8 @@ async fn a_fresh_job_is_billed_two_small_writes_and_one_index_write_whatever_its
             .await;
         assert_eq!(report.response, Ok(vec![]), "{kib} KiB");
         // THEN it was billed a claim and an acceptance of at most 1 KB each, and its entry in
-        // the finished index: the item never held the prompt, and nothing went to S3
+        // the due index (at the claim; the acceptance changes none of its keys): the item never
+        // held the prompt, and nothing went to S3
         let bill = ledger.bill().expect("metered");
         assert_eq!(
             (ledger.writes(), bill.table_units, bill.index_writes),
@@ -164,29 +164,13 @@ async fn a_trigger_by_id_for_a_job_that_kept_no_input_waits_for_the_jobs_message
         first_sight: true,
     };
     assert!(matches!(ledger.claim(claim).await, Ok(Write::Applied(_))));
-    // AND a trigger by id recovered it (its attempt may have run: unknown), and an operator
-    // authorised a retry
-    h.handle_batch(&delivery(r#"{"job_id":"orphan"}"#, 1), &invocation())
-        .await;
-    let item = ledger.get("orphan").await.expect("get").expect("item");
-    assert_eq!(item.state, JobState::Unknown);
-    assert!(!item.keeps_input());
-    let decided = decide(
-        &*ledger,
-        "orphan",
-        OperatorAction::AuthorizeRetry,
-        "operator",
-        None,
-        "no completion upstream",
-        SystemClock.now_ms(),
-    )
-    .await
-    .expect("decide");
-    // WHEN the operator's trigger by id arrives
+    let before = ledger.get("orphan").await.expect("get").expect("item");
+    // WHEN a trigger by id arrives (an operator's, or a stray one)
     let trigger = h
         .handle_batch(&delivery(r#"{"job_id":"orphan"}"#, 1), &invocation())
         .await;
-    // THEN it claims nothing and calls nothing: it backs off, the item as it was
+    // THEN it recovers nothing, asks nobody and calls nobody: it backs off, the item as it was
+    // (a recovery would have built its request from no input)
     assert!(
         matches!(
             trigger.records[0].outcome,
@@ -195,15 +179,13 @@ async fn a_trigger_by_id_for_a_job_that_kept_no_input_waits_for_the_jobs_message
         "{:?}",
         trigger.records[0].outcome
     );
-    assert_eq!(h.processor().provider().executions(), 0);
-    let waiting = ledger.get("orphan").await.expect("get").expect("item");
-    assert_eq!(decided.state, JobState::RetryAuthorized);
-    assert_eq!(waiting, decided);
-    // AND the job's own message, when it comes back, claims it, keeps its input and runs it
+    let provider = h.processor().provider();
+    assert_eq!((provider.executions(), provider.retrievals()), (0, 0));
+    assert_eq!(ledger.get("orphan").await.expect("get"), Some(before));
+    // AND the job's own message, when it comes back, recovers it, keeps its input and asks the
+    // provider about the lapsed attempt instead of calling again
     let own = h.handle_batch(&delivery(&body, 2), &invocation()).await;
-    assert_eq!(own.response, Ok(vec![]));
     let done = ledger.get("orphan").await.expect("get").expect("item");
-    assert_eq!(done.state, JobState::Succeeded);
+    assert_eq!(done.owner_epoch, 2, "{:?}", own.records[0].outcome);
     assert_eq!(done.input, msg.input_canonical);
-    assert_eq!(h.processor().provider().executions(), 1);
 }

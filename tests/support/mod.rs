@@ -414,6 +414,7 @@ impl Provider for TakenOverDuringTheCall {
                 lease_until: later + 60_000,
                 reason: "lease lapsed".into(),
                 seen_recoveries: 0,
+                input: None,
             })
             .await
             .expect("recover");

@@ -143,34 +143,45 @@ mod tests {
 
     #[test]
     fn index_writes_count_entries_put_deleted_and_moved() {
+        let due = ("due_on", s("1970-01-01"));
         let open = item(&[
             ("job_id", s("j")),
             ("attention", s("unknown#01")),
             ("updated_at", n("1")),
             ("deadline_at", n("9")),
+            due.clone(),
         ]);
         let renewed = item(&[
             ("job_id", s("j")),
             ("attention", s("unknown#01")),
             ("updated_at", n("2")),
             ("deadline_at", n("9")),
+            due.clone(),
         ]);
         let done = item(&[
             ("job_id", s("j")),
-            ("finished_on", s("2026-12-02")),
             ("updated_at", n("3")),
             ("deadline_at", n("9")),
+            due.clone(),
+        ]);
+        let first_claim = item(&[
+            ("job_id", s("j")),
+            ("updated_at", n("1")),
+            ("deadline_at", n("9")),
+            due,
         ]);
         let quiet = item(&[("job_id", s("j")), ("updated_at", n("1"))]);
-        // Into both attention-keyed indexes.
-        assert_eq!(write_cost(None, Some(&open)).index, 2);
-        // The attention index's sort key moves (delete and put); the deadline index's stays.
+        // Into both attention-keyed indexes and the due index.
+        assert_eq!(write_cost(None, Some(&open)).index, 3);
+        // The attention index's sort key moves (delete and put); the others' stay.
         assert_eq!(write_cost(Some(&open), Some(&renewed)).index, 2);
-        // Out of both, into the finished index.
-        assert_eq!(write_cost(Some(&renewed), Some(&done)).index, 3);
+        // Out of both attention-keyed indexes; the due index's entry stays.
+        assert_eq!(write_cost(Some(&renewed), Some(&done)).index, 2);
+        // The happy path: into the due index at the claim, and nothing at the acceptance.
+        assert_eq!(write_cost(None, Some(&first_claim)).index, 1);
+        assert_eq!(write_cost(Some(&first_claim), Some(&done)).index, 0);
         // In none before or after.
         assert_eq!(write_cost(None, Some(&quiet)).index, 0);
-        assert_eq!(write_cost(Some(&quiet), Some(&done)).index, 1);
     }
 
     #[test]

@@ -16,9 +16,16 @@ pub const ATTENTION_INDEX: &str = "attention-index";
 /// only. The reconciler finds jobs past their deadline with it.
 pub const DEADLINE_INDEX: &str = "deadline-index";
 
-/// The sparse index of terminal jobs by the day they finished: key `finished_on`, sort key
-/// `updated_at` (a terminal item is never written again), keys only. `jobctl export` reads it.
-pub const FINISHED_INDEX: &str = "finished-index";
+/// The index of every job by its deadline: key `due_on` (the deadline's day, UTC), sort key
+/// `deadline_at`, keys only. Both are set by a job's first write and never change, so a job
+/// enters it once and no later write (the acceptance included) costs it anything. The reconciler
+/// finds with it the jobs no other index holds (those on their first claim), and `jobctl export`,
+/// replays and the orphan sweep the finished ones.
+pub const DUE_INDEX: &str = "due-index";
+
+/// The item that records how far the reconciler has walked the due index (`walked_to`, Unix
+/// ms). No job id starts with `#`.
+pub(crate) const DUE_WALK_KEY: &str = "#reconcile#due";
 
 /// One global secondary index: its name and its partition and sort key attributes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -44,9 +51,9 @@ pub const INDEXES: [IndexKeys; 3] = [
         sort: "deadline_at",
     },
     IndexKeys {
-        name: FINISHED_INDEX,
-        partition: "finished_on",
-        sort: "updated_at",
+        name: DUE_INDEX,
+        partition: "due_on",
+        sort: "deadline_at",
     },
 ];
 
@@ -101,9 +108,7 @@ impl DynamoLedger {
             .attribute_definitions(
                 attribute("deadline_at", ScalarAttributeType::N).map_err(invalid)?,
             )
-            .attribute_definitions(
-                attribute("finished_on", ScalarAttributeType::S).map_err(invalid)?,
-            )
+            .attribute_definitions(attribute("due_on", ScalarAttributeType::S).map_err(invalid)?)
             .key_schema(key("job_id", KeyType::Hash).map_err(invalid)?)
             .stream_specification(
                 StreamSpecification::builder()
@@ -207,31 +212,33 @@ impl LedgerIndex for DynamoLedger {
         .await
     }
 
-    /// Jobs finished on `day` at or after `since`, in (time, job id) order after `cursor`.
-    async fn finished(
+    /// Jobs due on `day` with a deadline from `from` to `to`, in (deadline, job id) order after
+    /// `cursor`.
+    async fn due(
         &self,
         day: &str,
-        since: Millis,
+        (from, to): (Millis, Millis),
         cursor: Option<&(String, Millis)>,
         limit: usize,
     ) -> Result<Vec<(String, Millis)>, LedgerError> {
         let start = cursor.map(|(id, at)| {
             std::collections::HashMap::from([
                 ("job_id".to_owned(), s(id)),
-                ("finished_on".to_owned(), s(day)),
-                ("updated_at".to_owned(), n(*at)),
+                ("due_on".to_owned(), s(day)),
+                ("deadline_at".to_owned(), n(*at)),
             ])
         });
         let out = self
             .client
             .query()
             .table_name(&self.table)
-            .index_name(FINISHED_INDEX)
-            .key_condition_expression("#fin = :day AND #updated >= :since")
-            .expression_attribute_names("#fin", "finished_on")
-            .expression_attribute_names("#updated", "updated_at")
+            .index_name(DUE_INDEX)
+            .key_condition_expression("#due = :day AND #deadline BETWEEN :from AND :to")
+            .expression_attribute_names("#due", "due_on")
+            .expression_attribute_names("#deadline", "deadline_at")
             .expression_attribute_values(":day", s(day))
-            .expression_attribute_values(":since", n(since))
+            .expression_attribute_values(":from", n(from))
+            .expression_attribute_values(":to", n(to.max(from)))
             .limit(limit.clamp(1, 1000) as i32)
             .set_exclusive_start_key(start)
             .send()
@@ -243,10 +250,48 @@ impl LedgerIndex for DynamoLedger {
             .filter_map(|item| {
                 Some((
                     get_s(item, "job_id")?.to_owned(),
-                    get_n(item, "updated_at")?,
+                    get_n(item, "deadline_at")?,
                 ))
             })
             .collect())
+    }
+
+    async fn due_walked(&self) -> Result<Option<Millis>, LedgerError> {
+        let out = self
+            .client
+            .get_item()
+            .table_name(&self.table)
+            .key("job_id", s(DUE_WALK_KEY))
+            .consistent_read(true)
+            .send()
+            .await
+            .map_err(|e| sdk_error("get", &e))?;
+        Ok(out.item().and_then(|item| get_n(item, "walked_to")))
+    }
+
+    async fn walked_due_to(&self, to: Millis) -> Result<(), LedgerError> {
+        let sent = self
+            .client
+            .update_item()
+            .table_name(&self.table)
+            .key("job_id", s(DUE_WALK_KEY))
+            .update_expression("SET #walked = :to")
+            .condition_expression("attribute_not_exists(#walked) OR #walked < :to")
+            .expression_attribute_names("#walked", "walked_to")
+            .expression_attribute_values(":to", n(to))
+            .send()
+            .await;
+        match sent {
+            Ok(_) => Ok(()),
+            // Another run walked further: its record stands.
+            Err(e)
+                if e.as_service_error()
+                    .is_some_and(|e| e.is_conditional_check_failed_exception()) =>
+            {
+                Ok(())
+            }
+            Err(e) => Err(sdk_error("walked_due_to", &e)),
+        }
     }
 
     /// How many jobs are in `state` (a count query of each shard; no items are read).

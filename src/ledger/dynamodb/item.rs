@@ -8,7 +8,7 @@ use aws_sdk_dynamodb::types::AttributeValue;
 use crate::job::contract::Finish;
 use crate::job::{
     AttemptOutcome, AttemptRecord, BlobRef, DecisionRecord, ErrorRecord, JobRecord, JobState,
-    Millis, RecoveryRecord, Route, Usage, attention_key, finished_day,
+    Millis, RecoveryRecord, Route, Usage, attention_key, utc_day,
 };
 use crate::ledger::LedgerError;
 
@@ -154,8 +154,8 @@ pub(super) fn encode_error(e: &ErrorRecord) -> AttributeValue {
 }
 
 /// Encodes a whole record as the item its writes leave: every field (an absent option or an
-/// empty history is no attribute), and the index keys a state carries (`attention` while the
-/// job is live, `finished_on` once it is terminal).
+/// empty history is no attribute), and the index keys: `attention` while the state carries one,
+/// and always `due_on`, the deadline's day.
 pub fn encode(r: &JobRecord) -> Item {
     // Room for every attribute a record can have, so the map is never grown.
     let mut item = Item::with_capacity(30);
@@ -215,12 +215,7 @@ pub fn encode(r: &JobRecord) -> Item {
             "attention",
             attention_key(r.state, r.owner_epoch, &r.job_id).map(|k| s(&k)),
         ),
-        (
-            "finished_on",
-            r.state
-                .is_terminal()
-                .then(|| s(&finished_day(r.updated_at))),
-        ),
+        ("due_on", Some(s(&utc_day(r.deadline_at)))),
     ];
     for (name, value) in optional {
         if let Some(value) = value {
@@ -572,13 +567,17 @@ mod tests {
             get_s(&item, "attention"),
             attention_key(JobState::Running, live.owner_epoch, "job-1").as_deref()
         );
-        assert!(!item.contains_key("finished_on"));
+        assert_eq!(
+            get_s(&item, "due_on"),
+            Some(utc_day(live.deadline_at).as_str())
+        );
 
         let done = full_record(JobState::Succeeded);
         let item = encode(&done);
         assert_eq!(decode(&item).expect("decodes"), done);
         assert!(!item.contains_key("attention"));
-        assert_eq!(get_s(&item, "finished_on"), Some("1970-01-04"));
+        // The due index's key is the deadline's, whatever the state.
+        assert_eq!(get_s(&item, "due_on"), get_s(&encode(&live), "due_on"));
 
         // Absent options and empty histories are no attribute at all.
         let mut bare = full_record(JobState::Ready);

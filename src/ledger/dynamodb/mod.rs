@@ -26,14 +26,14 @@ use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
 use aws_sdk_dynamodb::types::{AttributeValue, ReturnValue, ReturnValuesOnConditionCheckFailure};
 use tracing::Instrument;
 
-pub use index::{ATTENTION_INDEX, DEADLINE_INDEX, FINISHED_INDEX, INDEXES, IndexKeys};
+pub use index::{ATTENTION_INDEX, DEADLINE_INDEX, DUE_INDEX, INDEXES, IndexKeys};
 use item::s;
 pub use item::{Item, decode, encode, from_json_image, to_json_image};
 
 #[cfg(doc)]
 use super::LedgerIndex;
 use super::{JobLedger, LedgerError, Write};
-use crate::job::{JobRecord, JobState, attention_key, finished_day};
+use crate::job::{JobRecord, JobState, attention_key};
 
 /// Attribute names, each used through a `#placeholder` (several are DynamoDB reserved words).
 const NAMES: [(&str, &str); 43] = [
@@ -67,7 +67,7 @@ const NAMES: [(&str, &str); 43] = [
     ("#prio", "priority"),
     ("#rref", "result_ref"),
     ("#inref", "input_ref"),
-    ("#fin", "finished_on"),
+    ("#due", "due_on"),
     ("#thr", "throttles"),
     ("#unsent", "not_sent"),
     ("#gb", "given_back"),
@@ -141,14 +141,7 @@ impl DynamoLedger {
     ) -> Result<Write, LedgerError> {
         // Every write that sets a state keeps the sparse attention index in step with it.
         let mut update = update.to_owned();
-        // A terminal state also enters the finished index, by the day of the write (`:now`).
         if let Some(state) = target {
-            let now = values.iter().find(|(token, _)| *token == ":now");
-            if let (true, Some(AttributeValue::N(now))) = (state.is_terminal(), now.map(|v| &v.1)) {
-                let day = finished_day(now.parse().unwrap_or_default());
-                update.push_str(", #fin = :fin");
-                values.push((":fin", s(&day)));
-            }
             // The epoch the write leaves, where it raises one: only a first claim (epoch 1)
             // leaves a running job out of the index; a write that raises none never sets
             // `running`.

@@ -40,7 +40,8 @@ impl JobLedger for DynamoLedger {
              #log = list_append(if_not_exists(#log, :empty), :attempt), \
              #digest = if_not_exists(#digest, :digest), \
              #contract = if_not_exists(#contract, :contract), \
-             #deadline = if_not_exists(#deadline, :deadline), #max = if_not_exists(#max, :max), \
+             #deadline = if_not_exists(#deadline, :deadline), #due = if_not_exists(#due, :due), \
+             #max = if_not_exists(#max, :max), \
              #created = if_not_exists(#created, :now), #ttl = if_not_exists(#ttl, :ttl)",
         );
         // The input is kept from the second claim on (`JobRecord::keeps_input`).
@@ -195,8 +196,9 @@ impl JobLedger for DynamoLedger {
                 AttributeValue::L(vec![encode_recovery(&recovery)]),
             ));
         }
+        let (update, values) = kept_input(req.input.as_ref(), update.to_owned(), values);
         let target = Some(JobState::Running);
-        self.update("recover", &req.job_id, update, condition, values, target)
+        self.update("recover", &req.job_id, &update, condition, values, target)
             .await
     }
 
@@ -363,6 +365,7 @@ fn new_job_values(job: &NewJob) -> Vec<(&'static str, AttributeValue)> {
         (":digest", s(&job.input_digest)),
         (":contract", s(&job.contract)),
         (":deadline", n(job.deadline_at)),
+        (":due", s(&crate::job::utc_day(job.deadline_at))),
         (":max", n(job.max_attempts)),
         (":ttl", n(job.expires_at)),
     ];
@@ -388,14 +391,23 @@ fn new_job_values(job: &NewJob) -> Vec<(&'static str, AttributeValue)> {
 /// job it leaves live.
 fn keep_input(
     req: &EndRequest,
+    update: String,
+    values: Vec<(&'static str, AttributeValue)>,
+) -> (String, Vec<(&'static str, AttributeValue)>) {
+    let input = req
+        .input
+        .as_ref()
+        .filter(|_| !req.end.target().is_terminal());
+    kept_input(input, update, values)
+}
+
+/// An update (its `SET` clause last) keeping `input`, unless the item keeps one already.
+fn kept_input(
+    input: Option<&KeptInput>,
     mut update: String,
     mut values: Vec<(&'static str, AttributeValue)>,
 ) -> (String, Vec<(&'static str, AttributeValue)>) {
-    match req
-        .input
-        .as_ref()
-        .filter(|_| !req.end.target().is_terminal())
-    {
+    match input {
         Some(KeptInput::Inline(input)) => {
             update.push_str(", #input = if_not_exists(#input, :input)");
             values.push((":input", s(input)));

@@ -89,6 +89,10 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
                     lease_until: now + self.settings.lease_ms,
                     reason,
                     seen_recoveries: view.map_or(0, |v| v.recoveries.len()),
+                    input: match view.is_some_and(JobRecord::keeps_input) {
+                        true => None,
+                        false => self.kept_input(msg).await,
+                    },
                 };
                 self.ledger.recover(req).await.map_err(|e| (e, true))
             }

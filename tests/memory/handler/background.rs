@@ -241,6 +241,7 @@ impl JobLedger for TakenOverBeforeRecording {
             lease_until: now + 60_000,
             reason: "lease lapsed".into(),
             seen_recoveries: 0,
+            input: None,
         };
         self.0.recover(takeover).await?;
         self.0.record_ref(req).await

@@ -42,6 +42,7 @@ async fn losing_the_lease_cancels_the_call_and_its_answer_is_never_published() {
                 lease_until: later + 60_000,
                 reason: "test".into(),
                 seen_recoveries: 0,
+                input: None,
             })
             .await
             .expect("recover");
@@ -174,6 +175,51 @@ async fn a_recovery_asks_the_provider_and_its_answer_decides_without_a_new_call(
         "answers came from retrieval"
     );
     assert_eq!(h.processor().provider().retrievals(), 3);
+}
+
+/// A job whose owner vanished on its first claim keeps no input in its item: a trigger by id
+/// (an operator's, or a stray one) recovers nothing, asks nobody and calls nobody, where a
+/// recovery would have built its request from no input; the job's own message then recovers it.
+#[tokio::test]
+async fn a_trigger_by_id_never_recovers_a_job_whose_item_kept_no_input() {
+    let ledger = Arc::new(InMemoryLedger::new());
+    let h = handler(
+        ledger.clone(),
+        SimulatedProvider::new(),
+        Settings::default(),
+    );
+    let body = job("bare", "");
+    lapsed_claim(&ledger, &body).await;
+    let before = ledger.get("bare").await.expect("get").expect("item");
+    assert!(!before.keeps_input());
+
+    let trigger = r#"{"job_id":"bare"}"#;
+    let report = h
+        .handle_batch(&event(vec![record(Some("t"), trigger)]), &invocation())
+        .await;
+    assert!(
+        matches!(
+            report.records[0].outcome,
+            RecordOutcome::Failed(Failure::Backoff { cause, .. }) if cause.contains("input not kept")
+        ),
+        "{:?}",
+        report.records[0].outcome
+    );
+    assert_eq!(ledger.get("bare").await.expect("get"), Some(before));
+    let provider = h.processor().provider();
+    assert_eq!((provider.executions(), provider.retrievals()), (0, 0));
+
+    let report = h
+        .handle_batch(&event(vec![record(Some("m"), &body)]), &invocation())
+        .await;
+    assert_eq!(
+        report.records[0].outcome,
+        RecordOutcome::Done(JobState::Succeeded)
+    );
+    let item = ledger.get("bare").await.expect("get").expect("item");
+    assert_eq!((item.owner_epoch, item.recoveries.len()), (2, 1));
+    // The recovery kept the input the message carried: a later trigger by id can use it.
+    assert!(item.keeps_input());
 }
 
 /// An owner that stored its answer and vanished before accepting it: the recovery accepts that
