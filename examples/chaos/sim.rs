@@ -191,6 +191,12 @@ pub struct FaultRates {
     /// An operator cancels a job picked at random (a chance per virtual minute), whatever it
     /// is doing: once the cancel is written, the job must end `cancelled` (or `expired`).
     pub operator_cancel: f64,
+    /// A message is lost for good (its retention passed, the queue was purged): after a crash,
+    /// the messages of the crashed batch's jobs on their first claim; at the operator's pass,
+    /// a dead letter of a live job, dropped instead of redriven. Every such job still ends
+    /// terminal: re-sent by the reconciler when its item keeps its input, or found in the due
+    /// index at its deadline and expired `message_lost` when it does not.
+    pub message_lost: f64,
 }
 
 impl FaultRates {
@@ -244,6 +250,7 @@ impl FaultRates {
             truncated_answer: 0.03,
             foreign_job_id: 0.01,
             planted_job_attribute: 0.005,
+            message_lost: 0.3,
             operator_cancel: 0.3,
         }
     }
@@ -316,6 +323,8 @@ struct World {
     cancelled: Mutex<Vec<String>>,
     /// When each reconciler run started and ended.
     reconciler_runs: Mutex<Vec<(Millis, Millis)>>,
+    /// Jobs whose message was lost for good (`message_lost`).
+    lost: Mutex<Vec<String>>,
 }
 
 /// A terminal item as first seen: state, inline answer, stored answer.
@@ -677,6 +686,20 @@ impl Queue {
     }
 
     /// Messages neither deleted nor dead-lettered.
+    /// Loses the messages of `job_ids` for good, wherever they are (in the queue or the DLQ).
+    fn lose(&self, world: &World, job_ids: &[String]) {
+        let mut msgs = self.msgs.lock().expect("queue");
+        for m in msgs
+            .iter_mut()
+            .filter(|m| !m.deleted && job_ids.contains(&m.job_id))
+        {
+            m.deleted = true;
+            m.resurrect_at = None;
+            m.duplicate_at = None;
+        }
+        world.lost.lock().expect("lost").extend_from_slice(job_ids);
+    }
+
     fn live(&self) -> usize {
         let msgs = self.msgs.lock().expect("queue");
         msgs.iter().filter(|m| !m.deleted && !m.in_dlq).count()
@@ -684,8 +707,9 @@ impl Queue {
 
     /// The operator's pass over the DLQ: redrive the jobs that are not terminal (those waiting
     /// for a decision stay for a person), drop the ones that are.
-    fn redrive(&self, ledger: &InMemoryLedger) -> u64 {
+    fn redrive(&self, world: &World, ledger: &InMemoryLedger) -> u64 {
         let mut moved = 0;
+        let mut lost = Vec::new();
         let mut msgs = self.msgs.lock().expect("queue");
         for m in msgs.iter_mut().filter(|m| m.in_dlq && !m.deleted) {
             // Poison stays for a person, as `jobctl dlq redrive` leaves it: a body that is not a
@@ -700,6 +724,10 @@ impl Queue {
             match state {
                 Some(s) if s.is_terminal() => m.deleted = true,
                 Some(JobState::Unknown) => {}
+                Some(_) if world.fault("dlq_letter_lost", world.rates.message_lost) => {
+                    m.deleted = true;
+                    lost.push(m.job_id.clone());
+                }
                 _ => {
                     m.in_dlq = false;
                     m.receive_count = 0;
@@ -707,6 +735,7 @@ impl Queue {
                 }
             }
         }
+        world.lost.lock().expect("lost").extend(lost);
         moved
     }
 }
@@ -1872,6 +1901,7 @@ pub async fn run(config: &ChaosConfig) -> ChaosReport {
         stream: Mutex::new((HashMap::new(), Vec::new())),
         unsent: Mutex::new(HashMap::new()),
         cancelled: Mutex::new(Vec::new()),
+        lost: Mutex::new(Vec::new()),
         reconciler_runs: Mutex::new(Vec::new()),
     });
     let table = Arc::new(InMemoryLedger::new());
@@ -2167,6 +2197,23 @@ pub async fn run(config: &ChaosConfig) -> ChaosReport {
                 .await;
                 // A crashed or timed-out invocation returns nothing: nothing is deleted.
                 let Ok(report) = handled else {
+                    // The crashed batch's jobs on their first claim may lose their messages too:
+                    // their items keep no input, and no sparse index holds them.
+                    if crash && world.fault("message_lost", world.rates.message_lost) {
+                        let mut first_claims = Vec::new();
+                        for record in &event.records {
+                            let Ok(trigger) = parse_trigger(record.body.as_deref()) else {
+                                continue;
+                            };
+                            let item = table.get(trigger.job_id()).await.ok().flatten();
+                            if item
+                                .is_some_and(|r| r.state == JobState::Running && !r.keeps_input())
+                            {
+                                first_claims.push(trigger.job_id().to_owned());
+                            }
+                        }
+                        queue.lose(&world, &first_claims);
+                    }
                     if !crash {
                         world.violation(format!(
                             "{}: no response before the invocation's deadline",
@@ -2290,7 +2337,7 @@ pub async fn run(config: &ChaosConfig) -> ChaosReport {
                 quiet = if queue.live() == 0 { quiet + 1 } else { 0 };
                 let empty = quiet >= 45;
                 if ticks.is_multiple_of(10) || empty {
-                    let moved = queue.redrive(&table);
+                    let moved = queue.redrive(&world, &table);
                     if moved > 0 {
                         *world
                             .faults
@@ -2299,7 +2346,17 @@ pub async fn run(config: &ChaosConfig) -> ChaosReport {
                             .entry("dlq_redrive")
                             .or_default() += moved;
                     }
-                    if empty && moved == 0 {
+                    // A job whose message was lost waits for the reconciler: re-sent, or expired
+                    // at its deadline.
+                    let mut waiting = false;
+                    let lost = world.lost.lock().expect("lost").clone();
+                    for job_id in lost {
+                        let item = table.get(&job_id).await.ok().flatten();
+                        waiting |= item.is_some_and(|r| {
+                            !r.state.is_terminal() && r.state != JobState::Unknown
+                        });
+                    }
+                    if empty && moved == 0 && !waiting {
                         break;
                     }
                 }
@@ -2351,6 +2408,9 @@ pub async fn run(config: &ChaosConfig) -> ChaosReport {
                     let mut faults = world.faults.lock().expect("faults");
                     *faults.entry("reconciler_expired").or_default() += r.expired;
                     *faults.entry("reconciler_resent").or_default() += r.resent;
+                    if r.message_lost > 0 {
+                        *faults.entry("reconciler_message_lost").or_default() += r.message_lost;
+                    }
                 }
                 // Stored answers no item references, through the faulty client.
                 let blobs = SimBlobs {
