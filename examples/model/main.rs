@@ -46,6 +46,8 @@ fn main() {
         Bounds::cancel()
     } else if flag("--full-cancel") {
         Bounds::full_cancel()
+    } else if flag("--lost") {
+        Bounds::lost()
     } else {
         Bounds::full()
     };
@@ -169,18 +171,20 @@ fn main() {
         "--spend",
         "--cancel",
         "--full-cancel",
+        "--lost",
     ]
     .iter()
     .any(|f| flag(f));
     if full {
         // The model-check bound comes in parts: the world's pacer and short invocations, a
-        // lease long enough for a re-send, a job's spend limit and an operator's cancel, each
-        // in a bound of its own.
+        // lease long enough for a re-send, a job's spend limit, an operator's cancel and a
+        // message lost for good, each in a bound of its own.
         for part in [
             Bounds::full_world(),
             Bounds::resend(),
             Bounds::spend(),
             Bounds::full_cancel(),
+            Bounds::lost(),
         ] {
             println!("\n{}", part.describe());
             let report = check(&part, threads, false);

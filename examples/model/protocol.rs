@@ -89,6 +89,10 @@ pub struct Bounds {
     pub fallback: bool,
     /// An operator may cancel the job at any moment (once).
     pub cancels: bool,
+    /// The job's message may be lost for good (dead-lettered and dropped, its retention
+    /// passed): from then on only the reconciler's triggers by id come (for a job whose item
+    /// keeps its input and that a sparse index holds), and stray ones.
+    pub lost_messages: bool,
     /// The rule changed, if any.
     pub mutation: Option<Mutation>,
 }
@@ -121,6 +125,7 @@ impl Bounds {
             spend_limit: false,
             fallback: true,
             cancels: false,
+            lost_messages: false,
             mutation: None,
         }
     }
@@ -198,6 +203,20 @@ impl Bounds {
         }
     }
 
+    /// The test bound's seventh part: the job's message lost for good at any moment, one
+    /// worker that may crash while it holds the job, one attempt, the provider nobody can ask.
+    pub fn lost() -> Bounds {
+        Bounds {
+            workers: 1,
+            deadline: 3,
+            max_attempts: 1,
+            upstreams: vec![Upstream::Blind],
+            replay: vec![ReplayPolicy::Never],
+            lost_messages: true,
+            ..Bounds::test()
+        }
+    }
+
     /// The bound `make model-check` checks for an operator's cancel: three deliveries, a later
     /// deadline, the providers that can be asked about a call and the batch provider, both
     /// replay policies, no ledger faults.
@@ -259,7 +278,7 @@ impl Bounds {
     /// The bounds in one line.
     pub fn describe(&self) -> String {
         format!(
-            "{} workers, {} deliveries, deadline {} ticks, lease {}, skew {}, budget {}, epochs up to {}, {} tries to end an attempt, {} fault(s) per path, providers {:?}{}{}{}{}{}{}{}{}",
+            "{} workers, {} deliveries, deadline {} ticks, lease {}, skew {}, budget {}, epochs up to {}, {} tries to end an attempt, {} fault(s) per path, providers {:?}{}{}{}{}{}{}{}{}{}",
             self.workers,
             self.deliveries,
             self.deadline,
@@ -307,6 +326,11 @@ impl Bounds {
             },
             if self.cancels {
                 ", an operator's cancel at any moment"
+            } else {
+                ""
+            },
+            if self.lost_messages {
+                ", a message lost for good"
             } else {
                 ""
             }
@@ -362,11 +386,14 @@ pub enum Mutation {
     SpendLimitIgnored,
     /// The end of an attempt does not look at a cancel request: an answer is accepted after it.
     CancelIgnored,
+    /// The reconciler finds a job past its deadline only in the sparse indexes, which a job on
+    /// its first claim is not in (the rule before the due index).
+    NoDueWalk,
 }
 
 impl Mutation {
     /// Every mutation.
-    pub const ALL: [Mutation; 17] = [
+    pub const ALL: [Mutation; 18] = [
         Mutation::FinishIgnoresEpoch,
         Mutation::ExpiryIgnoresTerminal,
         Mutation::UncertainReleased,
@@ -384,6 +411,7 @@ impl Mutation {
         Mutation::RefusedAnswerAccepted,
         Mutation::SpendLimitIgnored,
         Mutation::CancelIgnored,
+        Mutation::NoDueWalk,
     ];
 
     /// The bound a mutation is checked in: the test bound, widened where the counterexample
@@ -413,6 +441,10 @@ impl Mutation {
             Mutation::SpendLimitIgnored => Bounds {
                 mutation: Some(self),
                 ..Bounds::spend()
+            },
+            Mutation::NoDueWalk => Bounds {
+                mutation: Some(self),
+                ..Bounds::lost()
             },
             Mutation::RefusedAnswerAccepted => Bounds {
                 faults: 0,
@@ -462,6 +494,7 @@ impl Mutation {
             Mutation::RefusedAnswerAccepted => "an answer its contract refuses is accepted",
             Mutation::SpendLimitIgnored => "the next call is not counted against the spend limit",
             Mutation::CancelIgnored => "the end of an attempt ignores a cancel request",
+            Mutation::NoDueWalk => "the expiry reads only the sparse indexes",
         }
     }
 
@@ -485,6 +518,7 @@ impl Mutation {
             Mutation::RefusedAnswerAccepted => ENDS_AS_CALLED,
             Mutation::SpendLimitIgnored => SPEND_LIMIT,
             Mutation::CancelIgnored => CANCEL_HOLDS,
+            Mutation::NoDueWalk => ENDS,
         })
     }
 }
@@ -685,6 +719,8 @@ pub struct State {
     pub hops: u8,
     /// The item's epoch once an operator's cancel was written (a request, or the end).
     pub cancel_epoch: Option<u64>,
+    /// The job's message is lost for good.
+    pub lost: bool,
     /// What went wrong.
     pub violations: Vec<Violation>,
 }
@@ -923,6 +959,8 @@ pub enum Action {
     /// An operator cancels the job: at once if nobody runs it, else by a request its owner
     /// carries out.
     Cancel,
+    /// The job's message is lost for good: dead-lettered and dropped, or its retention passed.
+    Lose,
 }
 
 /// The protocol under `bounds`.
@@ -1105,6 +1143,11 @@ impl Protocol {
                 let _ = write!(note, "decides: {}", action.as_str());
                 true
             }
+            Action::Lose => {
+                next.lost = true;
+                note.push_str("the job's message is lost for good");
+                true
+            }
             Action::Cancel => {
                 let item = next.item.clone()?;
                 let req = CancelRequest {
@@ -1201,8 +1244,9 @@ impl Protocol {
                 self.bounds.spend_limit && !self.mutated(Mutation::SpendLimitIgnored),
             ),
             max_cost_micros: self.bounds.spend_limit.then_some(1),
-            // Every delivery the model makes is of the job's own message.
-            carries_input: true,
+            // The job's own message carries the input; once it is lost, a trigger by id carries
+            // what the item keeps.
+            carries_input: !next.lost || next.item.as_ref().is_some_and(JobRecord::keeps_input),
         }
     }
 
@@ -1555,7 +1599,9 @@ impl Protocol {
                     lease_until: now + self.bounds.lease,
                     reason: format!("{} at epoch {epoch}", state.as_str()),
                     seen_recoveries: next.item.as_ref().map_or(0, |r| r.recoveries.len()),
-                    input: None,
+                    // As the worker: the input its delivery carries (a recovery is admitted
+                    // only with it), kept when the item keeps none.
+                    input: Some(fenced_jobs::ledger::KeptInput::Inline(self.job().input)),
                 };
                 let _ = write!(
                     note,
@@ -2458,6 +2504,7 @@ impl Protocol {
                 Action::Tick => "clock".to_owned(),
                 Action::Expire => "reconciler".to_owned(),
                 Action::Decide(_) | Action::Cancel => "operator".to_owned(),
+                Action::Lose => "queue".to_owned(),
                 Action::Deliver { worker, .. }
                 | Action::Follow { worker }
                 | Action::Admit { worker, .. }
@@ -2696,6 +2743,7 @@ impl Model for Protocol {
                             followed: false,
                             hops: 0,
                             cancel_epoch: None,
+                            lost: false,
                             violations: Vec::new(),
                         });
                     }
@@ -2719,8 +2767,17 @@ impl Model for Protocol {
                     // end of time an open job gets deliveries beyond the bound (each one ends
                     // it, unless a fault from the fault bound stops it); and one delivery of a
                     // terminal job shows it is acknowledged.
-                    let fair = open && idle && state.time == b.end_of_time();
-                    let late = !open && idle;
+                    // Once the message is lost, only triggers by id come: the reconciler's, for a
+                    // job a sparse index holds whose item keeps its input (fair: it re-sends
+                    // every run), and stray ones (within the bound).
+                    let resent = state.item.as_ref().is_some_and(|r| {
+                        r.keeps_input()
+                            && fenced_jobs::job::attention_key(r.state, r.owner_epoch, JOB)
+                                .is_some()
+                    });
+                    let fair =
+                        open && idle && state.time == b.end_of_time() && (!state.lost || resent);
+                    let late = !open && idle && !state.lost;
                     if (state.deliveries < b.deliveries && (open || late)) || fair {
                         actions.push(Action::Deliver { worker });
                     }
@@ -2902,8 +2959,14 @@ impl Model for Protocol {
         if let Some(item) = &state.item {
             let terminal = item.state.is_terminal();
             let past = item.deadline_at <= state.time - b.skew;
-            if past && (!terminal || self.mutated(Mutation::ExpiryIgnoresTerminal)) {
+            // The due index holds every job; the sparse ones, all but a first claim's.
+            let found = !self.mutated(Mutation::NoDueWalk)
+                || fenced_jobs::job::attention_key(item.state, item.owner_epoch, JOB).is_some();
+            if past && found && (!terminal || self.mutated(Mutation::ExpiryIgnoresTerminal)) {
                 actions.push(Action::Expire);
+            }
+            if b.lost_messages && !state.lost && !terminal {
+                actions.push(Action::Lose);
             }
             if item.state == JobState::Unknown {
                 actions.push(Action::Decide(OperatorAction::AuthorizeRetry));
@@ -3034,6 +3097,15 @@ impl Model for Protocol {
                                 .last()
                                 .is_some_and(|a| a.outcome == AttemptOutcome::Cancelled)
                     })
+                },
+            ),
+            Property::sometimes(
+                "a job whose item kept no input and whose message was lost is expired",
+                |_, s: &State| {
+                    s.lost
+                        && s.item
+                            .as_ref()
+                            .is_some_and(|r| r.state == JobState::Expired && !r.keeps_input())
                 },
             ),
             Property::sometimes("a job is cancelled before any call", |_, s: &State| {

@@ -136,7 +136,7 @@ pub struct Facts {
     /// The spend limit of a job not in the ledger yet (its message's, or the default).
     pub max_cost_micros: Option<u64>,
     /// The delivery carries the job's input: a trigger by id for a job whose item keeps none
-    /// (`JobRecord::keeps_input`) does not, and never claims.
+    /// (`JobRecord::keeps_input`) does not, and never claims or recovers.
     pub carries_input: bool,
 }
 
@@ -385,9 +385,10 @@ impl Admission {
             // leave the ledger untouched and let a later delivery claim it.
             return Step::End(backoff("too little time left for a call"));
         }
-        if claims && !self.facts.carries_input {
-            // A trigger by id whose item keeps no input: the job's own message carries it and
-            // claims the job; this one waits.
+        if calls && !self.facts.carries_input {
+            // A trigger by id whose item keeps no input: a claim or a recovery built from it
+            // would send (or price) a request without the input. The job's own message carries
+            // it and claims or recovers the job; this one waits, or the deadline ends the job.
             return Step::End(backoff("input with the job's message"));
         }
         if claims && !self.admitted {

@@ -29,10 +29,11 @@ fn print(bounds: &str, report: &protocol::Report) {
 
 #[test]
 fn every_property_holds_in_the_test_bound_and_every_example_is_reached() {
-    // The test bound comes in five parts: the providers that answer the submit, with ledger
+    // The test bound comes in seven parts: the providers that answer the submit, with ledger
     // faults; the one that runs calls in the background, without; the pacer's refusals and
     // invocations that end before the job; a lease long enough for the pacer to send a
-    // refused call again; a job whose spend limit holds one call; and an operator's cancel.
+    // refused call again; a job whose spend limit holds one call; an operator's cancel; and a
+    // message lost for good.
     let mut reached = std::collections::BTreeSet::new();
     let mut examples = std::collections::BTreeSet::new();
     for bounds in [
@@ -42,6 +43,7 @@ fn every_property_holds_in_the_test_bound_and_every_example_is_reached() {
         Bounds::resend(),
         Bounds::spend(),
         Bounds::cancel(),
+        Bounds::lost(),
     ] {
         let report = check(&bounds, threads(), false);
         print(&bounds.describe(), &report);

@@ -246,7 +246,7 @@ fn a_job_past_its_deadline_is_settled_without_a_permit() {
 }
 
 #[test]
-fn a_delivery_without_the_input_never_claims_but_may_still_recover_or_settle() {
+fn a_delivery_without_the_input_never_claims_or_recovers_but_may_still_settle() {
     let bare = Facts {
         carries_input: false,
         ..facts()
@@ -260,11 +260,14 @@ fn a_delivery_without_the_input_never_claims_but_may_still_recover_or_settle() {
     // With the input, the same item is claimed (after capacity is taken).
     let (_, step) = Admission::start(facts(), Some(&retried), &retried.input_digest, NOW);
     assert_eq!(step, Step::Admit);
-    // A lapsed owner is still fenced and the evidence looked at: no call is made from it.
+    // Nor is a lapsed owner fenced from it: the recovery's question, and the price of what it
+    // finds, are built from the input; with it, the same item is recovered.
     let mut lapsed = ready(1);
     lapsed.state = JobState::Running;
     lapsed.owner_until = Some(NOW - 60_000);
     let (_, step) = Admission::start(bare, Some(&lapsed), &lapsed.input_digest, NOW);
+    assert_eq!(step, Step::End(backoff("input with the job's message")));
+    let (_, step) = Admission::start(facts(), Some(&lapsed), &lapsed.input_digest, NOW);
     assert!(matches!(step, Step::Write(Op::Recover { .. })), "{step:?}");
     // Past its deadline, it is still expired.
     let bare_past = Facts {

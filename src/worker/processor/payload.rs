@@ -123,8 +123,8 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
 
     /// The message a ledger item stands for, its stored input read back and checked against
     /// the job's digest only when this delivery will call the provider or ask it (a duplicate
-    /// deferred to a live owner, or a finished job, costs no read of the object). A delivery
-    /// that would call and finds no input kept backs off.
+    /// deferred to a live owner, or a finished job, costs no read of the object). One whose
+    /// item keeps no input carries none, and its admission never claims or recovers from it.
     pub(super) async fn stored_input(&self, item: &JobRecord) -> Result<JobMessage, InputError> {
         let mut msg = JobMessage::from_record(item);
         let now = self.clock.now_ms();
@@ -133,14 +133,6 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
             Next::AwaitDecision => self.can_ask_about(item),
             _ => false,
         };
-        // An item that never kept its input (a job on its first claim) is run by its own
-        // message only: a call built from no input would be the wrong call, and priced at
-        // nothing. The message comes back, or the deadline ends the job (`message_lost`).
-        if calls && !item.keeps_input() {
-            return Err(InputError::Unavailable(backoff(
-                "input not kept: only the job's own message can run it",
-            )));
-        }
         let Some(blob) = item.input_ref.as_ref().filter(|_| calls) else {
             return Ok(msg);
         };

@@ -200,7 +200,7 @@ async fn a_trigger_by_id_never_recovers_a_job_whose_item_kept_no_input() {
     assert!(
         matches!(
             report.records[0].outcome,
-            RecordOutcome::Failed(Failure::Backoff { cause, .. }) if cause.contains("input not kept")
+            RecordOutcome::Failed(Failure::Backoff { cause, .. }) if cause.contains("input with the job")
         ),
         "{:?}",
         report.records[0].outcome
