@@ -506,7 +506,7 @@ impl<L: JobLedger, V: VisibilityControl, C: Clock> Heartbeat<'_, L, V, C> {
             (0..entries.len())
                 .filter(|&i| {
                     let f = &entries[i];
-                    f.delivery.is_some() && !f.visibility_stopped && !matches!(f.stage, Stage::Done)
+                    f.delivery.is_some() && !f.visibility_stopped
                 })
                 .collect()
         };
@@ -592,14 +592,15 @@ impl<L: JobLedger, V: VisibilityControl, C: Clock> Heartbeat<'_, L, V, C> {
     }
 
     /// Seconds to request for a record now, or `None` when it must not be extended: never past
-    /// 12 hours from this receive, never past the job's deadline, never for a failed record (its
-    /// final visibility is set when the batch ends), and never when it would not reach past what
-    /// the record already has.
+    /// 12 hours from this receive, never past a running job's deadline, and never when it would
+    /// not reach past what the record already has. A record not yet started (its body still
+    /// being read, or waiting for the memory budget), or already decided (its final visibility
+    /// is set when the batch ends), is held until then like the others, so no other consumer
+    /// receives it while this invocation still holds it.
     fn extension_s(&self, f: &Flight, now: Millis) -> Option<i32> {
         let deadline_at = match &f.stage {
-            Stage::Done => return None,
             Stage::Running(lease) => Some(lease.deadline_at),
-            Stage::Pending | Stage::Acknowledging => None,
+            Stage::Pending | Stage::Acknowledging | Stage::Done => None,
         };
         extension_s(
             now,

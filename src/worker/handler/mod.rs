@@ -102,37 +102,53 @@ impl<L: JobLedger, P: Provider, C: Clock, V: VisibilityControl> BatchHandler<L, 
     }
 
     /// The batch's bodies read and parsed, the settings learnt from its queues, and each
-    /// record in flight with the time SQS received it.
+    /// record in flight with the time SQS received it. The heartbeat keeps every record
+    /// invisible while the bodies are read (a pointer's payload can take seconds, and a record
+    /// that waits for the memory budget is held like the others).
     async fn prepare<'e>(&self, event: &'e SqsEvent, inv: &Invocation) -> Prepared<'e> {
         // The event source mapping received these records at most its batching window before.
         let entered = self.processor.clock().now_ms();
-        let entries = read_bodies(&self.processor, event, inv).await;
-        let fifo = entries.iter().any(|e| {
-            e.record
-                .event_source_arn
+        let fifo = event.records.iter().any(|r| {
+            r.event_source_arn
                 .as_deref()
                 .is_some_and(|arn| arn.ends_with(".fifo"))
         });
-        let settings = self.learnt_settings(&entries).await;
-        let received_at: Vec<Millis> = entries
+        let settings = self.learnt_settings(&event.records).await;
+        let received_at: Vec<Millis> = event
+            .records
             .iter()
-            .map(|e| {
-                let first = attribute(e.record, "ApproximateFirstReceiveTimestamp");
+            .map(|r| {
+                let first = attribute(r, "ApproximateFirstReceiveTimestamp");
                 receive_floor(entered, settings.batching_window_ms, first)
             })
             .collect();
         let flights = Flights::new(
-            entries
+            event
+                .records
                 .iter()
                 .zip(&received_at)
-                .map(|(e, &received_at)| Delivered {
-                    queue_arn: e.record.event_source_arn.clone(),
-                    receipt_handle: e.record.receipt_handle.clone(),
+                .map(|(r, &received_at)| Delivered {
+                    queue_arn: r.event_source_arn.clone(),
+                    receipt_handle: r.receipt_handle.clone(),
                     received_at,
                 })
                 .collect(),
             settings.queue_visibility_s,
         );
+        let heartbeat = Heartbeat {
+            flights: &flights,
+            ledger: self.processor.ledger(),
+            visibility: &self.visibility,
+            clock: self.processor.clock(),
+            settings: &settings,
+        };
+        let stop = CancellationToken::new();
+        let read = async {
+            let entries = read_bodies(&self.processor, event, inv).await;
+            stop.cancel();
+            entries
+        };
+        let (entries, ()) = tokio::join!(read, heartbeat.run(stop.clone()));
         Prepared {
             entries,
             fifo,
@@ -383,11 +399,11 @@ impl<L: JobLedger, P: Provider, C: Clock, V: VisibilityControl> BatchHandler<L, 
     /// timeout (learnt once per queue and environment) where it is shorter than the configured
     /// one, and the heartbeat quickened to a third of it, so that a record is never left to
     /// reappear because the configuration disagrees with the queue.
-    async fn learnt_settings(&self, entries: &[Entry<'_>]) -> crate::worker::Settings {
+    async fn learnt_settings(&self, records: &[SqsMessage]) -> crate::worker::Settings {
         let mut settings = self.processor.settings().clone();
-        let mut arns: Vec<&str> = entries
+        let mut arns: Vec<&str> = records
             .iter()
-            .filter_map(|e| e.record.event_source_arn.as_deref())
+            .filter_map(|r| r.event_source_arn.as_deref())
             .collect();
         arns.sort_unstable();
         arns.dedup();

@@ -383,6 +383,96 @@ async fn a_payload_read_that_never_answers_does_not_hold_the_batch_past_its_dead
     assert!(report.response.is_ok());
 }
 
+/// A results bucket whose reads of the producer's bucket take 800 ms each.
+#[derive(Debug)]
+struct SlowReads(fenced_jobs::blobs::MemoryBlobs);
+
+impl fenced_jobs::blobs::BlobStore for SlowReads {
+    fn bucket(&self) -> Option<&str> {
+        self.0.bucket()
+    }
+    fn put<'a>(
+        &'a self,
+        key: &'a str,
+        body: &'a [u8],
+    ) -> futures::future::BoxFuture<
+        'a,
+        Result<fenced_jobs::job::BlobRef, fenced_jobs::blobs::BlobError>,
+    > {
+        self.0.put(key, body)
+    }
+    fn get<'a>(
+        &'a self,
+        bucket: &'a str,
+        key: &'a str,
+        limit: usize,
+    ) -> futures::future::BoxFuture<'a, Result<Vec<u8>, fenced_jobs::blobs::BlobError>> {
+        Box::pin(async move {
+            if bucket == "producer" {
+                tokio::time::sleep(std::time::Duration::from_millis(800)).await;
+            }
+            self.0.get(bucket, key, limit).await
+        })
+    }
+    fn delete<'a>(
+        &'a self,
+        key: &'a str,
+    ) -> futures::future::BoxFuture<'a, Result<(), fenced_jobs::blobs::BlobError>> {
+        self.0.delete(key)
+    }
+    fn list<'a>(
+        &'a self,
+        prefix: &'a str,
+        limit: usize,
+    ) -> futures::future::BoxFuture<'a, Result<Vec<String>, fenced_jobs::blobs::BlobError>> {
+        self.0.list(prefix, limit)
+    }
+}
+
+#[tokio::test]
+async fn records_stay_invisible_while_payloads_are_read_and_while_they_wait_for_memory() {
+    // GIVEN four pointers to payloads of about 1 MiB, each read taking 800 ms, room for three
+    // of them, and a queue whose visibility timeout is 2 s (a second consumer would receive a
+    // record the moment it shows)
+    let store = fenced_jobs::blobs::MemoryBlobs::new("results");
+    let prompt = "p".repeat(1_000_000);
+    for i in 0..4 {
+        let payload = job(&format!("slow-{i}"), &format!(r#","text":"{prompt}""#));
+        store.insert("producer", &format!("k{i}"), payload.as_bytes());
+    }
+    let settings = Settings {
+        payload_memory_bytes: 13 * 1_048_576,
+        heartbeat_ms: 300,
+        ..reading_payloads()
+    };
+    let visibility = RecordingVisibility::new();
+    visibility.set_visibility_timeout(2);
+    let processor = Processor::new(
+        Arc::new(InMemoryLedger::new()),
+        SimulatedProvider::new(),
+        SystemClock,
+        settings,
+    );
+    let h = BatchHandler::new(processor.with_blobs(Arc::new(SlowReads(store))), visibility);
+    let records = (0..4)
+        .map(|i| pointer_record(&format!("m{i}"), &format!("k{i}"), Some(1_000_100)))
+        .collect();
+    // WHEN the batch is handled (about 2.4 s of reading)
+    let report = h.handle_batch(&event(records), &invocation()).await;
+    let labels: Vec<&str> = report.records.iter().map(|r| r.outcome.label()).collect();
+    assert_eq!(labels, ["succeeded", "succeeded", "succeeded", "backoff"]);
+    // THEN every record, the one waiting for memory included, was kept invisible by the queue's
+    // 2 s while the payloads were read, before any final visibility
+    let changes = h.visibility().changes();
+    for i in 0..4 {
+        let handle = format!("handle-m{i}");
+        let held = changes
+            .iter()
+            .any(|(_, c)| c.receipt_handle == handle && c.seconds == 2);
+        assert!(held, "m{i} was left to show: {changes:?}");
+    }
+}
+
 /// A live job whose input went missing is never poison (its message is its only trigger): a
 /// stored input that is gone or altered ends the job `failed_terminal` (`input_lost`) with no
 /// call, and an Extended Client pointer whose payload is gone goes on from the job its message
