@@ -2565,6 +2565,23 @@ impl Protocol {
             }
             let _ = writeln!(out, "{line}");
         }
+        // A path that ends with nothing left to happen fails each liveness property its last
+        // state does not meet.
+        if let Some((last, _)) = path.last() {
+            let mut next = Vec::new();
+            self.actions(last, &mut next);
+            let eventually = self
+                .properties()
+                .into_iter()
+                .filter(|p| p.expectation == stateright::Expectation::Eventually);
+            for p in eventually.filter(|p| next.is_empty() && !(p.condition)(self, last)) {
+                let _ = writeln!(
+                    out,
+                    "  {:>3}  nothing more happens; VIOLATED: {}",
+                    "", p.name
+                );
+            }
+        }
         out
     }
 }

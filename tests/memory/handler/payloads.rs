@@ -262,13 +262,17 @@ async fn an_answer_too_large_for_the_item_fails_the_job_once_and_is_never_retrie
     assert!(error.message.contains("bytes"), "{}", error.message);
 }
 
-/// A results bucket whose reads of the producer's bucket never answer.
+/// A results bucket whose reads of the producer's bucket take `delay` each, or never answer
+/// (`None`).
 #[derive(Debug)]
-struct HangingReads(fenced_jobs::blobs::MemoryBlobs);
+struct SlowReads {
+    store: fenced_jobs::blobs::MemoryBlobs,
+    delay: Option<std::time::Duration>,
+}
 
-impl fenced_jobs::blobs::BlobStore for HangingReads {
+impl fenced_jobs::blobs::BlobStore for SlowReads {
     fn bucket(&self) -> Option<&str> {
-        self.0.bucket()
+        self.store.bucket()
     }
     fn put<'a>(
         &'a self,
@@ -278,7 +282,7 @@ impl fenced_jobs::blobs::BlobStore for HangingReads {
         'a,
         Result<fenced_jobs::job::BlobRef, fenced_jobs::blobs::BlobError>,
     > {
-        self.0.put(key, body)
+        self.store.put(key, body)
     }
     fn get<'a>(
         &'a self,
@@ -286,23 +290,28 @@ impl fenced_jobs::blobs::BlobStore for HangingReads {
         key: &'a str,
         limit: usize,
     ) -> futures::future::BoxFuture<'a, Result<Vec<u8>, fenced_jobs::blobs::BlobError>> {
-        if bucket == "producer" {
-            return Box::pin(std::future::pending());
-        }
-        self.0.get(bucket, key, limit)
+        Box::pin(async move {
+            if bucket == "producer" {
+                match self.delay {
+                    Some(delay) => tokio::time::sleep(delay).await,
+                    None => std::future::pending().await,
+                }
+            }
+            self.store.get(bucket, key, limit).await
+        })
     }
     fn delete<'a>(
         &'a self,
         key: &'a str,
     ) -> futures::future::BoxFuture<'a, Result<(), fenced_jobs::blobs::BlobError>> {
-        self.0.delete(key)
+        self.store.delete(key)
     }
     fn list<'a>(
         &'a self,
         prefix: &'a str,
         limit: usize,
     ) -> futures::future::BoxFuture<'a, Result<Vec<String>, fenced_jobs::blobs::BlobError>> {
-        self.0.list(prefix, limit)
+        self.store.list(prefix, limit)
     }
 }
 
@@ -354,9 +363,10 @@ async fn payloads_are_read_one_at_a_time_within_the_memory_set_aside_for_them() 
 async fn a_payload_read_that_never_answers_does_not_hold_the_batch_past_its_deadline() {
     // GIVEN a pointer whose payload read never answers, beside an ordinary job, and an
     // invocation with three seconds left
-    let blobs = Arc::new(HangingReads(fenced_jobs::blobs::MemoryBlobs::new(
-        "results",
-    )));
+    let blobs = Arc::new(SlowReads {
+        store: fenced_jobs::blobs::MemoryBlobs::new("results"),
+        delay: None,
+    });
     let ledger = Arc::new(InMemoryLedger::new());
     let settings = Settings {
         deadline_margin_ms: 1_000,
@@ -383,52 +393,6 @@ async fn a_payload_read_that_never_answers_does_not_hold_the_batch_past_its_dead
     assert!(report.response.is_ok());
 }
 
-/// A results bucket whose reads of the producer's bucket take 800 ms each.
-#[derive(Debug)]
-struct SlowReads(fenced_jobs::blobs::MemoryBlobs);
-
-impl fenced_jobs::blobs::BlobStore for SlowReads {
-    fn bucket(&self) -> Option<&str> {
-        self.0.bucket()
-    }
-    fn put<'a>(
-        &'a self,
-        key: &'a str,
-        body: &'a [u8],
-    ) -> futures::future::BoxFuture<
-        'a,
-        Result<fenced_jobs::job::BlobRef, fenced_jobs::blobs::BlobError>,
-    > {
-        self.0.put(key, body)
-    }
-    fn get<'a>(
-        &'a self,
-        bucket: &'a str,
-        key: &'a str,
-        limit: usize,
-    ) -> futures::future::BoxFuture<'a, Result<Vec<u8>, fenced_jobs::blobs::BlobError>> {
-        Box::pin(async move {
-            if bucket == "producer" {
-                tokio::time::sleep(std::time::Duration::from_millis(800)).await;
-            }
-            self.0.get(bucket, key, limit).await
-        })
-    }
-    fn delete<'a>(
-        &'a self,
-        key: &'a str,
-    ) -> futures::future::BoxFuture<'a, Result<(), fenced_jobs::blobs::BlobError>> {
-        self.0.delete(key)
-    }
-    fn list<'a>(
-        &'a self,
-        prefix: &'a str,
-        limit: usize,
-    ) -> futures::future::BoxFuture<'a, Result<Vec<String>, fenced_jobs::blobs::BlobError>> {
-        self.0.list(prefix, limit)
-    }
-}
-
 #[tokio::test]
 async fn records_stay_invisible_while_payloads_are_read_and_while_they_wait_for_memory() {
     // GIVEN four pointers to payloads of about 1 MiB, each read taking 800 ms, room for three
@@ -453,7 +417,11 @@ async fn records_stay_invisible_while_payloads_are_read_and_while_they_wait_for_
         SystemClock,
         settings,
     );
-    let h = BatchHandler::new(processor.with_blobs(Arc::new(SlowReads(store))), visibility);
+    let slow = SlowReads {
+        store,
+        delay: Some(std::time::Duration::from_millis(800)),
+    };
+    let h = BatchHandler::new(processor.with_blobs(Arc::new(slow)), visibility);
     let records = (0..4)
         .map(|i| pointer_record(&format!("m{i}"), &format!("k{i}"), Some(1_000_100)))
         .collect();
