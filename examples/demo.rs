@@ -313,7 +313,7 @@ async fn main() {
         .with_blobs(Arc::new(S3Blobs::new(s3.clone(), Some(bucket.clone()))))
         // The contracts built in from `contracts/`, as the worker loads them.
         .with_contracts(Arc::new(
-            Contracts::with_built_in(&[], false).unwrap_or_else(|e| panic!("contracts: {e}")),
+            Contracts::with_built_in(&[], true).unwrap_or_else(|e| panic!("contracts: {e}")),
         )),
         SqsVisibility::new(sqs.clone()),
     )
@@ -330,7 +330,7 @@ async fn main() {
     source.batch_size = 20;
 
     // The producer's Extended Client put this body in the bucket and sent a pointer to it.
-    let payload = r#"{"job_id":"demo-pointer","contract":"extract.v1","input":{"model":"sim-1","prompt":"A long contract, offloaded to S3."},"metadata":{"source":"demo"}}"#;
+    let payload = r#"{"job_id":"demo-pointer","contract":"summary.v1","input":{"model":"sim-1","prompt":"A long contract, offloaded to S3."},"metadata":{"source":"demo"}}"#;
     s3.put_object()
         .bucket(&bucket)
         .key(POINTER_KEY)

@@ -90,7 +90,7 @@ async fn main() {
         )
         .with_blobs(Arc::new(S3Blobs::new(s3_client(&aws), Some(bucket))))
         .with_contracts(Arc::new(
-            Contracts::with_built_in(&[], false).unwrap_or_else(|e| panic!("contracts: {e}")),
+            Contracts::with_built_in(&[], true).unwrap_or_else(|e| panic!("contracts: {e}")),
         )),
         SqsVisibility::new(sqs.clone()),
     )

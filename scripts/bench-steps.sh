@@ -30,26 +30,33 @@ echo "peak memory: one 10,000-record batch through the SDK"
   grep -E "Maximum resident set size|Elapsed" "$out/peak.txt"
 } | tee "$out/memory.txt"
 
-echo
-echo "peak memory: ten Extended Client pointers to 8 MiB payloads, target/release/worker at 128 MB"
-(
-  eval "$(scripts/emulator.sh create "jobs-heavy-$$" "jobs-heavy-$$")"
-  .venv/bin/python scripts/bench_payloads.py /tmp/fenced-jobs-heavy-event.json
-  port=$(.venv/bin/python -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-  .venv/bin/python scripts/mock_runtime_api.py "$port" /tmp/fenced-jobs-heavy-event.json &
-  mock=$!
-  sleep 0.5
-  AWS_LAMBDA_RUNTIME_API="127.0.0.1:$port" AWS_LAMBDA_FUNCTION_NAME=worker \
-    AWS_LAMBDA_FUNCTION_VERSION='$LATEST' AWS_LAMBDA_FUNCTION_MEMORY_SIZE=128 PROVIDER=simulated \
-    PAYLOAD_BUCKET="$RESULTS_BUCKET-producer" \
-    RUST_LOG=warn /usr/bin/time -v target/release/worker > /dev/null 2> "$out/heavy.txt" || true
-  kill $mock 2>/dev/null || true
-  {
-    echo
-    echo "ten Extended Client pointers to 8 MiB payloads, the release worker at 128 MB:"
-    grep -E "Maximum resident set size|Elapsed" "$out/heavy.txt"
-  } | tee -a "$out/memory.txt"
-)
+# heavy NAME MODE TITLE: the release worker at 128 MB takes one event of bench_payloads.py's MODE
+# against a mock Runtime API; its peak resident memory goes to memory.txt.
+heavy() {
+  local name=$1 mode=$2 title=$3
+  echo
+  echo "peak memory: $title, target/release/worker at 128 MB"
+  (
+    eval "$(scripts/emulator.sh create "jobs-$name-$$" "jobs-$name-$$")"
+    .venv/bin/python scripts/bench_payloads.py "$mode" "/tmp/fenced-jobs-$name-event.json"
+    port=$(.venv/bin/python -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+    .venv/bin/python scripts/mock_runtime_api.py "$port" "/tmp/fenced-jobs-$name-event.json" &
+    mock=$!
+    sleep 0.5
+    AWS_LAMBDA_RUNTIME_API="127.0.0.1:$port" AWS_LAMBDA_FUNCTION_NAME=worker \
+      AWS_LAMBDA_FUNCTION_VERSION='$LATEST' AWS_LAMBDA_FUNCTION_MEMORY_SIZE=128 PROVIDER=simulated \
+      PAYLOAD_BUCKET="$RESULTS_BUCKET-producer" \
+      RUST_LOG=warn /usr/bin/time -v target/release/worker > /dev/null 2> "$out/$name.txt" || true
+    kill $mock 2>/dev/null || true
+    {
+      echo
+      echo "$title, the release worker at 128 MB:"
+      grep -E "Maximum resident set size|Elapsed" "$out/$name.txt"
+    } | tee -a "$out/memory.txt"
+  )
+}
+heavy heavy pointers "ten Extended Client pointers to 8 MiB payloads"
+heavy costly costly "the worst valid batch: ten bodies each just under the 32 MiB parse cost"
 
 echo
 echo "sizes"

@@ -44,14 +44,23 @@ pub struct Config {
 
 /// Where the worker's output contracts come from: those built in from `contracts/`, and a
 /// folder read at start-up.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ContractSource {
     /// `CONTRACTS_DIR`: a folder of `<id>.json` contract files read at start-up, over the
     /// built-in ones (a Lambda layer's `/opt/contracts`, say).
     pub dir: Option<String>,
-    /// `CONTRACTS_STRICT`: `true` refuses a new job naming a contract the registry does not
-    /// hold (poison); `false` (the default) holds it to free text.
+    /// `CONTRACTS_STRICT`: `true` (the default) refuses a new job naming a contract the
+    /// registry does not hold (poison); `false` holds it to free text, and says so for each.
     pub strict: bool,
+}
+
+impl Default for ContractSource {
+    fn default() -> Self {
+        ContractSource {
+            dir: None,
+            strict: true,
+        }
+    }
 }
 
 impl ContractSource {
@@ -60,7 +69,7 @@ impl ContractSource {
             dir: vars.get("CONTRACTS_DIR"),
             strict: vars.choice(
                 "CONTRACTS_STRICT",
-                false,
+                true,
                 &[("true", true), ("false", false)],
             )?,
         })

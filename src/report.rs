@@ -114,6 +114,9 @@ pub struct StatsSnapshot {
     pub provider_throttled: u64,
     /// Records that wait for the next day: the deployment's `DAILY_SPEND_LIMIT` is reached.
     pub spend_deferred: u64,
+    /// New jobs naming a contract the registry does not hold, taken as free text
+    /// (`CONTRACTS_STRICT=false`).
+    pub uncontracted: u64,
     /// Deferrable jobs' lines submitted in provider batches.
     pub batch_lines: u64,
     /// Records that looked at their running batch and wait, nothing written.

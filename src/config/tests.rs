@@ -30,6 +30,10 @@ fn defaults_apply_and_the_table_is_required() {
     );
     assert_eq!(c.settings.idempotency_prefix.len(), 16);
     assert_eq!(c.provider, ProviderConfig::Simulated);
+    // Contracts strict unless the deployment opts out.
+    assert!(c.contracts.strict && c.contracts.load().expect("loads").strict());
+    let lenient = config(&[("JOBS_TABLE", "jobs"), ("CONTRACTS_STRICT", "false")]).expect("valid");
+    assert!(!lenient.contracts.strict);
 }
 
 #[test]

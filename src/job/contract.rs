@@ -86,7 +86,7 @@ pub enum OnInvalid {
 enum Origin {
     /// A contract file of the registry.
     File,
-    /// No file, in a lenient registry: any answer, as before contracts.
+    /// No file, in a lenient registry: any whole answer, as text.
     FreeText,
     /// No file, in a strict registry: no answer is accepted.
     Missing,
@@ -173,7 +173,8 @@ impl fmt::Display for Rejected {
 
 impl Contract {
     /// The contract of a job whose contract id names no file, when the registry is lenient:
-    /// any answer is accepted as it comes, as before contracts.
+    /// any answer the model finished is accepted as its text; one cut off (`length`,
+    /// `content_filter`) is not, as under a text contract file that does not accept truncation.
     pub fn free_text(id: &str) -> Contract {
         Contract {
             id: id.to_owned(),
@@ -183,7 +184,7 @@ impl Contract {
             validator: None,
             on_invalid: OnInvalid::Retry,
             max_answer_bytes: None,
-            accept_truncated: true,
+            accept_truncated: false,
         }
     }
 
@@ -314,10 +315,21 @@ impl Contract {
             .collect()
     }
 
-    /// Whether every answer is accepted as it comes, unread (a lenient registry's contract for
-    /// an id it does not hold).
-    pub fn takes_anything(&self) -> bool {
-        self.origin == Origin::FreeText
+    /// Whether every answer that finished for `finish` is accepted as it comes, unread: under
+    /// a lenient registry's contract for an id it does not hold, any answer not cut off.
+    pub fn takes_unread(&self, finish: Finish) -> bool {
+        self.origin == Origin::FreeText && !self.cut_off(finish)
+    }
+
+    /// Whether an answer that finished for `finish` is not the whole answer this contract
+    /// accepts: cut off by the output limit (unless a text contract accepts that) or by a
+    /// content filter.
+    fn cut_off(&self, finish: Finish) -> bool {
+        match finish {
+            Finish::Length => !(self.format == Format::Text && self.accept_truncated),
+            Finish::ContentFilter => true,
+            Finish::Stop | Finish::ToolUse | Finish::Unknown => false,
+        }
     }
 
     /// Judges the answer whose `output` (the model's text) finished for `finish`: accepted, as
@@ -325,8 +337,7 @@ impl Contract {
     pub fn judge(&self, output: &str, finish: Finish) -> Result<Accepted, Rejected> {
         let rejected = |errors: Vec<String>| self.rejected(errors, finish, output);
         match self.origin {
-            Origin::File => {}
-            Origin::FreeText => return Ok(Accepted::Text),
+            Origin::File | Origin::FreeText => {}
             Origin::Missing => {
                 return Err(rejected(vec![format!(
                     "no contract {:?} in the registry: contract",
@@ -334,12 +345,7 @@ impl Contract {
                 )]));
             }
         }
-        let truncated = match finish {
-            Finish::Length => !(self.format == Format::Text && self.accept_truncated),
-            Finish::ContentFilter => true,
-            Finish::Stop | Finish::ToolUse | Finish::Unknown => false,
-        };
-        if truncated {
+        if self.cut_off(finish) {
             return Err(rejected(vec![format!(
                 "the answer is cut off: finish {}",
                 finish.as_str()
@@ -491,13 +497,15 @@ impl Contracts {
         self.strict
     }
 
-    /// Whether a new job naming `id` may be taken: a strict registry refuses one it does not
-    /// hold (poison, before anything is written).
-    pub fn admits(&self, id: &str) -> Result<(), UnknownContract> {
-        if self.strict && !self.by_id.contains_key(id) {
+    /// Whether a new job naming `id` may be taken, and whether the registry holds its
+    /// contract: a strict registry refuses one it does not hold (poison, before anything is
+    /// written); a lenient one takes it (`Ok(false)`) as free text.
+    pub fn admits(&self, id: &str) -> Result<bool, UnknownContract> {
+        let held = self.by_id.contains_key(id);
+        if self.strict && !held {
             return Err(UnknownContract(id.to_owned()));
         }
-        Ok(())
+        Ok(held)
     }
 
     /// The contract a job naming `id` is held to: its file's, or, for an id the registry does

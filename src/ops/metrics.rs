@@ -137,6 +137,11 @@ pub fn invocation(target: &MetricsTarget, at: Millis, report: &BatchReport) -> V
             "Count",
             Sample::One(stats.spend_deferred as f64),
         ),
+        (
+            "UncontractedJobs",
+            "Count",
+            Sample::One(stats.uncontracted as f64),
+        ),
         ("BatchLines", "Count", Sample::One(stats.batch_lines as f64)),
         ("BatchWaits", "Count", Sample::One(stats.batch_waits as f64)),
     ]);

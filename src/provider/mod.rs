@@ -135,7 +135,7 @@ impl Answer {
     /// (`{"contract", "model", "output", "usage", ..}`), so a body that is not one is refused
     /// too, never accepted unread.
     pub fn judged(self, contract: &Contract) -> Result<Answer, ProviderError> {
-        if contract.takes_anything() {
+        if contract.takes_unread(self.finish) {
             return Ok(self);
         }
         // The document's fields as they are written: only the output is read.

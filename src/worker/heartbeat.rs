@@ -41,6 +41,7 @@ pub struct Stats {
     recoveries: AtomicU64,
     provider_throttled: AtomicU64,
     spend_deferred: AtomicU64,
+    uncontracted: AtomicU64,
     batch_lines: AtomicU64,
     batch_waits: AtomicU64,
     usage: std::sync::Mutex<std::collections::BTreeMap<String, crate::job::Usage>>,
@@ -64,6 +65,11 @@ impl Stats {
     /// Counts a record that waits for the next day's spend.
     pub fn spend_deferred(&self) {
         self.spend_deferred.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts a new job naming a contract the lenient registry does not hold.
+    pub fn uncontracted(&self) {
+        self.uncontracted.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Counts a line submitted in a provider batch.
@@ -127,6 +133,7 @@ impl Stats {
             recoveries: get(&self.recoveries),
             provider_throttled: get(&self.provider_throttled),
             spend_deferred: get(&self.spend_deferred),
+            uncontracted: get(&self.uncontracted),
             batch_lines: get(&self.batch_lines),
             batch_waits: get(&self.batch_waits),
             ..StatsSnapshot::default()
@@ -414,6 +421,10 @@ impl AttemptWatch for RecordSlot<'_> {
 
     fn spend_deferred(&self) {
         self.flights.stats.spend_deferred();
+    }
+
+    fn uncontracted(&self) {
+        self.flights.stats.uncontracted();
     }
 
     fn batched(&self) {

@@ -1,11 +1,14 @@
 //! Large Extended Client payloads within the function's memory: the worker binary, with the
 //! 128 MB a template function has, takes a batch of ten pointers to 8 MiB payloads on the
 //! emulator, behind a scripted Lambda Runtime API, and its peak resident memory stays under
-//! 128 MiB (under a 128 MiB cgroup limit as well, where this machine lets a test make one).
+//! 128 MiB (under a 128 MiB cgroup limit as well, where this machine lets a test make one);
+//! so does the worst batch it takes rather than refuses, and documents that cost more parsed
+//! than it holds are dead-lettered with their reason.
 
 use std::time::{Duration, Instant};
 
 use fenced_jobs::clock::{Clock, SystemClock};
+use fenced_jobs::job::cost::{MAX_DOCUMENT_COST, document_cost};
 use serde_json::{Value, json};
 
 use crate::support::http::{HttpStub, Reply};
@@ -294,5 +297,79 @@ async fn documents_that_cost_more_parsed_than_a_function_holds_are_dead_lettered
         peak < 128 * 1_048_576,
         "peak resident memory {} MiB (under a cgroup limit: {limited})",
         peak / 1_048_576
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_costliest_valid_documents_stay_within_a_128_mb_function() {
+    // GIVEN ten valid plain bodies, each of small maps just under what a document may cost
+    // parsed: the worst batch the worker takes rather than refuses
+    let aws = emulator().await;
+    let table = aws.table().await;
+    let queue = aws.queue(30).await;
+    let results = aws.bucket().await;
+    let producer = aws.bucket().await;
+    let mut bytes = 64 * 1024;
+    let probe = |bytes| document_cost(&costly_body("probe", bytes));
+    while probe(bytes * 2) < MAX_DOCUMENT_COST {
+        bytes *= 2;
+    }
+    // The largest size under the limit, to within 4 KiB.
+    let (mut low, mut high) = (bytes, bytes * 2);
+    while high - low > 4096 {
+        let mid = (low + high) / 2;
+        if probe(mid) < MAX_DOCUMENT_COST {
+            low = mid;
+        } else {
+            high = mid;
+        }
+    }
+    let records: Vec<Value> = (0..10)
+        .map(|i| {
+            json!({
+                "messageId": format!("m{i}"),
+                "receiptHandle": format!("h{i}"),
+                "body": costly_body(&format!("costly-{i}"), low),
+                "attributes": {"ApproximateReceiveCount": "1"},
+                "eventSource": "aws:sqs",
+                "eventSourceARN": queue.arn,
+            })
+        })
+        .collect();
+    let event = json!({ "Records": records }).to_string();
+
+    // WHEN it handles the batch
+    let (response, peak, limited) =
+        invoke_worker(event, &table, &results, &producer, Some(&queue.dlq_url)).await;
+
+    // THEN it answered within the memory: none is poison, the first ran, and those past the
+    // budget wait for a later batch
+    let failures: Value = serde_json::from_str(&response.body).expect("a batch response");
+    let failed = failures["batchItemFailures"]
+        .as_array()
+        .expect("failures")
+        .len();
+    assert!(failed < 10, "no job ran: {failures}");
+    let letters = aws
+        .sqs
+        .receive_message()
+        .queue_url(&queue.dlq_url)
+        .max_number_of_messages(10)
+        .send()
+        .await
+        .expect("receive dlq");
+    assert!(
+        letters.messages().is_empty(),
+        "a valid body is never poison"
+    );
+    assert!(
+        peak < 128 * 1_048_576,
+        "peak resident memory {} MiB (under a cgroup limit: {limited})",
+        peak / 1_048_576
+    );
+    println!(
+        "peak resident memory {:.1} MiB, {} of 10 records ran, under a cgroup limit: {limited}",
+        peak as f64 / 1_048_576.0,
+        10 - failed
     );
 }

@@ -154,15 +154,20 @@ fn a_lenient_registry_holds_unknown_contracts_to_free_text_and_a_strict_one_refu
     assert_eq!(lenient.len(), 1);
     let known = lenient.for_job("invoice-extract@2");
     assert_eq!(known.format(), Format::Json);
-    assert!(known.schema().is_some() && !known.takes_anything());
-    assert_eq!(lenient.admits("summary.v1"), Ok(()));
+    assert!(known.schema().is_some() && !known.takes_unread(Finish::Stop));
+    assert_eq!(lenient.admits("summary.v1"), Ok(false));
     let free = lenient.for_job("summary.v1");
-    assert!(free.takes_anything() && free.schema().is_none());
-    // Free text takes every answer as it comes, as jobs did before contracts.
-    assert_eq!(free.judge("anything", Finish::Length), Ok(Accepted::Text));
-    assert_eq!(free.judge("", Finish::ContentFilter), Ok(Accepted::Text));
+    assert!(free.takes_unread(Finish::Stop) && free.schema().is_none());
+    // Free text takes any answer the model finished, and none it was cut off from.
+    assert_eq!(free.judge("anything", Finish::Stop), Ok(Accepted::Text));
+    assert_eq!(free.judge("anything", Finish::Unknown), Ok(Accepted::Text));
+    for cut in [Finish::Length, Finish::ContentFilter] {
+        assert!(!free.takes_unread(cut));
+        let refused = free.judge("half an answ", cut).expect_err("cut off");
+        assert_eq!((refused.finish, refused.terminal), (cut, false));
+    }
     let strict = Contracts::compile([("invoice-extract@2", INVOICE)], true).expect("compiles");
-    assert_eq!(strict.admits("invoice-extract@2"), Ok(()));
+    assert_eq!(strict.admits("invoice-extract@2"), Ok(true));
     assert_eq!(
         strict.admits("summary.v1"),
         Err(UnknownContract("summary.v1".into()))
@@ -187,4 +192,25 @@ fn finish_reasons_round_trip() {
         assert_eq!(Finish::parse(finish.as_str()), finish);
     }
     assert_eq!(Finish::parse("something new"), Finish::Unknown);
+}
+
+#[test]
+fn the_readmes_summary_contract_is_built_in_and_refuses_a_cut_off_answer() {
+    // A deployment's default registry: the built-in contracts, strict.
+    let registry = Contracts::with_built_in(&[], true).expect("compiles");
+    assert_eq!(registry.admits("summary.v1"), Ok(true));
+    assert_eq!(
+        registry.admits("summary.v2"),
+        Err(UnknownContract("summary.v2".into()))
+    );
+    let summary = registry.for_job("summary.v1");
+    assert_eq!(summary.format(), Format::Text);
+    assert_eq!(
+        summary.judge("A summary.", Finish::Stop),
+        Ok(Accepted::Text)
+    );
+    for cut in [Finish::Length, Finish::ContentFilter] {
+        let refused = summary.judge("A summ", cut).expect_err("cut off");
+        assert!(!refused.terminal, "another attempt");
+    }
 }

@@ -133,6 +133,8 @@ pub trait AttemptWatch: Sync {
     fn throttled(&self) {}
     /// The record waits: the day's spend limit cannot take its call.
     fn spend_deferred(&self) {}
+    /// A new job names a contract the lenient registry does not hold: it is held to free text.
+    fn uncontracted(&self) {}
     /// The call went as a line of a provider batch.
     fn batched(&self) {}
     /// The record looked at its running batch and waits, nothing written.
@@ -271,7 +273,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
     ) -> Processed {
         let job_id = match trigger {
             Trigger::Job(msg) => {
-                if let Some(refused) = self.refused_at_first_sight(msg).await {
+                if let Some(refused) = self.refused_at_first_sight(msg, watch).await {
                     return failed(refused, None);
                 }
                 return match self.offload_input(msg).await {
@@ -301,15 +303,28 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
     /// the producer sets), or was delivered before (a refusal whose dead letter could not be
     /// sent comes back), is refused only when one read finds no item, and backs off when that
     /// read fails: the attribute cannot carry a new job past the rules.
-    async fn refused_at_first_sight(&self, msg: &JobMessage) -> Option<Failure> {
+    async fn refused_at_first_sight(
+        &self,
+        msg: &JobMessage,
+        watch: &dyn AttemptWatch,
+    ) -> Option<Failure> {
         let now = self.clock.now_ms();
         let stores = self.blobs().is_some_and(|b| b.bucket().is_some());
         let invalid = self.settings.policy.refusal(msg, now).or_else(|| {
-            if self.contracts.admits(&msg.contract).is_err() {
-                return Some(InvalidMessage::Invalid {
-                    field: "contract",
-                    rule: "names no contract in the registry (CONTRACTS_STRICT)",
-                });
+            match self.contracts.admits(&msg.contract) {
+                Err(_) => {
+                    return Some(InvalidMessage::Invalid {
+                        field: "contract",
+                        rule: "names no contract in the registry (CONTRACTS_STRICT)",
+                    });
+                }
+                Ok(false) => {
+                    // A lenient registry: a typo in an id is free text, said for each job.
+                    tracing::warn!(job_id = %msg.job_id, contract = %msg.contract,
+                        "no contract in the registry: held to free text (CONTRACTS_STRICT=false)");
+                    watch.uncontracted();
+                }
+                Ok(true) => {}
             }
             self.settings
                 .deadline_refused(msg.deadline_at?, now, stores)

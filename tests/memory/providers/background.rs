@@ -178,7 +178,11 @@ async fn failed_and_cancelled_background_responses_are_definite_failures_and_an_
     };
     assert_eq!(rejected.errors, ["the answer is cut off: finish length"]);
     assert_eq!(rejected.excerpt, r#"{"number": "INV-1", "tot"#);
-    assert!(cut.judged(&FREE_TEXT).is_ok(), "free text takes it");
+    // Nor does free text.
+    let Err(ProviderError::InvalidOutput(rejected)) = cut.judged(&FREE_TEXT) else {
+        panic!("free text never takes a truncated answer");
+    };
+    assert!(!rejected.terminal, "another attempt");
     // The provider cannot be asked right now: nothing is known, and it is never read as
     // running.
     assert_eq!(
