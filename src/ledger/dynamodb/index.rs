@@ -57,9 +57,33 @@ pub const INDEXES: [IndexKeys; 3] = [
     },
 ];
 
+/// Waits until table `name` is `ACTIVE`: a new table is `CREATING` first and refuses reads and
+/// writes until then (`ResourceNotFoundException`, in DynamoDB and in dynalite alike). Asked
+/// every 50 ms for at most two minutes.
+async fn wait_until_active(client: &Client, name: &str) -> Result<(), LedgerError> {
+    for _ in 0..2_400 {
+        let described = client
+            .describe_table()
+            .table_name(name)
+            .send()
+            .await
+            .map_err(|e| sdk_error("describe_table", &e))?;
+        let status = described.table().and_then(|t| t.table_status());
+        if status == Some(&aws_sdk_dynamodb::types::TableStatus::Active) {
+            return Ok(());
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    Err(LedgerError::Unavailable {
+        operation: "create_table",
+        code: "the table did not become ACTIVE within two minutes".to_owned(),
+    })
+}
+
 impl DynamoLedger {
     /// Creates a ledger table as `template.yaml` defines it (key `job_id`, the sparse attention
-    /// index, on demand), for local set-ups, tests and benchmarks. TTL is not switched on here.
+    /// index, on demand), for local set-ups, tests and benchmarks, and waits until it is
+    /// active. TTL is not switched on here.
     pub async fn create_table(client: &Client, name: &str) -> Result<(), LedgerError> {
         use aws_sdk_dynamodb::types::{
             AttributeDefinition, BillingMode, GlobalSecondaryIndex, KeySchemaElement, KeyType,
@@ -121,7 +145,7 @@ impl DynamoLedger {
             .send()
             .await
             .map_err(|e| sdk_error("create_table", &e))?;
-        Ok(())
+        wait_until_active(client, name).await
     }
 
     /// Keys of jobs in `state` from `index` whose sort key `sort` is below `before` and that
