@@ -1542,9 +1542,18 @@ impl Provider for SimProvider {
         let gateway =
             (!hang && !lost && w.fault("gateway_error", w.rates.gateway_error)).then(|| {
                 // Bare 429s and 503s too: a retrying gateway after its upstream request ran, a
-                // service mesh after forwarding.
-                let status = [502, 504, 524, 409, 500, 429, 503][w.range(0, 6) as usize];
-                fenced_jobs::provider::openai::classify_status(status, &serde_json::json!({}))
+                // service mesh after forwarding; a 408, a gateway giving up on its upstream;
+                // and bodies shaped like the provider's own (LiteLLM, OpenRouter), without the
+                // headers only the provider sends.
+                let status = [502, 504, 524, 409, 500, 429, 503, 408][w.range(0, 7) as usize];
+                let body = match w.range(0, 2) {
+                    0 => serde_json::json!({}),
+                    1 => serde_json::json!({"error": {"type": "server_error",
+                        "code": "rate_limit_exceeded", "message": "upstream"}}),
+                    _ => serde_json::json!({"type": "error",
+                        "error": {"type": "overloaded_error", "message": "upstream"}}),
+                };
+                fenced_jobs::provider::openai::classify_status(status, &body)
             });
         let forgotten = w.roll(w.rates.provider_forgets);
         self.runs.lock().expect("runs").insert(

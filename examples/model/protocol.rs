@@ -375,6 +375,9 @@ pub enum Mutation {
     /// A bare 429 (a gateway's, after the call ran) is taken for the provider's own refusal
     /// before any work, and its attempt given back.
     BareThrottleTrusted,
+    /// A 408, or a body shaped like the provider's own without its headers (a gateway's, after
+    /// the call ran), is taken for a refusal before any work, and the next attempt authorised.
+    GatewayTimeoutTrusted,
     /// A recovery that finds no reference takes the lapsed attempt for a definite failure, as
     /// if its owner could not have sent the call.
     RecoveryAssumesNotSent,
@@ -393,7 +396,7 @@ pub enum Mutation {
 
 impl Mutation {
     /// Every mutation.
-    pub const ALL: [Mutation; 18] = [
+    pub const ALL: [Mutation; 19] = [
         Mutation::FinishIgnoresEpoch,
         Mutation::ExpiryIgnoresTerminal,
         Mutation::UncertainReleased,
@@ -406,6 +409,7 @@ impl Mutation {
         Mutation::DiscardLiveAnswer,
         Mutation::RecordIgnoresEpoch,
         Mutation::BareThrottleTrusted,
+        Mutation::GatewayTimeoutTrusted,
         Mutation::RecoveryAssumesNotSent,
         Mutation::PutFailureIgnored,
         Mutation::RefusedAnswerAccepted,
@@ -487,6 +491,7 @@ impl Mutation {
             Mutation::DiscardLiveAnswer => "a refused stored answer is removed while the job lives",
             Mutation::RecordIgnoresEpoch => "a reference is recorded without the epoch's condition",
             Mutation::BareThrottleTrusted => "a gateway's bare 429 is taken for the provider's own",
+            Mutation::GatewayTimeoutTrusted => "a gateway's 408 is taken for a refusal before work",
             Mutation::RecoveryAssumesNotSent => {
                 "a recovery without a reference assumes no call left"
             }
@@ -513,6 +518,7 @@ impl Mutation {
             Mutation::DiscardLiveAnswer => STORED_EXISTS,
             Mutation::RecordIgnoresEpoch => REFERENCE_NAMES_CALL,
             Mutation::BareThrottleTrusted => NO_SILENT_REPEAT,
+            Mutation::GatewayTimeoutTrusted => NO_SILENT_REPEAT,
             Mutation::RecoveryAssumesNotSent => ENDS_AS_CALLED,
             Mutation::PutFailureIgnored => STORED_EXISTS,
             Mutation::RefusedAnswerAccepted => ENDS_AS_CALLED,
@@ -2056,7 +2062,21 @@ impl Protocol {
                         reason: "HTTP 429".to_owned(),
                     })
                 }
-                Word::Uncertain => Said::Failed(classify_status(429, &serde_json::Value::Null)),
+                Word::Uncertain if self.mutated(Mutation::GatewayTimeoutTrusted) => {
+                    Said::Failed(ProviderError::Transient {
+                        retry_after_ms: None,
+                        reason: "HTTP 408".to_owned(),
+                    })
+                }
+                // A gateway's bare 429, or its 408 in the provider's error shape (attempts in
+                // turn, so both go through the real table at no cost in states).
+                Word::Uncertain if claimed.attempts % 2 == 0 => {
+                    Said::Failed(classify_status(429, &serde_json::Value::Null))
+                }
+                Word::Uncertain => Said::Failed(classify_status(
+                    408,
+                    &serde_json::json!({"error": {"code": "timeout"}}),
+                )),
             }
         };
         let _ = write!(

@@ -12,7 +12,9 @@ use reqwest::header::HeaderMap;
 use reqwest::{Client, StatusCode};
 use serde_json::{Map, Value, json};
 
-use super::http::{ApiKey, Events, MAX_RESPONSE_BYTES, Streamed, code_text, retry_after_ms};
+use super::http::{
+    ApiKey, Events, MAX_RESPONSE_BYTES, Streamed, code_text, retry_after_ms, sent_by,
+};
 use super::keys::{KeyRotation, Secret};
 use super::{Answer, Provider, ProviderError, ProviderRequest};
 use crate::job::contract::{Contract, Finish};
@@ -415,20 +417,27 @@ impl Block {
     }
 }
 
+/// The header Anthropic's API sends with every answer, errors included (API overview, "Response
+/// headers", docs.anthropic.com/en/api/overview): `anthropic-organization-id`. Its other one,
+/// `request-id`, is a name many servers use, so it proves nothing.
+const OWN_HEADERS: [&str; 1] = ["anthropic-organization-id"];
+
 /// An error status, classified by what it proves about the work (the table in
-/// `docs/providers.md`):
+/// `docs/providers.md`). Anthropic's own word is its error object (`"type": "error"`) together
+/// with its [`OWN_HEADERS`]: a body of the same shape from a gateway proves nothing.
 ///
 /// - throttled: a 429 with Anthropic's own `rate_limit_error`; but one whose
 ///   `error.details.error_code` is `enforced_spend_limit_reached` is transient, since waiting
 ///   does not clear it (it spends its attempt);
-/// - transient, refused before any work: a 529 with Anthropic's own `overloaded_error`; 401 and
-///   403 (credentials are configuration, not the job's fault), 408 and 425;
+/// - transient, refused before any work: a 529 with Anthropic's own `overloaded_error`, a 408
+///   with its headers; 401 and 403 (credentials are configuration, not the job's fault) and 425;
 /// - uncertain, the call may have run: a 500 (`api_error`: Anthropic's own failure, possibly
-///   mid-generation), a 429 or 529 without Anthropic's error object (a gateway's), 502, 504, the
-///   52x of proxies, and any other 5xx;
+///   mid-generation), a 408, 429 or 529 that is not Anthropic's own word (a gateway's), 502,
+///   504, the 52x of proxies, and any other 5xx;
 /// - permanent: any other 4xx (`invalid_request_error`, `not_found_error`, 413).
 fn classify(status: StatusCode, headers: &HeaderMap, json: &Value) -> ProviderError {
-    let own = json.get("type").and_then(Value::as_str) == Some("error");
+    let from_api = sent_by(headers, &OWN_HEADERS);
+    let own = from_api && json.get("type").and_then(Value::as_str) == Some("error");
     let kind = json
         .pointer("/error/type")
         .and_then(Value::as_str)
@@ -454,11 +463,15 @@ fn classify(status: StatusCode, headers: &HeaderMap, json: &Value) -> ProviderEr
             retry_after_ms,
             reason,
         },
-        (529, Some("overloaded_error")) | (401 | 403 | 408 | 425, _) => ProviderError::Transient {
+        (529, Some("overloaded_error")) | (401 | 403 | 425, _) => ProviderError::Transient {
             retry_after_ms,
             reason,
         },
-        (429 | 500..=599, _) => ProviderError::Uncertain {
+        (408, _) if from_api => ProviderError::Transient {
+            retry_after_ms,
+            reason,
+        },
+        (408 | 429 | 500..=599, _) => ProviderError::Uncertain {
             evidence: format!("{reason} after the request was sent; it may have run"),
         },
         _ => ProviderError::Permanent { reason },

@@ -449,6 +449,12 @@ pub fn retry_after_ms(headers: &HeaderMap) -> Option<Millis> {
     Some(ms.clamp(0, i128::from(MAX_RETRY_AFTER_MS)) as Millis)
 }
 
+/// Whether the answer carries one of `own`, the headers only the provider's API itself sends:
+/// the proof that its error is the provider's word, not a gateway's in front of it.
+pub(crate) fn sent_by(headers: &HeaderMap, own: &[&str]) -> bool {
+    own.iter().any(|name| headers.contains_key(*name))
+}
+
 /// A provider code, made safe to record: short, and only identifier characters.
 pub(crate) fn code_text(code: &str) -> String {
     code.chars()

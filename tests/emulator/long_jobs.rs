@@ -224,17 +224,20 @@ fn claude_job(id: &str, deadline: &str) -> String {
 
 /// A 529 is Anthropic refusing before any work: the next provider takes the job in the same
 /// delivery, as its second attempt of the same budget, under the same deadline, and each
-/// attempt names the provider and model it went to. A 500 may have run the model: no other
+/// attempt names the provider and model it went to. A 500 may have run the model, and so may
+/// whatever a gateway answered (Anthropic's body without its headers, a 408): no other
 /// provider is asked, and the job waits for a decision.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refusal_before_work_falls_back_to_the_next_provider_and_an_uncertain_one_never_does() {
     let aws = emulator().await;
     let table = aws.table().await;
     let queue = aws.queue(30).await;
+    // Anthropic's own word: its error object with the header its API sends with every answer.
     let overloaded = Reply::json(
         529,
         json!({"type": "error", "error": {"type": "overloaded_error", "message": "x"}}),
-    );
+    )
+    .with_header("anthropic-organization-id", "org-test");
     let (handler, anthropic, openai) = two_providers(&aws, &table, overloaded).await;
     let source = aws.source(&queue).await;
     // Whole seconds: the deadline is kept to the millisecond.
@@ -299,32 +302,58 @@ async fn a_refusal_before_work_falls_back_to_the_next_provider_and_an_uncertain_
             .contains("From the second provider.")
     );
 
-    // An uncertain 500: the job waits for a decision, and the second provider is never asked.
-    let api_error = Reply::json(
-        500,
-        json!({"type": "error", "error": {"type": "api_error", "message": "x"}}),
-    );
-    let (handler, anthropic, openai) = two_providers(&aws, &table, api_error).await;
-    aws.send(&queue, &claude_job("fallback-2", &deadline)).await;
-    let (_, report) = deliver(&source, &handler).await;
-    let outcomes: Vec<_> = report
-        .expect("report")
-        .records
-        .into_iter()
-        .map(|r| r.outcome)
-        .collect();
-    assert_eq!(outcomes, [RecordOutcome::Failed(Failure::AwaitingDecision)]);
-    assert_eq!(anthropic.count("POST", "/v1/messages"), 1);
-    assert_eq!(
-        openai.requests().len(),
-        0,
-        "no second call after an uncertain one"
-    );
-    let item = aws
-        .ledger(&table)
-        .get("fallback-2")
-        .await
-        .expect("get")
-        .expect("item");
-    assert_eq!((item.state, item.attempts), (JobState::Unknown, 1));
+    // Anthropic's own 500 (it may have run), and a gateway's words: Anthropic's body without
+    // its headers, and a 408 after the gateway gave up on its upstream. Each may have run the
+    // model: the job waits for a decision, and the second provider is never asked.
+    let uncertain = [
+        Reply::json(
+            500,
+            json!({"type": "error", "error": {"type": "api_error", "message": "x"}}),
+        )
+        .with_header("anthropic-organization-id", "org-test"),
+        Reply::json(
+            529,
+            json!({"type": "error", "error": {"type": "overloaded_error", "message": "x"}}),
+        ),
+        Reply::json(408, json!({"error": {"message": "Request timed out"}})),
+    ];
+    for (i, reply) in uncertain.into_iter().enumerate() {
+        let id = format!("fallback-uncertain-{i}");
+        let (queue, source) = {
+            let queue = aws.queue(30).await;
+            let source = aws.source(&queue).await;
+            (queue, source)
+        };
+        let (handler, anthropic, openai) = two_providers(&aws, &table, reply.clone()).await;
+        aws.send(&queue, &claude_job(&id, &deadline)).await;
+        let (_, report) = deliver(&source, &handler).await;
+        let outcomes: Vec<_> = report
+            .expect("report")
+            .records
+            .into_iter()
+            .map(|r| r.outcome)
+            .collect();
+        assert_eq!(
+            outcomes,
+            [RecordOutcome::Failed(Failure::AwaitingDecision)],
+            "{reply:?}"
+        );
+        assert_eq!(anthropic.count("POST", "/v1/messages"), 1);
+        assert_eq!(
+            openai.requests().len(),
+            0,
+            "no second call after an uncertain one: {reply:?}"
+        );
+        let item = aws
+            .ledger(&table)
+            .get(&id)
+            .await
+            .expect("get")
+            .expect("item");
+        assert_eq!(
+            (item.state, item.attempts),
+            (JobState::Unknown, 1),
+            "{reply:?}"
+        );
+    }
 }

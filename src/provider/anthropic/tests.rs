@@ -2,7 +2,21 @@
 
 use super::*;
 
+/// The headers Anthropic's API answers with.
+fn from_api() -> HeaderMap {
+    let mut headers = HeaderMap::new();
+    headers.insert("request-id", "req_01".parse().expect("value"));
+    headers.insert("anthropic-organization-id", "org-1".parse().expect("value"));
+    headers
+}
+
 fn kind(status: u16, body: &Value) -> &'static str {
+    let status = StatusCode::from_u16(status).expect("status");
+    classify(status, &from_api(), body).kind()
+}
+
+/// The same answer from a gateway in front: none of Anthropic's own headers.
+fn gateway(status: u16, body: &Value) -> &'static str {
     let status = StatusCode::from_u16(status).expect("status");
     classify(status, &HeaderMap::new(), body).kind()
 }
@@ -18,8 +32,20 @@ fn statuses_are_classified_by_what_they_prove() {
         "details": {"error_code": "enforced_spend_limit_reached"}}});
     assert_eq!(kind(429, &spend), "transient");
     assert_eq!(kind(529, &error("overloaded_error")), "transient");
-    for status in [401, 403, 408, 425] {
-        assert_eq!(kind(status, &Value::Null), "transient", "{status}");
+    assert_eq!(kind(408, &Value::Null), "transient");
+    for status in [401, 403, 425] {
+        assert_eq!(gateway(status, &Value::Null), "transient", "{status}");
+    }
+    // Anthropic's words from a gateway (its body's shape, not its headers), and a gateway's
+    // 408: it gave up on its upstream, which may have run.
+    for (status, body) in [
+        (429, error("rate_limit_error")),
+        (529, error("overloaded_error")),
+        (429, spend.clone()),
+        (408, Value::Null),
+        (408, error("timeout_error")),
+    ] {
+        assert_eq!(gateway(status, &body), "uncertain", "{status} {body}");
     }
     assert_eq!(kind(500, &error("api_error")), "uncertain");
     // Without Anthropic's own error object, a 429 or 529 is a gateway's word.
@@ -33,7 +59,7 @@ fn statuses_are_classified_by_what_they_prove() {
     for status in [400, 404, 413, 422] {
         assert_eq!(kind(status, &error("invalid_request_error")), "permanent");
     }
-    let reason = classify(StatusCode::TOO_MANY_REQUESTS, &HeaderMap::new(), &spend).to_string();
+    let reason = classify(StatusCode::TOO_MANY_REQUESTS, &from_api(), &spend).to_string();
     assert!(reason.contains("enforced_spend_limit_reached"), "{reason}");
     assert!(!reason.contains("prompt"), "{reason}");
 }

@@ -5,19 +5,33 @@ use reqwest::StatusCode;
 use reqwest::header::HeaderMap;
 use serde_json::Value;
 
-use crate::provider::http::{code_text, retry_after_ms};
+use crate::provider::http::{code_text, retry_after_ms, sent_by};
 use crate::provider::{ProviderError, Retrieval};
 
+/// The headers OpenAI's API sends with every answer, errors included (API reference,
+/// "Debugging requests", developers.openai.com/api/reference/overview): `openai-organization`,
+/// `openai-processing-ms`, `openai-version`. A gateway in front answers with headers of its
+/// own (LiteLLM's documented response headers are its `x-litellm-*` and the `x-ratelimit-*` it
+/// re-issues; `x-request-id` is common to many), so one of these proves the API itself said it.
+pub(super) const OWN_HEADERS: [&str; 3] = [
+    "openai-processing-ms",
+    "openai-version",
+    "openai-organization",
+];
+
 /// An error status of a call, classified by what it proves about the work (the table in
-/// `docs/providers.md`):
+/// `docs/providers.md`). The provider's own word is its error object and code together with
+/// one of its [`OWN_HEADERS`]: a body shaped like OpenAI's proves nothing alone, since
+/// gateways answer with the same shape after their upstream request ran.
 ///
-/// - throttled, refused for the rate limit before any work: a 429 that carries the provider's
-///   own error object and code (`rate_limit_exceeded`, say), but not `insufficient_quota`,
-///   which waiting does not clear: that one is transient and spends its attempt;
-/// - transient, refused before any work: 408, 425, 401 and 403 (credentials are configuration,
-///   not the job's fault), and a 500 or 503 that carries the provider's own error object;
-/// - uncertain, the call may have run: a 429 or a 503 without the provider's error object and
-///   code (a retrying gateway or a service mesh answers so after forwarding), 409 (a request
+/// - throttled, refused for the rate limit before any work: a 429 in the provider's own word
+///   (`rate_limit_exceeded`, say), but not `insufficient_quota`, which waiting does not clear:
+///   that one is transient and spends its attempt;
+/// - transient, refused before any work: 401 and 403 (credentials are configuration, not the
+///   job's fault) and 425 (early data, refused by whichever hop before forwarding), a 408 with
+///   the provider's own headers, and a 500 or 503 in the provider's own word;
+/// - uncertain, the call may have run: a 408, 429, 500 or 503 that is not the provider's own
+///   word (a retrying gateway or a service mesh answers so after forwarding), 409 (a request
 ///   with this idempotency key is in flight), 502, 504, the 52x of proxies and load balancers,
 ///   and any other 5xx;
 /// - permanent: any other 4xx.
@@ -30,28 +44,31 @@ pub(super) fn classify(status: StatusCode, headers: &HeaderMap, json: &Value) ->
         Some(code) => format!("HTTP {} {}", status.as_u16(), code_text(code)),
         None => format!("HTTP {}", status.as_u16()),
     };
-    let providers_own_error = json.get("error").is_some_and(Value::is_object);
+    let from_api = sent_by(headers, &OWN_HEADERS);
+    let own_word = from_api && json.get("error").is_some_and(Value::is_object);
     let transient = |reason| ProviderError::Transient {
         retry_after_ms: retry_after_ms(headers),
         reason,
     };
     match status.as_u16() {
-        429 if providers_own_error && code == Some("insufficient_quota") => transient(reason),
-        429 if providers_own_error && code.is_some() => ProviderError::Throttled {
+        429 if own_word && code == Some("insufficient_quota") => transient(reason),
+        429 if own_word && code.is_some() => ProviderError::Throttled {
             retry_after_ms: retry_after_ms(headers),
             reason,
         },
-        401 | 403 | 408 | 425 => transient(reason),
-        500 | 503 if providers_own_error => transient(reason),
-        409 | 429 | 500..=599 => ProviderError::Uncertain {
+        401 | 403 | 425 => transient(reason),
+        408 if from_api => transient(reason),
+        500 | 503 if own_word => transient(reason),
+        408 | 409 | 429 | 500..=599 => ProviderError::Uncertain {
             evidence: format!("{reason} after the request was sent; it may have run"),
         },
         _ => ProviderError::Permanent { reason },
     }
 }
 
-/// [`classify`] for a status code and a JSON body alone (no headers): what the fault
-/// simulation's gateways answer goes through the same table as a real server's.
+/// [`classify`] for a status code and a JSON body alone, without the provider's own headers:
+/// what the fault simulation's gateways answer (bare, or shaped like OpenAI's) goes through
+/// the same table as a real server's.
 pub fn classify_status(status: u16, body: &Value) -> ProviderError {
     match StatusCode::from_u16(status) {
         Ok(status) => classify(status, &HeaderMap::new(), body),
@@ -91,9 +108,17 @@ mod tests {
     use reqwest::header::HeaderValue;
     use serde_json::json;
 
+    /// The headers OpenAI's API answers with, as a real error of its own carries them.
+    fn from_api() -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        headers.insert("openai-processing-ms", HeaderValue::from_static("12"));
+        headers.insert("openai-version", HeaderValue::from_static("2020-10-01"));
+        headers
+    }
+
     #[test]
     fn statuses_are_classified_by_what_they_say_about_the_work() {
-        let mut headers = HeaderMap::new();
+        let mut headers = from_api();
         headers.insert("retry-after", HeaderValue::from_static("7"));
         let body = json!({"error": {"code": "rate_limit_exceeded", "message": "secret prompt"}});
         let e = classify(StatusCode::TOO_MANY_REQUESTS, &headers, &body);
@@ -112,26 +137,46 @@ mod tests {
             }
         );
         let own = json!({"error": {"type": "server_error"}});
-        let kind = |status: u16, body: &Value| {
+        let kind_with = |status: u16, headers: &HeaderMap, body: &Value| {
             let status = StatusCode::from_u16(status).expect("status");
-            classify(status, &HeaderMap::new(), body).kind()
+            classify(status, headers, body).kind()
         };
-        // Refused before any work.
-        for status in [401, 403, 408, 425] {
-            assert_eq!(kind(status, &Value::Null), "transient", "{status}");
+        let api = from_api();
+        let kind = |status: u16, body: &Value| kind_with(status, &api, body);
+        let gateway = |status: u16, body: &Value| kind_with(status, &HeaderMap::new(), body);
+        // Refused before any work, whoever answers.
+        for status in [401, 403, 425] {
+            assert_eq!(gateway(status, &Value::Null), "transient", "{status}");
         }
+        // The API's own refusals before work.
+        assert_eq!(kind(408, &Value::Null), "transient");
         assert_eq!(kind(500, &own), "transient");
         assert_eq!(kind(503, &own), "transient");
         // The provider's own rate-limit refusal; its quota, which waiting does not clear.
         let limited = json!({"error": {"type": "requests", "code": "rate_limit_exceeded"}});
         assert_eq!(kind(429, &limited), "throttled");
-        let anthropic = json!({"type": "error", "error": {"type": "rate_limit_error"}});
-        assert_eq!(kind(429, &anthropic), "throttled");
         let quota = json!({"error": {"type": "insufficient_quota", "code": "insufficient_quota"}});
         assert_eq!(kind(429, &quota), "transient");
+        // The same words from a gateway (its body shaped like OpenAI's, or Anthropic's, but
+        // none of the API's own headers): LiteLLM and OpenRouter answer so after their
+        // upstream request may have run, and a 408 is a gateway giving up on its upstream.
+        let anthropic = json!({"type": "error", "error": {"type": "rate_limit_error"}});
+        for (status, body) in [
+            (408, &Value::Null),
+            (
+                408,
+                &json!({"error": {"code": "timeout", "message": "Request timed out"}}),
+            ),
+            (429, &limited),
+            (429, &anthropic),
+            (429, &quota),
+            (500, &own),
+            (503, &own),
+        ] {
+            assert_eq!(gateway(status, body), "uncertain", "{status} {body}");
+        }
         // A gateway or proxy failing while the model may still run, or a key in use: and a
-        // bare 429 or 503, which a retrying gateway (after its upstream request ran) or a
-        // service mesh (after forwarding) answers.
+        // bare 429 or 503, even with the API's headers (a proxy passing them through).
         for status in [409, 429, 500, 501, 502, 503, 504, 520, 522, 524, 599] {
             assert_eq!(kind(status, &Value::Null), "uncertain", "{status}");
             assert_eq!(kind(status, &json!({})), "uncertain", "{status}");
@@ -144,5 +189,8 @@ mod tests {
         for status in [400, 404, 413, 422] {
             assert_eq!(kind(status, &Value::Null), "permanent", "{status}");
         }
+        // What the fault simulation's gateways answer goes through the same table.
+        assert_eq!(classify_status(408, &Value::Null).kind(), "uncertain");
+        assert_eq!(classify_status(429, &limited).kind(), "uncertain");
     }
 }

@@ -9,7 +9,7 @@ use fenced_jobs::provider::openai::OpenAiApi;
 use fenced_jobs::provider::{Answer, Provider, ProviderError, ProviderRequest};
 use serde_json::json;
 
-use super::{anthropic, anthropic_error, message, openai};
+use super::{anthropic, anthropic_error, message, openai, openai_error};
 use crate::support::http::{HttpStub, Reply, bedrock};
 use crate::support::providers::{chat_answer, input, output_of, request};
 
@@ -46,7 +46,7 @@ async fn chat_completions_answers_and_errors_are_classified() {
     assert_eq!(body["max_completion_tokens"], 16_384);
 
     let (result, _) = chat_once(
-        Reply::json(429, json!({"error": {"code": "rate_limit_exceeded"}}))
+        openai_error(429, json!({"error": {"code": "rate_limit_exceeded"}}))
             .with_header("retry-after", "7"),
     )
     .await;
@@ -59,7 +59,7 @@ async fn chat_completions_answers_and_errors_are_classified() {
     );
     // The provider's quota, which waiting does not clear: not a throttle (it spends its
     // attempt, and the job ends when its budget does).
-    let (result, _) = chat_once(Reply::json(
+    let (result, _) = chat_once(openai_error(
         429,
         json!({"error": {"code": "insufficient_quota", "type": "insufficient_quota"}}),
     ))
@@ -69,7 +69,11 @@ async fn chat_completions_answers_and_errors_are_classified() {
         "{result:?}"
     );
 
-    let (result, _) = chat_once(Reply::json(500, json!({"error": {"type": "server_error"}}))).await;
+    let (result, _) = chat_once(openai_error(
+        500,
+        json!({"error": {"type": "server_error"}}),
+    ))
+    .await;
     assert!(
         matches!(result, Err(ProviderError::Transient { ref reason, .. }) if reason == "HTTP 500 server_error"),
         "{result:?}"
@@ -90,7 +94,7 @@ async fn chat_completions_answers_and_errors_are_classified() {
         matches!(result, Err(ProviderError::Uncertain { .. })),
         "{result:?}"
     );
-    let (result, _) = chat_once(Reply::json(
+    let (result, _) = chat_once(openai_error(
         503,
         json!({"error": {"type": "server_error", "code": "overloaded"}}),
     ))
@@ -99,6 +103,38 @@ async fn chat_completions_answers_and_errors_are_classified() {
         matches!(result, Err(ProviderError::Transient { .. })),
         "{result:?}"
     );
+
+    // The API itself timed out reading the request: nothing ran.
+    let (result, _) = chat_once(openai_error(408, json!({}))).await;
+    assert!(
+        matches!(result, Err(ProviderError::Transient { .. })),
+        "{result:?}"
+    );
+    // The same words from a gateway in front (LiteLLM, OpenRouter): a body shaped like
+    // OpenAI's without the API's own headers, or a 408 after giving up on its upstream, which
+    // may have run. None is a refusal before work.
+    for (status, body) in [
+        (408, json!({})),
+        (
+            408,
+            json!({"error": {"message": "Request timed out", "type": "timeout", "code": "408"}}),
+        ),
+        (
+            429,
+            json!({"error": {"code": "rate_limit_exceeded", "type": "requests"}}),
+        ),
+        (500, json!({"error": {"type": "server_error"}})),
+        (
+            503,
+            json!({"error": {"type": "server_error", "code": "overloaded"}}),
+        ),
+    ] {
+        let (result, _) = chat_once(Reply::json(status, body.clone())).await;
+        assert!(
+            matches!(result, Err(ProviderError::Uncertain { .. })),
+            "{status} {body}: {result:?}"
+        );
+    }
 
     let (result, _) = chat_once(Reply::json(
         400,
@@ -332,7 +368,8 @@ async fn anthropic_messages_answers_and_errors_are_classified() {
         429,
         json!({"type": "error", "error": {"type": "rate_limit_error", "message": "x",
                "details": {"error_code": "enforced_spend_limit_reached"}}}),
-    );
+    )
+    .with_header("anthropic-organization-id", "org-test");
     let (result, _) = message_once(spend).await;
     assert!(
         matches!(&result, Err(ProviderError::Transient { reason, .. })
@@ -357,6 +394,17 @@ async fn anthropic_messages_answers_and_errors_are_classified() {
         Reply::json(502, json!({})),
         Reply::json(529, json!({})),
         Reply::json(429, json!({"message": "slow down"})),
+        // Anthropic's body without its headers: a gateway shaped like it (LiteLLM answers
+        // Anthropic's format), or a gateway's 408 after giving up on its upstream.
+        Reply::json(
+            429,
+            json!({"type": "error", "error": {"type": "rate_limit_error"}}),
+        ),
+        Reply::json(
+            529,
+            json!({"type": "error", "error": {"type": "overloaded_error"}}),
+        ),
+        Reply::json(408, json!({})),
     ] {
         let (result, _) = message_once(reply.clone()).await;
         assert!(

@@ -49,10 +49,23 @@ fn message(content: Value, stop_reason: &str) -> Value {
     })
 }
 
+/// An error in Anthropic's own word: its error object, with the headers its API sends with
+/// every answer (API overview, "Response headers").
 fn anthropic_error(status: u16, kind: &str) -> Reply {
     Reply::json(
         status,
         json!({"type": "error", "error": {"type": kind, "message": "Summarise this. failed"},
                "request_id": "req_01"}),
     )
+    .with_header("request-id", "req_01")
+    .with_header("anthropic-organization-id", "org-test")
+}
+
+/// An error in OpenAI's own word: `body`, with the headers its API sends with every answer
+/// (API reference, "Debugging requests").
+fn openai_error(status: u16, body: Value) -> Reply {
+    Reply::json(status, body)
+        .with_header("openai-processing-ms", "12")
+        .with_header("openai-version", "2020-10-01")
+        .with_header("x-request-id", "req_test")
 }
