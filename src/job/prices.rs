@@ -125,7 +125,10 @@ impl PriceTable {
 
     /// The prices of `model`: its own entry, else the entry of the model a Bedrock
     /// cross-Region inference profile names (`us.anthropic...` is `anthropic...`), else the
-    /// longest entry it is a dated version of (`gpt-4.1-mini-2025-04-14` is `gpt-4.1-mini`).
+    /// entry it is a dated snapshot of: the entry, a hyphen and a date, OpenAI's
+    /// (`gpt-4.1-mini-2025-04-14` is `gpt-4.1-mini`) or Anthropic's (`claude-haiku-4-5-20251001`
+    /// is `claude-haiku-4-5`). Any other suffix names another model (`o3-pro` is not `o3`,
+    /// `gpt-5-mini` not `gpt-5`), priced only by its own entry.
     pub fn price(&self, model: &str) -> Option<&Price> {
         if let Some(price) = self.models.get(model) {
             return Some(price);
@@ -137,15 +140,7 @@ impl PriceTable {
         {
             return Some(price);
         }
-        self.models
-            .iter()
-            .filter(|(id, _)| {
-                model
-                    .strip_prefix(id.as_str())
-                    .is_some_and(|rest| rest.starts_with('-'))
-            })
-            .max_by_key(|(id, _)| id.len())
-            .map(|(_, price)| price)
+        dated_base(model).and_then(|base| self.models.get(base))
     }
 
     /// What `usage` of `model` cost, in micro-dollars; `None` for a model the table does not
@@ -153,6 +148,19 @@ impl PriceTable {
     pub fn cost_micros(&self, model: &str, usage: &Usage, batch: bool) -> Option<u64> {
         self.price(model).map(|p| p.cost_micros(usage, batch))
     }
+}
+
+/// The model a dated snapshot's id names: `model` less a final `-YYYYMMDD` (Anthropic's
+/// snapshots) or `-YYYY-MM-DD` (OpenAI's); `None` for any other id.
+fn dated_base(model: &str) -> Option<&str> {
+    let digits = |s: &str, n: usize| s.len() == n && s.bytes().all(|b| b.is_ascii_digit());
+    let (base, last) = model.rsplit_once('-')?;
+    if digits(last, 8) {
+        return Some(base);
+    }
+    let (base, month) = base.rsplit_once('-')?;
+    let (base, year) = base.rsplit_once('-')?;
+    (digits(year, 4) && digits(month, 2) && digits(last, 2)).then_some(base)
 }
 
 /// One model's entry, in USD per million tokens, read as micro-dollars per million tokens.
@@ -285,8 +293,25 @@ mod tests {
             table.price("gpt-4.1-mini-2025-04-14"),
             table.price("gpt-4.1-mini")
         );
+        assert_eq!(
+            table.price("claude-3-5-haiku-20241022"),
+            table.price("claude-3-5-haiku")
+        );
         assert_ne!(table.price("gpt-4.1-mini"), table.price("gpt-4.1"));
         assert_eq!(table.price("gpt-4.1x"), None);
+        // Another suffix is another model, however alike its name: `o3-pro` costs about ten
+        // times `o3`, and a snapshot of a model the table lacks is not its base's.
+        for other in [
+            "o3-pro",
+            "gpt-5-pro",
+            "gpt-4o-audio-preview",
+            "o3-deep-research-2025-06-26",
+            "gpt-4.1-2025",
+            "claude-sonnet-4-5-latest",
+            "gpt-4.1-mini-2025-4-14",
+        ] {
+            assert_eq!(table.price(other), None, "{other}");
+        }
         assert_eq!(
             table.cost_micros("a-model-nobody-priced", &Usage::default(), false),
             None
