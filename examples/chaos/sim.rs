@@ -1744,8 +1744,18 @@ impl Provider for SimProvider {
             format!("chaosbatch-{}", batches.len() - 1)
         };
         if w.fault("batch_answer_lost", w.rates.batch_answer_lost) {
-            return Err(ProviderError::Uncertain {
-                evidence: "the batch's create timed out after it was sent".into(),
+            // Its create timed out, or the provider failed it with a 5xx in its own word after
+            // the batch was made: the same classification as the real clients'.
+            return Err(if w.roll(0.5) {
+                ProviderError::Uncertain {
+                    evidence: "the batch's create timed out after it was sent".into(),
+                }
+            } else {
+                let said = ProviderError::Transient {
+                    retry_after_ms: None,
+                    reason: "HTTP 500 server_error".into(),
+                };
+                fenced_jobs::provider::batch::create_failed(500, said)
             });
         }
         Ok(id)

@@ -41,6 +41,7 @@ async fn main() -> Result<(), lambda_runtime::Error> {
     )
     .with_blobs(Arc::new(blobs))
     .with_contracts(contracts);
+    name_unpriced(&processor);
     let sqs = aws_sdk_sqs::Client::new(&bounded);
     let mut handler = BatchHandler::new(processor, SqsVisibility::new(sqs.clone()));
     if let Some(dlq_url) = dlq_url {
@@ -122,6 +123,27 @@ async fn configured() -> Result<(Config, Arc<Contracts>), lambda_runtime::Error>
             fenced_jobs::logs::report_init_error("ConfigError", &e.to_string()).await;
             Err(e.into())
         }
+    }
+}
+
+/// Names, at start-up, the models this deployment may call that the price table lacks: under
+/// any spend limit (a job's `max_cost`, `DAILY_SPEND_LIMIT`, `TENANT_DAILY_SPEND_LIMIT`) none
+/// of their calls is made, unless `ALLOW_UNPRICED_MODELS=true` lets them run counted at 0.
+fn name_unpriced(processor: &Processor<DynamoLedger, AnyProvider, SystemClock>) {
+    let (unpriced, open) = processor.unpriced_models();
+    let allowed = processor.settings().allow_unpriced_models;
+    if !unpriced.is_empty() {
+        if allowed {
+            tracing::warn!(models = ?unpriced, "models without a price run uncounted by every spend limit (ALLOW_UNPRICED_MODELS=true)");
+        } else {
+            tracing::warn!(models = ?unpriced, "models without a price: no call of theirs is made under a spend limit (add them to PRICES_FILE, or ALLOW_UNPRICED_MODELS=true)");
+        }
+    }
+    if open {
+        tracing::info!(
+            allow_unpriced = allowed,
+            "jobs may name any model (ALLOWED_MODELS=*): whether one has a price is known only when a job names it"
+        );
     }
 }
 

@@ -25,6 +25,24 @@ pub(crate) const STATUS_FRESH_MS: Millis = 10_000;
 /// (clocks differ).
 const LISTING_SLACK_MS: Millis = 300_000;
 
+/// How long a line that never ran waits before it goes again, its attempt given back: its batch
+/// expired or was cancelled before running it, or failed as a whole for the account's capacity.
+pub(crate) const UNRUN_WAIT_MS: Millis = 300_000;
+
+/// The codes a provider fails a whole batch with for its capacity, before any line ran, which
+/// waiting clears: OpenAI's `token_limit_exceeded` (the organisation's enqueued tokens for the
+/// model are used up: "try again once some in_progress batches have been completed").
+const CAPACITY_CODES: [&str; 1] = ["token_limit_exceeded"];
+
+/// A line its batch never ran (`reason`): nothing ran, so its attempt is given back and the
+/// job waits [`UNRUN_WAIT_MS`] for a later batch, within its deadline, spending no attempt.
+pub(crate) fn never_ran(reason: String) -> ProviderError {
+    ProviderError::Throttled {
+        retry_after_ms: Some(UNRUN_WAIT_MS),
+        reason,
+    }
+}
+
 /// What a batch reference starts with.
 const PREFIX: &str = "batch:";
 
@@ -49,6 +67,19 @@ pub fn line_id(job_id: &str, attempt: u32, epoch: u64) -> String {
     }
     id.push_str(&format!("-a{attempt}-e{epoch}"));
     id
+}
+
+/// The id of the line of an attempt claimed at `epoch`, for the job `job_id` of `digest` (its
+/// contract and input) in the deployment `scope` (its idempotency prefix): [`line_id`] over all
+/// three, so that two deployments sharing a provider account, or a job id used again for
+/// another input, never name the same line, and an answer found by listing is only ever the
+/// answer to this job's input.
+pub fn scoped_line_id(scope: &str, job_id: &str, digest: &str, attempt: u32, epoch: u64) -> String {
+    line_id(
+        &format!("{scope}\u{0}{job_id}\u{0}{digest}"),
+        attempt,
+        epoch,
+    )
 }
 
 /// The reference of `line` in the batch `batch_id`.
@@ -229,10 +260,17 @@ pub(crate) async fn retrieve_line<A: BatchApi>(
     };
     match status {
         Status::Running => Retrieval::Running,
-        Status::Failed(why) => Retrieval::Failed(ProviderError::Transient {
-            retry_after_ms: None,
-            reason: format!("the batch failed before running any line: {why}"),
-        }),
+        Status::Failed(why) => {
+            let reason = format!("the batch failed before running any line: {why}");
+            Retrieval::Failed(if CAPACITY_CODES.contains(&why.as_str()) {
+                never_ran(reason)
+            } else {
+                ProviderError::Transient {
+                    retry_after_ms: None,
+                    reason,
+                }
+            })
+        }
         Status::Ended(results) => match results.get(line) {
             Some(raw) => api.line_result(raw, req),
             // Both APIs give every line of an ended batch a result (an expired or cancelled
@@ -300,6 +338,24 @@ struct Listed {
     complete: bool,
 }
 
+/// What a batch create answered with a failing `status` proves, from what the provider's
+/// classification of it (`said`) makes of it: a 5xx, whoever sent it and in whatever words, may
+/// have come after the batch was created, so it is uncertain (its lines are looked for by
+/// listing) and never "not sent", which would send them again in a second batch under new
+/// epochs. Any other status keeps its classification.
+pub fn create_failed(status: u16, said: ProviderError) -> ProviderError {
+    match said {
+        ProviderError::Transient { reason, .. } | ProviderError::Throttled { reason, .. }
+            if (500..600).contains(&status) =>
+        {
+            ProviderError::Uncertain {
+                evidence: format!("{reason}: the batch may have been created"),
+            }
+        }
+        said => said,
+    }
+}
+
 /// A batch's id, when it is one this crate will put in a URL or the ledger: 1-128 characters
 /// of `A-Z a-z 0-9 _ -`.
 pub(crate) fn batch_id(batch: &Value) -> Option<String> {
@@ -362,6 +418,15 @@ mod tests {
         // Another epoch of the same attempt is another line.
         assert_ne!(id, line_id("tenant/a.b:c", 3, 18));
         assert_ne!(id, line_id("tenant/a.b:d", 3, 17));
+        // Another deployment, or another input under the same job id, is another line.
+        let scoped = scoped_line_id("prod", "tenant/a.b:c", "d1", 3, 17);
+        assert_ne!(
+            scoped,
+            scoped_line_id("staging", "tenant/a.b:c", "d1", 3, 17)
+        );
+        assert_ne!(scoped, scoped_line_id("prod", "tenant/a.b:c", "d2", 3, 17));
+        assert_ne!(scoped, id);
+        assert!(scoped.ends_with("-a3-e17"), "{scoped}");
         let longest = line_id(&"x".repeat(128), u32::MAX, u64::MAX);
         assert!(longest.len() <= 64, "{longest}");
     }

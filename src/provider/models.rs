@@ -32,6 +32,16 @@ impl ModelMap {
         Ok(ModelMap(map))
     }
 
+    /// Every provider model the map names.
+    pub fn targets(&self) -> impl Iterator<Item = &str> {
+        self.0.values().map(String::as_str)
+    }
+
+    /// Whether the map names a model for every job model (`*=model`).
+    pub fn maps_all(&self) -> bool {
+        self.0.contains_key("*")
+    }
+
     /// The model this map names for `job_model`, if any.
     pub fn get(&self, job_model: &str) -> Option<&str> {
         self.0

@@ -39,7 +39,8 @@ impl From<Sent> for Joined {
             Err(ProviderError::Permanent { reason }) => {
                 Joined::Refused(format!("the batch was refused: {reason}"))
             }
-            // Refused for now (a 429, an overload, an upload that failed): nothing was created.
+            // Refused for now (a 429, an upload that failed): nothing was created. (A 5xx may
+            // have created it: the provider makes that uncertain.)
             Err(refused) => Joined::NotSent(format!("the batch was refused: {refused}")),
         }
     }
@@ -85,12 +86,15 @@ pub(crate) struct Window {
 }
 
 /// When a line's owner stops waiting.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub(crate) struct Until {
     /// A line still waiting then leaves, not sent.
     pub give_up: tokio::time::Instant,
     /// A line taken into a batch whose creation has not answered by then is left to listing.
     pub stop: tokio::time::Instant,
+    /// Cancelled when the owner loses the job (or an operator cancels it): a line still
+    /// waiting then leaves, not sent, as at `give_up`.
+    pub lost: tokio_util::sync::CancellationToken,
 }
 
 /// Batches no provider takes more of: OpenAI's file holds 200 MB, Anthropic's batch 256 MB.
@@ -222,12 +226,8 @@ impl Gather {
             changed.as_mut().enable();
             let (due, closes) = self.due(window);
             if let Some(lines) = due {
-                // The submission is this caller's, bounded by its own time: past it, every line
-                // taken is left to listing (the senders dropped).
-                let left = until
-                    .stop
-                    .saturating_duration_since(tokio::time::Instant::now());
-                let _ = tokio::time::timeout(left, submit(providers, lines, window)).await;
+                // The submission is this caller's, bounded by its own time.
+                submit(providers, lines, window, until.stop).await;
             }
             // In this order whatever is ready at once, so a seeded run replays the same way:
             // an answer, then a change, then the window's close, then giving up.
@@ -236,13 +236,17 @@ impl Gather {
                 sent = &mut rx => return sent.map_or(Joined::Unseen, Joined::from),
                 () = &mut changed => {}
                 () = tokio::time::sleep_until(closes) => {}
-                () = tokio::time::sleep_until(until.give_up) => {
-                    let left = {
-                        let mut state = self.lock();
-                        let at = state.waiting.iter().position(|w| w.serial == serial);
-                        at.map(|at| state.waiting.remove(at)).is_some()
+                () = until.lost.cancelled() => {
+                    if self.leave(serial) {
+                        return Joined::NotSent("the job was lost before its batch went".to_owned());
+                    }
+                    return match tokio::time::timeout_at(until.stop, rx).await {
+                        Ok(Ok(sent)) => Joined::from(sent),
+                        _ => Joined::Unseen,
                     };
-                    if left {
+                }
+                () = tokio::time::sleep_until(until.give_up) => {
+                    if self.leave(serial) {
                         return Joined::NotSent(
                             "the batch did not go within the call's time".to_owned(),
                         );
@@ -255,6 +259,14 @@ impl Gather {
                 }
             }
         }
+    }
+
+    /// Takes the line `serial` out of the gathering: `false` when it was taken into a batch
+    /// already.
+    fn leave(&self, serial: u64) -> bool {
+        let mut state = self.lock();
+        let at = state.waiting.iter().position(|w| w.serial == serial);
+        at.map(|at| state.waiting.remove(at)).is_some()
     }
 
     /// The lines to submit now, if the gathering is due, and when it closes otherwise.
@@ -287,8 +299,15 @@ fn fullest(waiting: &[Waiting], window: Window) -> bool {
 }
 
 /// Submits `lines` as one batch per provider and model (more when one would pass the window's
-/// lines or bytes), and tells each line's owner what came of it.
-async fn submit<P: Provider>(providers: &[&P], mut lines: Vec<Waiting>, window: Window) {
+/// lines or bytes), by `stop`, and tells each line's owner what came of it: a batch not begun
+/// by then was not sent (its lines' attempts are given back), and a create still unanswered
+/// then may have made its batch (its lines are left to listing).
+async fn submit<P: Provider>(
+    providers: &[&P],
+    mut lines: Vec<Waiting>,
+    window: Window,
+    stop: tokio::time::Instant,
+) {
     lines.sort_by(|a, b| a.group.cmp(&b.group));
     while !lines.is_empty() {
         let group = lines[0].group.clone();
@@ -304,7 +323,18 @@ async fn submit<P: Provider>(providers: &[&P], mut lines: Vec<Waiting>, window: 
         let rest = lines.split_off(split.min(lines.len()));
         let batch: Vec<BatchLine> = lines.iter().map(|w| w.line.clone()).collect();
         let sent = match providers.get(group.0) {
-            Some(provider) => provider.submit_batch(&batch).await,
+            // Nothing left of the submitter's time: nothing was sent.
+            Some(_) if tokio::time::Instant::now() >= stop => Err(ProviderError::Transient {
+                retry_after_ms: None,
+                reason: "the batch did not go within the call's time".to_owned(),
+            }),
+            Some(provider) => tokio::time::timeout_at(stop, provider.submit_batch(&batch))
+                .await
+                .unwrap_or_else(|_| {
+                    Err(ProviderError::Uncertain {
+                        evidence: "the batch's create did not answer in the call's time".to_owned(),
+                    })
+                }),
             None => Err(ProviderError::Permanent {
                 reason: "no such provider".to_owned(),
             }),
@@ -338,6 +368,7 @@ mod tests {
         Until {
             give_up: far,
             stop: far,
+            lost: tokio_util::sync::CancellationToken::new(),
         }
     }
 
@@ -355,12 +386,58 @@ mod tests {
         let until = Until {
             give_up,
             stop: give_up,
+            lost: tokio_util::sync::CancellationToken::new(),
         };
         let sent = gather
             .join(&providers, group(), line("late"), WINDOW, until)
             .await;
         assert!(matches!(&sent, Joined::NotSent(_)), "{sent:?}");
         assert!(provider.batch_sizes().is_empty(), "nothing was sent");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn lines_taken_by_a_submitter_out_of_time_are_not_sent_and_say_so() {
+        let provider = SimulatedProvider::new().with_batches();
+        let providers = [&provider];
+        let gather = Gather::default();
+        let _lanes = gather.lanes(2, 16);
+        // The second line comes when the gathering is due, from a record with no time left:
+        // it takes both lines, and neither batch may begin.
+        let waiting = gather.join(&providers, (0, "m1".to_owned()), line("a"), WINDOW, never());
+        let now = tokio::time::Instant::now();
+        let spent = Until {
+            give_up: now,
+            stop: now,
+            lost: tokio_util::sync::CancellationToken::new(),
+        };
+        let late = gather.join(&providers, (0, "m2".to_owned()), line("b"), WINDOW, spent);
+        let (a, b) = futures::join!(waiting, late);
+        assert!(matches!(&a, Joined::NotSent(_)), "{a:?}");
+        assert!(matches!(&b, Joined::NotSent(_)), "{b:?}");
+        assert!(provider.batch_sizes().is_empty(), "nothing was sent");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_line_whose_job_is_lost_while_it_waits_leaves_unsent() {
+        let provider = SimulatedProvider::new().with_batches();
+        let providers = [&provider];
+        let gather = Gather::default();
+        let _lanes = gather.lanes(2, 16);
+        let until = never();
+        let lost = until.lost.clone();
+        let waiting = gather.join(&providers, group(), line("a"), WINDOW, until);
+        let cancel = async {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            lost.cancel();
+        };
+        let (sent, ()) = futures::join!(waiting, cancel);
+        assert!(matches!(&sent, Joined::NotSent(_)), "{sent:?}");
+        // The other record's line, alone now, goes alone.
+        let other = gather
+            .join(&providers, group(), line("b"), WINDOW, never())
+            .await;
+        assert!(matches!(&other, Joined::In(_)), "{other:?}");
+        assert_eq!(provider.batch_sizes(), vec![1]);
     }
 
     #[tokio::test(start_paused = true)]

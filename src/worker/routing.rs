@@ -53,12 +53,19 @@ pub fn latest(job: &JobRecord) -> Option<&AttemptRecord> {
 
 /// Whether an attempt ended with a definite refusal of its provider, before any work: a
 /// transient failure (a refusal before work, a connect failure, an overload), or a throttle
-/// beyond the pacing horizon (given back). An uncertain outcome never is.
+/// beyond the pacing horizon (given back). An uncertain outcome never is, nor an attempt whose
+/// call answered (its usage recorded: an answer the results bucket could not take, say), nor a
+/// line of a batch (a failed line may have run, and one its batch never ran waits for another
+/// batch of the same provider): none of those is the provider turning the call away.
 pub fn refused(attempt: &AttemptRecord) -> bool {
     matches!(
         attempt.outcome,
         AttemptOutcome::Transient | AttemptOutcome::Throttled
-    )
+    ) && attempt.usage.is_none()
+        && !attempt
+            .provider_ref
+            .as_deref()
+            .is_some_and(crate::provider::batch::is_batch_ref)
 }
 
 /// Whether `job`'s latest attempt was refused definitely by its provider ([`refused`]).
@@ -172,6 +179,23 @@ mod tests {
             vec![attempt(2, "openai", AttemptOutcome::Throttled)],
         );
         assert_eq!(next(Some(&throttled), model, &stops), 1);
+        // A failed line of a batch, or a transient end after an answer came (its usage
+        // recorded), was not a refusal before work: the same provider.
+        let line = |outcome| AttemptRecord {
+            provider_ref: Some(crate::provider::batch::pending_ref("j1-a1-e1")),
+            ..attempt(1, "openai", outcome)
+        };
+        let answered = AttemptRecord {
+            usage: Some(crate::job::Usage::default()),
+            ..attempt(1, "openai", AttemptOutcome::Transient)
+        };
+        for not_refused in [
+            job(vec![line(AttemptOutcome::Transient)], vec![]),
+            job(vec![], vec![line(AttemptOutcome::Throttled)]),
+            job(vec![answered], vec![]),
+        ] {
+            assert_eq!(next(Some(&not_refused), model, &stops), 0);
+        }
         // Refused by the last: round to the first.
         let refused_by_anthropic = job(
             vec![attempt(1, "anthropic", AttemptOutcome::Transient)],

@@ -108,6 +108,9 @@ pub struct Settings {
     /// The prices each attempt's usage is paid at: the built-in table, with `PRICES_FILE`'s
     /// models over it.
     pub prices: std::sync::Arc<crate::job::prices::PriceTable>,
+    /// `ALLOW_UNPRICED_MODELS` (`false`, the default): a call of a model the price table lacks
+    /// is made under a spend limit (costed at 0) instead of refused.
+    pub allow_unpriced_models: bool,
     /// How deferrable jobs go through the providers' batch interfaces (`DEFERRABLE`,
     /// `BATCH_GATHER_SECONDS`, `BATCH_MAX_LINES`, `BATCH_POLL_SECONDS`).
     pub batching: Batching,
@@ -143,6 +146,7 @@ impl Default for Settings {
             producers: Producers::default(),
             payload_bucket: None,
             prices: std::sync::Arc::default(),
+            allow_unpriced_models: false,
             daily_spend_limit_micros: None,
             tenant_daily_spend_limit_micros: None,
             urgent_pacing_percent: 0,
@@ -472,6 +476,11 @@ impl Settings {
             producers,
             payload_bucket: vars.get("PAYLOAD_BUCKET").filter(|b| !b.trim().is_empty()),
             prices: std::sync::Arc::new(prices(vars)?),
+            allow_unpriced_models: vars.choice(
+                "ALLOW_UNPRICED_MODELS",
+                false,
+                &[("false", false), ("true", true)],
+            )?,
             daily_spend_limit_micros: usd(vars, "DAILY_SPEND_LIMIT")?,
             tenant_daily_spend_limit_micros: usd(vars, "TENANT_DAILY_SPEND_LIMIT")?,
             urgent_pacing_percent: number("URGENT_PACING_PERCENT", 0, 0, 90)? as u8,

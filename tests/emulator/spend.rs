@@ -22,14 +22,35 @@ fn job(id: &str) -> fenced_jobs::job::JobMessage {
 }
 
 fn tenant_job(id: &str, tenant: Option<&str>) -> fenced_jobs::job::JobMessage {
+    let input =
+        json!({"model": "sim-1", "prompt": "Summarise.", "parameters": {"max_tokens": 100}});
+    job_with(id, tenant, input)
+}
+
+fn job_with(
+    id: &str,
+    tenant: Option<&str>,
+    input: serde_json::Value,
+) -> fenced_jobs::job::JobMessage {
     let body = json!({
         "job_id": id,
         "tenant": tenant,
         "contract": "summary.v1",
         "deadline_at": "2026-12-04T00:00:00Z",
-        "input": {"model": "sim-1", "prompt": "Summarise.", "parameters": {"max_tokens": 100}},
+        "input": input,
     });
     fenced_jobs::job::parse_body(Some(&body.to_string())).expect("a valid job")
+}
+
+/// A job of sim-1 whose calls the simulated provider answers with `simulate`, its input as long
+/// as [`job`]'s (so that its call reserves as much).
+fn refused_job(id: &str, simulate: serde_json::Value) -> fenced_jobs::job::JobMessage {
+    job_with(
+        id,
+        None,
+        json!({"model": "sim-1", "prompt": "Summarise.", "parameters": {"max_tokens": 100},
+               "simulate": simulate}),
+    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -134,6 +155,121 @@ async fn past_one_tenants_limit_its_records_wait_while_another_tenants_run() {
     );
     let item = ledger.get("acme-1").await.expect("get").expect("item");
     assert_eq!(item.class.tenant.as_deref(), Some("acme"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_refused_before_any_work_gives_the_day_what_it_reserved() {
+    // GIVEN a day that can take one call at the most, and jobs whose calls the provider
+    // refuses before any work: one for good (a 400), one once (its rate limit)
+    let aws = emulator().await;
+    let table = aws.table().await;
+    let refused = refused_job("refused-1", json!({"outcome": "permanent"}));
+    let once = refused_job("refused-2", json!({"fail_times": 1}));
+    let most = (once.input_canonical.len() as u64).div_ceil(4) + 4 * 100;
+    let settings = fenced_jobs::worker::Settings {
+        daily_spend_limit_micros: Some(most + 20),
+        ..fast_settings()
+    };
+    let ledger: DynamoLedger = aws.ledger(&table);
+    let (processor, inv) = late_evening(&ledger, settings);
+
+    // WHEN each is delivered, the second twice
+    let failed = processor.process(&refused, "w/1", &inv, &NoWatch).await;
+    let first = processor.process(&once, "w/2", &inv, &NoWatch).await;
+    let second = processor.process(&once, "w/3", &inv, &NoWatch).await;
+
+    // THEN the refusals cost the day nothing, so the retry found room for its call, and the
+    // day holds what the one answered call cost, as the jobs' items do
+    assert_eq!(
+        failed.outcome,
+        RecordOutcome::Done(JobState::FailedTerminal)
+    );
+    assert!(
+        matches!(
+            first.outcome,
+            RecordOutcome::Failed(Failure::Backoff { .. })
+        ),
+        "{:?}",
+        first.outcome
+    );
+    assert_eq!(second.outcome, RecordOutcome::Done(JobState::Succeeded));
+    assert_eq!(processor.provider().executions(), 3);
+    let cost = cost_of(&ledger, "refused-2").await;
+    assert_eq!(day_spent(&aws, &table, "2026-12-01").await, cost);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_a_spend_limit_a_model_without_a_price_is_never_called_unless_allowed() {
+    // GIVEN a day's limit, and a job of a model the price table lacks
+    let aws = emulator().await;
+    let table = aws.table().await;
+    let input = json!({"model": "sim-unpriced", "prompt": "Summarise.",
+                       "parameters": {"max_tokens": 100}});
+    let unpriced = job_with("unpriced-1", None, input);
+    let limited = fenced_jobs::worker::Settings {
+        daily_spend_limit_micros: Some(1_000_000),
+        ..fast_settings()
+    };
+    let ledger: DynamoLedger = aws.ledger(&table);
+    let (processor, inv) = late_evening(&ledger, limited.clone());
+
+    // WHEN it is delivered
+    let waited = processor.process(&unpriced, "w/1", &inv, &NoWatch).await;
+
+    // THEN no call is made: the record waits a quarter of an hour for a price, its job kept
+    // `ready` (its deadline fixed, its message re-sent if lost)
+    assert_eq!(
+        waited.outcome,
+        RecordOutcome::Failed(Failure::Paced { wait_ms: 900_000 })
+    );
+    assert_eq!(processor.provider().executions(), 0);
+    let item = ledger.get("unpriced-1").await.expect("get").expect("item");
+    assert_eq!((item.state, item.attempts), (JobState::Ready, 0));
+
+    // AND a deployment that allows unpriced models runs it, the day counting nothing for it
+    let allowed = fenced_jobs::worker::Settings {
+        allow_unpriced_models: true,
+        ..limited
+    };
+    let (processor, inv) = late_evening(&ledger, allowed);
+    let done = processor.process(&unpriced, "w/2", &inv, &NoWatch).await;
+    assert_eq!(done.outcome, RecordOutcome::Done(JobState::Succeeded));
+    assert_eq!(processor.provider().executions(), 1);
+}
+
+#[test]
+fn start_up_finds_each_model_the_deployment_may_call_that_has_no_price() {
+    use fenced_jobs::job::policy::Policy;
+    use fenced_jobs::ledger::memory::InMemoryLedger;
+    use fenced_jobs::worker::routing::ModelMap;
+    let processor = |allowed: &str, map: &str| {
+        let settings = fenced_jobs::worker::Settings {
+            policy: Policy {
+                models: Policy::parse_models(allowed).expect("models"),
+                ..Policy::default()
+            },
+            ..fast_settings()
+        };
+        Processor::new(
+            InMemoryLedger::new(),
+            SimulatedProvider::new(),
+            ManualClock::at(0),
+            settings,
+        )
+        .with_models(ModelMap::parse("SIMULATED_MODELS", map).expect("map"))
+    };
+    // Jobs name `small` (run as sim-1, priced), `big` (run as a model nobody priced) and sim-1.
+    let listed = processor("small, big, sim-1", "small=sim-1, big=sim-huge");
+    assert_eq!(
+        listed.unpriced_models(),
+        (vec!["sim-huge".to_owned()], false)
+    );
+    // Any model: the map's are checked, and the rest cannot be named before a job names them.
+    let open = processor("*", "big=sim-huge");
+    assert_eq!(open.unpriced_models(), (vec!["sim-huge".to_owned()], true));
+    // Any model, every one mapped to a priced one.
+    let mapped = processor("*", "*=sim-1");
+    assert_eq!(mapped.unpriced_models(), (Vec::new(), false));
 }
 
 /// A processor whose clock stands an hour before the next day, its days' spend in `ledger`'s

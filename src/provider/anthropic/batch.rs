@@ -12,7 +12,9 @@ use serde_json::{Value, json};
 use super::{AnthropicProvider, classify};
 use crate::job::Millis;
 use crate::job::message::parse_rfc3339_ms;
-use crate::provider::batch::{BatchApi, BatchLine, Book, Status, batch_id, valid_id};
+use crate::provider::batch::{
+    BatchApi, BatchLine, Book, Status, batch_id, create_failed, never_ran, valid_id,
+};
 use crate::provider::http::{code_text, lines_by_id, read_file};
 use crate::provider::keys::Secret;
 use crate::provider::{ProviderError, ProviderRequest, Retrieval};
@@ -70,7 +72,8 @@ impl AnthropicProvider {
             )
             .await?;
         if !status.is_success() {
-            return Err(classify(status, &headers, &json));
+            let said = classify(status, &headers, &json);
+            return Err(create_failed(status.as_u16(), said));
         }
         batch_id(&json).ok_or_else(|| ProviderError::Uncertain {
             evidence: "batch created without a usable id".to_owned(),
@@ -202,10 +205,9 @@ impl BatchApi for AnthropicProvider {
                 })
             }
             // Never run: the batch was cancelled or ran out of its 24 hours first.
-            Some(kind @ ("canceled" | "expired")) => Retrieval::Failed(ProviderError::Transient {
-                retry_after_ms: None,
-                reason: format!("batch line {kind} before it ran"),
-            }),
+            Some(kind @ ("canceled" | "expired")) => {
+                Retrieval::Failed(never_ran(format!("batch line {kind} before it ran")))
+            }
             _ => Retrieval::Failed(ProviderError::Uncertain {
                 evidence: "batch line without a known result".to_owned(),
             }),

@@ -14,7 +14,7 @@ use sha2::{Digest, Sha256};
 use super::status::{classify, retrieval_error};
 use super::{OpenAiProvider, with_key};
 use crate::job::Millis;
-use crate::provider::batch::{BatchApi, BatchLine, Book, Status};
+use crate::provider::batch::{BatchApi, BatchLine, Book, Status, create_failed, never_ran};
 use crate::provider::http::{code_text, lines_by_id, read_file};
 use crate::provider::{ProviderError, ProviderRequest, Retrieval};
 
@@ -88,7 +88,8 @@ impl OpenAiProvider {
             return Err(self.no_batch_api());
         }
         if !status.is_success() {
-            return Err(classify(status, &headers, &json));
+            let said = classify(status, &headers, &json);
+            return Err(create_failed(status.as_u16(), said));
         }
         id_of(&json).ok_or_else(|| ProviderError::Uncertain {
             evidence: "batch created without a usable id".to_owned(),
@@ -251,10 +252,7 @@ impl BatchApi for OpenAiProvider {
         let reason = format!("batch line failed: {}", code_text(code));
         Retrieval::Failed(match code {
             // Never run: the batch ran out of time or was cancelled first.
-            "batch_expired" | "batch_cancelled" => ProviderError::Transient {
-                retry_after_ms: None,
-                reason,
-            },
+            "batch_expired" | "batch_cancelled" => never_ran(reason),
             _ => ProviderError::Permanent { reason },
         })
     }

@@ -7,7 +7,7 @@ use super::{Link, Processor};
 use crate::clock::Clock;
 use crate::job::{JobMessage, JobRecord, Millis};
 use crate::ledger::JobLedger;
-use crate::provider::batch::{batch_ref, is_batch_ref, line_id, parse_ref, pending_ref};
+use crate::provider::batch::{batch_ref, is_batch_ref, parse_ref, pending_ref};
 use std::time::Duration;
 
 use crate::provider::{Provider, ProviderError, ProviderRequest, Retrieval};
@@ -21,19 +21,21 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         link.provider.batches() && self.settings.batching.deferrable(input)
     }
 
-    /// Sends `request` as a line of the next batch of `link`'s provider and waits for the
+    /// Sends `request` as the line `line` of the next batch of `link`'s provider and waits for the
     /// batch to be created, within `budget_ms`: the batch's reference, or the line's pending
     /// one when the creation went unseen (the owner records it, and whoever looks next finds
     /// the batch by listing before anything is sent again); not sent (the attempt given back);
-    /// or refused for good (the attempt spent).
+    /// or refused for good (the attempt spent). A line whose job is lost (`lost`: ownership
+    /// gone, or an operator's cancel) while it still waits leaves unsent.
     pub(super) async fn submit_line(
         &self,
         link: &Link<P>,
         request: &ProviderRequest<'_>,
+        line: &str,
         budget_ms: Millis,
+        lost: &tokio_util::sync::CancellationToken,
     ) -> Said {
-        let line = line_id(request.job_id, request.attempt, request.epoch);
-        let body = match link.provider.batch_line(request, &line) {
+        let body = match link.provider.batch_line(request, line) {
             Ok(body) => body,
             Err(e) => return Said::Failed(e),
         };
@@ -55,6 +57,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         let until = Until {
             give_up: end - Duration::from_millis(spare),
             stop: end - Duration::from_millis(spare / 4),
+            lost: lost.clone(),
         };
         let group = (index, link.provider.model(request.input).to_owned());
         match self
@@ -62,8 +65,8 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
             .join(&providers, group, body, window, until)
             .await
         {
-            Joined::In(batch) => Said::Started(batch_ref(&batch, &line)),
-            Joined::Unseen => Said::Started(pending_ref(&line)),
+            Joined::In(batch) => Said::Started(batch_ref(&batch, line)),
+            Joined::Unseen => Said::Started(pending_ref(line)),
             Joined::NotSent(why) => Said::NotSent(why),
             Joined::Refused(reason) => Said::Failed(ProviderError::Transient {
                 retry_after_ms: None,

@@ -46,7 +46,7 @@ use crate::ledger::spend::SpendBudget;
 use crate::ledger::{JobLedger, LedgerError, Write};
 use crate::provider::Provider;
 use pacers::TenantPacers;
-use spend::Reserved;
+use spend::{Reserved, UNPRICED_WAIT_MS};
 
 /// The invocation a record is processed in.
 #[derive(Debug, Clone)]
@@ -365,7 +365,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         let job = NewJob::from_message(msg, now, &self.settings.job_defaults);
         // The provider the claim would go to: its facts, its capacity.
         let mut routed = self.next_link(start.as_ref(), msg);
-        let mut facts = self.admission_facts(msg, &job, inv, &self.links[routed]);
+        let (mut facts, mut unpriced) = self.admission_facts(msg, &job, inv, &self.links[routed]);
         let (mut machine, mut step) = Admission::start(facts, start.as_ref(), &msg.digest, now);
         let mut view = start;
         // Capacity for the call, taken before the claim that would start it: a record that
@@ -379,6 +379,16 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
             let now = self.clock.now_ms();
             let seen = match step {
                 Step::Admit => {
+                    if let Some(model) = &unpriced {
+                        // No spend limit can count a call it cannot price: none is made, and
+                        // the record waits for a price (or its deadline).
+                        tracing::error!(job_id = %msg.job_id, model = %model,
+                            "the model has no price and a spend limit applies: no call is made \
+                             (PRICES_FILE, or ALLOW_UNPRICED_MODELS=true)");
+                        watch.spend_deferred();
+                        step = machine.no_capacity(UNPRICED_WAIT_MS);
+                        continue;
+                    }
                     let link = &self.links[routed];
                     let pacer = link.pacer_for(msg);
                     let tokens =
@@ -504,7 +514,8 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
                             permit = None;
                             self.settle_spend(reserved.take(), 0).await;
                             routed = other;
-                            facts = self.admission_facts(msg, &job, inv, &self.links[routed]);
+                            (facts, unpriced) =
+                                self.admission_facts(msg, &job, inv, &self.links[routed]);
                             (machine, step) =
                                 Admission::start(facts, seen.as_ref(), &msg.digest, now);
                         }
@@ -516,37 +527,27 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         }
     }
 
-    /// What the admission machine knows of this delivery before anything is read.
+    /// What the admission machine knows of this delivery before anything is read, and the model
+    /// of its next call when no spend limit can count it (see [`Processor::next_call_micros`]).
     fn admission_facts(
         &self,
         msg: &JobMessage,
         job: &NewJob,
         inv: &Invocation,
         link: &Link<P>,
-    ) -> Facts {
-        Facts {
+    ) -> (Facts, Option<String>) {
+        let next_call = self.next_call_micros(msg, job, link);
+        let facts = Facts {
             deadline_at: job.deadline_at,
             skew: self.settings.skew_ms,
             latest_call_start: self.latest_call_start(inv, link),
             can_retrieve: link.provider.can_retrieve(),
             in_ledger: msg.in_ledger,
-            // Read once, by every limit; a deployment with none never parses the input.
-            next_call_micros: {
-                let s = &self.settings;
-                let tenant_limit =
-                    msg.class.tenant.is_some() && s.tenant_daily_spend_limit_micros.is_some();
-                if job.max_cost_micros.is_none()
-                    && s.daily_spend_limit_micros.is_none()
-                    && !tenant_limit
-                {
-                    0
-                } else {
-                    self.next_call_micros(msg, link)
-                }
-            },
+            next_call_micros: *next_call.as_ref().unwrap_or(&0),
             max_cost_micros: job.max_cost_micros,
             carries_input: msg.keeps_input(),
-        }
+        };
+        (facts, next_call.err())
     }
 
     /// Goes on from our own write, applied and leaving `record`, with what the admission took

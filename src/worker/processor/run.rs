@@ -71,11 +71,28 @@ pub(super) fn count_usage(
     }
 }
 
-/// Where a call is sent: its provider, and the pacer it draws on.
-#[derive(Clone, Copy)]
+/// Whether the item `processed` left shows the attempt claimed at `epoch` ended with nothing
+/// run: refused before any work by the provider's own word (a definite failure, a rate limit
+/// given back) or never sent. Such a call costs nothing, whatever it reserved.
+fn ran_nothing(processed: &Processed, epoch: u64) -> bool {
+    use crate::job::AttemptOutcome as O;
+    processed.view.as_ref().is_some_and(|r| {
+        r.attempt_log.iter().chain(&r.given_back).any(|a| {
+            a.epoch == epoch
+                && matches!(
+                    a.outcome,
+                    O::Transient | O::Permanent | O::Throttled | O::NotSent
+                )
+        })
+    })
+}
+
+/// Where a call is sent: its provider, the pacer it draws on, and for a line of a batch the
+/// line's id as its claim recorded it.
 struct Sent<'a, P> {
     link: &'a Link<P>,
     pacer: &'a crate::worker::pacing::Pacer,
+    line: Option<String>,
 }
 
 /// One call's provider and what watches it, as [`Processor::carry_out`] takes them.
@@ -122,20 +139,24 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
             let took = self.clock.now_ms() - started;
             watch.provider_latency(u64::try_from(took).unwrap_or(0));
         }
-        // The day's spend: what the call cost when the provider said, else all it reserved
-        // (an unknown outcome, or a failure that told nothing); corrected once the attempt's
-        // end is written, so that the acceptance waits for no other write.
-        let actual = spent
-            .heard
-            .and_then(|u| {
-                self.settings
-                    .prices
-                    .cost_micros(&spent.model, &u, spent.batch)
-            })
-            .or(reserved.as_ref().filter(|_| sent).map(|r| r.micros))
-            .unwrap_or(0);
-        let (attempt, model) = (owner.attempts, spent.model.clone());
+        // The day's spend: what the call cost when the provider said; else nothing when the
+        // attempt's end shows nothing ran (refused before any work, by the provider's own word,
+        // or never sent), else all it reserved (an outcome unknown, or an end not written);
+        // corrected once the attempt's end is written, so that the acceptance waits for no
+        // other write.
+        let heard = spent.heard.and_then(|u| {
+            self.settings
+                .prices
+                .cost_micros(&spent.model, &u, spent.batch)
+        });
+        let (attempt, epoch, model) = (owner.attempts, owner.owner_epoch, spent.model.clone());
         let processed = self.end_attempt(owner, waited, spent, msg, inv).await;
+        let actual = heard
+            .or(reserved
+                .as_ref()
+                .filter(|_| sent && !ran_nothing(&processed, epoch))
+                .map(|r| r.micros))
+            .unwrap_or(0);
         self.settle_spend(reserved, actual).await;
         count_usage(&processed, attempt, &model, watch);
         processed
@@ -228,9 +249,17 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         loop {
             step = match step {
                 CallStep::Submit { budget_ms } => {
-                    let sent = Sent { link, pacer };
+                    // A line of a batch goes by the id its claim recorded.
+                    let line = machine
+                        .owner()
+                        .last_provider_ref()
+                        .and_then(crate::provider::batch::parse_ref)
+                        .map(|(_, line)| line.to_owned());
+                    let sent = Sent { link, pacer, line };
                     let mut said = self.submit(sent, request, budget_ms, lost, heard).await;
-                    if said == Said::Cancelled && watch.withdrawn() {
+                    // An operator's cancel: the call stops (one sent) or never goes (a line
+                    // still gathering).
+                    if matches!(said, Said::Cancelled | Said::NotSent(_)) && watch.withdrawn() {
                         said = Said::Withdrawn;
                     }
                     if matches!(&said, Said::Started(r) if crate::provider::batch::is_batch_ref(r))
@@ -340,7 +369,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         lost: &CancellationToken,
         heard: &mut Option<Usage>,
     ) -> Said {
-        let Sent { link, pacer } = sent;
+        let Sent { link, pacer, line } = sent;
         // A GenAI client span (`chat {model}`), its figures recorded once answered.
         let model = link.provider.model(request.input);
         let span = tracing::debug_span!(
@@ -358,8 +387,11 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
             // A line waits for its batch within its budget, whoever else loses ownership
             // meanwhile: the record of its batch's reference is fenced, and a line taken into
             // a batch is found again by whoever owns the job next.
+            let Some(line) = line else {
+                return Said::NotSent("the claim recorded no line".to_owned());
+            };
             return self
-                .submit_line(link, request, budget_ms)
+                .submit_line(link, request, &line, budget_ms, lost)
                 .instrument(span)
                 .await;
         }

@@ -3,8 +3,12 @@
 
 use super::{JobLedger, Processor};
 use crate::clock::Clock;
-use crate::job::{JobMessage, Millis};
+use crate::job::{JobMessage, Millis, NewJob};
 use crate::provider::Provider;
+
+/// How long a record whose call cannot be priced waits before it is looked at again: long
+/// enough not to churn the queue, short enough that a price added in a deploy is soon used.
+pub(super) const UNPRICED_WAIT_MS: Millis = 15 * 60_000;
 
 /// The day's spend a call reserved before its claim: given back in full when no call is made,
 /// corrected to the call's cost once it ended.
@@ -16,19 +20,69 @@ pub(super) struct Reserved {
 }
 
 impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
-    /// The most the next call of `msg`'s job can cost: its input and its whole answer
-    /// ceiling, at the prices of the model it runs (0 when the table does not price it).
-    pub(super) fn next_call_micros(&self, msg: &JobMessage, link: &super::Link<P>) -> u64 {
+    /// The most the next call of `msg`'s job can cost, when a spend limit counts it (the job's
+    /// `max_cost`, the day's, the tenant's day): its input and its whole answer ceiling, at the
+    /// prices of the model it runs; 0 when no limit counts it, so that a deployment with none
+    /// never parses the input. `Err(model)`: a limit counts the call and the price table lacks
+    /// its model, which only `ALLOW_UNPRICED_MODELS` lets through (costed at 0): no limit can
+    /// hold a call it cannot price.
+    pub(super) fn next_call_micros(
+        &self,
+        msg: &JobMessage,
+        job: &NewJob,
+        link: &super::Link<P>,
+    ) -> Result<u64, String> {
+        let s = &self.settings;
+        let tenant_limit =
+            msg.class.tenant.is_some() && s.tenant_daily_spend_limit_micros.is_some();
+        if job.max_cost_micros.is_none() && s.daily_spend_limit_micros.is_none() && !tenant_limit {
+            return Ok(0);
+        }
         let input = self.routed_input(link, msg);
-        let estimate = crate::job::Usage::estimate(
-            msg.input_canonical.len(),
-            self.settings.policy.output_tokens(&input),
-        );
+        let estimate =
+            crate::job::Usage::estimate(msg.input_canonical.len(), s.policy.output_tokens(&input));
         let model = link.provider.model(&input);
-        self.settings
-            .prices
-            .cost_micros(model, &estimate, false)
-            .unwrap_or(0)
+        match s.prices.cost_micros(model, &estimate, false) {
+            Some(micros) => Ok(micros),
+            None if s.allow_unpriced_models => Ok(0),
+            None => Err(model.to_owned()),
+        }
+    }
+
+    /// The models this deployment's calls may run that the price table lacks, each once: each
+    /// provider's own model, else what the jobs may name (`ALLOWED_MODELS`) as its map has
+    /// them, and its map's models; and whether jobs may name any model (`ALLOWED_MODELS=*`
+    /// with a provider that runs the model named), among which some may lack a price too.
+    pub fn unpriced_models(&self) -> (Vec<String>, bool) {
+        use crate::job::policy::Models;
+        let mut models: Vec<&str> = Vec::new();
+        let mut open = false;
+        for link in &self.links {
+            if let Some(fixed) = link.provider.fixed_model() {
+                models.push(fixed);
+                continue;
+            }
+            match &self.settings.policy.models {
+                Models::Only(named) => models.extend(
+                    named
+                        .iter()
+                        .map(|m| link.models.get(m).unwrap_or(m.as_str())),
+                ),
+                Models::Any => {
+                    models.extend(link.models.targets());
+                    open |= !link.models.maps_all();
+                }
+            }
+        }
+        let prices = &self.settings.prices;
+        let mut unpriced: Vec<String> = models
+            .into_iter()
+            .filter(|m| prices.price(m).is_none())
+            .map(str::to_owned)
+            .collect();
+        unpriced.sort();
+        unpriced.dedup();
+        (unpriced, open)
     }
 
     /// Reserves `micros`, the most `msg`'s next call can cost, from the day's spend, when the

@@ -133,8 +133,10 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         // A line of a batch: its pending reference, found again by listing if the batch's id
         // is never recorded.
         let provider_ref = if self.batched(link, &input) {
-            Some(batch::pending_ref(&batch::line_id(
+            Some(batch::pending_ref(&batch::scoped_line_id(
+                &self.settings.idempotency_prefix,
                 &job.job_id,
+                &msg.digest,
                 attempt,
                 epoch,
             )))

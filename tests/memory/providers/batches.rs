@@ -6,7 +6,7 @@ use fenced_jobs::provider::openai::OpenAiApi;
 use fenced_jobs::provider::{Provider, ProviderError, Retrieval};
 use serde_json::{Value, json};
 
-use super::{anthropic, anthropic_error, message, openai};
+use super::{anthropic, anthropic_error, message, openai, openai_error};
 use crate::support::http::{HttpStub, Reply};
 use crate::support::providers::{chat_answer, input, output_of, request};
 
@@ -128,7 +128,7 @@ async fn openai_batches_are_uploaded_created_followed_and_read_line_by_line() {
     ));
     assert!(matches!(
         later.retrieve(&batch_ref("batch_1", &ids[2]), 0, &req).await,
-        Retrieval::Failed(ProviderError::Transient { ref reason, .. }) if reason.contains("batch_expired")
+        Retrieval::Failed(ProviderError::Throttled { ref reason, retry_after_ms: Some(300_000) }) if reason.contains("batch_expired")
     ));
     // A line an ended batch's files do not hold was lost on the way: read them again later.
     assert!(matches!(
@@ -251,7 +251,7 @@ async fn anthropic_message_batches_are_created_followed_and_read_line_by_line() 
     ));
     assert!(matches!(
         failed(3).await,
-        Retrieval::Failed(ProviderError::Transient { ref reason, .. }) if reason.contains("expired")
+        Retrieval::Failed(ProviderError::Throttled { ref reason, retry_after_ms: Some(300_000) }) if reason.contains("expired")
     ));
     assert!(matches!(failed(4).await, Retrieval::Unreachable { .. }));
     assert_eq!(
@@ -342,4 +342,107 @@ async fn a_cut_results_file_a_long_list_and_a_server_without_batches_are_never_t
         Err(ProviderError::Transient { ref reason, .. }) if reason.contains("no Batch API")
     ));
     assert!(!provider.batches());
+}
+
+#[tokio::test]
+async fn a_batch_create_the_server_failed_may_have_created_the_batch() {
+    use fenced_jobs::provider::batch::line_id;
+    // Each create answered in the provider's own word: a 5xx (500, 503, Anthropic's 529) may
+    // come after the batch was made, so its lines are looked for, never sent again; a rate
+    // limit made nothing.
+    let openai_answers = [
+        (500, "server_error", "uncertain"),
+        (503, "service_unavailable", "uncertain"),
+        (429, "rate_limit_exceeded", "throttled"),
+    ];
+    for (status, code, kind) in openai_answers {
+        let stub = HttpStub::start(
+            move |req, _| match (req.method.as_str(), req.path.as_str()) {
+                ("POST", "/v1/files") => {
+                    Reply::json(200, json!({"id": "file-in1", "purpose": "batch"}))
+                }
+                ("POST", "/v1/batches") => openai_error(
+                    status,
+                    json!({"error": {"code": code, "message": "failed"}}),
+                ),
+                _ => Reply::json(404, json!({"error": {"code": "not_found"}})),
+            },
+        )
+        .await;
+        let provider = openai(&stub.url, OpenAiApi::Responses);
+        let inp = input(json!({"model": "gpt-test", "prompt": "Summarise.", "deferrable": true}));
+        let req = request(&inp, "{}");
+        let line = provider
+            .batch_line(&req, &line_id("job-7", 1, 9))
+            .expect("line");
+        let said = provider.submit_batch(&[line]).await.expect_err("refused");
+        assert_eq!(said.kind(), kind, "OpenAI {status}: {said}");
+    }
+    let anthropic_answers = [
+        (500, "api_error", "uncertain"),
+        (529, "overloaded_error", "uncertain"),
+        (429, "rate_limit_error", "throttled"),
+    ];
+    for (status, error, kind) in anthropic_answers {
+        let stub = HttpStub::start(
+            move |req, _| match (req.method.as_str(), req.path.as_str()) {
+                ("POST", "/v1/messages/batches") => anthropic_error(status, error),
+                _ => Reply::json(404, json!({})),
+            },
+        )
+        .await;
+        let provider = anthropic(&stub.url, Structured::Format);
+        let inp = input(json!({"model": "claude-test", "prompt": "Summarise."}));
+        let req = request(&inp, "{}");
+        let line = provider
+            .batch_line(&req, &line_id("job-7", 1, 9))
+            .expect("line");
+        let said = provider.submit_batch(&[line]).await.expect_err("refused");
+        assert_eq!(said.kind(), kind, "Anthropic {status}: {said}");
+    }
+}
+
+#[tokio::test]
+async fn a_batch_failed_for_the_accounts_batch_queue_gives_its_lines_attempts_back() {
+    use fenced_jobs::provider::batch::{batch_ref, line_id};
+    // OpenAI fails a batch as a whole when the organisation's enqueued tokens for the model are
+    // used up (`token_limit_exceeded`): nothing ran, and a later batch will go. Any other
+    // failure of a whole batch (its input refused) spends the attempt, as before.
+    let stub = HttpStub::start(|req, _| {
+        let failed = |code: &str| {
+            Reply::json(
+                200,
+                json!({"id": "batch_x", "status": "failed", "errors": {"object": "list",
+                       "data": [{"code": code, "message": "Enqueued token limit reached", "line": null}]}}),
+            )
+        };
+        match (req.method.as_str(), req.path.as_str()) {
+            ("GET", "/v1/batches/batch_quota") => failed("token_limit_exceeded"),
+            ("GET", "/v1/batches/batch_bad") => failed("invalid_json_line"),
+            _ => Reply::json(404, json!({"error": {"code": "not_found"}})),
+        }
+    })
+    .await;
+    let provider = openai(&stub.url, OpenAiApi::Responses);
+    let inp = input(json!({"model": "gpt-test", "prompt": "Summarise.", "deferrable": true}));
+    let req = request(&inp, "{}");
+    let line = line_id("job-7", 1, 9);
+    let quota = provider
+        .retrieve(&batch_ref("batch_quota", &line), 0, &req)
+        .await;
+    assert!(
+        matches!(
+            &quota,
+            Retrieval::Failed(ProviderError::Throttled { reason, retry_after_ms: Some(300_000) })
+                if reason.contains("token_limit_exceeded")
+        ),
+        "{quota:?}"
+    );
+    let bad = provider
+        .retrieve(&batch_ref("batch_bad", &line), 0, &req)
+        .await;
+    assert!(
+        matches!(&bad, Retrieval::Failed(ProviderError::Transient { .. })),
+        "{bad:?}"
+    );
 }
