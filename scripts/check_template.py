@@ -41,9 +41,15 @@ from cfnlint.decode import decode
 
 
 def resolve(template, value):
-    """A literal, or a parameter's default behind a Ref."""
+    """A literal, or a parameter's default behind a Ref; for an Fn::If, the larger of its two
+    values (the worst case a check must hold for)."""
     if isinstance(value, dict) and "Ref" in value:
         return template.get("Parameters", {}).get(value["Ref"], {}).get("Default")
+    if isinstance(value, dict) and "Fn::If" in value:
+        _, yes, no = value["Fn::If"]
+        values = [resolve(template, v) for v in (yes, no)]
+        numbers = [int(v) for v in values if isinstance(v, (int, str)) and str(v).isdigit()]
+        return max(numbers) if numbers else values[0]
     return value
 
 

@@ -323,12 +323,15 @@ impl Contract {
 
     /// Whether an answer that finished for `finish` is not the whole answer this contract
     /// accepts: cut off by the output limit (unless a text contract accepts that) or by a
-    /// content filter.
+    /// content filter; or, for text, stopped for no reason the provider gave or this build
+    /// knows (a stream that ended without one, Anthropic's `pause_turn`): nothing in a text
+    /// shows it whole, where a JSON answer's parse and schema do.
     fn cut_off(&self, finish: Finish) -> bool {
         match finish {
             Finish::Length => !(self.format == Format::Text && self.accept_truncated),
             Finish::ContentFilter => true,
-            Finish::Stop | Finish::ToolUse | Finish::Unknown => false,
+            Finish::Unknown => self.format == Format::Text,
+            Finish::Stop | Finish::ToolUse => false,
         }
     }
 

@@ -16,7 +16,7 @@ use super::http::{
     ApiKey, Events, MAX_RESPONSE_BYTES, Streamed, code_text, retry_after_ms, sent_by,
 };
 use super::keys::{KeyRotation, Secret};
-use super::{Answer, Provider, ProviderError, ProviderRequest};
+use super::{Answer, Provider, ProviderError, ProviderRequest, dialect};
 use crate::job::contract::{Contract, Finish};
 use crate::job::{Millis, Usage};
 use crate::vars::{ConfigError, Vars};
@@ -143,7 +143,11 @@ impl AnthropicProvider {
         };
         body.insert("max_tokens".into(), json!(ceiling));
         parameters(req.input, &mut body);
-        match (self.settings.structured, schema(req.output)) {
+        // The schema in Anthropic's dialect; the whole of it judges the answer.
+        match (
+            self.settings.structured,
+            schema(req.output).map(dialect::anthropic),
+        ) {
             (_, None) => {}
             (Structured::Format, Some(schema)) => {
                 let format = json!({"type": "json_schema", "schema": schema});

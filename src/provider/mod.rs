@@ -6,6 +6,7 @@ pub mod batch;
 #[cfg(feature = "bedrock")]
 pub mod bedrock;
 mod config;
+pub mod dialect;
 #[cfg(feature = "http-api")]
 pub mod http;
 #[cfg(feature = "http-api")]

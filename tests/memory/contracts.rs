@@ -128,8 +128,9 @@ async fn the_schema_reaches_bedrock_as_structured_output_and_text_contracts_send
         .await
         .expect("answer");
 
-    // THEN the schema went as `outputConfig.textFormat`, as a JSON string, under its name;
-    // the free-text job sent no output format; the answer is accepted and stored parsed
+    // THEN the schema went as `outputConfig.textFormat`, as a JSON string, under its name, in
+    // the dialect Claude's constrained decoding takes; the free-text job sent no output format;
+    // the answer is accepted (by the whole schema) and stored parsed
     let sent = stub.requests();
     let format = &sent[0].json()["outputConfig"]["textFormat"];
     assert_eq!(format["type"], "json_schema");
@@ -137,7 +138,12 @@ async fn the_schema_reaches_bedrock_as_structured_output_and_text_contracts_send
     assert_eq!(definition["name"], "invoice-extract_2");
     let schema: Value =
         serde_json::from_str(definition["schema"].as_str().expect("a string")).expect("JSON");
-    assert_eq!(Some(&schema), contract.schema());
+    let whole = contract.schema().expect("a schema");
+    assert_eq!(schema, fenced_jobs::provider::dialect::anthropic(whole));
+    assert_eq!(
+        crate::support::providers::anthropic_refuses(&schema, "textFormat"),
+        None
+    );
     assert!(sent[1].json().get("outputConfig").is_none());
     assert_eq!(answered.finish, Finish::Stop);
     let accepted = answered.judged(&contract).expect("valid");

@@ -68,7 +68,8 @@ async fn a_full_batch_logs_each_record_without_secrets() {
         }
         Reply::json(
             200,
-            json!({"choices": [{"message": {"role": "assistant", "content": ANSWER}}],
+            json!({"choices": [{"finish_reason": "stop",
+                                "message": {"role": "assistant", "content": ANSWER}}],
                    "error_echo": prompt}),
         )
     })

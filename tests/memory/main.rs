@@ -28,3 +28,4 @@ mod operator;
 mod pacing;
 mod providers;
 mod scale;
+mod spend;

@@ -43,6 +43,9 @@ fn a_truncated_json_answer_is_never_accepted_and_says_so() {
         .judge(r#"{"number": "INV-1", "tot"#, Finish::Unknown)
         .expect_err("not JSON");
     assert!(unfinished.errors[0].ends_with(": json"), "{unfinished:?}");
+    // A whole JSON answer shows itself whole, whatever the provider said of its end.
+    let whole = invoice().judge(&valid_invoice().to_string(), Finish::Unknown);
+    assert_eq!(whole, Ok(Accepted::Json));
 }
 
 #[test]
@@ -158,10 +161,10 @@ fn a_lenient_registry_holds_unknown_contracts_to_free_text_and_a_strict_one_refu
     assert_eq!(lenient.admits("summary.v1"), Ok(false));
     let free = lenient.for_job("summary.v1");
     assert!(free.takes_unread(Finish::Stop) && free.schema().is_none());
-    // Free text takes any answer the model finished, and none it was cut off from.
+    // Free text takes any answer the model finished, and none it was cut off from, or that
+    // stopped for no reason the provider gave.
     assert_eq!(free.judge("anything", Finish::Stop), Ok(Accepted::Text));
-    assert_eq!(free.judge("anything", Finish::Unknown), Ok(Accepted::Text));
-    for cut in [Finish::Length, Finish::ContentFilter] {
+    for cut in [Finish::Length, Finish::ContentFilter, Finish::Unknown] {
         assert!(!free.takes_unread(cut));
         let refused = free.judge("half an answ", cut).expect_err("cut off");
         assert_eq!((refused.finish, refused.terminal), (cut, false));
@@ -209,7 +212,8 @@ fn the_readmes_summary_contract_is_built_in_and_refuses_a_cut_off_answer() {
         summary.judge("A summary.", Finish::Stop),
         Ok(Accepted::Text)
     );
-    for cut in [Finish::Length, Finish::ContentFilter] {
+    // Cut off, or stopped for no reason the provider gave: nothing shows a text whole.
+    for cut in [Finish::Length, Finish::ContentFilter, Finish::Unknown] {
         let refused = summary.judge("A summ", cut).expect_err("cut off");
         assert!(!refused.terminal, "another attempt");
     }

@@ -210,7 +210,7 @@ impl DynamoLedger {
             .filter(|(token, _)| used(token))
             .map(|(token, value)| (token.to_owned(), value))
             .collect();
-        let sent = self
+        let request = self
             .client
             .update_item()
             .table_name(&self.table)
@@ -221,10 +221,22 @@ impl DynamoLedger {
             .set_expression_attribute_names(Some(names))
             .set_expression_attribute_values(Some(values))
             .return_values(returns)
-            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
-            .send()
-            .instrument(tracing::debug_span!("ledger", operation, job_id = key))
-            .await;
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld);
+        let span = tracing::debug_span!("ledger", operation, job_id = key);
+        let sent = if operation == spend::GIVE_BACK {
+            // Sent once, never retried by the SDK: a retry of one whose answer was lost would
+            // take the day below what was spent; one lost leaves it above, never below.
+            let once = aws_sdk_dynamodb::config::Builder::default()
+                .retry_config(aws_sdk_dynamodb::config::retry::RetryConfig::disabled());
+            request
+                .customize()
+                .config_override(once)
+                .send()
+                .instrument(span)
+                .await
+        } else {
+            request.send().instrument(span).await
+        };
         match sent {
             Ok(out) => Ok(Updated::Applied(out.attributes)),
             Err(SdkError::ServiceError(e)) => match e.into_err() {

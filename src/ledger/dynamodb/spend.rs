@@ -1,8 +1,8 @@
 //! The day's spend ([`SpendBudget`]) as an item of the ledger table: `job_id` is
 //! `#spend#<YYYY-MM-DD>`, with `spent_micros`, and a TTL two days after its day. A reservation
 //! is one `UpdateItem` conditional on the sum staying within the limit; an adjustment is one
-//! unconditional `UpdateItem` (a give-back may take the sum below what any call reserved, never
-//! above what they cost).
+//! unconditional `UpdateItem`, and a give-back (less than reserved) is sent once, never retried,
+//! so that a repeat whose first try landed never takes the day below what its calls cost.
 
 use aws_sdk_dynamodb::types::ReturnValue;
 use futures::future::BoxFuture;
@@ -12,6 +12,10 @@ use super::{DynamoLedger, Updated};
 use crate::job::Millis;
 use crate::ledger::LedgerError;
 use crate::ledger::spend::{SPEND_KEY_PREFIX, SpendBudget};
+
+/// The operation that gives the day back what a call did not cost: sent once (see
+/// [`DynamoLedger::send_update`]), as an unconditional write repeated would count twice.
+pub(super) const GIVE_BACK: &str = "spend give-back";
 
 /// How long a day item outlives the start of the request that wrote it.
 const TTL_S: i64 = 2 * 86_400;
@@ -58,8 +62,11 @@ impl SpendBudget for DynamoLedger {
             if delta == 0 {
                 return Ok(());
             }
+            // Less than reserved: given back once. More (a call that cost more than its
+            // estimate): a repeat counts more, never less, so the SDK may retry it.
+            let operation = if delta < 0 { GIVE_BACK } else { "spend" };
             self.send_update(
-                "spend",
+                operation,
                 &format!("{SPEND_KEY_PREFIX}{day}"),
                 "SET #spent = if_not_exists(#spent, :zero) + :delta, #ttl = :exp",
                 "",

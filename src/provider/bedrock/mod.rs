@@ -278,6 +278,9 @@ const MAX_ANSWER_BYTES: usize = 1_048_576;
 /// for a text contract or one without a schema (its answer is still parsed and judged).
 fn output_config(contract: &Contract) -> Option<OutputConfig> {
     let schema = contract.schema().filter(|_| contract.wants_json())?;
+    // Converse's structured output takes the subset Anthropic's models decode by; the whole
+    // schema still judges the answer.
+    let schema = crate::provider::dialect::anthropic(schema);
     let definition = JsonSchemaDefinition::builder()
         .schema(schema.to_string())
         .name(contract.schema_name())

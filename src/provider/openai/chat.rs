@@ -167,7 +167,8 @@ fn messages(input: &Map<String, Value>) -> Vec<Value> {
 fn chat_finish(reason: Option<&Value>) -> Finish {
     match reason.and_then(Value::as_str) {
         Some("stop") => Finish::Stop,
-        Some("length") => Finish::Length,
+        // vLLM's `abort`: the server stopped the generation (a client gone, a preemption).
+        Some("length" | "abort") => Finish::Length,
         Some("content_filter") => Finish::ContentFilter,
         Some("tool_calls" | "function_call") => Finish::ToolUse,
         _ => Finish::Unknown,

@@ -94,6 +94,56 @@ async fn anthropic_carries_the_contract_as_structured_output_or_a_forced_tool() 
     ));
 }
 
+/// The built-in invoice contract (bounds, lengths, type lists, `$defs`) reaches Anthropic in
+/// its dialect: a scripted Messages API that refuses what Anthropic refuses takes it, and the
+/// contract's whole schema still judges the answer.
+#[tokio::test]
+async fn the_invoice_contract_reaches_anthropic_in_its_dialect_and_is_judged_whole() {
+    use crate::support::contracts::{built_in, invoice};
+    use crate::support::providers::{anthropic_invalid, anthropic_refuses};
+    let contract = built_in(true).for_job("invoice-extract@2");
+    let whole = contract.schema().expect("a schema");
+    // As written, the contract's schema is one Anthropic refuses.
+    assert!(anthropic_refuses(whole, "output_config.format.schema").is_some());
+    let inp = input(json!({"model": "claude-test", "prompt": "Extract."}));
+    let req = ProviderRequest {
+        output: &contract,
+        ..request(&inp, "{}")
+    };
+    // A seller's name past the contract's 200 characters: nothing in the lowered schema
+    // forbids it, the whole schema does.
+    let mut long = invoice();
+    long["seller"]["name"] = json!("x".repeat(201));
+    for (answer, accepted) in [(invoice(), true), (long, false)] {
+        let reply = message(
+            json!([{"type": "text", "text": answer.to_string()}]),
+            "end_turn",
+        );
+        let stub = HttpStub::start(move |req, _| {
+            let at = "output_config.format.schema";
+            match anthropic_refuses(&req.json()["output_config"]["format"]["schema"], at) {
+                Some(why) => anthropic_invalid(&why),
+                None => Reply::json(200, reply.clone()),
+            }
+        })
+        .await;
+        let said = anthropic(&stub.url, Structured::Format)
+            .call(&req)
+            .await
+            .expect("taken: the schema in Anthropic's dialect");
+        let sent = stub.requests()[0].json();
+        let lowered = &sent["output_config"]["format"]["schema"];
+        assert_eq!(lowered["properties"]["lines"]["minItems"], 1);
+        assert!(
+            lowered["properties"]["number"]["description"]
+                .as_str()
+                .is_some_and(|d| d.contains("maxLength: 64")),
+            "{lowered}"
+        );
+        assert_eq!(said.judged(&contract).is_ok(), accepted);
+    }
+}
+
 /// Bedrock with all a job may ask of `Converse`: cache points where parts carry
 /// `cache_control`, an image and a document, the service tier and the model's own fields, the
 /// deployment's guardrail, the contract's schema; the cache's tokens kept in the usage.

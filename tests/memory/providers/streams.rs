@@ -218,6 +218,10 @@ async fn chat_completions_streams_are_taken_whole() {
         "{result:?}"
     );
     parts.push("data: [DONE]\n\n".to_owned());
+    // vLLM's `abort` (the server stopped the generation): the answer is cut off.
+    let mut aborted = parts.clone();
+    aborted[3] = format!("data: {}\n\n", chunk(json!({}), json!("abort")));
+    assert_eq!(call(aborted).await.expect("answer").finish, Finish::Length);
     let answer = call(parts).await.expect("answer");
     assert_eq!(output_of(&answer), "From a stream.");
     assert_eq!(answer.finish, Finish::Stop);
