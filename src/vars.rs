@@ -62,6 +62,20 @@ impl<'a> Vars<'a> {
 
     /// The variable `name` as one of `options` (its value, then what it means), `default` when
     /// unset.
+    /// What sets this deployment apart from every other using the same provider account: 16
+    /// hex characters of SHA-256 over `DEPLOYMENT_ID` (the template sets the account, Region
+    /// and stack), else over `JOBS_TABLE`; empty when neither is set (tests).
+    pub(crate) fn deployment_scope(&self) -> String {
+        use sha2::{Digest, Sha256};
+        self.get("DEPLOYMENT_ID")
+            .or_else(|| self.get("JOBS_TABLE"))
+            .map(|scope| {
+                let digest = Sha256::digest(scope.as_bytes());
+                digest[..8].iter().map(|b| format!("{b:02x}")).collect()
+            })
+            .unwrap_or_default()
+    }
+
     pub(crate) fn choice<T: Copy>(
         &self,
         name: &'static str,

@@ -4,7 +4,8 @@
 //! The contract's schema is sent in Anthropic's own form: structured output
 //! (`output_config.format`), or for models without it a tool the model is made to call, whose
 //! input is the answer. Errors are classified by what they prove about the work (the table in
-//! `docs/providers.md`); reasons carry the status and Anthropic's error type, never its message.
+//! `docs/providers.md`); reasons carry the status and Anthropic's error type, and its message
+//! only for a refusal of the request's form (a path outside the conversation).
 
 mod batch;
 
@@ -13,7 +14,7 @@ use reqwest::{Client, StatusCode};
 use serde_json::{Map, Value, json};
 
 use super::http::{
-    ApiKey, Events, MAX_RESPONSE_BYTES, Streamed, code_text, retry_after_ms, sent_by,
+    ApiKey, Events, MAX_RESPONSE_BYTES, Streamed, code_text, form_message, retry_after_ms, sent_by,
 };
 use super::keys::{KeyRotation, Secret};
 use super::{Answer, Provider, ProviderError, ProviderRequest, dialect};
@@ -478,9 +479,36 @@ fn classify(status: StatusCode, headers: &HeaderMap, json: &Value) -> ProviderEr
         (408 | 429 | 500..=599, _) => ProviderError::Uncertain {
             evidence: format!("{reason} after the request was sent; it may have run"),
         },
-        _ => ProviderError::Permanent { reason },
+        _ => {
+            // The operator reads why: Anthropic's message, when the path it starts with is a
+            // part of the request that carries no prompt.
+            let message = json.pointer("/error/message").and_then(Value::as_str);
+            let reason = match form_message(message, message.filter(|_| own), &FORM_FIELDS) {
+                Some(said) => format!("{reason}: {said}"),
+                None => reason,
+            };
+            ProviderError::Permanent { reason }
+        }
     }
 }
+
+/// The request fields whose refusals never quote the prompt (an Anthropic message starts with
+/// the path it is about, `output_config.format.schema: ...`): our parameters, the output
+/// format and its schema, tools. A message about `messages` or `system` is not kept.
+const FORM_FIELDS: [&str; 12] = [
+    "output_config",
+    "tools",
+    "tool_choice",
+    "model",
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "stop_sequences",
+    "metadata",
+    "thinking",
+    "service_tier",
+];
 
 /// A `stop_reason` in the one vocabulary of finish reasons.
 fn stop_finish(reason: Option<&str>) -> Finish {

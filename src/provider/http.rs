@@ -455,6 +455,31 @@ pub(crate) fn sent_by(headers: &HeaderMap, own: &[&str]) -> bool {
     own.iter().any(|name| headers.contains_key(*name))
 }
 
+/// How much of a provider's own message a refusal keeps.
+const MESSAGE_KEPT: usize = 300;
+
+/// A provider's message for a request it refused, made safe to record when it is about a part
+/// of the request `about` names that carries no prompt (its parameters, the schema, a tool's
+/// form; `fields` lists them): its first [`MESSAGE_KEPT`] characters, control characters as
+/// spaces. `None` for any other message, which may quote the prompt.
+pub(crate) fn form_message(
+    message: Option<&str>,
+    about: Option<&str>,
+    fields: &[&str],
+) -> Option<String> {
+    let about = about?;
+    let field = about.split(['.', '[', ':', ' ']).next().unwrap_or_default();
+    if !fields.contains(&field) {
+        return None;
+    }
+    let kept: String = message?
+        .chars()
+        .take(MESSAGE_KEPT)
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect();
+    (!kept.trim().is_empty()).then_some(kept)
+}
+
 /// A provider code, made safe to record: short, and only identifier characters.
 pub(crate) fn code_text(code: &str) -> String {
     code.chars()

@@ -485,15 +485,7 @@ impl Settings {
             tenant_daily_spend_limit_micros: usd(vars, "TENANT_DAILY_SPEND_LIMIT")?,
             urgent_pacing_percent: number("URGENT_PACING_PERCENT", 0, 0, 90)? as u8,
             tenant_pacing_percent: number("TENANT_PACING_PERCENT", 100, 1, 100)? as u8,
-            idempotency_prefix: vars
-                .get("DEPLOYMENT_ID")
-                .or_else(|| vars.get("JOBS_TABLE"))
-                .map(|scope| {
-                    use sha2::{Digest, Sha256};
-                    let digest = Sha256::digest(scope.as_bytes());
-                    digest[..8].iter().map(|b| format!("{b:02x}")).collect()
-                })
-                .unwrap_or_default(),
+            idempotency_prefix: vars.deployment_scope(),
         };
         settings.validate()?;
         Ok(settings)

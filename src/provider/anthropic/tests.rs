@@ -62,6 +62,27 @@ fn statuses_are_classified_by_what_they_prove() {
     let reason = classify(StatusCode::TOO_MANY_REQUESTS, &from_api(), &spend).to_string();
     assert!(reason.contains("enforced_spend_limit_reached"), "{reason}");
     assert!(!reason.contains("prompt"), "{reason}");
+    // A refusal of the request's form keeps Anthropic's words for the operator; one about
+    // the conversation (or with no path), which may quote the prompt, keeps only its type.
+    let said = |message: &str| {
+        let body = json!({"type": "error", "error": {"type": "invalid_request_error",
+                          "message": message}});
+        classify(StatusCode::BAD_REQUEST, &from_api(), &body).to_string()
+    };
+    let schema = said(
+        "output_config.format.schema: For 'integer' type, property 'minimum' is not supported",
+    );
+    assert!(
+        schema.ends_with("property 'minimum' is not supported"),
+        "{schema}"
+    );
+    for quoting in [
+        "messages.0.content.0.text: quotes the prompt",
+        "quotes the prompt",
+    ] {
+        let reason = said(quoting);
+        assert!(!reason.contains("prompt"), "{reason}");
+    }
 }
 
 #[test]

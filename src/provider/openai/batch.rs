@@ -74,7 +74,7 @@ impl OpenAiProvider {
             "input_file_id": file,
             "endpoint": "/v1/chat/completions",
             "completion_window": "24h",
-            "metadata": {"source": SOURCE},
+            "metadata": self.batch_metadata(),
         });
         let (status, headers, json) = self
             .send(|| {
@@ -94,6 +94,16 @@ impl OpenAiProvider {
         id_of(&json).ok_or_else(|| ProviderError::Uncertain {
             evidence: "batch created without a usable id".to_owned(),
         })
+    }
+
+    /// The metadata each batch is created with: this crate's name, and the deployment's when
+    /// it has one.
+    fn batch_metadata(&self) -> Value {
+        let mut metadata = json!({"source": SOURCE});
+        if !self.settings.deployment.is_empty() {
+            metadata["deployment"] = json!(self.settings.deployment);
+        }
+        metadata
     }
 
     /// The server has no Batch API (a 404 or 405 for its files or batches): deferrable jobs are
@@ -196,9 +206,15 @@ impl BatchApi for OpenAiProvider {
         Some(created.saturating_mul(1000))
     }
 
-    /// Ours carry this crate's `metadata.source`.
+    /// Ours carry this crate's `metadata.source`, and this deployment's `metadata.deployment`
+    /// (a batch without one was made before deployments were named, and may hold a line of
+    /// ours still; another deployment's lines never have our ids).
     fn ours(&self, batch: &Value) -> bool {
+        let deployment = batch
+            .pointer("/metadata/deployment")
+            .and_then(Value::as_str);
         batch.pointer("/metadata/source").and_then(Value::as_str) == Some(SOURCE)
+            && deployment.is_none_or(|d| d == self.settings.deployment)
     }
 
     async fn holds(&self, batch_id: &str, line: &str) -> Option<bool> {

@@ -62,6 +62,10 @@ pub struct OpenAiSettings {
     /// `OPENAI_BATCHES` (`on`, the default, or `off`): deferrable jobs go through the Batch
     /// API (a server without it: `off`).
     pub batches: bool,
+    /// What sets this deployment's batches apart on a shared account (the scope of
+    /// `DEPLOYMENT_ID`, as the idempotency keys have it): in each batch's metadata, and the
+    /// only batches a listing looks in. Empty: none said, and any of ours looked in.
+    pub deployment: String,
 }
 
 impl Default for OpenAiSettings {
@@ -75,6 +79,7 @@ impl Default for OpenAiSettings {
             queued_timeout_ms: 600_000,
             stream: true,
             batches: true,
+            deployment: String::new(),
         }
     }
 }
@@ -114,6 +119,7 @@ impl OpenAiSettings {
             )? * 1000,
             stream: super::streaming(vars)?,
             batches: vars.choice("OPENAI_BATCHES", true, &[("on", true), ("off", false)])?,
+            deployment: vars.deployment_scope(),
         })
     }
 }

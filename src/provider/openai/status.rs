@@ -5,8 +5,30 @@ use reqwest::StatusCode;
 use reqwest::header::HeaderMap;
 use serde_json::Value;
 
-use crate::provider::http::{code_text, retry_after_ms, sent_by};
+use crate::provider::http::{code_text, form_message, retry_after_ms, sent_by};
 use crate::provider::{ProviderError, Retrieval};
+
+/// The request fields (`error.param`) whose refusals never quote the prompt: our parameters,
+/// the output format and its schema, tools. A message about anything else (`messages`,
+/// `input`) is not kept.
+const FORM_FIELDS: [&str; 16] = [
+    "response_format",
+    "text",
+    "tools",
+    "tool_choice",
+    "model",
+    "max_tokens",
+    "max_output_tokens",
+    "max_completion_tokens",
+    "temperature",
+    "top_p",
+    "seed",
+    "stop",
+    "service_tier",
+    "reasoning",
+    "metadata",
+    "background",
+];
 
 /// The headers OpenAI's API sends with every answer, errors included (API reference,
 /// "Debugging requests", developers.openai.com/api/reference/overview): `openai-organization`,
@@ -62,7 +84,19 @@ pub(super) fn classify(status: StatusCode, headers: &HeaderMap, json: &Value) ->
         408 | 409 | 429 | 500..=599 => ProviderError::Uncertain {
             evidence: format!("{reason} after the request was sent; it may have run"),
         },
-        _ => ProviderError::Permanent { reason },
+        _ => {
+            // The operator reads why: OpenAI's message, when it is about the request's form.
+            let said = form_message(
+                json.pointer("/error/message").and_then(Value::as_str),
+                json.pointer("/error/param").and_then(Value::as_str),
+                &FORM_FIELDS,
+            );
+            let reason = match said {
+                Some(said) => format!("{reason}: {said}"),
+                None => reason,
+            };
+            ProviderError::Permanent { reason }
+        }
     }
 }
 
@@ -136,6 +170,17 @@ mod tests {
                 reason: "HTTP 400".to_owned()
             }
         );
+        // A refusal of the request's form keeps OpenAI's words for the operator; one about the
+        // conversation, which may quote the prompt, keeps only its code.
+        let schema = json!({"error": {"type": "invalid_request_error", "code": null,
+            "param": "response_format",
+            "message": "Invalid schema for response_format 'invoice': In context=('properties', 'n'), 'minimum' is not permitted."}});
+        let said = classify(StatusCode::BAD_REQUEST, &from_api(), &schema).to_string();
+        assert!(said.ends_with("'minimum' is not permitted."), "{said}");
+        let quoted = json!({"error": {"code": "invalid_value", "param": "messages[0].content",
+            "message": "secret prompt"}});
+        let said = classify(StatusCode::BAD_REQUEST, &from_api(), &quoted).to_string();
+        assert!(!said.contains("secret"), "{said}");
         let own = json!({"error": {"type": "server_error"}});
         let kind_with = |status: u16, headers: &HeaderMap, body: &Value| {
             let status = StatusCode::from_u16(status).expect("status");

@@ -51,8 +51,10 @@ async fn openai_batch_server(lines: [String; 4]) -> HttpStub {
             }
             ("GET", "/v1/batches?limit=100") => Reply::json(200, json!({"data": [
                 {"id": "batch_1", "created_at": 4_000_000_000_i64, "metadata": {"source": "fenced-jobs"}},
-                {"id": "batch_other", "created_at": 4_000_000_000_i64, "metadata": {"source": "someone-else"}}
-            ], "has_more": false, "last_id": "batch_other"})),
+                {"id": "batch_other", "created_at": 4_000_000_000_i64, "metadata": {"source": "someone-else"}},
+                {"id": "batch_staging", "created_at": 4_000_000_000_i64,
+                 "metadata": {"source": "fenced-jobs", "deployment": "staging"}}
+            ], "has_more": false, "last_id": "batch_staging"})),
             ("GET", "/v1/files/file-in1/content") => Reply::Json { status: 200, headers: vec![], body: uploaded() },
             ("GET", "/v1/files/file-out1/content") => {
                 let answered = json!({"id": "batch_req_1", "custom_id": ok, "response": {"status_code": 200,
@@ -102,6 +104,10 @@ async fn openai_batches_are_uploaded_created_followed_and_read_line_by_line() {
     assert_eq!(create["input_file_id"], "file-in1");
     assert_eq!(create["completion_window"], "24h");
     assert_eq!(create["endpoint"], "/v1/chat/completions");
+    assert_eq!(
+        create["metadata"],
+        json!({"source": "fenced-jobs", "deployment": "prod"})
+    );
 
     // Validating: running (and taken as running for ten seconds by this environment).
     let a = batch_ref("batch_1", &ids[0]);
@@ -153,6 +159,8 @@ async fn openai_batches_are_uploaded_created_followed_and_read_line_by_line() {
         fresh.retrieve(&never, 4_000_000_000_000, &req).await,
         Retrieval::NotFound
     );
+    // Another deployment's batch on the same account is never looked in.
+    assert_eq!(stub.count("GET", "/v1/batches/batch_staging"), 0);
     assert_eq!(
         stub.count("POST", "/v1/batches"),
         1,

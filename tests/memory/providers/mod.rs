@@ -24,6 +24,7 @@ fn openai(url: &str, api: OpenAiApi) -> OpenAiProvider {
         connect_timeout_ms: 1_000,
         request_timeout_ms: 1_000,
         stream: false,
+        deployment: "prod".to_owned(),
         ..OpenAiSettings::default()
     };
     OpenAiProvider::new(settings, Some(Secret::new("sk-test-secret"))).expect("client")
