@@ -336,57 +336,104 @@ pub(crate) async fn read(
     Ok((status, headers, json))
 }
 
-/// The largest batch file (results or input) read into memory: a batch is gathered from one
-/// invocation's records, so its files stay far below this.
+/// The largest batch file (results or input) read: a batch is gathered from one invocation's
+/// records, so its files stay far below this.
 pub(crate) const MAX_BATCH_FILE_BYTES: usize = 256 * MAX_RESPONSE_BYTES;
 
-/// A batch file's text, read whole (at most [`MAX_BATCH_FILE_BYTES`]): `None` if it could not
-/// be read now (any error status, a transport failure, a file too large).
-pub(crate) async fn read_file(request: RequestBuilder) -> Option<String> {
+/// A batch file read as it arrives, one JSONL line at a time, never whole: beyond what `each`
+/// keeps, at most one line and one chunk are held. Each line that names its `custom_id` is
+/// given to `each` with that id. `false` if the file could not be read whole now (an error
+/// status, a transport failure, a file cut off or shorter than announced, more than
+/// [`MAX_BATCH_FILE_BYTES`], a line not UTF-8): what `each` was given is then not the file, and
+/// the caller drops it.
+pub(crate) async fn read_lines(
+    request: RequestBuilder,
+    mut each: impl FnMut(String, &str),
+) -> bool {
     let mut response = match request.send().await {
         Ok(r) if r.status().is_success() => r,
         Ok(r) => {
             tracing::warn!(status = %r.status(), "batch file not read");
-            return None;
+            return false;
         }
         Err(e) => {
             tracing::warn!(error = %transport_kind(&e), "batch file not read");
-            return None;
+            return false;
         }
     };
     let announced = response.content_length();
-    let mut bytes = Vec::new();
+    let (mut read, mut lines) = (0usize, Lines::default());
     loop {
         match response.chunk().await {
-            Ok(Some(chunk)) if bytes.len() + chunk.len() > MAX_BATCH_FILE_BYTES => {
+            Ok(Some(chunk)) if read + chunk.len() > MAX_BATCH_FILE_BYTES => {
                 tracing::warn!("batch file larger than {MAX_BATCH_FILE_BYTES} bytes; not read");
-                return None;
+                return false;
             }
-            Ok(Some(chunk)) => bytes.extend_from_slice(&chunk),
+            Ok(Some(chunk)) => {
+                read += chunk.len();
+                if !lines.push(&chunk, &mut each) {
+                    tracing::warn!("batch file line not UTF-8; not read");
+                    return false;
+                }
+            }
             Ok(None) => break,
             // A file cut off is no file: a line missing from it may have run.
             Err(e) => {
                 tracing::warn!(error = %transport_kind(&e), "batch file cut off; not read");
-                return None;
+                return false;
             }
         }
     }
-    if announced.is_some_and(|n| n != bytes.len() as u64) {
+    if announced.is_some_and(|n| n != read as u64) {
         tracing::warn!("batch file shorter than announced; not read");
-        return None;
+        return false;
     }
-    String::from_utf8(bytes).ok()
+    lines.finish(&mut each)
 }
 
-/// The lines of a JSONL batch file, by their `custom_id`.
-pub(crate) fn lines_by_id(text: &str, into: &mut std::collections::HashMap<String, String>) {
-    for line in text.lines().filter(|l| !l.trim().is_empty()) {
-        let id = serde_json::from_str::<Value>(line)
+/// The lines of a JSONL file as its chunks arrive: the bytes after the last newline wait for
+/// the next chunk.
+#[derive(Default)]
+struct Lines {
+    partial: Vec<u8>,
+}
+
+impl Lines {
+    /// Takes `chunk`, giving each line it completes to `each`; `false` for a line not UTF-8.
+    fn push(&mut self, chunk: &[u8], each: &mut impl FnMut(String, &str)) -> bool {
+        let mut rest = chunk;
+        while let Some(at) = rest.iter().position(|b| *b == b'\n') {
+            self.partial.extend_from_slice(&rest[..at]);
+            rest = &rest[at + 1..];
+            if !self.line(each) {
+                return false;
+            }
+        }
+        self.partial.extend_from_slice(rest);
+        true
+    }
+
+    /// The last line, when the file does not end with a newline.
+    fn finish(mut self, each: &mut impl FnMut(String, &str)) -> bool {
+        self.line(each)
+    }
+
+    fn line(&mut self, each: &mut impl FnMut(String, &str)) -> bool {
+        let bytes = std::mem::take(&mut self.partial);
+        let Ok(text) = std::str::from_utf8(&bytes) else {
+            return false;
+        };
+        let text = text.trim();
+        if text.is_empty() {
+            return true;
+        }
+        let id = serde_json::from_str::<Value>(text)
             .ok()
             .and_then(|v| v.get("custom_id")?.as_str().map(str::to_owned));
         if let Some(id) = id {
-            into.insert(id, line.to_owned());
+            each(id, text);
         }
+        true
     }
 }
 
@@ -491,6 +538,26 @@ pub(crate) fn code_text(code: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_jsonl_file_is_read_line_by_line_whatever_its_chunks() {
+        let mut seen = Vec::new();
+        let mut each = |id: String, raw: &str| seen.push((id, raw.len()));
+        let mut lines = Lines::default();
+        // A line split across chunks, CRLF, a blank line, a line naming no id, no final newline.
+        for chunk in [
+            &b"{\"custom_id\":\"a\",\"x\":1}\r\n{\"custom_"[..],
+            b"id\":\"b\"}\n\n{\"other\":1}\n{\"custom_id\":\"c\"}",
+        ] {
+            assert!(lines.push(chunk, &mut each));
+        }
+        assert!(lines.finish(&mut each));
+        let ids: Vec<&str> = seen.iter().map(|(id, _)| id.as_str()).collect();
+        assert_eq!(ids, ["a", "b", "c"]);
+        // A line that is not UTF-8 makes the file unread.
+        let mut bad = Lines::default();
+        assert!(!bad.push(b"\xff\xfe\n", &mut |_, _| {}));
+    }
 
     #[test]
     fn events_are_read_whatever_the_line_ends_and_the_chunks() {

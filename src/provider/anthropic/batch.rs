@@ -15,7 +15,7 @@ use crate::job::message::parse_rfc3339_ms;
 use crate::provider::batch::{
     BatchApi, BatchLine, Book, Status, batch_id, create_failed, never_ran, valid_id,
 };
-use crate::provider::http::{code_text, lines_by_id, read_file};
+use crate::provider::http::{code_text, read_lines};
 use crate::provider::keys::Secret;
 use crate::provider::{ProviderError, ProviderRequest, Retrieval};
 
@@ -107,10 +107,13 @@ impl AnthropicProvider {
     async fn results(&self, batch_id: &str) -> Option<HashMap<String, String>> {
         let path = format!("/v1/messages/batches/{batch_id}/results");
         let key = self.key.current();
-        let text = read_file(self.request(reqwest::Method::GET, &path, key.as_ref())).await?;
         let mut lines = HashMap::new();
-        lines_by_id(&text, &mut lines);
-        Some(lines)
+        let request = self.request(reqwest::Method::GET, &path, key.as_ref());
+        let read = read_lines(request, |id, raw| {
+            lines.insert(id, raw.to_owned());
+        })
+        .await;
+        read.then_some(lines)
     }
 }
 

@@ -15,7 +15,7 @@ use super::status::{classify, retrieval_error};
 use super::{OpenAiProvider, with_key};
 use crate::job::Millis;
 use crate::provider::batch::{BatchApi, BatchLine, Book, Status, create_failed, never_ran};
-use crate::provider::http::{code_text, lines_by_id, read_file};
+use crate::provider::http::{code_text, read_lines};
 use crate::provider::{ProviderError, ProviderRequest, Retrieval};
 
 /// What this crate's batches carry in their metadata, so an operator can tell them apart.
@@ -139,13 +139,14 @@ impl OpenAiProvider {
         }
     }
 
-    /// A file's text, read whole.
-    async fn file_text(&self, file: &str) -> Option<String> {
+    /// A file's lines, each given to `each` as it arrives (see [`read_lines`]); `false` if
+    /// it could not be read whole now.
+    async fn file_lines(&self, file: &str, each: impl FnMut(String, &str)) -> bool {
         let request = self
             .http
             .get(self.url(&format!("/files/{file}/content")))
             .timeout(self.background_timeout());
-        read_file(with_key(request, self.key.current().as_ref())).await
+        read_lines(with_key(request, self.key.current().as_ref()), each).await
     }
 }
 
@@ -169,10 +170,16 @@ impl BatchApi for OpenAiProvider {
                     if !super::valid_response_id(file) {
                         continue;
                     }
-                    let text = self.file_text(file).await.ok_or(Retrieval::Unreachable {
-                        retry_after_ms: None,
-                    })?;
-                    lines_by_id(&text, &mut results);
+                    let read = self
+                        .file_lines(file, |id, raw| {
+                            results.insert(id, raw.to_owned());
+                        })
+                        .await;
+                    if !read {
+                        return Err(Retrieval::Unreachable {
+                            retry_after_ms: None,
+                        });
+                    }
                 }
                 Ok(Status::Ended(Arc::new(results)))
             }
@@ -223,10 +230,10 @@ impl BatchApi for OpenAiProvider {
             .get("input_file_id")
             .and_then(Value::as_str)
             .filter(|f| super::valid_response_id(f))?;
-        let text = self.file_text(file).await?;
-        let mut lines = HashMap::new();
-        lines_by_id(&text, &mut lines);
-        Some(lines.contains_key(line))
+        // Only whether it holds the line: nothing of the file is kept.
+        let mut held = false;
+        let read = self.file_lines(file, |id, _| held |= id == line).await;
+        read.then_some(held)
     }
 
     fn line_result(&self, raw: &str, req: &ProviderRequest<'_>) -> Retrieval {
