@@ -37,34 +37,77 @@ pub struct Price {
     pub batch_input: u64,
     /// Output tokens of a batch call (the output price where the table gives none).
     pub batch_output: u64,
+    /// Input and output tokens of a call on the flex tier (the batch prices where the table
+    /// gives none: OpenAI prices Flex processing at its Batch API rates).
+    pub flex: Option<(u64, u64)>,
+    /// Input and output tokens of a call on the priority tier (`None`: the table does not
+    /// price it, and such a call is unpriced).
+    pub priority: Option<(u64, u64)>,
+}
+
+/// The rate a call is paid at: its provider's service tier, or its batch interface.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Rate {
+    /// The on-demand prices.
+    #[default]
+    Standard,
+    /// A line of a provider batch.
+    Batch,
+    /// The flex tier (`service_tier: flex`: OpenAI, Bedrock).
+    Flex,
+    /// The priority tier (`service_tier: priority`: OpenAI, Bedrock).
+    Priority,
+}
+
+impl Rate {
+    /// The rate of a call of the job of `input`: a batch line's, else the tier its
+    /// `parameters.service_tier` asks for (`flex`, `priority`; any other value, Anthropic's
+    /// `auto` and `standard_only` among them, is on-demand).
+    pub fn of(batch: bool, input: &serde_json::Map<String, Value>) -> Rate {
+        if batch {
+            return Rate::Batch;
+        }
+        let tier = input
+            .get("parameters")
+            .and_then(|p| p.get("service_tier"))
+            .and_then(Value::as_str);
+        match tier {
+            Some("flex") => Rate::Flex,
+            Some("priority") => Rate::Priority,
+            _ => Rate::Standard,
+        }
+    }
 }
 
 impl Price {
     /// What `usage` cost at these prices, in micro-dollars, rounded up; `batch` for a call made
     /// through the provider's batch interface.
     pub fn cost_micros(&self, usage: &Usage, batch: bool) -> u64 {
-        let (input, output) = if batch {
-            (self.batch_input, self.batch_output)
-        } else {
-            (self.input, self.output)
+        let rate = if batch { Rate::Batch } else { Rate::Standard };
+        self.cost_at(usage, rate).unwrap_or(u64::MAX)
+    }
+
+    /// What `usage` cost at `rate`, in micro-dollars, rounded up; `None` at a tier these
+    /// prices do not cover (priority without its prices).
+    pub fn cost_at(&self, usage: &Usage, rate: Rate) -> Option<u64> {
+        let (input, output) = match rate {
+            Rate::Standard => (self.input, self.output),
+            Rate::Batch => (self.batch_input, self.batch_output),
+            Rate::Flex => self.flex.unwrap_or((self.batch_input, self.batch_output)),
+            Rate::Priority => self.priority?,
         };
-        // A batch discounts the cache's tokens as it does the input's.
+        // Another rate moves the cache's prices as it moves the input's.
         let scaled = |price: u64| {
-            let scaled =
-                u128::from(price) * u128::from(self.batch_input) / u128::from(self.input.max(1));
+            let scaled = u128::from(price) * u128::from(input) / u128::from(self.input.max(1));
             u64::try_from(scaled).unwrap_or(price)
         };
-        let (cache_read, cache_write) = if batch {
-            (scaled(self.cache_read), scaled(self.cache_write))
-        } else {
-            (self.cache_read, self.cache_write)
-        };
+        let (cache_read, cache_write) = (scaled(self.cache_read), scaled(self.cache_write));
         let nano = |tokens: u64, price: u64| u128::from(tokens) * u128::from(price);
         let total = nano(usage.input, input)
             + nano(usage.output, output)
             + nano(usage.cache_read, cache_read)
             + nano(usage.cache_write, cache_write);
-        u64::try_from(total.div_ceil(1_000_000)).unwrap_or(u64::MAX)
+        Some(u64::try_from(total.div_ceil(1_000_000)).unwrap_or(u64::MAX))
     }
 }
 
@@ -148,6 +191,12 @@ impl PriceTable {
     pub fn cost_micros(&self, model: &str, usage: &Usage, batch: bool) -> Option<u64> {
         self.price(model).map(|p| p.cost_micros(usage, batch))
     }
+
+    /// What `usage` of `model` cost at `rate`, in micro-dollars; `None` for a model, or a tier
+    /// of it, the table does not price.
+    pub fn cost_at(&self, model: &str, usage: &Usage, rate: Rate) -> Option<u64> {
+        self.price(model)?.cost_at(usage, rate)
+    }
 }
 
 /// The model a dated snapshot's id names: `model` less a final `-YYYYMMDD` (Anthropic's
@@ -181,6 +230,19 @@ fn price_of(id: &str, prices: &Value) -> Result<Price, String> {
     let (Some(input), Some(output)) = (field("input")?, field("output")?) else {
         return Err(format!("{id:?}: `input` and `output` are required"));
     };
+    // A tier's prices come as a pair, `<tier>_input` and `<tier>_output`, or not at all.
+    let tier = |name: &str| -> Result<Option<(u64, u64)>, String> {
+        match (
+            field(&format!("{name}_input"))?,
+            field(&format!("{name}_output"))?,
+        ) {
+            (Some(i), Some(o)) => Ok(Some((i, o))),
+            (None, None) => Ok(None),
+            _ => Err(format!(
+                "{id:?}: `{name}_input` and `{name}_output` come together"
+            )),
+        }
+    };
     Ok(Price {
         input,
         output,
@@ -188,6 +250,8 @@ fn price_of(id: &str, prices: &Value) -> Result<Price, String> {
         cache_write: field("cache_write")?.unwrap_or(input),
         batch_input: field("batch_input")?.unwrap_or(input),
         batch_output: field("batch_output")?.unwrap_or(output),
+        flex: tier("flex")?,
+        priority: tier("priority")?,
     })
 }
 
@@ -256,6 +320,45 @@ mod tests {
             table.cost_micros("gpt-4.1", &cached, true),
             Some(direct / 2)
         );
+    }
+
+    #[test]
+    fn a_service_tier_is_priced_at_its_own_rows_flex_else_at_batch_prices() {
+        let table = PriceTable::parse(
+            r#"{"models": {
+                "m": {"input": 2.0, "output": 8.0, "cache_read": 0.5, "batch_input": 1.0,
+                      "batch_output": 4.0, "priority_input": 3.5, "priority_output": 14.0},
+                "n": {"input": 2.0, "output": 8.0, "flex_input": 0.9, "flex_output": 3.6}
+            }}"#,
+        )
+        .expect("parses");
+        let used = usage(1_000, 500, 0, 0);
+        assert_eq!(table.cost_at("m", &used, Rate::Standard), Some(6_000));
+        assert_eq!(
+            table.cost_at("m", &used, Rate::Priority),
+            Some(3_500 + 7_000)
+        );
+        // Flex without rows of its own is paid at the batch prices (OpenAI's rule).
+        assert_eq!(table.cost_at("m", &used, Rate::Flex), Some(3_000));
+        assert_eq!(table.cost_at("n", &used, Rate::Flex), Some(900 + 1_800));
+        // Priority without its prices is not priced; a cache read moves with the input's rate.
+        assert_eq!(table.cost_at("n", &used, Rate::Priority), None);
+        let cached = usage(0, 0, 1_000_000, 0);
+        assert_eq!(table.cost_at("m", &cached, Rate::Priority), Some(875_000));
+        // A tier's prices come in pairs.
+        let half = r#"{"models": {"m": {"input": 1, "output": 1, "priority_input": 2}}}"#;
+        assert!(PriceTable::parse(half).is_err());
+        // The tier a job's parameters ask for; a batch line is a batch line.
+        let input = |tier: &str| {
+            serde_json::json!({"parameters": {"service_tier": tier}})
+                .as_object()
+                .cloned()
+                .expect("object")
+        };
+        assert_eq!(Rate::of(false, &input("priority")), Rate::Priority);
+        assert_eq!(Rate::of(false, &input("flex")), Rate::Flex);
+        assert_eq!(Rate::of(false, &input("auto")), Rate::Standard);
+        assert_eq!(Rate::of(true, &input("priority")), Rate::Batch);
     }
 
     #[test]

@@ -237,6 +237,70 @@ async fn under_a_spend_limit_a_model_without_a_price_is_never_called_unless_allo
     assert_eq!(processor.provider().executions(), 1);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_priority_call_is_paid_at_priority_prices_and_is_unpriced_without_them() {
+    use fenced_jobs::job::prices::{PriceTable, Rate};
+    // GIVEN a day's limit, jobs that ask for the priority tier, and a price table with sim-1's
+    // priority prices (twice its on-demand ones)
+    let aws = emulator().await;
+    let table = aws.table().await;
+    let priority = |id: &str| {
+        let input = json!({"model": "sim-1", "prompt": "Summarise.",
+                           "parameters": {"max_tokens": 100, "service_tier": "priority"}});
+        job_with(id, None, input)
+    };
+    let prices = PriceTable::parse(
+        r#"{"models": {"sim-1": {"input": 1.0, "output": 4.0,
+                                 "priority_input": 2.0, "priority_output": 8.0}}}"#,
+    )
+    .expect("prices");
+    let any_parameter = fenced_jobs::job::policy::Policy {
+        parameters: None,
+        ..fenced_jobs::job::policy::Policy::default()
+    };
+    let settings = fenced_jobs::worker::Settings {
+        daily_spend_limit_micros: Some(1_000_000),
+        policy: any_parameter,
+        prices: Arc::new(prices.clone()),
+        ..fast_settings()
+    };
+    let ledger: DynamoLedger = aws.ledger(&table);
+    let (processor, inv) = late_evening(&ledger, settings.clone());
+
+    // WHEN one runs
+    let done = processor
+        .process(&priority("tier-1"), "w/1", &inv, &NoWatch)
+        .await;
+
+    // THEN it is paid at the priority prices, by the job and the day alike
+    assert_eq!(done.outcome, RecordOutcome::Done(JobState::Succeeded));
+    let item = ledger.get("tier-1").await.expect("get").expect("item");
+    let used = item.usage().expect("usage");
+    let cost = used.cost_micros.expect("priced");
+    assert_eq!(Some(cost), prices.cost_at("sim-1", &used, Rate::Priority));
+    assert!(
+        cost > prices
+            .cost_at("sim-1", &used, Rate::Standard)
+            .expect("standard")
+    );
+    assert_eq!(day_spent(&aws, &table, "2026-12-01").await, cost);
+
+    // AND under the built-in table, which gives no priority prices, it is never called
+    let built_in = fenced_jobs::worker::Settings {
+        prices: Arc::default(),
+        ..settings
+    };
+    let (processor, inv) = late_evening(&ledger, built_in);
+    let waited = processor
+        .process(&priority("tier-2"), "w/2", &inv, &NoWatch)
+        .await;
+    assert_eq!(
+        waited.outcome,
+        RecordOutcome::Failed(Failure::Paced { wait_ms: 900_000 })
+    );
+    assert_eq!(processor.provider().executions(), 0);
+}
+
 #[test]
 fn start_up_finds_each_model_the_deployment_may_call_that_has_no_price() {
     use fenced_jobs::job::policy::Policy;

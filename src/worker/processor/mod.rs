@@ -383,7 +383,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
                         // No spend limit can count a call it cannot price: none is made, and
                         // the record waits for a price (or its deadline).
                         tracing::error!(job_id = %msg.job_id, model = %model,
-                            "the model has no price and a spend limit applies: no call is made \
+                            "the model has no price (at its service tier) and a spend limit applies: no call is made \
                              (PRICES_FILE, or ALLOW_UNPRICED_MODELS=true)");
                         watch.spend_deferred();
                         step = machine.no_capacity(UNPRICED_WAIT_MS);

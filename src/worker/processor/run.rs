@@ -10,7 +10,7 @@ use tokio_util::sync::CancellationToken;
 use super::{AttemptWatch, Invocation, Link, Processed, Processor};
 use crate::clock::Clock;
 use crate::job::contract::Contract;
-use crate::job::prices::PriceTable;
+use crate::job::prices::{PriceTable, Rate};
 use crate::job::{JobMessage, JobRecord, Millis, Usage};
 use crate::ledger::JobLedger;
 use crate::provider::{Progress, Provider, ProviderRequest, Retrieval, Submission};
@@ -25,8 +25,8 @@ pub(super) struct Spent {
     pub(super) heard: Option<Usage>,
     pub(super) estimate: Usage,
     pub(super) model: String,
-    /// The call is a line of a provider batch, paid at the batch prices.
-    pub(super) batch: bool,
+    /// The rate it is paid at: a batch line's, or the service tier its job asks for.
+    pub(super) rate: Rate,
 }
 
 impl Spent {
@@ -47,7 +47,7 @@ impl Spent {
             _ => self.heard,
         };
         usage.map(|u| Usage {
-            cost_micros: prices.cost_micros(&self.model, &u, self.batch),
+            cost_micros: prices.cost_at(&self.model, &u, self.rate),
             ..u
         })
     }
@@ -144,11 +144,9 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         // or never sent), else all it reserved (an outcome unknown, or an end not written);
         // corrected once the attempt's end is written, so that the acceptance waits for no
         // other write.
-        let heard = spent.heard.and_then(|u| {
-            self.settings
-                .prices
-                .cost_micros(&spent.model, &u, spent.batch)
-        });
+        let heard = spent
+            .heard
+            .and_then(|u| self.settings.prices.cost_at(&spent.model, &u, spent.rate));
         let (attempt, epoch, model) = (owner.attempts, owner.owner_epoch, spent.model.clone());
         let processed = self.end_attempt(owner, waited, spent, msg, inv).await;
         let actual = heard
@@ -213,7 +211,10 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
             heard: None,
             estimate: Usage::estimate(request.input_json.len(), request.max_output_tokens),
             model: link.provider.model(request.input).to_owned(),
-            batch: self.batched(link, &input) || super::batches::in_batch(owner),
+            rate: Rate::of(
+                self.batched(link, &input) || super::batches::in_batch(owner),
+                &input,
+            ),
         };
         let call = Call {
             link,
@@ -411,7 +412,10 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
                             *heard = answer.usage.or(*heard);
                             let cost = answer
                                 .usage
-                                .and_then(|u| self.settings.prices.cost_micros(model, &u, false));
+                                .and_then(|u| {
+                                    let rate = Rate::of(false, request.input);
+                                    self.settings.prices.cost_at(model, &u, rate)
+                                });
                             telemetry::record_call(&span, answer.usage.as_ref(), answer.finish, cost);
                             match answer.judged(request.output) {
                                 Ok(answer) => Said::Answered(answer),
@@ -455,7 +459,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
                 self.settings.policy.output_tokens(&input),
             ),
             model: link.provider.model(&input).to_owned(),
-            batch: super::batches::in_batch(owner),
+            rate: Rate::of(super::batches::in_batch(owner), &input),
         }
     }
 

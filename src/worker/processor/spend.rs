@@ -22,10 +22,11 @@ pub(super) struct Reserved {
 impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
     /// The most the next call of `msg`'s job can cost, when a spend limit counts it (the job's
     /// `max_cost`, the day's, the tenant's day): its input and its whole answer ceiling, at the
-    /// prices of the model it runs; 0 when no limit counts it, so that a deployment with none
-    /// never parses the input. `Err(model)`: a limit counts the call and the price table lacks
-    /// its model, which only `ALLOW_UNPRICED_MODELS` lets through (costed at 0): no limit can
-    /// hold a call it cannot price.
+    /// prices of the model it runs at the service tier it asks for; 0 when no limit counts it,
+    /// so that a deployment with none never parses the input. `Err(model)`: a limit counts the
+    /// call and the price table lacks its model (or that tier of it), which only
+    /// `ALLOW_UNPRICED_MODELS` lets through (costed at 0): no limit can hold a call it cannot
+    /// price.
     pub(super) fn next_call_micros(
         &self,
         msg: &JobMessage,
@@ -42,7 +43,8 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         let estimate =
             crate::job::Usage::estimate(msg.input_canonical.len(), s.policy.output_tokens(&input));
         let model = link.provider.model(&input);
-        match s.prices.cost_micros(model, &estimate, false) {
+        let rate = crate::job::prices::Rate::of(false, &input);
+        match s.prices.cost_at(model, &estimate, rate) {
             Some(micros) => Ok(micros),
             None if s.allow_unpriced_models => Ok(0),
             None => Err(model.to_owned()),
