@@ -363,13 +363,17 @@ mod tests {
         }
     }
 
-    fn never() -> Until {
-        let far = tokio::time::Instant::now() + Duration::from_secs(86_400);
+    /// A line's owner that waits until `at`, and never loses its job.
+    fn until(at: tokio::time::Instant) -> Until {
         Until {
-            give_up: far,
-            stop: far,
+            give_up: at,
+            stop: at,
             lost: tokio_util::sync::CancellationToken::new(),
         }
+    }
+
+    fn never() -> Until {
+        until(tokio::time::Instant::now() + Duration::from_secs(86_400))
     }
 
     fn group() -> (usize, String) {
@@ -383,13 +387,8 @@ mod tests {
         let gather = Gather::default();
         let _lanes = gather.lanes(2, 16);
         let give_up = tokio::time::Instant::now() + Duration::from_secs(3);
-        let until = Until {
-            give_up,
-            stop: give_up,
-            lost: tokio_util::sync::CancellationToken::new(),
-        };
         let sent = gather
-            .join(&providers, group(), line("late"), WINDOW, until)
+            .join(&providers, group(), line("late"), WINDOW, until(give_up))
             .await;
         assert!(matches!(&sent, Joined::NotSent(_)), "{sent:?}");
         assert!(provider.batch_sizes().is_empty(), "nothing was sent");
@@ -404,12 +403,7 @@ mod tests {
         // The second line comes when the gathering is due, from a record with no time left:
         // it takes both lines, and neither batch may begin.
         let waiting = gather.join(&providers, (0, "m1".to_owned()), line("a"), WINDOW, never());
-        let now = tokio::time::Instant::now();
-        let spent = Until {
-            give_up: now,
-            stop: now,
-            lost: tokio_util::sync::CancellationToken::new(),
-        };
+        let spent = until(tokio::time::Instant::now());
         let late = gather.join(&providers, (0, "m2".to_owned()), line("b"), WINDOW, spent);
         let (a, b) = futures::join!(waiting, late);
         assert!(matches!(&a, Joined::NotSent(_)), "{a:?}");

@@ -1,6 +1,8 @@
 //! The Messages API's classification and request parts, unit by unit.
 
 use super::*;
+use reqwest::StatusCode;
+use reqwest::header::HeaderMap;
 
 /// The headers Anthropic's API answers with.
 fn from_api() -> HeaderMap {

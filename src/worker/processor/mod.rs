@@ -6,6 +6,7 @@
 //! is an [`AttemptWatch`].
 //!
 //! - this file: the entry points and the admission's loop;
+//! - [`build`](self::build): a processor put together from its parts, and what it holds;
 //! - [`route`](self::route): which provider of the list takes an attempt, and the fallback to
 //!   the next in the same delivery;
 //! - [`writes`](self::writes): the writes before the call (the claim, a settle, a recovery
@@ -16,6 +17,7 @@
 //! - [`recover`](self::recover): what a recovery claim does with the evidence it finds.
 
 mod batches;
+mod build;
 mod end;
 mod pacers;
 mod payload;
@@ -46,7 +48,7 @@ use crate::ledger::spend::SpendBudget;
 use crate::ledger::{JobLedger, LedgerError, Write};
 use crate::provider::Provider;
 use pacers::TenantPacers;
-use spend::{Reserved, UNPRICED_WAIT_MS};
+use spend::Reserved;
 
 /// The invocation a record is processed in.
 #[derive(Debug, Clone)]
@@ -144,112 +146,6 @@ pub trait AttemptWatch: Sync {
 }
 
 impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
-    /// A processor over these parts.
-    pub fn new(ledger: L, provider: P, clock: C, settings: Settings) -> Self {
-        let first = Link {
-            provider,
-            models: ModelMap::default(),
-            pacer: Pacer::new(settings.pacing(), None),
-            urgent: settings.urgent_pacing().map(|p| Pacer::new(p, None)),
-        };
-        Processor {
-            ledger,
-            links: vec![first],
-            clock,
-            settings,
-            blobs: None,
-            contracts: Arc::default(),
-            spend: None,
-            tenants: TenantPacers::default(),
-            gather: super::gather::Gather::default(),
-        }
-    }
-
-    /// Keeps the deployment's calls within `DAILY_SPEND_LIMIT` a day, counted in `spend` (the
-    /// ledger table's day items); without a limit set it is never asked.
-    pub fn with_spend_budget(mut self, spend: Arc<dyn SpendBudget>) -> Self {
-        self.spend = Some(spend);
-        self
-    }
-
-    /// Holds each job to its output contract in `contracts` (without, to none: every answer is
-    /// accepted as it comes).
-    pub fn with_contracts(mut self, contracts: Arc<Contracts>) -> Self {
-        self.contracts = contracts;
-        self
-    }
-
-    /// The output contracts jobs are held to.
-    pub fn contracts(&self) -> &Contracts {
-        &self.contracts
-    }
-
-    /// Gives the first provider its model for each job model name.
-    pub fn with_models(mut self, models: ModelMap) -> Self {
-        self.links[0].models = models;
-        self
-    }
-
-    /// Adds `provider` to the end of the list, with its model for each job model name: it
-    /// takes a job after a definite refusal of the one before it. Its pacing is its own: the
-    /// adaptive limit and `Retry-After`, kept apart from the others' (the deployment's shared
-    /// limits, `PROVIDER_RPM` and `PROVIDER_TPM`, are the first provider's).
-    pub fn with_fallback(mut self, provider: P, models: ModelMap) -> Self {
-        let mut pacing = self.settings.pacing();
-        pacing.limits = Default::default();
-        pacing.key = format!("{}#{}", pacing.key, provider.name());
-        self.links.push(Link {
-            provider,
-            models,
-            pacer: Pacer::new(pacing, None),
-            urgent: None,
-        });
-        self
-    }
-
-    /// Adds an object store: answers and inputs above `INLINE_MAX_BYTES` (or too large for the
-    /// item) are written to its bucket, and stored inputs and Extended Client payloads read.
-    pub fn with_blobs(mut self, blobs: Arc<dyn BlobStore>) -> Self {
-        self.blobs = Some(blobs);
-        self
-    }
-
-    /// The object store, if any.
-    pub fn blobs(&self) -> Option<&dyn BlobStore> {
-        self.blobs.as_deref()
-    }
-
-    /// The ledger.
-    pub fn ledger(&self) -> &L {
-        &self.ledger
-    }
-
-    /// The (first) provider.
-    pub fn provider(&self) -> &P {
-        &self.links[0].provider
-    }
-
-    /// Every provider, in order.
-    pub fn providers(&self) -> impl Iterator<Item = &P> {
-        self.links.iter().map(|l| &l.provider)
-    }
-
-    /// An invocation's `count` lanes, run `concurrency` at a time: a batch of deferrable jobs'
-    /// lines waits (within the gathering window) for those that run or may start.
-    pub(crate) fn lanes(&self, count: usize, concurrency: usize) -> super::gather::Lanes<'_> {
-        self.gather.lanes(count, concurrency)
-    }
-
-    /// The settings.
-    pub fn settings(&self) -> &Settings {
-        &self.settings
-    }
-
-    /// The clock.
-    pub fn clock(&self) -> &C {
-        &self.clock
-    }
-
     /// Processes one delivery of `msg`. `owner_id` must be unique to this delivery.
     pub async fn process(
         &self,
@@ -380,13 +276,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
             let seen = match step {
                 Step::Admit => {
                     if let Some(model) = &unpriced {
-                        // No spend limit can count a call it cannot price: none is made, and
-                        // the record waits for a price (or its deadline).
-                        tracing::error!(job_id = %msg.job_id, model = %model,
-                            "the model has no price (at its service tier) and a spend limit applies: no call is made \
-                             (PRICES_FILE, or ALLOW_UNPRICED_MODELS=true)");
-                        watch.spend_deferred();
-                        step = machine.no_capacity(UNPRICED_WAIT_MS);
+                        step = machine.no_capacity(self.unpriced_wait(msg, model, watch));
                         continue;
                     }
                     let link = &self.links[routed];

@@ -8,7 +8,7 @@ use crate::provider::Provider;
 
 /// How long a record whose call cannot be priced waits before it is looked at again: long
 /// enough not to churn the queue, short enough that a price added in a deploy is soon used.
-pub(super) const UNPRICED_WAIT_MS: Millis = 15 * 60_000;
+const UNPRICED_WAIT_MS: Millis = 15 * 60_000;
 
 /// The day's spend a call reserved before its claim: given back in full when no call is made,
 /// corrected to the call's cost once it ended.
@@ -85,6 +85,21 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         unpriced.sort();
         unpriced.dedup();
         (unpriced, open)
+    }
+
+    /// The wait of a record whose next call of `model` no spend limit can count: none is made,
+    /// and the record comes back for a price (or its deadline), said and counted each time.
+    pub(super) fn unpriced_wait(
+        &self,
+        msg: &JobMessage,
+        model: &str,
+        watch: &dyn super::AttemptWatch,
+    ) -> Millis {
+        tracing::error!(job_id = %msg.job_id, model = %model,
+            "the model has no price (at its service tier) and a spend limit applies: no call is \
+             made (PRICES_FILE, or ALLOW_UNPRICED_MODELS=true)");
+        watch.spend_deferred();
+        UNPRICED_WAIT_MS
     }
 
     /// Reserves `micros`, the most `msg`'s next call can cost, from the day's spend, when the
