@@ -46,7 +46,7 @@ pub struct Price {
 }
 
 /// The rate a call is paid at: its provider's service tier, or its batch interface.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum Rate {
     /// The on-demand prices.
     #[default]
@@ -75,6 +75,33 @@ impl Rate {
             Some("flex") => Rate::Flex,
             Some("priority") => Rate::Priority,
             _ => Rate::Standard,
+        }
+    }
+
+    /// A tier as a provider names the one it served a call at, in its answer: OpenAI's
+    /// `service_tier` (`default`, `flex`, `priority`; API reference, "The response object"),
+    /// Anthropic's `usage.service_tier` (`standard`, `priority`, `batch`; Messages API
+    /// reference), Bedrock's `serviceTier.type` (`default`, `flex`, `priority`, `reserved`;
+    /// Converse API reference). `None` for a name priced by none of our rates (OpenAI's
+    /// `scale`, Bedrock's `reserved`: paid ahead, by other units).
+    pub fn reported(tier: &str) -> Option<Rate> {
+        match tier {
+            "default" | "standard" => Some(Rate::Standard),
+            "flex" => Some(Rate::Flex),
+            "priority" => Some(Rate::Priority),
+            "batch" => Some(Rate::Batch),
+            _ => None,
+        }
+    }
+
+    /// The rate a call asked at `self` is paid at, once the provider said which tier served
+    /// it: the tier it says (a `priority` call the provider served at `default` is priced at
+    /// the standard rate, an `auto` call served at `priority` at the priority rate), else the
+    /// one asked for. A batch line keeps the batch prices whatever its answer names.
+    pub fn served(self, reported: Option<Rate>) -> Rate {
+        match (self, reported) {
+            (Rate::Batch, _) | (_, None) => self,
+            (_, Some(tier)) => tier,
         }
     }
 }
@@ -447,5 +474,35 @@ mod tests {
         ] {
             assert!(PriceTable::parse(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn the_tier_an_answer_names_prices_the_call_over_the_one_asked_for() {
+        // Served below what was asked, or above it: the answer's word prices the call.
+        assert_eq!(
+            Rate::Priority.served(Rate::reported("default")),
+            Rate::Standard
+        );
+        assert_eq!(
+            Rate::Standard.served(Rate::reported("priority")),
+            Rate::Priority
+        );
+        assert_eq!(Rate::Flex.served(Rate::reported("flex")), Rate::Flex);
+        // Anthropic's words.
+        assert_eq!(
+            Rate::Priority.served(Rate::reported("standard")),
+            Rate::Standard
+        );
+        // Nothing said, or a tier no rate prices: the tier asked for.
+        assert_eq!(Rate::Priority.served(None), Rate::Priority);
+        assert_eq!(Rate::Flex.served(Rate::reported("scale")), Rate::Flex);
+        // A batch line stays at the batch prices.
+        assert_eq!(Rate::Batch.served(Rate::reported("default")), Rate::Batch);
+        let anthropic = serde_json::json!({"input_tokens": 10, "output_tokens": 2,
+                                           "service_tier": "priority"});
+        assert_eq!(
+            Usage::from_anthropic(&anthropic).and_then(|u| u.tier),
+            Some(Rate::Priority)
+        );
     }
 }

@@ -5,6 +5,8 @@
 
 use serde_json::Value;
 
+use crate::job::prices::Rate;
+
 /// The tokens one call used. `input` are the input tokens billed at the model's input price
 /// (those neither read from nor written to a prompt cache); `cache_read` and `cache_write` are
 /// billed at the cache's prices; `output` counts every token written, `reasoning` the part of
@@ -28,6 +30,10 @@ pub struct Usage {
     /// price table does not price the model).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cost_micros: Option<u64>,
+    /// The tier the provider says it served the call at, when it said: it prices the call
+    /// ([`Rate::served`]).
+    #[serde(skip)]
+    pub tier: Option<Rate>,
 }
 
 /// Bytes of input counted as one token in an estimate (the usual rule of thumb for English
@@ -64,6 +70,7 @@ impl Usage {
             reasoning: count(output_details).unwrap_or(0),
             estimated: false,
             cost_micros: None,
+            tier: None,
         })
     }
 
@@ -79,6 +86,7 @@ impl Usage {
             reasoning: 0,
             estimated: false,
             cost_micros: None,
+            tier: None,
         }
     }
 
@@ -95,6 +103,10 @@ impl Usage {
             reasoning: 0,
             estimated: false,
             cost_micros: None,
+            tier: usage
+                .get("service_tier")
+                .and_then(Value::as_str)
+                .and_then(Rate::reported),
         })
     }
 
@@ -122,6 +134,15 @@ impl Usage {
                 (Some(a), Some(b)) => Some(a + b),
                 (a, b) => a.or(b),
             },
+            tier: self.tier.or(other.tier),
+        }
+    }
+
+    /// This usage, served at the tier a provider's answer names (`tier`, its own word).
+    pub fn served_at(self, tier: Option<&Value>) -> Usage {
+        Usage {
+            tier: tier.and_then(Value::as_str).and_then(Rate::reported),
+            ..self
         }
     }
 
@@ -151,6 +172,7 @@ mod tests {
             reasoning: 256,
             estimated: false,
             cost_micros: None,
+            tier: None,
         };
         assert_eq!(Usage::from_openai(&chat), Some(expected));
         let responses = json!({

@@ -288,3 +288,134 @@ async fn two_environments_share_the_providers_limit_through_the_schedule_item() 
     // (and the environment refused before reads the schedule item once before booking again)
     assert_eq!(aws.calls.get("dynamodb", "GetItem"), 11);
 }
+
+/// One environment's share of a scripted OpenAI server at its rate limit: the moments its
+/// requests arrived, each held `HELD` before its answer.
+#[derive(Default)]
+struct Arrivals(std::sync::Mutex<Vec<(char, std::time::Instant, bool)>>);
+
+const HELD: std::time::Duration = std::time::Duration::from_millis(150);
+
+impl Arrivals {
+    /// The rounds of refusals of environment `env`: refused arrivals closer than 900 ms apart
+    /// are one round (a `Retry-After` of a second lies between rounds), each with the most of
+    /// its requests the server held at once.
+    fn rounds(&self, env: char) -> Vec<usize> {
+        let at: Vec<std::time::Instant> = {
+            let all = self.0.lock().expect("arrivals");
+            all.iter()
+                .filter(|(e, _, refused)| *e == env && *refused)
+                .map(|(_, t, _)| *t)
+                .collect()
+        };
+        let mut rounds: Vec<Vec<std::time::Instant>> = Vec::new();
+        for t in at {
+            match rounds.last_mut() {
+                Some(round)
+                    if t - *round.last().expect("one") < std::time::Duration::from_millis(900) =>
+                {
+                    round.push(t)
+                }
+                _ => rounds.push(vec![t]),
+            }
+        }
+        rounds
+            .iter()
+            .map(|round| {
+                round
+                    .iter()
+                    .map(|t| {
+                        round
+                            .iter()
+                            .filter(|u| **u <= *t && *t - **u < HELD)
+                            .count()
+                    })
+                    .max()
+                    .unwrap_or(0)
+            })
+            .collect()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_adaptive_limit_halves_the_calls_in_flight_at_each_round_of_429s() {
+    // GIVEN two environments (each its own pacer, ten calls in flight at most) in front of one
+    // OpenAI server that answers every call for 4.2 s with a 429 in OpenAI's own word and
+    // `Retry-After: 1`, each answer held 150 ms, then answers them
+    let aws = support::emulator().await;
+    let table = aws.table().await;
+    let arrivals = Arc::new(Arrivals::default());
+    let seen = Arc::clone(&arrivals);
+    let started = std::time::Instant::now();
+    let server = crate::support::http::HttpStub::start(move |req, _| {
+        use crate::support::http::Reply;
+        let env = req.path.chars().nth(1).unwrap_or('?');
+        let refused = started.elapsed() < std::time::Duration::from_millis(4_200);
+        seen.0
+            .lock()
+            .expect("arrivals")
+            .push((env, std::time::Instant::now(), refused));
+        let reply = if refused {
+            Reply::json(
+                429,
+                serde_json::json!({"error": {"type": "requests", "code": "rate_limit_exceeded",
+                    "message": "Rate limit reached for requests", "param": null}}),
+            )
+            .with_header("retry-after", "1")
+            .with_header("openai-processing-ms", "3")
+            .with_header("openai-version", "2020-10-01")
+            .with_header("x-request-id", "req_429")
+        } else {
+            Reply::json(200, crate::support::providers::chat_answer("A summary."))
+        };
+        Reply::Slow(HELD, Box::new(reply))
+    })
+    .await;
+    let environment = |env: &str| {
+        let mut settings = support::fast_settings();
+        settings.pacing.max_in_flight = 10;
+        let provider = fenced_jobs::provider::AnyProvider::OpenAi(
+            fenced_jobs::provider::OpenAiProvider::new(
+                fenced_jobs::provider::openai::OpenAiSettings {
+                    base_url: format!("{}/{env}/v1", server.url),
+                    api: fenced_jobs::provider::openai::OpenAiApi::Chat,
+                    ..crate::support::providers::openai_settings(&server.url)
+                },
+                None,
+            )
+            .expect("client"),
+        );
+        aws.handler(&table, provider, settings)
+    };
+    let (a, b) = (environment("a"), environment("b"));
+    let (queue_a, queue_b) = (aws.queue(30).await, aws.queue(30).await);
+    let (mut source_a, mut source_b) = (aws.source(&queue_a).await, aws.source(&queue_b).await);
+    source_a.batch_size = 10;
+    source_b.batch_size = 10;
+    for i in 0..10 {
+        aws.send(&queue_a, &support::job(&format!("crowd-a-{i}"), "p", ""))
+            .await;
+        aws.send(&queue_b, &support::job(&format!("crowd-b-{i}"), "p", ""))
+            .await;
+    }
+
+    // WHEN each environment takes its batch of ten at once
+    let ((poll_a, _), (poll_b, _)) = tokio::join!(
+        support::deliver(&source_a, &a),
+        support::deliver(&source_b, &b)
+    );
+
+    // THEN every job ended in that invocation, and at each round of refusals each
+    // environment held at most half its calls of the round before in flight (10, 5, 2, 1):
+    // the limit the docs describe, counted where the calls arrive
+    assert_eq!((poll_a.received, poll_a.deleted), (10, 10));
+    assert_eq!((poll_b.received, poll_b.deleted), (10, 10));
+    for env in ['a', 'b'] {
+        let rounds = arrivals.rounds(env);
+        assert!(rounds.len() >= 4, "{env}: {rounds:?}");
+        assert_eq!(rounds[0], 10, "{env}: {rounds:?}");
+        for pair in rounds.windows(2) {
+            assert!(pair[1] <= (pair[0] / 2).max(1), "{env}: {rounds:?}");
+        }
+    }
+}

@@ -88,6 +88,7 @@ fn decode_usage(v: &AttributeValue) -> Option<Usage> {
         reasoning: count("reasoning"),
         estimated: matches!(m.get("estimated"), Some(AttributeValue::Bool(true))),
         cost_micros: get_n(m, "cost_micros").and_then(to_u64),
+        tier: None,
     })
 }
 
@@ -507,6 +508,7 @@ mod tests {
                     reasoning: 100,
                     estimated: true,
                     cost_micros: Some(5_100),
+                    tier: None,
                 }),
                 route: Some(Route {
                     provider: "anthropic".into(),

@@ -153,7 +153,7 @@ impl Provider for BedrockProvider {
         if self.stream {
             let sent = request!(self.client.converse_stream(), GuardrailStreamConfiguration);
             let (text, stop, usage) = streamed(sent.stream, req.progress_rule()).await?;
-            return Ok(answer(req, model, text, &stop, usage.as_ref()));
+            return Ok(answer(req, model, text, &stop, usage.as_ref(), None));
         }
         let out = request!(self.client.converse(), GuardrailConfiguration);
         let text: String = match out.output() {
@@ -169,18 +169,27 @@ impl Provider for BedrockProvider {
                 });
             }
         };
-        Ok(answer(req, model, text, out.stop_reason(), out.usage()))
+        let tier = out.service_tier().map(|t| t.r#type().as_str());
+        Ok(answer(
+            req,
+            model,
+            text,
+            out.stop_reason(),
+            out.usage(),
+            tier,
+        ))
     }
 }
 
 /// The answer recorded in the ledger: the same shape for every provider, the cache's tokens in
-/// the usage.
+/// the usage, priced at the `tier` Converse says served the call.
 fn answer(
     req: &ProviderRequest<'_>,
     model: &str,
     text: String,
     stop: &StopReason,
     usage: Option<&TokenUsage>,
+    tier: Option<&str>,
 ) -> Answer {
     let recorded = usage.map_or(Value::Null, |u| {
         json!({
@@ -208,6 +217,7 @@ fn answer(
                 u.cache_read_input_tokens().unwrap_or(0),
                 u.cache_write_input_tokens().unwrap_or(0),
             )
+            .served_at(tier.map(Value::from).as_ref())
         }),
     }
 }

@@ -85,6 +85,7 @@ async fn streamed_chat(mut events: Events) -> Result<Value, ProviderError> {
     };
     let (mut content, mut refusal) = (None::<String>, None::<String>);
     let (mut finish, mut model, mut usage) = (Value::Null, Value::Null, Value::Null);
+    let mut tier = Value::Null;
     let mut size = 0usize;
     loop {
         let Some(event) = events.next().await? else {
@@ -108,6 +109,9 @@ async fn streamed_chat(mut events: Events) -> Result<Value, ProviderError> {
         }
         if let Some(u) = chunk.get("usage").filter(|u| u.is_object()) {
             usage = u.clone();
+        }
+        if let Some(t) = chunk.get("service_tier").filter(|t| t.is_string()) {
+            tier = t.clone();
         }
         let Some(choice) = chunk.pointer("/choices/0") else {
             continue;
@@ -138,6 +142,7 @@ async fn streamed_chat(mut events: Events) -> Result<Value, ProviderError> {
         "model": model,
         "choices": [{"index": 0, "finish_reason": finish, "message": message}],
         "usage": usage,
+        "service_tier": tier,
     }))
 }
 

@@ -587,7 +587,10 @@ fn answer(
         body: body.to_string(),
         provider_ref,
         finish,
-        usage: json.get("usage").and_then(Usage::from_openai),
+        usage: json
+            .get("usage")
+            .and_then(Usage::from_openai)
+            .map(|u| u.served_at(json.get("service_tier"))),
     }
 }
 

@@ -47,7 +47,7 @@ impl Spent {
             _ => self.heard,
         };
         usage.map(|u| Usage {
-            cost_micros: prices.cost_at(&self.model, &u, self.rate),
+            cost_micros: prices.cost_at(&self.model, &u, self.rate.served(u.tier)),
             ..u
         })
     }
@@ -144,9 +144,10 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         // or never sent), else all it reserved (an outcome unknown, or an end not written);
         // corrected once the attempt's end is written, so that the acceptance waits for no
         // other write.
-        let heard = spent
-            .heard
-            .and_then(|u| self.settings.prices.cost_at(&spent.model, &u, spent.rate));
+        let heard = spent.heard.and_then(|u| {
+            let rate = spent.rate.served(u.tier);
+            self.settings.prices.cost_at(&spent.model, &u, rate)
+        });
         let (attempt, epoch, model) = (owner.attempts, owner.owner_epoch, spent.model.clone());
         let processed = self.end_attempt(owner, waited, spent, msg, inv).await;
         let actual = heard
@@ -413,7 +414,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
                             let cost = answer
                                 .usage
                                 .and_then(|u| {
-                                    let rate = Rate::of(false, request.input);
+                                    let rate = Rate::of(false, request.input).served(u.tier);
                                     self.settings.prices.cost_at(model, &u, rate)
                                 });
                             telemetry::record_call(&span, answer.usage.as_ref(), answer.finish, cost);
