@@ -42,6 +42,14 @@ async fn main() -> Result<(), lambda_runtime::Error> {
     .with_blobs(Arc::new(blobs))
     .with_contracts(contracts);
     name_unpriced(&processor);
+    for (contract, provider, why) in processor.loose_contracts() {
+        tracing::warn!(
+            contract,
+            provider,
+            why,
+            "the provider's strict mode cannot take this contract's schema: sent with strict false, its answers judged here alone"
+        );
+    }
     let sqs = aws_sdk_sqs::Client::new(&bounded);
     let mut handler = BatchHandler::new(processor, SqsVisibility::new(sqs.clone()));
     if let Some(dlq_url) = dlq_url {

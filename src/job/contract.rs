@@ -495,6 +495,11 @@ impl Contracts {
         self.by_id.is_empty()
     }
 
+    /// Every contract the registry holds, by id.
+    pub fn iter(&self) -> impl Iterator<Item = &Contract> {
+        self.by_id.values()
+    }
+
     /// Whether a job naming a contract the registry lacks is refused.
     pub fn strict(&self) -> bool {
         self.strict

@@ -73,7 +73,18 @@ async fn the_schema_reaches_each_openai_api_in_its_own_form_and_a_fallback_trans
     let submitted = provider.submit(&request(&contract, &input)).await;
 
     // THEN the Responses API was asked with `text.format`, Chat Completions with
-    // `response_format`, each carrying the contract's schema, strict, under its name
+    // `response_format`, each carrying the contract's schema in OpenAI's strict dialect,
+    // under its name (the server judges each as OpenAI does: it refuses the schema as
+    // written, with its length bounds, and took the lowered one)
+    let whole = contract.schema().expect("schema");
+    assert_eq!(
+        crate::support::providers::openai_strict_refuses(whole, &mut Vec::new(), true).as_deref(),
+        Some(
+            "In context=('properties', 'lines', 'items', 'properties', 'description'), \
+             'maxLength' is not permitted."
+        )
+    );
+    let lowered = fenced_jobs::provider::dialect::openai(whole);
     let sent = stub.requests();
     let responses = sent[0].json();
     assert_eq!(sent[0].path, "/v1/responses");
@@ -81,7 +92,7 @@ async fn the_schema_reaches_each_openai_api_in_its_own_form_and_a_fallback_trans
     assert_eq!(format["type"], "json_schema");
     assert_eq!(format["name"], "invoice-extract_2");
     assert_eq!(format["strict"], true);
-    assert_eq!(Some(&format["schema"]), contract.schema());
+    assert_eq!(format["schema"], lowered);
     let chat = sent[1].json();
     assert_eq!(sent[1].path, "/v1/chat/completions");
     assert!(
@@ -92,7 +103,7 @@ async fn the_schema_reaches_each_openai_api_in_its_own_form_and_a_fallback_trans
     assert_eq!(format["type"], "json_schema");
     assert_eq!(format["json_schema"]["name"], "invoice-extract_2");
     assert_eq!(format["json_schema"]["strict"], true);
-    assert_eq!(Some(&format["json_schema"]["schema"]), contract.schema());
+    assert_eq!(format["json_schema"]["schema"], lowered);
     assert_eq!(chat["temperature"], 0);
     // AND the truncated answer is refused, never accepted
     let Ok(Submission::Answered(answer)) = submitted else {
@@ -201,5 +212,63 @@ async fn the_readmes_example_job_is_accepted_under_its_contract_and_announced_pa
     assert_eq!(
         usage["cost_micros"],
         70 + 4 * usage["output"].as_u64().expect("output tokens")
+    );
+}
+
+#[tokio::test]
+async fn a_schema_strict_mode_cannot_take_goes_unenforced_and_is_named_at_start_up() {
+    // GIVEN a contract with an optional property (strict mode has none), beside the built-in
+    // ones, for a worker whose provider is OpenAI
+    let loose = Contract::parse(
+        "note@1",
+        r#"{"format": "json", "schema": {"type": "object", "required": ["title"],
+            "properties": {"title": {"type": "string", "maxLength": 80},
+                           "tags": {"type": "array", "items": {"type": "string"}}}}}"#,
+    )
+    .expect("contract");
+    let stub = HttpStub::start(|_, _| {
+        Reply::json(
+            200,
+            crate::support::providers::chat_answer(r#"{"title": "T"}"#),
+        )
+    })
+    .await;
+    let mut contracts: Vec<Contract> = built_in(false).iter().cloned().collect();
+    contracts.push(loose.clone());
+    let processor = Processor::new(
+        fenced_jobs::ledger::memory::InMemoryLedger::new(),
+        openai(&stub.url, OpenAiApi::Chat),
+        SystemClock,
+        fast_settings(),
+    )
+    .with_contracts(Arc::new(fenced_jobs::job::contract::Contracts::new(
+        contracts, false,
+    )));
+
+    // WHEN the worker starts, and a job under it is submitted
+    let named = processor.loose_contracts();
+    let input = json!({"model": "m", "prompt": "Title this."});
+    let input = input.as_object().cloned().expect("object");
+    let submitted = processor.provider().submit(&request(&loose, &input)).await;
+
+    // THEN start-up names it alone, with its reason, and OpenAI takes it as guidance
+    // (strict false, in its dialect) where strict mode would have refused it
+    assert_eq!(
+        named,
+        [(
+            "note@1".to_owned(),
+            "openai",
+            "property 'tags' is optional".to_owned()
+        )]
+    );
+    assert!(
+        matches!(submitted, Ok(Submission::Answered(_))),
+        "{submitted:?}"
+    );
+    let format = &stub.requests()[0].json()["response_format"]["json_schema"];
+    assert_eq!(format["strict"], false);
+    assert_eq!(
+        format["schema"]["properties"]["title"],
+        json!({"type": "string", "description": "{maxLength: 80}"})
     );
 }

@@ -148,3 +148,218 @@ pub fn anthropic_invalid(message: &str) -> crate::support::http::Reply {
     .with_header("request-id", "req_01")
     .with_header("anthropic-organization-id", "org-test")
 }
+
+/// OpenAI's published request bodies (openai/openai-openapi, as
+/// `tests/fixtures/openai/requests.schema.json` names its commit and version), each entry
+/// closed to the fields the document defines.
+static OPENAI_REQUESTS: std::sync::LazyLock<Value> = std::sync::LazyLock::new(|| {
+    serde_json::from_str(include_str!("../fixtures/openai/requests.schema.json"))
+        .expect("the OpenAI request schema")
+});
+
+/// A validator of the entry `name` of [`OPENAI_REQUESTS`].
+fn openai_entry(name: &str) -> jsonschema::Validator {
+    let schema = json!({"$ref": format!("#/$defs/{name}"), "$defs": OPENAI_REQUESTS["$defs"]});
+    jsonschema::draft202012::new(&schema).expect("the entry compiles")
+}
+
+static OPENAI_ENTRIES: std::sync::LazyLock<[(&str, jsonschema::Validator); 3]> =
+    std::sync::LazyLock::new(|| {
+        [
+            ("/v1/responses", openai_entry("CreateResponse")),
+            (
+                "/v1/chat/completions",
+                openai_entry("CreateChatCompletionRequest"),
+            ),
+            ("/v1/batches", openai_entry("CreateBatchRequest")),
+        ]
+    });
+
+/// What OpenAI's API refuses of a request to one of its endpoints, as its 400: a body its
+/// published request schema refuses (a field it does not define, a value out of range, a
+/// wrong type), or, with `strict: true`, a schema strict mode cannot take ([`openai_strict_refuses`]).
+/// `None`: taken, or not a request to a known OpenAI endpoint.
+pub fn openai_refuses(method: &str, path: &str, body: &str) -> Option<crate::support::http::Reply> {
+    if method != "POST" {
+        return None;
+    }
+    let (_, validator) = OPENAI_ENTRIES
+        .iter()
+        .find(|(endpoint, _)| path.ends_with(endpoint))?;
+    let Ok(body) = serde_json::from_str::<Value>(body) else {
+        return Some(openai_invalid(
+            "We could not parse the JSON body of your request.",
+            None,
+            None,
+        ));
+    };
+    if let Some(error) = validator.iter_errors(&body).next() {
+        let at = error.instance_path().to_string();
+        let param = at.trim_start_matches('/').replace('/', ".");
+        let message = format!("Invalid value at '{param}': {error}");
+        return Some(openai_invalid(&message, Some(&param), None));
+    }
+    let (format, param, name) = if path.ends_with("/v1/chat/completions") {
+        let f = body.pointer("/response_format/json_schema");
+        (f, "response_format", f.and_then(|f| f.get("name")))
+    } else {
+        let f = body.pointer("/text/format");
+        (f, "text.format.schema", f.and_then(|f| f.get("name")))
+    };
+    let format = format?;
+    if format.get("strict") != Some(&Value::Bool(true)) {
+        return None;
+    }
+    let name = name.and_then(Value::as_str).unwrap_or_default();
+    let why = openai_strict_refuses(format.get("schema")?, &mut Vec::new(), true)?;
+    Some(openai_invalid(
+        &format!("Invalid schema for response_format '{name}': {why}"),
+        Some(param),
+        Some("invalid_json_schema"),
+    ))
+}
+
+/// What OpenAI's strict mode refuses in a schema, in the words of its 400 ("In
+/// context=('properties', 'n'), 'minimum' is not permitted."): its docs' "Supported schemas"
+/// (as of 2025-08) and the messages its API gives (quoted in client projects' reports): a root
+/// that is not an object, an object without `additionalProperties: false`, a property left out
+/// of `required`, a keyword outside the subset, keywords beside a `$ref`. Our own reading of
+/// the vendor's rule, kept apart from the lowering it judges.
+pub fn openai_strict_refuses(
+    schema: &Value,
+    context: &mut Vec<String>,
+    root: bool,
+) -> Option<String> {
+    const SUPPORTED: [&str; 24] = [
+        "type",
+        "properties",
+        "required",
+        "additionalProperties",
+        "items",
+        "anyOf",
+        "enum",
+        "const",
+        "$defs",
+        "$ref",
+        "description",
+        "title",
+        "pattern",
+        "format",
+        "minimum",
+        "maximum",
+        "exclusiveMinimum",
+        "exclusiveMaximum",
+        "multipleOf",
+        "minItems",
+        "maxItems",
+        "$schema",
+        "definitions",
+        "default",
+    ];
+    let Value::Object(node) = schema else {
+        return None;
+    };
+    let at = || {
+        let inner: Vec<String> = context.iter().map(|c| format!("'{c}'")).collect();
+        let tuple = match inner.len() {
+            1 => format!("({},)", inner[0]),
+            _ => format!("({})", inner.join(", ")),
+        };
+        format!("In context={tuple}")
+    };
+    if root
+        && (node.get("type").and_then(Value::as_str) != Some("object")
+            || node.contains_key("anyOf"))
+    {
+        return Some(format!(
+            "{}, schema must be a JSON Schema of 'type: \"object\"', got 'type: \"{}\"'.",
+            at(),
+            node.get("type").and_then(Value::as_str).unwrap_or("None")
+        ));
+    }
+    if node.contains_key("$ref") && node.len() > 1 {
+        let others: Vec<&str> = node
+            .keys()
+            .filter(|k| *k != "$ref")
+            .map(String::as_str)
+            .collect();
+        return Some(format!(
+            "{}, $ref cannot have keywords {{'{}'}}.",
+            at(),
+            others.join("', '")
+        ));
+    }
+    if let Some(keyword) = node.keys().find(|k| !SUPPORTED.contains(&k.as_str())) {
+        return Some(format!("{}, '{keyword}' is not permitted.", at()));
+    }
+    if let Some(Value::Object(properties)) = node.get("properties") {
+        if node.get("additionalProperties") != Some(&Value::Bool(false)) {
+            return Some(format!(
+                "{}, 'additionalProperties' is required to be supplied and to be false.",
+                at()
+            ));
+        }
+        let required: Vec<&str> = node
+            .get("required")
+            .and_then(Value::as_array)
+            .map(|r| r.iter().filter_map(Value::as_str).collect())
+            .unwrap_or_default();
+        if let Some(missing) = properties.keys().find(|k| !required.contains(&k.as_str())) {
+            return Some(format!(
+                "{}, 'required' is required to be supplied and to be an array including every key in properties. Missing '{missing}'.",
+                at()
+            ));
+        }
+    }
+    let mut children: Vec<(Vec<String>, &Value)> = Vec::new();
+    for (group, key) in [("properties", true), ("$defs", true)] {
+        if let Some(Value::Object(map)) = node.get(group) {
+            children.extend(map.iter().map(|(k, v)| {
+                (
+                    if key {
+                        vec![group.to_owned(), k.clone()]
+                    } else {
+                        vec![]
+                    },
+                    v,
+                )
+            }));
+        }
+    }
+    if let Some(items) = node.get("items") {
+        children.push((vec!["items".to_owned()], items));
+    }
+    if let Some(Value::Array(any)) = node.get("anyOf") {
+        children.extend(
+            any.iter()
+                .enumerate()
+                .map(|(i, v)| (vec!["anyOf".to_owned(), i.to_string()], v)),
+        );
+    }
+    for (step, child) in children {
+        let depth = context.len();
+        context.extend(step);
+        let found = openai_strict_refuses(child, context, false);
+        context.truncate(depth);
+        if found.is_some() {
+            return found;
+        }
+    }
+    None
+}
+
+/// OpenAI's 400 for a refused request, in its own error shape and headers.
+pub fn openai_invalid(
+    message: &str,
+    param: Option<&str>,
+    code: Option<&str>,
+) -> crate::support::http::Reply {
+    crate::support::http::Reply::json(
+        400,
+        json!({"error": {"message": message, "type": "invalid_request_error",
+                         "param": param, "code": code}}),
+    )
+    .with_header("openai-processing-ms", "4")
+    .with_header("openai-version", "2020-10-01")
+    .with_header("x-request-id", "req_invalid")
+}

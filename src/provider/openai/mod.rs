@@ -14,6 +14,7 @@ use std::time::Duration;
 use reqwest::{Client, StatusCode};
 use serde_json::{Map, Value, json};
 
+use super::dialect;
 use super::http::{ApiKey, code_text, transport_kind};
 use super::keys::{KeyRotation, Secret};
 mod batch;
@@ -506,19 +507,25 @@ fn parameters(input: &Map<String, Value>) -> impl Iterator<Item = (&String, &Val
         .filter(|(k, _)| !OTHER_PROVIDERS_PARAMETERS.contains(&k.as_str()))
 }
 
-/// The contract's output format as the Responses API's `text.format`: a strict JSON Schema,
-/// or any JSON object when the contract has no schema; nothing for text.
+/// The contract's output format as the Responses API's `text.format`: its JSON Schema in
+/// OpenAI's strict dialect (`strict: false` when strict mode cannot take it: see
+/// [`dialect::openai_not_strict`]), or any JSON object when the contract has no schema;
+/// nothing for text.
 fn responses_format(contract: &Contract) -> Option<Value> {
     if !contract.wants_json() {
         return None;
     }
     Some(match contract.schema() {
-        Some(schema) => json!({
-            "type": "json_schema",
-            "name": contract.schema_name(),
-            "schema": schema,
-            "strict": true,
-        }),
+        Some(schema) => {
+            let schema = dialect::openai(schema);
+            let strict = dialect::openai_not_strict(&schema).is_none();
+            json!({
+                "type": "json_schema",
+                "name": contract.schema_name(),
+                "schema": schema,
+                "strict": strict,
+            })
+        }
         None => json!({"type": "json_object"}),
     })
 }

@@ -208,3 +208,50 @@ async fn bedrock_carries_cache_points_media_tiers_fields_guardrails_and_the_sche
     );
     assert!(answer.judged(&contract).is_ok());
 }
+
+/// The scripted OpenAI server judges each body by OpenAI's published request schema: a
+/// parameter out of its range, or one the API does not define, is refused with OpenAI's 400,
+/// which the provider reads as permanent (keeping OpenAI's reason where it names a parameter
+/// of the request's form).
+#[tokio::test]
+async fn openais_scripted_server_refuses_what_its_published_schema_refuses() {
+    let stub = HttpStub::start(|_, _| {
+        Reply::json(200, crate::support::providers::chat_answer("A summary."))
+    })
+    .await;
+    let provider = fenced_jobs::provider::OpenAiProvider::new(
+        fenced_jobs::provider::openai::OpenAiSettings {
+            api: fenced_jobs::provider::openai::OpenAiApi::Chat,
+            ..crate::support::providers::openai_settings(&stub.url)
+        },
+        None,
+    )
+    .expect("client");
+    let taken = input(json!({"model": "gpt-test", "prompt": "Summarise.",
+                             "parameters": {"temperature": 1.5}}));
+    assert!(provider.call(&request(&taken, "{}")).await.is_ok());
+    for (parameters, named) in [
+        (json!({"temperature": 5}), "temperature"),
+        (
+            json!({"top_p": 1, "frequency_penalty": 3}),
+            "HTTP 400",
+        ),
+        (json!({"reasoning_effort": "extreme"}), "HTTP 400"),
+    ] {
+        let refused = input(json!({"model": "gpt-test", "prompt": "Summarise.",
+                                   "parameters": parameters}));
+        let result = provider.call(&request(&refused, "{}")).await;
+        assert!(
+            matches!(&result, Err(ProviderError::Permanent { reason }) if reason.contains(named)),
+            "{parameters}: {result:?}"
+        );
+    }
+    // A field the API does not define: refused by the closed entry.
+    let body = json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "foo": 1});
+    let refused = crate::support::providers::openai_refuses(
+        "POST",
+        "/v1/chat/completions",
+        &body.to_string(),
+    );
+    assert!(refused.is_some(), "an undefined field is refused");
+}
