@@ -112,12 +112,82 @@ pub fn is_batch_ref(provider_ref: &str) -> bool {
 pub(crate) enum Status {
     /// Not ended: its lines are not answered yet.
     Running,
-    /// Ended (completed, expired, cancelled): each answered line's result by line id, as the
-    /// provider wrote it; a line it does not hold was never run.
-    Ended(Arc<HashMap<String, String>>),
+    /// Ended (completed, expired, cancelled): the answered lines' results by line id, as the
+    /// provider wrote them; a line whole results do not hold was never run.
+    Ended(Arc<Results>),
     /// The provider failed the batch as a whole before running any line (its input refused).
     #[cfg_attr(not(feature = "openai"), allow(dead_code))]
     Failed(String),
+}
+
+/// The results of an ended batch as one environment keeps them: every line while they fit in
+/// [`RESULTS_READ_BYTES`], else the line the reader asked for and those read before the budget
+/// ran out (`whole` false: a line missing from them is read again, on its own).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Results {
+    lines: HashMap<String, String>,
+    whole: bool,
+    bytes: usize,
+}
+
+/// The most of one results file one read keeps (a batch's lines past it are read again by
+/// the delivery that wants them), and the most the environment keeps of every batch's
+/// results at once: with the worker's payload budget (`PAYLOAD_MEMORY_BYTES`, the function's
+/// memory less 48 MiB), memory stays bounded whatever size the provider's files are.
+pub(crate) const RESULTS_READ_BYTES: usize = 4 * 1_048_576;
+const RESULTS_KEPT_BYTES: usize = 4 * RESULTS_READ_BYTES;
+
+impl Results {
+    /// Results to be read, keeping the line `want` whatever its size.
+    pub(crate) fn reading(want: &str) -> Reading<'_> {
+        Reading {
+            want,
+            results: Results {
+                whole: true,
+                ..Results::default()
+            },
+        }
+    }
+
+    /// The line `line`'s result, if kept.
+    pub(crate) fn get(&self, line: &str) -> Option<&String> {
+        self.lines.get(line)
+    }
+
+    /// Whether `line` is known to be absent from the batch (`Some(false)`), present
+    /// (`Some(true)`), or not kept (`None`: read again to tell).
+    pub(crate) fn holds(&self, line: &str) -> Option<bool> {
+        match (self.lines.contains_key(line), self.whole) {
+            (true, _) => Some(true),
+            (false, true) => Some(false),
+            (false, false) => None,
+        }
+    }
+}
+
+/// A results file being read, line by line.
+pub(crate) struct Reading<'a> {
+    want: &'a str,
+    results: Results,
+}
+
+impl Reading<'_> {
+    /// Takes the line `id` (`raw` as the provider wrote it), while the budget allows.
+    pub(crate) fn line(&mut self, id: String, raw: &str) {
+        let cost = id.len() + raw.len();
+        let r = &mut self.results;
+        if id == self.want || r.bytes + cost <= RESULTS_READ_BYTES {
+            r.bytes += cost;
+            r.lines.insert(id, raw.to_owned());
+        } else {
+            r.whole = false;
+        }
+    }
+
+    /// The results read.
+    pub(crate) fn done(self) -> Results {
+        self.results
+    }
 }
 
 /// What one execution environment knows of a provider's batches: a batch's status, asked at
@@ -135,8 +205,8 @@ struct Inner {
     lines: HashMap<String, String>,
 }
 
-/// Batches an environment keeps (an ended one with its results, at most
-/// [`super::http::MAX_BATCH_FILE_BYTES`] each): the oldest go first.
+/// Batches an environment keeps (an ended one with its results, within
+/// [`RESULTS_KEPT_BYTES`] in all): the oldest go first.
 const KEPT_BATCHES: usize = 16;
 
 impl Book {
@@ -154,15 +224,25 @@ impl Book {
     /// Keeps what the provider said of `batch_id` at `at`.
     pub(crate) fn keep(&self, batch_id: &str, at: Millis, status: Status) {
         let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        if inner.batches.len() >= KEPT_BATCHES && !inner.batches.contains_key(batch_id) {
+        inner.batches.remove(batch_id);
+        let size = |s: &Status| match s {
+            Status::Ended(results) => results.bytes,
+            _ => 0,
+        };
+        let adding = size(&status);
+        while inner.batches.len() >= KEPT_BATCHES
+            || inner.batches.values().map(|(_, s)| size(s)).sum::<usize>() + adding
+                > RESULTS_KEPT_BYTES
+        {
             let oldest = inner
                 .batches
                 .iter()
                 .min_by_key(|(_, (at, _))| *at)
                 .map(|(id, _)| id.clone());
-            if let Some(oldest) = oldest {
-                inner.batches.remove(&oldest);
-            }
+            match oldest {
+                Some(oldest) => inner.batches.remove(&oldest),
+                None => break,
+            };
         }
         inner.batches.insert(batch_id.to_owned(), (at, status));
     }
@@ -201,8 +281,13 @@ pub(crate) trait BatchApi: Sync {
     fn book(&self) -> &Book;
 
     /// What the provider says of `batch_id` now (an `Err` is what the retrieval answers: the
-    /// provider could not be asked, refused to say, or does not know the batch).
-    fn status(&self, batch_id: &str) -> impl Future<Output = Result<Status, Retrieval>> + Send;
+    /// provider could not be asked, refused to say, or does not know the batch); an ended
+    /// batch's results keep the line `want` whatever else the budget leaves out.
+    fn status(
+        &self,
+        batch_id: &str,
+        want: &str,
+    ) -> impl Future<Output = Result<Status, Retrieval>> + Send;
 
     /// The path of one page of the provider's list of batches (newest first), after the batch
     /// `after` when it is not the first.
@@ -249,8 +334,15 @@ pub(crate) async fn retrieve_line<A: BatchApi>(
     };
     let now = SystemClock.now_ms();
     let status = match api.book().status(&batch, now - STATUS_FRESH_MS) {
+        // Results that left this line out, for the budget: read again, for this line.
+        Some(Status::Ended(results)) if results.holds(line).is_none() => {
+            match api.status(&batch, line).await {
+                Ok(status) => status,
+                Err(said) => return said,
+            }
+        }
         Some(status) => status,
-        None => match api.status(&batch).await {
+        None => match api.status(&batch, line).await {
             Ok(status) => {
                 api.book().keep(&batch, now, status.clone());
                 status
@@ -454,5 +546,113 @@ mod tests {
         assert!(matches!(book.status("b1", 10_000), Some(Status::Ended(_))));
         book.place("l1", "b1");
         assert_eq!(book.found("l1").as_deref(), Some("b1"));
+    }
+
+    /// A provider whose one ended batch holds `lines` results of `size` bytes each, counting
+    /// how often its results are read.
+    struct BigResults {
+        book: Book,
+        lines: usize,
+        size: usize,
+        reads: std::sync::atomic::AtomicUsize,
+    }
+
+    impl BatchApi for BigResults {
+        fn book(&self) -> &Book {
+            &self.book
+        }
+
+        async fn status(&self, _batch_id: &str, want: &str) -> Result<Status, Retrieval> {
+            self.reads.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let mut reading = Results::reading(want);
+            for i in 0..self.lines {
+                let id = format!("line-{i}");
+                let raw = format!("{id}:{}", "x".repeat(self.size));
+                reading.line(id, &raw);
+            }
+            Ok(Status::Ended(Arc::new(reading.done())))
+        }
+
+        fn list_path(&self, _after: Option<&str>) -> String {
+            String::new()
+        }
+
+        async fn get_json(&self, _path: &str) -> Result<Value, Retrieval> {
+            Err(Retrieval::Unsupported)
+        }
+
+        fn created_ms(&self, _batch: &Value) -> Option<Millis> {
+            None
+        }
+
+        async fn holds(&self, _batch_id: &str, _line: &str) -> Option<bool> {
+            None
+        }
+
+        fn line_result(&self, raw: &str, _req: &ProviderRequest<'_>) -> Retrieval {
+            let id = raw.split(':').next().unwrap_or_default().to_owned();
+            Retrieval::Failed(ProviderError::Permanent { reason: id })
+        }
+    }
+
+    #[tokio::test]
+    async fn results_past_the_budget_keep_the_line_asked_for_and_read_again_for_the_others() {
+        // GIVEN an ended batch of ten 1 MiB lines: 10 MiB of results, past one read's 4 MiB
+        let api = BigResults {
+            book: Book::default(),
+            lines: 10,
+            size: 1_048_576,
+            reads: std::sync::atomic::AtomicUsize::new(0),
+        };
+        let contract = crate::job::contract::Contract::free_text("c");
+        let input = serde_json::Map::new();
+        let req = ProviderRequest {
+            job_id: "j",
+            attempt: 1,
+            epoch: 1,
+            contract: "c",
+            output: &contract,
+            input: &input,
+            input_json: "{}",
+            max_output_tokens: 0,
+            idempotency_key: String::new(),
+            progress: None,
+        };
+        let found = |said: Retrieval| match said {
+            Retrieval::Failed(ProviderError::Permanent { reason }) => reason,
+            other => panic!("{other:?}"),
+        };
+        // WHEN the last line is asked for, then the first, then one in the middle
+        let last = found(retrieve_line(&api, &batch_ref("b1", "line-9"), 0, &req).await);
+        let first = found(retrieve_line(&api, &batch_ref("b1", "line-0"), 0, &req).await);
+        let middle = found(retrieve_line(&api, &batch_ref("b1", "line-5"), 0, &req).await);
+        // THEN each got its own line; the first read kept what fit and the line asked for,
+        // so the first line came from the book, and the middle one, not kept, was read again
+        assert_eq!((last.as_str(), first.as_str()), ("line-9", "line-0"));
+        assert_eq!(middle, "line-5");
+        assert_eq!(api.reads.load(std::sync::atomic::Ordering::SeqCst), 2);
+        let Some(Status::Ended(kept)) = api.book.status("b1", 0) else {
+            panic!("kept");
+        };
+        assert!(kept.bytes <= RESULTS_READ_BYTES + 1_048_576 + 16, "{}", kept.bytes);
+        assert_eq!(kept.holds("line-7"), None, "not kept: read again to tell");
+        assert_eq!(kept.holds("line-0"), Some(true));
+    }
+
+    #[test]
+    fn the_book_keeps_results_within_its_bytes_the_oldest_going_first() {
+        let book = Book::default();
+        let big = |want: &str| {
+            let mut reading = Results::reading(want);
+            reading.line(want.to_owned(), &"x".repeat(RESULTS_READ_BYTES - want.len()));
+            Status::Ended(Arc::new(reading.done()))
+        };
+        for (i, batch) in ["b1", "b2", "b3", "b4", "b5"].iter().enumerate() {
+            book.keep(batch, i as Millis, big("l"));
+        }
+        // Four reads' worth fit: the oldest went.
+        assert!(book.status("b1", 0).is_none());
+        assert!(book.status("b5", 0).is_some());
+        assert!(book.status("b2", 0).is_some());
     }
 }

@@ -315,7 +315,7 @@ impl BatchApi for SimulatedProvider {
             .map_or_else(|| NONE.get_or_init(Book::default), |b| &b.book)
     }
 
-    async fn status(&self, batch_id: &str) -> Result<Status, Retrieval> {
+    async fn status(&self, batch_id: &str, want: &str) -> Result<Status, Retrieval> {
         let Some(batches) = &self.batches else {
             return Err(Retrieval::NotFound);
         };
@@ -326,8 +326,11 @@ impl BatchApi for SimulatedProvider {
         if SystemClock.now_ms() < batch.ends_at {
             return Ok(Status::Running);
         }
-        let results = batch.lines.iter().map(|l| (l.clone(), String::new()));
-        Ok(Status::Ended(std::sync::Arc::new(results.collect())))
+        let mut results = batch::Results::reading(want);
+        for line in &batch.lines {
+            results.line(line.clone(), "");
+        }
+        Ok(Status::Ended(std::sync::Arc::new(results.done())))
     }
 
     fn list_path(&self, _after: Option<&str>) -> String {

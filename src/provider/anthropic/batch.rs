@@ -3,7 +3,6 @@
 //! find a line whose batch id was never recorded (an ended batch's results show its lines; a
 //! batch still processing cannot say, so the look waits for it).
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use reqwest::RequestBuilder;
@@ -13,7 +12,7 @@ use super::{AnthropicProvider, classify};
 use crate::job::Millis;
 use crate::job::message::parse_rfc3339_ms;
 use crate::provider::batch::{
-    BatchApi, BatchLine, Book, Status, batch_id, create_failed, never_ran, valid_id,
+    BatchApi, BatchLine, Book, Results, Status, batch_id, create_failed, never_ran, valid_id,
 };
 use crate::provider::http::{code_text, read_lines};
 use crate::provider::keys::Secret;
@@ -103,17 +102,14 @@ impl AnthropicProvider {
         }
     }
 
-    /// An ended batch's results, by line.
-    async fn results(&self, batch_id: &str) -> Option<HashMap<String, String>> {
+    /// An ended batch's results, by line, within the budget ([`Results`]), `want`'s kept.
+    async fn results(&self, batch_id: &str, want: &str) -> Option<Results> {
         let path = format!("/v1/messages/batches/{batch_id}/results");
         let key = self.key.current();
-        let mut lines = HashMap::new();
+        let mut lines = Results::reading(want);
         let request = self.request(reqwest::Method::GET, &path, key.as_ref());
-        let read = read_lines(request, |id, raw| {
-            lines.insert(id, raw.to_owned());
-        })
-        .await;
-        read.then_some(lines)
+        let read = read_lines(request, |id, raw| lines.line(id, raw)).await;
+        read.then(|| lines.done())
     }
 }
 
@@ -122,7 +118,7 @@ impl BatchApi for AnthropicProvider {
         &self.book
     }
 
-    async fn status(&self, batch_id: &str) -> Result<Status, Retrieval> {
+    async fn status(&self, batch_id: &str, want: &str) -> Result<Status, Retrieval> {
         if !valid_id(batch_id) {
             return Err(Retrieval::Denied);
         }
@@ -131,9 +127,12 @@ impl BatchApi for AnthropicProvider {
             .await?;
         match batch.get("processing_status").and_then(Value::as_str) {
             Some("ended") => {
-                let results = self.results(batch_id).await.ok_or(Retrieval::Unreachable {
-                    retry_after_ms: None,
-                })?;
+                let results = self
+                    .results(batch_id, want)
+                    .await
+                    .ok_or(Retrieval::Unreachable {
+                        retry_after_ms: None,
+                    })?;
                 Ok(Status::Ended(Arc::new(results)))
             }
             Some(_) => Ok(Status::Running),
@@ -163,17 +162,19 @@ impl BatchApi for AnthropicProvider {
 
     async fn holds(&self, batch_id: &str, line: &str) -> Option<bool> {
         // An ended batch never changes: its results are read once per environment.
-        if let Some(Status::Ended(results)) = self.book.status(batch_id, Millis::MAX) {
-            return Some(results.contains_key(line));
+        if let Some(Status::Ended(results)) = self.book.status(batch_id, Millis::MAX)
+            && let Some(held) = results.holds(line)
+        {
+            return Some(held);
         }
-        match self.status(batch_id).await.ok()? {
+        match self.status(batch_id, line).await.ok()? {
             Status::Ended(results) => {
                 self.book.keep(
                     batch_id,
                     crate::clock::Clock::now_ms(&crate::clock::SystemClock),
                     Status::Ended(results.clone()),
                 );
-                Some(results.contains_key(line))
+                results.holds(line)
             }
             // Its lines show only once it ended.
             Status::Running | Status::Failed(_) => None,

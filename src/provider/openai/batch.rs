@@ -3,7 +3,6 @@
 //! 24-hour window, its status read, its output and error files read once it ended, and the
 //! batches listed to find a line whose batch id was never recorded.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use reqwest::StatusCode;
@@ -14,7 +13,9 @@ use sha2::{Digest, Sha256};
 use super::status::{classify, retrieval_error};
 use super::{OpenAiProvider, with_key};
 use crate::job::Millis;
-use crate::provider::batch::{BatchApi, BatchLine, Book, Status, create_failed, never_ran};
+use crate::provider::batch::{
+    BatchApi, BatchLine, Book, Results, Status, create_failed, never_ran,
+};
 use crate::provider::http::{code_text, read_lines};
 use crate::provider::{ProviderError, ProviderRequest, Retrieval};
 
@@ -155,14 +156,14 @@ impl BatchApi for OpenAiProvider {
         &self.book
     }
 
-    async fn status(&self, batch_id: &str) -> Result<Status, Retrieval> {
+    async fn status(&self, batch_id: &str, want: &str) -> Result<Status, Retrieval> {
         if !super::valid_response_id(batch_id) {
             return Err(Retrieval::Denied);
         }
         let batch = self.get(&format!("/batches/{batch_id}")).await?;
         match batch.get("status").and_then(Value::as_str) {
             Some("completed" | "expired" | "cancelled") => {
-                let mut results = HashMap::new();
+                let mut results = Results::reading(want);
                 for field in ["output_file_id", "error_file_id"] {
                     let Some(file) = batch.get(field).and_then(Value::as_str) else {
                         continue;
@@ -170,18 +171,14 @@ impl BatchApi for OpenAiProvider {
                     if !super::valid_response_id(file) {
                         continue;
                     }
-                    let read = self
-                        .file_lines(file, |id, raw| {
-                            results.insert(id, raw.to_owned());
-                        })
-                        .await;
+                    let read = self.file_lines(file, |id, raw| results.line(id, raw)).await;
                     if !read {
                         return Err(Retrieval::Unreachable {
                             retry_after_ms: None,
                         });
                     }
                 }
-                Ok(Status::Ended(Arc::new(results)))
+                Ok(Status::Ended(Arc::new(results.done())))
             }
             Some("failed") => {
                 let code = batch

@@ -232,10 +232,7 @@ async fn openais_scripted_server_refuses_what_its_published_schema_refuses() {
     assert!(provider.call(&request(&taken, "{}")).await.is_ok());
     for (parameters, named) in [
         (json!({"temperature": 5}), "temperature"),
-        (
-            json!({"top_p": 1, "frequency_penalty": 3}),
-            "HTTP 400",
-        ),
+        (json!({"top_p": 1, "frequency_penalty": 3}), "HTTP 400"),
         (json!({"reasoning_effort": "extreme"}), "HTTP 400"),
     ] {
         let refused = input(json!({"model": "gpt-test", "prompt": "Summarise.",
