@@ -634,7 +634,11 @@ mod tests {
         let Some(Status::Ended(kept)) = api.book.status("b1", 0) else {
             panic!("kept");
         };
-        assert!(kept.bytes <= RESULTS_READ_BYTES + 1_048_576 + 16, "{}", kept.bytes);
+        assert!(
+            kept.bytes <= RESULTS_READ_BYTES + 1_048_576 + 16,
+            "{}",
+            kept.bytes
+        );
         assert_eq!(kept.holds("line-7"), None, "not kept: read again to tell");
         assert_eq!(kept.holds("line-0"), Some(true));
     }
@@ -644,7 +648,10 @@ mod tests {
         let book = Book::default();
         let big = |want: &str| {
             let mut reading = Results::reading(want);
-            reading.line(want.to_owned(), &"x".repeat(RESULTS_READ_BYTES - want.len()));
+            reading.line(
+                want.to_owned(),
+                &"x".repeat(RESULTS_READ_BYTES - want.len()),
+            );
             Status::Ended(Arc::new(reading.done()))
         };
         for (i, batch) in ["b1", "b2", "b3", "b4", "b5"].iter().enumerate() {

@@ -192,12 +192,8 @@ async fn serve(mut stream: TcpStream, route: Arc<Route>, seen: Arc<Mutex<Vec<Req
         // reporting its init error) is never seen to have sent nothing.
         let reply = {
             let mut all = seen.lock().expect("requests");
-            // A request to an OpenAI endpoint is judged as OpenAI's API judges it first.
-            let refused = crate::support::providers::openai_refuses(
-                &request.method,
-                &request.path,
-                &request.body,
-            );
+            // A request to a vendor's endpoint is judged as the vendor's API judges it first.
+            let refused = crate::support::providers::vendor_refuses(&request);
             let reply = refused.unwrap_or_else(|| route(&request, &all));
             all.push(request.clone());
             reply

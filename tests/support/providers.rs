@@ -175,6 +175,140 @@ static OPENAI_ENTRIES: std::sync::LazyLock<[(&str, jsonschema::Validator); 3]> =
         ]
     });
 
+/// What the vendor whose endpoint `req` names refuses of it, as its API answers: OpenAI's
+/// ([`openai_refuses`], [`openai_batch_file_refuses`]) or Anthropic's
+/// ([`anthropic_request_refuses`]). `None`: taken, or no vendor's endpoint.
+pub fn vendor_refuses(req: &crate::support::http::Request) -> Option<crate::support::http::Reply> {
+    if req.method != "POST" {
+        return None;
+    }
+    let path = req.path.split('?').next().unwrap_or_default();
+    if path.ends_with("/v1/files") {
+        return openai_batch_file_refuses(req);
+    }
+    if path.ends_with("/v1/messages") || path.ends_with("/v1/messages/batches") {
+        return anthropic_request_refuses(path, &req.body);
+    }
+    openai_refuses(&req.method, path, &req.body)
+}
+
+/// OpenAI's Batch API input file limits and rules (API reference, "Batch", "Create batch":
+/// at most 50,000 requests and 200 MB a file; each line a JSON object with a `custom_id`
+/// unique in the file, `method` `POST`, a `url` of one endpoint for every line, and a `body`
+/// that endpoint takes). A file that breaks them is refused at upload here (the API may say
+/// so when the batch is validated instead: the batch then fails with no line run).
+pub fn openai_batch_file_refuses(
+    req: &crate::support::http::Request,
+) -> Option<crate::support::http::Reply> {
+    const MAX_LINES: usize = 50_000;
+    const MAX_BYTES: usize = 200 * 1_000_000;
+    let boundary = req
+        .header("content-type")?
+        .split("boundary=")
+        .nth(1)?
+        .to_owned();
+    let file = req
+        .body
+        .split(&format!("--{boundary}"))
+        .find(|part| part.contains("name=\"file\""))?;
+    if !req.body.contains("\r\n\r\nbatch\r\n") {
+        return None;
+    }
+    let jsonl = file.split_once("\r\n\r\n")?.1.trim_end_matches("\r\n");
+    let refuse = |why: String| Some(openai_invalid(&why, Some("file"), Some("invalid_file")));
+    if jsonl.len() > MAX_BYTES {
+        return refuse(format!("File is larger than {MAX_BYTES} bytes."));
+    }
+    let lines: Vec<&str> = jsonl.lines().filter(|l| !l.trim().is_empty()).collect();
+    if lines.len() > MAX_LINES {
+        return refuse(format!("Batch file has more than {MAX_LINES} requests."));
+    }
+    let (mut ids, mut urls) = (
+        std::collections::HashSet::new(),
+        std::collections::HashSet::new(),
+    );
+    for (n, line) in lines.iter().enumerate() {
+        let Ok(line) = serde_json::from_str::<Value>(line) else {
+            return refuse(format!("Line {} is not valid JSON.", n + 1));
+        };
+        let id = line
+            .get("custom_id")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        if id.is_empty() || !ids.insert(id.to_owned()) {
+            return refuse(format!(
+                "Line {}: custom_id is missing or not unique.",
+                n + 1
+            ));
+        }
+        let url = line.get("url").and_then(Value::as_str).unwrap_or_default();
+        urls.insert(url.to_owned());
+        if line.get("method").and_then(Value::as_str) != Some("POST") || urls.len() > 1 {
+            return refuse(format!(
+                "Line {}: every request must be a POST to one url.",
+                n + 1
+            ));
+        }
+        let body = line.get("body").map(Value::to_string).unwrap_or_default();
+        if let Some(refused) = openai_refuses("POST", url, &body) {
+            return Some(refused);
+        }
+    }
+    None
+}
+
+/// Anthropic's rules for a Messages request or a Message Batch (API reference, "Create a
+/// Message Batch": at most 100,000 requests and 256 MB a batch, each `custom_id` unique and
+/// matching `^[a-zA-Z0-9_-]{1,64}$`), and in each request the schema limitations
+/// [`anthropic_refuses`] reads, for structured outputs and every tool's input schema.
+pub fn anthropic_request_refuses(path: &str, body: &str) -> Option<crate::support::http::Reply> {
+    let body: Value = serde_json::from_str(body).ok()?;
+    let params = |p: &Value| -> Option<String> {
+        let format = p.pointer("/output_config/format/schema");
+        let tools = p
+            .get("tools")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten();
+        format
+            .and_then(|s| anthropic_refuses(s, "output_config.format.schema"))
+            .or_else(|| {
+                tools
+                    .filter_map(|t| t.get("input_schema"))
+                    .find_map(|s| anthropic_refuses(s, "tools.0.custom.input_schema"))
+            })
+    };
+    if !path.ends_with("/batches") {
+        return params(&body).map(|why| anthropic_invalid(&why));
+    }
+    let requests = body.get("requests").and_then(Value::as_array)?;
+    if requests.len() > 100_000 || body.to_string().len() > 256 * 1_000_000 {
+        return Some(anthropic_invalid(
+            "requests: the batch exceeds 100,000 requests or 256 MB",
+        ));
+    }
+    let mut ids = std::collections::HashSet::new();
+    for (n, request) in requests.iter().enumerate() {
+        let id = request
+            .get("custom_id")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        let valid = (1..=64).contains(&id.len())
+            && id
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+        if !valid || !ids.insert(id) {
+            return Some(anthropic_invalid(&format!(
+                "requests.{n}.custom_id: must be unique and match ^[a-zA-Z0-9_-]{{1,64}}$"
+            )));
+        }
+        if let Some(why) = request.get("params").and_then(params) {
+            return Some(anthropic_invalid(&format!("requests.{n}.params.{why}")));
+        }
+    }
+    None
+}
+
 /// What OpenAI's API refuses of a request to one of its endpoints, as its 400: a body its
 /// published request schema refuses (a field it does not define, a value out of range, a
 /// wrong type), or, with `strict: true`, a schema strict mode cannot take ([`openai_strict_refuses`]).

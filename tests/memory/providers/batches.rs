@@ -454,3 +454,74 @@ async fn a_batch_failed_for_the_accounts_batch_queue_gives_its_lines_attempts_ba
         "{bad:?}"
     );
 }
+
+/// The scripted servers refuse a batch as the vendors do: OpenAI's file with a repeated
+/// `custom_id`, two endpoints or a body its request schema refuses; Anthropic's batch with a
+/// `custom_id` outside its pattern or a schema its structured outputs refuse.
+#[test]
+fn the_scripted_batch_servers_refuse_what_the_vendors_refuse() {
+    use crate::support::http::Request;
+    use crate::support::providers::vendor_refuses;
+    let upload = |lines: &[Value]| {
+        let jsonl: Vec<String> = lines.iter().map(Value::to_string).collect();
+        let body = format!(
+            "--b\r\nContent-Disposition: form-data; name=\"purpose\"\r\n\r\nbatch\r\n--b\r\n\
+             Content-Disposition: form-data; name=\"file\"; filename=\"batch.jsonl\"\r\n\
+             Content-Type: application/jsonl\r\n\r\n{}\r\n--b--\r\n",
+            jsonl.join("\n")
+        );
+        Request {
+            method: "POST".into(),
+            path: "/v1/files".into(),
+            headers: vec![(
+                "content-type".into(),
+                "multipart/form-data; boundary=b".into(),
+            )],
+            raw: body.clone().into_bytes(),
+            body,
+        }
+    };
+    let line = |id: &str, url: &str, body: Value| json!({"custom_id": id, "method": "POST", "url": url, "body": body});
+    let chat = json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]});
+    let taken = upload(&[
+        line("a", "/v1/chat/completions", chat.clone()),
+        line("b", "/v1/chat/completions", chat.clone()),
+    ]);
+    assert!(vendor_refuses(&taken).is_none());
+    for refused in [
+        upload(&[
+            line("a", "/v1/chat/completions", chat.clone()),
+            line("a", "/v1/chat/completions", chat.clone()),
+        ]),
+        upload(&[
+            line("a", "/v1/chat/completions", chat.clone()),
+            line("b", "/v1/responses", json!({"model": "m", "input": "hi"})),
+        ]),
+        upload(&[line(
+            "a",
+            "/v1/chat/completions",
+            json!({"model": "m", "messages": [], "temperature": 9}),
+        )]),
+    ] {
+        assert!(vendor_refuses(&refused).is_some(), "{}", refused.body);
+    }
+    let batch = |id: &str, schema: Value| {
+        let body = json!({"requests": [{"custom_id": id, "params": {
+            "model": "claude", "max_tokens": 10, "messages": [],
+            "output_config": {"format": {"type": "json_schema", "schema": schema}}}}]})
+        .to_string();
+        Request {
+            method: "POST".into(),
+            path: "/v1/messages/batches".into(),
+            headers: Vec::new(),
+            raw: body.clone().into_bytes(),
+            body,
+        }
+    };
+    let closed = json!({"type": "object", "properties": {}, "additionalProperties": false});
+    assert!(vendor_refuses(&batch("line-1", closed.clone())).is_none());
+    assert!(vendor_refuses(&batch("line/1", closed)).is_some());
+    let bounded = json!({"type": "object", "additionalProperties": false,
+                         "properties": {"n": {"type": "integer", "minimum": 1}}});
+    assert!(vendor_refuses(&batch("line-1", bounded)).is_some());
+}
