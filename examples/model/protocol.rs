@@ -176,8 +176,12 @@ impl Bounds {
 
     /// The test bound's fifth part: a job that may cost one call, whose first answer its
     /// contract may refuse, so that the admission's spend check stops the second call.
+    /// One worker: the limit holds over one job's sequence of attempts (a call refused before
+    /// work costs nothing, so the job goes on to another); two workers' races are the
+    /// conditional claim's, which the other parts check.
     pub fn spend() -> Bounds {
         Bounds {
+            workers: 1,
             upstreams: vec![Upstream::Keyed],
             replay: vec![ReplayPolicy::Never],
             faults: 0,
@@ -387,6 +391,9 @@ pub enum Mutation {
     RefusedAnswerAccepted,
     /// The admission does not count the next call against the job's spend limit.
     SpendLimitIgnored,
+    /// A call the provider refused before any work is charged as if it ran (the day's rule
+    /// before a refusal gave its reservation back).
+    RefusalCharged,
     /// The end of an attempt does not look at a cancel request: an answer is accepted after it.
     CancelIgnored,
     /// The reconciler finds a job past its deadline only in the sparse indexes, which a job on
@@ -396,7 +403,7 @@ pub enum Mutation {
 
 impl Mutation {
     /// Every mutation.
-    pub const ALL: [Mutation; 19] = [
+    pub const ALL: [Mutation; 20] = [
         Mutation::FinishIgnoresEpoch,
         Mutation::ExpiryIgnoresTerminal,
         Mutation::UncertainReleased,
@@ -414,6 +421,7 @@ impl Mutation {
         Mutation::PutFailureIgnored,
         Mutation::RefusedAnswerAccepted,
         Mutation::SpendLimitIgnored,
+        Mutation::RefusalCharged,
         Mutation::CancelIgnored,
         Mutation::NoDueWalk,
     ];
@@ -442,7 +450,7 @@ impl Mutation {
                 upstreams: vec![Upstream::Blind],
                 ..Bounds::cancel()
             },
-            Mutation::SpendLimitIgnored => Bounds {
+            Mutation::SpendLimitIgnored | Mutation::RefusalCharged => Bounds {
                 mutation: Some(self),
                 ..Bounds::spend()
             },
@@ -498,6 +506,7 @@ impl Mutation {
             Mutation::PutFailureIgnored => "an answer whose put failed is accepted by reference",
             Mutation::RefusedAnswerAccepted => "an answer its contract refuses is accepted",
             Mutation::SpendLimitIgnored => "the next call is not counted against the spend limit",
+            Mutation::RefusalCharged => "a call refused before any work is charged",
             Mutation::CancelIgnored => "the end of an attempt ignores a cancel request",
             Mutation::NoDueWalk => "the expiry reads only the sparse indexes",
         }
@@ -523,10 +532,24 @@ impl Mutation {
             Mutation::PutFailureIgnored => STORED_EXISTS,
             Mutation::RefusedAnswerAccepted => ENDS_AS_CALLED,
             Mutation::SpendLimitIgnored => SPEND_LIMIT,
+            Mutation::RefusalCharged => SPENT_AS_RUN,
             Mutation::CancelIgnored => CANCEL_HOLDS,
             Mutation::NoDueWalk => ENDS,
         })
     }
+}
+
+/// What really ran, whatever the ledger recorded: every call that may have run, under claims
+/// of distinct attempts, costs one.
+fn cost_of_calls(s: &State) -> u64 {
+    let mut ran: Vec<(u32, u64)> = s
+        .calls
+        .iter()
+        .filter(|c| !matches!(c.truth, Truth::NotRun | Truth::Refused))
+        .map(|c| (c.attempt, c.epoch))
+        .collect();
+    ran.dedup();
+    ran.len() as u64
 }
 
 /// Property names.
@@ -554,6 +577,8 @@ pub const REFERENCE_NAMES_CALL: &str =
     "every reference the ledger holds names its own attempt's call, which the provider started";
 /// What a job's attempts cost passed its limit.
 pub const SPEND_LIMIT: &str = "what a job's attempts cost stays within its spend limit";
+/// A job charged for a call that ran nothing.
+pub const SPENT_AS_RUN: &str = "a job is charged only for calls that may have run (an estimate only while one's outcome is unknown): one refused before any work costs nothing";
 /// A job succeeded after an operator's cancel was written.
 pub const CANCEL_HOLDS: &str = "a job never succeeds once its cancel is written";
 /// A call left under a claim made after the cancel.
@@ -1403,7 +1428,11 @@ impl Protocol {
                             req.attempt,
                             req.end.target().as_str()
                         );
-                        self.write(next, |c| self.end(c, &req), fault, epoch)
+                        let ran = next.calls.iter().any(|c| {
+                            (c.attempt, Some(c.epoch)) == (req.attempt, epoch)
+                                && !matches!(c.truth, Truth::NotRun | Truth::Refused)
+                        });
+                        self.write(next, |c| self.end(c, &req, ran), fault, epoch)
                     }
                     EndWrite::Renew(req) if req.lease_until == now => {
                         note.push_str("ends its own lease: the call still runs upstream");
@@ -1449,11 +1478,15 @@ impl Protocol {
         (fault == Fault::None).then_some(heard)
     }
 
-    fn end(&self, current: Option<&JobRecord>, req: &EndRequest) -> Option<JobRecord> {
+    /// The end `req` applied to `current`; `ran`: whether a call of the attempt may have run.
+    fn end(&self, current: Option<&JobRecord>, req: &EndRequest, ran: bool) -> Option<JobRecord> {
         // As the processor records it: every attempt that may have run costs one (at its
-        // estimate when its outcome is unknown); one given back ran nothing.
+        // estimate when its outcome is unknown); one given back, or whose call the provider
+        // refused before any work, ran nothing and costs nothing.
         let priced;
+        let charged = ran || self.mutated(Mutation::RefusalCharged);
         let req = if self.bounds.spend_limit
+            && charged
             && !matches!(req.end, fenced_jobs::ledger::AttemptEnd::GivenBack { .. })
         {
             priced = EndRequest {
@@ -3057,17 +3090,22 @@ impl Model for Protocol {
             Property::always(SPEND_LIMIT, |_, s: &State| {
                 s.item.as_ref().is_none_or(|r| {
                     let spent = r.usage().and_then(|u| u.cost_micros).unwrap_or(0);
-                    // What really ran, whatever the ledger recorded: every call that may have
-                    // run, under claims of distinct attempts, costs one.
-                    let mut ran: Vec<(u32, u64)> = s
-                        .calls
-                        .iter()
-                        .filter(|c| !matches!(c.truth, Truth::NotRun | Truth::Refused))
-                        .map(|c| (c.attempt, c.epoch))
-                        .collect();
-                    ran.dedup();
                     r.max_cost_micros
-                        .is_none_or(|max| spent <= max && ran.len() as u64 <= max)
+                        .is_none_or(|max| spent <= max && cost_of_calls(s) <= max)
+                })
+            }),
+            // An estimate stands for an attempt whose outcome is unknown until its end is
+            // written again; what was heard or settled is held to the calls that ran.
+            Property::always(SPENT_AS_RUN, |_, s: &State| {
+                s.item.as_ref().is_none_or(|r| {
+                    let settled: u64 = r
+                        .attempt_log
+                        .iter()
+                        .filter_map(|a| a.usage)
+                        .filter(|u| !u.estimated)
+                        .filter_map(|u| u.cost_micros)
+                        .sum();
+                    settled <= cost_of_calls(s)
                 })
             }),
             Property::eventually(ENDS, |_, s: &State| {
