@@ -42,14 +42,7 @@ async fn main() -> Result<(), lambda_runtime::Error> {
     .with_blobs(Arc::new(blobs))
     .with_contracts(contracts);
     name_unpriced(&processor);
-    for (contract, provider, why) in processor.loose_contracts() {
-        tracing::warn!(
-            contract,
-            provider,
-            why,
-            "the provider's strict mode cannot take this contract's schema: sent with strict false, its answers judged here alone"
-        );
-    }
+    name_loose_contracts(&processor);
     let sqs = aws_sdk_sqs::Client::new(&bounded);
     let mut handler = BatchHandler::new(processor, SqsVisibility::new(sqs.clone()));
     if let Some(dlq_url) = dlq_url {
@@ -151,6 +144,19 @@ fn name_unpriced(processor: &Processor<DynamoLedger, AnyProvider, SystemClock>) 
         tracing::info!(
             allow_unpriced = allowed,
             "jobs may name any model (ALLOWED_MODELS=*): whether one has a price is known only when a job names it"
+        );
+    }
+}
+
+/// Names, at start-up, each contract a configured provider's strict mode cannot take even in
+/// its dialect: it is sent with `strict: false`, and its answers are judged here alone.
+fn name_loose_contracts(processor: &Processor<DynamoLedger, AnyProvider, SystemClock>) {
+    for (contract, provider, why) in processor.loose_contracts() {
+        tracing::warn!(
+            contract,
+            provider,
+            why,
+            "the provider's strict mode cannot take this contract's schema: sent with strict false, its answers judged here alone"
         );
     }
 }

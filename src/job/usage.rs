@@ -5,8 +5,6 @@
 
 use serde_json::Value;
 
-use crate::job::prices::Rate;
-
 /// The tokens one call used. `input` are the input tokens billed at the model's input price
 /// (those neither read from nor written to a prompt cache); `cache_read` and `cache_write` are
 /// billed at the cache's prices; `output` counts every token written, `reasoning` the part of
@@ -149,6 +147,67 @@ impl Usage {
     /// Every token, of every kind.
     pub fn total(&self) -> u64 {
         self.input + self.output + self.cache_read + self.cache_write
+    }
+}
+
+/// The rate a call is paid at: its provider's service tier, or its batch interface.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Rate {
+    /// The on-demand prices.
+    #[default]
+    Standard,
+    /// A line of a provider batch.
+    Batch,
+    /// The flex tier (`service_tier: flex`: OpenAI, Bedrock).
+    Flex,
+    /// The priority tier (`service_tier: priority`: OpenAI, Bedrock).
+    Priority,
+}
+
+impl Rate {
+    /// The rate of a call of the job of `input`: a batch line's, else the tier its
+    /// `parameters.service_tier` asks for (`flex`, `priority`; any other value, Anthropic's
+    /// `auto` and `standard_only` among them, is on-demand).
+    pub fn of(batch: bool, input: &serde_json::Map<String, Value>) -> Rate {
+        if batch {
+            return Rate::Batch;
+        }
+        let tier = input
+            .get("parameters")
+            .and_then(|p| p.get("service_tier"))
+            .and_then(Value::as_str);
+        match tier {
+            Some("flex") => Rate::Flex,
+            Some("priority") => Rate::Priority,
+            _ => Rate::Standard,
+        }
+    }
+
+    /// A tier as a provider names the one it served a call at, in its answer: OpenAI's
+    /// `service_tier` (`default`, `flex`, `priority`; API reference, "The response object"),
+    /// Anthropic's `usage.service_tier` (`standard`, `priority`, `batch`; Messages API
+    /// reference), Bedrock's `serviceTier.type` (`default`, `flex`, `priority`, `reserved`;
+    /// Converse API reference). `None` for a name priced by none of our rates (OpenAI's
+    /// `scale`, Bedrock's `reserved`: paid ahead, by other units).
+    pub fn reported(tier: &str) -> Option<Rate> {
+        match tier {
+            "default" | "standard" => Some(Rate::Standard),
+            "flex" => Some(Rate::Flex),
+            "priority" => Some(Rate::Priority),
+            "batch" => Some(Rate::Batch),
+            _ => None,
+        }
+    }
+
+    /// The rate a call asked at `self` is paid at, once the provider said which tier served
+    /// it: the tier it says (a `priority` call the provider served at `default` is priced at
+    /// the standard rate, an `auto` call served at `priority` at the priority rate), else the
+    /// one asked for. A batch line keeps the batch prices whatever its answer names.
+    pub fn served(self, reported: Option<Rate>) -> Rate {
+        match (self, reported) {
+            (Rate::Batch, _) | (_, None) => self,
+            (_, Some(tier)) => tier,
+        }
     }
 }
 
