@@ -263,7 +263,14 @@ mod tests {
             "input_tokens": 9, "output_tokens": 1, "cache_read_input_tokens": 100,
             "cache_creation_input_tokens": 20, "service_tier": "standard"
         }));
-        assert_eq!(a, Some(u));
+        // ... and says which tier served the call.
+        assert_eq!(
+            a,
+            Some(Usage {
+                tier: Some(Rate::Standard),
+                ..u
+            })
+        );
         assert_eq!(Usage::from_anthropic(&json!({"output_tokens": 1})), None);
         let guess = Usage::estimate(4_001, 16_384);
         assert_eq!(
