@@ -206,7 +206,7 @@ SECTIONS = [
      "redelivered records alternate, so the machine's drift touches each alike. The SDK rows "
      "are missed by the SDK's own cost per request: a fresh record already makes the two "
      "requests the design needs (claim, accept), a redelivery one ([decision 74]"
-     "(docs/decisions.md#74-a-message-delivered-before-is-read-before-any-write-2026-12-01))."),
+     "(docs/decisions/0074-a-message-delivered-before-is-read-before-any-write-2026-12.md))."),
     ("2. Heartbeat: calls and CPU per tick", "heartbeat.txt", False,
      "`target/release/examples/bench_heartbeat`. Each tick extends the visibility of every "
      "record in flight and renews every lease; through the SDK the benchmark asserts that all of "
@@ -320,7 +320,7 @@ def main(argv):
         "compare figures within this run, not across machines. CPU figures are medians over "
         "rounds of work; the release build is `lto = \"thin\"`, `codegen-units = 1`; the local "
         "emulator (moto) is served behind a keep-alive server, as DynamoDB and SQS keep "
-        "connections alive ([decision 14](docs/decisions.md#14-the-benchmarks-talk-to-moto-through-a-keep-alive-server)). `make bench` is never part of `make test`. How figures "
+        "connections alive ([decision 14](docs/decisions/0014-the-benchmarks-talk-to-moto-through-a-keep-alive-server.md)). `make bench` is never part of `make test`. How figures "
         "moved from one version to the next is in the [changelog](CHANGELOG.md).",
         "",
         "| # | figure | target | measured | |",

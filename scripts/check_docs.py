@@ -13,8 +13,8 @@ Rules:
 3. Paths: every path in backticks under `src/`, `tests/`, `scripts/` or `examples/` exists
    (the changelog and the decisions tell history, and may name what is gone).
 4. The README stays a front door: at most 250 lines.
-5. Decisions: each record of `docs/decisions.md` is numbered in order, has a status, and is in
-   the index.
+5. Decisions: each record under `docs/decisions/` (one file each, `NNNN-title.md`) is numbered
+   in order from 1, has a status, and is in the index (`docs/decisions/README.md`).
 """
 
 import os
@@ -28,7 +28,13 @@ SDK_VARIABLES = {"AWS_REGION", "AWS_ENDPOINT_URL", "AWS_PROFILE"}
 VARIABLE = re.compile(r'"([A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+)"')
 DOCUMENTS = ["README.md", "CHANGELOG.md", "VERIFICATION.md", "BENCHMARKS.md", "events/README.md"]
 README_MAX_LINES = 250
-HISTORY = {"CHANGELOG.md", os.path.join("docs", "decisions.md")}
+DECISIONS = os.path.join("docs", "decisions")
+INDEX = os.path.join(DECISIONS, "README.md")
+
+
+def is_history(path):
+    """The changelog and the decisions tell history, and may name what is gone."""
+    return path == "CHANGELOG.md" or path.startswith(DECISIONS + os.sep)
 
 
 def code_variables(root):
@@ -91,6 +97,7 @@ def documents(root):
     """The documents checked: the top-level ones and everything in docs/."""
     paths = [p for p in DOCUMENTS if os.path.exists(os.path.join(root, p))]
     paths += sorted(os.path.join("docs", n) for n in os.listdir(os.path.join(root, "docs")) if n.endswith(".md"))
+    paths += sorted(os.path.join(DECISIONS, n) for n in os.listdir(os.path.join(root, DECISIONS)) if n.endswith(".md"))
     return paths
 
 
@@ -111,7 +118,7 @@ def check_links(root, path, text):
             with open(full, encoding="utf-8") as f:
                 if frag not in anchors(f.read()):
                     problems.append(f"{path}: link to {target}, no such heading")
-    if path in HISTORY:
+    if is_history(path):
         return problems
     for ref in re.findall(r"`((?:src|tests|scripts|examples)/[A-Za-z0-9_./-]+)`", prose):
         if not os.path.exists(os.path.join(root, ref.rstrip("/."))):
@@ -124,21 +131,31 @@ def check_readme(text):
     return [f"README.md: {n} lines, more than {README_MAX_LINES}"] if n > README_MAX_LINES else []
 
 
-def check_decisions(text):
+def check_decisions(texts):
+    """The records (`texts`: path -> text of every document) against their index."""
     problems = []
-    records = re.findall(r"(?m)^## (\d+)\. (.+)$", text)
-    numbers = [int(n) for n, _ in records]
-    if numbers != list(range(1, len(numbers) + 1)):
-        problems.append("docs/decisions.md: records are not numbered 1, 2, 3, ... in order")
-    if re.search(r"(?m)^## (?!\d+\. |Index$)", text):
-        problems.append("docs/decisions.md: a record without a number")
-    parts = re.split(r"(?m)^## \d+\. .+$", text)
-    index, bodies = parts[0], parts[1:]
-    for (n, title), body in zip(records, bodies):
-        if not re.search(r"(?m)^Status: ", body):
-            problems.append(f"docs/decisions.md: record {n} ({title}) has no status")
-        if f"(#{anchor(n + '. ' + title)})" not in index:
-            problems.append(f"docs/decisions.md: record {n} ({title}) is not in the index")
+    index = texts.get(INDEX, "")
+    records = sorted(
+        (int(m.group(1)), path)
+        for path in texts
+        if path.startswith(DECISIONS + os.sep)
+        for m in [re.match(r"(\d{4})-[a-z0-9_-]+\.md$", os.path.basename(path))]
+        if m
+    )
+    others = [p for p in texts if p.startswith(DECISIONS + os.sep) and p != INDEX
+              and not re.match(r"\d{4}-[a-z0-9_-]+\.md$", os.path.basename(p))]
+    for path in others:
+        problems.append(f"{path}: a record not named NNNN-title.md")
+    if [n for n, _ in records] != list(range(1, len(records) + 1)):
+        problems.append(f"{DECISIONS}: records are not numbered 1, 2, 3, ... in order")
+    for n, path in records:
+        text = texts[path]
+        if not re.match(rf"# {n}\. .+", text):
+            problems.append(f"{path}: its heading is not '# {n}. <title>'")
+        if not re.search(r"(?m)^Status: ", text):
+            problems.append(f"{path}: no status")
+        if f"]({os.path.basename(path)})" not in index:
+            problems.append(f"{path}: not in the index")
     return problems
 
 
@@ -157,7 +174,7 @@ def check(root, texts=None, code=None):
     for path, text in texts.items():
         problems += check_links(root, path, text)
     problems += check_readme(texts["README.md"])
-    problems += check_decisions(texts["docs/decisions.md"])
+    problems += check_decisions(texts)
     return problems
 
 
@@ -165,8 +182,10 @@ def self_test(root):
     """Each rule must fail on a copy broken on purpose."""
     config = read(root, "docs/configuration.md")
     readme = read(root, "README.md")
-    decisions = read(root, "docs/decisions.md")
-    first = re.search(r"(?m)^## (\d+)\. .+$", decisions)
+    names = sorted(n for n in os.listdir(os.path.join(root, DECISIONS)) if n[:4].isdigit())
+    first = os.path.join(DECISIONS, names[0])
+    last = int(names[-1][:4])
+    record = read(root, first)
     breaks = {
         "a variable the code reads, not documented": ({}, code_variables(root) | {"NEW_SETTING_X"}),
         "a documented variable nobody reads": (
@@ -176,10 +195,13 @@ def self_test(root):
         "a missing path": ({"README.md": readme + "\n`src/no_such_file.rs`\n"}, None),
         "a long README": ({"README.md": readme + "\n" * README_MAX_LINES}, None),
         "a decision without a status": (
-            {"docs/decisions.md": decisions.replace("\nStatus: ", "\nState: ", 1)}, None),
+            {first: record.replace("\nStatus: ", "\nState: ", 1)}, None),
         "a decision out of order": (
-            {"docs/decisions.md": decisions[: first.start()] + "## 999. Extra\n\nStatus: accepted.\n\n"
-             + decisions[first.start():]}, None),
+            {os.path.join(DECISIONS, f"{last + 2:04d}-extra.md"): "# %d. Extra\n\nStatus: accepted.\n" % (last + 2)},
+            None),
+        "a decision not in the index": (
+            {os.path.join(DECISIONS, f"{last + 1:04d}-extra.md"): "# %d. Extra\n\nStatus: accepted.\n" % (last + 1)},
+            None),
     }
     failures = []
     for rule, (texts, code) in breaks.items():
