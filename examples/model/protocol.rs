@@ -469,7 +469,9 @@ impl Mutation {
                 mutation: Some(self),
                 deliveries: 3,
                 deadline: 5,
+                upstreams: vec![Upstream::Background],
                 replay: vec![ReplayPolicy::Replay],
+                followers: false,
                 ..Bounds::background()
             },
             Mutation::NoBudgetCheck | Mutation::CallAfterLeaseLapsed => Bounds {
@@ -521,7 +523,7 @@ impl Mutation {
             Mutation::NoBudgetCheck => BUDGET,
             Mutation::AckDeferred => ACK_TERMINAL,
             Mutation::UnconfirmedClaimCalls => ATTEMPT_RECORDED,
-            Mutation::RecoveryIgnoresLease => return None,
+            Mutation::RecoveryIgnoresLease => LEASE_RESPECTED,
             Mutation::CallAfterLeaseLapsed => NO_SILENT_REPEAT,
             Mutation::NotSentSpendsAttempt => SPENT_BY_CALLS,
             Mutation::DiscardLiveAnswer => STORED_EXISTS,
@@ -577,6 +579,8 @@ pub const REFERENCE_NAMES_CALL: &str =
     "every reference the ledger holds names its own attempt's call, which the provider started";
 /// What a job's attempts cost passed its limit.
 pub const SPEND_LIMIT: &str = "what a job's attempts cost stays within its spend limit";
+/// A live owner fenced before its lease lapsed.
+pub const LEASE_RESPECTED: &str = "a running owner is fenced only once its lease lapsed";
 /// A job charged for a call that ran nothing.
 pub const SPENT_AS_RUN: &str = "a job is charged only for calls that may have run (an estimate only while one's outcome is unknown): one refused before any work costs nothing";
 /// A job succeeded after an operator's cancel was written.
@@ -606,6 +610,8 @@ pub enum Violation {
     AcceptedAfterCancel,
     /// A call sent under a claim made after the job's cancel was written.
     CallAfterCancel,
+    /// A running owner fenced while its lease still held.
+    EarlyFence,
 }
 
 /// What the provider did with one call, as only the model knows it.
@@ -1227,6 +1233,15 @@ impl Protocol {
             }
             if epoch.is_some_and(|e| e < before.owner_epoch) {
                 next.violations.push(Violation::StaleWrite);
+            }
+            // A running item's epoch raised is a recovery: only once the owner's lease lapsed,
+            // whatever the clocks (the owner wrote its lease by its own clock, at most the skew
+            // ahead; the recovery compares by its own, less the skew).
+            if before.state == JobState::Running
+                && after.owner_epoch > before.owner_epoch
+                && before.owner_until.is_some_and(|until| until > next.time)
+            {
+                next.violations.push(Violation::EarlyFence);
             }
         }
         if after.state == JobState::Succeeded {
@@ -3059,6 +3074,7 @@ impl Model for Protocol {
         vec![
             Property::always(ONE_RESULT, |_, s| holds(s, Violation::ResultChanged)),
             Property::always(STALE_WRITE, |_, s| holds(s, Violation::StaleWrite)),
+            Property::always(LEASE_RESPECTED, |_, s| holds(s, Violation::EarlyFence)),
             Property::always(BUDGET, |_, s| {
                 holds(s, Violation::OverBudget)
                     && s.item.as_ref().is_none_or(|r| r.attempts <= r.max_attempts)
