@@ -189,7 +189,7 @@ pub fn vendor_refuses(req: &crate::support::http::Request) -> Option<crate::supp
     if path.ends_with("/v1/messages") || path.ends_with("/v1/messages/batches") {
         return anthropic_request_refuses(path, &req.body);
     }
-    openai_refuses(&req.method, path, &req.body)
+    openai_refuses(path, &req.body)
 }
 
 /// OpenAI's Batch API input file limits and rules (API reference, "Batch", "Create batch":
@@ -250,7 +250,7 @@ pub fn openai_batch_file_refuses(
             ));
         }
         let body = line.get("body").map(Value::to_string).unwrap_or_default();
-        if let Some(refused) = openai_refuses("POST", url, &body) {
+        if let Some(refused) = openai_refuses(url, &body) {
             return Some(refused);
         }
     }
@@ -309,14 +309,11 @@ pub fn anthropic_request_refuses(path: &str, body: &str) -> Option<crate::suppor
     None
 }
 
-/// What OpenAI's API refuses of a request to one of its endpoints, as its 400: a body its
+/// What OpenAI's API refuses of a POST of `body` to `path`, as its 400: a body its
 /// published request schema refuses (a field it does not define, a value out of range, a
 /// wrong type), or, with `strict: true`, a schema strict mode cannot take ([`openai_strict_refuses`]).
 /// `None`: taken, or not a request to a known OpenAI endpoint.
-pub fn openai_refuses(method: &str, path: &str, body: &str) -> Option<crate::support::http::Reply> {
-    if method != "POST" {
-        return None;
-    }
+pub fn openai_refuses(path: &str, body: &str) -> Option<crate::support::http::Reply> {
     let (_, validator) = OPENAI_ENTRIES
         .iter()
         .find(|(endpoint, _)| path.ends_with(endpoint))?;
@@ -446,18 +443,12 @@ pub fn openai_strict_refuses(
         }
     }
     let mut children: Vec<(Vec<String>, &Value)> = Vec::new();
-    for (group, key) in [("properties", true), ("$defs", true)] {
+    for group in ["properties", "$defs"] {
         if let Some(Value::Object(map)) = node.get(group) {
-            children.extend(map.iter().map(|(k, v)| {
-                (
-                    if key {
-                        vec![group.to_owned(), k.clone()]
-                    } else {
-                        vec![]
-                    },
-                    v,
-                )
-            }));
+            children.extend(
+                map.iter()
+                    .map(|(k, v)| (vec![group.to_owned(), k.clone()], v)),
+            );
         }
     }
     if let Some(items) = node.get("items") {

@@ -56,6 +56,27 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         &self.contracts
     }
 
+    /// The contracts a configured provider takes only loosely, each with the provider and the
+    /// reason: a schema OpenAI's strict mode cannot take, even lowered to its dialect
+    /// ([`crate::provider::dialect::openai_not_strict`]), goes to OpenAI with `strict: false`
+    /// (the schema as guidance, not enforced by decoding), and is judged here as every answer
+    /// is. Anthropic's and Bedrock's forms take every schema this crate lowers.
+    pub fn loose_contracts(&self) -> Vec<(String, &'static str, String)> {
+        use crate::provider::dialect;
+        let openai = self.links.iter().any(|l| l.provider.name() == "openai");
+        if !openai {
+            return Vec::new();
+        }
+        self.contracts
+            .iter()
+            .filter_map(|c| {
+                let lowered = dialect::openai(c.schema()?);
+                let why = dialect::openai_not_strict(&lowered)?;
+                Some((c.id().to_owned(), "openai", why))
+            })
+            .collect()
+    }
+
     /// Gives the first provider its model for each job model name.
     pub fn with_models(mut self, models: ModelMap) -> Self {
         self.links[0].models = models;

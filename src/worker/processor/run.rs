@@ -47,9 +47,15 @@ impl Spent {
             _ => self.heard,
         };
         usage.map(|u| Usage {
-            cost_micros: prices.cost_at(&self.model, &u, self.rate.served(u.tier)),
+            cost_micros: self.cost(&u, prices),
             ..u
         })
+    }
+
+    /// What `usage` of this call cost at `prices`: at the tier its answer names, else the rate
+    /// it was asked at.
+    pub(super) fn cost(&self, usage: &Usage, prices: &PriceTable) -> Option<u64> {
+        prices.cost_at(&self.model, usage, self.rate.served(usage.tier))
     }
 }
 
@@ -144,10 +150,9 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         // or never sent), else all it reserved (an outcome unknown, or an end not written);
         // corrected once the attempt's end is written, so that the acceptance waits for no
         // other write.
-        let heard = spent.heard.and_then(|u| {
-            let rate = spent.rate.served(u.tier);
-            self.settings.prices.cost_at(&spent.model, &u, rate)
-        });
+        let heard = spent
+            .heard
+            .and_then(|u| spent.cost(&u, &self.settings.prices));
         let (attempt, epoch, model) = (owner.attempts, owner.owner_epoch, spent.model.clone());
         let processed = self.end_attempt(owner, waited, spent, msg, inv).await;
         let actual = heard

@@ -56,31 +56,6 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
     /// them, and its map's models; and whether jobs may name any model (`ALLOWED_MODELS=*`
     /// with a provider that runs the model named), among which some may lack a price too.
     pub fn unpriced_models(&self) -> (Vec<String>, bool) {
-        self.unpriced_models_of()
-    }
-
-    /// The contracts a configured provider takes only loosely, each with the provider and the
-    /// reason: a schema OpenAI's strict mode cannot take, even lowered to its dialect
-    /// ([`crate::provider::dialect::openai_not_strict`]), goes to OpenAI with `strict: false`
-    /// (the schema as guidance, not enforced by decoding), and is judged here as every answer
-    /// is. Anthropic's and Bedrock's forms take every schema this crate lowers.
-    pub fn loose_contracts(&self) -> Vec<(String, &'static str, String)> {
-        use crate::provider::dialect;
-        let openai = self.links.iter().any(|l| l.provider.name() == "openai");
-        if !openai {
-            return Vec::new();
-        }
-        self.contracts
-            .iter()
-            .filter_map(|c| {
-                let lowered = dialect::openai(c.schema()?);
-                let why = dialect::openai_not_strict(&lowered)?;
-                Some((c.id().to_owned(), "openai", why))
-            })
-            .collect()
-    }
-
-    fn unpriced_models_of(&self) -> (Vec<String>, bool) {
         use crate::job::policy::Models;
         let mut models: Vec<&str> = Vec::new();
         let mut open = false;

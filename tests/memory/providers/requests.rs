@@ -245,10 +245,7 @@ async fn openais_scripted_server_refuses_what_its_published_schema_refuses() {
     }
     // A field the API does not define: refused by the closed entry.
     let body = json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "foo": 1});
-    let refused = crate::support::providers::openai_refuses(
-        "POST",
-        "/v1/chat/completions",
-        &body.to_string(),
-    );
+    let refused =
+        crate::support::providers::openai_refuses("/v1/chat/completions", &body.to_string());
     assert!(refused.is_some(), "an undefined field is refused");
 }
