@@ -1,5 +1,5 @@
 # The two commands of the README need no set-up: they install what they need.
-.PHONY: demo local test drill chaos scale model-check fuzz bench build invoke deploy check fmt clippy emulator-start emulator-stop clean
+.PHONY: demo local test drill chaos scale model-check model-check-full fuzz bench build invoke deploy check fmt clippy emulator-start emulator-stop clean
 
 demo: ## Run the main job end to end on the local emulator
 	scripts/demo.sh
@@ -21,8 +21,11 @@ scale: ## A burst of 100,000 jobs, 1,000 concurrent invocations, a rate-limited 
 	cargo run --release --example chaos -- --tenants --seed $(or $(SEED),1)
 	cargo run --release --example chaos -- --urgent --seed $(or $(SEED),1)
 
-model-check: ## The ledger protocol over every interleaving within a bound, then each property's mutation (VERIFICATION.md)
+model-check: ## The ledger protocol over every interleaving within the test bound, then each property's mutation (VERIFICATION.md; minutes)
 	cargo run --release --example model
+
+model-check-full: ## The same within the full bound (about two hours, several GB of memory)
+	cargo run --release --example model -- --full
 
 fuzz: ## Each fuzz target for FUZZ_SECONDS (default 600) with cargo-fuzz on nightly
 	scripts/fuzz.sh

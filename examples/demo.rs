@@ -18,6 +18,7 @@ use fenced_jobs::job::contract::Contracts;
 use fenced_jobs::ledger::JobLedger;
 use fenced_jobs::ledger::dynamodb::DynamoLedger;
 use fenced_jobs::ops::dispatch::dispatch;
+use fenced_jobs::protocol::routing::ModelMap;
 use fenced_jobs::provider::SimulatedProvider;
 use fenced_jobs::queue::{SqsDeadLetters, SqsVisibility};
 use fenced_jobs::testing::event_source::LocalEventSource;
@@ -26,7 +27,6 @@ use fenced_jobs::testing::stream_source::LocalStreamSource;
 use fenced_jobs::worker::Settings;
 use fenced_jobs::worker::handler::BatchHandler;
 use fenced_jobs::worker::processor::Processor;
-use fenced_jobs::worker::routing::ModelMap;
 
 /// The Extended Client payload the pointer job names.
 const POINTER_KEY: &str = "payloads/demo-pointer.json";

@@ -26,6 +26,7 @@ FLOORS = [
     ["job", "clock", "vars"],  # pure logic, injected time, reading settings
     ["ledger", "provider", "queue", "blobs", "events"],  # the outside systems, each behind a trait
     ["report", "telemetry"],  # what a run did, as plain data; what a trace says
+    ["protocol"],  # the delivery protocol, pure: the machines the worker and the model checker drive
     ["worker", "ops"],  # the function, and the operations around it
     ["config", "logs", "testing"],  # assembly, set-up, test support
 ]

@@ -24,8 +24,15 @@ echo "== documents against the code" >&2
 echo "== module layout" >&2
 .venv/bin/python scripts/check_layout.py --self-test src
 echo "== cargo test" >&2
-# With dynalite beside moto: the ledger's contract tests run against both.
-SECOND_DYNAMODB=1 scripts/with-emulator.sh cargo test --all-targets "$@"
+# With dynalite beside moto: the ledger's contract tests run against both. Arguments go to one
+# `cargo test --all-targets`; without them, the tests are built once and the emulator's binary
+# (which waits on the emulator most of its time) runs beside the others (which use the CPU).
+if [ "$#" -gt 0 ]; then
+  SECOND_DYNAMODB=1 scripts/with-emulator.sh cargo test --all-targets "$@"
+else
+  cargo test --all-targets --no-run
+  SECOND_DYNAMODB=1 scripts/with-emulator.sh scripts/test_beside.sh
+fi
 echo "== sam validate" >&2
 wait "$sam_install" || { cat .sam-install.log >&2; exit 1; }
 rm -f .sam-install.log

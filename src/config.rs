@@ -9,10 +9,10 @@ use crate::events::aws::AwsSink;
 use crate::job::Millis;
 use crate::job::contract::Contracts;
 use crate::ops::reconcile::ReconcileSettings;
+use crate::protocol::routing::ModelMap;
 use crate::provider::ProviderConfig;
 pub use crate::vars::ConfigError;
 use crate::vars::Vars;
-use crate::worker::routing::ModelMap;
 use crate::worker::settings::Settings;
 
 /// Everything the worker reads from its environment. See `docs/configuration.md`.

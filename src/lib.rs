@@ -18,10 +18,13 @@
 //!    Extended Client payloads). [`events`]: completion events and where they are published.
 //!    [`report`]: what a run did, as plain data. [`telemetry`]: the functions' spans through
 //!    OpenTelemetry, provider calls as GenAI spans.
-//! 3. [`worker`]: the batch handler, the processor (one delivery), the heartbeat, the batch
+//! 3. [`protocol`]: the delivery protocol, pure: the machines of a delivery (admission, calling,
+//!    ending), the heartbeat's rules and the routing, which the worker carries out and the
+//!    model checker drives.
+//! 4. [`worker`]: the batch handler, the processor (one delivery), the heartbeat, the batch
 //!    response and the worker's settings. [`ops`]: the producer, the reconciler, operator
 //!    decisions, the dispatcher of completion events and the metric documents.
-//! 4. [`config`] assembles each binary's configuration; [`logs`] sets up logging and tracing;
+//! 5. [`config`] assembles each binary's configuration; [`logs`] sets up logging and tracing;
 //!    `testing` (feature `test-support`) holds the local event source and the request counter;
 //!    `bin/worker.rs`, `bin/reconciler.rs`, `bin/dispatcher.rs` and `bin/jobctl.rs` are the
 //!    entry points.
@@ -45,6 +48,7 @@ pub mod job;
 pub mod ledger;
 pub mod logs;
 pub mod ops;
+pub mod protocol;
 pub mod provider;
 pub mod queue;
 pub mod report;

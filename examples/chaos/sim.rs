@@ -32,15 +32,16 @@ use fenced_jobs::ledger::{
 };
 use fenced_jobs::ledger::{IndexCursor, LedgerIndex};
 use fenced_jobs::ops::dispatch::{StreamChange, StreamEvent, StreamRecord};
+use fenced_jobs::protocol::ReplayPolicy;
+use fenced_jobs::protocol::routing::ModelMap;
 use fenced_jobs::provider::{Answer, Provider, ProviderError, ProviderRequest, Retrieval};
 use fenced_jobs::queue::{
     ChangeResult, ChangeResults, DeadLetter, DeadLetterQueue, Outgoing, Sent, TriggerSender,
     VisibilityChange, VisibilityControl,
 };
+use fenced_jobs::worker::Settings;
 use fenced_jobs::worker::handler::BatchHandler;
 use fenced_jobs::worker::processor::{Invocation, Processor};
-use fenced_jobs::worker::routing::ModelMap;
-use fenced_jobs::worker::{ReplayPolicy, Settings};
 
 const QUEUE_ARN: &str = "arn:aws:sqs:us-east-1:123456789012:chaos";
 const START_MS: Millis = 1_800_000_000_000;
@@ -1421,7 +1422,7 @@ impl SimProvider {
             .max_by_key(|a| a.epoch);
         if let Some(before) = before
             && before.route.as_ref().map(|r| r.provider.as_str()) != named
-            && !fenced_jobs::worker::routing::refused(before)
+            && !fenced_jobs::protocol::routing::refused(before)
         {
             self.world.violation(format!(
                 "{}: attempt {} moved to {} after an attempt ending {} at its provider",

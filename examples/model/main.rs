@@ -2,12 +2,16 @@
 //! shows that each property bites: each mutation of the protocol must produce a counterexample,
 //! printed as a timeline.
 //!
-//! `cargo run --release --example model -- [--small | --test | --background | --resend | --world |
-//! --full-world] [--queue] [--threads N] [--no-mutations]
-//! [--workers N] [--deliveries N] [--deadline N] [--budget N] [--lease N] [--faults N]
-//! [--upstreams blind,keyed,background,batch] [--never-replay] [--[no-]pacing] [--[no-]short]
-//! [--[no-]silent] [--[no-]followers] [--[no-]invalid] [--mutation NAME]`; with `--queue`, the
-//! message on its queue alone: `[--test] [--max-receives N] [--slow N] [--crashes N]`
+//! With no part named it checks a whole bound in its parts, then the message on its queue, then
+//! every mutation: the test bound (`make model-check`), `--quick` (what `make test` checks in
+//! the debug build) or `--full` (`make model-check-full`, about two hours). One part alone:
+//! `--small | --test | --background | --world | --resend | --spend | --cancel | --lost |
+//! --full-providers | --full-world | --full-cancel`, narrowed by `[--workers N] [--deliveries N]
+//! [--deadline N] [--budget N] [--lease N] [--faults N] [--upstreams blind,keyed,background,batch]
+//! [--never-replay] [--[no-]pacing] [--[no-]short] [--[no-]silent] [--[no-]followers]
+//! [--[no-]invalid]`; `--mutation NAME` checks one mutation in its own bound, narrowed the same
+//! way; `--no-mutations` skips them; `--threads N`. With `--queue`, the message on its queue
+//! alone: `[--test] [--max-receives N] [--slow N] [--crashes N]`.
 
 mod protocol;
 mod queue;
@@ -18,38 +22,105 @@ use queue::{QueueBounds, QueueMutation};
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let flag = |name: &str| args.iter().any(|a| a == name);
+    let value = |name: &str| {
+        args.iter()
+            .position(|a| a == name)
+            .and_then(|i| args.get(i + 1))
+    };
+    let threads = value("--threads")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    if let Some(name) = value("--mutation") {
+        std::process::exit(i32::from(!one_mutation(name, &args, threads)));
+    }
+    if flag("--queue") {
+        std::process::exit(i32::from(!queue_alone(&args, threads)));
+    }
+    // One part alone, or a whole set of parts: the test bound by default (`make model-check`),
+    // the quick one (`make test`'s) or the full one (`make model-check-full`).
+    let one = PARTS.iter().find(|(name, _)| flag(name));
+    let (parts, queue): (Vec<Bounds>, Option<QueueBounds>) = match one {
+        Some((_, part)) => (vec![narrowed(part(), &args)], None),
+        None if flag("--quick") => (Bounds::quick_parts().into(), Some(QueueBounds::test())),
+        None if flag("--full") => (Bounds::full_parts().into(), Some(QueueBounds::full())),
+        None => (Bounds::test_parts().into(), Some(QueueBounds::full())),
+    };
+    let mut failed = !check_parts(&parts, threads);
+    if let Some(bounds) = &queue {
+        println!();
+        failed |= !check_queue(bounds, threads);
+    }
+    if !flag("--no-mutations") {
+        println!("\nEach property bites: one mutation of the protocol each, in its own bound");
+        for mutation in Mutation::ALL {
+            failed |= !bites(mutation.bounds(), threads);
+        }
+        if queue.is_some() {
+            for mutation in QueueMutation::ALL {
+                failed |= !queue_bites(mutation, threads);
+            }
+        }
+    }
+    if failed {
+        std::process::exit(1);
+    }
+}
+
+/// A part of a bound, by its constructor.
+type Part = fn() -> Bounds;
+
+/// Each part a flag names alone.
+const PARTS: [(&str, Part); 11] = [
+    ("--small", Bounds::small),
+    ("--test", Bounds::test),
+    ("--background", Bounds::background),
+    ("--resend", Bounds::resend),
+    ("--world", Bounds::world),
+    ("--spend", Bounds::spend),
+    ("--cancel", Bounds::cancel),
+    ("--lost", Bounds::lost),
+    ("--full-providers", Bounds::full),
+    ("--full-world", Bounds::full_world),
+    ("--full-cancel", Bounds::full_cancel),
+];
+
+/// Checks each of `parts`, printing each report; whether every property held in all and every
+/// example was reached in one of them.
+fn check_parts(parts: &[Bounds], threads: usize) -> bool {
+    let mut failed = false;
+    let mut unreached: Option<Vec<&str>> = None;
+    for part in parts {
+        println!("{}", part.describe());
+        let report = check(part, threads, false);
+        print_report(&report);
+        println!();
+        failed |= !report.violated().is_empty();
+        let here: Vec<&str> = report
+            .verdicts
+            .iter()
+            .filter(|(_, v)| *v == Verdict::Unreached)
+            .map(|(name, _)| *name)
+            .collect();
+        unreached = Some(match unreached {
+            None => here,
+            Some(before) => before.into_iter().filter(|n| here.contains(n)).collect(),
+        });
+    }
+    let unreached = unreached.unwrap_or_default();
+    if !unreached.is_empty() {
+        println!("  never reached: {unreached:?}");
+        failed = true;
+    }
+    !failed
+}
+
+/// `bounds` with what the command line changes.
+fn narrowed(mut bounds: Bounds, args: &[String]) -> Bounds {
     let number = |name: &str| {
         args.iter()
             .position(|a| a == name)
             .and_then(|i| args.get(i + 1))
             .and_then(|v| v.parse::<i64>().ok())
-    };
-    let threads = number("--threads").map_or_else(
-        || std::thread::available_parallelism().map_or(1, |n| n.get()),
-        |n| n as usize,
-    );
-    let mut bounds = if flag("--small") {
-        Bounds::small()
-    } else if flag("--test") {
-        Bounds::test()
-    } else if flag("--background") {
-        Bounds::background()
-    } else if flag("--resend") {
-        Bounds::resend()
-    } else if flag("--world") {
-        Bounds::world()
-    } else if flag("--full-world") {
-        Bounds::full_world()
-    } else if flag("--spend") {
-        Bounds::spend()
-    } else if flag("--cancel") {
-        Bounds::cancel()
-    } else if flag("--full-cancel") {
-        Bounds::full_cancel()
-    } else if flag("--lost") {
-        Bounds::lost()
-    } else {
-        Bounds::full()
     };
     if let Some(names) = args
         .iter()
@@ -86,6 +157,7 @@ fn main() {
         bounds.faults = n as u8;
     }
     // `--NAME` turns a part of the world on, `--no-NAME` off.
+    let flag = |name: &str| args.iter().any(|a| a == name);
     let switch = |name: &str, on: &mut bool| {
         if flag(&format!("--{name}")) {
             *on = true;
@@ -100,132 +172,71 @@ fn main() {
     switch("followers", &mut bounds.followers);
     switch("invalid", &mut bounds.invalid_answers);
     if flag("--never-replay") {
-        bounds.replay = vec![fenced_jobs::worker::ReplayPolicy::Never];
+        bounds.replay = vec![fenced_jobs::protocol::ReplayPolicy::Never];
     }
-    let only = args
-        .iter()
-        .position(|a| a == "--mutation")
-        .and_then(|i| args.get(i + 1));
-    if let Some(name) = only {
-        // One mutation alone, in its own bound.
-        if let Some(mutation) = QueueMutation::ALL
-            .into_iter()
-            .find(|m| *name == format!("{m:?}"))
-        {
-            std::process::exit(i32::from(!queue_bites(mutation, threads)));
-        }
-        let Some(mutation) = Mutation::ALL
-            .into_iter()
-            .find(|m| *name == format!("{m:?}"))
-        else {
-            panic!(
-                "no mutation {name:?}: one of {:?} or {:?}",
-                Mutation::ALL,
-                QueueMutation::ALL
-            );
-        };
-        std::process::exit(i32::from(!bites(mutation, threads)));
+    bounds
+}
+
+/// Checks the mutation `name` alone, in its own bound as the command line narrows it; whether it
+/// broke the property it is there for.
+fn one_mutation(name: &str, args: &[String], threads: usize) -> bool {
+    if let Some(mutation) = QueueMutation::ALL
+        .into_iter()
+        .find(|m| *name == format!("{m:?}"))
+    {
+        return queue_bites(mutation, threads);
     }
-    if flag("--queue") {
-        // The message on its queue alone: its bound, then its mutations.
-        let mut bounds = if flag("--test") {
-            QueueBounds::test()
-        } else {
-            QueueBounds::full()
-        };
-        if let Some(n) = number("--max-receives") {
-            bounds.max_receive_count = n as u32;
-        }
-        if let Some(n) = number("--slow") {
-            bounds.slow = n as u8;
-        }
-        if let Some(n) = number("--crashes") {
-            bounds.crashes = n as u8;
-        }
-        let mut failed = !check_queue(&bounds, threads);
-        if !flag("--no-mutations") {
-            for mutation in QueueMutation::ALL {
-                failed |= !queue_bites(mutation, threads);
-            }
-        }
-        std::process::exit(i32::from(failed));
+    let Some(mutation) = Mutation::ALL
+        .into_iter()
+        .find(|m| *name == format!("{m:?}"))
+    else {
+        panic!(
+            "no mutation {name:?}: one of {:?} or {:?}",
+            Mutation::ALL,
+            QueueMutation::ALL
+        );
+    };
+    bites(narrowed(mutation.bounds(), args), threads)
+}
+
+/// The message on its queue alone: its bound (the test one with `--test`), then its mutations
+/// unless `--no-mutations`; whether all held and bit.
+fn queue_alone(args: &[String], threads: usize) -> bool {
+    let flag = |name: &str| args.iter().any(|a| a == name);
+    let number = |name: &str| {
+        args.iter()
+            .position(|a| a == name)
+            .and_then(|i| args.get(i + 1))
+            .and_then(|v| v.parse::<i64>().ok())
+    };
+    let mut bounds = if flag("--test") {
+        QueueBounds::test()
+    } else {
+        QueueBounds::full()
+    };
+    if let Some(n) = number("--max-receives") {
+        bounds.max_receive_count = n as u32;
     }
-    println!("{}", bounds.describe());
-    let report = check(&bounds, threads, false);
-    print_report(&report);
-    let mut failed = !report.violated().is_empty();
-    let mut unreached: Vec<&str> = report
-        .verdicts
-        .iter()
-        .filter(|(_, v)| *v == Verdict::Unreached)
-        .map(|(name, _)| *name)
-        .collect();
-    // The model-check bound's lease leaves a re-send no room: its own bound reaches it.
-    let full = ![
-        "--small",
-        "--test",
-        "--background",
-        "--resend",
-        "--world",
-        "--full-world",
-        "--spend",
-        "--cancel",
-        "--full-cancel",
-        "--lost",
-    ]
-    .iter()
-    .any(|f| flag(f));
-    if full {
-        // The model-check bound comes in parts: the world's pacer and short invocations, a
-        // lease long enough for a re-send, a job's spend limit, an operator's cancel and a
-        // message lost for good, each in a bound of its own.
-        for part in [
-            Bounds::full_world(),
-            Bounds::resend(),
-            Bounds::spend(),
-            Bounds::full_cancel(),
-            Bounds::lost(),
-        ] {
-            println!("\n{}", part.describe());
-            let report = check(&part, threads, false);
-            print_report(&report);
-            failed |= !report.violated().is_empty();
-            unreached.retain(|name| {
-                report
-                    .verdicts
-                    .iter()
-                    .any(|(n, v)| n == name && *v == Verdict::Unreached)
-            });
-        }
+    if let Some(n) = number("--slow") {
+        bounds.slow = n as u8;
     }
-    if !unreached.is_empty() {
-        println!("  never reached: {unreached:?}");
-        failed = true;
+    if let Some(n) = number("--crashes") {
+        bounds.crashes = n as u8;
     }
-    if full {
-        println!();
-        failed |= !check_queue(&QueueBounds::full(), threads);
-    }
+    let mut passed = check_queue(&bounds, threads);
     if !flag("--no-mutations") {
-        println!("\nEach property bites: one mutation of the protocol each, on the test bound");
-        for mutation in Mutation::ALL {
-            failed |= !bites(mutation, threads);
-        }
-        if full {
-            for mutation in QueueMutation::ALL {
-                failed |= !queue_bites(mutation, threads);
-            }
+        for mutation in QueueMutation::ALL {
+            passed &= queue_bites(mutation, threads);
         }
     }
-    if failed {
-        std::process::exit(1);
-    }
+    passed
 }
 
 /// Checks `mutation` in its own bound and prints what it breaks; whether it breaks the
 /// property it is there for.
-fn bites(mutation: Mutation, threads: usize) -> bool {
-    let report = check(&mutation.bounds(), threads, true);
+fn bites(bounds: Bounds, threads: usize) -> bool {
+    let mutation = bounds.mutation.expect("a mutation's bound");
+    let report = check(&bounds, threads, true);
     println!(
         "\n{mutation:?} ({}): {} states, {:.1} s; breaks {:?}",
         mutation.describe(),

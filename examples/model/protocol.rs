@@ -27,16 +27,16 @@ use fenced_jobs::ledger::{
     OperatorAction, RecordRefRequest, RecoverRequest, RenewRequest, SettleFrom, SettleRequest,
     Write,
 };
+use fenced_jobs::protocol::ReplayPolicy;
+use fenced_jobs::protocol::admission::{Admission, Applied, Facts, Op, Settle, Step};
+use fenced_jobs::protocol::calling::{Bound, CallFacts, CallStep, Calling, Said};
+use fenced_jobs::protocol::ending::{
+    EndFacts, EndStep, EndWrite, Ending, Placed, Waited, attempt_end,
+};
+use fenced_jobs::protocol::renewal::{RenewalTicks, Renewed, after_renewal};
 use fenced_jobs::provider::batch;
 use fenced_jobs::provider::openai::classify_status;
 use fenced_jobs::provider::{Answer, ProviderError, Retrieval};
-use fenced_jobs::worker::ReplayPolicy;
-use fenced_jobs::worker::admission::{Admission, Applied, Facts, Op, Settle, Step};
-use fenced_jobs::worker::calling::{Bound, CallFacts, CallStep, Calling, Said};
-use fenced_jobs::worker::ending::{
-    EndFacts, EndStep, EndWrite, Ending, Placed, Waited, attempt_end,
-};
-use fenced_jobs::worker::heartbeat::{RenewalTicks, Renewed, after_renewal};
 use stateright::{Model, Property};
 
 /// The job every state is about.
@@ -279,6 +279,52 @@ impl Bounds {
         }
     }
 
+    /// The test bound, in its seven parts: `make model-check` checks them in the release build
+    /// (with every mutation), and each names what it adds in its own constructor.
+    pub fn test_parts() -> [Bounds; 7] {
+        [
+            Bounds::test(),
+            Bounds::background(),
+            Bounds::world(),
+            Bounds::resend(),
+            Bounds::spend(),
+            Bounds::cancel(),
+            Bounds::lost(),
+        ]
+    }
+
+    /// The quick bound, which `make test` checks in the debug build: each part of the test
+    /// bound with one worker (a fault, a pause or a crash against a redelivery of the same
+    /// worker), and the first part with two workers racing, without ledger faults, an earlier
+    /// deadline, the client-keyed provider and one replay policy. Together they reach every
+    /// example; the mutations' own bounds are the same in both.
+    pub fn quick_parts() -> [Bounds; 8] {
+        let races = Bounds {
+            deadline: 3,
+            faults: 0,
+            upstreams: vec![Upstream::Keyed],
+            replay: vec![ReplayPolicy::Never],
+            ..Bounds::test()
+        };
+        let [test, background, world, resend, spend, cancel, lost] =
+            Bounds::test_parts().map(|part| Bounds { workers: 1, ..part });
+        [races, test, background, world, resend, spend, cancel, lost]
+    }
+
+    /// The full bound, which `make model-check-full` checks (about two hours): every provider
+    /// with a ledger fault per path, then the world, the re-send, the spend limit, a wider
+    /// cancel and the lost message in parts of their own.
+    pub fn full_parts() -> [Bounds; 6] {
+        [
+            Bounds::full(),
+            Bounds::full_world(),
+            Bounds::resend(),
+            Bounds::spend(),
+            Bounds::full_cancel(),
+            Bounds::lost(),
+        ]
+    }
+
     /// The bounds in one line.
     pub fn describe(&self) -> String {
         format!(
@@ -438,12 +484,23 @@ impl Mutation {
         match self {
             Mutation::FinishIgnoresEpoch
             | Mutation::RecoveryIgnoresLease
-            | Mutation::DiscardLiveAnswer
             | Mutation::RecoveryAssumesNotSent => Bounds {
                 deadline: 5,
                 faults: 0,
                 ..test
             },
+            Mutation::DiscardLiveAnswer => Bounds {
+                deadline: 5,
+                faults: 0,
+                upstreams: vec![Upstream::Blind],
+                replay: vec![ReplayPolicy::Never],
+                ..test
+            },
+            // One worker is enough: a redelivery of the same worker meets what it left.
+            Mutation::ExpiryIgnoresTerminal
+            | Mutation::UncertainReleased
+            | Mutation::BareThrottleTrusted
+            | Mutation::GatewayTimeoutTrusted => Bounds { workers: 1, ..test },
             Mutation::NotSentSpendsAttempt => Bounds { faults: 0, ..test },
             Mutation::CancelIgnored => Bounds {
                 mutation: Some(self),
@@ -474,7 +531,15 @@ impl Mutation {
                 followers: false,
                 ..Bounds::background()
             },
+            // A third delivery claims again after the replay policy authorised it; a lapsed
+            // owner's late call needs a second worker to have recovered the job, the budget
+            // only the one.
             Mutation::NoBudgetCheck | Mutation::CallAfterLeaseLapsed => Bounds {
+                workers: if self == Mutation::CallAfterLeaseLapsed {
+                    2
+                } else {
+                    1
+                },
                 deliveries: 3,
                 deadline: 5,
                 faults: 0,
@@ -1091,7 +1156,7 @@ impl Protocol {
                 next.workers[worker].owner = next.deliveries;
                 let now = self.now(&next, worker);
                 let outcome =
-                    fenced_jobs::worker::admission::follow(&view, DIGEST, now, self.bounds.skew);
+                    fenced_jobs::protocol::admission::follow(&view, DIGEST, now, self.bounds.skew);
                 note.push_str("a later record of the batch follows the item as it was left");
                 next.followed |= outcome.is_success();
                 self.report(&mut next, worker, &outcome, &mut note);
@@ -2203,7 +2268,7 @@ impl Protocol {
         let view = closed.view.as_ref().filter(|v| {
             v.owner_epoch == epoch
                 && v.state == JobState::RetryAuthorized
-                && fenced_jobs::worker::routing::last_refused(v)
+                && fenced_jobs::protocol::routing::last_refused(v)
         });
         if let Some(view) = view.filter(|_| self.bounds.fallback && !next.workers[worker].hopped) {
             note.push_str("; the next provider takes the job in the same delivery");

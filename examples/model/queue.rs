@@ -13,8 +13,8 @@ use std::fmt::Write as _;
 use fenced_jobs::job::decision::{DeadlinePhase, deadline_phase};
 use fenced_jobs::job::outcome::{Delivery, SQS_MAX_VISIBILITY_S, receive_cap, receive_floor};
 use fenced_jobs::job::{Failure, Millis, VisibilityPolicy};
+use fenced_jobs::protocol::renewal::extension_s;
 use fenced_jobs::worker::Settings;
-use fenced_jobs::worker::heartbeat::extension_s;
 use stateright::{Model, Property};
 
 use crate::protocol::{Report, Timeline, explore};

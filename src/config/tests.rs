@@ -1,11 +1,11 @@
 use super::*;
 use crate::job::InvalidMessage;
+use crate::protocol::ReplayPolicy;
+use crate::protocol::routing::ModelMap;
 use crate::provider::anthropic::Structured;
 use crate::provider::bedrock::BedrockSettings;
 use crate::provider::openai::OpenAiApi;
 use crate::provider::{KeySource, Secret};
-use crate::worker::routing::ModelMap;
-use crate::worker::settings::ReplayPolicy;
 use std::collections::HashMap;
 
 fn config(vars: &[(&str, &str)]) -> Result<Config, ConfigError> {

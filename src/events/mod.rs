@@ -367,7 +367,7 @@ mod tests {
 
     #[test]
     fn a_cancelled_job_is_announced_as_cancelled_with_who_cancelled_it() {
-        let mut job = crate::worker::claimed_example(10_000, 1_000, None);
+        let mut job = crate::protocol::claimed_example(10_000, 1_000, None);
         job.state = JobState::Cancelled;
         job.last_error = Some(crate::job::ErrorRecord {
             kind: "cancelled".into(),

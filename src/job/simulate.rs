@@ -105,8 +105,6 @@ pub(crate) fn check_controls(input: &Map<String, Value>) -> Result<(), InvalidMe
     parse_simulation(input.get("simulate")).map(|_| ())
 }
 
-// Why this function is long: one block per control of `input.simulate`, each checked with the
-// rule its error names.
 fn parse_simulation(value: Option<&Value>) -> Result<Simulation, InvalidMessage> {
     let Some(value) = value else {
         return Ok(Simulation::default());
@@ -123,17 +121,99 @@ fn parse_simulation(value: Option<&Value>) -> Result<Simulation, InvalidMessage>
             rule: "only latency_ms, outcome, fail_times, retrievable, answer_bytes, output, bad_answer and bad_times are allowed",
         });
     }
-    let latency_ms = match fields.get("latency_ms") {
-        None => 0,
-        Some(v) => v
-            .as_u64()
-            .filter(|ms| *ms <= MAX_SIMULATED_LATENCY_MS)
-            .ok_or(InvalidMessage::Invalid {
-                field: "input.simulate.latency_ms",
-                rule: "must be an integer from 0 to 3600000",
-            })?,
+    let latency_ms = integer(
+        fields.get("latency_ms"),
+        MAX_SIMULATED_LATENCY_MS,
+        "input.simulate.latency_ms",
+        "must be an integer from 0 to 3600000",
+    )?
+    .unwrap_or(0);
+    let outcome = parse_outcome(fields.get("outcome"))?;
+    let fail_times = integer(
+        fields.get("fail_times"),
+        100,
+        "input.simulate.fail_times",
+        "must be an integer from 0 to 100",
+    )?
+    .unwrap_or(0) as u32;
+    let answer_bytes = integer(
+        fields.get("answer_bytes"),
+        MAX_SIMULATED_ANSWER_BYTES,
+        "input.simulate.answer_bytes",
+        "must be an integer from 0 to 2000000",
+    )?
+    .unwrap_or(0) as usize;
+    let retrievable = match fields.get("retrievable") {
+        None => true,
+        Some(Value::Bool(b)) => *b,
+        Some(_) => {
+            return Err(InvalidMessage::wrong_type(
+                "input.simulate.retrievable",
+                "a boolean",
+            ));
+        }
     };
-    let outcome = match fields.get("outcome") {
+    let output = match fields.get("output") {
+        Some(v) if v.to_string().len() > MAX_SIMULATED_OUTPUT_BYTES => {
+            return Err(InvalidMessage::Invalid {
+                field: "input.simulate.output",
+                rule: "must be at most 65536 bytes encoded",
+            });
+        }
+        v => v.cloned(),
+    };
+    let bad_answer = parse_bad_answer(fields.get("bad_answer"))?;
+    let bad_times = integer(
+        fields.get("bad_times"),
+        100,
+        "input.simulate.bad_times",
+        "must be an integer from 0 to 100",
+    )?
+    .map_or(u32::MAX, |n| n as u32);
+    Ok(Simulation {
+        latency_ms,
+        outcome,
+        fail_times,
+        retrievable,
+        answer_bytes,
+        output,
+        bad_answer,
+        bad_times,
+    })
+}
+
+/// The integer control `value`, if present: from 0 to `max`, else `field`'s `rule`.
+fn integer(
+    value: Option<&Value>,
+    max: u64,
+    field: &'static str,
+    rule: &'static str,
+) -> Result<Option<u64>, InvalidMessage> {
+    value
+        .map(|v| {
+            v.as_u64()
+                .filter(|n| *n <= max)
+                .ok_or(InvalidMessage::Invalid { field, rule })
+        })
+        .transpose()
+}
+
+/// The control `bad_answer`: the answer the job's contract refuses, if any.
+fn parse_bad_answer(value: Option<&Value>) -> Result<Option<BadAnswer>, InvalidMessage> {
+    match value {
+        None => Ok(None),
+        Some(Value::String(s)) if s == "truncated" => Ok(Some(BadAnswer::Truncated)),
+        Some(Value::String(s)) if s == "invalid" => Ok(Some(BadAnswer::Invalid)),
+        Some(_) => Err(InvalidMessage::Invalid {
+            field: "input.simulate.bad_answer",
+            rule: "must be truncated or invalid",
+        }),
+    }
+}
+
+/// The control `outcome`: how the simulated call ends (`ok` when absent).
+fn parse_outcome(value: Option<&Value>) -> Result<SimulatedOutcome, InvalidMessage> {
+    Ok(match value {
         None => SimulatedOutcome::Ok,
         Some(Value::String(s)) => match s.as_str() {
             "ok" => SimulatedOutcome::Ok,
@@ -156,76 +236,6 @@ fn parse_simulation(value: Option<&Value>) -> Result<Simulation, InvalidMessage>
                 "a string",
             ));
         }
-    };
-    let fail_times = match fields.get("fail_times") {
-        None => 0,
-        Some(v) => v
-            .as_u64()
-            .filter(|n| *n <= 100)
-            .ok_or(InvalidMessage::Invalid {
-                field: "input.simulate.fail_times",
-                rule: "must be an integer from 0 to 100",
-            })? as u32,
-    };
-    let answer_bytes = match fields.get("answer_bytes") {
-        None => 0,
-        Some(v) => v
-            .as_u64()
-            .filter(|n| *n <= MAX_SIMULATED_ANSWER_BYTES)
-            .ok_or(InvalidMessage::Invalid {
-                field: "input.simulate.answer_bytes",
-                rule: "must be an integer from 0 to 2000000",
-            })? as usize,
-    };
-    let retrievable = match fields.get("retrievable") {
-        None => true,
-        Some(Value::Bool(b)) => *b,
-        Some(_) => {
-            return Err(InvalidMessage::wrong_type(
-                "input.simulate.retrievable",
-                "a boolean",
-            ));
-        }
-    };
-    let output = match fields.get("output") {
-        Some(v) if v.to_string().len() > MAX_SIMULATED_OUTPUT_BYTES => {
-            return Err(InvalidMessage::Invalid {
-                field: "input.simulate.output",
-                rule: "must be at most 65536 bytes encoded",
-            });
-        }
-        v => v.cloned(),
-    };
-    let bad_answer = match fields.get("bad_answer") {
-        None => None,
-        Some(Value::String(s)) if s == "truncated" => Some(BadAnswer::Truncated),
-        Some(Value::String(s)) if s == "invalid" => Some(BadAnswer::Invalid),
-        Some(_) => {
-            return Err(InvalidMessage::Invalid {
-                field: "input.simulate.bad_answer",
-                rule: "must be truncated or invalid",
-            });
-        }
-    };
-    let bad_times = match fields.get("bad_times") {
-        None => u32::MAX,
-        Some(v) => v
-            .as_u64()
-            .filter(|n| *n <= 100)
-            .ok_or(InvalidMessage::Invalid {
-                field: "input.simulate.bad_times",
-                rule: "must be an integer from 0 to 100",
-            })? as u32,
-    };
-    Ok(Simulation {
-        latency_ms,
-        outcome,
-        fail_times,
-        retrievable,
-        answer_bytes,
-        output,
-        bad_answer,
-        bad_times,
     })
 }
 

@@ -107,7 +107,7 @@ pub enum AttemptEnd {
     /// left). The attempt is given back: `attempts` lowered again, its log entry moved to
     /// `given_back` (marked with `why`), counted in `throttles` or `not_sent`, and the job
     /// `retry_authorized`. It spends no budget; the deadline bounds how long a job may be
-    /// throttled. Built by [`crate::worker::ending`] from the owner's record.
+    /// throttled. Built by [`crate::protocol::ending`] from the owner's record.
     ///
     /// [`AttemptOutcome::Throttled`]: crate::job::AttemptOutcome::Throttled
     /// [`AttemptOutcome::NotSent`]: crate::job::AttemptOutcome::NotSent

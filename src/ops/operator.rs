@@ -320,8 +320,15 @@ pub fn to_json(record: &JobRecord, with_result: bool) -> Value {
 }
 
 /// The record for people: one field a line, then the attempts and decisions as tables.
-// Why this function is long: one line per field of the record, in the order it is printed.
 pub fn to_text(record: &JobRecord, with_result: bool) -> String {
+    let mut out = fields_text(record, with_result);
+    out.push_str(&attempts_text(record, with_result));
+    out.push_str(&history_text(record));
+    out
+}
+
+/// The record's fields, one a line, in the order they are printed.
+fn fields_text(record: &JobRecord, with_result: bool) -> String {
     let mut out = String::new();
     let mut line = |k: &str, v: String| out.push_str(&format!("{k:<13} {v}\n"));
     line("job_id", record.job_id.clone());
@@ -396,6 +403,12 @@ pub fn to_text(record: &JobRecord, with_result: bool) -> String {
             (Some(r), _, false) => format!("{} bytes (--result to print it)", r.len()),
         },
     );
+    out
+}
+
+/// The attempts as a table, those given back first, each with its route, usage and refusal.
+fn attempts_text(record: &JobRecord, with_result: bool) -> String {
+    let mut out = String::new();
     out.push_str("\nattempt  epoch  outcome     started                   provider_ref\n");
     // The attempts given back (the last few) first: they came before the ones in the log
     // that share their numbers.
@@ -425,6 +438,12 @@ pub fn to_text(record: &JobRecord, with_result: bool) -> String {
             out.push_str(&format!("         answer began: {excerpt}\n"));
         }
     }
+    out
+}
+
+/// The recoveries and operators' decisions as a table, if there were any.
+fn history_text(record: &JobRecord) -> String {
+    let mut out = String::new();
     if !record.recoveries.is_empty()
         || !record.decisions.is_empty()
         || record.recoveries_dropped > 0

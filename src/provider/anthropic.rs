@@ -302,17 +302,8 @@ impl Provider for AnthropicProvider {
 /// block never started, or a stream that ends before `message_stop` is uncertain: the model was
 /// running, and a part of an answer is never taken for one. An answer past
 /// [`MAX_RESPONSE_BYTES`] could never be stored: permanent.
-// Why this function is long: one short arm per event type of the stream, each folding its part
-// into the one message; apart, they would pass the blocks and the usage around.
 async fn streamed_message(mut events: Events) -> Result<Value, ProviderError> {
-    let cut = |what: &str| ProviderError::Uncertain {
-        evidence: format!("{what} after the request was sent; it may have run"),
-    };
-    let mut head = Map::new();
-    let mut usage = Map::new();
-    let mut blocks: Vec<Block> = Vec::new();
-    let mut stop_reason = Value::Null;
-    let mut size = 0usize;
+    let mut message = Building::default();
     loop {
         let Some(event) = events.next().await? else {
             return Err(cut("the stream ended before the answer did"));
@@ -322,58 +313,65 @@ async fn streamed_message(mut events: Events) -> Result<Value, ProviderError> {
             .get("type")
             .and_then(Value::as_str)
             .unwrap_or(&event.name);
-        let index = data.get("index").and_then(Value::as_u64).unwrap_or(0) as usize;
+        if message.fold(kind, &data)? {
+            return Ok(message.into_value());
+        }
+    }
+}
+
+/// A stream cut short by `what`: the model was running.
+fn cut(what: &str) -> ProviderError {
+    ProviderError::Uncertain {
+        evidence: format!("{what} after the request was sent; it may have run"),
+    }
+}
+
+/// A message as its stream builds it.
+#[derive(Default)]
+struct Building {
+    head: Map<String, Value>,
+    usage: Map<String, Value>,
+    blocks: Vec<Block>,
+    stop_reason: Value,
+    /// The bytes of text and tool input so far.
+    size: usize,
+}
+
+impl Building {
+    /// Folds the event of type `kind` whose document is `data` into the message; whether it
+    /// was the last (`message_stop`).
+    fn fold(&mut self, kind: &str, data: &Value) -> Result<bool, ProviderError> {
         match kind {
             "message_start" => {
                 for field in ["id", "model"] {
                     if let Some(v) = data.pointer(&format!("/message/{field}")) {
-                        head.insert(field.to_owned(), v.clone());
+                        self.head.insert(field.to_owned(), v.clone());
                     }
                 }
                 if let Some(Value::Object(u)) = data.pointer("/message/usage") {
-                    usage.extend(u.clone());
+                    self.usage.extend(u.clone());
                 }
             }
             "content_block_start" => {
                 let block = data.get("content_block");
                 let text = |field| block.and_then(|b| b.get(field)).and_then(Value::as_str);
-                blocks.push(Block {
+                self.blocks.push(Block {
                     kind: text("type").unwrap_or_default().to_owned(),
                     name: text("name").map(str::to_owned),
                     text: text("text").unwrap_or_default().to_owned(),
                     input: String::new(),
                 });
             }
-            "content_block_delta" => {
-                let Some(block) = blocks.get_mut(index) else {
-                    return Err(cut("a delta for a block never started"));
-                };
-                let delta = data.get("delta");
-                let part = |field| delta.and_then(|d| d.get(field)).and_then(Value::as_str);
-                let more = match delta.and_then(|d| d.get("type")).and_then(Value::as_str) {
-                    Some("text_delta") => part("text").map(|t| (&mut block.text, t)),
-                    Some("input_json_delta") => part("partial_json").map(|t| (&mut block.input, t)),
-                    _ => None,
-                };
-                if let Some((into, text)) = more {
-                    size += text.len();
-                    if size > MAX_RESPONSE_BYTES {
-                        return Err(ProviderError::Permanent {
-                            reason: format!("answer larger than {MAX_RESPONSE_BYTES} bytes"),
-                        });
-                    }
-                    into.push_str(text);
-                }
-            }
+            "content_block_delta" => self.delta(data)?,
             "message_delta" => {
                 if let Some(reason) = data.pointer("/delta/stop_reason") {
-                    stop_reason = reason.clone();
+                    self.stop_reason = reason.clone();
                 }
                 if let Some(Value::Object(u)) = data.get("usage") {
-                    usage.extend(u.clone());
+                    self.usage.extend(u.clone());
                 }
             }
-            "message_stop" => break,
+            "message_stop" => return Ok(true),
             "error" => {
                 let code = data
                     .pointer("/error/type")
@@ -384,13 +382,43 @@ async fn streamed_message(mut events: Events) -> Result<Value, ProviderError> {
             }
             _ => {}
         }
+        Ok(false)
     }
-    let mut message = head;
-    let content: Vec<Value> = blocks.into_iter().map(Block::into_value).collect();
-    message.insert("content".to_owned(), Value::Array(content));
-    message.insert("stop_reason".to_owned(), stop_reason);
-    message.insert("usage".to_owned(), Value::Object(usage));
-    Ok(Value::Object(message))
+
+    /// A `content_block_delta`: more text, or more of a tool's input JSON, for its block.
+    fn delta(&mut self, data: &Value) -> Result<(), ProviderError> {
+        let index = data.get("index").and_then(Value::as_u64).unwrap_or(0) as usize;
+        let Some(block) = self.blocks.get_mut(index) else {
+            return Err(cut("a delta for a block never started"));
+        };
+        let delta = data.get("delta");
+        let part = |field| delta.and_then(|d| d.get(field)).and_then(Value::as_str);
+        let more = match delta.and_then(|d| d.get("type")).and_then(Value::as_str) {
+            Some("text_delta") => part("text").map(|t| (&mut block.text, t)),
+            Some("input_json_delta") => part("partial_json").map(|t| (&mut block.input, t)),
+            _ => None,
+        };
+        if let Some((into, text)) = more {
+            self.size += text.len();
+            if self.size > MAX_RESPONSE_BYTES {
+                return Err(ProviderError::Permanent {
+                    reason: format!("answer larger than {MAX_RESPONSE_BYTES} bytes"),
+                });
+            }
+            into.push_str(text);
+        }
+        Ok(())
+    }
+
+    /// The message as the Messages API answers it unstreamed.
+    fn into_value(self) -> Value {
+        let mut message = self.head;
+        let content: Vec<Value> = self.blocks.into_iter().map(Block::into_value).collect();
+        message.insert("content".to_owned(), Value::Array(content));
+        message.insert("stop_reason".to_owned(), self.stop_reason);
+        message.insert("usage".to_owned(), Value::Object(self.usage));
+        Value::Object(message)
+    }
 }
 
 /// A content block as its stream builds it.

@@ -6,18 +6,8 @@ use crate::job::policy::Policy;
 use crate::job::scope::Producers;
 use crate::job::{InvalidMessage, JobDefaults, Millis, VisibilityPolicy};
 use crate::ledger::schedule::Limits;
+use crate::protocol::ReplayPolicy;
 use crate::vars::{ConfigError, Vars};
-
-/// What happens to an attempt whose outcome is unknown (the call may have run).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub enum ReplayPolicy {
-    /// `never`: the job becomes `unknown` and waits for retrieval or an operator.
-    #[default]
-    Never,
-    /// `replay`: possible duplicate inference and cost are accepted; the decision is recorded
-    /// and another attempt authorised, within the same attempt budget and deadline.
-    Replay,
-}
 
 /// The memory kept for everything but Extended Client payloads: the runtime, the SDK clients
 /// and their buffers, the rest of the batch (a 128 MB function holds the worker in about 20 MiB
@@ -323,48 +313,20 @@ impl Settings {
 
     /// Reads the settings, each from its variable, the default where it is unset, and checks
     /// the relations between them.
-    // Why this function is long: one setting per variable, each read, defaulted and bounded in
-    // one place, then the relations between them.
     pub(crate) fn from_vars(vars: &Vars<'_>) -> Result<Settings, ConfigError> {
         let d = Settings::default();
         let number = |name, default, min, max| vars.integer(name, default, min, max);
-        let seconds =
-            |name, default_ms: Millis, max| Ok(number(name, default_ms / 1000, 1, max)? * 1000);
         let queue_visibility_s = number(
             "QUEUE_VISIBILITY_TIMEOUT_SECONDS",
             d.queue_visibility_s,
             1,
             43_200,
         )?;
-        let lease_ms = seconds("LEASE_SECONDS", d.lease_ms, 43_200)?;
+        let lease_ms = seconds(vars, "LEASE_SECONDS", d.lease_ms, 43_200)?;
         let default_heartbeat_s = queue_visibility_s.min(lease_ms / 1000) / 3;
-        let v = d.visibility;
-        let j = d.job_defaults;
-        let p = d.pacing;
         let invalid =
             |name: &'static str| move |reason: String| ConfigError::Invalid { name, reason };
-        let policy = Policy {
-            models: match vars.get("ALLOWED_MODELS") {
-                None => d.policy.models.clone(),
-                Some(list) => Policy::parse_models(&list).map_err(invalid("ALLOWED_MODELS"))?,
-            },
-            parameters: match vars
-                .get("ALLOWED_PARAMETERS")
-                .filter(|l| !l.trim().is_empty())
-            {
-                None => d.policy.parameters.clone(),
-                Some(list) => {
-                    Policy::parse_parameters(&list).map_err(invalid("ALLOWED_PARAMETERS"))?
-                }
-            },
-            max_attempts: number(
-                "MAX_ATTEMPTS_LIMIT",
-                i64::from(d.policy.max_attempts),
-                1,
-                i64::from(crate::job::message::MAX_ATTEMPTS_LIMIT),
-            )? as u32,
-            max_deadline_ms: seconds("MAX_DEADLINE_SECONDS", d.policy.max_deadline_ms, 31_536_000)?,
-        };
+        let policy = policy_from(vars, &d.policy)?;
         let producers = Producers::parse(
             &vars.get("PRODUCERS").unwrap_or_default(),
             &vars.get("TRUSTED_SENDERS").unwrap_or_default(),
@@ -380,16 +342,17 @@ impl Settings {
                 * 1000,
             skew_ms: number("CLOCK_SKEW_MS", d.skew_ms, 0, 60_000)?,
             provider_timeout_ms: seconds(
+                vars,
                 "PROVIDER_TIMEOUT_SECONDS",
                 d.provider_timeout_ms,
                 43_200,
             )?,
-            progress_timeout_ms: number(
+            progress_timeout_ms: seconds(
+                vars,
                 "PROGRESS_TIMEOUT_SECONDS",
-                d.progress_timeout_ms / 1000,
-                1,
+                d.progress_timeout_ms,
                 43_200,
-            )? * 1000,
+            )?,
             poll_ms: number("POLL_INTERVAL_MS", d.poll_ms, 10, 600_000)?,
             deadline_margin_ms: number("DEADLINE_MARGIN_MS", d.deadline_margin_ms, 0, 600_000)?,
             min_call_ms: number("MIN_CALL_SECONDS", d.min_call_ms / 1000, 0, 900)? * 1000,
@@ -406,72 +369,12 @@ impl Settings {
                 crate::job::INLINE_LIMIT_BYTES as i64,
             )? as usize,
             results_retention_days: number("RESULTS_RETENTION_DAYS", 0, 0, 36_500)?,
-            job_defaults: JobDefaults {
-                max_attempts: number("DEFAULT_MAX_ATTEMPTS", i64::from(j.max_attempts), 1, 100)?
-                    as u32,
-                deadline_ms: seconds("DEFAULT_DEADLINE_SECONDS", j.deadline_ms, 31_536_000)?,
-                retention_days: number("RETENTION_DAYS", j.retention_days, 1, 3_650)?,
-                max_cost_micros: usd(vars, "DEFAULT_MAX_COST")?,
-            },
-            replay: vars.choice(
-                "REPLAY_POLICY",
-                ReplayPolicy::Never,
-                &[
-                    ("never", ReplayPolicy::Never),
-                    ("replay", ReplayPolicy::Replay),
-                ],
-            )?,
-            visibility: VisibilityPolicy {
-                backoff_base_s: number("BACKOFF_BASE_SECONDS", v.backoff_base_s, 0, 43_200)?,
-                backoff_cap_s: number("BACKOFF_CAP_SECONDS", v.backoff_cap_s, 0, 43_200)?,
-                defer_jitter_s: number("DEFER_JITTER_SECONDS", v.defer_jitter_s, 0, 3_600)?,
-                awaiting_decision_s: number(
-                    "AWAITING_DECISION_SECONDS",
-                    v.awaiting_decision_s,
-                    0,
-                    43_200,
-                )?,
-                paced_spread_s: number("PACED_SPREAD_SECONDS", v.paced_spread_s, 0, 3_600)?,
-                max_receive_count: number(
-                    "MAX_RECEIVE_COUNT",
-                    i64::from(v.max_receive_count),
-                    0,
-                    1_000,
-                )? as u32,
-            },
-            batching: Batching {
-                default_deferrable: vars.choice(
-                    "DEFERRABLE",
-                    false,
-                    &[("off", false), ("on", true)],
-                )?,
-                gather_ms: number("BATCH_GATHER_SECONDS", 5, 0, 300)? * 1000,
-                max_lines: number("BATCH_MAX_LINES", 10_000, 1, 50_000)? as usize,
-                poll_ms: number("BATCH_POLL_SECONDS", 600, 1, 43_200)? * 1000,
-            },
-            payload_memory_bytes: {
-                let function_mb = number("AWS_LAMBDA_FUNCTION_MEMORY_SIZE", 560, 128, 10_240)?;
-                number(
-                    "PAYLOAD_MEMORY_BYTES",
-                    (function_mb - PAYLOAD_MEMORY_RESERVE_MB) * 1_048_576,
-                    1_048_576,
-                    10_240 * 1_048_576,
-                )? as usize
-            },
-            pacing: PacingSettings {
-                limits: Limits {
-                    rpm: number("PROVIDER_RPM", 0, 0, 100_000_000)? as u64,
-                    tpm: number("PROVIDER_TPM", 0, 0, 100_000_000_000)? as u64,
-                },
-                key: vars
-                    .get("PROVIDER_LIMIT_KEY")
-                    .filter(|k| !k.is_empty())
-                    .unwrap_or(p.key),
-                chunk: number("PACING_CHUNK", p.chunk as i64, 1, 1_000)? as u64,
-                horizon_ms: number("PACING_HORIZON_SECONDS", p.horizon_ms / 1000, 1, 900)? * 1000,
-                max_in_flight: number("MAX_CALLS_IN_FLIGHT", i64::from(p.max_in_flight), 0, 10_000)?
-                    as u32,
-            },
+            job_defaults: job_defaults_from(vars, &d.job_defaults)?,
+            replay: vars.choice("REPLAY_POLICY", ReplayPolicy::Never, REPLAY_POLICIES)?,
+            visibility: visibility_from(vars, &d.visibility)?,
+            batching: batching_from(vars)?,
+            payload_memory_bytes: payload_memory_bytes(vars)?,
+            pacing: pacing_from(vars, &d.pacing)?,
             policy,
             producers,
             payload_bucket: vars.get("PAYLOAD_BUCKET").filter(|b| !b.trim().is_empty()),
@@ -553,4 +456,123 @@ impl Settings {
         }
         Ok(())
     }
+}
+
+/// `REPLAY_POLICY`'s values.
+const REPLAY_POLICIES: &[(&str, ReplayPolicy)] = &[
+    ("never", ReplayPolicy::Never),
+    ("replay", ReplayPolicy::Replay),
+];
+
+/// The memory set aside for Extended Client payloads: `PAYLOAD_MEMORY_BYTES`, by default the
+/// function's memory less what the rest of the worker holds.
+fn payload_memory_bytes(vars: &Vars<'_>) -> Result<usize, ConfigError> {
+    let function_mb = vars.integer("AWS_LAMBDA_FUNCTION_MEMORY_SIZE", 560, 128, 10_240)?;
+    Ok(vars.integer(
+        "PAYLOAD_MEMORY_BYTES",
+        (function_mb - PAYLOAD_MEMORY_RESERVE_MB) * 1_048_576,
+        1_048_576,
+        10_240 * 1_048_576,
+    )? as usize)
+}
+
+/// `name` in seconds, `default_ms` when unset, from 1 to `max` seconds; in milliseconds.
+fn seconds(
+    vars: &Vars<'_>,
+    name: &'static str,
+    default_ms: Millis,
+    max: i64,
+) -> Result<Millis, ConfigError> {
+    Ok(vars.integer(name, default_ms / 1000, 1, max)? * 1000)
+}
+
+/// What producers may ask for: `ALLOWED_MODELS`, `ALLOWED_PARAMETERS`, `MAX_ATTEMPTS_LIMIT`,
+/// `MAX_DEADLINE_SECONDS`.
+fn policy_from(vars: &Vars<'_>, d: &Policy) -> Result<Policy, ConfigError> {
+    let invalid = |name: &'static str| move |reason: String| ConfigError::Invalid { name, reason };
+    Ok(Policy {
+        models: match vars.get("ALLOWED_MODELS") {
+            None => d.models.clone(),
+            Some(list) => Policy::parse_models(&list).map_err(invalid("ALLOWED_MODELS"))?,
+        },
+        parameters: match vars
+            .get("ALLOWED_PARAMETERS")
+            .filter(|l| !l.trim().is_empty())
+        {
+            None => d.parameters.clone(),
+            Some(list) => Policy::parse_parameters(&list).map_err(invalid("ALLOWED_PARAMETERS"))?,
+        },
+        max_attempts: vars.integer(
+            "MAX_ATTEMPTS_LIMIT",
+            i64::from(d.max_attempts),
+            1,
+            i64::from(crate::job::message::MAX_ATTEMPTS_LIMIT),
+        )? as u32,
+        max_deadline_ms: seconds(vars, "MAX_DEADLINE_SECONDS", d.max_deadline_ms, 31_536_000)?,
+    })
+}
+
+/// A job's defaults where its message says nothing: `DEFAULT_MAX_ATTEMPTS`,
+/// `DEFAULT_DEADLINE_SECONDS`, `RETENTION_DAYS`, `DEFAULT_MAX_COST`.
+fn job_defaults_from(vars: &Vars<'_>, j: &JobDefaults) -> Result<JobDefaults, ConfigError> {
+    Ok(JobDefaults {
+        max_attempts: vars.integer("DEFAULT_MAX_ATTEMPTS", i64::from(j.max_attempts), 1, 100)?
+            as u32,
+        deadline_ms: seconds(vars, "DEFAULT_DEADLINE_SECONDS", j.deadline_ms, 31_536_000)?,
+        retention_days: vars.integer("RETENTION_DAYS", j.retention_days, 1, 3_650)?,
+        max_cost_micros: usd(vars, "DEFAULT_MAX_COST")?,
+    })
+}
+
+/// The visibility each failure gets: the back-off, the jitter of a deferral, the waits.
+fn visibility_from(vars: &Vars<'_>, v: &VisibilityPolicy) -> Result<VisibilityPolicy, ConfigError> {
+    let number = |name, default, min, max| vars.integer(name, default, min, max);
+    Ok(VisibilityPolicy {
+        backoff_base_s: number("BACKOFF_BASE_SECONDS", v.backoff_base_s, 0, 43_200)?,
+        backoff_cap_s: number("BACKOFF_CAP_SECONDS", v.backoff_cap_s, 0, 43_200)?,
+        defer_jitter_s: number("DEFER_JITTER_SECONDS", v.defer_jitter_s, 0, 3_600)?,
+        awaiting_decision_s: number(
+            "AWAITING_DECISION_SECONDS",
+            v.awaiting_decision_s,
+            0,
+            43_200,
+        )?,
+        paced_spread_s: number("PACED_SPREAD_SECONDS", v.paced_spread_s, 0, 3_600)?,
+        max_receive_count: number(
+            "MAX_RECEIVE_COUNT",
+            i64::from(v.max_receive_count),
+            0,
+            1_000,
+        )? as u32,
+    })
+}
+
+/// Deferrable jobs' batches: `DEFERRABLE`, `BATCH_GATHER_SECONDS`, `BATCH_MAX_LINES`,
+/// `BATCH_POLL_SECONDS`.
+fn batching_from(vars: &Vars<'_>) -> Result<Batching, ConfigError> {
+    let number = |name, default, min, max| vars.integer(name, default, min, max);
+    Ok(Batching {
+        default_deferrable: vars.choice("DEFERRABLE", false, &[("off", false), ("on", true)])?,
+        gather_ms: number("BATCH_GATHER_SECONDS", 5, 0, 300)? * 1000,
+        max_lines: number("BATCH_MAX_LINES", 10_000, 1, 50_000)? as usize,
+        poll_ms: number("BATCH_POLL_SECONDS", 600, 1, 43_200)? * 1000,
+    })
+}
+
+/// The provider's limits and how calls share them.
+fn pacing_from(vars: &Vars<'_>, p: &PacingSettings) -> Result<PacingSettings, ConfigError> {
+    let number = |name, default, min, max| vars.integer(name, default, min, max);
+    Ok(PacingSettings {
+        limits: Limits {
+            rpm: number("PROVIDER_RPM", 0, 0, 100_000_000)? as u64,
+            tpm: number("PROVIDER_TPM", 0, 0, 100_000_000_000)? as u64,
+        },
+        key: vars
+            .get("PROVIDER_LIMIT_KEY")
+            .filter(|k| !k.is_empty())
+            .unwrap_or_else(|| p.key.clone()),
+        chunk: number("PACING_CHUNK", p.chunk as i64, 1, 1_000)? as u64,
+        horizon_ms: number("PACING_HORIZON_SECONDS", p.horizon_ms / 1000, 1, 900)? * 1000,
+        max_in_flight: number("MAX_CALLS_IN_FLIGHT", i64::from(p.max_in_flight), 0, 10_000)? as u32,
+    })
 }

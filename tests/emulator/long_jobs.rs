@@ -203,7 +203,7 @@ async fn two_providers(
         .expect("client"),
     );
     let models =
-        fenced_jobs::worker::routing::ModelMap::parse("OPENAI_MODELS", "claude-test=gpt-test")
+        fenced_jobs::protocol::routing::ModelMap::parse("OPENAI_MODELS", "claude-test=gpt-test")
             .expect("map");
     let processor = fenced_jobs::worker::Processor::new(
         aws.ledger(table),

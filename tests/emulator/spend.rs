@@ -305,7 +305,7 @@ async fn a_priority_call_is_paid_at_priority_prices_and_is_unpriced_without_them
 fn start_up_finds_each_model_the_deployment_may_call_that_has_no_price() {
     use fenced_jobs::job::policy::Policy;
     use fenced_jobs::ledger::memory::InMemoryLedger;
-    use fenced_jobs::worker::routing::ModelMap;
+    use fenced_jobs::protocol::routing::ModelMap;
     let processor = |allowed: &str, map: &str| {
         let settings = fenced_jobs::worker::Settings {
             policy: Policy {

@@ -6,19 +6,12 @@
 
 use clap::{Parser, Subcommand};
 use fenced_jobs::blobs::s3::S3Blobs;
-use fenced_jobs::clock::{Clock, SystemClock};
 use fenced_jobs::config::s3_client;
-use fenced_jobs::ledger::OperatorAction;
 use fenced_jobs::ledger::dynamodb::DynamoLedger;
-use fenced_jobs::ops::operator::{self, OperatorError};
-use fenced_jobs::ops::producer::Intake;
-use fenced_jobs::ops::results::{self, ResultError};
-use fenced_jobs::queue::SqsTriggers;
+use fenced_jobs::ops::operator::OperatorError;
 
 mod commands;
-use commands::{
-    DlqSource, caller, dlq, export, list, print, reconcile, replay, submit, watch, write_out,
-};
+mod run;
 
 /// Exit status when a command was refused, or did only part of its work.
 pub(crate) const REFUSED: i32 = 1;
@@ -291,7 +284,6 @@ enum DlqCommand {
 }
 
 #[tokio::main(flavor = "current_thread")]
-// Why this function is long: one arm per subcommand, the command line's table of contents.
 async fn main() {
     let cli = Cli::parse();
     if let Command::Completions { shell } = cli.command {
@@ -299,6 +291,39 @@ async fn main() {
         clap_complete::generate(shell, &mut Cli::command(), "jobctl", &mut std::io::stdout());
         return;
     }
+    let config = aws_config(&cli).await;
+    let table = cli
+        .table
+        .clone()
+        .filter(|t| !t.trim().is_empty())
+        .unwrap_or_else(|| usage("--table or JOBS_TABLE is required: the ledger table's name"));
+    let ctx = run::Ctx {
+        ledger: DynamoLedger::new(aws_sdk_dynamodb::Client::new(&config), &table),
+        blobs: S3Blobs::new(s3_client(&config), cli.results_bucket.clone()),
+        json: cli.json,
+        urgent_queue_url: cli.urgent_queue_url.clone(),
+        inline_max_bytes: cli.inline_max_bytes,
+        config,
+    };
+    if let Err(e) = run::command(&ctx, cli.command).await {
+        eprintln!("jobctl: {e}");
+        if let Some(hint) = hint(&e) {
+            eprintln!("jobctl: {hint}");
+        }
+        std::process::exit(match e {
+            OperatorError::NotFound(_)
+            | OperatorError::NotUnknown { .. }
+            | OperatorError::Terminal { .. }
+            | OperatorError::Changed(_) => REFUSED,
+            OperatorError::Ledger(_) | OperatorError::NotSent(_) | OperatorError::Queue(_) => {
+                AWS_ERROR
+            }
+        });
+    }
+}
+
+/// The AWS configuration the command line and the environment name, with a Region.
+async fn aws_config(cli: &Cli) -> aws_config::SdkConfig {
     let mut loader = aws_config::defaults(aws_config::BehaviorVersion::latest());
     if let Some(profile) = &cli.profile {
         loader = loader.profile_name(profile);
@@ -314,213 +339,7 @@ async fn main() {
     if config.region().is_none() {
         usage("no region: set AWS_REGION, or --region, or a profile's region");
     }
-    let table = cli
-        .table
-        .clone()
-        .filter(|t| !t.trim().is_empty())
-        .unwrap_or_else(|| usage("--table or JOBS_TABLE is required: the ledger table's name"));
-    let ledger = DynamoLedger::new(aws_sdk_dynamodb::Client::new(&config), &table);
-    let blobs = S3Blobs::new(s3_client(&config), cli.results_bucket.clone());
-    let result = match cli.command {
-        Command::Result {
-            job_id,
-            output,
-            force,
-        } => match results::result(&ledger, Some(&blobs), &job_id).await {
-            Ok(bytes) => write_out(output.as_deref(), force, &bytes),
-            Err(e) => {
-                eprintln!("jobctl: {e}");
-                std::process::exit(match e {
-                    ResultError::NotFound(_) | ResultError::NoAnswer { .. } => REFUSED,
-                    ResultError::NoStore(_) => USAGE,
-                    ResultError::Store(fenced_jobs::blobs::BlobError::Mismatch) => INTEGRITY,
-                    _ => AWS_ERROR,
-                });
-            }
-        },
-        Command::Export {
-            state,
-            since,
-            output,
-            force,
-        } => export(&ledger, state, since, output, force).await,
-        Command::Show { job_id, result } => operator::show(&ledger, &job_id)
-            .await
-            .map(|record| print(&record, cli.json, result)),
-        Command::List { state, limit } => list(&ledger, &state, limit, cli.json).await,
-        Command::Watch {
-            job_id,
-            interval,
-            timeout,
-        } => watch(&ledger, &job_id, interval, timeout, cli.json).await,
-        Command::Completions { .. } => Ok(()),
-        Command::Events {
-            command,
-            event_bus_name,
-            event_topic_arn,
-            event_queue_url,
-        } => {
-            let lookup = |name: &str| match name {
-                "EVENT_BUS_NAME" => event_bus_name.clone(),
-                "EVENT_TOPIC_ARN" => event_topic_arn.clone(),
-                "EVENT_QUEUE_URL" => event_queue_url.clone(),
-                _ => None,
-            };
-            let sink = fenced_jobs::config::sink_from_lookup(&config, lookup)
-                .unwrap_or_else(|e| usage(&e.to_string()));
-            let sqs = aws_sdk_sqs::Client::new(&config);
-            let EventsCommand::Replay {
-                queue_url,
-                job,
-                max,
-                dry_run,
-            } = command;
-            replay(
-                &ledger, &sink, &sqs, queue_url, &job, max, dry_run, cli.json,
-            )
-            .await
-        }
-        Command::Dlq {
-            command,
-            dlq_url,
-            max,
-            producers,
-            trusted_senders,
-        } => {
-            let producers = fenced_jobs::job::scope::Producers::parse(&producers, &trusted_senders)
-                .unwrap_or_else(|e| usage(&format!("--producers, --trusted-senders: {e}")));
-            let sqs = aws_sdk_sqs::Client::new(&config);
-            let source = DlqSource {
-                url: &dlq_url,
-                max,
-                producers: &producers,
-            };
-            dlq(&ledger, &blobs, &sqs, source, command, cli.json).await
-        }
-        Command::AuthorizeRetry {
-            job_id,
-            reason,
-            operator: by,
-            queue_url,
-        } => {
-            let caller = caller(&config).await;
-            let now = SystemClock.now_ms();
-            match operator::decide(
-                &ledger,
-                &job_id,
-                OperatorAction::AuthorizeRetry,
-                &by,
-                Some(&caller),
-                &reason,
-                now,
-            )
-            .await
-            {
-                Ok(record) => {
-                    let sqs = aws_sdk_sqs::Client::new(&config);
-                    operator::send_trigger(
-                        &SqsTriggers::new(sqs, queue_url).with_urgent(cli.urgent_queue_url.clone()),
-                        &record,
-                    )
-                    .await
-                    .map(|()| print(&record, cli.json, false))
-                }
-                Err(e) => Err(e),
-            }
-        }
-        Command::Submit { file, queue_url } => {
-            let sqs = aws_sdk_sqs::Client::new(&config);
-            let intake = Intake {
-                blobs: Some(&blobs),
-                inline_max_bytes: cli.inline_max_bytes,
-                ..Intake::default()
-            };
-            let sender = SqsTriggers::new(sqs, queue_url).with_urgent(cli.urgent_queue_url.clone());
-            submit(&ledger, &sender, file, &intake, cli.json).await
-        }
-        Command::Reconcile {
-            queue_url,
-            ready_after_seconds,
-            retry_after_seconds,
-        } => {
-            let sqs = aws_sdk_sqs::Client::new(&config);
-            let settings = fenced_jobs::ops::reconcile::ReconcileSettings {
-                ready_after_ms: ready_after_seconds * 1000,
-                retry_after_ms: retry_after_seconds * 1000,
-                ..Default::default()
-            };
-            reconcile(
-                &ledger,
-                &config,
-                SqsTriggers::new(sqs, queue_url).with_urgent(cli.urgent_queue_url.clone()),
-                &settings,
-                cli.json,
-            )
-            .await
-        }
-        Command::Cancel {
-            job_ids,
-            file,
-            tenant,
-            reason,
-            operator: by,
-            yes,
-        } => {
-            let mut ids = commands::job_ids(job_ids, file);
-            if let Some(tenant) = &tenant {
-                match operator::tenant_jobs(&ledger, tenant).await {
-                    Ok(found) => ids.extend(found),
-                    Err(e) => {
-                        eprintln!("jobctl: {e}");
-                        std::process::exit(AWS_ERROR);
-                    }
-                }
-            }
-            if ids.is_empty() && tenant.is_some() {
-                println!("no live job of that tenant");
-                return;
-            }
-            if ids.is_empty() {
-                usage("no job to cancel: give job ids, --file or --tenant");
-            }
-            if !yes && !confirmed(&format!("cancel {} job(s)", ids.len())) {
-                usage("not confirmed: cancel needs --yes when not run on a terminal");
-            }
-            let caller = caller(&config).await;
-            commands::cancel(&ledger, &ids, &by, &caller, &reason, cli.json).await
-        }
-        Command::Fail {
-            job_id,
-            reason,
-            operator: by,
-            yes,
-        } => {
-            if !yes && !confirmed(&format!("fail job {job_id} for good")) {
-                usage("not confirmed: fail needs --yes when not run on a terminal");
-            }
-            let caller = caller(&config).await;
-            let now = SystemClock.now_ms();
-            let action = OperatorAction::Fail;
-            operator::decide(&ledger, &job_id, action, &by, Some(&caller), &reason, now)
-                .await
-                .map(|record| print(&record, cli.json, false))
-        }
-    };
-    if let Err(e) = result {
-        eprintln!("jobctl: {e}");
-        if let Some(hint) = hint(&e) {
-            eprintln!("jobctl: {hint}");
-        }
-        std::process::exit(match e {
-            OperatorError::NotFound(_)
-            | OperatorError::NotUnknown { .. }
-            | OperatorError::Terminal { .. }
-            | OperatorError::Changed(_) => REFUSED,
-            OperatorError::Ledger(_) | OperatorError::NotSent(_) | OperatorError::Queue(_) => {
-                AWS_ERROR
-            }
-        });
-    }
+    config
 }
 
 /// What to do about an AWS failure, as a person reads it, where its code says.

@@ -227,7 +227,6 @@ pub fn encode(r: &JobRecord) -> Item {
 }
 
 /// Decodes a stored item. A missing or mistyped attribute is `Corrupt`, never a panic.
-// Why this function is long: one attribute per field of the record, each checked for its type.
 pub fn decode(item: &Item) -> Result<JobRecord, LedgerError> {
     let job_id = get_s(item, "job_id").unwrap_or("?").to_owned();
     let corrupt = |detail: String| LedgerError::Corrupt {
@@ -244,38 +243,10 @@ pub fn decode(item: &Item) -> Result<JobRecord, LedgerError> {
     let state: JobState = req_s("state")?
         .parse()
         .map_err(|e: crate::job::state::UnknownState| corrupt(e.to_string()))?;
-    let attempt_log = match item.get("attempt_log") {
-        None => Vec::new(),
-        Some(AttributeValue::L(entries)) => entries
-            .iter()
-            .map(|e| decode_attempt(e).ok_or_else(|| corrupt("malformed attempt".to_owned())))
-            .collect::<Result<_, _>>()?,
-        Some(_) => return Err(corrupt("attempt_log is not a list".to_owned())),
-    };
-    let given_back = match item.get("given_back") {
-        None => Vec::new(),
-        Some(AttributeValue::L(entries)) => entries
-            .iter()
-            .map(|e| decode_attempt(e).ok_or_else(|| corrupt("malformed attempt".to_owned())))
-            .collect::<Result<_, _>>()?,
-        Some(_) => return Err(corrupt("given_back is not a list".to_owned())),
-    };
-    let recoveries = match item.get("recoveries") {
-        None => Vec::new(),
-        Some(AttributeValue::L(entries)) => entries
-            .iter()
-            .map(|e| decode_recovery(e).ok_or_else(|| corrupt("malformed recovery".to_owned())))
-            .collect::<Result<_, _>>()?,
-        Some(_) => return Err(corrupt("recoveries is not a list".to_owned())),
-    };
-    let decisions = match item.get("decisions") {
-        None => Vec::new(),
-        Some(AttributeValue::L(entries)) => entries
-            .iter()
-            .map(|e| decode_decision(e).ok_or_else(|| corrupt("malformed decision".to_owned())))
-            .collect::<Result<_, _>>()?,
-        Some(_) => return Err(corrupt("decisions is not a list".to_owned())),
-    };
+    let attempt_log = decode_list(item, "attempt_log", decode_attempt).map_err(&corrupt)?;
+    let given_back = decode_list(item, "given_back", decode_attempt).map_err(&corrupt)?;
+    let recoveries = decode_list(item, "recoveries", decode_recovery).map_err(&corrupt)?;
+    let decisions = decode_list(item, "decisions", decode_decision).map_err(&corrupt)?;
     Ok(JobRecord {
         state,
         owner_epoch: to_u64(req_n("owner_epoch")?).ok_or_else(|| corrupt("owner_epoch".into()))?,
@@ -315,6 +286,23 @@ pub fn decode(item: &Item) -> Result<JobRecord, LedgerError> {
         },
         job_id: job_id.clone(),
     })
+}
+
+/// The list attribute `name` of `item`, each entry decoded by `entry`: empty when absent, and
+/// what is wrong with it (not a list, an entry malformed) otherwise.
+fn decode_list<T>(
+    item: &Item,
+    name: &str,
+    entry: impl Fn(&AttributeValue) -> Option<T>,
+) -> Result<Vec<T>, String> {
+    match item.get(name) {
+        None => Ok(Vec::new()),
+        Some(AttributeValue::L(entries)) => entries
+            .iter()
+            .map(|e| entry(e).ok_or_else(|| format!("malformed entry of {name}")))
+            .collect(),
+        Some(_) => Err(format!("{name} is not a list")),
+    }
 }
 
 fn optional_blob(item: &Item, name: &str) -> Result<Option<BlobRef>, String> {

@@ -443,10 +443,12 @@ impl DynamoLedger {
     }
 }
 
-/// The update, condition and values of an end of attempt.
-// Why this function is long: the two shapes of an end's write (a give-back moves the log
-// entry; any other end records it), each update beside its condition and values.
-fn end_write(req: &EndRequest) -> (String, String, Vec<(&'static str, AttributeValue)>) {
+/// An update expression, its condition and its values.
+type UpdateParts = (String, String, Vec<(&'static str, AttributeValue)>);
+
+/// The update, condition and values of an end of attempt: a give-back moves the attempt's log
+/// entry ([`give_back_write`]); any other end records it.
+fn end_write(req: &EndRequest) -> UpdateParts {
     let index = req.attempt.saturating_sub(1);
     if let (
         AttemptEnd::GivenBack {
@@ -455,36 +457,7 @@ fn end_write(req: &EndRequest) -> (String, String, Vec<(&'static str, AttributeV
         Some(error),
     ) = (&req.end, req.end.error(req.now))
     {
-        // Invariant: as any end of attempt, only the running owner at its epoch gives its
-        // attempt back; the attempt's log entry (the last one) moves to `given_back`, which
-        // the owner writes whole (nobody else writes it while the owner holds the epoch).
-        let counter = if *why == AttemptOutcome::Throttled {
-            "#thr"
-        } else {
-            "#unsent"
-        };
-        let update = format!(
-            "REMOVE #log[{index}] ADD {counter} :one \
-             SET #state = :to, #updated = :now, #attempts = :prev, #err = :err, #gb = :gb"
-        );
-        let condition = "#state = :running AND #epoch = :epoch AND #attempts = :attempt \
-                         AND attribute_not_exists(#cancel)";
-        let values = vec![
-            (":to", s(req.end.target().as_str())),
-            (":now", n(req.now)),
-            (":one", n(1)),
-            (":prev", n(index)),
-            (":err", encode_error(&error)),
-            (
-                ":gb",
-                AttributeValue::L(given_back.iter().map(encode_attempt).collect()),
-            ),
-            (":running", s(JobState::Running.as_str())),
-            (":epoch", n(req.epoch)),
-            (":attempt", n(req.attempt)),
-        ];
-        let (update, values) = keep_input(req, update, values);
-        return (update, condition.to_owned(), values);
+        return give_back_write(req, *why, given_back, &error);
     }
     let mut update = format!(
         "SET #state = :to, #updated = :now, #log[{index}].#outcome = :outcome, \
@@ -503,6 +476,81 @@ fn end_write(req: &EndRequest) -> (String, String, Vec<(&'static str, AttributeV
         (":epoch", n(req.epoch)),
         (":attempt", n(req.attempt)),
     ];
+    record_answer(req, &mut update, &mut values);
+    if matches!(req.end, AttemptEnd::Succeeded { .. }) {
+        condition.push_str(" AND #deadline > :now");
+    }
+    // A cancel request leaves the owner two ends: cancelled, or expired.
+    if matches!(req.end, AttemptEnd::Cancelled) {
+        condition.push_str(" AND attribute_exists(#cancel)");
+    } else if !req.end.allowed_after_cancel() {
+        condition.push_str(" AND attribute_not_exists(#cancel)");
+    }
+    if let Some(error) = req.end.error(req.now) {
+        update.push_str(", #err = :err");
+        values.push((":err", encode_error(&error)));
+    }
+    let (mut update, mut values) = keep_input(req, update, values);
+    if let Some(decision) = req.decision() {
+        update.push_str(", #dec = list_append(if_not_exists(#dec, :empty), :decision)");
+        values.push((":empty", AttributeValue::L(Vec::new())));
+        values.push((
+            ":decision",
+            AttributeValue::L(vec![encode_decision(&decision)]),
+        ));
+    }
+    (update, condition, values)
+}
+
+/// The write of an attempt given back (`why`: throttled or not sent), with the attempts given
+/// back before it (`given_back`) and the `error` it records.
+fn give_back_write(
+    req: &EndRequest,
+    why: AttemptOutcome,
+    given_back: &[crate::job::AttemptRecord],
+    error: &crate::job::ErrorRecord,
+) -> UpdateParts {
+    let index = req.attempt.saturating_sub(1);
+    // Invariant: as any end of attempt, only the running owner at its epoch gives its
+    // attempt back; the attempt's log entry (the last one) moves to `given_back`, which
+    // the owner writes whole (nobody else writes it while the owner holds the epoch).
+    let counter = if why == AttemptOutcome::Throttled {
+        "#thr"
+    } else {
+        "#unsent"
+    };
+    let update = format!(
+        "REMOVE #log[{index}] ADD {counter} :one \
+         SET #state = :to, #updated = :now, #attempts = :prev, #err = :err, #gb = :gb"
+    );
+    let condition = "#state = :running AND #epoch = :epoch AND #attempts = :attempt \
+                     AND attribute_not_exists(#cancel)";
+    let values = vec![
+        (":to", s(req.end.target().as_str())),
+        (":now", n(req.now)),
+        (":one", n(1)),
+        (":prev", n(index)),
+        (":err", encode_error(error)),
+        (
+            ":gb",
+            AttributeValue::L(given_back.iter().map(encode_attempt).collect()),
+        ),
+        (":running", s(JobState::Running.as_str())),
+        (":epoch", n(req.epoch)),
+        (":attempt", n(req.attempt)),
+    ];
+    let (update, values) = keep_input(req, update, values);
+    (update, condition.to_owned(), values)
+}
+
+/// What an end records of the answer on its attempt: the answer (inline or by reference) or
+/// the evidence of one its contract refused, the finish reason and the usage.
+fn record_answer(
+    req: &EndRequest,
+    update: &mut String,
+    values: &mut Vec<(&'static str, AttributeValue)>,
+) {
+    let index = req.attempt.saturating_sub(1);
     match &req.end {
         AttemptEnd::Succeeded {
             result: ResultBody::Inline(result),
@@ -544,27 +592,4 @@ fn end_write(req: &EndRequest) -> (String, String, Vec<(&'static str, AttributeV
         update.push_str(&format!(", #log[{index}].#usage = :usage"));
         values.push((":usage", encode_usage(usage)));
     }
-    if matches!(req.end, AttemptEnd::Succeeded { .. }) {
-        condition.push_str(" AND #deadline > :now");
-    }
-    // A cancel request leaves the owner two ends: cancelled, or expired.
-    if matches!(req.end, AttemptEnd::Cancelled) {
-        condition.push_str(" AND attribute_exists(#cancel)");
-    } else if !req.end.allowed_after_cancel() {
-        condition.push_str(" AND attribute_not_exists(#cancel)");
-    }
-    if let Some(error) = req.end.error(req.now) {
-        update.push_str(", #err = :err");
-        values.push((":err", encode_error(&error)));
-    }
-    let (mut update, mut values) = keep_input(req, update, values);
-    if let Some(decision) = req.decision() {
-        update.push_str(", #dec = list_append(if_not_exists(#dec, :empty), :decision)");
-        values.push((":empty", AttributeValue::L(Vec::new())));
-        values.push((
-            ":decision",
-            AttributeValue::L(vec![encode_decision(&decision)]),
-        ));
-    }
-    (update, condition, values)
 }

@@ -10,8 +10,8 @@ use crate::ledger::JobLedger;
 use crate::provider::batch::{batch_ref, is_batch_ref, parse_ref, pending_ref};
 use std::time::Duration;
 
+use crate::protocol::calling::Said;
 use crate::provider::{Provider, ProviderError, ProviderRequest, Retrieval};
-use crate::worker::calling::Said;
 use crate::worker::gather::{Joined, MAX_BATCH_BYTES, Until, Window};
 
 impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {

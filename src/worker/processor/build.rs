@@ -10,9 +10,9 @@ use crate::clock::Clock;
 use crate::job::contract::Contracts;
 use crate::ledger::JobLedger;
 use crate::ledger::spend::SpendBudget;
+use crate::protocol::routing::ModelMap;
 use crate::provider::Provider;
 use crate::worker::pacing::Pacer;
-use crate::worker::routing::ModelMap;
 use crate::worker::settings::Settings;
 
 impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {

@@ -7,8 +7,8 @@ use super::{Invocation, Processed, Processor};
 use crate::clock::Clock;
 use crate::job::{JobMessage, JobRecord, Millis};
 use crate::ledger::{JobLedger, LedgerError};
+use crate::protocol::ending::{Closed, EndFacts, EndStep, EndWrite, Ending, Waited};
 use crate::provider::Provider;
-use crate::worker::ending::{Closed, EndFacts, EndStep, EndWrite, Ending, Waited};
 
 /// Tries at ending an attempt whose write fails, within the invocation and the job's deadline.
 const END_TRIES: u32 = 5;

@@ -34,9 +34,7 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use super::admission::{Admission, Applied, Facts, Op, Step};
 use super::pacing::{Pacer, Permit};
-use super::routing::ModelMap;
 use super::settings::Settings;
 use crate::blobs::BlobStore;
 use crate::clock::Clock;
@@ -46,6 +44,8 @@ use crate::job::{
 };
 use crate::ledger::spend::SpendBudget;
 use crate::ledger::{JobLedger, LedgerError, Write};
+use crate::protocol::admission::{Admission, Applied, Facts, Op, Step};
+use crate::protocol::routing::ModelMap;
 use crate::provider::Provider;
 use pacers::TenantPacers;
 use spend::Reserved;
@@ -494,7 +494,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
     /// The outcome of a later record of the same job in the same batch, decided from what the
     /// first record left in the ledger, with no ledger or provider call.
     pub fn follow(&self, msg: &JobMessage, view: &JobRecord) -> RecordOutcome {
-        super::admission::follow(
+        crate::protocol::admission::follow(
             view,
             &msg.digest,
             self.clock.now_ms(),

@@ -1,6 +1,6 @@
 //! Payloads outside the item: a large input stored before the claim and read back for the
 //! call, a large answer stored before its acceptance (where it went is [`Placed`]; how the
-//! attempt then ends is the [`Ending`](crate::worker::ending::Ending)'s to say). Pointer bodies
+//! attempt then ends is the [`Ending`](crate::protocol::ending::Ending)'s to say). Pointer bodies
 //! are read in `blobs::body`.
 
 use std::time::Duration;
@@ -16,8 +16,8 @@ use crate::job::{
     RecordOutcome,
 };
 use crate::ledger::{JobLedger, KeptInput, SettleFrom, SettleRequest, Write};
+use crate::protocol::ending::Placed;
 use crate::provider::Provider;
-use crate::worker::ending::Placed;
 
 /// Why a job's stored input cannot be used now.
 pub(super) enum InputError {

@@ -4,8 +4,8 @@ use super::{AttemptWatch, Invocation, Processed, Processor};
 use crate::clock::Clock;
 use crate::job::{JobMessage, JobRecord};
 use crate::ledger::JobLedger;
+use crate::protocol::calling::{CallStep, Calling};
 use crate::provider::Provider;
-use crate::worker::calling::{CallStep, Calling};
 
 impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
     /// After a recovery claim fenced a lapsed owner, look at the evidence of the attempt it left.

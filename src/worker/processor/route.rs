@@ -1,14 +1,14 @@
 //! Which provider of the deployment's list takes an attempt (see [`routing`]), and the
 //! fallback to the next one in the same delivery after a definite refusal.
 //!
-//! [`routing`]: crate::worker::routing
+//! [`routing`]: crate::protocol::routing
 
 use super::{AttemptWatch, Invocation, Link, Processed, Processor};
 use crate::clock::Clock;
 use crate::job::{JobMessage, JobRecord, JobState};
 use crate::ledger::JobLedger;
+use crate::protocol::routing::{self, Stop};
 use crate::provider::Provider;
-use crate::worker::routing::{self, Stop};
 
 impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
     /// What the routing knows of the providers.

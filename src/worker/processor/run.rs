@@ -13,10 +13,10 @@ use crate::job::contract::Contract;
 use crate::job::prices::{PriceTable, Rate};
 use crate::job::{JobMessage, JobRecord, Millis, Usage};
 use crate::ledger::JobLedger;
+use crate::protocol::calling::{CallFacts, CallStep, Calling, MIN_CALL_BUDGET_MS, Said};
+use crate::protocol::ending::Waited;
 use crate::provider::{Progress, Provider, ProviderRequest, Retrieval, Submission};
 use crate::telemetry;
-use crate::worker::calling::{CallFacts, CallStep, Calling, MIN_CALL_BUDGET_MS, Said};
-use crate::worker::ending::Waited;
 
 /// What a call used: what the provider reported with an answer, the estimate an attempt whose
 /// outcome is unknown is recorded with, and the model whose prices they are paid at.

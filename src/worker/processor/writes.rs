@@ -6,8 +6,8 @@ use crate::clock::Clock;
 use crate::job::decision::Expect;
 use crate::job::{JobMessage, JobRecord, JobState, NewJob, Route};
 use crate::ledger::{ClaimRequest, CreateRequest, JobLedger, LedgerError, RecoverRequest, Write};
+use crate::protocol::admission::Op;
 use crate::provider::{Provider, batch};
-use crate::worker::admission::Op;
 
 /// What a claim asks for.
 #[derive(Debug, Clone, Copy)]

@@ -86,7 +86,7 @@ async fn losing_the_lease_cancels_the_call_and_its_answer_is_never_published() {
 
 #[tokio::test]
 async fn a_replay_policy_records_its_decision_and_stays_within_the_budget() {
-    use fenced_jobs::worker::ReplayPolicy;
+    use fenced_jobs::protocol::ReplayPolicy;
     let ledger = Arc::new(InMemoryLedger::new());
     let settings = Settings {
         provider_timeout_ms: 100,
@@ -301,7 +301,7 @@ async fn turning_on_the_replay_policy_does_not_replay_jobs_already_unknown() {
         .expect("finish");
     assert!(matches!(ended, fenced_jobs::ledger::Write::Applied(_)));
     let settings = Settings {
-        replay: fenced_jobs::worker::ReplayPolicy::Replay,
+        replay: fenced_jobs::protocol::ReplayPolicy::Replay,
         ..Settings::default()
     };
     let h = handler(ledger.clone(), SimulatedProvider::new(), settings);

@@ -21,7 +21,7 @@ fn facts() -> CallFacts {
 }
 
 fn claimed() -> JobRecord {
-    crate::worker::claimed_example(DEADLINE, NOW, None)
+    crate::protocol::claimed_example(DEADLINE, NOW, None)
 }
 
 fn ended(step: CallStep) -> AttemptEnd {

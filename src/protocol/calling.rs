@@ -7,10 +7,10 @@
 //!
 //! [`Ending`]: super::ending::Ending
 
+use super::ReplayPolicy;
 use super::ending::{
     THROTTLE_PAUSE_MS, Waited, attempt_end, lease_holds, not_sent_end, uncertain_end,
 };
-use super::settings::ReplayPolicy;
 use crate::job::contract::Finish;
 use crate::job::{BlobRef, JobRecord, Millis, ResultBody};
 use crate::ledger::{AttemptEnd, RecordRefRequest, Write};

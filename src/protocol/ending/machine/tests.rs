@@ -21,7 +21,7 @@ fn facts() -> EndFacts {
 
 /// The item as a claim at `NOW` leaves it (with a reference when `reference`).
 fn claimed(reference: bool) -> JobRecord {
-    crate::worker::claimed_example(DEADLINE, NOW, reference.then(|| "j/1@1".to_owned()))
+    crate::protocol::claimed_example(DEADLINE, NOW, reference.then(|| "j/1@1".to_owned()))
 }
 
 /// The ledger's answer to `write` on `item`, as the transitions give it.

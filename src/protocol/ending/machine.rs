@@ -9,8 +9,8 @@ use crate::job::{
 };
 use crate::ledger::transitions::shows_end;
 use crate::ledger::{AttemptEnd, EndRequest, RenewRequest, Write};
+use crate::protocol::ReplayPolicy;
 use crate::provider::ProviderError;
-use crate::worker::settings::ReplayPolicy;
 
 /// What waiting for the provider came to.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]

@@ -7,7 +7,7 @@ mod machine;
 
 pub use machine::{Closed, EndFacts, EndStep, EndWrite, Ending, Placed, Waited};
 
-use super::settings::ReplayPolicy;
+use super::ReplayPolicy;
 use crate::job::decision::{DeadlinePhase, deadline_phase};
 use crate::job::{AttemptOutcome, AttemptRecord, GIVEN_BACK_KEPT, JobRecord, Millis, ResultBody};
 use crate::ledger::AttemptEnd;
