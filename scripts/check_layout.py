@@ -9,10 +9,12 @@ path in code), each resolved to the deepest module file that exists. Four rules:
 1. No cycle between files. A module naming its own ancestor is left out: a parent declares its
    children and shares its types with them (a facade), which is not a cycle of design.
 2. Floors: a top-level module imports only from its own floor or the floors below it.
-3. A Rust file of the package (library, binaries, tests, examples) over about 600 lines says
-   why in its `//!` header, with a line starting `Why this file is long:`.
-4. A function of the library or a binary (unit tests aside) over 80 lines says why in the
-   comments just above it (its doc or a `//` line), with `Why this function is long:`.
+3. A file of `src/` has at most 600 lines before its unit tests, and no excuse: a longer one
+   is split. A test or example file over about 650 lines says why in its `//!` header, with a
+   line starting `Why this file is long:`.
+4. A function of the library or a binary (unit tests aside) has at most 80 lines, and no
+   comment in `src/` excuses a longer one (`Why this function is long:`, `Why this file is
+   long:`): a longer one is split.
 """
 
 import os
@@ -155,9 +157,46 @@ LONG = 650
 LONG_REASON = "Why this file is long:"
 
 
-def long_files(src):
+SRC_LONG = 600
+EXCUSE = re.compile(r"Why this (?:function|file) is long:")
+
+
+def before_tests(source):
+    """The part of a file before its unit tests (`#[cfg(test)] mod tests {`), or all of it."""
+    cut = re.search(r"#\[cfg\(test\)\]\s*mod tests\s*\{", source)
+    return source[: cut.start()] if cut else source
+
+
+def long_src_files(src):
+    """(path, lines) of each file of src/ longer than SRC_LONG before its unit tests."""
     root = os.path.dirname(os.path.abspath(src))
-    for folder in ("src", "tests", "examples"):
+    for base, _, files in os.walk(src):
+        for f in files:
+            if f.endswith(".rs") and f != "tests.rs":
+                path = os.path.join(base, f)
+                with open(path, encoding="utf-8") as text:
+                    n = before_tests(text.read()).count("\n")
+                if n > SRC_LONG:
+                    yield os.path.relpath(path, root), n
+
+
+def excuses(src):
+    """(path, line) of each comment in src/ that excuses a long file or function."""
+    root = os.path.dirname(os.path.abspath(src))
+    for base, _, files in os.walk(src):
+        for f in files:
+            if f.endswith(".rs"):
+                path = os.path.join(base, f)
+                with open(path, encoding="utf-8") as text:
+                    for i, line in enumerate(text.read().split("\n")):
+                        if EXCUSE.search(line) and line.lstrip().startswith("//"):
+                            yield os.path.relpath(path, root), i + 1
+
+
+def long_files(src):
+    """(path, lines) of each test or example file over LONG lines without its reason."""
+    root = os.path.dirname(os.path.abspath(src))
+    for folder in ("tests", "examples"):
         for base, _, files in os.walk(os.path.join(root, folder)):
             for f in files:
                 if not f.endswith(".rs"):
@@ -171,13 +210,12 @@ def long_files(src):
 
 
 FN_LONG = 80
-FN_REASON = "Why this function is long:"
 FN = re.compile(r"^\s*(?:pub(?:\([^)]*\))?\s+)?(?:const\s+)?(?:async\s+)?(?:unsafe\s+)?fn\s+(\w+)")
 LITERALS = re.compile(r'r(#*)"[\s\S]*?"\1|"(?:\\[\s\S]|[^"\\])*"|\'(?:\\[^\']+|[^\'\\])\'|//[^\n]*')
 
 
 def long_functions(src):
-    """(path, line, name, lines) of each function over FN_LONG lines with no reason above it."""
+    """(path, line, name, lines) of each function of src/ over FN_LONG lines."""
     root = os.path.dirname(os.path.abspath(src))
     for base, _, files in os.walk(src):
         for f in files:
@@ -209,22 +247,18 @@ def long_functions(src):
                         break  # a declaration without a body
                 if end is None or end - i + 1 <= FN_LONG:
                     continue
-                above = []
-                for k in range(i - 1, -1, -1):
-                    stripped = lines[k].strip()
-                    if stripped.startswith(("//", "#[")):
-                        above.append(stripped)
-                    else:
-                        break
-                if not any(FN_REASON in a for a in above):
-                    yield os.path.relpath(path, root), i + 1, m.group(1), end - i + 1
+                yield os.path.relpath(path, root), i + 1, m.group(1), end - i + 1
 
 
 def check(src):
     edges = graph(src)
     problems = []
     for path, line, fn, n in long_functions(src):
-        problems.append(f"{path}:{line}: fn {fn} has {n} lines, and no comment above it says why ({FN_REASON})")
+        problems.append(f"{path}:{line}: fn {fn} has {n} lines, more than {FN_LONG}: split it")
+    for path, n in long_src_files(src):
+        problems.append(f"{path}: {n} lines before its unit tests, more than {SRC_LONG}: split it")
+    for path, line in excuses(src):
+        problems.append(f"{path}:{line}: a comment excuses a long file or function: split it instead")
     for path, n in long_files(src):
         problems.append(f"{path}: {n} lines, and its header does not say why ({LONG_REASON})")
     for component in cycles(edges):
@@ -245,7 +279,8 @@ def self_test(src):
         "cycle": ("ledger/memory.rs", "use crate::ledger::dynamodb::DynamoLedger;\n",
                   "ledger/dynamodb/mod.rs", "use crate::ledger::memory::InMemoryLedger;\n"),
         "upward": ("job/mod.rs", "use crate::worker::Settings;\n", None, None),
-        "long": ("vars.rs", "\n" * LONG, None, None),
+        "long": ("vars.rs", "\n" * SRC_LONG, None, None),
+        "excuse": ("vars.rs", "// Why this function is long: on purpose.\n", None, None),
         "long fn": ("vars.rs", "fn long_on_purpose() {\n" + "    let _ = \"}\";\n" * FN_LONG + "}\n", None, None),
     }
     failures = []
@@ -265,8 +300,9 @@ def self_test(src):
             wanted = {
                 "cycle": "import cycle",
                 "upward": "a floor above it",
-                "long": LONG_REASON,
-                "long fn": FN_REASON,
+                "long": "before its unit tests",
+                "excuse": "excuses a long file",
+                "long fn": "more than",
             }[rule]
             if not any(wanted in p for p in found):
                 failures.append(f"self-test: the {rule} rule did not catch a broken tree")

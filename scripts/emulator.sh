@@ -152,7 +152,8 @@ start() {
     # The same moto application behind a keep-alive server (benchmarks).
     nohup "$venv/bin/python" "$root/scripts/moto_keepalive.py" "$p" > "$state/moto.log" 2>&1 &
   else
-    nohup "$venv/bin/python" -m moto.server -H 127.0.0.1 -p "$p" > "$state/moto.log" 2>&1 &
+    # moto's server, each DynamoDB request atomic as the real service's (moto_atomic.py says why).
+    nohup "$venv/bin/python" "$root/scripts/moto_atomic.py" 127.0.0.1 "$p" > "$state/moto.log" 2>&1 &
   fi
   echo $! > "$state/pid"
   for _ in $(seq 1 100); do

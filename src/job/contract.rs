@@ -199,8 +199,6 @@ impl Contract {
     }
 
     /// Compiles the contract file `text` of contract `id`.
-    // Why this function is long: one block per field of a contract file, each checked with the
-    // reason its error gives.
     pub fn parse(id: &str, text: &str) -> Result<Contract, ContractError> {
         let fail = |reason: String| ContractError {
             id: id.to_owned(),

@@ -922,3 +922,80 @@ async fn the_sparse_indexes_show_the_same_jobs_in_memory_and_on_dynamodb() {
     );
     assert!(views.last().is_some_and(|v| v.contains('"')), "{views:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_emulator_checks_and_applies_each_conditional_write_in_one_step() {
+    // GIVEN one item with a counter, and 24 writers that each read it and then write
+    // `n = n + 1` on the condition that `n` is still what they read, 24 times over (the
+    // ledger's every write is such a write: a claim on the epoch it read)
+    let aws = support::emulator().await;
+    let table = aws.table().await;
+    let key = || AttributeValue::S("counter".into());
+    aws.ddb
+        .put_item()
+        .table_name(&table)
+        .item("job_id", key())
+        .item("n", AttributeValue::N("0".into()))
+        .send()
+        .await
+        .expect("put");
+    let writers = (0..24).map(|_| {
+        let (ddb, table) = (aws.ddb.clone(), table.clone());
+        tokio::spawn(async move {
+            let mut applied = Vec::new();
+            for _ in 0..24 {
+                let item = ddb
+                    .get_item()
+                    .table_name(&table)
+                    .key("job_id", key())
+                    .consistent_read(true)
+                    .send()
+                    .await
+                    .expect("get");
+                let read = item.item().and_then(|i| i.get("n")).cloned().expect("n");
+                let written = ddb
+                    .update_item()
+                    .table_name(&table)
+                    .key("job_id", key())
+                    .update_expression("SET n = n + :one")
+                    .condition_expression("n = :read")
+                    .expression_attribute_values(":one", AttributeValue::N("1".into()))
+                    .expression_attribute_values(":read", read.clone())
+                    .send()
+                    .await;
+                if written.is_ok() {
+                    applied.push(read.as_n().expect("a number").clone());
+                }
+            }
+            applied
+        })
+    });
+    let mut applied = Vec::new();
+    for writer in writers.collect::<Vec<_>>() {
+        applied.extend(writer.await.expect("writer"));
+    }
+
+    // THEN at most one write was applied for each value read, as DynamoDB applies a
+    // conditional write atomically (moto's own server does not: two writes could both pass
+    // the check before either applied; `scripts/moto_atomic.py`), and the counter counts them
+    let distinct: std::collections::BTreeSet<_> = applied.iter().collect();
+    assert_eq!(
+        distinct.len(),
+        applied.len(),
+        "a value read was written twice"
+    );
+    let item = aws
+        .ddb
+        .get_item()
+        .table_name(&table)
+        .key("job_id", key())
+        .consistent_read(true)
+        .send()
+        .await
+        .expect("get");
+    let n = item
+        .item()
+        .and_then(|i| i.get("n"))
+        .and_then(|v| v.as_n().ok());
+    assert_eq!(n, Some(&applied.len().to_string()));
+}

@@ -6,16 +6,19 @@
 //! is an [`AttemptWatch`].
 //!
 //! - this file: the entry points and the admission's loop;
+//! - [`admit`](self::admit): the admission's adapters: its state, the capacity it takes, what
+//!   it decides from an item it saw, how it goes on or ends;
 //! - [`build`](self::build): a processor put together from its parts, and what it holds;
 //! - [`route`](self::route): which provider of the list takes an attempt, and the fallback to
 //!   the next in the same delivery;
 //! - [`writes`](self::writes): the writes before the call (the claim, a settle, a recovery
 //!   claim, a create);
 //! - [`run`](self::run): the call and a background call's polling, as
-//!   [`Calling`](super::calling::Calling) asks;
-//! - [`end`](self::end): the writes that end an attempt, as [`Ending`](super::ending::Ending) asks;
+//!   [`Calling`](crate::protocol::calling::Calling) asks;
+//! - [`end`](self::end): the writes that end an attempt, as [`Ending`](crate::protocol::ending::Ending) asks;
 //! - [`recover`](self::recover): what a recovery claim does with the evidence it finds.
 
+mod admit;
 mod batches;
 mod build;
 mod end;
@@ -34,7 +37,7 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use super::pacing::{Pacer, Permit};
+use super::pacing::Pacer;
 use super::settings::Settings;
 use crate::blobs::BlobStore;
 use crate::clock::Clock;
@@ -44,7 +47,7 @@ use crate::job::{
 };
 use crate::ledger::spend::SpendBudget;
 use crate::ledger::{JobLedger, LedgerError, Write};
-use crate::protocol::admission::{Admission, Applied, Facts, Op, Step};
+use crate::protocol::admission::Step;
 use crate::protocol::routing::ModelMap;
 use crate::provider::Provider;
 use pacers::TenantPacers;
@@ -84,7 +87,7 @@ struct Link<P> {
 /// Runs deliveries against a ledger and a provider, or an ordered list of providers of which
 /// the next takes a job only after a definite refusal of the one before ([`routing`]).
 ///
-/// [`routing`]: super::routing
+/// [`routing`]: crate::protocol::routing
 #[derive(Debug)]
 pub struct Processor<L, P, C> {
     ledger: L,
@@ -240,9 +243,6 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
 
     /// Processes a delivery from the item already read (`start`), if any: carries out the steps
     /// of its [`Admission`] until the call, the recovery's look at the evidence, or the end.
-    // Why this function is long: one arm per step of the admission machine, carried out in
-    // place; the permit, the view and the machine it threads would otherwise pass between
-    // functions at every step.
     async fn process_from(
         &self,
         msg: &JobMessage,
@@ -259,106 +259,37 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
             return failed(backoff("invocation deadline"), None);
         }
         let job = NewJob::from_message(msg, now, &self.settings.job_defaults);
-        // The provider the claim would go to: its facts, its capacity.
-        let mut routed = self.next_link(start.as_ref(), msg);
-        let (mut facts, mut unpriced) = self.admission_facts(msg, &job, inv, &self.links[routed]);
-        let (mut machine, mut step) = Admission::start(facts, start.as_ref(), &msg.digest, now);
-        let mut view = start;
         // Capacity for the call, taken before the claim that would start it: a record that
-        // cannot get it soon leaves the ledger untouched and waits in the queue.
-        // The tenant's share, taken first when tenants are capped.
+        // cannot get it soon leaves the ledger untouched and waits in the queue. The tenant's
+        // share, taken first when tenants are capped.
         let tenant_pacer = self.tenant_pacer(msg);
-        let mut permit: Option<Permit<'_>> = None;
-        // What the call reserved of the day's spend: handed to the call, or given back.
-        let mut reserved: Option<Reserved> = None;
+        let (mut a, mut step) = self.admitting(msg, &job, inv, start, now);
         loop {
             let now = self.clock.now_ms();
             let seen = match step {
                 Step::Admit => {
-                    if let Some(model) = &unpriced {
-                        step = machine.no_capacity(self.unpriced_wait(msg, model, watch));
-                        continue;
-                    }
-                    let link = &self.links[routed];
-                    let pacer = link.pacer_for(msg);
-                    let tokens =
-                        pacer.estimated_tokens(&msg.input_canonical, &self.settings.policy);
-                    let latest = self.latest_call_start(inv, link);
-                    let mut tenant_permit = None;
-                    if let Some(tenant) = &tenant_pacer {
-                        let tokens =
-                            tenant.estimated_tokens(&msg.input_canonical, &self.settings.policy);
-                        match tenant.admit(tokens, &self.clock, latest).await {
-                            Ok(p) => tenant_permit = Some(p),
-                            Err(wait_ms) => {
-                                step = machine.no_capacity(wait_ms);
-                                continue;
-                            }
-                        }
-                    }
-                    match pacer.admit(tokens, &self.clock, latest).await {
-                        Ok(p) => {
-                            let p = match tenant_permit.take() {
-                                Some(tenant) => p.with_tenant(tenant),
-                                None => p,
-                            };
-                            // The day's spend, after the pacer (a record it turns away
-                            // reserves nothing); without room the permit goes back unspent.
-                            match self.reserve_spend(msg, facts.next_call_micros).await {
-                                Ok(r) => reserved = r,
-                                Err(wait_ms) => {
-                                    watch.spend_deferred();
-                                    step = machine.no_capacity(wait_ms);
-                                    continue;
-                                }
-                            }
-                            permit = Some(p);
-                            // The wait for capacity may have used the time the call needed.
-                            step = machine.admitted(self.clock.now_ms());
-                            continue;
-                        }
-                        Err(wait_ms) => {
-                            step = machine.no_capacity(wait_ms);
-                            continue;
-                        }
-                    }
+                    step = self
+                        .admit(&mut a, msg, inv, tenant_pacer.as_deref(), watch)
+                        .await;
+                    continue;
                 }
                 Step::Write(op) => {
-                    // A line of a batch still running: the record waits, nothing written.
-                    if let (Op::Recover { .. }, Some(seen)) = (&op, view.as_ref())
-                        && let Some(wait_ms) = self.batch_still_running(msg, seen).await
-                    {
-                        watch.batch_waiting();
-                        self.settle_spend(reserved, 0).await;
-                        let outcome = RecordOutcome::Failed(Failure::Deferred {
-                            remaining_ms: wait_ms,
-                        });
-                        return Processed { outcome, view };
+                    let view = a.view.as_ref();
+                    if let Some(waiting) = self.batch_waits(msg, &op, view, watch).await {
+                        self.settle_spend(a.reserved, 0).await;
+                        return failed(waiting, a.view);
                     }
-                    match self
-                        .write(msg, &job, &op, (owner_id, routed), view.as_ref())
-                        .await
-                    {
+                    match self.write(msg, &job, &op, (owner_id, a.routed), view).await {
                         Ok(Write::Applied(record)) => {
-                            let applied = machine.applied(&record);
-                            return self
-                                .go_on(
-                                    applied,
-                                    record,
-                                    msg,
-                                    (permit.as_mut(), reserved),
-                                    inv,
-                                    watch,
-                                )
-                                .await;
+                            return self.go_on_from(a, record, msg, inv, watch).await;
                         }
                         Ok(Write::Refused(seen)) => seen,
                         Err((e, sent)) => {
                             tracing::warn!(job_id = %job.job_id, error = %e, "ledger call failed");
                             step = if sent {
-                                machine.unanswered()
+                                a.machine.unanswered()
                             } else {
-                                machine.failed()
+                                a.machine.failed()
                             };
                             continue;
                         }
@@ -369,108 +300,21 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
                     match self.ledger.get(&job.job_id).await {
                         Ok(seen) => seen,
                         Err(_) => {
-                            step = machine.read_failed();
+                            step = a.machine.read_failed();
                             continue;
                         }
                     }
                 }
-                Step::End(outcome) => {
-                    self.settle_spend(reserved, 0).await;
-                    if machine.unconfirmed() {
-                        tracing::error!(
-                            job_id = %job.job_id,
-                            "a write and every read after it went unanswered; if the write was applied, the job waits for its lease to lapse"
-                        );
-                    }
-                    return Processed { outcome, view };
-                }
+                Step::End(outcome) => return self.admission_ended(a, outcome, &job.job_id).await,
             };
             // What a refusal or a read showed: our own write, whose answer was lost (or whose
             // retry was refused by its first try), or an item to decide from.
             match seen {
-                Some(ours) if machine.ours(&ours, owner_id) => {
+                Some(ours) if a.machine.ours(&ours, owner_id) => {
                     tracing::info!(job_id = %job.job_id, "our write was applied though its answer was lost");
-                    let applied = machine.applied(&ours);
-                    return self
-                        .go_on(applied, ours, msg, (permit.as_mut(), reserved), inv, watch)
-                        .await;
+                    return self.go_on_from(a, ours, msg, inv, watch).await;
                 }
-                seen => {
-                    let rerouted = seen.as_ref().map(|s| self.next_link(Some(s), msg));
-                    match rerouted.filter(|r| *r != routed) {
-                        // The item shows the claim goes to another provider: decided afresh
-                        // with that provider's facts, the capacity and spend taken given back.
-                        Some(other) => {
-                            permit = None;
-                            self.settle_spend(reserved.take(), 0).await;
-                            routed = other;
-                            (facts, unpriced) =
-                                self.admission_facts(msg, &job, inv, &self.links[routed]);
-                            (machine, step) =
-                                Admission::start(facts, seen.as_ref(), &msg.digest, now);
-                        }
-                        None => step = machine.seen(seen.as_ref(), &msg.digest, now),
-                    }
-                    view = seen.or(view);
-                }
-            }
-        }
-    }
-
-    /// What the admission machine knows of this delivery before anything is read, and the model
-    /// of its next call when no spend limit can count it (see [`Processor::next_call_micros`]).
-    fn admission_facts(
-        &self,
-        msg: &JobMessage,
-        job: &NewJob,
-        inv: &Invocation,
-        link: &Link<P>,
-    ) -> (Facts, Option<String>) {
-        let next_call = self.next_call_micros(msg, job, link);
-        let facts = Facts {
-            deadline_at: job.deadline_at,
-            skew: self.settings.skew_ms,
-            latest_call_start: self.latest_call_start(inv, link),
-            can_retrieve: link.provider.can_retrieve(),
-            in_ledger: msg.in_ledger,
-            next_call_micros: *next_call.as_ref().unwrap_or(&0),
-            max_cost_micros: job.max_cost_micros,
-            carries_input: msg.keeps_input(),
-        };
-        (facts, next_call.err())
-    }
-
-    /// Goes on from our own write, applied and leaving `record`, with what the admission took
-    /// for the call (the pacer's permit, the day's spend): spent on the call, or given back.
-    async fn go_on(
-        &self,
-        applied: Applied,
-        record: JobRecord,
-        msg: &JobMessage,
-        (permit, reserved): (Option<&mut Permit<'_>>, Option<Reserved>),
-        inv: &Invocation,
-        watch: &dyn AttemptWatch,
-    ) -> Processed {
-        match applied {
-            Applied::Call => {
-                if let Some(permit) = permit {
-                    permit.spend();
-                }
-                self.run_attempt(msg, record, inv, watch, reserved).await
-            }
-            // No call under these writes: the day's spend is given back.
-            Applied::Investigate { seen_epoch } => {
-                self.settle_spend(reserved, 0).await;
-                watch.recovered();
-                self.after_recovery(msg, record, seen_epoch, inv, watch)
-                    .await
-            }
-            Applied::End(outcome) => {
-                self.settle_spend(reserved, 0).await;
-                Processed {
-                    outcome,
-                    view: Some(record),
-                }
+                seen => step = self.decide_from(&mut a, seen, msg, &job, inv, now).await,
             }
         }
     }

@@ -235,9 +235,9 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         (owner, waited, spent)
     }
 
-    // Why this function is long: one short arm per step of the call machine, each the I/O that
-    // step names and the answer it feeds back. `heard`: the usage the provider reported with an
-    // answer, whatever its contract said of it.
+    /// Carries out the steps of `machine` from `step`, each the I/O it names and the answer it
+    /// feeds back, until the call comes to its end. `heard`: the usage the provider reported
+    /// with an answer, whatever its contract said of it.
     async fn carry_out(
         &self,
         call: Call<'_, '_, P>,
@@ -245,59 +245,20 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         mut step: CallStep,
         heard: &mut Option<Usage>,
     ) -> (JobRecord, Waited) {
-        let Call {
-            link,
-            pacer,
-            request,
-            inv,
-            lost,
-            watch,
-        } = call;
+        let (request, watch) = (call.request, call.watch);
         loop {
             step = match step {
                 CallStep::Submit { budget_ms } => {
-                    // A line of a batch goes by the id its claim recorded.
-                    let line = machine
-                        .owner()
-                        .last_provider_ref()
-                        .and_then(crate::provider::batch::parse_ref)
-                        .map(|(_, line)| line.to_owned());
-                    let sent = Sent { link, pacer, line };
-                    let mut said = self.submit(sent, request, budget_ms, lost, heard).await;
-                    // An operator's cancel: the call stops (one sent) or never goes (a line
-                    // still gathering).
-                    if matches!(said, Said::Cancelled | Said::NotSent(_)) && watch.withdrawn() {
-                        said = Said::Withdrawn;
-                    }
-                    if matches!(&said, Said::Started(r) if crate::provider::batch::is_batch_ref(r))
-                    {
-                        watch.batched();
-                    }
-                    machine.submitted(said, self.clock.now_ms())
+                    self.submit_step(&call, &mut machine, budget_ms, heard)
+                        .await
                 }
                 CallStep::Throttled { retry_after_ms } => {
                     watch.throttled();
                     let now = self.clock.now_ms();
-                    pacer.throttled(now, retry_after_ms);
-                    machine.paced(pacer.paused_until(), now)
+                    call.pacer.throttled(now, retry_after_ms);
+                    machine.paced(call.pacer.paused_until(), now)
                 }
-                CallStep::Resend { at } => {
-                    // Out of the calls in flight while it waits, and back only when the
-                    // adaptive limit the refusal lowered has room.
-                    let latest = self.latest_call_start(inv, link);
-                    let resent = tokio::select! {
-                        // Ownership lost first whatever is ready at once, so a seeded simulation
-                        // replays the same way.
-                        biased;
-                        _ = lost.cancelled() => false,
-                        resent = pacer.resend(&self.clock, at, latest) => resent,
-                    };
-                    if watch.withdrawn() {
-                        machine.withdrawn()
-                    } else {
-                        machine.resent(resent, self.clock.now_ms())
-                    }
-                }
+                CallStep::Resend { at } => self.resend_step(&call, &mut machine, at).await,
                 CallStep::Record => {
                     let req = machine.record(self.clock.now_ms());
                     let answer = match self.ledger.record_ref(req).await {
@@ -310,37 +271,12 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
                     machine.recorded(answer, self.clock.now_ms())
                 }
                 CallStep::Retrieve { wait_ms } => {
-                    let (reference, started_at) = machine
-                        .reference()
-                        .map(|(r, at)| (r.to_owned(), at))
-                        .unwrap_or_default();
-                    let asked = tokio::time::timeout(
-                        Duration::from_millis(wait_ms as u64),
-                        link.provider.retrieve(&reference, started_at, request),
-                    );
-                    tokio::select! {
-                        biased;
-                        _ = lost.cancelled() => stopped(&mut machine, watch),
-                        found = asked => {
-                            let found = match found {
-                                // Judged against the job's contract before anything reads it.
-                                Ok(Retrieval::Completed(answer)) => {
-                                    *heard = answer.usage.or(*heard);
-                                    match answer.judged(request.output) {
-                                        Ok(answer) => Retrieval::Completed(answer),
-                                        Err(invalid) => Retrieval::Failed(invalid),
-                                    }
-                                }
-                                Ok(found) => found,
-                                Err(_) => Retrieval::Unreachable { retry_after_ms: None },
-                            };
-                            machine.retrieved(found, self.clock.now_ms())
-                        }
-                    }
+                    self.retrieve_step(&call, &mut machine, wait_ms, heard)
+                        .await
                 }
                 CallStep::Pause { ms } => tokio::select! {
                     biased;
-                    _ = lost.cancelled() => stopped(&mut machine, watch),
+                    _ = call.lost.cancelled() => stopped(&mut machine, watch),
                     _ = tokio::time::sleep(Duration::from_millis(ms as u64)) => {
                         machine.paused(self.clock.now_ms())
                     }
@@ -349,7 +285,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
                     if let Some((reference, _)) = machine.reference() {
                         let reference = reference.to_owned();
                         tracing::info!(job_id = %request.job_id, "cancelling the background call: its answer would not be accepted");
-                        self.cancel(&link.provider, &reference, inv).await;
+                        self.cancel(&call.link.provider, &reference, call.inv).await;
                     }
                     machine.cancelled(self.clock.now_ms())
                 }
@@ -362,6 +298,102 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
                     }
                     return (machine.into_owner(), waited);
                 }
+            }
+        }
+    }
+
+    /// The call sent, within `budget_ms`, and what it said.
+    async fn submit_step(
+        &self,
+        call: &Call<'_, '_, P>,
+        machine: &mut Calling,
+        budget_ms: Millis,
+        heard: &mut Option<Usage>,
+    ) -> CallStep {
+        // A line of a batch goes by the id its claim recorded.
+        let line = machine
+            .owner()
+            .last_provider_ref()
+            .and_then(crate::provider::batch::parse_ref)
+            .map(|(_, line)| line.to_owned());
+        let sent = Sent {
+            link: call.link,
+            pacer: call.pacer,
+            line,
+        };
+        let mut said = self
+            .submit(sent, call.request, budget_ms, call.lost, heard)
+            .await;
+        // An operator's cancel: the call stops (one sent) or never goes (a line still
+        // gathering).
+        if matches!(said, Said::Cancelled | Said::NotSent(_)) && call.watch.withdrawn() {
+            said = Said::Withdrawn;
+        }
+        if matches!(&said, Said::Started(r) if crate::provider::batch::is_batch_ref(r)) {
+            call.watch.batched();
+        }
+        machine.submitted(said, self.clock.now_ms())
+    }
+
+    /// The re-send of a call the provider refused for its rate limit, at `at`: out of the calls
+    /// in flight while it waits, and back only when the adaptive limit the refusal lowered has
+    /// room.
+    async fn resend_step(
+        &self,
+        call: &Call<'_, '_, P>,
+        machine: &mut Calling,
+        at: Millis,
+    ) -> CallStep {
+        let latest = self.latest_call_start(call.inv, call.link);
+        let resent = tokio::select! {
+            // Ownership lost first whatever is ready at once, so a seeded simulation replays
+            // the same way.
+            biased;
+            _ = call.lost.cancelled() => false,
+            resent = call.pacer.resend(&self.clock, at, latest) => resent,
+        };
+        if call.watch.withdrawn() {
+            machine.withdrawn()
+        } else {
+            machine.resent(resent, self.clock.now_ms())
+        }
+    }
+
+    /// The provider asked about the call by its reference, waiting at most `wait_ms`; an answer
+    /// is judged against the job's contract before anything reads it.
+    async fn retrieve_step(
+        &self,
+        call: &Call<'_, '_, P>,
+        machine: &mut Calling,
+        wait_ms: Millis,
+        heard: &mut Option<Usage>,
+    ) -> CallStep {
+        let (reference, started_at) = machine
+            .reference()
+            .map(|(r, at)| (r.to_owned(), at))
+            .unwrap_or_default();
+        let asked = tokio::time::timeout(
+            Duration::from_millis(wait_ms as u64),
+            call.link
+                .provider
+                .retrieve(&reference, started_at, call.request),
+        );
+        tokio::select! {
+            biased;
+            _ = call.lost.cancelled() => stopped(machine, call.watch),
+            found = asked => {
+                let found = match found {
+                    Ok(Retrieval::Completed(answer)) => {
+                        *heard = answer.usage.or(*heard);
+                        match answer.judged(call.request.output) {
+                            Ok(answer) => Retrieval::Completed(answer),
+                            Err(invalid) => Retrieval::Failed(invalid),
+                        }
+                    }
+                    Ok(found) => found,
+                    Err(_) => Retrieval::Unreachable { retry_after_ms: None },
+                };
+                machine.retrieved(found, self.clock.now_ms())
             }
         }
     }
