@@ -2109,7 +2109,7 @@ impl Protocol {
             Said::Withdrawn
         } else if lost {
             // The heartbeat cancelled the call: it was sent and may have run.
-            Said::Cancelled
+            Said::Lost
         } else {
             match word {
                 Word::Answer => {

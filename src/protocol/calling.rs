@@ -61,9 +61,10 @@ pub enum Said {
     Failed(ProviderError),
     /// No word within the call's budget.
     TimedOut,
-    /// Cancelled because ownership was lost (a renewal refused, or the lease about to lapse).
-    Cancelled,
-    /// Stopped because an operator cancelled the job (a renewal's refusal showed it).
+    /// Stopped because ownership was lost (a renewal refused, or the lease about to lapse).
+    Lost,
+    /// Stopped because an operator cancelled the job (a renewal's refusal showed it): the
+    /// call is withdrawn.
     Withdrawn,
 }
 
@@ -330,7 +331,7 @@ impl Calling {
                 self.done(Waited::Ended(end, None))
             }
             Said::Withdrawn => self.withdrawn(),
-            Said::Cancelled => {
+            Said::Lost => {
                 let error = ProviderError::Uncertain {
                     evidence: "call cancelled after the lease could not be renewed; \
                                the request was sent and may have run"

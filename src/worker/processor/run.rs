@@ -326,7 +326,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
             .await;
         // An operator's cancel: the call stops (one sent) or never goes (a line still
         // gathering).
-        if matches!(said, Said::Cancelled | Said::NotSent(_)) && call.watch.withdrawn() {
+        if matches!(said, Said::Lost | Said::NotSent(_)) && call.watch.withdrawn() {
             said = Said::Withdrawn;
         }
         if matches!(&said, Said::Started(r) if crate::provider::batch::is_batch_ref(r)) {
@@ -440,7 +440,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         );
         tokio::select! {
             biased;
-            _ = lost.cancelled() => Said::Cancelled,
+            _ = lost.cancelled() => Said::Lost,
             called = sent => match called {
                 Ok(Ok(submission)) => {
                     pacer.answered();
