@@ -548,8 +548,14 @@ pub fn claim(job: &NewJob, expect: Expect, owner: &str, now: i64) -> ClaimReques
 pub struct NoWatch;
 
 impl fenced_jobs::worker::processor::AttemptWatch for NoWatch {
-    fn running(&self, _: &str, _: u64, _: i64, _: i64) -> tokio_util::sync::CancellationToken {
-        tokio_util::sync::CancellationToken::new()
+    fn running(
+        &self,
+        _: &str,
+        _: u64,
+        _: i64,
+        _: i64,
+    ) -> fenced_jobs::worker::processor::StopSignal {
+        fenced_jobs::worker::processor::StopSignal::new()
     }
     fn call_ended(&self) {}
     fn recovered(&self) {}

@@ -3,12 +3,10 @@
 
 use std::sync::Mutex;
 
-use tokio_util::sync::CancellationToken;
-
 use super::{Renewals, Stats, StatsSnapshot};
 use crate::job::Millis;
 use crate::job::outcome::receive_cap;
-use crate::worker::processor::AttemptWatch;
+use crate::worker::processor::{AttemptWatch, StopSignal};
 
 /// One record of the batch, as the heartbeat sees it.
 #[derive(Debug)]
@@ -45,10 +43,8 @@ pub(super) struct Lease {
     pub(super) epoch: u64,
     pub(super) lease_until: Millis,
     pub(super) deadline_at: Millis,
-    pub(super) cancel: CancellationToken,
-    /// The token was cancelled because an operator cancelled the job, not because ownership
-    /// was lost.
-    pub(super) withdrawn: bool,
+    /// Stops the call, and says why (ownership lost, or an operator's cancel).
+    pub(super) stop: StopSignal,
     /// The progress rule of a streamed call: its lease is renewed only while it holds.
     pub(super) progress: Option<crate::provider::Progress>,
 }
@@ -104,8 +100,9 @@ impl Flights {
         self.entries.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Registers the claim of record `index`; the returned token is cancelled if ownership is
-    /// lost. An index outside the batch gets a token nobody cancels.
+    /// Registers the claim of record `index`; the returned signal stops its call when ownership
+    /// is lost or an operator cancels the job. An index outside the batch gets a signal nobody
+    /// sends.
     pub fn running(
         &self,
         index: usize,
@@ -113,20 +110,19 @@ impl Flights {
         epoch: u64,
         lease_until: Millis,
         deadline_at: Millis,
-    ) -> CancellationToken {
-        let cancel = CancellationToken::new();
+    ) -> StopSignal {
+        let stop = StopSignal::new();
         if let Some(flight) = self.lock().get_mut(index) {
             flight.stage = Stage::Running(Lease {
                 job_id: job_id.to_owned(),
                 epoch,
                 lease_until,
                 deadline_at,
-                cancel: cancel.clone(),
-                withdrawn: false,
+                stop: stop.clone(),
                 progress: None,
             });
         }
-        cancel
+        stop
     }
 
     /// The running call of record `index` streams under the progress rule `progress`.
@@ -138,14 +134,6 @@ impl Flights {
         {
             lease.progress = Some(progress.clone());
         }
-    }
-
-    /// Whether the running call of record `index` was stopped by an operator's cancel.
-    pub fn withdrawn(&self, index: usize) -> bool {
-        matches!(
-            self.lock().get(index).map(|f| &f.stage),
-            Some(Stage::Running(lease)) if lease.withdrawn
-        )
     }
 
     /// The provider call of record `index` ended: its lease is no longer renewed, its
@@ -251,7 +239,7 @@ impl AttemptWatch for RecordSlot<'_> {
         epoch: u64,
         lease_until: Millis,
         deadline_at: Millis,
-    ) -> CancellationToken {
+    ) -> StopSignal {
         self.flights
             .running(self.index, job_id, epoch, lease_until, deadline_at)
     }
@@ -262,10 +250,6 @@ impl AttemptWatch for RecordSlot<'_> {
 
     fn call_ended(&self) {
         self.flights.call_ended(self.index);
-    }
-
-    fn withdrawn(&self) -> bool {
-        self.flights.withdrawn(self.index)
     }
 
     fn recovered(&self) {

@@ -234,14 +234,14 @@ impl<L: JobLedger, V: VisibilityControl, C: Clock> Heartbeat<'_, L, V, C> {
                     Stage::Running(l) if l.progress.as_ref().is_some_and(|p| p.stalled()) => {
                         tracing::warn!(job_id = %l.job_id, epoch = l.epoch, "the call shows no progress; its lease is not renewed");
                         if l.lease_until - s.skew_ms <= now + s.heartbeat_ms
-                            && !l.cancel.is_cancelled()
+                            && l.stop.why().is_none()
                         {
-                            l.cancel.cancel();
+                            l.stop.lose();
                             bump(&self.flights.stats.ownership_lost, 1);
                         }
                         None
                     }
-                    Stage::Running(l) if !l.cancel.is_cancelled() && l.lease_until <= ample => {
+                    Stage::Running(l) if l.stop.why().is_none() && l.lease_until <= ample => {
                         Some((i, l.job_id.clone(), l.epoch))
                     }
                     _ => None,
@@ -323,16 +323,15 @@ impl<L: JobLedger, V: VisibilityControl, C: Clock> Heartbeat<'_, L, V, C> {
         }
     }
 
-    /// An operator's cancel: the call's token is cancelled as for a lost lease, the flight
-    /// marked first so that the owner ends the attempt `cancelled` instead of walking away.
+    /// An operator's cancel: the call is stopped as for a lost lease, saying why, so that the
+    /// owner ends the attempt `cancelled` instead of walking away.
     fn withdraw(&self, index: usize) {
         if let Some(Flight {
             stage: Stage::Running(lease),
             ..
-        }) = self.flights.lock().get_mut(index)
+        }) = self.flights.lock().get(index)
         {
-            lease.withdrawn = true;
-            lease.cancel.cancel();
+            lease.stop.withdraw();
         }
     }
 
@@ -341,9 +340,9 @@ impl<L: JobLedger, V: VisibilityControl, C: Clock> Heartbeat<'_, L, V, C> {
             stage: Stage::Running(lease),
             ..
         }) = self.flights.lock().get(index)
-            && !lease.cancel.is_cancelled()
+            && lease.stop.why().is_none()
         {
-            lease.cancel.cancel();
+            lease.stop.lose();
             bump(&self.flights.stats.ownership_lost, 1);
         }
     }

@@ -33,7 +33,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         request: &ProviderRequest<'_>,
         line: &str,
         budget_ms: Millis,
-        lost: &tokio_util::sync::CancellationToken,
+        stop: &super::StopSignal,
     ) -> Said {
         let body = match link.provider.batch_line(request, line) {
             Ok(body) => body,
@@ -57,7 +57,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         let until = Until {
             give_up: end - Duration::from_millis(spare),
             stop: end - Duration::from_millis(spare / 4),
-            lost: lost.clone(),
+            lost: stop.token().clone(),
         };
         let group = (index, link.provider.model(request.input).to_owned());
         match self

@@ -28,14 +28,13 @@ mod recover;
 mod route;
 mod run;
 mod spend;
+mod stop;
 mod writes;
 
 use payload::InputError;
 
 use std::sync::Arc;
 use std::time::Duration;
-
-use tokio_util::sync::CancellationToken;
 
 use super::pacing::Pacer;
 use super::settings::Settings;
@@ -52,6 +51,7 @@ use crate::protocol::routing::ModelMap;
 use crate::provider::Provider;
 use pacers::TenantPacers;
 use spend::Reserved;
+pub use stop::{StopSignal, Stopped};
 
 /// The invocation a record is processed in.
 #[derive(Debug, Clone)]
@@ -108,26 +108,21 @@ pub struct Processor<L, P, C> {
 /// What the processor tells whoever keeps a running attempt alive (the invocation's heartbeat)
 /// about one record, and the events it counts. The processor knows nothing of batches.
 pub trait AttemptWatch: Sync {
-    /// A provider call starts under this claim; the token is cancelled if ownership is lost
-    /// (a renewal refused, or the lease about to lapse).
+    /// A provider call starts under this claim; the signal stops it, and says why: ownership
+    /// lost (a renewal refused, or the lease about to lapse) or an operator's cancel (a
+    /// renewal's refusal showed the request; the owner ends the attempt `cancelled`).
     fn running(
         &self,
         job_id: &str,
         epoch: u64,
         lease_until: Millis,
         deadline_at: Millis,
-    ) -> CancellationToken;
+    ) -> StopSignal;
     /// The call streams under the progress rule `progress`: its lease is renewed only while the
     /// call shows progress.
     fn progress(&self, _progress: &crate::provider::Progress) {}
     /// The call ended: its lease is no longer renewed.
     fn call_ended(&self);
-    /// The token [`AttemptWatch::running`] returned was cancelled because an operator
-    /// cancelled the job (a renewal's refusal showed the request), not because ownership was
-    /// lost: the owner ends the attempt `cancelled`.
-    fn withdrawn(&self) -> bool {
-        false
-    }
     /// A recovery claim fenced a lapsed owner.
     fn recovered(&self);
     /// The call was cut short by the invocation's deadline.

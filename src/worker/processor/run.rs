@@ -5,9 +5,7 @@ use std::time::Duration;
 
 use tracing::Instrument;
 
-use tokio_util::sync::CancellationToken;
-
-use super::{AttemptWatch, Invocation, Link, Processed, Processor};
+use super::{AttemptWatch, Invocation, Link, Processed, Processor, StopSignal};
 use crate::clock::Clock;
 use crate::job::contract::Contract;
 use crate::job::prices::{PriceTable, Rate};
@@ -108,14 +106,14 @@ struct Call<'a, 'r, P> {
     pacer: &'a crate::worker::pacing::Pacer,
     request: &'a ProviderRequest<'r>,
     inv: &'a Invocation,
-    lost: &'a CancellationToken,
+    /// Stops the call, and says why.
+    stop: &'a StopSignal,
     watch: &'a dyn AttemptWatch,
 }
 
-/// What the call comes to when its token is cancelled: an operator's cancel, or ownership
-/// lost.
-fn stopped(machine: &mut Calling, watch: &dyn AttemptWatch) -> CallStep {
-    if watch.withdrawn() {
+/// What the call comes to when `stop` stopped it: an operator's cancel, or ownership lost.
+fn stopped(machine: &mut Calling, stop: &StopSignal) -> CallStep {
+    if stop.withdrawn() {
         machine.withdrawn()
     } else {
         machine.lost()
@@ -196,8 +194,9 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         watch: &dyn AttemptWatch,
     ) -> (JobRecord, Waited, Spent) {
         let owner = machine.owner();
-        // Cancelled when ownership is lost (a renewal refused, or the lease about to lapse).
-        let lost = watch.running(
+        // Sent when ownership is lost (a renewal refused, or the lease about to lapse), or an
+        // operator cancelled the job.
+        let stop = watch.running(
             &msg.job_id,
             owner.owner_epoch,
             owner.owner_until.unwrap_or_else(|| self.clock.now_ms()),
@@ -227,7 +226,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
             pacer: link.pacer_for(msg),
             request: &request,
             inv,
-            lost: &lost,
+            stop: &stop,
             watch,
         };
         let (owner, waited) = self.carry_out(call, machine, step, &mut spent.heard).await;
@@ -276,7 +275,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
                 }
                 CallStep::Pause { ms } => tokio::select! {
                     biased;
-                    _ = call.lost.cancelled() => stopped(&mut machine, watch),
+                    _ = call.stop.stopped() => stopped(&mut machine, call.stop),
                     _ = tokio::time::sleep(Duration::from_millis(ms as u64)) => {
                         machine.paused(self.clock.now_ms())
                     }
@@ -322,11 +321,11 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
             line,
         };
         let mut said = self
-            .submit(sent, call.request, budget_ms, call.lost, heard)
+            .submit(sent, call.request, budget_ms, call.stop, heard)
             .await;
         // An operator's cancel: the call stops (one sent) or never goes (a line still
         // gathering).
-        if matches!(said, Said::Lost | Said::NotSent(_)) && call.watch.withdrawn() {
+        if matches!(said, Said::Lost | Said::NotSent(_)) && call.stop.withdrawn() {
             said = Said::Withdrawn;
         }
         if matches!(&said, Said::Started(r) if crate::provider::batch::is_batch_ref(r)) {
@@ -349,10 +348,10 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
             // Ownership lost first whatever is ready at once, so a seeded simulation replays
             // the same way.
             biased;
-            _ = call.lost.cancelled() => false,
+            _ = call.stop.stopped() => false,
             resent = call.pacer.resend(&self.clock, at, latest) => resent,
         };
-        if call.watch.withdrawn() {
+        if call.stop.withdrawn() {
             machine.withdrawn()
         } else {
             machine.resent(resent, self.clock.now_ms())
@@ -380,7 +379,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         );
         tokio::select! {
             biased;
-            _ = call.lost.cancelled() => stopped(machine, call.watch),
+            _ = call.stop.stopped() => stopped(machine, call.stop),
             found = asked => {
                 let found = match found {
                     Ok(Retrieval::Completed(answer)) => {
@@ -398,14 +397,14 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         }
     }
 
-    /// Sends the request, waiting at most `budget_ms`; a cancelled `lost` stops the wait (the
-    /// answer could not be accepted anyway). An answer's usage is put in `heard`.
+    /// Sends the request, waiting at most `budget_ms`; `stop` ends the wait (the answer could
+    /// not be accepted anyway). An answer's usage is put in `heard`.
     async fn submit(
         &self,
         sent: Sent<'_, P>,
         request: &ProviderRequest<'_>,
         budget_ms: Millis,
-        lost: &CancellationToken,
+        stop: &StopSignal,
         heard: &mut Option<Usage>,
     ) -> Said {
         let Sent { link, pacer, line } = sent;
@@ -430,7 +429,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
                 return Said::NotSent("the claim recorded no line".to_owned());
             };
             return self
-                .submit_line(link, request, &line, budget_ms, lost)
+                .submit_line(link, request, &line, budget_ms, stop)
                 .instrument(span)
                 .await;
         }
@@ -440,7 +439,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         );
         tokio::select! {
             biased;
-            _ = lost.cancelled() => Said::Lost,
+            _ = stop.stopped() => Said::Lost,
             called = sent => match called {
                 Ok(Ok(submission)) => {
                     pacer.answered();
