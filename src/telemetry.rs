@@ -188,7 +188,7 @@ pub fn flush_budget(deadline_ms: Option<i64>, margin_ms: i64, now_ms: i64) -> Du
 
 /// What a provider call's span records once it is answered, as the GenAI semantic conventions
 /// name it: the tokens the provider says it used, why the model stopped, and what it cost.
-pub fn record_call(
+pub(crate) fn record_call(
     span: &tracing::Span,
     usage: Option<&Usage>,
     finish: Finish,

@@ -297,8 +297,9 @@ impl RecordingSink {
         }
     }
 
+    #[cfg(test)]
     /// Refuses every event once `n` more were published (`None`: never).
-    pub fn refuse_after(&self, n: Option<usize>) {
+    pub(crate) fn refuse_after(&self, n: Option<usize>) {
         *self.refuse_after.lock().unwrap_or_else(|p| p.into_inner()) = n;
     }
 

@@ -293,13 +293,13 @@ impl Contract {
 
     /// Whether the answer must be JSON (the provider is asked for JSON, following the schema
     /// when there is one).
-    pub fn wants_json(&self) -> bool {
+    pub(crate) fn wants_json(&self) -> bool {
         self.format == Format::Json && self.origin == Origin::File
     }
 
     /// The contract's id as a schema name a provider takes (`[A-Za-z0-9_-]`, at most 64
     /// characters): `invoice-extract@2` is `invoice-extract_2`.
-    pub fn schema_name(&self) -> String {
+    pub(crate) fn schema_name(&self) -> String {
         self.id
             .chars()
             .take(64)
@@ -315,7 +315,7 @@ impl Contract {
 
     /// Whether every answer that finished for `finish` is accepted as it comes, unread: under
     /// a lenient registry's contract for an id it does not hold, any answer not cut off.
-    pub fn takes_unread(&self, finish: Finish) -> bool {
+    pub(crate) fn takes_unread(&self, finish: Finish) -> bool {
         self.origin == Origin::FreeText && !self.cut_off(finish)
     }
 
@@ -506,7 +506,7 @@ impl Contracts {
     /// Whether a new job naming `id` may be taken, and whether the registry holds its
     /// contract: a strict registry refuses one it does not hold (poison, before anything is
     /// written); a lenient one takes it (`Ok(false)`) as free text.
-    pub fn admits(&self, id: &str) -> Result<bool, UnknownContract> {
+    pub(crate) fn admits(&self, id: &str) -> Result<bool, UnknownContract> {
         let held = self.by_id.contains_key(id);
         if self.strict && !held {
             return Err(UnknownContract(id.to_owned()));

@@ -18,14 +18,11 @@ pub const OUTPUT_CEILINGS: [&str; 4] = [
     "maxTokens",
 ];
 
-/// The largest answer a job may ask for when `ALLOWED_PARAMETERS` is unset.
-pub const DEFAULT_MAX_OUTPUT_TOKENS: f64 = 16_384.0;
-
 /// `ALLOWED_PARAMETERS` when unset: sampling, stop sequences, seeds and reasoning effort, and
-/// the answer's ceiling up to [`DEFAULT_MAX_OUTPUT_TOKENS`]. Not `stream`, `n`, `tools`,
+/// the answer's ceiling up to 16,384 tokens. Not `stream`, `n`, `tools`,
 /// `tool_choice`, `prompt`, `previous_response_id`, `store`, `background`, `service_tier`,
 /// `user` or `metadata`.
-pub const DEFAULT_ALLOWED_PARAMETERS: &str = "temperature<=2,top_p<=1,topP<=1,top_k,\
+pub(crate) const DEFAULT_ALLOWED_PARAMETERS: &str = "temperature<=2,top_p<=1,topP<=1,top_k,\
     max_tokens<=16384,max_completion_tokens<=16384,max_output_tokens<=16384,maxTokens<=16384,\
     stop,stopSequences,seed,presence_penalty,frequency_penalty,reasoning_effort,reasoning";
 
@@ -98,7 +95,9 @@ impl Policy {
 
     /// The parameters of a comma-separated list of names, each with an optional bound
     /// (`temperature<=2,max_tokens<=4096,seed`), or `*` for any.
-    pub fn parse_parameters(list: &str) -> Result<Option<BTreeMap<String, Option<f64>>>, String> {
+    pub(crate) fn parse_parameters(
+        list: &str,
+    ) -> Result<Option<BTreeMap<String, Option<f64>>>, String> {
         if list.split(',').any(|p| p.trim() == "*") {
             return Ok(None);
         }
@@ -108,7 +107,7 @@ impl Policy {
     /// The answer's ceiling sent with a job that sets none of [`OUTPUT_CEILINGS`]: the smallest
     /// bound `ALLOWED_PARAMETERS` gives any of them (16,384 by default), so that no job's
     /// answer is bounded only by the model; 0 when none has a bound (`*`).
-    pub fn default_output_tokens(&self) -> u64 {
+    pub(crate) fn default_output_tokens(&self) -> u64 {
         let Some(allowed) = &self.parameters else {
             return 0;
         };

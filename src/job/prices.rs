@@ -16,11 +16,11 @@ pub use super::usage::Rate;
 const BUILT_IN: &str = include_str!("../../prices/prices.json");
 
 /// The largest spend limit anything takes, in USD.
-pub const MAX_LIMIT_USD: f64 = 1_000_000.0;
+pub(crate) const MAX_LIMIT_USD: f64 = 1_000_000.0;
 
 /// A spend limit in USD (`max_cost`, `DEFAULT_MAX_COST`, `DAILY_SPEND_LIMIT`) in micro-dollars:
 /// `None` unless above 0 and at most [`MAX_LIMIT_USD`].
-pub fn limit_micros(usd: f64) -> Option<u64> {
+pub(crate) fn limit_micros(usd: f64) -> Option<u64> {
     (usd > 0.0 && usd <= MAX_LIMIT_USD).then(|| ((usd * 1_000_000.0).round() as u64).max(1))
 }
 

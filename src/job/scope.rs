@@ -98,13 +98,13 @@ impl Producers {
     /// Whether the principal of `sender_id` (`ROLE_ID:session`) is one of `TRUSTED_SENDERS`,
     /// whether or not producers are kept apart: jobctl believes the worker's words on a dead
     /// letter only from these.
-    pub fn trusts(&self, sender_id: Option<&str>) -> bool {
+    pub(crate) fn trusts(&self, sender_id: Option<&str>) -> bool {
         let principal = sender_id.map(|s| s.split_once(':').map_or(s, |(id, _)| id));
         principal.is_some_and(|p| self.trusted.iter().any(|t| t == p))
     }
 
     /// Whether producers are kept apart at all.
-    pub fn scoped(&self) -> bool {
+    pub(crate) fn scoped(&self) -> bool {
         !self.by_sender.is_empty()
     }
 
@@ -174,7 +174,7 @@ impl Producers {
     /// operator's redrive) is held to the rule of the producer whose job it names (`named`,
     /// the message's `fenced-jobs.job-id`). No pointer names a key the worker keeps answers or
     /// inputs under, nor one with a `.` or `..` segment.
-    pub fn may_read(&self, sender: Sender<'_>, key: &str, named: Option<&str>) -> bool {
+    pub(crate) fn may_read(&self, sender: Sender<'_>, key: &str, named: Option<&str>) -> bool {
         if RESERVED_PREFIXES.iter().any(|r| key.starts_with(r))
             || key.split('/').any(|part| part == "." || part == "..")
         {
@@ -203,13 +203,13 @@ impl Producers {
 
 /// The producer of `whole` when it is `job_id` in a producer's namespace (`billing/job-1` for
 /// `job-1`).
-pub fn whole_id<'a>(job_id: &str, whole: &'a str) -> Option<&'a str> {
+pub(crate) fn whole_id<'a>(job_id: &str, whole: &'a str) -> Option<&'a str> {
     let (producer, id) = whole.split_once('/')?;
     (id == job_id).then_some(producer)
 }
 
 /// The producer a whole job id names (`billing` of `billing/job-1`), if it has one.
-pub fn producer_of(job_id: &str) -> Option<&str> {
+pub(crate) fn producer_of(job_id: &str) -> Option<&str> {
     job_id.split_once('/').map(|(producer, _)| producer)
 }
 

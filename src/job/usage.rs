@@ -36,7 +36,7 @@ pub struct Usage {
 
 /// Bytes of input counted as one token in an estimate (the usual rule of thumb for English
 /// text; exact counts come only from the provider).
-pub const BYTES_PER_TOKEN: u64 = 4;
+pub(crate) const BYTES_PER_TOKEN: u64 = 4;
 
 impl Usage {
     /// The usage an OpenAI `usage` object reports, from Chat Completions (`prompt_tokens`,
@@ -203,7 +203,7 @@ impl Rate {
     /// it: the tier it says (a `priority` call the provider served at `default` is priced at
     /// the standard rate, an `auto` call served at `priority` at the priority rate), else the
     /// one asked for. A batch line keeps the batch prices whatever its answer names.
-    pub fn served(self, reported: Option<Rate>) -> Rate {
+    pub(crate) fn served(self, reported: Option<Rate>) -> Rate {
         match (self, reported) {
             (Rate::Batch, _) | (_, None) => self,
             (_, Some(tier)) => tier,

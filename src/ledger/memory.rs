@@ -374,10 +374,11 @@ impl<L: JobLedger> JobLedger for FaultyLedger<L> {
     }
 }
 
+#[cfg(test)]
 /// A job claimed a second before `at` and accepted with `answer` (inline) at `at`, due an hour
 /// later, for tests.
 #[cfg(any(test, feature = "test-support"))]
-pub async fn succeeded_at(ledger: &impl JobLedger, job_id: &str, answer: &str, at: Millis) {
+pub(crate) async fn succeeded_at(ledger: &impl JobLedger, job_id: &str, answer: &str, at: Millis) {
     let end = super::AttemptEnd::Succeeded {
         result: answer.into(),
         finish: crate::job::contract::Finish::Stop,
@@ -385,10 +386,16 @@ pub async fn succeeded_at(ledger: &impl JobLedger, job_id: &str, answer: &str, a
     ended_at(ledger, job_id, end, at).await;
 }
 
+#[cfg(test)]
 /// A job claimed a second before `at` whose first attempt ended with `end` at `at`, due an hour
 /// later, for tests.
 #[cfg(any(test, feature = "test-support"))]
-pub async fn ended_at(ledger: &impl JobLedger, job_id: &str, end: super::AttemptEnd, at: Millis) {
+pub(crate) async fn ended_at(
+    ledger: &impl JobLedger,
+    job_id: &str,
+    end: super::AttemptEnd,
+    at: Millis,
+) {
     let job = crate::job::NewJob::example(job_id, at + 3_600_000);
     let claim = super::ClaimRequest {
         job,

@@ -156,7 +156,7 @@ impl AttemptEnd {
 
     /// Whether a job with a cancel request may end its attempt so: only as cancelled, or as
     /// expired when its deadline passed first.
-    pub fn allowed_after_cancel(&self) -> bool {
+    pub(crate) fn allowed_after_cancel(&self) -> bool {
         matches!(self, AttemptEnd::Cancelled | AttemptEnd::Expired)
     }
 }

@@ -10,15 +10,15 @@ use super::LedgerError;
 use crate::job::Millis;
 
 /// The prefix of the day items' keys (job ids never start with `#`).
-pub const SPEND_KEY_PREFIX: &str = "#spend#";
+pub(crate) const SPEND_KEY_PREFIX: &str = "#spend#";
 
 /// The day `now` falls on (UTC), as a day item names it.
-pub fn day_of(now: Millis) -> String {
+pub(crate) fn day_of(now: Millis) -> String {
     crate::job::utc_day(now)
 }
 
 /// Milliseconds from `now` to the start of the next day (UTC).
-pub fn until_next_day(now: Millis) -> Millis {
+pub(crate) fn until_next_day(now: Millis) -> Millis {
     const DAY_MS: Millis = 86_400_000;
     DAY_MS - now.rem_euclid(DAY_MS)
 }

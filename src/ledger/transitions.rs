@@ -312,7 +312,7 @@ pub fn apply_cancel(current: Option<&JobRecord>, req: &CancelRequest) -> Option<
 }
 
 /// Whether `seen` shows the cancel `req` applied (its answer lost): the same decision, last.
-pub fn shows_cancel(seen: &JobRecord, req: &CancelRequest) -> bool {
+pub(crate) fn shows_cancel(seen: &JobRecord, req: &CancelRequest) -> bool {
     seen.decisions.last() == Some(&req.decision())
 }
 

@@ -109,7 +109,7 @@ pub struct Undecodable {
 
 /// The event a stream record announces, if any: a new image whose state is terminal or
 /// `unknown` and differs from the old image's.
-pub fn event_of(record: &StreamRecord) -> Result<Option<CompletionEvent>, Undecodable> {
+pub(crate) fn event_of(record: &StreamRecord) -> Result<Option<CompletionEvent>, Undecodable> {
     let change = &record.dynamodb;
     let state_of = |image: &Option<Map<String, Value>>| -> Option<String> {
         image

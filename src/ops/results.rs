@@ -75,10 +75,10 @@ pub struct ExportReport {
 /// How far from its deadline a job can finish: at most `max_deadline_ms` before it (the
 /// furthest deadline a worker takes, `MAX_DEADLINE_SECONDS`), and at most [`FINISHED_LATE_MS`]
 /// after it (the reconciler expires a job within a run of its deadline).
-pub const FINISHED_LATE_MS: Millis = 86_400_000;
+pub(crate) const FINISHED_LATE_MS: Millis = 86_400_000;
 
 /// The walk of the due index that meets every job that finished from `from` to `to`.
-pub fn finished_between(from: Millis, to: Millis, max_deadline_ms: Millis) -> DueWalk {
+pub(crate) fn finished_between(from: Millis, to: Millis, max_deadline_ms: Millis) -> DueWalk {
     DueWalk::new(
         from.saturating_sub(FINISHED_LATE_MS),
         to.saturating_add(max_deadline_ms),

@@ -284,7 +284,7 @@ impl Calling {
     }
 
     /// The call is a line of a provider batch.
-    pub fn batched(&self) -> bool {
+    pub(crate) fn batched(&self) -> bool {
         self.reference
             .as_ref()
             .is_some_and(|(r, _)| is_batch_ref(r))

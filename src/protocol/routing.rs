@@ -33,7 +33,10 @@ impl Stop<'_> {
 
 /// The job's input with `model` set to the model `stop` is asked for (its map's, else the
 /// job's own name); a provider with a model of its own uses that one whatever this says.
-pub fn routed_input(stop: &ModelMap, input: &Map<String, Value>) -> Option<Map<String, Value>> {
+pub(crate) fn routed_input(
+    stop: &ModelMap,
+    input: &Map<String, Value>,
+) -> Option<Map<String, Value>> {
     let job_model = input.get("model").and_then(Value::as_str)?;
     let mapped = stop.get(job_model)?;
     let mut input = input.clone();
@@ -75,7 +78,7 @@ pub fn last_refused(job: &JobRecord) -> bool {
 
 /// The index in `stops` of the provider an attempt recorded (the first when it names none, or
 /// one this deployment no longer has).
-pub fn index_of(attempt: Option<&AttemptRecord>, stops: &[Stop<'_>]) -> usize {
+pub(crate) fn index_of(attempt: Option<&AttemptRecord>, stops: &[Stop<'_>]) -> usize {
     attempt
         .and_then(|a| a.route.as_ref())
         .and_then(|r| stops.iter().position(|s| s.name == r.provider))

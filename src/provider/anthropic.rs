@@ -23,11 +23,11 @@ use crate::job::{Millis, Usage};
 use crate::vars::{ConfigError, Vars};
 
 /// The API version every request names (`anthropic-version`).
-pub const DEFAULT_VERSION: &str = "2023-06-01";
+pub(crate) const DEFAULT_VERSION: &str = "2023-06-01";
 
 /// The answer's ceiling sent when neither the job nor the deployment sets one: the API needs
 /// `max_tokens` on every request.
-pub const DEFAULT_MAX_TOKENS: u64 = 4_096;
+pub(crate) const DEFAULT_MAX_TOKENS: u64 = 4_096;
 
 /// How the contract's schema is put to the model.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -119,7 +119,7 @@ impl AnthropicProvider {
     }
 
     /// Reads the key again after a 401 (see [`ApiKey`]).
-    pub fn with_rotation(mut self, rotation: KeyRotation) -> Self {
+    pub(crate) fn with_rotation(mut self, rotation: KeyRotation) -> Self {
         self.key.rotated_by(rotation);
         self
     }

@@ -74,7 +74,13 @@ pub fn line_id(job_id: &str, attempt: u32, epoch: u64) -> String {
 /// three, so that two deployments sharing a provider account, or a job id used again for
 /// another input, never name the same line, and an answer found by listing is only ever the
 /// answer to this job's input.
-pub fn scoped_line_id(scope: &str, job_id: &str, digest: &str, attempt: u32, epoch: u64) -> String {
+pub(crate) fn scoped_line_id(
+    scope: &str,
+    job_id: &str,
+    digest: &str,
+    attempt: u32,
+    epoch: u64,
+) -> String {
     line_id(
         &format!("{scope}\u{0}{job_id}\u{0}{digest}"),
         attempt,

@@ -138,7 +138,7 @@ pub fn openai(schema: &Value) -> Value {
 /// all `required` (strict mode has no optional property: the docs ask for a union with null,
 /// which would change what the contract accepts), or a schema past the limits. Such a contract
 /// is sent to OpenAI with `strict: false`, its schema guidance only, and judged here.
-pub fn openai_not_strict(lowered: &Value) -> Option<String> {
+pub(crate) fn openai_not_strict(lowered: &Value) -> Option<String> {
     if lowered.get("type").and_then(Value::as_str) != Some("object") {
         return Some("its root is not an object".to_owned());
     }

@@ -298,7 +298,7 @@ fn event_end(buffer: &[u8]) -> Option<(usize, usize)> {
 
 /// The most of a response body that is read. An answer beyond it could not be stored in the
 /// ledger item anyway.
-pub const MAX_RESPONSE_BYTES: usize = 1_048_576;
+pub(crate) const MAX_RESPONSE_BYTES: usize = 1_048_576;
 
 /// Reads the whole answer to a request (at most [`MAX_RESPONSE_BYTES`]); a transport
 /// failure is classified, and an error status whose body was cut off by `classify` alone.

@@ -42,7 +42,7 @@ pub use keys::{KeyRotation, KeySource, Secret};
 
 /// The least time between two readings of a provider's key after it was refused.
 #[cfg(feature = "http-api")]
-pub const KEY_REREAD_INTERVAL: std::time::Duration = std::time::Duration::from_secs(60);
+pub(crate) const KEY_REREAD_INTERVAL: std::time::Duration = std::time::Duration::from_secs(60);
 
 #[cfg(any(feature = "http-api", feature = "bedrock"))]
 /// Whether a provider's base URL may carry keys and prompts: `https://`, or `http://` to the
@@ -228,8 +228,9 @@ impl ProviderError {
         }
     }
 
+    #[cfg(test)]
     /// Whether the provider refused for its rate limit before any work.
-    pub fn is_throttle(&self) -> bool {
+    pub(crate) fn is_throttle(&self) -> bool {
         matches!(self, ProviderError::Throttled { .. })
     }
 }

@@ -38,7 +38,7 @@ impl ModelMap {
     }
 
     /// Whether the map names a model for every job model (`*=model`).
-    pub fn maps_all(&self) -> bool {
+    pub(crate) fn maps_all(&self) -> bool {
         self.0.contains_key("*")
     }
 

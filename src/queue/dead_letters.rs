@@ -87,7 +87,7 @@ impl DeadLetter {
     /// accepted is lost), with the reason, the detail, the job id and the message id as ever.
     /// The original is then left out rather than left to the redrive policy, which would move
     /// it without the worker's word on it.
-    pub fn fitted(self) -> DeadLetter {
+    pub(crate) fn fitted(self) -> DeadLetter {
         if self.all_attributes().is_some() {
             return self;
         }

@@ -23,5 +23,5 @@ pub use triggers::{IN_LEDGER_ATTRIBUTE, Outgoing, Sent, TriggerSender};
 #[cfg(any(test, feature = "test-support"))]
 pub use visibility::RecordingVisibility;
 pub use visibility::{
-    ChangeResult, ChangeResults, VisibilityChange, VisibilityControl, VisibilityReport, fingerprint,
+    ChangeResult, ChangeResults, VisibilityChange, VisibilityControl, VisibilityReport,
 };

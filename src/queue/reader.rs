@@ -307,9 +307,10 @@ impl MemoryQueue {
         self.lock().entry(url.to_owned()).or_default();
     }
 
+    #[cfg(test)]
     /// The next `n` receives of `url` find nothing, whatever it holds (SQS's short receive
     /// samples a subset of its servers and may come back empty from a queue with messages).
-    pub fn sample_nothing(&self, url: &str, n: usize) {
+    pub(crate) fn sample_nothing(&self, url: &str, n: usize) {
         self.lock()
             .entry(url.to_owned())
             .or_default()
@@ -333,7 +334,7 @@ impl MemoryQueue {
 
     /// Sends `message` to `url` as the principal `sender_id` (what SQS gives as the message's
     /// `SenderId`; `None` for none, which SQS never gives).
-    pub fn send_as(
+    pub(crate) fn send_as(
         &self,
         queue_url: &str,
         sender_id: Option<&str>,

@@ -41,7 +41,7 @@ impl Outgoing {
     }
 
     /// The trigger, for a job of `class`.
-    pub fn of_class(mut self, class: &crate::job::JobClass) -> Outgoing {
+    pub(crate) fn of_class(mut self, class: &crate::job::JobClass) -> Outgoing {
         self.class = class.clone();
         self
     }

@@ -88,7 +88,7 @@ pub trait VisibilityControl: Send + Sync {
 }
 
 /// A short, non-reversible fingerprint of a receipt handle, for correlation in logs.
-pub fn fingerprint(receipt_handle: &str) -> String {
+pub(crate) fn fingerprint(receipt_handle: &str) -> String {
     use sha2::{Digest, Sha256};
     let digest = Sha256::digest(receipt_handle.as_bytes());
     digest.iter().take(4).map(|b| format!("{b:02x}")).collect()

@@ -239,7 +239,7 @@ impl Settings {
     /// `TENANT_PACING_PERCENT` of normal jobs' limits, on a schedule item of the tenant's own
     /// (`<key>#tenant#<tenant>`), when that is under 100 and limits are set. Its ceiling of
     /// calls in flight is the provider pacer's business.
-    pub fn tenant_pacing(&self, tenant: &str) -> Option<PacingSettings> {
+    pub(crate) fn tenant_pacing(&self, tenant: &str) -> Option<PacingSettings> {
         let percent = u64::from(self.tenant_pacing_percent);
         let mut pacing = self.pacing();
         (percent < 100 && pacing.limits.any()).then(|| {

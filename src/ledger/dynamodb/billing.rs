@@ -29,7 +29,7 @@ impl WriteCost {
 
 /// What a write that found `before` and left `after` (`None`: no item) is billed; a refused
 /// write leaves `after` as `before`.
-pub fn write_cost(before: Option<&Item>, after: Option<&Item>) -> WriteCost {
+pub(crate) fn write_cost(before: Option<&Item>, after: Option<&Item>) -> WriteCost {
     let larger = before
         .map(item_bytes)
         .max(after.map(item_bytes))
@@ -61,7 +61,7 @@ fn index_key(item: Option<&Item>, index: &IndexKeys) -> Option<(AttributeValue, 
 }
 
 /// An item's size as DynamoDB counts it: each attribute's name and value.
-pub fn item_bytes(item: &Item) -> usize {
+pub(crate) fn item_bytes(item: &Item) -> usize {
     item.iter()
         .map(|(name, value)| name.len() + value_bytes(value))
         .sum()

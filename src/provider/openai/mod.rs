@@ -66,7 +66,7 @@ impl OpenAiProvider {
     }
 
     /// Reads the key again from `rotation` after a 401 (see [`ApiKey`]).
-    pub fn with_rotation(mut self, rotation: KeyRotation) -> Self {
+    pub(crate) fn with_rotation(mut self, rotation: KeyRotation) -> Self {
         self.key.rotated_by(rotation);
         self
     }

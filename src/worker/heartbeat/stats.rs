@@ -40,12 +40,12 @@ impl Stats {
     }
 
     /// Counts a record that waits for the next day's spend.
-    pub fn spend_deferred(&self) {
+    pub(crate) fn spend_deferred(&self) {
         self.spend_deferred.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Counts a new job naming a contract the lenient registry does not hold.
-    pub fn uncontracted(&self) {
+    pub(crate) fn uncontracted(&self) {
         self.uncontracted.fetch_add(1, Ordering::Relaxed);
     }
 
@@ -55,7 +55,7 @@ impl Stats {
     }
 
     /// Counts a record that looked at its running batch and waits, nothing written.
-    pub fn batch_wait(&self) {
+    pub(crate) fn batch_wait(&self) {
         self.batch_waits.fetch_add(1, Ordering::Relaxed);
     }
 

@@ -34,7 +34,7 @@ impl StopSignal {
     }
 
     /// Stops the call: an operator cancelled its job.
-    pub fn withdraw(&self) {
+    pub(crate) fn withdraw(&self) {
         // Before the token, so that whoever wakes on it reads why.
         self.withdrawn.store(true, Ordering::SeqCst);
         self.token.cancel();
