@@ -24,7 +24,7 @@ scale: ## A burst of 100,000 jobs, 1,000 concurrent invocations, a rate-limited 
 model-check: ## The ledger protocol over every interleaving within the test bound, then each property's mutation (VERIFICATION.md; minutes)
 	cargo run --release --example model
 
-model-check-full: ## The same within the full bound (about two hours, several GB of memory)
+model-check-full: ## The same within the full bound (2 h 6 min when last measured, several GB of memory)
 	cargo run --release --example model -- --full
 
 fuzz: ## Each fuzz target for FUZZ_SECONDS (default 600) with cargo-fuzz on nightly

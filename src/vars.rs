@@ -60,6 +60,18 @@ impl<'a> Vars<'a> {
         }
     }
 
+    /// The variable `name` in whole seconds, as milliseconds: `default_ms` when unset, refused
+    /// outside `min_s..=max_s` seconds.
+    pub(crate) fn seconds(
+        &self,
+        name: &'static str,
+        default_ms: i64,
+        min_s: i64,
+        max_s: i64,
+    ) -> Result<i64, ConfigError> {
+        Ok(self.integer(name, default_ms / 1000, min_s, max_s)? * 1000)
+    }
+
     /// The variable `name` as one of `options` (its value, then what it means), `default` when
     /// unset.
     /// What sets this deployment apart from every other using the same provider account: 16

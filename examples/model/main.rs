@@ -4,7 +4,7 @@
 //!
 //! With no part named it checks a whole bound in its parts, then the message on its queue, then
 //! every mutation: the test bound (`make model-check`), `--quick` (what `make test` checks in
-//! the debug build) or `--full` (`make model-check-full`, about two hours). One part alone:
+//! the debug build) or `--full` (`make model-check-full`, 2 h 6 min when last measured). One part alone:
 //! `--small | --test | --background | --world | --resend | --spend | --cancel | --lost |
 //! --full-providers | --full-world | --full-cancel`, narrowed by `[--workers N] [--deliveries N]
 //! [--deadline N] [--budget N] [--lease N] [--faults N] [--upstreams blind,keyed,background,batch]

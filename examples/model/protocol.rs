@@ -311,7 +311,7 @@ impl Bounds {
         [races, test, background, world, resend, spend, cancel, lost]
     }
 
-    /// The full bound, which `make model-check-full` checks (about two hours): every provider
+    /// The full bound, which `make model-check-full` checks (2 h 6 min when last measured): every provider
     /// with a ledger fault per path, then the world, the re-send, the spend limit, a wider
     /// cancel and the lost message in parts of their own.
     pub fn full_parts() -> [Bounds; 6] {

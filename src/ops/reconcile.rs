@@ -87,9 +87,8 @@ impl ReconcileSettings {
     /// Reads the `RECONCILE_*` settings.
     pub(crate) fn from_vars(vars: &Vars<'_>) -> Result<ReconcileSettings, ConfigError> {
         let d = ReconcileSettings::default();
-        let seconds = |name, default_ms: Millis| {
-            Ok::<_, ConfigError>(vars.integer(name, default_ms / 1000, 1, 31_536_000)? * 1000)
-        };
+        // Each from a second to a year.
+        let seconds = |name, default_ms| vars.seconds(name, default_ms, 1, 31_536_000);
         Ok(ReconcileSettings {
             ready_after_ms: seconds("RECONCILE_READY_AFTER_SECONDS", d.ready_after_ms)?,
             retry_after_ms: seconds("RECONCILE_RETRY_AFTER_SECONDS", d.retry_after_ms)?,

@@ -164,6 +164,11 @@ pub struct Admission {
 }
 
 impl Admission {
+    /// What the machine knows of the job and the invocation.
+    pub fn facts(&self) -> &Facts {
+        &self.facts
+    }
+
     /// A delivery's first step, from the message alone (`item`: the item already read, if any).
     pub fn start(
         facts: Facts,

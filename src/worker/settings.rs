@@ -322,46 +322,43 @@ impl Settings {
             1,
             43_200,
         )?;
-        let lease_ms = seconds(vars, "LEASE_SECONDS", d.lease_ms, 43_200)?;
+        let lease_ms = vars.seconds("LEASE_SECONDS", d.lease_ms, 1, 43_200)?;
         let default_heartbeat_s = queue_visibility_s.min(lease_ms / 1000) / 3;
-        let invalid =
-            |name: &'static str| move |reason: String| ConfigError::Invalid { name, reason };
         let policy = policy_from(vars, &d.policy)?;
-        let producers = Producers::parse(
-            &vars.get("PRODUCERS").unwrap_or_default(),
-            &vars.get("TRUSTED_SENDERS").unwrap_or_default(),
-        )
-        .map_err(invalid("PRODUCERS"))?;
         let settings = Settings {
             max_concurrency: number("MAX_CONCURRENCY", d.max_concurrency as i64, 1, 10_000)?
                 as usize,
             lease_ms,
             queue_visibility_s,
-            batching_window_ms: number("MAXIMUM_BATCHING_WINDOW_SECONDS", 0, 0, 300)? * 1000,
-            heartbeat_ms: number("HEARTBEAT_SECONDS", default_heartbeat_s.max(1), 0, 43_200)?
-                * 1000,
-            skew_ms: number("CLOCK_SKEW_MS", d.skew_ms, 0, 60_000)?,
-            provider_timeout_ms: seconds(
-                vars,
-                "PROVIDER_TIMEOUT_SECONDS",
-                d.provider_timeout_ms,
+            batching_window_ms: vars.seconds("MAXIMUM_BATCHING_WINDOW_SECONDS", 0, 0, 300)?,
+            heartbeat_ms: vars.seconds(
+                "HEARTBEAT_SECONDS",
+                default_heartbeat_s.max(1) * 1000,
+                0,
                 43_200,
             )?,
-            progress_timeout_ms: seconds(
-                vars,
+            skew_ms: number("CLOCK_SKEW_MS", d.skew_ms, 0, 60_000)?,
+            provider_timeout_ms: vars.seconds(
+                "PROVIDER_TIMEOUT_SECONDS",
+                d.provider_timeout_ms,
+                1,
+                43_200,
+            )?,
+            progress_timeout_ms: vars.seconds(
                 "PROGRESS_TIMEOUT_SECONDS",
                 d.progress_timeout_ms,
+                1,
                 43_200,
             )?,
             poll_ms: number("POLL_INTERVAL_MS", d.poll_ms, 10, 600_000)?,
             deadline_margin_ms: number("DEADLINE_MARGIN_MS", d.deadline_margin_ms, 0, 600_000)?,
-            min_call_ms: number("MIN_CALL_SECONDS", d.min_call_ms / 1000, 0, 900)? * 1000,
-            min_background_call_ms: number(
+            min_call_ms: vars.seconds("MIN_CALL_SECONDS", d.min_call_ms, 0, 900)?,
+            min_background_call_ms: vars.seconds(
                 "MIN_BACKGROUND_CALL_SECONDS",
-                d.min_background_call_ms / 1000,
+                d.min_background_call_ms,
                 0,
                 900,
-            )? * 1000,
+            )?,
             inline_max_bytes: number(
                 "INLINE_MAX_BYTES",
                 d.inline_max_bytes as i64,
@@ -376,7 +373,7 @@ impl Settings {
             payload_memory_bytes: payload_memory_bytes(vars)?,
             pacing: pacing_from(vars, &d.pacing)?,
             policy,
-            producers,
+            producers: producers_from(vars)?,
             payload_bucket: vars.get("PAYLOAD_BUCKET").filter(|b| !b.trim().is_empty()),
             prices: std::sync::Arc::new(prices(vars)?),
             allow_unpriced_models: vars.choice(
@@ -476,14 +473,16 @@ fn payload_memory_bytes(vars: &Vars<'_>) -> Result<usize, ConfigError> {
     )? as usize)
 }
 
-/// `name` in seconds, `default_ms` when unset, from 1 to `max` seconds; in milliseconds.
-fn seconds(
-    vars: &Vars<'_>,
-    name: &'static str,
-    default_ms: Millis,
-    max: i64,
-) -> Result<Millis, ConfigError> {
-    Ok(vars.integer(name, default_ms / 1000, 1, max)? * 1000)
+/// The producers this deployment knows (`PRODUCERS`, `TRUSTED_SENDERS`).
+fn producers_from(vars: &Vars<'_>) -> Result<Producers, ConfigError> {
+    Producers::parse(
+        &vars.get("PRODUCERS").unwrap_or_default(),
+        &vars.get("TRUSTED_SENDERS").unwrap_or_default(),
+    )
+    .map_err(|reason| ConfigError::Invalid {
+        name: "PRODUCERS",
+        reason,
+    })
 }
 
 /// What producers may ask for: `ALLOWED_MODELS`, `ALLOWED_PARAMETERS`, `MAX_ATTEMPTS_LIMIT`,
@@ -508,7 +507,7 @@ fn policy_from(vars: &Vars<'_>, d: &Policy) -> Result<Policy, ConfigError> {
             1,
             i64::from(crate::job::message::MAX_ATTEMPTS_LIMIT),
         )? as u32,
-        max_deadline_ms: seconds(vars, "MAX_DEADLINE_SECONDS", d.max_deadline_ms, 31_536_000)?,
+        max_deadline_ms: vars.seconds("MAX_DEADLINE_SECONDS", d.max_deadline_ms, 1, 31_536_000)?,
     })
 }
 
@@ -518,7 +517,7 @@ fn job_defaults_from(vars: &Vars<'_>, j: &JobDefaults) -> Result<JobDefaults, Co
     Ok(JobDefaults {
         max_attempts: vars.integer("DEFAULT_MAX_ATTEMPTS", i64::from(j.max_attempts), 1, 100)?
             as u32,
-        deadline_ms: seconds(vars, "DEFAULT_DEADLINE_SECONDS", j.deadline_ms, 31_536_000)?,
+        deadline_ms: vars.seconds("DEFAULT_DEADLINE_SECONDS", j.deadline_ms, 1, 31_536_000)?,
         retention_days: vars.integer("RETENTION_DAYS", j.retention_days, 1, 3_650)?,
         max_cost_micros: usd(vars, "DEFAULT_MAX_COST")?,
     })
@@ -553,9 +552,9 @@ fn batching_from(vars: &Vars<'_>) -> Result<Batching, ConfigError> {
     let number = |name, default, min, max| vars.integer(name, default, min, max);
     Ok(Batching {
         default_deferrable: vars.choice("DEFERRABLE", false, &[("off", false), ("on", true)])?,
-        gather_ms: number("BATCH_GATHER_SECONDS", 5, 0, 300)? * 1000,
+        gather_ms: vars.seconds("BATCH_GATHER_SECONDS", 5_000, 0, 300)?,
         max_lines: number("BATCH_MAX_LINES", 10_000, 1, 50_000)? as usize,
-        poll_ms: number("BATCH_POLL_SECONDS", 600, 1, 43_200)? * 1000,
+        poll_ms: vars.seconds("BATCH_POLL_SECONDS", 600_000, 1, 43_200)?,
     })
 }
 
@@ -572,7 +571,7 @@ fn pacing_from(vars: &Vars<'_>, p: &PacingSettings) -> Result<PacingSettings, Co
             .filter(|k| !k.is_empty())
             .unwrap_or_else(|| p.key.clone()),
         chunk: number("PACING_CHUNK", p.chunk as i64, 1, 1_000)? as u64,
-        horizon_ms: number("PACING_HORIZON_SECONDS", p.horizon_ms / 1000, 1, 900)? * 1000,
+        horizon_ms: vars.seconds("PACING_HORIZON_SECONDS", p.horizon_ms, 1, 900)?,
         max_in_flight: number("MAX_CALLS_IN_FLIGHT", i64::from(p.max_in_flight), 0, 10_000)? as u32,
     })
 }

@@ -927,7 +927,9 @@ async fn the_sparse_indexes_show_the_same_jobs_in_memory_and_on_dynamodb() {
 async fn the_emulator_checks_and_applies_each_conditional_write_in_one_step() {
     // GIVEN one item with a counter, and 24 writers that each read it and then write
     // `n = n + 1` on the condition that `n` is still what they read, 24 times over (the
-    // ledger's every write is such a write: a claim on the epoch it read)
+    // ledger's every write is such a write: a claim on the epoch it read); each write sets
+    // forty more attributes too, as an end of attempt does, so that an emulator that checks
+    // and applies in two steps has a gap between them
     let aws = support::emulator().await;
     let table = aws.table().await;
     let key = || AttributeValue::S("counter".into());
@@ -939,32 +941,27 @@ async fn the_emulator_checks_and_applies_each_conditional_write_in_one_step() {
         .send()
         .await
         .expect("put");
+    let update = (0..40).fold("SET n = n + :one".to_owned(), |u, i| {
+        u + &format!(", a{i} = :one")
+    });
     let writers = (0..24).map(|_| {
-        let (ddb, table) = (aws.ddb.clone(), table.clone());
+        let (ddb, table, update) = (aws.ddb.clone(), table.clone(), update.clone());
         tokio::spawn(async move {
             let mut applied = Vec::new();
             for _ in 0..24 {
-                let item = ddb
-                    .get_item()
-                    .table_name(&table)
-                    .key("job_id", key())
-                    .consistent_read(true)
-                    .send()
-                    .await
-                    .expect("get");
-                let read = item.item().and_then(|i| i.get("n")).cloned().expect("n");
+                let read = AttributeValue::N(counter(&ddb, &table).await);
                 let written = ddb
                     .update_item()
                     .table_name(&table)
                     .key("job_id", key())
-                    .update_expression("SET n = n + :one")
+                    .update_expression(&update)
                     .condition_expression("n = :read")
                     .expression_attribute_values(":one", AttributeValue::N("1".into()))
                     .expression_attribute_values(":read", read.clone())
                     .send()
                     .await;
                 if written.is_ok() {
-                    applied.push(read.as_n().expect("a number").clone());
+                    applied.push(read);
                 }
             }
             applied
@@ -978,17 +975,22 @@ async fn the_emulator_checks_and_applies_each_conditional_write_in_one_step() {
     // THEN at most one write was applied for each value read, as DynamoDB applies a
     // conditional write atomically (moto's own server does not: two writes could both pass
     // the check before either applied; `scripts/moto_atomic.py`), and the counter counts them
-    let distinct: std::collections::BTreeSet<_> = applied.iter().collect();
+    let distinct: std::collections::BTreeSet<_> =
+        applied.iter().filter_map(|v| v.as_n().ok()).collect();
     assert_eq!(
         distinct.len(),
         applied.len(),
         "a value read was written twice"
     );
-    let item = aws
-        .ddb
+    assert_eq!(counter(&aws.ddb, &table).await, applied.len().to_string());
+}
+
+/// The counter of the item `counter` in `table`, read consistently.
+async fn counter(ddb: &aws_sdk_dynamodb::Client, table: &str) -> String {
+    let item = ddb
         .get_item()
-        .table_name(&table)
-        .key("job_id", key())
+        .table_name(table)
+        .key("job_id", AttributeValue::S("counter".into()))
         .consistent_read(true)
         .send()
         .await
@@ -997,5 +999,5 @@ async fn the_emulator_checks_and_applies_each_conditional_write_in_one_step() {
         .item()
         .and_then(|i| i.get("n"))
         .and_then(|v| v.as_n().ok());
-    assert_eq!(n, Some(&applied.len().to_string()));
+    n.expect("a counter").clone()
 }

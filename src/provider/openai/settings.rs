@@ -80,18 +80,18 @@ impl OpenAiSettings {
                 1,
                 60_000,
             )?,
-            request_timeout_ms: vars.integer(
+            request_timeout_ms: vars.seconds(
                 "OPENAI_REQUEST_TIMEOUT_SECONDS",
-                o.request_timeout_ms / 1000,
+                o.request_timeout_ms,
                 1,
                 900,
-            )? * 1000,
-            queued_timeout_ms: vars.integer(
+            )?,
+            queued_timeout_ms: vars.seconds(
                 "OPENAI_QUEUED_TIMEOUT_SECONDS",
-                o.queued_timeout_ms / 1000,
+                o.queued_timeout_ms,
                 1,
                 86_400,
-            )? * 1000,
+            )?,
             stream: crate::provider::streaming(vars)?,
             batches: vars.choice("OPENAI_BATCHES", true, &[("on", true), ("off", false)])?,
             deployment: vars.deployment_scope(),

@@ -10,12 +10,11 @@ use crate::protocol::admission::{Admission, Applied, Facts, Op, Step};
 use crate::provider::Provider;
 use crate::worker::pacing::{Pacer, Permit};
 
-/// One delivery's admission as it goes: the provider it is routed to and what the admission
-/// machine knows of it, the machine, what it took for the call (the pacer's permit, the day's
+/// One delivery's admission as it goes: the provider it is routed to, the machine (with what
+/// it knows of the job), what it took for the call (the pacer's permit, the day's
 /// spend: handed to the call, or given back) and the last item it saw.
 pub(super) struct Admitting<'a> {
     pub(super) routed: usize,
-    pub(super) facts: Facts,
     /// The model of the next call when no spend limit can count it.
     pub(super) unpriced: Option<String>,
     pub(super) machine: Admission,
@@ -40,7 +39,6 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         let (machine, step) = Admission::start(facts, start.as_ref(), &msg.digest, now);
         let admitting = Admitting {
             routed,
-            facts,
             unpriced,
             machine,
             permit: None,
@@ -64,7 +62,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
             return a.machine.no_capacity(self.unpriced_wait(msg, model, watch));
         }
         let link = &self.links[a.routed];
-        let micros = a.facts.next_call_micros;
+        let micros = a.machine.facts().next_call_micros;
         match self
             .take_capacity(msg, inv, link, tenant, micros, watch)
             .await
@@ -96,9 +94,10 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
                 a.permit = None;
                 self.settle_spend(a.reserved.take(), 0).await;
                 a.routed = other;
-                (a.facts, a.unpriced) = self.admission_facts(msg, job, inv, &self.links[other]);
+                let facts;
+                (facts, a.unpriced) = self.admission_facts(msg, job, inv, &self.links[other]);
                 let step;
-                (a.machine, step) = Admission::start(a.facts, seen.as_ref(), &msg.digest, now);
+                (a.machine, step) = Admission::start(facts, seen.as_ref(), &msg.digest, now);
                 step
             }
             None => a.machine.seen(seen.as_ref(), &msg.digest, now),
