@@ -41,7 +41,7 @@ const TOP_LEVEL_FIELDS: [&str; 9] = [
 pub(crate) const MAX_TENANT_LEN: usize = 64;
 
 /// Why a body is not a valid job. Every variant is poison: retrying cannot fix it.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, thiserror::Error)]
 pub enum InvalidMessage {
     /// The record carried no body at all.
     #[error("record has no body")]

@@ -31,7 +31,7 @@ pub fn receive_cap(received_ms: Millis) -> Millis {
 }
 
 /// What happened to one record.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum RecordOutcome {
     /// The job is terminal in the ledger: the record is a success and Lambda deletes it.
     Done(JobState),
@@ -98,7 +98,7 @@ impl RecordOutcome {
 }
 
 /// Why a record is reported as a batch item failure.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum Failure {
     /// The body is not a valid job: visibility 0, so the redrive policy moves it to the DLQ.
     Poison(InvalidMessage),

@@ -83,7 +83,7 @@ impl Settle {
 }
 
 /// What the delivery does next.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum Step {
     /// Take capacity for the call from the pacer before the claim that would start it
     /// ([`Admission::admitted`]; without capacity soon, the record waits in the queue).

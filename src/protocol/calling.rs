@@ -69,7 +69,7 @@ pub enum Said {
 }
 
 /// What the owner does next with its call.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum CallStep {
     /// Send the request, waiting at most `budget_ms`, then tell [`Calling::submitted`].
     Submit {

@@ -8,11 +8,15 @@
 //! - [`calling`]: the call of one attempt (its budget, a 429's re-send, a background call's
 //!   reference and polling, the cancel) and a recovery's question to the provider;
 //! - [`ending`]: how an attempt ends, from the provider's word, and the writes that record it;
+//! - [`delivery`]: the three composed as one delivery, with the decisions between them (the
+//!   provider a claim goes to, a look at a running batch, what a call is charged, the
+//!   fallback);
 //! - [`renewal`]: the heartbeat's rules (a record's visibility, a lease renewal's answer);
 //! - [`routing`]: which of the deployment's providers takes an attempt.
 
 pub mod admission;
 pub mod calling;
+pub mod delivery;
 pub mod ending;
 pub mod renewal;
 pub mod routing;

@@ -26,7 +26,7 @@ impl Stop<'_> {
     /// Whether this provider, at `index` in the list, can run a job asking for `job_model`: the
     /// first takes every name as it is; the others a name their map gives a model for, or any
     /// when they call one model of their own.
-    fn serves(&self, index: usize, job_model: &str) -> bool {
+    pub(crate) fn serves(&self, index: usize, job_model: &str) -> bool {
         index == 0 || self.fixed || self.models.get(job_model).is_some()
     }
 }
@@ -79,9 +79,19 @@ pub fn last_refused(job: &JobRecord) -> bool {
 /// The index in `stops` of the provider an attempt recorded (the first when it names none, or
 /// one this deployment no longer has).
 pub(crate) fn index_of(attempt: Option<&AttemptRecord>, stops: &[Stop<'_>]) -> usize {
+    index_named(attempt, stops.len(), |i| stops[i].name)
+}
+
+/// The index, among `n` providers named by `name`, of the provider an attempt recorded (the
+/// first when it names none, or one this deployment no longer has).
+pub(crate) fn index_named<'a>(
+    attempt: Option<&AttemptRecord>,
+    n: usize,
+    name: impl Fn(usize) -> &'a str,
+) -> usize {
     attempt
         .and_then(|a| a.route.as_ref())
-        .and_then(|r| stops.iter().position(|s| s.name == r.provider))
+        .and_then(|r| (0..n).find(|&i| name(i) == r.provider))
         .unwrap_or(0)
 }
 
@@ -96,16 +106,32 @@ pub fn current(job: &JobRecord, stops: &[Stop<'_>]) -> usize {
 /// in order that serves the model, round to the first again (the attempt budget and the
 /// deadline bound the rounds).
 pub fn next(job: Option<&JobRecord>, job_model: &str, stops: &[Stop<'_>]) -> usize {
+    next_serving(
+        job,
+        stops.len(),
+        |i| stops[i].name,
+        |i| stops[i].serves(i, job_model),
+    )
+}
+
+/// [`next`] among `n` providers named by `name`, of which `serves` says whether one can run
+/// the job's model.
+pub(crate) fn next_serving<'a>(
+    job: Option<&JobRecord>,
+    n: usize,
+    name: impl Fn(usize) -> &'a str,
+    serves: impl Fn(usize) -> bool,
+) -> usize {
     let Some(last) = job.and_then(latest) else {
         return 0;
     };
-    let at = index_of(Some(last), stops);
+    let at = index_named(Some(last), n, name);
     if !refused(last) {
         return at;
     }
-    (1..stops.len())
-        .map(|step| (at + step) % stops.len())
-        .find(|&i| stops[i].serves(i, job_model))
+    (1..n)
+        .map(|step| (at + step) % n)
+        .find(|&i| serves(i))
         .unwrap_or(at)
 }
 

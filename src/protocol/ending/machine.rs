@@ -89,7 +89,7 @@ pub struct EndFacts {
 }
 
 /// What the owner does next to end its attempt.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum EndStep {
     /// Put the answer ([`Ending::answer`]) where it belongs, then tell [`Ending::placed`].
     Place,
@@ -113,7 +113,7 @@ pub enum EndWrite {
 }
 
 /// How the delivery ended.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Closed {
     /// The record's outcome.
     pub outcome: RecordOutcome,

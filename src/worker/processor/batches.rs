@@ -7,7 +7,7 @@ use super::{Link, Processor};
 use crate::clock::Clock;
 use crate::job::{JobMessage, JobRecord, Millis};
 use crate::ledger::JobLedger;
-use crate::provider::batch::{batch_ref, is_batch_ref, parse_ref, pending_ref};
+use crate::provider::batch::{batch_ref, is_batch_ref, pending_ref};
 use std::time::Duration;
 
 use crate::protocol::calling::Said;
@@ -75,23 +75,16 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         }
     }
 
-    /// For a job handed over with its line in a batch whose id is recorded: whether that batch
-    /// is still running (asked at most once in ten seconds per batch in this environment). If so, the
-    /// record waits for the next look and nothing is written; otherwise the lapsed owner is
-    /// fenced as any other and its line read.
-    pub(super) async fn batch_still_running(
-        &self,
-        msg: &JobMessage,
-        seen: &JobRecord,
-    ) -> Option<Millis> {
-        // A job with a cancel request is recovered at once and ends cancelled.
-        if seen.cancel_requested.is_some() {
-            return None;
-        }
-        let attempt = seen.attempt_log.last()?;
-        let reference = attempt.provider_ref.as_deref()?;
-        // A pending reference needs a listing: the recovery that follows does it.
-        parse_ref(reference)?.0?;
+    /// Whether the batch of the line `seen`'s last attempt records still runs (asked at most
+    /// once in ten seconds per batch in this environment): then the record waits for the next
+    /// look and nothing is written.
+    pub(super) async fn batch_runs(&self, msg: &JobMessage, seen: &JobRecord) -> bool {
+        let Some(attempt) = seen.attempt_log.last() else {
+            return false;
+        };
+        let Some(reference) = attempt.provider_ref.as_deref() else {
+            return false;
+        };
         let link = self.link_of(seen);
         let input = self.routed_input(link, msg);
         let contract = self.contracts.for_job(&msg.contract);
@@ -100,18 +93,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
             .provider
             .retrieve(reference, attempt.started_at, &request)
             .await;
-        if found != Retrieval::Running {
-            return None;
-        }
-        let now = self.clock.now_ms();
-        let left = seen.deadline_at - now;
-        Some(
-            self.settings
-                .batching
-                .poll_ms
-                .min(left)
-                .max(self.settings.skew_ms),
-        )
+        found == Retrieval::Running
     }
 }
 

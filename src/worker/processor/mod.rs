@@ -5,26 +5,27 @@
 //! returned. It knows nothing of batches: whoever keeps a running attempt alive (the heartbeat)
 //! is an [`AttemptWatch`].
 //!
-//! - this file: the entry points and the admission's loop;
-//! - [`admit`](self::admit): the admission's adapters: its state, the capacity it takes, what
-//!   it decides from an item it saw, how it goes on or ends;
+//! - this file: the entry points (a message, a trigger by id) and what is refused at first
+//!   sight;
+//! - [`execute`](self::execute): the executor, which carries out the commands of the
+//!   protocol's [`Delivery`](crate::protocol::delivery::Delivery) and feeds back what the
+//!   world said;
+//! - [`admit`](self::admit): what the delivery knows of each provider, and the capacity it
+//!   takes for the call;
 //! - [`build`](self::build): a processor put together from its parts, and what it holds;
-//! - [`route`](self::route): which provider of the list takes an attempt, and the fallback to
-//!   the next in the same delivery;
+//! - [`route`](self::route): which provider of the list runs an attempt;
 //! - [`writes`](self::writes): the writes before the call (the claim, a settle, a recovery
 //!   claim, a create);
-//! - [`run`](self::run): the call and a background call's polling, as
-//!   [`Calling`](crate::protocol::calling::Calling) asks;
-//! - [`end`](self::end): the writes that end an attempt, as [`Ending`](crate::protocol::ending::Ending) asks;
-//! - [`recover`](self::recover): what a recovery claim does with the evidence it finds.
+//! - [`run`](self::run): the call and a background call's polling;
+//! - [`end`](self::end): the writes that end an attempt.
 
 mod admit;
 mod batches;
 mod build;
 mod end;
+mod execute;
 mod pacers;
 mod payload;
-mod recover;
 mod route;
 mod run;
 mod spend;
@@ -34,23 +35,18 @@ mod writes;
 use payload::InputError;
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use super::pacing::Pacer;
 use super::settings::Settings;
 use crate::blobs::BlobStore;
 use crate::clock::Clock;
 use crate::job::contract::Contracts;
-use crate::job::{
-    Failure, InvalidMessage, JobMessage, JobRecord, Millis, NewJob, RecordOutcome, Trigger,
-};
+use crate::job::{Failure, InvalidMessage, JobMessage, JobRecord, Millis, RecordOutcome, Trigger};
 use crate::ledger::spend::SpendBudget;
-use crate::ledger::{JobLedger, LedgerError, Write};
-use crate::protocol::admission::Step;
+use crate::ledger::{JobLedger, LedgerError};
 use crate::protocol::routing::ModelMap;
 use crate::provider::Provider;
 use pacers::TenantPacers;
-use spend::Reserved;
 pub use stop::{StopSignal, Stopped};
 
 /// The invocation a record is processed in.
@@ -234,84 +230,6 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
             }
         }
         Some(Failure::Poison(invalid))
-    }
-
-    /// Processes a delivery from the item already read (`start`), if any: carries out the steps
-    /// of its [`Admission`] until the call, the recovery's look at the evidence, or the end.
-    async fn process_from(
-        &self,
-        msg: &JobMessage,
-        start: Option<JobRecord>,
-        owner_id: &str,
-        inv: &Invocation,
-        watch: &dyn AttemptWatch,
-    ) -> Processed {
-        let now = self.clock.now_ms();
-        if let Some(left) = inv.deadline.map(|d| d - now)
-            && left <= self.settings.deadline_margin_ms
-        {
-            // Too close to the invocation's end to start anything: leave the job untouched.
-            return failed(backoff("invocation deadline"), None);
-        }
-        let job = NewJob::from_message(msg, now, &self.settings.job_defaults);
-        // Capacity for the call, taken before the claim that would start it: a record that
-        // cannot get it soon leaves the ledger untouched and waits in the queue. The tenant's
-        // share, taken first when tenants are capped.
-        let tenant_pacer = self.tenant_pacer(msg);
-        let (mut a, mut step) = self.admitting(msg, &job, inv, start, now);
-        loop {
-            let now = self.clock.now_ms();
-            let seen = match step {
-                Step::Admit => {
-                    step = self
-                        .admit(&mut a, msg, inv, tenant_pacer.as_deref(), watch)
-                        .await;
-                    continue;
-                }
-                Step::Write(op) => {
-                    let view = a.view.as_ref();
-                    if let Some(waiting) = self.batch_waits(msg, &op, view, watch).await {
-                        self.settle_spend(a.reserved, 0).await;
-                        return failed(waiting, a.view);
-                    }
-                    match self.write(msg, &job, &op, (owner_id, a.routed), view).await {
-                        Ok(Write::Applied(record)) => {
-                            return self.go_on_from(a, record, msg, inv, watch).await;
-                        }
-                        Ok(Write::Refused(seen)) => seen,
-                        Err((e, sent)) => {
-                            tracing::warn!(job_id = %job.job_id, error = %e, "ledger call failed");
-                            step = if sent {
-                                a.machine.unanswered()
-                            } else {
-                                a.machine.failed()
-                            };
-                            continue;
-                        }
-                    }
-                }
-                Step::ReadBack { pause_ms } => {
-                    tokio::time::sleep(Duration::from_millis(pause_ms)).await;
-                    match self.ledger.get(&job.job_id).await {
-                        Ok(seen) => seen,
-                        Err(_) => {
-                            step = a.machine.read_failed();
-                            continue;
-                        }
-                    }
-                }
-                Step::End(outcome) => return self.admission_ended(a, outcome, &job.job_id).await,
-            };
-            // What a refusal or a read showed: our own write, whose answer was lost (or whose
-            // retry was refused by its first try), or an item to decide from.
-            match seen {
-                Some(ours) if a.machine.ours(&ours, owner_id) => {
-                    tracing::info!(job_id = %job.job_id, "our write was applied though its answer was lost");
-                    return self.go_on_from(a, ours, msg, inv, watch).await;
-                }
-                seen => step = self.decide_from(&mut a, seen, msg, &job, inv, now).await,
-            }
-        }
     }
 
     /// The latest moment a call may start in this invocation: the least useful call time for

@@ -5,13 +5,14 @@ use std::time::Duration;
 
 use tracing::Instrument;
 
-use super::{AttemptWatch, Invocation, Link, Processed, Processor, StopSignal};
+use super::{AttemptWatch, Invocation, Link, Processor, StopSignal};
 use crate::clock::Clock;
 use crate::job::contract::Contract;
 use crate::job::prices::{PriceTable, Rate};
 use crate::job::{JobMessage, JobRecord, Millis, Usage};
 use crate::ledger::JobLedger;
 use crate::protocol::calling::{CallFacts, CallStep, Calling, MIN_CALL_BUDGET_MS, Said};
+use crate::protocol::delivery::{Command, Delivery, Observation};
 use crate::protocol::ending::Waited;
 use crate::provider::{Progress, Provider, ProviderRequest, Retrieval, Submission};
 use crate::telemetry;
@@ -57,38 +58,21 @@ impl Spent {
     }
 }
 
-/// Tells `watch` what the attempt numbered `attempt` recorded it used, if its end was written.
+/// Tells `watch` what the attempt numbered `attempt` recorded it used, as the item its end left
+/// (`view`) shows it.
 pub(super) fn count_usage(
-    processed: &Processed,
+    view: Option<&JobRecord>,
     attempt: u32,
     model: &str,
     watch: &dyn AttemptWatch,
 ) {
-    let recorded = processed
-        .view
-        .as_ref()
+    let recorded = view
         .and_then(|r| r.attempt_log.get(attempt.checked_sub(1)? as usize))
         .filter(|a| a.number == attempt)
         .and_then(|a| a.usage);
     if let Some(usage) = recorded {
         watch.used(model, &usage);
     }
-}
-
-/// Whether the item `processed` left shows the attempt claimed at `epoch` ended with nothing
-/// run: refused before any work by the provider's own word (a definite failure, a rate limit
-/// given back) or never sent. Such a call costs nothing, whatever it reserved.
-fn ran_nothing(processed: &Processed, epoch: u64) -> bool {
-    use crate::job::AttemptOutcome as O;
-    processed.view.as_ref().is_some_and(|r| {
-        r.attempt_log.iter().chain(&r.given_back).any(|a| {
-            a.epoch == epoch
-                && matches!(
-                    a.outcome,
-                    O::Transient | O::Permanent | O::Throttled | O::NotSent
-                )
-        })
-    })
 }
 
 /// Where a call is sent: its provider, the pacer it draws on, and for a line of a batch the
@@ -111,12 +95,11 @@ struct Call<'a, 'r, P> {
     watch: &'a dyn AttemptWatch,
 }
 
-/// What the call comes to when `stop` stopped it: an operator's cancel, or ownership lost.
-fn stopped(machine: &mut Calling, stop: &StopSignal) -> CallStep {
-    if stop.withdrawn() {
-        machine.withdrawn()
-    } else {
-        machine.lost()
+/// What stopped the call: an operator's cancel, or ownership lost.
+fn stopped(stop: &StopSignal) -> Observation {
+    match stop.withdrawn() {
+        true => Observation::Withdrawn,
+        false => Observation::Lost,
     }
 }
 
@@ -124,46 +107,6 @@ fn stopped(machine: &mut Calling, stop: &StopSignal) -> CallStep {
 const CANCEL_WAIT_MS: Millis = 5_000;
 
 impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
-    /// Sends the call of the attempt `claimed` holds, follows it to its end and ends the attempt.
-    pub(super) async fn run_attempt(
-        &self,
-        msg: &JobMessage,
-        claimed: JobRecord,
-        inv: &Invocation,
-        watch: &dyn AttemptWatch,
-        reserved: Option<super::Reserved>,
-    ) -> Processed {
-        tracing::Span::current().record("epoch", claimed.owner_epoch);
-        let started = self.clock.now_ms();
-        let facts = self.call_facts(inv, self.link_of(&claimed));
-        let (machine, step) = Calling::start(facts, claimed, started);
-        let sent = matches!(step, CallStep::Submit { .. });
-        let (owner, waited, spent) = self.call(msg, machine, step, inv, watch).await;
-        if sent {
-            let took = self.clock.now_ms() - started;
-            watch.provider_latency(u64::try_from(took).unwrap_or(0));
-        }
-        // The day's spend: what the call cost when the provider said; else nothing when the
-        // attempt's end shows nothing ran (refused before any work, by the provider's own word,
-        // or never sent), else all it reserved (an outcome unknown, or an end not written);
-        // corrected once the attempt's end is written, so that the acceptance waits for no
-        // other write.
-        let heard = spent
-            .heard
-            .and_then(|u| spent.cost(&u, &self.settings.prices));
-        let (attempt, epoch, model) = (owner.attempts, owner.owner_epoch, spent.model.clone());
-        let processed = self.end_attempt(owner, waited, spent, msg, inv).await;
-        let actual = heard
-            .or(reserved
-                .as_ref()
-                .filter(|_| sent && !ran_nothing(&processed, epoch))
-                .map(|r| r.micros))
-            .unwrap_or(0);
-        self.settle_spend(reserved, actual).await;
-        count_usage(&processed, attempt, &model, watch);
-        processed
-    }
-
     /// What the call's machine knows of this invocation and the settings.
     pub(super) fn call_facts(&self, inv: &Invocation, link: &Link<P>) -> CallFacts {
         let s = &self.settings;
@@ -182,18 +125,21 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         }
     }
 
-    /// Carries out the steps of `machine` from `step` until the call comes to its end, the
-    /// owner's lease kept by `watch` meanwhile. Returns the owner's item, what the call came
-    /// to, and what it used.
+    /// Carries out the call's steps, from `step`, until the delivery `d` leaves its call, the
+    /// owner's lease kept by `watch` meanwhile. Returns the delivery's next command and what
+    /// the call used.
     pub(super) async fn call(
         &self,
-        msg: &JobMessage,
-        machine: Calling,
+        d: &mut Delivery,
         step: CallStep,
-        inv: &Invocation,
-        watch: &dyn AttemptWatch,
-    ) -> (JobRecord, Waited, Spent) {
-        let owner = machine.owner();
+        msg: &JobMessage,
+        (inv, watch): (&Invocation, &dyn AttemptWatch),
+        started: Millis,
+    ) -> (Command, Spent) {
+        let Some(owner) = d.owner() else {
+            let spent = self.estimated(msg, d);
+            return (d.observe(Observation::Lost, self.clock.now_ms()), spent);
+        };
         // Sent when ownership is lost (a renewal refused, or the lease about to lapse), or an
         // operator cancelled the job.
         let stop = watch.running(
@@ -202,7 +148,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
             owner.owner_until.unwrap_or_else(|| self.clock.now_ms()),
             owner.deadline_at,
         );
-        let link = self.link_of(owner);
+        let link = &self.links[d.lane()];
         let input = self.routed_input(link, msg);
         let contract = self.contracts.for_job(&msg.contract);
         let mut request = self.request(msg, owner, &input, &contract);
@@ -229,75 +175,82 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
             stop: &stop,
             watch,
         };
-        let (owner, waited) = self.carry_out(call, machine, step, &mut spent.heard).await;
+        let mut step = step;
+        let next = loop {
+            let said = self.carry_out(&call, d, step, &mut spent.heard).await;
+            match d.observe(said, self.clock.now_ms()) {
+                Command::Call(next) => step = next,
+                next => break next,
+            }
+        };
         watch.call_ended();
-        (owner, waited, spent)
+        if d.sent() {
+            let took = self.clock.now_ms() - started;
+            watch.provider_latency(u64::try_from(took).unwrap_or(0));
+        }
+        if let Some((waited, cut_off)) = d.called() {
+            if *cut_off {
+                watch.deadline_cutoff();
+            }
+            if *waited == Waited::Running {
+                tracing::info!(job_id = %msg.job_id, "call still running upstream; handing it over to the next delivery");
+            }
+        }
+        (next, spent)
     }
 
-    /// Carries out the steps of `machine` from `step`, each the I/O it names and the answer it
-    /// feeds back, until the call comes to its end. `heard`: the usage the provider reported
-    /// with an answer, whatever its contract said of it.
+    /// Carries out one step of the call, and what the world said to it. `heard`: the usage the
+    /// provider reported with an answer, whatever its contract said of it.
     async fn carry_out(
         &self,
-        call: Call<'_, '_, P>,
-        mut machine: Calling,
-        mut step: CallStep,
+        call: &Call<'_, '_, P>,
+        d: &Delivery,
+        step: CallStep,
         heard: &mut Option<Usage>,
-    ) -> (JobRecord, Waited) {
+    ) -> Observation {
         let (request, watch) = (call.request, call.watch);
-        loop {
-            step = match step {
-                CallStep::Submit { budget_ms } => {
-                    self.submit_step(&call, &mut machine, budget_ms, heard)
-                        .await
-                }
-                CallStep::Throttled { retry_after_ms } => {
-                    watch.throttled();
-                    let now = self.clock.now_ms();
-                    call.pacer.throttled(now, retry_after_ms);
-                    machine.paced(call.pacer.paused_until(), now)
-                }
-                CallStep::Resend { at } => self.resend_step(&call, &mut machine, at).await,
-                CallStep::Record => {
-                    let req = machine.record(self.clock.now_ms());
-                    let answer = match self.ledger.record_ref(req).await {
-                        Ok(write) => Some(write),
-                        Err(e) => {
-                            tracing::warn!(job_id = %request.job_id, error = %e, "recording the reference failed");
-                            None
-                        }
-                    };
-                    machine.recorded(answer, self.clock.now_ms())
-                }
-                CallStep::Retrieve { wait_ms } => {
-                    self.retrieve_step(&call, &mut machine, wait_ms, heard)
-                        .await
-                }
-                CallStep::Pause { ms } => tokio::select! {
-                    biased;
-                    _ = call.stop.stopped() => stopped(&mut machine, call.stop),
-                    _ = tokio::time::sleep(Duration::from_millis(ms as u64)) => {
-                        machine.paused(self.clock.now_ms())
-                    }
-                },
-                CallStep::Cancel => {
-                    if let Some((reference, _)) = machine.reference() {
-                        let reference = reference.to_owned();
-                        tracing::info!(job_id = %request.job_id, "cancelling the background call: its answer would not be accepted");
-                        self.cancel(&call.link.provider, &reference, call.inv).await;
-                    }
-                    machine.cancelled(self.clock.now_ms())
-                }
-                CallStep::Done(waited) => {
-                    if machine.cut_off() {
-                        watch.deadline_cutoff();
-                    }
-                    if waited == Waited::Running {
-                        tracing::info!(job_id = %request.job_id, "call still running upstream; handing it over to the next delivery");
-                    }
-                    return (machine.into_owner(), waited);
+        let Some(machine) = d.calling() else {
+            return Observation::Lost;
+        };
+        match step {
+            CallStep::Submit { budget_ms } => {
+                self.submit_step(call, machine, budget_ms, heard).await
+            }
+            CallStep::Throttled { retry_after_ms } => {
+                watch.throttled();
+                call.pacer.throttled(self.clock.now_ms(), retry_after_ms);
+                Observation::Paced {
+                    paused_until: call.pacer.paused_until(),
                 }
             }
+            CallStep::Resend { at } => self.resend_step(call, at).await,
+            CallStep::Record => {
+                let req = machine.record(self.clock.now_ms());
+                match self.ledger.record_ref(req).await {
+                    Ok(write) => Observation::Recorded(Some(write)),
+                    Err(e) => {
+                        tracing::warn!(job_id = %request.job_id, error = %e, "recording the reference failed");
+                        Observation::Recorded(None)
+                    }
+                }
+            }
+            CallStep::Retrieve { wait_ms } => {
+                self.retrieve_step(call, machine, wait_ms, heard).await
+            }
+            CallStep::Pause { ms } => tokio::select! {
+                biased;
+                _ = call.stop.stopped() => stopped(call.stop),
+                _ = tokio::time::sleep(Duration::from_millis(ms as u64)) => Observation::Paused,
+            },
+            CallStep::Cancel => {
+                if let Some((reference, _)) = machine.reference() {
+                    tracing::info!(job_id = %request.job_id, "cancelling the background call: its answer would not be accepted");
+                    self.cancel(&call.link.provider, reference, call.inv).await;
+                }
+                Observation::Cancelled
+            }
+            // The delivery never asks for a call's end: it takes it over.
+            CallStep::Done(_) => Observation::Lost,
         }
     }
 
@@ -305,10 +258,10 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
     async fn submit_step(
         &self,
         call: &Call<'_, '_, P>,
-        machine: &mut Calling,
+        machine: &Calling,
         budget_ms: Millis,
         heard: &mut Option<Usage>,
-    ) -> CallStep {
+    ) -> Observation {
         // A line of a batch goes by the id its claim recorded.
         let line = machine
             .owner()
@@ -331,18 +284,13 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         if matches!(&said, Said::Started(r) if crate::provider::batch::is_batch_ref(r)) {
             call.watch.batched();
         }
-        machine.submitted(said, self.clock.now_ms())
+        Observation::Said(said)
     }
 
     /// The re-send of a call the provider refused for its rate limit, at `at`: out of the calls
     /// in flight while it waits, and back only when the adaptive limit the refusal lowered has
     /// room.
-    async fn resend_step(
-        &self,
-        call: &Call<'_, '_, P>,
-        machine: &mut Calling,
-        at: Millis,
-    ) -> CallStep {
+    async fn resend_step(&self, call: &Call<'_, '_, P>, at: Millis) -> Observation {
         let latest = self.latest_call_start(call.inv, call.link);
         let resent = tokio::select! {
             // Ownership lost first whatever is ready at once, so a seeded simulation replays
@@ -351,10 +299,9 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
             _ = call.stop.stopped() => false,
             resent = call.pacer.resend(&self.clock, at, latest) => resent,
         };
-        if call.stop.withdrawn() {
-            machine.withdrawn()
-        } else {
-            machine.resent(resent, self.clock.now_ms())
+        match call.stop.withdrawn() {
+            true => Observation::Withdrawn,
+            false => Observation::Resent(resent),
         }
     }
 
@@ -363,10 +310,10 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
     async fn retrieve_step(
         &self,
         call: &Call<'_, '_, P>,
-        machine: &mut Calling,
+        machine: &Calling,
         wait_ms: Millis,
         heard: &mut Option<Usage>,
-    ) -> CallStep {
+    ) -> Observation {
         let (reference, started_at) = machine
             .reference()
             .map(|(r, at)| (r.to_owned(), at))
@@ -379,7 +326,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         );
         tokio::select! {
             biased;
-            _ = call.stop.stopped() => stopped(machine, call.stop),
+            _ = call.stop.stopped() => stopped(call.stop),
             found = asked => {
                 let found = match found {
                     Ok(Retrieval::Completed(answer)) => {
@@ -392,7 +339,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
                     Ok(found) => found,
                     Err(_) => Retrieval::Unreachable { retry_after_ms: None },
                 };
-                machine.retrieved(found, self.clock.now_ms())
+                Observation::Retrieved(found)
             }
         }
     }
@@ -484,10 +431,10 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         }
     }
 
-    /// What a call of `msg`'s job is counted at when nothing was heard of it: its estimate, at
-    /// the model it runs.
-    pub(super) fn estimated(&self, msg: &JobMessage, owner: &JobRecord) -> Spent {
-        let link = self.link_of(owner);
+    /// What a call of `msg`'s job in the delivery `d` is counted at when nothing was heard of
+    /// it: its estimate, at the model it runs.
+    pub(super) fn estimated(&self, msg: &JobMessage, d: &Delivery) -> Spent {
+        let link = &self.links[d.lane()];
         let input = self.routed_input(link, msg);
         Spent {
             heard: None,
@@ -496,7 +443,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
                 self.settings.policy.output_tokens(&input),
             ),
             model: link.provider.model(&input).to_owned(),
-            rate: Rate::of(super::batches::in_batch(owner), &input),
+            rate: Rate::of(d.owner().is_some_and(super::batches::in_batch), &input),
         }
     }
 

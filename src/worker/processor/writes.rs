@@ -25,7 +25,7 @@ struct Claim<'a> {
 impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
     /// One write before the call, as the admission asked for it; `view` is the item last seen,
     /// `route` the provider the admission chose for a claim.
-    pub(super) async fn write(
+    pub(super) async fn write_op(
         &self,
         msg: &JobMessage,
         job: &NewJob,
