@@ -5,10 +5,11 @@
 //! an operator, with every fault as a nondeterministic choice. The item changes only through the
 //! ledger's own pure transitions (`ledger::transitions`, the ones the in-memory ledger applies
 //! and the property test proves equal to DynamoDB's), and each delivery is the worker's own
-//! three machines ([`Admission`], [`Calling`], [`Ending`]), driven step by step as the processor
-//! drives them. What the model adds is the world: which request is answered, lost or failed,
-//! what the provider says and when time passes, the heartbeat's renewals, the provider's truth
-//! and the ghost state the properties read.
+//! [`Delivery`], the processor's machine, fed the world's answer to each command it gives, as
+//! the processor's executor feeds it: the sequence of a delivery is written once, in
+//! `protocol`. What the model adds is the world: which request is answered, lost or failed,
+//! what the pacer and the provider say and when time passes, the heartbeat's renewals, the
+//! provider's truth and the ghost state the properties read.
 //!
 //! A [`Mutation`] changes one rule of the protocol, to show that a property bites.
 
@@ -28,11 +29,10 @@ use fenced_jobs::ledger::{
     Write,
 };
 use fenced_jobs::protocol::ReplayPolicy;
-use fenced_jobs::protocol::admission::{Admission, Applied, Facts, Op, Settle, Step};
-use fenced_jobs::protocol::calling::{Bound, CallFacts, CallStep, Calling, Said};
-use fenced_jobs::protocol::ending::{
-    EndFacts, EndStep, EndWrite, Ending, Placed, Waited, attempt_end,
-};
+use fenced_jobs::protocol::admission::{Facts, Op, Settle};
+use fenced_jobs::protocol::calling::{Bound, CallFacts, CallStep, Said};
+use fenced_jobs::protocol::delivery::{Command, Delivery, Lane, Observation};
+use fenced_jobs::protocol::ending::{Closed, EndFacts, EndStep, EndWrite, Placed, attempt_end};
 use fenced_jobs::protocol::renewal::{RenewalTicks, Renewed, after_renewal};
 use fenced_jobs::provider::batch;
 use fenced_jobs::provider::openai::classify_status;
@@ -42,6 +42,8 @@ use stateright::{Model, Property};
 /// The job every state is about.
 pub const JOB: &str = "job";
 const DIGEST: &str = "digest";
+/// How the evidence of a recovery that found no reference to ask about ends.
+const NO_REFERENCE: &str = "no reference was recorded";
 
 /// The bounds of one check.
 #[derive(Debug, Clone)]
@@ -728,52 +730,29 @@ pub struct Call {
 pub enum Pc {
     /// No delivery.
     Idle,
-    /// Waiting for the pacer's capacity for the call its claim would start.
-    Admit {
-        /// The delivery's admission, as the processor runs it.
-        machine: Box<Admission>,
-    },
-    /// About to make the write its admission asks for (`machine.op()`).
-    Write {
-        /// The delivery's admission, as the processor runs it.
-        machine: Box<Admission>,
-    },
-    /// A claim or recovery failed without an answer: a consistent read says whose it was, read
-    /// again while the reads fail, as the admission asks (`Step::ReadBack`).
-    ReadBack {
-        /// The delivery's admission; its write went unanswered.
-        machine: Box<Admission>,
-    },
-    /// Claimed: the call is about to be sent.
-    Claimed {
-        /// The item as the claim left it.
-        claimed: Box<JobRecord>,
-    },
-    /// The call is out; the provider's word is awaited while the heartbeat renews the lease.
-    Calling {
-        /// The call, as the processor runs it.
-        machine: Box<Calling>,
-        /// What the worker waits for.
-        waits: Waits,
-        /// The lease the heartbeat last wrote.
-        lease_until: Millis,
-        /// A renewal was refused: the call is cancelled.
-        lost: bool,
-        /// The renewal's refusal showed an operator's cancel (`lost` is set too: the call stops).
-        withdrawn: bool,
-    },
-    /// Recovered a lapsed or unknown attempt: its evidence decides, never a new call.
-    Recovered {
-        /// The item as the recovery claim left it.
-        fenced: Box<JobRecord>,
-        /// The listing of the results bucket failed: what the lapsed owner stored is not seen.
-        unlisted: bool,
-    },
-    /// Ending the attempt with the owner's writes, as its [`Ending`] asks.
-    Ending {
-        /// The attempt's end, as the processor runs it.
-        machine: Box<Ending>,
-    },
+    /// A delivery, waiting for the world's answer to its command.
+    Delivering(Box<Delivering>),
+}
+
+/// A delivery in progress: the processor's [`Delivery`], and what the world keeps beside it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Delivering {
+    /// The delivery, as the processor runs it.
+    pub delivery: Delivery,
+    /// The command the world answers next.
+    pub command: Command,
+    /// While its call is out: the lease the heartbeat last wrote.
+    pub lease_until: Millis,
+    /// While its call is out: a renewal was refused, and the call is cancelled.
+    pub lost: bool,
+    /// While its call is out: the renewal's refusal showed an operator's cancel (`lost` is set
+    /// too: the call stops).
+    pub withdrawn: bool,
+    /// While it looks for a lapsed owner's answer: the listing of the results bucket failed,
+    /// so what that owner stored is not seen.
+    pub unlisted: bool,
+    /// The key of the answer it stored (kept only for the mutation that removes it).
+    pub stored: Option<String>,
 }
 
 /// One worker.
@@ -788,8 +767,6 @@ pub struct Worker {
     /// The item as its last delivery left it, for a later record of the job in that batch
     /// (`None`: no such record may follow).
     pub view: Option<Box<JobRecord>>,
-    /// Its delivery claimed again for a second provider after a refusal.
-    pub hopped: bool,
 }
 
 /// The whole system.
@@ -849,22 +826,6 @@ impl State {
     fn retrievable(&self) -> bool {
         self.upstream != Upstream::Blind
     }
-}
-
-/// What a worker whose call is out waits for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Waits {
-    /// The provider's word on the call.
-    Word,
-    /// Its ledger request that records the background call's reference.
-    Record,
-    /// The provider's answer to a retrieval of the background call.
-    Retrieval,
-    /// The pacer, to send the call the provider refused for its rate limit again from `at`.
-    Resend {
-        /// The earliest the call goes again.
-        at: Millis,
-    },
 }
 
 /// The reference of the call of `attempt` at `epoch`: the client's key, or the one a
@@ -1146,7 +1107,6 @@ impl Protocol {
                 }
                 note.push_str("receives the message");
                 next.workers[worker].view = None;
-                next.workers[worker].hopped = false;
                 self.start(&mut next, worker, &mut note);
                 true
             }
@@ -1164,18 +1124,15 @@ impl Protocol {
                 true
             }
             Action::Admit { worker, granted } => {
-                let Pc::Admit { mut machine } = next.workers[worker].pc.clone() else {
-                    return None;
-                };
-                let now = self.now(&next, worker);
-                let step = if granted {
+                let delivering = Self::waiting(&next, worker, |c| *c == Command::Take)?;
+                let said = if granted {
                     note.push_str("gets capacity for its call");
-                    machine.admitted(now)
+                    Observation::Taken
                 } else {
                     note.push_str("gets no capacity for its call in time");
-                    machine.no_capacity(1)
+                    Observation::NoCapacity { wait_ms: 1 }
                 };
-                self.take(&mut next, worker, *machine, step, &mut note);
+                self.feed(&mut next, worker, delivering, said, &mut note);
                 true
             }
             Action::Step { worker, fault } => self.ledger_step(&mut next, worker, fault, &mut note),
@@ -1190,10 +1147,13 @@ impl Protocol {
             Action::Ask { worker, said } => self.ask(&mut next, worker, said, &mut note),
             Action::Place { worker, put } => self.place(&mut next, worker, put, &mut note),
             Action::Unlisted { worker } => {
-                let Pc::Recovered { unlisted, .. } = &mut next.workers[worker].pc else {
+                let Pc::Delivering(d) = &mut next.workers[worker].pc else {
                     return None;
                 };
-                *unlisted = true;
+                if d.command != Command::LookForAnswer {
+                    return None;
+                }
+                d.unlisted = true;
                 note.push_str("lists the results bucket: the request fails");
                 true
             }
@@ -1328,17 +1288,39 @@ impl Protocol {
         state.time + state.workers[worker].offset
     }
 
-    fn owner_id(state: &State, worker: usize) -> String {
-        let w = &state.workers[worker];
-        // A second claim in the same delivery has an owner id of its own, as the processor's.
-        format!("d{}{}", w.owner, if w.hopped { "+1" } else { "" })
-    }
-
-    /// A delivery starts: the processor's admission, from the message alone.
+    /// A delivery starts: the processor's, from the message alone.
     fn start(&self, next: &mut State, worker: usize, note: &mut String) {
         let now = self.now(next, worker);
-        let (machine, step) = Admission::start(self.facts(next), None, DIGEST, now);
-        self.take(next, worker, machine, step, note);
+        let owner = format!("d{}", next.workers[worker].owner);
+        let lanes = self.lanes(next);
+        let (delivery, command) = Delivery::start(owner, DIGEST.to_owned(), lanes, None, now);
+        let delivering = Delivering {
+            delivery,
+            command: Command::Take,
+            lease_until: 0,
+            lost: false,
+            withdrawn: false,
+            unlisted: false,
+            stored: None,
+        };
+        self.drive(next, worker, delivering, command, note);
+    }
+
+    /// The deployment's providers, as a delivery knows them: one, or two when the bound lets
+    /// the second take a job the first refused (the model's claims name no provider, so the
+    /// first is always the one a job's attempt ran at, and the second takes it once).
+    fn lanes(&self, state: &State) -> Vec<Lane> {
+        let lane = |name: &str| Lane {
+            name: name.to_owned(),
+            serves: true,
+            admission: self.facts(state),
+            call: self.call_facts(state),
+            end: self.end_facts(state),
+        };
+        match self.bounds.fallback {
+            true => vec![lane("first"), lane("second")],
+            false => vec![lane("first")],
+        }
     }
 
     /// What the admission knows before anything is read.
@@ -1361,44 +1343,139 @@ impl Protocol {
         }
     }
 
-    /// Carries out the admission's `step`: the pacer's answer (unless the bound grants capacity
-    /// at once) and a write wait for the world's next choice.
-    fn take(
+    /// What the processor knows when it ends an attempt.
+    fn end_facts(&self, state: &State) -> EndFacts {
+        EndFacts {
+            skew: self.bounds.skew,
+            lease_ms: self.bounds.lease,
+            invocation_end: Millis::MAX,
+            can_retrieve: state.retrievable(),
+            replay: state.replay,
+            tries: u32::from(self.bounds.finish_tries),
+            // Any interleaving may fall in a pause: the world's choice, not a time.
+            first_pause_ms: 0,
+            batch_poll_ms: self.bounds.lease,
+        }
+    }
+
+    /// Carries out the delivery's `command` and those after it as far as the world lets them
+    /// go at once, then leaves the worker waiting for the world's answer to the next. At once:
+    /// capacity when the bound has no pacing, what was taken given back or charged, a look at a
+    /// batch (the model's batches are read, never waited for), the pacer's pause after a 429
+    /// (none beyond the provider's), the pause between two retrievals and a cancel (any
+    /// interleaving may fall in them), and the delivery's end.
+    fn drive(
         &self,
         next: &mut State,
         worker: usize,
-        mut machine: Admission,
-        mut step: Step,
+        mut delivering: Delivering,
+        mut command: Command,
         note: &mut String,
     ) {
+        let now = self.now(next, worker);
         loop {
-            match step {
-                Step::Admit if self.bounds.pacing => {
-                    next.workers[worker].pc = Pc::Admit {
-                        machine: Box::new(machine),
-                    };
+            let d = &mut delivering.delivery;
+            let hop = d.hop();
+            command = match command {
+                Command::Take if !self.bounds.pacing => d.observe(Observation::Taken, now),
+                Command::GiveBack | Command::Charge { .. } => d.observe(Observation::Carried, now),
+                Command::LookAtBatch => d.observe(Observation::BatchRunning(false), now),
+                Command::Call(CallStep::Throttled { .. }) => {
+                    d.observe(Observation::Paced { paused_until: now }, now)
+                }
+                Command::Call(CallStep::Pause { .. }) => d.observe(Observation::Paused, now),
+                Command::Call(CallStep::Cancel) => {
+                    note.push_str("; cancels the call upstream");
+                    d.observe(Observation::Cancelled, now)
+                }
+                Command::Done(closed) => {
+                    self.closed(next, worker, &delivering, &closed, note);
                     return;
                 }
-                Step::Admit => step = machine.admitted(self.now(next, worker)),
-                Step::Write(_) => {
-                    next.workers[worker].pc = Pc::Write {
-                        machine: Box::new(machine),
-                    };
+                command => {
+                    if let Command::Call(CallStep::Submit { .. }) = command {
+                        // The call leaves (a first send, or a re-send after a 429).
+                        let claimed = d.owner().cloned().expect("a call has its owner");
+                        let owner = d.owner_id();
+                        self.call_leaves(next, &owner, &claimed);
+                    }
+                    if !matches!(command, Command::Call(_)) {
+                        // Nothing of a call is kept once it ended.
+                        (delivering.lease_until, delivering.lost) = (0, false);
+                        delivering.withdrawn = false;
+                    }
+                    if command != Command::LookForAnswer {
+                        delivering.unlisted = false;
+                    }
+                    delivering.command = command;
+                    next.workers[worker].pc = Pc::Delivering(Box::new(delivering));
                     return;
                 }
-                // The pause before the read is the world's: any interleaving may fall in it.
-                Step::ReadBack { .. } => {
-                    next.workers[worker].pc = Pc::ReadBack {
-                        machine: Box::new(machine),
-                    };
-                    return;
-                }
-                Step::End(outcome) => {
-                    self.report(next, worker, &outcome, note);
-                    return;
-                }
+            };
+            if delivering.delivery.hop() != hop {
+                note.push_str("; the next provider takes the job in the same delivery");
+                next.hops += 1;
             }
         }
+    }
+
+    /// The delivery ended (`closed`): a refused answer's object removed as it says (or, under
+    /// the mutation, a stored answer whose acceptance was refused), and the record reported.
+    fn closed(
+        &self,
+        next: &mut State,
+        worker: usize,
+        delivering: &Delivering,
+        closed: &Closed,
+        note: &mut String,
+    ) {
+        let discard = match (&closed.discard, &delivering.stored) {
+            (Some(blob), _) => Some(blob.key.clone()),
+            (None, Some(key)) if closed.refused && self.mutated(Mutation::DiscardLiveAnswer) => {
+                Some(key.clone())
+            }
+            _ => None,
+        };
+        if let Some(key) = discard {
+            next.bucket.retain(|k| *k != key);
+            note.push_str("; removes the refused answer's object");
+        }
+        self.report(next, worker, &closed.outcome, note);
+    }
+
+    /// The worker's delivery, if it waits for the world to answer `wanted`.
+    fn waiting(next: &State, worker: usize, wanted: fn(&Command) -> bool) -> Option<Delivering> {
+        match &next.workers[worker].pc {
+            Pc::Delivering(d) if wanted(&d.command) => Some((**d).clone()),
+            _ => None,
+        }
+    }
+
+    /// Feeds `observation` to the worker's delivery at its clock's now, and drives it on.
+    fn feed(
+        &self,
+        next: &mut State,
+        worker: usize,
+        mut delivering: Delivering,
+        observation: Observation,
+        note: &mut String,
+    ) {
+        let now = self.now(next, worker);
+        let command = delivering.delivery.observe(observation, now);
+        self.drive(next, worker, delivering, command, note);
+    }
+
+    /// What a refusal or a read showed, as the delivery is told it: under the mutation that
+    /// skips the budget check, an item not its own claim shows no limit on attempts.
+    fn seen(&self, d: &Delivery, seen: Option<JobRecord>) -> Option<JobRecord> {
+        let owner = d.owner_id();
+        seen.map(|mut seen| {
+            let ours = d.admission().is_some_and(|a| a.ours(&seen, &owner));
+            if !ours && self.mutated(Mutation::NoBudgetCheck) {
+                seen.max_attempts = u32::MAX;
+            }
+            seen
+        })
     }
 
     /// The delivery ends with `outcome`: acknowledged (deleted) or visible again.
@@ -1428,26 +1505,6 @@ impl Protocol {
         }
     }
 
-    /// What a delivery does with an item it was refused by (or read): its admission decides.
-    fn decide_from(
-        &self,
-        next: &mut State,
-        worker: usize,
-        mut machine: Admission,
-        seen: Option<JobRecord>,
-        note: &mut String,
-    ) {
-        let now = self.now(next, worker);
-        let seen = seen.map(|mut seen| {
-            if self.mutated(Mutation::NoBudgetCheck) {
-                seen.max_attempts = u32::MAX;
-            }
-            seen
-        });
-        let step = machine.seen(seen.as_ref(), DIGEST, now);
-        self.take(next, worker, machine, step, note);
-    }
-
     /// A worker's next ledger request.
     fn ledger_step(
         &self,
@@ -1456,52 +1513,57 @@ impl Protocol {
         fault: Fault,
         note: &mut String,
     ) -> bool {
-        match next.workers[worker].pc.clone() {
-            Pc::Write { machine } => self.write_op(next, worker, *machine, fault, note),
-            Pc::ReadBack { mut machine } => {
-                if fault != Fault::None {
-                    note.push_str("reads the item after a failed write: the read fails too");
-                    let step = machine.read_failed();
-                    self.take(next, worker, *machine, step, note);
-                    return true;
-                }
-                let owner = Self::owner_id(next, worker);
-                match next.item.clone() {
-                    Some(s) if machine.ours(&s, &owner) => {
-                        note.push_str("reads the item: its own write was applied");
-                        self.applied(next, worker, &machine, s, note);
-                    }
-                    seen => {
-                        note.push_str("reads the item: its write was not applied");
-                        self.decide_from(next, worker, *machine, seen, note);
-                    }
-                }
-                true
+        let Some(delivering) = Self::waiting(next, worker, |c| {
+            matches!(
+                c,
+                Command::Write(_)
+                    | Command::ReadBack { .. }
+                    | Command::Call(CallStep::Record)
+                    | Command::End(EndStep::Write { .. })
+            )
+        }) else {
+            return false;
+        };
+        let now = self.now(next, worker);
+        let d = &delivering.delivery;
+        let observation = match &delivering.command {
+            Command::Write(op) => {
+                return self.write_op(next, worker, delivering.clone(), *op, fault, note);
             }
-            Pc::Calling {
-                machine,
-                waits: Waits::Record,
-                ..
-            } => {
-                let now = self.now(next, worker);
+            Command::ReadBack { .. } if fault != Fault::None => {
+                note.push_str("reads the item after a failed write: the read fails too");
+                Observation::ReadFailed
+            }
+            Command::ReadBack { .. } => {
+                let seen = next.item.clone();
+                let ours = seen
+                    .as_ref()
+                    .is_some_and(|s| d.admission().is_some_and(|a| a.ours(s, &d.owner_id())));
+                note.push_str(if ours {
+                    "reads the item: its own write was applied"
+                } else {
+                    "reads the item: its write was not applied"
+                });
+                Observation::Read(self.seen(d, seen))
+            }
+            Command::Call(_) => {
+                let Some(machine) = d.calling() else {
+                    return false;
+                };
                 let req = machine.record(now);
                 let _ = write!(note, "records the reference of attempt {}", req.attempt);
                 let answer = self.write(next, |c| self.record_ref(c, &req), fault, Some(req.epoch));
-                note.push_str(match &answer {
-                    Some(Write::Applied(_)) => ": applied",
-                    Some(Write::Refused(_)) => ": refused",
-                    None => ": no answer",
-                });
-                let mut machine = *machine;
-                let step = machine.recorded(answer, now);
-                self.take_call(next, worker, machine, step, note);
-                true
+                note.push_str(heard(&answer));
+                Observation::Recorded(answer)
             }
-            Pc::Ending { mut machine } => {
-                let now = self.now(next, worker);
+            _ => {
+                let Some(machine) = d.ending() else {
+                    return false;
+                };
                 let epoch = Some(machine.owner().owner_epoch);
                 let answer = match machine.write(now) {
                     EndWrite::End(req) => {
+                        let req = self.mutated_end(req, next.item.as_ref(), next.replay);
                         let _ = write!(
                             note,
                             "ends attempt {} as {}",
@@ -1523,17 +1585,12 @@ impl Protocol {
                         self.write(next, |c| apply_renew(c, &req), fault, epoch)
                     }
                 };
-                note.push_str(match &answer {
-                    Some(Write::Applied(_)) => ": applied",
-                    Some(Write::Refused(_)) => ": refused",
-                    None => ": no answer",
-                });
-                let step = machine.answered(answer, now);
-                self.take_end(next, worker, *machine, step, note);
-                true
+                note.push_str(heard(&answer));
+                Observation::Answered(answer)
             }
-            _ => false,
-        }
+        };
+        self.feed(next, worker, delivering, observation, note);
+        true
     }
 
     /// One conditional write with its fault: what the writer hears (`None`: the request
@@ -1619,15 +1676,13 @@ impl Protocol {
         &self,
         next: &mut State,
         worker: usize,
-        mut machine: Admission,
+        delivering: Delivering,
+        op: Op,
         fault: Fault,
         note: &mut String,
     ) -> bool {
-        let Some(op) = machine.op().copied() else {
-            return false;
-        };
         let now = self.now(next, worker);
-        let owner = Self::owner_id(next, worker);
+        let owner = delivering.delivery.owner_id();
         let job = self.job();
         let answer = match op {
             Op::Claim {
@@ -1670,9 +1725,8 @@ impl Protocol {
                     let _ = self.write(next, claim, fault, Some(expect.epoch));
                     if let Some(meant) = meant {
                         note.push_str(": the request failed; taken as applied");
-                        next.workers[worker].pc = Pc::Claimed {
-                            claimed: Box::new(meant),
-                        };
+                        let applied = Observation::Applied(meant);
+                        self.feed(next, worker, delivering, applied, note);
                         return true;
                     }
                     self.report(next, worker, &RecordOutcome::Failed(backoff()), note);
@@ -1730,50 +1784,30 @@ impl Protocol {
                 self.write(next, |c| apply_recover(c, &req), fault, Some(epoch))
             }
         };
-        match answer {
+        let observation = match answer {
             None => {
                 note.push_str(": no answer");
-                let step = machine.unanswered();
-                self.take(next, worker, machine, step, note);
+                Observation::Unanswered
             }
             Some(Write::Applied(record)) => {
                 note.push_str(": applied");
-                self.applied(next, worker, &machine, record, note);
-            }
-            Some(Write::Refused(Some(seen))) if machine.ours(&seen, &owner) => {
-                note.push_str(": refused, but the item shows its own claim");
-                self.applied(next, worker, &machine, seen, note);
+                Observation::Applied(record)
             }
             Some(Write::Refused(seen)) => {
-                note.push_str(": refused");
-                self.decide_from(next, worker, machine, seen, note);
-            }
-        }
-        true
-    }
-
-    /// The admission's write was applied (or recognised as applied), leaving `record`.
-    fn applied(
-        &self,
-        next: &mut State,
-        worker: usize,
-        machine: &Admission,
-        record: JobRecord,
-        note: &mut String,
-    ) {
-        next.workers[worker].pc = match machine.applied(&record) {
-            Applied::Call => Pc::Claimed {
-                claimed: Box::new(record),
-            },
-            Applied::Investigate { .. } => Pc::Recovered {
-                fenced: Box::new(record),
-                unlisted: false,
-            },
-            Applied::End(outcome) => {
-                self.report(next, worker, &outcome, note);
-                return;
+                let d = &delivering.delivery;
+                let ours = seen
+                    .as_ref()
+                    .is_some_and(|s| d.admission().is_some_and(|a| a.ours(s, &owner)));
+                note.push_str(if ours {
+                    ": refused, but the item shows its own claim"
+                } else {
+                    ": refused"
+                });
+                Observation::Refused(self.seen(d, seen))
             }
         };
+        self.feed(next, worker, delivering, observation, note);
+        true
     }
 
     fn send(
@@ -1784,10 +1818,14 @@ impl Protocol {
         short: bool,
         note: &mut String,
     ) -> bool {
-        let Pc::Claimed { claimed } = next.workers[worker].pc.clone() else {
+        let Some(mut delivering) = Self::waiting(next, worker, |c| *c == Command::Use) else {
             return false;
         };
         let now = self.now(next, worker);
+        let d = &mut delivering.delivery;
+        let Some(claimed) = d.owner().cloned() else {
+            return false;
+        };
         // The world's choice: whether the invocation still has time for the call, and when it
         // ends.
         let facts = CallFacts {
@@ -1795,34 +1833,28 @@ impl Protocol {
             invocation_end: if short { now + 1 } else { Millis::MAX },
             ..self.call_facts(next)
         };
-        let mut owner = (*claimed).clone();
-        if self.mutated(Mutation::CallAfterLeaseLapsed) {
-            // As if the lease were never checked before the call leaves.
-            owner.owner_until = Some(Millis::MAX);
-        }
-        let (machine, step) = Calling::start(facts, owner, now);
-        if let CallStep::Done(waited) = step {
-            note.push_str("does not send the call");
-            let waited = self.spent_if_mutated(waited, &claimed, now, next.replay);
-            self.end_with(next, worker, claimed, waited, note);
-            return true;
-        }
-        let _ = write!(note, "sends the call of attempt {}", claimed.attempts);
-        self.call_leaves(next, worker, &claimed);
-        let lease_until = claimed.owner_until.unwrap_or(now);
-        next.workers[worker].pc = Pc::Calling {
-            machine: Box::new(machine),
-            waits: Waits::Word,
-            lease_until,
-            lost: false,
-            withdrawn: false,
+        // As if the lease were never checked before the call leaves: the call starts as of a
+        // moment the lease still held.
+        let holds = claimed.owner_until.unwrap_or(now) - self.bounds.skew - 1;
+        let at = match self.mutated(Mutation::CallAfterLeaseLapsed) {
+            true => now.min(holds),
+            false => now,
         };
+        d.set_call_facts(facts);
+        let command = d.observe(Observation::Carried, at);
+        d.set_call_facts(self.call_facts(next));
+        if let Command::Call(CallStep::Submit { .. }) = command {
+            let _ = write!(note, "sends the call of attempt {}", claimed.attempts);
+            delivering.lease_until = claimed.owner_until.unwrap_or(now);
+        } else {
+            note.push_str("does not send the call");
+        }
+        self.drive(next, worker, delivering, command, note);
         true
     }
 
     /// A call of `claimed`'s attempt leaves: the ghost records it, and what it must follow.
-    fn call_leaves(&self, next: &mut State, worker: usize, claimed: &JobRecord) {
-        let owner = Self::owner_id(next, worker);
+    fn call_leaves(&self, next: &mut State, owner: &str, claimed: &JobRecord) {
         let (attempt, epoch) = (claimed.attempts, claimed.owner_epoch);
         let item = next.item.clone();
         let recorded = item.as_ref().is_some_and(|r| {
@@ -1892,38 +1924,27 @@ impl Protocol {
     /// The pacer's word on a call refused for the rate limit: it goes again under the same
     /// claim, if the machine still lets it leave, or its attempt is given back.
     fn resend(&self, next: &mut State, worker: usize, resent: bool, note: &mut String) -> bool {
-        let Pc::Calling {
-            machine,
-            waits: Waits::Resend { .. },
-            lease_until,
-            lost: false,
-            withdrawn: false,
-        } = next.workers[worker].pc.clone()
-        else {
+        let Some(mut delivering) = Self::waiting(next, worker, |c| {
+            matches!(c, Command::Call(CallStep::Resend { .. }))
+        })
+        .filter(|d| !d.lost && !d.withdrawn) else {
             return false;
         };
-        let mut machine = *machine;
+        let attempt = delivering.delivery.owner().map_or(0, |o| o.attempts);
         let now = self.now(next, worker);
-        let step = machine.resent(resent, now);
-        if let CallStep::Submit { .. } = step {
-            let claimed = machine.owner().clone();
-            let _ = write!(note, "sends the call of attempt {} again", claimed.attempts);
-            self.call_leaves(next, worker, &claimed);
-            next.workers[worker].pc = Pc::Calling {
-                machine: Box::new(machine),
-                waits: Waits::Word,
-                lease_until,
-                lost: false,
-                withdrawn: false,
-            };
-            return true;
-        }
-        note.push_str(if resent {
-            "may not send the call again"
+        let command = delivering
+            .delivery
+            .observe(Observation::Resent(resent), now);
+        if let Command::Call(CallStep::Submit { .. }) = command {
+            let _ = write!(note, "sends the call of attempt {attempt} again");
         } else {
-            "gets no capacity in time to send the call again"
-        });
-        self.take_call(next, worker, machine, step, note);
+            note.push_str(if resent {
+                "may not send the call again"
+            } else {
+                "gets no capacity in time to send the call again"
+            });
+        }
+        self.drive(next, worker, delivering, command, note);
         true
     }
 
@@ -1945,132 +1966,83 @@ impl Protocol {
         }
     }
 
-    /// The mutation that spends the attempt of a call never sent.
-    fn spent_if_mutated(
+    /// The end the owner writes, through the mutations that change how an attempt ends: one
+    /// whose outcome is unknown released with no decision, a call never sent spending its
+    /// attempt, a recovery that finds no reference assuming the call was never sent. They act
+    /// on the write, as the owner's end would carry them (`current`: the item it ends).
+    fn mutated_end(
         &self,
-        waited: Waited,
-        claimed: &JobRecord,
-        now: Millis,
+        req: EndRequest,
+        current: Option<&JobRecord>,
         replay: ReplayPolicy,
-    ) -> Waited {
-        match waited {
-            Waited::Ended(AttemptEnd::GivenBack { error, why, .. }, _)
-                if why == AttemptOutcome::NotSent
+    ) -> EndRequest {
+        let transient = |reason: String| {
+            let error = ProviderError::Transient {
+                retry_after_ms: None,
+                reason,
+            };
+            current.map(|c| attempt_end(Err(error), c, req.now, replay).0)
+        };
+        let end = match &req.end {
+            AttemptEnd::Unknown { evidence } | AttemptEnd::Replay { evidence, .. }
+                if evidence.ends_with(NO_REFERENCE)
+                    && self.mutated(Mutation::RecoveryAssumesNotSent) =>
+            {
+                transient("assumed never sent".to_owned())
+            }
+            AttemptEnd::Unknown { evidence } if self.mutated(Mutation::UncertainReleased) => {
+                Some(AttemptEnd::RetryAuthorized {
+                    error: evidence.clone(),
+                })
+            }
+            AttemptEnd::GivenBack { error, why, .. }
+                if *why == AttemptOutcome::NotSent
                     && self.mutated(Mutation::NotSentSpendsAttempt) =>
             {
-                let error = ProviderError::Transient {
-                    retry_after_ms: None,
-                    reason: error,
-                };
-                Waited::from(attempt_end(Err(error), claimed, now, replay))
+                transient(error.clone())
             }
-            waited => waited,
-        }
-    }
-
-    /// Carries out the call's `step` as far as the world lets it go at once: the pacer keeps no
-    /// pause beyond the provider's, a re-send waits for the pacer's word, a cancel goes at once, and so does the pause
-    /// between two retrievals (any interleaving may fall in it); the record of a reference
-    /// waits for the worker's next ledger request, a retrieval for the provider's answer, and
-    /// the end goes to the attempt's [`Ending`].
-    fn take_call(
-        &self,
-        next: &mut State,
-        worker: usize,
-        mut machine: Calling,
-        mut step: CallStep,
-        note: &mut String,
-    ) {
-        let now = self.now(next, worker);
-        let (lease_until, lost, withdrawn) = match next.workers[worker].pc {
-            Pc::Calling {
-                lease_until,
-                lost,
-                withdrawn,
-                ..
-            } => (lease_until, lost, withdrawn),
-            _ => (machine.owner().owner_until.unwrap_or(now), false, false),
+            _ => None,
         };
-        loop {
-            step = match step {
-                // The model's pacer keeps no pause of its own beyond the provider's.
-                CallStep::Throttled { .. } => machine.paced(now, now),
-                CallStep::Resend { at } => {
-                    next.workers[worker].pc = Pc::Calling {
-                        machine: Box::new(machine),
-                        waits: Waits::Resend { at },
-                        lease_until,
-                        lost,
-                        withdrawn,
-                    };
-                    return;
-                }
-                CallStep::Pause { .. } => machine.paused(now),
-                CallStep::Cancel => {
-                    note.push_str("; cancels the call upstream");
-                    machine.cancelled(now)
-                }
-                CallStep::Record | CallStep::Retrieve { .. } => {
-                    let waits = if step == CallStep::Record {
-                        Waits::Record
-                    } else {
-                        Waits::Retrieval
-                    };
-                    next.workers[worker].pc = Pc::Calling {
-                        machine: Box::new(machine),
-                        waits,
-                        lease_until,
-                        lost,
-                        withdrawn,
-                    };
-                    return;
-                }
-                CallStep::Done(waited) => {
-                    let owner = Box::new(machine.into_owner());
-                    self.end_with(next, worker, owner, waited, note);
-                    return;
-                }
-                CallStep::Submit { .. } => panic!("a re-send is the world's (`Action::Resend`)"),
-            }
+        match end {
+            Some(end) => EndRequest { end, ..req },
+            None => req,
         }
     }
 
     fn answer(&self, next: &mut State, worker: usize, word: Word, note: &mut String) -> bool {
-        let Pc::Calling {
-            machine,
-            lost,
-            withdrawn,
-            waits,
-            ..
-        } = next.workers[worker].pc.clone()
-        else {
+        let Some(delivering) = Self::waiting(next, worker, |c| {
+            matches!(
+                c,
+                Command::Call(
+                    CallStep::Submit { .. } | CallStep::Retrieve { .. } | CallStep::Resend { .. }
+                )
+            )
+        }) else {
             return false;
         };
-        let mut machine = *machine;
-        match waits {
-            Waits::Word => {}
-            Waits::Retrieval | Waits::Resend { .. } if withdrawn => {
+        let (lost, withdrawn) = (delivering.lost, delivering.withdrawn);
+        match delivering.command {
+            Command::Call(CallStep::Submit { .. }) => {}
+            Command::Call(CallStep::Retrieve { .. } | CallStep::Resend { .. }) if withdrawn => {
                 note.push_str("stops waiting: the job's cancel was requested");
-                let step = machine.withdrawn();
-                self.take_call(next, worker, machine, step, note);
+                self.feed(next, worker, delivering, Observation::Withdrawn, note);
                 return true;
             }
-            Waits::Retrieval if lost => {
+            Command::Call(CallStep::Retrieve { .. }) if lost => {
                 note.push_str("stops polling: ownership lost");
-                let step = machine.lost();
-                self.take_call(next, worker, machine, step, note);
+                self.feed(next, worker, delivering, Observation::Lost, note);
                 return true;
             }
-            Waits::Resend { .. } if lost => {
+            Command::Call(CallStep::Resend { .. }) if lost => {
                 note.push_str("stops waiting to send the call again: ownership lost");
-                let step = machine.resent(false, self.now(next, worker));
-                self.take_call(next, worker, machine, step, note);
+                self.feed(next, worker, delivering, Observation::Resent(false), note);
                 return true;
             }
             _ => return false,
         }
-        let claimed = machine.owner().clone();
-        let now = self.now(next, worker);
+        let Some(claimed) = delivering.delivery.owner().cloned() else {
+            return false;
+        };
         let Some(call) = next
             .calls
             .iter_mut()
@@ -2197,102 +2169,25 @@ impl Protocol {
             "hears from the provider: {}",
             if lost { "(cancelled)" } else { word_name(word) }
         );
-        let step = machine.submitted(said, now);
-        self.take_call(next, worker, machine, step, note);
+        self.feed(next, worker, delivering, Observation::Said(said), note);
         true
-    }
-
-    /// The owner heard `waited` (its end passed through the mutation that releases an uncertain
-    /// attempt): the processor's [`Ending`] takes over.
-    fn end_with(
-        &self,
-        next: &mut State,
-        worker: usize,
-        owner: Box<JobRecord>,
-        waited: Waited,
-        note: &mut String,
-    ) {
-        let waited = match waited {
-            Waited::Ended(end, after) => Waited::Ended(self.released(end), after),
-            Waited::Asked(end) => Waited::Asked(self.released(end)),
-            waited => waited,
-        };
-        let facts = EndFacts {
-            skew: self.bounds.skew,
-            lease_ms: self.bounds.lease,
-            invocation_end: Millis::MAX,
-            can_retrieve: next.retrievable(),
-            replay: next.replay,
-            tries: u32::from(self.bounds.finish_tries),
-            // Any interleaving may fall in a pause: the world's choice, not a time.
-            first_pause_ms: 0,
-            batch_poll_ms: self.bounds.lease,
-        };
-        let now = self.now(next, worker);
-        let (machine, step) = Ending::start(facts, *owner, waited, now);
-        self.take_end(next, worker, machine, step, note);
-    }
-
-    /// Carries out the ending's `step`: where the answer goes is the world's choice (`Place`),
-    /// a write waits for the worker's next ledger request, and the end removes a refused
-    /// answer's object as the machine says.
-    fn take_end(
-        &self,
-        next: &mut State,
-        worker: usize,
-        machine: Ending,
-        step: EndStep,
-        note: &mut String,
-    ) {
-        let EndStep::Done(closed) = step else {
-            next.workers[worker].pc = Pc::Ending {
-                machine: Box::new(machine),
-            };
-            return;
-        };
-        let discard = match (&closed.discard, machine.stored()) {
-            (Some(blob), _) => Some(blob.key.clone()),
-            (None, Some(blob)) if closed.refused && self.mutated(Mutation::DiscardLiveAnswer) => {
-                Some(blob.key.clone())
-            }
-            _ => None,
-        };
-        if let Some(key) = discard {
-            next.bucket.retain(|k| *k != key);
-            note.push_str("; removes the refused answer's object");
-        }
-        // The processor's fallback: its own end left the job `retry_authorized` after a definite
-        // refusal, so the next provider's attempt is claimed in the same delivery, from the
-        // item that end left (once: the list has two providers).
-        let epoch = machine.owner().owner_epoch;
-        let view = closed.view.as_ref().filter(|v| {
-            v.owner_epoch == epoch
-                && v.state == JobState::RetryAuthorized
-                && fenced_jobs::protocol::routing::last_refused(v)
-        });
-        if let Some(view) = view.filter(|_| self.bounds.fallback && !next.workers[worker].hopped) {
-            note.push_str("; the next provider takes the job in the same delivery");
-            next.workers[worker].hopped = true;
-            next.hops += 1;
-            let now = self.now(next, worker);
-            let facts = self.facts(next);
-            let (machine, step) = Admission::start(facts, Some(view), DIGEST, now);
-            self.take(next, worker, machine, step, note);
-            return;
-        }
-        self.report(next, worker, &closed.outcome, note);
     }
 
     /// The owner puts its answer: kept in the item, or stored under its epoch first.
     fn place(&self, next: &mut State, worker: usize, put: Put, note: &mut String) -> bool {
-        let Pc::Ending { machine } = next.workers[worker].pc.clone() else {
+        let Some(mut delivering) =
+            Self::waiting(next, worker, |c| *c == Command::End(EndStep::Place))
+        else {
             return false;
         };
-        let mut machine = *machine;
+        let Some(machine) = delivering.delivery.ending() else {
+            return false;
+        };
         let Some(body) = machine.answer().map(str::to_owned) else {
             return false;
         };
         let (attempt, epoch) = (machine.owner().attempts, machine.owner().owner_epoch);
+        let referenced_at_claim = machine.owner().last_provider_ref().is_some();
         let key = result_key(JOB, epoch, &body);
         let blob = BlobRef {
             bucket: "results".to_owned(),
@@ -2300,6 +2195,9 @@ impl Protocol {
             size: body.len() as u64,
             sha256: body,
         };
+        if put == Put::Stored && self.mutated(Mutation::DiscardLiveAnswer) {
+            delivering.stored = Some(key.clone());
+        }
         if matches!(put, Put::Stored | Put::Lost) && !next.bucket.contains(&key) {
             next.bucket.push(key);
             next.bucket.sort();
@@ -2325,7 +2223,7 @@ impl Protocol {
                 });
                 // The processor's fallback: the provider keeps the answer under a recorded
                 // reference of this attempt, or the answer is given up.
-                let referenced = machine.owner().last_provider_ref().is_some()
+                let referenced = referenced_at_claim
                     || next.item.as_ref().is_some_and(|r| {
                         r.owner_epoch == epoch
                             && r.state == JobState::Running
@@ -2349,8 +2247,7 @@ impl Protocol {
                 placed
             }
         };
-        let step = machine.placed(placed, self.now(next, worker));
-        self.take_end(next, worker, machine, step, note);
+        self.feed(next, worker, delivering, Observation::Placed(placed), note);
         true
     }
 
@@ -2368,28 +2265,16 @@ impl Protocol {
         })
     }
 
-    /// The mutation that releases an uncertain attempt without a decision.
-    fn released(&self, end: AttemptEnd) -> AttemptEnd {
-        match end {
-            AttemptEnd::Unknown { evidence } if self.mutated(Mutation::UncertainReleased) => {
-                AttemptEnd::RetryAuthorized { error: evidence }
-            }
-            end => end,
-        }
-    }
-
     fn renew(&self, next: &mut State, worker: usize, fault: Fault, note: &mut String) -> bool {
-        let Pc::Calling {
-            machine,
-            waits,
-            lease_until,
-            lost: false,
-            withdrawn: false,
-        } = next.workers[worker].pc.clone()
+        let Some(mut delivering) = Self::waiting(next, worker, |c| matches!(c, Command::Call(_)))
+            .filter(|d| !d.lost && !d.withdrawn)
         else {
             return false;
         };
-        let epoch = machine.owner().owner_epoch;
+        let Some(epoch) = delivering.delivery.owner().map(|o| o.owner_epoch) else {
+            return false;
+        };
+        let lease_until = delivering.lease_until;
         let now = self.now(next, worker);
         let req = RenewRequest {
             job_id: JOB.to_owned(),
@@ -2442,76 +2327,55 @@ impl Protocol {
                 (lease_until, cancel)
             }
         };
-        next.workers[worker].pc = Pc::Calling {
-            machine,
-            waits,
-            lease_until,
-            lost,
-            withdrawn,
-        };
+        (delivering.lease_until, delivering.lost) = (lease_until, lost);
+        delivering.withdrawn = withdrawn;
+        next.workers[worker].pc = Pc::Delivering(Box::new(delivering));
         true
     }
 
     fn ask(&self, next: &mut State, worker: usize, said: Retrieved, note: &mut String) -> bool {
-        if let Pc::Calling {
-            machine,
-            waits: Waits::Retrieval,
-            lost: false,
-            ..
-        } = next.workers[worker].pc.clone()
+        if let Some(delivering) = Self::waiting(next, worker, |c| {
+            matches!(c, Command::Call(CallStep::Retrieve { .. }))
+        })
+        .filter(|d| !d.lost)
         {
-            return self.poll(next, worker, *machine, said, note);
+            return self.poll(next, worker, delivering, said, note);
         }
-        let Pc::Recovered { fenced, unlisted } = next.workers[worker].pc.clone() else {
+        let Some(mut delivering) = Self::waiting(next, worker, |c| *c == Command::LookForAnswer)
+        else {
+            return false;
+        };
+        let Some(fenced) = delivering.delivery.owner().cloned() else {
             return false;
         };
         let now = self.now(next, worker);
         // The invocation ends once the provider has been asked: a call still running is
         // handed over (the next delivery asks again), one past its deadline cancelled.
-        let facts = CallFacts {
+        let d = &mut delivering.delivery;
+        d.set_call_facts(CallFacts {
             invocation_end: now,
             ..self.call_facts(next)
-        };
-        let stored = Self::stored_answer(next, &fenced).filter(|_| !unlisted);
+        });
+        let stored = Self::stored_answer(next, &fenced).filter(|_| !delivering.unlisted);
         let found_stored = stored.is_some();
-        let (mut machine, step) =
-            Calling::resume(facts, (*fenced).clone(), "recovered", stored, now);
-        if fenced.cancel_requested.is_some() {
-            // One step, taken as the `NotFound` choice: nothing is asked.
+        let command = d.observe(Observation::Found(stored), now);
+        d.set_call_facts(self.call_facts(next));
+        let Command::Call(CallStep::Retrieve { .. }) = command else {
+            // A cancel request, a stored answer, or nothing to ask about: one step, taken as the
+            // `NotFound` choice.
             if said != Retrieved::NotFound {
                 return false;
             }
-            note.push_str("finds the job's cancel request");
-            self.take_call(next, worker, machine, step, note);
-            return true;
-        }
-        if let CallStep::Done(waited) = step {
-            // A stored answer, or nothing to ask about (one step, the `NotFound` choice).
-            if said != Retrieved::NotFound {
-                return false;
-            }
-            let step = if !found_stored && self.mutated(Mutation::RecoveryAssumesNotSent) {
-                let error = ProviderError::Transient {
-                    retry_after_ms: None,
-                    reason: "assumed never sent".to_owned(),
-                };
-                CallStep::Done(Waited::from(attempt_end(
-                    Err(error),
-                    &fenced,
-                    now,
-                    next.replay,
-                )))
-            } else {
-                CallStep::Done(waited)
-            };
-            note.push_str(if found_stored {
+            note.push_str(if fenced.cancel_requested.is_some() {
+                "finds the job's cancel request"
+            } else if found_stored {
                 "finds the answer the lapsed owner stored"
             } else {
                 "finds no reference to ask about: the call may have run"
             });
-            self.take_call(next, worker, machine, step, note);
+            self.drive(next, worker, delivering, command, note);
             return true;
-        }
+        };
         let attempt = fenced.attempts;
         // The reference names the attempt and the epoch of the claim that started it: an
         // attempt given back and claimed again under the same number is another call.
@@ -2520,8 +2384,10 @@ impl Protocol {
             return false;
         };
         let _ = write!(note, "asks the provider about attempt {attempt}: {said:?}");
-        let step = machine.retrieved(found, now);
-        self.take_call(next, worker, machine, step, note);
+        let command = delivering
+            .delivery
+            .observe(Observation::Retrieved(found), now);
+        self.drive(next, worker, delivering, command, note);
         true
     }
 
@@ -2530,17 +2396,25 @@ impl Protocol {
         &self,
         next: &mut State,
         worker: usize,
-        mut machine: Calling,
+        delivering: Delivering,
         said: Retrieved,
         note: &mut String,
     ) -> bool {
-        let (attempt, epoch) = (machine.owner().attempts, machine.owner().owner_epoch);
+        let Some(owner) = delivering.delivery.owner() else {
+            return false;
+        };
+        let (attempt, epoch) = (owner.attempts, owner.owner_epoch);
         let Some(found) = Self::retrieval(next, attempt, Some(epoch), said) else {
             return false;
         };
         let _ = write!(note, "polls the provider about attempt {attempt}: {said:?}");
-        let step = machine.retrieved(found, self.now(next, worker));
-        self.take_call(next, worker, machine, step, note);
+        self.feed(
+            next,
+            worker,
+            delivering,
+            Observation::Retrieved(found),
+            note,
+        );
         true
     }
 
@@ -2598,6 +2472,168 @@ impl Protocol {
                 retry_after_ms: None,
             },
         })
+    }
+
+    /// What the world may answer a worker's delivery that waits on it (`d`).
+    fn delivery_actions(
+        &self,
+        state: &State,
+        worker: usize,
+        d: &Delivering,
+        actions: &mut Vec<Action>,
+    ) {
+        let b = &self.bounds;
+        let w = &state.workers[worker];
+        let ledger = |actions: &mut Vec<Action>, lost: bool| {
+            for &fault in self.faults(state) {
+                if lost || fault != Fault::Lost {
+                    actions.push(Action::Step { worker, fault });
+                }
+            }
+        };
+        match &d.command {
+            Command::Use => {
+                for (sent, short) in [(true, false), (false, false), (true, true)] {
+                    if !short || b.short_invocations {
+                        actions.push(Action::Send {
+                            worker,
+                            sent,
+                            short,
+                        });
+                    }
+                }
+            }
+            // The record's write goes, whatever the heartbeat found meanwhile. The heartbeat's
+            // renewal is not interleaved with it: both are conditional on the epoch alone as far
+            // as the other is concerned (the record does not read or move the lease), so either
+            // order leaves the same item.
+            Command::Call(CallStep::Record) => ledger(actions, true),
+            Command::Call(step) => {
+                match step {
+                    // Ownership lost: the wait stops (a call's, as cancelled).
+                    _ if d.lost => actions.push(Action::Answer {
+                        worker,
+                        word: Word::Uncertain,
+                    }),
+                    CallStep::Submit { .. } => self.words(state, worker, &d.delivery, actions),
+                    CallStep::Resend { at } => {
+                        // Capacity comes back from `at`, or not before the call's time is up.
+                        actions.push(Action::Resend {
+                            worker,
+                            resent: false,
+                        });
+                        if state.time + w.offset >= *at {
+                            actions.push(Action::Resend {
+                                worker,
+                                resent: true,
+                            });
+                        }
+                    }
+                    _ => {
+                        for said in self.retrievals() {
+                            actions.push(Action::Ask { worker, said });
+                        }
+                    }
+                }
+                if !d.lost {
+                    for &fault in self.faults(state) {
+                        actions.push(Action::Renew { worker, fault });
+                    }
+                }
+            }
+            Command::LookForAnswer => {
+                let Some(fenced) = d.delivery.owner() else {
+                    return;
+                };
+                let reference = fenced.last_provider_ref().is_some();
+                let stored = Self::stored_answer(state, fenced).is_some() && !d.unlisted;
+                // The bucket's listing fails: a fault of the path's bound.
+                if stored && state.faults < b.faults {
+                    actions.push(Action::Unlisted { worker });
+                }
+                if state.retrievable() && reference && !stored {
+                    for said in self.retrievals() {
+                        actions.push(Action::Ask { worker, said });
+                    }
+                } else {
+                    // No reference: one step, taken as an `Ask` that finds nothing.
+                    actions.push(Action::Ask {
+                        worker,
+                        said: Retrieved::NotFound,
+                    });
+                }
+            }
+            Command::End(EndStep::Place) => {
+                actions.push(Action::Place {
+                    worker,
+                    put: Put::Inline,
+                });
+                actions.push(Action::Place {
+                    worker,
+                    put: Put::Stored,
+                });
+                // The bucket's failures are faults of the path's bound.
+                if state.faults < b.faults {
+                    for put in [Put::Failed, Put::Lost] {
+                        actions.push(Action::Place { worker, put });
+                    }
+                }
+            }
+            Command::Take => {
+                for granted in [true, false] {
+                    actions.push(Action::Admit { worker, granted });
+                }
+            }
+            // A read (after a write that failed) answers or fails: it applies nothing.
+            Command::ReadBack { .. } => ledger(actions, false),
+            _ => ledger(actions, true),
+        }
+    }
+
+    /// What the provider may say to the call the worker sent.
+    fn words(&self, state: &State, worker: usize, d: &Delivery, actions: &mut Vec<Action>) {
+        // A background provider answers through a retrieval, never the submit; the others
+        // never start a call in the background.
+        let background = matches!(state.upstream, Upstream::Background | Upstream::Batch);
+        let invalid = self.bounds.invalid_answers.then_some(Word::Invalid);
+        for word in [
+            Word::Answer,
+            Word::Transient,
+            Word::Permanent,
+            Word::Throttled,
+            Word::Uncertain,
+            Word::Started,
+        ]
+        .into_iter()
+        .chain(invalid)
+        {
+            let answers = !matches!(word, Word::Answer | Word::Started | Word::Invalid);
+            if answers || (word == Word::Started) == background {
+                actions.push(Action::Answer { worker, word });
+            }
+        }
+        // A batch's own words: its create unseen, its line never sent.
+        if state.upstream == Upstream::Batch {
+            for word in [Word::StartedUnseen, Word::NotSent] {
+                actions.push(Action::Answer { worker, word });
+            }
+        }
+        let Some(machine) = d.calling() else {
+            return;
+        };
+        let now = state.time + state.workers[worker].offset;
+        if machine.bound() == Bound::JobDeadline && now >= self.bounds.deadline {
+            actions.push(Action::Answer {
+                worker,
+                word: Word::PastDeadline,
+            });
+        }
+        if machine.bound() == Bound::Invocation && now >= machine.facts().invocation_end {
+            actions.push(Action::Answer {
+                worker,
+                word: Word::CutOff,
+            });
+        }
     }
 
     /// Prints the path as a timeline: one line per event, with the item after it.
@@ -2811,6 +2847,15 @@ fn references_name_calls(s: &State, r: &JobRecord) -> bool {
     })
 }
 
+/// What a writer heard of its write.
+fn heard(answer: &Option<Write>) -> &'static str {
+    match answer {
+        Some(Write::Applied(_)) => ": applied",
+        Some(Write::Refused(_)) => ": refused",
+        None => ": no answer",
+    }
+}
+
 fn word_name(word: Word) -> &'static str {
     match word {
         Word::Answer => "an answer",
@@ -2884,7 +2929,6 @@ impl Model for Protocol {
                                     owner: 0,
                                     offset,
                                     view: None,
-                                    hopped: false,
                                 })
                                 .collect(),
                             calls: Vec::new(),
@@ -2936,172 +2980,12 @@ impl Model for Protocol {
                     }
                     continue;
                 }
-                Pc::Claimed { .. } => {
-                    for (sent, short) in [(true, false), (false, false), (true, true)] {
-                        if !short || b.short_invocations {
-                            actions.push(Action::Send {
-                                worker,
-                                sent,
-                                short,
-                            });
-                        }
-                    }
-                }
-                Pc::Calling {
-                    lost,
-                    machine,
-                    waits,
-                    ..
-                } => {
-                    let mut renews = true;
-                    match waits {
-                        // The record's write goes, whatever the heartbeat found meanwhile. The
-                        // heartbeat's renewal is not interleaved with it: both are conditional on
-                        // the epoch alone as far as the other is concerned (the record does not
-                        // read or move the lease), so either order leaves the same item.
-                        Waits::Record => {
-                            for &fault in self.faults(state) {
-                                actions.push(Action::Step { worker, fault });
-                            }
-                            renews = false;
-                        }
-                        // Ownership lost: the wait stops (a call's, as cancelled).
-                        _ if *lost => actions.push(Action::Answer {
-                            worker,
-                            word: Word::Uncertain,
-                        }),
-                        Waits::Word => {
-                            // A background provider answers through a retrieval, never the
-                            // submit; the others never start a call in the background.
-                            let background =
-                                matches!(state.upstream, Upstream::Background | Upstream::Batch);
-                            let invalid = self.bounds.invalid_answers.then_some(Word::Invalid);
-                            for word in [
-                                Word::Answer,
-                                Word::Transient,
-                                Word::Permanent,
-                                Word::Throttled,
-                                Word::Uncertain,
-                                Word::Started,
-                            ]
-                            .into_iter()
-                            .chain(invalid)
-                            {
-                                let answers =
-                                    !matches!(word, Word::Answer | Word::Started | Word::Invalid);
-                                if answers || (word == Word::Started) == background {
-                                    actions.push(Action::Answer { worker, word });
-                                }
-                            }
-                            // A batch's own words: its create unseen, its line never sent.
-                            if state.upstream == Upstream::Batch {
-                                for word in [Word::StartedUnseen, Word::NotSent] {
-                                    actions.push(Action::Answer { worker, word });
-                                }
-                            }
-                            let now = state.time + w.offset;
-                            if machine.bound() == Bound::JobDeadline && now >= self.bounds.deadline
-                            {
-                                actions.push(Action::Answer {
-                                    worker,
-                                    word: Word::PastDeadline,
-                                });
-                            }
-                            if machine.bound() == Bound::Invocation
-                                && now >= machine.facts().invocation_end
-                            {
-                                actions.push(Action::Answer {
-                                    worker,
-                                    word: Word::CutOff,
-                                });
-                            }
-                        }
-                        Waits::Resend { at } => {
-                            // Capacity comes back from `at`, or not before the call's time is up.
-                            actions.push(Action::Resend {
-                                worker,
-                                resent: false,
-                            });
-                            if state.time + w.offset >= *at {
-                                actions.push(Action::Resend {
-                                    worker,
-                                    resent: true,
-                                });
-                            }
-                        }
-                        Waits::Retrieval => {
-                            for said in self.retrievals() {
-                                actions.push(Action::Ask { worker, said });
-                            }
-                        }
-                    }
-                    if !*lost && renews {
-                        for &fault in self.faults(state) {
-                            actions.push(Action::Renew { worker, fault });
-                        }
-                    }
-                }
-                Pc::Recovered { fenced, unlisted } => {
-                    let reference = fenced.last_provider_ref().is_some();
-                    let stored = Self::stored_answer(state, fenced).is_some() && !unlisted;
-                    // The bucket's listing fails: a fault of the path's bound.
-                    if stored && state.faults < b.faults {
-                        actions.push(Action::Unlisted { worker });
-                    }
-                    if state.retrievable() && reference && !stored {
-                        for said in self.retrievals() {
-                            actions.push(Action::Ask { worker, said });
-                        }
-                    } else {
-                        // No reference: one step, taken as an `Ask` that finds nothing.
-                        actions.push(Action::Ask {
-                            worker,
-                            said: Retrieved::NotFound,
-                        });
-                    }
-                }
-                Pc::Ending { machine } if machine.answer().is_some() => {
-                    actions.push(Action::Place {
-                        worker,
-                        put: Put::Inline,
-                    });
-                    actions.push(Action::Place {
-                        worker,
-                        put: Put::Stored,
-                    });
-                    // The bucket's failures are faults of the path's bound.
-                    if state.faults < b.faults {
-                        for put in [Put::Failed, Put::Lost] {
-                            actions.push(Action::Place { worker, put });
-                        }
-                    }
-                }
-                Pc::Admit { .. } => {
-                    for granted in [true, false] {
-                        actions.push(Action::Admit { worker, granted });
-                    }
-                }
-                // A read (after a write that failed) answers or fails: it applies nothing.
-                Pc::ReadBack { .. } => {
-                    for &fault in self.faults(state) {
-                        if fault != Fault::Lost {
-                            actions.push(Action::Step { worker, fault });
-                        }
-                    }
-                }
-                _ => {
-                    for &fault in self.faults(state) {
-                        actions.push(Action::Step { worker, fault });
-                    }
-                }
+                Pc::Delivering(d) => self.delivery_actions(state, worker, d, actions),
             }
             // A crash matters only while the worker holds the job: before its first write it
             // is a delivery that did nothing, and between writes it is what a failed write
             // followed by a back-off already is.
-            let holds = matches!(
-                w.pc,
-                Pc::Claimed { .. } | Pc::Calling { .. } | Pc::Recovered { .. } | Pc::Ending { .. }
-            );
+            let holds = matches!(&w.pc, Pc::Delivering(d) if d.delivery.owner().is_some());
             if holds && state.faults < b.faults {
                 actions.push(Action::Crash { worker });
             }

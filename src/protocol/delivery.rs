@@ -7,14 +7,18 @@
 //! commands out, and the model checker drives the same machine with the world's choices.
 
 use super::admission::{Admission, Applied, Facts, Op, Step};
-use super::calling::{CallFacts, CallStep, Calling, Said};
-use super::ending::{Closed, EndFacts, EndStep, Ending, Placed, Waited};
+use super::calling::{CallFacts, CallStep, Calling};
+use super::ending::{Closed, EndFacts, EndStep, Ending};
 use super::routing;
-use crate::job::{AttemptOutcome, BlobRef, Failure, JobRecord, JobState, Millis, RecordOutcome};
-use crate::ledger::Write;
-use crate::provider::Retrieval;
+use crate::job::{AttemptOutcome, Failure, JobRecord, JobState, Millis, RecordOutcome};
 use crate::provider::batch::parse_ref;
+mod words;
+
+pub use words::{Charge, Command, Observation};
+
 use std::collections::VecDeque;
+use std::hash::{Hash, Hasher};
+use std::sync::Arc;
 
 /// What a delivery knows of one provider of the deployment's list, for its job.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -31,119 +35,6 @@ pub struct Lane {
     pub end: EndFacts,
 }
 
-/// What the capacity and spend a call took are charged once its attempt ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Charge {
-    /// What the provider said the call cost, else nothing: the call was never sent, or its
-    /// attempt's end shows it ran nothing.
-    Heard,
-    /// What the provider said the call cost, else all the call reserved: the call went and
-    /// may have run.
-    HeardOrReserved,
-}
-
-/// What the delivery asks the worker to do next; each is answered by the [`Observation`]
-/// its documentation names.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub enum Command {
-    /// Take capacity for the call on the provider [`Delivery::lane`] names (the tenant's and
-    /// the provider's pacing, the day's spend): [`Observation::Taken`] or
-    /// [`Observation::NoCapacity`].
-    Take,
-    /// Give back what was taken for a call that is not made here, then
-    /// [`Observation::Carried`].
-    GiveBack,
-    /// Ask the provider whether the batch of the line the item shows ([`Delivery::view`])
-    /// still runs: [`Observation::BatchRunning`].
-    LookAtBatch,
-    /// Make this write as [`Delivery::owner_id`]: [`Observation::Applied`],
-    /// [`Observation::Refused`], [`Observation::Unanswered`] or [`Observation::WriteFailed`].
-    Write(Op),
-    /// After the pause, read the item: [`Observation::Read`] or [`Observation::ReadFailed`].
-    ReadBack {
-        /// The pause before the read.
-        pause_ms: Millis,
-    },
-    /// The claim holds: the capacity taken goes to its call, then [`Observation::Carried`].
-    Use,
-    /// A recovery fenced the owner of the attempt it left: look in the results bucket for the
-    /// answer that owner stored and never accepted ([`Observation::Found`]).
-    LookForAnswer,
-    /// A step of the call, as [`Calling`] names it (never `Done`); each is answered as the
-    /// step says, through the call observations.
-    Call(CallStep),
-    /// A step of the attempt's end, as [`Ending`] names it (never `Done`):
-    /// [`Observation::Placed`], [`Observation::Answered`] or [`Observation::Rejected`].
-    End(EndStep),
-    /// The attempt numbered `attempt` ended: its usage is counted and what its call took is
-    /// charged so, then [`Observation::Carried`].
-    Charge {
-        /// The attempt.
-        attempt: u32,
-        /// What its call's capacity and spend are charged.
-        charge: Charge,
-    },
-    /// The delivery ends so.
-    Done(Box<Closed>),
-}
-
-/// What the world said to the last [`Command`].
-#[derive(Debug, Clone, PartialEq)]
-pub enum Observation {
-    /// Capacity for the call was taken.
-    Taken,
-    /// No capacity for the call soon: it comes back after this wait.
-    NoCapacity {
-        /// The wait.
-        wait_ms: Millis,
-    },
-    /// The command needs no answer and was carried out.
-    Carried,
-    /// Whether the line's batch still runs.
-    BatchRunning(bool),
-    /// The write was applied and left this item.
-    Applied(JobRecord),
-    /// The write was refused; the item as the refusal showed it (`None`: there is none).
-    Refused(Option<JobRecord>),
-    /// The write was sent and no answer came.
-    Unanswered,
-    /// The write failed before anything was written.
-    WriteFailed,
-    /// The item as a read found it.
-    Read(Option<JobRecord>),
-    /// The read failed.
-    ReadFailed,
-    /// The answer the fenced owner stored, if one was found.
-    Found(Option<BlobRef>),
-    /// What the provider said to the call ([`CallStep::Submit`]).
-    Said(Said),
-    /// The pacer keeps this pause after a refusal for its rate limit ([`CallStep::Throttled`]).
-    Paced {
-        /// The pause's end.
-        paused_until: Millis,
-    },
-    /// Whether the pacer lets a refused call go again ([`CallStep::Resend`]).
-    Resent(bool),
-    /// The answer to the write of the call's reference ([`CallStep::Record`]; `None`: none).
-    Recorded(Option<Write>),
-    /// What the provider said of the call asked about ([`CallStep::Retrieve`]).
-    Retrieved(Retrieval),
-    /// The pause before asking again passed ([`CallStep::Pause`]).
-    Paused,
-    /// The provider was asked to cancel the call ([`CallStep::Cancel`]).
-    Cancelled,
-    /// Ownership was lost while the call waited.
-    Lost,
-    /// An operator cancelled the job while the call waited.
-    Withdrawn,
-    /// Where the answer was put ([`EndStep::Place`]).
-    Placed(Placed),
-    /// The answer to a write ending the attempt (`None`: none came).
-    Answered(Option<Write>),
-    /// The table refused the answer itself (too large after all).
-    Rejected,
-}
-
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 enum Phase {
     Admitting(Admission),
@@ -158,15 +49,31 @@ enum Phase {
     Done,
 }
 
-/// One delivery of a job's record, from the item it read (if any) to the write that ends it.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct Delivery {
+/// What a delivery knows before anything is read, and keeps to its end.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Plan {
     /// Unique to the delivery; a fallback's claim adds `+hop`.
     owner_id: String,
     /// The message's input digest.
     digest: String,
     /// The deployment's providers, in order; never empty.
     lanes: Vec<Lane>,
+}
+
+/// Hashed by the owner id alone: the rest is the deployment's and the job's, the same in every
+/// delivery one owner id could be told apart from (equal plans hash equal all the same).
+impl Hash for Plan {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.owner_id.hash(state);
+    }
+}
+
+/// One delivery of a job's record, from the item it read (if any) to the write that ends it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Delivery {
+    /// What it knows before anything is read: shared by its copies (a model checker keeps
+    /// many).
+    plan: Arc<Plan>,
     /// The provider the admission is routed to.
     routed: usize,
     /// Claims made for another provider after a definite refusal.
@@ -175,8 +82,6 @@ pub struct Delivery {
     view: Option<JobRecord>,
     /// The claim's call was sent.
     sent: bool,
-    /// What the last call came to, and whether the invocation's deadline cut it off.
-    called: Option<(Waited, bool)>,
     phase: Phase,
     /// The commands after the one that needs no answer, in order.
     queued: VecDeque<Command>,
@@ -193,14 +98,15 @@ impl Delivery {
         now: Millis,
     ) -> (Delivery, Command) {
         let mut d = Delivery {
-            owner_id,
-            digest,
-            lanes,
+            plan: Arc::new(Plan {
+                owner_id,
+                digest,
+                lanes,
+            }),
             routed: 0,
             hop: 0,
             view: None,
             sent: false,
-            called: None,
             phase: Phase::Done,
             queued: VecDeque::new(),
         };
@@ -211,8 +117,8 @@ impl Delivery {
     /// The owner id its writes carry.
     pub fn owner_id(&self) -> String {
         match self.hop {
-            0 => self.owner_id.clone(),
-            hop => format!("{}+{hop}", self.owner_id),
+            0 => self.plan.owner_id.clone(),
+            hop => format!("{}+{hop}", self.plan.owner_id),
         }
     }
 
@@ -227,7 +133,8 @@ impl Delivery {
         self.hop
     }
 
-    /// The last item seen.
+    /// The last item seen, but while a claim or recovery of this delivery holds (its item is
+    /// [`Delivery::owner`]).
     pub fn view(&self) -> Option<&JobRecord> {
         self.view.as_ref()
     }
@@ -271,10 +178,11 @@ impl Delivery {
         self.sent
     }
 
-    /// What the last call came to, and whether the invocation's deadline cut it off, once it
-    /// ended.
-    pub fn called(&self) -> Option<&(Waited, bool)> {
-        self.called.as_ref()
+    /// What the calls of the delivery's provider know from now on (the model checker lets the
+    /// world say how much time the invocation has when a call starts).
+    pub fn set_call_facts(&mut self, facts: CallFacts) {
+        let lane = self.lane();
+        Arc::make_mut(&mut self.plan).lanes[lane].call = facts;
     }
 
     /// What the world said to the last command, at `now`: the next command.
@@ -287,7 +195,7 @@ impl Delivery {
         match std::mem::replace(&mut self.phase, Phase::Done) {
             Phase::Admitting(a) => self.admitting(a, observation, now),
             Phase::Claimed(claimed) => {
-                let facts = self.lanes[self.lane_of(&claimed)].call;
+                let facts = self.plan.lanes[self.lane_of(&claimed)].call;
                 let (machine, step) = Calling::start(facts, claimed, now);
                 self.sent = matches!(step, CallStep::Submit { .. });
                 self.call(machine, step, now)
@@ -301,7 +209,7 @@ impl Delivery {
                     .last()
                     .map_or("recovered", |r| r.reason.as_str())
                     .to_owned();
-                let facts = self.lanes[self.lane_of(&fenced)].call;
+                let facts = self.plan.lanes[self.lane_of(&fenced)].call;
                 let (machine, step) = Calling::resume(facts, fenced, &because, stored, now);
                 self.call(machine, step, now)
             }
@@ -344,7 +252,7 @@ impl Delivery {
     /// A new admission from `item` (the item already read, if any), unless the invocation is
     /// too close to its end to start anything.
     fn admit(&mut self, item: Option<JobRecord>, now: Millis) -> Command {
-        if now >= self.lanes[0].call.invocation_end {
+        if now >= self.plan.lanes[0].call.invocation_end {
             // Too close to the invocation's end to start anything: the job is left untouched.
             self.view = None;
             return self.done(backoff("invocation deadline"), false);
@@ -356,8 +264,8 @@ impl Delivery {
     /// without one).
     fn route(&mut self, item: Option<JobRecord>, now: Millis) -> Command {
         self.routed = self.next_lane(item.as_ref());
-        let facts = self.lanes[self.routed].admission;
-        let (machine, step) = Admission::start(facts, item.as_ref(), &self.digest, now);
+        let facts = self.plan.lanes[self.routed].admission;
+        let (machine, step) = Admission::start(facts, item.as_ref(), &self.plan.digest, now);
         self.view = item.or(self.view.take());
         self.admission_step(machine, step)
     }
@@ -404,7 +312,7 @@ impl Delivery {
             let next = self.route(seen, now);
             return self.then(Command::GiveBack, next);
         }
-        let step = a.seen(seen.as_ref(), &self.digest, now);
+        let step = a.seen(seen.as_ref(), &self.plan.digest, now);
         self.view = seen.or(self.view.take());
         self.admission_step(a, step)
     }
@@ -428,18 +336,21 @@ impl Delivery {
 
     /// Our own write applied, leaving `record`.
     fn applied(&mut self, a: Admission, record: JobRecord) -> Command {
-        self.view = Some(record.clone());
         match a.applied(&record) {
+            // The owner's item is the view until the attempt's end says otherwise.
             Applied::Call => {
+                self.view = None;
                 self.phase = Phase::Claimed(record);
                 Command::Use
             }
             // No call under these writes: what was taken is given back.
             Applied::Investigate { .. } => {
+                self.view = None;
                 self.phase = Phase::Recovered(record);
                 self.then(Command::GiveBack, Command::LookForAnswer)
             }
             Applied::End(outcome) => {
+                self.view = Some(record);
                 self.phase = Phase::Admitting(a);
                 self.done(outcome, true)
             }
@@ -465,7 +376,7 @@ impl Delivery {
     /// How long a record whose line's batch runs waits before its next look: the batch poll
     /// interval, within the job's deadline, never under the skew margin.
     fn batch_wait(&self, now: Millis) -> Millis {
-        let lane = &self.lanes[self.routed];
+        let lane = &self.plan.lanes[self.routed];
         let left = self
             .view
             .as_ref()
@@ -476,9 +387,8 @@ impl Delivery {
     fn call(&mut self, machine: Calling, step: CallStep, now: Millis) -> Command {
         match step {
             CallStep::Done(waited) => {
-                self.called = Some((waited.clone(), machine.cut_off()));
                 let owner = machine.into_owner();
-                let facts = self.lanes[self.lane_of(&owner)].end;
+                let facts = self.plan.lanes[self.lane_of(&owner)].end;
                 let (machine, step) = Ending::start(facts, owner, waited, now);
                 self.end(machine, step)
             }
@@ -512,7 +422,7 @@ impl Delivery {
         match closed.view.clone().filter(|v| self.falls_back(v)) {
             Some(view) => {
                 self.hop += 1;
-                (self.sent, self.called) = (false, None);
+                self.sent = false;
                 self.admit(Some(view), now)
             }
             None => Command::Done(Box::new(closed)),
@@ -523,7 +433,7 @@ impl Delivery {
     /// provider: its latest attempt is this delivery's own claim, refused definitely, and the
     /// next attempt is another provider's (once per other provider at most).
     fn falls_back(&self, job: &JobRecord) -> bool {
-        self.hop + 1 < self.lanes.len()
+        self.hop + 1 < self.plan.lanes.len()
             && job.state == JobState::RetryAuthorized
             && routing::latest(job).is_some_and(|a| a.owner_id == self.owner_id())
             && routing::last_refused(job)
@@ -557,16 +467,16 @@ impl Delivery {
     fn next_lane(&self, view: Option<&JobRecord>) -> usize {
         routing::next_serving(
             view,
-            self.lanes.len(),
-            |i| &self.lanes[i].name,
-            |i| self.lanes[i].serves,
+            self.plan.lanes.len(),
+            |i| &self.plan.lanes[i].name,
+            |i| self.plan.lanes[i].serves,
         )
     }
 
     /// The provider of `job`'s current attempt.
     fn lane_of(&self, job: &JobRecord) -> usize {
-        routing::index_named(routing::latest(job), self.lanes.len(), |i| {
-            &self.lanes[i].name
+        routing::index_named(routing::latest(job), self.plan.lanes.len(), |i| {
+            &self.plan.lanes[i].name
         })
     }
 }

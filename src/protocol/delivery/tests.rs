@@ -2,10 +2,13 @@
 
 use super::*;
 use crate::job::{NewJob, Route};
+use crate::ledger::Write;
 use crate::ledger::transitions::{apply_claim, apply_end};
 use crate::ledger::{ClaimRequest, EndRequest};
 use crate::protocol::ReplayPolicy;
+use crate::protocol::calling::Said;
 use crate::protocol::ending::EndWrite;
+use crate::protocol::ending::Placed;
 use crate::provider::ProviderError;
 
 const NOW: Millis = 1_000_000;
@@ -62,7 +65,7 @@ fn claim(d: &Delivery, item: Option<&JobRecord>, op: Op) -> JobRecord {
     };
     let req = ClaimRequest {
         route: Some(Route {
-            provider: d.lanes[d.lane()].name.clone(),
+            provider: d.plan.lanes[d.lane()].name.clone(),
             model: "m".to_owned(),
         }),
         job: NewJob::example("j", DEADLINE),

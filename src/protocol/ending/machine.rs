@@ -232,6 +232,11 @@ impl Ending {
         &self.owner
     }
 
+    /// The call still runs upstream: the owner hands the job to the next delivery.
+    pub fn hands_over(&self) -> bool {
+        self.phase == Phase::HandOver && !self.batched
+    }
+
     /// The answer to place, at [`EndStep::Place`].
     pub fn answer(&self) -> Option<&str> {
         match &self.end {

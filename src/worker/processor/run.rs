@@ -11,9 +11,9 @@ use crate::job::contract::Contract;
 use crate::job::prices::{PriceTable, Rate};
 use crate::job::{JobMessage, JobRecord, Millis, Usage};
 use crate::ledger::JobLedger;
-use crate::protocol::calling::{CallFacts, CallStep, Calling, MIN_CALL_BUDGET_MS, Said};
+use crate::protocol::calling::{Bound, CallFacts, CallStep, Calling, MIN_CALL_BUDGET_MS, Said};
 use crate::protocol::delivery::{Command, Delivery, Observation};
-use crate::protocol::ending::Waited;
+use crate::protocol::ending::Ending;
 use crate::provider::{Progress, Provider, ProviderRequest, Retrieval, Submission};
 use crate::telemetry;
 
@@ -178,6 +178,12 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         let mut step = step;
         let next = loop {
             let said = self.carry_out(&call, d, step, &mut spent.heard).await;
+            // A call that took all the invocation left it was cut off.
+            if said == Observation::Said(Said::TimedOut)
+                && d.calling().is_some_and(|c| c.bound() == Bound::Invocation)
+            {
+                watch.deadline_cutoff();
+            }
             match d.observe(said, self.clock.now_ms()) {
                 Command::Call(next) => step = next,
                 next => break next,
@@ -188,13 +194,8 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
             let took = self.clock.now_ms() - started;
             watch.provider_latency(u64::try_from(took).unwrap_or(0));
         }
-        if let Some((waited, cut_off)) = d.called() {
-            if *cut_off {
-                watch.deadline_cutoff();
-            }
-            if *waited == Waited::Running {
-                tracing::info!(job_id = %msg.job_id, "call still running upstream; handing it over to the next delivery");
-            }
+        if d.ending().is_some_and(Ending::hands_over) {
+            tracing::info!(job_id = %msg.job_id, "call still running upstream; handing it over to the next delivery");
         }
         (next, spent)
     }
