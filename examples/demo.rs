@@ -165,7 +165,7 @@ fn night(id: &str, prompt: &str) -> String {
 
 /// What the ledger says of the deferrable jobs: the batch each line went in, and how often its
 /// record came back to look before the batch ended.
-fn show_batches(records: &[fenced_jobs::job::JobRecord], sizes: &[usize]) {
+fn show_batches(records: &[fenced_jobs::job::JobItem], sizes: &[usize]) {
     println!(
         "Deferrable jobs: {} provider batch(es) of {sizes:?} line(s), at the batch price.",
         sizes.len()
@@ -209,7 +209,7 @@ fn invoice_job() -> String {
 }
 
 /// Where each attempt of the fallback job went, as its claim recorded it.
-fn show_fallback(record: &fenced_jobs::job::JobRecord) {
+fn show_fallback(record: &fenced_jobs::job::JobItem) {
     for a in &record.attempt_log {
         let (provider, model) = a
             .route
@@ -231,7 +231,7 @@ fn show_fallback(record: &fenced_jobs::job::JobRecord) {
 
 /// What the ledger says of the invoice job: why its first answer was refused, and the
 /// accepted answer's total, read from the output stored as JSON.
-fn show_invoice(record: &fenced_jobs::job::JobRecord) {
+fn show_invoice(record: &fenced_jobs::job::JobItem) {
     for a in &record.attempt_log {
         if !a.errors.is_empty() {
             println!(

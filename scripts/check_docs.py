@@ -15,6 +15,10 @@ Rules:
 4. The README stays a front door: at most 250 lines.
 5. Decisions: each record under `docs/decisions/` (one file each, `NNNN-title.md`) is numbered
    in order from 1, has a status, and is in the index (`docs/decisions/README.md`).
+6. One word per idea: the README's glossary names, beside each word, the synonyms it retires;
+   none appears in the documents (history apart) or in the code (`src/`, `tests/`,
+   `examples/`, `fuzz/`, `scripts/`): a plain phrase in any case, a name in backticks as
+   written.
 """
 
 import os
@@ -126,6 +130,55 @@ def check_links(root, path, text):
     return problems
 
 
+CODE_DIRS = ["src", "tests", "examples", "fuzz", "scripts"]
+GLOSSARY = re.compile(r"(?ms)^## Glossary\n(.*?)(?=^## )")
+
+
+def retired(readme):
+    """The synonyms the README's glossary retires: (pattern, what to say instead)."""
+    section = GLOSSARY.search(readme)
+    found = []
+    for row in (section.group(1) if section else "").splitlines():
+        cells = [c.strip() for c in row.strip().strip("|").split("|")]
+        if len(cells) < 3 or cells[0] in ("word", "---"):
+            continue
+        for term in filter(None, (t.strip() for t in cells[2].split(","))):
+            name = term.strip("`")
+            flags = 0 if term.startswith("`") else re.IGNORECASE
+            found.append((re.compile(r"(?<![\w:])" + re.escape(name) + r"(?!\w)", flags), name, cells[0]))
+    return found
+
+
+def code_texts(root):
+    """Every source file of the code, by path."""
+    texts = {}
+    for top in CODE_DIRS:
+        for dirpath, dirnames, files in os.walk(os.path.join(root, top)):
+            dirnames[:] = [d for d in dirnames if d not in ("target", "corpus", "artifacts")]
+            for name in files:
+                if name.endswith((".rs", ".py", ".sh")):
+                    path = os.path.relpath(os.path.join(dirpath, name), root)
+                    texts[path] = read(root, path)
+    return texts
+
+
+def check_words(texts, sources):
+    """No retired synonym (rule 6) in a document that is not history, or in the code."""
+    readme = texts["README.md"]
+    words = retired(readme)
+    problems = []
+    for path, text in list(texts.items()) + list(sources.items()):
+        if is_history(path):
+            continue
+        if path == "README.md":
+            text = GLOSSARY.sub("", text)
+        for pattern, name, word in words:
+            for m in pattern.finditer(text):
+                line = text.count("\n", 0, m.start()) + 1
+                problems.append(f"{path}:{line}: '{name}' is retired; the glossary says '{word}'")
+    return problems
+
+
 def check_readme(text):
     n = len(text.splitlines())
     return [f"README.md: {n} lines, more than {README_MAX_LINES}"] if n > README_MAX_LINES else []
@@ -164,17 +217,20 @@ def read(root, path):
         return f.read()
 
 
-def check(root, texts=None, code=None):
-    """Every problem found; `texts` and `code` replace what is read from disk (self-test)."""
+def check(root, texts=None, code=None, sources=None):
+    """Every problem found; `texts`, `code` and `sources` replace what is read from disk
+    (self-test)."""
     texts = dict(texts or {})
     for path in documents(root):
         texts.setdefault(path, read(root, path))
+    sources = code_texts(root) if sources is None else sources
     code = code_variables(root) if code is None else code
     problems = check_configuration(code, texts["docs/configuration.md"])
     for path, text in texts.items():
         problems += check_links(root, path, text)
     problems += check_readme(texts["README.md"])
     problems += check_decisions(texts)
+    problems += check_words(texts, sources)
     return problems
 
 
@@ -207,6 +263,13 @@ def self_test(root):
     for rule, (texts, code) in breaks.items():
         if not check(root, texts, code):
             failures.append(f"self-test: {rule} was not caught")
+    words = retired(readme)
+    if not words:
+        failures.append("self-test: the glossary retires no word")
+    for pattern, name, _ in words[:3]:
+        stale = {"src/stale.rs": f"/// The {name} of a job.\n"}
+        if not check(root, None, None, {**code_texts(root), **stale}):
+            failures.append(f"self-test: the retired '{name}' in the code was not caught")
     return failures
 
 
@@ -220,7 +283,7 @@ def main(argv):
         print(p, file=sys.stderr)
     if problems:
         return 1
-    print(f"docs: {len(code_variables(root))} variables documented, links and paths resolve")
+    print(f"docs: {len(code_variables(root))} variables documented, links and paths resolve, no retired word")
     return 0
 
 

@@ -6,7 +6,7 @@
 //! Read it as floors; a module imports only from the floors below it (checked by
 //! `scripts/check_layout.py` in `make test`):
 //!
-//! 1. [`job`]: pure logic, no I/O, no clock, no AWS types: the ledger record, its states, the
+//! 1. [`job`]: pure logic, no I/O, no clock, no AWS types: the ledger item, its states, the
 //!    message contract and digest, the decision for a delivery, record outcomes and visibility,
 //!    output contracts (which answer a job asked for, and judging one).
 //!    Beside it, [`clock`] (injected time) and [`vars`] (reading settings from the environment).

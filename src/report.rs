@@ -4,7 +4,7 @@
 
 use aws_lambda_events::event::sqs::SqsBatchResponse;
 
-use crate::job::{JobRecord, Millis, RecordOutcome};
+use crate::job::{JobItem, Millis, RecordOutcome};
 use crate::queue::VisibilityReport;
 
 /// One record's outcome, as the handler reports it.
@@ -39,7 +39,7 @@ pub struct JobSummary {
 
 impl JobSummary {
     /// The summary of `record`.
-    pub fn of(record: &JobRecord) -> Self {
+    pub fn of(record: &JobItem) -> Self {
         JobSummary {
             epoch: record.owner_epoch,
             attempts: record.attempts,

@@ -21,7 +21,7 @@ use fenced_jobs::blobs::{BlobError, BlobStore, MemoryBlobs, read_checked};
 use fenced_jobs::clock::Clock;
 use fenced_jobs::job::contract::{Contracts, Finish};
 use fenced_jobs::job::{
-    AttemptOutcome, BlobRef, JobRecord, JobState, Millis, ResultBody, parse_trigger,
+    AttemptOutcome, BlobRef, JobItem, JobState, Millis, ResultBody, parse_trigger,
 };
 use fenced_jobs::ledger::memory::InMemoryLedger;
 use fenced_jobs::ledger::transitions::known_after_end;
@@ -337,7 +337,7 @@ impl World {
     }
 
     /// Adds a stream record for a write that changed the job's state.
-    fn streamed(&self, record: &JobRecord) {
+    fn streamed(&self, record: &JobItem) {
         let mut stream = self.stream.lock().expect("stream");
         let (states, records) = &mut *stream;
         let before = states.insert(record.job_id.clone(), record.state);
@@ -895,7 +895,7 @@ impl SimLedger {
         Ok(written)
     }
 
-    fn check(&self, job_id: &str, record: &JobRecord) {
+    fn check(&self, job_id: &str, record: &JobItem) {
         if let (JobState::Succeeded, Some(result)) = (record.state, &record.result)
             && !meets_contract(job_id, result.as_bytes())
         {
@@ -1014,7 +1014,7 @@ impl JobLedger for SimLedger {
         };
         self.call("end", &id, apply).await
     }
-    async fn end_known(&self, known: &JobRecord, req: EndRequest) -> Result<Write, LedgerError> {
+    async fn end_known(&self, known: &JobItem, req: EndRequest) -> Result<Write, LedgerError> {
         let id = req.job_id.clone();
         let rebuilt = known_after_end(known, &req);
         let written = self.end(req).await?;
@@ -1073,7 +1073,7 @@ impl JobLedger for SimLedger {
         let id = req.job_id.clone();
         self.call("cancel", &id, self.table.cancel(req)).await
     }
-    async fn get(&self, job_id: &str) -> Result<Option<JobRecord>, LedgerError> {
+    async fn get(&self, job_id: &str) -> Result<Option<JobItem>, LedgerError> {
         self.gate.pass(&self.world).await;
         if self.world.fault("ddb_stall", self.world.rates.ddb_stall) {
             tokio::time::sleep(Duration::from_millis(self.world.range(60_000, 900_000))).await;
@@ -1403,7 +1403,7 @@ impl SimProvider {
 
     /// Checks that the call went to the provider its claim named, and that it is another
     /// provider than the one of the job's attempt before only when that one refused definitely.
-    fn check_route(&self, req: &ProviderRequest<'_>, item: &fenced_jobs::job::JobRecord) {
+    fn check_route(&self, req: &ProviderRequest<'_>, item: &fenced_jobs::job::JobItem) {
         let Some(current) = item.attempt_log.iter().find(|a| a.epoch == req.epoch) else {
             return;
         };

@@ -17,7 +17,7 @@ use std::fmt::Write as _;
 
 use fenced_jobs::job::artifact::{RESULTS_PREFIX, result_key};
 use fenced_jobs::job::{
-    AttemptOutcome, BlobRef, Failure, JobRecord, JobState, Millis, NewJob, RecordOutcome,
+    AttemptOutcome, BlobRef, Failure, JobItem, JobState, Millis, NewJob, RecordOutcome,
 };
 use fenced_jobs::ledger::transitions::{
     apply_cancel, apply_claim, apply_create, apply_decide, apply_end, apply_record_ref,
@@ -25,14 +25,14 @@ use fenced_jobs::ledger::transitions::{
 };
 use fenced_jobs::ledger::{
     AttemptEnd, CancelRequest, ClaimRequest, CreateRequest, DecideRequest, EndRequest,
-    OperatorAction, RecordRefRequest, RecoverRequest, RenewRequest, SettleFrom, SettleRequest,
-    Write,
+    OperatorAction, RecordRefRequest, RecoverRequest, SettleFrom, SettleRequest, Write,
 };
 use fenced_jobs::protocol::ReplayPolicy;
 use fenced_jobs::protocol::admission::{Facts, Op, Settle};
 use fenced_jobs::protocol::calling::{Bound, CallFacts, CallStep, Said};
 use fenced_jobs::protocol::delivery::{Command, Delivery, Lane, Observation};
 use fenced_jobs::protocol::ending::{Closed, EndFacts, EndStep, EndWrite, Placed, attempt_end};
+use fenced_jobs::protocol::owner::Owner;
 use fenced_jobs::protocol::renewal::{RenewalTicks, Renewed, after_renewal};
 use fenced_jobs::provider::batch;
 use fenced_jobs::provider::openai::classify_status;
@@ -766,7 +766,7 @@ pub struct Worker {
     pub offset: Millis,
     /// The item as its last delivery left it, for a later record of the job in that batch
     /// (`None`: no such record may follow).
-    pub view: Option<Box<JobRecord>>,
+    pub view: Option<Box<JobItem>>,
 }
 
 /// The whole system.
@@ -779,7 +779,7 @@ pub struct State {
     /// The replay policy.
     pub replay: ReplayPolicy,
     /// The job's ledger item.
-    pub item: Option<JobRecord>,
+    pub item: Option<JobItem>,
     /// Deliveries so far.
     pub deliveries: u8,
     /// Faults so far (failed ledger requests and crashes).
@@ -1244,7 +1244,7 @@ impl Protocol {
 
     /// Applies a write's result to the item, recording a changed result or a changed terminal
     /// item, and a stale owner's write (`epoch`: the epoch the writer acted on).
-    fn commit(&self, next: &mut State, after: JobRecord, epoch: Option<u64>) {
+    fn commit(&self, next: &mut State, after: JobItem, epoch: Option<u64>) {
         let after = normalized(after);
         if let Some(before) = &next.item {
             if before.state.is_terminal() && *before != after {
@@ -1339,7 +1339,7 @@ impl Protocol {
             max_cost_micros: self.bounds.spend_limit.then_some(1),
             // The job's own message carries the input; once it is lost, a trigger by id carries
             // what the item keeps.
-            carries_input: !next.lost || next.item.as_ref().is_some_and(JobRecord::keeps_input),
+            carries_input: !next.lost || next.item.as_ref().is_some_and(JobItem::keeps_input),
         }
     }
 
@@ -1467,7 +1467,7 @@ impl Protocol {
 
     /// What a refusal or a read showed, as the delivery is told it: under the mutation that
     /// skips the budget check, an item not its own claim shows no limit on attempts.
-    fn seen(&self, d: &Delivery, seen: Option<JobRecord>) -> Option<JobRecord> {
+    fn seen(&self, d: &Delivery, seen: Option<JobItem>) -> Option<JobItem> {
         let owner = d.owner_id();
         seen.map(|mut seen| {
             let ours = d.admission().is_some_and(|a| a.ours(&seen, &owner));
@@ -1598,7 +1598,7 @@ impl Protocol {
     fn write(
         &self,
         next: &mut State,
-        apply: impl FnOnce(Option<&JobRecord>) -> Option<JobRecord>,
+        apply: impl FnOnce(Option<&JobItem>) -> Option<JobItem>,
         fault: Fault,
         epoch: Option<u64>,
     ) -> Option<Write> {
@@ -1616,7 +1616,7 @@ impl Protocol {
     }
 
     /// The end `req` applied to `current`; `ran`: whether a call of the attempt may have run.
-    fn end(&self, current: Option<&JobRecord>, req: &EndRequest, ran: bool) -> Option<JobRecord> {
+    fn end(&self, current: Option<&JobItem>, req: &EndRequest, ran: bool) -> Option<JobItem> {
         // As the processor records it: every attempt that may have run costs one (at its
         // estimate when its outcome is unknown); one given back, or whose call the provider
         // refused before any work, ran nothing and costs nothing.
@@ -1660,7 +1660,7 @@ impl Protocol {
         apply_end(current, req)
     }
 
-    fn record_ref(&self, current: Option<&JobRecord>, req: &RecordRefRequest) -> Option<JobRecord> {
+    fn record_ref(&self, current: Option<&JobItem>, req: &RecordRefRequest) -> Option<JobItem> {
         if self.mutated(Mutation::RecordIgnoresEpoch) {
             let mut loose = req.clone();
             if let Some(c) = current {
@@ -1707,7 +1707,7 @@ impl Protocol {
                 };
                 let _ = write!(note, "claims expecting epoch {}", expect.epoch);
                 let unbounded = self.mutated(Mutation::NoBudgetCheck);
-                let claim = |c: Option<&JobRecord>| {
+                let claim = |c: Option<&JobItem>| {
                     if unbounded && let Some(c) = c {
                         let mut loose = c.clone();
                         loose.max_attempts = u32::MAX;
@@ -1854,7 +1854,7 @@ impl Protocol {
     }
 
     /// A call of `claimed`'s attempt leaves: the ghost records it, and what it must follow.
-    fn call_leaves(&self, next: &mut State, owner: &str, claimed: &JobRecord) {
+    fn call_leaves(&self, next: &mut State, owner: &str, claimed: &JobItem) {
         let (attempt, epoch) = (claimed.attempts, claimed.owner_epoch);
         let item = next.item.clone();
         let recorded = item.as_ref().is_some_and(|r| {
@@ -1973,7 +1973,7 @@ impl Protocol {
     fn mutated_end(
         &self,
         req: EndRequest,
-        current: Option<&JobRecord>,
+        current: Option<&JobItem>,
         replay: ReplayPolicy,
     ) -> EndRequest {
         let transient = |reason: String| {
@@ -2253,7 +2253,7 @@ impl Protocol {
 
     /// The answer the lapsed attempt's owner stored, if any (the processor lists the epoch's
     /// prefix and checks the content against its key).
-    fn stored_answer(state: &State, fenced: &JobRecord) -> Option<BlobRef> {
+    fn stored_answer(state: &State, fenced: &JobItem) -> Option<BlobRef> {
         let epoch = fenced.attempt_log.last()?.epoch;
         let prefix = format!("{RESULTS_PREFIX}{JOB}/{epoch}/");
         let key = state.bucket.iter().find(|k| k.starts_with(&prefix))?;
@@ -2276,13 +2276,8 @@ impl Protocol {
         };
         let lease_until = delivering.lease_until;
         let now = self.now(next, worker);
-        let req = RenewRequest {
-            job_id: JOB.to_owned(),
-            epoch,
-            expected_until: Some(lease_until),
-            now,
-            lease_until: now + self.bounds.lease,
-        };
+        // As the heartbeat renews: through the owner, on its epoch and the lease it wrote.
+        let req = Owner::at(JOB, epoch).renew(Some(lease_until), now, now + self.bounds.lease);
         if req.lease_until == lease_until {
             return false; // nothing to extend
         }
@@ -2757,7 +2752,7 @@ impl Protocol {
 
 /// The item without what no decision reads (times of past events, messages, reasons), so that
 /// states which differ only there are explored once.
-fn normalized(mut r: JobRecord) -> JobRecord {
+fn normalized(mut r: JobItem) -> JobItem {
     r.created_at = 0;
     r.updated_at = 0;
     for a in r.attempt_log.iter_mut().chain(&mut r.given_back) {
@@ -2782,8 +2777,8 @@ fn normalized(mut r: JobRecord) -> JobRecord {
 /// Whether every attempt's end in `r` agrees with what its calls did: a success had a call that
 /// ran; a definite failure had calls, none of which may have run (but a refused one, or one
 /// whose answer was given up); an attempt given back had no call that may have run.
-fn attempts_match_calls(s: &State, r: &JobRecord) -> bool {
-    let calls = |a: &fenced_jobs::job::AttemptRecord| {
+fn attempts_match_calls(s: &State, r: &JobItem) -> bool {
+    let calls = |a: &fenced_jobs::job::AttemptEntry| {
         let (number, epoch) = (a.number, a.epoch);
         s.calls
             .iter()
@@ -2804,8 +2799,8 @@ fn attempts_match_calls(s: &State, r: &JobRecord) -> bool {
 /// Whether `c` did not run and the ledger gave its attempt back: its entry (its attempt at its
 /// epoch) moved from the log to the given-back attempts, which only the end of a throttled (or
 /// never sent) attempt does.
-fn given_back(c: &Call, r: &JobRecord) -> bool {
-    let of_call = |a: &fenced_jobs::job::AttemptRecord| a.number == c.attempt && a.epoch == c.epoch;
+fn given_back(c: &Call, r: &JobItem) -> bool {
+    let of_call = |a: &fenced_jobs::job::AttemptEntry| a.number == c.attempt && a.epoch == c.epoch;
     matches!(c.truth, Truth::NotRun | Truth::Refused)
         && !r.attempt_log.iter().any(of_call)
         && r.given_back.iter().any(of_call)
@@ -2814,7 +2809,7 @@ fn given_back(c: &Call, r: &JobRecord) -> bool {
 /// Whether `r`, if it failed for its budget, was brought there by calls: every attempt in its
 /// log was sent (a call at its number and epoch), or may have been (recorded uncertain, as a
 /// recovery records a crash between the claim and the call).
-fn spent_by_calls(r: &JobRecord, calls: &[Call]) -> bool {
+fn spent_by_calls(r: &JobItem, calls: &[Call]) -> bool {
     let budget = r.state == JobState::FailedTerminal
         && r.last_error.as_ref().is_some_and(|e| e.kind == "budget");
     !budget
@@ -2828,7 +2823,7 @@ fn spent_by_calls(r: &JobRecord, calls: &[Call]) -> bool {
 
 /// Whether every reference in `r`'s attempt log is the name of its own attempt's call (at its
 /// number and epoch) and, where the provider assigned it, names a call that was started.
-fn references_name_calls(s: &State, r: &JobRecord) -> bool {
+fn references_name_calls(s: &State, r: &JobItem) -> bool {
     r.attempt_log.iter().all(|a| {
         a.provider_ref.as_ref().is_none_or(|reference| {
             let named = match s.upstream {

@@ -13,7 +13,7 @@ use std::future::Future;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
-use crate::job::{JobRecord, JobState};
+use crate::job::{JobItem, JobState};
 
 /// An answer larger than this is not carried in the event: the event names where it is.
 pub(crate) const EVENT_INLINE_RESULT_BYTES: usize = 64 * 1024;
@@ -38,7 +38,7 @@ pub struct CompletionEvent {
 impl CompletionEvent {
     /// The event for `job` having entered its current state, if that state is announced
     /// (terminal, or `unknown`).
-    pub fn of(job: &JobRecord) -> Option<CompletionEvent> {
+    pub fn of(job: &JobItem) -> Option<CompletionEvent> {
         if !announced(job.state) {
             return None;
         }

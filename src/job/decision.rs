@@ -1,6 +1,6 @@
 //! What a delivery may do with a job, given the ledger's view of it.
 
-use super::{JobRecord, JobState, Millis};
+use super::{JobItem, JobState, Millis};
 
 /// The (epoch, attempts) a claim expects to find. `Expect::FRESH` also matches an absent item,
 /// so a message that carries a new job is claimed with one write.
@@ -126,7 +126,7 @@ pub fn deadline_phase(deadline_at: Millis, now: Millis, skew_ms: Millis) -> Dead
 /// that runs ahead expires a job early), and no attempt is claimed within `skew_ms` of it (an
 /// answer then could not be accepted safely). Inside that window the delivery defers until it
 /// ends.
-pub fn next_step(record: &JobRecord, digest: &str, now: Millis, skew_ms: Millis) -> Next {
+pub fn next_step(record: &JobItem, digest: &str, now: Millis, skew_ms: Millis) -> Next {
     if record.input_digest != digest {
         return Next::Conflict {
             ledger_digest: record.input_digest.clone(),
@@ -182,7 +182,7 @@ mod tests {
 
     const NOW: Millis = 1_000_000;
 
-    fn record(state: JobState) -> JobRecord {
+    fn record(state: JobState) -> JobItem {
         let mut r = NewJob::example("j", NOW + 60_000).into_record(state, NOW - 10_000);
         r.owner_epoch = 2;
         r.attempts = 1;

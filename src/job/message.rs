@@ -402,7 +402,7 @@ fn max_cost(value: Option<Value>) -> Result<Option<u64>, InvalidMessage> {
 
 impl JobMessage {
     /// The job as the ledger holds it (for a trigger that carries only its id).
-    pub fn from_record(record: &crate::job::JobRecord) -> JobMessage {
+    pub fn from_record(record: &crate::job::JobItem) -> JobMessage {
         JobMessage {
             job_id: record.job_id.clone(),
             contract: record.contract.clone(),
@@ -420,7 +420,7 @@ impl JobMessage {
     }
 
     /// Whether the message carries the job's input: one built from an item that keeps none
-    /// ([`JobRecord::keeps_input`](crate::job::JobRecord::keeps_input)) does not.
+    /// ([`JobItem::keeps_input`](crate::job::JobItem::keeps_input)) does not.
     pub fn keeps_input(&self) -> bool {
         !self.input_canonical.is_empty() || self.input_ref.is_some()
     }

@@ -1,4 +1,4 @@
-//! Pure job logic: the ledger record, its states, the message contract and the decisions taken on
+//! Pure job logic: the ledger item, its states, the message contract and the decisions taken on
 //! them. Nothing here performs I/O, reads a clock or knows an AWS type: callers pass `now`.
 
 pub mod artifact;
@@ -84,7 +84,7 @@ pub const DEFAULT_INLINE_MAX_BYTES: usize = 4 * 1024;
 /// well inside one item.
 pub(crate) const INLINE_LIMIT_BYTES: usize = 160 * 1024;
 
-/// Room kept under [`MAX_ITEM_BYTES`] for what the estimate of [`JobRecord::item_bytes`] leaves
+/// Room kept under [`MAX_ITEM_BYTES`] for what the estimate of [`JobItem::item_bytes`] leaves
 /// out and for the writes that follow an acceptance.
 pub(crate) const ITEM_HEADROOM_BYTES: usize = 8 * 1024;
 
@@ -98,7 +98,7 @@ pub(crate) const RECOVERIES_KEPT: usize = 10;
 
 /// One job's ledger item, decoded.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct JobRecord {
+pub struct JobItem {
     /// Partition key: the application's job id.
     pub job_id: String,
     /// Current state.
@@ -122,13 +122,13 @@ pub struct JobRecord {
     /// The last [`GIVEN_BACK_KEPT`] attempts given back (throttled or not sent), in order: out
     /// of `attempt_log`, which holds the attempts that count against the budget. `throttles`
     /// and `not_sent` count them all.
-    pub given_back: Vec<AttemptRecord>,
+    pub given_back: Vec<AttemptEntry>,
     /// Digest of contract + input.
     pub input_digest: String,
     /// Output-contract version.
     pub contract: String,
     /// Canonical JSON of the input; empty when it is stored (`input_ref`), and while the job
-    /// runs on its first claim, whose message carries it ([`JobRecord::keeps_input`]).
+    /// runs on its first claim, whose message carries it ([`JobItem::keeps_input`]).
     pub input: String,
     /// Where the input is stored when it is too large for the item.
     pub input_ref: Option<BlobRef>,
@@ -141,7 +141,7 @@ pub struct JobRecord {
     /// When the current owner's lease ends.
     pub owner_until: Option<Millis>,
     /// One entry per attempt, in order.
-    pub attempt_log: Vec<AttemptRecord>,
+    pub attempt_log: Vec<AttemptEntry>,
     /// Recovery claims (fencing of a lapsed owner), in order: the first [`RECOVERIES_KEPT`].
     pub recoveries: Vec<RecoveryRecord>,
     /// Recovery claims after those, counted.
@@ -170,7 +170,7 @@ pub struct JobRecord {
     pub cancel_requested: Option<Millis>,
 }
 
-impl JobRecord {
+impl JobItem {
     /// What its attempts used and cost, summed (`None` when none recorded any): `estimated`
     /// when one of them is an estimate, `cost_micros` the sum of the attempts the price table
     /// priced (`None` when it priced none).
@@ -264,7 +264,7 @@ impl JobRecord {
 
 /// The evidence kept for one attempt.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct AttemptRecord {
+pub struct AttemptEntry {
     /// 1-based attempt number.
     pub number: u32,
     /// The epoch the attempt was claimed at.
@@ -302,7 +302,7 @@ pub struct Route {
     pub model: String,
 }
 
-impl AttemptRecord {
+impl AttemptEntry {
     /// The attempt a claim records, before its call: pending, nothing heard yet.
     pub(crate) fn claimed(
         number: u32,
@@ -310,8 +310,8 @@ impl AttemptRecord {
         owner_id: &str,
         started_at: Millis,
         provider_ref: Option<String>,
-    ) -> AttemptRecord {
-        AttemptRecord {
+    ) -> AttemptEntry {
+        AttemptEntry {
             number,
             epoch,
             owner_id: owner_id.to_owned(),
@@ -328,8 +328,8 @@ impl AttemptRecord {
     }
 
     /// The attempt, sent to `route`.
-    pub(crate) fn routed(self, route: Option<Route>) -> AttemptRecord {
-        AttemptRecord { route, ..self }
+    pub(crate) fn routed(self, route: Option<Route>) -> AttemptEntry {
+        AttemptEntry { route, ..self }
     }
 }
 
@@ -556,8 +556,8 @@ impl NewJob {
     }
 
     /// The record a first write of this job creates, in `state`, before any claim.
-    pub fn into_record(self, state: JobState, now: Millis) -> JobRecord {
-        JobRecord {
+    pub fn into_record(self, state: JobState, now: Millis) -> JobItem {
+        JobItem {
             job_id: self.job_id,
             state,
             owner_epoch: 0,

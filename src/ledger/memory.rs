@@ -15,14 +15,14 @@ use super::{
     IndexCursor, JobLedger, LedgerError, LedgerIndex, RecordRefRequest, RecoverRequest,
     RenewRequest, SettleRequest, Write,
 };
-use crate::job::{JobRecord, JobState, MAX_ITEM_BYTES, Millis, attention_key};
+use crate::job::{JobItem, JobState, MAX_ITEM_BYTES, Millis, attention_key};
 
 /// The ledger in a map. Each operation checks its condition and applies its effect under one
 /// lock, which is what a single-item conditional write does in DynamoDB.
 #[derive(Debug, Default)]
 pub struct InMemoryLedger {
     // A std mutex: the critical sections are short and never cross an await.
-    items: Mutex<HashMap<String, JobRecord>>,
+    items: Mutex<HashMap<String, JobItem>>,
     writes: AtomicU64,
     /// How far the reconciler has walked the due index.
     walked: Mutex<Option<Millis>>,
@@ -68,7 +68,7 @@ impl InMemoryLedger {
         self.writes.load(Ordering::Relaxed)
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, JobRecord>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, JobItem>> {
         // A panic while holding the lock cannot leave an item half-written (every effect is
         // built on a clone and inserted whole), so a poisoned lock is still consistent.
         self.items.lock().unwrap_or_else(|p| p.into_inner())
@@ -81,7 +81,7 @@ impl InMemoryLedger {
         &self,
         operation: &'static str,
         job_id: &str,
-        apply: impl FnOnce(Option<&JobRecord>) -> Option<JobRecord>,
+        apply: impl FnOnce(Option<&JobItem>) -> Option<JobItem>,
     ) -> Result<Write, LedgerError> {
         self.writes.fetch_add(1, Ordering::Relaxed);
         let mut items = self.lock();
@@ -184,7 +184,7 @@ impl InMemoryLedger {
         &self,
         state: JobState,
         limit: usize,
-        key: impl Fn(&JobRecord) -> Option<Millis>,
+        key: impl Fn(&JobItem) -> Option<Millis>,
     ) -> Vec<(String, Millis)> {
         if state.is_terminal() {
             return Vec::new();
@@ -247,7 +247,7 @@ impl JobLedger for InMemoryLedger {
         self.write("cancel", &req.job_id, |c| apply_cancel(c, &req))
     }
 
-    async fn get(&self, job_id: &str) -> Result<Option<JobRecord>, LedgerError> {
+    async fn get(&self, job_id: &str) -> Result<Option<JobItem>, LedgerError> {
         Ok(self.lock().get(job_id).cloned())
     }
 }
@@ -362,7 +362,7 @@ impl<L: JobLedger> JobLedger for FaultyLedger<L> {
     async fn cancel(&self, req: CancelRequest) -> Result<Write, LedgerError> {
         self.call("cancel", self.inner.cancel(req)).await
     }
-    async fn get(&self, job_id: &str) -> Result<Option<JobRecord>, LedgerError> {
+    async fn get(&self, job_id: &str) -> Result<Option<JobItem>, LedgerError> {
         match self.take("get") {
             None | Some(Fault::Pause(_)) => self.inner.get(job_id).await,
             Some(Fault::Stall) => std::future::pending().await,

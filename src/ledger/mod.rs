@@ -20,15 +20,15 @@ pub use operator::{CancelRequest, DecideRequest, OperatorAction};
 
 use crate::job::contract::{Finish, Rejected};
 use crate::job::decision::{Expect, SettleReason};
-use crate::job::{JobRecord, JobState, Millis, NewJob, ResultBody};
+use crate::job::{JobItem, JobState, Millis, NewJob, ResultBody};
 
 /// The result of a conditional write.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Write {
     /// The write was applied; the item as it now stands.
-    Applied(JobRecord),
+    Applied(JobItem),
     /// The condition did not hold; the item as it stood (`None`: there is no item).
-    Refused(Option<JobRecord>),
+    Refused(Option<JobItem>),
 }
 
 /// Claims a job for a new attempt.
@@ -119,7 +119,7 @@ pub enum AttemptEnd {
         /// `given_back` as this end leaves it: the owner's, with this attempt added, the last
         /// [`crate::job::GIVEN_BACK_KEPT`] kept. (Only this owner writes it while it holds the
         /// epoch, so its record is the item's.)
-        given_back: Vec<crate::job::AttemptRecord>,
+        given_back: Vec<crate::job::AttemptEntry>,
     },
     /// The call answered, but not with the answer the job's contract asks for: another attempt
     /// is permitted, or, when the contract says so or no budget is left (`last`), the job fails
@@ -182,7 +182,7 @@ pub struct EndRequest {
     /// What the call used, recorded on the attempt's entry (not on an attempt given back).
     pub usage: Option<crate::job::Usage>,
     /// The job's input, kept by an end that leaves the job live when its item keeps none
-    /// ([`crate::job::JobRecord::keeps_input`]): a job that failed, ended unknown or gave its
+    /// ([`crate::job::JobItem::keeps_input`]): a job that failed, ended unknown or gave its
     /// attempt back may be triggered by id, and that delivery reads its input from the item.
     pub input: Option<KeptInput>,
 }
@@ -383,7 +383,7 @@ pub trait JobLedger: Send + Sync {
     /// `known` has them. Refusals are as [`JobLedger::end`]'s.
     fn end_known(
         &self,
-        known: &JobRecord,
+        known: &JobItem,
         req: EndRequest,
     ) -> impl Future<Output = Result<Write, LedgerError>> + Send {
         let rebuilt = transitions::known_after_end(known, &req);
@@ -427,7 +427,7 @@ pub trait JobLedger: Send + Sync {
     fn get(
         &self,
         job_id: &str,
-    ) -> impl Future<Output = Result<Option<JobRecord>, LedgerError>> + Send;
+    ) -> impl Future<Output = Result<Option<JobItem>, LedgerError>> + Send;
 }
 
 impl AttemptEnd {
@@ -531,7 +531,7 @@ impl<L: JobLedger> JobLedger for std::sync::Arc<L> {
 
     fn end_known(
         &self,
-        known: &JobRecord,
+        known: &JobItem,
         req: EndRequest,
     ) -> impl Future<Output = Result<Write, LedgerError>> + Send {
         (**self).end_known(known, req)
@@ -593,7 +593,7 @@ impl<L: JobLedger> JobLedger for std::sync::Arc<L> {
     fn get(
         &self,
         job_id: &str,
-    ) -> impl Future<Output = Result<Option<JobRecord>, LedgerError>> + Send {
+    ) -> impl Future<Output = Result<Option<JobItem>, LedgerError>> + Send {
         (**self).get(job_id)
     }
 }

@@ -8,10 +8,10 @@ use super::{
     RecordRefRequest, RecoverRequest, RenewRequest, SettleFrom, SettleRequest,
 };
 use crate::job::decision::Expect;
-use crate::job::{AttemptOutcome, AttemptRecord, JobRecord, JobState, RecoveryRecord};
+use crate::job::{AttemptEntry, AttemptOutcome, JobItem, JobState, RecoveryRecord};
 
 /// Claim: see [`ClaimRequest`].
-pub fn apply_claim(current: Option<&JobRecord>, req: &ClaimRequest) -> Option<JobRecord> {
+pub fn apply_claim(current: Option<&JobItem>, req: &ClaimRequest) -> Option<JobItem> {
     let allowed = match current {
         None => req.expect.allows_absent(),
         Some(r) => {
@@ -32,7 +32,7 @@ pub fn apply_claim(current: Option<&JobRecord>, req: &ClaimRequest) -> Option<Jo
         None => req.job.clone().into_record(JobState::Ready, req.now),
     };
     // The input is kept from the second claim on: the first one's message stays in the queue
-    // until the job is terminal and carries it to every delivery (see [`JobRecord::keeps_input`]). As
+    // until the job is terminal and carries it to every delivery (see [`JobItem::keeps_input`]). As
     // DynamoDB's `if_not_exists`: an input, metadata and an input reference the item lacks are
     // taken from the message (the reference names the same content: its key is the digest).
     if current.is_none() && first {
@@ -61,7 +61,7 @@ pub fn apply_claim(current: Option<&JobRecord>, req: &ClaimRequest) -> Option<Jo
     next.owner_until = Some(req.lease_until);
     next.updated_at = req.now;
     next.attempt_log.push(
-        AttemptRecord::claimed(
+        AttemptEntry::claimed(
             next.attempts,
             next.owner_epoch,
             &req.owner_id,
@@ -74,7 +74,7 @@ pub fn apply_claim(current: Option<&JobRecord>, req: &ClaimRequest) -> Option<Jo
 }
 
 /// End of attempt: see [`EndRequest`].
-pub fn apply_end(current: Option<&JobRecord>, req: &EndRequest) -> Option<JobRecord> {
+pub fn apply_end(current: Option<&JobItem>, req: &EndRequest) -> Option<JobItem> {
     let r = current?;
     let accepting = matches!(req.end, super::AttemptEnd::Succeeded { .. });
     let cancelled = matches!(req.end, super::AttemptEnd::Cancelled);
@@ -138,7 +138,7 @@ pub fn apply_end(current: Option<&JobRecord>, req: &EndRequest) -> Option<JobRec
 }
 
 /// As DynamoDB's `if_not_exists`: the input a write carries, if the item keeps none.
-fn keep_input(next: &mut JobRecord, input: Option<&super::KeptInput>) {
+fn keep_input(next: &mut JobItem, input: Option<&super::KeptInput>) {
     match input {
         Some(super::KeptInput::Inline(input)) if next.input.is_empty() => {
             next.input.clone_from(input);
@@ -153,7 +153,7 @@ fn keep_input(next: &mut JobRecord, input: Option<&super::KeptInput>) {
 /// The record an applied end leaves, as an owner holding `known` (the record its claim or
 /// recovery returned) can build it without reading: only when the end accepts an answer (see
 /// [`super::JobLedger::end_known`]).
-pub fn known_after_end(known: &JobRecord, req: &EndRequest) -> Option<JobRecord> {
+pub fn known_after_end(known: &JobItem, req: &EndRequest) -> Option<JobItem> {
     match req.end {
         super::AttemptEnd::Succeeded { .. } => apply_end(Some(known), req),
         _ => None,
@@ -161,7 +161,7 @@ pub fn known_after_end(known: &JobRecord, req: &EndRequest) -> Option<JobRecord>
 }
 
 /// Settle: see [`SettleRequest`].
-pub fn apply_settle(current: Option<&JobRecord>, req: &SettleRequest) -> Option<JobRecord> {
+pub fn apply_settle(current: Option<&JobItem>, req: &SettleRequest) -> Option<JobItem> {
     let mut next = match (&req.from, current) {
         (SettleFrom::Absent(job), None) => {
             job.as_ref().clone().into_record(JobState::Ready, req.now)
@@ -185,7 +185,7 @@ pub fn apply_settle(current: Option<&JobRecord>, req: &SettleRequest) -> Option<
 }
 
 /// Recover: see [`RecoverRequest`].
-pub fn apply_recover(current: Option<&JobRecord>, req: &RecoverRequest) -> Option<JobRecord> {
+pub fn apply_recover(current: Option<&JobItem>, req: &RecoverRequest) -> Option<JobItem> {
     let r = current?;
     // A missing lease is not a lapsed one (DynamoDB compares nothing with a missing attribute).
     let lapsed = r.state == JobState::Running
@@ -215,7 +215,7 @@ pub fn apply_recover(current: Option<&JobRecord>, req: &RecoverRequest) -> Optio
 }
 
 /// Renew: see [`RenewRequest`].
-pub fn apply_renew(current: Option<&JobRecord>, req: &RenewRequest) -> Option<JobRecord> {
+pub fn apply_renew(current: Option<&JobItem>, req: &RenewRequest) -> Option<JobItem> {
     let r = current?;
     if r.state != JobState::Running
         || r.owner_epoch != req.epoch
@@ -232,7 +232,7 @@ pub fn apply_renew(current: Option<&JobRecord>, req: &RenewRequest) -> Option<Jo
 }
 
 /// Create: see [`CreateRequest`].
-pub fn apply_create(current: Option<&JobRecord>, req: &CreateRequest) -> Option<JobRecord> {
+pub fn apply_create(current: Option<&JobItem>, req: &CreateRequest) -> Option<JobItem> {
     match current {
         Some(_) => None,
         None => {
@@ -245,9 +245,9 @@ pub fn apply_create(current: Option<&JobRecord>, req: &CreateRequest) -> Option<
 
 /// Mark enqueued: see [`EnqueuedRequest`].
 pub(crate) fn apply_mark_enqueued(
-    current: Option<&JobRecord>,
+    current: Option<&JobItem>,
     req: &EnqueuedRequest,
-) -> Option<JobRecord> {
+) -> Option<JobItem> {
     let r = current?;
     if !(r.state.is_claimable() || matches!(r.state, JobState::Running | JobState::Unknown)) {
         return None;
@@ -258,7 +258,7 @@ pub(crate) fn apply_mark_enqueued(
 }
 
 /// Record a reference: see [`RecordRefRequest`].
-pub fn apply_record_ref(current: Option<&JobRecord>, req: &RecordRefRequest) -> Option<JobRecord> {
+pub fn apply_record_ref(current: Option<&JobItem>, req: &RecordRefRequest) -> Option<JobItem> {
     let r = current?;
     if r.state != JobState::Running || r.owner_epoch != req.epoch || r.attempts != req.attempt {
         return None;
@@ -273,7 +273,7 @@ pub fn apply_record_ref(current: Option<&JobRecord>, req: &RecordRefRequest) -> 
 }
 
 /// Decide: see [`DecideRequest`].
-pub fn apply_decide(current: Option<&JobRecord>, req: &DecideRequest) -> Option<JobRecord> {
+pub fn apply_decide(current: Option<&JobItem>, req: &DecideRequest) -> Option<JobItem> {
     let r = current?;
     if r.state != JobState::Unknown || r.owner_epoch != req.epoch {
         return None;
@@ -288,7 +288,7 @@ pub fn apply_decide(current: Option<&JobRecord>, req: &DecideRequest) -> Option<
 }
 
 /// Cancel: see [`CancelRequest`].
-pub fn apply_cancel(current: Option<&JobRecord>, req: &CancelRequest) -> Option<JobRecord> {
+pub fn apply_cancel(current: Option<&JobItem>, req: &CancelRequest) -> Option<JobItem> {
     let r = current?;
     if r.state.is_terminal()
         || r.state != req.seen
@@ -312,25 +312,25 @@ pub fn apply_cancel(current: Option<&JobRecord>, req: &CancelRequest) -> Option<
 }
 
 /// Whether `seen` shows the cancel `req` applied (its answer lost): the same decision, last.
-pub(crate) fn shows_cancel(seen: &JobRecord, req: &CancelRequest) -> bool {
+pub(crate) fn shows_cancel(seen: &JobItem, req: &CancelRequest) -> bool {
     seen.decisions.last() == Some(&req.decision())
 }
 
 /// Whether `seen` shows the claim of `owner_id`, made expecting `expect`, applied: how a claimant
 /// recognises its own write whose answer was lost (the owner id is unique to each delivery).
-pub(crate) fn shows_claim(seen: &JobRecord, expect: Expect, owner_id: &str) -> bool {
+pub(crate) fn shows_claim(seen: &JobItem, expect: Expect, owner_id: &str) -> bool {
     seen.state == JobState::Running
         && seen.owner_epoch == expect.epoch + 1
         && seen.owner_id.as_deref() == Some(owner_id)
 }
 
 /// Whether `seen` shows the recovery claim of `owner_id` from `seen_epoch` applied.
-pub(crate) fn shows_recovery(seen: &JobRecord, seen_epoch: u64, owner_id: &str) -> bool {
+pub(crate) fn shows_recovery(seen: &JobItem, seen_epoch: u64, owner_id: &str) -> bool {
     seen.owner_epoch == seen_epoch + 1 && seen.owner_id.as_deref() == Some(owner_id)
 }
 
 /// Whether `seen` shows the owner at `epoch` ended its attempt in `target` (an end of attempt
 /// keeps the epoch, and only that owner writes that state at that epoch).
-pub(crate) fn shows_end(seen: &JobRecord, epoch: u64, target: JobState) -> bool {
+pub(crate) fn shows_end(seen: &JobItem, epoch: u64, target: JobState) -> bool {
     seen.owner_epoch == epoch && seen.state == target
 }

@@ -4,7 +4,7 @@
 use serde_json::{Value, json};
 
 use crate::job::message::format_rfc3339_ms;
-use crate::job::{BlobRef, JobRecord, JobState, Millis};
+use crate::job::{BlobRef, JobItem, JobState, Millis};
 use crate::ledger::transitions::shows_cancel;
 use crate::ledger::{CancelRequest, DecideRequest, JobLedger, LedgerError, OperatorAction, Write};
 use crate::queue::{Outgoing, QueueError, TriggerSender};
@@ -46,7 +46,7 @@ pub enum OperatorError {
 }
 
 /// Reads a job, consistently.
-pub async fn show<L: JobLedger>(ledger: &L, job_id: &str) -> Result<JobRecord, OperatorError> {
+pub async fn show<L: JobLedger>(ledger: &L, job_id: &str) -> Result<JobItem, OperatorError> {
     ledger
         .get(job_id)
         .await?
@@ -62,7 +62,7 @@ pub async fn decide<L: JobLedger>(
     caller: Option<&str>,
     reason: &str,
     now: Millis,
-) -> Result<JobRecord, OperatorError> {
+) -> Result<JobItem, OperatorError> {
     let seen = show(ledger, job_id).await?;
     if seen.state != JobState::Unknown {
         return Err(OperatorError::NotUnknown {
@@ -82,7 +82,7 @@ pub async fn decide<L: JobLedger>(
     let decision = req.decision();
     // Our decision, applied though its answer was lost: the epoch it raised, the state it set,
     // and the same decision (who, why, when) last in the item's record.
-    let ours = |item: &JobRecord| {
+    let ours = |item: &JobItem| {
         item.owner_epoch == decision.epoch
             && item.state == action.target()
             && item.decisions.last() == Some(&decision)
@@ -102,15 +102,15 @@ pub async fn decide<L: JobLedger>(
 #[derive(Debug, Clone, PartialEq)]
 pub enum Cancelled {
     /// The job was not running: it is `cancelled` now.
-    Ended(JobRecord),
+    Ended(JobItem),
     /// The job is running: the request is recorded (now or before), and its owner stops the
     /// call and ends it `cancelled` at its next lease renewal, or whoever recovers it does.
-    Requested(JobRecord),
+    Requested(JobItem),
 }
 
 impl Cancelled {
     /// The item as the cancel left it.
-    pub fn record(&self) -> &JobRecord {
+    pub fn record(&self) -> &JobItem {
         match self {
             Cancelled::Ended(r) | Cancelled::Requested(r) => r,
         }
@@ -152,7 +152,7 @@ pub async fn cancel<L: JobLedger>(
             reason: reason.to_owned(),
             now,
         };
-        let done = |record: JobRecord| {
+        let done = |record: JobItem| {
             if req.immediate() {
                 Cancelled::Ended(record)
             } else {
@@ -217,7 +217,7 @@ pub async fn tenant_jobs<L: JobLedger + crate::ledger::LedgerIndex>(
 /// never disagree with it.
 pub async fn send_trigger(
     sender: &impl TriggerSender,
-    record: &JobRecord,
+    record: &JobItem,
 ) -> Result<(), OperatorError> {
     let trigger = [Outgoing::by_id(&record.job_id).of_class(&record.class)];
     let suffix = format!("epoch-{}", record.owner_epoch);
@@ -231,7 +231,7 @@ pub async fn send_trigger(
 
 /// One attempt of the record for scripts; its excerpt (the answer's own text) only
 /// `with_result`.
-fn attempt_json(a: &crate::job::AttemptRecord, with_result: bool) -> Value {
+fn attempt_json(a: &crate::job::AttemptEntry, with_result: bool) -> Value {
     let mut fields = json!({
         "number": a.number, "epoch": a.epoch, "owner_id": a.owner_id,
         "started_at": format_rfc3339_ms(a.started_at),
@@ -265,8 +265,8 @@ fn attempt_json(a: &crate::job::AttemptRecord, with_result: bool) -> Value {
 }
 
 /// The record for scripts. The answer is included only when asked for.
-pub fn to_json(record: &JobRecord, with_result: bool) -> Value {
-    let attempt = |a: &crate::job::AttemptRecord| attempt_json(a, with_result);
+pub fn to_json(record: &JobItem, with_result: bool) -> Value {
+    let attempt = |a: &crate::job::AttemptEntry| attempt_json(a, with_result);
     let attempts: Vec<Value> = record.attempt_log.iter().map(attempt).collect();
     let given_back: Vec<Value> = record.given_back.iter().map(attempt).collect();
     let decisions: Vec<Value> = record
@@ -320,7 +320,7 @@ pub fn to_json(record: &JobRecord, with_result: bool) -> Value {
 }
 
 /// The record for people: one field a line, then the attempts and decisions as tables.
-pub fn to_text(record: &JobRecord, with_result: bool) -> String {
+pub fn to_text(record: &JobItem, with_result: bool) -> String {
     let mut out = fields_text(record, with_result);
     out.push_str(&attempts_text(record, with_result));
     out.push_str(&history_text(record));
@@ -328,7 +328,7 @@ pub fn to_text(record: &JobRecord, with_result: bool) -> String {
 }
 
 /// The record's fields, one a line, in the order they are printed.
-fn fields_text(record: &JobRecord, with_result: bool) -> String {
+fn fields_text(record: &JobItem, with_result: bool) -> String {
     let mut out = String::new();
     let mut line = |k: &str, v: String| out.push_str(&format!("{k:<13} {v}\n"));
     line("job_id", record.job_id.clone());
@@ -407,7 +407,7 @@ fn fields_text(record: &JobRecord, with_result: bool) -> String {
 }
 
 /// The attempts as a table, those given back first, each with its route, usage and refusal.
-fn attempts_text(record: &JobRecord, with_result: bool) -> String {
+fn attempts_text(record: &JobItem, with_result: bool) -> String {
     let mut out = String::new();
     out.push_str("\nattempt  epoch  outcome     started                   provider_ref\n");
     // The attempts given back (the last few) first: they came before the ones in the log
@@ -442,7 +442,7 @@ fn attempts_text(record: &JobRecord, with_result: bool) -> String {
 }
 
 /// The recoveries and operators' decisions as a table, if there were any.
-fn history_text(record: &JobRecord) -> String {
+fn history_text(record: &JobItem) -> String {
     let mut out = String::new();
     if !record.recoveries.is_empty()
         || !record.decisions.is_empty()

@@ -23,7 +23,7 @@ use futures::stream::{self, StreamExt};
 
 use super::CONCURRENCY;
 use crate::job::decision::SettleReason;
-use crate::job::{JobRecord, JobState, Millis};
+use crate::job::{JobItem, JobState, Millis};
 use crate::ledger::{
     EnqueuedRequest, IndexCursor, JobLedger, LedgerError, LedgerIndex, SettleFrom, SettleRequest,
     Write,
@@ -188,7 +188,7 @@ async fn due_in<L: JobLedger + LedgerIndex>(
     report: &mut ReconcileReport,
 ) -> Result<Vec<Outgoing>, LedgerError> {
     let mut due = Vec::new();
-    let is_due = |job: &JobRecord| {
+    let is_due = |job: &JobItem| {
         // A line of a provider batch is handed over and its record looks at the batch without
         // writing, for up to a day: only a record lost that long is sent again (the stale
         // enqueue's wait, six hours by default).
@@ -330,7 +330,7 @@ async fn expire<L: JobLedger + LedgerIndex>(
 async fn cancel_upstream(
     provider: &impl Provider,
     state: JobState,
-    job: &JobRecord,
+    job: &JobItem,
     report: &mut ReconcileReport,
 ) {
     let running = matches!(state, JobState::Running | JobState::Unknown);
@@ -428,7 +428,7 @@ async fn walk_due<L: JobLedger + LedgerIndex>(
 async fn expire_found<L: JobLedger>(
     ledger: &L,
     provider: &impl Provider,
-    job: JobRecord,
+    job: JobItem,
     now: Millis,
     report: &mut ReconcileReport,
 ) -> bool {

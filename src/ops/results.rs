@@ -7,7 +7,7 @@ use serde_json::{Value, json};
 
 use super::CONCURRENCY;
 use crate::blobs::{BlobError, BlobStore, read_checked};
-use crate::job::{JobRecord, JobState, Millis};
+use crate::job::{JobItem, JobState, Millis};
 use crate::ledger::{DueWalk, JobLedger, LedgerError, LedgerIndex};
 
 pub use crate::job::artifact::MAX_RESULT_BYTES;
@@ -102,7 +102,7 @@ pub async fn export<L: JobLedger + LedgerIndex>(
     let mut walk = finished_between(since, now, max_deadline_ms);
     while let Some(page) = walk.next(ledger, PAGE).await? {
         report.read += page.len() as u64;
-        let jobs: Vec<Result<Option<JobRecord>, LedgerError>> = stream::iter(&page)
+        let jobs: Vec<Result<Option<JobItem>, LedgerError>> = stream::iter(&page)
             .map(|(id, _)| ledger.get(id))
             .buffered(CONCURRENCY)
             .collect()
@@ -129,7 +129,7 @@ pub async fn export<L: JobLedger + LedgerIndex>(
 }
 
 /// One export line.
-pub fn line(job: &JobRecord) -> Value {
+pub fn line(job: &JobItem) -> Value {
     let mut row = json!({
         "job_id": job.job_id,
         "state": job.state.as_str(),

@@ -4,7 +4,7 @@
 //! machine through every interleaving it explores.
 
 use crate::job::decision::{DeadlinePhase, Expect, Next, SettleReason, deadline_phase, next_step};
-use crate::job::{Failure, JobRecord, JobState, Millis, NewJob, RecordOutcome};
+use crate::job::{Failure, JobItem, JobState, Millis, NewJob, RecordOutcome};
 use crate::ledger::transitions::{shows_claim, shows_recovery};
 use crate::ledger::{SettleFrom, SettleRequest};
 
@@ -136,7 +136,7 @@ pub struct Facts {
     /// The spend limit of a job not in the ledger yet (its message's, or the default).
     pub max_cost_micros: Option<u64>,
     /// The delivery carries the job's input: a trigger by id for a job whose item keeps none
-    /// (`JobRecord::keeps_input`) does not, and never claims or recovers.
+    /// (`JobItem::keeps_input`) does not, and never claims or recovers.
     pub carries_input: bool,
 }
 
@@ -172,7 +172,7 @@ impl Admission {
     /// A delivery's first step, from the message alone (`item`: the item already read, if any).
     pub fn start(
         facts: Facts,
-        item: Option<&JobRecord>,
+        item: Option<&JobItem>,
         digest: &str,
         now: Millis,
     ) -> (Admission, Step) {
@@ -230,7 +230,7 @@ impl Admission {
     }
 
     /// The write was applied and left `record`.
-    pub fn applied(&self, record: &JobRecord) -> Applied {
+    pub fn applied(&self, record: &JobItem) -> Applied {
         match &self.op {
             Some(Op::Create) => Applied::End(self.waiting()),
             Some(Op::Recover { epoch, .. }) => Applied::Investigate { seen_epoch: *epoch },
@@ -292,7 +292,7 @@ impl Admission {
 
     /// Whether `seen` shows this delivery's own claim or recovery applied (`owner_id` is
     /// unique to the delivery): a retry refused by its first try, or a read after a lost answer.
-    pub fn ours(&self, seen: &JobRecord, owner_id: &str) -> bool {
+    pub fn ours(&self, seen: &JobItem, owner_id: &str) -> bool {
         match self.op {
             Some(Op::Claim { expect, .. }) => shows_claim(seen, expect, owner_id),
             Some(Op::Recover { epoch, .. }) => shows_recovery(seen, epoch, owner_id),
@@ -301,7 +301,7 @@ impl Admission {
     }
 
     /// The item as a refusal (or a read) showed it; `None`: there is no item.
-    pub fn seen(&mut self, seen: Option<&JobRecord>, digest: &str, now: Millis) -> Step {
+    pub fn seen(&mut self, seen: Option<&JobItem>, digest: &str, now: Millis) -> Step {
         if self.paced.is_some() {
             // The item to wait in exists already: the record waits all the same.
             return self.waits();
@@ -407,7 +407,7 @@ impl Admission {
 /// batch's first record of the job left it: one call per job and batch, so a record that would
 /// claim or settle backs off instead, and the rest follows the view (acknowledged only when it
 /// shows the job terminal, which no later write can undo).
-pub fn follow(view: &JobRecord, digest: &str, now: Millis, skew: Millis) -> RecordOutcome {
+pub fn follow(view: &JobItem, digest: &str, now: Millis, skew: Millis) -> RecordOutcome {
     match next_step(view, digest, now, skew) {
         Next::Claim(_) | Next::Settle(_) => backoff("duplicate in batch"),
         next => RecordOutcome::from_next(next, digest),

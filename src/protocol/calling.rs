@@ -12,8 +12,9 @@ use super::ending::{
     THROTTLE_PAUSE_MS, Waited, attempt_end, lease_holds, not_sent_end, uncertain_end,
 };
 use crate::job::contract::Finish;
-use crate::job::{BlobRef, JobRecord, Millis, ResultBody};
+use crate::job::{BlobRef, JobItem, Millis, ResultBody};
 use crate::ledger::{AttemptEnd, RecordRefRequest, Write};
+use crate::protocol::owner::Owner;
 use crate::provider::batch::is_batch_ref;
 use crate::provider::{Answer, ProviderError, Retrieval};
 
@@ -162,7 +163,7 @@ enum Cancelled {
 pub struct Calling {
     facts: CallFacts,
     /// The item as the owner's claim or recovery left it.
-    owner: JobRecord,
+    owner: JobItem,
     /// The background call's reference and when it started, once known.
     reference: Option<(String, Millis)>,
     /// What the evidence of an uncertain end starts with.
@@ -182,7 +183,7 @@ pub struct Calling {
 
 impl Calling {
     /// The owner of a claimed attempt, about to send its call.
-    pub fn start(facts: CallFacts, owner: JobRecord, now: Millis) -> (Calling, CallStep) {
+    pub fn start(facts: CallFacts, owner: JobItem, now: Millis) -> (Calling, CallStep) {
         let mut m = Calling::new(facts, owner, String::new());
         let step = m.submit(now);
         (m, step)
@@ -196,7 +197,7 @@ impl Calling {
     /// `cancelled` (see [`Calling::withdrawn`]).
     pub fn resume(
         facts: CallFacts,
-        owner: JobRecord,
+        owner: JobItem,
         because: &str,
         stored: Option<BlobRef>,
         now: Millis,
@@ -238,7 +239,7 @@ impl Calling {
         (m, step)
     }
 
-    fn new(facts: CallFacts, owner: JobRecord, evidence: String) -> Calling {
+    fn new(facts: CallFacts, owner: JobItem, evidence: String) -> Calling {
         Calling {
             facts,
             owner,
@@ -254,12 +255,12 @@ impl Calling {
     }
 
     /// The item as the owner's claim or recovery left it.
-    pub fn owner(&self) -> &JobRecord {
+    pub fn owner(&self) -> &JobItem {
         &self.owner
     }
 
     /// The owner's item, once the call came to its end.
-    pub fn into_owner(self) -> JobRecord {
+    pub fn into_owner(self) -> JobItem {
         self.owner
     }
 
@@ -386,17 +387,8 @@ impl Calling {
     /// The write that records the background call's reference, at `now`. A retry of an
     /// applied write applies again (same epoch, same attempt), so a lost answer needs nothing.
     pub fn record(&self, now: Millis) -> RecordRefRequest {
-        RecordRefRequest {
-            job_id: self.owner.job_id.clone(),
-            epoch: self.owner.owner_epoch,
-            attempt: self.owner.attempts,
-            provider_ref: self
-                .reference
-                .as_ref()
-                .map(|(r, _)| r.clone())
-                .unwrap_or_default(),
-            now,
-        }
+        let reference = self.reference.as_ref().map(|(r, _)| r.clone());
+        Owner::of(&self.owner).record_ref(reference.unwrap_or_default(), now)
     }
 
     /// What the write of the reference answered (`None`: it failed). A reference that cannot be

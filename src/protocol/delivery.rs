@@ -10,7 +10,7 @@ use super::admission::{Admission, Applied, Facts, Op, Step};
 use super::calling::{CallFacts, CallStep, Calling};
 use super::ending::{Closed, EndFacts, EndStep, Ending};
 use super::routing;
-use crate::job::{AttemptOutcome, Failure, JobRecord, JobState, Millis, RecordOutcome};
+use crate::job::{AttemptOutcome, Failure, JobItem, JobState, Millis, RecordOutcome};
 use crate::provider::batch::parse_ref;
 mod words;
 
@@ -39,9 +39,9 @@ pub struct Lane {
 enum Phase {
     Admitting(Admission),
     /// Claimed (the item as the claim left it): the call starts once the capacity is used.
-    Claimed(JobRecord),
+    Claimed(JobItem),
     /// Recovered (the item as the recovery claim left it): the evidence decides.
-    Recovered(JobRecord),
+    Recovered(JobItem),
     Calling(Box<Calling>),
     Ending(Box<Ending>),
     /// The attempt ended so; once its call is charged, the delivery ends or falls back.
@@ -79,7 +79,7 @@ pub struct Delivery {
     /// Claims made for another provider after a definite refusal.
     hop: usize,
     /// The last item seen.
-    view: Option<JobRecord>,
+    view: Option<JobItem>,
     /// The claim's call was sent.
     sent: bool,
     phase: Phase,
@@ -94,7 +94,7 @@ impl Delivery {
         owner_id: String,
         digest: String,
         lanes: Vec<Lane>,
-        item: Option<JobRecord>,
+        item: Option<JobItem>,
         now: Millis,
     ) -> (Delivery, Command) {
         let mut d = Delivery {
@@ -135,7 +135,7 @@ impl Delivery {
 
     /// The last item seen, but while a claim or recovery of this delivery holds (its item is
     /// [`Delivery::owner`]).
-    pub fn view(&self) -> Option<&JobRecord> {
+    pub fn view(&self) -> Option<&JobItem> {
         self.view.as_ref()
     }
 
@@ -164,7 +164,7 @@ impl Delivery {
     }
 
     /// The owner's item, once a claim or recovery of this delivery holds.
-    pub fn owner(&self) -> Option<&JobRecord> {
+    pub fn owner(&self) -> Option<&JobItem> {
         match &self.phase {
             Phase::Claimed(r) | Phase::Recovered(r) => Some(r),
             Phase::Calling(c) => Some(c.owner()),
@@ -251,7 +251,7 @@ impl Delivery {
 
     /// A new admission from `item` (the item already read, if any), unless the invocation is
     /// too close to its end to start anything.
-    fn admit(&mut self, item: Option<JobRecord>, now: Millis) -> Command {
+    fn admit(&mut self, item: Option<JobItem>, now: Millis) -> Command {
         if now >= self.plan.lanes[0].call.invocation_end {
             // Too close to the invocation's end to start anything: the job is left untouched.
             self.view = None;
@@ -262,7 +262,7 @@ impl Delivery {
 
     /// An admission routed to the provider `item` names for the next attempt (the first
     /// without one).
-    fn route(&mut self, item: Option<JobRecord>, now: Millis) -> Command {
+    fn route(&mut self, item: Option<JobItem>, now: Millis) -> Command {
         self.routed = self.next_lane(item.as_ref());
         let facts = self.plan.lanes[self.routed].admission;
         let (machine, step) = Admission::start(facts, item.as_ref(), &self.plan.digest, now);
@@ -306,7 +306,7 @@ impl Delivery {
 
     /// What a refusal or a read showed (`seen`): decided afresh for another provider when the
     /// item routes the claim elsewhere (what was taken given back first), else by the machine.
-    fn seen(&mut self, mut a: Admission, seen: Option<JobRecord>, now: Millis) -> Command {
+    fn seen(&mut self, mut a: Admission, seen: Option<JobItem>, now: Millis) -> Command {
         let rerouted = seen.as_ref().map(|s| self.next_lane(Some(s)));
         if rerouted.is_some_and(|r| r != self.routed) {
             let next = self.route(seen, now);
@@ -335,7 +335,7 @@ impl Delivery {
     }
 
     /// Our own write applied, leaving `record`.
-    fn applied(&mut self, a: Admission, record: JobRecord) -> Command {
+    fn applied(&mut self, a: Admission, record: JobItem) -> Command {
         match a.applied(&record) {
             // The owner's item is the view until the attempt's end says otherwise.
             Applied::Call => {
@@ -432,7 +432,7 @@ impl Delivery {
     /// Whether the job, as this delivery's end left it (`job`), goes on at once with another
     /// provider: its latest attempt is this delivery's own claim, refused definitely, and the
     /// next attempt is another provider's (once per other provider at most).
-    fn falls_back(&self, job: &JobRecord) -> bool {
+    fn falls_back(&self, job: &JobItem) -> bool {
         self.hop + 1 < self.plan.lanes.len()
             && job.state == JobState::RetryAuthorized
             && routing::latest(job).is_some_and(|a| a.owner_id == self.owner_id())
@@ -464,7 +464,7 @@ impl Delivery {
     }
 
     /// The provider that takes the next attempt, as `view` shows the job.
-    fn next_lane(&self, view: Option<&JobRecord>) -> usize {
+    fn next_lane(&self, view: Option<&JobItem>) -> usize {
         routing::next_serving(
             view,
             self.plan.lanes.len(),
@@ -474,7 +474,7 @@ impl Delivery {
     }
 
     /// The provider of `job`'s current attempt.
-    fn lane_of(&self, job: &JobRecord) -> usize {
+    fn lane_of(&self, job: &JobItem) -> usize {
         routing::index_named(routing::latest(job), self.plan.lanes.len(), |i| {
             &self.plan.lanes[i].name
         })
@@ -484,7 +484,7 @@ impl Delivery {
 /// Whether `job` shows the attempt claimed at `epoch` ended with nothing run: refused before
 /// any work by the provider's own word (a definite failure, a rate limit given back) or never
 /// sent. Such a call costs nothing, whatever it reserved.
-fn ran_nothing(job: &JobRecord, epoch: u64) -> bool {
+fn ran_nothing(job: &JobItem, epoch: u64) -> bool {
     use AttemptOutcome as O;
     job.attempt_log.iter().chain(&job.given_back).any(|a| {
         a.epoch == epoch

@@ -11,6 +11,7 @@
 //! - [`delivery`]: the three composed as one delivery, with the decisions between them (the
 //!   provider a claim goes to, a look at a running batch, what a call is charged, the
 //!   fallback);
+//! - [`owner`]: every write an owner makes, each conditional on its epoch;
 //! - [`renewal`]: the heartbeat's rules (a record's visibility, a lease renewal's answer);
 //! - [`routing`]: which of the deployment's providers takes an attempt.
 
@@ -18,6 +19,7 @@ pub mod admission;
 pub mod calling;
 pub mod delivery;
 pub mod ending;
+pub mod owner;
 pub mod renewal;
 pub mod routing;
 
@@ -38,7 +40,7 @@ pub(crate) fn claimed_example(
     deadline_at: crate::job::Millis,
     now: crate::job::Millis,
     provider_ref: Option<String>,
-) -> crate::job::JobRecord {
+) -> crate::job::JobItem {
     let req = crate::ledger::ClaimRequest {
         route: None,
         job: crate::job::NewJob::example("j", deadline_at),

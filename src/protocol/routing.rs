@@ -8,7 +8,7 @@
 
 use serde_json::{Map, Value};
 
-use crate::job::{AttemptOutcome, AttemptRecord, JobRecord};
+use crate::job::{AttemptEntry, AttemptOutcome, JobItem};
 pub use crate::provider::ModelMap;
 
 /// What the routing knows of one provider of the list.
@@ -45,7 +45,7 @@ pub(crate) fn routed_input(
 }
 
 /// The latest attempt of `job`, counted or given back (the one with the highest epoch).
-pub fn latest(job: &JobRecord) -> Option<&AttemptRecord> {
+pub fn latest(job: &JobItem) -> Option<&AttemptEntry> {
     let counted = job.attempt_log.last();
     let given = job.given_back.last();
     match (counted, given) {
@@ -60,7 +60,7 @@ pub fn latest(job: &JobRecord) -> Option<&AttemptRecord> {
 /// call answered (its usage recorded: an answer the results bucket could not take, say), nor a
 /// line of a batch (a failed line may have run, and one its batch never ran waits for another
 /// batch of the same provider): none of those is the provider turning the call away.
-pub fn refused(attempt: &AttemptRecord) -> bool {
+pub fn refused(attempt: &AttemptEntry) -> bool {
     matches!(
         attempt.outcome,
         AttemptOutcome::Transient | AttemptOutcome::Throttled
@@ -72,20 +72,20 @@ pub fn refused(attempt: &AttemptRecord) -> bool {
 }
 
 /// Whether `job`'s latest attempt was refused definitely by its provider ([`refused`]).
-pub fn last_refused(job: &JobRecord) -> bool {
+pub fn last_refused(job: &JobItem) -> bool {
     latest(job).is_some_and(refused)
 }
 
 /// The index in `stops` of the provider an attempt recorded (the first when it names none, or
 /// one this deployment no longer has).
-pub(crate) fn index_of(attempt: Option<&AttemptRecord>, stops: &[Stop<'_>]) -> usize {
+pub(crate) fn index_of(attempt: Option<&AttemptEntry>, stops: &[Stop<'_>]) -> usize {
     index_named(attempt, stops.len(), |i| stops[i].name)
 }
 
 /// The index, among `n` providers named by `name`, of the provider an attempt recorded (the
 /// first when it names none, or one this deployment no longer has).
 pub(crate) fn index_named<'a>(
-    attempt: Option<&AttemptRecord>,
+    attempt: Option<&AttemptEntry>,
     n: usize,
     name: impl Fn(usize) -> &'a str,
 ) -> usize {
@@ -96,7 +96,7 @@ pub(crate) fn index_named<'a>(
 }
 
 /// The index of the provider that runs `job`'s current (latest) attempt.
-pub fn current(job: &JobRecord, stops: &[Stop<'_>]) -> usize {
+pub fn current(job: &JobItem, stops: &[Stop<'_>]) -> usize {
     index_of(latest(job), stops)
 }
 
@@ -105,7 +105,7 @@ pub fn current(job: &JobRecord, stops: &[Stop<'_>]) -> usize {
 /// attempt, unless that provider refused it definitely ([`refused`]), in which case the next
 /// in order that serves the model, round to the first again (the attempt budget and the
 /// deadline bound the rounds).
-pub fn next(job: Option<&JobRecord>, job_model: &str, stops: &[Stop<'_>]) -> usize {
+pub fn next(job: Option<&JobItem>, job_model: &str, stops: &[Stop<'_>]) -> usize {
     next_serving(
         job,
         stops.len(),
@@ -117,7 +117,7 @@ pub fn next(job: Option<&JobRecord>, job_model: &str, stops: &[Stop<'_>]) -> usi
 /// [`next`] among `n` providers named by `name`, of which `serves` says whether one can run
 /// the job's model.
 pub(crate) fn next_serving<'a>(
-    job: Option<&JobRecord>,
+    job: Option<&JobItem>,
     n: usize,
     name: impl Fn(usize) -> &'a str,
     serves: impl Fn(usize) -> bool,
@@ -140,17 +140,17 @@ mod tests {
     use super::*;
     use crate::job::Route;
 
-    fn attempt(epoch: u64, provider: &str, outcome: AttemptOutcome) -> AttemptRecord {
-        AttemptRecord {
+    fn attempt(epoch: u64, provider: &str, outcome: AttemptOutcome) -> AttemptEntry {
+        AttemptEntry {
             outcome,
-            ..AttemptRecord::claimed(epoch as u32, epoch, "w", 1_000, None).routed(Some(Route {
+            ..AttemptEntry::claimed(epoch as u32, epoch, "w", 1_000, None).routed(Some(Route {
                 provider: provider.to_owned(),
                 model: "m".to_owned(),
             }))
         }
     }
 
-    fn job(log: Vec<AttemptRecord>, given_back: Vec<AttemptRecord>) -> JobRecord {
+    fn job(log: Vec<AttemptEntry>, given_back: Vec<AttemptEntry>) -> JobItem {
         let mut job = crate::job::NewJob::example("j", 10_000)
             .into_record(crate::job::JobState::RetryAuthorized, 1_000);
         job.attempt_log = log;
@@ -210,11 +210,11 @@ mod tests {
         assert_eq!(next(Some(&throttled), model, &stops), 1);
         // A failed line of a batch, or a transient end after an answer came (its usage
         // recorded), was not a refusal before work: the same provider.
-        let line = |outcome| AttemptRecord {
+        let line = |outcome| AttemptEntry {
             provider_ref: Some(crate::provider::batch::pending_ref("j1-a1-e1")),
             ..attempt(1, "openai", outcome)
         };
-        let answered = AttemptRecord {
+        let answered = AttemptEntry {
             usage: Some(crate::job::Usage::default()),
             ..attempt(1, "openai", AttemptOutcome::Transient)
         };
@@ -234,7 +234,7 @@ mod tests {
         assert_eq!(current(&refused_by_anthropic, &stops), 1);
         // An attempt that names no provider, or one no longer listed, was the first's.
         let old = job(
-            vec![AttemptRecord::claimed(1, 1, "w", 1, None)],
+            vec![AttemptEntry::claimed(1, 1, "w", 1, None)],
             vec![attempt(0, "gone", AttemptOutcome::Throttled)],
         );
         assert_eq!(current(&old, &stops), 0);

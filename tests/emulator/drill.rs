@@ -7,7 +7,7 @@
 use std::time::{Duration, Instant};
 
 use fenced_jobs::clock::{Clock, SystemClock};
-use fenced_jobs::job::{Failure, JobRecord, JobState, RecordOutcome};
+use fenced_jobs::job::{Failure, JobItem, JobState, RecordOutcome};
 use fenced_jobs::ledger::{JobLedger, OperatorAction};
 use fenced_jobs::ops::operator;
 use fenced_jobs::provider::SimulatedProvider;
@@ -35,7 +35,7 @@ impl Timeline {
         &mut self,
         actor: &str,
         poll: Option<(&PollReport, &BatchReport)>,
-        item: &JobRecord,
+        item: &JobItem,
         what: &str,
     ) {
         // A's row after it resumes reports its first delivery, already counted.

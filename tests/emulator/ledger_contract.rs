@@ -7,7 +7,7 @@
 
 use aws_sdk_dynamodb::types::AttributeValue;
 use fenced_jobs::job::decision::SettleReason;
-use fenced_jobs::job::{Expect, JobRecord, JobState, NewJob, attention_key};
+use fenced_jobs::job::{Expect, JobItem, JobState, NewJob, attention_key};
 use fenced_jobs::ledger::memory::InMemoryLedger;
 use fenced_jobs::ledger::{
     AttemptEnd, CancelRequest, CreateRequest, DecideRequest, EndRequest, EnqueuedRequest,
@@ -64,7 +64,7 @@ fn line(step: &str, w: Write) -> String {
 pub(crate) async fn scenario<L: JobLedger>(
     ledger: &L,
     prefix: &str,
-) -> (Vec<String>, Vec<Option<JobRecord>>) {
+) -> (Vec<String>, Vec<Option<JobItem>>) {
     let id = |s: &str| format!("{prefix}{s}");
     let a = job(&id("a"), "d-a", 3, T + 3_600_000);
     let mut log = Vec::new();
@@ -536,7 +536,7 @@ async fn the_in_memory_ledger_and_dynamodb_agree_on_every_conditional_write() {
 pub(crate) async fn cancels<L: JobLedger>(
     ledger: &L,
     prefix: &str,
-) -> (Vec<String>, Vec<Option<JobRecord>>) {
+) -> (Vec<String>, Vec<Option<JobItem>>) {
     let id = |s: &str| format!("{prefix}{s}");
     let mut log = Vec::new();
     macro_rules! step {
@@ -777,7 +777,7 @@ async fn an_acceptance_by_a_known_owner_returns_the_record_the_ledger_holds() {
 
 /// Recovers the job `id` (claimed once) `times` times, each as a recoverer that read the item
 /// first, and returns the item after.
-pub(crate) async fn recovered_often<L: JobLedger>(ledger: &L, id: &str, times: u64) -> JobRecord {
+pub(crate) async fn recovered_often<L: JobLedger>(ledger: &L, id: &str, times: u64) -> JobItem {
     let a = job(id, "d-r", 3, T + 86_400_000);
     ledger
         .claim(claim(&a, Expect::FRESH, "w0", T))

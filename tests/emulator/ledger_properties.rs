@@ -5,7 +5,7 @@
 //! A failure names the seed and the step, and `LEDGER_PROPERTY_SEED=<seed>` replays it alone.
 
 use fenced_jobs::job::decision::SettleReason;
-use fenced_jobs::job::{BlobRef, Expect, JobRecord, JobState, NewJob, ResultBody};
+use fenced_jobs::job::{BlobRef, Expect, JobItem, JobState, NewJob, ResultBody};
 use fenced_jobs::ledger::memory::InMemoryLedger;
 use fenced_jobs::ledger::{
     AttemptEnd, CancelRequest, ClaimRequest, CreateRequest, DecideRequest, EndRequest,
@@ -63,7 +63,7 @@ fn new_job(digest: &str, max_attempts: u32, deadline_at: i64, metadata: bool) ->
 
 /// A random operation, biased towards what the current item (from the in-memory ledger) would
 /// accept, so that sequences go deep instead of being refused at once.
-fn op(rng: &mut fastrand::Rng, now: i64, items: &[Option<JobRecord>]) -> Op {
+fn op(rng: &mut fastrand::Rng, now: i64, items: &[Option<JobItem>]) -> Op {
     let j = rng.usize(0..JOBS.len());
     let item = items[j].as_ref();
     let epoch = item.map_or(0, |r| r.owner_epoch);

@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use fenced_jobs::job::{AttemptOutcome, Expect, JobRecord, JobState, Millis};
+use fenced_jobs::job::{AttemptOutcome, Expect, JobItem, JobState, Millis};
 use fenced_jobs::ledger::memory::InMemoryLedger;
 use fenced_jobs::ledger::schedule::{
     CallSchedule, Limits, MemorySchedule, Reservation, ReserveRequest,
@@ -19,7 +19,7 @@ use fenced_jobs::worker::processor::Processor;
 use crate::support::{self, T, claim, new_job};
 
 /// The end the owner holding `claimed` writes after a 429, as the worker builds it.
-fn throttled(claimed: &JobRecord, now: i64) -> EndRequest {
+fn throttled(claimed: &JobItem, now: i64) -> EndRequest {
     let refusal = ProviderError::Throttled {
         retry_after_ms: None,
         reason: "HTTP 429 rate_limit_exceeded".into(),
@@ -53,7 +53,7 @@ fn line(w: &Write) -> String {
     }
 }
 
-fn applied(w: Write) -> JobRecord {
+fn applied(w: Write) -> JobItem {
     match w {
         Write::Applied(r) => r,
         other => panic!("not applied: {other:?}"),

@@ -403,7 +403,7 @@ pub(crate) async fn lost_on_its_first_claim<L>(
     now: i64,
 ) -> (
     Vec<fenced_jobs::ops::reconcile::ReconcileReport>,
-    fenced_jobs::job::JobRecord,
+    fenced_jobs::job::JobItem,
 )
 where
     L: JobLedger + fenced_jobs::ledger::LedgerIndex,

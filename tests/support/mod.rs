@@ -264,7 +264,7 @@ impl Emulator {
     }
 
     /// The job's item, which must exist.
-    pub async fn item(&self, table: &str, job_id: &str) -> fenced_jobs::job::JobRecord {
+    pub async fn item(&self, table: &str, job_id: &str) -> fenced_jobs::job::JobItem {
         self.ledger(table)
             .get(job_id)
             .await

@@ -182,7 +182,7 @@ pub(crate) async fn submit(
     Ok(())
 }
 
-pub(crate) fn print(record: &fenced_jobs::job::JobRecord, json: bool, with_result: bool) {
+pub(crate) fn print(record: &fenced_jobs::job::JobItem, json: bool, with_result: bool) {
     if json {
         println!("{}", operator::to_json(record, with_result));
     } else {

@@ -250,7 +250,7 @@ async fn decide(
     action: OperatorAction,
     by: &str,
     reason: &str,
-) -> Result<fenced_jobs::job::JobRecord, OperatorError> {
+) -> Result<fenced_jobs::job::JobItem, OperatorError> {
     let caller = caller(&ctx.config).await;
     let now = SystemClock.now_ms();
     operator::decide(&ctx.ledger, job_id, action, by, Some(&caller), reason, now).await

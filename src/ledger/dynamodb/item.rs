@@ -1,4 +1,4 @@
-//! The item codec: a [`JobRecord`] to DynamoDB attribute values and back. A missing or
+//! The item codec: a [`JobItem`] to DynamoDB attribute values and back. A missing or
 //! mistyped attribute decodes as `Corrupt`, never a panic.
 
 use std::collections::HashMap;
@@ -7,8 +7,8 @@ use aws_sdk_dynamodb::types::AttributeValue;
 
 use crate::job::contract::Finish;
 use crate::job::{
-    AttemptOutcome, AttemptRecord, BlobRef, DecisionRecord, ErrorRecord, JobRecord, JobState,
-    Millis, RecoveryRecord, Route, Usage, attention_key, utc_day,
+    AttemptEntry, AttemptOutcome, BlobRef, DecisionRecord, ErrorRecord, JobItem, JobState, Millis,
+    RecoveryRecord, Route, Usage, attention_key, utc_day,
 };
 use crate::ledger::LedgerError;
 
@@ -23,7 +23,7 @@ pub(super) fn n(v: impl ToString) -> AttributeValue {
     AttributeValue::N(v.to_string())
 }
 
-pub(super) fn encode_attempt(a: &AttemptRecord) -> AttributeValue {
+pub(super) fn encode_attempt(a: &AttemptEntry) -> AttributeValue {
     let mut m = HashMap::from([
         ("number".to_owned(), n(a.number)),
         ("epoch".to_owned(), n(a.epoch)),
@@ -157,7 +157,7 @@ pub(super) fn encode_error(e: &ErrorRecord) -> AttributeValue {
 /// Encodes a whole record as the item its writes leave: every field (an absent option or an
 /// empty history is no attribute), and the index keys: `attention` while the state carries one,
 /// and always `due_on`, the deadline's day.
-pub fn encode(r: &JobRecord) -> Item {
+pub fn encode(r: &JobItem) -> Item {
     // Room for every attribute a record can have, so the map is never grown.
     let mut item = Item::with_capacity(30);
     item.extend([
@@ -227,7 +227,7 @@ pub fn encode(r: &JobRecord) -> Item {
 }
 
 /// Decodes a stored item. A missing or mistyped attribute is `Corrupt`, never a panic.
-pub fn decode(item: &Item) -> Result<JobRecord, LedgerError> {
+pub fn decode(item: &Item) -> Result<JobItem, LedgerError> {
     let job_id = get_s(item, "job_id").unwrap_or("?").to_owned();
     let corrupt = |detail: String| LedgerError::Corrupt {
         job_id: job_id.clone(),
@@ -247,7 +247,7 @@ pub fn decode(item: &Item) -> Result<JobRecord, LedgerError> {
     let given_back = decode_list(item, "given_back", decode_attempt).map_err(&corrupt)?;
     let recoveries = decode_list(item, "recoveries", decode_recovery).map_err(&corrupt)?;
     let decisions = decode_list(item, "decisions", decode_decision).map_err(&corrupt)?;
-    Ok(JobRecord {
+    Ok(JobItem {
         state,
         owner_epoch: to_u64(req_n("owner_epoch")?).ok_or_else(|| corrupt("owner_epoch".into()))?,
         attempts: to_u32(req_n("attempts")?).ok_or_else(|| corrupt("attempts".into()))?,
@@ -262,7 +262,7 @@ pub fn decode(item: &Item) -> Result<JobRecord, LedgerError> {
         given_back,
         input_digest: req_s("input_digest")?,
         contract: req_s("contract")?,
-        // Absent while the job's first claim runs (`JobRecord::keeps_input`).
+        // Absent while the job's first claim runs (`JobItem::keeps_input`).
         input: get_s(item, "input").unwrap_or_default().to_owned(),
         input_ref: optional_blob(item, "input_ref").map_err(&corrupt)?,
         metadata: get_s(item, "metadata").map(str::to_owned),
@@ -314,9 +314,9 @@ fn optional_blob(item: &Item, name: &str) -> Result<Option<BlobRef>, String> {
     }
 }
 
-pub(super) fn decode_attempt(v: &AttributeValue) -> Option<AttemptRecord> {
+pub(super) fn decode_attempt(v: &AttributeValue) -> Option<AttemptEntry> {
     let m = v.as_m().ok()?;
-    Some(AttemptRecord {
+    Some(AttemptEntry {
         number: to_u32(get_n(m, "number")?)?,
         epoch: to_u64(get_n(m, "epoch")?)?,
         owner_id: get_s(m, "owner_id")?.to_owned(),
@@ -461,8 +461,8 @@ mod tests {
     }
 
     /// A record with every field set, in `state`.
-    fn full_record(state: JobState) -> JobRecord {
-        JobRecord {
+    fn full_record(state: JobState) -> JobItem {
+        JobItem {
             job_id: "job-1".into(),
             state,
             owner_epoch: 3,
@@ -477,7 +477,7 @@ mod tests {
             deadline_at: 9_000,
             owner_id: Some("owner".into()),
             owner_until: Some(8_000),
-            attempt_log: vec![AttemptRecord {
+            attempt_log: vec![AttemptEntry {
                 number: 2,
                 epoch: 3,
                 owner_id: "owner".into(),
@@ -536,14 +536,14 @@ mod tests {
             throttles: 4,
             not_sent: 1,
             recoveries_dropped: 2,
-            given_back: vec![AttemptRecord {
+            given_back: vec![AttemptEntry {
                 number: 2,
                 epoch: 2,
                 owner_id: "earlier".into(),
                 started_at: 500,
                 outcome: AttemptOutcome::Throttled,
                 finished_at: Some(600),
-                ..AttemptRecord::claimed(2, 2, "earlier", 500, None)
+                ..AttemptEntry::claimed(2, 2, "earlier", 500, None)
             }],
         }
     }

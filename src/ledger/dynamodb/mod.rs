@@ -7,7 +7,7 @@
 //! - this file: the client, the two kinds of conditional write the transitions go through, and
 //!   the classification of failed requests;
 //! - [`operations`]: one function per transition, each with its condition;
-//! - [`item`]: the item codec (attribute values to and from [`JobRecord`]);
+//! - [`item`]: the item codec (attribute values to and from [`JobItem`]);
 //! - [`index`]: the table definition and the sparse-index queries ([`LedgerIndex`]).
 
 pub mod billing;
@@ -33,7 +33,7 @@ pub use item::{Item, decode, encode, from_json_image, to_json_image};
 #[cfg(doc)]
 use super::LedgerIndex;
 use super::{JobLedger, LedgerError, Write};
-use crate::job::{JobRecord, JobState, attention_key};
+use crate::job::{JobItem, JobState, attention_key};
 
 /// Attribute names, each used through a `#placeholder` (several are DynamoDB reserved words).
 const NAMES: [(&str, &str); 43] = [
@@ -137,7 +137,7 @@ impl DynamoLedger {
         condition: &str,
         mut values: Vec<(&str, AttributeValue)>,
         target: Option<JobState>,
-        rebuilt: Option<JobRecord>,
+        rebuilt: Option<JobItem>,
     ) -> Result<Write, LedgerError> {
         // Every write that sets a state keeps the sparse attention index in step with it.
         let mut update = update.to_owned();
@@ -275,7 +275,7 @@ impl DynamoLedger {
     async fn put_new(
         &self,
         operation: &'static str,
-        record: JobRecord,
+        record: JobItem,
     ) -> Result<Write, LedgerError> {
         let job_id = record.job_id.as_str();
         let sent = self

@@ -9,7 +9,7 @@ use super::item::{
     encode_usage, n, s,
 };
 use crate::job::{
-    AttemptOutcome, AttemptRecord, JobRecord, JobState, NewJob, RecoveryRecord, ResultBody,
+    AttemptEntry, AttemptOutcome, JobItem, JobState, NewJob, RecoveryRecord, ResultBody,
 };
 use crate::ledger::transitions::{apply_claim, apply_create, apply_settle, known_after_end};
 use crate::ledger::{
@@ -44,7 +44,7 @@ impl JobLedger for DynamoLedger {
              #max = if_not_exists(#max, :max), \
              #created = if_not_exists(#created, :now), #ttl = if_not_exists(#ttl, :ttl)",
         );
-        // The input is kept from the second claim on (`JobRecord::keeps_input`).
+        // The input is kept from the second claim on (`JobItem::keeps_input`).
         let keeps_input = req.expect.epoch > 0 && !job.input.is_empty();
         update.push_str(&kept_if_absent(job, keeps_input));
         let claimable = "(#state IN (:ready, :retry) AND #epoch = :epoch AND #attempts = :attempts \
@@ -54,7 +54,7 @@ impl JobLedger for DynamoLedger {
         } else {
             claimable.to_owned()
         };
-        let attempt = AttemptRecord::claimed(
+        let attempt = AttemptEntry::claimed(
             req.expect.attempts + 1,
             req.expect.epoch + 1,
             &req.owner_id,
@@ -95,7 +95,7 @@ impl JobLedger for DynamoLedger {
         self.end_to(&req, None).await
     }
 
-    async fn end_known(&self, known: &JobRecord, req: EndRequest) -> Result<Write, LedgerError> {
+    async fn end_known(&self, known: &JobItem, req: EndRequest) -> Result<Write, LedgerError> {
         // An accepted answer leaves a record its owner can build: the item (input and answer
         // included) need not come back.
         self.end_to(&req, known_after_end(known, &req)).await
@@ -335,7 +335,7 @@ impl JobLedger for DynamoLedger {
             .await
     }
 
-    async fn get(&self, job_id: &str) -> Result<Option<JobRecord>, LedgerError> {
+    async fn get(&self, job_id: &str) -> Result<Option<JobItem>, LedgerError> {
         let item = self.get_item("get", job_id, true).await?;
         item.as_ref().map(decode).transpose()
     }
@@ -426,7 +426,7 @@ impl DynamoLedger {
     async fn end_to(
         &self,
         req: &EndRequest,
-        rebuilt: Option<JobRecord>,
+        rebuilt: Option<JobItem>,
     ) -> Result<Write, LedgerError> {
         let (update, condition, values) = end_write(req);
         let target = Some(req.end.target());
@@ -507,7 +507,7 @@ fn end_write(req: &EndRequest) -> UpdateParts {
 fn give_back_write(
     req: &EndRequest,
     why: AttemptOutcome,
-    given_back: &[crate::job::AttemptRecord],
+    given_back: &[crate::job::AttemptEntry],
     error: &crate::job::ErrorRecord,
 ) -> UpdateParts {
     let index = req.attempt.saturating_sub(1);

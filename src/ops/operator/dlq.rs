@@ -3,7 +3,7 @@
 
 use crate::blobs::BlobStore;
 use crate::job::scope::{Producers, Sender};
-use crate::job::{Failure, InvalidMessage, JobRecord, JobState, Trigger};
+use crate::job::{Failure, InvalidMessage, JobItem, JobState, Trigger};
 use crate::ledger::JobLedger;
 use crate::queue::reader::RECEIVE_LIMIT;
 use crate::queue::triggers::dedup_id;
@@ -44,7 +44,7 @@ impl DlqVerdict {
 /// Judges a trigger against the ledger's item for its job; `refused`: the worker dead-lettered
 /// the message as poison, with this detail (a job it refused at its first sight, such as one
 /// due further away than it can carry, is refused again on a redrive while it has no item).
-fn verdict_of(trigger: &Trigger, record: Option<&JobRecord>, refused: Option<&str>) -> DlqVerdict {
+fn verdict_of(trigger: &Trigger, record: Option<&JobItem>, refused: Option<&str>) -> DlqVerdict {
     match (record, trigger) {
         (Some(r), Trigger::Job(msg)) if r.input_digest != msg.digest => DlqVerdict::Conflict,
         (Some(r), _) if r.state.is_terminal() => DlqVerdict::Terminal(r.state),

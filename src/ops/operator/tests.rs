@@ -275,10 +275,10 @@ fn throttles_are_shown_when_there_were_any() {
     assert_eq!(to_json(&record, false)["throttles"], 2);
     // The attempts given back are listed with their outcome.
     record.not_sent = 1;
-    record.given_back.push(crate::job::AttemptRecord {
+    record.given_back.push(crate::job::AttemptEntry {
         outcome: crate::job::AttemptOutcome::NotSent,
         finished_at: Some(1_500),
-        ..crate::job::AttemptRecord::claimed(1, 1, "inv/m", 1_000, None)
+        ..crate::job::AttemptEntry::claimed(1, 1, "inv/m", 1_000, None)
     });
     let text = to_text(&record, false);
     assert!(text.contains("not sent      1 (claimed"), "{text}");
@@ -301,15 +301,15 @@ fn each_attempt_shows_what_it_used_and_an_estimate_says_so() {
         ..crate::job::Usage::default()
     };
     record.attempt_log = vec![
-        crate::job::AttemptRecord {
+        crate::job::AttemptEntry {
             outcome: crate::job::AttemptOutcome::InvalidOutput,
             usage: Some(heard),
-            ..crate::job::AttemptRecord::claimed(1, 1, "w", 1_000, None)
+            ..crate::job::AttemptEntry::claimed(1, 1, "w", 1_000, None)
         },
-        crate::job::AttemptRecord {
+        crate::job::AttemptEntry {
             outcome: crate::job::AttemptOutcome::Uncertain,
             usage: Some(crate::job::Usage::estimate(400, 16_384)),
-            ..crate::job::AttemptRecord::claimed(2, 2, "w", 2_000, None)
+            ..crate::job::AttemptEntry::claimed(2, 2, "w", 2_000, None)
         },
     ];
     let text = to_text(&record, false);
@@ -371,13 +371,13 @@ async fn a_decision_whose_answer_was_lost_reports_success_and_its_trigger_is_sen
 #[test]
 fn a_refused_answer_shows_its_errors_and_its_excerpt_only_with_the_answer() {
     let mut record = new_job("refused").into_record(JobState::RetryAuthorized, 1_000);
-    record.attempt_log.push(crate::job::AttemptRecord {
+    record.attempt_log.push(crate::job::AttemptEntry {
         outcome: crate::job::AttemptOutcome::InvalidOutput,
         finished_at: Some(1_500),
         finish: Some(crate::job::contract::Finish::Length),
         errors: vec!["the answer is cut off: finish length".into()],
         excerpt: Some(r#"{"secret": "tot"#.into()),
-        ..crate::job::AttemptRecord::claimed(1, 1, "inv/m", 1_000, None)
+        ..crate::job::AttemptEntry::claimed(1, 1, "inv/m", 1_000, None)
     });
     let text = to_text(&record, false);
     assert!(

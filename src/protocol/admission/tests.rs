@@ -1,5 +1,5 @@
 use super::*;
-use crate::job::AttemptRecord;
+use crate::job::AttemptEntry;
 
 const NOW: Millis = 1_000_000;
 
@@ -23,7 +23,7 @@ fn past() -> Facts {
     }
 }
 
-fn ready(epoch: u64) -> JobRecord {
+fn ready(epoch: u64) -> JobItem {
     let mut r = NewJob::example("j", NOW + 600_000).into_record(JobState::Ready, NOW - 1_000);
     r.owner_epoch = epoch;
     r
@@ -57,12 +57,12 @@ fn no_call_is_claimed_that_would_take_the_job_past_its_spend_limit() {
     // ends without a claim, as when its attempts are spent.
     let mut spent = ready(1);
     spent.max_cost_micros = Some(1_000);
-    spent.attempt_log = vec![AttemptRecord {
+    spent.attempt_log = vec![AttemptEntry {
         usage: Some(crate::job::Usage {
             cost_micros: Some(700),
             ..crate::job::Usage::default()
         }),
-        ..AttemptRecord::claimed(1, 1, "w", NOW - 5_000, None)
+        ..AttemptEntry::claimed(1, 1, "w", NOW - 5_000, None)
     }];
     spent.attempts = 1;
     let (mut machine, _) = Admission::start(costly, None, "d", NOW);

@@ -20,7 +20,7 @@ fn facts() -> CallFacts {
     }
 }
 
-fn claimed() -> JobRecord {
+fn claimed() -> JobItem {
     crate::protocol::claimed_example(DEADLINE, NOW, None)
 }
 

@@ -55,7 +55,7 @@ fn lane(name: &str) -> Lane {
 }
 
 /// The claim `d` asks for, applied to `item` as the executor makes it: routed to its lane.
-fn claim(d: &Delivery, item: Option<&JobRecord>, op: Op) -> JobRecord {
+fn claim(d: &Delivery, item: Option<&JobItem>, op: Op) -> JobItem {
     let Op::Claim {
         expect,
         first_sight,
@@ -80,7 +80,7 @@ fn claim(d: &Delivery, item: Option<&JobRecord>, op: Op) -> JobRecord {
 }
 
 /// The end `d` asks to write, applied to `item`.
-fn end(d: &Delivery, item: &JobRecord) -> Observation {
+fn end(d: &Delivery, item: &JobItem) -> Observation {
     let Some(ending) = d.ending() else {
         panic!("not ending");
     };
@@ -95,7 +95,7 @@ fn end(d: &Delivery, item: &JobRecord) -> Observation {
 }
 
 /// The end's write (`write`) applied to `record`: what the first attempt's call is charged.
-fn ended(d: &mut Delivery, write: Command, record: &JobRecord) -> Charge {
+fn ended(d: &mut Delivery, write: Command, record: &JobItem) -> Charge {
     assert_eq!(write, Command::End(EndStep::Write { pause_ms: 0 }));
     match d.observe(end(d, record), NOW) {
         Command::Charge { attempt: 1, charge } => charge,
@@ -111,7 +111,7 @@ fn closed(command: Command) -> Closed {
 }
 
 /// Takes capacity and claims from `item`: the claim's item.
-fn claimed(d: &mut Delivery, first: Command, item: Option<&JobRecord>) -> JobRecord {
+fn claimed(d: &mut Delivery, first: Command, item: Option<&JobItem>) -> JobItem {
     assert_eq!(first, Command::Take);
     let Command::Write(op) = d.observe(Observation::Taken, NOW) else {
         panic!("no write after the capacity");

@@ -4,7 +4,7 @@
 use super::super::admission::Op;
 use super::super::calling::{CallStep, Said};
 use super::super::ending::{Closed, EndStep, Placed};
-use crate::job::{BlobRef, JobRecord, Millis};
+use crate::job::{BlobRef, JobItem, Millis};
 use crate::ledger::Write;
 use crate::provider::Retrieval;
 
@@ -79,15 +79,15 @@ pub enum Observation {
     /// Whether the line's batch still runs.
     BatchRunning(bool),
     /// The write was applied and left this item.
-    Applied(JobRecord),
+    Applied(JobItem),
     /// The write was refused; the item as the refusal showed it (`None`: there is none).
-    Refused(Option<JobRecord>),
+    Refused(Option<JobItem>),
     /// The write was sent and no answer came.
     Unanswered,
     /// The write failed before anything was written.
     WriteFailed,
     /// The item as a read found it.
-    Read(Option<JobRecord>),
+    Read(Option<JobItem>),
     /// The read failed.
     ReadFailed,
     /// The answer the fenced owner stored, if one was found.

@@ -5,11 +5,12 @@ use super::{THROTTLE_PAUSE_MS, acceptable_end, attempt_end, too_large};
 use crate::job::contract::Finish;
 use crate::job::decision::{Next, next_step};
 use crate::job::{
-    AttemptOutcome, BlobRef, Failure, JobRecord, JobState, Millis, RecordOutcome, ResultBody,
+    AttemptOutcome, BlobRef, Failure, JobItem, JobState, Millis, RecordOutcome, ResultBody,
 };
 use crate::ledger::transitions::shows_end;
 use crate::ledger::{AttemptEnd, EndRequest, RenewRequest, Write};
 use crate::protocol::ReplayPolicy;
+use crate::protocol::owner::Owner;
 use crate::provider::ProviderError;
 
 /// What waiting for the provider came to.
@@ -118,7 +119,7 @@ pub struct Closed {
     /// The record's outcome.
     pub outcome: RecordOutcome,
     /// The last item seen.
-    pub view: Option<JobRecord>,
+    pub view: Option<JobItem>,
     /// A stored answer nobody accepts: the job is terminal without it, so its object goes.
     /// While the job lives it stays, as a recovery that fenced this owner may be accepting it.
     pub discard: Option<BlobRef>,
@@ -141,7 +142,7 @@ enum Phase {
 pub struct Ending {
     facts: EndFacts,
     /// The item as the owner's claim or recovery left it.
-    owner: JobRecord,
+    owner: JobItem,
     /// How the attempt ends (`None` for a hand-over).
     end: Option<AttemptEnd>,
     retry_after_ms: Option<Millis>,
@@ -156,7 +157,7 @@ pub struct Ending {
     /// The hand-over leaves a line in a running batch: the next look is a poll interval away.
     batched: bool,
     /// The item a refusal showed, once one did.
-    seen: Option<JobRecord>,
+    seen: Option<JobItem>,
     /// The answer stored for an acceptance a cancel request refused: it goes once the job
     /// ends cancelled.
     withdrawn: Option<BlobRef>,
@@ -167,7 +168,7 @@ impl Ending {
     /// The owner of `owner` heard `waited`: its first step.
     pub fn start(
         facts: EndFacts,
-        owner: JobRecord,
+        owner: JobItem,
         waited: Waited,
         now: Millis,
     ) -> (Ending, EndStep) {
@@ -228,7 +229,7 @@ impl Ending {
     }
 
     /// The item as the owner's claim or recovery left it.
-    pub fn owner(&self) -> &JobRecord {
+    pub fn owner(&self) -> &JobItem {
         &self.owner
     }
 
@@ -300,33 +301,16 @@ impl Ending {
 
     /// The write the current step makes, at `now`.
     pub fn write(&self, now: Millis) -> EndWrite {
-        let (epoch, attempt) = (self.owner.owner_epoch, self.owner.attempts);
-        let end_with = |end: AttemptEnd| {
-            EndWrite::End(EndRequest {
-                job_id: self.owner.job_id.clone(),
-                epoch,
-                attempt,
-                now,
-                end,
-                usage: None,
-                input: None,
-            })
-        };
-        let renew = |lease_until: Millis| {
-            EndWrite::Renew(RenewRequest {
-                job_id: self.owner.job_id.clone(),
-                epoch,
-                // Renewing or ending our own lease needs no particular lease to be current.
-                expected_until: None,
-                now,
-                lease_until,
-            })
-        };
+        let owner = Owner::of(&self.owner);
         match self.phase {
-            Phase::Expire => end_with(AttemptEnd::Expired),
-            Phase::Renew => renew(now + self.facts.lease_ms),
-            Phase::HandOver => renew(now),
-            _ => end_with(self.end.clone().unwrap_or(AttemptEnd::Expired)),
+            Phase::Expire => EndWrite::End(owner.end(AttemptEnd::Expired, now)),
+            // Renewing our own lease needs no particular lease to be current.
+            Phase::Renew => EndWrite::Renew(owner.renew(None, now, now + self.facts.lease_ms)),
+            Phase::HandOver => EndWrite::Renew(owner.hand_over(now)),
+            _ => {
+                let end = self.end.clone().unwrap_or(AttemptEnd::Expired);
+                EndWrite::End(owner.end(end, now))
+            }
         }
     }
 
@@ -431,7 +415,7 @@ impl Ending {
     }
 
     /// Our own write ended the attempt and left `record`.
-    fn ended(&mut self, record: JobRecord) -> EndStep {
+    fn ended(&mut self, record: JobItem) -> EndStep {
         let outcome = match &self.end {
             // An attempt given back after a 429 waits for the provider's capacity (its
             // `Retry-After`), not for a backoff that grows with the receives: its record may
@@ -466,7 +450,7 @@ impl Ending {
 
     /// The end was refused: another owner took over, or the deadline passed. An answer refused
     /// by the deadline alone (the job still ours) expires the job; otherwise the item decides.
-    fn refused(&mut self, seen: Option<JobRecord>, now: Millis) -> EndStep {
+    fn refused(&mut self, seen: Option<JobItem>, now: Millis) -> EndStep {
         let Some(seen) = seen else {
             return self.done(backoff("job vanished"), None, true);
         };
@@ -502,7 +486,7 @@ impl Ending {
     }
 
     /// Ends with `seen` in view, discarding the stored answer if `seen` is terminal without it.
-    fn discarding(&mut self, outcome: RecordOutcome, seen: JobRecord, refused: bool) -> EndStep {
+    fn discarding(&mut self, outcome: RecordOutcome, seen: JobItem, refused: bool) -> EndStep {
         let step = self.done(outcome, None, refused);
         let EndStep::Done(mut closed) = step else {
             return step;
@@ -521,7 +505,7 @@ impl Ending {
         EndStep::Done(closed)
     }
 
-    fn done(&mut self, outcome: RecordOutcome, view: Option<JobRecord>, refused: bool) -> EndStep {
+    fn done(&mut self, outcome: RecordOutcome, view: Option<JobItem>, refused: bool) -> EndStep {
         self.phase = Phase::Done;
         EndStep::Done(Box::new(Closed {
             outcome,

@@ -9,7 +9,7 @@ pub use machine::{Closed, EndFacts, EndStep, EndWrite, Ending, Placed, Waited};
 
 use super::ReplayPolicy;
 use crate::job::decision::{DeadlinePhase, deadline_phase};
-use crate::job::{AttemptOutcome, AttemptRecord, GIVEN_BACK_KEPT, JobRecord, Millis, ResultBody};
+use crate::job::{AttemptEntry, AttemptOutcome, GIVEN_BACK_KEPT, JobItem, Millis, ResultBody};
 use crate::ledger::AttemptEnd;
 use crate::provider::{Answer, ProviderError};
 
@@ -21,7 +21,7 @@ pub(crate) const THROTTLE_PAUSE_MS: Millis = 1_000;
 /// later, when the attempt's end is written.
 pub fn attempt_end(
     result: Result<Answer, ProviderError>,
-    job: &JobRecord,
+    job: &JobItem,
     now: Millis,
     replay: ReplayPolicy,
 ) -> (AttemptEnd, Option<Millis>) {
@@ -89,7 +89,7 @@ pub fn attempt_end(
 /// How an attempt whose call was never sent ends (no time was left for it, or the lease lapsed
 /// before it left): nothing ran, so the attempt is given back, as after a throttle; past the
 /// deadline the job expires.
-pub fn not_sent_end(reason: &str, job: &JobRecord, now: Millis) -> AttemptEnd {
+pub fn not_sent_end(reason: &str, job: &JobItem, now: Millis) -> AttemptEnd {
     if now >= job.deadline_at {
         return AttemptEnd::Expired;
     }
@@ -98,10 +98,10 @@ pub fn not_sent_end(reason: &str, job: &JobRecord, now: Millis) -> AttemptEnd {
 
 /// The end that gives `job`'s current attempt back, marked `why`: its log entry joins the
 /// given-back attempts the job keeps (the last [`GIVEN_BACK_KEPT`]).
-fn given_back(why: AttemptOutcome, error: String, job: &JobRecord, now: Millis) -> AttemptEnd {
+fn given_back(why: AttemptOutcome, error: String, job: &JobItem, now: Millis) -> AttemptEnd {
     let mut kept = job.given_back.clone();
     if let Some(attempt) = job.attempt_log.last() {
-        kept.push(AttemptRecord {
+        kept.push(AttemptEntry {
             outcome: why,
             finished_at: Some(now),
             ..attempt.clone()
@@ -124,7 +124,7 @@ fn given_back(why: AttemptOutcome, error: String, job: &JobRecord, now: Millis) 
 /// not replay old `unknown` jobs.
 pub(crate) fn uncertain_end(
     evidence: String,
-    job: &JobRecord,
+    job: &JobItem,
     now: Millis,
     replay: ReplayPolicy,
 ) -> AttemptEnd {
@@ -165,7 +165,7 @@ pub(crate) fn acceptable_end(
 
 /// Whether the claimant's lease still holds at `now` by more than the clock-skew margin: the
 /// last check before a call leaves, which nothing in the ledger can fence once it has.
-pub(crate) fn lease_holds(claimed: &JobRecord, now: Millis, skew_ms: Millis) -> bool {
+pub(crate) fn lease_holds(claimed: &JobItem, now: Millis, skew_ms: Millis) -> bool {
     claimed
         .owner_until
         .is_some_and(|until| now.saturating_add(skew_ms) < until)

@@ -1,5 +1,5 @@
 use super::*;
-use crate::job::{JobRecord, NewJob};
+use crate::job::{JobItem, NewJob};
 
 const NOW: Millis = 1_000_000;
 const PAUSE_MS: Millis = 100;
@@ -10,7 +10,7 @@ const TICKS: RenewalTicks = RenewalTicks {
     first_pause_ms: PAUSE_MS,
 };
 
-fn running(epoch: u64, until: Millis) -> JobRecord {
+fn running(epoch: u64, until: Millis) -> JobItem {
     let mut r = NewJob::example("j", NOW + 600_000).into_record(JobState::Running, NOW);
     r.owner_epoch = epoch;
     r.owner_until = Some(until);

@@ -10,7 +10,7 @@ use tracing::Instrument;
 
 use super::BatchHandler;
 use crate::clock::Clock;
-use crate::job::{Failure, JobMessage, JobRecord, RecordOutcome, Trigger};
+use crate::job::{Failure, JobItem, JobMessage, RecordOutcome, Trigger};
 use crate::ledger::JobLedger;
 use crate::provider::Provider;
 use crate::queue::VisibilityControl;
@@ -36,7 +36,7 @@ impl<L: JobLedger, P: Provider, C: Clock, V: VisibilityControl> BatchHandler<L, 
         fifo: bool,
         decided: &Mutex<Vec<Option<Decided>>>,
     ) {
-        let mut views: Vec<JobRecord> = Vec::new();
+        let mut views: Vec<JobItem> = Vec::new();
         let mut blocked = false;
         for index in lane {
             let entry = &entries[index];
@@ -79,7 +79,7 @@ impl<L: JobLedger, P: Provider, C: Clock, V: VisibilityControl> BatchHandler<L, 
         index: usize,
         inv: &Invocation,
         flights: &Flights,
-    ) -> (RecordOutcome, Option<JobRecord>) {
+    ) -> (RecordOutcome, Option<JobItem>) {
         let owner_id = format!(
             "{}/{}",
             inv.id,

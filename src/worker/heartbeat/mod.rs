@@ -14,7 +14,8 @@ use tokio_util::sync::CancellationToken;
 use super::settings::Settings;
 use crate::clock::Clock;
 use crate::job::Millis;
-use crate::ledger::{JobLedger, RenewRequest, Write};
+use crate::ledger::{JobLedger, Write};
+use crate::protocol::owner::Owner;
 use crate::protocol::renewal::{
     RENEWAL_RETRIES, RenewalTicks, Renewed, after_renewal, extension_s,
 };
@@ -261,13 +262,8 @@ impl<L: JobLedger, V: VisibilityControl, C: Clock> Heartbeat<'_, L, V, C> {
             let Some(expected) = self.flights.lease_until(index) else {
                 return; // the call ended meanwhile
             };
-            let req = RenewRequest {
-                job_id: job_id.clone(),
-                epoch,
-                expected_until: Some(expected),
-                now,
-                lease_until: now + self.settings.lease_ms,
-            };
+            let owner = Owner::at(&job_id, epoch);
+            let req = owner.renew(Some(expected), now, now + self.settings.lease_ms);
             let result = self.ledger.renew(req).await;
             let answer = result.as_ref().ok();
             // The call ended while the renewal was on its way: a refusal is our own final

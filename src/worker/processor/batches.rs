@@ -5,7 +5,7 @@ use serde_json::{Map, Value};
 
 use super::{Link, Processor};
 use crate::clock::Clock;
-use crate::job::{JobMessage, JobRecord, Millis};
+use crate::job::{JobItem, JobMessage, Millis};
 use crate::ledger::JobLedger;
 use crate::provider::batch::{batch_ref, is_batch_ref, pending_ref};
 use std::time::Duration;
@@ -78,7 +78,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
     /// Whether the batch of the line `seen`'s last attempt records still runs (asked at most
     /// once in ten seconds per batch in this environment): then the record waits for the next
     /// look and nothing is written.
-    pub(super) async fn batch_runs(&self, msg: &JobMessage, seen: &JobRecord) -> bool {
+    pub(super) async fn batch_runs(&self, msg: &JobMessage, seen: &JobItem) -> bool {
         let Some(attempt) = seen.attempt_log.last() else {
             return false;
         };
@@ -98,6 +98,6 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
 }
 
 /// Whether the job's last attempt is a line of a batch.
-pub(super) fn in_batch(job: &JobRecord) -> bool {
+pub(super) fn in_batch(job: &JobItem) -> bool {
     job.last_provider_ref().is_some_and(is_batch_ref)
 }

@@ -8,7 +8,7 @@ use super::run::{Spent, count_usage};
 use super::spend::Reserved;
 use super::{AttemptWatch, Invocation, Processed, Processor};
 use crate::clock::Clock;
-use crate::job::{JobMessage, JobRecord, Millis, NewJob};
+use crate::job::{JobItem, JobMessage, Millis, NewJob};
 use crate::ledger::{JobLedger, Write};
 use crate::protocol::delivery::{Charge, Command, Delivery, Observation};
 use crate::protocol::ending::Closed;
@@ -37,7 +37,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
     pub(super) async fn deliver(
         &self,
         msg: &JobMessage,
-        start: Option<JobRecord>,
+        start: Option<JobItem>,
         owner_id: &str,
         inv: &Invocation,
         watch: &dyn AttemptWatch,

@@ -41,7 +41,7 @@ use super::settings::Settings;
 use crate::blobs::BlobStore;
 use crate::clock::Clock;
 use crate::job::contract::Contracts;
-use crate::job::{Failure, InvalidMessage, JobMessage, JobRecord, Millis, RecordOutcome, Trigger};
+use crate::job::{Failure, InvalidMessage, JobItem, JobMessage, Millis, RecordOutcome, Trigger};
 use crate::ledger::spend::SpendBudget;
 use crate::ledger::{JobLedger, LedgerError};
 use crate::protocol::routing::ModelMap;
@@ -64,7 +64,7 @@ pub struct Processed {
     /// The record's outcome.
     pub outcome: RecordOutcome,
     /// The last ledger item this delivery saw, for later records of the same job.
-    pub view: Option<JobRecord>,
+    pub view: Option<JobItem>,
 }
 
 /// One provider of the deployment's ordered list, with its models and its pacing.
@@ -250,7 +250,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
 
     /// The outcome of a later record of the same job in the same batch, decided from what the
     /// first record left in the ledger, with no ledger or provider call.
-    pub fn follow(&self, msg: &JobMessage, view: &JobRecord) -> RecordOutcome {
+    pub fn follow(&self, msg: &JobMessage, view: &JobItem) -> RecordOutcome {
         crate::protocol::admission::follow(
             view,
             &msg.digest,
@@ -260,7 +260,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
     }
 }
 
-fn ledger_failure(job_id: &str, e: &LedgerError, view: Option<JobRecord>) -> Processed {
+fn ledger_failure(job_id: &str, e: &LedgerError, view: Option<JobItem>) -> Processed {
     tracing::warn!(job_id, error = %e, "ledger call failed");
     failed(backoff("ledger"), view)
 }
@@ -272,7 +272,7 @@ fn backoff(cause: &'static str) -> Failure {
     }
 }
 
-fn failed(failure: Failure, view: Option<JobRecord>) -> Processed {
+fn failed(failure: Failure, view: Option<JobItem>) -> Processed {
     Processed {
         outcome: RecordOutcome::Failed(failure),
         view,

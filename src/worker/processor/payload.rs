@@ -12,7 +12,7 @@ use crate::job::artifact::{MAX_RESULT_BYTES, RESULTS_PREFIX, input_key, result_k
 use crate::job::decision::{Next, SettleReason, next_step};
 use crate::job::message::{MAX_PAYLOAD_BYTES, input_digest};
 use crate::job::{
-    BlobRef, Failure, INLINE_LIMIT_BYTES, InvalidMessage, JobMessage, JobRecord, JobState, NewJob,
+    BlobRef, Failure, INLINE_LIMIT_BYTES, InvalidMessage, JobItem, JobMessage, JobState, NewJob,
     RecordOutcome,
 };
 use crate::ledger::{JobLedger, KeptInput, SettleFrom, SettleRequest, Write};
@@ -74,12 +74,12 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         &self,
         msg: &JobMessage,
         job: &NewJob,
-        view: Option<&JobRecord>,
+        view: Option<&JobItem>,
     ) -> Option<NewJob> {
         if job.input.is_empty() {
             return None;
         }
-        if view.is_some_and(JobRecord::keeps_input) {
+        if view.is_some_and(JobItem::keeps_input) {
             return Some(NewJob {
                 input: String::new(),
                 ..job.clone()
@@ -125,7 +125,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
     /// the job's digest only when this delivery will call the provider or ask it (a duplicate
     /// deferred to a live owner, or a finished job, costs no read of the object). One whose
     /// item keeps no input carries none, and its admission never claims or recovers from it.
-    pub(super) async fn stored_input(&self, item: &JobRecord) -> Result<JobMessage, InputError> {
+    pub(super) async fn stored_input(&self, item: &JobItem) -> Result<JobMessage, InputError> {
         let mut msg = JobMessage::from_record(item);
         let now = self.clock.now_ms();
         let calls = match next_step(item, &item.input_digest, now, self.settings.skew_ms) {
@@ -162,7 +162,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
     /// an object overwritten) is never poison: its message is the job's only trigger. A job that
     /// would be claimed now ends `failed_terminal` (`input_lost`), as no call can be made; one
     /// an owner or a recovery still holds backs off, for that owner or the deadline to end it.
-    pub(super) async fn input_lost(&self, item: JobRecord, how: &'static str) -> Processed {
+    pub(super) async fn input_lost(&self, item: JobItem, how: &'static str) -> Processed {
         tracing::error!(job_id = %item.job_id, how, "the job's stored input cannot be used");
         let now = self.clock.now_ms();
         if !matches!(
@@ -201,7 +201,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
     /// and only otherwise the attempt ends like a transient failure.
     pub(super) async fn place_result(
         &self,
-        claimed: &JobRecord,
+        claimed: &JobItem,
         body: &str,
         inv: &Invocation,
     ) -> Placed {
@@ -267,7 +267,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
 
     /// Whether the owner's attempt has a provider reference recorded in the item (at its claim,
     /// or after a background submission): what a later owner fetches the answer with.
-    async fn attempt_reference(&self, claimed: &JobRecord) -> bool {
+    async fn attempt_reference(&self, claimed: &JobItem) -> bool {
         if claimed.last_provider_ref().is_some() {
             return true;
         }
@@ -282,7 +282,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
     /// The answer the owner of `job`'s last attempt stored before it could accept it (it
     /// crashed, stalled or lost its lease in between), if there is one and it is the content
     /// its key names: the evidence a recovery accepts instead of calling again.
-    pub(super) async fn stored_answer(&self, job: &JobRecord) -> Option<BlobRef> {
+    pub(super) async fn stored_answer(&self, job: &JobItem) -> Option<BlobRef> {
         let store = self.blobs()?;
         let bucket = store.bucket()?;
         let epoch = job.attempt_log.last()?.epoch;

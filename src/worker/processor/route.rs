@@ -5,7 +5,7 @@
 
 use super::{Link, Processor};
 use crate::clock::Clock;
-use crate::job::{JobMessage, JobRecord};
+use crate::job::{JobItem, JobMessage};
 use crate::ledger::JobLedger;
 use crate::protocol::routing::{self, Stop};
 use crate::provider::Provider;
@@ -24,7 +24,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
     }
 
     /// The provider of `job`'s current attempt.
-    pub(super) fn link_of(&self, job: &JobRecord) -> &Link<P> {
+    pub(super) fn link_of(&self, job: &JobItem) -> &Link<P> {
         &self.links[routing::current(job, &self.stops())]
     }
 
@@ -40,7 +40,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
 
     /// Whether the provider of the job's last attempt can be asked about it (a line of a batch
     /// always can).
-    pub(super) fn can_ask_about(&self, job: &JobRecord) -> bool {
+    pub(super) fn can_ask_about(&self, job: &JobItem) -> bool {
         job.last_provider_ref().is_some_and(|r| {
             self.link_of(job).provider.can_retrieve() || crate::provider::batch::is_batch_ref(r)
         })

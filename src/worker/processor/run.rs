@@ -9,7 +9,7 @@ use super::{AttemptWatch, Invocation, Link, Processor, StopSignal};
 use crate::clock::Clock;
 use crate::job::contract::Contract;
 use crate::job::prices::{PriceTable, Rate};
-use crate::job::{JobMessage, JobRecord, Millis, Usage};
+use crate::job::{JobItem, JobMessage, Millis, Usage};
 use crate::ledger::JobLedger;
 use crate::protocol::calling::{Bound, CallFacts, CallStep, Calling, MIN_CALL_BUDGET_MS, Said};
 use crate::protocol::delivery::{Command, Delivery, Observation};
@@ -61,7 +61,7 @@ impl Spent {
 /// Tells `watch` what the attempt numbered `attempt` recorded it used, as the item its end left
 /// (`view`) shows it.
 pub(super) fn count_usage(
-    view: Option<&JobRecord>,
+    view: Option<&JobItem>,
     attempt: u32,
     model: &str,
     watch: &dyn AttemptWatch,
@@ -452,7 +452,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
     pub(super) fn request<'a>(
         &self,
         msg: &'a JobMessage,
-        owner: &JobRecord,
+        owner: &JobItem,
         input: &'a serde_json::Map<String, serde_json::Value>,
         output: &'a Contract,
     ) -> ProviderRequest<'a> {

@@ -4,7 +4,7 @@
 use super::Processor;
 use crate::clock::Clock;
 use crate::job::decision::Expect;
-use crate::job::{JobMessage, JobRecord, JobState, NewJob, Route};
+use crate::job::{JobItem, JobMessage, JobState, NewJob, Route};
 use crate::ledger::{ClaimRequest, CreateRequest, JobLedger, LedgerError, RecoverRequest, Write};
 use crate::protocol::admission::Op;
 use crate::provider::{Provider, batch};
@@ -31,7 +31,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         job: &NewJob,
         op: &Op,
         (owner_id, route): (&str, usize),
-        view: Option<&JobRecord>,
+        view: Option<&JobItem>,
     ) -> Result<Write, (LedgerError, bool)> {
         let now = self.clock.now_ms();
         // A write that keeps the input stores it first when it is large.
@@ -89,7 +89,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
                     lease_until: now + self.settings.lease_ms,
                     reason,
                     seen_recoveries: view.map_or(0, |v| v.recoveries.len()),
-                    input: match view.is_some_and(JobRecord::keeps_input) {
+                    input: match view.is_some_and(JobItem::keeps_input) {
                         true => None,
                         false => self.kept_input(msg).await,
                     },

@@ -261,7 +261,7 @@ impl JobLedger for TakenOverBeforeRecording {
     async fn get(
         &self,
         job_id: &str,
-    ) -> Result<Option<fenced_jobs::job::JobRecord>, fenced_jobs::ledger::LedgerError> {
+    ) -> Result<Option<fenced_jobs::job::JobItem>, fenced_jobs::ledger::LedgerError> {
         self.0.get(job_id).await
     }
 }

@@ -20,12 +20,12 @@ fn facts() -> EndFacts {
 }
 
 /// The item as a claim at `NOW` leaves it (with a reference when `reference`).
-fn claimed(reference: bool) -> JobRecord {
+fn claimed(reference: bool) -> JobItem {
     crate::protocol::claimed_example(DEADLINE, NOW, reference.then(|| "j/1@1".to_owned()))
 }
 
 /// The ledger's answer to `write` on `item`, as the transitions give it.
-fn apply(item: &JobRecord, write: EndWrite) -> Write {
+fn apply(item: &JobItem, write: EndWrite) -> Write {
     let after = match &write {
         EndWrite::End(req) => apply_end(Some(item), req),
         EndWrite::Renew(req) => apply_renew(Some(item), req),
