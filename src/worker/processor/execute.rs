@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use super::run::{Spent, count_usage};
-use super::spend::Reserved;
+use super::spend::Grant;
 use super::{AttemptWatch, Invocation, Processed, Processor};
 use crate::clock::Clock;
 use crate::job::{JobItem, JobMessage, Millis, NewJob};
@@ -13,7 +13,7 @@ use crate::ledger::{JobLedger, Write};
 use crate::protocol::delivery::{Charge, Command, Delivery, Observation};
 use crate::protocol::ending::Closed;
 use crate::provider::Provider;
-use crate::worker::pacing::{Pacer, Permit};
+use crate::worker::pacing::Pacer;
 
 /// What the executor holds for one delivery beside its machine.
 pub(super) struct Held<'a> {
@@ -21,10 +21,8 @@ pub(super) struct Held<'a> {
     pub(super) job: NewJob,
     /// The model of each provider's next call when no spend limit can count it.
     pub(super) unpriced: Vec<Option<String>>,
-    /// The pacer's permit taken for the call.
-    pub(super) permit: Option<Permit<'a>>,
-    /// The day's spend taken for the call.
-    pub(super) reserved: Option<Reserved>,
+    /// The capacity and the day's spend taken for the call.
+    pub(super) grant: Option<Grant<'a>>,
     /// What the last call used, once one was made.
     pub(super) spent: Option<Spent>,
     /// When the claim's call started.
@@ -52,8 +50,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         let mut held = Held {
             job,
             unpriced,
-            permit: None,
-            reserved: None,
+            grant: None,
             spent: None,
             started: now,
         };
@@ -71,8 +68,8 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
                         .await
                 }
                 Command::GiveBack => {
-                    held.permit = None;
-                    self.settle_spend(held.reserved.take(), 0).await;
+                    let reserved = held.grant.take().and_then(|mut g| g.take_reserved());
+                    self.settle_spend(reserved, 0).await;
                     Observation::Carried
                 }
                 Command::LookAtBatch => self.look_at_batch(&d, msg, watch).await,
@@ -144,8 +141,8 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
 
     /// The claim holds: the pacer's permit goes to its call, which starts now.
     fn use_capacity(&self, d: &Delivery, held: &mut Held<'_>) -> Observation {
-        if let Some(permit) = &mut held.permit {
-            permit.spend();
+        if let Some(grant) = &mut held.grant {
+            grant.use_for_call();
         }
         tracing::Span::current().record("epoch", d.owner().map(|o| o.owner_epoch));
         held.started = self.clock.now_ms();
@@ -208,18 +205,16 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         charge: Charge,
         watch: &dyn AttemptWatch,
     ) -> Observation {
-        held.permit = None;
+        let reserved = held.grant.take().and_then(|mut g| g.take_reserved());
         let spent = held.spent.take();
         let heard = spent
             .as_ref()
             .and_then(|s| s.heard.and_then(|u| s.cost(&u, &self.settings.prices)));
-        let reserved = held.reserved.as_ref().map(|r| r.micros);
         let actual = match charge {
             Charge::Heard => heard,
-            Charge::HeardOrReserved => heard.or(reserved),
+            Charge::HeardOrReserved => heard.or(reserved.as_ref().map(|r| r.micros)),
         };
-        self.settle_spend(held.reserved.take(), actual.unwrap_or(0))
-            .await;
+        self.settle_spend(reserved, actual.unwrap_or(0)).await;
         if let Some(spent) = spent {
             count_usage(d.view(), attempt, &spent.model, watch);
         }
@@ -303,7 +298,8 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
             .await
         {
             Ok((permit, reserved)) => {
-                (held.permit, held.reserved) = (Some(permit), reserved);
+                let spend = self.spend.clone();
+                held.grant = Some(Grant::new(permit, reserved, spend, self.clock.now_ms()));
                 Observation::Taken
             }
             Err(wait_ms) => Observation::NoCapacity { wait_ms },

@@ -1,10 +1,14 @@
 //! What a call may cost: the most the next one can (the job's own spend limit checks it), and
 //! the deployment's spend per day, reserved before the claim and corrected after the call.
 
+use std::sync::Arc;
+
 use super::{JobLedger, Processor};
 use crate::clock::Clock;
 use crate::job::{JobMessage, Millis, NewJob};
+use crate::ledger::spend::SpendBudget;
 use crate::provider::Provider;
+use crate::worker::pacing::Permit;
 
 /// How long a record whose call cannot be priced waits before it is looked at again: long
 /// enough not to churn the queue, short enough that a price added in a deploy is soon used.
@@ -17,6 +21,71 @@ pub(super) struct Reserved {
     /// The days it was reserved from: the deployment's, the tenant's, or both.
     days: Vec<String>,
     pub(super) micros: u64,
+}
+
+/// What a delivery took for its call: the pacer's permit and what the day's spend reserved.
+/// Given back when no call is made, charged once the call's attempt ended (both by the
+/// executor, which waits for the spend's write). Dropped before either (a delivery cut short),
+/// it gives itself back unless its call went: the permit at once, the spend by a task of its
+/// own; a call that went keeps its reservation, as it may have run.
+pub(super) struct Grant<'a> {
+    permit: Permit<'a>,
+    reserved: Option<Reserved>,
+    spend: Option<Arc<dyn SpendBudget>>,
+    /// When it was taken: a correction made on its drop is dated so.
+    at: Millis,
+    /// The claim holds and the call goes under it.
+    used: bool,
+}
+
+impl<'a> Grant<'a> {
+    pub(super) fn new(
+        permit: Permit<'a>,
+        reserved: Option<Reserved>,
+        spend: Option<Arc<dyn SpendBudget>>,
+        at: Millis,
+    ) -> Grant<'a> {
+        Grant {
+            permit,
+            reserved,
+            spend,
+            at,
+            used: false,
+        }
+    }
+
+    /// The claim holds: the call goes under this grant, and its capacity is used.
+    pub(super) fn use_for_call(&mut self) {
+        self.permit.spend();
+        self.used = true;
+    }
+
+    /// What the day's spend reserved, taken out to be given back or charged.
+    pub(super) fn take_reserved(&mut self) -> Option<Reserved> {
+        self.reserved.take()
+    }
+}
+
+impl Drop for Grant<'_> {
+    fn drop(&mut self) {
+        let (Some(reserved), Some(spend)) = (self.reserved.take(), self.spend.clone()) else {
+            return;
+        };
+        if self.used {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (at, delta) = (self.at, -i64::try_from(reserved.micros).unwrap_or(i64::MAX));
+        runtime.spawn(async move {
+            for day in &reserved.days {
+                if let Err(e) = spend.adjust(day, delta, at).await {
+                    tracing::warn!(error = %e, "the day's spend could not be given back");
+                }
+            }
+        });
+    }
 }
 
 impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
@@ -170,5 +239,49 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
                 tracing::warn!(error = %e, "the day's spend could not be corrected");
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::ManualClock;
+    use crate::ledger::spend::MemorySpend;
+    use crate::worker::pacing::{Pacer, PacingSettings};
+
+    const T: Millis = 1_800_000_000_000;
+
+    /// A grant of 100 micro-dollars of `day` on `pacer`, reserved from `spend`.
+    async fn grant<'a>(pacer: &'a Pacer, spend: &Arc<MemorySpend>, day: &str) -> Grant<'a> {
+        let permit = pacer.admit(0, &ManualClock::at(T), Millis::MAX).await;
+        assert!(spend.reserve(day, 100, 1_000, T).await.expect("reserved"));
+        let reserved = Reserved {
+            days: vec![day.to_owned()],
+            micros: 100,
+        };
+        let budget: Arc<dyn SpendBudget> = spend.clone();
+        Grant::new(permit.expect("room"), Some(reserved), Some(budget), T)
+    }
+
+    #[tokio::test]
+    async fn a_grant_dropped_before_its_call_gives_itself_back_and_one_whose_call_went_keeps_its_spend()
+     {
+        let one = PacingSettings {
+            max_in_flight: 1,
+            ..PacingSettings::default()
+        };
+        let pacer = Pacer::new(one, None);
+        let spend = Arc::new(MemorySpend::new());
+        // A delivery cut short before its claim: the spend and the permit come back.
+        drop(grant(&pacer, &spend, "d1").await);
+        tokio::task::yield_now().await;
+        assert_eq!(spend.spent("d1"), 0);
+        // One cut short once its call went (the pacer lets one call in flight: the first
+        // grant's came back): the call may have run, and its spend stays.
+        let mut used = grant(&pacer, &spend, "d2").await;
+        used.use_for_call();
+        drop(used);
+        tokio::task::yield_now().await;
+        assert_eq!(spend.spent("d2"), 100);
     }
 }
