@@ -25,7 +25,7 @@ use fenced_jobs::ledger::transitions::{
 };
 use fenced_jobs::ledger::{
     AttemptEnd, CancelRequest, ClaimRequest, CreateRequest, DecideRequest, EndRequest,
-    OperatorAction, RecordRefRequest, RecoverRequest, SettleFrom, SettleRequest, Write,
+    OperatorAction, RecordRefRequest, SettleFrom, SettleRequest, Write,
 };
 use fenced_jobs::protocol::ReplayPolicy;
 use fenced_jobs::protocol::admission::{Facts, Op, Settle};
@@ -1758,24 +1758,16 @@ impl Protocol {
                 self.write(next, |c| apply_create(c, &req), fault, None)
             }
             Op::Recover { state, epoch } => {
-                let lapsed_before = if self.mutated(Mutation::RecoveryIgnoresLease) {
-                    Millis::MAX
-                } else {
-                    now - self.bounds.skew
+                // The processor's own recovery claim, as its delivery builds it.
+                let Some(mut req) = delivering.delivery.recovery(now) else {
+                    return false;
                 };
-                let req = RecoverRequest {
-                    job_id: JOB.to_owned(),
-                    seen_epoch: epoch,
-                    owner_id: owner.clone(),
-                    now,
-                    lapsed_before,
-                    lease_until: now + self.bounds.lease,
-                    reason: format!("{} at epoch {epoch}", state.as_str()),
-                    seen_recoveries: next.item.as_ref().map_or(0, |r| r.recoveries.len()),
-                    // As the worker: the input its delivery carries (a recovery is admitted
-                    // only with it), kept when the item keeps none.
-                    input: Some(fenced_jobs::ledger::KeptInput::Inline(self.job().input)),
-                };
+                if self.mutated(Mutation::RecoveryIgnoresLease) {
+                    req.lapsed_before = Millis::MAX;
+                }
+                // As the worker: the input its delivery carries (a recovery is admitted only
+                // with it), kept when the item keeps none.
+                req.input = Some(fenced_jobs::ledger::KeptInput::Inline(self.job().input));
                 let _ = write!(
                     note,
                     "recovery claim on the {} job at epoch {epoch}",

@@ -403,6 +403,25 @@ impl Admission {
     }
 }
 
+/// A live job whose stored input is gone or altered (a lifecycle rule shorter than the job, an
+/// object overwritten), as `item` shows it at `now`: the settle that ends it `failed_terminal`
+/// (`input_lost`) when it would be claimed now, as no call can be made; none while an owner or
+/// a recovery still holds it (the record backs off, for that owner or the deadline to end it).
+pub fn input_lost(item: &JobItem, now: Millis, skew: Millis) -> Option<SettleRequest> {
+    let Next::Claim(_) = next_step(item, &item.input_digest, now, skew) else {
+        return None;
+    };
+    Some(SettleRequest {
+        job_id: item.job_id.clone(),
+        from: SettleFrom::Seen {
+            state: item.state,
+            epoch: item.owner_epoch,
+        },
+        reason: SettleReason::InputLost,
+        now,
+    })
+}
+
 /// The outcome of a later record of the same job in one batch, from `view`, the item as the
 /// batch's first record of the job left it: one call per job and batch, so a record that would
 /// claim or settle backs off instead, and the rest follows the view (acknowledged only when it

@@ -11,6 +11,7 @@ use super::calling::{CallFacts, CallStep, Calling};
 use super::ending::{Closed, EndFacts, EndStep, Ending};
 use super::routing;
 use crate::job::{AttemptOutcome, Failure, JobItem, JobState, Millis, RecordOutcome};
+use crate::ledger::RecoverRequest;
 use crate::provider::batch::parse_ref;
 mod words;
 
@@ -171,6 +172,35 @@ impl Delivery {
             Phase::Ending(e) => Some(e.owner()),
             Phase::Admitting(_) | Phase::Charged(_) | Phase::Done => None,
         }
+    }
+
+    /// The recovery claim its [`Command::Write`] of [`Op::Recover`] asks for, made at `now`: it
+    /// fences the owner seen only once that owner's lease lapsed by this delivery's clock less
+    /// the skew margin, and holds a lease of its own (the executor adds the job's input, for an
+    /// item that keeps none).
+    pub fn recovery(&self, now: Millis) -> Option<RecoverRequest> {
+        let Some(Op::Recover { state, epoch }) = self.admission()?.op().copied() else {
+            return None;
+        };
+        let seen = self.view.as_ref()?;
+        let lane = &self.plan.lanes[self.routed];
+        let reason = match state {
+            JobState::Unknown => {
+                format!("asking the provider about the unknown attempt of epoch {epoch}")
+            }
+            _ => format!("lease of epoch {epoch} lapsed"),
+        };
+        Some(RecoverRequest {
+            job_id: seen.job_id.clone(),
+            seen_epoch: epoch,
+            owner_id: self.owner_id(),
+            now,
+            lapsed_before: now - lane.admission.skew,
+            lease_until: now + lane.end.lease_ms,
+            reason,
+            seen_recoveries: seen.recoveries.len(),
+            input: None,
+        })
     }
 
     /// The claim's call was sent.

@@ -279,3 +279,23 @@ fn a_delivery_without_the_input_never_claims_or_recovers_but_may_still_settle() 
     let (_, step) = Admission::start(bare_past, Some(&late), &late.input_digest, NOW);
     assert!(matches!(step, Step::Write(Op::Settle(_))), "{step:?}");
 }
+
+#[test]
+fn a_job_whose_stored_input_is_lost_ends_only_when_it_would_be_claimed() {
+    // Claimable: it ends `input_lost`, on the state and epoch seen.
+    let item = ready(1);
+    let settle = input_lost(&item, NOW, 2_000).expect("ends the job");
+    assert_eq!(settle.reason, SettleReason::InputLost);
+    assert_eq!(
+        settle.from,
+        SettleFrom::Seen {
+            state: item.state,
+            epoch: 1
+        }
+    );
+    // Held by an owner whose lease holds: nothing written, for that owner to end it.
+    let mut held = ready(1);
+    held.state = JobState::Running;
+    held.owner_until = Some(NOW + 60_000);
+    assert_eq!(input_lost(&held, NOW, 2_000), None);
+}

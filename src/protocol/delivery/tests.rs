@@ -240,13 +240,24 @@ fn a_recovery_of_a_line_whose_batch_runs_gives_back_and_waits_with_nothing_writt
         "o".into(),
         DIGEST.into(),
         vec![lane("a")],
-        Some(seen),
+        Some(seen.clone()),
         later,
     );
     let write = d.observe(Observation::BatchRunning(false), later);
     assert!(
         matches!(write, Command::Write(Op::Recover { .. })),
         "{write:?}"
+    );
+    // It fences the owner seen, and only once that owner's lease lapsed by this clock less
+    // the skew margin.
+    let req = d.recovery(later).expect("a recovery claim");
+    assert_eq!(
+        (req.seen_epoch, req.owner_id.as_str()),
+        (seen.owner_epoch, "o")
+    );
+    assert_eq!(
+        (req.lapsed_before, req.lease_until),
+        (later - 2_000, later + 30_000)
     );
 }
 

@@ -259,10 +259,9 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         msg: &JobMessage,
     ) -> Observation {
         let owner = d.owner_id();
-        match self
-            .write_op(msg, job, op, (&owner, d.lane()), d.view())
-            .await
-        {
+        let recovery = d.recovery(self.clock.now_ms());
+        let write = self.write_op(msg, (job, op), (&owner, d.lane()), d.view(), recovery);
+        match write.await {
             Ok(Write::Applied(record)) => Observation::Applied(record),
             Ok(Write::Refused(seen)) => Observation::Refused(seen),
             Err((e, sent)) => {

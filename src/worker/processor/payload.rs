@@ -9,13 +9,13 @@ use super::{Invocation, Processed, Processor, backoff, failed, ledger_failure};
 use crate::blobs::{BlobError, read_checked, reference};
 use crate::clock::Clock;
 use crate::job::artifact::{MAX_RESULT_BYTES, RESULTS_PREFIX, input_key, result_key, sha256_hex};
-use crate::job::decision::{Next, SettleReason, next_step};
+use crate::job::decision::{Next, next_step};
 use crate::job::message::{MAX_PAYLOAD_BYTES, input_digest};
 use crate::job::{
     BlobRef, Failure, INLINE_LIMIT_BYTES, InvalidMessage, JobItem, JobMessage, JobState, NewJob,
     RecordOutcome,
 };
-use crate::ledger::{JobLedger, KeptInput, SettleFrom, SettleRequest, Write};
+use crate::ledger::{JobLedger, KeptInput, Write};
 use crate::protocol::ending::Placed;
 use crate::provider::Provider;
 
@@ -158,27 +158,15 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         Ok(msg)
     }
 
-    /// A live job whose stored input is gone or altered (a lifecycle rule shorter than the job,
-    /// an object overwritten) is never poison: its message is the job's only trigger. A job that
-    /// would be claimed now ends `failed_terminal` (`input_lost`), as no call can be made; one
-    /// an owner or a recovery still holds backs off, for that owner or the deadline to end it.
+    /// A live job whose stored input is gone or altered is never poison: its message is the
+    /// job's only trigger. It ends `input_lost`, or backs off, as
+    /// [`input_lost`](crate::protocol::admission::input_lost) decides.
     pub(super) async fn input_lost(&self, item: JobItem, how: &'static str) -> Processed {
         tracing::error!(job_id = %item.job_id, how, "the job's stored input cannot be used");
         let now = self.clock.now_ms();
-        if !matches!(
-            next_step(&item, &item.input_digest, now, self.settings.skew_ms),
-            Next::Claim(_)
-        ) {
+        let settle = crate::protocol::admission::input_lost(&item, now, self.settings.skew_ms);
+        let Some(req) = settle else {
             return failed(backoff("stored input lost"), Some(item));
-        }
-        let req = SettleRequest {
-            job_id: item.job_id.clone(),
-            from: SettleFrom::Seen {
-                state: item.state,
-                epoch: item.owner_epoch,
-            },
-            reason: SettleReason::InputLost,
-            now,
         };
         match self.ledger.settle(req).await {
             Ok(Write::Applied(record)) => Processed {

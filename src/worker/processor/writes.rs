@@ -4,7 +4,7 @@
 use super::Processor;
 use crate::clock::Clock;
 use crate::job::decision::Expect;
-use crate::job::{JobItem, JobMessage, JobState, NewJob, Route};
+use crate::job::{JobItem, JobMessage, NewJob, Route};
 use crate::ledger::{ClaimRequest, CreateRequest, JobLedger, LedgerError, RecoverRequest, Write};
 use crate::protocol::admission::Op;
 use crate::provider::{Provider, batch};
@@ -24,14 +24,15 @@ struct Claim<'a> {
 
 impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
     /// One write before the call, as the admission asked for it; `view` is the item last seen,
-    /// `route` the provider the admission chose for a claim.
+    /// `route` the provider the admission chose for a claim, `recovery` the recovery claim the
+    /// delivery built for [`Op::Recover`].
     pub(super) async fn write_op(
         &self,
         msg: &JobMessage,
-        job: &NewJob,
-        op: &Op,
+        (job, op): (&NewJob, &Op),
         (owner_id, route): (&str, usize),
         view: Option<&JobItem>,
+        recovery: Option<RecoverRequest>,
     ) -> Result<Write, (LedgerError, bool)> {
         let now = self.clock.now_ms();
         // A write that keeps the input stores it first when it is large.
@@ -71,29 +72,15 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
                 };
                 self.ledger.create(req).await.map_err(|e| (e, true))
             }
-            Op::Recover {
-                state: seen_state,
-                epoch: seen_epoch,
-            } => {
-                let reason = if seen_state == JobState::Unknown {
-                    format!("asking the provider about the unknown attempt of epoch {seen_epoch}")
-                } else {
-                    format!("lease of epoch {seen_epoch} lapsed")
+            Op::Recover { .. } => {
+                // Nothing seen to recover from: the delivery decides again from the view.
+                let Some(mut req) = recovery else {
+                    return Ok(Write::Refused(view.cloned()));
                 };
-                let req = RecoverRequest {
-                    job_id: job.job_id.clone(),
-                    seen_epoch,
-                    owner_id: owner_id.to_owned(),
-                    now,
-                    lapsed_before: now - self.settings.skew_ms,
-                    lease_until: now + self.settings.lease_ms,
-                    reason,
-                    seen_recoveries: view.map_or(0, |v| v.recoveries.len()),
-                    input: match view.is_some_and(JobItem::keeps_input) {
-                        true => None,
-                        false => self.kept_input(msg).await,
-                    },
-                };
+                // A recovery keeps the job's input when the item keeps none.
+                if !view.is_some_and(JobItem::keeps_input) {
+                    req.input = self.kept_input(msg).await;
+                }
                 self.ledger.recover(req).await.map_err(|e| (e, true))
             }
         }
