@@ -74,7 +74,7 @@ pub enum Format {
 
 /// What an answer that breaks its contract becomes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum OnInvalid {
+pub(crate) enum OnInvalid {
     /// Another attempt, within the job's budget and deadline (the default).
     Retry,
     /// `failed_terminal (invalid_output)` at once.
@@ -448,7 +448,7 @@ pub struct Contracts {
 /// A job names a contract a strict registry does not hold.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("no contract {0:?} in the registry")]
-pub struct UnknownContract(pub String);
+pub(crate) struct UnknownContract(pub String);
 
 impl Contracts {
     /// A registry of `contracts`; a `strict` one refuses a job whose contract it does not hold,

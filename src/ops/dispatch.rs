@@ -100,7 +100,7 @@ impl DispatchReport {
 /// Why a record could not be turned into its event.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("stream record {sequence:?}: {reason}")]
-pub struct Undecodable {
+pub(crate) struct Undecodable {
     /// Its sequence number.
     pub sequence: Option<String>,
     /// Why (never item content).
