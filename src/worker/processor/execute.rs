@@ -101,7 +101,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
                 Command::Charge { attempt, charge } => {
                     self.charge(&d, &mut held, attempt, charge, watch).await
                 }
-                Command::Done(closed) => return self.ended(&d, *closed).await,
+                Command::Done(closed) => return self.ended(&d, *closed, &msg.job_id).await,
             };
             command = self.observe(&mut d, said, sent_at, &msg.job_id);
         }
@@ -182,14 +182,16 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         };
         tracing::warn!(
             job_id = %msg.job_id,
-            lapsed_epoch = fenced.attempt_log.last().map(|a| a.epoch),
+            // A recovery claim raises the epoch it fenced by one.
+            lapsed_epoch = fenced.owner_epoch.saturating_sub(1),
             epoch = fenced.owner_epoch,
             "recovered a job whose lease lapsed"
         );
         held.spent = None;
         let stored = self.stored_answer(fenced).await;
         if stored.is_some() {
-            tracing::info!(job_id = %msg.job_id, "the lapsed owner's stored answer is accepted");
+            let lapsed_epoch = fenced.owner_epoch.saturating_sub(1);
+            tracing::info!(job_id = %msg.job_id, lapsed_epoch, "the lapsed owner's stored answer is accepted");
         }
         Observation::Found(stored)
     }
@@ -223,16 +225,16 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
 
     /// The delivery's end: a refusal said, a refused answer's object removed once nobody can
     /// accept it (what nobody accepts otherwise is the orphan sweep's, or the lifecycle rule's).
-    async fn ended(&self, d: &Delivery, closed: Closed) -> Processed {
+    async fn ended(&self, d: &Delivery, closed: Closed, job_id: &str) -> Processed {
         if d.admission().is_some_and(|a| a.unconfirmed()) {
             tracing::error!(
-                job_id = ?closed.view.as_ref().map(|v| &v.job_id),
+                job_id,
                 "a write and every read after it went unanswered; if the write was applied, the job waits for its lease to lapse"
             );
         }
         if closed.refused {
             tracing::warn!(
-                job_id = ?closed.view.as_ref().map(|v| &v.job_id),
+                job_id,
                 current_epoch = closed.view.as_ref().map(|s| s.owner_epoch),
                 current_state = closed.view.as_ref().map(|s| s.state.as_str()),
                 "end of attempt refused; result not published"
