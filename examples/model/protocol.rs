@@ -794,6 +794,9 @@ pub struct State {
     pub bucket: Vec<String>,
     /// A later record of a batch was acknowledged from the item its first record left.
     pub followed: bool,
+    /// A record waited for its line's running batch, nothing written (marks the state right
+    /// after, for its example only).
+    pub batch_waited: bool,
     /// Second claims in one delivery, for a second provider after a refusal.
     pub hops: u8,
     /// The item's epoch once an operator's cancel was written (a request, or the end).
@@ -1024,6 +1027,14 @@ pub enum Action {
     Cancel,
     /// The job's message is lost for good: dead-lettered and dropped, or its retention passed.
     Lose,
+    /// The provider says whether the batch of the line a worker's recovery would fence still
+    /// runs (only while the line's call may still be running can it say so).
+    Batch {
+        /// The worker.
+        worker: usize,
+        /// The batch still runs: the record waits, nothing written.
+        running: bool,
+    },
 }
 
 /// The protocol under `bounds`.
@@ -1069,6 +1080,32 @@ impl Protocol {
         }
     }
 
+    /// The provider said whether the batch of the line the worker's recovery would fence still
+    /// runs; `None` when the worker does not wait for it.
+    fn batch(
+        &self,
+        next: &mut State,
+        worker: usize,
+        running: bool,
+        note: &mut String,
+    ) -> Option<()> {
+        let delivering = Self::waiting(next, worker, |c| *c == Command::LookAtBatch)?;
+        note.push_str(if running {
+            "asks about the line's batch: it still runs"
+        } else {
+            "asks about the line's batch: it ended"
+        });
+        next.batch_waited = running;
+        self.feed(
+            next,
+            worker,
+            delivering,
+            Observation::BatchRunning(running),
+            note,
+        );
+        Some(())
+    }
+
     /// The effect of `action` on `state`, with a line saying what happened, or `None` when the
     /// action does not apply (or would pass a bound).
     pub fn step(&self, state: &State, action: &Action) -> Option<(State, String)> {
@@ -1076,6 +1113,7 @@ impl Protocol {
         let mut note = String::new();
         // Marks the state right after an acknowledged later record, for its example only.
         next.followed = false;
+        next.batch_waited = false;
         if let Action::Step { fault, .. } | Action::Renew { fault, .. } = *action
             && fault != Fault::None
         {
@@ -1203,6 +1241,10 @@ impl Protocol {
                 let after = apply_decide(Some(&item), &req)?;
                 self.commit(&mut next, after, None);
                 let _ = write!(note, "decides: {}", action.as_str());
+                true
+            }
+            Action::Batch { worker, running } => {
+                self.batch(&mut next, worker, running, &mut note)?;
                 true
             }
             Action::Lose => {
@@ -1360,8 +1402,7 @@ impl Protocol {
 
     /// Carries out the delivery's `command` and those after it as far as the world lets them
     /// go at once, then leaves the worker waiting for the world's answer to the next. At once:
-    /// capacity when the bound has no pacing, what was taken given back or charged, a look at a
-    /// batch (the model's batches are read, never waited for), the pacer's pause after a 429
+    /// capacity when the bound has no pacing, what was taken given back or charged, the pacer's pause after a 429
     /// (none beyond the provider's), the pause between two retrievals and a cancel (any
     /// interleaving may fall in them), and the delivery's end.
     fn drive(
@@ -1379,7 +1420,6 @@ impl Protocol {
             command = match command {
                 Command::Take if !self.bounds.pacing => d.observe(Observation::Taken, now),
                 Command::GiveBack | Command::Charge { .. } => d.observe(Observation::Carried, now),
-                Command::LookAtBatch => d.observe(Observation::BatchRunning(false), now),
                 Command::Call(CallStep::Throttled { .. }) => {
                     d.observe(Observation::Paced { paused_until: now }, now)
                 }
@@ -1556,41 +1596,52 @@ impl Protocol {
                 note.push_str(heard(&answer));
                 Observation::Recorded(answer)
             }
-            _ => {
-                let Some(machine) = d.ending() else {
-                    return false;
-                };
-                let epoch = Some(machine.owner().owner_epoch);
-                let answer = match machine.write(now) {
-                    EndWrite::End(req) => {
-                        let req = self.mutated_end(req, next.item.as_ref(), next.replay);
-                        let _ = write!(
-                            note,
-                            "ends attempt {} as {}",
-                            req.attempt,
-                            req.end.target().as_str()
-                        );
-                        let ran = next.calls.iter().any(|c| {
-                            (c.attempt, Some(c.epoch)) == (req.attempt, epoch)
-                                && !matches!(c.truth, Truth::NotRun | Truth::Refused)
-                        });
-                        self.write(next, |c| self.end(c, &req, ran), fault, epoch)
-                    }
-                    EndWrite::Renew(req) if req.lease_until == now => {
-                        note.push_str("ends its own lease: the call still runs upstream");
-                        self.write(next, |c| apply_renew(c, &req), fault, epoch)
-                    }
-                    EndWrite::Renew(req) => {
-                        note.push_str("renews its lease before trying again");
-                        self.write(next, |c| apply_renew(c, &req), fault, epoch)
-                    }
-                };
-                note.push_str(heard(&answer));
-                Observation::Answered(answer)
-            }
+            _ => match self.end_write(next, d, fault, now, note) {
+                Some(observation) => observation,
+                None => return false,
+            },
         };
         self.feed(next, worker, delivering, observation, note);
         true
+    }
+
+    /// The write the worker's ending asks for, applied with its fault: what it heard.
+    fn end_write(
+        &self,
+        next: &mut State,
+        d: &Delivery,
+        fault: Fault,
+        now: Millis,
+        note: &mut String,
+    ) -> Option<Observation> {
+        let machine = d.ending()?;
+        let epoch = Some(machine.owner().owner_epoch);
+        let answer = match machine.write(now) {
+            EndWrite::End(req) => {
+                let req = self.mutated_end(req, next.item.as_ref(), next.replay);
+                let _ = write!(
+                    note,
+                    "ends attempt {} as {}",
+                    req.attempt,
+                    req.end.target().as_str()
+                );
+                let ran = next.calls.iter().any(|c| {
+                    (c.attempt, Some(c.epoch)) == (req.attempt, epoch)
+                        && !matches!(c.truth, Truth::NotRun | Truth::Refused)
+                });
+                self.write(next, |c| self.end(c, &req, ran), fault, epoch)
+            }
+            EndWrite::Renew(req) if req.lease_until == now => {
+                note.push_str("ends its own lease: the call still runs upstream");
+                self.write(next, |c| apply_renew(c, &req), fault, epoch)
+            }
+            EndWrite::Renew(req) => {
+                note.push_str("renews its lease before trying again");
+                self.write(next, |c| apply_renew(c, &req), fault, epoch)
+            }
+        };
+        note.push_str(heard(&answer));
+        Some(Observation::Answered(answer))
     }
 
     /// One conditional write with its fault: what the writer hears (`None`: the request
@@ -2470,7 +2521,6 @@ impl Protocol {
         actions: &mut Vec<Action>,
     ) {
         let b = &self.bounds;
-        let w = &state.workers[worker];
         let ledger = |actions: &mut Vec<Action>, lost: bool| {
             for &fault in self.faults(state) {
                 if lost || fault != Fault::Lost {
@@ -2495,61 +2545,8 @@ impl Protocol {
             // as the other is concerned (the record does not read or move the lease), so either
             // order leaves the same item.
             Command::Call(CallStep::Record) => ledger(actions, true),
-            Command::Call(step) => {
-                match step {
-                    // Ownership lost: the wait stops (a call's, as cancelled).
-                    _ if d.lost => actions.push(Action::Answer {
-                        worker,
-                        word: Word::Uncertain,
-                    }),
-                    CallStep::Submit { .. } => self.words(state, worker, &d.delivery, actions),
-                    CallStep::Resend { at } => {
-                        // Capacity comes back from `at`, or not before the call's time is up.
-                        actions.push(Action::Resend {
-                            worker,
-                            resent: false,
-                        });
-                        if state.time + w.offset >= *at {
-                            actions.push(Action::Resend {
-                                worker,
-                                resent: true,
-                            });
-                        }
-                    }
-                    _ => {
-                        for said in self.retrievals() {
-                            actions.push(Action::Ask { worker, said });
-                        }
-                    }
-                }
-                if !d.lost {
-                    for &fault in self.faults(state) {
-                        actions.push(Action::Renew { worker, fault });
-                    }
-                }
-            }
-            Command::LookForAnswer => {
-                let Some(fenced) = d.delivery.owner() else {
-                    return;
-                };
-                let reference = fenced.last_provider_ref().is_some();
-                let stored = Self::stored_answer(state, fenced).is_some() && !d.unlisted;
-                // The bucket's listing fails: a fault of the path's bound.
-                if stored && state.faults < b.faults {
-                    actions.push(Action::Unlisted { worker });
-                }
-                if state.retrievable() && reference && !stored {
-                    for said in self.retrievals() {
-                        actions.push(Action::Ask { worker, said });
-                    }
-                } else {
-                    // No reference: one step, taken as an `Ask` that finds nothing.
-                    actions.push(Action::Ask {
-                        worker,
-                        said: Retrieved::NotFound,
-                    });
-                }
-            }
+            Command::Call(step) => self.call_actions(state, worker, d, step, actions),
+            Command::LookForAnswer => self.recovery_actions(state, worker, d, actions),
             Command::End(EndStep::Place) => {
                 actions.push(Action::Place {
                     worker,
@@ -2571,9 +2568,108 @@ impl Protocol {
                     actions.push(Action::Admit { worker, granted });
                 }
             }
+            Command::LookAtBatch => Self::batch_actions(state, worker, d, actions),
             // A read (after a write that failed) answers or fails: it applies nothing.
             Command::ReadBack { .. } => ledger(actions, false),
             _ => ledger(actions, true),
+        }
+    }
+
+    /// What the world may answer a worker whose call waits on `step`: the provider's word, the
+    /// pacer's, a retrieval's; and the heartbeat's renewals meanwhile.
+    fn call_actions(
+        &self,
+        state: &State,
+        worker: usize,
+        d: &Delivering,
+        step: &CallStep,
+        actions: &mut Vec<Action>,
+    ) {
+        let w = &state.workers[worker];
+        match step {
+            // Ownership lost: the wait stops (a call's, as cancelled).
+            _ if d.lost => actions.push(Action::Answer {
+                worker,
+                word: Word::Uncertain,
+            }),
+            CallStep::Submit { .. } => self.words(state, worker, &d.delivery, actions),
+            CallStep::Resend { at } => {
+                // Capacity comes back from `at`, or not before the call's time is up.
+                actions.push(Action::Resend {
+                    worker,
+                    resent: false,
+                });
+                if state.time + w.offset >= *at {
+                    actions.push(Action::Resend {
+                        worker,
+                        resent: true,
+                    });
+                }
+            }
+            _ => {
+                for said in self.retrievals() {
+                    actions.push(Action::Ask { worker, said });
+                }
+            }
+        }
+        if !d.lost {
+            for &fault in self.faults(state) {
+                actions.push(Action::Renew { worker, fault });
+            }
+        }
+    }
+
+    /// What a recovering worker may find: the lapsed owner's stored answer (unless the bucket's
+    /// listing fails), or the provider's word on the lapsed call.
+    fn recovery_actions(
+        &self,
+        state: &State,
+        worker: usize,
+        d: &Delivering,
+        actions: &mut Vec<Action>,
+    ) {
+        let b = &self.bounds;
+        let Some(fenced) = d.delivery.owner() else {
+            return;
+        };
+        let reference = fenced.last_provider_ref().is_some();
+        let stored = Self::stored_answer(state, fenced).is_some() && !d.unlisted;
+        // The bucket's listing fails: a fault of the path's bound.
+        if stored && state.faults < b.faults {
+            actions.push(Action::Unlisted { worker });
+        }
+        if state.retrievable() && reference && !stored {
+            for said in self.retrievals() {
+                actions.push(Action::Ask { worker, said });
+            }
+        } else {
+            // No reference: one step, taken as an `Ask` that finds nothing.
+            actions.push(Action::Ask {
+                worker,
+                said: Retrieved::NotFound,
+            });
+        }
+    }
+
+    /// What the provider may say of the batch of the line a worker's recovery would fence.
+    fn batch_actions(state: &State, worker: usize, d: &Delivering, actions: &mut Vec<Action>) {
+        actions.push(Action::Batch {
+            worker,
+            running: false,
+        });
+        // The batch may still run only while the line's call may.
+        let line = d.delivery.view().and_then(|v| v.attempt_log.last());
+        let in_flight = line.is_some_and(|a| {
+            state
+                .calls
+                .iter()
+                .any(|c| (c.attempt, c.epoch, c.truth) == (a.number, a.epoch, Truth::InFlight))
+        });
+        if in_flight {
+            actions.push(Action::Batch {
+                worker,
+                running: true,
+            });
         }
     }
 
@@ -2664,6 +2760,7 @@ impl Protocol {
                 Action::Deliver { worker, .. }
                 | Action::Follow { worker }
                 | Action::Admit { worker, .. }
+                | Action::Batch { worker, .. }
                 | Action::Step { worker, .. }
                 | Action::Send { worker, .. }
                 | Action::Answer { worker, .. }
@@ -2922,6 +3019,7 @@ impl Model for Protocol {
                             accepted: None,
                             bucket: Vec::new(),
                             followed: false,
+                            batch_waited: false,
                             hops: 0,
                             cancel_epoch: None,
                             lost: false,
@@ -3071,6 +3169,10 @@ impl Model for Protocol {
             Property::sometimes(
                 "a later record of a batch is acknowledged from the item its first left",
                 |_, s: &State| s.followed,
+            ),
+            Property::sometimes(
+                "a record waits for its line's running batch, nothing written",
+                |_, s: &State| s.batch_waited,
             ),
             Property::sometimes(
                 "an answer its contract refuses is followed by one it takes",
