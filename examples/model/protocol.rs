@@ -24,7 +24,7 @@ use fenced_jobs::ledger::transitions::{
     apply_recover, apply_renew, apply_settle,
 };
 use fenced_jobs::ledger::{
-    AttemptEnd, CancelRequest, ClaimRequest, CreateRequest, DecideRequest, EndRequest,
+    AttemptEnd, CancelRequest, ClaimRequest, CreateRequest, DecideRequest, EndRequest, KeptInput,
     OperatorAction, RecordRefRequest, SettleFrom, SettleRequest, Write,
 };
 use fenced_jobs::protocol::ReplayPolicy;
@@ -1420,6 +1420,12 @@ impl Protocol {
             command = match command {
                 Command::Take if !self.bounds.pacing => d.observe(Observation::Taken, now),
                 Command::GiveBack | Command::Charge { .. } => d.observe(Observation::Carried, now),
+                // As the worker: the input its delivery carries (an admission that writes on
+                // an item that keeps none has it).
+                Command::KeepInput => {
+                    let input = KeptInput::Inline(self.job().input);
+                    d.observe(Observation::Kept(Some(input)), now)
+                }
                 Command::Call(CallStep::Throttled { .. }) => {
                     d.observe(Observation::Paced { paused_until: now }, now)
                 }
@@ -1614,9 +1620,8 @@ impl Protocol {
         now: Millis,
         note: &mut String,
     ) -> Option<Observation> {
-        let machine = d.ending()?;
-        let epoch = Some(machine.owner().owner_epoch);
-        let answer = match machine.write(now) {
+        let epoch = Some(d.owner()?.owner_epoch);
+        let answer = match d.end_write(now)? {
             EndWrite::End(req) => {
                 let req = self.mutated_end(req, next.item.as_ref(), next.replay);
                 let _ = write!(
@@ -1816,9 +1821,6 @@ impl Protocol {
                 if self.mutated(Mutation::RecoveryIgnoresLease) {
                     req.lapsed_before = Millis::MAX;
                 }
-                // As the worker: the input its delivery carries (a recovery is admitted only
-                // with it), kept when the item keeps none.
-                req.input = Some(fenced_jobs::ledger::KeptInput::Inline(self.job().input));
                 let _ = write!(
                     note,
                     "recovery claim on the {} job at epoch {epoch}",

@@ -419,6 +419,12 @@ impl JobMessage {
         }
     }
 
+    /// Whether the ledger may hold this job already: its producer says so (`JobInLedger`), or
+    /// SQS delivered the message before.
+    pub fn may_be_in_ledger(&self) -> bool {
+        self.in_ledger || self.delivered_before
+    }
+
     /// Whether the message carries the job's input: one built from an item that keeps none
     /// ([`JobItem::keeps_input`](crate::job::JobItem::keeps_input)) does not.
     pub fn keeps_input(&self) -> bool {

@@ -4,7 +4,7 @@
 //! machine through every interleaving it explores.
 
 use crate::job::decision::{DeadlinePhase, Expect, Next, SettleReason, deadline_phase, next_step};
-use crate::job::{Failure, JobItem, JobState, Millis, NewJob, RecordOutcome};
+use crate::job::{Failure, InvalidMessage, JobItem, JobState, Millis, NewJob, RecordOutcome};
 use crate::ledger::transitions::{shows_claim, shows_recovery};
 use crate::ledger::{SettleFrom, SettleRequest};
 
@@ -420,6 +420,28 @@ pub fn input_lost(item: &JobItem, now: Millis, skew: Millis) -> Option<SettleReq
         reason: SettleReason::InputLost,
         now,
     })
+}
+
+/// A job the deployment's rules refuse at first sight, for `invalid`, and what a read of its
+/// item found (`read`): taken only when its message says the ledger may hold it
+/// ([`JobMessage::may_be_in_ledger`]), `Ok(found)`, or `Err(())` when the read failed. Poison
+/// with no read; with one, an item the ledger holds is never judged again (`None`: admitted),
+/// an absent one is poison, and a failed read backs off, so the attribute cannot carry a new
+/// job past the rules.
+///
+/// [`JobMessage::may_be_in_ledger`]: crate::job::JobMessage::may_be_in_ledger
+pub fn refused_at_first_sight(
+    invalid: InvalidMessage,
+    read: Option<Result<bool, ()>>,
+) -> Option<Failure> {
+    match read {
+        Some(Ok(true)) => None,
+        Some(Err(())) => Some(Failure::Backoff {
+            retry_after_ms: None,
+            cause: "ledger",
+        }),
+        Some(Ok(false)) | None => Some(Failure::Poison(invalid)),
+    }
 }
 
 /// The outcome of a later record of the same job in one batch, from `view`, the item as the

@@ -8,14 +8,14 @@
 
 use super::admission::{Admission, Applied, Facts, Op, Step};
 use super::calling::{CallFacts, CallStep, Calling};
-use super::ending::{Closed, EndFacts, EndStep, Ending};
+use super::ending::{Closed, EndFacts, EndStep, EndWrite, Ending};
 use super::routing;
 use crate::job::{AttemptOutcome, Failure, JobItem, JobState, Millis, RecordOutcome};
-use crate::ledger::RecoverRequest;
+use crate::ledger::{KeptInput, RecoverRequest};
 use crate::provider::batch::parse_ref;
 mod words;
 
-pub use words::{Charge, Command, Observation};
+pub use words::{Charge, Command, Observation, Used};
 
 use std::collections::VecDeque;
 use std::hash::{Hash, Hasher};
@@ -83,6 +83,10 @@ pub struct Delivery {
     view: Option<JobItem>,
     /// The claim's call was sent.
     sent: bool,
+    /// What the call used, as the executor priced it.
+    used: Used,
+    /// How the job's input is kept, once asked ([`Command::KeepInput`]).
+    kept: Option<Option<KeptInput>>,
     phase: Phase,
     /// The commands after the one that needs no answer, in order.
     queued: VecDeque<Command>,
@@ -108,6 +112,8 @@ impl Delivery {
             hop: 0,
             view: None,
             sent: false,
+            used: Used::default(),
+            kept: None,
             phase: Phase::Done,
             queued: VecDeque::new(),
         };
@@ -176,8 +182,8 @@ impl Delivery {
 
     /// The recovery claim its [`Command::Write`] of [`Op::Recover`] asks for, made at `now`: it
     /// fences the owner seen only once that owner's lease lapsed by this delivery's clock less
-    /// the skew margin, and holds a lease of its own (the executor adds the job's input, for an
-    /// item that keeps none).
+    /// the skew margin, holds a lease of its own, and keeps the job's input when the item keeps
+    /// none.
     pub fn recovery(&self, now: Millis) -> Option<RecoverRequest> {
         let Some(Op::Recover { state, epoch }) = self.admission()?.op().copied() else {
             return None;
@@ -199,8 +205,50 @@ impl Delivery {
             lease_until: now + lane.end.lease_ms,
             reason,
             seen_recoveries: seen.recoveries.len(),
-            input: None,
+            input: self.kept_input(seen),
         })
+    }
+
+    /// The write the attempt's end asks for at [`EndStep::Write`], made at `now`, whole: what
+    /// the call used ([`Used::recorded`]) and, for an end that leaves the job live, the job's
+    /// input when the owner's item keeps none.
+    pub fn end_write(&self, now: Millis) -> Option<EndWrite> {
+        let machine = self.ending()?;
+        let mut write = machine.write(now);
+        if let EndWrite::End(req) = &mut write {
+            req.usage = self.used.recorded(&req.end);
+            if !req.end.target().is_terminal() {
+                req.input = self.kept_input(machine.owner());
+            }
+        }
+        Some(write)
+    }
+
+    /// What the call used, as the executor priced it.
+    pub fn used(&self) -> Used {
+        self.used
+    }
+
+    /// What the call used, as the executor priced it, for the end's write and the charge.
+    pub fn set_used(&mut self, used: Used) {
+        self.used = used;
+    }
+
+    /// The job's input, as kept, for a write on `item` when the item keeps none.
+    fn kept_input(&self, item: &JobItem) -> Option<KeptInput> {
+        match item.keeps_input() {
+            true => None,
+            false => self.kept.clone().flatten(),
+        }
+    }
+
+    /// `command`, once the job's input is kept when the write it asks for needs it (`needs`)
+    /// and nobody asked yet.
+    fn keeping_input(&mut self, needs: bool, command: Command) -> Command {
+        match needs && self.kept.is_none() {
+            true => self.then(Command::KeepInput, command),
+            false => command,
+        }
     }
 
     /// The claim's call was sent.
@@ -217,7 +265,10 @@ impl Delivery {
 
     /// What the world said to the last command, at `now`: the next command.
     pub fn observe(&mut self, observation: Observation, now: Millis) -> Command {
-        if matches!(observation, Observation::Carried)
+        if let Observation::Kept(input) = &observation {
+            self.kept = Some(input.clone());
+        }
+        if matches!(observation, Observation::Carried | Observation::Kept(_))
             && let Some(queued) = self.queued.pop_front()
         {
             return queued;
@@ -315,7 +366,7 @@ impl Delivery {
             Observation::BatchRunning(false) => match a.op().copied() {
                 Some(op) => {
                     self.phase = Phase::Admitting(a);
-                    return Command::Write(op);
+                    return self.write(op);
                 }
                 None => a.failed(),
             },
@@ -351,7 +402,7 @@ impl Delivery {
         let command = match step {
             Step::Admit => Command::Take,
             Step::Write(op) if self.batch_to_look_at(&op) => Command::LookAtBatch,
-            Step::Write(op) => Command::Write(op),
+            Step::Write(op) => self.write(op),
             Step::ReadBack { pause_ms } => Command::ReadBack {
                 pause_ms: pause_ms as Millis,
             },
@@ -385,6 +436,13 @@ impl Delivery {
                 self.done(outcome, true)
             }
         }
+    }
+
+    /// The write `op`, the job's input kept first for a recovery of an item that keeps none.
+    fn write(&mut self, op: Op) -> Command {
+        let recovers = matches!(op, Op::Recover { .. })
+            && !self.view.as_ref().is_some_and(JobItem::keeps_input);
+        self.keeping_input(recovers, Command::Write(op))
     }
 
     /// Whether the recovery `op` asks for is of a line whose batch id the item records (and no
@@ -431,8 +489,11 @@ impl Delivery {
 
     fn end(&mut self, machine: Ending, step: EndStep) -> Command {
         let EndStep::Done(closed) = step else {
+            let needs = matches!(step, EndStep::Write { .. })
+                && machine.leaves_live()
+                && !machine.owner().keeps_input();
             self.phase = Phase::Ending(Box::new(machine));
-            return Command::End(step);
+            return self.keeping_input(needs, Command::End(step));
         };
         let (attempt, epoch) = (machine.owner().attempts, machine.owner().owner_epoch);
         // A recovery's question reserved nothing (what its admission took was given back).

@@ -299,3 +299,24 @@ fn a_job_whose_stored_input_is_lost_ends_only_when_it_would_be_claimed() {
     held.owner_until = Some(NOW + 60_000);
     assert_eq!(input_lost(&held, NOW, 2_000), None);
 }
+
+#[test]
+fn a_refused_job_is_poison_unless_a_read_finds_it_in_the_ledger_and_a_failed_read_backs_off() {
+    let invalid = || InvalidMessage::Invalid {
+        field: "model",
+        rule: "not allowed",
+    };
+    let poison = Some(Failure::Poison(invalid()));
+    // Nothing says the item may exist: no read, poison.
+    assert_eq!(refused_at_first_sight(invalid(), None), poison);
+    assert_eq!(refused_at_first_sight(invalid(), Some(Ok(false))), poison);
+    // The ledger holds it: never judged again.
+    assert_eq!(refused_at_first_sight(invalid(), Some(Ok(true))), None);
+    assert!(matches!(
+        refused_at_first_sight(invalid(), Some(Err(()))),
+        Some(Failure::Backoff {
+            cause: "ledger",
+            ..
+        })
+    ));
+}

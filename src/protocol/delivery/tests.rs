@@ -1,7 +1,8 @@
 //! One delivery, command by command, answered by the ledger's own transitions.
 
 use super::*;
-use crate::job::{NewJob, Route};
+use crate::job::{NewJob, Route, Usage};
+use crate::ledger::AttemptEnd;
 use crate::ledger::Write;
 use crate::ledger::transitions::{apply_claim, apply_end};
 use crate::ledger::{ClaimRequest, EndRequest};
@@ -81,10 +82,7 @@ fn claim(d: &Delivery, item: Option<&JobItem>, op: Op) -> JobItem {
 
 /// The end `d` asks to write, applied to `item`.
 fn end(d: &Delivery, item: &JobItem) -> Observation {
-    let Some(ending) = d.ending() else {
-        panic!("not ending");
-    };
-    let EndWrite::End(req) = ending.write(NOW) else {
+    let Some(EndWrite::End(req)) = d.end_write(NOW) else {
         panic!("not an end");
     };
     let req: EndRequest = req;
@@ -158,7 +156,10 @@ fn a_definite_refusal_is_charged_what_was_heard_and_the_next_provider_claims_in_
         retry_after_ms: None,
         reason: "overloaded".into(),
     };
-    let write = d.observe(Observation::Said(Said::Failed(refused)), NOW);
+    // The job stays live, and its item keeps no input (the message carried it): kept first.
+    let keep = d.observe(Observation::Said(Said::Failed(refused)), NOW);
+    assert_eq!(keep, Command::KeepInput);
+    let write = d.observe(Observation::Kept(None), NOW);
     // The provider refused before any work: nothing reserved is charged.
     assert_eq!(ended(&mut d, write, &record), Charge::Heard);
     let left = d.view().cloned().expect("the end's item");
@@ -243,7 +244,11 @@ fn a_recovery_of_a_line_whose_batch_runs_gives_back_and_waits_with_nothing_writt
         Some(seen.clone()),
         later,
     );
-    let write = d.observe(Observation::BatchRunning(false), later);
+    // The item keeps no input: the recovery keeps it.
+    let keep = d.observe(Observation::BatchRunning(false), later);
+    assert_eq!(keep, Command::KeepInput);
+    let input = KeptInput::Inline("{}".into());
+    let write = d.observe(Observation::Kept(Some(input.clone())), later);
     assert!(
         matches!(write, Command::Write(Op::Recover { .. })),
         "{write:?}"
@@ -259,6 +264,7 @@ fn a_recovery_of_a_line_whose_batch_runs_gives_back_and_waits_with_nothing_writt
         (req.lapsed_before, req.lease_until),
         (later - 2_000, later + 30_000)
     );
+    assert_eq!(req.input, Some(input));
 }
 
 #[test]
@@ -281,4 +287,65 @@ fn an_observation_the_command_did_not_ask_for_backs_off() {
     assert_eq!(first, Command::Take);
     let closed = closed(d.observe(Observation::Paused, NOW));
     assert_eq!(closed.outcome, backoff("unexpected observation"));
+}
+
+#[test]
+fn an_end_that_leaves_the_job_live_keeps_its_input_once_and_records_what_the_call_used() {
+    let (mut d, first) = Delivery::start("o".into(), DIGEST.into(), vec![lane("a")], None, NOW);
+    // A first claim keeps no input in the item: the message carries it.
+    let record = claimed(&mut d, first, None);
+    assert!(!record.keeps_input());
+    d.observe(Observation::Carried, NOW);
+    let heard = Usage {
+        input: 10,
+        output: 5,
+        cost_micros: Some(7),
+        ..Usage::default()
+    };
+    d.set_used(Used {
+        heard: Some(heard),
+        estimate: Usage::default(),
+    });
+    let refused = ProviderError::Transient {
+        retry_after_ms: None,
+        reason: "overloaded".into(),
+    };
+    let keep = d.observe(Observation::Said(Said::Failed(refused)), NOW);
+    assert_eq!(keep, Command::KeepInput);
+    let input = KeptInput::Inline("{\"q\":1}".into());
+    let write = d.observe(Observation::Kept(Some(input.clone())), NOW);
+    assert_eq!(write, Command::End(EndStep::Write { pause_ms: 0 }));
+    let Some(EndWrite::End(req)) = d.end_write(NOW) else {
+        panic!("not an end");
+    };
+    assert_eq!((req.input, req.usage), (Some(input), Some(heard)));
+}
+
+#[test]
+fn an_attempt_given_back_records_no_usage_and_an_unknown_one_its_estimate_when_nothing_was_heard() {
+    let estimate = Usage {
+        input: 3,
+        estimated: true,
+        ..Usage::default()
+    };
+    let used = Used {
+        heard: None,
+        estimate,
+    };
+    let unknown = AttemptEnd::Unknown {
+        evidence: "timed out".into(),
+    };
+    assert_eq!(used.recorded(&unknown), Some(estimate));
+    assert_eq!(used.recorded(&AttemptEnd::Expired), None);
+    let given_back = AttemptEnd::GivenBack {
+        why: AttemptOutcome::NotSent,
+        error: "no time".into(),
+        given_back: vec![],
+    };
+    let heard = Used {
+        heard: Some(estimate),
+        estimate,
+    };
+    assert_eq!(heard.recorded(&given_back), None);
+    assert_eq!(heard.recorded(&AttemptEnd::Expired), Some(estimate));
 }

@@ -4,8 +4,8 @@
 use super::super::admission::Op;
 use super::super::calling::{CallStep, Said};
 use super::super::ending::{Closed, EndStep, Placed};
-use crate::job::{BlobRef, JobItem, Millis};
-use crate::ledger::Write;
+use crate::job::{BlobRef, JobItem, Millis, Usage};
+use crate::ledger::{AttemptEnd, KeptInput, Write};
 use crate::provider::Retrieval;
 
 /// What the capacity and spend a call took are charged once its attempt ended.
@@ -17,6 +17,32 @@ pub enum Charge {
     /// What the provider said the call cost, else all the call reserved: the call went and
     /// may have run.
     HeardOrReserved,
+}
+
+/// What a call used, each figure priced by the executor (`cost_micros`, where the price table
+/// knows the model): what the provider said, if it said, and the estimate from the request's
+/// size.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct Used {
+    /// What the provider said the call used.
+    pub heard: Option<Usage>,
+    /// The estimate from the request's size.
+    pub estimate: Usage,
+}
+
+impl Used {
+    /// The usage an attempt's end (`end`) records: none for an attempt given back (nothing
+    /// ran), what was heard else the estimate for one whose outcome is unknown, else what was
+    /// heard.
+    pub fn recorded(&self, end: &AttemptEnd) -> Option<Usage> {
+        match end {
+            AttemptEnd::GivenBack { .. } => None,
+            AttemptEnd::Unknown { .. } | AttemptEnd::Replay { .. } => {
+                self.heard.or(Some(self.estimate).filter(|e| e.total() > 0))
+            }
+            _ => self.heard,
+        }
+    }
 }
 
 /// What the delivery asks the worker to do next; each is answered by the [`Observation`]
@@ -43,6 +69,10 @@ pub enum Command {
     },
     /// The claim holds: the capacity taken goes to its call, then [`Observation::Carried`].
     Use,
+    /// The next write leaves the job live in an item that keeps no input (a recovery claim,
+    /// an end that lets another attempt come): how the job's input is kept, for a later
+    /// trigger by id ([`Observation::Kept`]).
+    KeepInput,
     /// A recovery fenced the owner of the attempt it left: look in the results bucket for the
     /// answer that owner stored and never accepted ([`Observation::Found`]).
     LookForAnswer,
@@ -92,6 +122,8 @@ pub enum Observation {
     ReadFailed,
     /// The answer the fenced owner stored, if one was found.
     Found(Option<BlobRef>),
+    /// How the job's input is kept (`None`: the message does not carry it).
+    Kept(Option<KeptInput>),
     /// What the provider said to the call ([`CallStep::Submit`]).
     Said(Said),
     /// The pacer keeps this pause after a refusal for its rate limit ([`CallStep::Throttled`]).

@@ -265,6 +265,15 @@ impl Ending {
         self.late
     }
 
+    /// Whether the write it asks for ends the attempt and leaves the job live, for another
+    /// attempt or a decision (a renewal or a hand-over ends no attempt).
+    pub fn leaves_live(&self) -> bool {
+        match self.phase {
+            Phase::Expire | Phase::Renew | Phase::HandOver => false,
+            _ => self.end.as_ref().is_some_and(|e| !e.target().is_terminal()),
+        }
+    }
+
     /// Whether the write ends the attempt with an answer.
     pub fn accepting(&self) -> bool {
         self.phase == Phase::End && matches!(self.end, Some(AttemptEnd::Succeeded { .. }))

@@ -3,11 +3,11 @@
 
 use std::time::Duration;
 
-use super::run::Spent;
+use super::execute::Held;
 use super::{Invocation, Link, Processor};
 use crate::clock::Clock;
 use crate::job::{JobMessage, Millis};
-use crate::ledger::{JobLedger, KeptInput, LedgerError};
+use crate::ledger::{JobLedger, LedgerError};
 use crate::protocol::delivery::{Command, Delivery, Observation};
 use crate::protocol::ending::{EndFacts, EndStep, EndWrite, Ending};
 use crate::provider::Provider;
@@ -18,73 +18,67 @@ const END_TRIES: u32 = 5;
 const END_RETRY_PAUSE_MS: Millis = 100;
 
 impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
-    /// Carries out the steps that end the delivery `d`'s attempt, from `step`, until it leaves
-    /// them: the answer placed, then the writes, each conditional on the owner's epoch (a
-    /// refused end drops the answer unpublished). The end records what the call used
-    /// (`spent`); a job left live keeps its input, for a trigger by id. Returns the delivery's
-    /// next command.
+    /// Carries out the step `step` of the end of the delivery `d`'s attempt (see
+    /// [`Processor::end_step`]), with what the call used priced for it first (a recovery's
+    /// question made no call: what one would have used). Returns the delivery's next command.
     pub(super) async fn end(
         &self,
         d: &mut Delivery,
-        mut step: EndStep,
-        spent: &Spent,
+        held: &mut Held<'_>,
+        step: EndStep,
         msg: &JobMessage,
         inv: &Invocation,
     ) -> Command {
-        if d.ending().is_some_and(Ending::late) {
+        if held.spent.is_none() {
+            let spent = self.estimated(msg, d);
+            d.set_used(spent.priced(&self.settings.prices));
+            held.spent = Some(spent);
+        }
+        if !held.late_said && d.ending().is_some_and(Ending::late) {
+            held.late_said = true;
             tracing::warn!(job_id = %msg.job_id, "answer came within the skew margin of the deadline; not accepted");
         }
-        // The input this end keeps, once found (a retried write keeps the same).
-        let mut kept = None;
-        loop {
-            let Some(machine) = d.ending() else {
-                return d.observe(Observation::Answered(None), self.clock.now_ms());
-            };
-            let (said, at) = match step {
-                EndStep::Place => {
-                    let body = machine.answer().unwrap_or_default();
-                    let placed = self.place_result(machine.owner(), body, inv).await;
-                    (Observation::Placed(placed), self.clock.now_ms())
-                }
-                EndStep::Write { pause_ms } => {
-                    if pause_ms > 0 {
-                        tokio::time::sleep(Duration::from_millis(pause_ms as u64)).await;
-                    }
-                    self.end_write(machine, spent, msg, &mut kept).await
-                }
-                // The delivery never asks for the end's close: it takes it over.
-                EndStep::Done(_) => (Observation::Answered(None), self.clock.now_ms()),
-            };
-            match d.observe(said, at) {
-                Command::End(next) => step = next,
-                next => return next,
+        let (said, at) = self.end_step(d, step, inv).await;
+        d.observe(said, at)
+    }
+
+    /// Carries out one step of the end of the delivery `d`'s attempt: the answer placed, or a
+    /// write, each conditional on the owner's epoch (a refused end drops the answer
+    /// unpublished). Returns what it came to, as of when it left (a write that failed, as of
+    /// its failure).
+    async fn end_step(
+        &self,
+        d: &Delivery,
+        step: EndStep,
+        inv: &Invocation,
+    ) -> (Observation, Millis) {
+        let Some(machine) = d.ending() else {
+            return (Observation::Answered(None), self.clock.now_ms());
+        };
+        match step {
+            EndStep::Place => {
+                let body = machine.answer().unwrap_or_default();
+                let placed = self.place_result(machine.owner(), body, inv).await;
+                (Observation::Placed(placed), self.clock.now_ms())
             }
+            EndStep::Write { pause_ms } => {
+                if pause_ms > 0 {
+                    tokio::time::sleep(Duration::from_millis(pause_ms as u64)).await;
+                }
+                self.end_write(d, machine).await
+            }
+            // The delivery never asks for the end's close: it takes it over.
+            EndStep::Done(_) => (Observation::Answered(None), self.clock.now_ms()),
         }
     }
 
-    /// The write `machine` builds now, with the usage `spent` records and the input a live
-    /// job keeps (`kept`, found once), and what it came to, as of when it left (a write that
-    /// failed, as of its failure).
-    async fn end_write(
-        &self,
-        machine: &Ending,
-        spent: &Spent,
-        msg: &JobMessage,
-        kept: &mut Option<Option<KeptInput>>,
-    ) -> (Observation, Millis) {
+    /// The write the delivery `d` builds now for its end (`machine`), and what it came to.
+    async fn end_write(&self, d: &Delivery, machine: &Ending) -> (Observation, Millis) {
         let now = self.clock.now_ms();
-        let answer = match machine.write(now) {
-            EndWrite::End(mut req) => {
-                req.usage = spent.recorded(&req.end, &self.settings.prices);
-                if !req.end.target().is_terminal() && !machine.owner().keeps_input() {
-                    if kept.is_none() {
-                        *kept = Some(self.kept_input(msg).await);
-                    }
-                    req.input = kept.clone().flatten();
-                }
-                self.ledger.end_known(machine.owner(), req).await
-            }
-            EndWrite::Renew(req) => self.ledger.renew(req).await,
+        let answer = match d.end_write(now) {
+            Some(EndWrite::End(req)) => self.ledger.end_known(machine.owner(), req).await,
+            Some(EndWrite::Renew(req)) => self.ledger.renew(req).await,
+            None => return (Observation::Answered(None), now),
         };
         let job_id = &machine.owner().job_id;
         match answer {

@@ -27,6 +27,8 @@ pub(super) struct Held<'a> {
     pub(super) spent: Option<Spent>,
     /// When the claim's call started.
     pub(super) started: Millis,
+    /// An answer that came too late to be accepted was logged.
+    pub(super) late_said: bool,
 }
 
 impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
@@ -53,15 +55,16 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
             grant: None,
             spent: None,
             started: now,
+            late_said: false,
         };
-        // When the request a refusal or a read answers left (a look at a batch before a write
-        // is part of it): what they show is judged as of then.
-        let (mut sent_at, mut looked) = (now, false);
+        // When the request a refusal or a read answers left (a look at a batch, or the input
+        // kept, before a write is part of it): what they show is judged as of then.
+        let (mut sent_at, mut before_write) = (now, false);
         loop {
-            if !looked {
+            if !before_write {
                 sent_at = self.clock.now_ms();
             }
-            looked = matches!(command, Command::LookAtBatch);
+            before_write = matches!(command, Command::LookAtBatch | Command::KeepInput);
             let said = match command {
                 Command::Take => {
                     self.take(&d, &mut held, msg, inv, tenant.as_deref(), watch)
@@ -87,15 +90,14 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
                     // On the heap: the call's state is large, and the loop's polls stay shallow.
                     let call = Box::pin(self.call(&mut d, step, msg, (inv, watch), held.started));
                     let (next, spent) = call.await;
+                    d.set_used(spent.priced(&self.settings.prices));
                     held.spent = Some(spent);
                     command = next;
                     continue;
                 }
+                Command::KeepInput => Observation::Kept(self.kept_input(msg).await),
                 Command::End(step) => {
-                    let spent = held.spent.take();
-                    let spent = spent.unwrap_or_else(|| self.estimated(msg, &d));
-                    command = self.end(&mut d, step, &spent, msg, inv).await;
-                    held.spent = Some(spent);
+                    command = self.end(&mut d, &mut held, step, msg, inv).await;
                     continue;
                 }
                 Command::Charge { attempt, charge } => {
@@ -209,9 +211,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
     ) -> Observation {
         let reserved = held.grant.take().and_then(|mut g| g.take_reserved());
         let spent = held.spent.take();
-        let heard = spent
-            .as_ref()
-            .and_then(|s| s.heard.and_then(|u| s.cost(&u, &self.settings.prices)));
+        let heard = d.used().heard.and_then(|u| u.cost_micros);
         let actual = match charge {
             Charge::Heard => heard,
             Charge::HeardOrReserved => heard.or(reserved.as_ref().map(|r| r.micros)),

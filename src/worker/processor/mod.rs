@@ -188,11 +188,9 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
     /// Why a job seen for the first time is refused, before anything is written: a model, a
     /// parameter, a budget or a deadline the deployment does not allow its producers
     /// ([`Settings::policy`]), a contract a strict registry does not hold, or a deadline further
-    /// away than the worker can see it through ([`Settings::deadline_refused`]). A job the
-    /// ledger holds is never judged again; but a message that says so (`JobInLedger`, which
-    /// the producer sets), or was delivered before (a refusal whose dead letter could not be
-    /// sent comes back), is refused only when one read finds no item, and backs off when that
-    /// read fails: the attribute cannot carry a new job past the rules.
+    /// away than the worker can see it through ([`Settings::deadline_refused`]); what a read
+    /// of a message that says the ledger may hold it decides is
+    /// [`crate::protocol::admission::refused_at_first_sight`]'s.
     async fn refused_at_first_sight(
         &self,
         msg: &JobMessage,
@@ -219,17 +217,17 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
             self.settings
                 .deadline_refused(msg.deadline_at?, now, stores)
         })?;
-        if msg.in_ledger || msg.delivered_before {
-            match self.ledger.get(&msg.job_id).await {
-                Ok(None) => {}
-                Ok(Some(_)) => return None,
+        let read = match msg.may_be_in_ledger() {
+            true => Some(match self.ledger.get(&msg.job_id).await {
+                Ok(item) => Ok(item.is_some()),
                 Err(e) => {
                     tracing::warn!(job_id = %msg.job_id, error = %e, "ledger call failed");
-                    return Some(backoff("ledger"));
+                    Err(())
                 }
-            }
-        }
-        Some(Failure::Poison(invalid))
+            }),
+            false => None,
+        };
+        crate::protocol::admission::refused_at_first_sight(invalid, read)
     }
 
     /// The latest moment a call may start in this invocation: the least useful call time for

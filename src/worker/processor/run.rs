@@ -12,7 +12,7 @@ use crate::job::prices::{PriceTable, Rate};
 use crate::job::{JobItem, JobMessage, Millis, Usage};
 use crate::ledger::JobLedger;
 use crate::protocol::calling::{Bound, CallFacts, CallStep, Calling, MIN_CALL_BUDGET_MS, Said};
-use crate::protocol::delivery::{Command, Delivery, Observation};
+use crate::protocol::delivery::{Command, Delivery, Observation, Used};
 use crate::protocol::ending::Ending;
 use crate::provider::{Progress, Provider, ProviderRequest, Retrieval, Submission};
 use crate::telemetry;
@@ -29,26 +29,16 @@ pub(super) struct Spent {
 }
 
 impl Spent {
-    /// The usage an attempt's end records, priced by `prices`: none for an attempt given back
-    /// (nothing ran), the estimate for one whose outcome is unknown unless an answer said, else
-    /// what was heard.
-    pub(super) fn recorded(
-        &self,
-        end: &crate::ledger::AttemptEnd,
-        prices: &PriceTable,
-    ) -> Option<Usage> {
-        use crate::ledger::AttemptEnd;
-        let usage = match end {
-            AttemptEnd::GivenBack { .. } => None,
-            AttemptEnd::Unknown { .. } | AttemptEnd::Replay { .. } => {
-                self.heard.or(Some(self.estimate).filter(|e| e.total() > 0))
-            }
-            _ => self.heard,
-        };
-        usage.map(|u| Usage {
+    /// What the call used, priced by `prices`: what was heard, and the estimate.
+    pub(super) fn priced(&self, prices: &PriceTable) -> Used {
+        let priced = |u: Usage| Usage {
             cost_micros: self.cost(&u, prices),
             ..u
-        })
+        };
+        Used {
+            heard: self.heard.map(priced),
+            estimate: priced(self.estimate),
+        }
     }
 
     /// What `usage` of this call cost at `prices`: at the tier its answer names, else the rate

@@ -74,13 +74,9 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
             }
             Op::Recover { .. } => {
                 // Nothing seen to recover from: the delivery decides again from the view.
-                let Some(mut req) = recovery else {
+                let Some(req) = recovery else {
                     return Ok(Write::Refused(view.cloned()));
                 };
-                // A recovery keeps the job's input when the item keeps none.
-                if !view.is_some_and(JobItem::keeps_input) {
-                    req.input = self.kept_input(msg).await;
-                }
                 self.ledger.recover(req).await.map_err(|e| (e, true))
             }
         }
