@@ -1402,7 +1402,7 @@ impl Protocol {
 
     /// Carries out the delivery's `command` and those after it as far as the world lets them
     /// go at once, then leaves the worker waiting for the world's answer to the next. At once:
-    /// capacity when the bound has no pacing, what was taken given back or charged, the pacer's pause after a 429
+    /// capacity when the bound has no pacing, what was taken released or charged, the pacer's pause after a 429
     /// (none beyond the provider's), the pause between two retrievals and a cancel (any
     /// interleaving may fall in them), and the delivery's end.
     fn drive(
@@ -1419,7 +1419,7 @@ impl Protocol {
             let hop = d.hop();
             command = match command {
                 Command::Take if !self.bounds.pacing => d.observe(Observation::Taken, now),
-                Command::GiveBack | Command::Charge { .. } => d.observe(Observation::Carried, now),
+                Command::Release | Command::Charge { .. } => d.observe(Observation::Carried, now),
                 // As the worker: the input its delivery carries (an admission that writes on
                 // an item that keeps none has it).
                 Command::KeepInput => {
@@ -1430,9 +1430,9 @@ impl Protocol {
                     d.observe(Observation::Paced { paused_until: now }, now)
                 }
                 Command::Call(CallStep::Pause { .. }) => d.observe(Observation::Paused, now),
-                Command::Call(CallStep::Cancel) => {
+                Command::Call(CallStep::CancelUpstream) => {
                     note.push_str("; cancels the call upstream");
-                    d.observe(Observation::Cancelled, now)
+                    d.observe(Observation::CancelledUpstream, now)
                 }
                 Command::Done(closed) => {
                     self.closed(next, worker, &delivering, &closed, note);

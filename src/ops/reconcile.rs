@@ -126,7 +126,7 @@ pub async fn reconcile<L: JobLedger + LedgerIndex>(
     let mut report = ReconcileReport::default();
     // The deadline as every clock within the margin sees it passed.
     let expiry_clock = now.saturating_sub(settings.skew_ms);
-    expire(
+    settle_expired(
         ledger,
         provider,
         expiry_clock,
@@ -283,7 +283,8 @@ async fn resend<L: JobLedger>(
     report.errors += recorded.iter().filter(|r| r.is_err()).count() as u64;
 }
 
-async fn expire<L: JobLedger + LedgerIndex>(
+/// Settles the jobs past their deadline and not terminal as `expired`, walking the due index.
+async fn settle_expired<L: JobLedger + LedgerIndex>(
     ledger: &L,
     provider: &impl Provider,
     now: Millis,
@@ -389,7 +390,7 @@ async fn walk_due<L: JobLedger + LedgerIndex>(
         for ((_, deadline), item) in page.iter().zip(items) {
             let handled = match item {
                 Ok(Some(job)) if !job.state.is_terminal() => {
-                    expire_found(ledger, provider, job, clock, report).await
+                    settle_found_expired(ledger, provider, job, clock, report).await
                 }
                 Ok(_) => true,
                 Err(_) => false,
@@ -423,9 +424,9 @@ async fn walk_due<L: JobLedger + LedgerIndex>(
     Ok(())
 }
 
-/// Expires one job the due walk found past its deadline and not terminal; `false` when the
+/// Settles one job the due walk found past its deadline and not terminal as `expired`; `false` when the
 /// write failed (the walk stops there, to go on from it next run).
-async fn expire_found<L: JobLedger>(
+async fn settle_found_expired<L: JobLedger>(
     ledger: &L,
     provider: &impl Provider,
     job: JobItem,

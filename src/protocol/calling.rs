@@ -103,9 +103,9 @@ pub enum CallStep {
         /// The pause.
         ms: Millis,
     },
-    /// Ask the provider to cancel the call (its answer would never be accepted), then tell
-    /// [`Calling::cancelled`].
-    Cancel,
+    /// Ask the provider to cancel the call upstream (its answer would never be accepted), then
+    /// tell [`Calling::cancelled_upstream`].
+    CancelUpstream,
     /// The call came to this ([`Calling::lost`] at any step that waits: ownership lost).
     Done(Waited),
 }
@@ -143,13 +143,13 @@ enum Pending {
     Throttled(ProviderError),
     /// The 429, for [`Calling::resent`].
     Resend(ProviderError),
-    /// Why the call is cancelled, for [`Calling::cancelled`].
-    Cancel(Cancelled),
+    /// Why the call is cancelled upstream, for [`Calling::cancelled_upstream`].
+    CancelUpstream(WhyUpstream),
 }
 
-/// Why a call is being cancelled: what the attempt comes to once it is.
+/// Why a call is being cancelled upstream: what the attempt comes to once it is.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-enum Cancelled {
+enum WhyUpstream {
     /// The reference could not be recorded (why).
     Unrecorded(&'static str),
     /// The job's deadline passed while the call ran.
@@ -409,8 +409,8 @@ impl Calling {
             None if self.record_tries < RECORD_TRIES => return CallStep::Record,
             None => "the reference could not be recorded",
         };
-        self.pending = Pending::Cancel(Cancelled::Unrecorded(why));
-        CallStep::Cancel
+        self.pending = Pending::CancelUpstream(WhyUpstream::Unrecorded(why));
+        CallStep::CancelUpstream
     }
 
     /// What a retrieval of the background call found.
@@ -447,16 +447,17 @@ impl Calling {
         self.retrieve(now)
     }
 
-    /// The cancel request went (or was abandoned: a cancel not sent is harmless, the call's
+    /// The upstream cancel went (or was abandoned: a cancel not sent is harmless, the call's
     /// answer is never accepted).
-    pub fn cancelled(&mut self, now: Millis) -> CallStep {
-        let Pending::Cancel(why) = std::mem::replace(&mut self.pending, Pending::Nothing) else {
+    pub fn cancelled_upstream(&mut self, now: Millis) -> CallStep {
+        let Pending::CancelUpstream(why) = std::mem::replace(&mut self.pending, Pending::Nothing)
+        else {
             return self.done(Waited::Lost);
         };
         let end = match why {
-            Cancelled::PastDeadline => AttemptEnd::Expired,
-            Cancelled::Requested => AttemptEnd::Cancelled,
-            Cancelled::Unrecorded(why) => {
+            WhyUpstream::PastDeadline => AttemptEnd::Expired,
+            WhyUpstream::Requested => AttemptEnd::Cancelled,
+            WhyUpstream::Unrecorded(why) => {
                 let evidence = format!(
                     "attempt {} was submitted; {why}; cancel requested",
                     self.owner.attempts
@@ -479,8 +480,8 @@ impl Calling {
     pub fn withdrawn(&mut self) -> CallStep {
         self.pending = Pending::Nothing;
         if self.reference.is_some() && !self.batched() {
-            self.pending = Pending::Cancel(Cancelled::Requested);
-            return CallStep::Cancel;
+            self.pending = Pending::CancelUpstream(WhyUpstream::Requested);
+            return CallStep::CancelUpstream;
         }
         self.done(Waited::Ended(AttemptEnd::Cancelled, None))
     }
@@ -560,8 +561,8 @@ impl Calling {
     fn pause(&mut self, wait: Millis, now: Millis) -> CallStep {
         if now >= self.until {
             if now >= self.owner.deadline_at {
-                self.pending = Pending::Cancel(Cancelled::PastDeadline);
-                return CallStep::Cancel;
+                self.pending = Pending::CancelUpstream(WhyUpstream::PastDeadline);
+                return CallStep::CancelUpstream;
             }
             return self.done(Waited::Running);
         }

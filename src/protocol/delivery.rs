@@ -302,7 +302,7 @@ impl Delivery {
                     Observation::Recorded(answer) => machine.recorded(answer, now),
                     Observation::Retrieved(found) => machine.retrieved(found, now),
                     Observation::Paused => machine.paused(now),
-                    Observation::Cancelled => machine.cancelled(now),
+                    Observation::CancelledUpstream => machine.cancelled_upstream(now),
                     Observation::Lost => machine.lost(),
                     Observation::Withdrawn => machine.withdrawn(),
                     _ => return self.unexpected(Phase::Calling(machine)),
@@ -386,12 +386,12 @@ impl Delivery {
     }
 
     /// What a refusal or a read showed (`seen`): decided afresh for another provider when the
-    /// item routes the claim elsewhere (what was taken given back first), else by the machine.
+    /// item routes the claim elsewhere (what was taken released first), else by the machine.
     fn seen(&mut self, mut a: Admission, seen: Option<JobItem>, now: Millis) -> Command {
         let rerouted = seen.as_ref().map(|s| self.next_lane(Some(s)));
         if rerouted.is_some_and(|r| r != self.routed) {
             let next = self.route(seen, now);
-            return self.then(Command::GiveBack, next);
+            return self.then(Command::Release, next);
         }
         let step = a.seen(seen.as_ref(), &self.plan.digest, now);
         self.view = seen.or(self.view.take());
@@ -424,11 +424,11 @@ impl Delivery {
                 self.phase = Phase::Claimed(record);
                 Command::Use
             }
-            // No call under these writes: what was taken is given back.
+            // No call under these writes: what was taken is released.
             Applied::Investigate { .. } => {
                 self.view = None;
                 self.phase = Phase::Recovered(record);
-                self.then(Command::GiveBack, Command::LookForAnswer)
+                self.then(Command::Release, Command::LookForAnswer)
             }
             Applied::End(outcome) => {
                 self.view = Some(record);
@@ -496,7 +496,7 @@ impl Delivery {
             return self.keeping_input(needs, Command::End(step));
         };
         let (attempt, epoch) = (machine.owner().attempts, machine.owner().owner_epoch);
-        // A recovery's question reserved nothing (what its admission took was given back).
+        // A recovery's question reserved nothing (what its admission took was released).
         let ran = !closed.view.as_ref().is_some_and(|v| ran_nothing(v, epoch));
         let charge = match self.sent && ran {
             true => Charge::HeardOrReserved,
@@ -538,9 +538,9 @@ impl Delivery {
         first
     }
 
-    /// The delivery ends with `outcome`; what was taken for a call is given back first
-    /// (`give_back`).
-    fn done(&mut self, outcome: RecordOutcome, give_back: bool) -> Command {
+    /// The delivery ends with `outcome`; what was taken for a call is released first
+    /// (`release`).
+    fn done(&mut self, outcome: RecordOutcome, release: bool) -> Command {
         let closed = Closed {
             outcome,
             view: self.view.clone(),
@@ -548,8 +548,8 @@ impl Delivery {
             refused: false,
         };
         let done = Command::Done(Box::new(closed));
-        match give_back {
-            true => self.then(Command::GiveBack, done),
+        match release {
+            true => self.then(Command::Release, done),
             false => done,
         }
     }

@@ -11,7 +11,7 @@ use serde_json::json;
 use crate::support::http::{HttpStub, Reply};
 
 #[tokio::test]
-async fn a_give_back_of_the_days_spend_is_never_sent_twice() {
+async fn a_release_of_the_days_spend_is_never_sent_twice() {
     // DynamoDB's answer to a request it failed, retryable by the SDK's standard rules.
     let stub = HttpStub::start(|_, _| {
         Reply::json(

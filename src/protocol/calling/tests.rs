@@ -123,16 +123,16 @@ fn a_reference_that_cannot_be_recorded_is_cancelled_and_the_attempt_made_uncerta
     assert_eq!(m.recorded(None, NOW), CallStep::Record);
     assert_eq!(m.record(NOW).provider_ref, "r1");
     assert_eq!(m.recorded(None, NOW), CallStep::Record);
-    assert_eq!(m.recorded(None, NOW), CallStep::Cancel);
+    assert_eq!(m.recorded(None, NOW), CallStep::CancelUpstream);
     assert!(matches!(
-        ended(m.cancelled(NOW)),
+        ended(m.cancelled_upstream(NOW)),
         AttemptEnd::Unknown { evidence } if evidence.contains("could not be recorded")
     ));
     let (mut m, _) = Calling::start(facts(), claimed(), NOW);
     m.submitted(Said::Started("r1".into()), NOW);
     assert_eq!(
         m.recorded(Some(Write::Refused(None)), NOW),
-        CallStep::Cancel
+        CallStep::CancelUpstream
     );
 }
 
@@ -172,8 +172,11 @@ fn time_up_hands_a_running_call_over_and_past_the_deadline_cancels_it() {
     let (mut m, _) = Calling::start(short, claimed(), NOW);
     m.submitted(Said::Started("r1".into()), NOW);
     m.recorded(Some(Write::Applied(claimed())), NOW);
-    assert_eq!(m.retrieved(Retrieval::Running, DEADLINE), CallStep::Cancel);
-    assert_eq!(ended(m.cancelled(DEADLINE)), AttemptEnd::Expired);
+    assert_eq!(
+        m.retrieved(Retrieval::Running, DEADLINE),
+        CallStep::CancelUpstream
+    );
+    assert_eq!(ended(m.cancelled_upstream(DEADLINE)), AttemptEnd::Expired);
 }
 
 #[test]
@@ -307,15 +310,15 @@ fn a_cancel_request_stops_the_call_and_cancels_a_background_one_upstream_but_nev
     );
     // A background call: cancelled upstream first.
     let mut m = polling();
-    assert_eq!(m.withdrawn(), CallStep::Cancel);
-    assert_eq!(ended(m.cancelled(NOW)), AttemptEnd::Cancelled);
+    assert_eq!(m.withdrawn(), CallStep::CancelUpstream);
+    assert_eq!(ended(m.cancelled_upstream(NOW)), AttemptEnd::Cancelled);
     // A recovery of a job with a cancel request asks nothing: it cancels what runs.
     let mut marked = claimed();
     marked.cancel_requested = Some(NOW);
     marked.attempt_log[0].provider_ref = Some("r1".into());
     let (mut m, step) = Calling::resume(facts(), marked.clone(), "lapsed", None, NOW);
-    assert_eq!(step, CallStep::Cancel);
-    assert_eq!(ended(m.cancelled(NOW)), AttemptEnd::Cancelled);
+    assert_eq!(step, CallStep::CancelUpstream);
+    assert_eq!(ended(m.cancelled_upstream(NOW)), AttemptEnd::Cancelled);
     // A batch line is never cancelled upstream: its batch holds other jobs' lines.
     marked.attempt_log[0].provider_ref = Some(crate::provider::batch::batch_ref("b1", "l1"));
     let (_, step) = Calling::resume(facts(), marked, "lapsed", None, NOW);

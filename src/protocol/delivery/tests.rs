@@ -204,7 +204,7 @@ fn an_item_that_routes_the_claim_elsewhere_gives_back_what_was_taken_before_it_a
     ));
     // The create is refused: the item shows the first provider's refusal.
     let give_back = d.observe(Observation::Refused(Some(seen)), NOW);
-    assert_eq!((give_back, d.lane()), (Command::GiveBack, 1));
+    assert_eq!((give_back, d.lane()), (Command::Release, 1));
     assert_eq!(d.observe(Observation::Carried, NOW), Command::Take);
 }
 
@@ -227,7 +227,7 @@ fn a_recovery_of_a_line_whose_batch_runs_gives_back_and_waits_with_nothing_writt
     assert_eq!(first, Command::LookAtBatch);
     assert_eq!(
         d.observe(Observation::BatchRunning(true), later),
-        Command::GiveBack
+        Command::Release
     );
     let closed = closed(d.observe(Observation::Carried, later));
     assert_eq!(

@@ -53,9 +53,9 @@ pub enum Command {
     /// the provider's pacing, the day's spend): [`Observation::Taken`] or
     /// [`Observation::NoCapacity`].
     Take,
-    /// Give back what was taken for a call that is not made here, then
+    /// Release what was taken for a call that is not made here, then
     /// [`Observation::Carried`].
-    GiveBack,
+    Release,
     /// Ask the provider whether the batch of the line the item shows ([`Delivery::view`])
     /// still runs: [`Observation::BatchRunning`].
     LookAtBatch,
@@ -139,8 +139,8 @@ pub enum Observation {
     Retrieved(Retrieval),
     /// The pause before asking again passed ([`CallStep::Pause`]).
     Paused,
-    /// The provider was asked to cancel the call ([`CallStep::Cancel`]).
-    Cancelled,
+    /// The provider was asked to cancel the call upstream ([`CallStep::CancelUpstream`]).
+    CancelledUpstream,
     /// Ownership was lost while the call waited.
     Lost,
     /// An operator cancelled the job while the call waited.

@@ -51,10 +51,9 @@ impl<L: JobLedger, P: Provider, C: Clock, V: VisibilityControl> BatchHandler<L, 
                         }
                     },
                     None => {
-                        let (outcome, view) =
-                            self.process_one(trigger, entry, index, inv, flights).await;
-                        views.extend(view);
-                        outcome
+                        let processed = self.process_one(trigger, entry, index, inv, flights).await;
+                        views.extend(processed.view);
+                        processed.outcome
                     }
                 },
             };
@@ -79,7 +78,7 @@ impl<L: JobLedger, P: Provider, C: Clock, V: VisibilityControl> BatchHandler<L, 
         index: usize,
         inv: &Invocation,
         flights: &Flights,
-    ) -> (RecordOutcome, Option<JobItem>) {
+    ) -> Processed {
         let owner_id = format!(
             "{}/{}",
             inv.id,
@@ -104,14 +103,17 @@ impl<L: JobLedger, P: Provider, C: Clock, V: VisibilityControl> BatchHandler<L, 
         )
         .catch_unwind();
         match run.await {
-            Ok(Processed { outcome, view }) => (outcome, view),
+            Ok(processed) => processed,
             Err(_) => {
                 tracing::error!(job_id = trigger.job_id(), "record processing panicked");
                 let failure = Failure::Backoff {
                     retry_after_ms: None,
                     cause: "panic",
                 };
-                (RecordOutcome::Failed(failure), None)
+                Processed {
+                    outcome: RecordOutcome::Failed(failure),
+                    view: None,
+                }
             }
         }
     }

@@ -92,12 +92,12 @@ impl<L: JobLedger, P: Provider, C: Clock, V: VisibilityControl> BatchHandler<L, 
     }
 
     /// Handles a batch and reports every record, in four phases: prepare (bodies, settings,
-    /// the records in flight), run (the lanes, with the heartbeat), settle (dead letters, each
+    /// the records in flight), run (the lanes, with the heartbeat), report (dead letters, each
     /// record's outcome and visibility) and respond (the final visibilities, the response).
     pub async fn handle_batch(&self, event: &SqsEvent, inv: &Invocation) -> BatchReport {
         let batch = self.prepare(event, inv).await;
         let outcomes = self.run(&batch, inv).await;
-        let (records, changes) = self.settle(&batch, outcomes, inv).await;
+        let (records, changes) = self.report(&batch, outcomes, inv).await;
         self.respond(&batch, records, changes, inv).await
     }
 
@@ -209,7 +209,7 @@ impl<L: JobLedger, P: Provider, C: Clock, V: VisibilityControl> BatchHandler<L, 
 
     /// Sends the dead letters, then reports each record with the visibility its outcome asks
     /// for, gathered by queue for the final changes.
-    async fn settle<'e>(
+    async fn report<'e>(
         &self,
         batch: &Prepared<'e>,
         mut outcomes: Vec<Option<Decided>>,

@@ -70,9 +70,9 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
                     self.take(&d, &mut held, msg, inv, tenant.as_deref(), watch)
                         .await
                 }
-                Command::GiveBack => {
+                Command::Release => {
                     let reserved = held.grant.take().and_then(|mut g| g.take_reserved());
-                    self.settle_spend(reserved, 0).await;
+                    self.charge_spend(reserved, 0).await;
                     Observation::Carried
                 }
                 Command::LookAtBatch => self.look_at_batch(&d, msg, watch).await,
@@ -216,7 +216,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
             Charge::Heard => heard,
             Charge::HeardOrReserved => heard.or(reserved.as_ref().map(|r| r.micros)),
         };
-        self.settle_spend(reserved, actual.unwrap_or(0)).await;
+        self.charge_spend(reserved, actual.unwrap_or(0)).await;
         if let Some(spent) = spent {
             count_usage(d.view(), attempt, &spent.model, watch);
         }

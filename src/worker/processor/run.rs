@@ -233,12 +233,12 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
                 _ = call.stop.stopped() => stopped(call.stop),
                 _ = tokio::time::sleep(Duration::from_millis(ms as u64)) => Observation::Paused,
             },
-            CallStep::Cancel => {
+            CallStep::CancelUpstream => {
                 if let Some((reference, _)) = machine.reference() {
                     tracing::info!(job_id = %request.job_id, "cancelling the background call: its answer would not be accepted");
                     self.cancel(&call.link.provider, reference, call.inv).await;
                 }
-                Observation::Cancelled
+                Observation::CancelledUpstream
             }
             // The delivery never asks for a call's end: it takes it over.
             CallStep::Done(_) => Observation::Lost,

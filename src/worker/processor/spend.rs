@@ -14,7 +14,7 @@ use crate::worker::pacing::Permit;
 /// enough not to churn the queue, short enough that a price added in a deploy is soon used.
 const UNPRICED_WAIT_MS: Millis = 15 * 60_000;
 
-/// The day's spend a call reserved before its claim: given back in full when no call is made,
+/// The day's spend a call reserved before its claim: released in full when no call is made,
 /// corrected to the call's cost once it ended.
 #[derive(Debug)]
 pub(super) struct Reserved {
@@ -24,9 +24,9 @@ pub(super) struct Reserved {
 }
 
 /// What a delivery took for its call: the pacer's permit and what the day's spend reserved.
-/// Given back when no call is made, charged once the call's attempt ended (both by the
+/// Released when no call is made, charged once the call's attempt ended (both by the
 /// executor, which waits for the spend's write). Dropped before either (a delivery cut short),
-/// it gives itself back unless its call went: the permit at once, the spend by a task of its
+/// it releases itself unless its call went: the permit at once, the spend by a task of its
 /// own; a call that went keeps its reservation, as it may have run.
 pub(super) struct Grant<'a> {
     permit: Permit<'a>,
@@ -60,7 +60,7 @@ impl<'a> Grant<'a> {
         self.used = true;
     }
 
-    /// What the day's spend reserved, taken out to be given back or charged.
+    /// What the day's spend reserved, taken out to be released or charged.
     pub(super) fn take_reserved(&mut self) -> Option<Reserved> {
         self.reserved.take()
     }
@@ -81,7 +81,7 @@ impl Drop for Grant<'_> {
         runtime.spawn(async move {
             for day in &reserved.days {
                 if let Err(e) = spend.adjust(day, delta, at).await {
-                    tracing::warn!(error = %e, "the day's spend could not be given back");
+                    tracing::warn!(error = %e, "the day's spend could not be released");
                 }
             }
         });
@@ -217,14 +217,14 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
                 }
             };
             // No call: what was reserved goes back.
-            self.settle_spend(Some(reserved), 0).await;
+            self.charge_spend(Some(reserved), 0).await;
             return Err(refused);
         }
         Ok((!reserved.days.is_empty()).then_some(reserved))
     }
 
     /// Corrects the day's spend by `actual` less what `reserved` took (`actual` 0: no call).
-    pub(super) async fn settle_spend(&self, reserved: Option<Reserved>, actual: u64) {
+    pub(super) async fn charge_spend(&self, reserved: Option<Reserved>, actual: u64) {
         let (Some(reserved), Some(spend)) = (reserved, &self.spend) else {
             return;
         };
