@@ -57,10 +57,9 @@ impl CompletionEvent {
         if let Some(producer) = &producer {
             fields.insert("producer".into(), Value::String(producer.clone()));
         }
-        // Whose and how urgent: a rule matches `detail.tenant` or `detail.priority`.
-        if let Some(tenant) = &job.class.tenant {
-            fields.insert("tenant".into(), Value::String(tenant.clone()));
-        }
+        // Whose and how urgent: a rule matches `detail.tenant` (the job's account, its
+        // producer's and its tenant's names together) or `detail.priority`.
+        fields.insert("tenant".into(), Value::String(job.account()));
         if job.class.urgent {
             fields.insert("priority".into(), Value::String("urgent".into()));
         }

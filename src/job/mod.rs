@@ -1,6 +1,7 @@
 //! Pure job logic: the ledger item, its states, the message contract and the decisions taken on
 //! them. Nothing here performs I/O, reads a clock or knows an AWS type: callers pass `now`.
 
+pub mod account;
 pub mod artifact;
 pub mod contract;
 pub mod cost;
@@ -188,6 +189,12 @@ impl JobItem {
     /// that failed, ended unknown or was submitted to the ledger) has it.
     pub fn keeps_input(&self) -> bool {
         !self.input.is_empty() || self.input_ref.is_some()
+    }
+
+    /// The account its tenant is counted under: its producer's and its tenant's names
+    /// together ([`account::account`]).
+    pub fn account(&self) -> String {
+        account::account(&self.job_id, self.class.tenant.as_deref())
     }
 
     /// An upper estimate of the item's size in DynamoDB: every string at its length, every

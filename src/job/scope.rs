@@ -195,6 +195,16 @@ impl Producers {
         }
     }
 
+    /// The producers' names, the unnamed one (the deployment's only one without `PRODUCERS`)
+    /// as empty.
+    pub fn names(&self) -> Vec<&str> {
+        let mut names: Vec<&str> = self.by_sender.values().map(String::as_str).collect();
+        names.push("");
+        names.sort_unstable();
+        names.dedup();
+        names
+    }
+
     /// Whether `name` is a listed producer with a namespace.
     fn named(&self, name: &str) -> bool {
         !name.is_empty() && self.by_sender.values().any(|n| n == name)

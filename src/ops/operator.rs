@@ -176,7 +176,8 @@ pub async fn cancel<L: JobLedger>(
 /// Index pages read at a time when looking for a tenant's jobs.
 const TENANT_PAGE: usize = 500;
 
-/// The live jobs of `tenant`, as the attention index lists them: every `ready`,
+/// The live jobs of the account `tenant` (`billing/acme`, or the unnamed producer's `acme`:
+/// [`crate::job::account::account`]), as the attention index lists them: every `ready`,
 /// `retry_authorized` and `unknown` job, and every `running` one past its first claim (a job on
 /// its first claim is in no index: it is found once that attempt ends and leaves it live). One
 /// query page and one read a job, for every live job of the table: an operator's command, not
@@ -200,7 +201,7 @@ pub async fn tenant_jobs<L: JobLedger + crate::ledger::LedgerIndex>(
             cursor.advance(&page);
             for (job_id, _) in &page {
                 let item = ledger.get(job_id).await?;
-                if item.is_some_and(|r| r.class.tenant.as_deref() == Some(tenant)) {
+                if item.is_some_and(|r| r.account() == tenant) {
                     found.push(job_id.clone());
                 }
             }
@@ -286,7 +287,7 @@ pub fn to_json(record: &JobItem, with_result: bool) -> Value {
         "owner_id": record.owner_id,
         "owner_until": record.owner_until.map(format_rfc3339_ms),
         "cancel_requested": record.cancel_requested.map(format_rfc3339_ms),
-        "tenant": record.class.tenant,
+        "tenant": record.account(),
         "priority": record.class.priority(),
         "deadline_at": format_rfc3339_ms(record.deadline_at),
         "attempts": record.attempts,
@@ -342,9 +343,7 @@ fn fields_text(record: &JobItem, with_result: bool) -> String {
         "lease until",
         record.owner_until.map_or("-".into(), format_rfc3339_ms),
     );
-    if let Some(tenant) = &record.class.tenant {
-        line("tenant", tenant.clone());
-    }
+    line("tenant", record.account());
     if record.class.urgent {
         line("priority", "urgent".to_owned());
     }

@@ -138,9 +138,7 @@ pub fn line(job: &JobItem) -> Value {
         "metadata": job.metadata.as_deref().and_then(|m| serde_json::from_str::<Value>(m).ok()),
     });
     let fields = row.as_object_mut().expect("a json! object");
-    if let Some(tenant) = &job.class.tenant {
-        fields.insert("tenant".into(), Value::String(tenant.clone()));
-    }
+    fields.insert("tenant".into(), Value::String(job.account()));
     if let Some(usage) = job.usage() {
         fields.insert("usage".into(), json!(usage));
     }

@@ -15,6 +15,7 @@ use super::triggers::{
     IN_LEDGER_ATTRIBUTE, Outgoing, Sent, TriggerSender, batches, batches_by, dedup_id,
 };
 use super::{ChangeResult, ChangeResults, VisibilityChange, VisibilityControl};
+use crate::job::account::account;
 
 /// SQS allows at most ten entries per batch call.
 pub(crate) const SQS_BATCH_LIMIT: usize = 10;
@@ -98,9 +99,10 @@ impl SqsTriggers {
                         entry = entry
                             .message_group_id(&t.job_id)
                             .message_deduplication_id(dedup_id(&t.job_id, dedup_suffix));
-                    } else if let Some(tenant) = &t.class.tenant {
-                        // A fair queue keeps one tenant's burst from delaying the others.
-                        entry = entry.message_group_id(tenant);
+                    } else {
+                        // A fair queue keeps one account's burst from delaying the others.
+                        let account = account(&t.job_id, t.class.tenant.as_deref());
+                        entry = entry.message_group_id(account);
                     }
                     entry.build().ok()
                 })

@@ -2,16 +2,20 @@
 //! failed records, each read from its variable (see `docs/configuration.md`).
 
 use super::pacing::PacingSettings;
+use crate::job::account::Labels;
 use crate::job::policy::Policy;
 use crate::job::scope::Producers;
 use crate::job::{InvalidMessage, JobDefaults, Millis, VisibilityPolicy};
 use crate::ledger::schedule::Limits;
 use crate::protocol::ReplayPolicy;
 use crate::vars::{ConfigError, Vars};
+use who::{labels_from, policy_from, producers_from};
 
 /// The memory kept for everything but Extended Client payloads: the runtime, the SDK clients
 /// and their buffers, the rest of the batch (a 128 MB function holds the worker in about 20 MiB
 /// at rest).
+mod who;
+
 const PAYLOAD_MEMORY_RESERVE_MB: i64 = 48;
 
 /// Settings of the processor and the batch handler.
@@ -80,6 +84,8 @@ pub struct Settings {
     pub policy: Policy,
     /// Who may send jobs, and each producer's namespace (`PRODUCERS`, `TRUSTED_SENDERS`).
     pub producers: Producers,
+    /// What each producer may label its jobs with (`PRODUCER_TENANTS`, `URGENT_PRODUCERS`).
+    pub labels: Labels,
     /// `PAYLOAD_BUCKET`: the one bucket an Extended Client pointer may name (unset: pointers
     /// are refused).
     pub payload_bucket: Option<String>,
@@ -89,6 +95,9 @@ pub struct Settings {
     /// `TENANT_DAILY_SPEND_LIMIT` (USD): what one tenant's calls may cost in a day (UTC),
     /// within the deployment's, in micro-dollars (`None`: no limit per tenant).
     pub tenant_daily_spend_limit_micros: Option<u64>,
+    /// `PRODUCER_DAILY_SPEND_LIMIT` (USD): what one producer's calls may cost in a day (UTC),
+    /// within the deployment's, in micro-dollars (`None`: no limit per producer).
+    pub producer_daily_spend_limit_micros: Option<u64>,
     /// `URGENT_PACING_PERCENT`: the share of `PROVIDER_RPM` and `PROVIDER_TPM` kept for urgent
     /// jobs (their own schedule item); normal jobs pace within the rest. 0: none kept.
     pub urgent_pacing_percent: u8,
@@ -134,11 +143,13 @@ impl Default for Settings {
             payload_memory_bytes: 512 * 1_048_576,
             policy: Policy::default(),
             producers: Producers::default(),
+            labels: Labels::default(),
             payload_bucket: None,
             prices: std::sync::Arc::default(),
             allow_unpriced_models: false,
             daily_spend_limit_micros: None,
             tenant_daily_spend_limit_micros: None,
+            producer_daily_spend_limit_micros: None,
             urgent_pacing_percent: 0,
             tenant_pacing_percent: 100,
             batching: Batching::default(),
@@ -374,6 +385,7 @@ impl Settings {
             pacing: pacing_from(vars, &d.pacing)?,
             policy,
             producers: producers_from(vars)?,
+            labels: labels_from(vars)?,
             payload_bucket: vars.get("PAYLOAD_BUCKET").filter(|b| !b.trim().is_empty()),
             prices: std::sync::Arc::new(prices(vars)?),
             allow_unpriced_models: vars.choice(
@@ -383,6 +395,7 @@ impl Settings {
             )?,
             daily_spend_limit_micros: usd(vars, "DAILY_SPEND_LIMIT")?,
             tenant_daily_spend_limit_micros: usd(vars, "TENANT_DAILY_SPEND_LIMIT")?,
+            producer_daily_spend_limit_micros: usd(vars, "PRODUCER_DAILY_SPEND_LIMIT")?,
             urgent_pacing_percent: number("URGENT_PACING_PERCENT", 0, 0, 90)? as u8,
             tenant_pacing_percent: number("TENANT_PACING_PERCENT", 100, 1, 100)? as u8,
             idempotency_prefix: vars.deployment_scope(),
@@ -471,44 +484,6 @@ fn payload_memory_bytes(vars: &Vars<'_>) -> Result<usize, ConfigError> {
         1_048_576,
         10_240 * 1_048_576,
     )? as usize)
-}
-
-/// The producers this deployment knows (`PRODUCERS`, `TRUSTED_SENDERS`).
-fn producers_from(vars: &Vars<'_>) -> Result<Producers, ConfigError> {
-    Producers::parse(
-        &vars.get("PRODUCERS").unwrap_or_default(),
-        &vars.get("TRUSTED_SENDERS").unwrap_or_default(),
-    )
-    .map_err(|reason| ConfigError::Invalid {
-        name: "PRODUCERS",
-        reason,
-    })
-}
-
-/// What producers may ask for: `ALLOWED_MODELS`, `ALLOWED_PARAMETERS`, `MAX_ATTEMPTS_LIMIT`,
-/// `MAX_DEADLINE_SECONDS`.
-fn policy_from(vars: &Vars<'_>, d: &Policy) -> Result<Policy, ConfigError> {
-    let invalid = |name: &'static str| move |reason: String| ConfigError::Invalid { name, reason };
-    Ok(Policy {
-        models: match vars.get("ALLOWED_MODELS") {
-            None => d.models.clone(),
-            Some(list) => Policy::parse_models(&list).map_err(invalid("ALLOWED_MODELS"))?,
-        },
-        parameters: match vars
-            .get("ALLOWED_PARAMETERS")
-            .filter(|l| !l.trim().is_empty())
-        {
-            None => d.parameters.clone(),
-            Some(list) => Policy::parse_parameters(&list).map_err(invalid("ALLOWED_PARAMETERS"))?,
-        },
-        max_attempts: vars.integer(
-            "MAX_ATTEMPTS_LIMIT",
-            i64::from(d.max_attempts),
-            1,
-            i64::from(crate::job::message::MAX_ATTEMPTS_LIMIT),
-        )? as u32,
-        max_deadline_ms: vars.seconds("MAX_DEADLINE_SECONDS", d.max_deadline_ms, 1, 31_536_000)?,
-    })
 }
 
 /// A job's defaults where its message says nothing: `DEFAULT_MAX_ATTEMPTS`,

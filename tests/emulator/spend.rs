@@ -157,6 +157,103 @@ async fn past_one_tenants_limit_its_records_wait_while_another_tenants_run() {
     assert_eq!(item.class.tenant.as_deref(), Some("acme"));
 }
 
+/// `tenant_job`'s job `id`, sent by `producer` (its id scoped as the worker scopes it).
+fn producers_job(producer: &str, id: &str, tenant: Option<&str>) -> fenced_jobs::job::JobMessage {
+    let mut msg = tenant_job(id, tenant);
+    msg.job_id = format!("{producer}/{id}");
+    msg
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenants_day_is_its_producers_and_a_job_without_a_tenant_has_one_too() {
+    // GIVEN a limit of one call at the most a day per account (a producer's tenant)
+    let aws = emulator().await;
+    let table = aws.table().await;
+    let first = producers_job("billing", "acme-1", Some("acme"));
+    let most = (first.input_canonical.len() as u64).div_ceil(4) + 4 * 100;
+    let settings = fenced_jobs::worker::Settings {
+        tenant_daily_spend_limit_micros: Some(most + 20),
+        ..fast_settings()
+    };
+    let ledger: DynamoLedger = aws.ledger(&table);
+    let (processor, inv) = late_evening(&ledger, settings);
+    let run = |msg: fenced_jobs::job::JobMessage, owner: &'static str| {
+        let (processor, inv) = (&processor, &inv);
+        async move { processor.process(&msg, owner, inv, &NoWatch).await.outcome }
+    };
+    let done = RecordOutcome::Done(JobState::Succeeded);
+    let next_day = RecordOutcome::Failed(Failure::Paced { wait_ms: 3_600_000 });
+
+    // WHEN billing's acme spends its day, and search labels a job acme too
+    assert_eq!(run(first, "w/1").await, done);
+    let again = producers_job("billing", "acme-2", Some("acme"));
+    assert_eq!(run(again, "w/2").await, next_day);
+    // THEN search's acme is search's own account: it runs
+    let search = producers_job("search", "acme-1", Some("acme"));
+    assert_eq!(run(search, "w/3").await, done);
+
+    // WHEN billing leaves the tenant out: its `(none)` account, capped as a tenant is
+    assert_eq!(
+        run(producers_job("billing", "n-1", None), "w/4").await,
+        done
+    );
+    let unlabelled = producers_job("billing", "n-2", None);
+    assert_eq!(run(unlabelled, "w/5").await, next_day);
+
+    // AND each account's day item holds what its own calls cost
+    let cost = |id: &'static str| cost_of(&ledger, id);
+    let day = |key: &'static str| day_spent(&aws, &table, key);
+    let acme = cost("billing/acme-1").await;
+    assert_eq!(day("2026-12-01#billing/acme").await, acme);
+    let search_acme = cost("search/acme-1").await;
+    assert_eq!(day("2026-12-01#search/acme").await, search_acme);
+    let none = cost("billing/n-1").await;
+    assert_eq!(day("2026-12-01#billing/(none)").await, none);
+    assert_eq!(processor.provider().executions(), 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn past_one_producers_limit_its_records_wait_while_another_producers_run() {
+    // GIVEN a limit of one call at the most a day per producer, and none per tenant
+    let aws = emulator().await;
+    let table = aws.table().await;
+    let first = producers_job("billing", "acme-1", Some("acme"));
+    let most = (first.input_canonical.len() as u64).div_ceil(4) + 4 * 100;
+    let settings = fenced_jobs::worker::Settings {
+        producer_daily_spend_limit_micros: Some(most + 20),
+        ..fast_settings()
+    };
+    let ledger: DynamoLedger = aws.ledger(&table);
+    let (processor, inv) = late_evening(&ledger, settings);
+    let run = |msg: fenced_jobs::job::JobMessage, owner: &'static str| {
+        let (processor, inv) = (&processor, &inv);
+        async move { processor.process(&msg, owner, inv, &NoWatch).await.outcome }
+    };
+
+    // WHEN billing's first job spends its day, then billing's job of another tenant and
+    // search's come
+    assert_eq!(
+        run(first, "w/1").await,
+        RecordOutcome::Done(JobState::Succeeded)
+    );
+    let billing = producers_job("billing", "globex-1", Some("globex"));
+    let search = producers_job("search", "globex-1", Some("globex"));
+    let (billing, search) = (run(billing, "w/2").await, run(search, "w/3").await);
+
+    // THEN billing's waits for the next day whatever its tenant, and search's runs: one
+    // producer's spent day defers no other producer's records
+    assert_eq!(
+        billing,
+        RecordOutcome::Failed(Failure::Paced { wait_ms: 3_600_000 })
+    );
+    assert_eq!(search, RecordOutcome::Done(JobState::Succeeded));
+    let day = |key: &'static str| day_spent(&aws, &table, key);
+    let billing_cost = cost_of(&ledger, "billing/acme-1").await;
+    assert_eq!(day("2026-12-01#producer#billing").await, billing_cost);
+    let search_cost = cost_of(&ledger, "search/globex-1").await;
+    assert_eq!(day("2026-12-01#producer#search").await, search_cost);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_call_refused_before_any_work_gives_the_day_what_it_reserved() {
     // GIVEN a day that can take one call at the most, and jobs whose calls the provider

@@ -58,7 +58,6 @@ async fn a_full_batch_logs_each_record_without_secrets() {
     let sink = captured.clone();
     // The functions' own format: flat JSON lines, span fields at the top level.
     let subscriber = fenced_jobs::logs::json_subscriber("debug", move || sink.clone());
-    let _guard = tracing::subscriber::set_default(subscriber);
 
     let server = HttpStub::start(|req, _| {
         let body = req.json();
@@ -79,12 +78,12 @@ async fn a_full_batch_logs_each_record_without_secrets() {
         api: OpenAiApi::Chat,
         ..OpenAiSettings::default()
     };
-    let provider = OpenAiProvider::new(settings, Some(Secret::new(API_KEY))).expect("client");
-    let ledger = Arc::new(InMemoryLedger::new());
-    let handler = BatchHandler::new(
-        Processor::new(ledger.clone(), provider, SystemClock, Settings::default()),
-        RecordingVisibility::new(),
-    );
+    let handler = |ledger: Arc<InMemoryLedger>| {
+        let provider = OpenAiProvider::new(settings.clone(), Some(Secret::new(API_KEY)));
+        let provider = provider.expect("client");
+        let processor = Processor::new(ledger, provider, SystemClock, Settings::default());
+        BatchHandler::new(processor, RecordingVisibility::new())
+    };
     let mut event = SqsEvent::default();
     event.records = vec![
         record("m-ok", &job("log-ok", PROMPT)),
@@ -100,6 +99,15 @@ async fn a_full_batch_logs_each_record_without_secrets() {
         id: "inv-logs".into(),
         deadline: Some(SystemClock.now_ms() + 60_000),
     };
+    // The same batch once before the subscriber is set, on a ledger of its own: every line's
+    // callsite is registered before the subscriber's rebuild of their interest, so none is left
+    // with the interest of a test on another thread that was registering it at that moment.
+    handler(Arc::new(InMemoryLedger::new()))
+        .handle_batch(&event, &inv)
+        .await;
+    let _guard = tracing::subscriber::set_default(subscriber);
+    let ledger = Arc::new(InMemoryLedger::new());
+    let handler = handler(ledger.clone());
     let span = tracing::info_span!("invocation", requestId = "req-7");
     let report = tracing::Instrument::instrument(handler.handle_batch(&event, &inv), span).await;
     assert!(report.records[0].outcome.is_success());

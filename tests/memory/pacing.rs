@@ -253,3 +253,85 @@ async fn a_tenant_capped_at_half_the_pace_leaves_the_other_half_to_another_tenan
         assert_eq!(other == 1, other_runs, "{percent} %: bulk ran {bulk}");
     }
 }
+
+/// A processor whose tenants are capped at half of 1,200 requests a minute, over a horizon of
+/// 0.2 s.
+fn half_per_account()
+-> Processor<InMemoryLedger, fenced_jobs::provider::SimulatedProvider, ManualClock> {
+    let mut settings = Settings::default();
+    settings.pacing.limits = Limits { rpm: 1_200, tpm: 0 };
+    settings.pacing.horizon_ms = 200;
+    settings.pacing.chunk = 1;
+    settings.tenant_pacing_percent = 50;
+    let schedule: Arc<dyn CallSchedule> = Arc::new(MemorySchedule::new());
+    Processor::new(
+        InMemoryLedger::new(),
+        fenced_jobs::provider::SimulatedProvider::new(),
+        ManualClock::at(1_800_000_000_000),
+        settings.clone(),
+    )
+    .with_pacer(fenced_jobs::worker::pacing::Pacer::new(
+        settings.pacing(),
+        Some(Arc::clone(&schedule)),
+    ))
+    .with_tenant_schedule(schedule)
+}
+
+/// How many jobs of `producer` (empty: the unnamed one), labelled `tenant` (if any) and
+/// `urgent`, run before the pace turns one away, of at most `most`.
+async fn run_before_paced(
+    processor: &Processor<InMemoryLedger, fenced_jobs::provider::SimulatedProvider, ManualClock>,
+    (producer, tenant, urgent): (&str, Option<&str>, bool),
+    most: usize,
+) -> usize {
+    let inv = Invocation {
+        id: "accounts".into(),
+        deadline: None,
+    };
+    for i in 0..most {
+        let body = serde_json::json!({
+            "job_id": format!("{}-{i}", tenant.unwrap_or("none")),
+            "tenant": tenant,
+            "priority": if urgent { "urgent" } else { "normal" },
+            "contract": "c",
+            "input": {"model": "m", "prompt": "p"},
+        });
+        let mut msg = parse_body(Some(&body.to_string())).expect("valid");
+        if !producer.is_empty() {
+            // As the worker scopes it: the job in its producer's namespace.
+            msg.job_id = format!("{producer}/{}", msg.job_id);
+        }
+        let owner = format!("w/{}", msg.job_id);
+        let done = processor.process(&msg, &owner, &inv, &NoWatch).await;
+        if matches!(done.outcome, RecordOutcome::Failed(Failure::Paced { .. })) {
+            return i;
+        }
+    }
+    most
+}
+
+#[tokio::test]
+async fn a_tenants_share_is_its_producers_and_neither_an_unlabelled_nor_an_urgent_job_escapes_it() {
+    // GIVEN tenants capped at half the pace, each account its own share
+    // WHEN billing's jobs labelled acme run until paced, then search's acme
+    let p = half_per_account();
+    let billing = run_before_paced(&p, ("billing", Some("acme"), false), 20).await;
+    let search = run_before_paced(&p, ("search", Some("acme"), false), 1).await;
+    // THEN billing stopped at its share and search's acme is another account: it runs
+    assert!(billing < 20, "billing's acme never paced");
+    assert_eq!(search, 1, "search's acme shares billing's share");
+
+    // WHEN billing leaves the tenant out, the jobs are its `(none)` account's: capped too
+    let p = half_per_account();
+    let unlabelled = run_before_paced(&p, ("billing", None, false), 20).await;
+    let other = run_before_paced(&p, ("search", None, false), 1).await;
+    assert!(unlabelled < 20, "unlabelled jobs escape the cap");
+    assert_eq!(other, 1, "billing's unlabelled jobs took the whole pace");
+
+    // WHEN billing's acme jobs are urgent: the urgent right of way is no way past the cap
+    let p = half_per_account();
+    let urgent = run_before_paced(&p, ("billing", Some("acme"), true), 20).await;
+    let other = run_before_paced(&p, ("search", Some("acme"), false), 1).await;
+    assert!(urgent < 20, "urgent jobs escape the cap");
+    assert_eq!(other, 1, "billing's urgent jobs took the whole pace");
+}

@@ -195,8 +195,9 @@ enum Command {
         /// Also each job id in FILE, one a line (`-`: stdin).
         #[arg(long)]
         file: Option<std::path::PathBuf>,
-        /// Also every live job of this tenant the attention index lists (a running job on its
-        /// first claim is not listed until that attempt ends: run it again then).
+        /// Also every live job of this account (a producer's tenant, `billing/acme`; the
+        /// unnamed producer's `acme`) the attention index lists (a running job on its first
+        /// claim is not listed until that attempt ends: run it again then).
         #[arg(long)]
         tenant: Option<String>,
         /// Why (recorded on each job).

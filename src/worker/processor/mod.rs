@@ -187,7 +187,8 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
 
     /// Why a job seen for the first time is refused, before anything is written: a model, a
     /// parameter, a budget or a deadline the deployment does not allow its producers
-    /// ([`Settings::policy`]), a contract a strict registry does not hold, or a deadline further
+    /// ([`Settings::policy`]), a tenant or a priority its producer may not label it with
+    /// ([`Settings::labels`]), a contract a strict registry does not hold, or a deadline further
     /// away than the worker can see it through ([`Settings::deadline_refused`]); what a read
     /// of a message that says the ledger may hold it decides is
     /// [`crate::protocol::admission::refused_at_first_sight`]'s.
@@ -198,25 +199,35 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
     ) -> Option<Failure> {
         let now = self.clock.now_ms();
         let stores = self.blobs().is_some_and(|b| b.bucket().is_some());
-        let invalid = self.settings.policy.refusal(msg, now).or_else(|| {
-            match self.contracts.admits(&msg.contract) {
-                Err(_) => {
-                    return Some(InvalidMessage::Invalid {
-                        field: "contract",
-                        rule: "names no contract in the registry (CONTRACTS_STRICT)",
-                    });
-                }
-                Ok(false) => {
-                    // A lenient registry: a typo in an id is free text, said for each job.
-                    tracing::warn!(job_id = %msg.job_id, contract = %msg.contract,
+        let labels = || {
+            let class = &msg.class;
+            let labels = &self.settings.labels;
+            labels.refusal(&msg.job_id, class.tenant.as_deref(), class.urgent)
+        };
+        let invalid = self
+            .settings
+            .policy
+            .refusal(msg, now)
+            .or_else(labels)
+            .or_else(|| {
+                match self.contracts.admits(&msg.contract) {
+                    Err(_) => {
+                        return Some(InvalidMessage::Invalid {
+                            field: "contract",
+                            rule: "names no contract in the registry (CONTRACTS_STRICT)",
+                        });
+                    }
+                    Ok(false) => {
+                        // A lenient registry: a typo in an id is free text, said for each job.
+                        tracing::warn!(job_id = %msg.job_id, contract = %msg.contract,
                         "no contract in the registry: held to free text (CONTRACTS_STRICT=false)");
-                    watch.uncontracted();
+                        watch.uncontracted();
+                    }
+                    Ok(true) => {}
                 }
-                Ok(true) => {}
-            }
-            self.settings
-                .deadline_refused(msg.deadline_at?, now, stores)
-        })?;
+                self.settings
+                    .deadline_refused(msg.deadline_at?, now, stores)
+            })?;
         let read = match msg.may_be_in_ledger() {
             true => Some(match self.ledger.get(&msg.job_id).await {
                 Ok(item) => Ok(item.is_some()),

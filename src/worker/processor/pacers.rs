@@ -4,6 +4,7 @@ use std::sync::Arc;
 
 use super::{JobLedger, JobMessage, Link, Pacer, Processor};
 use crate::clock::Clock;
+use crate::job::account::account;
 use crate::provider::Provider;
 
 impl<P> Link<P> {
@@ -45,10 +46,12 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         self
     }
 
-    /// The pacer of `msg`'s tenant, for a normal job when tenants are capped.
+    /// The pacer of `msg`'s account (its producer's and its tenant's: [`account`]) when
+    /// tenants are capped, for an urgent job too: the urgent share is a right of way, not a
+    /// way past the tenant's cap.
     pub(super) fn tenant_pacer(&self, msg: &JobMessage) -> Option<Arc<Pacer>> {
-        let tenant = msg.class.tenant.as_deref().filter(|_| !msg.class.urgent)?;
         let schedule = self.tenants.schedule.as_ref()?;
+        let tenant = &account(&msg.job_id, msg.class.tenant.as_deref());
         let settings = self.settings.tenant_pacing(tenant)?;
         let mut pacers = self
             .tenants

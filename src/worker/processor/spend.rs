@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use super::{JobLedger, Processor};
 use crate::clock::Clock;
+use crate::job::account::account;
 use crate::job::{JobMessage, Millis, NewJob};
 use crate::ledger::spend::SpendBudget;
 use crate::provider::Provider;
@@ -18,7 +19,7 @@ const UNPRICED_WAIT_MS: Millis = 15 * 60_000;
 /// corrected to the call's cost once it ended.
 #[derive(Debug)]
 pub(super) struct Reserved {
-    /// The days it was reserved from: the deployment's, the tenant's, or both.
+    /// The day items it was reserved from (the deployment's, the producer's, the account's).
     days: Vec<String>,
     pub(super) micros: u64,
 }
@@ -90,12 +91,12 @@ impl Drop for Grant<'_> {
 
 impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
     /// The most the next call of `msg`'s job can cost, when a spend limit counts it (the job's
-    /// `max_cost`, the day's, the tenant's day): its input and its whole answer ceiling, at the
-    /// prices of the model it runs at the service tier it asks for; 0 when no limit counts it,
-    /// so that a deployment with none never parses the input. `Err(model)`: a limit counts the
-    /// call and the price table lacks its model (or that tier of it), which only
-    /// `ALLOW_UNPRICED_MODELS` lets through (costed at 0): no limit can hold a call it cannot
-    /// price.
+    /// `max_cost`, a day's: the deployment's, the producer's, the account's): its input and its
+    /// whole answer ceiling, at the prices of the model it runs at the service tier it asks
+    /// for; 0 when no limit counts it, so that a deployment with none never parses the input.
+    /// `Err(model)`: a limit counts the call and the price table lacks its model (or that tier
+    /// of it), which only `ALLOW_UNPRICED_MODELS` lets through (costed at 0): no limit can hold
+    /// a call it cannot price.
     pub(super) fn next_call_micros(
         &self,
         msg: &JobMessage,
@@ -103,9 +104,10 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         link: &super::Link<P>,
     ) -> Result<u64, String> {
         let s = &self.settings;
-        let tenant_limit =
-            msg.class.tenant.is_some() && s.tenant_daily_spend_limit_micros.is_some();
-        if job.max_cost_micros.is_none() && s.daily_spend_limit_micros.is_none() && !tenant_limit {
+        let day_limit = s.daily_spend_limit_micros.is_some()
+            || s.producer_daily_spend_limit_micros.is_some()
+            || s.tenant_daily_spend_limit_micros.is_some();
+        if job.max_cost_micros.is_none() && !day_limit {
             return Ok(0);
         }
         let input = self.routed_input(link, msg);
@@ -171,8 +173,8 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         UNPRICED_WAIT_MS
     }
 
-    /// Reserves `micros`, the most `msg`'s next call can cost, from the day's spend, when the
-    /// deployment limits it, and from its tenant's day item, when tenants are limited:
+    /// Reserves `micros`, the most `msg`'s next call can cost, from each day item that limits
+    /// it ([`day_items`]: the deployment's, its producer's, its account's):
     /// `Ok(None)` without a limit, `Err(wait)` when a day cannot take it (until the next day;
     /// what the other reserved is given back) or a budget cannot be read (a minute: never a
     /// call not counted).
@@ -186,17 +188,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         };
         let now = self.clock.now_ms();
         let day = crate::ledger::spend::day_of(now);
-        // The deployment's day, then the tenant's (`<day>#<tenant>`: a tenant never holds `#`).
-        let limits = [
-            self.settings
-                .daily_spend_limit_micros
-                .map(|l| (day.clone(), l)),
-            msg.class
-                .tenant
-                .as_ref()
-                .zip(self.settings.tenant_daily_spend_limit_micros)
-                .map(|(tenant, l)| (format!("{day}#{tenant}"), l)),
-        ];
+        let limits = day_items(&self.settings, &day, msg);
         let mut reserved = Reserved {
             days: Vec::new(),
             micros,
@@ -240,6 +232,26 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
             }
         }
     }
+}
+
+/// The day items `msg`'s calls are counted in, each with its limit, in the order they are
+/// reserved from: the deployment's (`<day>`), its producer's (`<day>#producer#<name>`, the
+/// unnamed producer's name empty) and its account's (`<day>#<producer>/<tenant>`, see
+/// [`account`]). Neither a producer's name nor an account holds `#`, so no two meet.
+fn day_items(
+    s: &crate::worker::Settings,
+    day: &str,
+    msg: &JobMessage,
+) -> [Option<(String, u64)>; 3] {
+    let producer = crate::job::scope::producer_of(&msg.job_id).unwrap_or("");
+    let account = account(&msg.job_id, msg.class.tenant.as_deref());
+    [
+        s.daily_spend_limit_micros.map(|l| (day.to_owned(), l)),
+        s.producer_daily_spend_limit_micros
+            .map(|l| (format!("{day}#producer#{producer}"), l)),
+        s.tenant_daily_spend_limit_micros
+            .map(|l| (format!("{day}#{account}"), l)),
+    ]
 }
 
 #[cfg(test)]

@@ -312,3 +312,58 @@ async fn a_job_asking_for_what_the_deployment_does_not_allow_is_refused_unwritte
     }
     assert_eq!(h.processor().provider().executions(), 1);
 }
+
+/// What a producer may label its jobs with is the deployment's to say: a tenant outside the
+/// producer's `PRODUCER_TENANTS`, or `urgent` from a producer `URGENT_PRODUCERS` does not name,
+/// is refused at the job's first sight, unwritten, with its reason.
+#[tokio::test]
+async fn a_producer_labels_its_jobs_only_with_its_own_tenants_and_its_right_to_urgency() {
+    use fenced_jobs::job::account::Labels;
+    use fenced_jobs::job::scope::Producers;
+    let ledger = Arc::new(InMemoryLedger::new());
+    let producers =
+        Producers::parse("billing=AROABILLING,search=AROASEARCH", "").expect("producers");
+    let settings = Settings {
+        labels: Labels::parse("billing=acme", "search", &producers.names()).expect("labels"),
+        producers,
+        ..Settings::default()
+    };
+    let h = handler(ledger.clone(), SimulatedProvider::new(), settings);
+    let labelled = |id: &str, tenant: &str, priority: &str| {
+        job(id, "").replace(
+            r#""contract":"c""#,
+            &format!(r#""contract":"c","tenant":"{tenant}","priority":"{priority}""#),
+        )
+    };
+    // WHEN billing names its own tenant and another, and each producer sends an urgent job
+    let report = h
+        .handle_batch(
+            &event(vec![
+                sent_by("AROABILLING:r", "m1", &labelled("own", "acme", "normal")),
+                sent_by(
+                    "AROABILLING:r",
+                    "m2",
+                    &labelled("other", "globex", "normal"),
+                ),
+                sent_by("AROABILLING:r", "m3", &labelled("rush", "acme", "urgent")),
+                sent_by("AROASEARCH:r", "m4", &labelled("rush", "globex", "urgent")),
+            ]),
+            &invocation(),
+        )
+        .await;
+    // THEN billing's own tenant runs, its other tenant and its urgent job are poison with their
+    // reasons, and search, which may send urgent jobs and lists no tenants, runs
+    let labels: Vec<&str> = report.records.iter().map(|r| r.outcome.label()).collect();
+    assert_eq!(labels, ["succeeded", "poison", "poison", "succeeded"]);
+    let reason = |i: usize| match &report.records[i].outcome {
+        RecordOutcome::Failed(Failure::Poison(why)) => why.to_string(),
+        other => panic!("{other:?}"),
+    };
+    assert!(reason(1).contains("PRODUCER_TENANTS"), "{}", reason(1));
+    assert!(reason(2).contains("URGENT_PRODUCERS"), "{}", reason(2));
+    for id in ["billing/other", "billing/rush"] {
+        assert!(ledger.get(id).await.expect("get").is_none(), "{id}");
+    }
+    let item = ledger.get("search/rush").await.expect("get").expect("item");
+    assert_eq!(item.account(), "search/globex");
+}
