@@ -169,6 +169,14 @@ impl SdkTimeouts {
     }
 }
 
+/// The rules `jobctl submit` holds each job to, read through `lookup` from the worker's own
+/// variables, so that a job the worker would refuse never reaches the ledger or the queue.
+pub fn producer_rules(
+    lookup: impl Fn(&str) -> Option<String>,
+) -> Result<crate::job::account::ProducerRules, ConfigError> {
+    crate::worker::settings::producer_rules(&Vars::new(&lookup))
+}
+
 impl Config {
     /// Reads the process environment.
     pub fn from_env() -> Result<Config, ConfigError> {

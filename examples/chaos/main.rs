@@ -44,6 +44,14 @@ fn main() {
                     "behind a burst, fair queue, each tenant at most 50 % of the pace",
                     ScaleConfig::tenants(first, burst, true, 50),
                 ),
+                (
+                    "behind another producer's burst rotating 1,000 tenants and groups, fair queue, each account at most 50 %",
+                    ScaleConfig::producers(first, burst, 100),
+                ),
+                (
+                    "the same, each producer at most 50 % of the pace",
+                    ScaleConfig::producers(first, burst, 50),
+                ),
             ]
         } else {
             vec![

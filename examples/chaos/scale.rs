@@ -17,6 +17,7 @@ use std::time::Duration;
 
 use aws_lambda_events::event::sqs::{SqsEvent, SqsMessage};
 use fenced_jobs::clock::Clock;
+use fenced_jobs::job::scope::Producers;
 use fenced_jobs::job::{JobState, Millis};
 use fenced_jobs::ledger::memory::InMemoryLedger;
 use fenced_jobs::ledger::schedule::{
@@ -76,6 +77,12 @@ pub struct ScaleConfig {
     pub urgent_percent: u8,
     /// `TENANT_PACING_PERCENT`.
     pub tenant_percent: u8,
+    /// Two producers: the burst's (`bulk`), which names its jobs' tenants and message groups in
+    /// turn from a thousand of each ([`ROTATED`]), and the trickle's (`steady`), which keeps
+    /// its own.
+    pub rotating: bool,
+    /// `PRODUCER_PACING_PERCENT`.
+    pub producer_percent: u8,
 }
 
 /// Jobs that arrive one at a time, from the start.
@@ -113,6 +120,8 @@ impl ScaleConfig {
             urgent_concurrency: 0,
             urgent_percent: 0,
             tenant_percent: 100,
+            rotating: false,
+            producer_percent: 100,
         }
     }
 
@@ -133,6 +142,18 @@ impl ScaleConfig {
             fair,
             tenant_percent: share,
             ..ScaleConfig::burst(seed)
+        }
+    }
+
+    /// The producers' runs of `make scale`: a producer's burst of `burst` jobs, whose tenants and
+    /// message groups rotate through a thousand of each, and another producer's trickle in its own
+    /// account and group, in a fair queue; each account's calls capped at half the pace and
+    /// each producer's at `share` percent.
+    pub fn producers(seed: u64, burst: usize, share: u8) -> Self {
+        ScaleConfig {
+            rotating: true,
+            producer_percent: share,
+            ..ScaleConfig::tenants(seed, burst, true, 50)
         }
     }
 
@@ -325,6 +346,8 @@ impl Counters {
 struct Msg {
     /// Its message group ("" on a queue that is not fair).
     group: String,
+    /// The principal SQS names as its sender (`SenderId`; "": none).
+    sender: &'static str,
     body: String,
     receive_count: u32,
     visible_at: Millis,
@@ -387,13 +410,14 @@ struct Queue {
 }
 
 impl Queue {
-    /// A message visible from `at`, in `group` (a fair queue's message group).
-    fn push(&self, body: String, group: &str, at: Millis) {
+    /// A message from `sender` visible from `at`, in `group` (a fair queue's message group).
+    fn push(&self, body: String, (group, sender): (&str, &'static str), at: Millis) {
         let mut q = self.state.lock().expect("queue");
         let i = q.msgs.len();
         let group = if self.fair { group } else { "" };
         q.msgs.push(Msg {
             group: group.to_owned(),
+            sender,
             body,
             receive_count: 0,
             visible_at: at,
@@ -455,6 +479,9 @@ impl Queue {
                 "ApproximateReceiveCount".into(),
                 m.receive_count.to_string(),
             );
+            if !m.sender.is_empty() {
+                r.attributes.insert("SenderId".into(), m.sender.to_owned());
+            }
             out.push(r);
             q.schedule(i, visible_at, handle);
         }
@@ -703,6 +730,10 @@ fn settings(config: &ScaleConfig) -> Settings {
     s.visibility.paced_spread_s = config.paced_spread_s;
     s.visibility.max_receive_count = config.max_receive;
     s.tenant_pacing_percent = config.tenant_percent;
+    s.producer_pacing_percent = config.producer_percent;
+    if config.rotating {
+        s.producers = Producers::parse(PRODUCERS, "").expect("the run's producers");
+    }
     if let Some(share) = config.schedule_share {
         // The tenants' caps are shares of the limits the worker is configured with.
         s.pacing.limits = Limits {
@@ -747,8 +778,17 @@ pub async fn run(config: &ScaleConfig) -> ScaleReport {
     };
     for i in 0..config.jobs {
         let job_id = format!("job-{i:06}");
+        if config.rotating {
+            // The next of a thousand tenants and of a thousand message groups, in turn.
+            let tenant = format!("t{}", i % ROTATED);
+            let body = body(&mut rng, &job_id, Some(&tenant), false);
+            let group = format!("g{}", (i * 7) % ROTATED);
+            queue.push(body, (&group, BULK), start);
+            job_ids.push(format!("bulk/{job_id}"));
+            continue;
+        }
         let body = body(&mut rng, &job_id, config.burst_tenant, false);
-        queue.push(body, config.burst_tenant.unwrap_or_default(), start);
+        queue.push(body, (config.burst_tenant.unwrap_or_default(), ""), start);
         job_ids.push(job_id);
     }
     // The trickle: each job submitted at its moment, to the urgent queue if it has one.
@@ -763,7 +803,15 @@ pub async fn run(config: &ScaleConfig) -> ScaleReport {
         } else {
             &queue
         };
-        to.push(body, spec.tenant.unwrap_or_default(), at);
+        let job_id = if config.rotating {
+            // Its own account's group, as jobctl sends it.
+            let account = format!("steady/{}", spec.tenant.unwrap_or("(none)"));
+            to.push(body, (&account, STEADY), at);
+            format!("steady/{job_id}")
+        } else {
+            to.push(body, (spec.tenant.unwrap_or_default(), ""), at);
+            job_id
+        };
         trickle.push((job_id.clone(), at));
         job_ids.push(job_id);
     }
@@ -889,7 +937,7 @@ pub async fn run(config: &ScaleConfig) -> ScaleReport {
                         .body
                         .as_deref()
                         .and_then(|b| fenced_jobs::job::parse_trigger(Some(b)).ok())
-                        .map(|t| t.job_id().to_owned());
+                        .map(|t| scoped(record, t.job_id()));
                     if let Some(job_id) = job_id {
                         let done = table.get(&job_id).await.ok().flatten();
                         if done.is_some_and(|r| r.state.is_terminal()) {
@@ -962,6 +1010,25 @@ pub async fn run(config: &ScaleConfig) -> ScaleReport {
         report.failed_by_throttling += u64::from(lost);
     }
     report
+}
+
+/// How many tenants and message groups the rotating producer names its jobs with, in turn.
+const ROTATED: usize = 1_000;
+
+/// The producers of a run with two (`rotating`), by the principal SQS names.
+const PRODUCERS: &str = "bulk=AROABULK,steady=AROASTEADY";
+/// The burst's producer's principal.
+const BULK: &str = "AROABULK";
+/// The trickle's producer's principal.
+const STEADY: &str = "AROASTEADY";
+
+/// The whole id of the job `job_id` a delivered `record` names, in its sender's namespace.
+fn scoped(record: &SqsMessage, job_id: &str) -> String {
+    match record.attributes.get("SenderId").map(String::as_str) {
+        Some(BULK) => format!("bulk/{job_id}"),
+        Some(STEADY) => format!("steady/{job_id}"),
+        _ => job_id.to_owned(),
+    }
 }
 
 /// Runs the burst on its own current-thread runtime with a paused clock.

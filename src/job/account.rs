@@ -17,8 +17,9 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::InvalidMessage;
-use super::scope::producer_of;
+use super::policy::Policy;
+use super::scope::{Producers, Sender, producer_of};
+use super::{InvalidMessage, JobMessage, Millis};
 
 /// The tenant a job without one is accounted under.
 pub const NO_TENANT: &str = "(none)";
@@ -115,6 +116,54 @@ impl Labels {
         }
         None
     }
+}
+
+/// What a deployment holds every producer's job to at its first sight, whoever brings it in
+/// (the worker, `jobctl submit`): the producers and the namespace of each (`PRODUCERS`), the
+/// labels each may use ([`Labels`]) and what any job may ask for ([`Policy`]).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct ProducerRules {
+    /// Who may send jobs, and each producer's namespace.
+    pub producers: Producers,
+    /// The tenants and the priority each producer may label its jobs with.
+    pub labels: Labels,
+    /// The models, parameters, attempts and deadlines a job may ask for.
+    pub policy: Policy,
+}
+
+impl ProducerRules {
+    /// Why `msg` (its whole id, as scoped) is refused at `now`, if it is: what it asks for,
+    /// then how it is labelled.
+    pub fn refusal(&self, msg: &JobMessage, now: Millis) -> Option<InvalidMessage> {
+        refusal(&self.policy, &self.labels, msg, now)
+    }
+
+    /// The whole id of a job an operator names `job_id` (a trusted sender's word, without a
+    /// producer's namespace of its own): as it is, when no producer is named; with them, a
+    /// named producer's whole id or an id of the unnamed producer's, never an unknown
+    /// producer's.
+    pub fn operators_job_id(&self, job_id: &str) -> Result<String, InvalidMessage> {
+        let sender = match self.producers.scoped() {
+            true => Sender::Trusted,
+            false => Sender::Anyone,
+        };
+        self.producers.job_id(sender, job_id, None)
+    }
+}
+
+/// Why `msg` (its whole id, as scoped) is refused at `now` by `policy` (what it asks for) or
+/// `labels` (how its producer labelled it), if it is: the one judgement of a job's first
+/// sight that the worker and `jobctl submit` share.
+pub fn refusal(
+    policy: &Policy,
+    labels: &Labels,
+    msg: &JobMessage,
+    now: Millis,
+) -> Option<InvalidMessage> {
+    policy.refusal(msg, now).or_else(|| {
+        let class = &msg.class;
+        labels.refusal(&msg.job_id, class.tenant.as_deref(), class.urgent)
+    })
 }
 
 fn entries(list: &str) -> impl Iterator<Item = &str> {

@@ -145,6 +145,13 @@ impl Producers {
         {
             return Ok(whole.to_owned());
         }
+        if scoped.is_none() && self.named(job_id) {
+            // The unnamed producer's job `billing` would keep its answers and inputs under the
+            // prefixes of the producer `billing` (`results/billing/...`).
+            return Err(reserved(
+                "a job id of the unnamed producer is never a producer's name",
+            ));
+        }
         match (sender, scoped) {
             (Sender::Anyone, None) => Ok(job_id.to_owned()),
             (Sender::Anyone, Some(_)) => {
@@ -296,6 +303,16 @@ mod tests {
                 .expect("not that job's letter"),
             "job-1"
         );
+        // No job of the unnamed producer's (no `/`) takes a producer's name, so none keeps its
+        // objects under that producer's prefixes.
+        let unnamed = Producers::parse("billing=AROABILLING,=AROAOLD", "").expect("parsed");
+        let old = unnamed.sender(Some("AROAOLD")).expect("known");
+        assert!(unnamed.job_id(old, "billing", None).is_err());
+        assert_eq!(
+            unnamed.job_id(old, "billing-2", None).expect("its own"),
+            "billing-2"
+        );
+        assert!(p.job_id(trusted, "search", None).is_err());
         // Anyone else is refused, and so is a message SQS gave no sender.
         assert!(p.sender(Some("AROASTRANGER:x")).is_err());
         assert!(p.sender(None).is_err());

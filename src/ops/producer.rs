@@ -7,11 +7,12 @@ use futures::stream::{self, StreamExt};
 
 use super::CONCURRENCY;
 use crate::blobs::BlobStore;
+use crate::job::account::ProducerRules;
 use crate::job::artifact::input_key;
 use crate::job::parse_trigger;
 use crate::job::{
-    DEFAULT_INLINE_MAX_BYTES, INLINE_LIMIT_BYTES, JobDefaults, JobMessage, JobState, Millis,
-    NewJob, Trigger,
+    DEFAULT_INLINE_MAX_BYTES, INLINE_LIMIT_BYTES, InvalidMessage, JobDefaults, JobMessage,
+    JobState, Millis, NewJob, Trigger,
 };
 use crate::ledger::{CreateRequest, EnqueuedRequest, JobLedger, LedgerError, Write};
 use crate::queue::{Outgoing, TriggerSender};
@@ -23,7 +24,7 @@ pub(crate) const INLINE_BODY_MAX: usize = 65_536;
 
 /// How `submit` takes jobs in: the defaults for what a line leaves out, and where an input too
 /// large to keep inline is stored.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Intake<'a> {
     /// Deadline, budget and retention of a job whose line does not set them.
     pub defaults: JobDefaults,
@@ -32,6 +33,9 @@ pub struct Intake<'a> {
     pub blobs: Option<&'a dyn BlobStore>,
     /// `INLINE_MAX_BYTES`.
     pub inline_max_bytes: usize,
+    /// What the worker holds each job to at its first sight (the producers' namespaces,
+    /// labels and policy): a line it would refuse is refused here, before anything is written.
+    pub rules: ProducerRules,
 }
 
 impl Default for Intake<'_> {
@@ -40,6 +44,7 @@ impl Default for Intake<'_> {
             defaults: JobDefaults::default(),
             blobs: None,
             inline_max_bytes: DEFAULT_INLINE_MAX_BYTES,
+            rules: ProducerRules::default(),
         }
     }
 }
@@ -140,7 +145,7 @@ async fn submit_chunk<L: JobLedger>(
     intake: &Intake<'_>,
     report: &mut SubmitReport,
 ) {
-    let jobs = parse_chunk(chunk, report);
+    let jobs = parse_chunk(chunk, &intake.rules, now(), report);
     let created: Vec<_> = stream::iter(&jobs)
         .map(|(number, text, msg)| async move {
             let at = now();
@@ -194,12 +199,14 @@ async fn submit_chunk<L: JobLedger>(
 /// so that the concurrent writes never race each other.
 fn parse_chunk<'c>(
     chunk: &'c [(u64, String)],
+    rules: &ProducerRules,
+    now: Millis,
     report: &mut SubmitReport,
 ) -> Vec<(u64, &'c str, JobMessage)> {
     let mut jobs = Vec::new();
     let mut first: std::collections::HashMap<String, String> = std::collections::HashMap::new();
     for (number, text) in chunk {
-        match parse_trigger(Some(text)) {
+        match parse_trigger(Some(text)).and_then(|t| admitted(t, rules, now)) {
             Ok(Trigger::Job(msg)) => match first.get(&msg.job_id) {
                 Some(digest) if *digest == msg.digest => report.already_present += 1,
                 Some(_) => report.conflicts.push((*number, msg.job_id.clone())),
@@ -215,6 +222,23 @@ fn parse_chunk<'c>(
         }
     }
     jobs
+}
+
+/// `trigger` as the worker would take it from an operator: its job id whole (never an unknown
+/// producer's), and a job the producer rules refuse at first sight refused with their reason.
+fn admitted(
+    trigger: Trigger,
+    rules: &ProducerRules,
+    now: Millis,
+) -> Result<Trigger, InvalidMessage> {
+    let Trigger::Job(mut msg) = trigger else {
+        return Ok(trigger);
+    };
+    msg.job_id = rules.operators_job_id(&msg.job_id)?;
+    match rules.refusal(&msg, now) {
+        Some(refused) => Err(refused),
+        None => Ok(Trigger::Job(msg)),
+    }
 }
 
 /// The trigger to send for a job whose item was written so (counted in `report`), if any: an

@@ -110,23 +110,23 @@ pub(crate) struct Permit<'a> {
     pacer: &'a Pacer,
     /// The leased call and tokens it took, if it took any.
     leased: Option<i64>,
-    /// The permit of the tenant's share the call also holds, if any: spent and given back
-    /// with this one.
-    tenant: Option<Box<Permit<'a>>>,
+    /// The permit of a capped share (a producer's, an account's) the call also holds, if any,
+    /// which may hold another's: spent and released with this one.
+    share: Option<Box<Permit<'a>>>,
 }
 
 impl<'a> Permit<'a> {
     /// The claim succeeded: the call is made under this permit, and its capacity is used.
     pub(crate) fn spend(&mut self) {
         self.leased = None;
-        if let Some(tenant) = self.tenant.as_mut() {
-            tenant.spend();
+        if let Some(share) = self.share.as_mut() {
+            share.spend();
         }
     }
 
-    /// This permit, holding `tenant`'s too.
-    pub(crate) fn with_tenant(mut self, tenant: Permit<'a>) -> Permit<'a> {
-        self.tenant = Some(Box::new(tenant));
+    /// This permit, holding `share`'s too.
+    pub(crate) fn with_share(mut self, share: Permit<'a>) -> Permit<'a> {
+        self.share = Some(Box::new(share));
         self
     }
 }
@@ -242,7 +242,7 @@ impl Pacer {
                     return Ok(Permit {
                         pacer: self,
                         leased,
-                        tenant: None,
+                        share: None,
                     });
                 }
                 if st.paused_until > until {

@@ -104,6 +104,9 @@ pub struct Settings {
     /// `TENANT_PACING_PERCENT`: the most of normal jobs' paced capacity one tenant's calls may
     /// take (a schedule item per tenant); 100: no cap.
     pub tenant_pacing_percent: u8,
+    /// `PRODUCER_PACING_PERCENT`: the most of normal jobs' paced capacity one producer's calls
+    /// may take, whatever their tenants (a schedule item per producer); 100: no cap.
+    pub producer_pacing_percent: u8,
     /// The prices each attempt's usage is paid at: the built-in table, with `PRICES_FILE`'s
     /// models over it.
     pub prices: std::sync::Arc<crate::job::prices::PriceTable>,
@@ -152,6 +155,7 @@ impl Default for Settings {
             producer_daily_spend_limit_micros: None,
             urgent_pacing_percent: 0,
             tenant_pacing_percent: 100,
+            producer_pacing_percent: 100,
             batching: Batching::default(),
             idempotency_prefix: String::new(),
         }
@@ -251,11 +255,26 @@ impl Settings {
     /// (`<key>#tenant#<tenant>`), when that is under 100 and limits are set. Its ceiling of
     /// calls in flight is the provider pacer's business.
     pub(crate) fn tenant_pacing(&self, tenant: &str) -> Option<PacingSettings> {
-        let percent = u64::from(self.tenant_pacing_percent);
+        self.share_pacing(self.tenant_pacing_percent, &format!("tenant#{tenant}"))
+    }
+
+    /// `PRODUCER_PACING_PERCENT` of normal jobs' limits, on a schedule item of the producer's
+    /// own (`<PROVIDER_LIMIT_KEY>#producer#<name>`, the unnamed producer's name empty), when
+    /// below 100 and limits are set.
+    pub(crate) fn producer_pacing(&self, producer: &str) -> Option<PacingSettings> {
+        self.share_pacing(
+            self.producer_pacing_percent,
+            &format!("producer#{producer}"),
+        )
+    }
+
+    /// `percent` of normal jobs' limits on the schedule item `<PROVIDER_LIMIT_KEY>#<key>`.
+    fn share_pacing(&self, percent: u8, key: &str) -> Option<PacingSettings> {
+        let percent = u64::from(percent);
         let mut pacing = self.pacing();
         (percent < 100 && pacing.limits.any()).then(|| {
             pacing.limits = pacing.limits.share(percent);
-            pacing.key = format!("{}#tenant#{tenant}", pacing.key);
+            pacing.key = format!("{}#{key}", pacing.key);
             pacing.max_in_flight = 10_000;
             pacing
         })
@@ -398,6 +417,7 @@ impl Settings {
             producer_daily_spend_limit_micros: usd(vars, "PRODUCER_DAILY_SPEND_LIMIT")?,
             urgent_pacing_percent: number("URGENT_PACING_PERCENT", 0, 0, 90)? as u8,
             tenant_pacing_percent: number("TENANT_PACING_PERCENT", 100, 1, 100)? as u8,
+            producer_pacing_percent: number("PRODUCER_PACING_PERCENT", 100, 1, 100)? as u8,
             idempotency_prefix: vars.deployment_scope(),
         };
         settings.validate()?;
@@ -548,5 +568,18 @@ fn pacing_from(vars: &Vars<'_>, p: &PacingSettings) -> Result<PacingSettings, Co
         chunk: number("PACING_CHUNK", p.chunk as i64, 1, 1_000)? as u64,
         horizon_ms: vars.seconds("PACING_HORIZON_SECONDS", p.horizon_ms, 1, 900)?,
         max_in_flight: number("MAX_CALLS_IN_FLIGHT", i64::from(p.max_in_flight), 0, 10_000)? as u32,
+    })
+}
+
+/// The rules a producer's job is held to at its first sight, from the worker's own variables
+/// (`PRODUCERS`, `TRUSTED_SENDERS`, `PRODUCER_TENANTS`, `URGENT_PRODUCERS`, `ALLOWED_MODELS`,
+/// `ALLOWED_PARAMETERS`, `MAX_ATTEMPTS_LIMIT`, `MAX_DEADLINE_SECONDS`).
+pub(crate) fn producer_rules(
+    vars: &Vars<'_>,
+) -> Result<crate::job::account::ProducerRules, ConfigError> {
+    Ok(crate::job::account::ProducerRules {
+        producers: producers_from(vars)?,
+        labels: labels_from(vars)?,
+        policy: policy_from(vars, &Settings::default().policy)?,
     })
 }

@@ -52,12 +52,43 @@ fn job(id: &str, prompt: &str) -> String {
     json!({"job_id": id, "contract": "c", "input": {"model": "m", "prompt": prompt}}).to_string()
 }
 
+/// Set in a test binary that runs one of the tests below alone ([`alone`]).
+const ALONE: &str = "FENCED_JOBS_TEST_ALONE";
+
+/// Runs the test `name` (its path in this binary) again in a process of its own, and whether
+/// it passed: what a line's callsite shows is cached for the whole process, and the other
+/// tests of this binary, running beside it on other threads, each with a subscriber of its own
+/// or none, can leave a line it reads disabled. `false` when this process is that one.
+fn alone(name: &str) -> bool {
+    if std::env::var_os(ALONE).is_some() {
+        return false;
+    }
+    let exe = std::env::current_exe().expect("this test binary");
+    let out = std::process::Command::new(exe)
+        .args([name, "--exact", "--test-threads=1", "--nocapture"])
+        .env(ALONE, "1")
+        .output()
+        .expect("the test binary runs");
+    let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+    assert!(
+        out.status.success() && text(&out.stdout).contains("1 passed"),
+        "{name} alone:\n{}\n{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    true
+}
+
 #[tokio::test]
 async fn a_full_batch_logs_each_record_without_secrets() {
+    if alone("logs::a_full_batch_logs_each_record_without_secrets") {
+        return;
+    }
     let captured = Captured::default();
     let sink = captured.clone();
     // The functions' own format: flat JSON lines, span fields at the top level.
     let subscriber = fenced_jobs::logs::json_subscriber("debug", move || sink.clone());
+    let _guard = tracing::subscriber::set_default(subscriber);
 
     let server = HttpStub::start(|req, _| {
         let body = req.json();
@@ -78,12 +109,12 @@ async fn a_full_batch_logs_each_record_without_secrets() {
         api: OpenAiApi::Chat,
         ..OpenAiSettings::default()
     };
-    let handler = |ledger: Arc<InMemoryLedger>| {
-        let provider = OpenAiProvider::new(settings.clone(), Some(Secret::new(API_KEY)));
-        let provider = provider.expect("client");
-        let processor = Processor::new(ledger, provider, SystemClock, Settings::default());
-        BatchHandler::new(processor, RecordingVisibility::new())
-    };
+    let provider = OpenAiProvider::new(settings, Some(Secret::new(API_KEY))).expect("client");
+    let ledger = Arc::new(InMemoryLedger::new());
+    let handler = BatchHandler::new(
+        Processor::new(ledger.clone(), provider, SystemClock, Settings::default()),
+        RecordingVisibility::new(),
+    );
     let mut event = SqsEvent::default();
     event.records = vec![
         record("m-ok", &job("log-ok", PROMPT)),
@@ -99,15 +130,6 @@ async fn a_full_batch_logs_each_record_without_secrets() {
         id: "inv-logs".into(),
         deadline: Some(SystemClock.now_ms() + 60_000),
     };
-    // The same batch once before the subscriber is set, on a ledger of its own: every line's
-    // callsite is registered before the subscriber's rebuild of their interest, so none is left
-    // with the interest of a test on another thread that was registering it at that moment.
-    handler(Arc::new(InMemoryLedger::new()))
-        .handle_batch(&event, &inv)
-        .await;
-    let _guard = tracing::subscriber::set_default(subscriber);
-    let ledger = Arc::new(InMemoryLedger::new());
-    let handler = handler(ledger.clone());
     let span = tracing::info_span!("invocation", requestId = "req-7");
     let report = tracing::Instrument::instrument(handler.handle_batch(&event, &inv), span).await;
     assert!(report.records[0].outcome.is_success());
@@ -218,6 +240,9 @@ async fn a_configuration_error_is_reported_as_an_init_error() {
 /// invocation that is not sampled sends nothing.
 #[tokio::test]
 async fn records_and_provider_calls_become_genai_spans_without_content() {
+    if alone("logs::records_and_provider_calls_become_genai_spans_without_content") {
+        return;
+    }
     use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
     use opentelemetry_proto::tonic::common::v1::any_value::Value as Any;
     use opentelemetry_proto::tonic::trace::v1::span::SpanKind;

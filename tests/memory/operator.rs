@@ -69,3 +69,77 @@ fn jobctl_says_what_to_set_when_the_region_or_the_table_is_missing() {
         "{stderr}"
     );
 }
+
+/// `jobctl submit` holds each line to the worker's own rules, read from the worker's own
+/// variables: a job the worker would refuse at its first sight (a model not allowed, a tenant
+/// its producer may not name, an unknown producer's id) is refused before anything is written
+/// or sent, with its reason, and an allowed job of a named producer goes by its whole id.
+#[tokio::test]
+async fn submit_refuses_what_the_worker_would_refuse_before_writing_anything() {
+    use fenced_jobs::clock::{Clock, SystemClock};
+    use fenced_jobs::ledger::JobLedger;
+    use fenced_jobs::ledger::memory::InMemoryLedger;
+    use fenced_jobs::ops::producer::{Intake, submit};
+    use fenced_jobs::queue::triggers::RecordingTriggers;
+    let vars = [
+        ("PRODUCERS", "billing=AROABILLING"),
+        ("PRODUCER_TENANTS", "billing=acme"),
+        ("ALLOWED_MODELS", "m"),
+    ];
+    let rules = fenced_jobs::config::producer_rules(|name| {
+        vars.iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, v)| (*v).to_owned())
+    })
+    .expect("rules");
+    let line = |id: &str, tenant: &str, model: &str| {
+        serde_json::json!({"job_id": id, "tenant": tenant, "contract": "c",
+            "input": {"model": model, "prompt": "p"}})
+        .to_string()
+    };
+    let file = [
+        line("billing/ok", "acme", "m"),
+        line("billing/other-tenant", "globex", "m"),
+        line("billing/big-model", "acme", "big"),
+        line("stranger/job", "acme", "m"),
+        line("unnamed", "globex", "m"),
+    ]
+    .join("\n");
+    let ledger = InMemoryLedger::new();
+    let triggers = RecordingTriggers::new();
+    let report = submit(
+        &ledger,
+        &triggers,
+        file.lines().map(|l| Ok(l.to_owned())),
+        || SystemClock.now_ms(),
+        &Intake {
+            rules,
+            ..Intake::default()
+        },
+        |_| {},
+    )
+    .await;
+    let refused: Vec<(u64, &str)> = report
+        .invalid
+        .iter()
+        .map(|(n, why)| (*n, why.as_str()))
+        .collect();
+    assert_eq!(refused.len(), 3, "{refused:?}");
+    assert!(
+        refused[0].0 == 2 && refused[0].1.contains("PRODUCER_TENANTS"),
+        "{refused:?}"
+    );
+    assert!(
+        refused[1].0 == 3 && refused[1].1.contains("ALLOWED_MODELS"),
+        "{refused:?}"
+    );
+    assert_eq!(refused[2].0, 4, "{refused:?}");
+    // The unnamed producer lists no tenants: its job goes in, by its own id.
+    assert_eq!((report.created, report.sent), (2, 2));
+    for id in ["billing/other-tenant", "billing/big-model", "stranger/job"] {
+        assert!(ledger.get(id).await.expect("get").is_none(), "{id}");
+    }
+    assert!(ledger.get("billing/ok").await.expect("get").is_some());
+    assert!(ledger.get("unnamed").await.expect("get").is_some());
+    assert_eq!(triggers.sent().len(), 2);
+}

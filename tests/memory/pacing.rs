@@ -258,11 +258,21 @@ async fn a_tenant_capped_at_half_the_pace_leaves_the_other_half_to_another_tenan
 /// 0.2 s.
 fn half_per_account()
 -> Processor<InMemoryLedger, fenced_jobs::provider::SimulatedProvider, ManualClock> {
+    capped(50, 100)
+}
+
+/// A processor whose accounts are capped at `tenant` percent, and producers at `producer`
+/// percent, of 1,200 requests a minute, over a horizon of 0.2 s.
+fn capped(
+    tenant: u8,
+    producer: u8,
+) -> Processor<InMemoryLedger, fenced_jobs::provider::SimulatedProvider, ManualClock> {
     let mut settings = Settings::default();
     settings.pacing.limits = Limits { rpm: 1_200, tpm: 0 };
     settings.pacing.horizon_ms = 200;
     settings.pacing.chunk = 1;
-    settings.tenant_pacing_percent = 50;
+    settings.tenant_pacing_percent = tenant;
+    settings.producer_pacing_percent = producer;
     let schedule: Arc<dyn CallSchedule> = Arc::new(MemorySchedule::new());
     Processor::new(
         InMemoryLedger::new(),
@@ -334,4 +344,37 @@ async fn a_tenants_share_is_its_producers_and_neither_an_unlabelled_nor_an_urgen
     let other = run_before_paced(&p, ("search", Some("acme"), false), 1).await;
     assert!(urgent < 20, "urgent jobs escape the cap");
     assert_eq!(other, 1, "billing's urgent jobs took the whole pace");
+}
+
+#[tokio::test]
+async fn a_producer_that_names_a_new_tenant_for_each_job_stays_within_its_own_share() {
+    for (producer_percent, steady_runs) in [(50, true), (100, false)] {
+        // GIVEN accounts capped at a third of the pace and producers at `producer_percent`
+        let p = capped(34, producer_percent);
+        // WHEN one producer names a new tenant for each job until the pace turns one away
+        let inv = Invocation {
+            id: "rotating".into(),
+            deadline: None,
+        };
+        let mut ran = 0;
+        for i in 0..40 {
+            let body = serde_json::json!({"job_id": format!("j{i}"), "tenant": format!("t{i}"),
+                "contract": "c", "input": {"model": "m", "prompt": "p"}});
+            let mut msg = parse_body(Some(&body.to_string())).expect("valid");
+            msg.job_id = format!("bulk/{}", msg.job_id);
+            let done = p.process(&msg, &format!("w/{i}"), &inv, &NoWatch).await;
+            if matches!(done.outcome, RecordOutcome::Failed(Failure::Paced { .. })) {
+                break;
+            }
+            ran += 1;
+        }
+        // THEN with the producer capped it stops at its share, and another producer's job
+        // runs; uncapped, its new tenants take the whole pace
+        let steady = run_before_paced(&p, ("steady", Some("t0"), false), 1).await;
+        assert_eq!(
+            steady == 1,
+            steady_runs,
+            "{producer_percent} %: the rotating producer ran {ran}"
+        );
+    }
 }

@@ -157,9 +157,13 @@ async fn submit_file(
     file: Option<std::path::PathBuf>,
     queue_url: String,
 ) -> Result<(), OperatorError> {
+    // The worker's own rules, from its variables in this environment.
+    let rules = fenced_jobs::config::producer_rules(|name| std::env::var(name).ok())
+        .unwrap_or_else(|e| usage(&e.to_string()));
     let intake = Intake {
         blobs: Some(&ctx.blobs),
         inline_max_bytes: ctx.inline_max_bytes,
+        rules,
         ..Intake::default()
     };
     submit(

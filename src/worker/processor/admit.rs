@@ -1,6 +1,8 @@
 //! What a delivery's machine knows of each provider before anything is read, and the capacity
 //! it takes for the call.
 
+use std::sync::Arc;
+
 use super::spend::Reserved;
 use super::{AttemptWatch, Invocation, Link, Processor};
 use crate::clock::Clock;
@@ -45,33 +47,35 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
             .unzip()
     }
 
-    /// Capacity for the call of `msg` on `link`: the `tenant`'s share first when tenants are
-    /// capped, then the provider's, then `micros` of the day's spend (a record the pacer turns
-    /// away reserves nothing; without room for the spend the permits go back unspent). Without
-    /// capacity, the wait before asking again.
+    /// Capacity for the call of `msg` on `link`: each capped share's first (`shares`: its
+    /// producer's, its account's), then the provider's, then `micros` of the day's spend (a
+    /// record a pacer turns away reserves nothing; without room for the spend the permits go
+    /// back unspent). Without capacity, the wait before asking again.
     pub(super) async fn take_capacity<'a>(
         &'a self,
         msg: &JobMessage,
         inv: &Invocation,
         link: &'a Link<P>,
-        tenant: Option<&'a Pacer>,
+        shares: &'a [Arc<Pacer>],
         micros: u64,
         watch: &dyn AttemptWatch,
     ) -> Result<(Permit<'a>, Option<Reserved>), Millis> {
         let latest = self.latest_call_start(inv, link);
         let policy = &self.settings.policy;
-        let tenant_permit = match tenant {
-            Some(tenant) => {
-                let tokens = tenant.estimated_tokens(&msg.input_canonical, policy);
-                Some(tenant.admit(tokens, &self.clock, latest).await?)
-            }
-            None => None,
-        };
+        let mut held: Option<Permit<'a>> = None;
+        for share in shares {
+            let tokens = share.estimated_tokens(&msg.input_canonical, policy);
+            let permit = share.admit(tokens, &self.clock, latest).await?;
+            held = Some(match held {
+                Some(before) => permit.with_share(before),
+                None => permit,
+            });
+        }
         let pacer = link.pacer_for(msg);
         let tokens = pacer.estimated_tokens(&msg.input_canonical, policy);
         let permit = pacer.admit(tokens, &self.clock, latest).await?;
-        let permit = match tenant_permit {
-            Some(tenant) => permit.with_tenant(tenant),
+        let permit = match held {
+            Some(shares) => permit.with_share(shares),
             None => permit,
         };
         match self.reserve_spend(msg, micros).await {

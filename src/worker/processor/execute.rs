@@ -47,8 +47,8 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         let (lanes, unpriced) = self.delivery_lanes(msg, &job, inv);
         let (mut d, mut command) =
             Delivery::start(owner_id.to_owned(), msg.digest.clone(), lanes, start, now);
-        // The tenant's share, taken first when tenants are capped.
-        let tenant = self.tenant_pacer(msg);
+        // The capped shares (the producer's, the account's), taken first.
+        let shares = self.share_pacers(msg);
         let mut held = Held {
             job,
             unpriced,
@@ -66,10 +66,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
             }
             before_write = matches!(command, Command::LookAtBatch | Command::KeepInput);
             let said = match command {
-                Command::Take => {
-                    self.take(&d, &mut held, msg, inv, tenant.as_deref(), watch)
-                        .await
-                }
+                Command::Take => self.take(&d, &mut held, msg, inv, &shares, watch).await,
                 Command::Release => {
                     let reserved = held.grant.take().and_then(|mut g| g.take_reserved());
                     self.charge_spend(reserved, 0).await;
@@ -284,7 +281,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         held: &mut Held<'a>,
         msg: &JobMessage,
         inv: &Invocation,
-        tenant: Option<&'a Pacer>,
+        shares: &'a [std::sync::Arc<Pacer>],
         watch: &dyn AttemptWatch,
     ) -> Observation {
         let lane = d.lane();
@@ -295,7 +292,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         let micros = d.admission().map_or(0, |a| a.facts().next_call_micros);
         let link = &self.links[lane];
         match self
-            .take_capacity(msg, inv, link, tenant, micros, watch)
+            .take_capacity(msg, inv, link, shares, micros, watch)
             .await
         {
             Ok((permit, reserved)) => {

@@ -199,17 +199,9 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
     ) -> Option<Failure> {
         let now = self.clock.now_ms();
         let stores = self.blobs().is_some_and(|b| b.bucket().is_some());
-        let labels = || {
-            let class = &msg.class;
-            let labels = &self.settings.labels;
-            labels.refusal(&msg.job_id, class.tenant.as_deref(), class.urgent)
-        };
-        let invalid = self
-            .settings
-            .policy
-            .refusal(msg, now)
-            .or_else(labels)
-            .or_else(|| {
+        let s = &self.settings;
+        let invalid =
+            crate::job::account::refusal(&s.policy, &s.labels, msg, now).or_else(|| {
                 match self.contracts.admits(&msg.contract) {
                     Err(_) => {
                         return Some(InvalidMessage::Invalid {

@@ -1,4 +1,5 @@
-//! The processor's pacers: the provider's, urgent jobs' share of it, and each tenant's cap.
+//! The processor's pacers: the provider's, urgent jobs' share of it, and each producer's and
+//! each account's cap.
 
 use std::sync::Arc;
 
@@ -17,15 +18,15 @@ impl<P> Link<P> {
     }
 }
 
-/// The pacers of the tenants this environment has seen, on the shared schedule.
+/// The pacers of the producers and accounts this environment has seen, on the shared schedule.
 #[derive(Debug, Default)]
 pub(super) struct TenantPacers {
     schedule: Option<Arc<dyn crate::ledger::schedule::CallSchedule>>,
     pacers: std::sync::Mutex<std::collections::HashMap<String, Arc<Pacer>>>,
 }
 
-/// Tenant pacers one environment keeps; past it they start again (a tenant's schedule item
-/// holds its share, not the pacer).
+/// Share pacers one environment keeps; past it they start again (a share's schedule item holds
+/// it, not the pacer).
 const TENANT_PACERS_KEPT: usize = 256;
 
 impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
@@ -36,8 +37,9 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         self
     }
 
-    /// Caps each tenant's normal jobs at `TENANT_PACING_PERCENT` of the paced capacity, on a
-    /// schedule item per tenant in `schedule` ([`Settings::tenant_pacing`]).
+    /// Caps each producer's calls at `PRODUCER_PACING_PERCENT` and each account's at
+    /// `TENANT_PACING_PERCENT` of the paced capacity, on a schedule item each in `schedule`
+    /// ([`Settings::producer_pacing`], [`Settings::tenant_pacing`]).
     pub fn with_tenant_schedule(
         mut self,
         schedule: Arc<dyn crate::ledger::schedule::CallSchedule>,
@@ -46,25 +48,43 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         self
     }
 
-    /// The pacer of `msg`'s account (its producer's and its tenant's: [`account`]) when
-    /// tenants are capped, for an urgent job too: the urgent share is a right of way, not a
-    /// way past the tenant's cap.
-    pub(super) fn tenant_pacer(&self, msg: &JobMessage) -> Option<Arc<Pacer>> {
-        let schedule = self.tenants.schedule.as_ref()?;
-        let tenant = &account(&msg.job_id, msg.class.tenant.as_deref());
-        let settings = self.settings.tenant_pacing(tenant)?;
+    /// The pacers of the shares `msg`'s calls are capped to, in the order they are taken: its
+    /// producer's (`PRODUCER_PACING_PERCENT`) and its account's (its producer's and its
+    /// tenant's: [`account`], `TENANT_PACING_PERCENT`), each when capped, for an urgent job
+    /// too: the urgent share is a right of way, not a way past a cap.
+    pub(super) fn share_pacers(&self, msg: &JobMessage) -> Vec<Arc<Pacer>> {
+        let Some(schedule) = self.tenants.schedule.as_ref() else {
+            return Vec::new();
+        };
+        let producer = crate::job::scope::producer_of(&msg.job_id).unwrap_or("");
+        let account = account(&msg.job_id, msg.class.tenant.as_deref());
+        let shares = [
+            (
+                format!("producer#{producer}"),
+                self.settings.producer_pacing(producer),
+            ),
+            (
+                format!("tenant#{account}"),
+                self.settings.tenant_pacing(&account),
+            ),
+        ];
         let mut pacers = self
             .tenants
             .pacers
             .lock()
             .unwrap_or_else(|p| p.into_inner());
-        if pacers.len() >= TENANT_PACERS_KEPT && !pacers.contains_key(tenant) {
-            pacers.clear();
+        let mut taken = Vec::new();
+        for (key, settings) in shares {
+            let Some(settings) = settings else { continue };
+            if pacers.len() >= TENANT_PACERS_KEPT && !pacers.contains_key(&key) {
+                pacers.clear();
+            }
+            let pacer = pacers
+                .entry(key)
+                .or_insert_with(|| Arc::new(Pacer::new(settings, Some(Arc::clone(schedule)))));
+            taken.push(Arc::clone(pacer));
         }
-        let pacer = pacers
-            .entry(tenant.to_owned())
-            .or_insert_with(|| Arc::new(Pacer::new(settings, Some(Arc::clone(schedule)))));
-        Some(Arc::clone(pacer))
+        taken
     }
 
     /// Paces urgent jobs' calls on the share of the (first) provider's limits kept for them
