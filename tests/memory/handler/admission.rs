@@ -335,7 +335,12 @@ async fn a_producer_labels_its_jobs_only_with_its_own_tenants_and_its_right_to_u
             &format!(r#""contract":"c","tenant":"{tenant}","priority":"{priority}""#),
         )
     };
-    // WHEN billing names its own tenant and another, and each producer sends an urgent job
+    // WHEN billing names its own tenant and another, and each producer sends an urgent job,
+    // search's in the message group of billing's account
+    let mut forged = sent_by("AROASEARCH:r", "m4", &labelled("rush", "globex", "urgent"));
+    forged
+        .attributes
+        .insert("MessageGroupId".into(), "billing/acme".into());
     let report = h
         .handle_batch(
             &event(vec![
@@ -346,7 +351,7 @@ async fn a_producer_labels_its_jobs_only_with_its_own_tenants_and_its_right_to_u
                     &labelled("other", "globex", "normal"),
                 ),
                 sent_by("AROABILLING:r", "m3", &labelled("rush", "acme", "urgent")),
-                sent_by("AROASEARCH:r", "m4", &labelled("rush", "globex", "urgent")),
+                forged,
             ]),
             &invocation(),
         )
@@ -364,6 +369,7 @@ async fn a_producer_labels_its_jobs_only_with_its_own_tenants_and_its_right_to_u
     for id in ["billing/other", "billing/rush"] {
         assert!(ledger.get(id).await.expect("get").is_none(), "{id}");
     }
+    // AND the group a message carries is not its account: the job is search's own
     let item = ledger.get("search/rush").await.expect("get").expect("item");
     assert_eq!(item.account(), "search/globex");
 }
