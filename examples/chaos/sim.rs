@@ -1854,6 +1854,8 @@ fn meets_contract(job_id: &str, document: &[u8]) -> bool {
 const PRODUCER: &str = "AROAPRODUCER";
 /// Another producer, which sends ids the first already uses.
 const FOREIGN: &str = "AROAFOREIGN";
+/// The tenant the jobs' producer labels its jobs with, and the other producer forges on its own.
+const TENANT: &str = "acme";
 /// The reconciler's role, which names jobs by their whole id.
 const RECONCILER: &str = "AROARECONCILER";
 /// The operator's, who redrives the DLQ.
@@ -1877,6 +1879,11 @@ fn settings(replay: bool) -> Settings {
         &format!("{RECONCILER},{OPERATOR}"),
     )
     .expect("producers");
+    // Every call counted in its account's and its producer's day (never refused: the model
+    // has no price, and counts 0), so that the world can see whose day each went to.
+    s.tenant_daily_spend_limit_micros = Some(u64::MAX / 4);
+    s.producer_daily_spend_limit_micros = Some(u64::MAX / 4);
+    s.allow_unpriced_models = true;
     s.replay = if replay {
         ReplayPolicy::Replay
     } else {
@@ -1959,7 +1966,7 @@ pub async fn run(config: &ChaosConfig) -> ChaosReport {
             ""
         };
         let mut body = format!(
-            r#"{{"job_id":"{job_id}","contract":"chaos.v1","deadline_at":"{}","max_attempts":{},"input":{{"model":"m","prompt":"p{i}{padding}"{deferrable}}}}}"#,
+            r#"{{"job_id":"{job_id}","tenant":"{TENANT}","contract":"chaos.v1","deadline_at":"{}","max_attempts":{},"input":{{"model":"m","prompt":"p{i}{padding}"{deferrable}}}}}"#,
             fenced_jobs::job::message::format_rfc3339_ms(deadline),
             world.range(1, 4)
         );
@@ -2001,7 +2008,7 @@ pub async fn run(config: &ChaosConfig) -> ChaosReport {
     for _ in 0..(config.jobs as f64 * world.rates.foreign_job_id).ceil() as usize {
         let job_id = job_ids[world.range(0, job_ids.len() as u64 - 1) as usize].clone();
         let body = format!(
-            r#"{{"job_id":"{job_id}","contract":"chaos.v1","input":{{"model":"m","prompt":"another producer's"}}}}"#
+            r#"{{"job_id":"{job_id}","tenant":"{TENANT}","contract":"chaos.v1","input":{{"model":"m","prompt":"another producer's"}}}}"#
         );
         *world
             .faults
@@ -2115,6 +2122,8 @@ pub async fn run(config: &ChaosConfig) -> ChaosReport {
     };
     let deliveries = Arc::new(AtomicI64::new(0));
     let invocations = Arc::new(AtomicI64::new(0));
+    // The days every consumer counts its calls in.
+    let spend = Arc::new(fenced_jobs::ledger::spend::MemorySpend::new());
     let horizon = START_MS + 36 * 3_600_000;
     let finished = Arc::new(std::sync::atomic::AtomicBool::new(false));
 
@@ -2138,7 +2147,8 @@ pub async fn run(config: &ChaosConfig) -> ChaosReport {
             },
             ModelMap::parse("SIMULATED_MODELS", "*=sim-backup").expect("model map"),
         )
-        .with_contracts(Arc::new(contracts()));
+        .with_contracts(Arc::new(contracts()))
+        .with_spend_budget(Arc::clone(&spend) as Arc<dyn fenced_jobs::ledger::spend::SpendBudget>);
         // Half the consumers have a results bucket; the others keep every answer inline.
         if c % 2 == 0 {
             processor = processor.with_blobs(Arc::new(SimBlobs {
@@ -2523,6 +2533,22 @@ pub async fn run(config: &ChaosConfig) -> ChaosReport {
                  after {UNSENT_FOUND_WITHIN_RUNS} reconciler runs that could find it (by {bound})"
             ));
         }
+    }
+    // The other producer labels its jobs with the first's tenant: what its calls spend is
+    // counted in its own account and its own day, never the first's.
+    let items = spend.items();
+    let counted = |suffix: &str| items.iter().any(|i| i.ends_with(suffix));
+    let mut foreign_called = false;
+    for job_id in &foreign {
+        let theirs = table.get(&format!("foreign/{job_id}")).await.ok().flatten();
+        foreign_called |= theirs.is_some_and(|r| r.attempts > 0);
+    }
+    let own = [format!("#foreign/{TENANT}"), "#producer#foreign".to_owned()];
+    if foreign_called && !own.iter().all(|suffix| counted(suffix)) {
+        world.violation(format!(
+            "the other producer's calls, labelled {TENANT}, were not counted in its own account \
+             and day: the day items are {items:?}"
+        ));
     }
     for job_id in &foreign {
         let ours = table.get(job_id).await.ok().flatten();

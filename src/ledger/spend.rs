@@ -62,6 +62,14 @@ impl MemorySpend {
         self.lock().get(day).copied().unwrap_or(0)
     }
 
+    /// Every day item anything was reserved from or charged to (`<day>`, `<day>#<account>`,
+    /// `<day>#producer#<name>`).
+    pub fn items(&self) -> Vec<String> {
+        let mut items: Vec<String> = self.lock().keys().cloned().collect();
+        items.sort_unstable();
+        items
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, i64>> {
         self.days.lock().unwrap_or_else(|p| p.into_inner())
     }
