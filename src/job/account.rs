@@ -194,6 +194,27 @@ mod tests {
         assert!(!is_tenant(NO_TENANT));
     }
 
+    /// SQS's `SendMessage`: a `MessageGroupId` is at most 128 characters, "alphanumeric
+    /// characters and punctuation (!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~)" (the API reference's
+    /// words), which the account of every job must be, as its triggers carry it.
+    #[test]
+    fn every_account_is_a_message_group_id_sqs_takes() {
+        let group_id = |g: &str| {
+            (1..=128).contains(&g.len())
+                && g.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c.is_ascii_punctuation())
+        };
+        // The longest producer name (32) and tenant (64), and every character either may hold.
+        let producer = "p".repeat(31) + "-";
+        let tenant = "t".repeat(59) + "_-.:@";
+        for job_id in [format!("{producer}/job"), "job".to_owned()] {
+            for tenant in [Some(tenant.as_str()), None] {
+                let a = account(&job_id, tenant);
+                assert!(group_id(&a), "{a:?}");
+            }
+        }
+    }
+
     #[test]
     fn a_producer_names_only_its_tenants_and_sends_urgent_jobs_only_when_allowed() {
         let labels = Labels::parse(

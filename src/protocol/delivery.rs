@@ -217,7 +217,7 @@ impl Delivery {
         let mut write = machine.write(now);
         if let EndWrite::End(req) = &mut write {
             req.usage = self.used.recorded(&req.end);
-            if !req.end.target().is_terminal() {
+            if machine.leaves_live() {
                 req.input = self.kept_input(machine.owner());
             }
         }

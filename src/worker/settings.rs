@@ -354,7 +354,7 @@ impl Settings {
         )?;
         let lease_ms = vars.seconds("LEASE_SECONDS", d.lease_ms, 1, 43_200)?;
         let default_heartbeat_s = queue_visibility_s.min(lease_ms / 1000) / 3;
-        let policy = policy_from(vars, &d.policy)?;
+        let rules = producer_rules(vars)?;
         let settings = Settings {
             max_concurrency: number("MAX_CONCURRENCY", d.max_concurrency as i64, 1, 10_000)?
                 as usize,
@@ -402,9 +402,9 @@ impl Settings {
             batching: batching_from(vars)?,
             payload_memory_bytes: payload_memory_bytes(vars)?,
             pacing: pacing_from(vars, &d.pacing)?,
-            policy,
-            producers: producers_from(vars)?,
-            labels: labels_from(vars)?,
+            policy: rules.policy,
+            labels: rules.labels,
+            producers: rules.producers,
             payload_bucket: vars.get("PAYLOAD_BUCKET").filter(|b| !b.trim().is_empty()),
             prices: std::sync::Arc::new(prices(vars)?),
             allow_unpriced_models: vars.choice(
@@ -577,9 +577,10 @@ fn pacing_from(vars: &Vars<'_>, p: &PacingSettings) -> Result<PacingSettings, Co
 pub(crate) fn producer_rules(
     vars: &Vars<'_>,
 ) -> Result<crate::job::account::ProducerRules, ConfigError> {
+    let producers = producers_from(vars)?;
     Ok(crate::job::account::ProducerRules {
-        producers: producers_from(vars)?,
-        labels: labels_from(vars)?,
+        labels: labels_from(vars, &producers)?,
+        producers,
         policy: policy_from(vars, &Settings::default().policy)?,
     })
 }

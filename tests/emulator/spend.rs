@@ -164,23 +164,26 @@ fn producers_job(producer: &str, id: &str, tenant: Option<&str>) -> fenced_jobs:
     msg
 }
 
+/// The most one call of [`tenant_job`]'s jobs can cost: its input at four bytes a token and
+/// 100 tokens out, at sim-1's $1 and $4 a million.
+fn most_of_one_call() -> u64 {
+    let job = tenant_job("any", None);
+    (job.input_canonical.len() as u64).div_ceil(4) + 4 * 100
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tenants_day_is_its_producers_and_a_job_without_a_tenant_has_one_too() {
     // GIVEN a limit of one call at the most a day per account (a producer's tenant)
     let aws = emulator().await;
     let table = aws.table().await;
-    let first = producers_job("billing", "acme-1", Some("acme"));
-    let most = (first.input_canonical.len() as u64).div_ceil(4) + 4 * 100;
     let settings = fenced_jobs::worker::Settings {
-        tenant_daily_spend_limit_micros: Some(most + 20),
+        tenant_daily_spend_limit_micros: Some(most_of_one_call() + 20),
         ..fast_settings()
     };
     let ledger: DynamoLedger = aws.ledger(&table);
     let (processor, inv) = late_evening(&ledger, settings);
-    let run = |msg: fenced_jobs::job::JobMessage, owner: &'static str| {
-        let (processor, inv) = (&processor, &inv);
-        async move { processor.process(&msg, owner, inv, &NoWatch).await.outcome }
-    };
+    let run = |msg, owner| run_job(&processor, &inv, msg, owner);
+    let first = producers_job("billing", "acme-1", Some("acme"));
     let done = RecordOutcome::Done(JobState::Succeeded);
     let next_day = RecordOutcome::Failed(Failure::Paced { wait_ms: 3_600_000 });
 
@@ -217,18 +220,14 @@ async fn past_one_producers_limit_its_records_wait_while_another_producers_run()
     // GIVEN a limit of one call at the most a day per producer, and none per tenant
     let aws = emulator().await;
     let table = aws.table().await;
-    let first = producers_job("billing", "acme-1", Some("acme"));
-    let most = (first.input_canonical.len() as u64).div_ceil(4) + 4 * 100;
     let settings = fenced_jobs::worker::Settings {
-        producer_daily_spend_limit_micros: Some(most + 20),
+        producer_daily_spend_limit_micros: Some(most_of_one_call() + 20),
         ..fast_settings()
     };
     let ledger: DynamoLedger = aws.ledger(&table);
     let (processor, inv) = late_evening(&ledger, settings);
-    let run = |msg: fenced_jobs::job::JobMessage, owner: &'static str| {
-        let (processor, inv) = (&processor, &inv);
-        async move { processor.process(&msg, owner, inv, &NoWatch).await.outcome }
-    };
+    let run = |msg, owner| run_job(&processor, &inv, msg, owner);
+    let first = producers_job("billing", "acme-1", Some("acme"));
 
     // WHEN billing's first job spends its day, then billing's job of another tenant and
     // search's come
@@ -435,6 +434,16 @@ fn start_up_finds_each_model_the_deployment_may_call_that_has_no_price() {
 
 /// A processor whose clock stands an hour before the next day, its days' spend in `ledger`'s
 /// table, and an invocation with no deadline.
+/// What processing `msg` as the delivery `owner` came to.
+async fn run_job(
+    processor: &Processor<DynamoLedger, SimulatedProvider, ManualClock>,
+    inv: &Invocation,
+    msg: fenced_jobs::job::JobMessage,
+    owner: &str,
+) -> RecordOutcome {
+    processor.process(&msg, owner, inv, &NoWatch).await.outcome
+}
+
 fn late_evening(
     ledger: &DynamoLedger,
     settings: fenced_jobs::worker::Settings,

@@ -225,23 +225,7 @@ async fn admitted_before_paced(
 async fn a_tenant_capped_at_half_the_pace_leaves_the_other_half_to_another_tenant() {
     for (percent, other_runs) in [(50, true), (100, false)] {
         // GIVEN 1,200 requests a minute, a horizon of 0.2 s, and tenants capped at `percent`
-        let mut settings = Settings::default();
-        settings.pacing.limits = Limits { rpm: 1_200, tpm: 0 };
-        settings.pacing.horizon_ms = 200;
-        settings.pacing.chunk = 1;
-        settings.tenant_pacing_percent = percent;
-        let schedule: Arc<dyn CallSchedule> = Arc::new(MemorySchedule::new());
-        let processor = Processor::new(
-            InMemoryLedger::new(),
-            fenced_jobs::provider::SimulatedProvider::new(),
-            ManualClock::at(1_800_000_000_000),
-            settings.clone(),
-        )
-        .with_pacer(fenced_jobs::worker::pacing::Pacer::new(
-            settings.pacing(),
-            Some(Arc::clone(&schedule)),
-        ))
-        .with_tenant_schedule(Arc::clone(&schedule));
+        let processor = capped(percent, 100);
 
         // WHEN one tenant's jobs run until the pace turns one away, then another's comes
         let bulk = admitted_before_paced(&processor, "bulk", 20).await;

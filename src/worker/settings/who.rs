@@ -20,8 +20,7 @@ pub(super) fn producers_from(vars: &Vars<'_>) -> Result<Producers, ConfigError> 
 
 /// What each producer may label its jobs with (`PRODUCER_TENANTS`, `URGENT_PRODUCERS`), of
 /// the producers `PRODUCERS` names.
-pub(super) fn labels_from(vars: &Vars<'_>) -> Result<Labels, ConfigError> {
-    let producers = producers_from(vars)?;
+pub(super) fn labels_from(vars: &Vars<'_>, producers: &Producers) -> Result<Labels, ConfigError> {
     Labels::parse(
         &vars.get("PRODUCER_TENANTS").unwrap_or_default(),
         &vars.get("URGENT_PRODUCERS").unwrap_or_default(),
