@@ -19,6 +19,7 @@ step cost target/release/examples/bench_cost
 step chaos target/release/examples/chaos --seed 1 --jobs 10000
 step scale target/release/examples/chaos --scale --seed 1 --jobs 100000 --series "$out/scale-series.json"
 step tenants target/release/examples/chaos --tenants --seed 1
+step producers target/release/examples/chaos --producers --seed 1
 step urgent target/release/examples/chaos --urgent --seed 1
 DRILL_TIMELINE="$out/drill.json" step drill cargo test --quiet --test emulator drill -- --nocapture
 

@@ -181,7 +181,8 @@ def figures(out):
     else:
         rows.append(("10", "a provider batch against a direct call", "≥ 45 % less", NOT_MEASURED))
     for n, name, run in (("11", "tenants.txt", "a tenant's trickle behind another's burst, fair queue and 50 % cap: p99 ÷ unloaded"),
-                         ("12", "urgent.txt", "urgent jobs behind a backlog, urgent queue: p99 ÷ unloaded")):
+                         ("12", "urgent.txt", "urgent jobs behind a backlog, urgent queue: p99 ÷ unloaded"),
+                         ("13", "producers.txt", "a producer's trickle behind another's burst rotating 1,000 tenants and groups, each producer capped at 50 %: p99 ÷ unloaded")):
         ratios = re.findall(r"= ([\d.]+) x unloaded", read(out, name))
         if ratios:
             best = float(ratios[-1])
@@ -249,7 +250,10 @@ SECTIONS = [
      "The same world with a burst of 50,000 jobs and a trickle of 200 jobs, one every 3 s, whose "
      "latency from submit to acceptance is measured: a tenant's trickle behind another tenant's "
      "burst (one queue order; a fair queue; a fair queue with each tenant capped at 50 % of the "
-     "pace), then urgent jobs behind a backlog (same queue; the urgent queue)."),
+     "pace), then urgent jobs behind a backlog (same queue; the urgent queue), then a "
+     "producer's trickle behind another producer's burst of 10,000 whose tenants and message "
+     "groups rotate through a thousand of each (each account capped at 50 %; each producer "
+     "capped at 50 % too)."),
 ]
 
 PLOTS = [
@@ -336,7 +340,8 @@ def main(argv):
         lines += [f"## {heading}", "", method, ""]
         text = read(out, name).strip()
         if name == "tenants.txt":
-            text = (text + "\n\n" + read(out, "urgent.txt").strip()).strip()
+            for more in ("urgent.txt", "producers.txt"):
+                text = (text + "\n\n" + read(out, more).strip()).strip()
         if not text:
             lines += ["Not measured in this run.", ""]
         elif plain:

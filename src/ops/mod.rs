@@ -1,7 +1,8 @@
 //! Operations around the worker: putting jobs in ([`producer`]), repairing what crashes leave
 //! ([`reconcile`]), deciding about jobs by hand ([`operator`]), announcing how jobs ended
 //! ([`dispatch`]) and announcing again what it gave up on ([`replay`]), reading results out
-//! ([`results`]) into safe files ([`files`]), and the metric documents of the functions ([`metrics`]).
+//! ([`results`]) into safe files ([`files`]), the day's spend ([`spend`]) and the metric
+//! documents of the functions ([`metrics`]).
 
 pub mod dispatch;
 pub mod files;
@@ -11,6 +12,7 @@ pub mod producer;
 pub mod reconcile;
 pub mod replay;
 pub mod results;
+pub mod spend;
 
 /// Ledger calls in flight at once (the producer's and the reconciler's).
 pub(crate) const CONCURRENCY: usize = 16;

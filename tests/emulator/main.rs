@@ -24,4 +24,5 @@ mod results_out;
 mod second_dynamodb;
 mod slow_records;
 mod spend;
+mod spend_days;
 mod worker_end_to_end;

@@ -137,3 +137,11 @@ async fn the_second_dynamodb_finds_a_job_lost_on_its_first_claim_by_its_deadline
     crate::producer::lost_on_its_first_claim(&ledger, &triggers, SystemClock.now_ms()).await;
     assert!(triggers.sent().is_empty());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_second_dynamodb_counts_the_day_as_memory_does() {
+    let memory = fenced_jobs::ledger::spend::MemorySpend::new();
+    let expected = crate::spend_days::day_scenario(&memory).await;
+    let ledger = second_ledger().await;
+    assert_eq!(crate::spend_days::day_scenario(&ledger).await, expected);
+}

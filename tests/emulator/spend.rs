@@ -15,7 +15,7 @@ use serde_json::json;
 use crate::support::{self, NoWatch, emulator, fast_settings};
 
 /// 2026-12-01T23:00:00Z: an hour before the next day.
-const LATE_EVENING: i64 = 1_796_166_000_000;
+pub(crate) const LATE_EVENING: i64 = 1_796_166_000_000;
 
 fn job(id: &str) -> fenced_jobs::job::JobMessage {
     tenant_job(id, None)
@@ -27,7 +27,7 @@ fn tenant_job(id: &str, tenant: Option<&str>) -> fenced_jobs::job::JobMessage {
     job_with(id, tenant, input)
 }
 
-fn job_with(
+pub(crate) fn job_with(
     id: &str,
     tenant: Option<&str>,
     input: serde_json::Value,
@@ -158,7 +158,11 @@ async fn past_one_tenants_limit_its_records_wait_while_another_tenants_run() {
 }
 
 /// `tenant_job`'s job `id`, sent by `producer` (its id scoped as the worker scopes it).
-fn producers_job(producer: &str, id: &str, tenant: Option<&str>) -> fenced_jobs::job::JobMessage {
+pub(crate) fn producers_job(
+    producer: &str,
+    id: &str,
+    tenant: Option<&str>,
+) -> fenced_jobs::job::JobMessage {
     let mut msg = tenant_job(id, tenant);
     msg.job_id = format!("{producer}/{id}");
     msg
@@ -435,7 +439,7 @@ fn start_up_finds_each_model_the_deployment_may_call_that_has_no_price() {
 /// A processor whose clock stands an hour before the next day, its days' spend in `ledger`'s
 /// table, and an invocation with no deadline.
 /// What processing `msg` as the delivery `owner` came to.
-async fn run_job(
+pub(crate) async fn run_job(
     processor: &Processor<DynamoLedger, SimulatedProvider, ManualClock>,
     inv: &Invocation,
     msg: fenced_jobs::job::JobMessage,
@@ -444,7 +448,7 @@ async fn run_job(
     processor.process(&msg, owner, inv, &NoWatch).await.outcome
 }
 
-fn late_evening(
+pub(crate) fn late_evening(
     ledger: &DynamoLedger,
     settings: fenced_jobs::worker::Settings,
 ) -> (
@@ -466,7 +470,7 @@ fn late_evening(
 }
 
 /// What the job's attempts cost, as its item records them.
-async fn cost_of(ledger: &DynamoLedger, job_id: &str) -> u64 {
+pub(crate) async fn cost_of(ledger: &DynamoLedger, job_id: &str) -> u64 {
     ledger
         .get(job_id)
         .await

@@ -40,6 +40,26 @@ pub(crate) async fn list(
     Ok(())
 }
 
+pub(crate) async fn spend(
+    ledger: &DynamoLedger,
+    day: Option<String>,
+    json: bool,
+) -> Result<(), OperatorError> {
+    use fenced_jobs::ops::spend;
+    let day = match day {
+        Some(day) if spend::is_day(&day) => day,
+        Some(_) => usage("--day takes a day as YYYY-MM-DD (UTC), like 2026-12-05"),
+        None => spend::day_of(SystemClock.now_ms()),
+    };
+    let lines = spend::day(ledger, &day).await?;
+    if json {
+        println!("{}", spend::to_json(&day, &lines));
+    } else {
+        print!("{}", spend::text(&day, &lines));
+    }
+    Ok(())
+}
+
 /// The dead-letter queue to read, how much of it, and who the deployment's producers are.
 pub(crate) struct DlqSource<'a> {
     pub(crate) url: &'a str,

@@ -52,6 +52,7 @@ pub(crate) async fn command(ctx: &Ctx, command: Command) -> Result<(), OperatorE
             .await
             .map(|record| print(&record, json, result)),
         Command::List { state, limit } => list(ledger, &state, limit, json).await,
+        Command::Spend { day } => commands::spend(ledger, day, json).await,
         Command::Watch {
             job_id,
             interval,

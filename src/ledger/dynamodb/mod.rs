@@ -36,7 +36,7 @@ use super::{JobLedger, LedgerError, Write};
 use crate::job::{JobItem, JobState, attention_key};
 
 /// Attribute names, each used through a `#placeholder` (several are DynamoDB reserved words).
-const NAMES: [(&str, &str); 43] = [
+const NAMES: [(&str, &str); 45] = [
     ("#id", "job_id"),
     ("#state", "state"),
     ("#epoch", "owner_epoch"),
@@ -80,6 +80,8 @@ const NAMES: [(&str, &str); 43] = [
     ("#usage", "usage"),
     ("#maxcost", "max_cost_micros"),
     ("#spent", "spent_micros"),
+    ("#held", "held_micros"),
+    ("#limit", "limit_micros"),
 ];
 
 /// What a conditional `UpdateItem` did: the item after it (`ALL_NEW`, unless the writer asked
@@ -195,6 +197,21 @@ impl DynamoLedger {
         values: Vec<(&str, AttributeValue)>,
         returns: ReturnValue,
     ) -> Result<Updated, LedgerError> {
+        self.send_update_named(operation, key, (update, condition), values, &[], returns)
+            .await
+    }
+
+    /// [`DynamoLedger::send_update`] with names of its own beside [`NAMES`] (`(placeholder,
+    /// attribute)`): attributes named after what they count.
+    async fn send_update_named(
+        &self,
+        operation: &'static str,
+        key: &str,
+        (update, condition): (&str, &str),
+        values: Vec<(&str, AttributeValue)>,
+        own_names: &[(&str, &str)],
+        returns: ReturnValue,
+    ) -> Result<Updated, LedgerError> {
         // A few dozen tokens at most: a list is cheaper than hashing each.
         let used: Vec<&str> = placeholders(update)
             .chain(placeholders(condition))
@@ -202,6 +219,7 @@ impl DynamoLedger {
         let used = |token: &str| used.contains(&token);
         let names: HashMap<String, String> = NAMES
             .iter()
+            .chain(own_names)
             .filter(|(token, _)| used(token))
             .map(|(token, name)| ((*token).to_owned(), (*name).to_owned()))
             .collect();

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use super::spend::Reserved;
+use super::spend::{NextModel, Reserved};
 use super::{AttemptWatch, Invocation, Link, Processor};
 use crate::clock::Clock;
 use crate::job::{JobMessage, Millis, NewJob};
@@ -15,13 +15,13 @@ use crate::worker::pacing::{Pacer, Permit};
 
 impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
     /// What the delivery of `msg` (its job `job`, in `inv`) knows of each provider of the list,
-    /// and the model of each one's next call when no spend limit can count it.
+    /// and the model each one's next call is counted under (see [`NextModel`]).
     pub(super) fn delivery_lanes(
         &self,
         msg: &JobMessage,
         job: &NewJob,
         inv: &Invocation,
-    ) -> (Vec<Lane>, Vec<Option<String>>) {
+    ) -> (Vec<Lane>, Vec<NextModel>) {
         let input = (self.links.len() > 1).then(|| msg.input());
         let job_model = input
             .as_ref()
@@ -34,7 +34,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
             .zip(&stops)
             .enumerate()
             .map(|(i, (link, stop))| {
-                let (admission, unpriced) = self.admission_facts(msg, job, inv, link);
+                let (admission, model) = self.admission_facts(msg, job, inv, link);
                 let lane = Lane {
                     name: stop.name.to_owned(),
                     serves: stop.serves(i, job_model),
@@ -42,7 +42,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
                     call: self.call_facts(inv, link),
                     end: self.end_facts(inv, link),
                 };
-                (lane, unpriced)
+                (lane, model)
             })
             .unzip()
     }
@@ -57,7 +57,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         inv: &Invocation,
         link: &'a Link<P>,
         shares: &'a [Arc<Pacer>],
-        micros: u64,
+        (micros, model): (u64, &str),
         watch: &dyn AttemptWatch,
     ) -> Result<(Permit<'a>, Option<Reserved>), Millis> {
         let latest = self.latest_call_start(inv, link);
@@ -78,7 +78,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
             Some(shares) => permit.with_share(shares),
             None => permit,
         };
-        match self.reserve_spend(msg, micros).await {
+        match self.reserve_spend(msg, micros, model).await {
             Ok(reserved) => Ok((permit, reserved)),
             Err(wait_ms) => {
                 watch.spend_deferred();
@@ -88,14 +88,14 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
     }
 
     /// What the admission machine knows of this delivery before anything is read, and the model
-    /// of its next call when no spend limit can count it (see [`Processor::next_call_micros`]).
+    /// its next call is counted under (see [`Processor::next_call_micros`]).
     fn admission_facts(
         &self,
         msg: &JobMessage,
         job: &NewJob,
         inv: &Invocation,
         link: &Link<P>,
-    ) -> (Facts, Option<String>) {
+    ) -> (Facts, NextModel) {
         let next_call = self.next_call_micros(msg, job, link);
         let facts = Facts {
             deadline_at: job.deadline_at,
@@ -103,10 +103,10 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
             latest_call_start: self.latest_call_start(inv, link),
             can_retrieve: link.provider.can_retrieve(),
             in_ledger: msg.in_ledger,
-            next_call_micros: *next_call.as_ref().unwrap_or(&0),
+            next_call_micros: next_call.as_ref().map_or(0, |(micros, _)| *micros),
             max_cost_micros: job.max_cost_micros,
             carries_input: msg.keeps_input(),
         };
-        (facts, next_call.err())
+        (facts, next_call.map(|(_, model)| model))
     }
 }

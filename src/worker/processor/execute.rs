@@ -5,10 +5,11 @@
 use std::time::Duration;
 
 use super::run::{Spent, count_usage};
-use super::spend::Grant;
+use super::spend::{Grant, NextModel};
 use super::{AttemptWatch, Invocation, Processed, Processor};
 use crate::clock::Clock;
 use crate::job::{JobItem, JobMessage, Millis, NewJob};
+use crate::ledger::spend::UNPRICED_MODEL;
 use crate::ledger::{JobLedger, Write};
 use crate::protocol::delivery::{Charge, Command, Delivery, Observation};
 use crate::protocol::ending::Closed;
@@ -19,8 +20,8 @@ use crate::worker::pacing::Pacer;
 pub(super) struct Held<'a> {
     /// The job as its message says, for the writes that create or settle it.
     pub(super) job: NewJob,
-    /// The model of each provider's next call when no spend limit can count it.
-    pub(super) unpriced: Vec<Option<String>>,
+    /// The model each provider's next call is counted under.
+    pub(super) models: Vec<NextModel>,
     /// The capacity and the day's spend taken for the call.
     pub(super) grant: Option<Grant<'a>>,
     /// What the last call used, once one was made.
@@ -44,14 +45,14 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
     ) -> Processed {
         let now = self.clock.now_ms();
         let job = NewJob::from_message(msg, now, &self.settings.job_defaults);
-        let (lanes, unpriced) = self.delivery_lanes(msg, &job, inv);
+        let (lanes, models) = self.delivery_lanes(msg, &job, inv);
         let (mut d, mut command) =
             Delivery::start(owner_id.to_owned(), msg.digest.clone(), lanes, start, now);
         // The capped shares (the producer's, the account's), taken first.
         let shares = self.share_pacers(msg);
         let mut held = Held {
             job,
-            unpriced,
+            models,
             grant: None,
             spent: None,
             started: now,
@@ -285,14 +286,17 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         watch: &dyn AttemptWatch,
     ) -> Observation {
         let lane = d.lane();
-        if let Some(model) = &held.unpriced[lane] {
-            let wait_ms = self.unpriced_wait(msg, model, watch);
-            return Observation::NoCapacity { wait_ms };
-        }
+        let model = match &held.models[lane] {
+            Ok(model) => model.as_deref().unwrap_or(UNPRICED_MODEL),
+            Err(model) => {
+                let wait_ms = self.unpriced_wait(msg, model, watch);
+                return Observation::NoCapacity { wait_ms };
+            }
+        };
         let micros = d.admission().map_or(0, |a| a.facts().next_call_micros);
         let link = &self.links[lane];
         match self
-            .take_capacity(msg, inv, link, shares, micros, watch)
+            .take_capacity(msg, inv, link, shares, (micros, model), watch)
             .await
         {
             Ok((permit, reserved)) => {

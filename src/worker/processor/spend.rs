@@ -7,7 +7,7 @@ use super::{JobLedger, Processor};
 use crate::clock::Clock;
 use crate::job::account::account;
 use crate::job::{JobMessage, Millis, NewJob};
-use crate::ledger::spend::SpendBudget;
+use crate::ledger::spend::{SpendBudget, UNPRICED_MODEL};
 use crate::provider::Provider;
 use crate::worker::pacing::Permit;
 
@@ -15,12 +15,19 @@ use crate::worker::pacing::Permit;
 /// enough not to churn the queue, short enough that a price added in a deploy is soon used.
 const UNPRICED_WAIT_MS: Millis = 15 * 60_000;
 
+/// The model a provider's next call is counted under in the day's spend (`Ok(None)`: no
+/// spend limit counts it), or `Err(model)`: a limit counts it and the price table lacks its
+/// model, so no call is made.
+pub(super) type NextModel = Result<Option<String>, String>;
+
 /// The day's spend a call reserved before its claim: released in full when no call is made,
 /// corrected to the call's cost once it ended.
 #[derive(Debug)]
 pub(super) struct Reserved {
     /// The day items it was reserved from (the deployment's, the producer's, the account's).
     days: Vec<String>,
+    /// The model the call is counted under.
+    model: String,
     pub(super) micros: u64,
 }
 
@@ -72,16 +79,17 @@ impl Drop for Grant<'_> {
         let (Some(reserved), Some(spend)) = (self.reserved.take(), self.spend.clone()) else {
             return;
         };
-        if self.used {
+        if self.used || reserved.micros == 0 {
             return;
         }
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
-        let (at, delta) = (self.at, -i64::try_from(reserved.micros).unwrap_or(i64::MAX));
+        let at = self.at;
         runtime.spawn(async move {
             for day in &reserved.days {
-                if let Err(e) = spend.adjust(day, delta, at).await {
+                let released = spend.charge(day, &reserved.model, reserved.micros, 0, at);
+                if let Err(e) = released.await {
                     tracing::warn!(error = %e, "the day's spend could not be released");
                 }
             }
@@ -96,19 +104,19 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
     /// for; 0 when no limit counts it, so that a deployment with none never parses the input.
     /// `Err(model)`: a limit counts the call and the price table lacks its model (or that tier
     /// of it), which only `ALLOW_UNPRICED_MODELS` lets through (costed at 0): no limit can hold
-    /// a call it cannot price.
+    /// a call it cannot price. With it, the model a day's spend counts the call under.
     pub(super) fn next_call_micros(
         &self,
         msg: &JobMessage,
         job: &NewJob,
         link: &super::Link<P>,
-    ) -> Result<u64, String> {
+    ) -> Result<(u64, Option<String>), String> {
         let s = &self.settings;
         let day_limit = s.daily_spend_limit_micros.is_some()
             || s.producer_daily_spend_limit_micros.is_some()
             || s.tenant_daily_spend_limit_micros.is_some();
         if job.max_cost_micros.is_none() && !day_limit {
-            return Ok(0);
+            return Ok((0, None));
         }
         let input = self.routed_input(link, msg);
         let estimate =
@@ -116,8 +124,8 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         let model = link.provider.model(&input);
         let rate = crate::job::prices::Rate::of(false, &input);
         match s.prices.cost_at(model, &estimate, rate) {
-            Some(micros) => Ok(micros),
-            None if s.allow_unpriced_models => Ok(0),
+            Some(micros) => Ok((micros, Some(model.to_owned()))),
+            None if s.allow_unpriced_models => Ok((0, Some(UNPRICED_MODEL.to_owned()))),
             None => Err(model.to_owned()),
         }
     }
@@ -173,8 +181,8 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         UNPRICED_WAIT_MS
     }
 
-    /// Reserves `micros`, the most `msg`'s next call can cost, from each day item that limits
-    /// it ([`day_items`]: the deployment's, its producer's, its account's):
+    /// Reserves `micros`, the most `msg`'s next call (of `model`) can cost, from each day item
+    /// that limits it ([`day_items`]: the deployment's, its producer's, its account's):
     /// `Ok(None)` without a limit, `Err(wait)` when a day cannot take it (until the next day;
     /// what the other reserved is given back) or a budget cannot be read (a minute: never a
     /// call not counted).
@@ -182,6 +190,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         &self,
         msg: &JobMessage,
         micros: u64,
+        model: &str,
     ) -> Result<Option<Reserved>, Millis> {
         let Some(spend) = &self.spend else {
             return Ok(None);
@@ -191,10 +200,11 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         let limits = day_items(&self.settings, &day, msg);
         let mut reserved = Reserved {
             days: Vec::new(),
+            model: model.to_owned(),
             micros,
         };
         for (day, limit) in limits.into_iter().flatten() {
-            let refused = match spend.reserve(&day, micros, limit, now).await {
+            let refused = match spend.reserve(&day, model, micros, limit, now).await {
                 Ok(true) => {
                     reserved.days.push(day);
                     continue;
@@ -215,18 +225,18 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         Ok((!reserved.days.is_empty()).then_some(reserved))
     }
 
-    /// Corrects the day's spend by `actual` less what `reserved` took (`actual` 0: no call).
+    /// Charges what `reserved` took with `actual` (0: no call; the reservation is released).
     pub(super) async fn charge_spend(&self, reserved: Option<Reserved>, actual: u64) {
         let (Some(reserved), Some(spend)) = (reserved, &self.spend) else {
             return;
         };
-        let delta = i64::try_from(actual).unwrap_or(i64::MAX)
-            - i64::try_from(reserved.micros).unwrap_or(i64::MAX);
-        if delta == 0 {
+        if reserved.micros == 0 && actual == 0 {
             return;
         }
         for day in &reserved.days {
-            if let Err(e) = spend.adjust(day, delta, self.clock.now_ms()).await {
+            let now = self.clock.now_ms();
+            let charged = spend.charge(day, &reserved.model, reserved.micros, actual, now);
+            if let Err(e) = charged.await {
                 // The day counts the reservation in full: more than was spent, never less.
                 tracing::warn!(error = %e, "the day's spend could not be corrected");
             }
@@ -266,9 +276,15 @@ mod tests {
     /// A grant of 100 micro-dollars of `day` on `pacer`, reserved from `spend`.
     async fn grant<'a>(pacer: &'a Pacer, spend: &Arc<MemorySpend>, day: &str) -> Grant<'a> {
         let permit = pacer.admit(0, &ManualClock::at(T), Millis::MAX).await;
-        assert!(spend.reserve(day, 100, 1_000, T).await.expect("reserved"));
+        assert!(
+            spend
+                .reserve(day, "m", 100, 1_000, T)
+                .await
+                .expect("reserved")
+        );
         let reserved = Reserved {
             days: vec![day.to_owned()],
+            model: "m".to_owned(),
             micros: 100,
         };
         let budget: Arc<dyn SpendBudget> = spend.clone();

@@ -1,0 +1,216 @@
+//! The day's spend as `jobctl spend` prints it: each day item (the deployment's, each
+//! producer's, each account's) with what its limit sees, what of it calls not charged yet hold,
+//! its limit and its count by model. A day is counted at the levels a limit is set for
+//! (`DAILY_SPEND_LIMIT`, `PRODUCER_DAILY_SPEND_LIMIT`, `TENANT_DAILY_SPEND_LIMIT`).
+
+use std::collections::BTreeMap;
+
+use serde_json::json;
+
+use super::operator::dollars;
+use crate::ledger::LedgerError;
+use crate::ledger::spend::{DayCount, SpendBudget};
+
+/// The day `at` falls on (UTC), as the day items name it.
+pub fn day_of(at: crate::job::Millis) -> String {
+    crate::ledger::spend::day_of(at)
+}
+
+/// Whether `day` names a day as the day items do (`YYYY-MM-DD`).
+pub fn is_day(day: &str) -> bool {
+    crate::job::message::parse_rfc3339_ms(&format!("{day}T00:00:00Z"))
+        .is_some_and(|midnight| day_of(midnight) == day)
+}
+
+/// Who a day item counts for.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Level {
+    /// The whole deployment (`DAILY_SPEND_LIMIT`).
+    Deployment,
+    /// One producer (`PRODUCER_DAILY_SPEND_LIMIT`); the unnamed producer's name is empty.
+    Producer(String),
+    /// One account, a producer's tenant (`TENANT_DAILY_SPEND_LIMIT`).
+    Account(String),
+}
+
+impl Level {
+    /// The level of the item keyed `item` (after `#spend#`) of `day`, if it is one of that day.
+    fn of(day: &str, item: &str) -> Option<Level> {
+        let rest = item.strip_prefix(day)?;
+        if rest.is_empty() {
+            return Some(Level::Deployment);
+        }
+        let rest = rest.strip_prefix('#')?;
+        Some(match rest.strip_prefix("producer#") {
+            Some(producer) => Level::Producer(producer.to_owned()),
+            None => Level::Account(rest.to_owned()),
+        })
+    }
+
+    fn kind(&self) -> &'static str {
+        match self {
+            Level::Deployment => "deployment",
+            Level::Producer(_) => "producer",
+            Level::Account(_) => "account",
+        }
+    }
+
+    fn name(&self) -> &str {
+        match self {
+            Level::Deployment => "",
+            Level::Producer(name) if name.is_empty() => "(unnamed)",
+            Level::Producer(name) | Level::Account(name) => name,
+        }
+    }
+}
+
+/// One day item as it counts, in micro-dollars.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Line {
+    /// Who it counts for.
+    pub level: Level,
+    /// What its limit sees: what calls were charged and what is held for calls not charged yet.
+    pub counted: u64,
+    /// Of `counted`, what calls not charged yet hold (running, or stopped before their charge).
+    pub held: u64,
+    /// The limit its last reservation was held to.
+    pub limit: Option<u64>,
+    /// `counted` by model.
+    pub models: BTreeMap<String, u64>,
+}
+
+/// `day`'s items (`YYYY-MM-DD`, UTC): the deployment's first, then the producers' and the
+/// accounts', each by name.
+pub async fn day(budget: &dyn SpendBudget, day: &str) -> Result<Vec<Line>, LedgerError> {
+    let mut lines: Vec<Line> = budget
+        .count(day)
+        .await?
+        .into_iter()
+        .filter_map(|count| line(day, count))
+        .collect();
+    lines.sort_by(|a, b| a.level.cmp(&b.level));
+    Ok(lines)
+}
+
+fn line(day: &str, count: DayCount) -> Option<Line> {
+    // A repeated charge may take a hold below zero; nothing is shown below it.
+    let unsigned = |v: i64| u64::try_from(v).unwrap_or(0);
+    Some(Line {
+        level: Level::of(day, &count.item)?,
+        counted: unsigned(count.counted),
+        held: unsigned(count.held),
+        limit: count.limit,
+        models: count
+            .models
+            .into_iter()
+            .map(|(model, v)| (model, unsigned(v)))
+            .collect(),
+    })
+}
+
+/// `lines` of `day` as a table, each item's models under it.
+pub fn text(day: &str, lines: &[Line]) -> String {
+    if lines.is_empty() {
+        return format!(
+            "Nothing was counted on {day} (UTC): a day is counted only at the levels a limit \
+             is set for (DAILY_SPEND_LIMIT, PRODUCER_DAILY_SPEND_LIMIT, \
+             TENANT_DAILY_SPEND_LIMIT).\n"
+        );
+    }
+    let mut out = format!(
+        "Spend on {day} (UTC). counted: what the limit sees; held: its part reserved for calls \
+         not charged yet.\n{:<12} {:<32} {:>16} {:>16} {:>16}\n",
+        "level", "name", "counted", "held", "limit"
+    );
+    for l in lines {
+        let limit = l.limit.map_or_else(|| "-".to_owned(), dollars);
+        out.push_str(&format!(
+            "{:<12} {:<32} {:>16} {:>16} {:>16}\n",
+            l.level.kind(),
+            l.level.name(),
+            dollars(l.counted),
+            dollars(l.held),
+            limit
+        ));
+        for (model, micros) in &l.models {
+            out.push_str(&format!(
+                "  {:<10} {:<32} {:>16}\n",
+                "model",
+                model,
+                dollars(*micros)
+            ));
+        }
+    }
+    out
+}
+
+/// `lines` of `day` as JSON, in micro-dollars.
+pub fn to_json(day: &str, lines: &[Line]) -> serde_json::Value {
+    let items: Vec<serde_json::Value> = lines
+        .iter()
+        .map(|l| {
+            json!({
+                "level": l.level.kind(),
+                "name": l.level.name(),
+                "counted_micros": l.counted,
+                "held_micros": l.held,
+                "limit_micros": l.limit,
+                "models": l.models,
+            })
+        })
+        .collect();
+    json!({"day": day, "items": items})
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ledger::spend::MemorySpend;
+
+    #[tokio::test]
+    async fn a_day_is_shown_by_level_and_model_and_other_days_are_left_out() {
+        let spend = MemorySpend::new();
+        let day = "2026-12-05";
+        for item in [
+            format!("{day}#billing/acme"),
+            format!("{day}#producer#billing"),
+            format!("{day}#producer#"),
+            day.to_owned(),
+        ] {
+            assert!(spend.reserve(&item, "m", 300, 1_000, 0).await.expect("ok"));
+            spend.charge(&item, "m", 300, 200, 0).await.expect("ok");
+            assert!(spend.reserve(&item, "n", 50, 1_000, 0).await.expect("ok"));
+        }
+        assert!(spend.reserve("2026-12-04", "m", 1, 9, 0).await.expect("ok"));
+        let lines = super::day(&spend, day).await.expect("read");
+        let levels: Vec<_> = lines
+            .iter()
+            .map(|l| (l.level.kind(), l.level.name()))
+            .collect();
+        assert_eq!(
+            levels,
+            [
+                ("deployment", ""),
+                ("producer", "(unnamed)"),
+                ("producer", "billing"),
+                ("account", "billing/acme")
+            ]
+        );
+        let acme = &lines[3];
+        assert_eq!(
+            (acme.counted, acme.held, acme.limit),
+            (250, 50, Some(1_000))
+        );
+        assert_eq!(
+            acme.models,
+            BTreeMap::from([("m".into(), 200), ("n".into(), 50)])
+        );
+        let shown = text(day, &lines);
+        assert!(shown.contains("billing/acme"), "{shown}");
+        assert!(shown.contains("$0.000250"), "{shown}");
+        assert_eq!(to_json(day, &lines)["items"][3]["models"]["n"], 50);
+        assert!(text(day, &[]).contains("DAILY_SPEND_LIMIT"));
+        assert!(is_day(day));
+        assert!(!is_day("2026-12-5") && !is_day("2026-02-30") && !is_day("2026-12-05#x"));
+    }
+}
