@@ -187,7 +187,7 @@ async fn run<L: JobLedger, V: VisibilityControl>(
 ) {
     let inv = invocation();
     // As the worker runs a batch: inside the invocation's span, which names it on every line.
-    let span = fenced_jobs::telemetry::invocation_span(&inv.id, None);
+    let span = fenced_jobs::telemetry::invocation_span(&inv.id, None, false);
     let report = handler.handle_batch(event, &inv).instrument(span).await;
     assert_eq!(report.response, Ok(vec![]), "every record succeeds");
 }

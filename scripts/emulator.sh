@@ -5,6 +5,8 @@
 #   scripts/emulator.sh install-build   and scripts/requirements-build.txt (cargo-lambda)
 #   scripts/emulator.sh install-sam     .venv-sam with scripts/requirements-sam.txt (SAM CLI)
 #   scripts/emulator.sh install-iam     the IAM evaluator (npm, scripts/iam/package-lock.json)
+#   scripts/emulator.sh install-producers   the producer guide's TypeScript examples (npm,
+#                                 examples/producers/typescript/package-lock.json), compiled
 #   scripts/emulator.sh start-second    dynalite (npm), a second DynamoDB, on 127.0.0.1 at a free
 #                                 port (SECOND_DYNAMODB_URL in `env`); stop-second stops it
 #   scripts/emulator.sh start     install if needed, start, wait until it answers
@@ -52,13 +54,13 @@ install() {
 # Installs the npm packages of scripts/$1 (its package-lock.json) into scripts/$1, once per
 # version of that file: the IAM evaluator (iam) and the second DynamoDB (dynalite).
 npm_install() {
-  local dir="$root/scripts/$1" want
-  command -v npm >/dev/null || { echo "emulator: scripts/$1 needs Node.js and npm (apt-get install nodejs npm)" >&2; exit 1; }
+  local dir="$root/$1" want
+  command -v npm >/dev/null || { echo "emulator: $1 needs Node.js and npm (apt-get install nodejs npm)" >&2; exit 1; }
   want=$(cat "$dir/package-lock.json")
   if [ "$(cat "$dir/node_modules/.lock" 2>/dev/null)" = "$want" ]; then
     return
   fi
-  echo "emulator: installing scripts/$1/package-lock.json into scripts/$1" >&2
+  echo "emulator: installing $1/package-lock.json into $1" >&2
   (cd "$dir" && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error >/dev/null)
   printf '%s' "$want" > "$dir/node_modules/.lock"
 }
@@ -97,7 +99,7 @@ second_running() {
 # dynalite in memory on 127.0.0.1 at a free port, tables active at once.
 start_second() {
   install
-  npm_install dynalite
+  npm_install scripts/dynalite
   mkdir -p "$state"
   if second_running; then
     return
@@ -194,8 +196,13 @@ case "${1:-}" in
   install) install ;;
   install-build) install_build ;;
   install-sam) install_sam ;;
-  install-iam) npm_install iam ;;
-  install-dynalite) npm_install dynalite ;;
+  install-iam) npm_install scripts/iam ;;
+  install-dynalite) npm_install scripts/dynalite ;;
+  install-producers)
+    # The producer guide's TypeScript examples, compiled (tests/emulator/producer_guide.rs).
+    npm_install examples/producers/typescript
+    (cd "$root/examples/producers/typescript" && node_modules/.bin/tsc -p .)
+    ;;
   start-second) start_second ;;
   stop-second) stop_second ;;
   start) start ;;
@@ -218,5 +225,5 @@ case "${1:-}" in
     running || { echo "emulator: not running" >&2; exit 1; }
     "$venv/bin/python" -c "import urllib.request; urllib.request.urlopen(urllib.request.Request('http://127.0.0.1:$(port)/moto-api/reset', method='POST'))"
     ;;
-  *) echo "usage: $0 install|install-build|install-sam|install-iam|install-dynalite|start|stop|start-second|stop-second|env|create TABLE QUEUE [--also-queue NAME ...]|local|reset" >&2; exit 2 ;;
+  *) echo "usage: $0 install|install-build|install-sam|install-iam|install-dynalite|install-producers|start|stop|start-second|stop-second|env|create TABLE QUEUE [--also-queue NAME ...]|local|reset" >&2; exit 2 ;;
 esac

@@ -20,4 +20,8 @@ HELP
   cargo run --quiet --example local
 }
 export -f run
+# jobctl first, with the features it is run with, so that the other terminal's first
+# `cargo run --bin jobctl` starts at once instead of building the tree again.
+echo "local: building jobctl, then the worker and the dispatcher" >&2
+cargo build --quiet --bin jobctl
 scripts/with-emulator.sh bash -c run

@@ -11,6 +11,8 @@ sam_install=$!
 scripts/emulator.sh install-build
 # The IAM evaluator tests/emulator/iam.rs judges each role's calls with (npm).
 scripts/emulator.sh install-iam
+# The producer guide's TypeScript examples tests/emulator/producer_guide.rs runs (npm).
+scripts/emulator.sh install-producers
 echo "== cfn-lint template.yaml" >&2
 .venv/bin/cfn-lint template.yaml
 echo "== template consistency" >&2

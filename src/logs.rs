@@ -1,8 +1,10 @@
 //! Logs as Lambda's own log controls ask for them: JSON lines (or text, when the function's
 //! `LoggingConfig` says `Text`) at the level Lambda passes in `AWS_LAMBDA_LOG_LEVEL`, each line
 //! one flat object with `timestamp`, `level`, `message`, the event's fields, and the fields of
-//! the spans it happened in (the invocation's `requestId`, the record's `job_id`) at the top
-//! level, where CloudWatch Logs Insights and Lambda's level filter find them.
+//! the spans it happened in (the invocation's `requestId`, `cold_start`, `trace_id` and
+//! `xray_trace_id`, the record's `job_id`) at the top level, where CloudWatch Logs Insights and
+//! Lambda's level filter find them; with tracing on, `span_id` too, the span of the trace the
+//! line was written in.
 //!
 //! `RUST_LOG`, when set, overrides the level for every crate: `RUST_LOG=trace` lets the AWS SDK
 //! log request and response bodies, so it is for local debugging only. `AWS_LAMBDA_LOG_LEVEL`
@@ -97,8 +99,9 @@ where
 }
 
 /// Flat JSON lines to `writer`: spans keep their fields as values (`KeepFields`), which each
-/// line copies, and the formatter's own per-span text is left empty.
-fn json_layer<S, W>(writer: W) -> impl Layer<S> + Send + Sync
+/// line copies, and the formatter's own per-span text is left empty. The functions' format,
+/// for a subscriber of its own (beside the tracing layer, say).
+pub fn json_layer<S, W>(writer: W) -> impl Layer<S> + Send + Sync
 where
     S: Subscriber + for<'a> LookupSpan<'a>,
     W: for<'a> MakeWriter<'a> + Send + Sync + 'static,
@@ -188,6 +191,10 @@ where
             }
         }
         event.record(&mut fields);
+        // With tracing on, the span the line was written in, as its trace has it.
+        if let Some(span_id) = crate::telemetry::current_span_id() {
+            fields.put("span_id", Value::String(span_id));
+        }
         let text = serde_json::to_string(&Line(&line)).map_err(|_| fmt::Error)?;
         writeln!(writer, "{text}")
     }

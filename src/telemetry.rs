@@ -29,8 +29,7 @@ use tracing_opentelemetry::OpenTelemetrySpanExt;
 use tracing_subscriber::Layer;
 use tracing_subscriber::registry::LookupSpan;
 
-use crate::job::Usage;
-use crate::job::contract::Finish;
+use crate::provider::Answer;
 
 /// The targets of this crate's code: the library and its binaries.
 pub(crate) const OWN_TARGETS: [&str; 5] = [
@@ -47,10 +46,54 @@ const EXPORT_TIMEOUT: Duration = Duration::from_secs(2);
 /// The provider the process installed, flushed by the end of each invocation.
 static INSTALLED: OnceLock<SdkTracerProvider> = OnceLock::new();
 
-/// The span of one invocation: its request id (on every log line inside it), its trace the
-/// one Lambda passed in `xray_trace` (`Root=...;Parent=...;Sampled=...`), when there is one.
-pub fn invocation_span(request_id: &str, xray_trace: Option<&str>) -> tracing::Span {
-    let span = tracing::info_span!("invocation", requestId = request_id);
+/// The version of the OpenTelemetry semantic conventions whose GenAI names the provider call
+/// spans use (`gen_ai.*`, of development status).
+pub const GENAI_CONVENTIONS: &str = "1.41.0";
+
+/// Whether the process has not yet begun an invocation.
+static COLD: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
+
+/// `true` for the first invocation of the process (its cold start), `false` after.
+pub fn take_cold_start() -> bool {
+    COLD.swap(false, std::sync::atomic::Ordering::Relaxed)
+}
+
+/// The trace ids of an X-Ray header (`Root=1-5759e988-bd862e3fe1be46a994272793;Parent=...`):
+/// X-Ray's form of the root (`1-5759e988-bd862e3fe1be46a994272793`) and OpenTelemetry's
+/// (`5759e988bd862e3fe1be46a994272793`), the same id; `None` for a header without a valid root.
+pub fn trace_ids(xray_trace: &str) -> Option<(&str, String)> {
+    let root = xray_trace
+        .split(';')
+        .find_map(|part| part.trim().strip_prefix("Root="))?;
+    let mut parts = root.split('-');
+    let (Some("1"), Some(time), Some(id), None) =
+        (parts.next(), parts.next(), parts.next(), parts.next())
+    else {
+        return None;
+    };
+    let hex = |s: &str, len| s.len() == len && s.bytes().all(|b| b.is_ascii_hexdigit());
+    (hex(time, 8) && hex(id, 24)).then(|| (root, format!("{time}{id}")))
+}
+
+/// The span of one invocation, on every log line inside it: its request id, whether it is the
+/// process's cold start (`cold_start`), and the trace Lambda passed in `xray_trace`
+/// (`Root=...;Parent=...;Sampled=...`), when there is one, in both forms (`xray_trace_id`,
+/// `trace_id`), so that a line is found from its trace and a trace from its lines. With tracing
+/// on, its spans are in that trace.
+pub fn invocation_span(
+    request_id: &str,
+    xray_trace: Option<&str>,
+    cold_start: bool,
+) -> tracing::Span {
+    let ids = xray_trace.and_then(trace_ids);
+    let span = tracing::info_span!(
+        "invocation",
+        requestId = request_id,
+        cold_start,
+        xray_trace_id = ids.as_ref().map(|(xray, _)| *xray),
+        trace_id = ids.as_ref().map(|(_, otel)| otel.as_str()),
+    );
+    span.set_attribute("faas.coldstart", cold_start);
     if let Some(header) = xray_trace {
         let carrier = HashMap::from([("x-amzn-trace-id".to_owned(), header.to_owned())]);
         let parent = XrayPropagator::default().extract(&carrier);
@@ -96,12 +139,32 @@ pub fn provider(endpoint: Option<&str>, service: &str) -> Result<SdkTracerProvid
         .build())
 }
 
+/// A tracing layer was built: log lines look up the span they were written in.
+static TRACING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// The OpenTelemetry span id of the span the caller is in (16 hex digits), with tracing on and
+/// a span its layer records in a sampled trace (one that reaches the collector); `None`
+/// otherwise, at the cost of one load.
+pub(crate) fn current_span_id() -> Option<String> {
+    use opentelemetry::trace::TraceContextExt;
+    if !TRACING.load(std::sync::atomic::Ordering::Relaxed) {
+        return None;
+    }
+    // The layer makes each span's context the current one while it is entered (and a line is
+    // written on the thread that entered it), so no lookup goes back through the subscriber.
+    let context = opentelemetry::Context::current();
+    let span = context.span();
+    let id = span.span_context();
+    (id.is_valid() && id.is_sampled()).then(|| id.span_id().to_string())
+}
+
 /// The layer sending the crate's own spans (at debug and above, no events) through `provider`.
 pub fn layer<S>(provider: &SdkTracerProvider) -> impl Layer<S> + use<S>
 where
     S: Subscriber + for<'a> LookupSpan<'a>,
 {
     use tracing_subscriber::filter::{FilterExt, Targets, filter_fn};
+    TRACING.store(true, std::sync::atomic::Ordering::Relaxed);
     let own = Targets::new().with_targets(OWN_TARGETS.map(|t| (t, tracing::Level::DEBUG)));
     tracing_opentelemetry::layer()
         .with_tracer(provider.tracer("fenced-jobs"))
@@ -187,27 +250,71 @@ pub fn flush_budget(deadline_ms: Option<i64>, margin_ms: i64, now_ms: i64) -> Du
 }
 
 /// What a provider call's span records once it is answered, as the GenAI semantic conventions
-/// name it: the tokens the provider says it used, why the model stopped, and what it cost.
-pub(crate) fn record_call(
-    span: &tracing::Span,
-    usage: Option<&Usage>,
-    finish: Finish,
-    cost_micros: Option<u64>,
-) {
-    if let Some(u) = usage {
+/// name it ([`GENAI_CONVENTIONS`]): the tokens the provider says it used (the input's count
+/// including what the cache served and what was written to it, each also on its own), why the
+/// model stopped, the response's id and model, and what it cost.
+pub(crate) fn record_call(span: &tracing::Span, answer: &Answer, cost_micros: Option<u64>) {
+    let count = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+    if let Some(u) = &answer.usage {
         let input = u.input + u.cache_read + u.cache_write;
+        span.set_attribute("gen_ai.usage.input_tokens", count(input));
+        span.set_attribute("gen_ai.usage.output_tokens", count(u.output));
+        span.set_attribute("gen_ai.usage.cache_read.input_tokens", count(u.cache_read));
         span.set_attribute(
-            "gen_ai.usage.input_tokens",
-            i64::try_from(input).unwrap_or(i64::MAX),
-        );
-        span.set_attribute(
-            "gen_ai.usage.output_tokens",
-            i64::try_from(u.output).unwrap_or(i64::MAX),
+            "gen_ai.usage.cache_creation.input_tokens",
+            count(u.cache_write),
         );
     }
-    let reasons = Array::String(vec![StringValue::from(finish.as_str())]);
+    let reasons = Array::String(vec![StringValue::from(answer.finish.as_str())]);
     span.set_attribute("gen_ai.response.finish_reasons", Value::Array(reasons));
+    if let Some(id) = answer.response_id.as_ref().or(answer.provider_ref.as_ref()) {
+        span.set_attribute("gen_ai.response.id", id.clone());
+    }
+    if let Some(model) = &answer.model {
+        span.set_attribute("gen_ai.response.model", model.clone());
+    }
     if let Some(micros) = cost_micros {
         span.set_attribute("fenced_jobs.cost_usd", micros as f64 / 1e6);
+    }
+}
+
+/// A provider call that did not answer: the span's status is an error, and `error.type` says
+/// which (`error_type`), so that a call whose outcome is unknown is never shown as a success.
+pub(crate) fn record_failure(span: &tracing::Span, error_type: &'static str) {
+    span.set_attribute("error.type", error_type);
+    span.set_status(opentelemetry::trace::Status::error(error_type));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_xray_header_gives_its_root_in_both_forms_and_nothing_else_does() {
+        let header = "Root=1-5759e988-bd862e3fe1be46a994272793;Parent=53995c3f42cd8ad8;Sampled=1";
+        assert_eq!(
+            trace_ids(header),
+            Some((
+                "1-5759e988-bd862e3fe1be46a994272793",
+                "5759e988bd862e3fe1be46a994272793".to_owned()
+            ))
+        );
+        let reordered = "Sampled=0;Root=1-5759e988-bd862e3fe1be46a994272793";
+        assert!(trace_ids(reordered).is_some());
+        for bad in [
+            "Parent=53995c3f42cd8ad8",
+            "Root=2-5759e988-bd862e3fe1be46a994272793",
+            "Root=1-5759e988-bd862e3fe1be46a99427279",
+            "Root=1-5759e98z-bd862e3fe1be46a994272793",
+            "Root=1-5759e988-bd862e3fe1be46a994272793-00",
+        ] {
+            assert_eq!(trace_ids(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn only_the_first_invocation_is_a_cold_start() {
+        take_cold_start();
+        assert!(!take_cold_start());
     }
 }

@@ -709,6 +709,8 @@ impl Provider for LimitedProvider {
             provider_ref: None,
             finish: fenced_jobs::job::contract::Finish::Stop,
             usage: None,
+            model: None,
+            response_id: None,
         })
     }
 }

@@ -1599,6 +1599,8 @@ impl Provider for SimProvider {
             provider_ref: None,
             finish,
             usage: None,
+            model: None,
+            response_id: None,
         })
     }
 
@@ -1823,6 +1825,8 @@ impl Provider for SimProvider {
                     provider_ref: Some(provider_ref.to_owned()),
                     finish: run.finish,
                     usage: None,
+                    model: None,
+                    response_id: None,
                 }),
                 Err(e) => Retrieval::Failed(e),
             },

@@ -2136,6 +2136,8 @@ impl Protocol {
                         provider_ref: None,
                         finish: fenced_jobs::job::contract::Finish::Stop,
                         usage: None,
+                        model: None,
+                        response_id: None,
                     })
                 }
                 Word::Transient => {
@@ -2166,6 +2168,8 @@ impl Protocol {
                         provider_ref: None,
                         finish: fenced_jobs::job::contract::Finish::Length,
                         usage: None,
+                        model: None,
+                        response_id: None,
                     })
                 }
                 Word::Invalid => {
@@ -2499,6 +2503,8 @@ impl Protocol {
                 provider_ref: None,
                 finish: fenced_jobs::job::contract::Finish::Stop,
                 usage: None,
+                model: None,
+                response_id: None,
             }),
             Retrieved::Failed => Retrieval::Failed(ProviderError::Transient {
                 retry_after_ms: None,

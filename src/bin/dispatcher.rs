@@ -29,9 +29,11 @@ async fn main() -> Result<(), lambda_runtime::Error> {
     lambda_runtime::run(service_fn(move |event: LambdaEvent<StreamEvent>| {
         let sink = Arc::clone(&sink);
         async move {
+            let target = fenced_jobs::ops::metrics::MetricsTarget::from_env();
             let span = fenced_jobs::telemetry::invocation_span(
                 &event.context.request_id,
                 event.context.xray_trace_id.as_deref(),
+                fenced_jobs::ops::metrics::cold_start(&target),
             );
             let report = dispatch(&event.payload, sink.as_ref())
                 .instrument(span)

@@ -51,6 +51,7 @@ async fn main() -> Result<(), lambda_runtime::Error> {
         let span = fenced_jobs::telemetry::invocation_span(
             &event.context.request_id,
             event.context.xray_trace_id.as_deref(),
+            fenced_jobs::ops::metrics::cold_start(&target),
         );
         // Boxed: the run's future is deep, and one allocation per run is nothing.
         let run = Box::pin(

@@ -85,10 +85,11 @@ async fn main() -> Result<(), lambda_runtime::Error> {
                 error_type: "NoRecords".to_owned(),
                 error_message: e.to_string(),
             })?;
-            // Every line logged in this invocation carries its request id.
+            // Every line logged in this invocation carries its request id and trace.
             let span = fenced_jobs::telemetry::invocation_span(
                 &invocation.id,
                 event.context.xray_trace_id.as_deref(),
+                metrics::cold_start(&target),
             );
             let report =
                 Box::pin(handler.handle_batch(&payload, &invocation).instrument(span)).await;

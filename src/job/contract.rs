@@ -72,6 +72,16 @@ pub enum Format {
     Json,
 }
 
+impl Format {
+    /// Its name: `text` or `json` (as `gen_ai.output.type` names them).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Format::Text => "text",
+            Format::Json => "json",
+        }
+    }
+}
+
 /// What an answer that breaks its contract becomes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum OnInvalid {

@@ -67,6 +67,20 @@ pub fn document(target: &MetricsTarget, at: Millis, metrics: &[(&str, &str, Samp
     Value::Object(root)
 }
 
+/// Whether this invocation is the process's first (its cold start, see
+/// [`crate::telemetry::take_cold_start`]); on it, prints the `ColdStart` document (1, dimension
+/// `Function`) on its own stdout line.
+pub fn cold_start(target: &MetricsTarget) -> bool {
+    use crate::clock::Clock;
+    let cold = crate::telemetry::take_cold_start();
+    if cold {
+        let now = crate::clock::SystemClock.now_ms();
+        let doc = document(target, now, &[("ColdStart", "Count", Sample::One(1.0))]);
+        println!("{doc}");
+    }
+    cold
+}
+
 /// Outcome labels ([`RecordOutcome::label`]) counted per invocation, and their metric names.
 const OUTCOME_METRICS: [(&str, &str); 10] = [
     ("succeeded", "Succeeded"),

@@ -217,6 +217,12 @@ impl AnthropicProvider {
             provider_ref: None,
             finish,
             usage: Usage::from_anthropic(&usage),
+            model: json.get("model").and_then(Value::as_str).map(str::to_owned),
+            response_id: json
+                .get("id")
+                .and_then(Value::as_str)
+                .filter(|id| super::batch::valid_id(id))
+                .map(str::to_owned),
         })
     }
 }
@@ -224,6 +230,10 @@ impl AnthropicProvider {
 impl Provider for AnthropicProvider {
     fn name(&self) -> &'static str {
         "anthropic"
+    }
+
+    fn server_address(&self) -> Option<&str> {
+        super::host_of(&self.settings.base_url)
     }
 
     fn fixed_model(&self) -> Option<&str> {

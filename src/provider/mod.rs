@@ -127,6 +127,11 @@ pub struct Answer {
     pub finish: Finish,
     /// What the call used, when the provider said.
     pub usage: Option<crate::job::Usage>,
+    /// The model that answered, as the provider named it, when it did.
+    pub model: Option<String>,
+    /// The provider's id of this response, when it gave one this crate uses (1-128 characters
+    /// of `A-Z a-z 0-9 _ -`).
+    pub response_id: Option<String>,
 }
 
 impl Answer {
@@ -306,6 +311,11 @@ pub trait Provider: Send + Sync {
     /// The provider's name in traces (`gen_ai.provider.name` of the GenAI semantic conventions).
     fn name(&self) -> &'static str {
         "simulated"
+    }
+
+    /// The host its calls go to (`server.address` in traces), when they go over the network.
+    fn server_address(&self) -> Option<&str> {
+        None
     }
 
     /// The model a call for a job's `input` runs: its `input.model`, unless the provider is
@@ -505,6 +515,10 @@ impl Provider for AnyProvider {
         each!(self, p => p.name())
     }
 
+    fn server_address(&self) -> Option<&str> {
+        each!(self, p => p.server_address())
+    }
+
     fn model<'a>(&'a self, input: &'a serde_json::Map<String, serde_json::Value>) -> &'a str {
         each!(self, p => p.model(input))
     }
@@ -523,9 +537,28 @@ impl Provider for AnyProvider {
     }
 }
 
+/// The host of a base URL (`https://api.openai.com/v1` gives `api.openai.com`).
+pub(crate) fn host_of(url: &str) -> Option<&str> {
+    let rest = url.split_once("://").map_or(url, |(_, rest)| rest);
+    let host = rest.split(['/', '?', '#']).next()?;
+    // A port, or an IPv6 literal's brackets, are not the host's name.
+    let host = match host.strip_prefix('[') {
+        Some(v6) => v6.split(']').next()?,
+        None => host.rsplit_once(':').map_or(host, |(name, _)| name),
+    };
+    (!host.is_empty()).then_some(host)
+}
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_base_urls_host_is_its_server_address() {
+        assert_eq!(host_of("https://api.openai.com/v1"), Some("api.openai.com"));
+        assert_eq!(host_of("http://127.0.0.1:8080/v1"), Some("127.0.0.1"));
+        assert_eq!(host_of("https://[::1]:443"), Some("::1"));
+        assert_eq!(host_of("https://"), None);
+    }
 
     #[test]
     fn throttles_are_their_own_kind_not_a_reason_read_back() {

@@ -449,6 +449,8 @@ fn answer(req: &ProviderRequest<'_>, sim: &Simulation) -> Answer {
         provider_ref: None,
         finish,
         usage: Some(usage),
+        model: Some(document.model.to_owned()),
+        response_id: None,
     }
 }
 

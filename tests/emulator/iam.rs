@@ -11,14 +11,12 @@ use std::sync::{Arc, Mutex};
 use fenced_jobs::blobs::s3::S3Blobs;
 use fenced_jobs::clock::{Clock, SystemClock};
 use fenced_jobs::events::aws::AwsSink;
-use fenced_jobs::ops::dispatch::dispatch;
 use fenced_jobs::ops::producer::{Intake, submit};
 use fenced_jobs::ops::reconcile::{ReconcileSettings, reconcile};
 use fenced_jobs::ops::results::sweep_orphans;
 use fenced_jobs::provider::SimulatedProvider;
 use fenced_jobs::queue::{SqsDeadLetters, SqsTriggers, SqsVisibility};
 use fenced_jobs::testing::sdk_calls::RecordedCall;
-use fenced_jobs::testing::stream_source::LocalStreamSource;
 use fenced_jobs::worker::handler::BatchHandler;
 use fenced_jobs::worker::processor::Processor;
 
@@ -157,14 +155,7 @@ async fn each_function_makes_only_the_calls_its_role_in_the_template_allows() {
         client: dispatcher.events.clone(),
         bus: bus.clone(),
     };
-    let mut stream = LocalStreamSource::connect(&setup.ddb, dispatcher.streams.clone(), &table)
-        .await
-        .expect("stream");
-    let (_, response) = stream
-        .poll_once(|e| async move { dispatch(&e, &sink).await.response() })
-        .await
-        .expect("stream poll");
-    assert!(response.batch_item_failures.is_empty(), "{response:?}");
+    crate::support::announce(&setup.ddb, dispatcher.streams.clone(), &table, &sink).await;
 
     // THEN every request each role sent is one its policy in the template allows
     let calls = calls.lock().expect("calls").clone();

@@ -33,7 +33,7 @@ use crate::support::{
     self, Emulator, Queue, TakenOverDuringTheCall, deliver, emulator, fast_settings, job,
 };
 
-type Worker<P> =
+pub(crate) type Worker<P> =
     BatchHandler<fenced_jobs::ledger::dynamodb::DynamoLedger, P, SystemClock, SqsVisibility>;
 
 /// A worker on `table` that stores large answers in `bucket`.
@@ -42,7 +42,7 @@ fn worker<P: Provider>(aws: &Emulator, table: &str, bucket: &str, provider: P) -
 }
 
 /// [`worker`] with `settings`.
-fn worker_with<P: Provider>(
+pub(crate) fn worker_with<P: Provider>(
     aws: &Emulator,
     table: &str,
     bucket: &str,
@@ -226,7 +226,12 @@ async fn a_pointer_job_with_a_1_mb_answer_is_announced_once_and_read_back_with_j
     let file = dir.join("answer.json");
     let to_file = |extra: &[&str]| {
         std::process::Command::new(env!("CARGO_BIN_EXE_jobctl"))
-            .args(["result", "big-1", "--output", file.to_str().expect("path")])
+            .args([
+                "result",
+                "big-1",
+                "--out-file",
+                file.to_str().expect("path"),
+            ])
             .args(extra)
             .env("JOBS_TABLE", &table)
             .env("RESULTS_BUCKET", &results)

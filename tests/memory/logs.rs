@@ -236,8 +236,10 @@ async fn a_configuration_error_is_reported_as_an_init_error() {
 
 /// With an OTLP endpoint, each record and provider call becomes a span under the trace Lambda
 /// passed, sent to a local collector (here a stub on the loopback: no network): the provider
-/// call a GenAI client span with its model, tokens, finish reason and cost, and no content; an
-/// invocation that is not sampled sends nothing.
+/// call a GenAI client span with its model, tokens, finish reason, response and cost, and no
+/// content, a refused call an error with its type; an invocation that is not sampled sends
+/// nothing. Each log line carries the trace in both forms, the cold start, and the span it was
+/// written in.
 #[tokio::test]
 async fn records_and_provider_calls_become_genai_spans_without_content() {
     if alone("logs::records_and_provider_calls_become_genai_spans_without_content") {
@@ -247,6 +249,7 @@ async fn records_and_provider_calls_become_genai_spans_without_content() {
     use opentelemetry_proto::tonic::common::v1::any_value::Value as Any;
     use opentelemetry_proto::tonic::trace::v1::span::SpanKind;
     use prost::Message;
+    use tracing_subscriber::Layer;
     use tracing_subscriber::layer::SubscriberExt;
 
     let collector = HttpStub::start(|_, _| Reply::json(200, json!({}))).await;
@@ -254,14 +257,29 @@ async fn records_and_provider_calls_become_genai_spans_without_content() {
         fenced_jobs::telemetry::provider(Some(&format!("{}/v1/traces", collector.url)), "worker")
             .expect("a tracer provider");
     let layer = fenced_jobs::telemetry::layer(&provider);
-    let _guard = tracing::subscriber::set_default(tracing_subscriber::registry().with(layer));
+    let captured = Captured::default();
+    let sink = captured.clone();
+    let lines = fenced_jobs::logs::json_layer(move || sink.clone())
+        .with_filter(tracing_subscriber::EnvFilter::new("info"));
+    let subscriber = tracing_subscriber::registry().with(layer).with(lines);
+    let _guard = tracing::subscriber::set_default(subscriber);
 
-    let server = HttpStub::start(|_, _| {
+    let server = HttpStub::start(|req, _| {
+        let prompt = req.json()["messages"][0]["content"].as_str().map(str::to_owned);
+        if prompt.unwrap_or_default().ends_with("refuse") {
+            return Reply::json(
+                400,
+                json!({"error": {"message": "no", "type": "invalid_request_error", "code": "invalid_value"}}),
+            );
+        }
         Reply::json(
             200,
             json!({
+                "id": "chatcmpl-otel-1",
+                "model": "gpt-4.1-mini-2025-04-14",
                 "choices": [{"message": {"role": "assistant", "content": ANSWER}, "finish_reason": "stop"}],
-                "usage": {"prompt_tokens": 1200, "completion_tokens": 300},
+                "usage": {"prompt_tokens": 1200, "completion_tokens": 300,
+                          "prompt_tokens_details": {"cached_tokens": 1000}},
             }),
         )
     })
@@ -285,17 +303,23 @@ async fn records_and_provider_calls_become_genai_spans_without_content() {
         id: "inv-otel".into(),
         deadline: Some(SystemClock.now_ms() + 60_000),
     };
-    for (job_id, sampled) in [("otel-1", "1"), ("otel-2", "0")] {
+    let runs = [
+        ("otel-1", "1", PROMPT.to_owned()),
+        ("otel-2", "0", PROMPT.to_owned()),
+        ("otel-3", "1", format!("{PROMPT} refuse")),
+    ];
+    for (i, (job_id, sampled, prompt)) in runs.iter().enumerate() {
         let mut event = SqsEvent::default();
-        let body = json!({"job_id": job_id, "contract": "c", "input": {"model": "gpt-4.1-mini", "prompt": PROMPT}});
+        let body = json!({"job_id": job_id, "contract": "c", "input": {"model": "gpt-4.1-mini", "prompt": prompt}});
         event.records = vec![record(&format!("m-{job_id}"), &body.to_string())];
         let header = format!(
             "Root=1-5759e988-bd862e3fe1be46a994272793;Parent=53995c3f42cd8ad8;Sampled={sampled}"
         );
-        let span = fenced_jobs::telemetry::invocation_span("req-x", Some(&header));
+        let span = fenced_jobs::telemetry::invocation_span("req-x", Some(&header), i == 0);
         let report =
             tracing::Instrument::instrument(handler.handle_batch(&event, &inv), span).await;
-        assert!(report.records[0].outcome.is_success());
+        // A job refused for good is terminal too: its record is done.
+        assert!(report.records[0].outcome.is_success(), "{job_id}");
     }
     let flushed = tokio::task::spawn_blocking(move || provider.force_flush()).await;
     assert!(matches!(flushed, Ok(Ok(()))), "{flushed:?}");
@@ -336,13 +360,23 @@ async fn records_and_provider_calls_become_genai_spans_without_content() {
         spans
             .iter()
             .filter_map(|s| text(s, "job_id"))
-            .all(|v| v == Any::StringValue("otel-1".into())),
+            .all(|v| v != Any::StringValue("otel-2".into())),
         "not sampled: nothing sent"
     );
+    let of_job = |name: &str, job_id: &str| {
+        spans
+            .iter()
+            .find(|s| s.name == name && text(s, "job_id") == Some(Any::StringValue(job_id.into())))
+            .unwrap_or_else(|| panic!("no {name} span of {job_id}"))
+    };
     let (invocation, record, call) = (
         named("invocation"),
-        named("record"),
-        named("chat gpt-4.1-mini"),
+        of_job("record", "otel-1"),
+        of_job("chat gpt-4.1-mini", "otel-1"),
+    );
+    assert_eq!(
+        text(invocation, "faas.coldstart"),
+        Some(Any::BoolValue(true))
     );
     assert_eq!(invocation.parent_span_id, hex_bytes("53995c3f42cd8ad8"));
     assert_eq!(record.parent_span_id, invocation.span_id);
@@ -373,12 +407,85 @@ async fn records_and_provider_calls_become_genai_spans_without_content() {
     };
     let reasons: Vec<_> = reasons.values.iter().map(|v| v.value.clone()).collect();
     assert_eq!(reasons, [Some(Any::StringValue("stop".into()))]);
-    // 1,200 input tokens at $0.40 and 300 output at $1.60 per million.
+    // Of 1,200 input tokens, 200 at $0.40 and 1,000 from the cache at $0.10, and 300 output at
+    // $1.60 per million.
     assert_eq!(
         text(call, "fenced_jobs.cost_usd"),
-        Some(Any::DoubleValue(0.00096))
+        Some(Any::DoubleValue(0.00066))
     );
     assert!(text(call, "attempt").is_some() && text(call, "epoch").is_some());
+    // What the conventions name beyond the counts, from what the call and its answer say.
+    let said = |key: &str| text(call, key).unwrap_or_else(|| panic!("no {key}: {call:?}"));
+    assert_eq!(
+        said("gen_ai.usage.cache_read.input_tokens"),
+        Any::IntValue(1000)
+    );
+    assert_eq!(
+        said("gen_ai.usage.cache_creation.input_tokens"),
+        Any::IntValue(0)
+    );
+    assert_eq!(
+        said("gen_ai.response.id"),
+        Any::StringValue("chatcmpl-otel-1".into())
+    );
+    let model = Any::StringValue("gpt-4.1-mini-2025-04-14".into());
+    assert_eq!(said("gen_ai.response.model"), model);
+    assert_eq!(said("gen_ai.output.type"), Any::StringValue("text".into()));
+    assert_eq!(said("server.address"), Any::StringValue("127.0.0.1".into()));
+    assert!(matches!(said("gen_ai.request.max_tokens"), Any::IntValue(n) if n > 0));
+    assert!(text(call, "error.type").is_none());
+    // A refused call: an error, with its type, and no figures it never had.
+    let refused = of_job("chat gpt-4.1-mini", "otel-3");
+    assert_eq!(
+        text(refused, "error.type"),
+        Some(Any::StringValue("permanent".into()))
+    );
+    let status = refused.status.as_ref().expect("a status");
+    assert_eq!(status.code, 2, "STATUS_CODE_ERROR: {status:?}");
+    assert!(call.status.as_ref().is_none_or(|s| s.code != 2), "{call:?}");
+
+    // Each line carries its trace in both forms, whether the environment was cold, and the
+    // span it was written in: one of the spans the trace holds.
+    let logged = String::from_utf8(captured.0.lock().expect("buffer").clone()).expect("utf-8");
+    let lines: Vec<Value> = logged
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("a JSON line"))
+        .collect();
+    let done = |job: &str| {
+        lines
+            .iter()
+            .find(|l| l["job_id"] == job && l["message"] == "record done")
+            .unwrap_or_else(|| panic!("no record done line of {job}: {logged}"))
+    };
+    for (job, cold) in [("otel-1", true), ("otel-2", false)] {
+        let line = done(job);
+        assert_eq!(
+            line["trace_id"], "5759e988bd862e3fe1be46a994272793",
+            "{line}"
+        );
+        assert_eq!(line["xray_trace_id"], "1-5759e988-bd862e3fe1be46a994272793");
+        assert_eq!(line["cold_start"], cold, "{line}");
+    }
+    let exported: Vec<&Vec<u8>> = spans.iter().map(|s| &s.span_id).collect();
+    let span_of = |line: &Value| line.get("span_id").and_then(Value::as_str).map(hex_bytes);
+    for line in &lines {
+        if let Some(id) = span_of(line) {
+            assert!(exported.contains(&&id), "a span the trace holds: {line}");
+        }
+    }
+    let in_record = lines
+        .iter()
+        .find(|l| l["job_id"] == "otel-1" && l["level"] == "WARN")
+        .expect("the record's warning");
+    assert_eq!(
+        span_of(in_record),
+        Some(record.span_id.clone()),
+        "the record's span"
+    );
+    assert!(
+        done("otel-2").get("span_id").is_none(),
+        "not sampled: no span"
+    );
 }
 
 /// The bytes a hexadecimal id stands for.

@@ -46,6 +46,8 @@ impl Provider for Limited {
             provider_ref: None,
             finish: fenced_jobs::job::contract::Finish::Stop,
             usage: None,
+            model: None,
+            response_id: None,
         })
     }
 }
@@ -135,6 +137,8 @@ impl Provider for Crowded {
             provider_ref: None,
             finish: fenced_jobs::job::contract::Finish::Stop,
             usage: None,
+            model: None,
+            response_id: None,
         })
     }
 }

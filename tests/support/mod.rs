@@ -373,6 +373,26 @@ pub fn job(id: &str, prompt: &str, extra_input: &str) -> String {
     )
 }
 
+/// The stream records of `table` so far, read with `streams` (whose credentials may be a role's)
+/// and announced through the dispatcher to `sink`, which must take every one.
+pub async fn announce(
+    ddb: &aws_sdk_dynamodb::Client,
+    streams: aws_sdk_dynamodbstreams::Client,
+    table: &str,
+    sink: &fenced_jobs::events::aws::AwsSink,
+) {
+    use fenced_jobs::ops::dispatch::dispatch;
+    let mut stream =
+        fenced_jobs::testing::stream_source::LocalStreamSource::connect(ddb, streams, table)
+            .await
+            .expect("stream");
+    let (_, response) = stream
+        .poll_once(|e| async move { dispatch(&e, sink).await.response() })
+        .await
+        .expect("stream poll");
+    assert!(response.batch_item_failures.is_empty(), "{response:?}");
+}
+
 /// One delivery through the local event source, keeping the handler's own report.
 pub async fn deliver<P: Provider>(
     source: &LocalEventSource,

@@ -11,39 +11,43 @@ use fenced_jobs::ops::producer::Intake;
 use fenced_jobs::ops::results;
 use fenced_jobs::queue::{SqsReader, SqsTriggers};
 
-use super::{AWS_ERROR, DlqCommand, REFUSED, usage};
+use super::{AWS_ERROR, DlqCommand, REFUSED, TIMED_OUT, usage};
+use crate::output::Out;
 use fenced_jobs::ops::files::OutputFile;
 
 pub(crate) async fn list(
     ledger: &DynamoLedger,
     state: &str,
     limit: usize,
-    json: bool,
+    out: &Out,
 ) -> Result<(), OperatorError> {
     let state: JobState = match state.parse() {
         Ok(s) if !JobState::is_terminal(s) => s,
         _ => usage("--state takes ready, running, unknown or retry_authorized"),
     };
     let jobs = ledger.list(state, limit).await?;
-    if json {
-        let rows: Vec<serde_json::Value> = jobs
-            .iter()
-            .map(|(id, at)| serde_json::json!({"job_id": id, "state": state.as_str(), "updated_at": format_rfc3339_ms(*at)}))
-            .collect();
-        println!("{}", serde_json::Value::Array(rows));
-    } else {
-        println!("{:<40} {:<17} updated", "job_id", "state");
+    let rows: Vec<serde_json::Value> = jobs
+        .iter()
+        .map(|(id, at)| serde_json::json!({"job_id": id, "state": state.as_str(), "updated_at": format_rfc3339_ms(*at)}))
+        .collect();
+    out.emit(serde_json::Value::Array(rows), || {
+        let mut text = format!("{:<40} {:<17} updated\n", "job_id", "state");
         for (id, at) in &jobs {
-            println!("{id:<40} {:<17} {}", state.as_str(), format_rfc3339_ms(*at));
+            text += &format!(
+                "{id:<40} {:<17} {}\n",
+                state.as_str(),
+                format_rfc3339_ms(*at)
+            );
         }
-    }
+        text
+    });
     Ok(())
 }
 
 pub(crate) async fn spend(
     ledger: &DynamoLedger,
     day: Option<String>,
-    json: bool,
+    out: &Out,
 ) -> Result<(), OperatorError> {
     use fenced_jobs::ops::spend;
     let day = match day {
@@ -52,11 +56,7 @@ pub(crate) async fn spend(
         None => spend::day_of(SystemClock.now_ms()),
     };
     let lines = spend::day(ledger, &day).await?;
-    if json {
-        println!("{}", spend::to_json(&day, &lines));
-    } else {
-        print!("{}", spend::text(&day, &lines));
-    }
+    out.emit(spend::to_json(&day, &lines), || spend::text(&day, &lines));
     Ok(())
 }
 
@@ -73,7 +73,7 @@ pub(crate) async fn dlq(
     sqs: &aws_sdk_sqs::Client,
     source: DlqSource<'_>,
     command: DlqCommand,
-    json: bool,
+    out: &Out,
 ) -> Result<(), OperatorError> {
     // A redrive holds the messages it read invisible for a minute (long enough to move them);
     // an inspection or a dry run leaves them visible to everyone.
@@ -100,29 +100,28 @@ pub(crate) async fn dlq(
         None => None,
         Some(to) => Some(operator::dlq_redrive(&queue, source.url, &to, &entries).await?),
     };
-    if json {
-        let rows: Vec<serde_json::Value> = entries
-            .iter()
-            .map(|e| serde_json::json!({"message_id": e.message_id, "job_id": e.job_id, "verdict": e.verdict.label()}))
-            .collect();
-        println!(
-            "{}",
-            serde_json::json!({"messages": rows, "redriven": moved})
-        );
-    } else {
-        println!("{:<38} {:<32} verdict", "message_id", "job_id");
-        for e in &entries {
-            println!(
-                "{:<38} {:<32} {}",
-                e.message_id.as_deref().unwrap_or("-"),
-                e.job_id.as_deref().unwrap_or("-"),
-                e.verdict.label()
-            );
-        }
-        if let Some(moved) = moved {
-            println!("\nredriven: {moved} of {}", entries.len());
-        }
-    }
+    let rows: Vec<serde_json::Value> = entries
+        .iter()
+        .map(|e| serde_json::json!({"message_id": e.message_id, "job_id": e.job_id, "verdict": e.verdict.label()}))
+        .collect();
+    out.emit(
+        serde_json::json!({"messages": rows, "redriven": moved}),
+        || {
+            let mut text = format!("{:<38} {:<32} verdict\n", "message_id", "job_id");
+            for e in &entries {
+                text += &format!(
+                    "{:<38} {:<32} {}\n",
+                    e.message_id.as_deref().unwrap_or("-"),
+                    e.job_id.as_deref().unwrap_or("-"),
+                    e.verdict.label()
+                );
+            }
+            if let Some(moved) = moved {
+                text += &format!("\nredriven: {moved} of {}\n", entries.len());
+            }
+            text
+        },
+    );
     Ok(())
 }
 
@@ -131,7 +130,7 @@ pub(crate) async fn submit(
     sender: &SqsTriggers,
     file: Option<std::path::PathBuf>,
     intake: &Intake<'_>,
-    json: bool,
+    out: &Out,
 ) -> Result<(), OperatorError> {
     use std::io::{BufRead, IsTerminal, Write};
     let reader: Box<dyn BufRead> = match file {
@@ -165,33 +164,7 @@ pub(crate) async fn submit(
     if terminal {
         eprintln!();
     }
-    if json {
-        println!("{}", serde_json::json!(report));
-    } else {
-        println!(
-            "lines {}: created {}, already present {}, conflicts {}, invalid {}, ledger failed {}, sent {}, failed to send {}",
-            report.lines,
-            report.created,
-            report.already_present,
-            report.conflicts.len(),
-            report.invalid.len(),
-            report.ledger_failed.len(),
-            report.sent,
-            report.send_failed.len()
-        );
-        for (line, reason) in report.invalid.iter().take(20) {
-            println!("  line {line}: invalid: {reason}");
-        }
-        for (line, job_id) in report.conflicts.iter().take(20) {
-            println!("  line {line}: conflict: {job_id} is held with another input");
-        }
-        for (line, reason) in report.ledger_failed.iter().take(20) {
-            println!("  line {line}: not written: {reason}");
-        }
-        for (job_id, reason) in report.send_failed.iter().take(20) {
-            println!("  {job_id}: not sent ({reason}); the reconciler will send it");
-        }
-    }
+    out.emit(serde_json::json!(report), || submitted(&report));
     let clean = report.invalid.is_empty()
         && report.conflicts.is_empty()
         && report.ledger_failed.is_empty()
@@ -202,12 +175,38 @@ pub(crate) async fn submit(
     Ok(())
 }
 
-pub(crate) fn print(record: &fenced_jobs::job::JobItem, json: bool, with_result: bool) {
-    if json {
-        println!("{}", operator::to_json(record, with_result));
-    } else {
-        print!("{}", operator::to_text(record, with_result));
+/// A submit's report as people read it.
+fn submitted(report: &fenced_jobs::ops::producer::SubmitReport) -> String {
+    let mut text = format!(
+        "lines {}: created {}, already present {}, conflicts {}, invalid {}, ledger failed {}, sent {}, failed to send {}\n",
+        report.lines,
+        report.created,
+        report.already_present,
+        report.conflicts.len(),
+        report.invalid.len(),
+        report.ledger_failed.len(),
+        report.sent,
+        report.send_failed.len()
+    );
+    for (line, reason) in report.invalid.iter().take(20) {
+        text += &format!("  line {line}: invalid: {reason}\n");
     }
+    for (line, job_id) in report.conflicts.iter().take(20) {
+        text += &format!("  line {line}: conflict: {job_id} is held with another input\n");
+    }
+    for (line, reason) in report.ledger_failed.iter().take(20) {
+        text += &format!("  line {line}: not written: {reason}\n");
+    }
+    for (job_id, reason) in report.send_failed.iter().take(20) {
+        text += &format!("  {job_id}: not sent ({reason}); the reconciler will send it\n");
+    }
+    text
+}
+
+pub(crate) fn print(record: &fenced_jobs::job::JobItem, out: &Out, with_result: bool) {
+    out.emit(operator::to_json(record, with_result), || {
+        operator::to_text(record, with_result)
+    });
 }
 
 /// One reconciler run by hand, with the provider the environment names (to cancel the
@@ -217,7 +216,7 @@ pub(crate) async fn reconcile(
     aws: &aws_config::SdkConfig,
     triggers: SqsTriggers,
     settings: &fenced_jobs::ops::reconcile::ReconcileSettings,
-    json: bool,
+    out: &Out,
 ) -> Result<(), OperatorError> {
     let provider = fenced_jobs::config::provider_from_lookup(|name| std::env::var(name).ok())
         .map_err(|e| OperatorError::NotSent(e.to_string()))?;
@@ -227,10 +226,8 @@ pub(crate) async fn reconcile(
     let now = SystemClock.now_ms();
     let report =
         fenced_jobs::ops::reconcile::reconcile(ledger, &triggers, &provider, now, settings).await?;
-    if json {
-        println!("{}", serde_json::json!(report));
-    } else {
-        println!(
+    out.emit(serde_json::json!(report), || {
+        format!(
             "expired {} (refused {}, calls cancelled {}), examined {} (walks cut {}), re-sent {} (failed {}), unknown {}, errors {}",
             report.expired,
             report.expire_refused,
@@ -241,8 +238,8 @@ pub(crate) async fn reconcile(
             report.send_failed,
             report.unknown,
             report.errors
-        );
-    }
+        )
+    });
     Ok(())
 }
 
@@ -364,7 +361,7 @@ pub(crate) async fn watch(
     job_id: &str,
     interval_s: u64,
     timeout_s: u64,
-    json: bool,
+    out: &Out,
 ) -> Result<(), OperatorError> {
     use fenced_jobs::ledger::JobLedger;
     let started = std::time::Instant::now();
@@ -378,25 +375,10 @@ pub(crate) async fn watch(
                 std::process::exit(AWS_ERROR);
             }
         };
-        let now = (job.state, job.owner_epoch, job.attempts);
+        let now = (job.state, job.owner_epoch, job.attempts, job.owner_until);
         if last != Some(now) {
             last = Some(now);
-            let at = format_rfc3339_ms(SystemClock.now_ms());
-            if json {
-                println!(
-                    "{}",
-                    serde_json::json!({"at": at, "job_id": job_id, "state": job.state.as_str(),
-                        "epoch": job.owner_epoch, "attempts": job.attempts})
-                );
-            } else {
-                println!(
-                    "{at}  {job_id}  {:<16} epoch {:<3} attempts {} of {}",
-                    job.state.as_str(),
-                    job.owner_epoch,
-                    job.attempts,
-                    job.max_attempts
-                );
-            }
+            watched(&job, started.elapsed().as_secs(), out);
         }
         if job.state.is_terminal() {
             if job.state != JobState::Succeeded {
@@ -409,10 +391,36 @@ pub(crate) async fn watch(
                 "jobctl: {job_id} is still {} after {timeout_s} s",
                 job.state.as_str()
             );
-            std::process::exit(REFUSED);
+            std::process::exit(TIMED_OUT);
         }
         tokio::time::sleep(std::time::Duration::from_secs(interval_s.max(1))).await;
     }
+}
+
+/// One line of `watch`: the job as it stands, `elapsed_s` since the watch began.
+fn watched(job: &fenced_jobs::job::JobItem, elapsed_s: u64, out: &Out) {
+    let at = format_rfc3339_ms(SystemClock.now_ms());
+    let lease = job
+        .owner_until
+        .filter(|_| job.state == JobState::Running)
+        .map(format_rfc3339_ms);
+    let doc = serde_json::json!({"at": at, "elapsed_s": elapsed_s, "job_id": job.job_id,
+        "state": job.state.as_str(), "epoch": job.owner_epoch, "attempts": job.attempts,
+        "lease_until": lease, "updated_at": format_rfc3339_ms(job.updated_at)});
+    out.emit(doc, || {
+        let mut text = format!(
+            "{at}  +{elapsed_s}s  {}  {:<16} epoch {:<3} attempts {} of {}",
+            job.job_id,
+            job.state.as_str(),
+            job.owner_epoch,
+            job.attempts,
+            job.max_attempts
+        );
+        if let Some(lease) = &lease {
+            text += &format!("  lease until {lease}");
+        }
+        text
+    });
 }
 
 /// `jobctl events replay`: the failure queue's batches, or the jobs given.
@@ -425,7 +433,7 @@ pub(crate) async fn replay(
     jobs: &[String],
     max: usize,
     dry_run: bool,
-    json: bool,
+    out: &Out,
 ) -> Result<(), OperatorError> {
     use fenced_jobs::ops::replay::{ReplayError, ReplayReport, event_of_job, replay_failures};
     let failed = |e: String| OperatorError::NotSent(e);
@@ -466,25 +474,21 @@ pub(crate) async fn replay(
             ..ReplayReport::default()
         }
     };
-    if json {
-        println!(
-            "{}",
-            serde_json::json!({
-                "messages": report.messages, "unreadable": report.unreadable,
-                "events": report.events, "deleted": report.deleted, "dry_run": dry_run,
-            })
-        );
-    } else {
+    let doc = serde_json::json!({
+        "messages": report.messages, "unreadable": report.unreadable,
+        "events": report.events, "deleted": report.deleted, "dry_run": dry_run,
+    });
+    out.emit(doc, || {
         let verb = if dry_run {
             "would publish"
         } else {
             "published"
         };
-        println!(
+        format!(
             "{} failure messages ({} naming no stream batch, left in the queue), {verb} {} events, deleted {} messages",
             report.messages, report.unreadable, report.events, report.deleted
-        );
-    }
+        )
+    });
     Ok(())
 }
 
@@ -518,7 +522,7 @@ pub(crate) async fn cancel(
     by: &str,
     caller: &str,
     reason: &str,
-    json: bool,
+    out: &Out,
 ) -> Result<(), OperatorError> {
     let mut first_error = None;
     for job_id in ids {
@@ -532,16 +536,11 @@ pub(crate) async fn cancel(
             ),
             Err(e) => ("refused", e.to_string()),
         };
-        if json {
-            println!(
-                "{}",
-                serde_json::json!({ "job_id": job_id, "status": status, "detail": detail })
-            );
-        } else if detail.is_empty() {
-            println!("{job_id}: {status}");
-        } else {
-            println!("{job_id}: {status} ({detail})");
-        }
+        let doc = serde_json::json!({ "job_id": job_id, "status": status, "detail": detail });
+        out.emit(doc, || match detail.is_empty() {
+            true => format!("{job_id}: {status}"),
+            false => format!("{job_id}: {status} ({detail})"),
+        });
         if let Err(e) = outcome {
             first_error.get_or_insert(e);
         }

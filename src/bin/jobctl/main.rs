@@ -2,7 +2,8 @@
 //!
 //! Exit status: 0 done; 1 refused or partial (no such job, not in a state the command acts on,
 //! changed meanwhile, some lines not submitted, a watched job that did not succeed); 2 usage;
-//! 3 an AWS call failed; 4 a stored answer is not the content its acceptance recorded.
+//! 3 an AWS call failed; 4 a stored answer is not the content its acceptance recorded; 5 a
+//! watch gave up waiting on a job still live.
 
 use clap::{Parser, Subcommand};
 use fenced_jobs::blobs::s3::S3Blobs;
@@ -11,7 +12,11 @@ use fenced_jobs::ledger::dynamodb::DynamoLedger;
 use fenced_jobs::ops::operator::OperatorError;
 
 mod commands;
+mod output;
 mod run;
+
+/// The heading of the options every subcommand takes.
+const GLOBAL: &str = "Global options";
 
 /// Exit status when a command was refused, or did only part of its work.
 pub(crate) const REFUSED: i32 = 1;
@@ -22,6 +27,9 @@ pub(crate) const AWS_ERROR: i32 = 3;
 /// Exit status when a stored answer is not the content its acceptance recorded: not a failure
 /// to try again, but a bucket someone changed.
 pub(crate) const INTEGRITY: i32 = 4;
+/// Exit status when `watch` gave up waiting (`--timeout`) on a job that is not terminal yet:
+/// not a failure of the job.
+pub(crate) const TIMED_OUT: i32 = 5;
 
 /// Ends the process with a usage error.
 pub(crate) fn usage(what: &str) -> ! {
@@ -34,29 +42,41 @@ pub(crate) fn usage(what: &str) -> ! {
 #[command(version)]
 struct Cli {
     /// The ledger table.
-    #[arg(long, env = "JOBS_TABLE", global = true)]
+    #[arg(long, env = "JOBS_TABLE", global = true, help_heading = GLOBAL)]
     table: Option<String>,
     /// The named profile of your AWS configuration (SSO and credential_process profiles need
     /// jobctl built with `--features cli`).
-    #[arg(long, env = "AWS_PROFILE", global = true)]
+    #[arg(long, env = "AWS_PROFILE", global = true, help_heading = GLOBAL)]
     profile: Option<String>,
     /// The AWS Region.
-    #[arg(long, global = true)]
+    #[arg(long, global = true, help_heading = GLOBAL)]
     region: Option<String>,
     /// Send every AWS request to this endpoint (a local emulator, a VPC endpoint).
-    #[arg(long, global = true)]
+    #[arg(long, global = true, help_heading = GLOBAL)]
     endpoint_url: Option<String>,
     /// The results bucket: large answers are read from it, large inputs written to it.
-    #[arg(long, env = "RESULTS_BUCKET", global = true)]
+    #[arg(long, env = "RESULTS_BUCKET", global = true, help_heading = GLOBAL)]
     results_bucket: Option<String>,
     /// Answers and inputs above this many bytes are kept in the results bucket.
-    #[arg(long, env = "INLINE_MAX_BYTES", global = true, default_value_t = fenced_jobs::job::DEFAULT_INLINE_MAX_BYTES)]
+    #[arg(long, env = "INLINE_MAX_BYTES", global = true, help_heading = GLOBAL, default_value_t = fenced_jobs::job::DEFAULT_INLINE_MAX_BYTES)]
     inline_max_bytes: usize,
-    /// Print JSON instead of text.
-    #[arg(long, global = true)]
+    /// How results print: json, text (lines for people; the default) or table (the JSON form
+    /// as a table).
+    #[arg(long, value_enum, global = true, help_heading = GLOBAL)]
+    output: Option<output::Format>,
+    /// A JMESPath expression over each result's JSON form (`--query 'items[].name'`), as the
+    /// AWS CLI's; prints JSON unless `--output` says otherwise.
+    #[arg(long, global = true, help_heading = GLOBAL)]
+    query: Option<String>,
+    /// `--output json`, as earlier versions spelled it.
+    #[arg(long, global = true, hide = true)]
     json: bool,
+    /// Log each AWS request's progress to standard error (never credentials, nor what the
+    /// requests carry).
+    #[arg(long, global = true, help_heading = GLOBAL)]
+    debug: bool,
     /// The urgent queue: triggers of urgent jobs go there (the stack's `UrgentQueue`).
-    #[arg(long, env = "URGENT_QUEUE_URL", global = true)]
+    #[arg(long, env = "URGENT_QUEUE_URL", global = true, help_heading = GLOBAL)]
     urgent_queue_url: Option<String>,
     #[command(subcommand)]
     command: Command,
@@ -134,10 +154,10 @@ enum Command {
         job_id: String,
         /// Write it to FILE instead of standard output (a new file, readable by its owner
         /// only).
-        #[arg(long)]
-        output: Option<std::path::PathBuf>,
+        #[arg(long, value_name = "FILE")]
+        out_file: Option<std::path::PathBuf>,
         /// Replace FILE if it exists.
-        #[arg(long, requires = "output")]
+        #[arg(long, requires = "out_file")]
         force: bool,
     },
     /// Write the jobs that finished since a time as JSON lines (job id, state, metadata, answer
@@ -152,10 +172,10 @@ enum Command {
         since: Option<String>,
         /// Write to FILE instead of standard output (a new file, readable by its owner only;
         /// none is left if the export fails).
-        #[arg(long)]
-        output: Option<std::path::PathBuf>,
+        #[arg(long, value_name = "FILE")]
+        out_file: Option<std::path::PathBuf>,
         /// Replace FILE if it exists.
-        #[arg(long, requires = "output")]
+        #[arg(long, requires = "out_file")]
         force: bool,
     },
     /// The day's spend against the daily limits: the deployment's, each producer's and each
@@ -219,15 +239,16 @@ enum Command {
         #[arg(long)]
         yes: bool,
     },
-    /// Follow a job until it is terminal, printing each change; exit 0 if it succeeded, 1 if
-    /// it failed or expired.
+    /// Follow a job until it is terminal, printing each change (with the time since the watch
+    /// began and the owner's lease); exit 0 if it succeeded, 1 if it ended otherwise, 5 if
+    /// `--timeout` passed first.
     Watch {
         /// The job id.
         job_id: String,
         /// Seconds between two reads.
         #[arg(long, default_value_t = 2)]
         interval: u64,
-        /// Give up after this many seconds (0: never).
+        /// Give up after this many seconds (0: never), with exit status 5.
         #[arg(long, default_value_t = 0)]
         timeout: u64,
     },
@@ -301,6 +322,11 @@ async fn main() {
         clap_complete::generate(shell, &mut Cli::command(), "jobctl", &mut std::io::stdout());
         return;
     }
+    let format = cli.output.or(cli.json.then_some(output::Format::Json));
+    let out = output::Out::new(format, cli.query.as_deref()).unwrap_or_else(|e| usage(&e));
+    if cli.debug {
+        debug_to_stderr();
+    }
     let config = aws_config(&cli).await;
     let table = cli
         .table
@@ -310,7 +336,7 @@ async fn main() {
     let ctx = run::Ctx {
         ledger: DynamoLedger::new(aws_sdk_dynamodb::Client::new(&config), &table),
         blobs: S3Blobs::new(s3_client(&config), cli.results_bucket.clone()),
-        json: cli.json,
+        out,
         urgent_queue_url: cli.urgent_queue_url.clone(),
         inline_max_bytes: cli.inline_max_bytes,
         config,
@@ -330,6 +356,23 @@ async fn main() {
             }
         });
     }
+}
+
+/// `--debug`: jobctl's and the AWS SDK's progress (each request's operation, endpoint, retries
+/// and timing) to standard error. Request signing logs nothing (its canonical request carries a
+/// session token), nor does anything log what requests and answers carry (the SDK logs those
+/// only at `trace`).
+fn debug_to_stderr() {
+    let filter = tracing_subscriber::EnvFilter::new(
+        "info,jobctl=debug,fenced_jobs=debug,aws_config=debug,aws_smithy_runtime=debug,\
+         aws_smithy_runtime_api=debug,aws_sigv4=off,aws_smithy_http_client=info,hyper=info",
+    );
+    use std::io::IsTerminal;
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
+        .with_writer(std::io::stderr)
+        .init();
 }
 
 /// The AWS configuration the command line and the environment name, with a Region.

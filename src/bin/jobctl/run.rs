@@ -12,6 +12,7 @@ use fenced_jobs::queue::SqsTriggers;
 use crate::commands::{
     self, DlqSource, caller, dlq, export, list, print, reconcile, replay, submit, watch, write_out,
 };
+use crate::output::Out;
 use crate::{AWS_ERROR, Command, EventsCommand, INTEGRITY, REFUSED, USAGE, usage};
 
 /// What every subcommand may use: the AWS configuration, the ledger, the bucket and the global
@@ -20,7 +21,7 @@ pub(crate) struct Ctx {
     pub(crate) config: aws_config::SdkConfig,
     pub(crate) ledger: DynamoLedger,
     pub(crate) blobs: S3Blobs,
-    pub(crate) json: bool,
+    pub(crate) out: Out,
     pub(crate) urgent_queue_url: Option<String>,
     pub(crate) inline_max_bytes: usize,
 }
@@ -35,29 +36,29 @@ impl Ctx {
 
 /// Carries out `command`.
 pub(crate) async fn command(ctx: &Ctx, command: Command) -> Result<(), OperatorError> {
-    let (ledger, json) = (&ctx.ledger, ctx.json);
+    let (ledger, out) = (&ctx.ledger, &ctx.out);
     match command {
         Command::Result {
             job_id,
-            output,
+            out_file,
             force,
-        } => result(ctx, &job_id, output.as_deref(), force).await,
+        } => result(ctx, &job_id, out_file.as_deref(), force).await,
         Command::Export {
             state,
             since,
-            output,
+            out_file,
             force,
-        } => export(ledger, state, since, output, force).await,
+        } => export(ledger, state, since, out_file, force).await,
         Command::Show { job_id, result } => operator::show(ledger, &job_id)
             .await
-            .map(|record| print(&record, json, result)),
-        Command::List { state, limit } => list(ledger, &state, limit, json).await,
-        Command::Spend { day } => commands::spend(ledger, day, json).await,
+            .map(|record| print(&record, out, result)),
+        Command::List { state, limit } => list(ledger, &state, limit, out).await,
+        Command::Spend { day } => commands::spend(ledger, day, out).await,
         Command::Watch {
             job_id,
             interval,
             timeout,
-        } => watch(ledger, &job_id, interval, timeout, json).await,
+        } => watch(ledger, &job_id, interval, timeout, out).await,
         Command::Completions { .. } => Ok(()),
         Command::Events {
             command,
@@ -100,7 +101,7 @@ pub(crate) async fn command(ctx: &Ctx, command: Command) -> Result<(), OperatorE
         } => {
             let ids = cancel_ids(ctx, commands::job_ids(job_ids, file), tenant, yes).await;
             let caller = caller(&ctx.config).await;
-            commands::cancel(ledger, &ids, &by, &caller, &reason, json).await
+            commands::cancel(ledger, &ids, &by, &caller, &reason, out).await
         }
         Command::Fail {
             job_id,
@@ -128,7 +129,7 @@ async fn dead_letters(
         producers: &producers,
     };
     let sqs = aws_sdk_sqs::Client::new(&ctx.config);
-    dlq(&ctx.ledger, &ctx.blobs, &sqs, source, command, ctx.json).await
+    dlq(&ctx.ledger, &ctx.blobs, &sqs, source, command, &ctx.out).await
 }
 
 /// One pass of the reconciler, its triggers sent to `queue_url`.
@@ -147,7 +148,7 @@ async fn reconcile_once(
         &ctx.config,
         ctx.triggers(queue_url),
         &settings,
-        ctx.json,
+        &ctx.out,
     )
     .await
 }
@@ -172,7 +173,7 @@ async fn submit_file(
         &ctx.triggers(queue_url),
         file,
         &intake,
-        ctx.json,
+        &ctx.out,
     )
     .await
 }
@@ -189,7 +190,7 @@ async fn fail(
         usage("not confirmed: fail needs --yes when not run on a terminal");
     }
     let record = decide(ctx, job_id, OperatorAction::Fail, by, reason).await?;
-    print(&record, ctx.json, false);
+    print(&record, &ctx.out, false);
     Ok(())
 }
 
@@ -243,7 +244,7 @@ async fn events(
         &job,
         max,
         dry_run,
-        ctx.json,
+        &ctx.out,
     )
     .await
 }
@@ -271,7 +272,7 @@ async fn authorize_retry(
 ) -> Result<(), OperatorError> {
     let record = decide(ctx, job_id, OperatorAction::AuthorizeRetry, by, reason).await?;
     operator::send_trigger(&ctx.triggers(queue_url), &record).await?;
-    print(&record, ctx.json, false);
+    print(&record, &ctx.out, false);
     Ok(())
 }
 

@@ -135,6 +135,8 @@ fn a_claim_calls_ends_its_attempt_charges_the_call_and_ends_the_delivery() {
         provider_ref: None,
         finish: crate::job::contract::Finish::Stop,
         usage: None,
+        model: None,
+        response_id: None,
     };
     let said = Observation::Said(Said::Answered(answer));
     assert_eq!(d.observe(said, NOW), Command::End(EndStep::Place));

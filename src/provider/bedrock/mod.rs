@@ -86,6 +86,8 @@ pub struct BedrockProvider {
     guardrail: Option<(String, String)>,
     /// Answers stream (`ConverseStream`).
     stream: bool,
+    /// The host its calls go to: the endpoint given, else the Region's.
+    server: String,
 }
 
 impl BedrockProvider {
@@ -101,11 +103,17 @@ impl BedrockProvider {
         if let Some(url) = &settings.endpoint_url {
             config = config.endpoint_url(url);
         }
+        let region = aws.region().map_or("us-east-1", |r| r.as_ref());
+        let server = match settings.endpoint_url.as_deref().and_then(super::host_of) {
+            Some(host) => host.to_owned(),
+            None => format!("bedrock-runtime.{region}.amazonaws.com"),
+        };
         BedrockProvider {
             client: Client::from_conf(config.build()),
             model_id: settings.model_id.clone(),
             guardrail: settings.guardrail.clone(),
             stream: settings.stream,
+            server,
         }
     }
 }
@@ -113,6 +121,10 @@ impl BedrockProvider {
 impl Provider for BedrockProvider {
     fn name(&self) -> &'static str {
         "aws.bedrock"
+    }
+
+    fn server_address(&self) -> Option<&str> {
+        Some(&self.server)
     }
 
     fn fixed_model(&self) -> Option<&str> {
@@ -219,6 +231,9 @@ fn answer(
             )
             .served_at(tier.map(Value::from).as_ref())
         }),
+        // Converse names no model in its answer: the one asked for answered.
+        model: Some(model.to_owned()),
+        response_id: None,
     }
 }
 

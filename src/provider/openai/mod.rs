@@ -251,6 +251,10 @@ impl Provider for OpenAiProvider {
         "openai"
     }
 
+    fn server_address(&self) -> Option<&str> {
+        super::host_of(&self.settings.base_url)
+    }
+
     fn fixed_model(&self) -> Option<&str> {
         self.settings.model.as_deref()
     }
@@ -504,6 +508,8 @@ fn answer(
             .get("usage")
             .and_then(Usage::from_openai)
             .map(|u| u.served_at(json.get("service_tier"))),
+        model: json.get("model").and_then(Value::as_str).map(str::to_owned),
+        response_id: response_id(json).map(str::to_owned),
     }
 }
 

@@ -358,6 +358,9 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
             gen_ai.operation.name = "chat",
             gen_ai.provider.name = link.provider.name(),
             gen_ai.request.model = model,
+            gen_ai.request.max_tokens = i64::try_from(request.max_output_tokens).unwrap_or(i64::MAX),
+            gen_ai.output.type = request.output.format().as_str(),
+            server.address = link.provider.server_address(),
         );
         if self.batched(link, request.input) {
             // A line waits for its batch within its budget, whoever else loses ownership
@@ -375,7 +378,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
             Duration::from_millis(budget_ms as u64),
             link.provider.submit(request).instrument(span.clone()),
         );
-        tokio::select! {
+        let said = tokio::select! {
             biased;
             _ = stop.stopped() => Said::Lost,
             called = sent => match called {
@@ -391,7 +394,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
                                     let rate = Rate::of(false, request.input).served(u.tier);
                                     self.settings.prices.cost_at(model, &u, rate)
                                 });
-                            telemetry::record_call(&span, answer.usage.as_ref(), answer.finish, cost);
+                            telemetry::record_call(&span, &answer, cost);
                             match answer.judged(request.output) {
                                 Ok(answer) => Said::Answered(answer),
                                 Err(invalid) => Said::Failed(invalid),
@@ -403,7 +406,11 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
                 Ok(Err(error)) => Said::Failed(error),
                 Err(_) => Said::TimedOut,
             },
+        };
+        if let Some(error_type) = error_type(&said) {
+            telemetry::record_failure(&span, error_type);
         }
+        said
     }
 
     /// Asks the provider to cancel a background call, waiting at most until this invocation's
@@ -463,5 +470,18 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
                 .idempotency_key(&msg.job_id, attempt, owner.owner_epoch),
             progress: None,
         }
+    }
+}
+
+/// What a call that did not answer is in its trace's `error.type`: the
+/// [`crate::provider::ProviderError::kind`] of a refusal or a failure, `timeout` for a call the
+/// invocation stopped waiting for, `ownership_lost` for one whose claim was taken over; `None`
+/// for one that answered, started or was withdrawn.
+fn error_type(said: &Said) -> Option<&'static str> {
+    match said {
+        Said::Failed(error) => Some(error.kind()),
+        Said::TimedOut => Some("timeout"),
+        Said::Lost => Some("ownership_lost"),
+        _ => None,
     }
 }

@@ -388,6 +388,8 @@ impl Provider for Streams {
             provider_ref: None,
             finish: fenced_jobs::job::contract::Finish::Stop,
             usage: None,
+            model: None,
+            response_id: None,
         })
     }
 }
