@@ -60,10 +60,37 @@ pub struct BatchReport {
     pub stats: StatsSnapshot,
     /// Provider call latencies in milliseconds (at most 100).
     pub provider_latency_ms: Vec<u64>,
-    /// What the attempts ended in this batch used and cost, summed by the model that ran.
-    pub usage_by_model: Vec<(String, crate::job::Usage)>,
+    /// Each provider's calls, latencies and throttles, by its name.
+    pub by_provider: Vec<ProviderFigures>,
+    /// What the attempts ended in this batch used and cost, summed by the provider and the
+    /// model that ran them.
+    pub usage_by_model: Vec<ModelUsage>,
     /// The response, or the reason the whole batch must fail.
     pub response: Result<Vec<String>, UnnamedFailure>,
+}
+
+/// One provider's calls in a batch (a job may fall back from one provider to another).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ProviderFigures {
+    /// The provider's name (`gen_ai.provider.name`: `openai`, `anthropic`, `aws.bedrock`).
+    pub provider: &'static str,
+    /// Its calls that went.
+    pub calls: u64,
+    /// Their latencies in milliseconds (at most 100).
+    pub latency_ms: Vec<u64>,
+    /// Its refusals for its rate limit or quota.
+    pub throttled: u64,
+}
+
+/// What the attempts of one model at one provider used and cost.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelUsage {
+    /// The provider that ran them.
+    pub provider: &'static str,
+    /// The model that ran them.
+    pub model: String,
+    /// Their sum.
+    pub usage: crate::job::Usage,
 }
 
 impl BatchReport {

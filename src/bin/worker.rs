@@ -181,7 +181,11 @@ fn warn_no_deadline(deadline_ms: u64) {
 fn print_metrics(target: &metrics::MetricsTarget, report: &fenced_jobs::report::BatchReport) {
     let now = SystemClock.now_ms();
     println!("{}", metrics::invocation(target, now, report));
-    for doc in metrics::usage_by_model(target, now, report) {
+    let by_provider = metrics::by_provider(target, now, report);
+    for doc in by_provider
+        .iter()
+        .chain(&metrics::usage_by_model(target, now, report))
+    {
         println!("{doc}");
     }
 }

@@ -162,14 +162,17 @@ pub fn invocation(target: &MetricsTarget, at: Millis, report: &BatchReport) -> V
     document(target, at, &metrics)
 }
 
-/// One document per model the batch's ended attempts ran, with the dimensions `Function` and
-/// `Model`: `InputTokens` (every input token, cached or not), `OutputTokens` and `Cost` (USD, at
-/// the price table's prices; estimates included, left out for a model the table does not price).
+/// One document per provider and model the batch's ended attempts ran: `InputTokens` (every
+/// input token, cached or not), `OutputTokens` and `Cost` (USD, at the price table's prices;
+/// estimates included, left out for a model the table does not price), under the dimensions
+/// `Function` and `Model`, and `Function`, `Provider` and `Model` (a job may fall back from one
+/// provider to another).
 pub fn usage_by_model(target: &MetricsTarget, at: Millis, report: &BatchReport) -> Vec<Value> {
     report
         .usage_by_model
         .iter()
-        .map(|(model, u)| {
+        .map(|used| {
+            let u = &used.usage;
             let mut metrics = vec![
                 (
                     "InputTokens",
@@ -182,8 +185,36 @@ pub fn usage_by_model(target: &MetricsTarget, at: Millis, report: &BatchReport) 
                 metrics.push(("Cost", "None", Sample::One(micros as f64 / 1_000_000.0)));
             }
             let mut doc = document(target, at, &metrics);
-            doc["Model"] = json!(model);
-            doc["_aws"]["CloudWatchMetrics"][0]["Dimensions"] = json!([["Function", "Model"]]);
+            doc["Model"] = json!(used.model);
+            doc["Provider"] = json!(used.provider);
+            doc["_aws"]["CloudWatchMetrics"][0]["Dimensions"] =
+                json!([["Function", "Model"], ["Function", "Provider", "Model"]]);
+            doc
+        })
+        .collect()
+}
+
+/// One document per provider the batch's calls went to, with the dimensions `Function` and
+/// `Provider`: `ProviderCalls`, `ProviderLatency` (milliseconds, up to 100 samples) and
+/// `ProviderThrottled`.
+pub fn by_provider(target: &MetricsTarget, at: Millis, report: &BatchReport) -> Vec<Value> {
+    report
+        .by_provider
+        .iter()
+        .map(|p| {
+            let latencies = p.latency_ms.iter().map(|&ms| ms as f64).collect();
+            let metrics = [
+                ("ProviderCalls", "Count", Sample::One(p.calls as f64)),
+                ("ProviderLatency", "Milliseconds", Sample::Many(latencies)),
+                (
+                    "ProviderThrottled",
+                    "Count",
+                    Sample::One(p.throttled as f64),
+                ),
+            ];
+            let mut doc = document(target, at, &metrics);
+            doc["Provider"] = json!(p.provider);
+            doc["_aws"]["CloudWatchMetrics"][0]["Dimensions"] = json!([["Function", "Provider"]]);
             doc
         })
         .collect()
@@ -351,6 +382,7 @@ mod tests {
             visibility: Default::default(),
             stats: Default::default(),
             provider_latency_ms: latencies,
+            by_provider: Vec::new(),
             usage_by_model: Vec::new(),
             response: Ok(Vec::new()),
         }
@@ -366,9 +398,14 @@ mod tests {
             cost_micros: cost,
             ..crate::job::Usage::default()
         };
+        let model = |provider, model: &str, usage| crate::report::ModelUsage {
+            provider,
+            model: model.to_owned(),
+            usage,
+        };
         r.usage_by_model = vec![
-            ("gpt-4.1".into(), used(100, 50, Some(1_500))),
-            ("in-house".into(), used(7, 3, None)),
+            model("openai", "gpt-4.1", used(100, 50, Some(1_500))),
+            model("simulated", "in-house", used(7, 3, None)),
         ];
         let docs = usage_by_model(&target(), 1_000, &r);
         assert_eq!(docs.len(), 2);
@@ -376,13 +413,48 @@ mod tests {
         assert_eq!(docs[0]["InputTokens"], 110.0);
         assert_eq!(docs[0]["OutputTokens"], 50.0);
         assert_eq!(docs[0]["Cost"], 0.0015);
+        assert_eq!(docs[0]["Provider"], "openai");
         assert_eq!(
             docs[0]["_aws"]["CloudWatchMetrics"][0]["Dimensions"],
-            json!([["Function", "Model"]])
+            json!([["Function", "Model"], ["Function", "Provider", "Model"]])
         );
+        for doc in &docs {
+            check_emf(doc).expect("valid EMF");
+        }
         // A model the table does not price has tokens and no cost.
         assert!(docs[1].get("Cost").is_none());
         assert!(usage_by_model(&target(), 1_000, &report(vec![], vec![])).is_empty());
+    }
+
+    #[test]
+    fn each_provider_gets_its_calls_latencies_and_throttles_under_its_own_dimension() {
+        let mut r = report(vec![], vec![]);
+        r.by_provider = vec![
+            crate::report::ProviderFigures {
+                provider: "openai",
+                calls: 2,
+                latency_ms: vec![900, 1_100],
+                throttled: 1,
+            },
+            crate::report::ProviderFigures {
+                provider: "anthropic",
+                calls: 1,
+                latency_ms: vec![700],
+                throttled: 0,
+            },
+        ];
+        let docs = by_provider(&target(), 1_000, &r);
+        assert_eq!(docs.len(), 2);
+        assert_eq!(docs[0]["Provider"], "openai");
+        assert_eq!(docs[0]["ProviderCalls"], 2.0);
+        assert_eq!(docs[0]["ProviderLatency"], json!([900.0, 1100.0]));
+        assert_eq!(docs[0]["ProviderThrottled"], 1.0);
+        assert_eq!(docs[1]["Provider"], "anthropic");
+        for doc in &docs {
+            check_emf(doc).expect("valid EMF");
+            let dims = &doc["_aws"]["CloudWatchMetrics"][0]["Dimensions"];
+            assert_eq!(dims, &json!([["Function", "Provider"]]));
+        }
     }
 
     #[test]

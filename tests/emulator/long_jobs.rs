@@ -251,12 +251,16 @@ async fn a_refusal_before_work_falls_back_to_the_next_provider_and_an_uncertain_
     aws.send(&queue, &claude_job("fallback-1", &deadline)).await;
 
     let (_, report) = deliver(&source, &handler).await;
-    let outcomes: Vec<_> = report
-        .expect("report")
-        .records
-        .into_iter()
-        .map(|r| r.outcome)
+    let report = report.expect("report");
+    // Each provider's call counted under its own name: Anthropic's refused for its load (not a
+    // throttle), OpenAI's that answered.
+    let providers: Vec<_> = report
+        .by_provider
+        .iter()
+        .map(|p| (p.provider, p.calls, p.throttled))
         .collect();
+    assert_eq!(providers, [("anthropic", 1, 0), ("openai", 1, 0)]);
+    let outcomes: Vec<_> = report.records.into_iter().map(|r| r.outcome).collect();
     assert_eq!(outcomes, [RecordOutcome::Done(JobState::Succeeded)]);
     assert_eq!(anthropic.count("POST", "/v1/messages"), 1);
     assert_eq!(openai.count("POST", "/v1/chat/completions"), 1);

@@ -580,5 +580,5 @@ impl fenced_jobs::worker::processor::AttemptWatch for NoWatch {
     fn call_ended(&self) {}
     fn recovered(&self) {}
     fn deadline_cutoff(&self) {}
-    fn provider_latency(&self, _: u64) {}
+    fn provider_latency(&self, _: &'static str, _: u64) {}
 }

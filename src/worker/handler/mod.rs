@@ -332,6 +332,7 @@ impl<L: JobLedger, P: Provider, C: Clock, V: VisibilityControl> BatchHandler<L, 
             visibility,
             stats,
             provider_latency_ms: batch.flights.stats.latencies(),
+            by_provider: batch.flights.stats.by_provider(),
             usage_by_model: batch.flights.stats.usage_by_model(),
             response,
         }

@@ -260,12 +260,12 @@ impl AttemptWatch for RecordSlot<'_> {
         self.flights.stats.deadline_cutoff();
     }
 
-    fn provider_latency(&self, ms: u64) {
-        self.flights.stats.provider_latency(ms);
+    fn provider_latency(&self, provider: &'static str, ms: u64) {
+        self.flights.stats.provider_latency(provider, ms);
     }
 
-    fn throttled(&self) {
-        self.flights.stats.throttled();
+    fn throttled(&self, provider: &'static str) {
+        self.flights.stats.throttled(provider);
     }
 
     fn spend_deferred(&self) {
@@ -284,7 +284,7 @@ impl AttemptWatch for RecordSlot<'_> {
         self.flights.stats.batch_wait();
     }
 
-    fn used(&self, model: &str, usage: &crate::job::Usage) {
-        self.flights.stats.used(model, usage);
+    fn used(&self, provider: &'static str, model: &str, usage: &crate::job::Usage) {
+        self.flights.stats.used(provider, model, usage);
     }
 }

@@ -3,6 +3,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::StatsSnapshot;
+use crate::report::{ModelUsage, ProviderFigures};
 
 /// Per-invocation counts, logged with the batch and returned in its report.
 #[derive(Debug, Default)]
@@ -21,8 +22,9 @@ pub struct Stats {
     uncontracted: AtomicU64,
     batch_lines: AtomicU64,
     batch_waits: AtomicU64,
-    usage: std::sync::Mutex<std::collections::BTreeMap<String, crate::job::Usage>>,
+    usage: std::sync::Mutex<std::collections::BTreeMap<(&'static str, String), crate::job::Usage>>,
     latencies: std::sync::Mutex<Vec<u64>>,
+    providers: std::sync::Mutex<Vec<ProviderFigures>>,
 }
 
 /// Provider latencies kept per invocation (the most one metric document takes).
@@ -34,9 +36,26 @@ impl Stats {
         self.deadline_cutoffs.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// Counts a provider call refused for its rate limit or quota.
-    pub fn throttled(&self) {
+    /// Counts a call of `provider` refused for its rate limit or quota.
+    pub fn throttled(&self, provider: &'static str) {
         self.provider_throttled.fetch_add(1, Ordering::Relaxed);
+        self.of_provider(provider, |p| p.throttled += 1);
+    }
+
+    /// Changes `provider`'s figures with `change`.
+    fn of_provider(&self, provider: &'static str, change: impl FnOnce(&mut ProviderFigures)) {
+        let mut providers = self.providers.lock().unwrap_or_else(|p| p.into_inner());
+        let at = match providers.iter().position(|p| p.provider == provider) {
+            Some(at) => at,
+            None => {
+                providers.push(ProviderFigures {
+                    provider,
+                    ..ProviderFigures::default()
+                });
+                providers.len() - 1
+            }
+        };
+        change(&mut providers[at]);
     }
 
     /// Counts a record that waits for the next day's spend.
@@ -64,26 +83,48 @@ impl Stats {
         self.recoveries.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// Records how long one provider call took (from its start to its answer or failure); the
-    /// first [`MAX_LATENCY_SAMPLES`] of an invocation are kept.
-    pub fn provider_latency(&self, ms: u64) {
+    /// Records how long one call of `provider` took (from its start to its answer or failure);
+    /// the first [`MAX_LATENCY_SAMPLES`] of an invocation are kept, and as many of each
+    /// provider's.
+    pub fn provider_latency(&self, provider: &'static str, ms: u64) {
         let mut samples = self.latencies.lock().unwrap_or_else(|p| p.into_inner());
         if samples.len() < MAX_LATENCY_SAMPLES {
             samples.push(ms);
         }
+        drop(samples);
+        self.of_provider(provider, |p| {
+            p.calls += 1;
+            if p.latency_ms.len() < MAX_LATENCY_SAMPLES {
+                p.latency_ms.push(ms);
+            }
+        });
     }
 
-    /// Adds what an ended attempt of `model` used to that model's sum.
-    pub fn used(&self, model: &str, usage: &crate::job::Usage) {
+    /// Adds what an ended attempt of `model` at `provider` used to their sum.
+    pub fn used(&self, provider: &'static str, model: &str, usage: &crate::job::Usage) {
         let mut sums = self.usage.lock().unwrap_or_else(|p| p.into_inner());
-        let sum = sums.entry(model.to_owned()).or_default();
+        let sum = sums.entry((provider, model.to_owned())).or_default();
         *sum = sum.plus(usage);
     }
 
-    /// What the attempts ended so far used, by model.
-    pub(crate) fn usage_by_model(&self) -> Vec<(String, crate::job::Usage)> {
+    /// What the attempts ended so far used, by provider and model.
+    pub(crate) fn usage_by_model(&self) -> Vec<ModelUsage> {
         let sums = self.usage.lock().unwrap_or_else(|p| p.into_inner());
-        sums.iter().map(|(m, u)| (m.clone(), *u)).collect()
+        sums.iter()
+            .map(|((provider, model), usage)| ModelUsage {
+                provider,
+                model: model.clone(),
+                usage: *usage,
+            })
+            .collect()
+    }
+
+    /// Each provider's figures so far, in the order they first called.
+    pub(crate) fn by_provider(&self) -> Vec<ProviderFigures> {
+        self.providers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     /// The provider latencies recorded so far, in milliseconds.

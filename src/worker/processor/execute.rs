@@ -216,7 +216,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         };
         self.charge_spend(reserved, actual.unwrap_or(0)).await;
         if let Some(spent) = spent {
-            count_usage(d.view(), attempt, &spent.model, watch);
+            count_usage(d.view(), attempt, &spent, watch);
         }
         Observation::Carried
     }

@@ -123,10 +123,10 @@ pub trait AttemptWatch: Sync {
     fn recovered(&self);
     /// The call was cut short by the invocation's deadline.
     fn deadline_cutoff(&self);
-    /// The call took `ms` from its start to its answer or failure.
-    fn provider_latency(&self, ms: u64);
-    /// The provider refused the call for its rate limit or quota.
-    fn throttled(&self) {}
+    /// The call, to `provider`, took `ms` from its start to its answer or failure.
+    fn provider_latency(&self, provider: &'static str, ms: u64);
+    /// `provider` refused the call for its rate limit or quota.
+    fn throttled(&self, _provider: &'static str) {}
     /// The record waits: the day's spend limit cannot take its call.
     fn spend_deferred(&self) {}
     /// A new job names a contract the lenient registry does not hold: it is held to free text.
@@ -135,8 +135,8 @@ pub trait AttemptWatch: Sync {
     fn batched(&self) {}
     /// The record looked at its running batch and waits, nothing written.
     fn batch_waiting(&self) {}
-    /// An attempt of `model` ended, recording `usage`.
-    fn used(&self, _model: &str, _usage: &crate::job::Usage) {}
+    /// An attempt of `model` at `provider` ended, recording `usage`.
+    fn used(&self, _provider: &'static str, _model: &str, _usage: &crate::job::Usage) {}
 }
 
 impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {

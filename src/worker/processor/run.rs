@@ -23,6 +23,8 @@ use crate::telemetry;
 pub(super) struct Spent {
     pub(super) heard: Option<Usage>,
     pub(super) estimate: Usage,
+    /// The provider that ran the call, and its model.
+    pub(super) provider: &'static str,
     pub(super) model: String,
     /// The rate it is paid at: a batch line's, or the service tier its job asks for.
     pub(super) rate: Rate,
@@ -48,12 +50,12 @@ impl Spent {
     }
 }
 
-/// Tells `watch` what the attempt numbered `attempt` recorded it used, as the item its end left
-/// (`view`) shows it.
+/// Tells `watch` what the attempt numbered `attempt` (its call `spent`) recorded it used, as
+/// the item its end left (`view`) shows it.
 pub(super) fn count_usage(
     view: Option<&JobItem>,
     attempt: u32,
-    model: &str,
+    spent: &Spent,
     watch: &dyn AttemptWatch,
 ) {
     let recorded = view
@@ -61,7 +63,7 @@ pub(super) fn count_usage(
         .filter(|a| a.number == attempt)
         .and_then(|a| a.usage);
     if let Some(usage) = recorded {
-        watch.used(model, &usage);
+        watch.used(spent.provider, &spent.model, &usage);
     }
 }
 
@@ -151,6 +153,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         let mut spent = Spent {
             heard: None,
             estimate: Usage::estimate(request.input_json.len(), request.max_output_tokens),
+            provider: link.provider.name(),
             model: link.provider.model(request.input).to_owned(),
             rate: Rate::of(
                 self.batched(link, &input) || super::batches::in_batch(owner),
@@ -182,7 +185,8 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         watch.call_ended();
         if d.sent() {
             let took = self.clock.now_ms() - started;
-            watch.provider_latency(u64::try_from(took).unwrap_or(0));
+            let took = u64::try_from(took).unwrap_or(0);
+            watch.provider_latency(link.provider.name(), took);
         }
         if d.ending().is_some_and(Ending::hands_over) {
             tracing::info!(job_id = %msg.job_id, "call still running upstream; handing it over to the next delivery");
@@ -208,7 +212,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
                 self.submit_step(call, machine, budget_ms, heard).await
             }
             CallStep::Throttled { retry_after_ms } => {
-                watch.throttled();
+                watch.throttled(call.link.provider.name());
                 call.pacer.throttled(self.clock.now_ms(), retry_after_ms);
                 Observation::Paced {
                     paused_until: call.pacer.paused_until(),
@@ -440,6 +444,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
                 msg.input_canonical.len(),
                 self.settings.policy.output_tokens(&input),
             ),
+            provider: link.provider.name(),
             model: link.provider.model(&input).to_owned(),
             rate: Rate::of(d.owner().is_some_and(super::batches::in_batch), &input),
         }

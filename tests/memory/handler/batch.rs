@@ -372,7 +372,7 @@ async fn a_batch_reports_what_its_calls_used_and_cost_by_model() {
     let models: Vec<&str> = report
         .usage_by_model
         .iter()
-        .map(|(m, _)| m.as_str())
+        .map(|u| u.model.as_str())
         .collect();
     assert_eq!(
         models,
@@ -380,6 +380,18 @@ async fn a_batch_reports_what_its_calls_used_and_cost_by_model() {
         "{:?}",
         report.usage_by_model
     );
-    assert_eq!(report.usage_by_model[0].1, sim);
-    assert_eq!(report.usage_by_model[1].1, unpriced);
+    assert_eq!(report.usage_by_model[0].usage, sim);
+    assert_eq!(report.usage_by_model[1].usage, unpriced);
+    assert!(
+        report
+            .usage_by_model
+            .iter()
+            .all(|u| u.provider == "simulated")
+    );
+    let calls: Vec<_> = report
+        .by_provider
+        .iter()
+        .map(|p| (p.provider, p.calls))
+        .collect();
+    assert_eq!(calls, [("simulated", 3)], "{:?}", report.by_provider);
 }
