@@ -111,6 +111,12 @@ fn check_parts(parts: &[Bounds], threads: usize) -> bool {
         println!("  never reached: {unreached:?}");
         failed = true;
     }
+    // What docs/protocol.md's state diagram draws, as these bounds reach it.
+    let changes = protocol::state_changes();
+    println!("changes of state explored: {}", changes.len());
+    for (from, to) in changes {
+        println!("  {from} --> {to}");
+    }
     !failed
 }
 

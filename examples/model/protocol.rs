@@ -39,6 +39,29 @@ use fenced_jobs::provider::openai::classify_status;
 use fenced_jobs::provider::{Answer, ProviderError, Retrieval};
 use stateright::{Model, Property};
 
+/// Every change of the job's state the checks of this process explored without a mutation:
+/// the state before (`[*]`: no item yet) and after, by their names.
+static CHANGES: std::sync::Mutex<std::collections::BTreeSet<(&str, &str)>> =
+    std::sync::Mutex::new(std::collections::BTreeSet::new());
+
+/// Notes the change of the job's state from `before` to `after`, if any.
+fn note_change(before: &State, after: &State) {
+    let state = |s: &State| s.item.as_ref().map(|i| i.state);
+    let (from, to) = (state(before), state(after));
+    if let Some(to) = to
+        && from != Some(to)
+    {
+        let from = from.map_or("[*]", JobState::as_str);
+        let mut changes = CHANGES.lock().unwrap_or_else(|p| p.into_inner());
+        changes.insert((from, to.as_str()));
+    }
+}
+
+/// The changes of the job's state the checks of this process explored (see [`CHANGES`]).
+pub fn state_changes() -> std::collections::BTreeSet<(&'static str, &'static str)> {
+    CHANGES.lock().unwrap_or_else(|p| p.into_inner()).clone()
+}
+
 /// The job every state is about.
 pub const JOB: &str = "job";
 const DIGEST: &str = "digest";
@@ -3106,7 +3129,11 @@ impl Model for Protocol {
     }
 
     fn next_state(&self, state: &State, action: Action) -> Option<State> {
-        self.step(state, &action).map(|(next, _)| next)
+        let next = self.step(state, &action).map(|(next, _)| next)?;
+        if self.bounds.mutation.is_none() {
+            note_change(state, &next);
+        }
+        Some(next)
     }
 
     fn properties(&self) -> Vec<Property<Self>> {

@@ -9,6 +9,8 @@
 #[path = "../../examples/model/queue.rs"]
 mod queue;
 
+use std::collections::BTreeSet;
+
 use protocol::{Bounds, Mutation, Verdict, check};
 use queue::{QueueBounds, QueueMutation};
 
@@ -32,8 +34,8 @@ fn print(bounds: &str, report: &protocol::Report) {
 fn every_property_holds_in_the_quick_bound_and_every_example_is_reached() {
     // The quick bound comes in the test bound's seven parts with one worker, and two workers
     // racing without faults (`Bounds::quick_parts` says what each adds).
-    let mut reached = std::collections::BTreeSet::new();
-    let mut examples = std::collections::BTreeSet::new();
+    let mut reached = BTreeSet::new();
+    let mut examples = BTreeSet::new();
     for bounds in Bounds::quick_parts() {
         let report = check(&bounds, threads(), false);
         print(&bounds.describe(), &report);
@@ -55,6 +57,33 @@ fn every_property_holds_in_the_quick_bound_and_every_example_is_reached() {
     }
     let unreached: Vec<_> = examples.difference(&reached).collect();
     assert!(unreached.is_empty(), "never reached: {unreached:?}");
+    // The diagram of the job's states in docs/protocol.md is every change the checker made.
+    let drawn = drawn_changes(include_str!("../../docs/protocol.md"));
+    let explored: BTreeSet<(String, String)> = protocol::state_changes()
+        .into_iter()
+        .map(|(from, to)| (from.to_owned(), to.to_owned()))
+        .collect();
+    assert_eq!(
+        drawn, explored,
+        "docs/protocol.md's state diagram against the model"
+    );
+}
+
+/// The arrows (`from --> to`) of the first `stateDiagram-v2` in `doc`.
+fn drawn_changes(doc: &str) -> BTreeSet<(String, String)> {
+    let diagram = doc
+        .split("```mermaid\nstateDiagram-v2\n")
+        .nth(1)
+        .and_then(|rest| rest.split("```").next())
+        .expect("a state diagram");
+    diagram
+        .lines()
+        .filter_map(|line| {
+            let (from, to) = line.split_once("-->")?;
+            let to = to.split(':').next()?;
+            Some((from.trim().to_owned(), to.trim().to_owned()))
+        })
+        .collect()
 }
 
 #[test]
