@@ -152,3 +152,67 @@ async fn jobctl_help_sets_the_global_options_apart_and_debug_logs_no_credential(
         );
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jobctl_reads_a_stacks_outputs_and_an_option_given_wins() {
+    // GIVEN a deployed stack whose outputs name the table and the work queue
+    let aws = emulator().await;
+    let table = aws.table().await;
+    let queue = aws.queue(30).await;
+    let stack = crate::support::unique("jobs-stack");
+    let template = serde_json::json!({
+        "Resources": {"Marker": {"Type": "AWS::SQS::Queue"}},
+        "Outputs": {
+            "JobsTableName": {"Value": table},
+            "QueueUrl": {"Value": queue.url},
+        }
+    });
+    aws_sdk_cloudformation::Client::new(&aws.config)
+        .create_stack()
+        .stack_name(&stack)
+        .template_body(template.to_string())
+        .send()
+        .await
+        .expect("a stack");
+    let endpoint = std::env::var("AWS_ENDPOINT_URL").expect("emulator");
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_jobctl"))
+            .args(args)
+            .args(["--endpoint-url", &endpoint, "--region", "us-east-1"])
+            .env_remove("JOBS_TABLE")
+            .env_remove("QUEUE_URL")
+            .stdin(std::process::Stdio::null())
+            .output()
+            .expect("jobctl runs");
+        let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+        (out.status.code(), text(&out.stdout), text(&out.stderr))
+    };
+    let dir = std::env::temp_dir().join(format!("jobctl-stack-{table}"));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let lines = dir.join("jobs.jsonl");
+    std::fs::write(&lines, job("s-1", "from the stack", "") + "\n").expect("write");
+
+    // WHEN jobctl is given the stack alone, THEN the table and the queue are the stack's
+    let lines = lines.to_str().expect("path");
+    let (code, _, err) = run(&["--stack", &stack, "submit", lines]);
+    assert_eq!(code, Some(0), "{err}");
+    let (code, out, err) = run(&[
+        "--stack", &stack, "list", "--state", "ready", "--output", "json",
+    ]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.contains("s-1"), "{out}");
+    assert_eq!(
+        aws.peek(&queue.url, 0).await.len(),
+        1,
+        "the trigger went to the stack's queue"
+    );
+    // AND an option given wins over the stack's output
+    let (code, _, err) = run(&["--stack", &stack, "--table", "no-such-table", "show", "s-1"]);
+    assert_eq!(code, Some(3), "{err}");
+    assert!(err.contains("--table"), "{err}");
+    // AND a stack that is not there is said so, before anything else
+    let (code, _, err) = run(&["--stack", "no-such-stack", "list"]);
+    assert_eq!(code, Some(3));
+    assert!(err.contains("no-such-stack"), "{err}");
+    std::fs::remove_dir_all(&dir).expect("cleaned");
+}

@@ -65,7 +65,7 @@ fn jobctl_says_what_to_set_when_the_region_or_the_table_is_missing() {
     let (code, stderr) = run(Some("us-east-1"), "");
     assert_eq!(code, Some(2), "{stderr}");
     assert!(
-        stderr.contains("--table or JOBS_TABLE is required"),
+        stderr.contains("--table, JOBS_TABLE or --stack is required"),
         "{stderr}"
     );
 }

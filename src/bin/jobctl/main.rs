@@ -14,6 +14,7 @@ use fenced_jobs::ops::operator::OperatorError;
 mod commands;
 mod output;
 mod run;
+mod stack;
 
 /// The heading of the options every subcommand takes.
 const GLOBAL: &str = "Global options";
@@ -41,6 +42,11 @@ pub(crate) fn usage(what: &str) -> ! {
 #[derive(Parser)]
 #[command(version)]
 struct Cli {
+    /// The deployed stack: its outputs (CloudFormation `DescribeStacks`) are the defaults of
+    /// the table, the queues, the buckets and the event target (an option or its variable
+    /// wins).
+    #[arg(long, global = true, help_heading = GLOBAL)]
+    stack: Option<String>,
     /// The ledger table.
     #[arg(long, env = "JOBS_TABLE", global = true, help_heading = GLOBAL)]
     table: Option<String>,
@@ -316,9 +322,26 @@ enum DlqCommand {
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
-    let cli = Cli::parse();
+    use clap::{CommandFactory, FromArgMatches};
+    let args: Vec<String> = std::env::args().collect();
+    let flag = |name| stack::flag(&args, name);
+    // With a stack, its outputs become the options' defaults before the line is parsed.
+    let mut command = Cli::command();
+    let mut config = None;
+    if let Some(name) = flag("--stack") {
+        let early = aws_config(flag("--profile"), flag("--region"), flag("--endpoint-url")).await;
+        match stack::outputs(&early, &name).await {
+            Ok(outputs) => command = stack::fill(command, &outputs),
+            Err(e) => {
+                eprintln!("jobctl: the outputs of stack {name} could not be read: {e}");
+                std::process::exit(AWS_ERROR);
+            }
+        }
+        config = Some(early);
+    }
+    let matches = command.get_matches_from(&args);
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     if let Command::Completions { shell } = cli.command {
-        use clap::CommandFactory;
         clap_complete::generate(shell, &mut Cli::command(), "jobctl", &mut std::io::stdout());
         return;
     }
@@ -327,12 +350,20 @@ async fn main() {
     if cli.debug {
         debug_to_stderr();
     }
-    let config = aws_config(&cli).await;
+    let config = match config {
+        Some(config) => config,
+        None => {
+            let (profile, region) = (cli.profile.clone(), cli.region.clone());
+            aws_config(profile, region, cli.endpoint_url.clone()).await
+        }
+    };
     let table = cli
         .table
         .clone()
         .filter(|t| !t.trim().is_empty())
-        .unwrap_or_else(|| usage("--table or JOBS_TABLE is required: the ledger table's name"));
+        .unwrap_or_else(|| {
+            usage("--table, JOBS_TABLE or --stack is required: the ledger table's name")
+        });
     let ctx = run::Ctx {
         ledger: DynamoLedger::new(aws_sdk_dynamodb::Client::new(&config), &table),
         blobs: S3Blobs::new(s3_client(&config), cli.results_bucket.clone()),
@@ -376,15 +407,19 @@ fn debug_to_stderr() {
 }
 
 /// The AWS configuration the command line and the environment name, with a Region.
-async fn aws_config(cli: &Cli) -> aws_config::SdkConfig {
+async fn aws_config(
+    profile: Option<String>,
+    region: Option<String>,
+    endpoint_url: Option<String>,
+) -> aws_config::SdkConfig {
     let mut loader = aws_config::defaults(aws_config::BehaviorVersion::latest());
-    if let Some(profile) = &cli.profile {
+    if let Some(profile) = profile {
         loader = loader.profile_name(profile);
     }
-    if let Some(region) = &cli.region {
-        loader = loader.region(aws_config::Region::new(region.clone()));
+    if let Some(region) = region {
+        loader = loader.region(aws_config::Region::new(region));
     }
-    if let Some(url) = &cli.endpoint_url {
+    if let Some(url) = endpoint_url {
         loader = loader.endpoint_url(url);
     }
     let config = loader.load().await;
@@ -438,6 +473,73 @@ fn confirmed(what: &str) -> bool {
 mod tests {
     use super::*;
     use fenced_jobs::ledger::LedgerError;
+
+    #[test]
+    fn a_stacks_outputs_are_the_defaults_and_an_option_given_wins() {
+        use clap::{CommandFactory, FromArgMatches};
+        let outputs: Vec<(String, String)> = [
+            ("JobsTableName", "jobs-prod"),
+            ("QueueUrl", "https://sqs.eu-west-1.amazonaws.com/1/jobs"),
+            (
+                "DeadLetterQueueUrl",
+                "https://sqs.eu-west-1.amazonaws.com/1/dlq",
+            ),
+            ("TrustedSenders", "AROA1,AROA2"),
+            (
+                "DispatchFailureQueueUrl",
+                "https://sqs.eu-west-1.amazonaws.com/1/failed",
+            ),
+            ("ResultsBucketName", "results-prod"),
+            (
+                "UrgentQueueUrl",
+                "https://sqs.eu-west-1.amazonaws.com/1/urgent",
+            ),
+            ("CompletionEvents", "arn:aws:sns:eu-west-1:1:events"),
+        ]
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .into();
+        let parse = |args: &[&str]| {
+            let command = stack::fill(Cli::command(), &outputs);
+            let matches = command.try_get_matches_from(args).expect("parsed");
+            Cli::from_arg_matches(&matches).expect("a command line")
+        };
+        let cli = parse(&["jobctl", "submit", "jobs.jsonl"]);
+        assert_eq!(cli.table.as_deref(), Some("jobs-prod"));
+        assert_eq!(cli.results_bucket.as_deref(), Some("results-prod"));
+        let Command::Submit { queue_url, .. } = cli.command else {
+            panic!("submit")
+        };
+        assert_eq!(queue_url, "https://sqs.eu-west-1.amazonaws.com/1/jobs");
+        let given = parse(&["jobctl", "--table", "other", "list"]);
+        assert_eq!(given.table.as_deref(), Some("other"), "the option wins");
+        let Command::Events {
+            event_topic_arn,
+            event_bus_name,
+            ..
+        } = parse(&["jobctl", "events", "replay"]).command
+        else {
+            panic!("events")
+        };
+        assert_eq!(
+            event_topic_arn.as_deref(),
+            Some("arn:aws:sns:eu-west-1:1:events")
+        );
+        assert_eq!(event_bus_name, None);
+        let Command::Dlq {
+            dlq_url,
+            trusted_senders,
+            command,
+            ..
+        } = parse(&["jobctl", "dlq", "redrive"]).command
+        else {
+            panic!("dlq")
+        };
+        assert_eq!(dlq_url, "https://sqs.eu-west-1.amazonaws.com/1/dlq");
+        assert_eq!(trusted_senders, "AROA1,AROA2");
+        assert!(
+            matches!(command, DlqCommand::Redrive { queue_url, .. } if queue_url.ends_with("/jobs"))
+        );
+    }
 
     #[test]
     fn an_aws_failure_comes_with_what_to_do_about_it() {
