@@ -524,8 +524,15 @@ pub(crate) async fn cancel(
     reason: &str,
     out: &Out,
 ) -> Result<(), OperatorError> {
+    use std::io::{IsTerminal, Write};
     let mut first_error = None;
-    for job_id in ids {
+    // Progress on a terminal, beside the results on standard output.
+    let progress = std::io::stderr().is_terminal() && ids.len() > 1;
+    for (done, job_id) in ids.iter().enumerate() {
+        if progress {
+            eprint!("\r{done} of {} asked", ids.len());
+            let _ = std::io::stderr().flush();
+        }
         let now = SystemClock.now_ms();
         let outcome = operator::cancel(ledger, job_id, by, Some(caller), reason, now).await;
         let (status, detail) = match &outcome {
@@ -544,6 +551,9 @@ pub(crate) async fn cancel(
         if let Err(e) = outcome {
             first_error.get_or_insert(e);
         }
+    }
+    if progress {
+        eprintln!("\r{} of {} asked", ids.len(), ids.len());
     }
     first_error.map_or(Ok(()), Err)
 }
