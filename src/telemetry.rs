@@ -1,5 +1,6 @@
 //! Traces through OpenTelemetry. With `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` or
-//! `OTEL_EXPORTER_OTLP_ENDPOINT` set (the ADOT collector layer listens at
+//! `OTEL_EXPORTER_OTLP_ENDPOINT` set (X-Ray's own endpoint, signed with the function's
+//! credentials by [`signed`]; or a collector such as the ADOT layer at
 //! `http://localhost:4318`), the functions' own spans are exported over OTLP/HTTP (protobuf):
 //! the invocation, each record, each ledger call and each provider call, under the trace Lambda
 //! passed (`_X_AMZN_TRACE_ID`, read with X-Ray's propagator; new ids made X-Ray's way), sampled
@@ -30,6 +31,8 @@ use tracing_subscriber::Layer;
 use tracing_subscriber::registry::LookupSpan;
 
 use crate::provider::Answer;
+
+pub mod signed;
 
 /// The targets of this crate's code: the library and its binaries.
 pub(crate) const OWN_TARGETS: [&str; 5] = [
@@ -104,19 +107,72 @@ pub fn invocation_span(
 }
 
 /// A tracer provider exporting to `endpoint` (the whole URL, `.../v1/traces`), or to the one
-/// the environment names when `None`, for the function `service`.
+/// the environment names when `None`, for the function `service`. X-Ray's own OTLP endpoint
+/// (`https://xray.<region>.amazonaws.com/v1/traces`) is signed with the function's credentials
+/// ([`signed`]); any other (a collector layer's) is sent as it is.
 pub fn provider(endpoint: Option<&str>, service: &str) -> Result<SdkTracerProvider, String> {
-    let endpoint = endpoint.map(str::to_owned);
+    let url = endpoint.map(str::to_owned).or_else(endpoint_from_env);
+    match url.as_deref().and_then(signed::xray_region) {
+        None => build(endpoint.map(str::to_owned), service, None),
+        Some(region) => {
+            let credentials = signed::credentials_from_env().ok_or(
+                "X-Ray's OTLP endpoint is signed with the function's credentials, and \
+                 AWS_ACCESS_KEY_ID or AWS_SECRET_ACCESS_KEY is not set",
+            )?;
+            build(url.clone(), service, Some((region.to_owned(), credentials)))
+        }
+    }
+}
+
+/// A tracer provider exporting to `endpoint`, each request signed for X-Ray in `region` with
+/// `credentials`.
+pub fn signed_provider(
+    endpoint: &str,
+    service: &str,
+    region: &str,
+    credentials: aws_credential_types::Credentials,
+) -> Result<SdkTracerProvider, String> {
+    build(
+        Some(endpoint.to_owned()),
+        service,
+        Some((region.to_owned(), credentials)),
+    )
+}
+
+/// The traces endpoint the environment names, as the exporter reads it.
+fn endpoint_from_env() -> Option<String> {
+    let var = |name: &str| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
+    var("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT").or_else(|| {
+        var("OTEL_EXPORTER_OTLP_ENDPOINT")
+            .map(|base| format!("{}/v1/traces", base.trim_end_matches('/')))
+    })
+}
+
+/// [`provider`], its requests signed when `signer` says for which Region and with what.
+fn build(
+    endpoint: Option<String>,
+    service: &str,
+    signer: Option<(String, aws_credential_types::Credentials)>,
+) -> Result<SdkTracerProvider, String> {
     // The exporter's blocking HTTP client runs on the batch processor's own thread, and must
     // not be built on an async runtime's.
     let built = std::thread::spawn(move || {
-        // No retries: the collector is local, and a trace is never worth holding the
-        // invocation up (a refused export costs a connect; the spans are dropped).
-        let builder = opentelemetry_otlp::SpanExporter::builder()
+        // No retries: a trace is never worth holding the invocation up (a refused export
+        // costs a connect; the spans are dropped).
+        let mut builder = opentelemetry_otlp::SpanExporter::builder()
             .with_http()
             .with_protocol(Protocol::HttpBinary)
             .with_timeout(EXPORT_TIMEOUT)
             .with_retry_policy(RetryPolicy::disabled());
+        if let Some((region, credentials)) = signer {
+            let client = reqwest::blocking::Client::builder()
+                .timeout(EXPORT_TIMEOUT)
+                .build()
+                .map_err(|e| {
+                    opentelemetry_otlp::ExporterBuildError::InternalFailure(e.to_string())
+                })?;
+            builder = builder.with_http_client(signed::Signed::new(client, &region, credentials));
+        }
         match endpoint {
             Some(url) => builder.with_endpoint(url).build(),
             None => builder.build(),

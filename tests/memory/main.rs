@@ -29,3 +29,4 @@ mod pacing;
 mod providers;
 mod scale;
 mod spend;
+mod traces;
