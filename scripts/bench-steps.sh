@@ -92,5 +92,20 @@ sleep 0.5
 export AWS_LAMBDA_RUNTIME_API="127.0.0.1:$port" AWS_LAMBDA_FUNCTION_NAME=worker \
   AWS_LAMBDA_FUNCTION_VERSION='$LATEST' AWS_LAMBDA_FUNCTION_MEMORY_SIZE=128 \
   AWS_LAMBDA_LOG_STREAM_NAME=bench AWS_LAMBDA_LOG_GROUP_NAME=bench RUST_LOG=warn
-hyperfine -N --warmup 3 --runs 30 -i --export-json "$out/cold.json" \
-  --output=null target/release/worker | tee "$out/cold.txt"
+# The same runs with tracing on: spans to a local OTLP sink, as to a collector layer, flushed by
+# the end of each invocation (the first command stays the row's figure; the second its own).
+sink_port=$(.venv/bin/python -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+.venv/bin/python scripts/otlp_sink.py "$sink_port" &
+sink=$!
+trap 'kill $mock $sink 2>/dev/null || true' EXIT
+sleep 0.5
+traced="env OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:$sink_port target/release/worker"
+hyperfine -N --warmup 3 --runs 30 -i --export-json "$out/cold.json" --output=null \
+  -n "no tracing" target/release/worker -n "tracing on" "$traced" | tee "$out/cold.txt"
+{
+  echo
+  echo "peak memory of one invocation, no tracing and tracing on:"
+  # Each run exits when the mock Runtime API closes its connection (not 0): only its peak counts.
+  echo "no tracing: $( (/usr/bin/time -v target/release/worker 2>&1 >/dev/null || true) | grep "Maximum resident")"
+  echo "tracing on: $( (/usr/bin/time -v $traced 2>&1 >/dev/null || true) | grep "Maximum resident")"
+} | tee -a "$out/cold.txt"
