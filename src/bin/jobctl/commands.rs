@@ -86,7 +86,7 @@ pub(crate) async fn dlq(
     };
     let hold_s = if redrive_to.is_some() { 60 } else { 0 };
     let queue = SqsReader::new(sqs.clone());
-    let entries = operator::dlq_inspect(
+    let reading = operator::dlq_inspect(
         ledger,
         Some(blobs),
         source.producers,
@@ -94,11 +94,14 @@ pub(crate) async fn dlq(
         source.url,
         source.max,
         hold_s,
-    )
-    .await?;
+    );
+    let entries = crate::progress::shown("reading the dead-letter queue", reading).await?;
     let moved = match redrive_to {
         None => None,
-        Some(to) => Some(operator::dlq_redrive(&queue, source.url, &to, &entries).await?),
+        Some(to) => {
+            let moving = operator::dlq_redrive(&queue, source.url, &to, &entries);
+            Some(crate::progress::shown("redriving", moving).await?)
+        }
     };
     let rows: Vec<serde_json::Value> = entries
         .iter()
@@ -224,8 +227,8 @@ pub(crate) async fn reconcile(
         .await
         .map_err(|e| OperatorError::NotSent(e.to_string()))?;
     let now = SystemClock.now_ms();
-    let report =
-        fenced_jobs::ops::reconcile::reconcile(ledger, &triggers, &provider, now, settings).await?;
+    let run = fenced_jobs::ops::reconcile::reconcile(ledger, &triggers, &provider, now, settings);
+    let report = crate::progress::shown("reconciling", run).await?;
     out.emit(serde_json::json!(report), || {
         format!(
             "expired {} (refused {}, calls cancelled {}), examined {} (walks cut {}), re-sent {} (failed {}), unknown {}, errors {}",
@@ -442,20 +445,21 @@ pub(crate) async fn replay(
             usage("--queue-url (or DISPATCH_FAILURE_QUEUE_URL) or --job is needed");
         };
         let queue = SqsReader::new(sqs.clone());
-        replay_failures(
+        let replaying = replay_failures(
             ledger,
             sink,
             &queue,
             &queue_url,
             (max, max_deadline_ms()),
             dry_run,
-        )
-        .await
-        .map_err(|e| match e {
-            ReplayError::Ledger(e) => OperatorError::Ledger(e),
-            ReplayError::Queue(e) => OperatorError::Queue(e),
-            ReplayError::Publish(why) => failed(why),
-        })?
+        );
+        crate::progress::shown("replaying the failure queue's batches", replaying)
+            .await
+            .map_err(|e| match e {
+                ReplayError::Ledger(e) => OperatorError::Ledger(e),
+                ReplayError::Queue(e) => OperatorError::Queue(e),
+                ReplayError::Publish(why) => failed(why),
+            })?
     } else {
         let mut events = Vec::new();
         for job_id in jobs {

@@ -13,6 +13,7 @@ use fenced_jobs::ops::operator::OperatorError;
 
 mod commands;
 mod output;
+mod progress;
 mod run;
 mod stack;
 

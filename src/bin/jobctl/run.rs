@@ -285,7 +285,8 @@ async fn cancel_ids(
     yes: bool,
 ) -> Vec<String> {
     if let Some(tenant) = &tenant {
-        match operator::tenant_jobs(&ctx.ledger, tenant).await {
+        let listing = operator::tenant_jobs(&ctx.ledger, tenant);
+        match crate::progress::shown("listing the account's live jobs", listing).await {
             Ok(found) => ids.extend(found),
             Err(e) => {
                 eprintln!("jobctl: {e}");
