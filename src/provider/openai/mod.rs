@@ -382,12 +382,10 @@ fn response_id(json: &Value) -> Option<&str> {
         .filter(|id| valid_response_id(id))
 }
 
+/// Whether `id` is a response, batch or file id this crate uses: the one rule for every
+/// provider id ([`super::batch::valid_id`]).
 fn valid_response_id(id: &str) -> bool {
-    !id.is_empty()
-        && id.len() <= 128
-        && id
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+    super::batch::valid_id(id)
 }
 
 /// The parameters other providers take and OpenAI's APIs refuse: a job written for Anthropic or
