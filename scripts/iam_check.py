@@ -275,6 +275,10 @@ def iam_request(call):
         resource = bus if bus.startswith("arn:") else f"arn:{PARTITION}:events:{REGION}:{ACCOUNT}:event-bus/{bus}"
     elif service == "sns":
         action, resource = "sns:" + op, names.get("TopicArn", "*")
+    elif service == "xray" and urlsplit(call["path"]).path == "/v1/traces":
+        # X-Ray's OTLP traces endpoint authorises an export as PutTraceSegments (the X-Ray
+        # developer guide, "OTLP traces endpoint"); the functions export to it directly.
+        action, resource = "xray:PutTraceSegments", "*"
     elif service == "secretsmanager":
         action, resource = "secretsmanager:" + op, names.get("SecretId", "*")
     else:
@@ -391,6 +395,9 @@ def self_test(template):
         (call("ReconcilerRole", "sqs", "SendMessage", QueueUrl=moto_url + "work-2"), True),
         (call("WorkerRole", "sts", "GetCallerIdentity"), None),
     ]
+    # Spans sent straight to X-Ray's OTLP endpoint, signed with each function's own role.
+    cases += [(call(role, "xray", "ExportTraces", "/v1/traces"), True)
+              for role in ("WorkerRole", "ReconcilerRole", "DispatcherRole")]
     # A producer allowed everything by its own policy: the queues' policies decide.
     admin = [{"name": "admin", "policy": {"Version": "2012-10-17",
                                           "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}}]

@@ -1883,11 +1883,17 @@ fn settings(replay: bool) -> Settings {
         &format!("{RECONCILER},{OPERATOR}"),
     )
     .expect("producers");
-    // Every call counted in its account's and its producer's day (never refused: the model
-    // has no price, and counts 0), so that the world can see whose day each went to.
+    // Every call counted in its account's and its producer's day (never refused: the limits
+    // are out of reach), at a price, so that the world can see whose day each went to and that
+    // each reservation is let go once.
     s.tenant_daily_spend_limit_micros = Some(u64::MAX / 4);
     s.producer_daily_spend_limit_micros = Some(u64::MAX / 4);
-    s.allow_unpriced_models = true;
+    let price = r#"{"input": 1.0, "output": 4.0, "batch_input": 0.5, "batch_output": 2.0}"#;
+    let models = format!(r#"{{"models": {{"m": {price}, "sim-backup": {price}}}}}"#);
+    s.prices = Arc::new(
+        fenced_jobs::job::prices::PriceTable::built_in()
+            .with(fenced_jobs::job::prices::PriceTable::parse(&models).expect("the sim's prices")),
+    );
     s.replay = if replay {
         ReplayPolicy::Replay
     } else {
@@ -2553,6 +2559,22 @@ pub async fn run(config: &ChaosConfig) -> ChaosReport {
             "the other producer's calls, labelled {TENANT}, were not counted in its own account \
              and day: the day items are {items:?}"
         ));
+    }
+    // Each call's reservation is let go once, by its charge or its release: no day holds less
+    // than nothing, charges no less than nothing, or counts other than its models' sum.
+    let mut days: Vec<&str> = items.iter().filter_map(|i| i.split('#').next()).collect();
+    days.dedup();
+    for day in days {
+        use fenced_jobs::ledger::spend::SpendBudget;
+        for count in spend.count(day).await.unwrap_or_default() {
+            let by_model: i64 = count.models.values().sum();
+            if count.held < 0 || count.counted < count.held || by_model != count.counted {
+                world.violation(format!(
+                    "the day item {} holds {}, counts {} and {by_model} by model",
+                    count.item, count.held, count.counted
+                ));
+            }
+        }
     }
     for job_id in &foreign {
         let ours = table.get(job_id).await.ok().flatten();

@@ -26,10 +26,11 @@ async fn main() -> Result<(), lambda_runtime::Error> {
             return Err(e.into());
         }
     };
+    let target = Arc::new(fenced_jobs::ops::metrics::MetricsTarget::from_env());
     lambda_runtime::run(service_fn(move |event: LambdaEvent<StreamEvent>| {
         let sink = Arc::clone(&sink);
+        let target = Arc::clone(&target);
         async move {
-            let target = fenced_jobs::ops::metrics::MetricsTarget::from_env();
             let span = fenced_jobs::telemetry::invocation_span(
                 &event.context.request_id,
                 event.context.xray_trace_id.as_deref(),

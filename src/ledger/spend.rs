@@ -107,6 +107,14 @@ impl MemorySpend {
         self.lock().keys().cloned().collect()
     }
 
+    /// The item `day` of `days`, counting nothing when it is new.
+    fn item<'d>(days: &'d mut BTreeMap<String, DayCount>, day: &str) -> &'d mut DayCount {
+        days.entry(day.to_owned()).or_insert_with(|| DayCount {
+            item: day.to_owned(),
+            ..DayCount::default()
+        })
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, DayCount>> {
         self.days.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -123,10 +131,7 @@ impl SpendBudget for MemorySpend {
     ) -> BoxFuture<'a, Result<bool, LedgerError>> {
         Box::pin(async move {
             let mut days = self.lock();
-            let count = days.entry(day.to_owned()).or_insert_with(|| DayCount {
-                item: day.to_owned(),
-                ..DayCount::default()
-            });
+            let count = Self::item(&mut days, day);
             if count.counted.saturating_add(signed(micros)) > signed(limit) {
                 return Ok(false);
             }
@@ -148,10 +153,7 @@ impl SpendBudget for MemorySpend {
     ) -> BoxFuture<'a, Result<(), LedgerError>> {
         Box::pin(async move {
             let mut days = self.lock();
-            let count = days.entry(day.to_owned()).or_insert_with(|| DayCount {
-                item: day.to_owned(),
-                ..DayCount::default()
-            });
+            let count = Self::item(&mut days, day);
             let delta = signed(cost) - signed(reserved);
             count.counted += delta;
             count.held -= signed(reserved);

@@ -64,19 +64,13 @@ impl Level {
     }
 }
 
-/// One day item as it counts, in micro-dollars.
+/// One day item, and who it counts for.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Line {
     /// Who it counts for.
     pub level: Level,
-    /// What its limit sees: what calls were charged and what is held for calls not charged yet.
-    pub counted: u64,
-    /// Of `counted`, what calls not charged yet hold (running, or stopped before their charge).
-    pub held: u64,
-    /// The limit its last reservation was held to.
-    pub limit: Option<u64>,
-    /// `counted` by model.
-    pub models: BTreeMap<String, u64>,
+    /// What it counts.
+    pub count: DayCount,
 }
 
 /// `day`'s items (`YYYY-MM-DD`, UTC): the deployment's first, then the producers' and the
@@ -86,26 +80,19 @@ pub async fn day(budget: &dyn SpendBudget, day: &str) -> Result<Vec<Line>, Ledge
         .count(day)
         .await?
         .into_iter()
-        .filter_map(|count| line(day, count))
+        .filter_map(|count| {
+            let level = Level::of(day, &count.item)?;
+            Some(Line { level, count })
+        })
         .collect();
     lines.sort_by(|a, b| a.level.cmp(&b.level));
     Ok(lines)
 }
 
-fn line(day: &str, count: DayCount) -> Option<Line> {
-    // A repeated charge may take a hold below zero; nothing is shown below it.
-    let unsigned = |v: i64| u64::try_from(v).unwrap_or(0);
-    Some(Line {
-        level: Level::of(day, &count.item)?,
-        counted: unsigned(count.counted),
-        held: unsigned(count.held),
-        limit: count.limit,
-        models: count
-            .models
-            .into_iter()
-            .map(|(model, v)| (model, unsigned(v)))
-            .collect(),
-    })
+/// A figure as shown: a repeated charge may take a hold below zero, and nothing is shown
+/// below it.
+fn shown(micros: i64) -> u64 {
+    u64::try_from(micros).unwrap_or(0)
 }
 
 /// `lines` of `day` as a table, each item's models under it.
@@ -122,22 +109,22 @@ pub fn text(day: &str, lines: &[Line]) -> String {
          not charged yet.\n{:<12} {:<32} {:>16} {:>16} {:>16}\n",
         "level", "name", "counted", "held", "limit"
     );
-    for l in lines {
-        let limit = l.limit.map_or_else(|| "-".to_owned(), dollars);
+    for Line { level, count } in lines {
+        let limit = count.limit.map_or_else(|| "-".to_owned(), dollars);
         out.push_str(&format!(
             "{:<12} {:<32} {:>16} {:>16} {:>16}\n",
-            l.level.kind(),
-            l.level.name(),
-            dollars(l.counted),
-            dollars(l.held),
+            level.kind(),
+            level.name(),
+            dollars(shown(count.counted)),
+            dollars(shown(count.held)),
             limit
         ));
-        for (model, micros) in &l.models {
+        for (model, micros) in &count.models {
             out.push_str(&format!(
                 "  {:<10} {:<32} {:>16}\n",
                 "model",
                 model,
-                dollars(*micros)
+                dollars(shown(*micros))
             ));
         }
     }
@@ -148,14 +135,19 @@ pub fn text(day: &str, lines: &[Line]) -> String {
 pub fn to_json(day: &str, lines: &[Line]) -> serde_json::Value {
     let items: Vec<serde_json::Value> = lines
         .iter()
-        .map(|l| {
+        .map(|Line { level, count }| {
+            let models: BTreeMap<&str, u64> = count
+                .models
+                .iter()
+                .map(|(model, micros)| (model.as_str(), shown(*micros)))
+                .collect();
             json!({
-                "level": l.level.kind(),
-                "name": l.level.name(),
-                "counted_micros": l.counted,
-                "held_micros": l.held,
-                "limit_micros": l.limit,
-                "models": l.models,
+                "level": level.kind(),
+                "name": level.name(),
+                "counted_micros": shown(count.counted),
+                "held_micros": shown(count.held),
+                "limit_micros": count.limit,
+                "models": models,
             })
         })
         .collect();
@@ -196,7 +188,7 @@ mod tests {
                 ("account", "billing/acme")
             ]
         );
-        let acme = &lines[3];
+        let acme = &lines[3].count;
         assert_eq!(
             (acme.counted, acme.held, acme.limit),
             (250, 50, Some(1_000))
@@ -205,11 +197,26 @@ mod tests {
             acme.models,
             BTreeMap::from([("m".into(), 200), ("n".into(), 50)])
         );
-        let shown = text(day, &lines);
-        assert!(shown.contains("billing/acme"), "{shown}");
-        assert!(shown.contains("$0.000250"), "{shown}");
+        let drawn = text(day, &lines);
+        assert!(drawn.contains("billing/acme"), "{drawn}");
+        assert!(drawn.contains("$0.000250"), "{drawn}");
         assert_eq!(to_json(day, &lines)["items"][3]["models"]["n"], 50);
         assert!(text(day, &[]).contains("DAILY_SPEND_LIMIT"));
+        // A charge repeated after its first try landed takes the hold below zero: shown as 0.
+        let twice = format!("{day}#producer#twice");
+        assert!(spend.reserve(&twice, "m", 10, 1_000, 0).await.expect("ok"));
+        for _ in 0..2 {
+            spend.charge(&twice, "m", 10, 20, 0).await.expect("ok");
+        }
+        let lines = super::day(&spend, day).await.expect("read");
+        let json = to_json(day, &lines);
+        let item = &json["items"][3];
+        assert_eq!(
+            (item["name"].as_str(), item["held_micros"].as_u64()),
+            (Some("twice"), Some(0))
+        );
+        assert_eq!(lines[3].count.held, -10, "kept as counted");
+        assert!(text(day, &lines).contains("$0.000000"));
         assert!(is_day(day));
         assert!(!is_day("2026-12-5") && !is_day("2026-02-30") && !is_day("2026-12-05#x"));
     }

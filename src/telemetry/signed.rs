@@ -15,10 +15,10 @@ const SERVICE: &str = "xray";
 /// The Region of an X-Ray OTLP endpoint (`https://xray.eu-west-1.amazonaws.com/v1/traces`
 /// gives `eu-west-1`); `None` for any other URL, whose requests go unsigned.
 pub fn xray_region(endpoint: &str) -> Option<&str> {
-    let host = endpoint
-        .strip_prefix("https://")?
-        .split(['/', '?', '#'])
-        .next()?;
+    if !endpoint.starts_with("https://") {
+        return None;
+    }
+    let host = crate::provider::host_of(endpoint)?;
     let region = host.strip_prefix("xray.")?.strip_suffix(".amazonaws.com")?;
     let valid = !region.is_empty()
         && region

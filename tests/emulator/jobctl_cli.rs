@@ -5,31 +5,11 @@
 
 use fenced_jobs::provider::SimulatedProvider;
 
-use crate::support::{deliver, emulator, fast_settings, job};
-
-/// What one run of jobctl came to: its exit status, standard output and standard error.
-struct Ran {
-    code: i32,
-    out: String,
-    err: String,
-}
+use crate::support::{Ran, deliver, emulator, fast_settings, job};
 
 /// Runs jobctl against the emulator's `table` with `args` and the environment `env`.
 fn jobctl(table: &str, args: &[&str], env: &[(&str, &str)]) -> Ran {
-    let endpoint = std::env::var("AWS_ENDPOINT_URL").expect("emulator");
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_jobctl"))
-        .args(args)
-        .args(["--table", table, "--endpoint-url", &endpoint])
-        .args(["--region", "us-east-1"])
-        .envs(env.iter().copied())
-        .stdin(std::process::Stdio::null())
-        .output()
-        .expect("jobctl runs");
-    Ran {
-        code: out.status.code().unwrap_or(-1),
-        out: String::from_utf8_lossy(&out.stdout).into_owned(),
-        err: String::from_utf8_lossy(&out.stderr).into_owned(),
-    }
+    crate::support::jobctl(&[args, &["--table", table]].concat(), env)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -174,18 +154,9 @@ async fn jobctl_reads_a_stacks_outputs_and_an_option_given_wins() {
         .send()
         .await
         .expect("a stack");
-    let endpoint = std::env::var("AWS_ENDPOINT_URL").expect("emulator");
     let run = |args: &[&str]| {
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_jobctl"))
-            .args(args)
-            .args(["--endpoint-url", &endpoint, "--region", "us-east-1"])
-            .env_remove("JOBS_TABLE")
-            .env_remove("QUEUE_URL")
-            .stdin(std::process::Stdio::null())
-            .output()
-            .expect("jobctl runs");
-        let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
-        (out.status.code(), text(&out.stdout), text(&out.stderr))
+        let ran = crate::support::jobctl(args, &[]);
+        (Some(ran.code), ran.out, ran.err)
     };
     let dir = std::env::temp_dir().join(format!("jobctl-stack-{table}"));
     std::fs::create_dir_all(&dir).expect("dir");

@@ -55,16 +55,11 @@ async fn jobctl_spend_shows_the_day_by_producer_account_and_model_with_what_is_h
     assert!(due.await.expect("due").is_empty());
 
     // WHEN the operator asks for the day
-    let endpoint = std::env::var("AWS_ENDPOINT_URL").expect("emulator");
     let jobctl = |format: &[&str]| {
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_jobctl"))
-            .args(["spend", "--day", "2026-12-01", "--table", &table])
-            .args(["--endpoint-url", &endpoint, "--region", "us-east-1"])
-            .args(format)
-            .output()
-            .expect("jobctl runs");
-        assert_eq!(out.status.code(), Some(0), "{out:?}");
-        String::from_utf8(out.stdout).expect("text")
+        let spend = ["spend", "--day", "2026-12-01", "--table", &table];
+        let ran = crate::support::jobctl(&[&spend[..], format].concat(), &[]);
+        assert_eq!(ran.code, 0, "{}", ran.err);
+        ran.out
     };
     let shown: serde_json::Value = serde_json::from_str(&jobctl(&["--json"])).expect("json");
 

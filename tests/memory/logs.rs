@@ -27,6 +27,18 @@ const HANDLE: &str = "CANARY-HANDLE-4406";
 #[derive(Clone, Default)]
 struct Captured(Arc<Mutex<Vec<u8>>>);
 
+impl Captured {
+    /// What was written, as text, and each line as the JSON object it must be.
+    fn lines(&self) -> (String, Vec<Value>) {
+        let text = String::from_utf8(self.0.lock().expect("buffer").clone()).expect("utf-8");
+        let lines = text
+            .lines()
+            .map(|l| serde_json::from_str(l).expect("every log line is JSON"))
+            .collect();
+        (text, lines)
+    }
+}
+
 impl Write for Captured {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
         self.0.lock().expect("buffer").extend_from_slice(buf);
@@ -135,14 +147,10 @@ async fn a_full_batch_logs_each_record_without_secrets() {
     assert!(report.records[0].outcome.is_success());
     drop(_guard);
 
-    let text = String::from_utf8(captured.0.lock().expect("buffer").clone()).expect("utf-8");
+    let (text, lines) = captured.lines();
     for secret in [API_KEY, PROMPT, ANSWER, HANDLE] {
         assert!(!text.contains(secret), "{secret} reached the logs:\n{text}");
     }
-    let lines: Vec<Value> = text
-        .lines()
-        .map(|l| serde_json::from_str(l).expect("every log line is JSON"))
-        .collect();
     let done = |message_id: &str| {
         lines
             .iter()
@@ -446,11 +454,7 @@ async fn records_and_provider_calls_become_genai_spans_without_content() {
 
     // Each line carries its trace in both forms, whether the environment was cold, and the
     // span it was written in: one of the spans the trace holds.
-    let logged = String::from_utf8(captured.0.lock().expect("buffer").clone()).expect("utf-8");
-    let lines: Vec<Value> = logged
-        .lines()
-        .map(|l| serde_json::from_str(l).expect("a JSON line"))
-        .collect();
+    let (logged, lines) = captured.lines();
     let done = |job: &str| {
         lines
             .iter()

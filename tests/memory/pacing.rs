@@ -199,32 +199,6 @@ async fn calls_sent_again_after_429s_keep_to_the_limit_the_429s_lowered() {
     );
 }
 
-/// Processes jobs of `tenant` until one is paced (at most `most`), on a clock that stands
-/// still; returns how many were admitted first.
-async fn admitted_before_paced(
-    processor: &Processor<InMemoryLedger, fenced_jobs::provider::SimulatedProvider, ManualClock>,
-    tenant: &str,
-    most: usize,
-) -> usize {
-    let inv = Invocation {
-        id: "tenants".into(),
-        deadline: None,
-    };
-    for i in 0..most {
-        let body = format!(
-            r#"{{"job_id":"{tenant}-{i}","tenant":"{tenant}","contract":"c","input":{{"model":"m","prompt":"p"}}}}"#
-        );
-        let msg = fenced_jobs::job::parse_body(Some(&body)).expect("valid");
-        let done = processor
-            .process(&msg, &format!("w/{tenant}/{i}"), &inv, &NoWatch)
-            .await;
-        if matches!(done.outcome, RecordOutcome::Failed(Failure::Paced { .. })) {
-            return i;
-        }
-    }
-    most
-}
-
 #[tokio::test]
 async fn a_tenant_capped_at_half_the_pace_leaves_the_other_half_to_another_tenant() {
     for (percent, other_runs) in [(50, true), (100, false)] {
@@ -232,8 +206,8 @@ async fn a_tenant_capped_at_half_the_pace_leaves_the_other_half_to_another_tenan
         let processor = capped(percent, 100);
 
         // WHEN one tenant's jobs run until the pace turns one away, then another's comes
-        let bulk = admitted_before_paced(&processor, "bulk", 20).await;
-        let other = admitted_before_paced(&processor, "other", 1).await;
+        let bulk = run_before_paced(&processor, ("", Some("bulk"), false), 20).await;
+        let other = run_before_paced(&processor, ("", Some("other"), false), 1).await;
 
         // THEN the capped tenant stopped at its share, and the other tenant's job ran; uncapped,
         // the first tenant took the whole horizon and the other waits behind it

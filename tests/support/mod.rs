@@ -373,6 +373,33 @@ pub fn job(id: &str, prompt: &str, extra_input: &str) -> String {
     )
 }
 
+/// What one run of jobctl came to: its exit status, standard output and standard error.
+pub struct Ran {
+    pub code: i32,
+    pub out: String,
+    pub err: String,
+}
+
+/// Runs jobctl against the emulator with `args` and the environment `env`, none of the test
+/// process's own `JOBS_TABLE` or `QUEUE_URL`, nothing on its standard input.
+pub fn jobctl(args: &[&str], env: &[(&str, &str)]) -> Ran {
+    let endpoint = std::env::var("AWS_ENDPOINT_URL").expect("emulator");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_jobctl"))
+        .args(args)
+        .args(["--endpoint-url", &endpoint, "--region", "us-east-1"])
+        .env_remove("JOBS_TABLE")
+        .env_remove("QUEUE_URL")
+        .envs(env.iter().copied())
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("jobctl runs");
+    Ran {
+        code: out.status.code().unwrap_or(-1),
+        out: String::from_utf8_lossy(&out.stdout).into_owned(),
+        err: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
 /// The stream records of `table` so far, read with `streams` (whose credentials may be a role's)
 /// and announced through the dispatcher to `sink`, which must take every one.
 pub async fn announce(

@@ -13,9 +13,10 @@ use aws_sdk_dynamodb::types::{AttributeValue, KeysAndAttributes, ReturnValue};
 use futures::future::BoxFuture;
 
 use super::item::{Item, get_s, n, s};
-use super::{DUE_INDEX, DynamoLedger, Updated, sdk_error};
+use super::{DynamoLedger, Updated, sdk_error};
 use crate::job::Millis;
 use crate::ledger::LedgerError;
+use crate::ledger::LedgerIndex;
 use crate::ledger::spend::{DayCount, SPEND_KEY_PREFIX, SpendBudget, until_next_day};
 
 /// The operation that gives the day back what a call did not cost: sent once (see
@@ -133,31 +134,20 @@ impl SpendBudget for DynamoLedger {
 }
 
 impl DynamoLedger {
-    /// The keys of `day`'s items, from the due index.
+    /// The keys of `day`'s items: the due index's partition of the day items
+    /// ([`LedgerIndex::due`], over every deadline), page by page.
     async fn day_keys(&self, day: &str) -> Result<Vec<String>, LedgerError> {
-        let mut keys = Vec::new();
-        let mut start = None;
+        const PAGE: usize = 1_000;
+        let partition = due_key(day);
+        let mut keys: Vec<(String, Millis)> = Vec::new();
         loop {
-            let out = self
-                .client
-                .query()
-                .table_name(&self.table)
-                .index_name(DUE_INDEX)
-                .key_condition_expression("#due = :day")
-                .expression_attribute_names("#due", "due_on")
-                .expression_attribute_values(":day", s(&due_key(day)))
-                .set_exclusive_start_key(start)
-                .send()
-                .await
-                .map_err(|e| sdk_error("query", &e))?;
-            keys.extend(
-                out.items()
-                    .iter()
-                    .filter_map(|item| get_s(item, "job_id").map(str::to_owned)),
-            );
-            start = out.last_evaluated_key;
-            if start.is_none() {
-                return Ok(keys);
+            let page = self
+                .due(&partition, (0, Millis::MAX), keys.last(), PAGE)
+                .await?;
+            let full = page.len() == PAGE;
+            keys.extend(page);
+            if !full {
+                return Ok(keys.into_iter().map(|(key, _)| key).collect());
             }
         }
     }
