@@ -138,7 +138,9 @@ fn lines(path: &Path, title: &str, x_label: &str, panels: &[Panel]) -> Drawn {
 }
 
 fn bars(path: &Path, title: &str, y_label: &str, groups: &[String], series: &[Bars]) -> Drawn {
-    let root = SVGBackend::new(path, (900, 480)).into_drawing_area();
+    // Room for each group's name above its bars.
+    let width = (150 * groups.len() as u32).max(900);
+    let root = SVGBackend::new(path, (width, 480)).into_drawing_area();
     root.fill(&WHITE)?;
     let y_max = top(series.iter().flat_map(|s| s.values.iter().copied())) * 1.1;
     let mut chart = ChartBuilder::on(&root)

@@ -268,6 +268,7 @@ PLOTS = [
     ("benchmarks/scale.svg", "8. Scale", "The burst over time: calls the model ran and calls answered 429 per minute, and the jobs not yet ended."),
     ("benchmarks/drill.svg", "1.", "The recovery drill's timeline (`make drill`): receives, claims, renewals, the takeover and the acceptance."),
     ("benchmarks/floor.svg", "1.", "CPU per DynamoDB request: the SDK's floor, the ledger's writes alone, fresh and redelivered records."),
+    ("benchmarks/cost.svg", "3.", "The reference job's whole bill (model and AWS) per million jobs, by model and path: a direct call, a batch line, and each service tier the price table prices for the model (no bar: its provider does not sell it)."),
 ]
 
 
@@ -302,6 +303,17 @@ def plots(out):
             "x_label": "seconds",
             "lanes": [f"worker {a}" if len(a) == 1 else a for a in actors],
             "events": [{"lane": actors.index(r["actor"]), "at": r["at"], "label": r["label"]} for r in rows],
+        })
+    paths = table_after(read(out, "cost.txt"), "The reference job by model and path")
+    if paths:
+        names = [("direct", "direct call, standard"), ("batch", "batch line"), ("flex", "flex tier"),
+                 ("priority", "priority tier")]
+        write("cost", {
+            "kind": "bars",
+            "title": "The reference job per million jobs, model and AWS, by path (bench_cost)",
+            "y_label": "USD per million jobs",
+            "groups": [r["model"].removeprefix("amazon.").removesuffix("-v1:0") for r in paths],
+            "series": [{"name": label, "values": [number(r[col]) or 0.0 for r in paths]} for col, label in names],
         })
     floor = table_after(read(out, "batch.txt"), "Our CPU per DynamoDB request")
     if floor:

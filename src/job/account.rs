@@ -21,6 +21,27 @@ use super::policy::Policy;
 use super::scope::{Producers, Sender, producer_of};
 use super::{InvalidMessage, JobMessage, Millis};
 
+/// Whose a job is and how urgent: which queue its triggers go to, which message group (fair
+/// queue) they are in, and whose shares and limits its calls draw on. Not part of the digest:
+/// kept by the first write that creates the item, as the metadata.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
+pub struct JobClass {
+    /// The message's `tenant`: its triggers' `MessageGroupId` on a standard queue (SQS fair
+    /// queues), its own spend limit, its label in events and exports.
+    pub tenant: Option<String>,
+    /// `priority: "urgent"`: its triggers go to the urgent queue, whose event source mapping
+    /// polls beside the backlog, and its calls draw on the reserved share of the paced
+    /// capacity.
+    pub urgent: bool,
+}
+
+impl JobClass {
+    /// The `priority` a message and an item name it by.
+    pub fn priority(&self) -> &'static str {
+        if self.urgent { "urgent" } else { "normal" }
+    }
+}
+
 /// The tenant a job without one is accounted under.
 pub const NO_TENANT: &str = "(none)";
 

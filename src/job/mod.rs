@@ -12,16 +12,19 @@ pub mod outcome;
 pub mod pointer;
 pub mod policy;
 pub mod prices;
+mod progress;
 pub mod scope;
 pub(crate) mod simulate;
 pub mod state;
 pub mod usage;
 
+pub use account::JobClass;
 pub use artifact::{BlobRef, ResultBody};
 pub use decision::{Expect, Next, next_step};
 pub use message::{InvalidMessage, JobMessage, Trigger, parse_body, parse_trigger};
 pub use outcome::{Failure, RecordOutcome, VisibilityPolicy};
 pub use policy::{OUTPUT_CEILINGS, output_ceiling};
+pub use progress::{BatchCounts, CallProgress};
 pub use state::JobState;
 pub use usage::Usage;
 
@@ -169,6 +172,8 @@ pub struct JobItem {
     /// why): its owner stops the call and ends the attempt `cancelled`; no other end is
     /// accepted.
     pub cancel_requested: Option<Millis>,
+    /// What the owner of `epoch` last said of its running call, for `jobctl watch`.
+    pub call_progress: Option<CallProgress>,
 }
 
 impl JobItem {
@@ -241,7 +246,9 @@ impl JobItem {
             .last_error
             .as_ref()
             .map_or(0, |e| 4 * FIELD + e.kind.len() + e.message.len());
+        let progress = self.call_progress.map_or(0, |_| 6 * FIELD);
         24 * FIELD
+            + progress
             + self.job_id.len()
             + self.input_digest.len()
             + self.contract.len()
@@ -471,27 +478,6 @@ pub struct NewJob {
     pub class: JobClass,
 }
 
-/// Whose a job is and how urgent: which queue its triggers go to, which message group (fair
-/// queue) they are in, and whose shares and limits its calls draw on. Not part of the digest:
-/// kept by the first write that creates the item, as the metadata.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
-pub struct JobClass {
-    /// The message's `tenant`: its triggers' `MessageGroupId` on a standard queue (SQS fair
-    /// queues), its own spend limit, its label in events and exports.
-    pub tenant: Option<String>,
-    /// `priority: "urgent"`: its triggers go to the urgent queue, whose event source mapping
-    /// polls beside the backlog, and its calls draw on the reserved share of the paced
-    /// capacity.
-    pub urgent: bool,
-}
-
-impl JobClass {
-    /// The `priority` a message and an item name it by.
-    pub fn priority(&self) -> &'static str {
-        if self.urgent { "urgent" } else { "normal" }
-    }
-}
-
 /// What a job gets when its message does not say: a deadline, an attempt budget, and how long
 /// its item is kept after the deadline.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -595,6 +581,7 @@ impl NewJob {
             enqueued_at: None,
             class: self.class,
             cancel_requested: None,
+            call_progress: None,
         }
     }
 }

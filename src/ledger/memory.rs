@@ -28,6 +28,8 @@ pub struct InMemoryLedger {
     walked: Mutex<Option<Millis>>,
     /// What the writes would be billed in DynamoDB, when metered.
     bill: Option<Mutex<Bill>>,
+    /// The request counts noted for each running provider batch.
+    batches: Mutex<HashMap<String, crate::job::BatchCounts>>,
 }
 
 /// What the writes of a metered ledger would be billed in DynamoDB, by its rules
@@ -61,6 +63,12 @@ impl InMemoryLedger {
     pub fn bill(&self) -> Option<Bill> {
         let bill = self.bill.as_ref()?;
         Some(*bill.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// The request counts last noted for the provider batch `batch_id`.
+    pub fn batch_counts(&self, batch_id: &str) -> Option<crate::job::BatchCounts> {
+        let batches = self.batches.lock().unwrap_or_else(|p| p.into_inner());
+        batches.get(batch_id).copied()
     }
 
     /// Conditional writes attempted so far (applied or refused).
@@ -250,6 +258,22 @@ impl JobLedger for InMemoryLedger {
     async fn get(&self, job_id: &str) -> Result<Option<JobItem>, LedgerError> {
         Ok(self.lock().get(job_id).cloned())
     }
+
+    async fn note_batch(
+        &self,
+        batch_id: &str,
+        counts: crate::job::BatchCounts,
+        _now: Millis,
+    ) -> Result<(), LedgerError> {
+        self.writes.fetch_add(1, Ordering::Relaxed);
+        if let Some(bill) = &self.bill {
+            // A small item of its own: one write unit, no index.
+            bill.lock().unwrap_or_else(|p| p.into_inner()).table_units += 1;
+        }
+        let mut batches = self.batches.lock().unwrap_or_else(|p| p.into_inner());
+        batches.insert(batch_id.to_owned(), counts);
+        Ok(())
+    }
 }
 
 /// What a [`FaultyLedger`] does to an operation.
@@ -371,6 +395,14 @@ impl<L: JobLedger> JobLedger for FaultyLedger<L> {
                 code: "timeout".to_owned(),
             }),
         }
+    }
+    async fn note_batch(
+        &self,
+        batch_id: &str,
+        counts: crate::job::BatchCounts,
+        now: Millis,
+    ) -> Result<(), LedgerError> {
+        self.inner.note_batch(batch_id, counts, now).await
     }
 }
 

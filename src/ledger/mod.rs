@@ -10,6 +10,7 @@ mod index;
 pub mod memory;
 mod operator;
 pub mod schedule;
+mod shared;
 pub mod spend;
 pub mod transitions;
 
@@ -283,6 +284,8 @@ pub struct RenewRequest {
     pub now: Millis,
     /// The new end of the lease.
     pub lease_until: Millis,
+    /// What the owner says of its call, carried by the same write (`None`: nothing new).
+    pub progress: Option<crate::job::CallProgress>,
 }
 
 /// Creates a job, `ready`, before its trigger is sent (the producer's outbox).
@@ -428,6 +431,18 @@ pub trait JobLedger: Send + Sync {
         &self,
         job_id: &str,
     ) -> impl Future<Output = Result<Option<JobItem>, LedgerError>> + Send;
+    /// Keeps the request counts a look at the running batch `batch_id` read at `now`, on the
+    /// batch's own item (one for all its jobs), for `jobctl watch`. Shown, never relied on: a
+    /// ledger may keep none.
+    fn note_batch(
+        &self,
+        batch_id: &str,
+        counts: crate::job::BatchCounts,
+        now: Millis,
+    ) -> impl Future<Output = Result<(), LedgerError>> + Send {
+        let _ = (batch_id, counts, now);
+        async { Ok(()) }
+    }
 }
 
 impl AttemptEnd {
@@ -517,83 +532,5 @@ impl SettleRequest {
             message: message.to_owned(),
             at: self.now,
         }
-    }
-}
-
-impl<L: JobLedger> JobLedger for std::sync::Arc<L> {
-    fn claim(&self, req: ClaimRequest) -> impl Future<Output = Result<Write, LedgerError>> + Send {
-        (**self).claim(req)
-    }
-
-    fn end(&self, req: EndRequest) -> impl Future<Output = Result<Write, LedgerError>> + Send {
-        (**self).end(req)
-    }
-
-    fn end_known(
-        &self,
-        known: &JobItem,
-        req: EndRequest,
-    ) -> impl Future<Output = Result<Write, LedgerError>> + Send {
-        (**self).end_known(known, req)
-    }
-
-    fn settle(
-        &self,
-        req: SettleRequest,
-    ) -> impl Future<Output = Result<Write, LedgerError>> + Send {
-        (**self).settle(req)
-    }
-
-    fn recover(
-        &self,
-        req: RecoverRequest,
-    ) -> impl Future<Output = Result<Write, LedgerError>> + Send {
-        (**self).recover(req)
-    }
-
-    fn renew(&self, req: RenewRequest) -> impl Future<Output = Result<Write, LedgerError>> + Send {
-        (**self).renew(req)
-    }
-
-    fn create(
-        &self,
-        req: CreateRequest,
-    ) -> impl Future<Output = Result<Write, LedgerError>> + Send {
-        (**self).create(req)
-    }
-
-    fn mark_enqueued(
-        &self,
-        req: EnqueuedRequest,
-    ) -> impl Future<Output = Result<Write, LedgerError>> + Send {
-        (**self).mark_enqueued(req)
-    }
-
-    fn record_ref(
-        &self,
-        req: RecordRefRequest,
-    ) -> impl Future<Output = Result<Write, LedgerError>> + Send {
-        (**self).record_ref(req)
-    }
-
-    fn decide(
-        &self,
-        req: DecideRequest,
-    ) -> impl Future<Output = Result<Write, LedgerError>> + Send {
-        (**self).decide(req)
-    }
-
-    fn cancel(
-        &self,
-        req: CancelRequest,
-    ) -> impl Future<Output = Result<Write, LedgerError>> + Send {
-        (**self).cancel(req)
-    }
-
-    fn get(
-        &self,
-        job_id: &str,
-    ) -> impl Future<Output = Result<Option<JobItem>, LedgerError>> + Send {
-        (**self).get(job_id)
     }
 }

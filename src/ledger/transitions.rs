@@ -228,6 +228,9 @@ pub fn apply_renew(current: Option<&JobItem>, req: &RenewRequest) -> Option<JobI
     let mut next = r.clone();
     next.owner_until = Some(req.lease_until);
     next.updated_at = req.now;
+    if req.progress.is_some() {
+        next.call_progress = req.progress;
+    }
     Some(next)
 }
 

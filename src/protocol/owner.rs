@@ -49,6 +49,7 @@ impl<'a> Owner<'a> {
             expected_until,
             now,
             lease_until,
+            progress: None,
         }
     }
 

@@ -16,7 +16,7 @@ use serde_json::Value;
 
 use super::{ProviderError, ProviderRequest, Retrieval};
 use crate::clock::{Clock, SystemClock};
-use crate::job::Millis;
+use crate::job::{BatchCounts, Millis};
 
 /// How long a running batch's status is taken as it was read, for every delivery of the
 /// environment that asks: the records of one batch, redelivered together, share one request.
@@ -116,8 +116,9 @@ pub fn is_batch_ref(provider_ref: &str) -> bool {
 /// What the provider said of one batch.
 #[derive(Debug, Clone)]
 pub(crate) enum Status {
-    /// Not ended: its lines are not answered yet.
-    Running,
+    /// Not ended: its lines are not answered yet (the request counts, where the provider
+    /// reports them).
+    Running(Option<BatchCounts>),
     /// Ended (completed, expired, cancelled): the answered lines' results by line id, as the
     /// provider wrote them; a line whole results do not hold was never run.
     Ended(Arc<Results>),
@@ -222,7 +223,7 @@ impl Book {
         let inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         let (at, status) = inner.batches.get(batch_id)?;
         match status {
-            Status::Running if *at < since => None,
+            Status::Running(_) if *at < since => None,
             status => Some(status.clone()),
         }
     }
@@ -357,7 +358,13 @@ pub(crate) async fn retrieve_line<A: BatchApi>(
         },
     };
     match status {
-        Status::Running => Retrieval::Running,
+        Status::Running(counts) => {
+            // Shown by `jobctl watch`: the hand-over that follows writes them.
+            if let (Some(counts), Some(progress)) = (counts, &req.progress) {
+                progress.batch(counts);
+            }
+            Retrieval::Running
+        }
         Status::Failed(why) => {
             let reason = format!("the batch failed before running any line: {why}");
             Retrieval::Failed(if CAPACITY_CODES.contains(&why.as_str()) {

@@ -216,7 +216,7 @@ impl Events {
                 Ok(Ok(None)) => return Ok(self.pending.finish()),
                 Ok(Ok(Some(chunk))) => chunk,
             };
-            self.progress.mark();
+            self.progress.streamed(chunk.len());
             self.read += chunk.len();
             if self.read > MAX_STREAM_BYTES {
                 return Err(ProviderError::Permanent {

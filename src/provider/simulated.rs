@@ -12,9 +12,9 @@ use sha2::{Digest, Sha256};
 use super::batch::{self, BatchApi, BatchLine, Book, Status};
 use super::{Answer, Provider, ProviderError, ProviderRequest, Retrieval};
 use crate::clock::{Clock, SystemClock};
-use crate::job::Millis;
 use crate::job::contract::Finish;
 use crate::job::simulate::{BadAnswer, SimulatedOutcome, Simulation, simulation_of};
+use crate::job::{BatchCounts, Millis};
 
 /// The simulated provider. It counts its executions (calls started), in total and per job.
 #[derive(Debug)]
@@ -139,9 +139,9 @@ impl Provider for SimulatedProvider {
         if model.is_some_and(|m| self.overloaded.iter().any(|o| o == m)) {
             return Err(refusal(SimulatedOutcome::Overloaded));
         }
-        if sim.latency_ms > 0 {
-            tokio::time::sleep(Duration::from_millis(sim.latency_ms)).await;
-        }
+        let answers = sim.outcome == SimulatedOutcome::Ok && req.attempt > sim.fail_times;
+        let streamed = req.progress.as_ref().filter(|_| answers);
+        run_for(sim.latency_ms, streamed).await;
         // Transient failures are tied to the attempt number, not to this process's memory, so
         // the behaviour is the same whichever invocation runs the attempt.
         if req.attempt <= sim.fail_times {
@@ -323,8 +323,18 @@ impl BatchApi for SimulatedProvider {
         let Some(batch) = created.iter().find(|b| b.id == batch_id) else {
             return Err(Retrieval::NotFound);
         };
-        if SystemClock.now_ms() < batch.ends_at {
-            return Ok(Status::Running);
+        let now = SystemClock.now_ms();
+        if now < batch.ends_at {
+            // Its lines are answered at an even pace from its creation to its end.
+            let total = batch.lines.len() as u64;
+            let span = (batch.ends_at - batch.created_at).max(1);
+            let done = (now - batch.created_at).clamp(0, span);
+            let completed = total * u64::try_from(done).unwrap_or(0) / span as u64;
+            return Ok(Status::Running(Some(BatchCounts {
+                total,
+                completed,
+                failed: 0,
+            })));
         }
         let mut results = batch::Results::reading(want);
         for line in &batch.lines {
@@ -381,6 +391,27 @@ fn refusal(outcome: SimulatedOutcome) -> ProviderError {
 
 /// The answer depends on the input and contract, and on the attempt's number only for a bad
 /// answer (`bad_answer` for attempts `1..=bad_times`); never on the time.
+/// Waits out a call's `latency_ms`. A call that will answer streams meanwhile (`progress`):
+/// twenty even parts at most, each well within the progress rule's timeout.
+async fn run_for(latency_ms: u64, progress: Option<&super::Progress>) {
+    const CHUNK_BYTES: usize = 64;
+    let Some(progress) = progress else {
+        if latency_ms > 0 {
+            tokio::time::sleep(Duration::from_millis(latency_ms)).await;
+        }
+        return;
+    };
+    let timeout_ms = u64::try_from(progress.timeout().as_millis()).unwrap_or(u64::MAX);
+    let part = (latency_ms / 20).clamp(1_000, (timeout_ms / 2).max(1));
+    let mut left = latency_ms;
+    while left > 0 {
+        let now = part.min(left);
+        tokio::time::sleep(Duration::from_millis(now)).await;
+        left -= now;
+        progress.streamed(CHUNK_BYTES);
+    }
+}
+
 fn answer(req: &ProviderRequest<'_>, sim: &Simulation) -> Answer {
     use std::fmt::Write;
     /// The answer's document, fields in the order they are written.

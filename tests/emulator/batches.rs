@@ -38,10 +38,16 @@ async fn batch_server(run_for: Duration) -> HttpStub {
         let mut created = created.lock().expect("created");
         let batch = |n: usize, created: &[Instant]| {
             let done = created.get(n).is_some_and(|t| t.elapsed() >= run_for);
+            // OpenAI's request counts: the lines of its input file, all answered once it is done.
+            let total = batches[n]
+                .strip_prefix("file-")
+                .and_then(|f| files.get(f.parse::<usize>().ok()? - 1))
+                .map_or(0, |text| text.lines().count());
             json!({"id": format!("batch_{}", n + 1), "status": if done { "completed" } else { "in_progress" },
                    "input_file_id": batches[n], "output_file_id": format!("out-{}", n + 1),
                    "created_at": fenced_jobs::clock::Clock::now_ms(&fenced_jobs::clock::SystemClock) / 1000,
-                   "metadata": {"source": "fenced-jobs"}})
+                   "metadata": {"source": "fenced-jobs"},
+                   "request_counts": {"total": total, "completed": if done { total } else { 0 }, "failed": 0}})
         };
         let path = req.path.as_str();
         match req.method.as_str() {
@@ -345,4 +351,82 @@ async fn a_failed_line_is_retried_in_a_later_batch() {
     );
     let steady = aws.item(&table, "steady").await;
     assert_eq!((steady.state, steady.attempts), (JobState::Succeeded, 1));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_look_at_a_running_batch_leaves_its_request_counts_for_jobctl_watch() {
+    // GIVEN two deferrable jobs in a batch that runs for a minute
+    let aws = emulator().await;
+    let table = aws.table().await;
+    let queue = aws.queue_with_receives(2, 300).await;
+    let server = batch_server(Duration::from_secs(60)).await;
+    let handler = aws.handler(&table, openai_batches(&server.url), batch_settings());
+    let mut source = aws.source(&queue).await;
+    source.batch_size = 10;
+    source.function_timeout_ms = 10_000;
+    aws.send(&queue, &deferrable("counted", "counted work"))
+        .await;
+    aws.send(&queue, &deferrable("other", "other work")).await;
+
+    // WHEN its jobs are delivered until one of them has looked at the running batch
+    let started = Instant::now();
+    let mut looked = false;
+    while !looked && started.elapsed() < Duration::from_secs(30) {
+        let (poll, _) = deliver(&source, &handler).await;
+        if poll.received == 0 {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        looked = server.count("GET", "/v1/batches/batch_1") > 0;
+    }
+    assert!(looked, "a redelivery looked at the batch");
+
+    // THEN the look noted the provider's counts on the batch's own item, not on the jobs'
+    let item = aws.item(&table, "counted").await;
+    assert_eq!(item.state, JobState::Running);
+    assert_eq!(item.call_progress, None, "a look writes nothing to the job");
+    let noted = aws
+        .ledger(&table)
+        .batch_counts("batch_1")
+        .await
+        .expect("read")
+        .map(|(counts, _)| counts);
+    assert_eq!(
+        noted,
+        Some(fenced_jobs::job::BatchCounts {
+            total: 2,
+            completed: 0,
+            failed: 0
+        })
+    );
+    // AND jobctl watch shows them while the job runs
+    let watched = crate::support::jobctl(
+        &[
+            "watch",
+            "counted",
+            "--timeout",
+            "1",
+            "--output",
+            "json",
+            "--table",
+            &table,
+        ],
+        &[],
+    );
+    assert_eq!(watched.code, 5, "still running: {}", watched.err);
+    let line: serde_json::Value =
+        serde_json::from_str(watched.out.lines().next().unwrap_or_default()).expect("json");
+    assert_eq!(
+        line["batch"],
+        json!({"total": 2, "completed": 0, "failed": 0}),
+        "{line}"
+    );
+    let text = crate::support::jobctl(
+        &["watch", "counted", "--timeout", "1", "--table", &table],
+        &[],
+    );
+    assert!(
+        text.out.contains("batch 0 of 2 done, 0 failed"),
+        "{}",
+        text.out
+    );
 }

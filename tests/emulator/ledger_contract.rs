@@ -102,6 +102,7 @@ pub(crate) async fn scenario<L: JobLedger>(
         expected_until: Some(expected),
         now,
         lease_until: now + 60_000,
+        progress: None,
     };
     // The claim's lease ends at T + 60 s; each renewal extends the lease it names.
     step!(
@@ -560,6 +561,11 @@ pub(crate) async fn cancels<L: JobLedger>(
         expected_until: Some(until),
         now,
         lease_until: now + 60_000,
+        // What the owner says of its call rides on the renewal, the same on every engine.
+        progress: Some(fenced_jobs::job::CallProgress {
+            epoch: 1,
+            streamed_bytes: u64::try_from(now - T).unwrap_or(0),
+        }),
     };
     step!("k claim", ledger.claim(claim(&k, Expect::FRESH, "w1", T)));
     step!(

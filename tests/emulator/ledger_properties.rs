@@ -271,6 +271,7 @@ async fn apply<L: JobLedger>(ledger: &L, prefix: &str, op: &Op) -> Write {
                     expected_until: *expected_until,
                     now: *now,
                     lease_until: now + 30_000,
+                    progress: None,
                 })
                 .await
         }

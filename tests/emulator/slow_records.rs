@@ -22,7 +22,8 @@ fn slow_job(id: &str, latency_ms: u64) -> String {
 
 // On one thread, as the functions run: the heartbeat and the deadline share it with the records.
 #[tokio::test(flavor = "current_thread")]
-async fn a_record_outlasting_the_visibility_timeout_is_not_redelivered_while_it_runs() {
+async fn a_record_outlasting_the_visibility_timeout_is_not_redelivered_while_it_runs_and_shows_its_bytes()
+ {
     // GIVEN a queue with a 2 s visibility timeout and a call that takes 6 s
     let aws = emulator().await;
     let table = aws.table().await;
@@ -45,9 +46,42 @@ async fn a_record_outlasting_the_visibility_timeout_is_not_redelivered_while_it_
         }
         received
     };
-    let ((poll, report), stolen) = tokio::join!(deliver(&source, &handler), second_consumer);
+    // AND jobctl watches it for a second, halfway through
+    let watch = async {
+        tokio::time::sleep(Duration::from_millis(3_500)).await;
+        let args = [
+            "watch",
+            "slow-1",
+            "--timeout",
+            "1",
+            "--output",
+            "json",
+            "--table",
+        ];
+        let args: Vec<String> = args
+            .iter()
+            .map(|a| a.to_string())
+            .chain([table.clone()])
+            .collect();
+        tokio::task::spawn_blocking(move || {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            crate::support::jobctl(&args, &[])
+        })
+        .await
+        .expect("jobctl ran")
+    };
+    let ((poll, report), stolen, watched) =
+        tokio::join!(deliver(&source, &handler), second_consumer, watch);
 
-    // THEN the second consumer never got it, and the job succeeded with one call
+    // THEN the watch saw it running with the bytes its last renewal carried (decision 158)
+    assert_eq!(watched.code, 5, "still running then: {}", watched.err);
+    let line: serde_json::Value =
+        serde_json::from_str(watched.out.lines().next().unwrap_or_default()).expect("json");
+    assert_eq!(line["state"], "running", "{line}");
+    assert!(line["lease_until"].is_string(), "{line}");
+    let bytes = line["streamed_bytes"].as_u64().unwrap_or(0);
+    assert!(bytes > 0, "a renewal carried the streamed bytes: {line}");
+    // AND the second consumer never got it, and the job succeeded with one call
     assert_eq!(stolen, 0, "the record was redelivered during the call");
     assert_eq!((poll.received, poll.deleted), (1, 1));
     assert_eq!(handler.processor().provider().executions(), 1);
@@ -58,6 +92,11 @@ async fn a_record_outlasting_the_visibility_timeout_is_not_redelivered_while_it_
         .expect("get")
         .expect("item");
     assert_eq!((item.state, item.owner_epoch), (JobState::Succeeded, 1));
+    let progress = item
+        .call_progress
+        .expect("the owner's last word on its call");
+    assert_eq!(progress.epoch, item.owner_epoch);
+    assert!(progress.streamed_bytes >= bytes);
     let stats = report.expect("report").stats;
     assert!(stats.heartbeat_ticks >= 8, "{stats:?}");
     assert_eq!(stats.visibility_renewed, stats.heartbeat_ticks, "{stats:?}");

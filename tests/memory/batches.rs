@@ -130,7 +130,7 @@ async fn deferrable_jobs_of_one_invocation_go_as_one_batch_and_succeed_at_batch_
 }
 
 #[tokio::test]
-async fn a_look_at_a_running_batch_writes_nothing() {
+async fn a_look_at_a_running_batch_writes_nothing_to_its_jobs_and_notes_its_counts_once() {
     let ledger = Arc::new(InMemoryLedger::new());
     let h = handler(ledger.clone(), settings());
     let jobs: Vec<String> = (0..3)
@@ -138,12 +138,29 @@ async fn a_look_at_a_running_batch_writes_nothing() {
         .collect();
     h.handle_batch(&event(&jobs, 1), &invocation()).await;
     let writes = ledger.writes();
+    let before = ledger.get("s0").await.expect("get");
     let second = h.handle_batch(&event(&jobs, 2), &invocation()).await;
     assert_eq!(
         ledger.writes(),
-        writes,
-        "a look at a running batch writes nothing"
+        writes + 1,
+        "one note of the batch's counts for its three lines"
     );
+    assert_eq!(
+        ledger.get("s0").await.expect("get"),
+        before,
+        "the job is untouched"
+    );
+    assert_eq!(
+        ledger.batch_counts("simbatch-1"),
+        Some(fenced_jobs::job::BatchCounts {
+            total: 3,
+            completed: 0,
+            failed: 0
+        })
+    );
+    // The same counts again: nothing more is written.
+    h.handle_batch(&event(&jobs, 3), &invocation()).await;
+    assert_eq!(ledger.writes(), writes + 1);
     assert!(
         second
             .records

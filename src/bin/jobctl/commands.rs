@@ -11,7 +11,7 @@ use fenced_jobs::ops::producer::Intake;
 use fenced_jobs::ops::results;
 use fenced_jobs::queue::{SqsReader, SqsTriggers};
 
-use super::{AWS_ERROR, DlqCommand, REFUSED, TIMED_OUT, usage};
+use super::{AWS_ERROR, DlqCommand, REFUSED, usage};
 use crate::output::Out;
 use fenced_jobs::ops::files::OutputFile;
 
@@ -355,75 +355,6 @@ pub(crate) async fn export(
         }
         Err(e) => usage(&e),
     }
-}
-
-/// Follows a job until it is terminal: one consistent read every `interval_s` seconds, a line
-/// for each change of state, epoch or attempts.
-pub(crate) async fn watch(
-    ledger: &DynamoLedger,
-    job_id: &str,
-    interval_s: u64,
-    timeout_s: u64,
-    out: &Out,
-) -> Result<(), OperatorError> {
-    use fenced_jobs::ledger::JobLedger;
-    let started = std::time::Instant::now();
-    let mut last = None;
-    loop {
-        let job = match ledger.get(job_id).await {
-            Ok(Some(job)) => job,
-            Ok(None) => return Err(OperatorError::NotFound(job_id.to_owned())),
-            Err(e) => {
-                eprintln!("jobctl: {e}");
-                std::process::exit(AWS_ERROR);
-            }
-        };
-        let now = (job.state, job.owner_epoch, job.attempts, job.owner_until);
-        if last != Some(now) {
-            last = Some(now);
-            watched(&job, started.elapsed().as_secs(), out);
-        }
-        if job.state.is_terminal() {
-            if job.state != JobState::Succeeded {
-                std::process::exit(REFUSED);
-            }
-            return Ok(());
-        }
-        if timeout_s > 0 && started.elapsed().as_secs() >= timeout_s {
-            eprintln!(
-                "jobctl: {job_id} is still {} after {timeout_s} s",
-                job.state.as_str()
-            );
-            std::process::exit(TIMED_OUT);
-        }
-        tokio::time::sleep(std::time::Duration::from_secs(interval_s.max(1))).await;
-    }
-}
-
-/// One line of `watch`: the job as it stands, `elapsed_s` since the watch began.
-fn watched(job: &fenced_jobs::job::JobItem, elapsed_s: u64, out: &Out) {
-    let at = format_rfc3339_ms(SystemClock.now_ms());
-    let lease = job
-        .owner_until
-        .filter(|_| job.state == JobState::Running)
-        .map(format_rfc3339_ms);
-    let doc = serde_json::json!({"at": at, "elapsed_s": elapsed_s, "job_id": job.job_id,
-        "state": job.state.as_str(), "epoch": job.owner_epoch, "attempts": job.attempts,
-        "lease_until": lease, "updated_at": format_rfc3339_ms(job.updated_at)});
-    out.emit(doc, || {
-        let mut text = format!(
-            "{at}  +{elapsed_s}s  {}  {:<16} epoch {:<3} attempts {} of {}",
-            job.job_id,
-            job.state.as_str(),
-            job.owner_epoch,
-            job.attempts,
-            job.max_attempts
-        );
-        if let Some(lease) = &lease {
-            text += &format!("  lease until {lease}");
-        }
-        text
-    });
 }
 
 /// `jobctl events replay`: the failure queue's batches, or the jobs given.

@@ -16,6 +16,7 @@ mod output;
 mod progress;
 mod run;
 mod stack;
+mod watch;
 
 /// The heading of the options every subcommand takes.
 const GLOBAL: &str = "Global options";

@@ -10,9 +10,10 @@ use fenced_jobs::ops::results::{self, ResultError};
 use fenced_jobs::queue::SqsTriggers;
 
 use crate::commands::{
-    self, DlqSource, caller, dlq, export, list, print, reconcile, replay, submit, watch, write_out,
+    self, DlqSource, caller, dlq, export, list, print, reconcile, replay, submit, write_out,
 };
 use crate::output::Out;
+use crate::watch::watch;
 use crate::{AWS_ERROR, Command, EventsCommand, INTEGRITY, REFUSED, USAGE, usage};
 
 /// What every subcommand may use: the AWS configuration, the ledger, the bucket and the global

@@ -7,8 +7,8 @@ use aws_sdk_dynamodb::types::AttributeValue;
 
 use crate::job::contract::Finish;
 use crate::job::{
-    AttemptEntry, AttemptOutcome, BlobRef, DecisionRecord, ErrorRecord, JobItem, JobState, Millis,
-    RecoveryRecord, Route, Usage, attention_key, utc_day,
+    AttemptEntry, AttemptOutcome, BlobRef, CallProgress, DecisionRecord, ErrorRecord, JobItem,
+    JobState, Millis, NewJob, RecoveryRecord, Route, Usage, attention_key, utc_day,
 };
 use crate::ledger::LedgerError;
 
@@ -154,6 +154,23 @@ pub(super) fn encode_error(e: &ErrorRecord) -> AttributeValue {
     ]))
 }
 
+/// What an owner said of its call: `{epoch, bytes}`.
+pub(super) fn encode_progress(p: &CallProgress) -> AttributeValue {
+    AttributeValue::M(HashMap::from([
+        ("epoch".to_owned(), n(p.epoch)),
+        ("bytes".to_owned(), n(p.streamed_bytes)),
+    ]))
+}
+
+/// The progress an item holds; a malformed one reads as none (it is only ever shown).
+fn decode_progress(v: &AttributeValue) -> Option<CallProgress> {
+    let m = v.as_m().ok()?;
+    Some(CallProgress {
+        epoch: get_n(m, "epoch").and_then(to_u64)?,
+        streamed_bytes: get_n(m, "bytes").and_then(to_u64)?,
+    })
+}
+
 /// Encodes a whole record as the item its writes leave: every field (an absent option or an
 /// empty history is no attribute), and the index keys: `attention` while the state carries one,
 /// and always `due_on`, the deadline's day.
@@ -189,6 +206,7 @@ pub fn encode(r: &JobItem) -> Item {
         ("last_error", r.last_error.as_ref().map(encode_error)),
         ("enqueued_at", r.enqueued_at.map(n)),
         ("cancel_requested", r.cancel_requested.map(n)),
+        ("progress", r.call_progress.as_ref().map(encode_progress)),
         ("tenant", r.class.tenant.as_deref().map(s)),
         ("priority", r.class.urgent.then(|| s("urgent"))),
         ("throttles", (r.throttles > 0).then(|| n(r.throttles))),
@@ -280,6 +298,7 @@ pub fn decode(item: &Item) -> Result<JobItem, LedgerError> {
         expires_at: req_n("expires_at")?,
         enqueued_at: get_n(item, "enqueued_at"),
         cancel_requested: get_n(item, "cancel_requested"),
+        call_progress: item.get("progress").and_then(decode_progress),
         class: crate::job::JobClass {
             tenant: get_s(item, "tenant").map(str::to_owned),
             urgent: get_s(item, "priority") == Some("urgent"),
@@ -433,6 +452,53 @@ pub fn to_json_image(item: &Item) -> serde_json::Value {
     Value::Object(item.iter().map(|(k, v)| (k.clone(), value(v))).collect())
 }
 
+/// The claim's `SET` clauses for what the message carries and the item may lack: each set
+/// only where the item has none (its input, when `input`).
+pub(super) fn kept_if_absent(job: &NewJob, input: bool) -> String {
+    let fields = [
+        (input, "#input", ":input"),
+        (job.metadata.is_some(), "#meta", ":meta"),
+        (job.class.tenant.is_some(), "#tenant", ":tenant"),
+        (job.class.urgent, "#prio", ":prio"),
+        (job.input_ref.is_some(), "#inref", ":inref"),
+        (job.max_cost_micros.is_some(), "#maxcost", ":maxcost"),
+    ];
+    fields
+        .iter()
+        .filter(|(carried, ..)| *carried)
+        .map(|(_, name, value)| format!(", {name} = if_not_exists({name}, {value})"))
+        .collect()
+}
+
+/// The values of a claim's or a creation's write that come from the job's message.
+pub(super) fn new_job_values(job: &NewJob) -> Vec<(&'static str, AttributeValue)> {
+    let mut values = vec![
+        (":input", s(&job.input)),
+        (":digest", s(&job.input_digest)),
+        (":contract", s(&job.contract)),
+        (":deadline", n(job.deadline_at)),
+        (":due", s(&crate::job::utc_day(job.deadline_at))),
+        (":max", n(job.max_attempts)),
+        (":ttl", n(job.expires_at)),
+    ];
+    if let Some(meta) = &job.metadata {
+        values.push((":meta", s(meta)));
+    }
+    if let Some(tenant) = &job.class.tenant {
+        values.push((":tenant", s(tenant)));
+    }
+    if job.class.urgent {
+        values.push((":prio", s("urgent")));
+    }
+    if let Some(blob) = &job.input_ref {
+        values.push((":inref", encode_blob(blob)));
+    }
+    if let Some(max) = job.max_cost_micros {
+        values.push((":maxcost", n(max)));
+    }
+    values
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -529,6 +595,10 @@ mod tests {
             expires_at: 99,
             enqueued_at: Some(150),
             cancel_requested: Some(160),
+            call_progress: Some(CallProgress {
+                epoch: 3,
+                streamed_bytes: 2_048,
+            }),
             class: crate::job::JobClass {
                 tenant: Some("acme".into()),
                 urgent: true,

@@ -10,6 +10,7 @@
 //! - [`item`]: the item codec (attribute values to and from [`JobItem`]);
 //! - [`index`]: the table definition and the sparse-index queries ([`LedgerIndex`]).
 
+mod batches;
 pub mod billing;
 mod index;
 mod item;
@@ -36,7 +37,7 @@ use super::{JobLedger, LedgerError, Write};
 use crate::job::{JobItem, JobState, attention_key};
 
 /// Attribute names, each used through a `#placeholder` (several are DynamoDB reserved words).
-const NAMES: [(&str, &str); 45] = [
+const NAMES: [(&str, &str); 46] = [
     ("#id", "job_id"),
     ("#state", "state"),
     ("#epoch", "owner_epoch"),
@@ -82,6 +83,7 @@ const NAMES: [(&str, &str); 45] = [
     ("#spent", "spent_micros"),
     ("#held", "held_micros"),
     ("#limit", "limit_micros"),
+    ("#progress", "progress"),
 ];
 
 /// What a conditional `UpdateItem` did: the item after it (`ALL_NEW`, unless the writer asked

@@ -5,12 +5,10 @@ use aws_sdk_dynamodb::types::AttributeValue;
 
 use super::DynamoLedger;
 use super::item::{
-    decode, encode_attempt, encode_blob, encode_decision, encode_error, encode_recovery,
-    encode_usage, n, s,
+    decode, encode_attempt, encode_blob, encode_decision, encode_error, encode_progress,
+    encode_recovery, encode_usage, kept_if_absent, n, new_job_values, s,
 };
-use crate::job::{
-    AttemptEntry, AttemptOutcome, JobItem, JobState, NewJob, RecoveryRecord, ResultBody,
-};
+use crate::job::{AttemptEntry, AttemptOutcome, JobItem, JobState, RecoveryRecord, ResultBody};
 use crate::ledger::transitions::{apply_claim, apply_create, apply_settle, known_after_end};
 use crate::ledger::{
     AttemptEnd, CancelRequest, ClaimRequest, CreateRequest, DecideRequest, EndRequest,
@@ -205,7 +203,7 @@ impl JobLedger for DynamoLedger {
     async fn renew(&self, req: RenewRequest) -> Result<Write, LedgerError> {
         // Invariant: only the current owner moves its lease, and a renewal only extends the
         // lease it knows (never one its own hand-over ended).
-        let update = "SET #until = :until, #updated = :now";
+        let mut update = String::from("SET #until = :until, #updated = :now");
         let mut condition = String::from("#state = :running AND #epoch = :epoch");
         let mut values = vec![
             (":until", n(req.lease_until)),
@@ -213,12 +211,17 @@ impl JobLedger for DynamoLedger {
             (":running", s(JobState::Running.as_str())),
             (":epoch", n(req.epoch)),
         ];
+        // What the owner says of its call rides on the write it makes anyway.
+        if let Some(progress) = &req.progress {
+            update.push_str(", #progress = :progress");
+            values.push((":progress", encode_progress(progress)));
+        }
         // A heartbeat's renewal is refused by a cancel request, which its owner then sees.
         if let Some(expected) = req.expected_until {
             condition.push_str(" AND #until = :expected_until AND attribute_not_exists(#cancel)");
             values.push((":expected_until", n(expected)));
         }
-        self.update("renew", &req.job_id, update, &condition, values, None)
+        self.update("renew", &req.job_id, &update, &condition, values, None)
             .await
     }
 
@@ -339,52 +342,15 @@ impl JobLedger for DynamoLedger {
         let item = self.get_item("get", job_id, true).await?;
         item.as_ref().map(decode).transpose()
     }
-}
 
-/// The claim's `SET` clauses for what the message carries and the item may lack: each set
-/// only where the item has none (its input, when `input`).
-fn kept_if_absent(job: &NewJob, input: bool) -> String {
-    let fields = [
-        (input, "#input", ":input"),
-        (job.metadata.is_some(), "#meta", ":meta"),
-        (job.class.tenant.is_some(), "#tenant", ":tenant"),
-        (job.class.urgent, "#prio", ":prio"),
-        (job.input_ref.is_some(), "#inref", ":inref"),
-        (job.max_cost_micros.is_some(), "#maxcost", ":maxcost"),
-    ];
-    fields
-        .iter()
-        .filter(|(carried, ..)| *carried)
-        .map(|(_, name, value)| format!(", {name} = if_not_exists({name}, {value})"))
-        .collect()
-}
-
-fn new_job_values(job: &NewJob) -> Vec<(&'static str, AttributeValue)> {
-    let mut values = vec![
-        (":input", s(&job.input)),
-        (":digest", s(&job.input_digest)),
-        (":contract", s(&job.contract)),
-        (":deadline", n(job.deadline_at)),
-        (":due", s(&crate::job::utc_day(job.deadline_at))),
-        (":max", n(job.max_attempts)),
-        (":ttl", n(job.expires_at)),
-    ];
-    if let Some(meta) = &job.metadata {
-        values.push((":meta", s(meta)));
+    async fn note_batch(
+        &self,
+        batch_id: &str,
+        counts: crate::job::BatchCounts,
+        now: crate::job::Millis,
+    ) -> Result<(), LedgerError> {
+        self.put_batch_note(batch_id, counts, now).await
     }
-    if let Some(tenant) = &job.class.tenant {
-        values.push((":tenant", s(tenant)));
-    }
-    if job.class.urgent {
-        values.push((":prio", s("urgent")));
-    }
-    if let Some(blob) = &job.input_ref {
-        values.push((":inref", encode_blob(blob)));
-    }
-    if let Some(max) = job.max_cost_micros {
-        values.push((":maxcost", n(max)));
-    }
-    values
 }
 
 /// An end's update (its `SET` clause last) keeping the job's input, when it carries one for a

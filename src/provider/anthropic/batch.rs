@@ -9,8 +9,8 @@ use reqwest::RequestBuilder;
 use serde_json::{Value, json};
 
 use super::{AnthropicProvider, classify};
-use crate::job::Millis;
 use crate::job::message::parse_rfc3339_ms;
+use crate::job::{BatchCounts, Millis};
 use crate::provider::batch::{
     BatchApi, BatchLine, Book, Results, Status, batch_id, create_failed, never_ran, valid_id,
 };
@@ -135,7 +135,7 @@ impl BatchApi for AnthropicProvider {
                     })?;
                 Ok(Status::Ended(Arc::new(results)))
             }
-            Some(_) => Ok(Status::Running),
+            Some(_) => Ok(Status::Running(counts(&batch))),
             None => Err(Retrieval::Unreachable {
                 retry_after_ms: None,
             }),
@@ -177,7 +177,7 @@ impl BatchApi for AnthropicProvider {
                 results.holds(line)
             }
             // Its lines show only once it ended.
-            Status::Running | Status::Failed(_) => None,
+            Status::Running(_) | Status::Failed(_) => None,
         }
     }
 
@@ -217,4 +217,21 @@ impl BatchApi for AnthropicProvider {
             }),
         }
     }
+}
+
+/// A running batch's `request_counts` (`processing`, `succeeded`, `errored`, `canceled`,
+/// `expired`; Anthropic's Message Batches API) in the common form.
+fn counts(batch: &Value) -> Option<BatchCounts> {
+    let counts = batch.get("request_counts")?;
+    let count = |name: &str| counts.get(name).and_then(Value::as_u64);
+    let (processing, succeeded) = (count("processing")?, count("succeeded")?);
+    let failed = ["errored", "canceled", "expired"]
+        .iter()
+        .filter_map(|name| count(name))
+        .sum::<u64>();
+    Some(BatchCounts {
+        total: processing + succeeded + failed,
+        completed: succeeded,
+        failed,
+    })
 }

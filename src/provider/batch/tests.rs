@@ -43,8 +43,11 @@ fn references_read_back_as_written_and_others_are_not_batch_references() {
 #[test]
 fn a_running_batch_is_asked_again_once_stale_an_ended_one_never() {
     let book = Book::default();
-    book.keep("b1", 100, Status::Running);
-    assert!(matches!(book.status("b1", 100), Some(Status::Running)));
+    book.keep("b1", 100, Status::Running(None));
+    assert!(matches!(
+        book.status("b1", 100),
+        Some(Status::Running(None))
+    ));
     assert!(book.status("b1", 101).is_none());
     book.keep("b1", 200, Status::Ended(Arc::default()));
     assert!(matches!(book.status("b1", 10_000), Some(Status::Ended(_))));

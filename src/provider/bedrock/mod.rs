@@ -285,6 +285,8 @@ async fn streamed(
                         });
                     }
                     text.push_str(more);
+                    // The text's bytes: the event stream's framing is the SDK's.
+                    progress.streamed(more.len());
                 }
             }
             ConverseStreamOutput::MessageStop(end) => stop = Some(end.stop_reason().clone()),

@@ -12,7 +12,7 @@ use sha2::{Digest, Sha256};
 
 use super::status::{classify, retrieval_error};
 use super::{OpenAiProvider, with_key};
-use crate::job::Millis;
+use crate::job::{BatchCounts, Millis};
 use crate::provider::batch::{
     BatchApi, BatchLine, Book, Results, Status, create_failed, never_ran,
 };
@@ -187,7 +187,7 @@ impl BatchApi for OpenAiProvider {
                     .unwrap_or("unspecified");
                 Ok(Status::Failed(code_text(code)))
             }
-            Some(_) => Ok(Status::Running),
+            Some(_) => Ok(Status::Running(counts(&batch))),
             None => Err(Retrieval::Unreachable {
                 retry_after_ms: None,
             }),
@@ -315,4 +315,16 @@ fn multipart(jsonl: &str) -> (String, Vec<u8>) {
     body.extend_from_slice(jsonl.as_bytes());
     body.extend_from_slice(format!("\r\n--{boundary}--\r\n").as_bytes());
     (format!("multipart/form-data; boundary={boundary}"), body)
+}
+
+/// A running batch's `request_counts` (`total`, `completed`, `failed`; OpenAI's Batch
+/// object).
+fn counts(batch: &Value) -> Option<BatchCounts> {
+    let counts = batch.get("request_counts")?;
+    let count = |name: &str| counts.get(name).and_then(Value::as_u64);
+    Some(BatchCounts {
+        total: count("total")?,
+        completed: count("completed")?,
+        failed: count("failed")?,
+    })
 }

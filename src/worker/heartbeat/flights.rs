@@ -136,6 +136,18 @@ impl Flights {
         }
     }
 
+    /// What the running call of record `index` has to show for itself, said by the owner of
+    /// `epoch`: its renewals carry it.
+    pub(super) fn said(&self, index: usize, epoch: u64) -> Option<crate::job::CallProgress> {
+        match self.lock().get(index) {
+            Some(Flight {
+                stage: Stage::Running(lease),
+                ..
+            }) => lease.progress.as_ref()?.said(epoch),
+            _ => None,
+        }
+    }
+
     /// The provider call of record `index` ended: its lease is no longer renewed, its
     /// visibility still is until the record is decided.
     pub fn call_ended(&self, index: usize) {

@@ -14,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 use super::settings::Settings;
 use crate::clock::Clock;
 use crate::job::Millis;
-use crate::ledger::{JobLedger, Write};
+use crate::ledger::{JobLedger, RenewRequest, Write};
 use crate::protocol::owner::Owner;
 use crate::protocol::renewal::{
     RENEWAL_RETRIES, RenewalTicks, Renewed, after_renewal, extension_s,
@@ -263,7 +263,10 @@ impl<L: JobLedger, V: VisibilityControl, C: Clock> Heartbeat<'_, L, V, C> {
                 return; // the call ended meanwhile
             };
             let owner = Owner::at(&job_id, epoch);
-            let req = owner.renew(Some(expected), now, now + self.settings.lease_ms);
+            let req = RenewRequest {
+                progress: self.flights.said(index, epoch),
+                ..owner.renew(Some(expected), now, now + self.settings.lease_ms)
+            };
             let result = self.ledger.renew(req).await;
             let answer = result.as_ref().ok();
             // The call ended while the renewal was on its way: a refusal is our own final

@@ -5,14 +5,19 @@ use serde_json::{Map, Value};
 
 use super::{Link, Processor};
 use crate::clock::Clock;
+use crate::job::BatchCounts;
 use crate::job::{JobItem, JobMessage, Millis};
 use crate::ledger::JobLedger;
-use crate::provider::batch::{batch_ref, is_batch_ref, pending_ref};
+use crate::provider::Progress;
+use crate::provider::batch::{batch_ref, is_batch_ref, parse_ref, pending_ref};
 use std::time::Duration;
 
 use crate::protocol::calling::Said;
 use crate::provider::{Provider, ProviderError, ProviderRequest, Retrieval};
 use crate::worker::gather::{Joined, MAX_BATCH_BYTES, Until, Window};
+
+/// The most batches one environment remembers noting.
+const NOTED_KEPT: usize = 1_000;
 
 impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
     /// Whether an attempt of the job of `input` through `link` is a line of a batch: the job is
@@ -77,7 +82,8 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
 
     /// Whether the batch of the line `seen`'s last attempt records still runs (asked at most
     /// once in ten seconds per batch in this environment): then the record waits for the next
-    /// look and nothing is written.
+    /// look and nothing is written to the job. Counts the provider reported that this
+    /// environment has not noted yet go on the batch's own item ([`JobLedger::note_batch`]).
     pub(super) async fn batch_runs(&self, msg: &JobMessage, seen: &JobItem) -> bool {
         let Some(attempt) = seen.attempt_log.last() else {
             return false;
@@ -88,12 +94,40 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         let link = self.link_of(seen);
         let input = self.routed_input(link, msg);
         let contract = self.contracts.for_job(&msg.contract);
-        let request = self.request(msg, seen, &input, &contract);
+        let mut request = self.request(msg, seen, &input, &contract);
+        let progress = Progress::new(Duration::from_secs(1));
+        request.progress = Some(progress.clone());
         let found = link
             .provider
             .retrieve(reference, attempt.started_at, &request)
             .await;
-        found == Retrieval::Running
+        let running = found == Retrieval::Running;
+        if let (true, Some(counts), Some((Some(batch), _))) =
+            (running, progress.batch_counts(), parse_ref(reference))
+        {
+            self.note_batch(batch, counts).await;
+        }
+        running
+    }
+
+    /// Notes `counts` of `batch` unless this environment noted them already. A note that
+    /// fails is only logged: it is shown, never relied on.
+    async fn note_batch(&self, batch: &str, counts: BatchCounts) {
+        {
+            let mut noted = self.noted.lock().unwrap_or_else(|p| p.into_inner());
+            if noted.get(batch) == Some(&counts) {
+                return;
+            }
+            // One entry a batch this environment looked at: a day's batches at most.
+            if noted.len() >= NOTED_KEPT {
+                noted.clear();
+            }
+            noted.insert(batch.to_owned(), counts);
+        }
+        let now = self.clock.now_ms();
+        if let Err(e) = self.ledger.note_batch(batch, counts, now).await {
+            tracing::debug!(%batch, error = %e, "the batch's counts were not noted");
+        }
     }
 }
 

@@ -34,6 +34,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
             spend: None,
             tenants: TenantPacers::default(),
             gather: crate::worker::gather::Gather::default(),
+            noted: Default::default(),
         }
     }
 

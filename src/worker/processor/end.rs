@@ -6,8 +6,8 @@ use std::time::Duration;
 use super::execute::Held;
 use super::{Invocation, Link, Processor};
 use crate::clock::Clock;
-use crate::job::{JobMessage, Millis};
-use crate::ledger::{JobLedger, LedgerError};
+use crate::job::{CallProgress, JobMessage, Millis};
+use crate::ledger::{JobLedger, LedgerError, RenewRequest};
 use crate::protocol::delivery::{Command, Delivery, Observation};
 use crate::protocol::ending::{EndFacts, EndStep, EndWrite, Ending};
 use crate::provider::Provider;
@@ -38,7 +38,8 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
             held.late_said = true;
             tracing::warn!(job_id = %msg.job_id, "answer came within the skew margin of the deadline; not accepted");
         }
-        let (said, at) = self.end_step(d, step, inv).await;
+        let progress = held.spent.as_ref().and_then(|s| s.said);
+        let (said, at) = self.end_step(d, step, inv, progress).await;
         d.observe(said, at)
     }
 
@@ -51,6 +52,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         d: &Delivery,
         step: EndStep,
         inv: &Invocation,
+        progress: Option<CallProgress>,
     ) -> (Observation, Millis) {
         let Some(machine) = d.ending() else {
             return (Observation::Answered(None), self.clock.now_ms());
@@ -65,19 +67,31 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
                 if pause_ms > 0 {
                     tokio::time::sleep(Duration::from_millis(pause_ms as u64)).await;
                 }
-                self.end_write(d, machine).await
+                self.end_write(d, machine, progress).await
             }
             // The delivery never asks for the end's close: it takes it over.
             EndStep::Done(_) => (Observation::Answered(None), self.clock.now_ms()),
         }
     }
 
-    /// The write the delivery `d` builds now for its end (`machine`), and what it came to.
-    async fn end_write(&self, d: &Delivery, machine: &Ending) -> (Observation, Millis) {
+    /// The write the delivery `d` builds now for its end (`machine`), and what it came to. A
+    /// hand-over carries what the call had to show for itself (`progress`).
+    async fn end_write(
+        &self,
+        d: &Delivery,
+        machine: &Ending,
+        progress: Option<CallProgress>,
+    ) -> (Observation, Millis) {
         let now = self.clock.now_ms();
         let answer = match d.end_write(now) {
             Some(EndWrite::End(req)) => self.ledger.end_known(machine.owner(), req).await,
-            Some(EndWrite::Renew(req)) => self.ledger.renew(req).await,
+            Some(EndWrite::Renew(req)) => {
+                let req = RenewRequest {
+                    progress: progress.or(req.progress),
+                    ..req
+                };
+                self.ledger.renew(req).await
+            }
             None => return (Observation::Answered(None), now),
         };
         let job_id = &machine.owner().job_id;

@@ -99,6 +99,9 @@ pub struct Processor<L, P, C> {
     tenants: TenantPacers,
     /// Deferrable jobs' lines waiting for their batch.
     gather: super::gather::Gather,
+    /// The request counts this environment last noted for each running batch: a look notes
+    /// only counts that changed.
+    noted: std::sync::Mutex<std::collections::HashMap<String, crate::job::BatchCounts>>,
 }
 
 /// What the processor tells whoever keeps a running attempt alive (the invocation's heartbeat)

@@ -28,6 +28,9 @@ pub(super) struct Spent {
     pub(super) model: String,
     /// The rate it is paid at: a batch line's, or the service tier its job asks for.
     pub(super) rate: Rate,
+    /// What the call had to show for itself when it ended (bytes streamed, a batch's counts):
+    /// a hand-over writes it.
+    pub(super) said: Option<crate::job::CallProgress>,
 }
 
 impl Spent {
@@ -134,9 +137,10 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         };
         // Sent when ownership is lost (a renewal refused, or the lease about to lapse), or an
         // operator cancelled the job.
+        let epoch = owner.owner_epoch;
         let stop = watch.running(
             &msg.job_id,
-            owner.owner_epoch,
+            epoch,
             owner.owner_until.unwrap_or_else(|| self.clock.now_ms()),
             owner.deadline_at,
         );
@@ -149,7 +153,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
             self.settings.progress_timeout_ms.max(1) as u64,
         ));
         watch.progress(&progress);
-        request.progress = Some(progress);
+        request.progress = Some(progress.clone());
         let mut spent = Spent {
             heard: None,
             estimate: Usage::estimate(request.input_json.len(), request.max_output_tokens),
@@ -159,6 +163,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
                 self.batched(link, &input) || super::batches::in_batch(owner),
                 &input,
             ),
+            said: None,
         };
         let call = Call {
             link,
@@ -183,6 +188,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
             }
         };
         watch.call_ended();
+        spent.said = progress.said(epoch);
         if d.sent() {
             let took = self.clock.now_ms() - started;
             let took = u64::try_from(took).unwrap_or(0);
@@ -447,6 +453,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
             provider: link.provider.name(),
             model: link.provider.model(&input).to_owned(),
             rate: Rate::of(d.owner().is_some_and(super::batches::in_batch), &input),
+            said: None,
         }
     }
 

@@ -45,9 +45,12 @@ async fn openai_batch_server(lines: [String; 4]) -> HttpStub {
                     .get(looks)
                     .copied()
                     .unwrap_or("completed");
+                // OpenAI's Batch object counts its requests as it runs.
+                let completed = 2 * looks as u64;
                 Reply::json(200, json!({"id": "batch_1", "status": status, "input_file_id": "file-in1",
                     "output_file_id": "file-out1", "error_file_id": "file-err1",
-                    "created_at": 1_700_000_000, "metadata": {"source": "fenced-jobs"}}))
+                    "created_at": 1_700_000_000, "metadata": {"source": "fenced-jobs"},
+                    "request_counts": {"total": 4, "completed": completed.min(3), "failed": u64::from(looks > 1)}}))
             }
             ("GET", "/v1/batches?limit=100") => Reply::json(200, json!({"data": [
                 {"id": "batch_1", "created_at": 4_000_000_000_i64, "metadata": {"source": "fenced-jobs"}},
@@ -114,11 +117,21 @@ async fn openai_batches_are_uploaded_created_followed_and_read_line_by_line() {
     assert_eq!(provider.retrieve(&a, 0, &req).await, Retrieval::Running);
     assert_eq!(provider.retrieve(&a, 0, &req).await, Retrieval::Running);
     assert_eq!(stub.count("GET", "/v1/batches/batch_1"), 1);
-    // Another environment, later: in progress, finalizing, then completed.
+    // Another environment, later: in progress, finalizing, then completed. A running batch's
+    // request counts are kept on the call's progress, for the hand-over to write.
+    let (progress, watched) = watched(&req);
     for _ in 0..2 {
         let later = openai(&stub.url, OpenAiApi::Responses);
-        assert_eq!(later.retrieve(&a, 0, &req).await, Retrieval::Running);
+        assert_eq!(later.retrieve(&a, 0, &watched).await, Retrieval::Running);
     }
+    assert_eq!(
+        progress.batch_counts(),
+        Some(fenced_jobs::job::BatchCounts {
+            total: 4,
+            completed: 3,
+            failed: 1
+        })
+    );
     let later = openai(&stub.url, OpenAiApi::Responses);
     let Retrieval::Completed(answer) = later.retrieve(&a, 0, &req).await else {
         panic!("the first line answered");
@@ -180,7 +193,9 @@ async fn anthropic_message_batches_are_created_followed_and_read_line_by_line() 
             .count();
         let batch = |status: &str| {
             json!({"id": "msgbatch_1", "type": "message_batch", "processing_status": status,
-                   "created_at": "2096-01-01T00:00:00Z", "results_url": null})
+                   "created_at": "2096-01-01T00:00:00Z", "results_url": null,
+                   "request_counts": {"processing": 2, "succeeded": 1, "errored": 1,
+                                      "canceled": 0, "expired": 1}})
         };
         match (req.method.as_str(), req.path.as_str()) {
             ("POST", "/v1/messages/batches") => Reply::json(200, batch("in_progress")),
@@ -237,7 +252,17 @@ async fn anthropic_message_batches_are_created_followed_and_read_line_by_line() 
     assert!(sent["requests"][0]["params"].get("stream").is_none());
 
     let a = batch_ref("msgbatch_1", &ids[0]);
-    assert_eq!(provider.retrieve(&a, 0, &req).await, Retrieval::Running);
+    let (progress, watched) = watched(&req);
+    assert_eq!(provider.retrieve(&a, 0, &watched).await, Retrieval::Running);
+    // Anthropic's five counts, in the common form: errored and expired failed.
+    assert_eq!(
+        progress.batch_counts(),
+        Some(fenced_jobs::job::BatchCounts {
+            total: 5,
+            completed: 1,
+            failed: 2
+        })
+    );
     let later = anthropic(&stub.url, Structured::Format);
     let Retrieval::Completed(answer) = later.retrieve(&a, 0, &req).await else {
         panic!("the first line answered");
@@ -524,4 +549,19 @@ fn the_scripted_batch_servers_refuse_what_the_vendors_refuse() {
     let bounded = json!({"type": "object", "additionalProperties": false,
                          "properties": {"n": {"type": "integer", "minimum": 1}}});
     assert!(vendor_refuses(&batch("line-1", bounded)).is_some());
+}
+
+/// `req` with a progress of its own, which a batch's look leaves the batch's counts on.
+fn watched<'a>(
+    req: &fenced_jobs::provider::ProviderRequest<'a>,
+) -> (
+    fenced_jobs::provider::Progress,
+    fenced_jobs::provider::ProviderRequest<'a>,
+) {
+    let progress = fenced_jobs::provider::Progress::new(std::time::Duration::from_secs(60));
+    let req = fenced_jobs::provider::ProviderRequest {
+        progress: Some(progress.clone()),
+        ..req.clone()
+    };
+    (progress, req)
 }
