@@ -35,6 +35,38 @@ pub struct CompletionEvent {
     pub detail: Value,
 }
 
+/// How the job's calls went, into the event's `fields`: the provider batch of its last
+/// attempt, the path chosen for it and why, and what its attempts used and cost.
+fn call_fields(job: &JobItem, fields: &mut serde_json::Map<String, Value>) {
+    // The provider batch its last attempt went in, for a deferrable job.
+    if let Some((batch, _)) = job
+        .last_provider_ref()
+        .and_then(crate::provider::batch::parse_ref)
+    {
+        // Its id, once recorded (a line found only by listing keeps its pending one).
+        let batch = match batch {
+            Some(id) => json!({ "id": id }),
+            None => json!({ "pending": true }),
+        };
+        fields.insert("batch".into(), batch);
+    }
+    // The path the worker chose for its last attempt, and why.
+    if let Some((rate, why)) = job
+        .attempt_log
+        .last()
+        .and_then(|a| a.route.as_ref()?.path.as_ref())
+    {
+        fields.insert(
+            "path".into(),
+            json!({ "name": crate::job::path::name(*rate), "why": why }),
+        );
+    }
+    // What the job's attempts used and cost, in the ledger's one vocabulary.
+    if let Some(usage) = job.usage() {
+        fields.insert("usage".into(), json!(usage));
+    }
+}
+
 impl CompletionEvent {
     /// The event for `job` having entered its current state, if that state is announced
     /// (terminal, or `unknown`).
@@ -76,22 +108,7 @@ impl CompletionEvent {
                 }
             }
         }
-        // The provider batch its last attempt went in, for a deferrable job.
-        if let Some((batch, _)) = job
-            .last_provider_ref()
-            .and_then(crate::provider::batch::parse_ref)
-        {
-            // Its id, once recorded (a line found only by listing keeps its pending one).
-            let batch = match batch {
-                Some(id) => json!({ "id": id }),
-                None => json!({ "pending": true }),
-            };
-            fields.insert("batch".into(), batch);
-        }
-        // What the job's attempts used and cost, in the ledger's one vocabulary.
-        if let Some(usage) = job.usage() {
-            fields.insert("usage".into(), json!(usage));
-        }
+        call_fields(job, fields);
         if job.state != JobState::Succeeded
             && let Some(error) = &job.last_error
         {

@@ -9,6 +9,7 @@ pub mod decision;
 mod digest;
 pub mod message;
 pub mod outcome;
+pub mod path;
 pub mod pointer;
 pub mod policy;
 pub mod prices;
@@ -307,13 +308,16 @@ pub struct AttemptEntry {
     pub route: Option<Route>,
 }
 
-/// A provider of the deployment and the model an attempt asks it for.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+/// A provider of the deployment, the model an attempt asks it for, and the path it takes.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
 pub struct Route {
     /// The provider's name (`openai`, `anthropic`, `aws.bedrock`, `simulated`).
     pub provider: String,
     /// The model, in the provider's own name.
     pub model: String,
+    /// The path the worker chose for it ([`path`]), and why; `None` where it chose none (the
+    /// job's own `deferrable` and `service_tier` decided).
+    pub path: Option<(usage::Rate, String)>,
 }
 
 impl AttemptEntry {

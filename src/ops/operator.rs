@@ -246,6 +246,9 @@ fn attempt_json(a: &crate::job::AttemptEntry, with_result: bool) -> Value {
     if let Some(route) = &a.route {
         fields["provider"] = json!(route.provider);
         fields["model"] = json!(route.model);
+        if let Some((rate, why)) = &route.path {
+            fields["path"] = json!({"name": crate::job::path::name(*rate), "why": why});
+        }
     }
     // A deferrable job's line: the batch it went in (null while its id is not recorded).
     if let Some((batch, _)) = a
@@ -421,7 +424,12 @@ fn attempts_text(record: &JobItem, with_result: bool) -> String {
             a.provider_ref.as_deref().unwrap_or("-")
         ));
         if let Some(r) = &a.route {
-            out.push_str(&format!("         sent to {} ({})\n", r.provider, r.model));
+            out.push_str(&format!("         sent to {} ({})", r.provider, r.model));
+            if let Some((rate, why)) = &r.path {
+                let path = crate::job::path::name(*rate);
+                out.push_str(&format!(" by the {path} path: {why}"));
+            }
+            out.push('\n');
         }
         if let Some(u) = &a.usage {
             out.push_str(&format!("         used {}\n", usage_text(u)));

@@ -146,6 +146,7 @@ mod tests {
             ..AttemptEntry::claimed(epoch as u32, epoch, "w", 1_000, None).routed(Some(Route {
                 provider: provider.to_owned(),
                 model: "m".to_owned(),
+                path: None,
             }))
         }
     }

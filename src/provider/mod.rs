@@ -344,6 +344,12 @@ pub trait Provider: Send + Sync {
         false
     }
 
+    /// The service tiers a request may ask it for by `parameters.service_tier`, beside the
+    /// standard one: the paths ([`crate::job::path`]) it sells by tier.
+    fn tiers(&self) -> &'static [crate::job::usage::Rate] {
+        &[]
+    }
+
     /// `req` as the line `line` of a batch.
     fn batch_line(
         &self,
@@ -497,6 +503,10 @@ impl Provider for AnyProvider {
 
     fn batches(&self) -> bool {
         each!(self, p => p.batches())
+    }
+
+    fn tiers(&self) -> &'static [crate::job::usage::Rate] {
+        each!(self, p => p.tiers())
     }
 
     fn batch_line(

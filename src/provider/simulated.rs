@@ -217,6 +217,14 @@ impl Provider for SimulatedProvider {
         self.word(req, finished)
     }
 
+    /// Every tier, so that the paths can be tried without a vendor.
+    fn tiers(&self) -> &'static [crate::job::usage::Rate] {
+        &[
+            crate::job::usage::Rate::Flex,
+            crate::job::usage::Rate::Priority,
+        ]
+    }
+
     fn batches(&self) -> bool {
         self.batches.is_some()
     }

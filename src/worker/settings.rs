@@ -176,6 +176,9 @@ pub struct Batching {
     /// `BATCH_POLL_SECONDS` (600): how long a record whose batch runs stays invisible before
     /// its next look at the batch.
     pub poll_ms: Millis,
+    /// `PATHS` (unset: none): the paths the worker chooses among for a job by price within its
+    /// deadline ([`crate::job::path`]); unset, each job takes the one it asks for.
+    pub paths: crate::job::path::Paths,
 }
 
 impl Default for Batching {
@@ -185,6 +188,7 @@ impl Default for Batching {
             gather_ms: 5_000,
             max_lines: 10_000,
             poll_ms: 600_000,
+            paths: crate::job::path::Paths::default(),
         }
     }
 }
@@ -541,8 +545,8 @@ fn visibility_from(vars: &Vars<'_>, v: &VisibilityPolicy) -> Result<VisibilityPo
     })
 }
 
-/// Deferrable jobs' batches: `DEFERRABLE`, `BATCH_GATHER_SECONDS`, `BATCH_MAX_LINES`,
-/// `BATCH_POLL_SECONDS`.
+/// Deferrable jobs' batches and the paths: `DEFERRABLE`, `BATCH_GATHER_SECONDS`,
+/// `BATCH_MAX_LINES`, `BATCH_POLL_SECONDS`, `PATHS`.
 fn batching_from(vars: &Vars<'_>) -> Result<Batching, ConfigError> {
     let number = |name, default, min, max| vars.integer(name, default, min, max);
     Ok(Batching {
@@ -550,6 +554,12 @@ fn batching_from(vars: &Vars<'_>) -> Result<Batching, ConfigError> {
         gather_ms: vars.seconds("BATCH_GATHER_SECONDS", 5_000, 0, 300)?,
         max_lines: number("BATCH_MAX_LINES", 10_000, 1, 50_000)? as usize,
         poll_ms: vars.seconds("BATCH_POLL_SECONDS", 600_000, 1, 43_200)?,
+        paths: crate::job::path::Paths::parse(&vars.get("PATHS").unwrap_or_default()).map_err(
+            |reason| ConfigError::Invalid {
+                name: "PATHS",
+                reason,
+            },
+        )?,
     })
 }
 

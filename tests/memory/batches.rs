@@ -245,3 +245,89 @@ async fn the_reconciler_leaves_a_line_of_a_running_batch_to_its_record_for_hours
         .expect("reconcile");
     assert_eq!(late.resent, 1, "{late:?}");
 }
+
+/// `sim-1` priced on every path: a batch line cheapest, then flex, standard and priority.
+fn every_path_priced() -> Arc<PriceTable> {
+    let table = PriceTable::parse(
+        r#"{"models": {"sim-1": {"input": 1.0, "output": 4.0, "batch_input": 0.5,
+            "batch_output": 2.0, "flex_input": 0.6, "flex_output": 2.4,
+            "priority_input": 2.0, "priority_output": 8.0}}}"#,
+    )
+    .expect("prices");
+    Arc::new(table)
+}
+
+/// A job of `sim-1` due `in_ms` from now, urgent or not.
+fn due_in(id: &str, in_ms: i64, urgent: bool) -> String {
+    let deadline = fenced_jobs::job::message::format_rfc3339_ms(SystemClock.now_ms() + in_ms);
+    let priority = if urgent {
+        r#","priority":"urgent""#
+    } else {
+        ""
+    };
+    format!(
+        r#"{{"job_id":"{id}","contract":"c","deadline_at":"{deadline}"{priority},"input":{{"model":"sim-1","prompt":"summarise"}}}}"#
+    )
+}
+
+#[tokio::test]
+async fn each_job_takes_the_cheapest_path_that_ends_before_its_deadline_and_says_why() {
+    // GIVEN a deployment that lets the worker choose every path
+    let ledger = Arc::new(InMemoryLedger::new());
+    let mut settings = settings();
+    settings.batching.paths =
+        fenced_jobs::job::path::Paths::parse("batch,flex,standard,priority").expect("paths");
+    settings.prices = every_path_priced();
+    let h = handler(ledger.clone(), settings);
+    let hour = 3_600_000;
+    let jobs = [
+        due_in("two-days", 48 * hour, false),
+        due_in("an-hour", hour, false),
+        due_in("ten-minutes", hour / 6, false),
+        due_in("urgent-now", 60_000, true),
+    ];
+
+    // WHEN they are delivered
+    h.handle_batch(&event(&jobs, 1), &invocation()).await;
+
+    // THEN each attempt took the cheapest path that ends in time, and recorded why
+    use fenced_jobs::job::usage::Rate;
+    for (id, path) in [
+        ("two-days", Rate::Batch),
+        ("an-hour", Rate::Flex),
+        ("ten-minutes", Rate::Standard),
+        ("urgent-now", Rate::Priority),
+    ] {
+        let item = ledger.get(id).await.expect("get").expect("item");
+        let attempt = &item.attempt_log[0];
+        let (chosen, why) = attempt
+            .route
+            .as_ref()
+            .and_then(|r| r.path.clone())
+            .expect("a path recorded");
+        assert_eq!(chosen, path, "{id}: {why}");
+        assert!(!why.is_empty());
+        // A batch line is a batch line; the others are paid at their tier.
+        assert_eq!(
+            attempt
+                .provider_ref
+                .as_deref()
+                .is_some_and(fenced_jobs::provider::batch::is_batch_ref),
+            path == Rate::Batch,
+            "{id}"
+        );
+        if path != Rate::Batch {
+            assert_eq!(item.state, JobState::Succeeded, "{id}");
+            let usage = attempt.usage.expect("usage");
+            assert_eq!(
+                usage.cost_micros,
+                every_path_priced().cost_at("sim-1", &usage, path),
+                "{id} paid at its path's prices"
+            );
+        }
+    }
+    // AND jobctl show says which path and why
+    let item = ledger.get("an-hour").await.expect("get").expect("item");
+    let shown = fenced_jobs::ops::operator::to_json(&item, false);
+    assert_eq!(shown["attempt_log"][0]["path"]["name"], "flex");
+}

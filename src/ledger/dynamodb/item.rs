@@ -37,6 +37,10 @@ pub(super) fn encode_attempt(a: &AttemptEntry) -> AttributeValue {
     if let Some(route) = &a.route {
         m.insert("provider".to_owned(), s(&route.provider));
         m.insert("model".to_owned(), s(&route.model));
+        if let Some((rate, why)) = &route.path {
+            m.insert("path".to_owned(), s(crate::job::path::name(*rate)));
+            m.insert("path_why".to_owned(), s(why));
+        }
     }
     if let Some(f) = a.finished_at {
         m.insert("finished_at".to_owned(), n(f));
@@ -354,6 +358,9 @@ pub(super) fn decode_attempt(v: &AttributeValue) -> Option<AttemptEntry> {
         route: get_s(m, "provider").map(|provider| Route {
             provider: provider.to_owned(),
             model: get_s(m, "model").unwrap_or_default().to_owned(),
+            path: get_s(m, "path")
+                .and_then(crate::job::path::parse)
+                .map(|rate| (rate, get_s(m, "path_why").unwrap_or_default().to_owned())),
         }),
     })
 }
@@ -567,6 +574,10 @@ mod tests {
                 route: Some(Route {
                     provider: "anthropic".into(),
                     model: "claude-haiku-4-5".into(),
+                    path: Some((
+                        crate::job::usage::Rate::Batch,
+                        "the cheapest of 2 that ends in time".into(),
+                    )),
                 }),
             }],
             recoveries: vec![RecoveryRecord {

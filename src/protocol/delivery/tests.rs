@@ -68,6 +68,7 @@ fn claim(d: &Delivery, item: Option<&JobItem>, op: Op) -> JobItem {
         route: Some(Route {
             provider: d.plan.lanes[d.lane()].name.clone(),
             model: "m".to_owned(),
+            path: None,
         }),
         job: NewJob::example("j", DEADLINE),
         expect,

@@ -119,6 +119,14 @@ impl BedrockProvider {
 }
 
 impl Provider for BedrockProvider {
+    /// Converse's `serviceTier`: `flex` and `priority` (API reference, `ServiceTier`).
+    fn tiers(&self) -> &'static [crate::job::usage::Rate] {
+        &[
+            crate::job::usage::Rate::Flex,
+            crate::job::usage::Rate::Priority,
+        ]
+    }
+
     fn name(&self) -> &'static str {
         "aws.bedrock"
     }

@@ -318,6 +318,14 @@ impl Provider for OpenAiProvider {
                 .is_empty()
     }
 
+    /// `service_tier`: `flex` and `priority` (API reference, "Create a model response").
+    fn tiers(&self) -> &'static [crate::job::usage::Rate] {
+        &[
+            crate::job::usage::Rate::Flex,
+            crate::job::usage::Rate::Priority,
+        ]
+    }
+
     fn batches(&self) -> bool {
         self.settings.batches && !self.no_batches.load(std::sync::atomic::Ordering::Relaxed)
     }

@@ -25,6 +25,7 @@ mod build;
 mod end;
 mod execute;
 mod pacers;
+mod paths;
 mod payload;
 mod route;
 mod run;

@@ -145,7 +145,9 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
             owner.deadline_at,
         );
         let link = &self.links[d.lane()];
-        let input = self.routed_input(link, msg);
+        // The tier of the path chosen at the claim, if one was.
+        let input =
+            super::paths::on_path(self.routed_input(link, msg), super::paths::path_of(owner));
         let contract = self.contracts.for_job(&msg.contract);
         let mut request = self.request(msg, owner, &input, &contract);
         // The progress rule: a streamed call that shows no bytes for the timeout is hung.
@@ -443,7 +445,10 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
     /// it: its estimate, at the model it runs.
     pub(super) fn estimated(&self, msg: &JobMessage, d: &Delivery) -> Spent {
         let link = &self.links[d.lane()];
-        let input = self.routed_input(link, msg);
+        let input = super::paths::on_path(
+            self.routed_input(link, msg),
+            d.owner().and_then(super::paths::path_of),
+        );
         Spent {
             heard: None,
             estimate: Usage::estimate(

@@ -4,6 +4,7 @@
 use super::Processor;
 use crate::clock::Clock;
 use crate::job::decision::Expect;
+use crate::job::usage::Rate;
 use crate::job::{JobItem, JobMessage, NewJob, Route};
 use crate::ledger::{ClaimRequest, CreateRequest, JobLedger, LedgerError, RecoverRequest, Write};
 use crate::protocol::admission::Op;
@@ -20,6 +21,8 @@ struct Claim<'a> {
     /// The provider (its index in the list) the admission took capacity and spend for: the
     /// attempt goes there.
     route: usize,
+    /// The item last seen, if any.
+    seen: Option<&'a JobItem>,
 }
 
 impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
@@ -57,6 +60,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
                     owner_id,
                     first_sight,
                     route,
+                    seen: view,
                 };
                 self.claim(msg, claim).await
             }
@@ -97,6 +101,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
             owner_id,
             first_sight,
             route,
+            seen,
         } = claim;
         if first_sight
             && msg.delivered_before
@@ -108,14 +113,21 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         let now = self.clock.now_ms();
         let link = &self.links[route];
         let input = self.routed_input(link, msg);
+        // The path, where the deployment lets the worker choose one; else the job's own ask.
+        let path = self.choose_path((link, &input), (msg, job), seen, now);
+        let batched = match &path {
+            Some(choice) => choice.rate == Rate::Batch,
+            None => self.batched(link, &input),
+        };
         let route = Route {
             provider: link.provider.name().to_owned(),
             model: link.provider.model(&input).to_owned(),
+            path: path.map(|c| (c.rate, c.why)),
         };
         let (attempt, epoch) = (expect.attempts + 1, expect.epoch + 1);
         // A line of a batch: its pending reference, found again by listing if the batch's id
         // is never recorded.
-        let provider_ref = if self.batched(link, &input) {
+        let provider_ref = if batched {
             Some(batch::pending_ref(&batch::scoped_line_id(
                 &self.settings.idempotency_prefix,
                 &job.job_id,

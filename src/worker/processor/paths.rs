@@ -1,0 +1,142 @@
+//! The path of each attempt ([`crate::job::path`]): the offers of its provider and model under
+//! the deployment's `PATHS`, the choice at the claim, and the tier the call then asks for.
+
+use serde_json::{Map, Value};
+
+use super::{Link, Processor};
+use crate::clock::Clock;
+use crate::job::path::{self, Choice, Offer, Wants};
+use crate::job::usage::Rate;
+use crate::job::{AttemptOutcome, JobItem, JobMessage, Millis, NewJob, Usage};
+use crate::ledger::JobLedger;
+use crate::provider::Provider;
+
+/// How long a batch line is expected to take: the providers' completion window (OpenAI's
+/// `completion_window` takes `24h` only; Anthropic ends a message batch within 24 hours).
+const BATCH_TAKES_MS: Millis = 24 * 3_600_000;
+/// How long a flex call is expected to take: OpenAI's flex processing guide has clients wait
+/// up to 15 minutes for one.
+const FLEX_TAKES_MS: Millis = 15 * 60_000;
+/// How long after a refusal a path is left out of an attempt's offers.
+const REFUSED_FOR_MS: Millis = 15 * 60_000;
+
+impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
+    /// The path of the attempt about to be claimed for `job` (of `msg`) through `link`
+    /// (`input`: its input as routed there; `seen`: its item, if read), at `now`; `None` when
+    /// the deployment lets the worker choose none (`PATHS` unset).
+    pub(super) fn choose_path(
+        &self,
+        (link, input): (&Link<P>, &Map<String, Value>),
+        (msg, job): (&JobMessage, &NewJob),
+        seen: Option<&JobItem>,
+        now: Millis,
+    ) -> Option<Choice> {
+        let allowed = self.settings.batching.paths;
+        if !allowed.any() {
+            return None;
+        }
+        let model = link.provider.model(input);
+        let usage = Usage::estimate(
+            msg.input_canonical.len(),
+            self.settings.policy.output_tokens(input),
+        );
+        let price = self.settings.prices.price(model);
+        let sold = |rate: Rate| match rate {
+            Rate::Standard => true,
+            Rate::Batch => link.provider.batches(),
+            tier => link.provider.tiers().contains(&tier),
+        };
+        let offers: Vec<Offer> = path::ALL
+            .into_iter()
+            .filter(|r| allowed.allows(*r) && sold(*r) && !refused(seen, *r, now))
+            .filter_map(|rate| {
+                // A path is offered only where the price table prices it for the model (a
+                // tier without rows of its own is one its provider does not sell for it).
+                let priced = match rate {
+                    Rate::Flex => price.is_some_and(|p| p.flex.is_some()),
+                    Rate::Priority => price.is_some_and(|p| p.priority.is_some()),
+                    _ => price.is_some() || rate == Rate::Standard,
+                };
+                priced.then(|| Offer {
+                    rate,
+                    cost_micros: price.and_then(|p| p.cost_at(&usage, rate)).unwrap_or(0),
+                    takes_ms: self.takes_ms(rate),
+                })
+            })
+            .collect();
+        let wants = Wants {
+            left_ms: job.deadline_at - now - self.settings.skew_ms,
+            urgent: job.class.urgent,
+            asked: asked(&self.settings.batching, input),
+        };
+        Some(path::choose(&offers, wants))
+    }
+
+    /// How long an attempt on `rate` is expected to take.
+    fn takes_ms(&self, rate: Rate) -> Millis {
+        match rate {
+            Rate::Batch => BATCH_TAKES_MS,
+            Rate::Flex => FLEX_TAKES_MS,
+            // The longest a call may take.
+            Rate::Standard | Rate::Priority => self.settings.provider_timeout_ms,
+        }
+    }
+}
+
+/// The path the job of `input` asks for itself: a batch when it is deferrable (its own
+/// `deferrable`, else `DEFERRABLE`), a tier its `parameters.service_tier` names.
+fn asked(batching: &crate::worker::settings::Batching, input: &Map<String, Value>) -> Option<Rate> {
+    match Rate::of(batching.deferrable(input), input) {
+        Rate::Standard => None,
+        rate => Some(rate),
+    }
+}
+
+/// Whether `rate` refused one of the job's attempts within the last [`REFUSED_FOR_MS`]
+/// before `now` (an attempt given back for the provider's capacity on that path).
+fn refused(seen: Option<&JobItem>, rate: Rate, now: Millis) -> bool {
+    seen.is_some_and(|job| {
+        job.given_back.iter().any(|a| {
+            a.outcome == AttemptOutcome::Throttled
+                && a.finished_at.unwrap_or(a.started_at) > now - REFUSED_FOR_MS
+                && a.route
+                    .as_ref()
+                    .and_then(|r| r.path.as_ref())
+                    .is_some_and(|(r, _)| *r == rate)
+        })
+    })
+}
+
+/// `input` as the call of an attempt on `path` sends it: the tier it names in
+/// `parameters.service_tier`, none on the standard path or a batch's. An attempt with no path
+/// chosen sends the input as the job gave it.
+pub(super) fn on_path(mut input: Map<String, Value>, path: Option<Rate>) -> Map<String, Value> {
+    let Some(rate) = path else {
+        return input;
+    };
+    let parameters = input
+        .entry("parameters")
+        .or_insert_with(|| Value::Object(Map::new()));
+    if let Value::Object(parameters) = parameters {
+        match rate {
+            Rate::Flex | Rate::Priority => {
+                parameters.insert("service_tier".into(), Value::from(path::name(rate)));
+            }
+            Rate::Standard | Rate::Batch => {
+                parameters.remove("service_tier");
+            }
+        }
+    }
+    input
+}
+
+/// The path the worker chose for `job`'s current attempt, if it chose one.
+pub(super) fn path_of(job: &JobItem) -> Option<Rate> {
+    job.attempt_log
+        .last()?
+        .route
+        .as_ref()?
+        .path
+        .as_ref()
+        .map(|(rate, _)| *rate)
+}
