@@ -140,7 +140,8 @@ fn narrowed(mut bounds: Bounds, args: &[String]) -> Bounds {
                 "keyed" => Upstream::Keyed,
                 "background" => Upstream::Background,
                 "batch" => Upstream::Batch,
-                other => panic!("no upstream {other:?}: blind, keyed, background or batch"),
+                "flex" => Upstream::Flex,
+                other => panic!("no upstream {other:?}: blind, keyed, background, batch or flex"),
             })
             .collect();
     }

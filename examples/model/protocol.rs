@@ -16,8 +16,9 @@
 use std::fmt::Write as _;
 
 use fenced_jobs::job::artifact::{RESULTS_PREFIX, result_key};
+use fenced_jobs::job::usage::Rate;
 use fenced_jobs::job::{
-    AttemptOutcome, BlobRef, Failure, JobItem, JobState, Millis, NewJob, RecordOutcome,
+    AttemptOutcome, BlobRef, Failure, JobItem, JobState, Millis, NewJob, RecordOutcome, Route,
 };
 use fenced_jobs::ledger::transitions::{
     apply_cancel, apply_claim, apply_create, apply_decide, apply_end, apply_record_ref,
@@ -273,7 +274,7 @@ impl Bounds {
         Bounds {
             deadline: 5,
             lease: 4,
-            upstreams: vec![Upstream::Blind],
+            upstreams: vec![Upstream::Blind, Upstream::Flex],
             replay: vec![ReplayPolicy::Never],
             faults: 0,
             ..Bounds::test()
@@ -647,6 +648,9 @@ fn cost_of_calls(s: &State) -> u64 {
 /// Property names.
 pub const ONE_RESULT: &str = "at most one accepted result, never changed";
 /// A stale owner's write was applied.
+/// A refused flex call sent again under the same claim.
+pub const FLEX_MOVES_ON: &str =
+    "a call on the flex path is sent once per claim: a 429 moves the job on, never re-sent on it";
 pub const STALE_WRITE: &str = "no write of a stale epoch applied";
 /// Attempts over the budget.
 pub const BUDGET: &str = "attempts within the budget";
@@ -845,12 +849,16 @@ pub enum Upstream {
     /// reference, the submit says the batch that holds it, and the owner records that and
     /// hands the job over while the batch runs; a later delivery reads the line.
     Batch,
+    /// A call nobody can ask about, on the flex path the worker chose at the claim (which
+    /// records it): a 429 moves the job on, its attempt given back at once and never sent
+    /// again on that path.
+    Flex,
 }
 
 impl State {
     /// A later owner can ask the provider about a call by its reference.
     fn retrievable(&self) -> bool {
-        self.upstream != Upstream::Blind
+        !matches!(self.upstream, Upstream::Blind | Upstream::Flex)
     }
 }
 
@@ -1769,7 +1777,12 @@ impl Protocol {
                 first_sight,
             } => {
                 let req = ClaimRequest {
-                    route: None,
+                    // The flex path's claim records it, as the worker's does.
+                    route: (next.upstream == Upstream::Flex).then(|| Route {
+                        provider: "p".to_owned(),
+                        model: "m".to_owned(),
+                        path: Some((Rate::Flex, "the cheapest that ends in time".to_owned())),
+                    }),
                     job: job.clone(),
                     expect,
                     owner_id: owner.clone(),
@@ -2767,6 +2780,7 @@ impl Protocol {
                 Upstream::Keyed => "retrievable by the client's key",
                 Upstream::Background => "running calls in the background",
                 Upstream::Batch => "answering through a batch",
+                Upstream::Flex => "on the flex path, not retrievable",
             },
             first.replay,
             first.workers.iter().map(|w| w.offset).collect::<Vec<_>>(),
@@ -3144,6 +3158,14 @@ impl Model for Protocol {
             Property::always(ONE_RESULT, |_, s| holds(s, Violation::ResultChanged)),
             Property::always(STALE_WRITE, |_, s| holds(s, Violation::StaleWrite)),
             Property::always(LEASE_RESPECTED, |_, s| holds(s, Violation::EarlyFence)),
+            Property::always(FLEX_MOVES_ON, |_, s: &State| {
+                s.upstream != Upstream::Flex
+                    || s.calls.iter().enumerate().all(|(i, c)| {
+                        !s.calls[i + 1..]
+                            .iter()
+                            .any(|d| d.attempt == c.attempt && d.epoch == c.epoch)
+                    })
+            }),
             Property::always(BUDGET, |_, s| {
                 holds(s, Violation::OverBudget)
                     && s.item.as_ref().is_none_or(|r| r.attempts <= r.max_attempts)
@@ -3283,6 +3305,17 @@ impl Model for Protocol {
                     .as_ref()
                     .is_some_and(|r| r.state == JobState::Succeeded)
             }),
+            Property::sometimes(
+                "the flex path's 429 gives its attempt back at once, never re-sent, and the job succeeds",
+                |_, s: &State| {
+                    s.upstream == Upstream::Flex
+                        && s.item.as_ref().is_some_and(|r| {
+                            r.state == JobState::Succeeded
+                                && r.throttles > 0
+                                && s.calls.len() == r.throttles as usize + 1
+                        })
+                },
+            ),
             Property::sometimes(
                 "a 429's attempt is given back and the job still succeeds",
                 |_, s: &State| {

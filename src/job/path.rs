@@ -68,6 +68,12 @@ fn index(rate: Rate) -> usize {
     ALL.iter().position(|r| *r == rate).unwrap_or(2)
 }
 
+/// The path the worker chose for `job`'s current attempt, if it chose one.
+pub fn of(job: &super::JobItem) -> Option<Rate> {
+    let route = job.attempt_log.last()?.route.as_ref()?;
+    route.path.as_ref().map(|(rate, _)| *rate)
+}
+
 /// One path offered for an attempt.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Offer {

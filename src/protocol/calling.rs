@@ -303,6 +303,11 @@ impl Calling {
                     retry_after_ms,
                     reason,
                 };
+                // The flex path refused for its capacity: the attempt is given back at once,
+                // never sent again on that path, and the next claim takes another.
+                if crate::job::path::of(&self.owner) == Some(crate::job::usage::Rate::Flex) {
+                    return self.heard(Err(error), now);
+                }
                 self.pending = Pending::Throttled(error);
                 CallStep::Throttled { retry_after_ms }
             }

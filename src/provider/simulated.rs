@@ -28,6 +28,8 @@ pub struct SimulatedProvider {
     overloaded: Vec<String>,
     /// Its batch interface, when it has one ([`SimulatedProvider::with_batches`]).
     batches: Option<Batches>,
+    /// Its flex tier has no capacity: a flex call is refused before any work.
+    flex_full: bool,
 }
 
 /// The most lines of one batch (OpenAI's limit; Anthropic's is 100,000).
@@ -60,6 +62,7 @@ impl Default for SimulatedProvider {
             name: "simulated",
             overloaded: Vec::new(),
             batches: None,
+            flex_full: false,
         }
     }
 }
@@ -80,6 +83,14 @@ impl SimulatedProvider {
     /// Anthropic's 529 `overloaded_error` refuses them.
     pub fn overloaded_for(mut self, model: &str) -> Self {
         self.overloaded.push(model.to_owned());
+        self
+    }
+
+    /// The same provider with its flex tier out of capacity: a call that asks for it
+    /// (`parameters.service_tier: flex`) is refused before any work with a 429, as OpenAI's
+    /// flex processing guide says its tier may answer.
+    pub fn flex_full(mut self) -> Self {
+        self.flex_full = true;
         self
     }
 
@@ -138,6 +149,16 @@ impl Provider for SimulatedProvider {
         let model = req.input.get("model").and_then(Value::as_str);
         if model.is_some_and(|m| self.overloaded.iter().any(|o| o == m)) {
             return Err(refusal(SimulatedOutcome::Overloaded));
+        }
+        let tier = req
+            .input
+            .get("parameters")
+            .and_then(|p| p.get("service_tier"));
+        if self.flex_full && tier.and_then(Value::as_str) == Some("flex") {
+            return Err(ProviderError::Throttled {
+                retry_after_ms: None,
+                reason: "HTTP 429 resource unavailable (flex capacity)".to_owned(),
+            });
         }
         let answers = sim.outcome == SimulatedOutcome::Ok && req.attempt > sim.fail_times;
         let streamed = req.progress.as_ref().filter(|_| answers);
@@ -397,8 +418,6 @@ fn refusal(outcome: SimulatedOutcome) -> ProviderError {
     }
 }
 
-/// The answer depends on the input and contract, and on the attempt's number only for a bad
-/// answer (`bad_answer` for attempts `1..=bad_times`); never on the time.
 /// Waits out a call's `latency_ms`. A call that will answer streams meanwhile (`progress`):
 /// twenty even parts at most, each well within the progress rule's timeout.
 async fn run_for(latency_ms: u64, progress: Option<&super::Progress>) {
@@ -420,6 +439,8 @@ async fn run_for(latency_ms: u64, progress: Option<&super::Progress>) {
     }
 }
 
+/// The answer depends on the input and contract, and on the attempt's number only for a bad
+/// answer (`bad_answer` for attempts `1..=bad_times`); never on the time.
 fn answer(req: &ProviderRequest<'_>, sim: &Simulation) -> Answer {
     use std::fmt::Write;
     /// The answer's document, fields in the order they are written.

@@ -331,3 +331,46 @@ async fn each_job_takes_the_cheapest_path_that_ends_before_its_deadline_and_says
     let shown = fenced_jobs::ops::operator::to_json(&item, false);
     assert_eq!(shown["attempt_log"][0]["path"]["name"], "flex");
 }
+
+#[tokio::test]
+async fn a_flex_refusal_gives_the_attempt_back_and_the_next_claim_takes_another_path() {
+    // GIVEN a job with an hour to go, the worker choosing among every path, and a provider
+    // whose flex tier is full
+    let ledger = Arc::new(InMemoryLedger::new());
+    let mut settings = settings();
+    settings.batching.paths =
+        fenced_jobs::job::path::Paths::parse("batch,flex,standard").expect("paths");
+    settings.prices = every_path_priced();
+    let provider = SimulatedProvider::new().with_batches().flex_full();
+    let h = BatchHandler::new(
+        Processor::new(ledger.clone(), provider, SystemClock, settings),
+        RecordingVisibility::new(),
+    )
+    .with_seed(1);
+    let jobs = [due_in("flexed", 3_600_000, false)];
+
+    // WHEN it is delivered, refused on flex, and delivered again
+    let first = h.handle_batch(&event(&jobs, 1), &invocation()).await;
+    assert!(
+        matches!(first.records[0].outcome, RecordOutcome::Failed(_)),
+        "{:?}",
+        first.records[0].outcome
+    );
+    h.handle_batch(&event(&jobs, 2), &invocation()).await;
+
+    // THEN the refusal spent no attempt, and the next claim went by the standard path
+    use fenced_jobs::job::usage::Rate;
+    let item = ledger.get("flexed").await.expect("get").expect("item");
+    assert_eq!((item.state, item.throttles), (JobState::Succeeded, 1));
+    let path = |a: &fenced_jobs::job::AttemptEntry| a.route.as_ref().and_then(|r| r.path.clone());
+    assert_eq!(path(&item.given_back[0]).map(|p| p.0), Some(Rate::Flex));
+    assert_eq!(
+        item.attempt_log.last().and_then(path).map(|p| p.0),
+        Some(Rate::Standard)
+    );
+    assert_eq!(
+        h.processor().provider().executions(),
+        2,
+        "one refused, one answered"
+    );
+}

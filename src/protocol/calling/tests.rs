@@ -80,6 +80,26 @@ fn a_call_without_time_or_with_a_lapsed_lease_is_not_sent_and_its_attempt_given_
 }
 
 #[test]
+fn a_429_on_the_flex_path_gives_the_attempt_back_at_once_for_another_path() {
+    let mut on_flex = claimed();
+    if let Some(attempt) = on_flex.attempt_log.last_mut() {
+        attempt.route = Some(crate::job::Route {
+            path: Some((crate::job::usage::Rate::Flex, "cheapest".into())),
+            ..crate::job::Route::default()
+        });
+    }
+    let (mut m, _) = Calling::start(facts(), on_flex, NOW);
+    // Within the horizon, yet not sent again on the path that refused.
+    assert!(matches!(
+        ended(m.submitted(throttled(Some(2_000)), NOW)),
+        AttemptEnd::GivenBack {
+            why: AttemptOutcome::Throttled,
+            ..
+        }
+    ));
+}
+
+#[test]
 fn a_429_is_sent_again_under_the_same_claim_only_within_the_horizon() {
     let (mut m, _) = Calling::start(facts(), claimed(), NOW);
     let step = m.submitted(throttled(Some(2_000)), NOW);

@@ -129,14 +129,3 @@ pub(super) fn on_path(mut input: Map<String, Value>, path: Option<Rate>) -> Map<
     }
     input
 }
-
-/// The path the worker chose for `job`'s current attempt, if it chose one.
-pub(super) fn path_of(job: &JobItem) -> Option<Rate> {
-    job.attempt_log
-        .last()?
-        .route
-        .as_ref()?
-        .path
-        .as_ref()
-        .map(|(rate, _)| *rate)
-}

@@ -147,7 +147,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         let link = &self.links[d.lane()];
         // The tier of the path chosen at the claim, if one was.
         let input =
-            super::paths::on_path(self.routed_input(link, msg), super::paths::path_of(owner));
+            super::paths::on_path(self.routed_input(link, msg), crate::job::path::of(owner));
         let contract = self.contracts.for_job(&msg.contract);
         let mut request = self.request(msg, owner, &input, &contract);
         // The progress rule: a streamed call that shows no bytes for the timeout is hung.
@@ -447,7 +447,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         let link = &self.links[d.lane()];
         let input = super::paths::on_path(
             self.routed_input(link, msg),
-            d.owner().and_then(super::paths::path_of),
+            d.owner().and_then(crate::job::path::of),
         );
         Spent {
             heard: None,
