@@ -68,6 +68,41 @@ fn index(rate: Rate) -> usize {
     ALL.iter().position(|r| *r == rate).unwrap_or(2)
 }
 
+/// How long the attempts of one provider and model took on each path, from their claim to
+/// their answer: the last [`Times::KEPT`] of each, measured by one execution environment.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Times {
+    taken: [std::collections::VecDeque<Millis>; 4],
+}
+
+impl Times {
+    /// How many of each path's times are kept.
+    pub const KEPT: usize = 32;
+    /// How many a path needs before its measure is taken over its documented bound.
+    pub const ENOUGH: usize = 8;
+
+    /// An attempt on `rate` took `ms`.
+    pub fn record(&mut self, rate: Rate, ms: Millis) {
+        let taken = &mut self.taken[index(rate)];
+        if taken.len() == Self::KEPT {
+            taken.pop_front();
+        }
+        taken.push_back(ms.max(0));
+    }
+
+    /// What an attempt on `rate` is expected to take: the 90th percentile of its kept times,
+    /// once there are [`Times::ENOUGH`] of them.
+    pub fn expected(&self, rate: Rate) -> Option<Millis> {
+        let taken = &self.taken[index(rate)];
+        if taken.len() < Self::ENOUGH {
+            return None;
+        }
+        let mut sorted: Vec<Millis> = taken.iter().copied().collect();
+        sorted.sort_unstable();
+        sorted.get((sorted.len() * 9).div_ceil(10) - 1).copied()
+    }
+}
+
 /// The path the worker chose for `job`'s current attempt, if it chose one.
 pub fn of(job: &super::JobItem) -> Option<Rate> {
     let route = job.attempt_log.last()?.route.as_ref()?;
@@ -263,6 +298,27 @@ mod tests {
             .filter(|o| o.rate == Rate::Standard)
             .collect();
         assert_eq!(choose(&standard_only, asked).rate, Rate::Standard);
+    }
+
+    #[test]
+    fn a_paths_expected_time_is_the_90th_percentile_of_its_last_times_once_there_are_enough() {
+        let mut times = Times::default();
+        for ms in 1..Times::ENOUGH as Millis {
+            times.record(Rate::Flex, ms * 1_000);
+        }
+        assert_eq!(times.expected(Rate::Flex), None, "seven are not enough");
+        times.record(Rate::Flex, 100_000);
+        // Eight: the 90th percentile is the eighth (1..7 s, then 100 s).
+        assert_eq!(times.expected(Rate::Flex), Some(100_000));
+        for _ in 0..Times::KEPT {
+            times.record(Rate::Flex, 2_000);
+        }
+        assert_eq!(
+            times.expected(Rate::Flex),
+            Some(2_000),
+            "only the last are kept"
+        );
+        assert_eq!(times.expected(Rate::Batch), None, "each path its own");
     }
 
     #[test]

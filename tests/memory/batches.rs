@@ -374,3 +374,45 @@ async fn a_flex_refusal_gives_the_attempt_back_and_the_next_claim_takes_another_
         "one refused, one answered"
     );
 }
+
+#[tokio::test]
+async fn a_path_measured_faster_than_its_documented_bound_is_taken_for_shorter_deadlines() {
+    // GIVEN the worker choosing between flex and standard, nothing measured yet
+    use fenced_jobs::job::usage::Rate;
+    let ledger = Arc::new(InMemoryLedger::new());
+    let mut settings = settings();
+    settings.batching.paths = fenced_jobs::job::path::Paths::parse("flex").expect("paths");
+    settings.prices = every_path_priced();
+    let h = handler(ledger.clone(), settings);
+    let path_of = |item: &fenced_jobs::job::JobItem| fenced_jobs::job::path::of(item);
+    let five_minutes = 300_000;
+
+    // WHEN a job due in five minutes comes first, then eight due in an hour, then another
+    // due in five minutes
+    h.handle_batch(
+        &event(&[due_in("early", five_minutes, false)], 1),
+        &invocation(),
+    )
+    .await;
+    let hourly: Vec<String> = (0..fenced_jobs::job::path::Times::ENOUGH)
+        .map(|i| due_in(&format!("hourly-{i}"), 3_600_000, false))
+        .collect();
+    h.handle_batch(&event(&hourly, 1), &invocation()).await;
+    h.handle_batch(
+        &event(&[due_in("late", five_minutes, false)], 1),
+        &invocation(),
+    )
+    .await;
+
+    // THEN the first went standard (flex's documented 15 minutes do not fit), the hourly ones
+    // flex, and the last flex too: flex answered at once eight times
+    let item = |id: &'static str| {
+        let ledger = ledger.clone();
+        async move { ledger.get(id).await.expect("get").expect("item") }
+    };
+    assert_eq!(path_of(&item("early").await), Some(Rate::Standard));
+    assert_eq!(path_of(&item("hourly-0").await), Some(Rate::Flex));
+    let late = item("late").await;
+    assert_eq!(path_of(&late), Some(Rate::Flex));
+    assert_eq!(late.state, JobState::Succeeded);
+}

@@ -35,6 +35,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
             tenants: TenantPacers::default(),
             gather: crate::worker::gather::Gather::default(),
             noted: Default::default(),
+            path_times: Default::default(),
         }
     }
 

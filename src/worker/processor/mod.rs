@@ -103,6 +103,10 @@ pub struct Processor<L, P, C> {
     /// The request counts this environment last noted for each running batch: a look notes
     /// only counts that changed.
     noted: std::sync::Mutex<std::collections::HashMap<String, crate::job::BatchCounts>>,
+    /// How long attempts took on each path, by provider and model, in this environment.
+    path_times: std::sync::Mutex<
+        std::collections::HashMap<(&'static str, String), crate::job::path::Times>,
+    >,
 }
 
 /// What the processor tells whoever keeps a running attempt alive (the invocation's heartbeat)

@@ -1,6 +1,8 @@
 //! The path of each attempt ([`crate::job::path`]): the offers of its provider and model under
 //! the deployment's `PATHS`, the choice at the claim, and the tier the call then asks for.
 
+use std::collections::HashMap;
+
 use serde_json::{Map, Value};
 
 use super::{Link, Processor};
@@ -41,6 +43,10 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
             self.settings.policy.output_tokens(input),
         );
         let price = self.settings.prices.price(model);
+        let measured = self
+            .times()
+            .get(&(link.provider.name(), model.to_owned()))
+            .cloned();
         let sold = |rate: Rate| match rate {
             Rate::Standard => true,
             Rate::Batch => link.provider.batches(),
@@ -60,7 +66,10 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
                 priced.then(|| Offer {
                     rate,
                     cost_micros: price.and_then(|p| p.cost_at(&usage, rate)).unwrap_or(0),
-                    takes_ms: self.takes_ms(rate),
+                    takes_ms: measured
+                        .as_ref()
+                        .and_then(|t| t.expected(rate))
+                        .unwrap_or_else(|| self.takes_ms(rate)),
                 })
             })
             .collect();
@@ -72,7 +81,22 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         Some(path::choose(&offers, wants))
     }
 
-    /// How long an attempt on `rate` is expected to take.
+    /// An attempt of `model` through `provider` on `rate` took `ms` from its claim to its
+    /// answer: the chooser expects as much of the next ones.
+    pub(super) fn path_took(&self, provider: &'static str, model: &str, rate: Rate, ms: Millis) {
+        let mut times = self.times();
+        times
+            .entry((provider, model.to_owned()))
+            .or_default()
+            .record(rate, ms);
+    }
+
+    fn times(&self) -> std::sync::MutexGuard<'_, HashMap<(&'static str, String), path::Times>> {
+        self.path_times.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// How long an attempt on `rate` is expected to take before any was measured: its
+    /// documented bound.
     fn takes_ms(&self, rate: Rate) -> Millis {
         match rate {
             Rate::Batch => BATCH_TAKES_MS,

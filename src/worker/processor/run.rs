@@ -191,15 +191,35 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         };
         watch.call_ended();
         spent.said = progress.said(epoch);
+        self.after_call(d, &spent, started, watch, &msg.job_id);
+        (next, spent)
+    }
+
+    /// What the call the delivery `d` left (`spent`, sent at `started`) says of its provider
+    /// and path: its latency, and, for an answer, how long its path took from the claim.
+    fn after_call(
+        &self,
+        d: &Delivery,
+        spent: &Spent,
+        started: Millis,
+        watch: &dyn AttemptWatch,
+        job_id: &str,
+    ) {
         if d.sent() {
             let took = self.clock.now_ms() - started;
             let took = u64::try_from(took).unwrap_or(0);
-            watch.provider_latency(link.provider.name(), took);
+            watch.provider_latency(spent.provider, took);
+        }
+        // A batch line's, hours and deliveries after its claim.
+        if spent.heard.is_some()
+            && let Some(claimed) = d.owner().and_then(|o| o.attempt_log.last())
+        {
+            let took = self.clock.now_ms() - claimed.started_at;
+            self.path_took(spent.provider, &spent.model, spent.rate, took);
         }
         if d.ending().is_some_and(Ending::hands_over) {
-            tracing::info!(job_id = %msg.job_id, "call still running upstream; handing it over to the next delivery");
+            tracing::info!(%job_id, "call still running upstream; handing it over to the next delivery");
         }
-        (next, spent)
     }
 
     /// Carries out one step of the call, and what the world said to it. `heard`: the usage the
