@@ -114,6 +114,9 @@ pub struct FaultRates {
     /// An ended batch's results file comes cut off, missing lines: they must be read again,
     /// never taken for lines that did not run.
     pub batch_results_cut: f64,
+    /// The flex tier refuses a call the worker sent by it, for its capacity (a 429), before
+    /// any work: the attempt is given back at once and the job's next claim takes another path.
+    pub flex_refused: f64,
     /// The provider ran the call and the connection was lost before the answer.
     pub connection_lost: f64,
     /// A provider forgets a call (retrieval answers "not found").
@@ -223,6 +226,7 @@ impl FaultRates {
             batch_answer_lost: 0.1,
             batch_refused: 0.05,
             batch_results_cut: 0.05,
+            flex_refused: 0.2,
             connection_lost: 0.02,
             provider_forgets: 0.2,
             gateway_error: 0.02,
@@ -1461,6 +1465,19 @@ impl Provider for SimProvider {
                 reason: "HTTP 529 overloaded_error".into(),
             });
         }
+        let tier = req
+            .input
+            .get("parameters")
+            .and_then(|p| p.get("service_tier"));
+        if tier.and_then(serde_json::Value::as_str) == Some("flex")
+            && w.fault("flex_refused", w.rates.flex_refused)
+        {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            return Err(ProviderError::Throttled {
+                retry_after_ms: None,
+                reason: "HTTP 429 resource unavailable (flex capacity)".into(),
+            });
+        }
         if w.fault("provider_throttle", w.rates.provider_throttle) {
             tokio::time::sleep(Duration::from_millis(50)).await;
             // Now and then longer than the worker waits in process: the attempt is given back.
@@ -1645,6 +1662,10 @@ impl Provider for SimProvider {
 
     fn batches(&self) -> bool {
         true
+    }
+
+    fn tiers(&self) -> &'static [fenced_jobs::job::usage::Rate] {
+        &[fenced_jobs::job::usage::Rate::Flex]
     }
 
     fn batch_line(
@@ -1889,7 +1910,12 @@ fn settings(replay: bool) -> Settings {
     s.tenant_daily_spend_limit_micros = Some(u64::MAX / 4);
     s.producer_daily_spend_limit_micros = Some(u64::MAX / 4);
     let price = r#"{"input": 1.0, "output": 4.0, "batch_input": 0.5, "batch_output": 2.0}"#;
-    let models = format!(r#"{{"models": {{"m": {price}, "sim-backup": {price}}}}}"#);
+    // The first provider's model also sells flex: the worker chooses each attempt's path, a
+    // deferrable job's batch as it asks, most others flex (their hours leave room for it).
+    let flex = r#"{"input": 1.0, "output": 4.0, "batch_input": 0.5, "batch_output": 2.0,
+        "flex_input": 0.5, "flex_output": 2.0}"#;
+    let models = format!(r#"{{"models": {{"m": {flex}, "sim-backup": {price}}}}}"#);
+    s.batching.paths = fenced_jobs::job::path::Paths::parse("batch,flex").expect("paths");
     s.prices = Arc::new(
         fenced_jobs::job::prices::PriceTable::built_in()
             .with(fenced_jobs::job::prices::PriceTable::parse(&models).expect("the sim's prices")),
