@@ -46,6 +46,9 @@ pub struct DayCount {
     pub limit: Option<u64>,
     /// `counted` by model (the price table's name, or [`UNPRICED_MODEL`]).
     pub models: BTreeMap<String, i64>,
+    /// What calls were charged, by the path they went by ([`crate::job::path`]): holds are
+    /// not counted here until charged.
+    pub paths: BTreeMap<String, i64>,
 }
 
 /// The day's spend.
@@ -64,11 +67,11 @@ pub trait SpendBudget: Send + Sync + std::fmt::Debug {
 
     /// Charges a call of `model` that reserved `reserved` from `day` with what it cost (`cost`;
     /// 0 releases a reservation whose call was never made): the count moves by the difference
-    /// and the hold is let go.
+    /// and the hold is let go, and what it cost is counted under its `path` (`""`: none).
     fn charge<'a>(
         &'a self,
         day: &'a str,
-        model: &'a str,
+        model_path: (&'a str, &'a str),
         reserved: u64,
         cost: u64,
         now: Millis,
@@ -146,7 +149,7 @@ impl SpendBudget for MemorySpend {
     fn charge<'a>(
         &'a self,
         day: &'a str,
-        model: &'a str,
+        (model, path): (&'a str, &'a str),
         reserved: u64,
         cost: u64,
         _now: Millis,
@@ -158,6 +161,9 @@ impl SpendBudget for MemorySpend {
             count.counted += delta;
             count.held -= signed(reserved);
             *count.models.entry(model.to_owned()).or_insert(0) += delta;
+            if cost > 0 && !path.is_empty() {
+                *count.paths.entry(path.to_owned()).or_insert(0) += signed(cost);
+            }
             Ok(())
         })
     }
@@ -187,7 +193,9 @@ mod tests {
         assert!(!days.reserve(&today, "m", 500, 1_000, 0).await.expect("ok"));
         assert_eq!(days.spent(&today), 600);
         // The call cost 100 of its 600: the rest is given back, and the next one fits.
-        days.charge(&today, "m", 600, 100, 0).await.expect("ok");
+        days.charge(&today, ("m", "flex"), 600, 100, 0)
+            .await
+            .expect("ok");
         assert!(days.reserve(&today, "n", 500, 1_000, 0).await.expect("ok"));
         assert!(
             days.reserve("2026-12-02", "m", 1_000, 1_000, 0)

@@ -1,6 +1,6 @@
 //! The day's spend as `jobctl spend` prints it: each day item (the deployment's, each
 //! producer's, each account's) with what its limit sees, what of it calls not charged yet hold,
-//! its limit and its count by model. A day is counted at the levels a limit is set for
+//! its limit, its count by model and what its calls were charged by path. A day is counted at the levels a limit is set for
 //! (`DAILY_SPEND_LIMIT`, `PRODUCER_DAILY_SPEND_LIMIT`, `TENANT_DAILY_SPEND_LIMIT`).
 
 use std::collections::BTreeMap;
@@ -119,11 +119,13 @@ pub fn text(day: &str, lines: &[Line]) -> String {
             dollars(shown(count.held)),
             limit
         ));
-        for (model, micros) in &count.models {
+        let models = count.models.iter().map(|(name, m)| ("model", name, m));
+        let paths = count.paths.iter().map(|(name, m)| ("path", name, m));
+        for (kind, name, micros) in models.chain(paths) {
             out.push_str(&format!(
                 "  {:<10} {:<32} {:>16}\n",
-                "model",
-                model,
+                kind,
+                name,
                 dollars(shown(*micros))
             ));
         }
@@ -136,18 +138,20 @@ pub fn to_json(day: &str, lines: &[Line]) -> serde_json::Value {
     let items: Vec<serde_json::Value> = lines
         .iter()
         .map(|Line { level, count }| {
-            let models: BTreeMap<&str, u64> = count
-                .models
-                .iter()
-                .map(|(model, micros)| (model.as_str(), shown(*micros)))
-                .collect();
+            let by = |counts: &BTreeMap<String, i64>| -> BTreeMap<String, u64> {
+                counts
+                    .iter()
+                    .map(|(name, micros)| (name.clone(), shown(*micros)))
+                    .collect()
+            };
             json!({
                 "level": level.kind(),
                 "name": level.name(),
                 "counted_micros": shown(count.counted),
                 "held_micros": shown(count.held),
                 "limit_micros": count.limit,
-                "models": models,
+                "models": by(&count.models),
+                "paths": by(&count.paths),
             })
         })
         .collect();
@@ -170,7 +174,10 @@ mod tests {
             day.to_owned(),
         ] {
             assert!(spend.reserve(&item, "m", 300, 1_000, 0).await.expect("ok"));
-            spend.charge(&item, "m", 300, 200, 0).await.expect("ok");
+            spend
+                .charge(&item, ("m", "standard"), 300, 200, 0)
+                .await
+                .expect("ok");
             assert!(spend.reserve(&item, "n", 50, 1_000, 0).await.expect("ok"));
         }
         assert!(spend.reserve("2026-12-04", "m", 1, 9, 0).await.expect("ok"));
@@ -201,12 +208,19 @@ mod tests {
         assert!(drawn.contains("billing/acme"), "{drawn}");
         assert!(drawn.contains("$0.000250"), "{drawn}");
         assert_eq!(to_json(day, &lines)["items"][3]["models"]["n"], 50);
+        // What was charged, by the path its call went by: the hold of `n` is not.
+        assert_eq!(acme.paths, BTreeMap::from([("standard".into(), 200)]));
+        assert!(drawn.contains("path       standard"), "{drawn}");
+        assert_eq!(to_json(day, &lines)["items"][3]["paths"]["standard"], 200);
         assert!(text(day, &[]).contains("DAILY_SPEND_LIMIT"));
         // A charge repeated after its first try landed takes the hold below zero: shown as 0.
         let twice = format!("{day}#producer#twice");
         assert!(spend.reserve(&twice, "m", 10, 1_000, 0).await.expect("ok"));
         for _ in 0..2 {
-            spend.charge(&twice, "m", 10, 20, 0).await.expect("ok");
+            spend
+                .charge(&twice, ("m", "standard"), 10, 20, 0)
+                .await
+                .expect("ok");
         }
         let lines = super::day(&spend, day).await.expect("read");
         let json = to_json(day, &lines);

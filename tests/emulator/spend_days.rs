@@ -132,17 +132,17 @@ pub(crate) async fn day_scenario(
     assert!(!reserve(d.into(), "sim-1", 500).await, "past the limit");
     assert!(reserve(format!("{d}#billing/acme"), "sim-1", 600).await);
     assert!(!reserve(format!("{d}#billing/acme"), "gpt-4o-mini", 1_001).await);
-    days.charge(d, "sim-1", 600, 150, LATE_EVENING)
+    days.charge(d, ("sim-1", "standard"), 600, 150, LATE_EVENING)
         .await
         .expect("charge");
     assert!(reserve(d.into(), "gpt-4o-mini", 300).await);
-    days.charge(d, "gpt-4o-mini", 300, 420, LATE_EVENING)
+    days.charge(d, ("gpt-4o-mini", "flex"), 300, 420, LATE_EVENING)
         .await
         .expect("more");
     assert!(reserve(d.into(), "(unpriced)", 0).await);
     assert!(reserve(format!("{d}#producer#"), "sim-1", 200).await);
     let producer = format!("{d}#producer#");
-    let released = days.charge(&producer, "sim-1", 200, 0, LATE_EVENING);
+    let released = days.charge(&producer, ("sim-1", ""), 200, 0, LATE_EVENING);
     released.await.expect("release");
     assert!(reserve("2026-12-02".into(), "sim-1", 5).await);
     days.count(d).await.expect("count")
@@ -156,5 +156,10 @@ async fn the_days_items_count_on_dynamodb_as_in_memory() {
     let expected = day_scenario(&memory).await;
     assert_eq!(expected.len(), 3, "{expected:?}");
     assert_eq!(expected[0].counted, 570);
+    // What was charged, by path: the release counts under none.
+    assert_eq!(
+        expected[0].paths,
+        [("flex".to_owned(), 420), ("standard".to_owned(), 150)].into()
+    );
     assert_eq!(day_scenario(&ledger).await, expected);
 }

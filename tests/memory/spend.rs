@@ -36,10 +36,18 @@ async fn a_release_of_the_days_spend_is_never_sent_twice() {
 
     // A give-back (a call that cost 100 of its 600) fails once and stays failed: the day
     // counts more than was spent.
-    assert!(days.charge("2026-12-01", "m", 600, 100, 0).await.is_err());
+    assert!(
+        days.charge("2026-12-01", ("m", ""), 600, 100, 0)
+            .await
+            .is_err()
+    );
     assert_eq!(sent(0), 1);
     // A charge upwards and a reservation are retried: a repeat only counts more.
-    assert!(days.charge("2026-12-01", "m", 100, 600, 0).await.is_err());
+    assert!(
+        days.charge("2026-12-01", ("m", ""), 100, 600, 0)
+            .await
+            .is_err()
+    );
     assert_eq!(sent(1), 3);
     assert!(
         days.reserve("2026-12-01", "m", 500, 1_000, 0)

@@ -28,6 +28,8 @@ const TTL_S: i64 = 2 * 86_400;
 
 /// The prefix of the attribute that counts one model.
 const MODEL_PREFIX: &str = "model#";
+/// The prefix of the attribute that counts what one path's calls were charged.
+const PATH_PREFIX: &str = "path#";
 
 /// The most keys one `BatchGetItem` may ask for (DynamoDB's API reference).
 const BATCH_GET_MAX: usize = 100;
@@ -86,7 +88,7 @@ impl SpendBudget for DynamoLedger {
     fn charge<'a>(
         &'a self,
         day: &'a str,
-        model: &'a str,
+        (model, path): (&'a str, &'a str),
         reserved: u64,
         cost: u64,
         now: Millis,
@@ -97,22 +99,29 @@ impl SpendBudget for DynamoLedger {
             // estimate), or as much: a repeat counts more, never less, so the SDK may retry it.
             let operation = if delta < 0 { GIVE_BACK } else { "spend" };
             let model = format!("{MODEL_PREFIX}{model}");
+            let path = format!("{PATH_PREFIX}{path}");
+            let mut update = String::from(
+                "SET #spent = if_not_exists(#spent, :zero) + :delta, \
+                 #held = if_not_exists(#held, :zero) - :reserved, \
+                 #model = if_not_exists(#model, :zero) + :delta, #ttl = :exp",
+            );
+            let mut values = vec![
+                (":zero", n(0)),
+                (":delta", n(delta)),
+                (":reserved", n(reserved)),
+                (":exp", n(now / 1_000 + TTL_S)),
+            ];
+            // What it cost, under its path, in the same write.
+            if cost > 0 && path.len() > PATH_PREFIX.len() {
+                update.push_str(", #path = if_not_exists(#path, :zero) + :cost");
+                values.push((":cost", n(cost)));
+            }
             self.send_update_named(
                 operation,
                 &format!("{SPEND_KEY_PREFIX}{day}"),
-                (
-                    "SET #spent = if_not_exists(#spent, :zero) + :delta, \
-                     #held = if_not_exists(#held, :zero) - :reserved, \
-                     #model = if_not_exists(#model, :zero) + :delta, #ttl = :exp",
-                    "",
-                ),
-                vec![
-                    (":zero", n(0)),
-                    (":delta", n(delta)),
-                    (":reserved", n(reserved)),
-                    (":exp", n(now / 1_000 + TTL_S)),
-                ],
-                &[("#model", &model)],
+                (&update, ""),
+                values,
+                &[("#model", &model), ("#path", &path)],
                 ReturnValue::None,
             )
             .await
@@ -210,6 +219,10 @@ fn day_count(item: &Item) -> Option<DayCount> {
         models: item
             .iter()
             .filter_map(|(name, v)| Some((name.strip_prefix(MODEL_PREFIX)?.to_owned(), signed(v)?)))
+            .collect(),
+        paths: item
+            .iter()
+            .filter_map(|(name, v)| Some((name.strip_prefix(PATH_PREFIX)?.to_owned(), signed(v)?)))
             .collect(),
     })
 }

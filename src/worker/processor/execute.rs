@@ -70,7 +70,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
                 Command::Take => self.take(&d, &mut held, msg, inv, &shares, watch).await,
                 Command::Release => {
                     let reserved = held.grant.take().and_then(|mut g| g.take_reserved());
-                    self.charge_spend(reserved, 0).await;
+                    self.charge_spend(reserved, 0, None).await;
                     Observation::Carried
                 }
                 Command::LookAtBatch => self.look_at_batch(&d, msg, watch).await,
@@ -214,7 +214,8 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
             Charge::Heard => heard,
             Charge::HeardOrReserved => heard.or(reserved.as_ref().map(|r| r.micros)),
         };
-        self.charge_spend(reserved, actual.unwrap_or(0)).await;
+        let path = spent.as_ref().map(|s| s.rate);
+        self.charge_spend(reserved, actual.unwrap_or(0), path).await;
         if let Some(spent) = spent {
             count_usage(d.view(), attempt, &spent, watch);
         }

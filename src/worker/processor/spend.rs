@@ -88,7 +88,7 @@ impl Drop for Grant<'_> {
         let at = self.at;
         runtime.spawn(async move {
             for day in &reserved.days {
-                let released = spend.charge(day, &reserved.model, reserved.micros, 0, at);
+                let released = spend.charge(day, (&reserved.model, ""), reserved.micros, 0, at);
                 if let Err(e) = released.await {
                     tracing::warn!(error = %e, "the day's spend could not be released");
                 }
@@ -219,14 +219,20 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
                 }
             };
             // No call: what was reserved goes back.
-            self.charge_spend(Some(reserved), 0).await;
+            self.charge_spend(Some(reserved), 0, None).await;
             return Err(refused);
         }
         Ok((!reserved.days.is_empty()).then_some(reserved))
     }
 
-    /// Charges what `reserved` took with `actual` (0: no call; the reservation is released).
-    pub(super) async fn charge_spend(&self, reserved: Option<Reserved>, actual: u64) {
+    /// Charges what `reserved` took with `actual` (0: no call; the reservation is released),
+    /// counted under the path the call went by (`path`).
+    pub(super) async fn charge_spend(
+        &self,
+        reserved: Option<Reserved>,
+        actual: u64,
+        path: Option<crate::job::usage::Rate>,
+    ) {
         let (Some(reserved), Some(spend)) = (reserved, &self.spend) else {
             return;
         };
@@ -235,7 +241,8 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         }
         for day in &reserved.days {
             let now = self.clock.now_ms();
-            let charged = spend.charge(day, &reserved.model, reserved.micros, actual, now);
+            let path = path.map_or("", crate::job::path::name);
+            let charged = spend.charge(day, (&reserved.model, path), reserved.micros, actual, now);
             if let Err(e) = charged.await {
                 // The day counts the reservation in full: more than was spent, never less.
                 tracing::warn!(error = %e, "the day's spend could not be corrected");
