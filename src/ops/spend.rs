@@ -89,6 +89,44 @@ pub async fn day(budget: &dyn SpendBudget, day: &str) -> Result<Vec<Line>, Ledge
     Ok(lines)
 }
 
+/// Whether `month` names a month as `YYYY-MM`.
+pub fn is_month(month: &str) -> bool {
+    month.len() == 7 && is_day(&format!("{month}-01"))
+}
+
+/// `month`'s items (`YYYY-MM`, UTC) summed by level over its days up to `last_day`
+/// (`YYYY-MM-DD`, that day included): one day's reads a day. What is held is what each day
+/// still holds; a month has no limit of its own.
+pub async fn month(
+    budget: &dyn SpendBudget,
+    month: &str,
+    last_day: &str,
+) -> Result<Vec<Line>, LedgerError> {
+    let mut summed: BTreeMap<Level, DayCount> = BTreeMap::new();
+    let days = (1..=31)
+        .map(|d| format!("{month}-{d:02}"))
+        .filter(|d| is_day(d) && d.as_str() <= last_day);
+    for d in days {
+        for Line { level, count } in day(budget, &d).await? {
+            let sum = summed.entry(level).or_default();
+            sum.counted += count.counted;
+            sum.held += count.held;
+            for (into, from) in [
+                (&mut sum.models, count.models),
+                (&mut sum.paths, count.paths),
+            ] {
+                for (name, micros) in from {
+                    *into.entry(name).or_insert(0) += micros;
+                }
+            }
+        }
+    }
+    Ok(summed
+        .into_iter()
+        .map(|(level, count)| Line { level, count })
+        .collect())
+}
+
 /// A figure as shown: a repeated charge may take a hold below zero, and nothing is shown
 /// below it.
 fn shown(micros: i64) -> u64 {
@@ -155,7 +193,9 @@ pub fn to_json(day: &str, lines: &[Line]) -> serde_json::Value {
             })
         })
         .collect();
-    json!({"day": day, "items": items})
+    // A month's sums say so.
+    let key = if is_month(day) { "month" } else { "day" };
+    json!({key: day, "items": items})
 }
 
 #[cfg(test)]
@@ -213,6 +253,13 @@ mod tests {
         assert!(drawn.contains("path       standard"), "{drawn}");
         assert_eq!(to_json(day, &lines)["items"][3]["paths"]["standard"], 200);
         assert!(text(day, &[]).contains("DAILY_SPEND_LIMIT"));
+        // The month to this day: the days summed by level, a day of another month left out.
+        assert!(spend.reserve("2026-11-30", "m", 7, 9, 0).await.expect("ok"));
+        let month = super::month(&spend, "2026-12", day).await.expect("read");
+        assert_eq!(month.len(), 4);
+        assert_eq!(month[0].count.counted, 250 + 1, "the 5th and the 4th");
+        assert_eq!(month[0].count.paths["standard"], 200);
+        assert!(is_month("2026-12") && !is_month("2026-13") && !is_month("2026-12-01"));
         // A charge repeated after its first try landed takes the hold below zero: shown as 0.
         let twice = format!("{day}#producer#twice");
         assert!(spend.reserve(&twice, "m", 10, 1_000, 0).await.expect("ok"));

@@ -85,6 +85,8 @@ async fn jobctl_spend_shows_the_day_by_producer_account_and_model_with_what_is_h
     assert_eq!(deployment["limit_micros"], limit);
     assert_eq!(deployment["models"]["gpt-4o-mini"], b2);
     assert_eq!(deployment["models"]["sim-1"], b1 + s1 + 77);
+    // What the calls were charged, by the path they went by: the held call is not yet.
+    assert_eq!(deployment["paths"], json!({"standard": b1 + b2 + s1}));
     let billing = item("producer", "billing");
     assert_eq!(
         (
@@ -110,6 +112,20 @@ async fn jobctl_spend_shows_the_day_by_producer_account_and_model_with_what_is_h
         json!({"sim-1": s1})
     );
     assert_eq!(shown["items"].as_array().map(Vec::len), Some(5));
+    // AND the month to date sums its days: here the one day that counted anything
+    let month = ["spend", "--month", "2026-12", "--json", "--table", &table];
+    let ran = crate::support::jobctl(&month, &[]);
+    assert_eq!(ran.code, 0, "{}", ran.err);
+    let month: serde_json::Value = serde_json::from_str(&ran.out).expect("json");
+    assert_eq!(month["month"], "2026-12");
+    assert_eq!(
+        month["items"][0]["counted_micros"],
+        deployment["counted_micros"]
+    );
+    assert_eq!(
+        crate::support::jobctl(&["spend", "--month", "2026-1", "--table", &table], &[]).code,
+        2
+    );
     let text = jobctl(&[]);
     assert!(
         text.contains("search/acme") && text.contains("gpt-4o-mini"),

@@ -47,16 +47,27 @@ pub(crate) async fn list(
 pub(crate) async fn spend(
     ledger: &DynamoLedger,
     day: Option<String>,
+    month: Option<String>,
     out: &Out,
 ) -> Result<(), OperatorError> {
     use fenced_jobs::ops::spend;
-    let day = match day {
-        Some(day) if spend::is_day(&day) => day,
-        Some(_) => usage("--day takes a day as YYYY-MM-DD (UTC), like 2026-12-05"),
-        None => spend::day_of(SystemClock.now_ms()),
+    let today = spend::day_of(SystemClock.now_ms());
+    let (label, lines) = match (day, month) {
+        (_, Some(month)) if spend::is_month(&month) => {
+            let lines = spend::month(ledger, &month, &today).await?;
+            (month, lines)
+        }
+        (_, Some(_)) => usage("--month takes a month as YYYY-MM (UTC), like 2026-12"),
+        (Some(day), None) if spend::is_day(&day) => {
+            let lines = spend::day(ledger, &day).await?;
+            (day, lines)
+        }
+        (Some(_), None) => usage("--day takes a day as YYYY-MM-DD (UTC), like 2026-12-05"),
+        (None, None) => (today.clone(), spend::day(ledger, &today).await?),
     };
-    let lines = spend::day(ledger, &day).await?;
-    out.emit(spend::to_json(&day, &lines), || spend::text(&day, &lines));
+    out.emit(spend::to_json(&label, &lines), || {
+        spend::text(&label, &lines)
+    });
     Ok(())
 }
 

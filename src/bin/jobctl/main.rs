@@ -187,13 +187,16 @@ enum Command {
         force: bool,
     },
     /// The day's spend against the daily limits: the deployment's, each producer's and each
-    /// account's, what calls not charged yet hold of it, and each one's spend by model (read
-    /// from the day's items through the due index, not a scan). A day is counted at the levels
-    /// a limit is set for.
+    /// account's, what calls not charged yet hold of it, and each one's spend by model and by
+    /// path (read from the day's items through the due index, not a scan). A day is counted at
+    /// the levels a limit is set for.
     Spend {
         /// The day, `YYYY-MM-DD` (UTC; default: today).
         #[arg(long)]
         day: Option<String>,
+        /// A month instead, `YYYY-MM` (UTC): its days summed, up to today.
+        #[arg(long, conflicts_with = "day")]
+        month: Option<String>,
     },
     /// Re-send lost triggers, expire jobs past their deadline, count `unknown` jobs.
     Reconcile {

@@ -54,7 +54,7 @@ pub(crate) async fn command(ctx: &Ctx, command: Command) -> Result<(), OperatorE
             .await
             .map(|record| print(&record, out, result)),
         Command::List { state, limit } => list(ledger, &state, limit, out).await,
-        Command::Spend { day } => commands::spend(ledger, day, out).await,
+        Command::Spend { day, month } => commands::spend(ledger, day, month, out).await,
         Command::Watch {
             job_id,
             interval,
