@@ -647,10 +647,10 @@ fn cost_of_calls(s: &State) -> u64 {
 
 /// Property names.
 pub const ONE_RESULT: &str = "at most one accepted result, never changed";
-/// A stale owner's write was applied.
 /// A refused flex call sent again under the same claim.
 pub const FLEX_MOVES_ON: &str =
     "a call on the flex path is sent once per claim: a 429 moves the job on, never re-sent on it";
+/// A stale owner's write was applied.
 pub const STALE_WRITE: &str = "no write of a stale epoch applied";
 /// Attempts over the budget.
 pub const BUDGET: &str = "attempts within the budget";

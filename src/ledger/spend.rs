@@ -49,6 +49,8 @@ pub struct DayCount {
     /// What calls were charged, by the path they went by ([`crate::job::path`]): holds are
     /// not counted here until charged.
     pub paths: BTreeMap<String, i64>,
+    /// How many calls were charged something (a release is not).
+    pub calls: i64,
 }
 
 /// The day's spend.
@@ -163,6 +165,9 @@ impl SpendBudget for MemorySpend {
             *count.models.entry(model.to_owned()).or_insert(0) += delta;
             if cost > 0 && !path.is_empty() {
                 *count.paths.entry(path.to_owned()).or_insert(0) += signed(cost);
+            }
+            if cost > 0 {
+                count.calls += 1;
             }
             Ok(())
         })

@@ -111,6 +111,7 @@ pub async fn month(
             let sum = summed.entry(level).or_default();
             sum.counted += count.counted;
             sum.held += count.held;
+            sum.calls += count.calls;
             for (into, from) in [
                 (&mut sum.models, count.models),
                 (&mut sum.paths, count.paths),
@@ -125,6 +126,35 @@ pub async fn month(
         .into_iter()
         .map(|(level, count)| Line { level, count })
         .collect())
+}
+
+/// What the rest of a day will cost at the rate it has gone: what the deployment's item
+/// counts, and the jobs still queued each at what its charged calls cost on average.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Forecast {
+    /// Jobs waiting in the queues (visible and in flight).
+    pub queued: u64,
+    /// What a charged call cost on average today, micro-dollars.
+    pub per_call: u64,
+    /// What the day will have cost once they ran, micro-dollars.
+    pub total: u64,
+    /// The deployment's daily limit, if one is set.
+    pub limit: Option<u64>,
+}
+
+/// The day's forecast from its `lines` and `queued` jobs; `None` before any call was charged
+/// (nothing to average) or without a deployment limit's item.
+pub fn forecast(lines: &[Line], queued: u64) -> Option<Forecast> {
+    let count = &lines.iter().find(|l| l.level == Level::Deployment)?.count;
+    let calls = u64::try_from(count.calls).ok().filter(|c| *c > 0)?;
+    let charged = shown(count.paths.values().sum());
+    let per_call = charged.div_ceil(calls);
+    Some(Forecast {
+        queued,
+        per_call,
+        total: shown(count.counted).saturating_add(queued.saturating_mul(per_call)),
+        limit: count.limit,
+    })
 }
 
 /// A figure as shown: a repeated charge may take a hold below zero, and nothing is shown
@@ -260,6 +290,17 @@ mod tests {
         assert_eq!(month[0].count.counted, 250 + 1, "the 5th and the 4th");
         assert_eq!(month[0].count.paths["standard"], 200);
         assert!(is_month("2026-12") && !is_month("2026-13") && !is_month("2026-12-01"));
+        // Four calls charged 200 each across the levels, one of them the deployment's: with
+        // three jobs queued, the day will count 251 + 3 x 200.
+        let lines = super::day(&spend, day).await.expect("read");
+        let expected = Forecast {
+            queued: 3,
+            per_call: 200,
+            total: 250 + 3 * 200,
+            limit: Some(1_000),
+        };
+        assert_eq!(forecast(&lines, 3), Some(expected));
+        assert_eq!(forecast(&lines[1..], 3), None, "no deployment item");
         // A charge repeated after its first try landed takes the hold below zero: shown as 0.
         let twice = format!("{day}#producer#twice");
         assert!(spend.reserve(&twice, "m", 10, 1_000, 0).await.expect("ok"));

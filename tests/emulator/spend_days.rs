@@ -179,3 +179,54 @@ async fn the_days_items_count_on_dynamodb_as_in_memory() {
     );
     assert_eq!(day_scenario(&ledger).await, expected);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jobctl_spend_forecasts_the_rest_of_today_from_the_queue_and_todays_calls() {
+    use fenced_jobs::clock::Clock;
+    use fenced_jobs::ledger::spend::SpendBudget;
+    // GIVEN two calls charged today, at 300 and 500, against a limit of 1,500
+    let aws = emulator().await;
+    let table = aws.table().await;
+    let ledger = aws.ledger(&table);
+    let now = fenced_jobs::clock::SystemClock.now_ms();
+    let today = fenced_jobs::ops::spend::day_of(now);
+    for cost in [300, 500] {
+        let reserved = ledger.reserve(&today, "sim-1", 600, 1_500, now);
+        assert!(reserved.await.expect("reserve"));
+        let charged = ledger.charge(&today, ("sim-1", "standard"), 600, cost, now);
+        charged.await.expect("charge");
+    }
+    // AND three jobs waiting in the work queue
+    let queue = aws.queue(30).await;
+    for i in 0..3 {
+        let body = crate::support::job(&format!("waiting-{i}"), "p", "");
+        aws.send(&queue, &body).await;
+    }
+
+    // WHEN the operator asks for today's spend with the work queue
+    let args = ["spend", "--queue-url", &queue.url, "--table", &table];
+    let json = crate::support::jobctl(&[&args[..], &["--json"]].concat(), &[]);
+    assert_eq!(json.code, 0, "{}", json.err);
+    let shown: serde_json::Value = serde_json::from_str(&json.out).expect("json");
+
+    // THEN the day will count what it counts and the three jobs at 400 a call: past its limit
+    assert_eq!(
+        shown["forecast"],
+        json!({"queued": 3, "per_call_micros": 400, "forecast_micros": 2_000,
+               "limit_micros": 1_500})
+    );
+    let text = crate::support::jobctl(&args, &[]);
+    assert!(text.out.contains("past the daily limit"), "{}", text.out);
+    // AND another day has no forecast
+    let past = [
+        "spend",
+        "--day",
+        "2026-01-01",
+        "--queue-url",
+        &queue.url,
+        "--json",
+    ];
+    let past = crate::support::jobctl(&[&past[..], &["--table", &table]].concat(), &[]);
+    let past: serde_json::Value = serde_json::from_str(&past.out).expect("json");
+    assert!(past.get("forecast").is_none(), "{past}");
+}

@@ -326,6 +326,14 @@ async fn each_job_takes_the_cheapest_path_that_ends_before_its_deadline_and_says
             );
         }
     }
+    // AND the batch path's line went in a batch, the others as calls
+    assert_eq!(h.processor().provider().batch_sizes(), vec![1]);
+    let two_days = ledger.get("two-days").await.expect("get").expect("item");
+    assert_eq!(
+        two_days.state,
+        JobState::Running,
+        "handed over while its batch runs"
+    );
     // AND jobctl show says which path and why
     let item = ledger.get("an-hour").await.expect("get").expect("item");
     let shown = fenced_jobs::ops::operator::to_json(&item, false);

@@ -46,8 +46,8 @@ pub(crate) async fn list(
 
 pub(crate) async fn spend(
     ledger: &DynamoLedger,
-    day: Option<String>,
-    month: Option<String>,
+    (day, month): (Option<String>, Option<String>),
+    (sqs, queues): (&aws_sdk_sqs::Client, [Option<String>; 2]),
     out: &Out,
 ) -> Result<(), OperatorError> {
     use fenced_jobs::ops::spend;
@@ -65,10 +65,60 @@ pub(crate) async fn spend(
         (Some(_), None) => usage("--day takes a day as YYYY-MM-DD (UTC), like 2026-12-05"),
         (None, None) => (today.clone(), spend::day(ledger, &today).await?),
     };
-    out.emit(spend::to_json(&label, &lines), || {
-        spend::text(&label, &lines)
+    // Today, with a work queue: what the rest of the day will cost.
+    let forecast = match (&queues[0], label == today) {
+        (Some(_), true) => spend::forecast(&lines, queued(sqs, &queues).await),
+        _ => None,
+    };
+    let mut doc = spend::to_json(&label, &lines);
+    if let Some(f) = forecast {
+        doc["forecast"] = serde_json::json!({"queued": f.queued, "per_call_micros": f.per_call,
+            "forecast_micros": f.total, "limit_micros": f.limit});
+    }
+    out.emit(doc, || {
+        let mut text = spend::text(&label, &lines);
+        if let Some(f) = forecast {
+            let over = f.limit.is_some_and(|l| f.total > l);
+            text.push_str(&format!(
+                "forecast for the day: {} ({} jobs queued at {} a call){}\n",
+                operator::dollars(f.total),
+                f.queued,
+                operator::dollars(f.per_call),
+                if over { ", past the daily limit" } else { "" }
+            ));
+        }
+        text
     });
     Ok(())
+}
+
+/// The jobs waiting in `queues` (visible and in flight), as SQS approximates them; a queue
+/// that cannot be read counts none, and says so.
+async fn queued(sqs: &aws_sdk_sqs::Client, queues: &[Option<String>]) -> u64 {
+    use aws_sdk_sqs::types::QueueAttributeName as Name;
+    let mut queued = 0;
+    for url in queues.iter().flatten() {
+        let read = sqs
+            .get_queue_attributes()
+            .queue_url(url)
+            .attribute_names(Name::ApproximateNumberOfMessages)
+            .attribute_names(Name::ApproximateNumberOfMessagesNotVisible)
+            .send()
+            .await;
+        let Ok(read) = read else {
+            eprintln!("jobctl: {url}'s depth could not be read; counted as empty");
+            continue;
+        };
+        let attributes = read.attributes();
+        for name in [
+            Name::ApproximateNumberOfMessages,
+            Name::ApproximateNumberOfMessagesNotVisible,
+        ] {
+            let depth = attributes.and_then(|a| a.get(&name)?.parse::<u64>().ok());
+            queued += depth.unwrap_or(0);
+        }
+    }
+    queued
 }
 
 /// The dead-letter queue to read, how much of it, and who the deployment's producers are.

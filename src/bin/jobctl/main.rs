@@ -197,6 +197,10 @@ enum Command {
         /// A month instead, `YYYY-MM` (UTC): its days summed, up to today.
         #[arg(long, conflicts_with = "day")]
         month: Option<String>,
+        /// The work queue: today's forecast counts the jobs waiting in it (and in the urgent
+        /// queue) at what today's calls cost on average.
+        #[arg(long, env = "QUEUE_URL")]
+        queue_url: Option<String>,
     },
     /// Re-send lost triggers, expire jobs past their deadline, count `unknown` jobs.
     Reconcile {

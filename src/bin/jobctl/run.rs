@@ -54,7 +54,11 @@ pub(crate) async fn command(ctx: &Ctx, command: Command) -> Result<(), OperatorE
             .await
             .map(|record| print(&record, out, result)),
         Command::List { state, limit } => list(ledger, &state, limit, out).await,
-        Command::Spend { day, month } => commands::spend(ledger, day, month, out).await,
+        Command::Spend {
+            day,
+            month,
+            queue_url,
+        } => spend(ctx, (day, month), queue_url).await,
         Command::Watch {
             job_id,
             interval,
@@ -131,6 +135,18 @@ async fn dead_letters(
     };
     let sqs = aws_sdk_sqs::Client::new(&ctx.config);
     dlq(&ctx.ledger, &ctx.blobs, &sqs, source, command, &ctx.out).await
+}
+
+/// `jobctl spend`: a day's or a month's items, and today's forecast from the work queue and
+/// the urgent one.
+async fn spend(
+    ctx: &Ctx,
+    when: (Option<String>, Option<String>),
+    queue_url: Option<String>,
+) -> Result<(), OperatorError> {
+    let queues = [queue_url, ctx.urgent_queue_url.clone()];
+    let sqs = aws_sdk_sqs::Client::new(&ctx.config);
+    commands::spend(&ctx.ledger, when, (&sqs, queues), &ctx.out).await
 }
 
 /// One pass of the reconciler, its triggers sent to `queue_url`.

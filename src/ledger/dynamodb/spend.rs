@@ -1,7 +1,7 @@
 //! The day's spend ([`SpendBudget`]) as items of the ledger table: `job_id` is
 //! `#spend#<YYYY-MM-DD>` (then `#producer#<name>` or `#<account>`), with `spent_micros` (what
 //! the limit sees), `held_micros` (of it, what calls not charged yet hold), `limit_micros`, one
-//! `model#<name>` a model, and a TTL two days after its day. Each item is also in the due index
+//! `model#<name>` a model, and a TTL 40 days after its day (a month's days are all there). Each item is also in the due index
 //! under `due_on` `#spend#<YYYY-MM-DD>` (no job's deadline day), set by its first write and
 //! never changed, so that `jobctl spend` lists a day's items with one query and no later write
 //! costs the index anything. A reservation is one `UpdateItem` conditional on the sum staying
@@ -24,7 +24,8 @@ use crate::ledger::spend::{DayCount, SPEND_KEY_PREFIX, SpendBudget, until_next_d
 pub(super) const GIVE_BACK: &str = "spend give-back";
 
 /// How long a day item outlives the start of the request that wrote it.
-const TTL_S: i64 = 2 * 86_400;
+/// Forty days: `jobctl spend --month` finds every day of a month until its next one ends.
+const TTL_S: i64 = 40 * 86_400;
 
 /// The prefix of the attribute that counts one model.
 const MODEL_PREFIX: &str = "model#";
@@ -111,17 +112,21 @@ impl SpendBudget for DynamoLedger {
                 (":reserved", n(reserved)),
                 (":exp", n(now / 1_000 + TTL_S)),
             ];
-            // What it cost, under its path, in the same write.
+            // What it cost, under its path, and one more call charged, in the same write.
             if cost > 0 && path.len() > PATH_PREFIX.len() {
                 update.push_str(", #path = if_not_exists(#path, :zero) + :cost");
                 values.push((":cost", n(cost)));
+            }
+            if cost > 0 {
+                update.push_str(", #calls = if_not_exists(#calls, :zero) + :one");
+                values.push((":one", n(1)));
             }
             self.send_update_named(
                 operation,
                 &format!("{SPEND_KEY_PREFIX}{day}"),
                 (&update, ""),
                 values,
-                &[("#model", &model), ("#path", &path)],
+                &[("#model", &model), ("#path", &path), ("#calls", "calls")],
                 ReturnValue::None,
             )
             .await
@@ -224,5 +229,6 @@ fn day_count(item: &Item) -> Option<DayCount> {
             .iter()
             .filter_map(|(name, v)| Some((name.strip_prefix(PATH_PREFIX)?.to_owned(), signed(v)?)))
             .collect(),
+        calls: item.get("calls").and_then(signed).unwrap_or(0),
     })
 }

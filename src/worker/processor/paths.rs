@@ -74,7 +74,9 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
             })
             .collect();
         let wants = Wants {
-            left_ms: job.deadline_at - now - self.settings.skew_ms,
+            // The item's deadline, fixed at its creation: a message without one would give
+            // each delivery a later default.
+            left_ms: seen.map_or(job.deadline_at, |s| s.deadline_at) - now - self.settings.skew_ms,
             urgent: job.class.urgent,
             asked: asked(&self.settings.batching, input),
         };
@@ -116,9 +118,15 @@ fn asked(batching: &crate::worker::settings::Batching, input: &Map<String, Value
     }
 }
 
-/// Whether `rate` refused one of the job's attempts within the last [`REFUSED_FOR_MS`]
-/// before `now` (an attempt given back for the provider's capacity on that path).
+/// Whether `rate`, flex or a batch, refused one of the job's attempts within the last
+/// [`REFUSED_FOR_MS`] before `now` (an attempt given back for its capacity on that path). The
+/// standard and priority paths are never left out for a 429: it is the account's rate limit,
+/// which another path would not escape, and the standard path is where a job goes when
+/// nothing else fits.
 fn refused(seen: Option<&JobItem>, rate: Rate, now: Millis) -> bool {
+    if matches!(rate, Rate::Standard | Rate::Priority) {
+        return false;
+    }
     seen.is_some_and(|job| {
         job.given_back.iter().any(|a| {
             a.outcome == AttemptOutcome::Throttled

@@ -161,10 +161,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
             estimate: Usage::estimate(request.input_json.len(), request.max_output_tokens),
             provider: link.provider.name(),
             model: link.provider.model(request.input).to_owned(),
-            rate: Rate::of(
-                self.batched(link, &input) || super::batches::in_batch(owner),
-                &input,
-            ),
+            rate: Rate::of(super::batches::in_batch(owner), &input),
             said: None,
         };
         let call = Call {
@@ -394,13 +391,12 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
             gen_ai.output.type = request.output.format().as_str(),
             server.address = link.provider.server_address(),
         );
-        if self.batched(link, request.input) {
+        // The claim decided: a line's pending reference recorded (the job's own ask, or the
+        // path the worker chose) makes the attempt a line of a batch, and nothing else does.
+        if let Some(line) = line {
             // A line waits for its batch within its budget, whoever else loses ownership
             // meanwhile: the record of its batch's reference is fenced, and a line taken into
             // a batch is found again by whoever owns the job next.
-            let Some(line) = line else {
-                return Said::NotSent("the claim recorded no line".to_owned());
-            };
             return self
                 .submit_line(link, request, &line, budget_ms, stop)
                 .instrument(span)
