@@ -212,4 +212,7 @@ pub struct ReconcileReport {
     pub errors: u64,
     /// Stored answers no item references, removed (see `ops::results::sweep_orphans`).
     pub orphans_removed: u64,
+    /// What today will have cost once the queued jobs ran, in percent of the daily limit
+    /// (`None`: no limit, or nothing charged today to go by; see `ops::spend::forecast`).
+    pub spend_forecast_percent: Option<u64>,
 }

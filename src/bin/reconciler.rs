@@ -34,9 +34,13 @@ async fn main() -> Result<(), lambda_runtime::Error> {
     let sdk = fenced_jobs::config::SdkTimeouts::from_lookup(|name| std::env::var(name).ok())?;
     let aws = sdk.apply(&aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await);
     let ledger = DynamoLedger::new(aws_sdk_dynamodb::Client::new(&aws), table);
-    // Urgent jobs' triggers go to their own queue.
-    let sender = SqsTriggers::new(aws_sdk_sqs::Client::new(&aws), queue_url)
-        .with_urgent(std::env::var("URGENT_QUEUE_URL").ok());
+    // Urgent jobs' triggers go to their own queue; both queues' depth makes today's forecast.
+    let urgent_url = std::env::var("URGENT_QUEUE_URL").ok();
+    let queues = Queues {
+        sqs: aws_sdk_sqs::Client::new(&aws),
+        urls: [Some(queue_url.clone()), urgent_url.clone()],
+    };
+    let sender = SqsTriggers::new(queues.sqs.clone(), queue_url).with_urgent(urgent_url);
     // The provider, to cancel the background calls of jobs it expires.
     let provider = fenced_jobs::config::provider_from_lookup(|name| std::env::var(name).ok())?;
     let provider = AnyProvider::from_config(&provider, &aws).await?;
@@ -57,7 +61,7 @@ async fn main() -> Result<(), lambda_runtime::Error> {
         let run = Box::pin(
             run_once(
                 &ledger,
-                &sender,
+                (&sender, &queues),
                 &provider,
                 &settings,
                 &target,
@@ -76,10 +80,16 @@ async fn main() -> Result<(), lambda_runtime::Error> {
     .await
 }
 
-/// One run: reconcile, sweep orphans, one metric document.
+/// The queues whose depth makes today's spend forecast.
+struct Queues {
+    sqs: aws_sdk_sqs::Client,
+    urls: [Option<String>; 2],
+}
+
+/// One run: reconcile, sweep orphans, today's spend forecast, one metric document.
 async fn run_once(
     ledger: &DynamoLedger,
-    sender: &SqsTriggers,
+    (sender, queues): (&SqsTriggers, &Queues),
     provider: &AnyProvider,
     settings: &fenced_jobs::ops::reconcile::ReconcileSettings,
     target: &MetricsTarget,
@@ -103,6 +113,7 @@ async fn run_once(
             }
         }
     }
+    report.spend_forecast_percent = forecast(ledger, queues, now).await;
     tracing::info!(
         expired = report.expired,
         expire_refused = report.expire_refused,
@@ -120,4 +131,21 @@ async fn run_once(
         metrics::reconciliation(target, SystemClock.now_ms(), &report)
     );
     Ok(serde_json::json!(report))
+}
+
+/// Today's spend forecast in percent of the daily limit (`None`: no limit, nothing charged
+/// yet, or a read that failed, which is said).
+async fn forecast(ledger: &DynamoLedger, queues: &Queues, now: i64) -> Option<u64> {
+    let mut queued = 0;
+    for url in queues.urls.iter().flatten() {
+        match fenced_jobs::queue::sqs::depth(&queues.sqs, url).await {
+            Some(depth) => queued += depth,
+            None => tracing::warn!("a queue's depth could not be read; counted as empty"),
+        }
+    }
+    fenced_jobs::ops::spend::today_percent(ledger, queued, now)
+        .await
+        .map_err(|e| tracing::warn!(error = %e, "today's spend could not be read"))
+        .ok()
+        .flatten()
 }

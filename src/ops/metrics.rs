@@ -222,7 +222,7 @@ pub fn by_provider(target: &MetricsTarget, at: Millis, report: &BatchReport) -> 
 
 /// The reconciler's document for one run (`UnknownJobs` feeds the "stuck in unknown" alarm).
 pub fn reconciliation(target: &MetricsTarget, at: Millis, report: &ReconcileReport) -> Value {
-    let metrics = [
+    let mut metrics = vec![
         ("Expired", "Count", Sample::One(report.expired as f64)),
         (
             "MessagesLost",
@@ -252,6 +252,14 @@ pub fn reconciliation(target: &MetricsTarget, at: Millis, report: &ReconcileRepo
             Sample::One(report.errors as f64),
         ),
     ];
+    // Left out when there is nothing to forecast.
+    if let Some(percent) = report.spend_forecast_percent {
+        metrics.push((
+            "SpendForecastPercent",
+            "Percent",
+            Sample::One(percent as f64),
+        ));
+    }
     document(target, at, &metrics)
 }
 
@@ -522,6 +530,20 @@ mod tests {
             .filter_map(|m| m["Name"].as_str())
             .collect();
         assert!(!names.contains(&"ProviderLatency"));
+    }
+
+    #[test]
+    fn the_spend_forecast_is_a_metric_only_when_there_is_one() {
+        let none = reconciliation(&target(), 5, &ReconcileReport::default());
+        check_emf(&none).expect("valid EMF");
+        assert!(none.get("SpendForecastPercent").is_none());
+        let report = ReconcileReport {
+            spend_forecast_percent: Some(120),
+            ..ReconcileReport::default()
+        };
+        let some = reconciliation(&target(), 5, &report);
+        check_emf(&some).expect("valid EMF");
+        assert_eq!(some["SpendForecastPercent"], 120.0);
     }
 
     #[test]

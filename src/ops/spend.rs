@@ -157,6 +157,20 @@ pub fn forecast(lines: &[Line], queued: u64) -> Option<Forecast> {
     })
 }
 
+/// Today's forecast (the day `now` falls on) with `queued` jobs waiting, in percent of the
+/// deployment's daily limit: `None` without a limit or a charged call to go by.
+pub async fn today_percent(
+    budget: &dyn SpendBudget,
+    queued: u64,
+    now: crate::job::Millis,
+) -> Result<Option<u64>, LedgerError> {
+    let lines = day(budget, &day_of(now)).await?;
+    Ok(forecast(&lines, queued).and_then(|f| {
+        let limit = f.limit.filter(|l| *l > 0)?;
+        Some(f.total.saturating_mul(100) / limit)
+    }))
+}
+
 /// A figure as shown: a repeated charge may take a hold below zero, and nothing is shown
 /// below it.
 fn shown(micros: i64) -> u64 {

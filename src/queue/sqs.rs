@@ -535,3 +535,23 @@ impl DeadLetterQueue for SqsDeadLetters {
         })
     }
 }
+
+/// The jobs waiting in the queue at `url`, visible and in flight, as SQS approximates them
+/// (`GetQueueAttributes`); `None` when it cannot be read.
+pub async fn depth(client: &aws_sdk_sqs::Client, url: &str) -> Option<u64> {
+    use aws_sdk_sqs::types::QueueAttributeName as Name;
+    let read = client
+        .get_queue_attributes()
+        .queue_url(url)
+        .attribute_names(Name::ApproximateNumberOfMessages)
+        .attribute_names(Name::ApproximateNumberOfMessagesNotVisible)
+        .send()
+        .await
+        .ok()?;
+    let attributes = read.attributes()?;
+    let count = |name: Name| attributes.get(&name)?.parse::<u64>().ok();
+    Some(
+        count(Name::ApproximateNumberOfMessages).unwrap_or(0)
+            + count(Name::ApproximateNumberOfMessagesNotVisible).unwrap_or(0),
+    )
+}

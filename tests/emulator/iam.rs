@@ -148,6 +148,24 @@ async fn each_function_makes_only_the_calls_its_role_in_the_template_allows() {
     )
     .await
     .expect("sweep");
+    // AND today's spend forecast, under its role: the queues' depth and the day's items (one
+    // charged call today, 60 of a 1,000 limit)
+    {
+        use fenced_jobs::ledger::spend::SpendBudget;
+        let now = SystemClock.now_ms();
+        let today = fenced_jobs::ops::spend::day_of(now);
+        let reserved = producer.reserve(&today, "sim-1", 100, 1_000, now);
+        assert!(reserved.await.expect("reserve"));
+        let charged = producer.charge(&today, ("sim-1", "standard"), 100, 60, now);
+        charged.await.expect("charge");
+    }
+    let depth = fenced_jobs::queue::sqs::depth(&reconciler.sqs, &queue.url).await;
+    let depth = depth.expect("the reconciler reads the work queue's depth");
+    let now = SystemClock.now_ms();
+    let read_as_reconciler = reconciler.ledger(&table);
+    let percent = fenced_jobs::ops::spend::today_percent(&read_as_reconciler, depth, now);
+    let percent = percent.await.expect("the reconciler reads today's items");
+    assert_eq!(percent, Some((60 + depth * 60) * 100 / 1_000));
 
     // AND the dispatcher announces what ended, under its role
     let dispatcher = emulator_as("DispatcherRole", &calls).await;

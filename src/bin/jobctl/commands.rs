@@ -95,27 +95,11 @@ pub(crate) async fn spend(
 /// The jobs waiting in `queues` (visible and in flight), as SQS approximates them; a queue
 /// that cannot be read counts none, and says so.
 async fn queued(sqs: &aws_sdk_sqs::Client, queues: &[Option<String>]) -> u64 {
-    use aws_sdk_sqs::types::QueueAttributeName as Name;
     let mut queued = 0;
     for url in queues.iter().flatten() {
-        let read = sqs
-            .get_queue_attributes()
-            .queue_url(url)
-            .attribute_names(Name::ApproximateNumberOfMessages)
-            .attribute_names(Name::ApproximateNumberOfMessagesNotVisible)
-            .send()
-            .await;
-        let Ok(read) = read else {
-            eprintln!("jobctl: {url}'s depth could not be read; counted as empty");
-            continue;
-        };
-        let attributes = read.attributes();
-        for name in [
-            Name::ApproximateNumberOfMessages,
-            Name::ApproximateNumberOfMessagesNotVisible,
-        ] {
-            let depth = attributes.and_then(|a| a.get(&name)?.parse::<u64>().ok());
-            queued += depth.unwrap_or(0);
+        match fenced_jobs::queue::sqs::depth(sqs, url).await {
+            Some(depth) => queued += depth,
+            None => eprintln!("jobctl: {url}'s depth could not be read; counted as empty"),
         }
     }
     queued
