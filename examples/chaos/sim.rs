@@ -117,6 +117,9 @@ pub struct FaultRates {
     /// The flex tier refuses a call the worker sent by it, for its capacity (a 429), before
     /// any work: the attempt is given back at once and the job's next claim takes another path.
     pub flex_refused: f64,
+    /// A job's deadline is more than a day away: the worker chooses a batch for it though it
+    /// did not ask, and its claim, its send and its price must all say batch.
+    pub long_deadline: f64,
     /// The provider ran the call and the connection was lost before the answer.
     pub connection_lost: f64,
     /// A provider forgets a call (retrieval answers "not found").
@@ -227,6 +230,7 @@ impl FaultRates {
             batch_refused: 0.05,
             batch_results_cut: 0.05,
             flex_refused: 0.2,
+            long_deadline: 0.03,
             connection_lost: 0.02,
             provider_forgets: 0.2,
             gateway_error: 0.02,
@@ -1350,10 +1354,16 @@ impl SimProvider {
                 .violation(format!("{}: executed without a ledger item", req.job_id));
             return;
         };
-        let recorded = item
-            .attempt_log
-            .get(req.attempt as usize - 1)
-            .is_some_and(|a| a.epoch == req.epoch);
+        let attempt = item.attempt_log.get(req.attempt as usize - 1);
+        let recorded = attempt.is_some_and(|a| a.epoch == req.epoch);
+        // The claim decides the path: an attempt claimed as a batch line goes in a batch.
+        let line = attempt.and_then(|a| a.provider_ref.as_deref());
+        if line.is_some_and(fenced_jobs::provider::batch::is_batch_ref) {
+            self.world.violation(format!(
+                "{}: attempt {} claimed as a batch line was sent as a call",
+                req.job_id, req.attempt
+            ));
+        }
         self.check_route(req, &item);
         if item.owner_epoch != req.epoch || item.attempts != req.attempt || !recorded {
             self.world.violation(format!(
@@ -1983,7 +1993,9 @@ pub async fn run(config: &ChaosConfig) -> ChaosReport {
         let job_id = format!("job-{i:06}");
         // Most jobs have hours; one in ten has more than SQS's 12 hours of one receive, so a
         // job waiting for a decision (or a long backoff) outlives its first receive's chain.
-        let deadline = if world.roll(0.1) {
+        let deadline = if world.fault("long_deadline", world.rates.long_deadline) {
+            START_MS + world.range(30 * 3_600_000, 40 * 3_600_000) as Millis
+        } else if world.roll(0.1) {
             START_MS + world.range(13 * 3_600_000, 20 * 3_600_000) as Millis
         } else {
             START_MS + world.range(3_600_000, 14_400_000) as Millis

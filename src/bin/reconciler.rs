@@ -136,13 +136,10 @@ async fn run_once(
 /// Today's spend forecast in percent of the daily limit (`None`: no limit, nothing charged
 /// yet, or a read that failed, which is said).
 async fn forecast(ledger: &DynamoLedger, queues: &Queues, now: i64) -> Option<u64> {
-    let mut queued = 0;
-    for url in queues.urls.iter().flatten() {
-        match fenced_jobs::queue::sqs::depth(&queues.sqs, url).await {
-            Some(depth) => queued += depth,
-            None => tracing::warn!("a queue's depth could not be read; counted as empty"),
-        }
-    }
+    let queued = fenced_jobs::queue::sqs::queued(&queues.sqs, &queues.urls, |_| {
+        tracing::warn!("a queue's depth could not be read; counted as empty")
+    })
+    .await;
     fenced_jobs::ops::spend::today_percent(ledger, queued, now)
         .await
         .map_err(|e| tracing::warn!(error = %e, "today's spend could not be read"))

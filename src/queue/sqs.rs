@@ -536,6 +536,23 @@ impl DeadLetterQueue for SqsDeadLetters {
     }
 }
 
+/// The jobs waiting in the queues at `urls` together (see [`depth`]); a queue that cannot be
+/// read counts none, and is passed to `unread`.
+pub async fn queued(
+    client: &aws_sdk_sqs::Client,
+    urls: &[Option<String>],
+    unread: impl Fn(&str),
+) -> u64 {
+    let mut queued = 0;
+    for url in urls.iter().flatten() {
+        match depth(client, url).await {
+            Some(depth) => queued += depth,
+            None => unread(url),
+        }
+    }
+    queued
+}
+
 /// The jobs waiting in the queue at `url`, visible and in flight, as SQS approximates them
 /// (`GetQueueAttributes`); `None` when it cannot be read.
 pub async fn depth(client: &aws_sdk_sqs::Client, url: &str) -> Option<u64> {

@@ -257,6 +257,14 @@ fn every_path_priced() -> Arc<PriceTable> {
     Arc::new(table)
 }
 
+/// The batch tests' settings, the worker choosing among `paths` with every path priced.
+fn choosing(paths: &str) -> Settings {
+    let mut settings = settings();
+    settings.batching.paths = fenced_jobs::job::path::Paths::parse(paths).expect("paths");
+    settings.prices = every_path_priced();
+    settings
+}
+
 /// A job of `sim-1` due `in_ms` from now, urgent or not.
 fn due_in(id: &str, in_ms: i64, urgent: bool) -> String {
     let deadline = fenced_jobs::job::message::format_rfc3339_ms(SystemClock.now_ms() + in_ms);
@@ -274,10 +282,7 @@ fn due_in(id: &str, in_ms: i64, urgent: bool) -> String {
 async fn each_job_takes_the_cheapest_path_that_ends_before_its_deadline_and_says_why() {
     // GIVEN a deployment that lets the worker choose every path
     let ledger = Arc::new(InMemoryLedger::new());
-    let mut settings = settings();
-    settings.batching.paths =
-        fenced_jobs::job::path::Paths::parse("batch,flex,standard,priority").expect("paths");
-    settings.prices = every_path_priced();
+    let settings = choosing("batch,flex,standard,priority");
     let h = handler(ledger.clone(), settings);
     let hour = 3_600_000;
     let jobs = [
@@ -345,10 +350,7 @@ async fn a_flex_refusal_gives_the_attempt_back_and_the_next_claim_takes_another_
     // GIVEN a job with an hour to go, the worker choosing among every path, and a provider
     // whose flex tier is full
     let ledger = Arc::new(InMemoryLedger::new());
-    let mut settings = settings();
-    settings.batching.paths =
-        fenced_jobs::job::path::Paths::parse("batch,flex,standard").expect("paths");
-    settings.prices = every_path_priced();
+    let settings = choosing("batch,flex,standard");
     let provider = SimulatedProvider::new().with_batches().flex_full();
     let h = BatchHandler::new(
         Processor::new(ledger.clone(), provider, SystemClock, settings),
@@ -388,9 +390,7 @@ async fn a_path_measured_faster_than_its_documented_bound_is_taken_for_shorter_d
     // GIVEN the worker choosing between flex and standard, nothing measured yet
     use fenced_jobs::job::usage::Rate;
     let ledger = Arc::new(InMemoryLedger::new());
-    let mut settings = settings();
-    settings.batching.paths = fenced_jobs::job::path::Paths::parse("flex").expect("paths");
-    settings.prices = every_path_priced();
+    let settings = choosing("flex");
     let h = handler(ledger.clone(), settings);
     let path_of = |item: &fenced_jobs::job::JobItem| fenced_jobs::job::path::of(item);
     let five_minutes = 300_000;

@@ -67,7 +67,12 @@ pub(crate) async fn spend(
     };
     // Today, with a work queue: what the rest of the day will cost.
     let forecast = match (&queues[0], label == today) {
-        (Some(_), true) => spend::forecast(&lines, queued(sqs, &queues).await),
+        (Some(_), true) => {
+            let queued = fenced_jobs::queue::sqs::queued(sqs, &queues, |url| {
+                eprintln!("jobctl: {url}'s depth could not be read; counted as empty")
+            });
+            spend::forecast(&lines, queued.await)
+        }
         _ => None,
     };
     let mut doc = spend::to_json(&label, &lines);
@@ -90,19 +95,6 @@ pub(crate) async fn spend(
         text
     });
     Ok(())
-}
-
-/// The jobs waiting in `queues` (visible and in flight), as SQS approximates them; a queue
-/// that cannot be read counts none, and says so.
-async fn queued(sqs: &aws_sdk_sqs::Client, queues: &[Option<String>]) -> u64 {
-    let mut queued = 0;
-    for url in queues.iter().flatten() {
-        match fenced_jobs::queue::sqs::depth(sqs, url).await {
-            Some(depth) => queued += depth,
-            None => eprintln!("jobctl: {url}'s depth could not be read; counted as empty"),
-        }
-    }
-    queued
 }
 
 /// The dead-letter queue to read, how much of it, and who the deployment's producers are.

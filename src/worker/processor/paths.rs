@@ -140,24 +140,53 @@ fn refused(seen: Option<&JobItem>, rate: Rate, now: Millis) -> bool {
 }
 
 /// `input` as the call of an attempt on `path` sends it: the tier it names in
-/// `parameters.service_tier`, none on the standard path or a batch's. An attempt with no path
-/// chosen sends the input as the job gave it.
+/// `parameters.service_tier`; on the standard path or a batch's, no tier a path is (a value
+/// that names none, Anthropic's `auto` or `standard_only`, is the job's and stays). An attempt
+/// with no path chosen sends the input as the job gave it.
 pub(super) fn on_path(mut input: Map<String, Value>, path: Option<Rate>) -> Map<String, Value> {
-    let Some(rate) = path else {
-        return input;
-    };
-    let parameters = input
-        .entry("parameters")
-        .or_insert_with(|| Value::Object(Map::new()));
-    if let Value::Object(parameters) = parameters {
-        match rate {
-            Rate::Flex | Rate::Priority => {
+    match path {
+        Some(rate @ (Rate::Flex | Rate::Priority)) => {
+            let parameters = input
+                .entry("parameters")
+                .or_insert_with(|| Value::Object(Map::new()));
+            if let Value::Object(parameters) = parameters {
                 parameters.insert("service_tier".into(), Value::from(path::name(rate)));
             }
-            Rate::Standard | Rate::Batch => {
+        }
+        // The job asked for a tier the worker did not choose.
+        Some(Rate::Standard | Rate::Batch) if Rate::of(false, &input) != Rate::Standard => {
+            if let Some(Value::Object(parameters)) = input.get_mut("parameters") {
                 parameters.remove("service_tier");
             }
         }
+        Some(Rate::Standard | Rate::Batch) => {}
+        None => {}
     }
     input
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn input(value: Value) -> Map<String, Value> {
+        value.as_object().cloned().unwrap_or_default()
+    }
+
+    #[test]
+    fn a_path_sets_its_tier_and_takes_away_only_a_tier_it_did_not_choose() {
+        let flex = on_path(input(json!({"model": "m"})), Some(Rate::Flex));
+        assert_eq!(flex["parameters"]["service_tier"], "flex");
+        // The job asked for flex; the worker chose the standard path.
+        let asked = input(json!({"parameters": {"service_tier": "flex", "seed": 1}}));
+        let standard = on_path(asked, Some(Rate::Standard));
+        assert_eq!(standard["parameters"], json!({"seed": 1}));
+        // A value that names no path is the job's own; nothing is added where nothing was.
+        let auto = input(json!({"parameters": {"service_tier": "auto"}}));
+        assert_eq!(on_path(auto.clone(), Some(Rate::Batch)), auto);
+        let bare = input(json!({"model": "m"}));
+        assert_eq!(on_path(bare.clone(), Some(Rate::Standard)), bare);
+        assert_eq!(on_path(bare.clone(), None), bare);
+    }
 }
