@@ -405,6 +405,7 @@ async fn ledger_cpu_per_request_us(
                 provider_ref: None,
                 route: None,
                 first_sight: true,
+                list_due: false,
             };
             let Ok(Write::Applied(record)) = ledger.claim(claim).await else {
                 panic!("claim refused");

@@ -65,6 +65,7 @@ async fn claim_all<L: JobLedger>(ledger: &L, flights: &Flights, n: usize) {
             provider_ref: None,
             route: None,
             first_sight: false,
+            list_due: false,
         };
         ledger.claim(req).await.expect("claim");
         flights.running(i, &format!("bench-{i}"), 1, now + 600_000, now + 3_600_000);

@@ -198,12 +198,16 @@ pub struct FaultRates {
     /// An operator cancels a job picked at random (a chance per virtual minute), whatever it
     /// is doing: once the cancel is written, the job must end `cancelled` (or `expired`).
     pub operator_cancel: f64,
-    /// A message is lost for good (its retention passed, the queue was purged): after a crash,
-    /// the messages of the crashed batch's jobs on their first claim; at the operator's pass,
-    /// a dead letter of a live job, dropped instead of redriven. Every such job still ends
-    /// terminal: re-sent by the reconciler when its item keeps its input, or found in the due
-    /// index at its deadline and expired `message_lost` when it does not.
+    /// A message is lost for good: after a crash, a backlogged message's retention ends while
+    /// its owner is down; at the operator's pass, a dead letter of a live job is dropped instead
+    /// of redriven. Every such job still ends terminal: re-sent by the reconciler when its item
+    /// keeps its input, or found in the due index at its deadline and expired `message_lost`.
     pub message_lost: f64,
+    /// A job's message waited in a backlog (half the jobs): SQS's retention (4 days, the worker's default)
+    /// deletes it one to six hours after it first becomes visible, whatever its job is doing.
+    /// Its first claim lists the job in the due index (the message may be gone before the
+    /// deadline); a message SQS keeps is never lost.
+    pub backlogged: f64,
 }
 
 impl FaultRates {
@@ -260,6 +264,7 @@ impl FaultRates {
             foreign_job_id: 0.01,
             planted_job_attribute: 0.005,
             message_lost: 0.3,
+            backlogged: 0.5,
             operator_cancel: 0.3,
         }
     }
@@ -419,6 +424,11 @@ struct Msg {
     refused: bool,
     /// Its string attributes: the sender's, or the worker's on a dead letter.
     attributes: Vec<(String, String)>,
+    /// When it was sent (`SentTimestamp`): SQS deletes it once its retention has passed.
+    sent_at: Millis,
+    /// It waited in a backlog: at its first receive, its retention is found to end one to six
+    /// hours later.
+    backlogged: bool,
 }
 
 /// A standard queue with a redrive policy.
@@ -427,6 +437,8 @@ struct Queue {
     next_handle: AtomicI64,
     visibility_ms: Millis,
     max_receive: u32,
+    /// `MessageRetentionPeriod`, as the worker is told it.
+    retention_ms: Millis,
 }
 
 impl Queue {
@@ -458,6 +470,22 @@ impl Queue {
             if m.in_dlq {
                 continue;
             }
+            // SQS deletes a message its retention has passed, delivered or not.
+            if !m.deleted && now >= m.sent_at.saturating_add(self.retention_ms) {
+                m.deleted = true;
+                m.resurrect_at = None;
+                m.duplicate_at = None;
+                if parse_trigger(Some(&m.body)).is_ok() {
+                    *world
+                        .faults
+                        .lock()
+                        .expect("faults")
+                        .entry("retention_passed")
+                        .or_default() += 1;
+                    world.lost.lock().expect("lost").push(m.job_id.clone());
+                }
+                continue;
+            }
             if m.deleted {
                 match m.resurrect_at {
                     Some(at) if at <= now => {
@@ -484,6 +512,10 @@ impl Queue {
                     ));
                 }
                 continue;
+            }
+            if m.backlogged && m.receive_count == 0 {
+                let gone_at = now + world.range(3_600_000, 6 * 3_600_000) as Millis;
+                m.sent_at = gone_at - self.retention_ms;
             }
             m.receive_count += 1;
             m.handle = self.next_handle.fetch_add(1, Ordering::Relaxed) as u64;
@@ -512,6 +544,8 @@ impl Queue {
             );
             r.attributes
                 .insert("ApproximateFirstReceiveTimestamp".into(), first.to_string());
+            r.attributes
+                .insert("SentTimestamp".into(), m.sent_at.to_string());
             r.attributes
                 .insert("SenderId".into(), format!("{}:session", m.sender));
             for (name, value) in &m.attributes {
@@ -632,7 +666,28 @@ impl Queue {
             resurrect_at: None,
             refused: false,
             attributes,
+            sent_at: visible_at,
+            backlogged: false,
         });
+    }
+
+    /// Ends the retention of `job_id`'s backlogged message (one whose retention ends within
+    /// six hours anyway) at `now`: SQS deletes it before its next receive.
+    fn retention_ends(&self, job_id: &str, now: Millis) {
+        let mut msgs = self.msgs.lock().expect("queue");
+        for m in msgs.iter_mut().filter(|m| m.job_id == job_id && !m.in_dlq) {
+            if m.sent_at + self.retention_ms <= now + 6 * 3_600_000 {
+                m.sent_at = now - self.retention_ms;
+            }
+        }
+    }
+
+    /// Marks the last message of `job_id` as one that waited in a backlog.
+    fn backlog(&self, job_id: &str) {
+        let mut msgs = self.msgs.lock().expect("queue");
+        if let Some(m) = msgs.iter_mut().rev().find(|m| m.job_id == job_id) {
+            m.backlogged = true;
+        }
     }
 
     /// A message the worker sent to the DLQ itself, with the attributes it sent.
@@ -662,6 +717,8 @@ impl Queue {
             resurrect_at: None,
             refused,
             attributes,
+            sent_at: 0,
+            backlogged: false,
         });
     }
 
@@ -695,20 +752,6 @@ impl Queue {
     }
 
     /// Messages neither deleted nor dead-lettered.
-    /// Loses the messages of `job_ids` for good, wherever they are (in the queue or the DLQ).
-    fn lose(&self, world: &World, job_ids: &[String]) {
-        let mut msgs = self.msgs.lock().expect("queue");
-        for m in msgs
-            .iter_mut()
-            .filter(|m| !m.deleted && job_ids.contains(&m.job_id))
-        {
-            m.deleted = true;
-            m.resurrect_at = None;
-            m.duplicate_at = None;
-        }
-        world.lost.lock().expect("lost").extend_from_slice(job_ids);
-    }
-
     fn live(&self) -> usize {
         let msgs = self.msgs.lock().expect("queue");
         msgs.iter().filter(|m| !m.deleted && !m.in_dlq).count()
@@ -1153,6 +1196,14 @@ impl LedgerIndex for SimLedger {
     }
     async fn due_walked(&self) -> Result<Option<Millis>, LedgerError> {
         self.table.due_walked().await
+    }
+    async fn finished(
+        &self,
+        range: (Millis, Millis),
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<(Vec<JobItem>, Option<String>), LedgerError> {
+        self.table.finished(range, after, limit).await
     }
     async fn walked_due_to(&self, to: Millis) -> Result<(), LedgerError> {
         self.table.walked_due_to(to).await
@@ -1985,6 +2036,7 @@ pub async fn run(config: &ChaosConfig) -> ChaosReport {
         // As the template sets it: the worker dead-letters poison itself, so the redrive policy
         // is sized for live jobs, and one reaching it is a violation.
         max_receive: 300,
+        retention_ms: Settings::default().visibility.retention_s * 1_000,
     });
     let replay = config.seed % 2 == 1;
     let mut job_ids = Vec::with_capacity(config.jobs);
@@ -1993,7 +2045,8 @@ pub async fn run(config: &ChaosConfig) -> ChaosReport {
         let job_id = format!("job-{i:06}");
         // Most jobs have hours; one in ten has more than SQS's 12 hours of one receive, so a
         // job waiting for a decision (or a long backoff) outlives its first receive's chain.
-        let deadline = if world.fault("long_deadline", world.rates.long_deadline) {
+        let long = world.fault("long_deadline", world.rates.long_deadline);
+        let deadline = if long {
             START_MS + world.range(30 * 3_600_000, 40 * 3_600_000) as Millis
         } else if world.roll(0.1) {
             START_MS + world.range(13 * 3_600_000, 20 * 3_600_000) as Millis
@@ -2047,6 +2100,11 @@ pub async fn run(config: &ChaosConfig) -> ChaosReport {
                 .insert(job_id.clone(), (visible_at, None));
         } else {
             queue.push(PRODUCER, &job_id, &body, visible_at);
+            // (Not a job due past the run's 36 hours: a job whose message is gone waits for
+            // its deadline.)
+            if !long && world.fault("backlogged", world.rates.backlogged) {
+                queue.backlog(&job_id);
+            }
         }
         job_ids.push(job_id);
     }
@@ -2275,22 +2333,15 @@ pub async fn run(config: &ChaosConfig) -> ChaosReport {
                 .await;
                 // A crashed or timed-out invocation returns nothing: nothing is deleted.
                 let Ok(report) = handled else {
-                    // The crashed batch's jobs on their first claim may lose their messages too:
-                    // their items keep no input, and no sparse index holds them.
+                    // A backlogged message's retention may end while its owner is down: only
+                    // the due index then shows the reconciler its job.
                     if crash && world.fault("message_lost", world.rates.message_lost) {
-                        let mut first_claims = Vec::new();
+                        let now = world.now();
                         for record in &event.records {
-                            let Ok(trigger) = parse_trigger(record.body.as_deref()) else {
-                                continue;
-                            };
-                            let item = table.get(trigger.job_id()).await.ok().flatten();
-                            if item
-                                .is_some_and(|r| r.state == JobState::Running && !r.keeps_input())
-                            {
-                                first_claims.push(trigger.job_id().to_owned());
+                            if let Ok(trigger) = parse_trigger(record.body.as_deref()) {
+                                queue.retention_ends(trigger.job_id(), now);
                             }
                         }
-                        queue.lose(&world, &first_claims);
                     }
                     if !crash {
                         world.violation(format!(

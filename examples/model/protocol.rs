@@ -1796,6 +1796,7 @@ impl Protocol {
                         _ => None,
                     },
                     first_sight,
+                    list_due: false,
                 };
                 let _ = write!(note, "claims expecting epoch {}", expect.epoch);
                 let unbounded = self.mutated(Mutation::NoBudgetCheck);

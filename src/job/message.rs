@@ -231,6 +231,10 @@ pub struct JobMessage {
     /// delivery may have written the item: unless `in_ledger`, it is read before any write,
     /// which costs a read instead of a refused create carrying the whole item both ways.
     pub delivered_before: bool,
+    /// SQS's `ApproximateReceiveCount` of this delivery (0 when it did not say).
+    pub receive_count: u32,
+    /// SQS's `SentTimestamp`: when the message was sent, if SQS said.
+    pub sent_at: Option<super::Millis>,
 }
 
 /// Parses and validates one SQS body against the contract.
@@ -337,6 +341,8 @@ fn job_from_fields(mut fields: Map<String, Value>) -> Result<JobMessage, Invalid
         input_ref: None,
         in_ledger: false,
         delivered_before: false,
+        receive_count: 0,
+        sent_at: None,
     })
 }
 
@@ -416,6 +422,8 @@ impl JobMessage {
             input_ref: record.input_ref.clone(),
             in_ledger: true,
             delivered_before: false,
+            receive_count: 0,
+            sent_at: None,
         }
     }
 

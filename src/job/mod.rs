@@ -175,6 +175,11 @@ pub struct JobItem {
     pub cancel_requested: Option<Millis>,
     /// What the owner of `epoch` last said of its running call, for `jobctl watch`.
     pub call_progress: Option<CallProgress>,
+    /// The job is in the due index, where the reconciler finds it at its deadline. Every job
+    /// is, but one on its first claim whose message SQS keeps past its deadline and that first
+    /// claim's acceptance: its message brings it back ([`crate::ledger::ClaimRequest::list_due`]).
+    /// Once listed, always listed: the index's keys never change.
+    pub due_listed: bool,
 }
 
 impl JobItem {
@@ -586,6 +591,7 @@ impl NewJob {
             class: self.class,
             cancel_requested: None,
             call_progress: None,
+            due_listed: false,
         }
     }
 }

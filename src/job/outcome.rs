@@ -167,6 +167,9 @@ pub struct VisibilityPolicy {
     /// The redrive policy's `maxReceiveCount` (0: none): a live job's record must not reach
     /// it before the job's deadline.
     pub max_receive_count: u32,
+    /// The queue's `MessageRetentionPeriod`, in seconds: SQS deletes a message this long after
+    /// it was sent, delivered or not.
+    pub retention_s: i64,
 }
 
 impl Default for VisibilityPolicy {
@@ -178,6 +181,8 @@ impl Default for VisibilityPolicy {
             awaiting_decision_s: 1_800,
             paced_spread_s: 60,
             max_receive_count: 300,
+            // SQS's default for a queue that does not set one.
+            retention_s: 345_600,
         }
     }
 }
@@ -233,6 +238,26 @@ impl VisibilityPolicy {
         let per_receive_ms =
             (SQS_MAX_VISIBILITY_S - 2 * SQS_CAP_MARGIN_S) * 1000 - batching_window_ms.max(0);
         Some(i64::from(waits) * per_receive_ms.max(0))
+    }
+
+    /// Whether SQS may drop a message before its job can end: the message of a delivery
+    /// within the receives kept back ([`Self::reserve`]; the redrive policy dead-letters it
+    /// after the last, and a dead letter of a live job may be dropped), or one whose retention
+    /// ends before the job's deadline and one more receive's 12 hours (sent at `sent_at`, when
+    /// SQS said). Such a message may not bring its job back if its owner dies.
+    pub fn may_drop(
+        &self,
+        receive_count: u32,
+        sent_at: Option<Millis>,
+        deadline_at: Millis,
+    ) -> bool {
+        let max = self.max_receive_count;
+        let last_receives = max > 0 && receive_count.saturating_add(self.reserve()) >= max;
+        let kept_until =
+            sent_at.map(|at| at.saturating_add(self.retention_s.saturating_mul(1_000)));
+        let outlived = kept_until
+            .is_none_or(|until| until < deadline_at.saturating_add(SQS_MAX_VISIBILITY_S * 1_000));
+        last_receives || outlived
     }
 
     /// The receives kept back for a job's last steps: a tenth, at least two.
@@ -434,6 +459,32 @@ mod tests {
             ..late
         };
         assert_eq!(policy.visibility_s(&long, kept, &mut rng), None);
+    }
+
+    #[test]
+    fn a_message_may_be_dropped_in_its_last_receives_or_past_its_retention() {
+        let policy = VisibilityPolicy {
+            max_receive_count: 100,
+            retention_s: 4 * 86_400,
+            ..VisibilityPolicy::default()
+        };
+        let sent = Some(1_000_000);
+        let day = 86_400_000;
+        // Early receives of a message kept three days past its deadline (plus 12 hours).
+        assert!(!policy.may_drop(1, sent, 1_000_000 + day));
+        assert!(!policy.may_drop(89, sent, 1_000_000 + day));
+        // The tenth kept back: the redrive policy dead-letters the message after the last.
+        assert!(policy.may_drop(90, sent, 1_000_000 + day));
+        // Retention that ends before the deadline's next 12 hours, or not known.
+        assert!(!policy.may_drop(1, sent, 1_000_000 + 3 * day + day / 2));
+        assert!(policy.may_drop(1, sent, 1_000_000 + 3 * day + day / 2 + 1));
+        assert!(policy.may_drop(1, None, 1_000_000 + day));
+        // No redrive policy: only retention.
+        let none = VisibilityPolicy {
+            max_receive_count: 0,
+            ..policy
+        };
+        assert!(!none.may_drop(1_000, sent, 1_000_000 + day));
     }
 
     #[test]

@@ -51,6 +51,14 @@ impl JobState {
         }
     }
 
+    /// The terminal states, each once.
+    pub const TERMINAL: [JobState; 4] = [
+        JobState::Succeeded,
+        JobState::FailedTerminal,
+        JobState::Expired,
+        JobState::Cancelled,
+    ];
+
     /// Terminal states are immutable: no write may leave them.
     pub fn is_terminal(self) -> bool {
         matches!(

@@ -5,7 +5,7 @@ use std::collections::HashSet;
 use std::future::Future;
 
 use super::LedgerError;
-use crate::job::{JobState, Millis};
+use crate::job::{JobItem, JobState, Millis};
 
 /// The ledger's indexes: jobs that are not terminal, by state, by last change and by deadline
 /// (sparse), and every job by its deadline (the due index). The reconciler, exports and `jobctl
@@ -48,6 +48,17 @@ pub trait LedgerIndex: Send + Sync {
     /// Records that the reconciler has walked the due index up to `to`; a record further on
     /// is kept.
     fn walked_due_to(&self, to: Millis) -> impl Future<Output = Result<(), LedgerError>> + Send;
+
+    /// The terminal jobs whose last write was from `from` to `to`, read by a scan of the whole
+    /// table: at most `limit` items are read for a page, after the job `after` (`None`: from
+    /// the start), and the page says where the next one starts (`None`: the scan is over). An
+    /// operator's export or replay reads so; the worker and the reconciler never do.
+    fn finished(
+        &self,
+        range: (Millis, Millis),
+        after: Option<&str>,
+        limit: usize,
+    ) -> impl Future<Output = Result<(Vec<JobItem>, Option<String>), LedgerError>> + Send;
 
     /// How many jobs are in `state` (no items are read).
     fn count(&self, state: JobState) -> impl Future<Output = Result<u64, LedgerError>> + Send;

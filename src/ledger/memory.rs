@@ -161,7 +161,8 @@ impl LedgerIndex for InMemoryLedger {
             .lock()
             .values()
             .filter(|job| {
-                (from..=to).contains(&job.deadline_at)
+                job.due_listed
+                    && (from..=to).contains(&job.deadline_at)
                     && crate::job::utc_day(job.deadline_at) == day
             })
             .map(|job| (job.job_id.clone(), job.deadline_at))
@@ -176,6 +177,29 @@ impl LedgerIndex for InMemoryLedger {
 
     async fn due_walked(&self) -> Result<Option<Millis>, LedgerError> {
         Ok(*self.walked.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    async fn finished(
+        &self,
+        (from, to): (Millis, Millis),
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<(Vec<JobItem>, Option<String>), LedgerError> {
+        let items = self.lock();
+        let mut ids: Vec<&String> = items
+            .keys()
+            .filter(|id| after.is_none_or(|a| id.as_str() > a))
+            .collect();
+        ids.sort();
+        let read = &ids[..ids.len().min(limit.max(1))];
+        let next = (read.len() < ids.len()).then(|| read.last().map(|id| (*id).clone()));
+        let found = read
+            .iter()
+            .filter_map(|id| items.get(*id))
+            .filter(|job| job.state.is_terminal() && (from..=to).contains(&job.updated_at))
+            .cloned()
+            .collect();
+        Ok((found, next.flatten()))
     }
 
     async fn walked_due_to(&self, to: Millis) -> Result<(), LedgerError> {
@@ -428,6 +452,18 @@ pub(crate) async fn ended_at(
     end: super::AttemptEnd,
     at: Millis,
 ) {
+    ended_as(ledger, job_id, end, at, false).await;
+}
+
+/// [`ended_at`], its first claim listed in the due index when `list_due`.
+#[cfg(test)]
+pub(crate) async fn ended_as(
+    ledger: &impl JobLedger,
+    job_id: &str,
+    end: super::AttemptEnd,
+    at: Millis,
+    list_due: bool,
+) {
     let job = crate::job::NewJob::example(job_id, at + 3_600_000);
     let claim = super::ClaimRequest {
         job,
@@ -438,6 +474,7 @@ pub(crate) async fn ended_at(
         provider_ref: None,
         route: None,
         first_sight: true,
+        list_due,
     };
     assert!(matches!(ledger.claim(claim).await, Ok(Write::Applied(_))));
     let end = super::EndRequest {

@@ -54,6 +54,9 @@ pub fn apply_claim(current: Option<&JobItem>, req: &ClaimRequest) -> Option<JobI
     if next.max_cost_micros.is_none() {
         next.max_cost_micros = req.job.max_cost_micros;
     }
+    // Every claim but a first one whose message SQS keeps lists the job (a later claim's
+    // item is listed already, by the write that made it claimable again).
+    next.due_listed |= req.list_due || !first;
     next.state = JobState::Running;
     next.owner_epoch = req.expect.epoch + 1;
     next.attempts = req.expect.attempts + 1;
@@ -90,6 +93,8 @@ pub fn apply_end(current: Option<&JobItem>, req: &EndRequest) -> Option<JobItem>
     let mut next = r.clone();
     next.state = req.end.target();
     next.updated_at = req.now;
+    // Only the acceptance of a first claim leaves a job out of the due index as it is.
+    next.due_listed |= !(accepting && r.owner_epoch <= 1);
     if let super::AttemptEnd::GivenBack {
         why, given_back, ..
     } = &req.end
@@ -181,6 +186,7 @@ pub fn apply_settle(current: Option<&JobItem>, req: &SettleRequest) -> Option<Jo
     next.state = req.reason.target();
     next.updated_at = req.now;
     next.last_error = Some(req.error());
+    next.due_listed = true;
     Some(next)
 }
 
@@ -200,6 +206,7 @@ pub fn apply_recover(current: Option<&JobItem>, req: &RecoverRequest) -> Option<
     next.owner_id = Some(req.owner_id.clone());
     next.owner_until = Some(req.lease_until);
     next.updated_at = req.now;
+    next.due_listed = true;
     if req.seen_recoveries >= crate::job::RECOVERIES_KEPT {
         next.recoveries_dropped += 1;
     } else {
@@ -241,6 +248,7 @@ pub fn apply_create(current: Option<&JobItem>, req: &CreateRequest) -> Option<Jo
         None => {
             let mut created = req.job.clone().into_record(JobState::Ready, req.now);
             created.enqueued_at = req.enqueued.then_some(req.now);
+            created.due_listed = true;
             Some(created)
         }
     }
@@ -287,6 +295,7 @@ pub fn apply_decide(current: Option<&JobItem>, req: &DecideRequest) -> Option<Jo
     next.owner_id = Some(req.by.clone());
     next.updated_at = req.now;
     next.decisions.push(req.decision());
+    next.due_listed = true;
     Some(next)
 }
 
@@ -303,6 +312,7 @@ pub fn apply_cancel(current: Option<&JobItem>, req: &CancelRequest) -> Option<Jo
     let mut next = r.clone();
     next.updated_at = req.now;
     next.decisions.push(req.decision());
+    next.due_listed = true;
     if req.immediate() {
         next.state = JobState::Cancelled;
         next.owner_epoch += 1;

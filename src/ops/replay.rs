@@ -13,15 +13,13 @@ use serde_json::Value;
 use crate::events::{CompletionEvent, EventSink, publish};
 use crate::job::{JobState, Millis};
 use crate::ledger::{IndexCursor, JobLedger, LedgerError, LedgerIndex};
-use crate::ops::results::finished_between;
+use crate::ops::results::SCAN_PAGE;
 use crate::queue::reader::RECEIVE_LIMIT;
 use crate::queue::{QueueError, QueueReader};
 
 /// Added on both sides of a failed batch's arrival times: the item's `updated_at` is the
 /// writer's clock, the arrival time the stream's.
 pub(crate) const WINDOW_MARGIN_MS: Millis = 60_000;
-
-const PAGE: usize = 200;
 
 /// Why a replay stopped.
 #[derive(Debug, thiserror::Error)]
@@ -60,27 +58,23 @@ pub(crate) fn failed_window(body: &str) -> Option<(Millis, Millis)> {
 }
 
 /// The events of the jobs that entered an announced state from `from` to `to`: terminal jobs
-/// the due index holds by a deadline they can have ([`finished_between`], `max_deadline_ms`),
-/// and `unknown` jobs last changed then. At most `max_jobs`.
+/// that a scan of the table finds finished then ([`LedgerIndex::finished`]), and `unknown`
+/// jobs last changed then. At most `max_jobs`.
 pub(crate) async fn events_between<L: JobLedger + LedgerIndex>(
     ledger: &L,
     (from, to): (Millis, Millis),
-    max_deadline_ms: Millis,
     max_jobs: usize,
 ) -> Result<Vec<CompletionEvent>, LedgerError> {
     let mut events = Vec::new();
-    let mut walk = finished_between(from, to, max_deadline_ms);
-    while events.len() < max_jobs
-        && let Some(page) = walk.next(ledger, PAGE).await?
-    {
-        for (id, _) in page {
-            if let Some(job) = ledger.get(&id).await?
-                && job.state.is_terminal()
-                && (from..=to).contains(&job.updated_at)
-                && let Some(event) = CompletionEvent::of(&job)
-            {
-                events.push(event);
-            }
+    let mut after: Option<String> = None;
+    while events.len() < max_jobs {
+        let (jobs, next) = ledger
+            .finished((from, to), after.as_deref(), SCAN_PAGE)
+            .await?;
+        events.extend(jobs.iter().filter_map(CompletionEvent::of));
+        match next {
+            Some(next) => after = Some(next),
+            None => break,
         }
     }
     // From `from` in the index itself: unknown jobs older than that never take the page.
@@ -134,7 +128,7 @@ pub async fn replay_failures<L: JobLedger + LedgerIndex>(
     sink: &impl EventSink,
     queue: &impl QueueReader,
     queue_url: &str,
-    (max, max_deadline_ms): (usize, Millis),
+    max: usize,
     dry_run: bool,
 ) -> Result<ReplayReport, ReplayError> {
     let mut report = ReplayReport::default();
@@ -168,7 +162,7 @@ pub async fn replay_failures<L: JobLedger + LedgerIndex>(
                 release(queue, queue_url, handle, dry_run).await;
                 continue;
             };
-            let events = events_between(ledger, (from, to), max_deadline_ms, 10_000).await?;
+            let events = events_between(ledger, (from, to), 10_000).await?;
             report.events += events.len();
             if dry_run {
                 continue;
@@ -202,8 +196,6 @@ mod tests {
     use crate::ledger::AttemptEnd;
     use crate::ledger::memory::{InMemoryLedger, ended_at, succeeded_at};
 
-    const DAY: Millis = 86_400_000;
-
     #[test]
     fn a_stream_failure_message_names_its_stretch_of_time() {
         // As Lambda writes it for a stream event source mapping's on-failure destination.
@@ -231,7 +223,7 @@ mod tests {
         succeeded_at(&ledger, "during", r#"{"ok":true}"#, t).await;
         succeeded_at(&ledger, "after", r#"{"ok":true}"#, t + 600_000).await;
         // WHEN the stretch is replayed
-        let events = events_between(&ledger, (t - 60_000, t + 60_000), DAY, 100)
+        let events = events_between(&ledger, (t - 60_000, t + 60_000), 100)
             .await
             .expect("read");
         let sink = RecordingSink::new();
@@ -260,7 +252,7 @@ mod tests {
         }
         ended_at(&ledger, "during", unknown(), t).await;
         // WHEN the stretch is replayed three jobs at a time
-        let events = events_between(&ledger, (t - 60_000, t + 60_000), DAY, 3)
+        let events = events_between(&ledger, (t - 60_000, t + 60_000), 3)
             .await
             .expect("read");
         // THEN the job of the stretch is announced

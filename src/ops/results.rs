@@ -1,14 +1,15 @@
 //! Reading answers out: one job's answer (`jobctl result`), and the jobs that finished since a
-//! time as JSON lines (`jobctl export`), found day by day in the due index (by the deadlines a
-//! job finished then can have), never by a scan of the table.
+//! time as JSON lines (`jobctl export`), found by a scan of the table (an operator's command:
+//! no worker or reconciler path scans).
 
-use futures::stream::{self, StreamExt};
 use serde_json::{Value, json};
 
-use super::CONCURRENCY;
 use crate::blobs::{BlobError, BlobStore, read_checked};
 use crate::job::{JobItem, JobState, Millis};
 use crate::ledger::{DueWalk, JobLedger, LedgerError, LedgerIndex};
+
+/// Items a scan reads for one page.
+pub(crate) const SCAN_PAGE: usize = 500;
 
 pub use crate::job::artifact::MAX_RESULT_BYTES;
 
@@ -64,7 +65,7 @@ pub async fn result(
 /// What `export` wrote.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ExportReport {
-    /// Jobs read from the due index.
+    /// Finished jobs the scan found in the window.
     pub read: u64,
     /// Lines written.
     pub written: u64,
@@ -72,46 +73,25 @@ pub struct ExportReport {
     pub filtered: u64,
 }
 
-/// How far from its deadline a job can finish: at most `max_deadline_ms` before it (the
-/// furthest deadline a worker takes, `MAX_DEADLINE_SECONDS`), and at most [`FINISHED_LATE_MS`]
-/// after it (the reconciler expires a job within a run of its deadline).
-pub(crate) const FINISHED_LATE_MS: Millis = 86_400_000;
-
-/// The walk of the due index that meets every job that finished from `from` to `to`.
-pub(crate) fn finished_between(from: Millis, to: Millis, max_deadline_ms: Millis) -> DueWalk {
-    DueWalk::new(
-        from.saturating_sub(FINISHED_LATE_MS),
-        to.saturating_add(max_deadline_ms),
-    )
-}
-
 /// Writes one JSON line per job that finished from `since` to `now` (in `state`, when given):
 /// job id, state, finish time, metadata, and the answer inline or its reference (or the error).
-/// Every job whose deadline could fall in that time is read (`max_deadline_ms`, see
-/// [`finished_between`]). `progress` is called after each page, with the day being read.
+/// The whole table is scanned ([`LedgerIndex::finished`]); `progress` is called after each
+/// page, with the last job id read.
 pub async fn export<L: JobLedger + LedgerIndex>(
     ledger: &L,
     (since, now): (Millis, Millis),
-    max_deadline_ms: Millis,
     state: Option<JobState>,
     out: &mut impl std::io::Write,
     mut progress: impl FnMut(&ExportReport, &str),
 ) -> Result<ExportReport, ResultError> {
-    const PAGE: usize = 200;
     let mut report = ExportReport::default();
-    let mut walk = finished_between(since, now, max_deadline_ms);
-    while let Some(page) = walk.next(ledger, PAGE).await? {
-        report.read += page.len() as u64;
-        let jobs: Vec<Result<Option<JobItem>, LedgerError>> = stream::iter(&page)
-            .map(|(id, _)| ledger.get(id))
-            .buffered(CONCURRENCY)
-            .collect()
-            .await;
+    let mut after: Option<String> = None;
+    loop {
+        let (jobs, next) = ledger
+            .finished((since, now), after.as_deref(), SCAN_PAGE)
+            .await?;
+        report.read += jobs.len() as u64;
         for job in jobs {
-            let Some(job) = job? else { continue };
-            if !job.state.is_terminal() || !(since..=now).contains(&job.updated_at) {
-                continue;
-            }
             if state.is_some_and(|s| s != job.state) {
                 report.filtered += 1;
                 continue;
@@ -122,10 +102,12 @@ pub async fn export<L: JobLedger + LedgerIndex>(
             })?;
             report.written += 1;
         }
-        let day = page.last().map(|(_, at)| crate::job::utc_day(*at));
-        progress(&report, day.as_deref().unwrap_or_default());
+        progress(&report, next.as_deref().unwrap_or_default());
+        match next {
+            Some(next) => after = Some(next),
+            None => return Ok(report),
+        }
     }
-    Ok(report)
 }
 
 /// One export line.
@@ -210,19 +192,29 @@ pub async fn sweep_orphans<L: JobLedger + LedgerIndex>(
 mod tests {
     use super::*;
     use crate::blobs::MemoryBlobs;
-    use crate::ledger::memory::{InMemoryLedger, succeeded_at};
+    use crate::ledger::AttemptEnd;
+    use crate::ledger::memory::{InMemoryLedger, ended_as, succeeded_at};
 
     const T: Millis = 1_796_000_000_000;
 
     #[tokio::test]
     async fn the_sweep_removes_the_object_of_a_put_that_landed_though_the_answer_was_kept_inline() {
-        // GIVEN a job that succeeded at its first epoch with an answer above the inline limit
-        // kept in the item (its puts seemed to fail), and the object one of them left
+        // GIVEN a job in the due index that succeeded at its first epoch with an answer above
+        // the inline limit kept in the item (its puts seemed to fail), and the object one of
+        // them left
         let ledger = InMemoryLedger::new();
         let blobs = MemoryBlobs::new("results");
         let big = format!(r#"{{"output":"{}"}}"#, "a".repeat(70_000));
-        succeeded_at(&ledger, "landed", &big, T).await;
+        let accept = |answer: &str| AttemptEnd::Succeeded {
+            result: answer.into(),
+            finish: crate::job::contract::Finish::Stop,
+        };
+        ended_as(&ledger, "landed", accept(&big), T, true).await;
         blobs.insert("results", "results/landed/1/abc.json", big.as_bytes());
+        // and the same job on a first claim whose message SQS kept, so not in the index: its
+        // object is left to the bucket's lifecycle rule
+        ended_as(&ledger, "unlisted", accept(&big), T, false).await;
+        blobs.insert("results", "results/unlisted/1/abc.json", big.as_bytes());
         // and a job whose small inline answer could never have been stored
         succeeded_at(&ledger, "small", r#"{"output":"ok"}"#, T).await;
         blobs.insert("results", "results/small/1/def.json", b"{}");
@@ -232,8 +224,14 @@ mod tests {
         let removed = sweep_orphans(&ledger, &blobs, due - 60_000, due + 60_000, limits)
             .await
             .expect("sweep");
-        // THEN the first job's orphan is gone; the second is not even listed
+        // THEN the first job's orphan is gone; the others are not even listed
         assert_eq!(removed, 1);
-        assert_eq!(blobs.keys(), vec!["results/small/1/def.json".to_owned()]);
+        assert_eq!(
+            blobs.keys(),
+            vec![
+                "results/small/1/def.json".to_owned(),
+                "results/unlisted/1/abc.json".to_owned()
+            ]
+        );
     }
 }

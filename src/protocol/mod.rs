@@ -50,6 +50,7 @@ pub(crate) fn claimed_example(
         lease_until: now + 30_000,
         provider_ref,
         first_sight: true,
+        list_due: false,
     };
     crate::ledger::transitions::apply_claim(None, &req).expect("claimed")
 }

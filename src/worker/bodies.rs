@@ -101,8 +101,10 @@ where
             held = held.saturating_add(holds);
             read_any = true;
             msg.in_ledger = in_ledger(record);
-            msg.delivered_before =
-                attribute(record, "ApproximateReceiveCount").is_some_and(|n| n > 1);
+            let receives = attribute(record, "ApproximateReceiveCount").unwrap_or(0);
+            msg.delivered_before = receives > 1;
+            msg.receive_count = receives.clamp(0, i64::from(u32::MAX)) as u32;
+            msg.sent_at = attribute(record, "SentTimestamp");
         }
         entries.push(Entry { record, parsed });
     }

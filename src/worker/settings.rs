@@ -542,6 +542,7 @@ fn visibility_from(vars: &Vars<'_>, v: &VisibilityPolicy) -> Result<VisibilityPo
             0,
             1_000,
         )? as u32,
+        retention_s: number("MESSAGE_RETENTION_SECONDS", v.retention_s, 60, 1_209_600)?,
     })
 }
 

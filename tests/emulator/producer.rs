@@ -199,6 +199,7 @@ async fn the_reconciler_repairs_a_stopped_producer_and_expires_jobs_past_their_d
                 provider_ref: None,
                 route: None,
                 first_sight: false,
+                list_due: false,
             };
             let first = ledger.claim(claim(Expect::FRESH, until)).await;
             assert!(matches!(first, Ok(Write::Applied(_))), "{first:?}");
@@ -258,6 +259,7 @@ async fn the_reconciler_repairs_a_stopped_producer_and_expires_jobs_past_their_d
             provider_ref: None,
             route: None,
             first_sight: false,
+            list_due: false,
         })
         .await;
     assert!(matches!(first, Ok(Write::Applied(_))));
@@ -394,8 +396,9 @@ async fn a_backlog_sent_recently_never_hides_a_job_whose_trigger_was_never_sent(
 }
 
 /// A job claimed on first sight as the worker claims it (its item keeps no input), due two
-/// seconds after `now`, whose owner died and whose message is gone (dead-lettered, its
-/// retention passed): no sparse index holds it. The reconciler runs before the deadline, past
+/// seconds after `now`, on a message SQS may drop (so the claim lists it in the due index),
+/// whose owner died and whose message is gone (dead-lettered, its retention passed): no other
+/// index holds it. The reconciler runs before the deadline, past
 /// it, and once more; what each run did, and the job after them.
 pub(crate) async fn lost_on_its_first_claim<L>(
     ledger: &L,
@@ -421,6 +424,7 @@ where
             provider_ref: None,
             route: None,
             first_sight: true,
+            list_due: true,
         })
         .await;
     let Ok(Write::Applied(claimed)) = claimed else {

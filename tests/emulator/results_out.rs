@@ -621,7 +621,7 @@ async fn sns_and_fifo_sqs_sinks_carry_the_same_event_routed_by_producer_and_fifo
 /// The principal id the emulator gives every message's `SenderId`.
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn jobctl_export_writes_the_finished_jobs_from_the_index() {
+async fn jobctl_export_writes_the_finished_jobs_a_scan_finds() {
     let aws = emulator().await;
     let table = aws.table().await;
     let queue = aws.queue(30).await;

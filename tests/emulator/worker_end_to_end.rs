@@ -133,6 +133,7 @@ async fn a_duplicate_while_a_live_owner_holds_the_job_defers_without_a_provider_
             provider_ref: None,
             route: None,
             first_sight: false,
+            list_due: false,
         })
         .await
         .expect("claim");

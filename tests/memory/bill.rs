@@ -35,6 +35,11 @@ fn handler(ledger: Arc<InMemoryLedger>, blobs: Arc<MemoryBlobs>) -> Handler {
 }
 
 fn delivery(body: &str, receive_count: u32) -> SqsEvent {
+    sent_at(body, receive_count, SystemClock.now_ms())
+}
+
+/// A delivery of a message SQS says it was sent at `sent`.
+fn sent_at(body: &str, receive_count: u32, sent: i64) -> SqsEvent {
     let mut m = SqsMessage::default();
     m.message_id = Some(format!("m-{}", fastrand::u32(..)));
     m.receipt_handle = Some("handle".to_owned());
@@ -43,6 +48,8 @@ fn delivery(body: &str, receive_count: u32) -> SqsEvent {
     let now = SystemClock.now_ms().to_string();
     m.attributes
         .insert("ApproximateReceiveCount".into(), receive_count.to_string());
+    m.attributes
+        .insert("SentTimestamp".into(), sent.to_string());
     m.attributes
         .insert("ApproximateFirstReceiveTimestamp".into(), now);
     let mut e = SqsEvent::default();
@@ -66,7 +73,7 @@ fn job(id: &str, bytes: usize, simulate: &str) -> String {
 }
 
 #[tokio::test]
-async fn a_fresh_job_is_billed_two_small_writes_and_one_index_write_whatever_its_prompt() {
+async fn a_fresh_job_is_billed_two_small_writes_and_no_index_write_whatever_its_prompt() {
     for kib in [1, 10, 50] {
         // GIVEN a worker with a results bucket, on a ledger billed as DynamoDB bills
         let ledger = Arc::new(InMemoryLedger::metered());
@@ -77,13 +84,13 @@ async fn a_fresh_job_is_billed_two_small_writes_and_one_index_write_whatever_its
             .handle_batch(&delivery(&job("j", kib * 1024, ""), 1), &invocation())
             .await;
         assert_eq!(report.response, Ok(vec![]), "{kib} KiB");
-        // THEN it was billed a claim and an acceptance of at most 1 KB each, and its entry in
-        // the due index (at the claim; the acceptance changes none of its keys): the item never
-        // held the prompt, and nothing went to S3
+        // THEN it was billed a claim and an acceptance of at most 1 KB each, and nothing in
+        // an index (its message, which SQS keeps past its deadline, would bring it back): the
+        // item never held the prompt, and nothing went to S3
         let bill = ledger.bill().expect("metered");
         assert_eq!(
             (ledger.writes(), bill.table_units, bill.index_writes),
-            (2, 2, 1),
+            (2, 2, 0),
             "{kib} KiB: {bill:?}"
         );
         assert!(bill.largest_item <= 1024, "{kib} KiB: {bill:?}");
@@ -91,6 +98,39 @@ async fn a_fresh_job_is_billed_two_small_writes_and_one_index_write_whatever_its
         let item = ledger.get("j").await.expect("get").expect("item");
         assert_eq!(item.state, JobState::Succeeded);
         assert!(!item.keeps_input());
+        assert!(!item.due_listed);
+    }
+}
+
+#[tokio::test]
+async fn a_first_claim_whose_message_sqs_may_drop_pays_for_its_entry_in_the_due_index() {
+    let day = 86_400_000;
+    let now = SystemClock.now_ms();
+    // A delivery within the redrive policy's last tenth of receives (300 by default), and one
+    // of a message whose retention (4 days by default) ends before its deadline's next 12
+    // hours (the job is due in a day, the default: the message was sent four days ago).
+    let cases = [
+        ("last receives", sent_at(&job("j", 1024, ""), 290, now)),
+        (
+            "old message",
+            sent_at(&job("j", 1024, ""), 1, now - 4 * day),
+        ),
+        ("kept", sent_at(&job("j", 1024, ""), 269, now - day)),
+    ];
+    for (case, event) in cases {
+        // GIVEN a worker on a ledger billed as DynamoDB bills
+        let ledger = Arc::new(InMemoryLedger::metered());
+        let h = handler(ledger.clone(), Arc::new(MemoryBlobs::new("results")));
+        // WHEN the job runs and succeeds on that delivery
+        let report = h.handle_batch(&event, &invocation()).await;
+        assert_eq!(report.response, Ok(vec![]), "{case}");
+        // THEN its claim put it in the due index (one index write), where the reconciler
+        // finds it if its owner dies and SQS drops the message; a message SQS keeps does not
+        let item = ledger.get("j").await.expect("get").expect("item");
+        let bill = ledger.bill().expect("metered");
+        let listed = case != "kept";
+        assert_eq!(item.due_listed, listed, "{case}");
+        assert_eq!(bill.index_writes, u64::from(listed), "{case}: {bill:?}");
     }
 }
 
@@ -162,6 +202,7 @@ async fn a_trigger_by_id_for_a_job_that_kept_no_input_waits_for_the_jobs_message
         provider_ref: None,
         route: None,
         first_sight: true,
+        list_due: false,
     };
     assert!(matches!(ledger.claim(claim).await, Ok(Write::Applied(_))));
     let before = ledger.get("orphan").await.expect("get").expect("item");

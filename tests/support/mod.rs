@@ -588,6 +588,7 @@ pub fn claim(job: &NewJob, expect: Expect, owner: &str, now: i64) -> ClaimReques
         // A fresh claim tries the whole-item write first, which must keep the same contract
         // whether the item is absent or a producer's untouched one.
         first_sight: expect == Expect::FRESH,
+        list_due: false,
     }
 }
 

@@ -358,10 +358,9 @@ pub(crate) async fn export(
         None => Box::new(std::io::BufWriter::new(std::io::stdout().lock())),
     };
     let terminal = std::io::stderr().is_terminal();
-    let horizon = max_deadline_ms();
-    let report = results::export(ledger, (since, now), horizon, state, &mut out, |r, day| {
+    let report = results::export(ledger, (since, now), state, &mut out, |r, _| {
         if terminal {
-            eprint!("\r{day}: {} written, {} filtered", r.written, r.filtered);
+            eprint!("\r{} written, {} filtered", r.written, r.filtered);
             let _ = std::io::stderr().flush();
         }
     })
@@ -413,14 +412,7 @@ pub(crate) async fn replay(
             usage("--queue-url (or DISPATCH_FAILURE_QUEUE_URL) or --job is needed");
         };
         let queue = SqsReader::new(sqs.clone());
-        let replaying = replay_failures(
-            ledger,
-            sink,
-            &queue,
-            &queue_url,
-            (max, max_deadline_ms()),
-            dry_run,
-        );
+        let replaying = replay_failures(ledger, sink, &queue, &queue_url, max, dry_run);
         crate::progress::shown("replaying the failure queue's batches", replaying)
             .await
             .map_err(|e| match e {
@@ -528,18 +520,4 @@ pub(crate) async fn cancel(
         eprintln!("\r{} of {} asked", ids.len(), ids.len());
     }
     first_error.map_or(Ok(()), Err)
-}
-
-/// `MAX_DEADLINE_SECONDS`, as the worker has it (7 days unless set): how far ahead of its end a
-/// job's deadline can be, so how far past a stretch of time `export` and `events replay` look
-/// in the due index for the jobs that finished in it.
-fn max_deadline_ms() -> i64 {
-    let default = fenced_jobs::job::policy::Policy::default().max_deadline_ms;
-    match std::env::var("MAX_DEADLINE_SECONDS") {
-        Err(_) => default,
-        Ok(v) => match v.trim().parse::<i64>() {
-            Ok(s) if (1..=31_536_000).contains(&s) => s * 1000,
-            _ => usage("MAX_DEADLINE_SECONDS takes a whole number of seconds, 1 to 31536000"),
-        },
-    }
 }

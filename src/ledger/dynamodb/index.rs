@@ -280,6 +280,40 @@ impl LedgerIndex for DynamoLedger {
             .collect())
     }
 
+    async fn finished(
+        &self,
+        (from, to): (Millis, Millis),
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<(Vec<crate::job::JobItem>, Option<String>), LedgerError> {
+        let start = after.map(|id| std::collections::HashMap::from([("job_id".to_owned(), s(id))]));
+        let mut scan = self
+            .client
+            .scan()
+            .table_name(&self.table)
+            .filter_expression("#updated BETWEEN :from AND :to AND #state IN (:s0, :s1, :s2, :s3)")
+            .expression_attribute_names("#updated", "updated_at")
+            .expression_attribute_names("#state", "state")
+            .expression_attribute_values(":from", n(from))
+            .expression_attribute_values(":to", n(to.max(from)))
+            .limit(limit.clamp(1, 1000) as i32)
+            .set_exclusive_start_key(start);
+        for (i, state) in JobState::TERMINAL.iter().enumerate() {
+            scan = scan.expression_attribute_values(format!(":s{i}"), s(state.as_str()));
+        }
+        let out = scan.send().await.map_err(|e| sdk_error("scan", &e))?;
+        let jobs = out
+            .items()
+            .iter()
+            .map(super::item::decode)
+            .collect::<Result<Vec<_>, _>>()?;
+        let next = out
+            .last_evaluated_key()
+            .and_then(|key| get_s(key, "job_id"))
+            .map(str::to_owned);
+        Ok((jobs, next))
+    }
+
     async fn due_walked(&self) -> Result<Option<Millis>, LedgerError> {
         let out = self
             .client

@@ -177,7 +177,8 @@ fn decode_progress(v: &AttributeValue) -> Option<CallProgress> {
 
 /// Encodes a whole record as the item its writes leave: every field (an absent option or an
 /// empty history is no attribute), and the index keys: `attention` while the state carries one,
-/// and always `due_on`, the deadline's day.
+/// and `due_on`, the deadline's day, while the job is listed in the due index (`due_day`, the
+/// same day, is on every item, so that a write can list a job without knowing its deadline).
 pub fn encode(r: &JobItem) -> Item {
     // Room for every attribute a record can have, so the map is never grown.
     let mut item = Item::with_capacity(30);
@@ -238,7 +239,8 @@ pub fn encode(r: &JobItem) -> Item {
             "attention",
             attention_key(r.state, r.owner_epoch, &r.job_id).map(|k| s(&k)),
         ),
-        ("due_on", Some(s(&utc_day(r.deadline_at)))),
+        ("due_on", r.due_listed.then(|| s(&utc_day(r.deadline_at)))),
+        ("due_day", Some(s(&utc_day(r.deadline_at)))),
     ];
     for (name, value) in optional {
         if let Some(value) = value {
@@ -303,6 +305,7 @@ pub fn decode(item: &Item) -> Result<JobItem, LedgerError> {
         enqueued_at: get_n(item, "enqueued_at"),
         cancel_requested: get_n(item, "cancel_requested"),
         call_progress: item.get("progress").and_then(decode_progress),
+        due_listed: item.contains_key("due_on"),
         class: crate::job::JobClass {
             tenant: get_s(item, "tenant").map(str::to_owned),
             urgent: get_s(item, "priority") == Some("urgent"),
@@ -610,6 +613,7 @@ mod tests {
                 epoch: 3,
                 streamed_bytes: 2_048,
             }),
+            due_listed: true,
             class: crate::job::JobClass {
                 tenant: Some("acme".into()),
                 urgent: true,
@@ -649,6 +653,17 @@ mod tests {
         assert!(!item.contains_key("attention"));
         // The due index's key is the deadline's, whatever the state.
         assert_eq!(get_s(&item, "due_on"), get_s(&encode(&live), "due_on"));
+
+        // A job left out of the due index has no key there, and keeps its day for the write
+        // that lists it.
+        let unlisted = JobItem {
+            due_listed: false,
+            ..done.clone()
+        };
+        let item = encode(&unlisted);
+        assert_eq!(decode(&item).expect("decodes"), unlisted);
+        assert!(!item.contains_key("due_on"));
+        assert_eq!(get_s(&item, "due_day"), get_s(&encode(&live), "due_on"));
 
         // Absent options and empty histories are no attribute at all.
         let mut bare = full_record(JobState::Ready);

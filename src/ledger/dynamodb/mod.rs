@@ -37,7 +37,7 @@ use super::{JobLedger, LedgerError, Write};
 use crate::job::{JobItem, JobState, attention_key};
 
 /// Attribute names, each used through a `#placeholder` (several are DynamoDB reserved words).
-const NAMES: [(&str, &str); 46] = [
+const NAMES: [(&str, &str); 47] = [
     ("#id", "job_id"),
     ("#state", "state"),
     ("#epoch", "owner_epoch"),
@@ -69,6 +69,7 @@ const NAMES: [(&str, &str); 46] = [
     ("#rref", "result_ref"),
     ("#inref", "input_ref"),
     ("#due", "due_on"),
+    ("#dday", "due_day"),
     ("#thr", "throttles"),
     ("#unsent", "not_sent"),
     ("#gb", "given_back"),

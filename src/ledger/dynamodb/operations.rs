@@ -16,6 +16,10 @@ use crate::ledger::{
     RenewRequest, SettleFrom, SettleRequest, Write,
 };
 
+/// Lists a job in the due index (appended to a `SET` clause): its key, the deadline's day, is
+/// copied from `due_day`, which every item has; a listed job keeps its key.
+const LIST_DUE: &str = ", #due = if_not_exists(#due, #dday)";
+
 impl JobLedger for DynamoLedger {
     async fn claim(&self, req: ClaimRequest) -> Result<Write, LedgerError> {
         // First sight: the item is most likely absent, so create it claimed, whole. Only an
@@ -38,10 +42,14 @@ impl JobLedger for DynamoLedger {
              #log = list_append(if_not_exists(#log, :empty), :attempt), \
              #digest = if_not_exists(#digest, :digest), \
              #contract = if_not_exists(#contract, :contract), \
-             #deadline = if_not_exists(#deadline, :deadline), #due = if_not_exists(#due, :due), \
+             #deadline = if_not_exists(#deadline, :deadline), #dday = if_not_exists(#dday, :due), \
              #max = if_not_exists(#max, :max), \
              #created = if_not_exists(#created, :now), #ttl = if_not_exists(#ttl, :ttl)",
         );
+        // Listed unless a first claim whose message SQS keeps (`ClaimRequest::list_due`).
+        if req.list_due || req.expect.epoch > 0 {
+            update.push_str(", #due = if_not_exists(#due, :due)");
+        }
         // The input is kept from the second claim on (`JobItem::keeps_input`).
         let keeps_input = req.expect.epoch > 0 && !job.input.is_empty();
         update.push_str(&kept_if_absent(job, keeps_input));
@@ -123,7 +131,7 @@ impl JobLedger for DynamoLedger {
                     (":retry", s(JobState::RetryAuthorized.as_str())),
                 ]);
                 (
-                    "SET #state = :to, #updated = :now, #err = :err".to_owned(),
+                    "SET #state = :to, #updated = :now, #err = :err".to_owned() + LIST_DUE,
                     "#deadline <= :now AND #state IN (:ready, :running, :unknown, :retry)"
                         .to_owned(),
                 )
@@ -140,7 +148,7 @@ impl JobLedger for DynamoLedger {
                     (":retry", s(JobState::RetryAuthorized.as_str())),
                 ]);
                 (
-                    "SET #state = :to, #updated = :now, #err = :err".to_owned(),
+                    "SET #state = :to, #updated = :now, #err = :err".to_owned() + LIST_DUE,
                     "#state = :from AND #epoch = :epoch \
                      AND #state IN (:ready, :running, :unknown, :retry)"
                         .to_owned(),
@@ -194,7 +202,7 @@ impl JobLedger for DynamoLedger {
                 AttributeValue::L(vec![encode_recovery(&recovery)]),
             ));
         }
-        let (update, values) = kept_input(req.input.as_ref(), update.to_owned(), values);
+        let (update, values) = kept_input(req.input.as_ref(), update.to_owned() + LIST_DUE, values);
         let target = Some(JobState::Running);
         self.update("recover", &req.job_id, &update, condition, values, target)
             .await
@@ -272,8 +280,10 @@ impl JobLedger for DynamoLedger {
     async fn decide(&self, req: DecideRequest) -> Result<Write, LedgerError> {
         // Invariant: an `unknown` job leaves that state only by a recorded decision, which
         // raises the epoch so nothing holding the old one can write again.
-        let update = "SET #state = :to, #epoch = :new_epoch, #owner = :by, #updated = :now, \
-                      #dec = list_append(if_not_exists(#dec, :empty), :decision)";
+        let update = format!(
+            "SET #state = :to, #epoch = :new_epoch, #owner = :by, #updated = :now, \
+             #dec = list_append(if_not_exists(#dec, :empty), :decision){LIST_DUE}"
+        );
         let condition = "#state = :unknown AND #epoch = :epoch";
         let values = vec![
             (":to", s(req.action.target().as_str())),
@@ -289,7 +299,7 @@ impl JobLedger for DynamoLedger {
             (":epoch", n(req.epoch)),
         ];
         let target = Some(req.action.target());
-        self.update("decide", &req.job_id, update, condition, values, target)
+        self.update("decide", &req.job_id, &update, condition, values, target)
             .await
     }
 
@@ -309,7 +319,7 @@ impl JobLedger for DynamoLedger {
             // Invariant: a running job's cancel is a request its owner carries out; the epoch
             // and lease stay the owner's, and a second request changes nothing.
             values.push((":running", s(JobState::Running.as_str())));
-            let update = format!("SET #cancel = :now, #updated = :now, {decision}");
+            let update = format!("SET #cancel = :now, #updated = :now, {decision}{LIST_DUE}");
             let condition =
                 "#state = :running AND #epoch = :epoch AND attribute_not_exists(#cancel)";
             return self
@@ -329,7 +339,7 @@ impl JobLedger for DynamoLedger {
         ]);
         let update = format!(
             "SET #state = :to, #epoch = :new_epoch, #owner = :by, #updated = :now, \
-             #err = :err, {decision}"
+             #err = :err, {decision}{LIST_DUE}"
         );
         let condition =
             "#state = :seen AND #epoch = :epoch AND #state IN (:ready, :retry, :unknown)";
@@ -456,6 +466,10 @@ fn end_write(req: &EndRequest) -> UpdateParts {
         update.push_str(", #err = :err");
         values.push((":err", encode_error(&error)));
     }
+    // Only the acceptance of a first claim leaves a job out of the due index as it is.
+    if !(matches!(req.end, AttemptEnd::Succeeded { .. }) && req.epoch <= 1) {
+        update.push_str(LIST_DUE);
+    }
     let (mut update, mut values) = keep_input(req, update, values);
     if let Some(decision) = req.decision() {
         update.push_str(", #dec = list_append(if_not_exists(#dec, :empty), :decision)");
@@ -487,7 +501,7 @@ fn give_back_write(
     };
     let update = format!(
         "REMOVE #log[{index}] ADD {counter} :one \
-         SET #state = :to, #updated = :now, #attempts = :prev, #err = :err, #gb = :gb"
+         SET #state = :to, #updated = :now, #attempts = :prev, #err = :err, #gb = :gb{LIST_DUE}"
     );
     let condition = "#state = :running AND #epoch = :epoch AND #attempts = :attempt \
                      AND attribute_not_exists(#cancel)";

@@ -21,6 +21,7 @@ async fn unknown_job(ledger: &impl JobLedger, job_id: &str) {
         provider_ref: None,
         route: None,
         first_sight: false,
+        list_due: false,
     };
     assert!(matches!(ledger.claim(claim).await, Ok(Write::Applied(_))));
     let end = EndRequest {

@@ -48,6 +48,7 @@ async fn running_job(
         provider_ref: provider_ref.map(str::to_owned),
         route: None,
         first_sight: false,
+        list_due: false,
     };
     assert!(matches!(ledger.claim(claim).await, Ok(Write::Applied(_))));
     let recover = RecoverRequest {
@@ -112,8 +113,9 @@ async fn a_job_is_expired_only_past_its_deadline_and_the_skew_margin() {
     assert_eq!(item.state, JobState::Expired);
 }
 
-/// A job claimed once, two minutes before its deadline `T`, whose owner vanished and whose
-/// message was lost: its item keeps no input, and no sparse index holds it.
+/// A job claimed once, two minutes before its deadline `T`, on a message SQS could drop (its
+/// last receives), whose owner vanished and whose message was then dropped: its item keeps no
+/// input, and only the due index holds it.
 async fn lost_on_its_first_claim(ledger: &InMemoryLedger, job_id: &str, provider_ref: &str) {
     let claim = ClaimRequest {
         job: NewJob::example(job_id, T),
@@ -124,6 +126,7 @@ async fn lost_on_its_first_claim(ledger: &InMemoryLedger, job_id: &str, provider
         provider_ref: Some(provider_ref.to_owned()),
         route: None,
         first_sight: true,
+        list_due: true,
     };
     assert!(matches!(ledger.claim(claim).await, Ok(Write::Applied(_))));
 }

@@ -77,6 +77,7 @@ fn claim(d: &Delivery, item: Option<&JobItem>, op: Op) -> JobItem {
         lease_until: NOW + 30_000,
         provider_ref: None,
         first_sight,
+        list_due: false,
     };
     apply_claim(item, &req).expect("the claim applies")
 }

@@ -44,6 +44,7 @@ impl Rig {
             provider_ref: None,
             route: None,
             first_sight: false,
+            list_due: false,
         };
         ledger.claim(claim).await.expect("claim");
         let flights = Flights::new(

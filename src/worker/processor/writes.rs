@@ -147,6 +147,11 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
             provider_ref,
             route: Some(route),
             first_sight,
+            list_due: self.settings.visibility.may_drop(
+                msg.receive_count,
+                msg.sent_at,
+                job.deadline_at,
+            ),
         };
         self.ledger.claim(req).await.map_err(|e| (e, true))
     }

@@ -70,6 +70,8 @@ fn record(id: Option<&str>, body: &str) -> SqsMessage {
         "ApproximateFirstReceiveTimestamp".into(),
         SystemClock.now_ms().to_string(),
     );
+    m.attributes
+        .insert("SentTimestamp".into(), SystemClock.now_ms().to_string());
     m
 }
 
@@ -121,6 +123,7 @@ async fn lapsed_claim(ledger: &InMemoryLedger, body: &str) {
             provider_ref: Some(format!("sim:{}/1", msg.job_id)),
             route: None,
             first_sight: false,
+            list_due: false,
         })
         .await
         .expect("claim");

@@ -66,6 +66,7 @@ async fn a_stored_input_is_read_only_when_the_delivery_will_call() {
             provider_ref: None,
             route: None,
             first_sight: false,
+            list_due: false,
         })
         .await
         .expect("claim");
