@@ -471,11 +471,13 @@ pub enum Mutation {
     /// The reconciler finds a job past its deadline only in the sparse indexes, which a job on
     /// its first claim is not in (the rule before the due index).
     NoDueWalk,
+    /// A first claim never lists its job in the due index, though SQS may drop its message.
+    NoDueListing,
 }
 
 impl Mutation {
     /// Every mutation.
-    pub const ALL: [Mutation; 20] = [
+    pub const ALL: [Mutation; 21] = [
         Mutation::FinishIgnoresEpoch,
         Mutation::ExpiryIgnoresTerminal,
         Mutation::UncertainReleased,
@@ -496,6 +498,7 @@ impl Mutation {
         Mutation::RefusalCharged,
         Mutation::CancelIgnored,
         Mutation::NoDueWalk,
+        Mutation::NoDueListing,
     ];
 
     /// The bound a mutation is checked in: the test bound, widened where the counterexample
@@ -537,7 +540,7 @@ impl Mutation {
                 mutation: Some(self),
                 ..Bounds::spend()
             },
-            Mutation::NoDueWalk => Bounds {
+            Mutation::NoDueWalk | Mutation::NoDueListing => Bounds {
                 mutation: Some(self),
                 ..Bounds::lost()
             },
@@ -602,6 +605,7 @@ impl Mutation {
             Mutation::RefusalCharged => "a call refused before any work is charged",
             Mutation::CancelIgnored => "the end of an attempt ignores a cancel request",
             Mutation::NoDueWalk => "the expiry reads only the sparse indexes",
+            Mutation::NoDueListing => "a first claim never lists its job in the due index",
         }
     }
 
@@ -627,7 +631,7 @@ impl Mutation {
             Mutation::SpendLimitIgnored => SPEND_LIMIT,
             Mutation::RefusalCharged => SPENT_AS_RUN,
             Mutation::CancelIgnored => CANCEL_HOLDS,
-            Mutation::NoDueWalk => ENDS,
+            Mutation::NoDueWalk | Mutation::NoDueListing => ENDS,
         })
     }
 }
@@ -1796,7 +1800,10 @@ impl Protocol {
                         _ => None,
                     },
                     first_sight,
-                    list_due: false,
+                    // A world whose messages SQS may drop is one the worker knows it of (its
+                    // redrive policy's last receives, its retention): its first claims list
+                    // the job in the due index.
+                    list_due: self.bounds.lost_messages && !self.mutated(Mutation::NoDueListing),
                 };
                 let _ = write!(note, "claims expecting epoch {}", expect.epoch);
                 let unbounded = self.mutated(Mutation::NoBudgetCheck);
@@ -3124,8 +3131,10 @@ impl Model for Protocol {
         if let Some(item) = &state.item {
             let terminal = item.state.is_terminal();
             let past = item.deadline_at <= state.time - b.skew;
-            // The due index holds every job; the sparse ones, all but a first claim's.
-            let found = !self.mutated(Mutation::NoDueWalk)
+            // The due index holds every job its writes listed; the sparse ones, all but a
+            // first claim's.
+            let listed = item.due_listed && !self.mutated(Mutation::NoDueWalk);
+            let found = listed
                 || fenced_jobs::job::attention_key(item.state, item.owner_epoch, JOB).is_some();
             if past && found && (!terminal || self.mutated(Mutation::ExpiryIgnoresTerminal)) {
                 actions.push(Action::Expire);

@@ -43,9 +43,9 @@ pub(crate) const ATTENTION_SHARDS: u8 = 16;
 /// enters it: the message that claimed it stays in the queue until the job is terminal and
 /// brings it back if its owner dies, and the next delivery after a lapsed lease recovers it
 /// (a raised epoch) or records its attempt unknown, both of which enter the index. The
-/// happy path (first claim, then acceptance) therefore writes no index entry but the due
-/// index's one, at the claim; every other path is watched as before. Should that message be
-/// lost, the due index still finds the job at its deadline.
+/// happy path (first claim, then acceptance) therefore writes no index entry; every other path
+/// is watched as before. Should SQS be able to drop that message, the claim lists the job in
+/// the due index, which finds it at its deadline.
 pub fn attention_key(state: JobState, epoch: u64, job_id: &str) -> Option<String> {
     use sha2::{Digest, Sha256};
     if state.is_terminal() || (state == JobState::Running && epoch <= 1) {

@@ -243,8 +243,9 @@ impl VisibilityPolicy {
     /// Whether SQS may drop a message before its job can end: the message of a delivery
     /// within the receives kept back ([`Self::reserve`]; the redrive policy dead-letters it
     /// after the last, and a dead letter of a live job may be dropped), or one whose retention
-    /// ends before the job's deadline and one more receive's 12 hours (sent at `sent_at`, when
-    /// SQS said). Such a message may not bring its job back if its owner dies.
+    /// ends before the job's deadline, one more receive's 12 hours and [`BACKLOG_MARGIN_MS`]
+    /// for a queue that is behind (sent at `sent_at`, when SQS said). Such a message may not
+    /// bring its job back if its owner dies.
     pub fn may_drop(
         &self,
         receive_count: u32,
@@ -255,8 +256,8 @@ impl VisibilityPolicy {
         let last_receives = max > 0 && receive_count.saturating_add(self.reserve()) >= max;
         let kept_until =
             sent_at.map(|at| at.saturating_add(self.retention_s.saturating_mul(1_000)));
-        let outlived = kept_until
-            .is_none_or(|until| until < deadline_at.saturating_add(SQS_MAX_VISIBILITY_S * 1_000));
+        let needed = SQS_MAX_VISIBILITY_S * 1_000 + BACKLOG_MARGIN_MS;
+        let outlived = kept_until.is_none_or(|until| until < deadline_at.saturating_add(needed));
         last_receives || outlived
     }
 
@@ -347,6 +348,10 @@ impl VisibilityPolicy {
         (cap > delivery.invisible_for_s).then_some(cap as i32)
     }
 }
+
+/// How long a message made visible again may wait in a queue that is behind before it is
+/// received: a day.
+pub const BACKLOG_MARGIN_MS: Millis = 86_400_000;
 
 fn ceil_seconds(ms: Millis) -> i64 {
     ms.max(0).saturating_add(999) / 1_000
@@ -470,14 +475,15 @@ mod tests {
         };
         let sent = Some(1_000_000);
         let day = 86_400_000;
-        // Early receives of a message kept three days past its deadline (plus 12 hours).
+        // Early receives of a message kept three days past its deadline.
         assert!(!policy.may_drop(1, sent, 1_000_000 + day));
         assert!(!policy.may_drop(89, sent, 1_000_000 + day));
         // The tenth kept back: the redrive policy dead-letters the message after the last.
         assert!(policy.may_drop(90, sent, 1_000_000 + day));
-        // Retention that ends before the deadline's next 12 hours, or not known.
-        assert!(!policy.may_drop(1, sent, 1_000_000 + 3 * day + day / 2));
-        assert!(policy.may_drop(1, sent, 1_000_000 + 3 * day + day / 2 + 1));
+        // Retention that ends before the deadline's next 12 hours and a day of backlog, or
+        // not known.
+        assert!(!policy.may_drop(1, sent, 1_000_000 + 2 * day + day / 2));
+        assert!(policy.may_drop(1, sent, 1_000_000 + 2 * day + day / 2 + 1));
         assert!(policy.may_drop(1, None, 1_000_000 + day));
         // No redrive policy: only retention.
         let none = VisibilityPolicy {

@@ -8,8 +8,9 @@ use super::LedgerError;
 use crate::job::{JobItem, JobState, Millis};
 
 /// The ledger's indexes: jobs that are not terminal, by state, by last change and by deadline
-/// (sparse), and every job by its deadline (the due index). The reconciler, exports and `jobctl
-/// list` read through it, never by a scan.
+/// (sparse), and jobs by their deadline (the due index: all but a first claim whose message
+/// SQS keeps, and its acceptance). The reconciler and `jobctl list` read through it, never by a
+/// scan; an operator's export and replay scan the table ([`LedgerIndex::finished`]).
 pub trait LedgerIndex: Send + Sync {
     /// Jobs in `state` last changed before `before` that `after` admits, oldest first, at most
     /// `limit`, with when each last changed. Walk on with [`IndexCursor::advance`].

@@ -5,8 +5,8 @@
 //!   on the deadline having passed and the job not being terminal: whoever owns it is fenced,
 //!   and a background call it may have left running upstream is cancelled. The sparse deadline
 //!   index finds every such job but those on their first claim; the due index, walked once from
-//!   where the last run stopped, finds those: a job whose item never kept its input and whose
-//!   message never came back ends `expired` with `message_lost`.
+//!   where the last run stopped, finds those whose message SQS may drop: a job whose item never
+//!   kept its input and whose message never came back ends `expired` with `message_lost`.
 //! - `ready` jobs untouched for `ready_after` whose trigger was never recorded as sent (a
 //!   producer that stopped between its ledger write and its send) or was sent longer ago than
 //!   `enqueue_stale_after` (a lost message), and `retry_authorized` jobs untouched for

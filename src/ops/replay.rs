@@ -4,14 +4,14 @@
 //! A failure message names a stretch of the stream (shard, sequence numbers, and when its first
 //! and last records arrived), not the jobs, and the stream keeps records for 24 hours only. So
 //! the replay reads the ledger instead: every job that became terminal in that stretch of time
-//! (found in the due index) or is `unknown` since then (the attention index) is announced again.
+//! (found by a scan of the table) or is `unknown` since then (the attention index) is announced again.
 //! Event ids derive from the job, its epoch and its state, so a consumer that saw an event drops
 //! the copy; announcing a neighbour twice costs nothing else.
 
 use serde_json::Value;
 
 use crate::events::{CompletionEvent, EventSink, publish};
-use crate::job::{JobState, Millis};
+use crate::job::{JobItem, JobState, Millis};
 use crate::ledger::{IndexCursor, JobLedger, LedgerError, LedgerIndex};
 use crate::ops::results::SCAN_PAGE;
 use crate::queue::reader::RECEIVE_LIMIT;
@@ -60,23 +60,48 @@ pub(crate) fn failed_window(body: &str) -> Option<(Millis, Millis)> {
 /// The events of the jobs that entered an announced state from `from` to `to`: terminal jobs
 /// that a scan of the table finds finished then ([`LedgerIndex::finished`]), and `unknown`
 /// jobs last changed then. At most `max_jobs`.
+#[cfg(test)]
 pub(crate) async fn events_between<L: JobLedger + LedgerIndex>(
     ledger: &L,
-    (from, to): (Millis, Millis),
+    window: (Millis, Millis),
     max_jobs: usize,
 ) -> Result<Vec<CompletionEvent>, LedgerError> {
-    let mut events = Vec::new();
+    let finished = finished_jobs(ledger, window, max_jobs).await?;
+    events_in(ledger, window, &finished, max_jobs).await
+}
+
+/// The terminal jobs a scan of the table finds finished from `from` to `to`, at most `max_jobs`.
+async fn finished_jobs<L: LedgerIndex>(
+    ledger: &L,
+    window: (Millis, Millis),
+    max_jobs: usize,
+) -> Result<Vec<JobItem>, LedgerError> {
+    let mut found = Vec::new();
     let mut after: Option<String> = None;
-    while events.len() < max_jobs {
-        let (jobs, next) = ledger
-            .finished((from, to), after.as_deref(), SCAN_PAGE)
-            .await?;
-        events.extend(jobs.iter().filter_map(CompletionEvent::of));
+    while found.len() < max_jobs {
+        let (jobs, next) = ledger.finished(window, after.as_deref(), SCAN_PAGE).await?;
+        found.extend(jobs);
         match next {
             Some(next) => after = Some(next),
             None => break,
         }
     }
+    Ok(found)
+}
+
+/// The events of the jobs of `finished` that ended from `from` to `to`, and of the `unknown`
+/// jobs last changed then. At most `max_jobs`.
+async fn events_in<L: JobLedger + LedgerIndex>(
+    ledger: &L,
+    (from, to): (Millis, Millis),
+    finished: &[JobItem],
+    max_jobs: usize,
+) -> Result<Vec<CompletionEvent>, LedgerError> {
+    let mut events: Vec<CompletionEvent> = finished
+        .iter()
+        .filter(|job| (from..=to).contains(&job.updated_at))
+        .filter_map(CompletionEvent::of)
+        .collect();
     // From `from` in the index itself: unknown jobs older than that never take the page.
     let since = IndexCursor {
         at: from,
@@ -144,6 +169,7 @@ pub async fn replay_failures<L: JobLedger + LedgerIndex>(
             )
             .await?;
         let mut fresh = 0;
+        let mut named = Vec::new();
         for m in received {
             let handle = m.receipt_handle.as_str();
             // A message left in the queue comes back; it is looked at once. One without an id
@@ -157,12 +183,25 @@ pub async fn replay_failures<L: JobLedger + LedgerIndex>(
             }
             fresh += 1;
             report.messages += 1;
-            let Some((from, to)) = failed_window(&m.body) else {
+            let Some(window) = failed_window(&m.body) else {
                 report.unreadable += 1;
                 release(queue, queue_url, handle, dry_run).await;
                 continue;
             };
-            let events = events_between(ledger, (from, to), 10_000).await?;
+            named.push((m, window));
+        }
+        // One scan of the table for the stretches of all the messages received together.
+        let union = named
+            .iter()
+            .map(|(_, w)| *w)
+            .reduce(|a, b| (a.0.min(b.0), a.1.max(b.1)));
+        let finished = match union {
+            Some(union) => finished_jobs(ledger, union, 10_000 * named.len()).await?,
+            None => Vec::new(),
+        };
+        for (m, window) in &named {
+            let handle = m.receipt_handle.as_str();
+            let events = events_in(ledger, *window, &finished, 10_000).await?;
             report.events += events.len();
             if dry_run {
                 continue;

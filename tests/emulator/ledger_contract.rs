@@ -694,14 +694,13 @@ async fn the_in_memory_ledger_and_dynamodb_agree_on_cancels() {
     );
 }
 
-/// The raw item, as DynamoDB holds it, without the attributes the job id decides.
-async fn raw_item(
-    aws: &support::Emulator,
+/// The item `id` as DynamoDB holds it (a consistent read).
+async fn stored(
+    client: &aws_sdk_dynamodb::Client,
     table: &str,
     id: &str,
 ) -> fenced_jobs::ledger::dynamodb::Item {
-    let mut item = aws
-        .ddb
+    client
         .get_item()
         .table_name(table)
         .key("job_id", AttributeValue::S(id.to_owned()))
@@ -710,7 +709,16 @@ async fn raw_item(
         .await
         .expect("get")
         .item
-        .expect("item");
+        .expect("item")
+}
+
+/// The raw item, as DynamoDB holds it, without the attributes the job id decides.
+async fn raw_item(
+    aws: &support::Emulator,
+    table: &str,
+    id: &str,
+) -> fenced_jobs::ledger::dynamodb::Item {
+    let mut item = stored(&aws.ddb, table, id).await;
     let attention = item
         .remove("attention")
         .and_then(|v| v.as_s().ok().cloned());
@@ -722,6 +730,48 @@ async fn raw_item(
     );
     item.remove("job_id");
     item
+}
+
+/// An item written before every item carried `due_day` (it has `due_on` and no `due_day`)
+/// takes a write that lists the job, keeping its entry; a first claim of today lists it on the
+/// end that leaves the happy path, from its own `due_day`.
+pub(crate) async fn an_older_item_keeps_its_due_entry(
+    client: &aws_sdk_dynamodb::Client,
+    table: &str,
+    ledger: &impl JobLedger,
+) {
+    for id in ["older", "today"] {
+        let mut first = claim(&job(id, "d", 3, T + 3_600_000), Expect::FRESH, "w1", T);
+        first.first_sight = true;
+        assert!(matches!(ledger.claim(first).await, Ok(Write::Applied(_))));
+    }
+    client
+        .update_item()
+        .table_name(table)
+        .key("job_id", AttributeValue::S("older".into()))
+        .update_expression("SET due_on = :day REMOVE due_day")
+        .expression_attribute_values(":day", AttributeValue::S("2026-11-30".into()))
+        .send()
+        .await
+        .expect("an older item's shape");
+    for id in ["older", "today"] {
+        let end = ledger.end(end_req(id, 1, 1, T + 10, retry())).await;
+        assert!(matches!(end, Ok(Write::Applied(_))), "{id}: {end:?}");
+    }
+    let due = |id: &'static str| async move {
+        let item = stored(client, table, id).await;
+        item.get("due_on").and_then(|v| v.as_s().ok()).cloned()
+    };
+    assert_eq!(due("older").await.as_deref(), Some("2026-11-30"));
+    let today = fenced_jobs::job::message::format_rfc3339_ms(T + 3_600_000);
+    assert_eq!(due("today").await.as_deref(), Some(&today[..10]));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_older_item_takes_a_listing_write_and_keeps_its_due_entry() {
+    let aws = support::emulator().await;
+    let table = aws.table().await;
+    an_older_item_keeps_its_due_entry(&aws.ddb, &table, &aws.ledger(&table)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -113,6 +113,13 @@ async fn the_second_dynamodb_agrees_on_recoveries_inputs_and_known_owners() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_second_dynamodb_lets_an_older_item_keep_its_due_entry() {
+    let (client, table) = second_table().await;
+    let ledger = DynamoLedger::new(client.clone(), &table);
+    ledger_contract::an_older_item_keeps_its_due_entry(&client, &table, &ledger).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn random_operation_sequences_get_the_same_answers_from_memory_and_the_second_dynamodb() {
     ledger_properties::agree_on_random_sequences(&second_ledger().await).await;
 }

@@ -177,9 +177,12 @@ mod tests {
         assert_eq!(write_cost(Some(&open), Some(&renewed)).index, 2);
         // Out of both attention-keyed indexes; the due index's entry stays.
         assert_eq!(write_cost(Some(&renewed), Some(&done)).index, 2);
-        // The happy path: into the due index at the claim, and nothing at the acceptance.
+        // A first claim whose message SQS may drop: into the due index at the claim, and
+        // nothing at the acceptance.
         assert_eq!(write_cost(None, Some(&first_claim)).index, 1);
         assert_eq!(write_cost(Some(&first_claim), Some(&done)).index, 0);
+        // The happy path: no entry at all.
+        assert_eq!(write_cost(None, Some(&quiet)).index, 0);
         // In none before or after.
         assert_eq!(write_cost(None, Some(&quiet)).index, 0);
     }

@@ -16,11 +16,11 @@ pub const ATTENTION_INDEX: &str = "attention-index";
 /// only. The reconciler finds jobs past their deadline with it.
 pub const DEADLINE_INDEX: &str = "deadline-index";
 
-/// The index of every job by its deadline: key `due_on` (the deadline's day, UTC), sort key
-/// `deadline_at`, keys only. Both are set by a job's first write and never change, so a job
-/// enters it once and no later write (the acceptance included) costs it anything. The reconciler
-/// finds with it the jobs no other index holds (those on their first claim), and `jobctl export`,
-/// replays and the orphan sweep the finished ones.
+/// The index of jobs by their deadline: key `due_on` (the deadline's day, UTC), sort key
+/// `deadline_at`, keys only. A job enters it with the first write that lists it (every write
+/// but a first claim whose message SQS keeps, and that claim's acceptance) and its keys never
+/// change. The reconciler finds with it the jobs no other index holds (those on their first
+/// claim), and the orphan sweep the finished ones that could have left an object.
 pub const DUE_INDEX: &str = "due-index";
 
 /// The item that records how far the reconciler has walked the due index (`walked_to`, Unix
