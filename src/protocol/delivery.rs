@@ -243,9 +243,10 @@ impl Delivery {
     }
 
     /// `command`, once the job's input is kept when the write it asks for needs it (`needs`)
-    /// and nobody asked yet.
+    /// and none is kept yet (the worker keeps it for some writes only: an attempt left unknown,
+    /// a message SQS may drop).
     fn keeping_input(&mut self, needs: bool, command: Command) -> Command {
-        match needs && self.kept.is_none() {
+        match needs && !matches!(self.kept, Some(Some(_))) {
             true => self.then(Command::KeepInput, command),
             false => command,
         }
