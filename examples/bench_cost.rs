@@ -249,12 +249,6 @@ async fn main() {
             0,
         ),
         (
-            "The same, its first two attempts failed: each further failure on such a message",
-            DEFAULT_INLINE_MAX_BYTES,
-            2,
-            0,
-        ),
-        (
             "The same on a message SQS may drop before the deadline (sent four days ago, SQS's default retention): its input kept from then on, inline up to INLINE_MAX_BYTES 4 KiB (the default)",
             DEFAULT_INLINE_MAX_BYTES,
             1,

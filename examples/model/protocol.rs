@@ -3061,17 +3061,7 @@ impl Model for Protocol {
                             time: 0,
                             upstream,
                             replay,
-                            // As the producer's create leaves it.
-                            item: created
-                                .then(|| {
-                                    let req = fenced_jobs::ledger::CreateRequest {
-                                        job: self.job(),
-                                        now: 0,
-                                        enqueued: true,
-                                    };
-                                    apply_create(None, &req)
-                                })
-                                .flatten(),
+                            item: created.then(|| self.job().into_record(JobState::Ready, 0)),
                             deliveries: 0,
                             faults: 0,
                             workers: offsets
@@ -3119,13 +3109,8 @@ impl Model for Protocol {
                     // every run), and stray ones (within the bound).
                     let resent = state.item.as_ref().is_some_and(|r| {
                         r.keeps_input()
-                            && fenced_jobs::job::attention_key(
-                                r.state,
-                                r.owner_epoch,
-                                r.watched,
-                                JOB,
-                            )
-                            .is_some()
+                            && fenced_jobs::job::attention_key(r.state, r.owner_epoch, JOB)
+                                .is_some()
                     });
                     let fair =
                         open && idle && state.time == b.end_of_time() && (!state.lost || resent);
@@ -3155,8 +3140,7 @@ impl Model for Protocol {
             // first claim's.
             let listed = item.due_listed && !self.mutated(Mutation::NoDueWalk);
             let found = listed
-                || fenced_jobs::job::attention_key(item.state, item.owner_epoch, item.watched, JOB)
-                    .is_some();
+                || fenced_jobs::job::attention_key(item.state, item.owner_epoch, JOB).is_some();
             if past && found && (!terminal || self.mutated(Mutation::ExpiryIgnoresTerminal)) {
                 actions.push(Action::Expire);
             }

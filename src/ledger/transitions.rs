@@ -58,8 +58,6 @@ pub fn apply_claim(current: Option<&JobItem>, req: &ClaimRequest) -> Option<JobI
     // Every claim but a first one whose message SQS keeps lists the job (a later claim's
     // item is listed already, by the write that made it claimable again).
     next.due_listed |= req.list_due || !first;
-    // Watched past the first claim where it keeps its input (`list_due`).
-    next.watched = !first && req.list_due;
     next.state = JobState::Running;
     next.owner_epoch = req.expect.epoch + 1;
     next.attempts = req.expect.attempts + 1;
@@ -98,9 +96,6 @@ pub fn apply_end(current: Option<&JobItem>, req: &EndRequest) -> Option<JobItem>
     next.updated_at = req.now;
     // Only the acceptance of a first claim leaves a job out of the due index as it is.
     next.due_listed |= !(accepting && r.owner_epoch <= 1);
-    // Watched while it keeps its input (the end carries it) or waits for a decision.
-    next.watched =
-        !next.state.is_terminal() && (req.input.is_some() || next.state == JobState::Unknown);
     if let super::AttemptEnd::GivenBack {
         why, given_back, ..
     } = &req.end
@@ -193,7 +188,6 @@ pub fn apply_settle(current: Option<&JobItem>, req: &SettleRequest) -> Option<Jo
     next.updated_at = req.now;
     next.last_error = Some(req.error());
     next.due_listed = true;
-    next.watched = false;
     Some(next)
 }
 
@@ -214,7 +208,6 @@ pub fn apply_recover(current: Option<&JobItem>, req: &RecoverRequest) -> Option<
     next.owner_until = Some(req.lease_until);
     next.updated_at = req.now;
     next.due_listed = true;
-    next.watched = req.input.is_some();
     if req.seen_recoveries >= crate::job::RECOVERIES_KEPT {
         next.recoveries_dropped += 1;
     } else {
@@ -257,7 +250,6 @@ pub fn apply_create(current: Option<&JobItem>, req: &CreateRequest) -> Option<Jo
             let mut created = req.job.clone().into_record(JobState::Ready, req.now);
             created.enqueued_at = req.enqueued.then_some(req.now);
             created.due_listed = true;
-            created.watched = true;
             Some(created)
         }
     }
@@ -305,7 +297,6 @@ pub fn apply_decide(current: Option<&JobItem>, req: &DecideRequest) -> Option<Jo
     next.updated_at = req.now;
     next.decisions.push(req.decision());
     next.due_listed = true;
-    next.watched = !next.state.is_terminal();
     Some(next)
 }
 
@@ -325,7 +316,6 @@ pub fn apply_cancel(current: Option<&JobItem>, req: &CancelRequest) -> Option<Jo
     next.due_listed = true;
     if req.immediate() {
         next.state = JobState::Cancelled;
-        next.watched = false;
         next.owner_epoch += 1;
         next.owner_id = Some(req.by.clone());
         next.last_error = Some(req.error());

@@ -433,11 +433,12 @@ async fn settle_found_expired<L: JobLedger>(
     now: Millis,
     report: &mut ReconcileReport,
 ) -> bool {
-    // A job whose item keeps no input depended on its message, which did not bring it back
-    // before its deadline.
-    let reason = match job.keeps_input() {
-        true => SettleReason::DeadlinePassed,
-        false => SettleReason::MessageLost,
+    // Only a job still on its first claim can have lost the message it depends on: any other
+    // keeps its input where SQS may drop the message (and is triggered by id).
+    let first_claim = job.state == JobState::Running && job.owner_epoch <= 1;
+    let reason = match !job.keeps_input() && first_claim {
+        true => SettleReason::MessageLost,
+        false => SettleReason::DeadlinePassed,
     };
     let req = SettleRequest {
         job_id: job.job_id.clone(),
@@ -449,7 +450,7 @@ async fn settle_found_expired<L: JobLedger>(
         Ok(Write::Applied(ended)) => {
             report.expired += 1;
             if reason == SettleReason::MessageLost {
-                tracing::warn!(job_id = %job.job_id, "expired with its message lost: its item keeps no input and its message did not come back by its deadline");
+                tracing::warn!(job_id = %job.job_id, "expired with its message lost: it ran only on its first claim");
                 report.message_lost += 1;
             }
             cancel_upstream(provider, job.state, &ended, report).await;

@@ -93,8 +93,7 @@ impl JobLedger for DynamoLedger {
             &update,
             &condition,
             values,
-            // Watched past the first claim where it keeps its input (`list_due`).
-            Some((JobState::Running, req.expect.epoch > 0 && req.list_due)),
+            Some(JobState::Running),
         )
         .await
     }
@@ -157,7 +156,7 @@ impl JobLedger for DynamoLedger {
                 )
             }
         };
-        let target = Some((req.reason.target(), false));
+        let target = Some(req.reason.target());
         self.update("settle", &req.job_id, &update, &condition, values, target)
             .await
     }
@@ -205,7 +204,7 @@ impl JobLedger for DynamoLedger {
             ));
         }
         let (update, values) = kept_input(req.input.as_ref(), update.to_owned() + LIST_DUE, values);
-        let target = Some((JobState::Running, req.input.is_some()));
+        let target = Some(JobState::Running);
         self.update("recover", &req.job_id, &update, condition, values, target)
             .await
     }
@@ -300,8 +299,7 @@ impl JobLedger for DynamoLedger {
             (":unknown", s(JobState::Unknown.as_str())),
             (":epoch", n(req.epoch)),
         ];
-        let to = req.action.target();
-        let target = Some((to, !to.is_terminal()));
+        let target = Some(req.action.target());
         self.update("decide", &req.job_id, &update, condition, values, target)
             .await
     }
@@ -346,7 +344,7 @@ impl JobLedger for DynamoLedger {
         );
         let condition =
             "#state = :seen AND #epoch = :epoch AND #state IN (:ready, :retry, :unknown)";
-        let target = Some((JobState::Cancelled, false));
+        let target = Some(JobState::Cancelled);
         self.update("cancel", &req.job_id, &update, condition, values, target)
             .await
     }
@@ -408,10 +406,7 @@ impl DynamoLedger {
         rebuilt: Option<JobItem>,
     ) -> Result<Write, LedgerError> {
         let (update, condition, values) = end_write(req);
-        let to = req.end.target();
-        // Watched while it keeps its input (the end carries it) or waits for a decision.
-        let watched = !to.is_terminal() && (req.input.is_some() || to == JobState::Unknown);
-        let target = Some((to, watched));
+        let target = Some(req.end.target());
         self.update_to(
             "end",
             &req.job_id,

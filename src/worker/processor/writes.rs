@@ -148,8 +148,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
             provider_ref,
             route: Some(route),
             first_sight,
-            // (An item that keeps its input already keeps it, listed and watched.)
-            list_due: self.may_drop(msg, job) || seen.is_some_and(JobItem::keeps_input),
+            list_due: self.may_drop(msg, job),
         };
         self.ledger.claim(req).await.map_err(|e| (e, true))
     }
