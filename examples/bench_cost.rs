@@ -84,21 +84,16 @@ impl BlobStore for Counted {
     }
 }
 
-/// A job's record with a prompt of `bytes`, as a producer sends it `sent_ago_ms` before now,
-/// delivered for the `receive`th time; its first `fail_times` attempts fail with a transient
-/// error.
-fn record(job: &str, bytes: usize, fail_times: u32, receive: u32, sent_ago_ms: i64) -> SqsMessage {
-    let mut m = record_of(
+/// A job's record with a prompt of `bytes`, as a producer sends it, delivered for the
+/// `receive`th time; its first `fail_times` attempts fail with a transient error.
+fn record(job: &str, bytes: usize, fail_times: u32, receive: u32) -> SqsMessage {
+    record_of(
         job,
         bytes,
         &format!(r#"{{"fail_times":{fail_times}}}"#),
         "",
         receive,
-    );
-    let sent = SystemClock.now_ms() - sent_ago_ms;
-    m.attributes
-        .insert("SentTimestamp".into(), sent.to_string());
-    m
+    )
 }
 
 /// A deferrable job's record (its batch runs until the benchmark ends it).
@@ -158,9 +153,8 @@ impl Row {
 }
 
 /// Runs `JOBS` fresh jobs of `kib` KiB prompts under `inline_max_bytes`, whose first
-/// `fail_times` attempts fail (each delivered again until it succeeds), their messages sent
-/// `sent_ago_ms` before.
-async fn row(kib: usize, inline_max_bytes: usize, fail_times: u32, sent_ago_ms: i64) -> Row {
+/// `fail_times` attempts fail (each delivered again until it succeeds).
+async fn row(kib: usize, inline_max_bytes: usize, fail_times: u32) -> Row {
     let blobs = Arc::new(Counted {
         store: MemoryBlobs::new("results"),
         ..Counted::default()
@@ -195,7 +189,6 @@ async fn row(kib: usize, inline_max_bytes: usize, fail_times: u32, sent_ago_ms: 
                         kib * 1024,
                         fail_times,
                         receive,
-                        sent_ago_ms,
                     )
                 })
                 .collect();
@@ -232,36 +225,24 @@ async fn main() {
          SQS ${SQS:.2} per million jobs (§10)"
     );
     let mut reference = None;
-    // SQS's default retention (4 days) ends before a job due in a day (the default) whose
-    // message was sent four days ago: SQS may drop it.
-    let old = 4 * 86_400_000;
     let shapes = [
         (
             "A fresh job that succeeds (the happy path)",
             DEFAULT_INLINE_MAX_BYTES,
             0,
-            0,
         ),
         (
-            "A job whose first attempt failed (a transient error), on a message SQS keeps past its deadline: no input kept (the message carries it)",
+            "A job whose first attempt failed: its input kept from then on, inline up to INLINE_MAX_BYTES 4 KiB (the default)",
             DEFAULT_INLINE_MAX_BYTES,
             1,
-            0,
-        ),
-        (
-            "The same on a message SQS may drop before the deadline (sent four days ago, SQS's default retention): its input kept from then on, inline up to INLINE_MAX_BYTES 4 KiB (the default)",
-            DEFAULT_INLINE_MAX_BYTES,
-            1,
-            old,
         ),
         (
             "The same with INLINE_MAX_BYTES 64 KiB (every input inline)",
             64 * 1024,
             1,
-            old,
         ),
     ];
-    for (label, inline, fail_times, sent_ago_ms) in shapes {
+    for (label, inline, fail_times) in shapes {
         println!();
         println!("{label}");
         println!(
@@ -269,7 +250,7 @@ async fn main() {
         );
         println!("| ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
         for (kib, peer) in PEER {
-            let r = row(kib, inline, fail_times, sent_ago_ms).await;
+            let r = row(kib, inline, fail_times).await;
             if kib == 10 && fail_times == 0 {
                 reference = Some(r.dollars_per_million());
             }

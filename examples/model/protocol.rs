@@ -1456,15 +1456,10 @@ impl Protocol {
                 Command::Take if !self.bounds.pacing => d.observe(Observation::Taken, now),
                 Command::Release | Command::Charge { .. } => d.observe(Observation::Carried, now),
                 // As the worker: the input its delivery carries (an admission that writes on
-                // an item that keeps none has it), kept only where SQS may drop the message.
+                // an item that keeps none has it).
                 Command::KeepInput => {
-                    let unknown = matches!(
-                        d.end_write(now),
-                        Some(EndWrite::End(req)) if req.end.target() == JobState::Unknown
-                    );
-                    let input = (self.bounds.lost_messages || unknown)
-                        .then(|| KeptInput::Inline(self.job().input));
-                    d.observe(Observation::Kept(input), now)
+                    let input = KeptInput::Inline(self.job().input);
+                    d.observe(Observation::Kept(Some(input)), now)
                 }
                 Command::Call(CallStep::Throttled { .. }) => {
                     d.observe(Observation::Paced { paused_until: now }, now)

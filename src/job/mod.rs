@@ -193,12 +193,11 @@ impl JobItem {
             .reduce(|sum, u| sum.plus(&u))
     }
 
-    /// Whether the item keeps the job's input (inline or stored). A job created by a claim does
-    /// not: a write is billed on the whole item, and the message that claimed it stays in the
-    /// queue until the job is terminal, carrying the input to every delivery. A write that
-    /// leaves the job live (an end, a recovery, a later claim) keeps it where SQS may drop that
-    /// message, so every job the reconciler triggers by id has it; a job submitted to the
-    /// ledger keeps it from its creation.
+    /// Whether the item keeps the job's input (inline or stored). A job created by its first
+    /// claim does not: a write is billed on the whole item, and the message that claimed it
+    /// stays in the queue until the job is terminal, carrying the input to every delivery. The
+    /// second claim keeps it, so every job the reconciler or an operator triggers by id (one
+    /// that failed, ended unknown or was submitted to the ledger) has it.
     pub fn keeps_input(&self) -> bool {
         !self.input.is_empty() || self.input_ref.is_some()
     }

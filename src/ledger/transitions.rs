@@ -31,15 +31,14 @@ pub fn apply_claim(current: Option<&JobItem>, req: &ClaimRequest) -> Option<JobI
         Some(r) => r.clone(),
         None => req.job.clone().into_record(JobState::Ready, req.now),
     };
-    // The input is kept from the second claim on, where SQS may drop the message (`list_due`):
-    // the message stays in the queue until the job is terminal and carries it to every delivery
-    // (see [`JobItem::keeps_input`]). As
+    // The input is kept from the second claim on: the first one's message stays in the queue
+    // until the job is terminal and carries it to every delivery (see [`JobItem::keeps_input`]). As
     // DynamoDB's `if_not_exists`: an input, metadata and an input reference the item lacks are
     // taken from the message (the reference names the same content: its key is the digest).
     if current.is_none() && first {
         next.input.clear();
     }
-    if !first && req.list_due && next.input.is_empty() && !req.job.input.is_empty() {
+    if !first && next.input.is_empty() && !req.job.input.is_empty() {
         next.input = req.job.input.clone();
     }
     if next.input_ref.is_none() {

@@ -433,12 +433,9 @@ async fn settle_found_expired<L: JobLedger>(
     now: Millis,
     report: &mut ReconcileReport,
 ) -> bool {
-    // Only a job still on its first claim can have lost the message it depends on: any other
-    // keeps its input where SQS may drop the message (and is triggered by id).
-    let first_claim = job.state == JobState::Running && job.owner_epoch <= 1;
-    let reason = match !job.keeps_input() && first_claim {
-        true => SettleReason::MessageLost,
-        false => SettleReason::DeadlinePassed,
+    let reason = match job.keeps_input() {
+        true => SettleReason::DeadlinePassed,
+        false => SettleReason::MessageLost,
     };
     let req = SettleRequest {
         job_id: job.job_id.clone(),

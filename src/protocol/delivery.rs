@@ -243,10 +243,9 @@ impl Delivery {
     }
 
     /// `command`, once the job's input is kept when the write it asks for needs it (`needs`)
-    /// and none is kept yet (the worker keeps it for some writes only: an attempt left unknown,
-    /// a message SQS may drop).
+    /// and nobody asked yet.
     fn keeping_input(&mut self, needs: bool, command: Command) -> Command {
-        match needs && !matches!(self.kept, Some(Some(_))) {
+        match needs && self.kept.is_none() {
             true => self.then(Command::KeepInput, command),
             false => command,
         }

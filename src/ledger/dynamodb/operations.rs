@@ -50,9 +50,8 @@ impl JobLedger for DynamoLedger {
         if req.list_due || req.expect.epoch > 0 {
             update.push_str(", #due = if_not_exists(#due, :due)");
         }
-        // The input is kept from the second claim on, where SQS may drop the message
-        // (`JobItem::keeps_input`).
-        let keeps_input = req.expect.epoch > 0 && req.list_due && !job.input.is_empty();
+        // The input is kept from the second claim on (`JobItem::keeps_input`).
+        let keeps_input = req.expect.epoch > 0 && !job.input.is_empty();
         update.push_str(&kept_if_absent(job, keeps_input));
         let claimable = "(#state IN (:ready, :retry) AND #epoch = :epoch AND #attempts = :attempts \
              AND #digest = :digest AND #attempts < #max AND #deadline > :now)";
