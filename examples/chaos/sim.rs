@@ -441,6 +441,31 @@ struct Queue {
     retention_ms: Millis,
 }
 
+/// The record a receive of `m` hands the worker, with the attributes SQS gives it.
+fn record_of(m: &Msg) -> SqsMessage {
+    let mut r = SqsMessage::default();
+    r.message_id = Some(m.id.clone());
+    r.receipt_handle = Some(format!("{}#{}", m.id, m.handle));
+    r.body = Some(m.body.clone());
+    r.event_source_arn = Some(QUEUE_ARN.to_owned());
+    let first = m.first_receive.unwrap_or(m.received_at);
+    for (name, value) in [
+        ("ApproximateReceiveCount", m.receive_count.to_string()),
+        ("ApproximateFirstReceiveTimestamp", first.to_string()),
+        ("SentTimestamp", m.sent_at.to_string()),
+        ("SenderId", format!("{}:session", m.sender)),
+    ] {
+        r.attributes.insert(name.into(), value);
+    }
+    for (name, value) in &m.attributes {
+        let mut attribute = aws_lambda_events::sqs::SqsMessageAttribute::default();
+        attribute.string_value = Some(value.clone());
+        attribute.data_type = Some("String".into());
+        r.message_attributes.insert(name.clone(), attribute);
+    }
+    r
+}
+
 impl Queue {
     fn receive(&self, world: &World, max: usize) -> Vec<SqsMessage> {
         let now = world.now();
@@ -470,20 +495,7 @@ impl Queue {
             if m.in_dlq {
                 continue;
             }
-            // SQS deletes a message its retention has passed, delivered or not.
-            if !m.deleted && now >= m.sent_at.saturating_add(self.retention_ms) {
-                m.deleted = true;
-                m.resurrect_at = None;
-                m.duplicate_at = None;
-                if parse_trigger(Some(&m.body)).is_ok() {
-                    *world
-                        .faults
-                        .lock()
-                        .expect("faults")
-                        .entry("retention_passed")
-                        .or_default() += 1;
-                    world.lost.lock().expect("lost").push(m.job_id.clone());
-                }
+            if self.retention_passed(world, m, now) {
                 continue;
             }
             if m.deleted {
@@ -532,29 +544,8 @@ impl Queue {
                 let at = now + world.range(1_000, 600_000) as Millis;
                 strays.push((m.job_id.clone(), at));
             }
-            let first = *m.first_receive.get_or_insert(now);
-            let mut r = SqsMessage::default();
-            r.message_id = Some(m.id.clone());
-            r.receipt_handle = Some(format!("{}#{}", m.id, m.handle));
-            r.body = Some(m.body.clone());
-            r.event_source_arn = Some(QUEUE_ARN.to_owned());
-            r.attributes.insert(
-                "ApproximateReceiveCount".into(),
-                m.receive_count.to_string(),
-            );
-            r.attributes
-                .insert("ApproximateFirstReceiveTimestamp".into(), first.to_string());
-            r.attributes
-                .insert("SentTimestamp".into(), m.sent_at.to_string());
-            r.attributes
-                .insert("SenderId".into(), format!("{}:session", m.sender));
-            for (name, value) in &m.attributes {
-                let mut attribute = aws_lambda_events::sqs::SqsMessageAttribute::default();
-                attribute.string_value = Some(value.clone());
-                attribute.data_type = Some("String".into());
-                r.message_attributes.insert(name.clone(), attribute);
-            }
-            out.push(r);
+            m.first_receive.get_or_insert(now);
+            out.push(record_of(m));
         }
         out
     }
@@ -669,6 +660,27 @@ impl Queue {
             sent_at: visible_at,
             backlogged: false,
         });
+    }
+
+    /// Whether SQS deletes `m` at `now`, its retention passed, delivered or not (a job's
+    /// message so deleted is lost for good).
+    fn retention_passed(&self, world: &World, m: &mut Msg, now: Millis) -> bool {
+        if m.deleted || now < m.sent_at.saturating_add(self.retention_ms) {
+            return false;
+        }
+        m.deleted = true;
+        m.resurrect_at = None;
+        m.duplicate_at = None;
+        if parse_trigger(Some(&m.body)).is_ok() {
+            *world
+                .faults
+                .lock()
+                .expect("faults")
+                .entry("retention_passed")
+                .or_default() += 1;
+            world.lost.lock().expect("lost").push(m.job_id.clone());
+        }
+        true
     }
 
     /// Ends the retention of `job_id`'s backlogged message (one whose retention ends within

@@ -61,13 +61,7 @@ impl JobState {
 
     /// Terminal states are immutable: no write may leave them.
     pub fn is_terminal(self) -> bool {
-        matches!(
-            self,
-            JobState::Succeeded
-                | JobState::FailedTerminal
-                | JobState::Expired
-                | JobState::Cancelled
-        )
+        Self::TERMINAL.contains(&self)
     }
 
     /// States a claim may start an attempt from.

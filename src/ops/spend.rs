@@ -147,7 +147,9 @@ pub struct Forecast {
 pub fn forecast(lines: &[Line], queued: u64) -> Option<Forecast> {
     let count = &lines.iter().find(|l| l.level == Level::Deployment)?.count;
     let calls = u64::try_from(count.calls).ok().filter(|c| *c > 0)?;
-    let charged = shown(count.paths.values().sum());
+    // What the charged calls cost: the day's count less what it still holds for calls not
+    // charged yet (a charge counts one call whether or not it names a path).
+    let charged = shown(count.counted.saturating_sub(count.held));
     let per_call = charged.div_ceil(calls);
     Some(Forecast {
         queued,
@@ -246,6 +248,29 @@ pub fn to_json(day: &str, lines: &[Line]) -> serde_json::Value {
 mod tests {
     use super::*;
     use crate::ledger::spend::MemorySpend;
+
+    #[tokio::test]
+    async fn the_forecast_averages_every_charged_call_and_leaves_out_what_is_held() {
+        // GIVEN a day with a limit: a call charged on a path, one charged without one (its
+        // reservation, no call having reported), and a reservation still held
+        let spend = MemorySpend::new();
+        let day = "2026-12-05";
+        for (path, cost) in [("standard", 300), ("", 100)] {
+            assert!(spend.reserve(day, "m", 400, 10_000, 0).await.expect("ok"));
+            spend
+                .charge(day, ("m", path), 400, cost, 0)
+                .await
+                .expect("ok");
+        }
+        assert!(spend.reserve(day, "m", 5_000, 10_000, 0).await.expect("ok"));
+        // WHEN today is forecast with three jobs queued
+        let lines = super::day(&spend, day).await.expect("read");
+        let f = forecast(&lines, 3).expect("a forecast");
+        // THEN a call costs what the two charged calls cost together, halved; the held
+        // reservation is in the total once, and not in the average
+        assert_eq!(f.per_call, 200);
+        assert_eq!(f.total, 300 + 100 + 5_000 + 3 * 200);
+    }
 
     #[tokio::test]
     async fn a_day_is_shown_by_level_and_model_and_other_days_are_left_out() {

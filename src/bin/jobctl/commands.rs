@@ -384,7 +384,7 @@ pub(crate) async fn export(
     match done {
         Ok(r) => {
             eprintln!(
-                "exported {} jobs (of {} read by deadline)",
+                "exported {} jobs (of {} finished in the window)",
                 r.written, r.read
             );
             Ok(())

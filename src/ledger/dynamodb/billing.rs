@@ -181,8 +181,20 @@ mod tests {
         // nothing at the acceptance.
         assert_eq!(write_cost(None, Some(&first_claim)).index, 1);
         assert_eq!(write_cost(Some(&first_claim), Some(&done)).index, 0);
-        // The happy path: no entry at all.
-        assert_eq!(write_cost(None, Some(&quiet)).index, 0);
+        // The happy path: a first claim whose message SQS keeps has no entry at all, nor its
+        // acceptance.
+        let unlisted = |at: &str| {
+            item(&[
+                ("job_id", s("j")),
+                ("updated_at", n(at)),
+                ("deadline_at", n("9")),
+            ])
+        };
+        assert_eq!(write_cost(None, Some(&unlisted("1"))).index, 0);
+        assert_eq!(
+            write_cost(Some(&unlisted("1")), Some(&unlisted("3"))).index,
+            0
+        );
         // In none before or after.
         assert_eq!(write_cost(None, Some(&quiet)).index, 0);
     }
