@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use aws_lambda_events::event::sqs::{SqsEvent, SqsMessage};
 use fenced_jobs::blobs::{BlobError, BlobStore, MemoryBlobs};
-use fenced_jobs::clock::{Clock, SystemClock};
+use fenced_jobs::clock::{Clock, ManualClock, SystemClock};
 use fenced_jobs::job::prices::{PriceTable, Rate};
 use fenced_jobs::job::{BlobRef, DEFAULT_INLINE_MAX_BYTES, Usage};
 use fenced_jobs::ledger::memory::InMemoryLedger;
@@ -84,16 +84,57 @@ impl BlobStore for Counted {
     }
 }
 
-/// A job's record with a prompt of `bytes`, as a producer sends it, delivered for the
-/// `receive`th time; its first `fail_times` attempts fail with a transient error.
-fn record(job: &str, bytes: usize, fail_times: u32, receive: u32) -> SqsMessage {
-    record_of(
-        job,
-        bytes,
-        &format!(r#"{{"fail_times":{fail_times}}}"#),
-        "",
-        receive,
-    )
+/// How a job's first attempt goes before one succeeds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Failing {
+    /// Its first `n` attempts fail with a transient error (0: the happy path).
+    Transient(u32),
+    /// Its first call is refused before any work (a 429 or 529): the attempt is given back.
+    Throttled,
+    /// Its first answer is one the job's contract refuses (cut off at the token limit).
+    Refused,
+    /// Its first owner dies while the call runs; the next delivery, once the lease lapsed,
+    /// recovers the job and collects the answer from the provider by its reference.
+    Recovered,
+}
+
+impl Failing {
+    /// The deliveries the job takes to end.
+    fn deliveries(self) -> u32 {
+        match self {
+            Failing::Transient(n) => n + 1,
+            Failing::Throttled | Failing::Refused | Failing::Recovered => 2,
+        }
+    }
+
+    /// The calls the job makes (a recovery asks for the answer instead).
+    fn calls(self) -> u32 {
+        match self {
+            Failing::Transient(n) => n + 1,
+            Failing::Throttled | Failing::Refused => 2,
+            Failing::Recovered => 1,
+        }
+    }
+
+    /// The job's `simulate` controls.
+    fn simulate(self) -> String {
+        match self {
+            Failing::Transient(n) => format!(r#"{{"fail_times":{n}}}"#),
+            Failing::Throttled => "{}".to_owned(),
+            Failing::Refused => r#"{"bad_answer":"truncated","bad_times":1}"#.to_owned(),
+            Failing::Recovered => r#"{"latency_ms":200}"#.to_owned(),
+        }
+    }
+}
+
+/// A job's record with a prompt of `bytes`, as a producer sends it `sent_ago_ms` before now,
+/// delivered for the `receive`th time, going as `failing` says.
+fn record(job: &str, bytes: usize, failing: Failing, receive: u32, sent_ago_ms: i64) -> SqsMessage {
+    let mut m = record_of(job, bytes, &failing.simulate(), "", receive);
+    let sent = SystemClock.now_ms() - sent_ago_ms;
+    m.attributes
+        .insert("SentTimestamp".into(), sent.to_string());
+    m
 }
 
 /// A deferrable job's record (its batch runs until the benchmark ends it).
@@ -152,9 +193,9 @@ impl Row {
     }
 }
 
-/// Runs `JOBS` fresh jobs of `kib` KiB prompts under `inline_max_bytes`, whose first
-/// `fail_times` attempts fail (each delivered again until it succeeds).
-async fn row(kib: usize, inline_max_bytes: usize, fail_times: u32) -> Row {
+/// Runs `JOBS` fresh jobs of `kib` KiB prompts under `inline_max_bytes`, going as `failing`
+/// says (each delivered again until it succeeds), their messages sent `sent_ago_ms` before.
+async fn row(kib: usize, inline_max_bytes: usize, failing: Failing, sent_ago_ms: i64) -> Row {
     let blobs = Arc::new(Counted {
         store: MemoryBlobs::new("results"),
         ..Counted::default()
@@ -165,40 +206,71 @@ async fn row(kib: usize, inline_max_bytes: usize, fail_times: u32) -> Row {
         inline_max_bytes,
         ..Settings::default()
     };
-    let handler = BatchHandler::new(
-        Processor::new(
-            InMemoryLedger::metered(),
-            SimulatedProvider::new(),
-            SystemClock,
-            settings,
-        )
-        .with_blobs(blobs.clone()),
-        RecordingVisibility::new(),
-    );
-    let inv = Invocation {
-        id: "bench-cost".into(),
-        deadline: Some(SystemClock.now_ms() + 900_000),
-    };
+    let ledger = Arc::new(InMemoryLedger::metered());
+    let mut executions = 0;
     for b in 0..JOBS / 10 {
-        for receive in 1..=fail_times + 1 {
+        // Each batch on a clock of its own, from now: the simulated provider tells a call's
+        // end by the system clock.
+        let clock = Arc::new(ManualClock::at(SystemClock.now_ms()));
+        let handler = |provider: SimulatedProvider| {
+            BatchHandler::new(
+                Processor::new(ledger.clone(), provider, clock.clone(), settings.clone())
+                    .with_blobs(blobs.clone()),
+                RecordingVisibility::new(),
+            )
+        };
+        // The refusing provider answers only the first delivery.
+        let (first, then) = match failing {
+            Failing::Throttled => (
+                handler(SimulatedProvider::new().overloaded_for("sim-1")),
+                handler(SimulatedProvider::new()),
+            ),
+            _ => (
+                handler(SimulatedProvider::new()),
+                handler(SimulatedProvider::new()),
+            ),
+        };
+        for receive in 1..=failing.deliveries() {
             let mut event = SqsEvent::default();
             event.records = (0..10)
                 .map(|i| {
-                    record(
-                        &format!("cost-{kib}-{b}-{i}"),
-                        kib * 1024,
-                        fail_times,
-                        receive,
-                    )
+                    let job = format!("cost-{kib}-{b}-{i}");
+                    record(&job, kib * 1024, failing, receive, sent_ago_ms)
                 })
                 .collect();
-            let report = handler.handle_batch(&event, &inv).await;
+            let handler = if receive == 1 { &first } else { &then };
+            let inv = Invocation {
+                // Each delivery its own invocation, as Lambda's request ids are.
+                id: format!("bench-cost-{b}-{receive}"),
+                deadline: Some(clock.now_ms() + 900_000),
+            };
+            let run = handler.handle_batch(&event, &inv);
+            if failing == Failing::Recovered && receive == 1 {
+                // The owner dies while its calls run; the lease lapses before the next delivery
+                // (a heartbeat renews nothing here), and the calls end meanwhile.
+                let cut = tokio::time::timeout(std::time::Duration::from_millis(100), run).await;
+                assert!(cut.is_err(), "the first delivery outlived its owner");
+                tokio::time::sleep(std::time::Duration::from_millis(150)).await;
+                clock.advance(settings.lease_ms + settings.skew_ms + 1_000);
+                continue;
+            }
+            let report = run.await;
             let failed = report.response.as_ref().map_or(usize::MAX, Vec::len);
-            let expected = if receive > fail_times { 0 } else { 10 };
-            assert_eq!(failed, expected, "delivery {receive}");
+            let expected = if receive == failing.deliveries() {
+                0
+            } else {
+                10
+            };
+            assert_eq!(failed, expected, "{failing:?}, delivery {receive}");
         }
+        executions +=
+            first.processor().provider().executions() + then.processor().provider().executions();
     }
-    let ledger = handler.processor().ledger();
+    assert_eq!(
+        executions,
+        u64::from(failing.calls()) * JOBS as u64,
+        "{failing:?}"
+    );
     let bill = ledger.bill().expect("metered");
     let (puts, gets) = (
         blobs.puts.load(Ordering::Relaxed),
@@ -225,24 +297,61 @@ async fn main() {
          SQS ${SQS:.2} per million jobs (§10)"
     );
     let mut reference = None;
+    // SQS's default retention (4 days) ends before a job due in a day (the default) whose
+    // message was sent four days ago: SQS may drop it.
+    let old = 4 * 86_400_000;
+    let kept = DEFAULT_INLINE_MAX_BYTES;
     let shapes = [
         (
             "A fresh job that succeeds (the happy path)",
-            DEFAULT_INLINE_MAX_BYTES,
+            kept,
+            Failing::Transient(0),
             0,
         ),
         (
-            "A job whose first attempt failed: its input kept from then on, inline up to INLINE_MAX_BYTES 4 KiB (the default)",
-            DEFAULT_INLINE_MAX_BYTES,
-            1,
+            "A job whose first attempt failed (a transient error), on a message SQS keeps past its deadline: no input kept (the message carries it)",
+            kept,
+            Failing::Transient(1),
+            0,
+        ),
+        (
+            "The same, its first two attempts failed: each further failure on such a message",
+            kept,
+            Failing::Transient(2),
+            0,
+        ),
+        (
+            "A job whose first call was refused before any work (a 429 or 529: the attempt given back), on such a message",
+            kept,
+            Failing::Throttled,
+            0,
+        ),
+        (
+            "A job whose first answer its contract refused (cut off at the token limit), on such a message",
+            kept,
+            Failing::Refused,
+            0,
+        ),
+        (
+            "A job whose first owner died while its call ran: the next delivery recovers it once the lease lapsed and collects the answer by its reference",
+            kept,
+            Failing::Recovered,
+            0,
+        ),
+        (
+            "A job whose first attempt failed on a message SQS may drop before the deadline (sent four days ago, SQS's default retention): its input kept from then on, inline up to INLINE_MAX_BYTES 4 KiB (the default)",
+            kept,
+            Failing::Transient(1),
+            old,
         ),
         (
             "The same with INLINE_MAX_BYTES 64 KiB (every input inline)",
             64 * 1024,
-            1,
+            Failing::Transient(1),
+            old,
         ),
     ];
-    for (label, inline, fail_times) in shapes {
+    for (label, inline, failing, sent_ago_ms) in shapes {
         println!();
         println!("{label}");
         println!(
@@ -250,11 +359,12 @@ async fn main() {
         );
         println!("| ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
         for (kib, peer) in PEER {
-            let r = row(kib, inline, fail_times).await;
-            if kib == 10 && fail_times == 0 {
+            let r = row(kib, inline, failing, sent_ago_ms).await;
+            let happy = failing == Failing::Transient(0);
+            if kib == 10 && happy {
                 reference = Some(r.dollars_per_million());
             }
-            let peer = if fail_times == 0 {
+            let peer = if happy {
                 format!("${peer:.2}")
             } else {
                 "—".to_owned()

@@ -44,3 +44,10 @@ impl Clock for ManualClock {
         self.0.load(Ordering::SeqCst)
     }
 }
+
+/// One clock shared by several holders (a test's processors, and the test that moves it).
+impl<C: Clock + ?Sized> Clock for std::sync::Arc<C> {
+    fn now_ms(&self) -> Millis {
+        (**self).now_ms()
+    }
+}

@@ -288,5 +288,26 @@ pub fn reconciler_from_lookup(
     Ok((table, queue_url, ReconcileSettings::from_vars(&vars)?))
 }
 
+/// The reconciler's sweep of the DLQ, from `DLQ_URL` (unset or empty: no sweep) and the
+/// deployment's `PRODUCERS` and `TRUSTED_SENDERS` (the worker's, its own and the operators'
+/// roles), by which it tells whose letter each is.
+pub fn dlq_sweep_from_lookup(
+    lookup: impl Fn(&str) -> Option<String>,
+) -> Result<Option<(String, crate::job::scope::Producers)>, ConfigError> {
+    let vars = Vars::new(&lookup);
+    let Some(dlq_url) = vars.get("DLQ_URL").filter(|url| !url.is_empty()) else {
+        return Ok(None);
+    };
+    let producers = crate::job::scope::Producers::parse(
+        &vars.get("PRODUCERS").unwrap_or_default(),
+        &vars.get("TRUSTED_SENDERS").unwrap_or_default(),
+    )
+    .map_err(|reason| ConfigError::Invalid {
+        name: "PRODUCERS",
+        reason,
+    })?;
+    Ok(Some((dlq_url, producers)))
+}
+
 #[cfg(test)]
 mod tests;

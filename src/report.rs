@@ -206,6 +206,9 @@ pub struct ReconcileReport {
     pub resent: u64,
     /// Triggers SQS did not take (tried again next run).
     pub send_failed: u64,
+    /// Dead letters of live jobs, moved there by the redrive policy, sent back to the work
+    /// queue (see `ops::operator::redrive_live`).
+    pub redriven: u64,
     /// Jobs in `unknown`, waiting for an operator.
     pub unknown: u64,
     /// Ledger calls that failed (tried again next run).

@@ -32,12 +32,13 @@ use fenced_jobs::ledger::{
 };
 use fenced_jobs::ledger::{IndexCursor, LedgerIndex};
 use fenced_jobs::ops::dispatch::{StreamChange, StreamEvent, StreamRecord};
+use fenced_jobs::ops::operator::redrive_live;
 use fenced_jobs::protocol::ReplayPolicy;
 use fenced_jobs::protocol::routing::ModelMap;
 use fenced_jobs::provider::{Answer, Provider, ProviderError, ProviderRequest, Retrieval};
 use fenced_jobs::queue::{
-    ChangeResult, ChangeResults, DeadLetter, DeadLetterQueue, Outgoing, Sent, TriggerSender,
-    VisibilityChange, VisibilityControl,
+    ChangeResult, ChangeResults, DeadLetter, DeadLetterQueue, Message, Outgoing, QueueError,
+    QueueReader, Received, Sent, TriggerSender, VisibilityChange, VisibilityControl,
 };
 use fenced_jobs::worker::Settings;
 use fenced_jobs::worker::handler::BatchHandler;
@@ -203,6 +204,11 @@ pub struct FaultRates {
     /// of redriven. Every such job still ends terminal: re-sent by the reconciler when its item
     /// keeps its input, or found in the due index at its deadline and expired `message_lost`.
     pub message_lost: f64,
+    /// A job's message is dead-lettered by the redrive policy when it is about to be delivered
+    /// (a chance per receive), as after a run of receives that each ended before writing the
+    /// job (a worker that crashes on it). The reconciler's sweep must send it back within two
+    /// of its runs, whether the job's item keeps its input or not.
+    pub crash_loop: f64,
     /// A job's message waited in a backlog (half the jobs): SQS's retention (4 days, the worker's default)
     /// deletes it one to six hours after it first becomes visible, whatever its job is doing.
     /// Its first claim lists the job in the due index (the message may be gone before the
@@ -264,6 +270,7 @@ impl FaultRates {
             foreign_job_id: 0.01,
             planted_job_attribute: 0.005,
             message_lost: 0.3,
+            crash_loop: 0.003,
             backlogged: 0.5,
             operator_cancel: 0.3,
         }
@@ -415,6 +422,8 @@ struct Msg {
     handle: u64,
     deleted: bool,
     in_dlq: bool,
+    /// When it reached the DLQ.
+    dead_at: Millis,
     /// A second delivery of the current one will happen at this instant (a duplicate).
     duplicate_at: Option<Millis>,
     /// The message comes back at this instant after its deletion (once).
@@ -515,8 +524,18 @@ impl Queue {
                     _ => continue,
                 }
             }
+            if !m.refused
+                && parse_trigger(Some(&m.body)).is_ok()
+                && world.fault("crash_loop", world.rates.crash_loop)
+            {
+                // Receives that each ended before writing the job: the redrive policy moves it.
+                m.in_dlq = true;
+                m.dead_at = now;
+                continue;
+            }
             if m.receive_count >= self.max_receive {
                 m.in_dlq = true;
+                m.dead_at = now;
                 if parse_trigger(Some(&m.body)).is_ok() {
                     world.violation(format!(
                         "{}: a live job's message was dead-lettered after {} receives",
@@ -653,6 +672,7 @@ impl Queue {
             handle: 0,
             deleted: false,
             in_dlq: false,
+            dead_at: 0,
             duplicate_at: None,
             resurrect_at: None,
             refused: false,
@@ -714,8 +734,7 @@ impl Queue {
         let id = format!("dead-{:06}", msgs.len());
         msgs.push(Msg {
             id,
-            // What comes out of the DLQ is an operator's redrive.
-            sender: OPERATOR,
+            sender: WORKER,
             job_id: job_id.unwrap_or_default().to_owned(),
             body: body.to_owned(),
             receive_count: 0,
@@ -725,6 +744,7 @@ impl Queue {
             handle: 0,
             deleted: false,
             in_dlq: true,
+            dead_at: 0,
             duplicate_at: None,
             resurrect_at: None,
             refused,
@@ -770,10 +790,13 @@ impl Queue {
     }
 
     /// The operator's pass over the DLQ: redrive the jobs that are not terminal (those waiting
-    /// for a decision stay for a person), drop the ones that are.
+    /// for a decision stay for a person), drop the ones that are. A live job's letter the
+    /// redrive policy moved is the reconciler's sweep's: one it left for half an hour (three of
+    /// its runs) is a violation.
     fn redrive(&self, world: &World, ledger: &InMemoryLedger) -> u64 {
         let mut moved = 0;
         let mut lost = Vec::new();
+        let now = world.now();
         let mut msgs = self.msgs.lock().expect("queue");
         for m in msgs.iter_mut().filter(|m| m.in_dlq && !m.deleted) {
             // Poison stays for a person, as `jobctl dlq redrive` leaves it: a body that is not a
@@ -788,19 +811,116 @@ impl Queue {
             match state {
                 Some(s) if s.is_terminal() => m.deleted = true,
                 Some(JobState::Unknown) => {}
+                Some(_) if now < m.dead_at + 1_800_000 => {}
                 Some(_) if world.fault("dlq_letter_lost", world.rates.message_lost) => {
                     m.deleted = true;
                     lost.push(m.job_id.clone());
                 }
-                _ => {
+                state => {
+                    if state.is_some() {
+                        world.violation(format!(
+                            "{}: a live job's dead letter waited {} min for the reconciler's sweep",
+                            m.job_id,
+                            (now - m.dead_at) / 60_000
+                        ));
+                    }
                     m.in_dlq = false;
                     m.receive_count = 0;
+                    // What comes out of the DLQ is an operator's redrive.
+                    m.sender = OPERATOR;
                     moved += 1;
                 }
             }
         }
         world.lost.lock().expect("lost").extend(lost);
         moved
+    }
+
+    /// The DLQ's letters visible at `now`, each held for `hold_s` seconds, as the reconciler's
+    /// sweep receives them.
+    fn receive_dead(&self, now: Millis, max: usize, hold_s: i32) -> Vec<Received> {
+        let mut msgs = self.msgs.lock().expect("queue");
+        let mut out = Vec::new();
+        for m in msgs.iter_mut() {
+            if out.len() == max {
+                break;
+            }
+            if !m.in_dlq || m.deleted || m.visible_at > now {
+                continue;
+            }
+            m.handle = self.next_handle.fetch_add(1, Ordering::Relaxed) as u64;
+            m.visible_at = now + Millis::from(hold_s) * 1_000;
+            out.push(Received {
+                message_id: Some(m.id.clone()),
+                body: m.body.clone(),
+                attributes: m.attributes.clone(),
+                sender_id: Some(format!("{}:session", m.sender)),
+                receipt_handle: format!("{}#{}", m.id, m.handle),
+            });
+        }
+        out
+    }
+
+    /// Deletes a DLQ letter by the handle of its last receive.
+    fn delete_dead(&self, handle: &str) {
+        let mut msgs = self.msgs.lock().expect("queue");
+        let Some((id, seq)) = handle.split_once('#') else {
+            return;
+        };
+        if let Some(m) = msgs.iter_mut().find(|m| m.id == id && m.in_dlq) {
+            m.deleted |= seq == m.handle.to_string();
+        }
+    }
+}
+
+/// The DLQ and the work queue as the reconciler's sweep reads and writes them.
+struct SimSweep {
+    world: Arc<World>,
+    queue: Arc<Queue>,
+}
+
+impl QueueReader for SimSweep {
+    async fn receive(
+        &self,
+        queue_url: &str,
+        max: usize,
+        hold_s: i32,
+    ) -> Result<Vec<Received>, QueueError> {
+        let letters = if queue_url == DLQ_URL {
+            self.queue.receive_dead(self.world.now(), max, hold_s)
+        } else {
+            Vec::new()
+        };
+        Ok(letters)
+    }
+
+    async fn send(&self, _queue_url: &str, message: Message<'_>) -> Result<(), QueueError> {
+        let named = message
+            .attributes
+            .iter()
+            .find(|(n, _)| n == fenced_jobs::queue::JOB_ID_ATTRIBUTE)
+            .map(|(_, v)| v.clone());
+        let job_id = named
+            .or_else(|| {
+                parse_trigger(Some(message.body))
+                    .ok()
+                    .map(|t| t.job_id().to_owned())
+            })
+            .unwrap_or_default();
+        let now = self.world.now();
+        let attributes = message.attributes.to_vec();
+        self.queue
+            .push_with(RECONCILER, &job_id, message.body, now, attributes);
+        Ok(())
+    }
+
+    async fn delete(&self, _queue_url: &str, receipt_handle: &str) -> Result<(), QueueError> {
+        self.queue.delete_dead(receipt_handle);
+        Ok(())
+    }
+
+    async fn release(&self, _queue_url: &str, _receipt_handle: &str) -> Result<(), QueueError> {
+        Ok(())
     }
 }
 
@@ -1958,6 +2078,12 @@ const TENANT: &str = "acme";
 const RECONCILER: &str = "AROARECONCILER";
 /// The operator's, who redrives the DLQ.
 const OPERATOR: &str = "AROAOPERATOR";
+/// The worker's, which sends poison and conflicts to the DLQ.
+const WORKER: &str = "AROAWORKER";
+/// The DLQ's URL, as the reconciler's sweep names it.
+const DLQ_URL: &str = "https://sqs.local/1/dlq";
+/// The work queue's.
+const WORK_URL: &str = "https://sqs.local/1/work";
 
 fn settings(replay: bool) -> Settings {
     let mut s = Settings {
@@ -2346,11 +2472,17 @@ pub async fn run(config: &ChaosConfig) -> ChaosReport {
                 // A crashed or timed-out invocation returns nothing: nothing is deleted.
                 let Ok(report) = handled else {
                     // A backlogged message's retention may end while its owner is down: only
-                    // the due index then shows the reconciler its job.
+                    // the due index then shows the reconciler its job. (Only a job with an
+                    // item has an owner: a message SQS drops before any claim wrote one leaves
+                    // nothing anyone could find, and is its producer's to send again.)
                     if crash && world.fault("message_lost", world.rates.message_lost) {
                         let now = world.now();
                         for record in &event.records {
-                            if let Ok(trigger) = parse_trigger(record.body.as_deref()) {
+                            let Ok(trigger) = parse_trigger(record.body.as_deref()) else {
+                                continue;
+                            };
+                            let item = table.get(trigger.job_id()).await.ok().flatten();
+                            if item.is_some() {
                                 queue.retention_ends(trigger.job_id(), now);
                             }
                         }
@@ -2524,7 +2656,14 @@ pub async fn run(config: &ChaosConfig) -> ChaosReport {
             queue: Arc::clone(&queue),
         };
         let (world, finished) = (Arc::clone(&world), Arc::clone(&finished));
+        let queue = Arc::clone(&queue);
         let jobs = config.jobs;
+        // Whose letter each is, as the template tells the reconciler.
+        let producers = fenced_jobs::job::scope::Producers::parse(
+            &format!("={PRODUCER},foreign={FOREIGN}"),
+            &format!("{WORKER},{RECONCILER},{OPERATOR}"),
+        )
+        .expect("producers");
         async move {
             // Pages of a fiftieth of the jobs: the backlog of submitted jobs is deeper than a
             // page, as a backlog of millions is for the deployed one's pages of a thousand.
@@ -2552,6 +2691,28 @@ pub async fn run(config: &ChaosConfig) -> ChaosReport {
                     if r.message_lost > 0 {
                         *faults.entry("reconciler_message_lost").or_default() += r.message_lost;
                     }
+                }
+                // Live jobs' dead letters, back to the work queue.
+                let sweep = SimSweep {
+                    world: Arc::clone(&world),
+                    queue: Arc::clone(&queue),
+                };
+                let urls = (DLQ_URL, WORK_URL);
+                // (a read the ledger refused ends the sweep: it runs again next time)
+                let swept = redrive_live(&ledger, &producers, &sweep, urls, 100).await;
+                let kind = if swept.is_ok() {
+                    "reconciler_redriven"
+                } else {
+                    "reconciler_sweep_failed"
+                };
+                let n = swept.map_or(1, |n| n as u64);
+                if n > 0 {
+                    *world
+                        .faults
+                        .lock()
+                        .expect("faults")
+                        .entry(kind)
+                        .or_default() += n;
                 }
                 // Stored answers no item references, through the faulty client.
                 let blobs = SimBlobs {

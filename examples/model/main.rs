@@ -5,7 +5,7 @@
 //! With no part named it checks a whole bound in its parts, then the message on its queue, then
 //! every mutation: the test bound (`make model-check`), `--quick` (what `make test` checks in
 //! the debug build) or `--full` (`make model-check-full`, 2 h 6 min when last measured). One part alone:
-//! `--small | --test | --background | --world | --resend | --spend | --cancel | --lost |
+//! `--small | --test | --background | --world | --resend | --spend | --cancel | --lost | --dead |
 //! --full-providers | --full-world | --full-cancel`, narrowed by `[--workers N] [--deliveries N]
 //! [--deadline N] [--budget N] [--lease N] [--faults N] [--upstreams blind,keyed,background,batch]
 //! [--never-replay] [--[no-]pacing] [--[no-]short] [--[no-]silent] [--[no-]followers]
@@ -70,7 +70,7 @@ fn main() {
 type Part = fn() -> Bounds;
 
 /// Each part a flag names alone.
-const PARTS: [(&str, Part); 11] = [
+const PARTS: [(&str, Part); 12] = [
     ("--small", Bounds::small),
     ("--test", Bounds::test),
     ("--background", Bounds::background),
@@ -79,6 +79,7 @@ const PARTS: [(&str, Part); 11] = [
     ("--spend", Bounds::spend),
     ("--cancel", Bounds::cancel),
     ("--lost", Bounds::lost),
+    ("--dead", Bounds::dead),
     ("--full-providers", Bounds::full),
     ("--full-world", Bounds::full_world),
     ("--full-cancel", Bounds::full_cancel),

@@ -119,6 +119,11 @@ pub struct Bounds {
     /// passed): from then on only the reconciler's triggers by id come (for a job whose item
     /// keeps its input and that a sparse index holds), and stray ones.
     pub lost_messages: bool,
+    /// The job's message may be dead-lettered once, at any moment while its job has an item:
+    /// the redrive policy moves it after receives that each wrote nothing (a crash loop). The
+    /// reconciler's sweep sends it back while the job is neither terminal nor `unknown`; until
+    /// then only triggers by id come, as for a lost message.
+    pub dead_letters: bool,
     /// The rule changed, if any.
     pub mutation: Option<Mutation>,
 }
@@ -152,6 +157,7 @@ impl Bounds {
             fallback: true,
             cancels: false,
             lost_messages: false,
+            dead_letters: false,
             mutation: None,
         }
     }
@@ -247,6 +253,18 @@ impl Bounds {
         }
     }
 
+    /// The test bound's eighth part: the job's message dead-lettered at any moment (once) and
+    /// swept back, the item keeping its input only where the worker does (never on a message
+    /// SQS keeps, but for `unknown`); one worker that may crash while it holds the job, one
+    /// attempt, the provider nobody can ask.
+    pub fn dead() -> Bounds {
+        Bounds {
+            lost_messages: false,
+            dead_letters: true,
+            ..Bounds::lost()
+        }
+    }
+
     /// The bound `make model-check` checks for an operator's cancel: three deliveries, a later
     /// deadline, the providers that can be asked about a call and the batch provider, both
     /// replay policies, no ledger faults.
@@ -305,9 +323,9 @@ impl Bounds {
         }
     }
 
-    /// The test bound, in its seven parts: `make model-check` checks them in the release build
+    /// The test bound, in its eight parts: `make model-check` checks them in the release build
     /// (with every mutation), and each names what it adds in its own constructor.
-    pub fn test_parts() -> [Bounds; 7] {
+    pub fn test_parts() -> [Bounds; 8] {
         [
             Bounds::test(),
             Bounds::background(),
@@ -316,6 +334,7 @@ impl Bounds {
             Bounds::spend(),
             Bounds::cancel(),
             Bounds::lost(),
+            Bounds::dead(),
         ]
     }
 
@@ -324,7 +343,7 @@ impl Bounds {
     /// worker), and the first part with two workers racing, without ledger faults, an earlier
     /// deadline, the client-keyed provider and one replay policy. Together they reach every
     /// example; the mutations' own bounds are the same in both.
-    pub fn quick_parts() -> [Bounds; 8] {
+    pub fn quick_parts() -> [Bounds; 9] {
         let races = Bounds {
             deadline: 3,
             faults: 0,
@@ -332,15 +351,17 @@ impl Bounds {
             replay: vec![ReplayPolicy::Never],
             ..Bounds::test()
         };
-        let [test, background, world, resend, spend, cancel, lost] =
+        let [test, background, world, resend, spend, cancel, lost, dead] =
             Bounds::test_parts().map(|part| Bounds { workers: 1, ..part });
-        [races, test, background, world, resend, spend, cancel, lost]
+        [
+            races, test, background, world, resend, spend, cancel, lost, dead,
+        ]
     }
 
     /// The full bound, which `make model-check-full` checks (2 h 6 min when last measured): every provider
     /// with a ledger fault per path, then the world, the re-send, the spend limit, a wider
-    /// cancel and the lost message in parts of their own.
-    pub fn full_parts() -> [Bounds; 6] {
+    /// cancel, the lost message and the dead letter in parts of their own.
+    pub fn full_parts() -> [Bounds; 7] {
         [
             Bounds::full(),
             Bounds::full_world(),
@@ -348,13 +369,14 @@ impl Bounds {
             Bounds::spend(),
             Bounds::full_cancel(),
             Bounds::lost(),
+            Bounds::dead(),
         ]
     }
 
     /// The bounds in one line.
     pub fn describe(&self) -> String {
         format!(
-            "{} workers, {} deliveries, deadline {} ticks, lease {}, skew {}, budget {}, epochs up to {}, {} tries to end an attempt, {} fault(s) per path, providers {:?}{}{}{}{}{}{}{}{}{}",
+            "{} workers, {} deliveries, deadline {} ticks, lease {}, skew {}, budget {}, epochs up to {}, {} tries to end an attempt, {} fault(s) per path, providers {:?}{}{}{}{}{}{}{}{}{}{}",
             self.workers,
             self.deliveries,
             self.deadline,
@@ -407,6 +429,11 @@ impl Bounds {
             },
             if self.lost_messages {
                 ", a message lost for good"
+            } else {
+                ""
+            },
+            if self.dead_letters {
+                ", a message dead-lettered and swept back"
             } else {
                 ""
             }
@@ -473,11 +500,13 @@ pub enum Mutation {
     NoDueWalk,
     /// A first claim never lists its job in the due index, though SQS may drop its message.
     NoDueListing,
+    /// The reconciler never sends a live job's dead letter back (the rule before the sweep).
+    NoSweep,
 }
 
 impl Mutation {
     /// Every mutation.
-    pub const ALL: [Mutation; 21] = [
+    pub const ALL: [Mutation; 22] = [
         Mutation::FinishIgnoresEpoch,
         Mutation::ExpiryIgnoresTerminal,
         Mutation::UncertainReleased,
@@ -499,6 +528,7 @@ impl Mutation {
         Mutation::CancelIgnored,
         Mutation::NoDueWalk,
         Mutation::NoDueListing,
+        Mutation::NoSweep,
     ];
 
     /// The bound a mutation is checked in: the test bound, widened where the counterexample
@@ -543,6 +573,10 @@ impl Mutation {
             Mutation::NoDueWalk | Mutation::NoDueListing => Bounds {
                 mutation: Some(self),
                 ..Bounds::lost()
+            },
+            Mutation::NoSweep => Bounds {
+                mutation: Some(self),
+                ..Bounds::dead()
             },
             Mutation::RefusedAnswerAccepted => Bounds {
                 faults: 0,
@@ -606,6 +640,7 @@ impl Mutation {
             Mutation::CancelIgnored => "the end of an attempt ignores a cancel request",
             Mutation::NoDueWalk => "the expiry reads only the sparse indexes",
             Mutation::NoDueListing => "a first claim never lists its job in the due index",
+            Mutation::NoSweep => "a live job's dead letter is never sent back",
         }
     }
 
@@ -631,7 +666,7 @@ impl Mutation {
             Mutation::SpendLimitIgnored => SPEND_LIMIT,
             Mutation::RefusalCharged => SPENT_AS_RUN,
             Mutation::CancelIgnored => CANCEL_HOLDS,
-            Mutation::NoDueWalk | Mutation::NoDueListing => ENDS,
+            Mutation::NoDueWalk | Mutation::NoDueListing | Mutation::NoSweep => ENDS,
         })
     }
 }
@@ -800,6 +835,17 @@ pub struct Worker {
     pub view: Option<Box<JobItem>>,
 }
 
+/// Where the job's message is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Letter {
+    /// In the work queue.
+    InQueue,
+    /// Moved to the DLQ by the redrive policy.
+    Dead,
+    /// Sent back by the reconciler's sweep (once moved, never again within the bound).
+    SweptBack,
+}
+
 /// The whole system.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct State {
@@ -834,6 +880,8 @@ pub struct State {
     pub cancel_epoch: Option<u64>,
     /// The job's message is lost for good.
     pub lost: bool,
+    /// Where the job's message is: in the queue, in the DLQ, or swept back.
+    pub letter: Letter,
     /// What went wrong.
     pub violations: Vec<Violation>,
 }
@@ -860,6 +908,11 @@ pub enum Upstream {
 }
 
 impl State {
+    /// The job's own message is in the work queue: neither lost nor in the DLQ.
+    fn queued(&self) -> bool {
+        !self.lost && self.letter != Letter::Dead
+    }
+
     /// A later owner can ask the provider about a call by its reference.
     fn retrievable(&self) -> bool {
         !matches!(self.upstream, Upstream::Blind | Upstream::Flex)
@@ -1062,6 +1115,10 @@ pub enum Action {
     Cancel,
     /// The job's message is lost for good: dead-lettered and dropped, or its retention passed.
     Lose,
+    /// The redrive policy moves the job's message to the DLQ.
+    DeadLetter,
+    /// The reconciler's sweep sends the job's dead letter back to the work queue.
+    Sweep,
     /// The provider says whether the batch of the line a worker's recovery would fence still
     /// runs (only while the line's call may still be running can it say so).
     Batch {
@@ -1287,6 +1344,16 @@ impl Protocol {
                 note.push_str("the job's message is lost for good");
                 true
             }
+            Action::DeadLetter => {
+                next.letter = Letter::Dead;
+                note.push_str("the redrive policy moves the job's message to the DLQ");
+                true
+            }
+            Action::Sweep => {
+                next.letter = Letter::SweptBack;
+                note.push_str("sends the job's dead letter back to the work queue");
+                true
+            }
             Action::Cancel => {
                 let item = next.item.clone()?;
                 let req = CancelRequest {
@@ -1416,7 +1483,7 @@ impl Protocol {
             max_cost_micros: self.bounds.spend_limit.then_some(1),
             // The job's own message carries the input; once it is lost, a trigger by id carries
             // what the item keeps.
-            carries_input: !next.lost || next.item.as_ref().is_some_and(JobItem::keeps_input),
+            carries_input: next.queued() || next.item.as_ref().is_some_and(JobItem::keeps_input),
         }
     }
 
@@ -1456,10 +1523,15 @@ impl Protocol {
                 Command::Take if !self.bounds.pacing => d.observe(Observation::Taken, now),
                 Command::Release | Command::Charge { .. } => d.observe(Observation::Carried, now),
                 // As the worker: the input its delivery carries (an admission that writes on
-                // an item that keeps none has it).
+                // an item that keeps none has it), kept only where SQS may drop the message.
                 Command::KeepInput => {
-                    let input = KeptInput::Inline(self.job().input);
-                    d.observe(Observation::Kept(Some(input)), now)
+                    let unknown = matches!(
+                        d.end_write(now),
+                        Some(EndWrite::End(req)) if req.end.target() == JobState::Unknown
+                    );
+                    let input = (self.bounds.lost_messages || unknown)
+                        .then(|| KeptInput::Inline(self.job().input));
+                    d.observe(Observation::Kept(input), now)
                 }
                 Command::Call(CallStep::Throttled { .. }) => {
                     d.observe(Observation::Paced { paused_until: now }, now)
@@ -2809,7 +2881,8 @@ impl Protocol {
                 Action::Tick => "clock".to_owned(),
                 Action::Expire => "reconciler".to_owned(),
                 Action::Decide(_) | Action::Cancel => "operator".to_owned(),
-                Action::Lose => "queue".to_owned(),
+                Action::Lose | Action::DeadLetter => "queue".to_owned(),
+                Action::Sweep => "reconciler".to_owned(),
                 Action::Deliver { worker, .. }
                 | Action::Follow { worker }
                 | Action::Admit { worker, .. }
@@ -3056,7 +3129,17 @@ impl Model for Protocol {
                             time: 0,
                             upstream,
                             replay,
-                            item: created.then(|| self.job().into_record(JobState::Ready, 0)),
+                            // As the producer's create leaves it.
+                            item: created
+                                .then(|| {
+                                    let req = fenced_jobs::ledger::CreateRequest {
+                                        job: self.job(),
+                                        now: 0,
+                                        enqueued: true,
+                                    };
+                                    apply_create(None, &req)
+                                })
+                                .flatten(),
                             deliveries: 0,
                             faults: 0,
                             workers: offsets
@@ -3076,6 +3159,7 @@ impl Model for Protocol {
                             hops: 0,
                             cancel_epoch: None,
                             lost: false,
+                            letter: Letter::InQueue,
                             violations: Vec::new(),
                         });
                     }
@@ -3104,12 +3188,17 @@ impl Model for Protocol {
                     // every run), and stray ones (within the bound).
                     let resent = state.item.as_ref().is_some_and(|r| {
                         r.keeps_input()
-                            && fenced_jobs::job::attention_key(r.state, r.owner_epoch, JOB)
-                                .is_some()
+                            && fenced_jobs::job::attention_key(
+                                r.state,
+                                r.owner_epoch,
+                                r.watched,
+                                JOB,
+                            )
+                            .is_some()
                     });
                     let fair =
-                        open && idle && state.time == b.end_of_time() && (!state.lost || resent);
-                    let late = !open && idle && !state.lost;
+                        open && idle && state.time == b.end_of_time() && (state.queued() || resent);
+                    let late = !open && idle && state.queued();
                     if (state.deliveries < b.deliveries && (open || late)) || fair {
                         actions.push(Action::Deliver { worker });
                     }
@@ -3135,12 +3224,22 @@ impl Model for Protocol {
             // first claim's.
             let listed = item.due_listed && !self.mutated(Mutation::NoDueWalk);
             let found = listed
-                || fenced_jobs::job::attention_key(item.state, item.owner_epoch, JOB).is_some();
+                || fenced_jobs::job::attention_key(item.state, item.owner_epoch, item.watched, JOB)
+                    .is_some();
             if past && found && (!terminal || self.mutated(Mutation::ExpiryIgnoresTerminal)) {
                 actions.push(Action::Expire);
             }
             if b.lost_messages && !state.lost && !terminal {
                 actions.push(Action::Lose);
+            }
+            // A letter of a job never claimed (no item) waits for an operator's redrive.
+            if b.dead_letters && state.letter == Letter::InQueue && !terminal {
+                actions.push(Action::DeadLetter);
+            }
+            let sweeps =
+                !terminal && item.state != JobState::Unknown && !self.mutated(Mutation::NoSweep);
+            if state.letter == Letter::Dead && sweeps {
+                actions.push(Action::Sweep);
             }
             if item.state == JobState::Unknown {
                 actions.push(Action::Decide(OperatorAction::AuthorizeRetry));
@@ -3233,6 +3332,15 @@ impl Model for Protocol {
                 })
             }),
             // Reachability: the model is not vacuous.
+            Property::sometimes(
+                "a job whose message was dead-lettered is swept back and succeeds",
+                |_, s: &State| {
+                    s.letter == Letter::SweptBack
+                        && s.item
+                            .as_ref()
+                            .is_some_and(|r| r.state == JobState::Succeeded)
+                },
+            ),
             Property::sometimes(
                 "a later record of a batch is acknowledged from the item its first left",
                 |_, s: &State| s.followed,

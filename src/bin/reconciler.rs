@@ -1,17 +1,21 @@
 //! The reconciler as a scheduled Lambda function: each run re-sends lost triggers, expires jobs
-//! past their deadline (cancelling a background call they left running), counts `unknown` jobs
-//! and, with `RESULTS_BUCKET`, removes stored answers no item references; then prints one
-//! metric document (EMF).
+//! past their deadline (cancelling a background call they left running), counts `unknown` jobs,
+//! with `DLQ_URL` sends live jobs' dead letters back to the work queue and, with
+//! `RESULTS_BUCKET`, removes stored answers no item references; then prints one metric document
+//! (EMF).
 
 use fenced_jobs::blobs::s3::S3Blobs;
 use fenced_jobs::clock::{Clock, SystemClock};
 use fenced_jobs::config::s3_client;
+use fenced_jobs::job::scope::Producers;
 use fenced_jobs::ledger::dynamodb::DynamoLedger;
 use fenced_jobs::ops::metrics::{self, MetricsTarget};
+use fenced_jobs::ops::operator::redrive_live;
 use fenced_jobs::ops::reconcile::{ReconcileReport, reconcile};
 use fenced_jobs::ops::results::sweep_orphans;
 use fenced_jobs::provider::AnyProvider;
 use fenced_jobs::queue::SqsTriggers;
+use fenced_jobs::queue::reader::SqsReader;
 use lambda_runtime::{Diagnostic, LambdaEvent, service_fn};
 use tracing::Instrument;
 
@@ -40,7 +44,15 @@ async fn main() -> Result<(), lambda_runtime::Error> {
         sqs: aws_sdk_sqs::Client::new(&aws),
         urls: [Some(queue_url.clone()), urgent_url.clone()],
     };
-    let sender = SqsTriggers::new(queues.sqs.clone(), queue_url).with_urgent(urgent_url);
+    let sender = SqsTriggers::new(queues.sqs.clone(), queue_url.clone()).with_urgent(urgent_url);
+    let sweep = fenced_jobs::config::dlq_sweep_from_lookup(|name| std::env::var(name).ok())?.map(
+        |(dlq_url, producers)| DlqSweep {
+            reader: SqsReader::new(queues.sqs.clone()),
+            dlq_url,
+            queue_url,
+            producers,
+        },
+    );
     // The provider, to cancel the background calls of jobs it expires.
     let provider = fenced_jobs::config::provider_from_lookup(|name| std::env::var(name).ok())?;
     let provider = AnyProvider::from_config(&provider, &aws).await?;
@@ -61,7 +73,7 @@ async fn main() -> Result<(), lambda_runtime::Error> {
         let run = Box::pin(
             run_once(
                 &ledger,
-                (&sender, &queues),
+                (&sender, &queues, sweep.as_ref()),
                 &provider,
                 &settings,
                 &target,
@@ -86,10 +98,21 @@ struct Queues {
     urls: [Option<String>; 2],
 }
 
-/// One run: reconcile, sweep orphans, today's spend forecast, one metric document.
+/// The DLQ whose live jobs' letters go back to the work queue, and who may have sent them.
+struct DlqSweep {
+    reader: SqsReader,
+    dlq_url: String,
+    queue_url: String,
+    producers: Producers,
+}
+
+/// The most dead letters one run reads.
+const SWEEP_MAX: usize = 100;
+
+/// One run: reconcile, sweep the DLQ and orphans, today's spend forecast, one metric document.
 async fn run_once(
     ledger: &DynamoLedger,
-    (sender, queues): (&SqsTriggers, &Queues),
+    (sender, queues, sweep): (&SqsTriggers, &Queues, Option<&DlqSweep>),
     provider: &AnyProvider,
     settings: &fenced_jobs::ops::reconcile::ReconcileSettings,
     target: &MetricsTarget,
@@ -102,6 +125,16 @@ async fn run_once(
             error_type: "LedgerError".to_owned(),
             error_message: e.to_string(),
         })?;
+    if let Some(sweep) = sweep {
+        let urls = (sweep.dlq_url.as_str(), sweep.queue_url.as_str());
+        match redrive_live(ledger, &sweep.producers, &sweep.reader, urls, SWEEP_MAX).await {
+            Ok(moved) => report.redriven = moved as u64,
+            Err(e) => {
+                tracing::warn!(error = %e, "the DLQ sweep failed; it runs again next time");
+                report.errors += 1;
+            }
+        }
+    }
     if let Some(blobs) = blobs {
         let since = now - settings.orphan_window_ms;
         let limits = (settings.max_jobs, settings.inline_max_bytes);
@@ -121,6 +154,7 @@ async fn run_once(
         walks_cut = report.walks_cut,
         resent = report.resent,
         send_failed = report.send_failed,
+        redriven = report.redriven,
         unknown = report.unknown,
         errors = report.errors,
         orphans_removed = report.orphans_removed,

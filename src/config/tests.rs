@@ -644,3 +644,32 @@ fn urgent_jobs_keep_their_share_of_the_limits_and_tenants_their_day() {
     assert!(acme.key.ends_with("#tenant#acme"), "{}", acme.key);
     assert!(config(&[("JOBS_TABLE", "t"), ("TENANT_PACING_PERCENT", "0")]).is_err());
 }
+
+#[test]
+fn the_reconciler_sweeps_the_dlq_only_when_named() {
+    let map = |vars: &[(&str, &str)]| {
+        let vars: HashMap<String, String> = vars
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        dlq_sweep_from_lookup(move |k| vars.get(k).cloned())
+    };
+    assert!(map(&[]).expect("valid").is_none());
+    assert!(map(&[("DLQ_URL", "")]).expect("valid").is_none());
+    let (url, producers) = map(&[
+        ("DLQ_URL", "https://sqs.local/1/dlq"),
+        ("PRODUCERS", "billing=AROABILLING"),
+        ("TRUSTED_SENDERS", "AROAWORKER"),
+    ])
+    .expect("valid")
+    .expect("a sweep");
+    assert_eq!(url, "https://sqs.local/1/dlq");
+    assert!(producers.scoped() && producers.trusts(Some("AROAWORKER:fn")));
+    assert!(matches!(
+        map(&[("DLQ_URL", "q"), ("PRODUCERS", "billing")]),
+        Err(ConfigError::Invalid {
+            name: "PRODUCERS",
+            ..
+        })
+    ));
+}

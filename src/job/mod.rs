@@ -43,12 +43,12 @@ pub(crate) const ATTENTION_SHARDS: u8 = 16;
 /// enters it: the message that claimed it stays in the queue until the job is terminal and
 /// brings it back if its owner dies, and the next delivery after a lapsed lease recovers it
 /// (a raised epoch) or records its attempt unknown, both of which enter the index. The
-/// happy path (first claim, then acceptance) therefore writes no index entry; every other path
-/// is watched as before. Should SQS be able to drop that message, the claim lists the job in
-/// the due index, which finds it at its deadline.
-pub fn attention_key(state: JobState, epoch: u64, job_id: &str) -> Option<String> {
+/// happy path (first claim, then acceptance) therefore writes no index entry. Past its first
+/// claim, a job is in it only while `watched` ([`JobItem::watched`]); any other live job's
+/// message, which SQS keeps, brings it back, and the due index holds it past its deadline.
+pub fn attention_key(state: JobState, epoch: u64, watched: bool, job_id: &str) -> Option<String> {
     use sha2::{Digest, Sha256};
-    if state.is_terminal() || (state == JobState::Running && epoch <= 1) {
+    if state.is_terminal() || (state == JobState::Running && epoch <= 1) || !watched {
         return None;
     }
     let shard = Sha256::digest(job_id.as_bytes())[0] % ATTENTION_SHARDS;
@@ -175,11 +175,12 @@ pub struct JobItem {
     pub cancel_requested: Option<Millis>,
     /// What the owner of `epoch` last said of its running call, for `jobctl watch`.
     pub call_progress: Option<CallProgress>,
-    /// The job is in the due index, where the reconciler finds it at its deadline. Every job
-    /// is, but one on its first claim whose message SQS keeps past its deadline and that first
-    /// claim's acceptance: its message brings it back ([`crate::ledger::ClaimRequest::list_due`]).
-    /// Once listed, always listed: the index's keys never change.
+    /// The job is in the due index, where the reconciler finds it at its deadline: every job
+    /// but a first claim whose message SQS keeps, and its acceptance (`ClaimRequest::list_due`).
     pub due_listed: bool,
+    /// The reconciler watches the job in the attention indexes ([`attention_key`]): set by its
+    /// creation, a write keeping its input or leaving it `unknown`, an operator's decision.
+    pub watched: bool,
 }
 
 impl JobItem {
@@ -193,11 +194,12 @@ impl JobItem {
             .reduce(|sum, u| sum.plus(&u))
     }
 
-    /// Whether the item keeps the job's input (inline or stored). A job created by its first
-    /// claim does not: a write is billed on the whole item, and the message that claimed it
-    /// stays in the queue until the job is terminal, carrying the input to every delivery. The
-    /// second claim keeps it, so every job the reconciler or an operator triggers by id (one
-    /// that failed, ended unknown or was submitted to the ledger) has it.
+    /// Whether the item keeps the job's input (inline or stored). A job created by a claim does
+    /// not: a write is billed on the whole item, and the message that claimed it stays in the
+    /// queue until the job is terminal, carrying the input to every delivery. A write that
+    /// leaves the job live (an end, a recovery, a later claim) keeps it where SQS may drop that
+    /// message, so every job the reconciler triggers by id has it; a job submitted to the
+    /// ledger keeps it from its creation.
     pub fn keeps_input(&self) -> bool {
         !self.input.is_empty() || self.input_ref.is_some()
     }
@@ -592,6 +594,7 @@ impl NewJob {
             cancel_requested: None,
             call_progress: None,
             due_listed: false,
+            watched: false,
         }
     }
 }

@@ -226,7 +226,7 @@ impl InMemoryLedger {
             .values()
             .filter(|job| {
                 job.state == state
-                    && attention_key(job.state, job.owner_epoch, &job.job_id).is_some()
+                    && attention_key(job.state, job.owner_epoch, job.watched, &job.job_id).is_some()
             })
             .filter_map(|job| key(job).map(|at| (job.job_id.clone(), at)))
             .collect();

@@ -63,10 +63,12 @@ pub struct ClaimRequest {
     /// to create it whole first. Condition and
     /// effect are the same either way; only the cost differs.
     pub first_sight: bool,
-    /// The claim puts the job in the due index even on its first claim: SQS may drop the
-    /// message before the job's deadline (see `VisibilityPolicy::may_drop`), and then only the
-    /// index shows the reconciler the job. A first claim whose message SQS keeps leaves it out
-    /// (and so does its acceptance): the message brings the job back if its owner dies.
+    /// The claim puts the job in the due index even on its first claim, and keeps its input from
+    /// the second on: SQS may drop the message before the job's deadline (see
+    /// `VisibilityPolicy::may_drop`), and then only the index shows the reconciler the job, and
+    /// only the item's input lets a trigger by id run it. A first claim whose message SQS keeps
+    /// leaves it out (and so does its acceptance): the message brings the job back if its owner
+    /// dies, carrying the input.
     pub list_due: bool,
 }
 

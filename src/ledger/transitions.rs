@@ -31,14 +31,15 @@ pub fn apply_claim(current: Option<&JobItem>, req: &ClaimRequest) -> Option<JobI
         Some(r) => r.clone(),
         None => req.job.clone().into_record(JobState::Ready, req.now),
     };
-    // The input is kept from the second claim on: the first one's message stays in the queue
-    // until the job is terminal and carries it to every delivery (see [`JobItem::keeps_input`]). As
+    // The input is kept from the second claim on, where SQS may drop the message (`list_due`):
+    // the message stays in the queue until the job is terminal and carries it to every delivery
+    // (see [`JobItem::keeps_input`]). As
     // DynamoDB's `if_not_exists`: an input, metadata and an input reference the item lacks are
     // taken from the message (the reference names the same content: its key is the digest).
     if current.is_none() && first {
         next.input.clear();
     }
-    if !first && next.input.is_empty() && !req.job.input.is_empty() {
+    if !first && req.list_due && next.input.is_empty() && !req.job.input.is_empty() {
         next.input = req.job.input.clone();
     }
     if next.input_ref.is_none() {
@@ -57,6 +58,8 @@ pub fn apply_claim(current: Option<&JobItem>, req: &ClaimRequest) -> Option<JobI
     // Every claim but a first one whose message SQS keeps lists the job (a later claim's
     // item is listed already, by the write that made it claimable again).
     next.due_listed |= req.list_due || !first;
+    // Watched past the first claim where it keeps its input (`list_due`).
+    next.watched = !first && req.list_due;
     next.state = JobState::Running;
     next.owner_epoch = req.expect.epoch + 1;
     next.attempts = req.expect.attempts + 1;
@@ -95,6 +98,9 @@ pub fn apply_end(current: Option<&JobItem>, req: &EndRequest) -> Option<JobItem>
     next.updated_at = req.now;
     // Only the acceptance of a first claim leaves a job out of the due index as it is.
     next.due_listed |= !(accepting && r.owner_epoch <= 1);
+    // Watched while it keeps its input (the end carries it) or waits for a decision.
+    next.watched =
+        !next.state.is_terminal() && (req.input.is_some() || next.state == JobState::Unknown);
     if let super::AttemptEnd::GivenBack {
         why, given_back, ..
     } = &req.end
@@ -187,6 +193,7 @@ pub fn apply_settle(current: Option<&JobItem>, req: &SettleRequest) -> Option<Jo
     next.updated_at = req.now;
     next.last_error = Some(req.error());
     next.due_listed = true;
+    next.watched = false;
     Some(next)
 }
 
@@ -207,6 +214,7 @@ pub fn apply_recover(current: Option<&JobItem>, req: &RecoverRequest) -> Option<
     next.owner_until = Some(req.lease_until);
     next.updated_at = req.now;
     next.due_listed = true;
+    next.watched = req.input.is_some();
     if req.seen_recoveries >= crate::job::RECOVERIES_KEPT {
         next.recoveries_dropped += 1;
     } else {
@@ -249,6 +257,7 @@ pub fn apply_create(current: Option<&JobItem>, req: &CreateRequest) -> Option<Jo
             let mut created = req.job.clone().into_record(JobState::Ready, req.now);
             created.enqueued_at = req.enqueued.then_some(req.now);
             created.due_listed = true;
+            created.watched = true;
             Some(created)
         }
     }
@@ -296,6 +305,7 @@ pub fn apply_decide(current: Option<&JobItem>, req: &DecideRequest) -> Option<Jo
     next.updated_at = req.now;
     next.decisions.push(req.decision());
     next.due_listed = true;
+    next.watched = !next.state.is_terminal();
     Some(next)
 }
 
@@ -315,6 +325,7 @@ pub fn apply_cancel(current: Option<&JobItem>, req: &CancelRequest) -> Option<Jo
     next.due_listed = true;
     if req.immediate() {
         next.state = JobState::Cancelled;
+        next.watched = false;
         next.owner_epoch += 1;
         next.owner_id = Some(req.by.clone());
         next.last_error = Some(req.error());

@@ -235,6 +235,7 @@ pub fn reconciliation(target: &MetricsTarget, at: Millis, report: &ReconcileRepo
             "Count",
             Sample::One(report.send_failed as f64),
         ),
+        ("Redriven", "Count", Sample::One(report.redriven as f64)),
         ("UnknownJobs", "Count", Sample::One(report.unknown as f64)),
         (
             "ReconcileWalksCut",

@@ -176,17 +176,34 @@ pub async fn cancel<L: JobLedger>(
 /// Index pages read at a time when looking for a tenant's jobs.
 const TENANT_PAGE: usize = 500;
 
+/// The furthest any job's deadline can be from now: the worker refuses one further than
+/// `MAX_RECEIVE_COUNT` receives of 12 hours carry, and SQS's `maxReceiveCount` is at most 1,000.
+const FURTHEST_DEADLINE_MS: Millis = 1_000 * 43_200_000;
+
 /// The live jobs of the account `tenant` (`billing/acme`, or the unnamed producer's `acme`:
-/// [`crate::job::account::account`]), as the attention index lists them: every `ready`,
-/// `retry_authorized` and `unknown` job, and every `running` one past its first claim (a job on
-/// its first claim is in no index: it is found once that attempt ends and leaves it live). One
-/// query page and one read a job, for every live job of the table: an operator's command, not
-/// a hot path.
+/// [`crate::job::account::account`]) at `now`: those the attention index lists (every `ready`
+/// and `unknown` job, and those watched while `retry_authorized` or `running`), then those the
+/// due index lists by deadline (every other job past its first claim, and a first claim whose
+/// message SQS may drop). A first claim whose message SQS keeps is in no index: it is found
+/// once that attempt ends and leaves it live. One query page and one read a job, and a query a
+/// day up to the furthest deadline: an operator's command, not a hot path.
 pub async fn tenant_jobs<L: JobLedger + crate::ledger::LedgerIndex>(
     ledger: &L,
     tenant: &str,
+    now: Millis,
 ) -> Result<Vec<String>, OperatorError> {
     let mut found = Vec::new();
+    let mut seen = std::collections::HashSet::new();
+    let mut take = async |job_id: &String| -> Result<(), OperatorError> {
+        if !seen.insert(job_id.clone()) {
+            return Ok(());
+        }
+        let item = ledger.get(job_id).await?;
+        if item.is_some_and(|r| !r.state.is_terminal() && r.account() == tenant) {
+            found.push(job_id.clone());
+        }
+        Ok(())
+    };
     for state in [
         JobState::Ready,
         JobState::RetryAuthorized,
@@ -200,14 +217,18 @@ pub async fn tenant_jobs<L: JobLedger + crate::ledger::LedgerIndex>(
                 .await?;
             cursor.advance(&page);
             for (job_id, _) in &page {
-                let item = ledger.get(job_id).await?;
-                if item.is_some_and(|r| r.account() == tenant) {
-                    found.push(job_id.clone());
-                }
+                take(job_id).await?;
             }
             if page.len() < TENANT_PAGE {
                 break;
             }
+        }
+    }
+    // From a day back: a job past its deadline is live until the reconciler expires it.
+    let mut walk = crate::ledger::DueWalk::new(now - 86_400_000, now + FURTHEST_DEADLINE_MS);
+    while let Some(page) = walk.next(ledger, TENANT_PAGE).await? {
+        for (job_id, _) in &page {
+            take(job_id).await?;
         }
     }
     Ok(found)
@@ -521,7 +542,7 @@ pub fn dollars(micros: u64) -> String {
 }
 
 mod dlq;
-pub use dlq::{DlqEntry, DlqVerdict, dlq_inspect, dlq_redrive};
+pub use dlq::{DlqEntry, DlqVerdict, SWEEP_HOLD_SECONDS, dlq_inspect, dlq_redrive, redrive_live};
 
 #[cfg(test)]
 mod tests;

@@ -4,20 +4,23 @@
 //! - Jobs past their deadline that are not terminal become `expired`, with a write conditional
 //!   on the deadline having passed and the job not being terminal: whoever owns it is fenced,
 //!   and a background call it may have left running upstream is cancelled. The sparse deadline
-//!   index finds every such job but those on their first claim; the due index, walked once from
-//!   where the last run stopped, finds those whose message SQS may drop: a job whose item never
-//!   kept its input and whose message never came back ends `expired` with `message_lost`.
+//!   index finds the watched ones; the due index, walked once from where the last run stopped,
+//!   finds every other but a first claim whose message SQS keeps: a job on its first claim whose
+//!   item keeps no input and whose message never came back ends `expired` with `message_lost`.
 //! - `ready` jobs untouched for `ready_after` whose trigger was never recorded as sent (a
 //!   producer that stopped between its ledger write and its send) or was sent longer ago than
-//!   `enqueue_stale_after` (a lost message), and `retry_authorized` jobs untouched for
+//!   `enqueue_stale_after` (a lost message), and watched `retry_authorized` jobs untouched for
 //!   `retry_after` and not re-sent since, get a new trigger carrying only their id, and the
-//!   enqueue is recorded. So do `running` jobs untouched for `ready_after` (a heartbeat renews
-//!   the lease, and with it the job's `updated_at`, every few seconds): their owner is gone and
-//!   their message may be in the DLQ; the delivery that follows makes the recovery claim. A
-//!   trigger too many is harmless: the ledger lets one claim win.
+//!   enqueue is recorded. So do watched `running` jobs untouched for `ready_after` (a heartbeat
+//!   renews the lease, and with it the job's `updated_at`, every few seconds): their owner is
+//!   gone and their message may be in the DLQ; the delivery that follows makes the recovery
+//!   claim. A trigger too many is harmless: the ledger lets one claim win.
 //! - `unknown` jobs are counted, for the alarm that asks an operator to decide; those whose last
 //!   attempt has a provider reference and that nobody touched for `retry_after` get a trigger,
 //!   so that a delivery asks the provider again even when their message was dead-lettered.
+//!
+//! The reconciler's binary also sweeps the DLQ (`ops::operator::redrive_live`): a live job's
+//! letter the redrive policy moved goes back to the work queue.
 
 use futures::stream::{self, StreamExt};
 
@@ -356,8 +359,8 @@ async fn cancel_upstream(
 const FIRST_WALK_MS: Millis = 86_400_000;
 
 /// Walks the due index from where the last run stopped to `clock` (the deadline every clock
-/// sees passed): every job found not terminal is expired, `message_lost` when its item never
-/// kept its input. The walk records how far it came; one cut short (a failed write, or
+/// sees passed): every job found not terminal is expired, `message_lost` when it is on its first
+/// claim and its item keeps no input. The walk records how far it came; one cut short (a failed write, or
 /// `RECONCILE_MAX_EXAMINED`) goes on from there next run, so each job is read about once.
 async fn walk_due<L: JobLedger + LedgerIndex>(
     ledger: &L,
@@ -433,9 +436,13 @@ async fn settle_found_expired<L: JobLedger>(
     now: Millis,
     report: &mut ReconcileReport,
 ) -> bool {
-    let reason = match job.keeps_input() {
-        true => SettleReason::DeadlinePassed,
-        false => SettleReason::MessageLost,
+    // A job on its first claim whose item keeps no input depended on its message alone, which
+    // did not bring it back before its deadline. Any other that keeps none waits for a message
+    // SQS keeps (decision 161), which may only not have come back yet.
+    let first_claim = job.state == JobState::Running && job.attempts <= 1;
+    let reason = match !job.keeps_input() && first_claim {
+        true => SettleReason::MessageLost,
+        false => SettleReason::DeadlinePassed,
     };
     let req = SettleRequest {
         job_id: job.job_id.clone(),
@@ -447,7 +454,7 @@ async fn settle_found_expired<L: JobLedger>(
         Ok(Write::Applied(ended)) => {
             report.expired += 1;
             if reason == SettleReason::MessageLost {
-                tracing::warn!(job_id = %job.job_id, "expired with its message lost: it ran only on its first claim");
+                tracing::warn!(job_id = %job.job_id, "expired with its message lost: its item keeps no input and its message did not come back by its deadline");
                 report.message_lost += 1;
             }
             cancel_upstream(provider, job.state, &ended, report).await;

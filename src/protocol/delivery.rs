@@ -234,18 +234,20 @@ impl Delivery {
         self.used = used;
     }
 
-    /// The job's input, as kept, for a write on `item` when the item keeps none.
+    /// The job's input, as kept, for a write on `item`: the item's own when it keeps one (the
+    /// write leaves it as it is, and the job watched), else the input this delivery kept.
     fn kept_input(&self, item: &JobItem) -> Option<KeptInput> {
-        match item.keeps_input() {
-            true => None,
-            false => self.kept.clone().flatten(),
+        match (item.input.is_empty(), &item.input_ref) {
+            (false, _) => Some(KeptInput::Inline(item.input.clone())),
+            (true, Some(blob)) => Some(KeptInput::Stored(Box::new(blob.clone()))),
+            (true, None) => self.kept.clone().flatten(),
         }
     }
 
     /// `command`, once the job's input is kept when the write it asks for needs it (`needs`)
-    /// and nobody asked yet.
+    /// and none is kept yet (the worker keeps it only for some writes: decision 161).
     fn keeping_input(&mut self, needs: bool, command: Command) -> Command {
-        match needs && self.kept.is_none() {
+        match needs && !matches!(self.kept, Some(Some(_))) {
             true => self.then(Command::KeepInput, command),
             false => command,
         }

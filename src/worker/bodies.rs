@@ -59,6 +59,7 @@ where
     for record in &event.records {
         let body = record.body.as_deref();
         let pointer = body.and_then(crate::job::message::parse_pointer);
+        let by_pointer = matches!(pointer, Some(Ok(_)));
         let sender = sender_of(settings, record, pointer.as_ref());
         let parsed = match (pointer, &sender) {
             (_, Err(refused)) => Err(refused.clone()),
@@ -104,7 +105,10 @@ where
             let receives = attribute(record, "ApproximateReceiveCount").unwrap_or(0);
             msg.delivered_before = receives > 1;
             msg.receive_count = receives.clamp(0, i64::from(u32::MAX)) as u32;
-            msg.sent_at = attribute(record, "SentTimestamp");
+            // A pointer's payload lives as long as its producer's lifecycle rule lets it, not
+            // SQS's retention: taken as a message SQS may drop (no `SentTimestamp`), so the
+            // item keeps the input once the job leaves its first claim.
+            msg.sent_at = attribute(record, "SentTimestamp").filter(|_| !by_pointer);
         }
         entries.push(Entry { record, parsed });
     }

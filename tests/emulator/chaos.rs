@@ -148,7 +148,8 @@ async fn hundreds_of_jobs_under_crashes_and_pauses_keep_every_invariant() {
                         break;
                     }
                     // The reconciler, as its schedule would run it, with short thresholds: it
-                    // re-sends jobs whose messages went to the DLQ after too many receives.
+                    // re-sends watched jobs by id, and sends live jobs' dead letters (moved
+                    // there after too many receives) back.
                     if c == 0 {
                         let now =
                             fenced_jobs::clock::Clock::now_ms(&fenced_jobs::clock::SystemClock);
@@ -167,6 +168,15 @@ async fn hundreds_of_jobs_under_crashes_and_pauses_keep_every_invariant() {
                         .await
                         .expect("reconcile");
                         resent.fetch_add(report.resent, Ordering::Relaxed);
+                        // And live jobs' dead letters go back to the work queue.
+                        let reader = fenced_jobs::queue::SqsReader::new(aws.sqs.clone());
+                        let urls = (queue.dlq_url.as_str(), queue.url.as_str());
+                        let anyone = fenced_jobs::job::scope::Producers::default();
+                        let swept = fenced_jobs::ops::operator::redrive_live(
+                            ledger, &anyone, &reader, urls, 100,
+                        );
+                        let swept = swept.await.expect("sweep") as u64;
+                        resent.fetch_add(swept, Ordering::Relaxed);
                     }
                 }
             }

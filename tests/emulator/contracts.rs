@@ -52,11 +52,8 @@ async fn an_invalid_answer_then_a_valid_one_succeeds_with_two_attempts_and_the_f
     let handler = aws.processor_handler(processor(&aws, &table, built_in(false)));
     let source = aws.source(&queue).await;
     let bad_once = json!({"bad_answer": "invalid", "bad_times": 1});
-    aws.send(
-        &queue,
-        &extraction("inv-1", "invoice-extract@2", 3, bad_once),
-    )
-    .await;
+    let body = extraction("inv-1", "invoice-extract@2", 3, bad_once);
+    aws.send(&queue, &body).await;
 
     // WHEN it is delivered, and delivered again once its backoff has passed
     let (_, first) = deliver(&source, &handler).await;
@@ -92,7 +89,10 @@ async fn an_invalid_answer_then_a_valid_one_succeeds_with_two_attempts_and_the_f
     assert_eq!(accepted.finish, Some(Finish::Stop));
     // Each attempt records what the provider said it used, the refused one too, in the
     // ledger's one vocabulary.
-    let input_tokens = (record.input.len() as u64).div_ceil(4);
+    let input = fenced_jobs::job::parse_body(Some(&body))
+        .expect("a job")
+        .input_canonical;
+    let input_tokens = (input.len() as u64).div_ceil(4);
     for (attempt, answer) in [(refused, r#"{"unexpected": true}"#.len()), (accepted, 0)] {
         let usage = attempt.usage.expect("usage reported");
         assert!(!usage.estimated);

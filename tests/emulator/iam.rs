@@ -11,11 +11,12 @@ use std::sync::{Arc, Mutex};
 use fenced_jobs::blobs::s3::S3Blobs;
 use fenced_jobs::clock::{Clock, SystemClock};
 use fenced_jobs::events::aws::AwsSink;
+use fenced_jobs::ops::operator::redrive_live;
 use fenced_jobs::ops::producer::{Intake, submit};
 use fenced_jobs::ops::reconcile::{ReconcileSettings, reconcile};
 use fenced_jobs::ops::results::sweep_orphans;
 use fenced_jobs::provider::SimulatedProvider;
-use fenced_jobs::queue::{SqsDeadLetters, SqsTriggers, SqsVisibility};
+use fenced_jobs::queue::{SqsDeadLetters, SqsReader, SqsTriggers, SqsVisibility};
 use fenced_jobs::testing::sdk_calls::RecordedCall;
 use fenced_jobs::worker::handler::BatchHandler;
 use fenced_jobs::worker::processor::Processor;
@@ -148,6 +149,16 @@ async fn each_function_makes_only_the_calls_its_role_in_the_template_allows() {
     )
     .await
     .expect("sweep");
+    // AND its DLQ sweep: a live job's letter, as the redrive policy leaves it, goes back to the
+    // work queue; the worker's poison letter stays
+    let letter = job("iam-again", "p", r#""simulate":{"fail_times":1}"#);
+    let dead = setup.sqs.send_message().queue_url(&queue.dlq_url);
+    dead.message_body(letter).send().await.expect("dead letter");
+    let reader = SqsReader::new(reconciler.sqs.clone());
+    let urls = (queue.dlq_url.as_str(), queue.url.as_str());
+    let anyone = fenced_jobs::job::scope::Producers::default();
+    let swept = redrive_live(&reconciler.ledger(&table), &anyone, &reader, urls, 10).await;
+    assert_eq!(swept.expect("the reconciler sweeps the DLQ"), 1);
     // AND today's spend forecast, under its role: the queues' depth and the day's items (one
     // charged call today, 60 of a 1,000 limit)
     {

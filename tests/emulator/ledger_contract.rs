@@ -723,7 +723,7 @@ async fn raw_item(
         .remove("attention")
         .and_then(|v| v.as_s().ok().cloned());
     // Both are first claims: the queue brings such a job back, so the index never holds it.
-    let expected = attention_key(JobState::Running, 1, id);
+    let expected = attention_key(JobState::Running, 1, false, id);
     assert_eq!(
         attention, expected,
         "{id}: the attention key of a job running on its first claim"

@@ -669,3 +669,75 @@ async fn dlq_follows_extended_client_pointers_and_redrives_them_with_their_attri
 fn worker_believed() -> Producers {
     Producers::parse("", crate::support::EMULATOR_SENDER).expect("parsed")
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_reconciler_sends_a_live_jobs_dead_letter_back_and_leaves_the_others() {
+    // GIVEN a queue whose redrive policy allows 5 receives, and a job whose first attempt
+    // failed on a message SQS keeps: its item keeps no input and is not watched, so the
+    // message is all that can run it again
+    let aws = emulator().await;
+    let table = aws.table().await;
+    let queue = aws.queue_with_receives(1, 5).await;
+    let mut settings = fast_settings();
+    settings.visibility.max_receive_count = 5;
+    let handler = aws.handler(&table, SimulatedProvider::new(), settings);
+    let source = aws.source(&queue).await;
+    let body = job("sweep-1", "p", r#""simulate":{"fail_times":1}"#);
+    aws.send(&queue, &body).await;
+    aws.send(&queue, "{not json").await;
+    deliver(&source, &handler).await;
+    let item = aws.item(&table, "sweep-1").await;
+    assert_eq!(item.state, JobState::RetryAuthorized, "{item:?}");
+    assert!(!item.keeps_input() && !item.watched, "{item:?}");
+
+    // WHEN a run of receives ends before any writes the job (a crash loop) and the redrive
+    // policy moves its message to the DLQ, beside the worker's own poison letter
+    let dead = || fenced_jobs::queue::sqs::depth(&aws.sqs, &queue.dlq_url);
+    for _ in 0..40 {
+        if dead().await == Some(2) {
+            break;
+        }
+        let received = aws
+            .sqs
+            .receive_message()
+            .queue_url(&queue.url)
+            .visibility_timeout(0)
+            .wait_time_seconds(1)
+            .send()
+            .await;
+        received.expect("receive");
+    }
+    assert_eq!(dead().await, Some(2), "the DLQ");
+    let ledger = aws.ledger(&table);
+    let later = SystemClock.now_ms() + 3_600_000;
+    let quick = fenced_jobs::ops::reconcile::ReconcileSettings {
+        ready_after_ms: 1_000,
+        retry_after_ms: 1_000,
+        ..Default::default()
+    };
+    let sender = SqsTriggers::new(aws.sqs.clone(), queue.url.clone());
+    let provider = SimulatedProvider::new();
+    let report = fenced_jobs::ops::reconcile::reconcile(&ledger, &sender, &provider, later, &quick);
+    let report = report.await.expect("reconcile");
+    // (no index holds the job: nothing else would send it again)
+    assert_eq!(report.resent, 0, "{report:?}");
+    let reader = SqsReader::new(aws.sqs.clone());
+    let urls = (queue.dlq_url.as_str(), queue.url.as_str());
+    let moved = operator::redrive_live(&ledger, &Producers::default(), &reader, urls, 10).await;
+
+    // THEN the job's letter goes back to the work queue, and its next delivery finishes it with
+    // one more call; the poison letter stays in the DLQ for a person
+    assert_eq!(moved.expect("swept"), 1);
+    let mut item = aws.item(&table, "sweep-1").await;
+    for _ in 0..10 {
+        deliver(&source, &handler).await;
+        item = aws.item(&table, "sweep-1").await;
+        if item.state.is_terminal() {
+            break;
+        }
+    }
+    assert_eq!(item.state, JobState::Succeeded, "{item:?}");
+    assert_eq!(handler.processor().provider().executions(), 2);
+    // (held out of sight for the sweep's 30 s, so counted rather than read)
+    assert_eq!(dead().await, Some(1), "the poison letter");
+}

@@ -199,7 +199,8 @@ async fn the_reconciler_repairs_a_stopped_producer_and_expires_jobs_past_their_d
                 provider_ref: None,
                 route: None,
                 first_sight: false,
-                list_due: false,
+                // The item keeps its input (a producer created it): the worker's claim says so.
+                list_due: true,
             };
             let first = ledger.claim(claim(Expect::FRESH, until)).await;
             assert!(matches!(first, Ok(Write::Applied(_))), "{first:?}");

@@ -134,15 +134,38 @@ async fn a_first_claim_whose_message_sqs_may_drop_pays_for_its_entry_in_the_due_
     }
 }
 
+/// A delivery of a message sent four days ago: SQS's default retention ends before the job's
+/// deadline (a day, the default), so SQS may drop it.
+fn old_delivery(body: &str) -> SqsEvent {
+    sent_at(body, 1, SystemClock.now_ms() - 4 * 86_400_000)
+}
+
 #[tokio::test]
-async fn a_job_whose_first_attempt_failed_keeps_its_input_and_a_trigger_by_id_runs_it() {
-    // GIVEN a job whose first attempt fails with a transient error
+async fn a_failed_job_keeps_its_input_only_where_sqs_may_drop_its_message() {
+    // GIVEN a job whose first attempt fails with a transient error, on a message SQS keeps
     let ledger = Arc::new(InMemoryLedger::metered());
     let h = handler(ledger.clone(), Arc::new(MemoryBlobs::new("results")));
-    let body = job("flaky", 100, r#","simulate":{"fail_times":1}"#);
+    let body = job("kept", 1024, r#","simulate":{"fail_times":1}"#);
     let first = h.handle_batch(&delivery(&body, 1), &invocation()).await;
     assert_eq!(first.response.as_ref().map(Vec::len), Ok(1));
-    // THEN the end that leaves it live keeps its input, as the message has it
+    // THEN the end that leaves it live keeps no input (the message carries it), and the item
+    // stays under 1 KB
+    let item = ledger.get("kept").await.expect("get").expect("item");
+    assert_eq!(item.state, JobState::RetryAuthorized);
+    assert!(!item.keeps_input());
+    assert!(ledger.bill().expect("metered").largest_item <= 1024);
+    // AND the message, delivered again, runs the second attempt
+    let again = h.handle_batch(&delivery(&body, 2), &invocation()).await;
+    assert_eq!(again.response, Ok(vec![]));
+    let item = ledger.get("kept").await.expect("get").expect("item");
+    assert_eq!((item.state, item.attempts), (JobState::Succeeded, 2));
+    assert!(!item.keeps_input());
+
+    // GIVEN the same on a message SQS may drop before the deadline
+    let body = job("flaky", 100, r#","simulate":{"fail_times":1}"#);
+    let first = h.handle_batch(&old_delivery(&body), &invocation()).await;
+    assert_eq!(first.response.as_ref().map(Vec::len), Ok(1));
+    // THEN the end keeps the input, as the message has it
     let item = ledger.get("flaky").await.expect("get").expect("item");
     assert_eq!(item.state, JobState::RetryAuthorized);
     let canonical = parse_body(Some(&body)).expect("a job").input_canonical;
@@ -154,17 +177,18 @@ async fn a_job_whose_first_attempt_failed_keeps_its_input_and_a_trigger_by_id_ru
     assert_eq!(again.response, Ok(vec![]));
     let item = ledger.get("flaky").await.expect("get").expect("item");
     assert_eq!((item.state, item.attempts), (JobState::Succeeded, 2));
-    assert_eq!(h.processor().provider().executions(), 2);
+    assert_eq!(h.processor().provider().executions(), 4);
 }
 
 #[tokio::test]
 async fn a_large_input_is_kept_by_reference_once_stored_and_read_back_by_a_trigger_by_id() {
-    // GIVEN a job with a 10 KiB prompt (above INLINE_MAX_BYTES) whose first attempt fails
+    // GIVEN a job with a 10 KiB prompt (above INLINE_MAX_BYTES) whose first attempt fails, on
+    // a message SQS may drop
     let ledger = Arc::new(InMemoryLedger::new());
     let blobs = Arc::new(MemoryBlobs::new("results"));
     let h = handler(ledger.clone(), blobs.clone());
     let body = job("large", 10 * 1024, r#","simulate":{"fail_times":1}"#);
-    h.handle_batch(&delivery(&body, 1), &invocation()).await;
+    h.handle_batch(&old_delivery(&body), &invocation()).await;
     // THEN the end that leaves it live stores the input and keeps only its reference
     let item = ledger.get("large").await.expect("get").expect("item");
     assert_eq!(item.state, JobState::RetryAuthorized);
@@ -223,10 +247,12 @@ async fn a_trigger_by_id_for_a_job_that_kept_no_input_waits_for_the_jobs_message
     let provider = h.processor().provider();
     assert_eq!((provider.executions(), provider.retrievals()), (0, 0));
     assert_eq!(ledger.get("orphan").await.expect("get"), Some(before));
-    // AND the job's own message, when it comes back, recovers it, keeps its input and asks the
-    // provider about the lapsed attempt instead of calling again
+    // AND the job's own message, when it comes back, recovers it and asks the provider about
+    // the lapsed attempt instead of calling again; the attempt it cannot find is left unknown,
+    // with the input kept for the operator's decision to run it by id
     let own = h.handle_batch(&delivery(&body, 2), &invocation()).await;
     let done = ledger.get("orphan").await.expect("get").expect("item");
     assert_eq!(done.owner_epoch, 2, "{:?}", own.records[0].outcome);
+    assert_eq!(done.state, JobState::Unknown);
     assert_eq!(done.input, msg.input_canonical);
 }

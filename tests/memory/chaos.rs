@@ -7,7 +7,7 @@ use crate::sim;
 fn fixed_seeds_keep_every_invariant_under_every_fault() {
     // Every edge the worker guards against must be met: the rarer ones (a failed store of an
     // answer is 5 % of the few large answers) on the first four seeds or on up to four more.
-    const EDGES: [&str; 43] = [
+    const EDGES: [&str; 45] = [
         "batch_answer_lost",
         "batch_refused",
         "batch_results_cut",
@@ -49,6 +49,8 @@ fn fixed_seeds_keep_every_invariant_under_every_fault() {
         "message_lost",
         "retention_passed",
         "reconciler_message_lost",
+        "crash_loop",
+        "reconciler_redriven",
         "flex_refused",
         "long_deadline",
     ];

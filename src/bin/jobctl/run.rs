@@ -302,7 +302,8 @@ async fn cancel_ids(
     yes: bool,
 ) -> Vec<String> {
     if let Some(tenant) = &tenant {
-        let listing = operator::tenant_jobs(&ctx.ledger, tenant);
+        let now = fenced_jobs::clock::Clock::now_ms(&fenced_jobs::clock::SystemClock);
+        let listing = operator::tenant_jobs(&ctx.ledger, tenant, now);
         match crate::progress::shown("listing the account's live jobs", listing).await {
             Ok(found) => ids.extend(found),
             Err(e) => {

@@ -237,7 +237,7 @@ pub fn encode(r: &JobItem) -> Item {
         ),
         (
             "attention",
-            attention_key(r.state, r.owner_epoch, &r.job_id).map(|k| s(&k)),
+            attention_key(r.state, r.owner_epoch, r.watched, &r.job_id).map(|k| s(&k)),
         ),
         ("due_on", r.due_listed.then(|| s(&utc_day(r.deadline_at)))),
         ("due_day", Some(s(&utc_day(r.deadline_at)))),
@@ -306,6 +306,7 @@ pub fn decode(item: &Item) -> Result<JobItem, LedgerError> {
         cancel_requested: get_n(item, "cancel_requested"),
         call_progress: item.get("progress").and_then(decode_progress),
         due_listed: item.contains_key("due_on"),
+        watched: item.contains_key("attention"),
         class: crate::job::JobClass {
             tenant: get_s(item, "tenant").map(str::to_owned),
             urgent: get_s(item, "priority") == Some("urgent"),
@@ -614,6 +615,7 @@ mod tests {
                 streamed_bytes: 2_048,
             }),
             due_listed: true,
+            watched: true,
             class: crate::job::JobClass {
                 tenant: Some("acme".into()),
                 urgent: true,
@@ -640,14 +642,18 @@ mod tests {
         assert_eq!(decode(&item).expect("decodes"), live);
         assert_eq!(
             get_s(&item, "attention"),
-            attention_key(JobState::Running, live.owner_epoch, "job-1").as_deref()
+            attention_key(JobState::Running, live.owner_epoch, true, "job-1").as_deref()
         );
         assert_eq!(
             get_s(&item, "due_on"),
             Some(utc_day(live.deadline_at).as_str())
         );
 
-        let done = full_record(JobState::Succeeded);
+        // (A terminal job is watched by nobody.)
+        let done = JobItem {
+            watched: false,
+            ..full_record(JobState::Succeeded)
+        };
         let item = encode(&done);
         assert_eq!(decode(&item).expect("decodes"), done);
         assert!(!item.contains_key("attention"));

@@ -125,7 +125,7 @@ impl DynamoLedger {
         update: &str,
         condition: &str,
         values: Vec<(&str, AttributeValue)>,
-        target: Option<JobState>,
+        target: Option<(JobState, bool)>,
     ) -> Result<Write, LedgerError> {
         self.update_to(operation, job_id, update, condition, values, target, None)
             .await
@@ -141,12 +141,13 @@ impl DynamoLedger {
         update: &str,
         condition: &str,
         mut values: Vec<(&str, AttributeValue)>,
-        target: Option<JobState>,
+        target: Option<(JobState, bool)>,
         rebuilt: Option<JobItem>,
     ) -> Result<Write, LedgerError> {
-        // Every write that sets a state keeps the sparse attention index in step with it.
+        // Every write that sets a state keeps the sparse attention index in step with it (the
+        // state it leaves, and whether it leaves the job watched: `JobItem::watched`).
         let mut update = update.to_owned();
-        if let Some(state) = target {
+        if let Some((state, watched)) = target {
             // The epoch the write leaves, where it raises one: only a first claim (epoch 1)
             // leaves a running job out of the index; a write that raises none never sets
             // `running`.
@@ -155,12 +156,12 @@ impl DynamoLedger {
                 .find(|(token, _)| *token == ":new_epoch")
                 .and_then(|(_, v)| v.as_n().ok()?.parse().ok())
                 .unwrap_or(u64::MAX);
-            match attention_key(state, epoch, job_id) {
+            match attention_key(state, epoch, watched, job_id) {
                 Some(key) => {
                     update.push_str(", #attn = :attn");
                     values.push((":attn", s(&key)));
                 }
-                None => update.push_str(" REMOVE #attn"),
+                None => remove_attention(&mut update),
             }
         }
         let returns = match rebuilt {
@@ -390,9 +391,38 @@ fn placeholders(expr: &str) -> impl Iterator<Item = &str> {
     })
 }
 
+/// Adds `#attn` to the update's `REMOVE` clause, or a clause of its own: an expression may
+/// name each clause once.
+fn remove_attention(update: &mut String) {
+    let Some(at) = update.find("REMOVE ") else {
+        update.push_str(" REMOVE #attn");
+        return;
+    };
+    let paths = at + "REMOVE ".len();
+    let end = [" ADD ", " SET ", " DELETE "]
+        .iter()
+        .filter_map(|clause| update[paths..].find(clause))
+        .min()
+        .map_or(update.len(), |e| paths + e);
+    update.insert_str(end, ", #attn");
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_update_names_its_remove_clause_once() {
+        let mut plain = String::from("SET #a = :a");
+        remove_attention(&mut plain);
+        assert_eq!(plain, "SET #a = :a REMOVE #attn");
+        let mut give_back = String::from("REMOVE #log[0] ADD #thr :one SET #a = :a");
+        remove_attention(&mut give_back);
+        assert_eq!(give_back, "REMOVE #log[0], #attn ADD #thr :one SET #a = :a");
+        let mut last = String::from("SET #a = :a REMOVE #x");
+        remove_attention(&mut last);
+        assert_eq!(last, "SET #a = :a REMOVE #x, #attn");
+    }
 
     #[test]
     fn placeholders_are_whole_tokens() {

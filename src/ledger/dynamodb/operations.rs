@@ -50,8 +50,9 @@ impl JobLedger for DynamoLedger {
         if req.list_due || req.expect.epoch > 0 {
             update.push_str(", #due = if_not_exists(#due, :due)");
         }
-        // The input is kept from the second claim on (`JobItem::keeps_input`).
-        let keeps_input = req.expect.epoch > 0 && !job.input.is_empty();
+        // The input is kept from the second claim on, where SQS may drop the message
+        // (`JobItem::keeps_input`).
+        let keeps_input = req.expect.epoch > 0 && req.list_due && !job.input.is_empty();
         update.push_str(&kept_if_absent(job, keeps_input));
         let claimable = "(#state IN (:ready, :retry) AND #epoch = :epoch AND #attempts = :attempts \
              AND #digest = :digest AND #attempts < #max AND #deadline > :now)";
@@ -92,7 +93,8 @@ impl JobLedger for DynamoLedger {
             &update,
             &condition,
             values,
-            Some(JobState::Running),
+            // Watched past the first claim where it keeps its input (`list_due`).
+            Some((JobState::Running, req.expect.epoch > 0 && req.list_due)),
         )
         .await
     }
@@ -155,7 +157,7 @@ impl JobLedger for DynamoLedger {
                 )
             }
         };
-        let target = Some(req.reason.target());
+        let target = Some((req.reason.target(), false));
         self.update("settle", &req.job_id, &update, &condition, values, target)
             .await
     }
@@ -203,7 +205,7 @@ impl JobLedger for DynamoLedger {
             ));
         }
         let (update, values) = kept_input(req.input.as_ref(), update.to_owned() + LIST_DUE, values);
-        let target = Some(JobState::Running);
+        let target = Some((JobState::Running, req.input.is_some()));
         self.update("recover", &req.job_id, &update, condition, values, target)
             .await
     }
@@ -298,7 +300,8 @@ impl JobLedger for DynamoLedger {
             (":unknown", s(JobState::Unknown.as_str())),
             (":epoch", n(req.epoch)),
         ];
-        let target = Some(req.action.target());
+        let to = req.action.target();
+        let target = Some((to, !to.is_terminal()));
         self.update("decide", &req.job_id, &update, condition, values, target)
             .await
     }
@@ -343,7 +346,7 @@ impl JobLedger for DynamoLedger {
         );
         let condition =
             "#state = :seen AND #epoch = :epoch AND #state IN (:ready, :retry, :unknown)";
-        let target = Some(JobState::Cancelled);
+        let target = Some((JobState::Cancelled, false));
         self.update("cancel", &req.job_id, &update, condition, values, target)
             .await
     }
@@ -405,7 +408,10 @@ impl DynamoLedger {
         rebuilt: Option<JobItem>,
     ) -> Result<Write, LedgerError> {
         let (update, condition, values) = end_write(req);
-        let target = Some(req.end.target());
+        let to = req.end.target();
+        // Watched while it keeps its input (the end carries it) or waits for a decision.
+        let watched = !to.is_terminal() && (req.input.is_some() || to == JobState::Unknown);
+        let target = Some((to, watched));
         self.update_to(
             "end",
             &req.job_id,

@@ -103,6 +103,9 @@ pub struct DlqEntry {
     pub job_id: Option<String>,
     /// What a redrive would do.
     pub verdict: DlqVerdict,
+    /// It names the reason the worker sent it here itself (poison, a conflict); otherwise the
+    /// redrive policy moved it after `maxReceiveCount` receives.
+    pub by_worker: bool,
     body: String,
     /// The message's string attributes, the worker's own left out (a pointer's payload size,
     /// the job it names).
@@ -117,6 +120,7 @@ impl std::fmt::Debug for DlqEntry {
             .field("message_id", &self.message_id)
             .field("job_id", &self.job_id)
             .field("verdict", &self.verdict)
+            .field("by_worker", &self.by_worker)
             .finish_non_exhaustive()
     }
 }
@@ -159,7 +163,10 @@ pub async fn dlq_inspect<L: JobLedger>(
                 continue;
             }
             let letter = judge_letter(ledger, blobs, producers, &m).await?;
+            // Whoever sent it: a producer naming a reason only keeps its letter from the sweep.
+            let reason = crate::queue::dead_letters::REASON_ATTRIBUTE;
             entries.push(DlqEntry {
+                by_worker: attribute(&m, reason).is_some(),
                 message_id: m.message_id,
                 verdict: letter.verdict,
                 job_id: letter.job_id,
@@ -342,4 +349,43 @@ pub async fn dlq_redrive(
         moved += 1;
     }
     Ok(moved)
+}
+
+/// How long the reconciler's sweep keeps each letter it read invisible: long enough to send the
+/// redrivable ones back and delete them (a receipt handle is only good while its message is
+/// held), short enough that an operator's `jobctl dlq inspect` soon sees the others again.
+pub const SWEEP_HOLD_SECONDS: i32 = 30;
+
+/// The reconciler's sweep of the DLQ: of the first `max` letters, those the redrive policy moved
+/// there (a run of receives that each ended before writing the job, such as a crash loop) whose
+/// job the ledger holds live go back to the work queue, since the job's message may be the only
+/// thing left that runs it (decision 163). The worker's own letters (poison, conflicts), those
+/// of jobs terminal, `unknown` (waiting for an operator), not in the ledger or unreadable stay
+/// for an operator; each letter read is invisible for [`SWEEP_HOLD_SECONDS`]. Returns how many
+/// went back.
+pub async fn redrive_live<L: JobLedger>(
+    ledger: &L,
+    producers: &Producers,
+    queue: &impl QueueReader,
+    (dlq_url, queue_url): (&str, &str),
+    max: usize,
+) -> Result<usize, OperatorError> {
+    let read = dlq_inspect(
+        ledger,
+        None,
+        producers,
+        queue,
+        dlq_url,
+        max,
+        SWEEP_HOLD_SECONDS,
+    )
+    .await?;
+    let live: Vec<DlqEntry> = read
+        .into_iter()
+        .filter(|e| {
+            !e.by_worker
+                && matches!(e.verdict, DlqVerdict::Redrive(Some(state)) if state != JobState::Unknown)
+        })
+        .collect();
+    dlq_redrive(queue, dlq_url, queue_url, &live).await
 }

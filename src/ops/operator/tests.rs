@@ -44,6 +44,26 @@ fn dead_letter(id: &str, prompt: &str) -> String {
     )
 }
 
+/// Sends `bodies` to the DLQ as the worker's role, the one at `marked.0` with the attributes
+/// `marked.1`.
+fn worker_letters(
+    queue: &crate::queue::MemoryQueue,
+    dlq: &str,
+    bodies: &[String],
+    marked: (usize, &[(String, String)]),
+) {
+    for (i, body) in bodies.iter().enumerate() {
+        let message = Message {
+            body,
+            attributes: if i == marked.0 { marked.1 } else { &[] },
+            fifo: None,
+        };
+        queue
+            .send_as(dlq, Some("AROAWORKER:fn"), message)
+            .expect("sent");
+    }
+}
+
 #[tokio::test]
 async fn a_redrive_moves_the_live_jobs_letters_and_leaves_the_others() {
     // GIVEN a DLQ with letters of an unknown job, a job never seen, and a broken body
@@ -69,16 +89,7 @@ async fn a_redrive_moves_the_live_jobs_letters_and_leaves_the_others() {
             "deadline_at: further away than MAX_RECEIVE_COUNT receives carry".to_owned(),
         ),
     ];
-    for (i, body) in bodies.iter().enumerate() {
-        let message = Message {
-            body,
-            attributes: if i == 3 { &refused } else { &[] },
-            fifo: None,
-        };
-        queue
-            .send_as(dlq, Some("AROAWORKER:fn"), message)
-            .expect("sent");
-    }
+    worker_letters(&queue, dlq, &bodies, (3, &refused));
     // WHEN an operator inspects it (visible to others meanwhile; SQS's short receive comes
     // back empty twice first), believing the worker's letters, and redrives it
     let worker = Producers::parse("", "AROAWORKER").expect("parsed");
@@ -402,7 +413,7 @@ fn a_refused_answer_shows_its_errors_and_its_excerpt_only_with_the_answer() {
 }
 
 #[tokio::test]
-async fn a_tenants_live_jobs_are_found_through_the_index_and_no_other_tenants() {
+async fn a_tenants_live_jobs_are_found_through_the_indexes_and_no_other_tenants() {
     use crate::ledger::CreateRequest;
     let ledger = crate::ledger::memory::InMemoryLedger::new();
     for (id, tenant) in [("a-1", "acme"), ("a-2", "acme"), ("g-1", "globex")] {
@@ -427,10 +438,100 @@ async fn a_tenants_live_jobs_are_found_through_the_index_and_no_other_tenants() 
     cancel(&ledger, "a-2", "op", None, "gone", 2_000)
         .await
         .expect("cancel");
-    let found = tenant_jobs(&ledger, "acme").await.expect("walk");
-    assert_eq!(found, ["a-1"], "a cancelled job is not live");
+    // A first claim listed due (its message SQS may drop), in no attention index.
+    let mut first = crate::job::NewJob::from_message(
+        &crate::job::parse_body(Some(
+            r#"{"job_id":"a-3","tenant":"acme","contract":"c","input":{"model":"m","prompt":"p"}}"#,
+        ))
+        .expect("valid"),
+        1_000,
+        &crate::job::JobDefaults::default(),
+    );
+    first.input = String::new();
+    let claim = ClaimRequest {
+        job: first,
+        expect: crate::job::Expect::FRESH,
+        owner_id: "w".into(),
+        now: 1_000,
+        lease_until: 61_000,
+        provider_ref: None,
+        route: None,
+        first_sight: false,
+        list_due: true,
+    };
+    assert!(matches!(ledger.claim(claim).await, Ok(Write::Applied(_))));
+    let found = tenant_jobs(&ledger, "acme", 2_000).await.expect("walk");
+    assert_eq!(found, ["a-1", "a-3"], "a cancelled job is not live");
     assert_eq!(
-        tenant_jobs(&ledger, "initech").await.expect("walk").len(),
+        tenant_jobs(&ledger, "initech", 2_000)
+            .await
+            .expect("walk")
+            .len(),
         0
     );
+}
+
+/// A job claimed for its first attempt, running under a lease.
+async fn running_job(ledger: &impl JobLedger, job_id: &str) {
+    let claim = ClaimRequest {
+        job: new_job(job_id),
+        expect: crate::job::Expect::FRESH,
+        owner_id: "w".into(),
+        now: 1_000,
+        lease_until: 61_000,
+        provider_ref: None,
+        route: None,
+        first_sight: false,
+        list_due: true,
+    };
+    assert!(matches!(ledger.claim(claim).await, Ok(Write::Applied(_))));
+}
+
+#[tokio::test]
+async fn the_reconcilers_sweep_sends_back_only_live_jobs_letters_the_redrive_policy_moved() {
+    // GIVEN a DLQ holding the letters the redrive policy moved of a running job, an unknown
+    // one, a finished one and one never claimed, and a letter the worker sent (with its
+    // reason) of a running job
+    let ledger = InMemoryLedger::new();
+    running_job(&ledger, "crashing").await;
+    running_job(&ledger, "refused").await;
+    unknown_job(&ledger, "stuck").await;
+    running_job(&ledger, "done").await;
+    let end = EndRequest {
+        job_id: "done".to_owned(),
+        epoch: 1,
+        attempt: 1,
+        now: 2_000,
+        end: AttemptEnd::Succeeded {
+            result: r#"{"output":"ok"}"#.into(),
+            finish: crate::job::contract::Finish::Stop,
+        },
+        usage: None,
+        input: None,
+    };
+    assert!(matches!(ledger.end(end).await, Ok(Write::Applied(_))));
+    let queue = crate::queue::MemoryQueue::new();
+    let (dlq, work) = ("https://sqs.local/1/dlq", "https://sqs.local/1/work");
+    queue.create(dlq);
+    queue.create(work);
+    let reason = [(REASON_ATTRIBUTE.to_owned(), "poison".to_owned())];
+    // Re-triggers by id (the ledger's jobs' digests are made up), and a job never seen.
+    let by_id = |id: &str| format!(r#"{{"job_id":"{id}"}}"#);
+    let bodies = [
+        by_id("crashing"),
+        by_id("stuck"),
+        by_id("done"),
+        dead_letter("new", "p"),
+        by_id("refused"),
+    ];
+    worker_letters(&queue, dlq, &bodies, (4, &reason));
+
+    // WHEN the reconciler sweeps it
+    let worker = Producers::parse("", "AROAWORKER").expect("parsed");
+    let moved = redrive_live(&ledger, &worker, &queue, (dlq, work), 10).await;
+
+    // THEN only the running job's letter is back in the work queue; the others stay
+    assert_eq!(moved.expect("swept"), 1);
+    assert_eq!(queue.bodies(work), bodies[..1]);
+    assert_eq!(queue.bodies(dlq), bodies[1..]);
 }

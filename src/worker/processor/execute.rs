@@ -8,11 +8,11 @@ use super::run::{Spent, count_usage};
 use super::spend::{Grant, NextModel};
 use super::{AttemptWatch, Invocation, Processed, Processor};
 use crate::clock::Clock;
-use crate::job::{JobItem, JobMessage, Millis, NewJob};
+use crate::job::{JobItem, JobMessage, JobState, Millis, NewJob};
 use crate::ledger::spend::UNPRICED_MODEL;
 use crate::ledger::{JobLedger, Write};
 use crate::protocol::delivery::{Charge, Command, Delivery, Observation};
-use crate::protocol::ending::Closed;
+use crate::protocol::ending::{Closed, EndWrite};
 use crate::provider::Provider;
 use crate::worker::pacing::Pacer;
 
@@ -93,7 +93,16 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
                     command = next;
                     continue;
                 }
-                Command::KeepInput => Observation::Kept(self.kept_input(msg).await),
+                // Kept only where SQS may drop the message, which otherwise carries it, and for
+                // an attempt left unknown (an operator's decision runs it at once, by id).
+                Command::KeepInput => {
+                    let keep =
+                        self.may_drop(msg, &held.job) || leaves_unknown(&d, self.clock.now_ms());
+                    Observation::Kept(match keep {
+                        true => self.kept_input(msg).await,
+                        false => None,
+                    })
+                }
                 Command::End(step) => {
                     command = self.end(&mut d, &mut held, step, msg, inv).await;
                     continue;
@@ -308,4 +317,12 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
             Err(wait_ms) => Observation::NoCapacity { wait_ms },
         }
     }
+}
+
+/// Whether the write `d` is about to make leaves its job `unknown`.
+fn leaves_unknown(d: &Delivery, now: Millis) -> bool {
+    matches!(
+        d.end_write(now),
+        Some(EndWrite::End(req)) if req.end.target() == JobState::Unknown
+    )
 }

@@ -38,9 +38,10 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         recovery: Option<RecoverRequest>,
     ) -> Result<Write, (LedgerError, bool)> {
         let now = self.clock.now_ms();
-        // A write that keeps the input stores it first when it is large.
+        // A write that keeps the input stores it first when it is large: a creation, and a
+        // claim after the first where SQS may drop the message.
         let keeps = match *op {
-            Op::Claim { expect, .. } => expect.epoch > 0,
+            Op::Claim { expect, .. } => expect.epoch > 0 && self.may_drop(msg, job),
             Op::Create => true,
             _ => false,
         };
@@ -147,12 +148,19 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
             provider_ref,
             route: Some(route),
             first_sight,
-            list_due: self.settings.visibility.may_drop(
-                msg.receive_count,
-                msg.sent_at,
-                job.deadline_at,
-            ),
+            // (An item that keeps its input already keeps it, listed and watched.)
+            list_due: self.may_drop(msg, job) || seen.is_some_and(JobItem::keeps_input),
         };
         self.ledger.claim(req).await.map_err(|e| (e, true))
+    }
+
+    /// Whether SQS may drop `msg` before `job` can end (`VisibilityPolicy::may_drop`, by the
+    /// message's deadline, which is never earlier than the item's): then a claim lists the job
+    /// in the due index and a write that leaves it live keeps its input, so that the
+    /// reconciler can find it and trigger it by id.
+    pub(super) fn may_drop(&self, msg: &JobMessage, job: &NewJob) -> bool {
+        self.settings
+            .visibility
+            .may_drop(msg.receive_count, msg.sent_at, job.deadline_at)
     }
 }
