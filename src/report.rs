@@ -209,6 +209,10 @@ pub struct ReconcileReport {
     /// Dead letters of live jobs, moved there by the redrive policy, sent back to the work
     /// queue (see `ops::operator::redrive_live`).
     pub redriven: u64,
+    /// Dead letters the sweep read and left for an operator.
+    pub dead_letters_left: u64,
+    /// How long ago the oldest of them was sent, in seconds (`None`: none left, or no sweep).
+    pub dead_letter_age_s: Option<u64>,
     /// Jobs in `unknown`, waiting for an operator.
     pub unknown: u64,
     /// Ledger calls that failed (tried again next run).

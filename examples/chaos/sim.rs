@@ -206,8 +206,8 @@ pub struct FaultRates {
     pub message_lost: f64,
     /// A job's message is dead-lettered by the redrive policy when it is about to be delivered
     /// (a chance per receive), as after a run of receives that each ended before writing the
-    /// job (a worker that crashes on it). The reconciler's sweep must send it back within two
-    /// of its runs, whether the job's item keeps its input or not.
+    /// job (a worker that crashes on it). The reconciler's sweep (every 10 minutes) must send it
+    /// back within half an hour, whether the job's item keeps its input or not.
     pub crash_loop: f64,
     /// A job's message waited in a backlog (half the jobs): SQS's retention (4 days, the worker's default)
     /// deletes it one to six hours after it first becomes visible, whatever its job is doing.
@@ -804,33 +804,43 @@ impl Queue {
             if parse_trigger(Some(&m.body)).is_err() || m.refused {
                 continue;
             }
-            let state = futures::executor::block_on(ledger.get(&m.job_id))
+            // The job by its whole id: the other producer's in its own namespace.
+            let whole = match m.sender {
+                FOREIGN => format!("foreign/{}", m.job_id),
+                _ => m.job_id.clone(),
+            };
+            let state = futures::executor::block_on(ledger.get(&whole))
                 .ok()
                 .flatten()
                 .map(|r| r.state);
             match state {
-                Some(s) if s.is_terminal() => m.deleted = true,
-                Some(JobState::Unknown) => {}
-                Some(_) if now < m.dead_at + 1_800_000 => {}
-                Some(_) if world.fault("dlq_letter_lost", world.rates.message_lost) => {
+                Some(s) if s.is_terminal() => {
                     m.deleted = true;
-                    lost.push(m.job_id.clone());
+                    continue;
                 }
-                state => {
-                    if state.is_some() {
-                        world.violation(format!(
-                            "{}: a live job's dead letter waited {} min for the reconciler's sweep",
-                            m.job_id,
-                            (now - m.dead_at) / 60_000
-                        ));
-                    }
-                    m.in_dlq = false;
-                    m.receive_count = 0;
-                    // What comes out of the DLQ is an operator's redrive.
-                    m.sender = OPERATOR;
-                    moved += 1;
-                }
+                Some(JobState::Unknown) => continue,
+                Some(_) if now < m.dead_at + 1_800_000 => continue,
+                Some(_) => world.violation(format!(
+                    "{whole}: a live job's dead letter waited {} min for the reconciler's sweep",
+                    (now - m.dead_at) / 60_000
+                )),
+                None => {}
             }
+            if state.is_some() && world.fault("dlq_letter_lost", world.rates.message_lost) {
+                m.deleted = true;
+                lost.push(whole);
+                continue;
+            }
+            // What comes out of the DLQ is an operator's redrive, naming the job by its whole
+            // id as jobctl does.
+            if m.sender == FOREIGN {
+                m.attributes
+                    .push((fenced_jobs::queue::JOB_ID_ATTRIBUTE.to_owned(), whole));
+            }
+            m.in_dlq = false;
+            m.receive_count = 0;
+            m.sender = OPERATOR;
+            moved += 1;
         }
         world.lost.lock().expect("lost").extend(lost);
         moved
@@ -856,6 +866,7 @@ impl Queue {
                 attributes: m.attributes.clone(),
                 sender_id: Some(format!("{}:session", m.sender)),
                 receipt_handle: format!("{}#{}", m.id, m.handle),
+                sent_at: Some(m.sent_at),
             });
         }
         out
@@ -2068,6 +2079,20 @@ fn meets_contract(job_id: &str, document: &[u8]) -> bool {
         .is_ok_and(|d| d["output"]["job"].as_str() == Some(job_id))
 }
 
+/// The whole id of the job `job_id` a record names: the other producer's ids are in its
+/// namespace.
+fn whole_id(record: &SqsMessage, job_id: &str) -> String {
+    let foreign = record
+        .attributes
+        .get("SenderId")
+        .is_some_and(|s| s.starts_with(FOREIGN));
+    if foreign {
+        format!("foreign/{job_id}")
+    } else {
+        job_id.to_owned()
+    }
+}
+
 /// The jobs' producer: the deployment's first, whose ids stay as they come.
 const PRODUCER: &str = "AROAPRODUCER";
 /// Another producer, which sends ids the first already uses.
@@ -2481,7 +2506,8 @@ pub async fn run(config: &ChaosConfig) -> ChaosReport {
                             let Ok(trigger) = parse_trigger(record.body.as_deref()) else {
                                 continue;
                             };
-                            let item = table.get(trigger.job_id()).await.ok().flatten();
+                            let whole = whole_id(record, trigger.job_id());
+                            let item = table.get(&whole).await.ok().flatten();
                             if item.is_some() {
                                 queue.retention_ends(trigger.job_id(), now);
                             }
@@ -2521,16 +2547,7 @@ pub async fn run(config: &ChaosConfig) -> ChaosReport {
                             }
                         }
                         Ok(trigger) => {
-                            // The other producer's ids are in its namespace.
-                            let foreign = record
-                                .attributes
-                                .get("SenderId")
-                                .is_some_and(|s| s.starts_with(FOREIGN));
-                            let job_id = if foreign {
-                                format!("foreign/{}", trigger.job_id())
-                            } else {
-                                trigger.job_id().to_owned()
-                            };
+                            let job_id = whole_id(record, trigger.job_id());
                             let state = table.get(&job_id).await.ok().flatten().map(|r| r.state);
                             // A job refused at its first sight is acknowledged once the worker
                             // sent it to the DLQ, with no item.
@@ -2698,15 +2715,29 @@ pub async fn run(config: &ChaosConfig) -> ChaosReport {
                     queue: Arc::clone(&queue),
                 };
                 let urls = (DLQ_URL, WORK_URL);
-                // (a read the ledger refused ends the sweep: it runs again next time)
-                let swept = redrive_live(&ledger, &producers, &sweep, urls, 100).await;
-                let kind = if swept.is_ok() {
-                    "reconciler_redriven"
-                } else {
-                    "reconciler_sweep_failed"
+                // (a letter the ledger's read failed for stays: it is judged again next time)
+                let limits = (1_000, now - settings.skew_ms);
+                let swept = redrive_live(&ledger, &producers, &sweep, urls, limits).await;
+                let (moved, failed, overdue) = match swept {
+                    Ok(s) => (s.moved, s.failed, s.overdue),
+                    Err(_) => (0, 1, Vec::new()),
                 };
-                let n = swept.map_or(1, |n| n as u64);
-                if n > 0 {
+                let mut report = fenced_jobs::ops::reconcile::ReconcileReport::default();
+                let clocks = (now, settings.skew_ms);
+                let expiry = fenced_jobs::ops::reconcile::expire_found(
+                    &ledger,
+                    &canceller,
+                    &overdue,
+                    clocks,
+                    &mut report,
+                );
+                expiry.await;
+                let counts = [
+                    ("reconciler_redriven", moved),
+                    ("reconciler_sweep_failed", failed),
+                    ("reconciler_expired_dead_letter", report.expired),
+                ];
+                for (kind, n) in counts.into_iter().filter(|(_, n)| *n > 0) {
                     *world
                         .faults
                         .lock()

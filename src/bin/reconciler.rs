@@ -11,7 +11,7 @@ use fenced_jobs::job::scope::Producers;
 use fenced_jobs::ledger::dynamodb::DynamoLedger;
 use fenced_jobs::ops::metrics::{self, MetricsTarget};
 use fenced_jobs::ops::operator::redrive_live;
-use fenced_jobs::ops::reconcile::{ReconcileReport, reconcile};
+use fenced_jobs::ops::reconcile::{ReconcileReport, expire_found, reconcile};
 use fenced_jobs::ops::results::sweep_orphans;
 use fenced_jobs::provider::AnyProvider;
 use fenced_jobs::queue::SqsTriggers;
@@ -106,8 +106,8 @@ struct DlqSweep {
     producers: Producers,
 }
 
-/// The most dead letters one run reads.
-const SWEEP_MAX: usize = 100;
+/// The most dead letters one run reads (a GetItem each, ten to a receive).
+const SWEEP_MAX: usize = 1_000;
 
 /// One run: reconcile, sweep the DLQ and orphans, today's spend forecast, one metric document.
 async fn run_once(
@@ -126,14 +126,14 @@ async fn run_once(
             error_message: e.to_string(),
         })?;
     if let Some(sweep) = sweep {
-        let urls = (sweep.dlq_url.as_str(), sweep.queue_url.as_str());
-        match redrive_live(ledger, &sweep.producers, &sweep.reader, urls, SWEEP_MAX).await {
-            Ok(moved) => report.redriven = moved as u64,
-            Err(e) => {
-                tracing::warn!(error = %e, "the DLQ sweep failed; it runs again next time");
-                report.errors += 1;
-            }
-        }
+        sweep_dlq(
+            ledger,
+            sweep,
+            provider,
+            (now, settings.skew_ms),
+            &mut report,
+        )
+        .await;
     }
     if let Some(blobs) = blobs {
         let since = now - settings.orphan_window_ms;
@@ -155,6 +155,7 @@ async fn run_once(
         resent = report.resent,
         send_failed = report.send_failed,
         redriven = report.redriven,
+        dead_letters_left = report.dead_letters_left,
         unknown = report.unknown,
         errors = report.errors,
         orphans_removed = report.orphans_removed,
@@ -165,6 +166,35 @@ async fn run_once(
         metrics::reconciliation(target, SystemClock.now_ms(), &report)
     );
     Ok(serde_json::json!(report))
+}
+
+/// Sends live jobs' dead letters back to the work queue, and expires those past their
+/// deadline.
+async fn sweep_dlq(
+    ledger: &DynamoLedger,
+    sweep: &DlqSweep,
+    provider: &AnyProvider,
+    (now, skew_ms): (i64, i64),
+    report: &mut ReconcileReport,
+) {
+    let urls = (sweep.dlq_url.as_str(), sweep.queue_url.as_str());
+    let limits = (SWEEP_MAX, now - skew_ms);
+    let swept = redrive_live(ledger, &sweep.producers, &sweep.reader, urls, limits).await;
+    match swept {
+        Ok(swept) => {
+            report.redriven = swept.moved;
+            report.dead_letters_left = swept.left;
+            report.errors += swept.failed;
+            report.dead_letter_age_s = swept
+                .oldest_left
+                .map(|at| u64::try_from((now - at) / 1_000).unwrap_or(0));
+            expire_found(ledger, provider, &swept.overdue, (now, skew_ms), report).await;
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "the DLQ sweep failed; it runs again next time");
+            report.errors += 1;
+        }
+    }
 }
 
 /// Today's spend forecast in percent of the daily limit (`None`: no limit, nothing charged

@@ -236,6 +236,11 @@ pub fn reconciliation(target: &MetricsTarget, at: Millis, report: &ReconcileRepo
             Sample::One(report.send_failed as f64),
         ),
         ("Redriven", "Count", Sample::One(report.redriven as f64)),
+        (
+            "DeadLettersLeft",
+            "Count",
+            Sample::One(report.dead_letters_left as f64),
+        ),
         ("UnknownJobs", "Count", Sample::One(report.unknown as f64)),
         (
             "ReconcileWalksCut",
@@ -253,6 +258,11 @@ pub fn reconciliation(target: &MetricsTarget, at: Millis, report: &ReconcileRepo
             Sample::One(report.errors as f64),
         ),
     ];
+    // Left out when the sweep left no letter (SQS's own age of the DLQ's oldest message
+    // leaves out a letter received three times, which the sweep's receives soon make all).
+    if let Some(age) = report.dead_letter_age_s {
+        metrics.push(("DeadLetterAge", "Seconds", Sample::One(age as f64)));
+    }
     // Left out when there is nothing to forecast.
     if let Some(percent) = report.spend_forecast_percent {
         metrics.push((

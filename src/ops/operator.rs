@@ -542,7 +542,9 @@ pub fn dollars(micros: u64) -> String {
 }
 
 mod dlq;
-pub use dlq::{DlqEntry, DlqVerdict, SWEEP_HOLD_SECONDS, dlq_inspect, dlq_redrive, redrive_live};
+mod sweep;
+pub use dlq::{DlqEntry, DlqVerdict, dlq_inspect, dlq_redrive};
+pub use sweep::{SWEEP_HOLD_SECONDS, Sweep, redrive_live};
 
 #[cfg(test)]
 mod tests;

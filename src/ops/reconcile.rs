@@ -429,6 +429,29 @@ async fn walk_due<L: JobLedger + LedgerIndex>(
 
 /// Settles one job the due walk found past its deadline and not terminal as `expired`; `false` when the
 /// write failed (the walk stops there, to go on from it next run).
+/// Expires `job_ids`, found outside the indexes (the DLQ's sweep: a live job's letter past its
+/// deadline), as the due walk would: each still past its deadline (by the skew) and not
+/// terminal.
+pub async fn expire_found<L: JobLedger>(
+    ledger: &L,
+    provider: &impl Provider,
+    job_ids: &[String],
+    (now, skew_ms): (Millis, Millis),
+    report: &mut ReconcileReport,
+) {
+    let clock = now.saturating_sub(skew_ms);
+    for job_id in job_ids {
+        let handled = match ledger.get(job_id).await {
+            Ok(Some(job)) if !job.state.is_terminal() && job.deadline_at <= clock => {
+                settle_found_expired(ledger, provider, job, clock, report).await
+            }
+            Ok(_) => true,
+            Err(_) => false,
+        };
+        report.errors += u64::from(!handled);
+    }
+}
+
 async fn settle_found_expired<L: JobLedger>(
     ledger: &L,
     provider: &impl Provider,
@@ -439,7 +462,7 @@ async fn settle_found_expired<L: JobLedger>(
     // A job on its first claim whose item keeps no input depended on its message alone, which
     // did not bring it back before its deadline. Any other that keeps none waits for a message
     // SQS keeps (decision 161), which may only not have come back yet.
-    let first_claim = job.state == JobState::Running && job.attempts <= 1;
+    let first_claim = job.state == JobState::Running && job.owner_epoch <= 1;
     let reason = match !job.keeps_input() && first_claim {
         true => SettleReason::MessageLost,
         false => SettleReason::DeadlinePassed,

@@ -29,6 +29,9 @@ pub struct Received {
     pub sender_id: Option<String>,
     /// The handle that deletes or releases it.
     pub receipt_handle: String,
+    /// When it was sent (`SentTimestamp`; a dead letter the redrive policy moved keeps its
+    /// first).
+    pub sent_at: Option<crate::job::Millis>,
 }
 
 impl Debug for Received {
@@ -188,6 +191,7 @@ impl QueueReader for SqsReader {
             .visibility_timeout(hold_s)
             .message_attribute_names("All")
             .message_system_attribute_names(MessageSystemAttributeName::SenderId)
+            .message_system_attribute_names(MessageSystemAttributeName::SentTimestamp)
             .send()
             .await
             .map_err(|e| classified("ReceiveMessage", queue_url, e))?;
@@ -207,6 +211,10 @@ impl QueueReader for SqsReader {
                     .attributes()
                     .and_then(|a| a.get(&MessageSystemAttributeName::SenderId))
                     .cloned(),
+                sent_at: m
+                    .attributes()
+                    .and_then(|a| a.get(&MessageSystemAttributeName::SentTimestamp))
+                    .and_then(|at| at.parse().ok()),
                 receipt_handle: m.receipt_handle().unwrap_or_default().to_owned(),
             })
             .collect())
@@ -429,6 +437,7 @@ impl QueueReader for MemoryQueue {
                     attributes: message.2.clone(),
                     sender_id: message.3.clone(),
                     receipt_handle: receipt_handle.clone(),
+                    sent_at: None,
                 });
                 if hold_s == 0 {
                     q.shown.push((receipt_handle, message.0));
@@ -611,6 +620,7 @@ mod tests {
             body: "secret prompt".into(),
             attributes: Vec::new(),
             sender_id: None,
+            sent_at: None,
             receipt_handle: "AQEB-handle".into(),
         };
         let shown = format!("{m:?}");

@@ -173,9 +173,13 @@ async fn hundreds_of_jobs_under_crashes_and_pauses_keep_every_invariant() {
                         let urls = (queue.dlq_url.as_str(), queue.url.as_str());
                         let anyone = fenced_jobs::job::scope::Producers::default();
                         let swept = fenced_jobs::ops::operator::redrive_live(
-                            ledger, &anyone, &reader, urls, 100,
+                            ledger,
+                            &anyone,
+                            &reader,
+                            urls,
+                            (1_000, now),
                         );
-                        let swept = swept.await.expect("sweep") as u64;
+                        let swept = swept.await.expect("sweep").moved;
                         resent.fetch_add(swept, Ordering::Relaxed);
                     }
                 }

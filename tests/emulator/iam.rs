@@ -157,8 +157,14 @@ async fn each_function_makes_only_the_calls_its_role_in_the_template_allows() {
     let reader = SqsReader::new(reconciler.sqs.clone());
     let urls = (queue.dlq_url.as_str(), queue.url.as_str());
     let anyone = fenced_jobs::job::scope::Producers::default();
-    let swept = redrive_live(&reconciler.ledger(&table), &anyone, &reader, urls, 10).await;
-    assert_eq!(swept.expect("the reconciler sweeps the DLQ"), 1);
+    let limits = (10, SystemClock.now_ms());
+    let swept = redrive_live(&reconciler.ledger(&table), &anyone, &reader, urls, limits).await;
+    let swept = swept.expect("the reconciler sweeps the DLQ");
+    assert_eq!(
+        (swept.moved, swept.left, swept.failed),
+        (1, 1, 0),
+        "{swept:?}"
+    );
     // AND today's spend forecast, under its role: the queues' depth and the day's items (one
     // charged call today, 60 of a 1,000 limit)
     {

@@ -723,11 +723,21 @@ async fn the_reconciler_sends_a_live_jobs_dead_letter_back_and_leaves_the_others
     assert_eq!(report.resent, 0, "{report:?}");
     let reader = SqsReader::new(aws.sqs.clone());
     let urls = (queue.dlq_url.as_str(), queue.url.as_str());
-    let moved = operator::redrive_live(&ledger, &Producers::default(), &reader, urls, 10).await;
+    let limits = (10, SystemClock.now_ms());
+    let anyone = Producers::default();
+    let swept = operator::redrive_live(&ledger, &anyone, &reader, urls, limits).await;
 
     // THEN the job's letter goes back to the work queue, and its next delivery finishes it with
     // one more call; the poison letter stays in the DLQ for a person
-    assert_eq!(moved.expect("swept"), 1);
+    let swept = swept.expect("swept");
+    assert_eq!(
+        (swept.moved, swept.left, swept.failed),
+        (1, 1, 0),
+        "{swept:?}"
+    );
+    // (the letter left was sent just now)
+    let age = SystemClock.now_ms() - swept.oldest_left.expect("a letter left");
+    assert!((0..600_000).contains(&age), "{age}");
     let mut item = aws.item(&table, "sweep-1").await;
     for _ in 0..10 {
         deliver(&source, &handler).await;

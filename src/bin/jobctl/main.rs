@@ -240,8 +240,9 @@ enum Command {
         #[arg(long)]
         file: Option<std::path::PathBuf>,
         /// Also every live job of this account (a producer's tenant, `billing/acme`; the
-        /// unnamed producer's `acme`) the attention index lists (a running job on its first
-        /// claim is not listed until that attempt ends: run it again then).
+        /// unnamed producer's `acme`) the attention or due index lists (a running job on its
+        /// first claim whose message SQS keeps is in neither until that attempt ends: run it
+        /// again then).
         #[arg(long)]
         tenant: Option<String>,
         /// Why (recorded on each job).

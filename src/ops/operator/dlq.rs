@@ -103,9 +103,6 @@ pub struct DlqEntry {
     pub job_id: Option<String>,
     /// What a redrive would do.
     pub verdict: DlqVerdict,
-    /// It names the reason the worker sent it here itself (poison, a conflict); otherwise the
-    /// redrive policy moved it after `maxReceiveCount` receives.
-    pub by_worker: bool,
     body: String,
     /// The message's string attributes, the worker's own left out (a pointer's payload size,
     /// the job it names).
@@ -120,7 +117,6 @@ impl std::fmt::Debug for DlqEntry {
             .field("message_id", &self.message_id)
             .field("job_id", &self.job_id)
             .field("verdict", &self.verdict)
-            .field("by_worker", &self.by_worker)
             .finish_non_exhaustive()
     }
 }
@@ -163,17 +159,7 @@ pub async fn dlq_inspect<L: JobLedger>(
                 continue;
             }
             let letter = judge_letter(ledger, blobs, producers, &m).await?;
-            // Whoever sent it: a producer naming a reason only keeps its letter from the sweep.
-            let reason = crate::queue::dead_letters::REASON_ATTRIBUTE;
-            entries.push(DlqEntry {
-                by_worker: attribute(&m, reason).is_some(),
-                message_id: m.message_id,
-                verdict: letter.verdict,
-                job_id: letter.job_id,
-                body: m.body,
-                attributes: letter.attributes,
-                receipt_handle: m.receipt_handle,
-            });
+            entries.push(DlqEntry::of(m, letter));
         }
         quiet_rounds = if entries.len() == before {
             quiet_rounds + 1
@@ -186,10 +172,12 @@ pub async fn dlq_inspect<L: JobLedger>(
 
 /// A dead letter as jobctl judges it: its job's whole id, the verdict, and the attributes a
 /// redrive sends it with.
-struct Judged {
-    job_id: Option<String>,
-    verdict: DlqVerdict,
-    attributes: Vec<(String, String)>,
+pub(super) struct Judged {
+    pub(super) job_id: Option<String>,
+    pub(super) verdict: DlqVerdict,
+    /// The job's deadline, when the ledger holds it.
+    pub(super) deadline_at: Option<crate::job::Millis>,
+    pub(super) attributes: Vec<(String, String)>,
 }
 
 impl Judged {
@@ -198,6 +186,7 @@ impl Judged {
         Judged {
             job_id: None,
             verdict,
+            deadline_at: None,
             attributes: Vec::new(),
         }
     }
@@ -209,7 +198,7 @@ impl Judged {
 /// operators') is the worker's and is believed. Any other letter is a stranger's: with
 /// producers kept apart it is poison, and without them it is judged as the one producer's own
 /// message, whatever its `fenced-jobs.*` attributes say.
-async fn judge_letter<L: JobLedger>(
+pub(super) async fn judge_letter<L: JobLedger>(
     ledger: &L,
     blobs: Option<&dyn BlobStore>,
     producers: &Producers,
@@ -258,6 +247,7 @@ async fn judge_letter<L: JobLedger>(
         .cloned()
         .collect();
     Ok(Judged {
+        deadline_at: record.map(|r| r.deadline_at),
         job_id,
         verdict,
         attributes,
@@ -306,13 +296,14 @@ async fn judge_senders_letter<L: JobLedger>(
     attributes.push((NAMED_JOB_ATTRIBUTE.to_owned(), whole.clone()));
     Ok(Judged {
         verdict: verdict_of(&trigger, record.as_ref(), None),
+        deadline_at: record.map(|r| r.deadline_at),
         job_id: Some(whole),
         attributes,
     })
 }
 
 /// The value of a received message's string attribute `name`.
-fn attribute<'m>(m: &'m crate::queue::reader::Received, name: &str) -> Option<&'m str> {
+pub(super) fn attribute<'m>(m: &'m crate::queue::reader::Received, name: &str) -> Option<&'m str> {
     m.attributes
         .iter()
         .find(|(n, _)| n == name)
@@ -332,60 +323,45 @@ pub async fn dlq_redrive(
         .iter()
         .filter(|e| matches!(e.verdict, DlqVerdict::Redrive(_)))
     {
-        // The producer's FIFO policy: each job its own group; a redrive of this dead letter is
-        // deduplicated by its message id.
-        let group = entry.job_id.as_deref().unwrap_or("unnamed");
-        let suffix = format!("redrive-{}", entry.message_id.as_deref().unwrap_or(""));
-        let dedup = dedup_id(group, &suffix);
-        let message = Message {
-            body: &entry.body,
-            attributes: &entry.attributes,
-            fifo: queue_url
-                .ends_with(".fifo")
-                .then_some((group, dedup.as_str())),
-        };
-        queue.send(queue_url, message).await?;
-        queue.delete(dlq_url, &entry.receipt_handle).await?;
+        send_back(queue, (dlq_url, queue_url), entry).await?;
         moved += 1;
     }
     Ok(moved)
 }
 
-/// How long the reconciler's sweep keeps each letter it read invisible: long enough to send the
-/// redrivable ones back and delete them (a receipt handle is only good while its message is
-/// held), short enough that an operator's `jobctl dlq inspect` soon sees the others again.
-pub const SWEEP_HOLD_SECONDS: i32 = 30;
-
-/// The reconciler's sweep of the DLQ: of the first `max` letters, those the redrive policy moved
-/// there (a run of receives that each ended before writing the job, such as a crash loop) whose
-/// job the ledger holds live go back to the work queue, since the job's message may be the only
-/// thing left that runs it (decision 163). The worker's own letters (poison, conflicts), those
-/// of jobs terminal, `unknown` (waiting for an operator), not in the ledger or unreadable stay
-/// for an operator; each letter read is invisible for [`SWEEP_HOLD_SECONDS`]. Returns how many
-/// went back.
-pub async fn redrive_live<L: JobLedger>(
-    ledger: &L,
-    producers: &Producers,
+/// Sends one letter back to the work queue with its attributes, then deletes it from the DLQ.
+pub(super) async fn send_back(
     queue: &impl QueueReader,
     (dlq_url, queue_url): (&str, &str),
-    max: usize,
-) -> Result<usize, OperatorError> {
-    let read = dlq_inspect(
-        ledger,
-        None,
-        producers,
-        queue,
-        dlq_url,
-        max,
-        SWEEP_HOLD_SECONDS,
-    )
-    .await?;
-    let live: Vec<DlqEntry> = read
-        .into_iter()
-        .filter(|e| {
-            !e.by_worker
-                && matches!(e.verdict, DlqVerdict::Redrive(Some(state)) if state != JobState::Unknown)
-        })
-        .collect();
-    dlq_redrive(queue, dlq_url, queue_url, &live).await
+    entry: &DlqEntry,
+) -> Result<(), OperatorError> {
+    // The producer's FIFO policy: each job its own group; a redrive of this dead letter is
+    // deduplicated by its message id.
+    let group = entry.job_id.as_deref().unwrap_or("unnamed");
+    let suffix = format!("redrive-{}", entry.message_id.as_deref().unwrap_or(""));
+    let dedup = dedup_id(group, &suffix);
+    let message = Message {
+        body: &entry.body,
+        attributes: &entry.attributes,
+        fifo: queue_url
+            .ends_with(".fifo")
+            .then_some((group, dedup.as_str())),
+    };
+    queue.send(queue_url, message).await?;
+    queue.delete(dlq_url, &entry.receipt_handle).await?;
+    Ok(())
+}
+
+impl DlqEntry {
+    /// A letter received as `m`, as `judged`.
+    pub(super) fn of(m: crate::queue::reader::Received, judged: Judged) -> DlqEntry {
+        DlqEntry {
+            message_id: m.message_id,
+            job_id: judged.job_id,
+            verdict: judged.verdict,
+            body: m.body,
+            attributes: judged.attributes,
+            receipt_handle: m.receipt_handle,
+        }
+    }
 }

@@ -471,10 +471,10 @@ async fn a_tenants_live_jobs_are_found_through_the_indexes_and_no_other_tenants(
     );
 }
 
-/// A job claimed for its first attempt, running under a lease.
-async fn running_job(ledger: &impl JobLedger, job_id: &str) {
+/// A job claimed for its first attempt, running under a lease, due at `deadline_at`.
+async fn running_job(ledger: &impl JobLedger, job_id: &str, deadline_at: Millis) {
     let claim = ClaimRequest {
-        job: new_job(job_id),
+        job: NewJob::example(job_id, deadline_at),
         expect: crate::job::Expect::FRESH,
         owner_id: "w".into(),
         now: 1_000,
@@ -489,14 +489,15 @@ async fn running_job(ledger: &impl JobLedger, job_id: &str) {
 
 #[tokio::test]
 async fn the_reconcilers_sweep_sends_back_only_live_jobs_letters_the_redrive_policy_moved() {
-    // GIVEN a DLQ holding the letters the redrive policy moved of a running job, an unknown
-    // one, a finished one and one never claimed, and a letter the worker sent (with its
-    // reason) of a running job
+    // GIVEN a DLQ holding the letters the redrive policy moved of a running job, one past its
+    // deadline, an unknown one, a finished one and one never claimed, and a letter the worker
+    // sent (with its reason) of a running job
     let ledger = InMemoryLedger::new();
-    running_job(&ledger, "crashing").await;
-    running_job(&ledger, "refused").await;
+    running_job(&ledger, "crashing", 10_000_000).await;
+    running_job(&ledger, "refused", 10_000_000).await;
+    running_job(&ledger, "late", 3_000).await;
     unknown_job(&ledger, "stuck").await;
-    running_job(&ledger, "done").await;
+    running_job(&ledger, "done", 10_000_000).await;
     let end = EndRequest {
         job_id: "done".to_owned(),
         epoch: 1,
@@ -523,15 +524,23 @@ async fn the_reconcilers_sweep_sends_back_only_live_jobs_letters_the_redrive_pol
         by_id("done"),
         dead_letter("new", "p"),
         by_id("refused"),
+        by_id("late"),
     ];
     worker_letters(&queue, dlq, &bodies, (4, &reason));
 
-    // WHEN the reconciler sweeps it
+    // WHEN the reconciler sweeps it at 5,000
     let worker = Producers::parse("", "AROAWORKER").expect("parsed");
-    let moved = redrive_live(&ledger, &worker, &queue, (dlq, work), 10).await;
+    let swept = redrive_live(&ledger, &worker, &queue, (dlq, work), (10, 5_000)).await;
 
-    // THEN only the running job's letter is back in the work queue; the others stay
-    assert_eq!(moved.expect("swept"), 1);
+    // THEN only the running job's letter is back in the work queue; the others stay, and the
+    // job past its deadline is named for the reconciler to expire
+    let swept = swept.expect("swept");
+    assert_eq!(
+        (swept.moved, swept.left, swept.failed),
+        (1, 5, 0),
+        "{swept:?}"
+    );
+    assert_eq!(swept.overdue, ["late"]);
     assert_eq!(queue.bodies(work), bodies[..1]);
     assert_eq!(queue.bodies(dlq), bodies[1..]);
 }

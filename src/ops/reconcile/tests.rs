@@ -202,5 +202,45 @@ async fn a_job_whose_item_keeps_no_input_gets_no_trigger_it_cannot_use() {
     let run = reconcile(&ledger, &triggers, &provider, T + 10_000, &settings)
         .await
         .expect("run");
-    assert_eq!(run.expired, 1);
+    // (its message, which SQS keeps, may only not have come back: not `message_lost`)
+    assert_eq!((run.expired, run.message_lost), (1, 0));
+    let item = ledger.get("bare").await.expect("get").expect("item");
+    let error = item.last_error.as_ref().expect("its reason");
+    assert_ne!(error.kind, "message_lost");
+}
+
+#[tokio::test]
+async fn a_recovered_job_past_its_deadline_is_not_said_to_have_lost_its_message() {
+    // GIVEN a job recovered from a lapsed first owner (epoch 2, its first attempt still), its
+    // item keeping no input, whose second owner vanished too
+    let ledger = InMemoryLedger::new();
+    lost_on_its_first_claim(&ledger, "again", "resp_3").await;
+    let recover = crate::ledger::RecoverRequest {
+        job_id: "again".into(),
+        seen_epoch: 1,
+        owner_id: "w2".into(),
+        now: T - 60_000,
+        lapsed_before: T - 60_000,
+        lease_until: T - 30_000,
+        reason: "lease lapsed".into(),
+        seen_recoveries: 0,
+        input: None,
+    };
+    assert!(matches!(
+        ledger.recover(recover).await,
+        Ok(Write::Applied(_))
+    ));
+    let item = ledger.get("again").await.expect("get").expect("item");
+    assert_eq!((item.owner_epoch, item.attempts), (2, 1));
+    // WHEN the reconciler runs after its deadline
+    let (provider, triggers) = (Cancels::default(), RecordingTriggers::new());
+    let settings = ReconcileSettings::default();
+    let run = reconcile(&ledger, &triggers, &provider, T + 10_000, &settings).await;
+    // THEN it expires, for its deadline, not as a lost message
+    assert_eq!(
+        (run.as_ref().map(|r| (r.expired, r.message_lost))).ok(),
+        Some((1, 0))
+    );
+    let item = ledger.get("again").await.expect("get").expect("item");
+    assert_ne!(item.last_error.expect("its reason").kind, "message_lost");
 }
