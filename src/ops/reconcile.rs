@@ -393,7 +393,8 @@ async fn walk_due<L: JobLedger + LedgerIndex>(
         for ((_, deadline), item) in page.iter().zip(items) {
             let handled = match item {
                 Ok(Some(job)) if !job.state.is_terminal() => {
-                    settle_found_expired(ledger, provider, job, clock, report).await
+                    let reason = due_reason(&job);
+                    settle_found_expired(ledger, provider, (job, reason), clock, report).await
                 }
                 Ok(_) => true,
                 Err(_) => false,
@@ -427,11 +428,9 @@ async fn walk_due<L: JobLedger + LedgerIndex>(
     Ok(())
 }
 
-/// Settles one job the due walk found past its deadline and not terminal as `expired`; `false` when the
-/// write failed (the walk stops there, to go on from it next run).
 /// Expires `job_ids`, found outside the indexes (the DLQ's sweep: a live job's letter past its
 /// deadline), as the due walk would: each still past its deadline (by the skew) and not
-/// terminal.
+/// terminal, for its deadline (its message is in the DLQ, not lost).
 pub async fn expire_found<L: JobLedger>(
     ledger: &L,
     provider: &impl Provider,
@@ -443,7 +442,8 @@ pub async fn expire_found<L: JobLedger>(
     for job_id in job_ids {
         let handled = match ledger.get(job_id).await {
             Ok(Some(job)) if !job.state.is_terminal() && job.deadline_at <= clock => {
-                settle_found_expired(ledger, provider, job, clock, report).await
+                let reason = SettleReason::DeadlinePassed;
+                settle_found_expired(ledger, provider, (job, reason), clock, report).await
             }
             Ok(_) => true,
             Err(_) => false,
@@ -452,21 +452,27 @@ pub async fn expire_found<L: JobLedger>(
     }
 }
 
+/// Why the due walk ends `job`, found past its deadline. A job on its first claim whose item
+/// keeps no input depended on its message alone, which did not bring it back before its
+/// deadline. Any other that keeps none waits for a message SQS keeps (decision 161), which may
+/// only not have come back yet.
+fn due_reason(job: &JobItem) -> SettleReason {
+    let first_claim = job.state == JobState::Running && job.owner_epoch <= 1;
+    match !job.keeps_input() && first_claim {
+        true => SettleReason::MessageLost,
+        false => SettleReason::DeadlinePassed,
+    }
+}
+
+/// Settles one job found past its deadline and not terminal as `expired` for `reason`; `false`
+/// when the write failed (the due walk stops there, to go on from it next run).
 async fn settle_found_expired<L: JobLedger>(
     ledger: &L,
     provider: &impl Provider,
-    job: JobItem,
+    (job, reason): (JobItem, SettleReason),
     now: Millis,
     report: &mut ReconcileReport,
 ) -> bool {
-    // A job on its first claim whose item keeps no input depended on its message alone, which
-    // did not bring it back before its deadline. Any other that keeps none waits for a message
-    // SQS keeps (decision 161), which may only not have come back yet.
-    let first_claim = job.state == JobState::Running && job.owner_epoch <= 1;
-    let reason = match !job.keeps_input() && first_claim {
-        true => SettleReason::MessageLost,
-        false => SettleReason::DeadlinePassed,
-    };
     let req = SettleRequest {
         job_id: job.job_id.clone(),
         from: SettleFrom::PastDeadline,

@@ -134,12 +134,20 @@ pub trait QueueReader: Send + Sync {
 #[derive(Debug, Clone)]
 pub struct SqsReader {
     client: Client,
+    wait_s: i32,
 }
 
 impl SqsReader {
-    /// Queues through `client`.
+    /// Queues through `client`, each receive a short poll.
     pub fn new(client: Client) -> Self {
-        SqsReader { client }
+        SqsReader { client, wait_s: 0 }
+    }
+
+    /// Each receive a long poll of `seconds`: SQS then asks every server of the queue, where a
+    /// short poll samples some and may come back empty while a small queue holds messages.
+    pub fn waiting(mut self, seconds: i32) -> Self {
+        self.wait_s = seconds;
+        self
     }
 }
 
@@ -189,6 +197,7 @@ impl QueueReader for SqsReader {
             .queue_url(queue_url)
             .max_number_of_messages(i32::try_from(max).unwrap_or(i32::MAX))
             .visibility_timeout(hold_s)
+            .wait_time_seconds(self.wait_s)
             .message_attribute_names("All")
             .message_system_attribute_names(MessageSystemAttributeName::SenderId)
             .message_system_attribute_names(MessageSystemAttributeName::SentTimestamp)

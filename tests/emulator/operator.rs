@@ -729,7 +729,6 @@ async fn the_reconciler_sends_a_live_jobs_dead_letter_back_and_leaves_the_others
 
     // THEN the job's letter goes back to the work queue, and its next delivery finishes it with
     // one more call; the poison letter stays in the DLQ for a person
-    let swept = swept.expect("swept");
     assert_eq!(
         (swept.moved, swept.left, swept.failed),
         (1, 1, 0),

@@ -43,22 +43,29 @@ pub struct Sweep {
 /// after `expired_by`. The others stay for an operator: poison and conflicts, the letters of
 /// finished jobs, of `unknown` ones (an operator's decision sends their trigger), of jobs not in
 /// the ledger (a body that crashes the worker before any write would only come back), and
-/// pointers (the sweep reads no payload). A letter that fails is counted and left; only a
-/// receive that fails ends the sweep.
+/// pointers (the sweep reads no payload). A letter that fails is counted and left; a receive
+/// that fails is counted and ends the sweep with what it did so far.
 pub async fn redrive_live<L: JobLedger>(
     ledger: &L,
     producers: &Producers,
     queue: &impl QueueReader,
     urls: (&str, &str),
     (max, expired_by): (usize, Millis),
-) -> Result<Sweep, OperatorError> {
+) -> Sweep {
     let mut sweep = Sweep::default();
     let mut seen = HashSet::new();
     let (mut read, mut quiet) = (0, 0);
     while read < max && quiet < 3 {
-        let received = queue
-            .receive(urls.0, (max - read).min(RECEIVE_LIMIT), SWEEP_HOLD_SECONDS)
-            .await?;
+        let asked = (max - read).min(RECEIVE_LIMIT);
+        let received = match queue.receive(urls.0, asked, SWEEP_HOLD_SECONDS).await {
+            Ok(received) => received,
+            // What was swept so far stands; the rest waits for the next run.
+            Err(e) => {
+                tracing::warn!(error = %e, "the DLQ could not be read; the sweep stops here");
+                sweep.failed += 1;
+                break;
+            }
+        };
         // A letter whose hold ran out during this sweep is not judged twice.
         let fresh: Vec<Received> = received
             .into_iter()
@@ -90,7 +97,7 @@ pub async fn redrive_live<L: JobLedger>(
             }
         }
     }
-    Ok(sweep)
+    sweep
 }
 
 /// What the sweep did with one letter.

@@ -534,7 +534,6 @@ async fn the_reconcilers_sweep_sends_back_only_live_jobs_letters_the_redrive_pol
 
     // THEN only the running job's letter is back in the work queue; the others stay, and the
     // job past its deadline is named for the reconciler to expire
-    let swept = swept.expect("swept");
     assert_eq!(
         (swept.moved, swept.left, swept.failed),
         (1, 5, 0),

@@ -244,3 +244,25 @@ async fn a_recovered_job_past_its_deadline_is_not_said_to_have_lost_its_message(
     let item = ledger.get("again").await.expect("get").expect("item");
     assert_ne!(item.last_error.expect("its reason").kind, "message_lost");
 }
+
+#[tokio::test]
+async fn a_job_the_dlq_sweep_finds_past_its_deadline_expires_for_its_deadline() {
+    // GIVEN a job on its first claim, in no index, whose letter the sweep found past its
+    // deadline, and a finished one
+    let ledger = InMemoryLedger::new();
+    lost_on_its_first_claim(&ledger, "looping", "resp_4").await;
+    let provider = Cancels::default();
+    // WHEN the reconciler expires them, before the deadline passed by the skew and after
+    let mut report = ReconcileReport::default();
+    let ids = ["looping".to_owned(), "never-seen".to_owned()];
+    expire_found(&ledger, &provider, &ids, (T + 1_000, 2_000), &mut report).await;
+    let early = report.expired;
+    expire_found(&ledger, &provider, &ids, (T + 3_000, 2_000), &mut report).await;
+    // THEN only the second expires it, for its deadline (its message is in the DLQ, not
+    // lost), and cancels its call upstream
+    assert_eq!((early, report.expired, report.message_lost), (0, 1, 0));
+    assert_eq!((report.cancelled, report.errors), (1, 0));
+    let item = ledger.get("looping").await.expect("get").expect("item");
+    assert_eq!(item.state, JobState::Expired);
+    assert_eq!(item.last_error.expect("its reason").kind, "deadline");
+}
