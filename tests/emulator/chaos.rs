@@ -40,6 +40,39 @@ async fn settled(ledger: &fenced_jobs::ledger::dynamodb::DynamoLedger) -> bool {
     true
 }
 
+/// One run of the reconciler, as its schedule would run it, with short thresholds: watched
+/// jobs re-sent by id, and live jobs' dead letters (moved there after too many receives) sent
+/// back. The triggers and letters it sent.
+async fn reconcile_once(
+    aws: &support::Emulator,
+    ledger: &fenced_jobs::ledger::dynamodb::DynamoLedger,
+    queue: &support::Queue,
+) -> u64 {
+    let now = fenced_jobs::clock::Clock::now_ms(&fenced_jobs::clock::SystemClock);
+    let quick = fenced_jobs::ops::reconcile::ReconcileSettings {
+        ready_after_ms: 4_000,
+        retry_after_ms: 4_000,
+        ..Default::default()
+    };
+    let report = fenced_jobs::ops::reconcile::reconcile(
+        ledger,
+        &fenced_jobs::queue::SqsTriggers::new(aws.sqs.clone(), &queue.url),
+        &SimulatedProvider::new(),
+        now,
+        &quick,
+    )
+    .await
+    .expect("reconcile");
+    let reader = fenced_jobs::queue::SqsReader::new(aws.sqs.clone());
+    let urls = (queue.dlq_url.as_str(), queue.url.as_str());
+    let anyone = fenced_jobs::job::scope::Producers::default();
+    let swept =
+        fenced_jobs::ops::operator::redrive_live(ledger, &anyone, &reader, urls, (1_000, now))
+            .await;
+    assert_eq!(swept.failed, 0, "{swept:?}");
+    report.resent + swept.moved
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hundreds_of_jobs_under_crashes_and_pauses_keep_every_invariant() {
     let aws = emulator().await;
@@ -151,38 +184,8 @@ async fn hundreds_of_jobs_under_crashes_and_pauses_keep_every_invariant() {
                     // re-sends watched jobs by id, and sends live jobs' dead letters (moved
                     // there after too many receives) back.
                     if c == 0 {
-                        let now =
-                            fenced_jobs::clock::Clock::now_ms(&fenced_jobs::clock::SystemClock);
-                        let quick = fenced_jobs::ops::reconcile::ReconcileSettings {
-                            ready_after_ms: 4_000,
-                            retry_after_ms: 4_000,
-                            ..Default::default()
-                        };
-                        let report = fenced_jobs::ops::reconcile::reconcile(
-                            ledger,
-                            &fenced_jobs::queue::SqsTriggers::new(aws.sqs.clone(), &queue.url),
-                            &SimulatedProvider::new(),
-                            now,
-                            &quick,
-                        )
-                        .await
-                        .expect("reconcile");
-                        resent.fetch_add(report.resent, Ordering::Relaxed);
-                        // And live jobs' dead letters go back to the work queue.
-                        let reader = fenced_jobs::queue::SqsReader::new(aws.sqs.clone());
-                        let urls = (queue.dlq_url.as_str(), queue.url.as_str());
-                        let anyone = fenced_jobs::job::scope::Producers::default();
-                        let swept = fenced_jobs::ops::operator::redrive_live(
-                            ledger,
-                            &anyone,
-                            &reader,
-                            urls,
-                            (1_000, now),
-                        );
-                        let swept = swept.await;
-                        assert_eq!(swept.failed, 0, "{swept:?}");
-                        let swept = swept.moved;
-                        resent.fetch_add(swept, Ordering::Relaxed);
+                        resent
+                            .fetch_add(reconcile_once(aws, ledger, queue).await, Ordering::Relaxed);
                     }
                 }
             }

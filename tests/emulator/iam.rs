@@ -51,6 +51,80 @@ fn name_of(url: &str) -> &str {
     url.rsplit('/').next().unwrap_or(url)
 }
 
+/// The reconciler's runs under its role: a lost trigger re-sent, an orphan sweep, the DLQ's
+/// sweep and today's spend forecast.
+async fn reconciler_runs(
+    setup: &support::Emulator,
+    calls: &Arc<Mutex<Vec<RecordedCall>>>,
+    table: &str,
+    (queue, urgent): (&support::Queue, &support::Queue),
+    bucket: &str,
+) {
+    // AND the reconciler runs later, under its role: a lost trigger re-sent, an orphan sweep
+    let reconciler = emulator_as("ReconcilerRole", calls).await;
+    let producer = setup.ledger(table);
+    let later = SystemClock.now_ms() + 600_000;
+    let resent = reconcile(
+        &reconciler.ledger(table),
+        &SqsTriggers::new(reconciler.sqs.clone(), queue.url.clone())
+            .with_urgent(Some(urgent.url.clone())),
+        &SimulatedProvider::new(),
+        later,
+        &ReconcileSettings {
+            ready_after_ms: 1_000,
+            retry_after_ms: 1_000,
+            enqueue_stale_after_ms: 1_000,
+            ..ReconcileSettings::default()
+        },
+    )
+    .await
+    .expect("reconcile");
+    assert!(resent.resent >= 1, "{resent:?}");
+    let blobs = S3Blobs::new(reconciler.s3.clone(), Some(bucket.to_owned()));
+    sweep_orphans(
+        &reconciler.ledger(table),
+        &blobs,
+        later - 3_600_000,
+        later,
+        (100, fenced_jobs::job::DEFAULT_INLINE_MAX_BYTES),
+    )
+    .await
+    .expect("sweep");
+    // AND its DLQ sweep: a live job's letter, as the redrive policy leaves it, goes back to the
+    // work queue; the worker's poison letter stays
+    let letter = job("iam-again", "p", r#""simulate":{"fail_times":1}"#);
+    let dead = setup.sqs.send_message().queue_url(&queue.dlq_url);
+    dead.message_body(letter).send().await.expect("dead letter");
+    let reader = SqsReader::new(reconciler.sqs.clone());
+    let urls = (queue.dlq_url.as_str(), queue.url.as_str());
+    let anyone = fenced_jobs::job::scope::Producers::default();
+    let limits = (10, SystemClock.now_ms());
+    let swept = redrive_live(&reconciler.ledger(table), &anyone, &reader, urls, limits).await;
+    assert_eq!(
+        (swept.moved, swept.left, swept.failed),
+        (1, 1, 0),
+        "{swept:?}"
+    );
+    // AND today's spend forecast, under its role: the queues' depth and the day's items (one
+    // charged call today, 60 of a 1,000 limit)
+    {
+        use fenced_jobs::ledger::spend::SpendBudget;
+        let now = SystemClock.now_ms();
+        let today = fenced_jobs::ops::spend::day_of(now);
+        let reserved = producer.reserve(&today, "sim-1", 100, 1_000, now);
+        assert!(reserved.await.expect("reserve"));
+        let charged = producer.charge(&today, ("sim-1", "standard"), 100, 60, now);
+        charged.await.expect("charge");
+    }
+    let depth = fenced_jobs::queue::sqs::depth(&reconciler.sqs, &queue.url).await;
+    let depth = depth.expect("the reconciler reads the work queue's depth");
+    let now = SystemClock.now_ms();
+    let read_as_reconciler = reconciler.ledger(table);
+    let percent = fenced_jobs::ops::spend::today_percent(&read_as_reconciler, depth, now);
+    let percent = percent.await.expect("the reconciler reads today's items");
+    assert_eq!(percent, Some((60 + depth * 60) * 100 / 1_000));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_function_makes_only_the_calls_its_role_in_the_template_allows() {
     // GIVEN the stack's table, work queue, urgent queue, DLQ, results bucket and event bus,
@@ -120,68 +194,7 @@ async fn each_function_makes_only_the_calls_its_role_in_the_template_allows() {
     let (poll, _) = deliver(&on_urgent, &handler).await;
     assert_eq!(poll.received, 1, "{poll:?}");
 
-    // AND the reconciler runs later, under its role: a lost trigger re-sent, an orphan sweep
-    let reconciler = emulator_as("ReconcilerRole", &calls).await;
-    let later = SystemClock.now_ms() + 600_000;
-    let resent = reconcile(
-        &reconciler.ledger(&table),
-        &SqsTriggers::new(reconciler.sqs.clone(), queue.url.clone())
-            .with_urgent(Some(urgent.url.clone())),
-        &SimulatedProvider::new(),
-        later,
-        &ReconcileSettings {
-            ready_after_ms: 1_000,
-            retry_after_ms: 1_000,
-            enqueue_stale_after_ms: 1_000,
-            ..ReconcileSettings::default()
-        },
-    )
-    .await
-    .expect("reconcile");
-    assert!(resent.resent >= 1, "{resent:?}");
-    let blobs = S3Blobs::new(reconciler.s3.clone(), Some(bucket.clone()));
-    sweep_orphans(
-        &reconciler.ledger(&table),
-        &blobs,
-        later - 3_600_000,
-        later,
-        (100, fenced_jobs::job::DEFAULT_INLINE_MAX_BYTES),
-    )
-    .await
-    .expect("sweep");
-    // AND its DLQ sweep: a live job's letter, as the redrive policy leaves it, goes back to the
-    // work queue; the worker's poison letter stays
-    let letter = job("iam-again", "p", r#""simulate":{"fail_times":1}"#);
-    let dead = setup.sqs.send_message().queue_url(&queue.dlq_url);
-    dead.message_body(letter).send().await.expect("dead letter");
-    let reader = SqsReader::new(reconciler.sqs.clone());
-    let urls = (queue.dlq_url.as_str(), queue.url.as_str());
-    let anyone = fenced_jobs::job::scope::Producers::default();
-    let limits = (10, SystemClock.now_ms());
-    let swept = redrive_live(&reconciler.ledger(&table), &anyone, &reader, urls, limits).await;
-    assert_eq!(
-        (swept.moved, swept.left, swept.failed),
-        (1, 1, 0),
-        "{swept:?}"
-    );
-    // AND today's spend forecast, under its role: the queues' depth and the day's items (one
-    // charged call today, 60 of a 1,000 limit)
-    {
-        use fenced_jobs::ledger::spend::SpendBudget;
-        let now = SystemClock.now_ms();
-        let today = fenced_jobs::ops::spend::day_of(now);
-        let reserved = producer.reserve(&today, "sim-1", 100, 1_000, now);
-        assert!(reserved.await.expect("reserve"));
-        let charged = producer.charge(&today, ("sim-1", "standard"), 100, 60, now);
-        charged.await.expect("charge");
-    }
-    let depth = fenced_jobs::queue::sqs::depth(&reconciler.sqs, &queue.url).await;
-    let depth = depth.expect("the reconciler reads the work queue's depth");
-    let now = SystemClock.now_ms();
-    let read_as_reconciler = reconciler.ledger(&table);
-    let percent = fenced_jobs::ops::spend::today_percent(&read_as_reconciler, depth, now);
-    let percent = percent.await.expect("the reconciler reads today's items");
-    assert_eq!(percent, Some((60 + depth * 60) * 100 / 1_000));
+    reconciler_runs(&setup, &calls, &table, (&queue, &urgent), &bucket).await;
 
     // AND the dispatcher announces what ended, under its role
     let dispatcher = emulator_as("DispatcherRole", &calls).await;

@@ -448,18 +448,7 @@ async fn a_tenants_live_jobs_are_found_through_the_indexes_and_no_other_tenants(
         &crate::job::JobDefaults::default(),
     );
     first.input = String::new();
-    let claim = ClaimRequest {
-        job: first,
-        expect: crate::job::Expect::FRESH,
-        owner_id: "w".into(),
-        now: 1_000,
-        lease_until: 61_000,
-        provider_ref: None,
-        route: None,
-        first_sight: false,
-        list_due: true,
-    };
-    assert!(matches!(ledger.claim(claim).await, Ok(Write::Applied(_))));
+    claimed(&ledger, first).await;
     let found = tenant_jobs(&ledger, "acme", 2_000).await.expect("walk");
     assert_eq!(found, ["a-1", "a-3"], "a cancelled job is not live");
     assert_eq!(
@@ -473,8 +462,13 @@ async fn a_tenants_live_jobs_are_found_through_the_indexes_and_no_other_tenants(
 
 /// A job claimed for its first attempt, running under a lease, due at `deadline_at`.
 async fn running_job(ledger: &impl JobLedger, job_id: &str, deadline_at: Millis) {
+    claimed(ledger, NewJob::example(job_id, deadline_at)).await;
+}
+
+/// `job` claimed for its first attempt, running under a lease, listed in the due index.
+async fn claimed(ledger: &impl JobLedger, job: NewJob) {
     let claim = ClaimRequest {
-        job: NewJob::example(job_id, deadline_at),
+        job,
         expect: crate::job::Expect::FRESH,
         owner_id: "w".into(),
         now: 1_000,

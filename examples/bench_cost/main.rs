@@ -8,11 +8,13 @@
 //! Lambda and SQS are not counted here: their figures per job (Lambda $0.05 per million jobs
 //! for a 0 s call at 128 MB, SQS 1.2 requests) come from the CPU model of `BENCHMARKS.md` §10.
 
+mod records;
+
 use std::fmt::Debug;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use aws_lambda_events::event::sqs::{SqsEvent, SqsMessage};
+use aws_lambda_events::event::sqs::SqsEvent;
 use fenced_jobs::blobs::{BlobError, BlobStore, MemoryBlobs};
 use fenced_jobs::clock::{Clock, ManualClock, SystemClock};
 use fenced_jobs::job::prices::{PriceTable, Rate};
@@ -24,6 +26,7 @@ use fenced_jobs::worker::Settings;
 use fenced_jobs::worker::handler::BatchHandler;
 use fenced_jobs::worker::processor::{Invocation, Processor};
 use futures::future::BoxFuture;
+use records::{Failing, deferrable, record};
 
 /// us-east-1 list prices, USD per million requests.
 const WRITE_UNIT: f64 = 0.625;
@@ -84,94 +87,6 @@ impl BlobStore for Counted {
     }
 }
 
-/// How a job's first attempt goes before one succeeds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Failing {
-    /// Its first `n` attempts fail with a transient error (0: the happy path).
-    Transient(u32),
-    /// Its first call is refused before any work (a 429 or 529): the attempt is given back.
-    Throttled,
-    /// Its first answer is one the job's contract refuses (cut off at the token limit).
-    Refused,
-    /// Its first owner dies while the call runs; the next delivery, once the lease lapsed,
-    /// recovers the job and collects the answer from the provider by its reference.
-    Recovered,
-}
-
-impl Failing {
-    /// The deliveries the job takes to end.
-    fn deliveries(self) -> u32 {
-        match self {
-            Failing::Transient(n) => n + 1,
-            Failing::Throttled | Failing::Refused | Failing::Recovered => 2,
-        }
-    }
-
-    /// The calls the job makes (a recovery asks for the answer instead).
-    fn calls(self) -> u32 {
-        match self {
-            Failing::Transient(n) => n + 1,
-            Failing::Throttled | Failing::Refused => 2,
-            Failing::Recovered => 1,
-        }
-    }
-
-    /// The job's `simulate` controls.
-    fn simulate(self) -> String {
-        match self {
-            Failing::Transient(n) => format!(r#"{{"fail_times":{n}}}"#),
-            Failing::Throttled => "{}".to_owned(),
-            Failing::Refused => r#"{"bad_answer":"truncated","bad_times":1}"#.to_owned(),
-            Failing::Recovered => r#"{"latency_ms":200}"#.to_owned(),
-        }
-    }
-}
-
-/// A job's record with a prompt of `bytes`, as a producer sends it `sent_ago_ms` before now,
-/// delivered for the `receive`th time, going as `failing` says.
-fn record(job: &str, bytes: usize, failing: Failing, receive: u32, sent_ago_ms: i64) -> SqsMessage {
-    let mut m = record_of(job, bytes, &failing.simulate(), "", receive);
-    let sent = SystemClock.now_ms() - sent_ago_ms;
-    m.attributes
-        .insert("SentTimestamp".into(), sent.to_string());
-    m
-}
-
-/// A deferrable job's record (its batch runs until the benchmark ends it).
-fn deferrable(job: &str, bytes: usize, receive: u32) -> SqsMessage {
-    record_of(
-        job,
-        bytes,
-        r#"{"latency_ms":3600000}"#,
-        r#","deferrable":true"#,
-        receive,
-    )
-}
-
-fn record_of(job: &str, bytes: usize, simulate: &str, extra: &str, receive: u32) -> SqsMessage {
-    let now = SystemClock.now_ms().to_string();
-    let mut prompt = format!("Summarise document {job}.");
-    prompt.extend(std::iter::repeat_n('x', bytes.saturating_sub(prompt.len())));
-    let mut m = SqsMessage::default();
-    m.message_id = Some(format!("{job}-msg"));
-    m.receipt_handle = Some(format!("{job}-handle"));
-    m.body = Some(format!(
-        r#"{{"job_id":"{job}","contract":"summary.v1","input":{{"model":"sim-1","messages":[{{"role":"user","content":"{prompt}"}}],"parameters":{{"temperature":0}},"simulate":{simulate}{extra}}}}}"#
-    ));
-    m.event_source = Some("aws:sqs".into());
-    m.event_source_arn = Some("arn:aws:sqs:us-east-1:123456789012:bench".into());
-    let receive = receive.to_string();
-    for (k, v) in [
-        ("ApproximateReceiveCount", receive.as_str()),
-        ("SentTimestamp", now.as_str()),
-        ("ApproximateFirstReceiveTimestamp", now.as_str()),
-        ("SenderId", "AIDABENCH"),
-    ] {
-        m.attributes.insert(k.into(), v.into());
-    }
-    m
-}
-
 /// What one prompt size cost per job.
 struct Row {
     kib: usize,
@@ -209,62 +124,8 @@ async fn row(kib: usize, inline_max_bytes: usize, failing: Failing, sent_ago_ms:
     let ledger = Arc::new(InMemoryLedger::metered());
     let mut executions = 0;
     for b in 0..JOBS / 10 {
-        // Each batch on a clock of its own, from now: the simulated provider tells a call's
-        // end by the system clock.
-        let clock = Arc::new(ManualClock::at(SystemClock.now_ms()));
-        let handler = |provider: SimulatedProvider| {
-            BatchHandler::new(
-                Processor::new(ledger.clone(), provider, clock.clone(), settings.clone())
-                    .with_blobs(blobs.clone()),
-                RecordingVisibility::new(),
-            )
-        };
-        // The refusing provider answers only the first delivery.
-        let (first, then) = match failing {
-            Failing::Throttled => (
-                handler(SimulatedProvider::new().overloaded_for("sim-1")),
-                handler(SimulatedProvider::new()),
-            ),
-            _ => (
-                handler(SimulatedProvider::new()),
-                handler(SimulatedProvider::new()),
-            ),
-        };
-        for receive in 1..=failing.deliveries() {
-            let mut event = SqsEvent::default();
-            event.records = (0..10)
-                .map(|i| {
-                    let job = format!("cost-{kib}-{b}-{i}");
-                    record(&job, kib * 1024, failing, receive, sent_ago_ms)
-                })
-                .collect();
-            let handler = if receive == 1 { &first } else { &then };
-            let inv = Invocation {
-                // Each delivery its own invocation, as Lambda's request ids are.
-                id: format!("bench-cost-{b}-{receive}"),
-                deadline: Some(clock.now_ms() + 900_000),
-            };
-            let run = handler.handle_batch(&event, &inv);
-            if failing == Failing::Recovered && receive == 1 {
-                // The owner dies while its calls run; the lease lapses before the next delivery
-                // (a heartbeat renews nothing here), and the calls end meanwhile.
-                let cut = tokio::time::timeout(std::time::Duration::from_millis(100), run).await;
-                assert!(cut.is_err(), "the first delivery outlived its owner");
-                tokio::time::sleep(std::time::Duration::from_millis(150)).await;
-                clock.advance(settings.lease_ms + settings.skew_ms + 1_000);
-                continue;
-            }
-            let report = run.await;
-            let failed = report.response.as_ref().map_or(usize::MAX, Vec::len);
-            let expected = if receive == failing.deliveries() {
-                0
-            } else {
-                10
-            };
-            assert_eq!(failed, expected, "{failing:?}, delivery {receive}");
-        }
-        executions +=
-            first.processor().provider().executions() + then.processor().provider().executions();
+        let jobs = (kib, b, sent_ago_ms);
+        executions += batch(&ledger, &blobs, &settings, jobs, failing).await;
     }
     assert_eq!(
         executions,
@@ -289,19 +150,81 @@ async fn row(kib: usize, inline_max_bytes: usize, failing: Failing, sent_ago_ms:
     }
 }
 
-#[tokio::main(flavor = "current_thread")]
-async fn main() {
-    println!(
-        "What a job costs on the AWS bill: {JOBS} jobs per prompt size, 0 s call, short answer; \
-         DynamoDB units by its documented rules, S3 requests counted; Lambda ${LAMBDA:.2} and \
-         SQS ${SQS:.2} per million jobs (§10)"
-    );
-    let mut reference = None;
+/// Runs ten fresh jobs (`cost-{kib}-{b}-*`, prompts of `kib` KiB, their messages sent
+/// `sent_ago_ms` before) through every delivery `failing` takes, on a ledger and a store shared
+/// with the other batches; the calls the provider saw.
+async fn batch(
+    ledger: &Arc<InMemoryLedger>,
+    blobs: &Arc<Counted>,
+    settings: &Settings,
+    (kib, b, sent_ago_ms): (usize, usize, i64),
+    failing: Failing,
+) -> u64 {
+    // Each batch on a clock of its own, from now: the simulated provider tells a call's
+    // end by the system clock.
+    let clock = Arc::new(ManualClock::at(SystemClock.now_ms()));
+    let handler = |provider: SimulatedProvider| {
+        BatchHandler::new(
+            Processor::new(ledger.clone(), provider, clock.clone(), settings.clone())
+                .with_blobs(blobs.clone()),
+            RecordingVisibility::new(),
+        )
+    };
+    // The refusing provider answers only the first delivery.
+    let (first, then) = match failing {
+        Failing::Throttled => (
+            handler(SimulatedProvider::new().overloaded_for("sim-1")),
+            handler(SimulatedProvider::new()),
+        ),
+        _ => (
+            handler(SimulatedProvider::new()),
+            handler(SimulatedProvider::new()),
+        ),
+    };
+    for receive in 1..=failing.deliveries() {
+        let mut event = SqsEvent::default();
+        event.records = (0..10)
+            .map(|i| {
+                let job = format!("cost-{kib}-{b}-{i}");
+                record(&job, kib * 1024, failing, receive, sent_ago_ms)
+            })
+            .collect();
+        let handler = if receive == 1 { &first } else { &then };
+        let inv = Invocation {
+            // Each delivery its own invocation, as Lambda's request ids are.
+            id: format!("bench-cost-{b}-{receive}"),
+            deadline: Some(clock.now_ms() + 900_000),
+        };
+        let run = handler.handle_batch(&event, &inv);
+        if failing == Failing::Recovered && receive == 1 {
+            // The owner dies while its calls run; the lease lapses before the next delivery
+            // (a heartbeat renews nothing here), and the calls end meanwhile.
+            let cut = tokio::time::timeout(std::time::Duration::from_millis(100), run).await;
+            assert!(cut.is_err(), "the first delivery outlived its owner");
+            tokio::time::sleep(std::time::Duration::from_millis(150)).await;
+            clock.advance(settings.lease_ms + settings.skew_ms + 1_000);
+            continue;
+        }
+        let report = run.await;
+        let failed = report.response.as_ref().map_or(usize::MAX, Vec::len);
+        let expected = if receive == failing.deliveries() {
+            0
+        } else {
+            10
+        };
+        assert_eq!(failed, expected, "{failing:?}, delivery {receive}");
+    }
+    first.processor().provider().executions() + then.processor().provider().executions()
+}
+
+/// The paths `main` bills: a label, `INLINE_MAX_BYTES`, how the first attempt goes, and how long
+/// before the message was sent.
+fn shapes() -> [(&'static str, usize, Failing, i64); 8] {
     // SQS's default retention (4 days) ends before a job due in a day (the default) whose
     // message was sent four days ago: SQS may drop it.
     let old = 4 * 86_400_000;
     let kept = DEFAULT_INLINE_MAX_BYTES;
-    let shapes = [
+    [
         (
             "A fresh job that succeeds (the happy path)",
             kept,
@@ -350,8 +273,18 @@ async fn main() {
             Failing::Transient(1),
             old,
         ),
-    ];
-    for (label, inline, failing, sent_ago_ms) in shapes {
+    ]
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() {
+    println!(
+        "What a job costs on the AWS bill: {JOBS} jobs per prompt size, 0 s call, short answer; \
+         DynamoDB units by its documented rules, S3 requests counted; Lambda ${LAMBDA:.2} and \
+         SQS ${SQS:.2} per million jobs (§10)"
+    );
+    let mut reference = None;
+    for (label, inline, failing, sent_ago_ms) in shapes() {
         println!();
         println!("{label}");
         println!(
