@@ -96,10 +96,21 @@ def figures(out):
             if m:
                 ratios.append(float(m.group(1)))
     if ratios:
-        rows.append(("1e", "our CPU per DynamoDB request ÷ the SDK's floor, same run", "≤ 1.3×",
-                     (f"{span(ratios, '{:.2f}')}×", "met" if max(ratios) <= 1.3 else "**missed**")))
+        rows.append(("1e", "our CPU per DynamoDB request ÷ the SDK's floor, same run", "≤ 1.2×",
+                     (f"{span(ratios, '{:.2f}')}×", "met" if max(ratios) <= 1.2 else "**missed**")))
     else:
-        rows.append(("1e", "our CPU per DynamoDB request ÷ the SDK's floor, same run", "≤ 1.3×", NOT_MEASURED))
+        rows.append(("1e", "our CPU per DynamoDB request ÷ the SDK's floor, same run", "≤ 1.2×", NOT_MEASURED))
+    # The ledger's latency, beside the CPU: the emulator's, so only as against the floor's request.
+    waits = {r.get("job", ""): r for r in table_after(batch, "The ledger's latency a fresh job waits for")}
+    short = waits.get("short answer", {})
+    floor_ms = next((v for k, v in waits.items() if k.startswith("the floor")), {})
+    job_ms = number(short.get("a job waits in all (medians)", ""))
+    request_ms = re.match(r"([\d.]+)", floor_ms.get("accept (`UpdateItem`)", ""))
+    if job_ms is not None and request_ms:
+        rows.append(("1f", "the ledger's latency a fresh job waits for (claim, accept), medians, emulator", "—",
+                     (f"{job_ms:.1f} ms (the floor's request {float(request_ms.group(1)):.1f} ms)", "")))
+    else:
+        rows.append(("1f", "the ledger's latency a fresh job waits for", "—", NOT_MEASURED))
     for n, col, target in (("2a", "DynamoDB calls/fresh record", 2), ("2b", "DynamoDB calls/redelivered record", 1)):
         values = [number(r.get(col, "")) for r in sdk]
         s = span(values, "{:.2f}")

@@ -1,21 +1,52 @@
-//! Counts the AWS requests a client sends, by service and operation, retries included.
+//! Counts the AWS requests a client sends, by service and operation, retries included, and
+//! times each operation.
 //!
 //! Attach a [`CallCounter`] to an SDK client's config with `.interceptor(counter.clone())`; the
-//! demo and the tests use it to report DynamoDB and SQS calls per record.
+//! demo and the tests use it to report DynamoDB and SQS calls per record, the benchmarks the
+//! latency each operation adds.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use aws_smithy_runtime_api::box_error::BoxError;
 use aws_smithy_runtime_api::client::interceptors::Intercept;
-use aws_smithy_runtime_api::client::interceptors::context::BeforeTransmitInterceptorContextRef;
+use aws_smithy_runtime_api::client::interceptors::context::{
+    BeforeSerializationInterceptorContextRef, BeforeTransmitInterceptorContextRef,
+    FinalizerInterceptorContextRef,
+};
 use aws_smithy_runtime_api::client::orchestrator::Metadata;
 use aws_smithy_runtime_api::client::runtime_components::RuntimeComponents;
-use aws_smithy_types::config_bag::ConfigBag;
+use aws_smithy_types::config_bag::{ConfigBag, Storable, StoreReplace};
 
-/// A shared tally of requests sent, keyed `service:operation` (service in lowercase).
+/// A shared tally of requests sent, keyed `service:operation` (service in lowercase), and of
+/// each operation's wall time.
 #[derive(Debug, Clone, Default)]
-pub struct CallCounter(Arc<Mutex<BTreeMap<String, u64>>>);
+pub struct CallCounter(Arc<Mutex<Tally>>);
+
+#[derive(Debug, Default)]
+struct Tally {
+    /// Requests sent (each retry one more).
+    sent: BTreeMap<String, u64>,
+    /// Each operation's wall time, from before its input is serialized to its output or error
+    /// (retries and their backoff included): the time its caller waited.
+    took: BTreeMap<String, Vec<Duration>>,
+}
+
+/// When an operation began, kept in its own configuration bag.
+#[derive(Debug)]
+struct Began(Instant);
+
+impl Storable for Began {
+    type Storer = StoreReplace<Self>;
+}
+
+fn key(cfg: &ConfigBag) -> String {
+    cfg.load::<Metadata>().map_or_else(
+        || "unknown:unknown".to_owned(),
+        |m| format!("{}:{}", m.service().to_ascii_lowercase(), m.name()),
+    )
+}
 
 impl CallCounter {
     /// A counter at zero.
@@ -25,13 +56,23 @@ impl CallCounter {
 
     /// Requests per `service:operation` so far.
     pub fn counts(&self) -> BTreeMap<String, u64> {
-        self.lock().clone()
+        self.lock().sent.clone()
+    }
+
+    /// Each finished operation's wall time so far, for one operation, in the order they ended.
+    pub fn took(&self, service: &str, operation: &str) -> Vec<Duration> {
+        self.lock()
+            .took
+            .get(&format!("{service}:{operation}"))
+            .cloned()
+            .unwrap_or_default()
     }
 
     /// Requests to one service so far.
     pub fn total(&self, service: &str) -> u64 {
         let prefix = format!("{service}:");
         self.lock()
+            .sent
             .iter()
             .filter(|(k, _)| k.starts_with(&prefix))
             .map(|(_, v)| v)
@@ -41,6 +82,7 @@ impl CallCounter {
     /// Requests for one operation so far.
     pub fn get(&self, service: &str, operation: &str) -> u64 {
         self.lock()
+            .sent
             .get(&format!("{service}:{operation}"))
             .copied()
             .unwrap_or(0)
@@ -48,10 +90,10 @@ impl CallCounter {
 
     /// Back to zero.
     pub fn reset(&self) {
-        self.lock().clear();
+        *self.lock() = Tally::default();
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, u64>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Tally> {
         self.0.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
@@ -79,17 +121,35 @@ impl Intercept for CallCounter {
         "CallCounter"
     }
 
+    fn read_before_execution(
+        &self,
+        _context: &BeforeSerializationInterceptorContextRef<'_>,
+        cfg: &mut ConfigBag,
+    ) -> Result<(), BoxError> {
+        cfg.interceptor_state().store_put(Began(Instant::now()));
+        Ok(())
+    }
+
     fn read_before_transmit(
         &self,
         _context: &BeforeTransmitInterceptorContextRef<'_>,
         _runtime_components: &RuntimeComponents,
         cfg: &mut ConfigBag,
     ) -> Result<(), BoxError> {
-        let key = cfg.load::<Metadata>().map_or_else(
-            || "unknown:unknown".to_owned(),
-            |m| format!("{}:{}", m.service().to_ascii_lowercase(), m.name()),
-        );
-        *self.lock().entry(key).or_default() += 1;
+        *self.lock().sent.entry(key(cfg)).or_default() += 1;
+        Ok(())
+    }
+
+    fn read_after_execution(
+        &self,
+        _context: &FinalizerInterceptorContextRef<'_>,
+        _runtime_components: &RuntimeComponents,
+        cfg: &mut ConfigBag,
+    ) -> Result<(), BoxError> {
+        if let Some(Began(at)) = cfg.load::<Began>() {
+            let took = at.elapsed();
+            self.lock().took.entry(key(cfg)).or_default().push(took);
+        }
         Ok(())
     }
 }

@@ -828,7 +828,22 @@ async fn an_acceptance_by_a_known_owner_returns_the_record_the_ledger_holds() {
     let aws = support::emulator().await;
     let table = aws.table().await;
     accept_as_known_owner(&InMemoryLedger::new(), "known-memory").await;
+    aws.calls.reset();
     accept_as_known_owner(&aws.ledger(&table), "known-dynamodb").await;
+    // Each request was timed as the ledger waited for it, the refused acceptance included
+    // (what `bench_batch` reports as the ledger's latency).
+    for (operation, requests) in [("PutItem", 1), ("UpdateItem", 2), ("GetItem", 1)] {
+        let took = aws.calls.took("dynamodb", operation);
+        assert_eq!(
+            aws.calls.get("dynamodb", operation),
+            requests,
+            "{operation}"
+        );
+        assert_eq!(took.len() as u64, requests, "{operation}");
+        assert!(took.iter().all(|t| !t.is_zero()), "{operation}");
+    }
+    aws.calls.reset();
+    assert!(aws.calls.took("dynamodb", "UpdateItem").is_empty());
 }
 
 /// Recovers the job `id` (claimed once) `times` times, each as a recoverer that read the item

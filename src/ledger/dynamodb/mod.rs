@@ -250,14 +250,18 @@ impl DynamoLedger {
             // take the day below what was spent; one lost leaves it above, never below.
             let once = aws_sdk_dynamodb::config::Builder::default()
                 .retry_config(aws_sdk_dynamodb::config::retry::RetryConfig::disabled());
-            request
-                .customize()
-                .config_override(once)
-                .send()
-                .instrument(span)
-                .await
+            Box::pin(
+                request
+                    .customize()
+                    .config_override(once)
+                    .send()
+                    .instrument(span),
+            )
+            .await
         } else {
-            request.send().instrument(span).await
+            // On the heap: the SDK's future is kilobytes, and every future that awaits a
+            // ledger write would otherwise carry it (and be copied with it).
+            Box::pin(request.send().instrument(span)).await
         };
         match sent {
             Ok(out) => Ok(Updated::Applied(out.attributes)),
@@ -278,16 +282,15 @@ impl DynamoLedger {
         key: &str,
         consistent: bool,
     ) -> Result<Option<Item>, LedgerError> {
-        let out = self
+        let read = self
             .client
             .get_item()
             .table_name(&self.table)
             .key("job_id", s(key))
             .consistent_read(consistent)
             .send()
-            .instrument(tracing::debug_span!("ledger", operation, job_id = key))
-            .await
-            .map_err(|e| sdk_error(operation, &e))?;
+            .instrument(tracing::debug_span!("ledger", operation, job_id = key));
+        let out = Box::pin(read).await.map_err(|e| sdk_error(operation, &e))?;
         Ok(out.item)
     }
 
@@ -300,7 +303,7 @@ impl DynamoLedger {
         record: JobItem,
     ) -> Result<Write, LedgerError> {
         let job_id = record.job_id.as_str();
-        let sent = self
+        let put = self
             .client
             .put_item()
             .table_name(&self.table)
@@ -308,8 +311,8 @@ impl DynamoLedger {
             .condition_expression("attribute_not_exists(job_id)")
             .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
             .send()
-            .instrument(tracing::debug_span!("ledger", operation, job_id))
-            .await;
+            .instrument(tracing::debug_span!("ledger", operation, job_id));
+        let sent = Box::pin(put).await;
         match sent {
             Ok(_) => Ok(Write::Applied(record)),
             Err(SdkError::ServiceError(e)) => match e.err() {

@@ -187,11 +187,13 @@ impl DynamoLedger {
             if attempt > 0 {
                 tokio::time::sleep(std::time::Duration::from_millis(50 << attempt)).await;
             }
-            let mut out = self
+            let read = self
                 .client
                 .batch_get_item()
                 .request_items(&self.table, wanted.clone())
-                .send()
+                .send();
+            // On the heap, as the ledger's other requests (`send_update_named`).
+            let mut out = Box::pin(read)
                 .await
                 .map_err(|e| sdk_error("batch_get", &e))?;
             if let Some(read) = out.responses.as_mut().and_then(|r| r.remove(&self.table)) {

@@ -181,11 +181,15 @@ impl<L: JobLedger, P: Provider, C: Clock, V: VisibilityControl> BatchHandler<L, 
             let lanes = lanes(entries, *fifo);
             // Counted until done: a batch of deferrable lines waits for those that may join.
             let counted = self.processor.lanes(lanes.len(), settings.max_concurrency);
+            // Each lane on the heap from the start: its future is kilobytes, and the stream
+            // would otherwise copy it into its own task.
             let lanes = stream::iter(lanes)
-                .map(|lane| async {
-                    let _running = counted.lane();
-                    self.run_lane(lane, entries, inv, flights, *fifo, &decided)
-                        .await
+                .map(|lane| {
+                    Box::pin(async {
+                        let _running = counted.lane();
+                        self.run_lane(lane, entries, inv, flights, *fifo, &decided)
+                            .await
+                    })
                 })
                 .buffer_unordered(settings.max_concurrency)
                 .for_each(|()| async {});
