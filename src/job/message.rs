@@ -444,6 +444,23 @@ impl JobMessage {
     pub fn input(&self) -> Map<String, Value> {
         serde_json::from_str(&self.input_canonical).unwrap_or_default()
     }
+
+    /// The input's model and parameters alone: what a deployment's policy judges, read without
+    /// building the rest of the input (its messages are skipped, not copied).
+    pub fn input_head(&self) -> InputHead {
+        serde_json::from_str(&self.input_canonical).unwrap_or_default()
+    }
+}
+
+/// The fields of a job's input a policy judges ([`JobMessage::input_head`]).
+#[derive(Debug, Default, serde::Deserialize)]
+pub struct InputHead {
+    /// `input.model`, as sent.
+    #[serde(default)]
+    pub model: Option<Value>,
+    /// `input.parameters`, as sent.
+    #[serde(default)]
+    pub parameters: Option<Value>,
 }
 
 /// Parses an RFC 3339 date-time to Unix milliseconds.

@@ -144,14 +144,14 @@ impl Policy {
                 "further away than MAX_DEADLINE_SECONDS",
             ));
         }
-        let input = msg.input();
+        let input = msg.input_head();
         if let Models::Only(models) = &self.models {
-            let model = input.get("model").and_then(Value::as_str).unwrap_or("");
+            let model = input.model.as_ref().and_then(Value::as_str).unwrap_or("");
             if !models.iter().any(|m| m == model) {
                 return Some(not_allowed("input.model", "not among ALLOWED_MODELS"));
             }
         }
-        if let Some(Value::Object(parameters)) = input.get("parameters") {
+        if let Some(Value::Object(parameters)) = &input.parameters {
             // A ceiling counts where it is read (the pacer, Bedrock) only as a whole number.
             for name in OUTPUT_CEILINGS {
                 if parameters
@@ -166,7 +166,7 @@ impl Policy {
             }
         }
         let (Some(allowed), Some(Value::Object(parameters))) =
-            (&self.parameters, input.get("parameters"))
+            (&self.parameters, &input.parameters)
         else {
             return None;
         };

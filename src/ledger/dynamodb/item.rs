@@ -24,7 +24,9 @@ pub(super) fn n(v: impl ToString) -> AttributeValue {
 }
 
 pub(super) fn encode_attempt(a: &AttemptEntry) -> AttributeValue {
-    let mut m = HashMap::from([
+    // Room for every attribute an entry can have, so the map is never grown.
+    let mut m = HashMap::with_capacity(15);
+    m.extend([
         ("number".to_owned(), n(a.number)),
         ("epoch".to_owned(), n(a.epoch)),
         ("owner_id".to_owned(), s(&a.owner_id)),

@@ -220,18 +220,25 @@ impl DynamoLedger {
         let used: Vec<&str> = placeholders(update)
             .chain(placeholders(condition))
             .collect();
-        let used = |token: &str| used.contains(&token);
-        let names: HashMap<String, String> = NAMES
-            .iter()
-            .chain(own_names)
-            .filter(|(token, _)| used(token))
-            .map(|(token, name)| ((*token).to_owned(), (*name).to_owned()))
-            .collect();
-        let values: HashMap<String, AttributeValue> = values
-            .into_iter()
-            .filter(|(token, _)| used(token))
-            .map(|(token, value)| (token.to_owned(), value))
-            .collect();
+        // Each name the expressions use, looked up once (a name of its own before the shared
+        // ones), into maps sized for them from the start.
+        let mut names = HashMap::with_capacity(used.len());
+        for token in used.iter().filter(|t| t.starts_with('#')) {
+            if names.contains_key(*token) {
+                continue;
+            }
+            if let Some((_, name)) = own_names.iter().chain(&NAMES).find(|(t, _)| t == token) {
+                names.insert((*token).to_owned(), (*name).to_owned());
+            }
+        }
+        let mut sent = HashMap::with_capacity(values.len());
+        sent.extend(
+            values
+                .into_iter()
+                .filter(|(token, _)| used.contains(token))
+                .map(|(token, value)| (token.to_owned(), value)),
+        );
+        let values: HashMap<String, AttributeValue> = sent;
         let request = self
             .client
             .update_item()
