@@ -29,7 +29,8 @@ struct Tally {
     /// Requests sent (each retry one more).
     sent: BTreeMap<String, u64>,
     /// Each operation's wall time, from before its input is serialized to its output or error
-    /// (retries and their backoff included): the time its caller waited.
+    /// (retries and their backoff included): the time its caller waited. An operation that
+    /// never ends (its caller dropped it, or a timeout outside the SDK's fired) has none.
     took: BTreeMap<String, Vec<Duration>>,
 }
 

@@ -182,8 +182,9 @@ fn decode_progress(v: &AttributeValue) -> Option<CallProgress> {
 /// and `due_on`, the deadline's day, while the job is listed in the due index (`due_day`, the
 /// same day, is on every item, so that a write can list a job without knowing its deadline).
 pub fn encode(r: &JobItem) -> Item {
-    // Room for every attribute a record can have, so the map is never grown.
-    let mut item = Item::with_capacity(30);
+    // Room for every attribute a record can have (12 always, up to 23 more), so the map is
+    // never grown.
+    let mut item = Item::with_capacity(35);
     item.extend([
         ("job_id".to_owned(), s(&r.job_id)),
         ("state".to_owned(), s(r.state.as_str())),
