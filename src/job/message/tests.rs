@@ -243,3 +243,21 @@ fn a_tenant_and_a_priority_are_read_and_checked_and_stay_out_of_the_digest() {
     let long = format!(r#","tenant":"{}""#, "t".repeat(MAX_TENANT_LEN + 1));
     assert!(parse_body(Some(&body(&long))).is_err());
 }
+
+#[test]
+fn the_input_head_reads_the_model_and_parameters_the_whole_input_holds() {
+    // (A valid input names its model as a string and its parameters as an object.)
+    for input in [
+        r#"{"model":"m","prompt":"p","parameters":{"max_tokens":5,"temperature":0.2}}"#,
+        r#"{"model":"m","messages":[{"role":"user","content":"hello"}]}"#,
+        r#"{"model":"m","prompt":"p","parameters":{}}"#,
+    ] {
+        let msg = parse_body(Some(&format!(
+            r#"{{"job_id":"j","contract":"c","input":{input}}}"#
+        )))
+        .expect("valid");
+        let (head, whole) = (msg.input_head(), msg.input());
+        assert_eq!(head.model.as_ref(), whole.get("model"), "{input}");
+        assert_eq!(head.parameters.as_ref(), whole.get("parameters"), "{input}");
+    }
+}
