@@ -256,6 +256,9 @@ def iam_request(call):
             resource = f"arn:{PARTITION}:dynamodb:{REGION}:{ACCOUNT}:table/{names['TableName']}"
             if "IndexName" in names:
                 resource += f"/index/{names['IndexName']}"
+            # A single-item request's partition key (IAM's dynamodb:LeadingKeys, a set).
+            if "LeadingKey" in names:
+                context["dynamodb:LeadingKeys"] = [names["LeadingKey"]]
         else:
             resource = "*"
     elif service == "s3":

@@ -124,6 +124,11 @@ pub struct Bounds {
     /// reconciler's sweep sends it back while the job is neither terminal nor `unknown`; until
     /// then only triggers by id come, as for a lost message.
     pub dead_letters: bool,
+    /// The provider's webhook says the line's batch ended, up to twice, at any moment once the
+    /// item records the batch (before and after the job's end): each sends a trigger by id that
+    /// an idle worker receives. As the worker does with webhooks, the record of a batch's
+    /// reference keeps the input the trigger cannot carry.
+    pub webhooks: bool,
     /// The rule changed, if any.
     pub mutation: Option<Mutation>,
 }
@@ -158,6 +163,7 @@ impl Bounds {
             cancels: false,
             lost_messages: false,
             dead_letters: false,
+            webhooks: false,
             mutation: None,
         }
     }
@@ -187,6 +193,7 @@ impl Bounds {
             upstreams: vec![Upstream::Background, Upstream::Batch],
             faults: 0,
             followers: true,
+            webhooks: true,
             ..Bounds::test()
         }
     }
@@ -376,7 +383,7 @@ impl Bounds {
     /// The bounds in one line.
     pub fn describe(&self) -> String {
         format!(
-            "{} workers, {} deliveries, deadline {} ticks, lease {}, skew {}, budget {}, epochs up to {}, {} tries to end an attempt, {} fault(s) per path, providers {:?}{}{}{}{}{}{}{}{}{}{}",
+            "{} workers, {} deliveries, deadline {} ticks, lease {}, skew {}, budget {}, epochs up to {}, {} tries to end an attempt, {} fault(s) per path, providers {:?}{}{}{}{}{}{}{}{}{}{}{}",
             self.workers,
             self.deliveries,
             self.deadline,
@@ -434,6 +441,11 @@ impl Bounds {
             },
             if self.dead_letters {
                 ", a message dead-lettered and swept back"
+            } else {
+                ""
+            },
+            if self.webhooks {
+                ", a batch's webhook twice"
             } else {
                 ""
             }
@@ -826,6 +838,8 @@ pub struct Delivering {
 pub struct Worker {
     /// Its delivery.
     pub pc: Pc,
+    /// Its delivery came from a batch's webhook: a trigger by id.
+    pub by_webhook: bool,
     /// Its delivery's owner id (unique per delivery).
     pub owner: u8,
     /// How far its clock runs ahead of the true time.
@@ -859,6 +873,8 @@ pub struct State {
     pub item: Option<JobItem>,
     /// Deliveries so far.
     pub deliveries: u8,
+    /// Triggers the batch's webhook sent so far.
+    pub webhooks: u8,
     /// Faults so far (failed ledger requests and crashes).
     pub faults: u8,
     /// The workers.
@@ -1031,6 +1047,11 @@ pub enum Action {
     /// message, or the reconciler's re-trigger, received with it) decides from the item as that
     /// delivery left it, with no ledger or provider call.
     Follow {
+        /// The worker.
+        worker: usize,
+    },
+    /// The batch's webhook says it ended: an idle worker receives the trigger by id it sent.
+    Webhook {
         /// The worker.
         worker: usize,
     },
@@ -1237,6 +1258,17 @@ impl Protocol {
                 }
                 note.push_str("receives the message");
                 next.workers[worker].view = None;
+                next.workers[worker].by_webhook = false;
+                self.start(&mut next, worker, &mut note);
+                true
+            }
+            Action::Webhook { worker } => {
+                // Its own owner ids, past every delivery's.
+                next.webhooks += 1;
+                next.workers[worker].owner = 100 + next.webhooks;
+                next.workers[worker].view = None;
+                next.workers[worker].by_webhook = true;
+                note.push_str("receives the trigger by id the batch's webhook sent");
                 self.start(&mut next, worker, &mut note);
                 true
             }
@@ -1436,7 +1468,7 @@ impl Protocol {
     fn start(&self, next: &mut State, worker: usize, note: &mut String) {
         let now = self.now(next, worker);
         let owner = format!("d{}", next.workers[worker].owner);
-        let lanes = self.lanes(next);
+        let lanes = self.lanes(next, next.workers[worker].by_webhook);
         let (delivery, command) = Delivery::start(owner, DIGEST.to_owned(), lanes, None, now);
         let delivering = Delivering {
             delivery,
@@ -1453,11 +1485,11 @@ impl Protocol {
     /// The deployment's providers, as a delivery knows them: one, or two when the bound lets
     /// the second take a job the first refused (the model's claims name no provider, so the
     /// first is always the one a job's attempt ran at, and the second takes it once).
-    fn lanes(&self, state: &State) -> Vec<Lane> {
+    fn lanes(&self, state: &State, by_id: bool) -> Vec<Lane> {
         let lane = |name: &str| Lane {
             name: name.to_owned(),
             serves: true,
-            admission: self.facts(state),
+            admission: self.facts(state, by_id),
             call: self.call_facts(state),
             end: self.end_facts(state),
         };
@@ -1468,7 +1500,7 @@ impl Protocol {
     }
 
     /// What the admission knows before anything is read.
-    fn facts(&self, next: &State) -> Facts {
+    fn facts(&self, next: &State, by_id: bool) -> Facts {
         Facts {
             deadline_at: self.bounds.deadline,
             skew: self.bounds.skew,
@@ -1483,7 +1515,9 @@ impl Protocol {
             max_cost_micros: self.bounds.spend_limit.then_some(1),
             // The job's own message carries the input; once it is lost, a trigger by id carries
             // what the item keeps.
-            carries_input: next.queued() || next.item.as_ref().is_some_and(JobItem::keeps_input),
+            // A webhook's trigger is by id.
+            carries_input: (next.queued() && !by_id)
+                || next.item.as_ref().is_some_and(JobItem::keeps_input),
         }
     }
 
@@ -1703,7 +1737,14 @@ impl Protocol {
                 let Some(machine) = d.calling() else {
                     return false;
                 };
-                let req = machine.record(now);
+                let mut req = machine.record(now);
+                // With webhooks, the record of a batch's reference keeps the input (the
+                // worker's executor decides it, as here).
+                let announced =
+                    batch::parse_ref(&req.provider_ref).is_some_and(|(b, _)| b.is_some());
+                if self.bounds.webhooks && announced && !machine.owner().keeps_input() {
+                    req.input = Some(KeptInput::Inline(self.job().input));
+                }
                 let _ = write!(note, "records the reference of attempt {}", req.attempt);
                 let answer = self.write(next, |c| self.record_ref(c, &req), fault, Some(req.epoch));
                 note.push_str(heard(&answer));
@@ -2885,6 +2926,7 @@ impl Protocol {
                 Action::Sweep => "reconciler".to_owned(),
                 Action::Deliver { worker, .. }
                 | Action::Follow { worker }
+                | Action::Webhook { worker }
                 | Action::Admit { worker, .. }
                 | Action::Batch { worker, .. }
                 | Action::Step { worker, .. }
@@ -2897,8 +2939,10 @@ impl Protocol {
                 | Action::Unlisted { worker }
                 | Action::Crash { worker } => {
                     let w = &after.workers[worker];
-                    let owner = if matches!(action, Action::Deliver { .. } | Action::Follow { .. })
-                    {
+                    let owner = if matches!(
+                        action,
+                        Action::Deliver { .. } | Action::Follow { .. } | Action::Webhook { .. }
+                    ) {
                         w.owner
                     } else {
                         state.workers[worker].owner
@@ -3141,11 +3185,13 @@ impl Model for Protocol {
                                 })
                                 .flatten(),
                             deliveries: 0,
+                            webhooks: 0,
                             faults: 0,
                             workers: offsets
                                 .iter()
                                 .map(|&offset| Worker {
                                     pc: Pc::Idle,
+                                    by_webhook: false,
                                     owner: 0,
                                     offset,
                                     view: None,
@@ -3204,6 +3250,10 @@ impl Model for Protocol {
                     }
                     if w.view.is_some() && state.deliveries < b.deliveries {
                         actions.push(Action::Follow { worker });
+                    }
+                    if b.webhooks && state.webhooks < 2 && state.item.as_ref().is_some_and(in_batch)
+                    {
+                        actions.push(Action::Webhook { worker });
                     }
                     continue;
                 }
@@ -3344,6 +3394,16 @@ impl Model for Protocol {
             Property::sometimes(
                 "a later record of a batch is acknowledged from the item its first left",
                 |_, s: &State| s.followed,
+            ),
+            Property::sometimes(
+                "a batch's webhook sends a trigger by id, and its delivery accepts the answer",
+                |_, s: &State| {
+                    s.webhooks > 0
+                        && s.item.as_ref().is_some_and(|r| {
+                            r.state == JobState::Succeeded
+                                && r.owner_id.as_deref().is_some_and(|o| o.starts_with("d10"))
+                        })
+                },
             ),
             Property::sometimes(
                 "a record waits for its line's running batch, nothing written",
@@ -3654,4 +3714,14 @@ pub fn conclude<M: Timeline>(
         verdicts,
         counterexample,
     }
+}
+
+/// Whether `item` records a line of a batch the provider named: one its webhook announces.
+fn in_batch(item: &JobItem) -> bool {
+    item.attempt_log.iter().any(|a| {
+        a.provider_ref
+            .as_deref()
+            .and_then(batch::parse_ref)
+            .is_some_and(|(b, _)| b.is_some())
+    })
 }

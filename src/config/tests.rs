@@ -37,6 +37,23 @@ fn defaults_apply_and_the_table_is_required() {
 }
 
 #[test]
+fn with_webhooks_the_looks_at_a_running_batch_are_an_hour_apart_unless_set() {
+    let batching = |vars: &[(&str, &str)]| {
+        let mut all = vec![("JOBS_TABLE", "jobs")];
+        all.extend_from_slice(vars);
+        config(&all).expect("valid").settings.batching
+    };
+    let off = batching(&[]);
+    assert_eq!((off.webhooks, off.poll_ms), (false, 600_000));
+    let on = batching(&[("BATCH_WEBHOOKS", "on")]);
+    assert_eq!((on.webhooks, on.poll_ms), (true, 3_600_000));
+    let set = batching(&[("BATCH_WEBHOOKS", "on"), ("BATCH_POLL_SECONDS", "900")]);
+    assert_eq!((set.webhooks, set.poll_ms), (true, 900_000));
+    let typo = config(&[("JOBS_TABLE", "jobs"), ("BATCH_WEBHOOKS", "yes")]);
+    assert!(typo.is_err(), "{typo:?}");
+}
+
+#[test]
 fn the_provider_limits_and_the_pacing_are_read() {
     let c = config(&[
         ("JOBS_TABLE", "t"),

@@ -25,7 +25,7 @@ pub use decision::{Expect, Next, next_step};
 pub use message::{InvalidMessage, JobMessage, Trigger, parse_body, parse_trigger};
 pub use outcome::{Failure, RecordOutcome, VisibilityPolicy};
 pub use policy::{OUTPUT_CEILINGS, output_ceiling};
-pub use progress::{BatchCounts, CallProgress};
+pub use progress::{BatchCounts, BatchMember, CallProgress};
 pub use state::JobState;
 pub use usage::Usage;
 

@@ -23,3 +23,13 @@ pub struct BatchCounts {
     /// Requests that failed (errored, cancelled or expired).
     pub failed: u64,
 }
+
+/// One job with a line in a provider batch, as the batch's list of its jobs keeps it: enough
+/// to send the job's trigger by id to its queue and message group when the batch ends.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
+pub struct BatchMember {
+    /// The job.
+    pub job_id: String,
+    /// Its tenant and priority: its trigger's message group and queue.
+    pub class: super::JobClass,
+}

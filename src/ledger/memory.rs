@@ -30,6 +30,10 @@ pub struct InMemoryLedger {
     bill: Option<Mutex<Bill>>,
     /// The request counts noted for each running provider batch.
     batches: Mutex<HashMap<String, crate::job::BatchCounts>>,
+    /// Each provider batch's jobs, as its creator listed them.
+    members: Mutex<HashMap<String, Vec<crate::job::BatchMember>>>,
+    /// The webhook deliveries acted on, each until when it is kept.
+    deliveries: Mutex<HashMap<String, Millis>>,
 }
 
 /// What the writes of a metered ledger would be billed in DynamoDB, by its rules
@@ -236,6 +240,38 @@ impl InMemoryLedger {
     }
 }
 
+impl super::pushed::PushedLedger for InMemoryLedger {
+    async fn batch_members(
+        &self,
+        batch_id: &str,
+    ) -> Result<Vec<crate::job::BatchMember>, LedgerError> {
+        let kept = self.members.lock().unwrap_or_else(|p| p.into_inner());
+        Ok(kept.get(batch_id).cloned().unwrap_or_default())
+    }
+
+    async fn first_delivery(
+        &self,
+        id: &str,
+        now: Millis,
+        until: Millis,
+    ) -> Result<bool, LedgerError> {
+        self.writes.fetch_add(1, Ordering::Relaxed);
+        let mut seen = self.deliveries.lock().unwrap_or_else(|p| p.into_inner());
+        // As the table's condition: absent, or kept past its time (the TTL deletes late).
+        if seen.get(id).is_some_and(|kept| *kept >= now) {
+            return Ok(false);
+        }
+        seen.insert(id.to_owned(), until);
+        Ok(true)
+    }
+
+    async fn forget_delivery(&self, id: &str) -> Result<(), LedgerError> {
+        let mut seen = self.deliveries.lock().unwrap_or_else(|p| p.into_inner());
+        seen.remove(id);
+        Ok(())
+    }
+}
+
 impl JobLedger for InMemoryLedger {
     async fn claim(&self, req: ClaimRequest) -> Result<Write, LedgerError> {
         self.write("claim", &req.job.job_id, |c| apply_claim(c, &req))
@@ -296,6 +332,31 @@ impl JobLedger for InMemoryLedger {
         }
         let mut batches = self.batches.lock().unwrap_or_else(|p| p.into_inner());
         batches.insert(batch_id.to_owned(), counts);
+        Ok(())
+    }
+
+    async fn note_batch_members(
+        &self,
+        batch_id: &str,
+        members: &[crate::job::BatchMember],
+        _now: Millis,
+    ) -> Result<(), LedgerError> {
+        for part in members.chunks(super::pushed::MEMBERS_PER_ITEM) {
+            self.writes.fetch_add(1, Ordering::Relaxed);
+            if let Some(bill) = &self.bill {
+                // Each member's id, tenant and the list's own bytes, and the key: whole KB.
+                let bytes: usize = part
+                    .iter()
+                    .map(|m| m.job_id.len() + m.class.tenant.as_ref().map_or(0, String::len) + 16)
+                    .sum::<usize>()
+                    + batch_id.len()
+                    + 64;
+                bill.lock().unwrap_or_else(|p| p.into_inner()).table_units +=
+                    bytes.div_ceil(1_024) as u64;
+            }
+        }
+        let mut kept = self.members.lock().unwrap_or_else(|p| p.into_inner());
+        kept.insert(batch_id.to_owned(), members.to_vec());
         Ok(())
     }
 }
@@ -427,6 +488,14 @@ impl<L: JobLedger> JobLedger for FaultyLedger<L> {
         now: Millis,
     ) -> Result<(), LedgerError> {
         self.inner.note_batch(batch_id, counts, now).await
+    }
+    async fn note_batch_members(
+        &self,
+        batch_id: &str,
+        members: &[crate::job::BatchMember],
+        now: Millis,
+    ) -> Result<(), LedgerError> {
+        self.inner.note_batch_members(batch_id, members, now).await
     }
 }
 

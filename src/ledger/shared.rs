@@ -93,4 +93,32 @@ impl<L: JobLedger> JobLedger for std::sync::Arc<L> {
     ) -> impl Future<Output = Result<(), LedgerError>> + Send {
         (**self).note_batch(batch_id, counts, now)
     }
+    fn note_batch_members(
+        &self,
+        batch_id: &str,
+        members: &[crate::job::BatchMember],
+        now: Millis,
+    ) -> impl Future<Output = Result<(), LedgerError>> + Send {
+        (**self).note_batch_members(batch_id, members, now)
+    }
+}
+
+impl<L: super::pushed::PushedLedger> super::pushed::PushedLedger for std::sync::Arc<L> {
+    fn batch_members(
+        &self,
+        batch_id: &str,
+    ) -> impl Future<Output = Result<Vec<crate::job::BatchMember>, LedgerError>> + Send {
+        (**self).batch_members(batch_id)
+    }
+    fn first_delivery(
+        &self,
+        id: &str,
+        now: Millis,
+        until: Millis,
+    ) -> impl Future<Output = Result<bool, LedgerError>> + Send {
+        (**self).first_delivery(id, now, until)
+    }
+    fn forget_delivery(&self, id: &str) -> impl Future<Output = Result<(), LedgerError>> + Send {
+        (**self).forget_delivery(id)
+    }
 }

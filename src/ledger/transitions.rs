@@ -289,6 +289,7 @@ pub fn apply_record_ref(current: Option<&JobItem>, req: &RecordRefRequest) -> Op
         .get_mut(req.attempt.checked_sub(1)? as usize)?;
     attempt.provider_ref = Some(req.provider_ref.clone());
     next.updated_at = req.now;
+    keep_input(&mut next, req.input.as_ref());
     Some(next)
 }
 

@@ -68,6 +68,7 @@ impl<'a> Owner<'a> {
             attempt: self.attempt,
             provider_ref,
             now,
+            input: None,
         }
     }
 

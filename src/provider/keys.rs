@@ -36,6 +36,14 @@ impl KeyVars {
         secret: "OPENAI_API_KEY_SECRET_ID",
         parameter: "OPENAI_API_KEY_PARAMETER",
     };
+    #[cfg(feature = "openai")]
+    /// OpenAI's webhooks' signing secret: `OPENAI_WEBHOOK_SECRET`,
+    /// `OPENAI_WEBHOOK_SECRET_ID`, `OPENAI_WEBHOOK_SECRET_PARAMETER`.
+    pub(crate) const OPENAI_WEBHOOK: KeyVars = KeyVars {
+        value: "OPENAI_WEBHOOK_SECRET",
+        secret: "OPENAI_WEBHOOK_SECRET_ID",
+        parameter: "OPENAI_WEBHOOK_SECRET_PARAMETER",
+    };
     #[cfg(feature = "anthropic")]
     /// Anthropic's: `ANTHROPIC_API_KEY`, `ANTHROPIC_API_KEY_SECRET_ID`,
     /// `ANTHROPIC_API_KEY_PARAMETER`.
@@ -212,11 +220,17 @@ fn non_empty(key: String, why: impl FnOnce() -> String) -> Result<Option<Secret>
     Ok(Some(Secret::new(key)))
 }
 
-/// The key in a secret's text: the `api_key` field of a JSON object, else the provider's own
-/// `field` (`OPENAI_API_KEY`, `ANTHROPIC_API_KEY`: never another provider's), or the whole text.
+/// The key in a secret's text: the `api_key` field of a JSON object (`webhook_secret` for a
+/// webhook's signing secret, `field` `OPENAI_WEBHOOK_SECRET`: never the API key beside it),
+/// else the provider's own `field` (`OPENAI_API_KEY`, `ANTHROPIC_API_KEY`: never another
+/// provider's), or the whole text.
 fn key_of(text: &str, field: &str) -> String {
+    let generic = match field.ends_with("_WEBHOOK_SECRET") {
+        true => "webhook_secret",
+        false => "api_key",
+    };
     match serde_json::from_str::<Value>(text) {
-        Ok(Value::Object(fields)) => ["api_key", field]
+        Ok(Value::Object(fields)) => [generic, field]
             .iter()
             .find_map(|k| fields.get(*k).and_then(Value::as_str))
             .unwrap_or_default()
@@ -247,6 +261,11 @@ mod tests {
             key_of(r#"{"OPENAI_API_KEY":"sk-3"}"#, "ANTHROPIC_API_KEY"),
             ""
         );
+        // A webhook's signing secret beside the API key: each takes its own.
+        let keys = r#"{"api_key":"sk-5","webhook_secret":"whsec_AAAA"}"#;
+        assert_eq!(key_of(keys, "OPENAI_WEBHOOK_SECRET"), "whsec_AAAA");
+        assert_eq!(key_of(keys, "OPENAI_API_KEY"), "sk-5");
+        assert_eq!(key_of(r#"{"api_key":"sk-5"}"#, "OPENAI_WEBHOOK_SECRET"), "");
     }
 
     #[test]

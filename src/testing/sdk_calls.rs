@@ -208,6 +208,14 @@ impl CallRecorder {
                     names.insert(key.to_owned(), v.to_owned());
                 }
             }
+            // A single-item DynamoDB request names its partition key (the job_id of the ledger's
+            // items), which a policy may bound (`dynamodb:LeadingKeys`).
+            if let Some(key) = ["Key", "Item"]
+                .iter()
+                .find_map(|k| doc.get(*k)?.get("job_id")?.get("S")?.as_str())
+            {
+                names.insert("LeadingKey".to_owned(), key.to_owned());
+            }
             // PutEvents names its bus in each entry.
             if let Some(bus) = doc
                 .get("Entries")

@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use tokio::sync::{Notify, oneshot};
 
+use crate::job::BatchMember;
 use crate::provider::{BatchLine, Provider, ProviderError};
 
 /// What a line's submission came to: the batch's id, or what the provider said instead.
@@ -63,6 +64,18 @@ struct State {
     opened_at: Option<tokio::time::Instant>,
     /// Lines ever gathered, to tell a line from the one that took its place.
     serial: u64,
+    /// Batches created whose jobs are to be listed ([`Window::lists_members`]), until an owner
+    /// takes them ([`Gather::take_created`]).
+    created: Vec<(String, Vec<BatchMember>)>,
+}
+
+/// One attempt's line, and the job it is for.
+#[derive(Debug, Clone)]
+pub(crate) struct Line {
+    /// The line.
+    pub line: BatchLine,
+    /// Its job, listed with the batch that holds it when the window asks for it.
+    pub member: BatchMember,
 }
 
 #[derive(Debug)]
@@ -71,6 +84,7 @@ struct Waiting {
     /// The provider (its index in the list) and the model: one batch each.
     group: (usize, String),
     line: BatchLine,
+    member: BatchMember,
     tx: oneshot::Sender<Sent>,
 }
 
@@ -83,6 +97,9 @@ pub(crate) struct Window {
     pub max_lines: usize,
     /// The most bytes of lines in one batch.
     pub max_bytes: usize,
+    /// Each batch created is kept with its jobs until an owner takes it, to be listed (for
+    /// the webhooks that say when it ends).
+    pub lists_members: bool,
 }
 
 /// When a line's owner stops waiting.
@@ -194,7 +211,7 @@ impl Gather {
         &self,
         providers: &[&P],
         group: (usize, String),
-        line: BatchLine,
+        line: Line,
         window: Window,
         until: Until,
     ) -> Joined {
@@ -206,7 +223,8 @@ impl Gather {
             state.waiting.push(Waiting {
                 serial,
                 group,
-                line,
+                line: line.line,
+                member: line.member,
                 tx,
             });
             state
@@ -227,7 +245,10 @@ impl Gather {
             let (due, closes) = self.due(window);
             if let Some(lines) = due {
                 // The submission is this caller's, bounded by its own time.
-                submit(providers, lines, window, until.stop).await;
+                let created = submit(providers, lines, window, until.stop).await;
+                if window.lists_members {
+                    self.lock().created.extend(created);
+                }
             }
             // In this order whatever is ready at once, so a seeded run replays the same way:
             // an answer, then a change, then the window's close, then giving up.
@@ -259,6 +280,12 @@ impl Gather {
                 }
             }
         }
+    }
+
+    /// The batches created since the last take, each with its jobs, to be listed (only when
+    /// the window [`Window::lists_members`]).
+    pub(crate) fn take_created(&self) -> Vec<(String, Vec<BatchMember>)> {
+        std::mem::take(&mut self.lock().created)
     }
 
     /// Takes the line `serial` out of the gathering: `false` when it was taken into a batch
@@ -301,13 +328,15 @@ fn fullest(waiting: &[Waiting], window: Window) -> bool {
 /// Submits `lines` as one batch per provider and model (more when one would pass the window's
 /// lines or bytes), by `stop`, and tells each line's owner what came of it: a batch not begun
 /// by then was not sent (its lines' attempts are given back), and a create still unanswered
-/// then may have made its batch (its lines are left to listing).
+/// then may have made its batch (its lines are left to listing). The batches created, each
+/// with its jobs.
 async fn submit<P: Provider>(
     providers: &[&P],
     mut lines: Vec<Waiting>,
     window: Window,
     stop: tokio::time::Instant,
-) {
+) -> Vec<(String, Vec<BatchMember>)> {
+    let mut created = Vec::new();
     lines.sort_by(|a, b| a.group.cmp(&b.group));
     while !lines.is_empty() {
         let group = lines[0].group.clone();
@@ -343,12 +372,16 @@ async fn submit<P: Provider>(
             Ok(id) => tracing::info!(batch = %id, lines = batch.len(), "batch submitted"),
             Err(e) => tracing::warn!(error = %e, lines = batch.len(), "batch not submitted"),
         }
+        if let (Ok(id), true) = (&sent, window.lists_members) {
+            created.push((id.clone(), lines.iter().map(|w| w.member.clone()).collect()));
+        }
         for w in lines {
             // An owner that stopped waiting finds its line by listing.
             let _ = w.tx.send(sent.clone());
         }
         lines = rest;
     }
+    created
 }
 
 #[cfg(test)]
@@ -356,10 +389,16 @@ mod tests {
     use super::*;
     use crate::provider::SimulatedProvider;
 
-    fn line(id: &str) -> BatchLine {
-        BatchLine {
-            id: id.to_owned(),
-            body: format!(r#"{{"job_id":"{id}","latency_ms":0}}"#),
+    fn line(id: &str) -> Line {
+        Line {
+            line: BatchLine {
+                id: id.to_owned(),
+                body: format!(r#"{{"job_id":"{id}","latency_ms":0}}"#),
+            },
+            member: BatchMember {
+                job_id: format!("job-{id}"),
+                class: crate::job::JobClass::default(),
+            },
         }
     }
 
@@ -484,12 +523,48 @@ mod tests {
         let sent = futures::future::join_all(joins).await;
         assert!(sent.iter().all(|s| matches!(s, Joined::In(_))));
         assert_eq!(provider.batch_sizes(), vec![2, 1]);
+        // Nobody asked for the batches' jobs: none are kept.
+        assert!(gather.take_created().is_empty());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn each_batch_created_is_kept_with_its_jobs_until_taken_when_the_window_lists_them() {
+        let provider = SimulatedProvider::new().with_batches();
+        let providers = [&provider];
+        let gather = Gather::default();
+        let _lanes = gather.lanes(3, 16);
+        let listed = Window {
+            max_bytes: 60,
+            lists_members: true,
+            ..WINDOW
+        };
+        let joins =
+            ["a", "b", "c"].map(|id| gather.join(&providers, group(), line(id), listed, never()));
+        let sent = futures::future::join_all(joins).await;
+        let ids: Vec<String> = sent
+            .iter()
+            .map(|s| match s {
+                Joined::In(batch) => batch.clone(),
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        let created = gather.take_created();
+        let jobs = |batch: &str| -> Vec<String> {
+            let (_, members) = created.iter().find(|(b, _)| b == batch).expect("listed");
+            members.iter().map(|m| m.job_id.clone()).collect()
+        };
+        assert_eq!(created.len(), 2, "{created:?}");
+        assert_eq!(jobs(&ids[0]), ["job-a", "job-b"]);
+        assert_eq!(jobs(&ids[2]), ["job-c"]);
+        // Taken once.
+        assert!(gather.take_created().is_empty());
     }
 
     const WINDOW: Window = Window {
         wait: Duration::from_secs(60),
         max_lines: 100,
         max_bytes: MAX_BATCH_BYTES,
+        lists_members: false,
     };
 
     #[tokio::test(start_paused = true)]

@@ -9,11 +9,14 @@ use crate::job::{InvalidMessage, JobDefaults, Millis, VisibilityPolicy};
 use crate::ledger::schedule::Limits;
 use crate::protocol::ReplayPolicy;
 use crate::vars::{ConfigError, Vars};
+pub use batching::Batching;
+use batching::batching_from;
 use who::{labels_from, policy_from, producers_from};
 
 /// The memory kept for everything but Extended Client payloads: the runtime, the SDK clients
 /// and their buffers, the rest of the batch (a 128 MB function holds the worker in about 20 MiB
 /// at rest).
+mod batching;
 mod who;
 
 const PAYLOAD_MEMORY_RESERVE_MB: i64 = 48;
@@ -159,47 +162,6 @@ impl Default for Settings {
             batching: Batching::default(),
             idempotency_prefix: String::new(),
         }
-    }
-}
-
-/// How deferrable jobs go through a provider's batch interface.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Batching {
-    /// `DEFERRABLE` (`off`, the default, or `on`): whether a job that does not say
-    /// (`input.deferrable`) may wait for a batch.
-    pub default_deferrable: bool,
-    /// `BATCH_GATHER_SECONDS` (5): the longest a claimed line waits for others before its
-    /// batch goes; it goes earlier once every record of the invocation waits or is done.
-    pub gather_ms: Millis,
-    /// `BATCH_MAX_LINES` (10,000): the most lines in one batch.
-    pub max_lines: usize,
-    /// `BATCH_POLL_SECONDS` (600): how long a record whose batch runs stays invisible before
-    /// its next look at the batch.
-    pub poll_ms: Millis,
-    /// `PATHS` (unset: none): the paths the worker chooses among for a job by price within its
-    /// deadline ([`crate::job::path`]); unset, each job takes the one it asks for.
-    pub paths: crate::job::path::Paths,
-}
-
-impl Default for Batching {
-    fn default() -> Self {
-        Batching {
-            default_deferrable: false,
-            gather_ms: 5_000,
-            max_lines: 10_000,
-            poll_ms: 600_000,
-            paths: crate::job::path::Paths::default(),
-        }
-    }
-}
-
-impl Batching {
-    /// Whether the job of `input` may wait for a batch: its own `deferrable`, else the default.
-    pub fn deferrable(&self, input: &serde_json::Map<String, serde_json::Value>) -> bool {
-        input
-            .get("deferrable")
-            .and_then(serde_json::Value::as_bool)
-            .unwrap_or(self.default_deferrable)
     }
 }
 
@@ -543,24 +505,6 @@ fn visibility_from(vars: &Vars<'_>, v: &VisibilityPolicy) -> Result<VisibilityPo
             1_000,
         )? as u32,
         retention_s: number("MESSAGE_RETENTION_SECONDS", v.retention_s, 60, 1_209_600)?,
-    })
-}
-
-/// Deferrable jobs' batches and the paths: `DEFERRABLE`, `BATCH_GATHER_SECONDS`,
-/// `BATCH_MAX_LINES`, `BATCH_POLL_SECONDS`, `PATHS`.
-fn batching_from(vars: &Vars<'_>) -> Result<Batching, ConfigError> {
-    let number = |name, default, min, max| vars.integer(name, default, min, max);
-    Ok(Batching {
-        default_deferrable: vars.choice("DEFERRABLE", false, &[("off", false), ("on", true)])?,
-        gather_ms: vars.seconds("BATCH_GATHER_SECONDS", 5_000, 0, 300)?,
-        max_lines: number("BATCH_MAX_LINES", 10_000, 1, 50_000)? as usize,
-        poll_ms: vars.seconds("BATCH_POLL_SECONDS", 600_000, 1, 43_200)?,
-        paths: crate::job::path::Paths::parse(&vars.get("PATHS").unwrap_or_default()).map_err(
-            |reason| ConfigError::Invalid {
-                name: "PATHS",
-                reason,
-            },
-        )?,
     })
 }
 

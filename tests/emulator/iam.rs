@@ -26,9 +26,19 @@ use crate::support::{self, deliver, emulator, emulator_as, fast_settings, job};
 /// Judges `calls` against the template with `resources` (logical id to physical name); the
 /// evaluator's refusals, if any.
 fn refusals(resources: serde_json::Value, calls: &[RecordedCall]) -> Result<String, String> {
+    refusals_with(resources, serde_json::json!({}), calls)
+}
+
+/// [`refusals`] for a stack made with `parameters`.
+fn refusals_with(
+    resources: serde_json::Value,
+    parameters: serde_json::Value,
+    calls: &[RecordedCall],
+) -> Result<String, String> {
     let root = env!("CARGO_MANIFEST_DIR");
     let file = std::env::temp_dir().join(support::unique("iam-calls") + ".json");
-    let document = serde_json::json!({"resources": resources, "calls": calls});
+    let document =
+        serde_json::json!({"resources": resources, "parameters": parameters, "calls": calls});
     std::fs::write(&file, document.to_string()).expect("write calls");
     let python = format!("{root}/.venv/bin/python");
     let out = std::process::Command::new(python)
@@ -238,4 +248,144 @@ async fn each_function_makes_only_the_calls_its_role_in_the_template_allows() {
     if let Err(refused) = refusals(resources, &calls) {
         panic!("requests the template's roles may not make:\n{refused}");
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_webhook_function_acts_once_on_a_signed_batch_end_under_its_own_role() {
+    use fenced_jobs::job::{BatchMember, JobClass};
+    use fenced_jobs::ledger::JobLedger;
+    use fenced_jobs::ops::webhook::{Answer, UrlRequest, handle, read_secret, signature};
+    // GIVEN the stack's table and queues, the endpoint's signing secret in Secrets Manager, and
+    // a batch whose creator listed a normal job and an urgent one
+    let setup = emulator().await;
+    let table = setup.table().await;
+    let queue = setup.queue(30).await;
+    let urgent = setup.queue(30).await;
+    let secret_id = support::unique("webhook-secret");
+    aws_sdk_secretsmanager::Client::new(&setup.config)
+        .create_secret()
+        .name(&secret_id)
+        .secret_string(r#"{"webhook_secret":"whsec_c2VjcmV0LWtleQ=="}"#)
+        .send()
+        .await
+        .expect("create secret");
+    let lookup = |name: &str| (name == "OPENAI_WEBHOOK_SECRET_ID").then(|| secret_id.clone());
+    let secret = read_secret(&lookup, &setup.config)
+        .await
+        .expect("the secret");
+    let calls: Arc<Mutex<Vec<RecordedCall>>> = Arc::default();
+    let worker = emulator_as("WorkerRole", &calls).await;
+    let members = [
+        BatchMember {
+            job_id: "hook-a".to_owned(),
+            class: JobClass::default(),
+        },
+        BatchMember {
+            job_id: "hook-b".to_owned(),
+            class: JobClass {
+                tenant: Some("t1".to_owned()),
+                urgent: true,
+            },
+        },
+    ];
+    let now = SystemClock.now_ms();
+    let as_worker = worker.ledger(&table);
+    let listed = as_worker.note_batch_members("batch_9", &members, now);
+    listed.await.expect("the worker lists the batch's jobs");
+
+    // WHEN OpenAI's signed webhook says the batch completed, to the function under its role
+    let hook = emulator_as("WebhookRole", &calls).await;
+    let (ledger, sender) = (
+        hook.ledger(&table),
+        SqsTriggers::new(hook.sqs.clone(), queue.url.clone()).with_urgent(Some(urgent.url.clone())),
+    );
+    let body =
+        r#"{"id":"evt_9","object":"event","type":"batch.completed","data":{"id":"batch_9"}}"#;
+    let signed = |id: &str, with: &fenced_jobs::ops::webhook::WebhookSecret| UrlRequest {
+        headers: [
+            ("webhook-id", id.to_owned()),
+            ("webhook-timestamp", (now / 1_000).to_string()),
+            (
+                "webhook-signature",
+                signature::sign(with, id, now / 1_000, body.as_bytes()),
+            ),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v))
+        .collect(),
+        body: Some(body.to_owned()),
+        request_context: serde_json::json!({"http": {"method": "POST"}}),
+        ..UrlRequest::default()
+    };
+    let answer = handle(&signed("msg_9", &secret), &secret, &ledger, &sender, now).await;
+    // THEN each job's trigger by id is on its queue
+    assert_eq!(answer, Answer::Triggered(2));
+    let bodies = |url: &str| {
+        let sqs = setup.sqs.clone();
+        let url = url.to_owned();
+        async move {
+            let out = sqs
+                .receive_message()
+                .queue_url(url)
+                .max_number_of_messages(10);
+            let out = out.send().await.expect("receive");
+            let got: Vec<String> = out
+                .messages()
+                .iter()
+                .filter_map(|m| m.body().map(str::to_owned))
+                .collect();
+            got
+        }
+    };
+    assert_eq!(bodies(&queue.url).await, [r#"{"job_id":"hook-a"}"#]);
+    assert_eq!(bodies(&urgent.url).await, [r#"{"job_id":"hook-b"}"#]);
+    // AND the same delivery again, or one signed by a stranger, sends nothing
+    let again = handle(
+        &signed("msg_9", &secret),
+        &secret,
+        &ledger,
+        &sender,
+        now + 1_000,
+    )
+    .await;
+    assert_eq!(again, Answer::Replayed);
+    let stranger = fenced_jobs::ops::webhook::WebhookSecret::parse("whsec_c3RyYW5nZXI=");
+    let stranger = stranger.expect("base64");
+    let forged = handle(&signed("msg_10", &stranger), &secret, &ledger, &sender, now).await;
+    assert!(matches!(forged, Answer::Refused(_)), "{forged:?}");
+    assert!(bodies(&queue.url).await.is_empty());
+
+    // AND every request the function sent is one its role allows: the batch's list and its own
+    // records in the table (never a job's item), and the two queues
+    let calls = calls.lock().expect("calls").clone();
+    let its_own: Vec<&RecordedCall> = calls.iter().filter(|c| c.role == "WebhookRole").collect();
+    assert!(
+        its_own.iter().any(|c| c.service == "dynamodb"),
+        "{its_own:?}"
+    );
+    assert!(its_own.iter().any(|c| c.service == "sqs"), "{its_own:?}");
+    let resources = serde_json::json!({
+        "JobsQueue": name_of(&queue.url),
+        "UrgentQueue": name_of(&urgent.url),
+        "JobsTable": table,
+    });
+    let stack = serde_json::json!({
+        "OpenAiWebhookSecretArn": format!("arn:aws:secretsmanager:us-east-1:123456789012:secret:{secret_id}"),
+    });
+    if let Err(refused) = refusals_with(resources.clone(), stack.clone(), &calls) {
+        panic!("requests the template's roles may not make:\n{refused}");
+    }
+    // AND the role could not touch a job's own item
+    let mut stray = its_own[0].clone();
+    stray.service = "dynamodb".to_owned();
+    stray.operation = "GetItem".to_owned();
+    stray.names.insert("TableName".to_owned(), table.clone());
+    stray
+        .names
+        .insert("LeadingKey".to_owned(), "hook-a".to_owned());
+    let judged = refusals_with(resources, stack, &[stray]);
+    assert!(
+        judged.is_err(),
+        "the webhook's role may read a job's item: {judged:?}"
+    );
 }

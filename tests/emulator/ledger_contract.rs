@@ -343,6 +343,7 @@ pub(crate) async fn scenario<L: JobLedger>(
         attempt,
         provider_ref: r.into(),
         now: T + 2,
+        input: None,
     };
     step!(
         "i record before claim",

@@ -320,6 +320,11 @@ async fn apply<L: JobLedger>(ledger: &L, prefix: &str, op: &Op) -> Write {
                     attempt: *attempt,
                     provider_ref: format!("resp{now}"),
                     now: *now,
+                    // Half of them keep the input (a batch line a webhook announces): kept only
+                    // where the item keeps none.
+                    input: (now % 2 == 0).then(|| {
+                        fenced_jobs::ledger::KeptInput::Inline(format!(r#"{{"kept":{now}}}"#))
+                    }),
                 })
                 .await
         }

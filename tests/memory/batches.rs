@@ -424,3 +424,83 @@ async fn a_path_measured_faster_than_its_documented_bound_is_taken_for_shorter_d
     assert_eq!(path_of(&late), Some(Rate::Flex));
     assert_eq!(late.state, JobState::Succeeded);
 }
+
+#[tokio::test]
+async fn with_webhooks_a_batchs_end_reaches_its_jobs_through_their_triggers_by_id() {
+    use fenced_jobs::ledger::pushed::PushedLedger;
+    use fenced_jobs::ops::webhook::{Answer, UrlRequest, WebhookSecret, handle, signature};
+    use fenced_jobs::queue::RecordingTriggers;
+    // GIVEN a worker whose deployment takes the provider's webhooks
+    let ledger = Arc::new(InMemoryLedger::new());
+    let mut pushed = settings();
+    pushed.batching.webhooks = true;
+    pushed.batching.poll_ms = 3_600_000;
+    let h = handler(ledger.clone(), pushed);
+    let jobs: Vec<String> = (0..3).map(|i| deferrable(&format!("w{i}"), "")).collect();
+    // WHEN its records go as one batch
+    let first = h.handle_batch(&event(&jobs, 1), &invocation()).await;
+    assert_eq!(h.processor().provider().batch_sizes(), vec![3]);
+    let looks_after = |r: &fenced_jobs::report::RecordReport| r.visibility_s >= Some(3_600);
+    assert!(first.records.iter().all(looks_after), "{:?}", first.records);
+    // THEN the batch lists its jobs, for its webhook
+    let members = ledger.batch_members("simbatch-1").await.expect("read");
+    let mut listed: Vec<&str> = members.iter().map(|m| m.job_id.as_str()).collect();
+    listed.sort_unstable();
+    assert_eq!(listed, ["w0", "w1", "w2"]);
+
+    // WHEN the provider's signed webhook says the batch completed
+    let secret = WebhookSecret::parse("whsec_c2VjcmV0LWtleQ==").expect("secret");
+    let now = SystemClock.now_ms();
+    let body =
+        r#"{"id":"evt_1","object":"event","type":"batch.completed","data":{"id":"simbatch-1"}}"#;
+    let signed = signature::sign(&secret, "msg_1", now / 1_000, body.as_bytes());
+    let request = UrlRequest {
+        headers: [
+            ("webhook-id", "msg_1"),
+            ("webhook-timestamp", &(now / 1_000).to_string()),
+            ("webhook-signature", &signed),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect(),
+        body: Some(body.to_owned()),
+        ..UrlRequest::default()
+    };
+    let triggers = RecordingTriggers::new();
+    let answer = handle(&request, &secret, ledger.as_ref(), &triggers, now).await;
+    assert_eq!(answer, Answer::Triggered(3));
+    // AND its triggers by id are delivered, long before the records' next look
+    let by_id: Vec<String> = triggers.sent().into_iter().map(|(t, _)| t.body).collect();
+    let collected = h.handle_batch(&event(&by_id, 1), &invocation()).await;
+    // THEN each job succeeds from the batch's answer, paid once, and no batch is sent again
+    assert_eq!(collected.response, Ok(vec![]), "{:?}", collected.records);
+    for id in ["w0", "w1", "w2"] {
+        let item = ledger.get(id).await.expect("get").expect("item");
+        assert_eq!(
+            (item.state, item.attempts),
+            (JobState::Succeeded, 1),
+            "{id}"
+        );
+    }
+    assert_eq!(h.processor().provider().executions(), 3);
+    assert_eq!(h.processor().provider().batch_sizes(), vec![3]);
+    // AND the webhook sent again changes nothing; the records' own next look acknowledges them
+    let replayed = handle(&request, &secret, ledger.as_ref(), &triggers, now + 1_000).await;
+    assert_eq!(replayed, Answer::Replayed);
+    assert_eq!(triggers.sent().len(), 3);
+    let later = h.handle_batch(&event(&jobs, 2), &invocation()).await;
+    assert_eq!(later.response, Ok(vec![]));
+    assert_eq!(h.processor().provider().executions(), 3);
+}
+
+#[tokio::test]
+async fn without_webhooks_no_batch_lists_its_jobs() {
+    use fenced_jobs::ledger::pushed::PushedLedger;
+    let ledger = Arc::new(InMemoryLedger::metered());
+    let h = handler(ledger.clone(), settings());
+    let jobs: Vec<String> = (0..3).map(|i| deferrable(&format!("n{i}"), "")).collect();
+    h.handle_batch(&event(&jobs, 1), &invocation()).await;
+    assert_eq!(h.processor().provider().batch_sizes(), vec![3]);
+    let members = ledger.batch_members("simbatch-1").await.expect("read");
+    assert!(members.is_empty(), "{members:?}");
+}

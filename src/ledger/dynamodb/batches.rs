@@ -1,14 +1,33 @@
-//! What looks at running provider batches read of their request counts, one item a batch:
-//! `job_id` `#batch#<batch id>`, with `total`, `completed`, `failed`, `noted_at` and a TTL
-//! three days on (a batch's window is a day). `jobctl watch` reads it beside a batched job's
-//! item. It has no `state`: no index holds it and the stream's announcements skip it.
+//! A provider batch's own items, beside its jobs'.
+//!
+//! - What looks at the running batch read of its request counts: `#batch#<batch id>`, with
+//!   `total`, `completed`, `failed`, `noted_at` and a TTL three days on (a batch's window is a
+//!   day). `jobctl watch` reads it beside a batched job's item.
+//! - The batch's jobs, listed once by the worker that created it, for the webhook function:
+//!   `#batch-jobs#<batch id>#<part>`, each part [`MEMBERS_PER_ITEM`] jobs at most (`jobs`, a
+//!   list of `{id, tenant?, urgent?}`), part 0 saying how many parts there are (`parts`).
+//! - The webhook deliveries acted on: `#webhook#<id>`, created on `attribute_not_exists` (or
+//!   over one past its time, which the TTL deletes late).
+//!
+//! None of them has a `state`: no index holds them and the stream's announcements skip them.
 
-use aws_sdk_dynamodb::types::ReturnValue;
+use std::collections::HashMap;
 
-use super::DynamoLedger;
-use super::item::{get_n, n};
-use crate::job::{BatchCounts, Millis};
+use aws_sdk_dynamodb::error::SdkError;
+use aws_sdk_dynamodb::operation::put_item::PutItemError;
+use aws_sdk_dynamodb::types::{AttributeValue, ReturnValue};
+use tracing::Instrument;
+
+use super::item::{get_n, n, s};
+use super::{DynamoLedger, classify, sdk_error, transport_error};
+use crate::job::{BatchCounts, BatchMember, JobClass, Millis};
 use crate::ledger::LedgerError;
+use crate::ledger::pushed::{MEMBERS_PER_ITEM, MEMBERS_TTL_S, PushedLedger};
+
+/// What the keys of a batch's list of its jobs start with.
+const MEMBERS_KEY_PREFIX: &str = "#batch-jobs#";
+/// What the key of a webhook delivery acted on starts with.
+const DELIVERY_KEY_PREFIX: &str = "#webhook#";
 
 /// What the key of a batch's item starts with.
 const BATCH_KEY_PREFIX: &str = "#batch#";
@@ -68,5 +87,152 @@ impl DynamoLedger {
             failed: count("failed").unwrap_or(0),
         };
         Ok(Some((counts, get_n(&item, "noted_at").unwrap_or(0))))
+    }
+}
+
+/// The key of part `part` of `batch_id`'s list of its jobs.
+fn members_key(batch_id: &str, part: usize) -> String {
+    format!("{MEMBERS_KEY_PREFIX}{batch_id}#{part}")
+}
+
+fn encode_member(m: &BatchMember) -> AttributeValue {
+    let mut fields = HashMap::with_capacity(3);
+    fields.insert("id".to_owned(), s(&m.job_id));
+    if let Some(tenant) = &m.class.tenant {
+        fields.insert("tenant".to_owned(), s(tenant));
+    }
+    if m.class.urgent {
+        fields.insert("urgent".to_owned(), AttributeValue::Bool(true));
+    }
+    AttributeValue::M(fields)
+}
+
+/// A member as [`encode_member`] wrote it; `None` for anything else.
+fn decode_member(value: &AttributeValue) -> Option<BatchMember> {
+    let fields = value.as_m().ok()?;
+    let job_id = fields.get("id")?.as_s().ok()?.clone();
+    let tenant = fields.get("tenant").and_then(|t| t.as_s().ok()).cloned();
+    let urgent = fields
+        .get("urgent")
+        .and_then(|u| u.as_bool().ok())
+        .copied()
+        .unwrap_or(false);
+    Some(BatchMember {
+        job_id,
+        class: JobClass { tenant, urgent },
+    })
+}
+
+impl DynamoLedger {
+    /// Writes `batch_id`'s list of its jobs, created at `now`: one unconditional `PutItem` a
+    /// part (the same list written again is the same items).
+    pub(super) async fn put_batch_members(
+        &self,
+        batch_id: &str,
+        members: &[BatchMember],
+        now: Millis,
+    ) -> Result<(), LedgerError> {
+        let parts = members.chunks(MEMBERS_PER_ITEM);
+        let count = parts.len();
+        for (part, chunk) in parts.enumerate() {
+            let mut item = HashMap::with_capacity(4);
+            item.insert("job_id".to_owned(), s(&members_key(batch_id, part)));
+            item.insert(
+                "jobs".to_owned(),
+                AttributeValue::L(chunk.iter().map(encode_member).collect()),
+            );
+            item.insert("expires_at".to_owned(), n(now / 1_000 + MEMBERS_TTL_S));
+            if part == 0 {
+                item.insert("parts".to_owned(), n(count));
+            }
+            let put = self
+                .client
+                .put_item()
+                .table_name(&self.table)
+                .set_item(Some(item))
+                .send()
+                .instrument(tracing::debug_span!("ledger", operation = "batch members"));
+            Box::pin(put)
+                .await
+                .map_err(|e| sdk_error("batch members", &e))?;
+        }
+        Ok(())
+    }
+}
+
+impl PushedLedger for DynamoLedger {
+    async fn batch_members(&self, batch_id: &str) -> Result<Vec<BatchMember>, LedgerError> {
+        let mut members = Vec::new();
+        let mut parts = 1;
+        let mut part = 0;
+        while part < parts {
+            let key = members_key(batch_id, part);
+            let Some(item) = self.get_item("batch members", &key, false).await? else {
+                break;
+            };
+            if part == 0 {
+                parts = get_n(&item, "parts").map_or(1, |p| p.clamp(1, 1_000) as usize);
+            }
+            if let Some(AttributeValue::L(jobs)) = item.get("jobs") {
+                members.extend(jobs.iter().filter_map(decode_member));
+            }
+            part += 1;
+        }
+        Ok(members)
+    }
+
+    async fn first_delivery(
+        &self,
+        id: &str,
+        now: Millis,
+        until: Millis,
+    ) -> Result<bool, LedgerError> {
+        let mut item = HashMap::with_capacity(3);
+        item.insert(
+            "job_id".to_owned(),
+            s(&format!("{DELIVERY_KEY_PREFIX}{id}")),
+        );
+        item.insert("acted_at".to_owned(), n(now));
+        item.insert("expires_at".to_owned(), n(until / 1_000 + 1));
+        let put = self
+            .client
+            .put_item()
+            .table_name(&self.table)
+            .set_item(Some(item))
+            .condition_expression("attribute_not_exists(job_id) OR expires_at < :now")
+            .expression_attribute_values(":now", n(now / 1_000))
+            .send()
+            .instrument(tracing::debug_span!(
+                "ledger",
+                operation = "webhook delivery"
+            ));
+        match Box::pin(put).await {
+            Ok(_) => Ok(true),
+            Err(SdkError::ServiceError(e)) => match e.err() {
+                PutItemError::ConditionalCheckFailedException(_) => Ok(false),
+                other => Err(classify(
+                    "webhook delivery",
+                    aws_sdk_dynamodb::error::ProvideErrorMetadata::code(other),
+                )),
+            },
+            Err(other) => Err(transport_error("webhook delivery", &other)),
+        }
+    }
+
+    async fn forget_delivery(&self, id: &str) -> Result<(), LedgerError> {
+        let delete = self
+            .client
+            .delete_item()
+            .table_name(&self.table)
+            .key("job_id", s(&format!("{DELIVERY_KEY_PREFIX}{id}")))
+            .send()
+            .instrument(tracing::debug_span!(
+                "ledger",
+                operation = "webhook delivery"
+            ));
+        Box::pin(delete)
+            .await
+            .map(|_| ())
+            .map_err(|e| sdk_error("webhook delivery", &e))
     }
 }

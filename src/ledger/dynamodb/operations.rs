@@ -275,6 +275,7 @@ impl JobLedger for DynamoLedger {
             (":epoch", n(req.epoch)),
             (":attempt", n(req.attempt)),
         ];
+        let (update, values) = kept_input(req.input.as_ref(), update, values);
         self.update("record_ref", &req.job_id, &update, condition, values, None)
             .await
     }
@@ -363,6 +364,15 @@ impl JobLedger for DynamoLedger {
         now: crate::job::Millis,
     ) -> Result<(), LedgerError> {
         self.put_batch_note(batch_id, counts, now).await
+    }
+
+    async fn note_batch_members(
+        &self,
+        batch_id: &str,
+        members: &[crate::job::BatchMember],
+        now: crate::job::Millis,
+    ) -> Result<(), LedgerError> {
+        self.put_batch_members(batch_id, members, now).await
     }
 }
 

@@ -5,7 +5,7 @@ use serde_json::{Map, Value};
 
 use super::{Link, Processor};
 use crate::clock::Clock;
-use crate::job::BatchCounts;
+use crate::job::{BatchCounts, BatchMember};
 use crate::job::{JobItem, JobMessage, Millis};
 use crate::ledger::JobLedger;
 use crate::provider::Progress;
@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use crate::protocol::calling::Said;
 use crate::provider::{Provider, ProviderError, ProviderRequest, Retrieval};
-use crate::worker::gather::{Joined, MAX_BATCH_BYTES, Until, Window};
+use crate::worker::gather::{Joined, Line, MAX_BATCH_BYTES, Until, Window};
 
 /// The most batches one environment remembers noting.
 const NOTED_KEPT: usize = 1_000;
@@ -35,7 +35,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
     pub(super) async fn submit_line(
         &self,
         link: &Link<P>,
-        request: &ProviderRequest<'_>,
+        (request, member): (&ProviderRequest<'_>, &BatchMember),
         line: &str,
         budget_ms: Millis,
         stop: &super::StopSignal,
@@ -52,6 +52,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
             wait: Duration::from_millis(self.settings.batching.gather_ms as u64),
             max_lines: self.settings.batching.max_lines,
             max_bytes: MAX_BATCH_BYTES,
+            lists_members: self.settings.batching.webhooks,
         };
         // The line leaves unsent a tenth of the budget (at most a second) before it, and a
         // submission taken but unanswered is left to listing a quarter of that before it: the
@@ -65,11 +66,18 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
             lost: stop.token().clone(),
         };
         let group = (index, link.provider.model(request.input).to_owned());
-        match self
+        let entry = Line {
+            line: body,
+            member: member.clone(),
+        };
+        let joined = self
             .gather
-            .join(&providers, group, body, window, until)
-            .await
-        {
+            .join(&providers, group, entry, window, until)
+            .await;
+        if window.lists_members {
+            self.list_members().await;
+        }
+        match joined {
             Joined::In(batch) => Said::Started(batch_ref(&batch, line)),
             Joined::Unseen => Said::Started(pending_ref(line)),
             Joined::NotSent(why) => Said::NotSent(why),
@@ -108,6 +116,21 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
             self.note_batch(batch, counts).await;
         }
         running
+    }
+
+    /// Lists the jobs of each batch this environment created that no owner has listed yet
+    /// ([`JobLedger::note_batch_members`]), for the webhooks that say when it ends. A list
+    /// that fails is only logged: its jobs' records still look at the batch, later.
+    async fn list_members(&self) {
+        for (batch, members) in self.gather.take_created() {
+            let now = self.clock.now_ms();
+            match self.ledger.note_batch_members(&batch, &members, now).await {
+                Ok(()) => tracing::debug!(%batch, jobs = members.len(), "batch's jobs listed"),
+                Err(e) => {
+                    tracing::warn!(%batch, error = %e, "the batch's jobs were not listed: its webhook will find none")
+                }
+            }
+        }
     }
 
     /// Notes `counts` of `batch` unless this environment noted them already. A note that

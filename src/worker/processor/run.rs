@@ -14,6 +14,7 @@ use crate::ledger::JobLedger;
 use crate::protocol::calling::{Bound, CallFacts, CallStep, Calling, MIN_CALL_BUDGET_MS, Said};
 use crate::protocol::delivery::{Command, Delivery, Observation, Used};
 use crate::protocol::ending::Ending;
+use crate::provider::batch::parse_ref;
 use crate::provider::{Progress, Provider, ProviderRequest, Retrieval, Submission};
 use crate::telemetry;
 
@@ -75,11 +76,14 @@ pub(super) fn count_usage(
 struct Sent<'a, P> {
     link: &'a Link<P>,
     pacer: &'a crate::worker::pacing::Pacer,
-    line: Option<String>,
+    /// A line of a batch: its id, and its job as the batch's list of its jobs keeps it.
+    line: Option<(String, crate::job::BatchMember)>,
 }
 
 /// One call's provider and what watches it, as [`Processor::carry_out`] takes them.
 struct Call<'a, 'r, P> {
+    /// The job's message (its input, for a write that keeps it).
+    msg: &'a JobMessage,
     link: &'a Link<P>,
     /// The pacer the job's calls draw on (its link's, or its urgent one).
     pacer: &'a crate::worker::pacing::Pacer,
@@ -165,6 +169,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
             said: None,
         };
         let call = Call {
+            msg,
             link,
             pacer: link.pacer_for(msg),
             request: &request,
@@ -245,7 +250,13 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
             }
             CallStep::Resend { at } => self.resend_step(call, at).await,
             CallStep::Record => {
-                let req = machine.record(self.clock.now_ms());
+                let mut req = machine.record(self.clock.now_ms());
+                // A line of a batch a webhook will announce is collected by a trigger by id:
+                // the record of its batch keeps the input the trigger cannot carry.
+                let announced = parse_ref(&req.provider_ref).is_some_and(|(b, _)| b.is_some());
+                if self.settings.batching.webhooks && announced && !machine.owner().keeps_input() {
+                    req.input = self.kept_input(call.msg).await;
+                }
                 match self.ledger.record_ref(req).await {
                     Ok(write) => Observation::Recorded(Some(write)),
                     Err(e) => {
@@ -283,11 +294,17 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         heard: &mut Option<Usage>,
     ) -> Observation {
         // A line of a batch goes by the id its claim recorded.
-        let line = machine
-            .owner()
+        let owner = machine.owner();
+        let line = owner
             .last_provider_ref()
             .and_then(crate::provider::batch::parse_ref)
-            .map(|(_, line)| line.to_owned());
+            .map(|(_, line)| {
+                let member = crate::job::BatchMember {
+                    job_id: owner.job_id.clone(),
+                    class: owner.class.clone(),
+                };
+                (line.to_owned(), member)
+            });
         let sent = Sent {
             link: call.link,
             pacer: call.pacer,
@@ -393,12 +410,12 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         );
         // The claim decided: a line's pending reference recorded (the job's own ask, or the
         // path the worker chose) makes the attempt a line of a batch, and nothing else does.
-        if let Some(line) = line {
+        if let Some((line, member)) = line {
             // A line waits for its batch within its budget, whoever else loses ownership
             // meanwhile: the record of its batch's reference is fenced, and a line taken into
             // a batch is found again by whoever owns the job next.
             return self
-                .submit_line(link, request, &line, budget_ms, stop)
+                .submit_line(link, (request, &member), &line, budget_ms, stop)
                 .instrument(span)
                 .await;
         }

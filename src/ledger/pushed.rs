@@ -1,0 +1,46 @@
+//! What the webhook function reads and writes: a batch's jobs, and the webhook deliveries it
+//! has already acted on.
+//!
+//! Both live on items of their own, beside the jobs' (no `state`, so no index holds them and
+//! the stream's announcements skip them), each with a TTL: a batch's list of its jobs
+//! (`#batch-jobs#<batch id>#<part>`, written once by the worker that created the batch), and
+//! one item per webhook id acted on (`#webhook#<id>`, created by a conditional write, so a
+//! replay within its window is refused by the table itself).
+
+use std::future::Future;
+
+use super::LedgerError;
+use crate::job::{BatchMember, Millis};
+
+/// The jobs one item of a batch's list holds at most: 1,000 of the longest ids and tenants
+/// are well within DynamoDB's 400 KB item.
+pub const MEMBERS_PER_ITEM: usize = 1_000;
+
+/// How long a batch's list of its jobs outlives its creation: a provider batch's window is a
+/// day, and its webhook comes within hours of its end (OpenAI retries a delivery for up to 72
+/// hours), so three days and a half.
+pub const MEMBERS_TTL_S: i64 = 84 * 3_600;
+
+/// What the webhook function needs of the ledger.
+pub trait PushedLedger: Send + Sync {
+    /// The jobs the provider batch `batch_id` holds, as the worker that created it listed them
+    /// (empty: no list was kept, or it expired).
+    fn batch_members(
+        &self,
+        batch_id: &str,
+    ) -> impl Future<Output = Result<Vec<BatchMember>, LedgerError>> + Send;
+
+    /// Records that the webhook delivery `id` is acted on, at `now`, until `until` (ms): `false`
+    /// when it was recorded already (a replay, or the same delivery sent twice), and nothing
+    /// is written then.
+    fn first_delivery(
+        &self,
+        id: &str,
+        now: Millis,
+        until: Millis,
+    ) -> impl Future<Output = Result<bool, LedgerError>> + Send;
+
+    /// Forgets the webhook delivery `id`, recorded by [`PushedLedger::first_delivery`] but not
+    /// acted on (its triggers were not sent): the sender's retry is then acted on.
+    fn forget_delivery(&self, id: &str) -> impl Future<Output = Result<(), LedgerError>> + Send;
+}
