@@ -17,9 +17,9 @@ use crate::job::{BatchMember, Millis};
 pub const MEMBERS_PER_ITEM: usize = 1_000;
 
 /// How long a batch's list of its jobs outlives its creation: a provider batch's window is a
-/// day, and its webhook comes within hours of its end (OpenAI retries a delivery for up to 72
-/// hours), so three days and a half.
-pub const MEMBERS_TTL_S: i64 = 84 * 3_600;
+/// day, and OpenAI retries a webhook's delivery for up to 72 hours after the batch's end, so
+/// 100 hours.
+pub const MEMBERS_TTL_S: i64 = 100 * 3_600;
 
 /// What the webhook function needs of the ledger.
 pub trait PushedLedger: Send + Sync {

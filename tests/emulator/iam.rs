@@ -369,8 +369,11 @@ async fn the_webhook_function_acts_once_on_a_signed_batch_end_under_its_own_role
         "UrgentQueue": name_of(&urgent.url),
         "JobsTable": table,
     });
+    // With the senders named, as the template advises: the queues' own policy lets the
+    // function send.
     let stack = serde_json::json!({
         "OpenAiWebhookSecretArn": format!("arn:aws:secretsmanager:us-east-1:123456789012:secret:{secret_id}"),
+        "QueueSenderArns": "arn:aws:iam::123456789012:role/producer",
     });
     if let Err(refused) = refusals_with(resources.clone(), stack.clone(), &calls) {
         panic!("requests the template's roles may not make:\n{refused}");

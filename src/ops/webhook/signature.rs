@@ -98,10 +98,11 @@ pub fn verify<'h>(
         .trim()
         .parse()
         .map_err(|_| Refused::BadTimestamp)?;
-    if now_s - at > TOLERANCE_S {
+    // Saturating: a timestamp near the ends of i64 is far from now, never a wrap to near it.
+    if now_s.saturating_sub(at) > TOLERANCE_S {
         return Err(Refused::TooOld);
     }
-    if at > now_s + TOLERANCE_S {
+    if at.saturating_sub(now_s) > TOLERANCE_S {
         return Err(Refused::TooNew);
     }
     std::str::from_utf8(body).map_err(|_| Refused::NotText)?;

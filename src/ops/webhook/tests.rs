@@ -72,6 +72,11 @@ fn one_matching_signature_among_several_is_enough_and_a_missing_header_is_unsign
     words.insert("webhook-timestamp".to_owned(), "soon".to_owned());
     let said = verify(&secret(), &words, body, SPEC_AT);
     assert_eq!(said, Err(Refused::BadTimestamp));
+    // The ends of the clock are far from now, never wrapped near it.
+    for (at, refused) in [(i64::MIN, Refused::TooOld), (i64::MAX, Refused::TooNew)] {
+        let extreme = headers(SPEC_ID, at, SPEC_SIGNATURE);
+        assert_eq!(verify(&secret(), &extreme, body, SPEC_AT), Err(refused));
+    }
     let spec = headers(SPEC_ID, SPEC_AT, SPEC_SIGNATURE);
     let not_text = verify(&secret(), &spec, b"\xff", SPEC_AT);
     assert_eq!(not_text, Err(Refused::NotText));
