@@ -249,25 +249,16 @@ impl super::pushed::PushedLedger for InMemoryLedger {
         Ok(kept.get(batch_id).cloned().unwrap_or_default())
     }
 
-    async fn first_delivery(
-        &self,
-        id: &str,
-        now: Millis,
-        until: Millis,
-    ) -> Result<bool, LedgerError> {
-        self.writes.fetch_add(1, Ordering::Relaxed);
-        let mut seen = self.deliveries.lock().unwrap_or_else(|p| p.into_inner());
-        // As the table's condition: absent, or kept past its time (the TTL deletes late).
-        if seen.get(id).is_some_and(|kept| *kept >= now) {
-            return Ok(false);
-        }
-        seen.insert(id.to_owned(), until);
-        Ok(true)
+    async fn was_acted_on(&self, id: &str, now: Millis) -> Result<bool, LedgerError> {
+        let seen = self.deliveries.lock().unwrap_or_else(|p| p.into_inner());
+        // Kept past its time reads as absent: the TTL deletes late.
+        Ok(seen.get(id).is_some_and(|kept| *kept >= now))
     }
 
-    async fn forget_delivery(&self, id: &str) -> Result<(), LedgerError> {
+    async fn acted_on(&self, id: &str, _now: Millis, until: Millis) -> Result<(), LedgerError> {
+        self.writes.fetch_add(1, Ordering::Relaxed);
         let mut seen = self.deliveries.lock().unwrap_or_else(|p| p.into_inner());
-        seen.remove(id);
+        seen.insert(id.to_owned(), until);
         Ok(())
     }
 }

@@ -4,8 +4,9 @@
 //! Both live on items of their own, beside the jobs' (no `state`, so no index holds them and
 //! the stream's announcements skip them), each with a TTL: a batch's list of its jobs
 //! (`#batch-jobs#<batch id>#<part>`, written once by the worker that created the batch), and
-//! one item per webhook id acted on (`#webhook#<id>`, created by a conditional write, so a
-//! replay within its window is refused by the table itself).
+//! one item per webhook id acted on (`#webhook#<id>`, written once its triggers were sent, so a
+//! replay within its window is refused, and a delivery cut off before the end is acted on
+//! again by the sender's retry).
 
 use std::future::Future;
 
@@ -30,17 +31,20 @@ pub trait PushedLedger: Send + Sync {
         batch_id: &str,
     ) -> impl Future<Output = Result<Vec<BatchMember>, LedgerError>> + Send;
 
-    /// Records that the webhook delivery `id` is acted on, at `now`, until `until` (ms): `false`
-    /// when it was recorded already (a replay, or the same delivery sent twice), and nothing
-    /// is written then.
-    fn first_delivery(
+    /// Whether the webhook delivery `id` was acted on, as [`PushedLedger::acted_on`] recorded
+    /// it, and is still kept at `now` (ms): a consistent read.
+    fn was_acted_on(
+        &self,
+        id: &str,
+        now: Millis,
+    ) -> impl Future<Output = Result<bool, LedgerError>> + Send;
+
+    /// Records that the webhook delivery `id` was acted on (its triggers sent) at `now`, kept
+    /// until `until` (ms).
+    fn acted_on(
         &self,
         id: &str,
         now: Millis,
         until: Millis,
-    ) -> impl Future<Output = Result<bool, LedgerError>> + Send;
-
-    /// Forgets the webhook delivery `id`, recorded by [`PushedLedger::first_delivery`] but not
-    /// acted on (its triggers were not sent): the sender's retry is then acted on.
-    fn forget_delivery(&self, id: &str) -> impl Future<Output = Result<(), LedgerError>> + Send;
+    ) -> impl Future<Output = Result<(), LedgerError>> + Send;
 }

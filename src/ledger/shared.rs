@@ -110,15 +110,19 @@ impl<L: super::pushed::PushedLedger> super::pushed::PushedLedger for std::sync::
     ) -> impl Future<Output = Result<Vec<crate::job::BatchMember>, LedgerError>> + Send {
         (**self).batch_members(batch_id)
     }
-    fn first_delivery(
+    fn was_acted_on(
+        &self,
+        id: &str,
+        now: Millis,
+    ) -> impl Future<Output = Result<bool, LedgerError>> + Send {
+        (**self).was_acted_on(id, now)
+    }
+    fn acted_on(
         &self,
         id: &str,
         now: Millis,
         until: Millis,
-    ) -> impl Future<Output = Result<bool, LedgerError>> + Send {
-        (**self).first_delivery(id, now, until)
-    }
-    fn forget_delivery(&self, id: &str) -> impl Future<Output = Result<(), LedgerError>> + Send {
-        (**self).forget_delivery(id)
+    ) -> impl Future<Output = Result<(), LedgerError>> + Send {
+        (**self).acted_on(id, now, until)
     }
 }

@@ -3,8 +3,8 @@
 //! worker looks at the batch in seconds instead of at its record's next poll.
 //!
 //! A delivery is acted on only when its signature is the endpoint's ([`signature`]), its
-//! timestamp within five minutes, and its `webhook-id` not acted on before (a conditional
-//! write, [`PushedLedger::first_delivery`]). What it does changes no job: a trigger by id only
+//! timestamp within five minutes, and its `webhook-id` not acted on before
+//! ([`PushedLedger::was_acted_on`]; recorded once its triggers went). What it does changes no job: a trigger by id only
 //! makes a worker read the job's item and go on from it, as any redelivery would, so a forged,
 //! replayed or late webhook can at most cost a read. The looks at a running batch stay, as the
 //! fallback.
@@ -145,24 +145,25 @@ pub async fn handle<L: PushedLedger, T: TriggerSender>(
     if !BATCH_ENDED.contains(&event.kind.as_str()) || event.data.id.is_empty() {
         return Answer::Ignored;
     }
+    // Acted on once its triggers went: a replay within its window is refused, and a delivery
+    // cut off before the end (a timeout, a crash) is acted on by the sender's retry. Two
+    // copies at once may both send: a trigger sent twice costs a read, nothing more.
+    match ledger.was_acted_on(id, now).await {
+        Ok(false) => {}
+        Ok(true) => return Answer::Replayed,
+        Err(e) => return Answer::Failed(format!("the delivery's record was not read: {e}")),
+    }
+    let sent = match trigger_members(ledger, sender, &event.data.id, id).await {
+        Ok(sent) => sent,
+        Err(why) => return Answer::Failed(why),
+    };
     // Kept past the timestamp's tolerance either way: after that the timestamp refuses it.
     let until = now + 2 * TOLERANCE_S * 1_000;
-    match ledger.first_delivery(id, now, until).await {
-        Ok(true) => {}
-        Ok(false) => return Answer::Replayed,
-        Err(e) => return Answer::Failed(format!("the delivery was not recorded: {e}")),
+    if let Err(e) = ledger.acted_on(id, now, until).await {
+        // The triggers went: a retry sends them again, which is harmless.
+        tracing::warn!(error = %e, "a delivery acted on was not recorded");
     }
-    match trigger_members(ledger, sender, &event.data.id, id).await {
-        Ok(sent) => Answer::Triggered(sent),
-        Err(why) => {
-            // Not acted on: the sender's retry is, unless forgetting fails too (then the
-            // records' own looks find the batch ended).
-            if let Err(e) = ledger.forget_delivery(id).await {
-                tracing::warn!(error = %e, "a delivery not acted on stays recorded");
-            }
-            Answer::Failed(why)
-        }
-    }
+    Answer::Triggered(sent)
 }
 
 /// Sends the trigger of each job of `batch` (deduplicated on a FIFO queue by the delivery):

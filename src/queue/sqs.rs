@@ -69,6 +69,10 @@ impl TriggerSender for SqsTriggers {
     }
 }
 
+/// `SendMessageBatch` requests of one send in flight at once: a webhook's batch of thousands of
+/// jobs goes in a few seconds, not one request after another.
+const SENDS_IN_FLIGHT: usize = 8;
+
 impl SqsTriggers {
     async fn send_to(
         &self,
@@ -76,70 +80,86 @@ impl SqsTriggers {
         triggers: &[Outgoing],
         dedup_suffix: &str,
     ) -> Vec<Sent> {
+        use futures::StreamExt;
+        let mut requests = Vec::new();
+        for batch in batches(triggers) {
+            requests.push(self.send_batch(queue_url, batch, dedup_suffix));
+        }
+        // In the order given.
+        let sent: Vec<Vec<Sent>> = futures::stream::iter(requests)
+            .buffered(SENDS_IN_FLIGHT)
+            .collect()
+            .await;
+        sent.into_iter().flatten().collect()
+    }
+
+    /// One `SendMessageBatch` request of `batch`: each trigger's result, in order.
+    async fn send_batch(
+        &self,
+        queue_url: &str,
+        batch: &[Outgoing],
+        dedup_suffix: &str,
+    ) -> Vec<Sent> {
         use aws_sdk_sqs::types::SendMessageBatchRequestEntry;
         let fifo = queue_url.ends_with(".fifo");
-        let mut results = Vec::with_capacity(triggers.len());
-        for batch in batches(triggers) {
-            let entries: Vec<SendMessageBatchRequestEntry> = batch
-                .iter()
-                .enumerate()
-                .filter_map(|(i, t)| {
-                    let mut entry = SendMessageBatchRequestEntry::builder()
-                        .id(i.to_string())
-                        .message_body(&t.body);
-                    if t.in_ledger {
-                        let mark = aws_sdk_sqs::types::MessageAttributeValue::builder()
-                            .data_type("String")
-                            .string_value("true")
-                            .build()
-                            .ok()?;
-                        entry = entry.message_attributes(IN_LEDGER_ATTRIBUTE, mark);
-                    }
-                    if fifo {
-                        entry = entry
-                            .message_group_id(&t.job_id)
-                            .message_deduplication_id(dedup_id(&t.job_id, dedup_suffix));
-                    } else {
-                        // A fair queue keeps one account's burst from delaying the others.
-                        let account = account(&t.job_id, t.class.tenant.as_deref());
-                        entry = entry.message_group_id(account);
-                    }
-                    entry.build().ok()
-                })
-                .collect();
-            match self
-                .client
-                .send_message_batch()
-                .queue_url(queue_url)
-                .set_entries(Some(entries))
-                .send()
-                .await
-            {
-                Ok(out) => {
-                    let failed: HashMap<&str, String> = out
-                        .failed()
-                        .iter()
-                        .map(|f| (f.id(), f.code().to_owned()))
-                        .collect();
-                    for (i, t) in batch.iter().enumerate() {
-                        let result = match failed.get(i.to_string().as_str()) {
-                            Some(code) => Err(code.clone()),
-                            None => Ok(()),
-                        };
-                        results.push((t.job_id.clone(), result));
-                    }
+        let entries: Vec<SendMessageBatchRequestEntry> = batch
+            .iter()
+            .enumerate()
+            .filter_map(|(i, t)| {
+                let mut entry = SendMessageBatchRequestEntry::builder()
+                    .id(i.to_string())
+                    .message_body(&t.body);
+                if t.in_ledger {
+                    let mark = aws_sdk_sqs::types::MessageAttributeValue::builder()
+                        .data_type("String")
+                        .string_value("true")
+                        .build()
+                        .ok()?;
+                    entry = entry.message_attributes(IN_LEDGER_ATTRIBUTE, mark);
                 }
-                Err(e) => {
-                    let reason = aws_sdk_sqs::error::DisplayErrorContext(&e).to_string();
-                    results.extend(
-                        batch
-                            .iter()
-                            .map(|t| (t.job_id.clone(), Err(reason.clone()))),
-                    );
+                if fifo {
+                    entry = entry
+                        .message_group_id(&t.job_id)
+                        .message_deduplication_id(dedup_id(&t.job_id, dedup_suffix));
+                } else {
+                    // A fair queue keeps one account's burst from delaying the others.
+                    let account = account(&t.job_id, t.class.tenant.as_deref());
+                    entry = entry.message_group_id(account);
                 }
+                entry.build().ok()
+            })
+            .collect();
+        let request = self
+            .client
+            .send_message_batch()
+            .queue_url(queue_url)
+            .set_entries(Some(entries))
+            .send();
+        match Box::pin(request).await {
+            Ok(out) => {
+                let failed: HashMap<&str, String> = out
+                    .failed()
+                    .iter()
+                    .map(|f| (f.id(), f.code().to_owned()))
+                    .collect();
+                let result = |i: usize| match failed.get(i.to_string().as_str()) {
+                    Some(code) => Err(code.clone()),
+                    None => Ok(()),
+                };
+                batch
+                    .iter()
+                    .enumerate()
+                    .map(|(i, t)| (t.job_id.clone(), result(i)))
+                    .collect()
+            }
+            Err(e) => {
+                let reason = aws_sdk_sqs::error::DisplayErrorContext(&e).to_string();
+                batch
+                    .iter()
+                    .map(|t| (t.job_id.clone(), Err(reason.clone())))
+                    .collect()
             }
         }
-        results
     }
 }
 

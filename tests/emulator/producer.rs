@@ -482,3 +482,38 @@ async fn a_job_whose_message_is_lost_on_its_first_claim_ends_message_lost_at_its
         Some(AttributeValue::N((now + 20_000 - skew).to_string()))
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_triggers_go_several_requests_at_once_and_come_back_in_order() {
+    use fenced_jobs::queue::{Outgoing, TriggerSender};
+    let aws = emulator().await;
+    let queue = aws.queue(30).await;
+    let sender = SqsTriggers::new(aws.sqs.clone(), &queue.url);
+    // Ten requests of ten and one of five: more than go at once.
+    let triggers: Vec<Outgoing> = (0..105)
+        .map(|i| Outgoing::by_id(&format!("many-{i:03}")))
+        .collect();
+    let sent = sender.send(&triggers, "once").await;
+    let ids: Vec<&str> = sent.iter().map(|(id, _)| id.as_str()).collect();
+    let asked: Vec<&str> = triggers.iter().map(|t| t.job_id.as_str()).collect();
+    assert_eq!(ids, asked, "results come back in the order given");
+    assert!(sent.iter().all(|(_, r)| r.is_ok()), "{sent:?}");
+    let mut received = std::collections::BTreeSet::new();
+    while received.len() < triggers.len() {
+        let out = aws
+            .sqs
+            .receive_message()
+            .queue_url(&queue.url)
+            .max_number_of_messages(10);
+        let out = out.send().await.expect("receive");
+        if out.messages().is_empty() {
+            break;
+        }
+        received.extend(
+            out.messages()
+                .iter()
+                .filter_map(|m| m.body().map(str::to_owned)),
+        );
+    }
+    assert_eq!(received.len(), 105, "each trigger is on the queue once");
+}

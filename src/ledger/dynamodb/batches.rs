@@ -6,20 +6,18 @@
 //! - The batch's jobs, listed once by the worker that created it, for the webhook function:
 //!   `#batch-jobs#<batch id>#<part>`, each part [`MEMBERS_PER_ITEM`] jobs at most (`jobs`, a
 //!   list of `{id, tenant?, urgent?}`), part 0 saying how many parts there are (`parts`).
-//! - The webhook deliveries acted on: `#webhook#<id>`, created on `attribute_not_exists` (or
-//!   over one past its time, which the TTL deletes late).
+//! - The webhook deliveries acted on: `#webhook#<id>`, written once their triggers were sent,
+//!   read (consistently) before a delivery is acted on.
 //!
 //! None of them has a `state`: no index holds them and the stream's announcements skip them.
 
 use std::collections::HashMap;
 
-use aws_sdk_dynamodb::error::SdkError;
-use aws_sdk_dynamodb::operation::put_item::PutItemError;
 use aws_sdk_dynamodb::types::{AttributeValue, ReturnValue};
 use tracing::Instrument;
 
 use super::item::{get_n, n, s};
-use super::{DynamoLedger, classify, sdk_error, transport_error};
+use super::{DynamoLedger, sdk_error};
 use crate::job::{BatchCounts, BatchMember, JobClass, Millis};
 use crate::ledger::LedgerError;
 use crate::ledger::pushed::{MEMBERS_PER_ITEM, MEMBERS_TTL_S, PushedLedger};
@@ -181,12 +179,15 @@ impl PushedLedger for DynamoLedger {
         Ok(members)
     }
 
-    async fn first_delivery(
-        &self,
-        id: &str,
-        now: Millis,
-        until: Millis,
-    ) -> Result<bool, LedgerError> {
+    async fn was_acted_on(&self, id: &str, now: Millis) -> Result<bool, LedgerError> {
+        let key = format!("{DELIVERY_KEY_PREFIX}{id}");
+        let item = self.get_item("webhook delivery", &key, true).await?;
+        // Kept past its time reads as absent: the TTL deletes late.
+        let kept = |item: &super::Item| get_n(item, "expires_at").is_some_and(|s| s >= now / 1_000);
+        Ok(item.as_ref().is_some_and(kept))
+    }
+
+    async fn acted_on(&self, id: &str, now: Millis, until: Millis) -> Result<(), LedgerError> {
         let mut item = HashMap::with_capacity(3);
         item.insert(
             "job_id".to_owned(),
@@ -199,38 +200,12 @@ impl PushedLedger for DynamoLedger {
             .put_item()
             .table_name(&self.table)
             .set_item(Some(item))
-            .condition_expression("attribute_not_exists(job_id) OR expires_at < :now")
-            .expression_attribute_values(":now", n(now / 1_000))
             .send()
             .instrument(tracing::debug_span!(
                 "ledger",
                 operation = "webhook delivery"
             ));
-        match Box::pin(put).await {
-            Ok(_) => Ok(true),
-            Err(SdkError::ServiceError(e)) => match e.err() {
-                PutItemError::ConditionalCheckFailedException(_) => Ok(false),
-                other => Err(classify(
-                    "webhook delivery",
-                    aws_sdk_dynamodb::error::ProvideErrorMetadata::code(other),
-                )),
-            },
-            Err(other) => Err(transport_error("webhook delivery", &other)),
-        }
-    }
-
-    async fn forget_delivery(&self, id: &str) -> Result<(), LedgerError> {
-        let delete = self
-            .client
-            .delete_item()
-            .table_name(&self.table)
-            .key("job_id", s(&format!("{DELIVERY_KEY_PREFIX}{id}")))
-            .send()
-            .instrument(tracing::debug_span!(
-                "ledger",
-                operation = "webhook delivery"
-            ));
-        Box::pin(delete)
+        Box::pin(put)
             .await
             .map(|_| ())
             .map_err(|e| sdk_error("webhook delivery", &e))

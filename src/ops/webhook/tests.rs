@@ -3,6 +3,7 @@ use super::*;
 use crate::job::{BatchMember, JobClass};
 use crate::ledger::JobLedger;
 use crate::ledger::memory::InMemoryLedger;
+use crate::ledger::pushed::{MEMBERS_PER_ITEM, PushedLedger};
 use crate::queue::{RecordingTriggers, Sent};
 
 /// The example of the Standard Webhooks specification (its README and its libraries' tests):
@@ -259,11 +260,61 @@ async fn triggers_not_sent_fail_the_delivery_and_the_senders_retry_is_acted_on()
     let retried = handle(&request, &secret(), &ledger, &sender, NOW + 5_000).await;
     assert_eq!(retried, Answer::Triggered(2));
     assert_eq!(sender.inner.sent().len(), 2);
+    // Recorded once its triggers went, and only then.
+    assert!(
+        ledger
+            .was_acted_on("msg_1", NOW + 5_000)
+            .await
+            .expect("read")
+    );
+}
+
+/// A ledger whose record of a delivery acted on never lands (the function cut off after its
+/// sends).
+struct CutOff(InMemoryLedger);
+
+impl PushedLedger for CutOff {
+    async fn batch_members(
+        &self,
+        batch_id: &str,
+    ) -> Result<Vec<BatchMember>, crate::ledger::LedgerError> {
+        self.0.batch_members(batch_id).await
+    }
+    async fn was_acted_on(
+        &self,
+        id: &str,
+        now: Millis,
+    ) -> Result<bool, crate::ledger::LedgerError> {
+        self.0.was_acted_on(id, now).await
+    }
+    async fn acted_on(
+        &self,
+        _: &str,
+        _: Millis,
+        _: Millis,
+    ) -> Result<(), crate::ledger::LedgerError> {
+        Err(crate::ledger::LedgerError::Unavailable {
+            operation: "webhook delivery",
+            code: "timeout".to_owned(),
+        })
+    }
+}
+
+#[tokio::test]
+async fn a_delivery_whose_record_never_landed_is_acted_on_again_by_the_retry() {
+    let (ledger, sender) = (CutOff(ledger().await), RecordingTriggers::new());
+    let request = delivery("msg_1", &ended("batch.completed", "batch_1"));
+    let first = handle(&request, &secret(), &ledger, &sender, NOW).await;
+    let retried = handle(&request, &secret(), &ledger, &sender, NOW + 5_000).await;
+    assert_eq!(
+        (first, retried),
+        (Answer::Triggered(2), Answer::Triggered(2))
+    );
+    assert_eq!(sender.sent().len(), 4, "the retry sent the triggers again");
 }
 
 #[tokio::test]
 async fn a_batch_of_more_jobs_than_one_item_holds_is_listed_in_parts_and_read_whole() {
-    use crate::ledger::pushed::{MEMBERS_PER_ITEM, PushedLedger};
     let ledger = InMemoryLedger::metered();
     let members: Vec<BatchMember> = (0..MEMBERS_PER_ITEM + 5)
         .map(|i| BatchMember {
