@@ -115,6 +115,13 @@ pub struct FaultRates {
     /// An ended batch's results file comes cut off, missing lines: they must be read again,
     /// never taken for lines that did not run.
     pub batch_results_cut: f64,
+    /// With webhooks (every other pair of seeds), an ended batch's webhook never comes: its
+    /// records' own looks collect the answers.
+    pub webhook_lost: f64,
+    /// The webhook comes again later (OpenAI's retry, or a replay): it must send nothing more.
+    pub webhook_again: f64,
+    /// A stranger's webhook naming the batch, signed with another secret: refused, nothing sent.
+    pub webhook_forged: f64,
     /// The flex tier refuses a call the worker sent by it, for its capacity (a 429), before
     /// any work: the attempt is given back at once and the job's next claim takes another path.
     pub flex_refused: f64,
@@ -239,6 +246,9 @@ impl FaultRates {
             batch_answer_lost: 0.1,
             batch_refused: 0.05,
             batch_results_cut: 0.05,
+            webhook_lost: 0.1,
+            webhook_again: 0.2,
+            webhook_forged: 0.1,
             flex_refused: 0.2,
             long_deadline: 0.03,
             connection_lost: 0.02,
@@ -298,6 +308,11 @@ pub struct ChaosReport {
     pub end_states: BTreeMap<String, u64>,
     /// Virtual time the run took.
     pub virtual_ms: Millis,
+    /// The deployment took the provider's webhooks (`BATCH_WEBHOOKS=on`).
+    pub webhooks: bool,
+    /// For each job that succeeded from a batch's line: the time from the batch's end to the
+    /// job's `succeeded`.
+    pub batch_to_succeeded_ms: Vec<Millis>,
 }
 
 /// Virtual wall-clock time: tokio's (paused) clock from a fixed start.
@@ -344,6 +359,8 @@ struct World {
     cancelled: Mutex<Vec<String>>,
     /// When each reconciler run started and ended.
     reconciler_runs: Mutex<Vec<(Millis, Millis)>>,
+    /// Each batch created: its id and when it ends.
+    batch_ends: Mutex<Vec<(String, Millis)>>,
     /// Jobs whose message was lost for good (`message_lost`).
     lost: Mutex<Vec<String>>,
 }
@@ -1144,6 +1161,14 @@ impl SimLedger {
 }
 
 impl JobLedger for SimLedger {
+    async fn note_batch_members(
+        &self,
+        batch_id: &str,
+        members: &[fenced_jobs::job::BatchMember],
+        now: Millis,
+    ) -> Result<(), LedgerError> {
+        self.table.note_batch_members(batch_id, members, now).await
+    }
     async fn claim(&self, req: ClaimRequest) -> Result<Write, LedgerError> {
         let id = req.job.job_id.clone();
         if self
@@ -1989,6 +2014,10 @@ impl Provider for SimProvider {
             batches.push(held);
             format!("chaosbatch-{}", batches.len() - 1)
         };
+        w.batch_ends
+            .lock()
+            .expect("batch ends")
+            .push((id.clone(), done_at));
         if w.fault("batch_answer_lost", w.rates.batch_answer_lost) {
             // Its create timed out, or the provider failed it with a 5xx in its own word after
             // the batch was made: the same classification as the real clients'.
@@ -2208,6 +2237,7 @@ pub async fn run(config: &ChaosConfig) -> ChaosReport {
         cancelled: Mutex::new(Vec::new()),
         lost: Mutex::new(Vec::new()),
         reconciler_runs: Mutex::new(Vec::new()),
+        batch_ends: Mutex::new(Vec::new()),
     });
     let table = Arc::new(InMemoryLedger::new());
     let queue = Arc::new(Queue {
@@ -2413,6 +2443,9 @@ pub async fn run(config: &ChaosConfig) -> ChaosReport {
     let spend = Arc::new(fenced_jobs::ledger::spend::MemorySpend::new());
     let horizon = START_MS + 36 * 3_600_000;
     let finished = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    // Every other pair of seeds takes the provider's webhooks: each batch lists its jobs, and
+    // its end sends their triggers.
+    let webhooks = (config.seed / 2) % 2 == 1;
 
     let consumers = (0..config.consumers).map(|c| {
         let gate = Arc::new(PauseGate::default());
@@ -2424,7 +2457,13 @@ pub async fn run(config: &ChaosConfig) -> ChaosReport {
             },
             provider.clone(),
             world.clock.clone(),
-            settings(replay),
+            Settings {
+                batching: fenced_jobs::worker::settings::Batching {
+                    webhooks,
+                    ..settings(replay).batching
+                },
+                ..settings(replay)
+            },
         )
         // A second provider, sharing the world's ground truth, takes a job the first refused.
         .with_fallback(
@@ -2784,7 +2823,20 @@ pub async fn run(config: &ChaosConfig) -> ChaosReport {
             }
         }
     };
-    futures::future::join3(futures::future::join_all(consumers), operator, reconciler).await;
+    let pushed = webhook_actor(
+        Arc::clone(&world),
+        Arc::clone(&table),
+        Arc::clone(&queue),
+        Arc::clone(&finished),
+        webhooks,
+    );
+    futures::future::join4(
+        futures::future::join_all(consumers),
+        operator,
+        reconciler,
+        pushed,
+    )
+    .await;
 
     // End of the run: every job terminal, or unknown with its evidence recorded.
     let mut report = ChaosReport {
@@ -2792,10 +2844,27 @@ pub async fn run(config: &ChaosConfig) -> ChaosReport {
         deliveries: deliveries.load(Ordering::Relaxed) as u64,
         invocations: invocations.load(Ordering::Relaxed) as u64,
         virtual_ms: world.now() - START_MS,
+        webhooks,
         ..ChaosReport::default()
     };
+    let ends: HashMap<String, Millis> = world
+        .batch_ends
+        .lock()
+        .expect("batch ends")
+        .iter()
+        .cloned()
+        .collect();
     for job_id in &job_ids {
         let item = table.get(job_id).await.ok().flatten();
+        // A job that succeeded from a line of a batch: how long after the batch's end.
+        if let Some(r) = item.as_ref().filter(|r| r.state == JobState::Succeeded)
+            && let Some(end) = r
+                .last_provider_ref()
+                .and_then(fenced_jobs::provider::batch::parse_ref)
+                .and_then(|(batch, _)| ends.get(batch?))
+        {
+            report.batch_to_succeeded_ms.push(r.updated_at - end);
+        }
         let state = item.as_ref().map(|r| r.state);
         let label = state.map_or("absent", JobState::as_str).to_owned();
         *report.end_states.entry(label).or_default() += 1;
@@ -3139,9 +3208,108 @@ impl ChaosReport {
             self.executions_mean, self.executions_max
         );
         println!("  jobs ending: {}", listed(&self.end_states));
+        let mut waits = self.batch_to_succeeded_ms.clone();
+        waits.sort_unstable();
+        if let Some(median) = waits.get(waits.len() / 2) {
+            println!(
+                "  a batch's end to its job's success ({}): median {:.1} s over {} jobs",
+                if self.webhooks {
+                    "webhooks"
+                } else {
+                    "looks alone"
+                },
+                *median as f64 / 1_000.0,
+                waits.len()
+            );
+        }
         println!("  invariant violations: {}", self.violations.len());
         for v in self.violations.iter().take(20) {
             println!("    {v}");
+        }
+    }
+}
+
+/// OpenAI's webhooks, when the deployment takes them: each batch's end is announced once, 1 to
+/// 30 s after it, unless lost; sometimes again a minute later (a retry, or a replay), which must
+/// send nothing; sometimes also by a stranger with another secret, which must be refused. The
+/// function is the real one ([`fenced_jobs::ops::webhook::handle`]), over the world's table and
+/// queue.
+async fn webhook_actor(
+    world: Arc<World>,
+    table: Arc<InMemoryLedger>,
+    queue: Arc<Queue>,
+    finished: Arc<std::sync::atomic::AtomicBool>,
+    webhooks: bool,
+) {
+    use fenced_jobs::ops::webhook::{Answer, UrlRequest, WebhookSecret, handle, signature};
+    if !webhooks {
+        return;
+    }
+    let secret = WebhookSecret::parse("whsec_Y2hhb3Mtc2VjcmV0").expect("the endpoint's secret");
+    let stranger = WebhookSecret::parse("whsec_c3RyYW5nZXI=").expect("a stranger's secret");
+    let triggers = SimTriggers {
+        world: Arc::clone(&world),
+        queue,
+    };
+    // (when, batch, delivery id, again, forged)
+    let mut due: Vec<(Millis, String, String, bool, bool)> = Vec::new();
+    let mut seen = 0;
+    while !finished.load(Ordering::Relaxed) {
+        tokio::time::sleep(Duration::from_millis(5_000)).await;
+        let now = world.now();
+        {
+            let ends = world.batch_ends.lock().expect("batch ends");
+            for (batch, end) in ends.iter().skip(seen) {
+                let id = format!("msg_{batch}");
+                if world.fault("webhook_lost", world.rates.webhook_lost) {
+                    continue;
+                }
+                let at = end + world.range(1_000, 30_000) as Millis;
+                due.push((at, batch.clone(), id.clone(), false, false));
+                if world.fault("webhook_again", world.rates.webhook_again) {
+                    due.push((at + 60_000, batch.clone(), id.clone(), true, false));
+                }
+                if world.fault("webhook_forged", world.rates.webhook_forged) {
+                    due.push((at, batch.clone(), format!("{id}-forged"), false, true));
+                }
+            }
+            seen = ends.len();
+        }
+        let (ready, later): (Vec<_>, Vec<_>) = due.into_iter().partition(|d| d.0 <= now);
+        due = later;
+        for (_, batch, id, again, forged) in ready {
+            let body = format!(
+                r#"{{"id":"evt_{batch}","object":"event","type":"batch.completed","data":{{"id":"{batch}"}}}}"#
+            );
+            let signer = if forged { &stranger } else { &secret };
+            let at = now / 1_000;
+            let request = UrlRequest {
+                headers: [
+                    ("webhook-id", id.clone()),
+                    ("webhook-timestamp", at.to_string()),
+                    (
+                        "webhook-signature",
+                        signature::sign(signer, &id, at, body.as_bytes()),
+                    ),
+                ]
+                .into_iter()
+                .map(|(k, v)| (k.to_owned(), v))
+                .collect(),
+                body: Some(body),
+                request_context: serde_json::json!({"http": {"method": "POST"}}),
+                ..UrlRequest::default()
+            };
+            let answer = handle(&request, &secret, table.as_ref(), &triggers, now).await;
+            let expected = match (forged, again) {
+                (true, _) => matches!(answer, Answer::Refused(_)),
+                (false, true) => answer == Answer::Replayed,
+                (false, false) => matches!(answer, Answer::Triggered(_)),
+            };
+            if !expected {
+                world.violation(format!(
+                    "{batch}: webhook {id} (again {again}, forged {forged}) answered {answer:?}"
+                ));
+            }
         }
     }
 }

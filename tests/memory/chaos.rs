@@ -7,7 +7,7 @@ use crate::sim;
 fn fixed_seeds_keep_every_invariant_under_every_fault() {
     // Every edge the worker guards against must be met: the rarer ones (a failed store of an
     // answer is 5 % of the few large answers) on the first four seeds or on up to four more.
-    const EDGES: [&str; 45] = [
+    const EDGES: [&str; 48] = [
         "batch_answer_lost",
         "batch_refused",
         "batch_results_cut",
@@ -53,7 +53,11 @@ fn fixed_seeds_keep_every_invariant_under_every_fault() {
         "reconciler_redriven",
         "flex_refused",
         "long_deadline",
+        "webhook_lost",
+        "webhook_again",
+        "webhook_forged",
     ];
+    let mut pushed_runs = 0;
     let mut seen = std::collections::BTreeSet::new();
     for seed in 1..=8 {
         if seed > 4 && EDGES.iter().all(|kind| seen.contains(kind)) {
@@ -81,7 +85,20 @@ fn fixed_seeds_keep_every_invariant_under_every_fault() {
             "seed {seed}: {:?}",
             report.end_states
         );
+        // With webhooks, most batch jobs succeed within a minute of their batch's end; the looks
+        // alone (ten minutes apart here) take about five on the median.
+        let mut waits = report.batch_to_succeeded_ms.clone();
+        waits.sort_unstable();
+        if report.webhooks && !waits.is_empty() {
+            pushed_runs += 1;
+            let median = waits[waits.len() / 2];
+            assert!(
+                median < 60_000,
+                "seed {seed}: median {median} ms over {waits:?}"
+            );
+        }
     }
+    assert!(pushed_runs > 0, "no run took webhooks");
     for kind in EDGES {
         assert!(seen.contains(kind), "{kind} never injected: {seen:?}");
     }
