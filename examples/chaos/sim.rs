@@ -2446,6 +2446,8 @@ pub async fn run(config: &ChaosConfig) -> ChaosReport {
     // Every other pair of seeds takes the provider's webhooks: each batch lists its jobs, and
     // its end sends their triggers.
     let webhooks = (config.seed / 2) % 2 == 1;
+    // The consumers share what each path took, as the deployed environments do.
+    let path_times = Arc::new(fenced_jobs::ledger::path_times::MemoryTimes::new());
 
     let consumers = (0..config.consumers).map(|c| {
         let gate = Arc::new(PauseGate::default());
@@ -2465,6 +2467,7 @@ pub async fn run(config: &ChaosConfig) -> ChaosReport {
                 ..settings(replay)
             },
         )
+        .with_shared_times(path_times.clone())
         // A second provider, sharing the world's ground truth, takes a job the first refused.
         .with_fallback(
             SimProvider {

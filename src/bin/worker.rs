@@ -204,7 +204,8 @@ fn paced(
     let mut processor = processor
         .with_pacer(Pacer::new(config.settings.pacing(), Some(schedule.clone())))
         .with_tenant_schedule(schedule.clone())
-        .with_spend_budget(Arc::new(ledger.clone()));
+        .with_spend_budget(Arc::new(ledger.clone()))
+        .with_shared_times(Arc::new(ledger.clone()));
     if let Some(urgent) = config.settings.urgent_pacing() {
         processor = processor.with_urgent_pacer(Pacer::new(urgent, Some(schedule)));
     }

@@ -69,7 +69,8 @@ fn index(rate: Rate) -> usize {
 }
 
 /// How long the attempts of one provider and model took on each path, from their claim to
-/// their answer: the last [`Times::KEPT`] of each, measured by one execution environment.
+/// their answer: the last [`Times::KEPT`] of each, measured by one execution environment or, with
+/// a shared store, by all of them.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Times {
     taken: [std::collections::VecDeque<Millis>; 4],
@@ -88,6 +89,22 @@ impl Times {
             taken.pop_front();
         }
         taken.push_back(ms.max(0));
+    }
+
+    /// Each path's kept times, in [`ALL`]'s order, oldest first.
+    pub fn lists(&self) -> [Vec<Millis>; 4] {
+        std::array::from_fn(|i| self.taken[i].iter().copied().collect())
+    }
+
+    /// Times holding `lists` (in [`ALL`]'s order), each path's last [`Times::KEPT`].
+    pub fn from_lists(lists: &[Vec<Millis>; 4]) -> Times {
+        let mut times = Times::default();
+        for (rate, list) in ALL.into_iter().zip(lists) {
+            for ms in list {
+                times.record(rate, *ms);
+            }
+        }
+        times
     }
 
     /// What an attempt on `rate` is expected to take: the 90th percentile of its kept times,

@@ -9,6 +9,7 @@ pub mod dynamodb;
 mod index;
 pub mod memory;
 mod operator;
+pub mod path_times;
 pub mod pushed;
 pub mod schedule;
 mod shared;

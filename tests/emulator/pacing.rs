@@ -421,3 +421,45 @@ async fn the_adaptive_limit_halves_the_calls_in_flight_at_each_round_of_429s() {
         }
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn path_times_are_shared_through_one_item_that_keeps_each_paths_last_times() {
+    use fenced_jobs::ledger::path_times::{SharedTimes, Taken};
+    let aws = crate::support::emulator().await;
+    let table = aws.table().await;
+    let (one, other) = (aws.ledger(&table), aws.ledger(&table));
+    let key = fenced_jobs::ledger::path_times::key("openai", "gpt-5");
+    // GIVEN nothing shared yet: a read alone writes nothing and finds nothing
+    let none: Taken = Default::default();
+    let read = one.merge(&key, &none, 1_000).await.expect("read");
+    assert_eq!(read, none);
+    let stored = aws.ledger(&table).get("#paths#openai#gpt-5").await;
+    assert!(stored.expect("get").is_none(), "a read alone wrote an item");
+    // WHEN one environment adds flex times, and another adds its own and a batch's
+    let flex: Taken = [vec![], vec![900, 1_100], vec![], vec![]];
+    let first = one.merge(&key, &flex, 2_000).await.expect("first add");
+    assert_eq!(first, flex);
+    let more: Taken = [vec![3_600_000], vec![1_000], vec![], vec![]];
+    let both = other.merge(&key, &more, 3_000).await.expect("second add");
+    // THEN each path keeps both environments' times, oldest first, and a read sees them all
+    assert_eq!(
+        both,
+        [vec![3_600_000], vec![900, 1_100, 1_000], vec![], vec![]]
+    );
+    assert_eq!(one.merge(&key, &none, 4_000).await.expect("read"), both);
+    // AND past the kept number only each path's last ones stay
+    let many: Taken = [vec![], (0..40).collect(), vec![], vec![]];
+    let kept = one.merge(&key, &many, 5_000).await.expect("many");
+    let last: Vec<Millis> = (8..40).collect();
+    assert_eq!(kept[1], last);
+    // AND two adds racing from the same version: both land (the loser reads again)
+    let a: Taken = [vec![1], vec![], vec![], vec![]];
+    let b: Taken = [vec![2], vec![], vec![], vec![]];
+    let (ra, rb) = futures::join!(one.merge(&key, &a, 6_000), other.merge(&key, &b, 6_000));
+    let (ra, rb) = (ra.expect("a"), rb.expect("b"));
+    let after = one.merge(&key, &none, 7_000).await.expect("read");
+    assert!(
+        after[0].ends_with(&[1, 2]) || after[0].ends_with(&[2, 1]),
+        "{after:?} {ra:?} {rb:?}"
+    );
+}

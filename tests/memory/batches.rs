@@ -504,3 +504,57 @@ async fn without_webhooks_no_batch_lists_its_jobs() {
     let members = ledger.batch_members("simbatch-1").await.expect("read");
     assert!(members.is_empty(), "{members:?}");
 }
+
+#[tokio::test]
+async fn a_path_another_environment_measured_is_taken_from_its_first_claim() {
+    // GIVEN two execution environments choosing between flex and standard, sharing the times
+    // they measure (at every claim here), and one of them has measured flex eight times
+    use fenced_jobs::job::usage::Rate;
+    use fenced_jobs::ledger::path_times::MemoryTimes;
+    let ledger = Arc::new(InMemoryLedger::new());
+    let times = Arc::new(MemoryTimes::new());
+    let sharing = || {
+        let mut settings = choosing("flex");
+        settings.batching.share_times_ms = 0;
+        let provider = SimulatedProvider::new().with_batches();
+        let processor = Processor::new(ledger.clone(), provider, SystemClock, settings)
+            .with_shared_times(times.clone());
+        BatchHandler::new(processor, RecordingVisibility::new()).with_seed(1)
+    };
+    let (first, second) = (sharing(), sharing());
+    let hourly: Vec<String> = (0..fenced_jobs::job::path::Times::ENOUGH)
+        .map(|i| due_in(&format!("measured-{i}"), 3_600_000, false))
+        .collect();
+    first.handle_batch(&event(&hourly, 1), &invocation()).await;
+    // (its next claim shares what it measured)
+    let nudge = [due_in("nudge", 3_600_000, false)];
+    first.handle_batch(&event(&nudge, 1), &invocation()).await;
+
+    // WHEN the other environment, which measured nothing, claims a job due in five minutes
+    let soon = [due_in("soon", 300_000, false)];
+    second.handle_batch(&event(&soon, 1), &invocation()).await;
+
+    // THEN it takes flex, as the first environment's times allow (its documented 15 minutes
+    // would not fit), and the job succeeds
+    let item = ledger.get("soon").await.expect("get").expect("item");
+    assert_eq!(fenced_jobs::job::path::of(&item), Some(Rate::Flex));
+    assert_eq!(item.state, JobState::Succeeded);
+}
+
+#[tokio::test]
+async fn without_shared_times_an_environment_keeps_to_the_documented_bound() {
+    use fenced_jobs::job::usage::Rate;
+    let ledger = Arc::new(InMemoryLedger::new());
+    let (first, second) = (
+        handler(ledger.clone(), choosing("flex")),
+        handler(ledger.clone(), choosing("flex")),
+    );
+    let hourly: Vec<String> = (0..fenced_jobs::job::path::Times::ENOUGH)
+        .map(|i| due_in(&format!("alone-{i}"), 3_600_000, false))
+        .collect();
+    first.handle_batch(&event(&hourly, 1), &invocation()).await;
+    let soon = [due_in("alone-soon", 300_000, false)];
+    second.handle_batch(&event(&soon, 1), &invocation()).await;
+    let item = ledger.get("alone-soon").await.expect("get").expect("item");
+    assert_eq!(fenced_jobs::job::path::of(&item), Some(Rate::Standard));
+}

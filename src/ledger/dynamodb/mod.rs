@@ -15,6 +15,7 @@ pub mod billing;
 mod index;
 mod item;
 mod operations;
+mod path_times;
 mod schedule;
 mod spend;
 

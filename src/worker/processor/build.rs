@@ -36,6 +36,8 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
             gather: crate::worker::gather::Gather::default(),
             noted: Default::default(),
             path_times: Default::default(),
+            shared_times: None,
+            unshared: Default::default(),
         }
     }
 

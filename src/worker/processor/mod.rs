@@ -103,10 +103,16 @@ pub struct Processor<L, P, C> {
     /// The request counts this environment last noted for each running batch: a look notes
     /// only counts that changed.
     noted: std::sync::Mutex<std::collections::HashMap<String, crate::job::BatchCounts>>,
-    /// How long attempts took on each path, by provider and model, in this environment.
+    /// How long attempts took on each path, by provider and model: as this environment
+    /// measured them, or everyone's as last read from the shared store.
     path_times: std::sync::Mutex<
         std::collections::HashMap<(&'static str, String), crate::job::path::Times>,
     >,
+    /// Where every environment's path times are shared (the ledger table), if anywhere.
+    shared_times: Option<Arc<dyn crate::ledger::path_times::SharedTimes>>,
+    /// This environment's times not shared yet, and when each was last shared, by provider
+    /// and model.
+    unshared: std::sync::Mutex<std::collections::HashMap<(&'static str, String), paths::Unshared>>,
 }
 
 /// What the processor tells whoever keeps a running attempt alive (the invocation's heartbeat)

@@ -2,15 +2,17 @@
 //! the deployment's `PATHS`, the choice at the claim, and the tier the call then asks for.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use serde_json::{Map, Value};
 
 use super::{Link, Processor};
 use crate::clock::Clock;
-use crate::job::path::{self, Choice, Offer, Wants};
+use crate::job::path::{self, Choice, Offer, Times, Wants};
 use crate::job::usage::Rate;
 use crate::job::{AttemptOutcome, JobItem, JobMessage, Millis, NewJob, Usage};
 use crate::ledger::JobLedger;
+use crate::ledger::path_times::{SharedTimes, Taken, merged};
 use crate::provider::Provider;
 
 /// How long a batch line is expected to take: the providers' completion window (OpenAI's
@@ -21,6 +23,13 @@ const BATCH_TAKES_MS: Millis = 24 * 3_600_000;
 const FLEX_TAKES_MS: Millis = 15 * 60_000;
 /// How long after a refusal a path is left out of an attempt's offers.
 const REFUSED_FOR_MS: Millis = 15 * 60_000;
+/// An environment's path times for one provider and model not shared yet, and when it last
+/// shared (and read) them.
+#[derive(Debug, Default)]
+pub(super) struct Unshared {
+    taken: Taken,
+    shared_at: Option<Millis>,
+}
 
 impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
     /// The path of the attempt about to be claimed for `job` (of `msg`) through `link`
@@ -83,14 +92,62 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         Some(path::choose(&offers, wants))
     }
 
+    /// Shares the path times of `provider`'s `model` through `store` (every environment's, in
+    /// the ledger table): what this environment measured is added at most once a minute, and
+    /// everyone's taken in return.
+    pub fn with_shared_times(mut self, store: Arc<dyn SharedTimes>) -> Self {
+        self.shared_times = Some(store);
+        self
+    }
+
     /// An attempt of `model` through `provider` on `rate` took `ms` from its claim to its
     /// answer: the chooser expects as much of the next ones.
     pub(super) fn path_took(&self, provider: &'static str, model: &str, rate: Rate, ms: Millis) {
-        let mut times = self.times();
-        times
-            .entry((provider, model.to_owned()))
-            .or_default()
-            .record(rate, ms);
+        let key = (provider, model.to_owned());
+        if self.shared_times.is_some() {
+            let mut unshared = self.unshared.lock().unwrap_or_else(|p| p.into_inner());
+            let at = path::ALL.iter().position(|r| *r == rate).unwrap_or(2);
+            unshared.entry(key.clone()).or_default().taken[at].push(ms.max(0));
+        }
+        self.times().entry(key).or_default().record(rate, ms);
+    }
+
+    /// Shares what this environment measured of `provider`'s `model` and reads everyone's, if
+    /// a minute passed since it last did (nothing when no store is set). A store that fails
+    /// keeps the times for the next try; the chooser goes on with what it knows.
+    pub(super) async fn share_path_times(&self, provider: &'static str, model: &str) {
+        let Some(store) = &self.shared_times else {
+            return;
+        };
+        let now = self.clock.now_ms();
+        let key = (provider, model.to_owned());
+        let new = {
+            let mut unshared = self.unshared.lock().unwrap_or_else(|p| p.into_inner());
+            let entry = unshared.entry(key.clone()).or_default();
+            let every = self.settings.batching.share_times_ms;
+            if entry.shared_at.is_some_and(|at| now - at < every) {
+                return;
+            }
+            entry.shared_at = Some(now);
+            std::mem::take(&mut entry.taken)
+        };
+        let stored = crate::ledger::path_times::key(provider, model);
+        match store.merge(&stored, &new, now).await {
+            Ok(all) => {
+                // Everyone's, and what this environment measured while the store answered.
+                let since = self.unshared.lock().unwrap_or_else(|p| p.into_inner());
+                let recent = since.get(&key).map(|u| u.taken.clone()).unwrap_or_default();
+                drop(since);
+                let known = Times::from_lists(&merged(&all, &recent));
+                self.times().insert(key, known);
+            }
+            Err(e) => {
+                tracing::debug!(provider, model, error = %e, "the path times were not shared");
+                let mut unshared = self.unshared.lock().unwrap_or_else(|p| p.into_inner());
+                let entry = unshared.entry(key).or_default();
+                entry.taken = merged(&new, &entry.taken);
+            }
+        }
     }
 
     fn times(&self) -> std::sync::MutexGuard<'_, HashMap<(&'static str, String), path::Times>> {

@@ -115,6 +115,10 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         let link = &self.links[route];
         let input = self.routed_input(link, msg);
         // The path, where the deployment lets the worker choose one; else the job's own ask.
+        if self.settings.batching.paths.any() {
+            let model = link.provider.model(&input);
+            self.share_path_times(link.provider.name(), model).await;
+        }
         let path = self.choose_path((link, &input), (msg, job), seen, now);
         let batched = match &path {
             Some(choice) => choice.rate == Rate::Batch,

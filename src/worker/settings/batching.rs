@@ -24,6 +24,9 @@ pub struct Batching {
     /// `PATHS` (unset: none): the paths the worker chooses among for a job by price within its
     /// deadline ([`crate::job::path`]); unset, each job takes the one it asks for.
     pub paths: crate::job::path::Paths,
+    /// `PATH_TIMES_SHARE_SECONDS` (60): how often an environment shares the times it measured
+    /// of each path and reads everyone's (per provider and model); 0: at every claim.
+    pub share_times_ms: Millis,
 }
 
 impl Default for Batching {
@@ -35,6 +38,7 @@ impl Default for Batching {
             poll_ms: 600_000,
             webhooks: false,
             paths: crate::job::path::Paths::default(),
+            share_times_ms: 60_000,
         }
     }
 }
@@ -50,7 +54,8 @@ impl Batching {
 }
 
 /// Deferrable jobs' batches and the paths: `DEFERRABLE`, `BATCH_GATHER_SECONDS`,
-/// `BATCH_MAX_LINES`, `BATCH_WEBHOOKS`, `BATCH_POLL_SECONDS`, `PATHS`.
+/// `BATCH_MAX_LINES`, `BATCH_WEBHOOKS`, `BATCH_POLL_SECONDS`, `PATHS`,
+/// `PATH_TIMES_SHARE_SECONDS`.
 pub(super) fn batching_from(vars: &Vars<'_>) -> Result<Batching, ConfigError> {
     let number = |name, default, min, max| vars.integer(name, default, min, max);
     let on_off = [("off", false), ("on", true)];
@@ -63,6 +68,7 @@ pub(super) fn batching_from(vars: &Vars<'_>) -> Result<Batching, ConfigError> {
         max_lines: number("BATCH_MAX_LINES", 10_000, 1, 50_000)? as usize,
         poll_ms: vars.seconds("BATCH_POLL_SECONDS", poll_default, 1, 43_200)?,
         webhooks,
+        share_times_ms: vars.seconds("PATH_TIMES_SHARE_SECONDS", 60_000, 0, 3_600)?,
         paths: crate::job::path::Paths::parse(&vars.get("PATHS").unwrap_or_default()).map_err(
             |reason| ConfigError::Invalid {
                 name: "PATHS",
