@@ -261,6 +261,12 @@ SECTIONS = [
      "`cargo run --release --example chaos -- --seed 1 --jobs 10000`: 40 consumers, batches of 10, "
      "every fault kind on, in virtual time; the wall time is the simulation's own CPU. A "
      "violation is a broken property (VERIFICATION.md); the run fails on any."),
+    ("7b. Fault-injection simulation with OpenAI's webhooks", "chaos-webhooks.txt", True,
+     "`cargo run --release --example chaos -- --seed 2 --jobs 10000`: the same, on a seed that "
+     "takes webhooks (every other pair of seeds), each batch's end announced 1 to 30 s after it "
+     "through the real webhook function, some webhooks lost, repeated or forged. The last line "
+     "before the violations compares with section 7's: the median time from a batch's end to "
+     "its job's `succeeded`, with webhooks here and with looks ten minutes apart there."),
     ("8. Scale: a burst against a rate-limited provider", "scale.txt", True,
      "`make scale`'s first run: the real handler, processor, heartbeat and ledger contract in "
      "virtual time against a modelled standard queue, 1,000 concurrent invocations of 10 records, "

@@ -69,10 +69,6 @@ impl TriggerSender for SqsTriggers {
     }
 }
 
-/// `SendMessageBatch` requests of one send in flight at once: a webhook's batch of thousands of
-/// jobs goes in a few seconds, not one request after another.
-const SENDS_IN_FLIGHT: usize = 8;
-
 impl SqsTriggers {
     async fn send_to(
         &self,
@@ -80,14 +76,15 @@ impl SqsTriggers {
         triggers: &[Outgoing],
         dedup_suffix: &str,
     ) -> Vec<Sent> {
-        use futures::StreamExt;
+        // A few requests in flight at once: a webhook's batch of thousands of jobs goes in a few
+        // seconds, not one request after another.
         let mut requests = Vec::new();
         for batch in batches(triggers) {
             requests.push(self.send_batch(queue_url, batch, dedup_suffix));
         }
         // In the order given.
         let sent: Vec<Vec<Sent>> = futures::stream::iter(requests)
-            .buffered(SENDS_IN_FLIGHT)
+            .buffered(PARALLEL_CALLS)
             .collect()
             .await;
         sent.into_iter().flatten().collect()

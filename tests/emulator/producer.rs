@@ -504,7 +504,8 @@ async fn many_triggers_go_several_requests_at_once_and_come_back_in_order() {
             .sqs
             .receive_message()
             .queue_url(&queue.url)
-            .max_number_of_messages(10);
+            .max_number_of_messages(10)
+            .wait_time_seconds(1);
         let out = out.send().await.expect("receive");
         if out.messages().is_empty() {
             break;

@@ -1,8 +1,10 @@
 //! The shared path times ([`SharedTimes`]) as an item of the ledger table: `job_id` is
 //! `#paths#<provider>#<model>`, with one list of numbers per path (`batch`, `flex`, `standard`,
-//! `priority`), a `version` each write raises, and a TTL a week after the last write. An add
-//! reads the item (consistently), merges, and puts it back on the version it read; a writer
-//! that lost the race reads again (three tries). A read alone is eventually consistent.
+//! `priority`), a `version` each write raises, the `writer` of the last write, and a TTL a week
+//! after the last write. An add reads the item (consistently), merges, and puts it back on the
+//! version it read; a writer that lost the race reads again (three tries), and one that finds
+//! its own write there (an SDK retry of a write whose answer was lost) is done. A read alone is
+//! eventually consistent.
 
 use std::collections::HashMap;
 
@@ -42,10 +44,11 @@ impl DynamoLedger {
         &self,
         key: &str,
         all: &Taken,
-        version: i64,
+        (version, writer): (i64, &str),
         now: Millis,
     ) -> Result<bool, LedgerError> {
-        let mut item = HashMap::with_capacity(7);
+        let mut item = HashMap::with_capacity(8);
+        item.insert("writer".to_owned(), s(writer));
         item.insert("job_id".to_owned(), s(key));
         for (rate, list) in ALL.into_iter().zip(all) {
             let numbers = list.iter().map(|ms| n(*ms)).collect();
@@ -92,17 +95,26 @@ impl SharedTimes for DynamoLedger {
         Box::pin(async move {
             let key = format!("{PATHS_KEY_PREFIX}{key}");
             let adds = new.iter().any(|t| !t.is_empty());
+            // Names this add's writes: one refused only because its own retry (the SDK's, after
+            // a lost answer) had landed is found done, not merged again.
+            let writer = format!("{:016x}", fastrand::u64(..));
+            let mut tried = false;
             for _ in 0..TRIES {
                 let item = self.get_item("path times", &key, adds).await?;
+                let landed = item.as_ref().and_then(|i| i.get("writer")?.as_s().ok());
+                if let (true, Some(item)) = (tried && landed == Some(&writer), &item) {
+                    return Ok(taken_of(item));
+                }
                 let kept = item.as_ref().map(taken_of).unwrap_or_default();
                 let all = merged(&kept, new);
                 if !adds {
                     return Ok(all);
                 }
                 let version = item.as_ref().and_then(|i| get_n(i, "version")).unwrap_or(0);
-                if self.put_times(&key, &all, version, now).await? {
+                if self.put_times(&key, &all, (version, &writer), now).await? {
                     return Ok(all);
                 }
+                tried = true;
             }
             Err(LedgerError::Unavailable {
                 operation: "path times",

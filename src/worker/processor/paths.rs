@@ -104,17 +104,24 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
     /// answer: the chooser expects as much of the next ones.
     pub(super) fn path_took(&self, provider: &'static str, model: &str, rate: Rate, ms: Millis) {
         let key = (provider, model.to_owned());
-        if self.shared_times.is_some() {
+        // Shared only where paths are chosen (the share comes with a claim that chooses one);
+        // each path's last kept only, however long the store fails.
+        if self.shared_times.is_some() && self.settings.batching.paths.any() {
             let mut unshared = self.unshared.lock().unwrap_or_else(|p| p.into_inner());
             let at = path::ALL.iter().position(|r| *r == rate).unwrap_or(2);
-            unshared.entry(key.clone()).or_default().taken[at].push(ms.max(0));
+            let taken = &mut unshared.entry(key.clone()).or_default().taken[at];
+            if taken.len() == Times::KEPT {
+                taken.remove(0);
+            }
+            taken.push(ms.max(0));
         }
         self.times().entry(key).or_default().record(rate, ms);
     }
 
     /// Shares what this environment measured of `provider`'s `model` and reads everyone's, if
-    /// a minute passed since it last did (nothing when no store is set). A store that fails
-    /// keeps the times for the next try; the chooser goes on with what it knows.
+    /// a minute passed since it last did (nothing when no store is set). Times a failed share
+    /// carried are dropped, as their write may have landed (counted twice they would skew the
+    /// percentile; lost, they are a few of many); the chooser goes on with what it knows.
     pub(super) async fn share_path_times(&self, provider: &'static str, model: &str) {
         let Some(store) = &self.shared_times else {
             return;
@@ -143,9 +150,6 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
             }
             Err(e) => {
                 tracing::debug!(provider, model, error = %e, "the path times were not shared");
-                let mut unshared = self.unshared.lock().unwrap_or_else(|p| p.into_inner());
-                let entry = unshared.entry(key).or_default();
-                entry.taken = merged(&new, &entry.taken);
             }
         }
     }

@@ -111,7 +111,6 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
             // Nothing written: the item as it stands.
             return Ok(Write::Refused(Some(item)));
         }
-        let now = self.clock.now_ms();
         let link = &self.links[route];
         let input = self.routed_input(link, msg);
         // The path, where the deployment lets the worker choose one; else the job's own ask.
@@ -119,6 +118,8 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
             let model = link.provider.model(&input);
             self.share_path_times(link.provider.name(), model).await;
         }
+        // After the share's requests: the claim's times and lease start now.
+        let now = self.clock.now_ms();
         let path = self.choose_path((link, &input), (msg, job), seen, now);
         let batched = match &path {
             Some(choice) => choice.rate == Rate::Batch,
