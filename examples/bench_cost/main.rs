@@ -382,20 +382,28 @@ fn by_path(direct_aws: f64, batch_aws: f64) {
 /// its line and accepts the answer; for 10 KiB prompts, ten jobs a batch. Returns the write
 /// units per job of the first delivery, of a look, and of the last delivery, and the largest
 /// item.
-async fn batch_aws() -> (f64, f64, f64, u64) {
-    let settings = Settings {
+async fn batch_aws(webhooks: bool) -> (f64, f64, f64, u64, (f64, f64)) {
+    let mut settings = Settings {
         heartbeat_ms: 0,
         lease_ms: 300_000,
         skew_ms: 0,
         ..Settings::default()
     };
+    // With webhooks: each batch lists its jobs, and the record of a line's batch keeps the input.
+    settings.batching.webhooks = webhooks;
+    // The deployed stack's results bucket: an input kept above INLINE_MAX_BYTES is stored there.
+    let store = Arc::new(Counted {
+        store: MemoryBlobs::new("results"),
+        ..Counted::default()
+    });
     let handler = BatchHandler::new(
         Processor::new(
             InMemoryLedger::metered(),
             SimulatedProvider::new().with_batches(),
             SystemClock,
             settings,
-        ),
+        )
+        .with_blobs(store.clone()),
         RecordingVisibility::new(),
     );
     // Each delivery its own invocation (a record's owner id names it).
@@ -434,7 +442,15 @@ async fn batch_aws() -> (f64, f64, f64, u64) {
     );
     let (after_look, _) = units(&handler);
     handler.processor().provider().end_batches();
-    let event = deliver(3);
+    let mut event = deliver(3);
+    // With webhooks the answers are collected by the webhook's triggers, by id.
+    if webhooks {
+        for record in &mut event.records {
+            let id = record.message_id.as_deref().unwrap_or_default();
+            let job = id.trim_end_matches("-msg");
+            record.body = Some(format!(r#"{{"job_id":"{job}"}}"#));
+        }
+    }
     for chunk in event.records.chunks(10) {
         let mut part = SqsEvent::default();
         part.records = chunk.to_vec();
@@ -448,11 +464,13 @@ async fn batch_aws() -> (f64, f64, f64, u64) {
         "one batch per invocation of ten"
     );
     let jobs = JOBS as f64;
+    let s3 = |n: &AtomicU64| n.load(Ordering::Relaxed) as f64 / jobs;
     (
         after[0] as f64 / jobs,
         (after[1] - after[0]) as f64 / jobs,
         (total - after_look) as f64 / jobs,
         largest as u64,
+        (s3(&store.puts), s3(&store.gets)),
     )
 }
 
@@ -481,7 +499,7 @@ fn reference_usage() -> Usage {
 /// returns the AWS share of a batch line with 6 looks (a batch of an hour).
 async fn batches(direct_aws: f64) -> f64 {
     let (model, batch) = reference_job();
-    let (first, noted, last, largest) = batch_aws().await;
+    let (first, noted, last, largest, _) = batch_aws(false).await;
     // A look: one consistent read of the item, a tenth of a receive and of a visibility change
     // (ten records a batch), a tenth of a Lambda invocation; nothing written to the job, and
     // the batch's counts noted on its own item (a share of one write a batch).
@@ -504,13 +522,39 @@ async fn batches(direct_aws: f64) -> f64 {
             100.0 * (1.0 - total / direct)
         );
     }
+    // With OpenAI's webhooks: the same writes with the batch's list and the kept input, the
+    // answer collected by the webhook's trigger (a message sent, received and deleted, the
+    // webhook's invocation and its reads shared by the batch's ten jobs), then one look by the
+    // record's own message, which finds the job ended.
+    let (w_first, _, w_last, w_largest, (puts, gets)) = batch_aws(true).await;
+    let w_read = w_largest.div_ceil(4096) as f64;
+    let trigger = 3.0 * SQS_REQUEST + 0.1 * (LAMBDA_LOOK + 4.0 * READ_UNIT + WRITE_UNIT);
+    let w_aws = (w_first + w_last) * WRITE_UNIT
+        + 0.2 * SQS_REQUEST
+        + LAMBDA
+        + SQS
+        + trigger
+        + puts * S3_PUT
+        + gets * S3_GET
+        + w_read * READ_UNIT
+        + 0.2 * SQS_REQUEST
+        + 0.1 * LAMBDA_LOOK;
+    let w_total = batch + w_aws;
+    println!(
+        "| batch with OpenAI's webhooks, collected by the webhook's trigger | ${batch:.2} | ${w_aws:.2} | ${w_total:.2} | {:.1} % less |",
+        100.0 * (1.0 - w_total / direct)
+    );
     println!(
         "Measured: write units per job {first:.2} (first delivery: claim, the batch's \
          reference, the hand-over) + {last:.2} (the delivery that accepts), none to the job \
          for a look; a look costs {read_units:.0} read unit(s), {noted:.2} write units (the \
          batch's counts for jobctl watch, one item a batch), 0.2 SQS requests and a tenth of \
          an invocation (${look:.3} per million); 6 looks is a batch of an hour at \
-         BATCH_POLL_SECONDS 600, 144 a whole day"
+         BATCH_POLL_SECONDS 600, 144 a whole day. With webhooks: write units per job \
+         {w_first:.2} + {w_last:.2} (the batch's list of its jobs, and the input kept by the \
+         record of the line's batch: stored in the results bucket above INLINE_MAX_BYTES, \
+         {puts:.2} PUT and {gets:.2} GET per job), a look at the ended job {w_read:.0} read \
+         unit(s)"
     );
     fixed + 6.0 * look
 }

@@ -43,11 +43,12 @@ async fn long_running_server(run_for: Duration) -> HttpStub {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_background_call_outlasts_several_invocations_and_is_collected_once() {
-    // GIVEN invocations that may run 2.5 s (0.5 s kept for the end) and a call that takes 8 s
+    // GIVEN invocations that may run 2.5 s (0.5 s kept for the end) and a call that takes 12 s
+    // (several invocations' worth even when a loaded machine loses one to a slow start)
     let aws = emulator().await;
     let table = aws.table().await;
     let queue = aws.queue(2).await;
-    let server = long_running_server(Duration::from_secs(8)).await;
+    let server = long_running_server(Duration::from_secs(12)).await;
     let mut settings = slow_settings(2, 600, 3_000);
     settings.deadline_margin_ms = 500;
     settings.poll_ms = 250;
