@@ -425,12 +425,7 @@ async fn batch_aws(webhooks: bool) -> (f64, f64, f64, u64, (f64, f64)) {
     };
     let mut after = Vec::new();
     for receive in 1..=2 {
-        let event = deliver(receive);
-        for chunk in event.records.chunks(10) {
-            let mut part = SqsEvent::default();
-            part.records = chunk.to_vec();
-            handler.handle_batch(&part, &inv(receive)).await;
-        }
+        in_tens(&handler, &deliver(receive), &inv(receive)).await;
         after.push(units(&handler).0);
     }
     // A look writes nothing to the jobs; the batch's counts go on its own item, once per
@@ -445,16 +440,9 @@ async fn batch_aws(webhooks: bool) -> (f64, f64, f64, u64, (f64, f64)) {
     let mut event = deliver(3);
     // With webhooks the answers are collected by the webhook's triggers, by id.
     if webhooks {
-        for record in &mut event.records {
-            let id = record.message_id.as_deref().unwrap_or_default();
-            let job = id.trim_end_matches("-msg");
-            record.body = Some(format!(r#"{{"job_id":"{job}"}}"#));
-        }
+        by_id(&mut event);
     }
-    for chunk in event.records.chunks(10) {
-        let mut part = SqsEvent::default();
-        part.records = chunk.to_vec();
-        let report = handler.handle_batch(&part, &inv(3)).await;
+    for report in in_tens(&handler, &event, &inv(3)).await {
         assert_eq!(report.response, Ok(vec![]), "every line read and accepted");
     }
     let (total, largest) = units(&handler);
@@ -472,6 +460,30 @@ async fn batch_aws(webhooks: bool) -> (f64, f64, f64, u64, (f64, f64)) {
         largest as u64,
         (s3(&store.puts), s3(&store.gets)),
     )
+}
+
+/// `event`'s records, ten to an invocation: each invocation's report.
+async fn in_tens(
+    handler: &BatchHandler<InMemoryLedger, SimulatedProvider, SystemClock, RecordingVisibility>,
+    event: &SqsEvent,
+    inv: &Invocation,
+) -> Vec<fenced_jobs::report::BatchReport> {
+    let mut reports = Vec::new();
+    for chunk in event.records.chunks(10) {
+        let mut part = SqsEvent::default();
+        part.records = chunk.to_vec();
+        reports.push(handler.handle_batch(&part, inv).await);
+    }
+    reports
+}
+
+/// `event`'s records made triggers by id of their jobs, as a webhook sends them.
+fn by_id(event: &mut SqsEvent) {
+    for record in &mut event.records {
+        let id = record.message_id.as_deref().unwrap_or_default();
+        let job = id.trim_end_matches("-msg");
+        record.body = Some(format!(r#"{{"job_id":"{job}"}}"#));
+    }
 }
 
 /// The reference job's model.

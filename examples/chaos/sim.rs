@@ -122,6 +122,9 @@ pub struct FaultRates {
     pub webhook_again: f64,
     /// A stranger's webhook naming the batch, signed with another secret: refused, nothing sent.
     pub webhook_forged: f64,
+    /// The webhook function is cut off after its triggers went, before it recorded the
+    /// delivery: the sender's retry a minute later must be acted on again, not refused.
+    pub webhook_cut_off: f64,
     /// The flex tier refuses a call the worker sent by it, for its capacity (a 429), before
     /// any work: the attempt is given back at once and the job's next claim takes another path.
     pub flex_refused: f64,
@@ -249,6 +252,7 @@ impl FaultRates {
             webhook_lost: 0.1,
             webhook_again: 0.2,
             webhook_forged: 0.1,
+            webhook_cut_off: 0.1,
             flex_refused: 0.2,
             long_deadline: 0.03,
             connection_lost: 0.02,
@@ -2859,15 +2863,9 @@ pub async fn run(config: &ChaosConfig) -> ChaosReport {
         .collect();
     for job_id in &job_ids {
         let item = table.get(job_id).await.ok().flatten();
-        // A job that succeeded from a line of a batch: how long after the batch's end.
-        if let Some(r) = item.as_ref().filter(|r| r.state == JobState::Succeeded)
-            && let Some(end) = r
-                .last_provider_ref()
-                .and_then(fenced_jobs::provider::batch::parse_ref)
-                .and_then(|(batch, _)| ends.get(batch?))
-        {
-            report.batch_to_succeeded_ms.push(r.updated_at - end);
-        }
+        report
+            .batch_to_succeeded_ms
+            .extend(item.as_ref().and_then(|r| batch_wait(r, &ends)));
         let state = item.as_ref().map(|r| r.state);
         let label = state.map_or("absent", JobState::as_str).to_owned();
         *report.end_states.entry(label).or_default() += 1;
@@ -3232,6 +3230,38 @@ impl ChaosReport {
     }
 }
 
+/// The webhook function's ledger when it is cut off after its sends: the record of the
+/// delivery never lands.
+struct CutOff<'a>(&'a InMemoryLedger);
+
+impl fenced_jobs::ledger::pushed::PushedLedger for CutOff<'_> {
+    async fn batch_members(
+        &self,
+        batch_id: &str,
+    ) -> Result<Vec<fenced_jobs::job::BatchMember>, LedgerError> {
+        self.0.batch_members(batch_id).await
+    }
+    async fn was_acted_on(&self, id: &str, now: Millis) -> Result<bool, LedgerError> {
+        self.0.was_acted_on(id, now).await
+    }
+    async fn acted_on(&self, _: &str, _: Millis, _: Millis) -> Result<(), LedgerError> {
+        Err(LedgerError::Unavailable {
+            operation: "webhook delivery",
+            code: "cut off".to_owned(),
+        })
+    }
+}
+
+/// How long after its batch's end a job that succeeded from a line of it did (`ends`: each
+/// batch's end).
+fn batch_wait(item: &JobItem, ends: &HashMap<String, Millis>) -> Option<Millis> {
+    let (batch, _) = item
+        .last_provider_ref()
+        .and_then(fenced_jobs::provider::batch::parse_ref)?;
+    let end = ends.get(batch?)?;
+    (item.state == JobState::Succeeded).then(|| item.updated_at - end)
+}
+
 /// OpenAI's webhooks, when the deployment takes them: each batch's end is announced once, 1 to
 /// 30 s after it, unless lost; sometimes again a minute later (a retry, or a replay), which must
 /// send nothing; sometimes also by a stranger with another secret, which must be refused. The
@@ -3244,7 +3274,7 @@ async fn webhook_actor(
     finished: Arc<std::sync::atomic::AtomicBool>,
     webhooks: bool,
 ) {
-    use fenced_jobs::ops::webhook::{Answer, UrlRequest, WebhookSecret, handle, signature};
+    use fenced_jobs::ops::webhook::{Answer, UrlRequest, WebhookSecret, handle};
     if !webhooks {
         return;
     }
@@ -3254,8 +3284,8 @@ async fn webhook_actor(
         world: Arc::clone(&world),
         queue,
     };
-    // (when, batch, delivery id, again, forged)
-    let mut due: Vec<(Millis, String, String, bool, bool)> = Vec::new();
+    // (when, batch, delivery id, again, forged, cut off)
+    let mut due: Vec<(Millis, String, String, bool, bool, bool)> = Vec::new();
     let mut seen = 0;
     while !finished.load(Ordering::Relaxed) {
         tokio::time::sleep(Duration::from_millis(5_000)).await;
@@ -3268,41 +3298,33 @@ async fn webhook_actor(
                     continue;
                 }
                 let at = end + world.range(1_000, 30_000) as Millis;
-                due.push((at, batch.clone(), id.clone(), false, false));
-                if world.fault("webhook_again", world.rates.webhook_again) {
-                    due.push((at + 60_000, batch.clone(), id.clone(), true, false));
+                let cut = world.fault("webhook_cut_off", world.rates.webhook_cut_off);
+                due.push((at, batch.clone(), id.clone(), false, false, cut));
+                if cut {
+                    // The sender's retry of a delivery it heard no answer to.
+                    due.push((at + 60_000, batch.clone(), id.clone(), false, false, false));
+                } else if world.fault("webhook_again", world.rates.webhook_again) {
+                    due.push((at + 60_000, batch.clone(), id.clone(), true, false, false));
                 }
                 if world.fault("webhook_forged", world.rates.webhook_forged) {
-                    due.push((at, batch.clone(), format!("{id}-forged"), false, true));
+                    let forged = format!("{id}-forged");
+                    due.push((at, batch.clone(), forged, false, true, false));
                 }
             }
             seen = ends.len();
         }
         let (ready, later): (Vec<_>, Vec<_>) = due.into_iter().partition(|d| d.0 <= now);
         due = later;
-        for (_, batch, id, again, forged) in ready {
+        for (_, batch, id, again, forged, cut) in ready {
             let body = format!(
                 r#"{{"id":"evt_{batch}","object":"event","type":"batch.completed","data":{{"id":"{batch}"}}}}"#
             );
             let signer = if forged { &stranger } else { &secret };
-            let at = now / 1_000;
-            let request = UrlRequest {
-                headers: [
-                    ("webhook-id", id.clone()),
-                    ("webhook-timestamp", at.to_string()),
-                    (
-                        "webhook-signature",
-                        signature::sign(signer, &id, at, body.as_bytes()),
-                    ),
-                ]
-                .into_iter()
-                .map(|(k, v)| (k.to_owned(), v))
-                .collect(),
-                body: Some(body),
-                request_context: serde_json::json!({"http": {"method": "POST"}}),
-                ..UrlRequest::default()
+            let request = UrlRequest::signed(signer, &id, now / 1_000, &body);
+            let answer = match cut {
+                true => handle(&request, &secret, &CutOff(&table), &triggers, now).await,
+                false => handle(&request, &secret, table.as_ref(), &triggers, now).await,
             };
-            let answer = handle(&request, &secret, table.as_ref(), &triggers, now).await;
             let expected = match (forged, again) {
                 (true, _) => matches!(answer, Answer::Refused(_)),
                 (false, true) => answer == Answer::Replayed,

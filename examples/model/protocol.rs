@@ -1262,16 +1262,7 @@ impl Protocol {
                 self.start(&mut next, worker, &mut note);
                 true
             }
-            Action::Webhook { worker } => {
-                // Its own owner ids, past every delivery's.
-                next.webhooks += 1;
-                next.workers[worker].owner = 100 + next.webhooks;
-                next.workers[worker].view = None;
-                next.workers[worker].by_webhook = true;
-                note.push_str("receives the trigger by id the batch's webhook sent");
-                self.start(&mut next, worker, &mut note);
-                true
-            }
+            Action::Webhook { worker } => self.webhook(&mut next, worker, &mut note),
             Action::Follow { worker } => {
                 let view = next.workers[worker].view.take()?;
                 next.deliveries += 1;
@@ -1465,6 +1456,18 @@ impl Protocol {
     }
 
     /// A delivery starts: the processor's, from the message alone.
+    /// The batch's webhook sends a trigger by id, which the idle `worker` receives.
+    fn webhook(&self, next: &mut State, worker: usize, note: &mut String) -> bool {
+        // Its own owner ids, past every delivery's.
+        next.webhooks += 1;
+        next.workers[worker].owner = 100 + next.webhooks;
+        next.workers[worker].view = None;
+        next.workers[worker].by_webhook = true;
+        note.push_str("receives the trigger by id the batch's webhook sent");
+        self.start(next, worker, note);
+        true
+    }
+
     fn start(&self, next: &mut State, worker: usize, note: &mut String) {
         let now = self.now(next, worker);
         let owner = format!("d{}", next.workers[worker].owner);
@@ -2677,6 +2680,36 @@ impl Protocol {
         })
     }
 
+    /// What may happen to the idle `worker`: a copy of the job's message, a later record of its
+    /// last batch, the batch's webhook.
+    fn idle_actions(&self, state: &State, worker: usize, w: &Worker, actions: &mut Vec<Action>) {
+        let b = &self.bounds;
+        let open = state.item.as_ref().is_none_or(|r| !r.state.is_terminal());
+        let idle = state.workers.iter().all(|w| w.pc == Pc::Idle);
+        // Fairness: SQS keeps delivering a message nobody acknowledged, so at the
+        // end of time an open job gets deliveries beyond the bound (each one ends
+        // it, unless a fault from the fault bound stops it); and one delivery of a
+        // terminal job shows it is acknowledged.
+        // Once the message is lost, only triggers by id come: the reconciler's, for a
+        // job a sparse index holds whose item keeps its input (fair: it re-sends
+        // every run), and stray ones (within the bound).
+        let resent = state.item.as_ref().is_some_and(|r| {
+            r.keeps_input()
+                && fenced_jobs::job::attention_key(r.state, r.owner_epoch, r.watched, JOB).is_some()
+        });
+        let fair = open && idle && state.time == b.end_of_time() && (state.queued() || resent);
+        let late = !open && idle && state.queued();
+        if (state.deliveries < b.deliveries && (open || late)) || fair {
+            actions.push(Action::Deliver { worker });
+        }
+        if w.view.is_some() && state.deliveries < b.deliveries {
+            actions.push(Action::Follow { worker });
+        }
+        if b.webhooks && state.webhooks < 2 && state.item.as_ref().is_some_and(in_batch) {
+            actions.push(Action::Webhook { worker });
+        }
+    }
+
     /// What the world may answer a worker's delivery that waits on it (`d`).
     fn delivery_actions(
         &self,
@@ -3223,38 +3256,7 @@ impl Model for Protocol {
         for (worker, w) in state.workers.iter().enumerate() {
             match &w.pc {
                 Pc::Idle => {
-                    let open = state.item.as_ref().is_none_or(|r| !r.state.is_terminal());
-                    let idle = state.workers.iter().all(|w| w.pc == Pc::Idle);
-                    // Fairness: SQS keeps delivering a message nobody acknowledged, so at the
-                    // end of time an open job gets deliveries beyond the bound (each one ends
-                    // it, unless a fault from the fault bound stops it); and one delivery of a
-                    // terminal job shows it is acknowledged.
-                    // Once the message is lost, only triggers by id come: the reconciler's, for a
-                    // job a sparse index holds whose item keeps its input (fair: it re-sends
-                    // every run), and stray ones (within the bound).
-                    let resent = state.item.as_ref().is_some_and(|r| {
-                        r.keeps_input()
-                            && fenced_jobs::job::attention_key(
-                                r.state,
-                                r.owner_epoch,
-                                r.watched,
-                                JOB,
-                            )
-                            .is_some()
-                    });
-                    let fair =
-                        open && idle && state.time == b.end_of_time() && (state.queued() || resent);
-                    let late = !open && idle && state.queued();
-                    if (state.deliveries < b.deliveries && (open || late)) || fair {
-                        actions.push(Action::Deliver { worker });
-                    }
-                    if w.view.is_some() && state.deliveries < b.deliveries {
-                        actions.push(Action::Follow { worker });
-                    }
-                    if b.webhooks && state.webhooks < 2 && state.item.as_ref().is_some_and(in_batch)
-                    {
-                        actions.push(Action::Webhook { worker });
-                    }
+                    self.idle_actions(state, worker, w, actions);
                     continue;
                 }
                 Pc::Delivering(d) => self.delivery_actions(state, worker, d, actions),

@@ -458,16 +458,14 @@ pub trait JobLedger: Send + Sync {
     /// Keeps the jobs whose lines the provider batch `batch_id` holds, created at `now`, so
     /// that a webhook that says the batch ended can send each job's trigger
     /// ([`pushed::PushedLedger::batch_members`]). Relied on only to be early: a job a lost list
-    /// leaves out is still found by its record's next look at the batch.
+    /// leaves out is still found by its record's next look at the batch. No default: a
+    /// wrapper that forgot to pass it on would keep no list, silently.
     fn note_batch_members(
         &self,
         batch_id: &str,
         members: &[crate::job::BatchMember],
         now: Millis,
-    ) -> impl Future<Output = Result<(), LedgerError>> + Send {
-        let _ = (batch_id, members, now);
-        async { Ok(()) }
-    }
+    ) -> impl Future<Output = Result<(), LedgerError>> + Send;
 }
 
 impl AttemptEnd {

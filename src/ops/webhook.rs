@@ -66,6 +66,31 @@ pub struct UrlResponse {
     pub body: String,
 }
 
+impl UrlRequest {
+    /// A POST of `body` as the sender signs it under `secret`: the delivery `id` sent at `at_s`
+    /// (Unix seconds), with the three Standard Webhooks headers. What tests, the fault
+    /// simulation and local tools send.
+    pub fn signed(secret: &WebhookSecret, id: &str, at_s: i64, body: &str) -> UrlRequest {
+        let headers = [
+            ("webhook-id", id.to_owned()),
+            ("webhook-timestamp", at_s.to_string()),
+            (
+                "webhook-signature",
+                signature::sign(secret, id, at_s, body.as_bytes()),
+            ),
+        ];
+        UrlRequest {
+            headers: headers
+                .into_iter()
+                .map(|(k, v)| (k.to_owned(), v))
+                .collect(),
+            body: Some(body.to_owned()),
+            is_base64_encoded: false,
+            request_context: serde_json::json!({"http": {"method": "POST"}}),
+        }
+    }
+}
+
 /// What one delivery came to.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Answer {
@@ -209,7 +234,10 @@ pub async fn read_secret(
     let names = KeyVars::OPENAI_WEBHOOK;
     let source =
         KeySource::from_vars(&crate::vars::Vars::new(lookup), names).map_err(|e| e.to_string())?;
-    let Some(text) = resolve(&source, names.value, aws).await.map_err(|e| e.0)? else {
+    let Some(text) = resolve(&source, names.fields(), aws)
+        .await
+        .map_err(|e| e.0)?
+    else {
         return Err(format!(
             "no webhook secret: set {} (or {})",
             names.secret, names.parameter

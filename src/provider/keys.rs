@@ -23,6 +23,8 @@ pub enum KeySource {
 /// The variables that name a provider's key: the key itself, a secret, a parameter.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct KeyVars {
+    /// The field a JSON secret holds it under, before the variable's own name.
+    pub(crate) json: &'static str,
     pub(crate) value: &'static str,
     pub(crate) secret: &'static str,
     pub(crate) parameter: &'static str,
@@ -32,6 +34,7 @@ impl KeyVars {
     #[cfg(feature = "openai")]
     /// OpenAI's: `OPENAI_API_KEY`, `OPENAI_API_KEY_SECRET_ID`, `OPENAI_API_KEY_PARAMETER`.
     pub(crate) const OPENAI: KeyVars = KeyVars {
+        json: "api_key",
         value: "OPENAI_API_KEY",
         secret: "OPENAI_API_KEY_SECRET_ID",
         parameter: "OPENAI_API_KEY_PARAMETER",
@@ -40,6 +43,7 @@ impl KeyVars {
     /// OpenAI's webhooks' signing secret: `OPENAI_WEBHOOK_SECRET`,
     /// `OPENAI_WEBHOOK_SECRET_ID`, `OPENAI_WEBHOOK_SECRET_PARAMETER`.
     pub(crate) const OPENAI_WEBHOOK: KeyVars = KeyVars {
+        json: "webhook_secret",
         value: "OPENAI_WEBHOOK_SECRET",
         secret: "OPENAI_WEBHOOK_SECRET_ID",
         parameter: "OPENAI_WEBHOOK_SECRET_PARAMETER",
@@ -48,11 +52,23 @@ impl KeyVars {
     /// Anthropic's: `ANTHROPIC_API_KEY`, `ANTHROPIC_API_KEY_SECRET_ID`,
     /// `ANTHROPIC_API_KEY_PARAMETER`.
     pub(crate) const ANTHROPIC: KeyVars = KeyVars {
+        json: "api_key",
         value: "ANTHROPIC_API_KEY",
         secret: "ANTHROPIC_API_KEY_SECRET_ID",
         parameter: "ANTHROPIC_API_KEY_PARAMETER",
     };
 }
+
+impl KeyVars {
+    /// The fields of a JSON secret that hold the key, in order: the generic one, then the
+    /// variable's own name (never another provider's or another credential's).
+    pub(crate) fn fields(&self) -> Fields {
+        [self.json, self.value]
+    }
+}
+
+/// The fields of a JSON secret that may hold a credential, in order ([`KeyVars::fields`]).
+pub(crate) type Fields = [&'static str; 2];
 
 impl KeySource {
     /// The one key source the variables `names` name (none, or more than one, is refused).
@@ -105,7 +121,7 @@ impl std::fmt::Debug for Secret {
 /// never the value.
 pub(crate) async fn resolve(
     source: &KeySource,
-    field: &'static str,
+    field: Fields,
     aws: &aws_config::SdkConfig,
 ) -> Result<Option<Secret>, SetupError> {
     match source {
@@ -159,7 +175,7 @@ pub(crate) async fn resolve(
 pub struct KeyRotation {
     source: KeySource,
     /// The provider's own field in a JSON secret, after `api_key`.
-    field: &'static str,
+    field: Fields,
     aws: aws_config::SdkConfig,
     last_read: std::sync::Mutex<Option<std::time::Instant>>,
     min_interval: std::time::Duration,
@@ -171,7 +187,7 @@ impl KeyRotation {
     /// `min_interval`.
     pub fn new(
         source: &KeySource,
-        field: &'static str,
+        field: Fields,
         aws: &aws_config::SdkConfig,
         min_interval: std::time::Duration,
     ) -> Option<KeyRotation> {
@@ -220,17 +236,12 @@ fn non_empty(key: String, why: impl FnOnce() -> String) -> Result<Option<Secret>
     Ok(Some(Secret::new(key)))
 }
 
-/// The key in a secret's text: the `api_key` field of a JSON object (`webhook_secret` for a
-/// webhook's signing secret, `field` `OPENAI_WEBHOOK_SECRET`: never the API key beside it),
-/// else the provider's own `field` (`OPENAI_API_KEY`, `ANTHROPIC_API_KEY`: never another
-/// provider's), or the whole text.
-fn key_of(text: &str, field: &str) -> String {
-    let generic = match field.ends_with("_WEBHOOK_SECRET") {
-        true => "webhook_secret",
-        false => "api_key",
-    };
+/// The key in a secret's text: the first of `field` a JSON object holds (its generic field,
+/// `api_key` or `webhook_secret`, then the variable's own name: `OPENAI_API_KEY`,
+/// `ANTHROPIC_API_KEY`, never another provider's or another credential's), or the whole text.
+fn key_of(text: &str, field: Fields) -> String {
     match serde_json::from_str::<Value>(text) {
-        Ok(Value::Object(fields)) => [generic, field]
+        Ok(Value::Object(fields)) => field
             .iter()
             .find_map(|k| fields.get(*k).and_then(Value::as_str))
             .unwrap_or_default()
@@ -245,34 +256,54 @@ mod tests {
 
     #[test]
     fn a_secret_holds_the_key_or_json_with_it() {
-        assert_eq!(key_of("sk-1\n", "OPENAI_API_KEY"), "sk-1");
+        assert_eq!(key_of("sk-1\n", ["api_key", "OPENAI_API_KEY"]), "sk-1");
         assert_eq!(
-            key_of(r#"{"api_key":"sk-2","other":1}"#, "OPENAI_API_KEY"),
+            key_of(
+                r#"{"api_key":"sk-2","other":1}"#,
+                ["api_key", "OPENAI_API_KEY"]
+            ),
             "sk-2"
         );
         assert_eq!(
-            key_of(r#"{"OPENAI_API_KEY":"sk-3"}"#, "OPENAI_API_KEY"),
+            key_of(
+                r#"{"OPENAI_API_KEY":"sk-3"}"#,
+                ["api_key", "OPENAI_API_KEY"]
+            ),
             "sk-3"
         );
         // One secret holding both providers' keys: each takes its own, never the other's.
         let both = r#"{"OPENAI_API_KEY":"sk-3","ANTHROPIC_API_KEY":"sk-ant-4"}"#;
-        assert_eq!(key_of(both, "ANTHROPIC_API_KEY"), "sk-ant-4");
+        assert_eq!(key_of(both, ["api_key", "ANTHROPIC_API_KEY"]), "sk-ant-4");
         assert_eq!(
-            key_of(r#"{"OPENAI_API_KEY":"sk-3"}"#, "ANTHROPIC_API_KEY"),
+            key_of(
+                r#"{"OPENAI_API_KEY":"sk-3"}"#,
+                ["api_key", "ANTHROPIC_API_KEY"]
+            ),
             ""
         );
         // A webhook's signing secret beside the API key: each takes its own.
         let keys = r#"{"api_key":"sk-5","webhook_secret":"whsec_AAAA"}"#;
-        assert_eq!(key_of(keys, "OPENAI_WEBHOOK_SECRET"), "whsec_AAAA");
-        assert_eq!(key_of(keys, "OPENAI_API_KEY"), "sk-5");
-        assert_eq!(key_of(r#"{"api_key":"sk-5"}"#, "OPENAI_WEBHOOK_SECRET"), "");
+        assert_eq!(
+            key_of(keys, ["webhook_secret", "OPENAI_WEBHOOK_SECRET"]),
+            "whsec_AAAA"
+        );
+        assert_eq!(key_of(keys, ["api_key", "OPENAI_API_KEY"]), "sk-5");
+        assert_eq!(
+            key_of(
+                r#"{"api_key":"sk-5"}"#,
+                ["webhook_secret", "OPENAI_WEBHOOK_SECRET"]
+            ),
+            ""
+        );
     }
 
     #[test]
     fn an_empty_key_is_a_start_up_error() {
         assert!(
-            non_empty(key_of(r#"{"other":"x"}"#, "OPENAI_API_KEY"), || "no key"
-                .to_owned())
+            non_empty(
+                key_of(r#"{"other":"x"}"#, ["api_key", "OPENAI_API_KEY"]),
+                || "no key".to_owned()
+            )
             .is_err()
         );
         assert!(non_empty("  ".to_owned(), || "empty".to_owned()).is_err());

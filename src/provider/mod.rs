@@ -420,7 +420,7 @@ impl AnyProvider {
             ProviderConfig::Simulated => AnyProvider::Simulated(SimulatedProvider::new()),
             #[cfg(feature = "openai")]
             ProviderConfig::OpenAi { settings, key } => {
-                let (key, rotation) = keyed(key, keys::KeyVars::OPENAI.value, aws).await?;
+                let (key, rotation) = keyed(key, keys::KeyVars::OPENAI.fields(), aws).await?;
                 let mut provider =
                     OpenAiProvider::new(settings.clone(), key).map_err(SetupError)?;
                 if let Some(rotation) = rotation {
@@ -430,7 +430,7 @@ impl AnyProvider {
             }
             #[cfg(feature = "anthropic")]
             ProviderConfig::Anthropic { settings, key } => {
-                let (key, rotation) = keyed(key, keys::KeyVars::ANTHROPIC.value, aws).await?;
+                let (key, rotation) = keyed(key, keys::KeyVars::ANTHROPIC.fields(), aws).await?;
                 let mut provider =
                     AnthropicProvider::new(settings.clone(), key).map_err(SetupError)?;
                 if let Some(rotation) = rotation {
@@ -451,13 +451,13 @@ impl AnyProvider {
 #[cfg(feature = "http-api")]
 async fn keyed(
     source: &KeySource,
-    field: &'static str,
+    field: keys::Fields,
     aws: &aws_config::SdkConfig,
 ) -> Result<(Option<Secret>, Option<KeyRotation>), SetupError> {
     let key = keys::resolve(source, field, aws).await?;
     if key.is_none() {
         tracing::warn!(
-            key = field,
+            key = field[1],
             "no API key configured; requests go unauthenticated"
         );
     }

@@ -254,7 +254,7 @@ async fn each_function_makes_only_the_calls_its_role_in_the_template_allows() {
 async fn the_webhook_function_acts_once_on_a_signed_batch_end_under_its_own_role() {
     use fenced_jobs::job::{BatchMember, JobClass};
     use fenced_jobs::ledger::JobLedger;
-    use fenced_jobs::ops::webhook::{Answer, UrlRequest, handle, read_secret, signature};
+    use fenced_jobs::ops::webhook::{Answer, UrlRequest, handle, read_secret};
     // GIVEN the stack's table and queues, the endpoint's signing secret in Secrets Manager, and
     // a batch whose creator listed a normal job and an urgent one
     let setup = emulator().await;
@@ -301,21 +301,8 @@ async fn the_webhook_function_acts_once_on_a_signed_batch_end_under_its_own_role
     );
     let body =
         r#"{"id":"evt_9","object":"event","type":"batch.completed","data":{"id":"batch_9"}}"#;
-    let signed = |id: &str, with: &fenced_jobs::ops::webhook::WebhookSecret| UrlRequest {
-        headers: [
-            ("webhook-id", id.to_owned()),
-            ("webhook-timestamp", (now / 1_000).to_string()),
-            (
-                "webhook-signature",
-                signature::sign(with, id, now / 1_000, body.as_bytes()),
-            ),
-        ]
-        .into_iter()
-        .map(|(k, v)| (k.to_owned(), v))
-        .collect(),
-        body: Some(body.to_owned()),
-        request_context: serde_json::json!({"http": {"method": "POST"}}),
-        ..UrlRequest::default()
+    let signed = |id: &str, with: &fenced_jobs::ops::webhook::WebhookSecret| {
+        UrlRequest::signed(with, id, now / 1_000, body)
     };
     let answer = handle(&signed("msg_9", &secret), &secret, &ledger, &sender, now).await;
     // THEN each job's trigger by id is on its queue

@@ -428,7 +428,7 @@ async fn a_path_measured_faster_than_its_documented_bound_is_taken_for_shorter_d
 #[tokio::test]
 async fn with_webhooks_a_batchs_end_reaches_its_jobs_through_their_triggers_by_id() {
     use fenced_jobs::ledger::pushed::PushedLedger;
-    use fenced_jobs::ops::webhook::{Answer, UrlRequest, WebhookSecret, handle, signature};
+    use fenced_jobs::ops::webhook::{Answer, UrlRequest, WebhookSecret, handle};
     use fenced_jobs::queue::RecordingTriggers;
     // GIVEN a worker whose deployment takes the provider's webhooks
     let ledger = Arc::new(InMemoryLedger::new());
@@ -453,19 +453,7 @@ async fn with_webhooks_a_batchs_end_reaches_its_jobs_through_their_triggers_by_i
     let now = SystemClock.now_ms();
     let body =
         r#"{"id":"evt_1","object":"event","type":"batch.completed","data":{"id":"simbatch-1"}}"#;
-    let signed = signature::sign(&secret, "msg_1", now / 1_000, body.as_bytes());
-    let request = UrlRequest {
-        headers: [
-            ("webhook-id", "msg_1"),
-            ("webhook-timestamp", &(now / 1_000).to_string()),
-            ("webhook-signature", &signed),
-        ]
-        .into_iter()
-        .map(|(k, v)| (k.to_owned(), v.to_owned()))
-        .collect(),
-        body: Some(body.to_owned()),
-        ..UrlRequest::default()
-    };
+    let request = UrlRequest::signed(&secret, "msg_1", now / 1_000, body);
     let triggers = RecordingTriggers::new();
     let answer = handle(&request, &secret, ledger.as_ref(), &triggers, now).await;
     assert_eq!(answer, Answer::Triggered(3));

@@ -7,7 +7,7 @@ use crate::sim;
 fn fixed_seeds_keep_every_invariant_under_every_fault() {
     // Every edge the worker guards against must be met: the rarer ones (a failed store of an
     // answer is 5 % of the few large answers) on the first four seeds or on up to four more.
-    const EDGES: [&str; 48] = [
+    const EDGES: [&str; 49] = [
         "batch_answer_lost",
         "batch_refused",
         "batch_results_cut",
@@ -56,6 +56,7 @@ fn fixed_seeds_keep_every_invariant_under_every_fault() {
         "webhook_lost",
         "webhook_again",
         "webhook_forged",
+        "webhook_cut_off",
     ];
     let mut pushed_runs = 0;
     let mut seen = std::collections::BTreeSet::new();

@@ -16,7 +16,7 @@ use std::collections::HashMap;
 use aws_sdk_dynamodb::types::{AttributeValue, ReturnValue};
 use tracing::Instrument;
 
-use super::item::{get_n, n, s};
+use super::item::{Item, get_n, n, s};
 use super::{DynamoLedger, sdk_error};
 use crate::job::{BatchCounts, BatchMember, JobClass, Millis};
 use crate::ledger::LedgerError;
@@ -143,18 +143,24 @@ impl DynamoLedger {
             if part == 0 {
                 item.insert("parts".to_owned(), n(count));
             }
-            let put = self
-                .client
-                .put_item()
-                .table_name(&self.table)
-                .set_item(Some(item))
-                .send()
-                .instrument(tracing::debug_span!("ledger", operation = "batch members"));
-            Box::pin(put)
-                .await
-                .map_err(|e| sdk_error("batch members", &e))?;
+            self.put_plain("batch members", item).await?;
         }
         Ok(())
+    }
+
+    /// One unconditional `PutItem` of `item` (an item of its own, not a job's).
+    async fn put_plain(&self, operation: &'static str, item: Item) -> Result<(), LedgerError> {
+        let put = self
+            .client
+            .put_item()
+            .table_name(&self.table)
+            .set_item(Some(item))
+            .send()
+            .instrument(tracing::debug_span!("ledger", operation));
+        Box::pin(put)
+            .await
+            .map(|_| ())
+            .map_err(|e| sdk_error(operation, &e))
     }
 }
 
@@ -183,7 +189,7 @@ impl PushedLedger for DynamoLedger {
         let key = format!("{DELIVERY_KEY_PREFIX}{id}");
         let item = self.get_item("webhook delivery", &key, true).await?;
         // Kept past its time reads as absent: the TTL deletes late.
-        let kept = |item: &super::Item| get_n(item, "expires_at").is_some_and(|s| s >= now / 1_000);
+        let kept = |item: &Item| get_n(item, "expires_at").is_some_and(|s| s >= now / 1_000);
         Ok(item.as_ref().is_some_and(kept))
     }
 
@@ -195,19 +201,6 @@ impl PushedLedger for DynamoLedger {
         );
         item.insert("acted_at".to_owned(), n(now));
         item.insert("expires_at".to_owned(), n(until / 1_000 + 1));
-        let put = self
-            .client
-            .put_item()
-            .table_name(&self.table)
-            .set_item(Some(item))
-            .send()
-            .instrument(tracing::debug_span!(
-                "ledger",
-                operation = "webhook delivery"
-            ));
-        Box::pin(put)
-            .await
-            .map(|_| ())
-            .map_err(|e| sdk_error("webhook delivery", &e))
+        self.put_plain("webhook delivery", item).await
     }
 }

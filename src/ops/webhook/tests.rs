@@ -101,14 +101,7 @@ fn a_secret_is_whsec_and_base64_or_its_own_text_and_never_empty() {
 const NOW: Millis = 1_800_000_000_000;
 
 fn delivery(id: &str, body: &str) -> UrlRequest {
-    let at = NOW / 1_000;
-    let signature = sign(&secret(), id, at, body.as_bytes());
-    UrlRequest {
-        headers: headers(id, at, &signature),
-        body: Some(body.to_owned()),
-        is_base64_encoded: false,
-        request_context: serde_json::json!({"http": {"method": "POST"}}),
-    }
+    UrlRequest::signed(&secret(), id, NOW / 1_000, body)
 }
 
 fn ended(kind: &str, batch: &str) -> String {

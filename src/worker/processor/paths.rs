@@ -12,7 +12,7 @@ use crate::job::path::{self, Choice, Offer, Times, Wants};
 use crate::job::usage::Rate;
 use crate::job::{AttemptOutcome, JobItem, JobMessage, Millis, NewJob, Usage};
 use crate::ledger::JobLedger;
-use crate::ledger::path_times::{SharedTimes, Taken, merged};
+use crate::ledger::path_times::{SharedTimes, merged};
 use crate::provider::Provider;
 
 /// How long a batch line is expected to take: the providers' completion window (OpenAI's
@@ -27,7 +27,7 @@ const REFUSED_FOR_MS: Millis = 15 * 60_000;
 /// shared (and read) them.
 #[derive(Debug, Default)]
 pub(super) struct Unshared {
-    taken: Taken,
+    taken: Times,
     shared_at: Option<Millis>,
 }
 
@@ -108,12 +108,11 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
         // each path's last kept only, however long the store fails.
         if self.shared_times.is_some() && self.settings.batching.paths.any() {
             let mut unshared = self.unshared.lock().unwrap_or_else(|p| p.into_inner());
-            let at = path::ALL.iter().position(|r| *r == rate).unwrap_or(2);
-            let taken = &mut unshared.entry(key.clone()).or_default().taken[at];
-            if taken.len() == Times::KEPT {
-                taken.remove(0);
-            }
-            taken.push(ms.max(0));
+            unshared
+                .entry(key.clone())
+                .or_default()
+                .taken
+                .record(rate, ms);
         }
         self.times().entry(key).or_default().record(rate, ms);
     }
@@ -136,14 +135,14 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
                 return;
             }
             entry.shared_at = Some(now);
-            std::mem::take(&mut entry.taken)
+            std::mem::take(&mut entry.taken).lists()
         };
         let stored = crate::ledger::path_times::key(provider, model);
         match store.merge(&stored, &new, now).await {
             Ok(all) => {
                 // Everyone's, and what this environment measured while the store answered.
                 let since = self.unshared.lock().unwrap_or_else(|p| p.into_inner());
-                let recent = since.get(&key).map(|u| u.taken.clone()).unwrap_or_default();
+                let recent = since.get(&key).map(|u| u.taken.lists()).unwrap_or_default();
                 drop(since);
                 let known = Times::from_lists(&merged(&all, &recent));
                 self.times().insert(key, known);

@@ -264,6 +264,14 @@ impl JobLedger for TakenOverBeforeRecording {
     ) -> Result<Option<fenced_jobs::job::JobItem>, fenced_jobs::ledger::LedgerError> {
         self.0.get(job_id).await
     }
+    async fn note_batch_members(
+        &self,
+        batch_id: &str,
+        members: &[fenced_jobs::job::BatchMember],
+        now: fenced_jobs::job::Millis,
+    ) -> Result<(), fenced_jobs::ledger::LedgerError> {
+        self.0.note_batch_members(batch_id, members, now).await
+    }
 }
 
 #[tokio::test]
