@@ -16,10 +16,11 @@ drill: ## The recovery drill on the emulator, with its timeline
 chaos: ## Fault-injection simulation, 10,000 jobs, every fault kind (SEED=1 SEEDS=1 JOBS=10000)
 	cargo run --release --example chaos -- --seed $(or $(SEED),1) --seeds $(or $(SEEDS),1) --jobs $(or $(JOBS),10000)
 
-scale: ## A burst of 100,000 jobs, 1,000 concurrent invocations, a rate-limited provider (SEED=1 JOBS=100000); then a tenant's trickle behind another's burst of 50,000, urgent jobs behind a backlog, and a producer's trickle behind another producer rotating a thousand tenants
+scale: ## A burst of 100,000 jobs, 1,000 concurrent invocations, a rate-limited provider (SEED=1 JOBS=100000); then a tenant's trickle behind another's burst of 50,000, urgent jobs behind a backlog, and a producer's trickle behind another producer rotating a thousand tenants; then a mixed backlog through each way of picking a job's path
 	cargo run --release --example chaos -- --scale --seed $(or $(SEED),1) --jobs $(or $(JOBS),100000)
 	cargo run --release --example chaos -- --tenants --seed $(or $(SEED),1)
 	cargo run --release --example chaos -- --urgent --seed $(or $(SEED),1)
+	cargo run --release --example chaos -- --mixed --seed $(or $(SEED),1)
 	cargo run --release --example chaos -- --producers --seed $(or $(SEED),1)
 
 model-check: ## The ledger protocol over every interleaving within the test bound, then each property's mutation (VERIFICATION.md; minutes)

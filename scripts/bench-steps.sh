@@ -18,6 +18,7 @@ step batch target/release/examples/bench_batch
 step cost target/release/examples/bench_cost
 step chaos target/release/examples/chaos --seed 1 --jobs 10000
 step chaos-webhooks target/release/examples/chaos --seed 2 --jobs 10000
+step mixed target/release/examples/chaos --mixed --seed 1 --jobs 10000
 step scale target/release/examples/chaos --scale --seed 1 --jobs 100000 --series "$out/scale-series.json"
 step tenants target/release/examples/chaos --tenants --seed 1
 step producers target/release/examples/chaos --producers --seed 1

@@ -9,8 +9,10 @@
 //! `--tenants` and `--urgent` run its fairness and priority scenarios (a burst of `--jobs`,
 //! default 50,000, and a trickle whose latency is measured), and `--producers` a producer's
 //! trickle behind another producer that rotates a thousand tenants and message groups (a burst
-//! of `--jobs`, default 10,000).
+//! of `--jobs`, default 10,000). `--mixed` runs a backlog of jobs due from minutes to two days
+//! through each way of picking their paths (`--jobs`, default 10,000).
 
+mod mixed;
 mod scale;
 mod sim;
 
@@ -95,6 +97,19 @@ fn main() {
         }
         return;
     }
+    if args.iter().any(|a| a == "--mixed") {
+        let started = std::time::Instant::now();
+        let reports = mixed::run(
+            first,
+            arg("--jobs", 10_000) as usize,
+            arg("--consumers", 40) as usize,
+        );
+        println!("- wall time: {:.1} s", started.elapsed().as_secs_f64());
+        if reports.iter().any(|r| !r.violations.is_empty()) {
+            std::process::exit(1);
+        }
+        return;
+    }
     if args.iter().any(|a| a == "--scale") {
         for seed in first..first + seeds {
             let mut config = scale::ScaleConfig::burst(seed);
@@ -139,6 +154,7 @@ fn main() {
             consumers,
             batch_size: 10,
             faults: sim::FaultRates::all(),
+            mix: None,
         };
         let started = std::time::Instant::now();
         let report = sim::run_blocking(&config);

@@ -64,10 +64,32 @@ pub struct ChaosConfig {
     pub batch_size: usize,
     /// Fault probabilities; all zero turns faults off.
     pub faults: FaultRates,
+    /// A mixed backlog (`--mixed`) instead of the faulty world's jobs: who picks each job's
+    /// path.
+    pub mix: Option<Mix>,
 }
 
+/// Who picks each job's path in a mixed backlog: jobs sent over two hours, due five minutes
+/// to two days after, in a world whose provider answers slower on flex, ends most batches
+/// within the hour and some only within the day, and refuses flex and batches at random.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mix {
+    /// The worker chooses by deadline and price (`PATHS=batch,flex`); `webhooks`: the
+    /// provider announces each batch's end.
+    Chooser { webhooks: bool },
+    /// Every job at the standard price (`PATHS` unset, nothing deferrable).
+    Standard,
+    /// The producer marks `deferrable` each job due [`BY_HAND_FROM_MS`] or more after it
+    /// sends it; the others go at the standard price.
+    ByHand,
+}
+
+/// The shortest deadline a producer choosing by hand sends in a batch: the providers' 24-hour
+/// completion window, and an hour for a standard call should the batch fail.
+pub const BY_HAND_FROM_MS: Millis = 25 * 3_600_000;
+
 /// The probability of each fault, per opportunity.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct FaultRates {
     /// A receive also returns a message that is in flight (a second delivery).
     pub duplicate_delivery: f64,
@@ -227,6 +249,16 @@ pub struct FaultRates {
 }
 
 impl FaultRates {
+    /// A mixed backlog's: no fault but the paths' own refusals (flex capacity, a batch's
+    /// create), as the providers give them.
+    pub fn paths() -> Self {
+        FaultRates {
+            flex_refused: 0.2,
+            batch_refused: 0.05,
+            ..FaultRates::default()
+        }
+    }
+
     /// Every fault kind enabled.
     pub fn all() -> Self {
         FaultRates {
@@ -317,6 +349,13 @@ pub struct ChaosReport {
     /// For each job that succeeded from a batch's line: the time from the batch's end to the
     /// job's `succeeded`.
     pub batch_to_succeeded_ms: Vec<Millis>,
+    /// What the model's executions cost at the deployment's prices, micro-dollars (a mixed
+    /// backlog's; each reports the same usage).
+    pub model_cost_micros: u64,
+    /// Jobs that succeeded by their deadline.
+    pub met_deadline: u64,
+    /// The model's executions (each one paid) by the path each took, as the provider ran them.
+    pub paid_by_path: BTreeMap<&'static str, u64>,
 }
 
 /// Virtual wall-clock time: tokio's (paused) clock from a fixed start.
@@ -367,6 +406,10 @@ struct World {
     batch_ends: Mutex<Vec<(String, Millis)>>,
     /// Jobs whose message was lost for good (`message_lost`).
     lost: Mutex<Vec<String>>,
+    /// The mixed backlog's deployment, if the run is one.
+    mix: Option<Mix>,
+    /// The model's executions by path (`standard`, `flex`, `batch`).
+    executed: Mutex<BTreeMap<&'static str, u64>>,
 }
 
 /// A terminal item as first seen: state, inline answer, stored answer.
@@ -411,6 +454,16 @@ impl World {
             *self.faults.lock().expect("faults").entry(kind).or_default() += 1;
         }
         hit
+    }
+
+    /// The model ran a call on `path`.
+    fn executed(&self, path: &'static str) {
+        *self
+            .executed
+            .lock()
+            .expect("executed")
+            .entry(path)
+            .or_default() += 1;
     }
 
     fn range(&self, lo: u64, hi: u64) -> u64 {
@@ -1689,13 +1742,31 @@ impl SimProvider {
         }
     }
 
-    fn latency(&self) -> u64 {
+    /// How long a call runs (`flex`: on the flex tier).
+    fn latency(&self, flex: bool) -> u64 {
         // Mostly seconds, with a long tail of minutes.
-        if self.world.roll(0.03) {
+        let ms = if self.world.roll(0.03) {
             self.world.range(60_000, 600_000)
         } else {
             self.world.range(200, 8_000)
+        };
+        // OpenAI's flex processing answers slower than the standard tier (its guide has
+        // clients wait up to 15 minutes): three times as long, in a mixed backlog.
+        if flex && self.world.mix.is_some() {
+            ms * 3
+        } else {
+            ms
         }
+    }
+
+    /// What a call reports it used: in a mixed backlog, the reference job's 1,000 tokens in and
+    /// 500 out, which the worker prices by the path it took.
+    fn usage(&self) -> Option<fenced_jobs::job::Usage> {
+        self.world.mix.map(|_| fenced_jobs::job::Usage {
+            input: 1_000,
+            output: 500,
+            ..Default::default()
+        })
     }
 }
 
@@ -1720,9 +1791,8 @@ impl Provider for SimProvider {
             .input
             .get("parameters")
             .and_then(|p| p.get("service_tier"));
-        if tier.and_then(serde_json::Value::as_str) == Some("flex")
-            && w.fault("flex_refused", w.rates.flex_refused)
-        {
+        let flex = tier.and_then(serde_json::Value::as_str) == Some("flex");
+        if flex && w.fault("flex_refused", w.rates.flex_refused) {
             tokio::time::sleep(Duration::from_millis(50)).await;
             return Err(ProviderError::Throttled {
                 retry_after_ms: None,
@@ -1752,7 +1822,8 @@ impl Provider for SimProvider {
             .expect("per job")
             .entry(req.job_id.to_owned())
             .or_default() += 1;
-        let latency = self.latency();
+        w.executed(if flex { "flex" } else { "standard" });
+        let latency = self.latency(flex);
         let now = w.now();
         let permanent = w.fault("provider_permanent", w.rates.provider_permanent);
         let invalid = !permanent && w.fault("invalid_answer", w.rates.invalid_answer);
@@ -1866,7 +1937,7 @@ impl Provider for SimProvider {
             body,
             provider_ref: None,
             finish,
-            usage: None,
+            usage: self.usage(),
             model: None,
             response_id: None,
         })
@@ -1951,7 +2022,14 @@ impl Provider for SimProvider {
                 }
             });
         }
-        let done_at = w.now() + w.range(60_000, 3_600_000) as Millis;
+        // Within the hour; in a mixed backlog one batch in ten takes longer, up to the day the
+        // providers promise (Anthropic: most batches within an hour, every one within 24 hours).
+        let takes = if w.mix.is_some() && w.roll(0.1) {
+            w.range(3_600_000, 24 * 3_600_000)
+        } else {
+            w.range(60_000, 3_600_000)
+        };
+        let done_at = w.now() + takes as Millis;
         let mut held = Vec::new();
         for line in lines {
             let body: serde_json::Value = serde_json::from_str(&line.body).unwrap_or_default();
@@ -1981,6 +2059,7 @@ impl Provider for SimProvider {
                 .expect("per job")
                 .entry(job.clone())
                 .or_default() += 1;
+            w.executed("batch");
             let failed = if w.fault("provider_transient", w.rates.provider_transient) {
                 Some(ProviderError::Transient {
                     retry_after_ms: None,
@@ -2100,7 +2179,7 @@ impl Provider for SimProvider {
                     body,
                     provider_ref: Some(provider_ref.to_owned()),
                     finish: run.finish,
-                    usage: None,
+                    usage: self.usage(),
                     model: None,
                     response_id: None,
                 }),
@@ -2161,7 +2240,7 @@ const DLQ_URL: &str = "https://sqs.local/1/dlq";
 /// The work queue's.
 const WORK_URL: &str = "https://sqs.local/1/work";
 
-fn settings(replay: bool) -> Settings {
+fn settings(replay: bool, mix: Option<Mix>) -> Settings {
     let mut s = Settings {
         max_concurrency: 8,
         lease_ms: 60_000,
@@ -2190,7 +2269,10 @@ fn settings(replay: bool) -> Settings {
     let flex = r#"{"input": 1.0, "output": 4.0, "batch_input": 0.5, "batch_output": 2.0,
         "flex_input": 0.5, "flex_output": 2.0}"#;
     let models = format!(r#"{{"models": {{"m": {flex}, "sim-backup": {price}}}}}"#);
-    s.batching.paths = fenced_jobs::job::path::Paths::parse("batch,flex").expect("paths");
+    // A mixed backlog's deployments other than the chooser choose nothing.
+    if matches!(mix, None | Some(Mix::Chooser { .. })) {
+        s.batching.paths = fenced_jobs::job::path::Paths::parse("batch,flex").expect("paths");
+    }
     s.prices = Arc::new(
         fenced_jobs::job::prices::PriceTable::built_in()
             .with(fenced_jobs::job::prices::PriceTable::parse(&models).expect("the sim's prices")),
@@ -2242,6 +2324,8 @@ pub async fn run(config: &ChaosConfig) -> ChaosReport {
         lost: Mutex::new(Vec::new()),
         reconciler_runs: Mutex::new(Vec::new()),
         batch_ends: Mutex::new(Vec::new()),
+        mix: config.mix,
+        executed: Mutex::new(BTreeMap::new()),
     });
     let table = Arc::new(InMemoryLedger::new());
     let queue = Arc::new(Queue {
@@ -2258,6 +2342,14 @@ pub async fn run(config: &ChaosConfig) -> ChaosReport {
     let mut digests = HashMap::new();
     for i in 0..config.jobs {
         let job_id = format!("job-{i:06}");
+        if let Some(mix) = config.mix {
+            let (body, sent) = mixed_job(&world, mix, &job_id);
+            let digest = fenced_jobs::job::parse_body(Some(&body)).map(|m| m.digest);
+            digests.insert(job_id.clone(), digest.expect("a valid job"));
+            queue.push(PRODUCER, &job_id, &body, sent);
+            job_ids.push(job_id);
+            continue;
+        }
         // Most jobs have hours; one in ten has more than SQS's 12 hours of one receive, so a
         // job waiting for a decision (or a long backoff) outlives its first receive's chain.
         let long = world.fault("long_deadline", world.rates.long_deadline);
@@ -2445,11 +2537,15 @@ pub async fn run(config: &ChaosConfig) -> ChaosReport {
     let invocations = Arc::new(AtomicI64::new(0));
     // The days every consumer counts its calls in.
     let spend = Arc::new(fenced_jobs::ledger::spend::MemorySpend::new());
-    let horizon = START_MS + 36 * 3_600_000;
+    // A mixed backlog's last jobs are due two days after the first.
+    let horizon = START_MS + if config.mix.is_some() { 52 } else { 36 } * 3_600_000;
     let finished = Arc::new(std::sync::atomic::AtomicBool::new(false));
     // Every other pair of seeds takes the provider's webhooks: each batch lists its jobs, and
     // its end sends their triggers.
-    let webhooks = (config.seed / 2) % 2 == 1;
+    let webhooks = match config.mix {
+        None => (config.seed / 2) % 2 == 1,
+        Some(mix) => mix == Mix::Chooser { webhooks: true },
+    };
     // The consumers share what each path took, as the deployed environments do.
     let path_times = Arc::new(fenced_jobs::ledger::path_times::MemoryTimes::new());
 
@@ -2466,9 +2562,9 @@ pub async fn run(config: &ChaosConfig) -> ChaosReport {
             Settings {
                 batching: fenced_jobs::worker::settings::Batching {
                     webhooks,
-                    ..settings(replay).batching
+                    ..settings(replay, config.mix).batching
                 },
-                ..settings(replay)
+                ..settings(replay, config.mix)
             },
         )
         .with_shared_times(path_times.clone())
@@ -2715,7 +2811,10 @@ pub async fn run(config: &ChaosConfig) -> ChaosReport {
                     }
                 }
                 if world.now() > horizon {
-                    world.violation("the run did not settle within 36 virtual hours".into());
+                    world.violation(format!(
+                        "the run did not settle within {} virtual hours",
+                        (horizon - START_MS) / 3_600_000
+                    ));
                     break;
                 }
             }
@@ -2854,6 +2953,15 @@ pub async fn run(config: &ChaosConfig) -> ChaosReport {
         webhooks,
         ..ChaosReport::default()
     };
+    report.paid_by_path = world.executed.lock().expect("executed").clone();
+    if config.mix.is_some() {
+        let prices = settings(false, config.mix).prices;
+        let usage = provider.usage().unwrap_or_default();
+        for (path, n) in &report.paid_by_path {
+            let rate = fenced_jobs::job::path::parse(path).unwrap_or_default();
+            report.model_cost_micros += n * prices.cost_at("m", &usage, rate).unwrap_or(0);
+        }
+    }
     let ends: HashMap<String, Millis> = world
         .batch_ends
         .lock()
@@ -2869,6 +2977,10 @@ pub async fn run(config: &ChaosConfig) -> ChaosReport {
         let state = item.as_ref().map(|r| r.state);
         let label = state.map_or("absent", JobState::as_str).to_owned();
         *report.end_states.entry(label).or_default() += 1;
+        report.met_deadline += u64::from(
+            item.as_ref()
+                .is_some_and(|r| r.state == JobState::Succeeded && r.updated_at <= r.deadline_at),
+        );
         // An unknown job whose last call finished with an answer the provider still holds was
         // left uncollected.
         let collectable = item.as_ref().is_some_and(|r| {
@@ -3250,6 +3362,26 @@ impl fenced_jobs::ledger::pushed::PushedLedger for CutOff<'_> {
             code: "cut off".to_owned(),
         })
     }
+}
+
+/// A job of a mixed backlog (`mix`), and when its trigger is sent: within the run's first two
+/// hours, due five minutes to two days after that (evenly on a log scale: as many due within
+/// the hour as within the day's last sixteen hours), `deferrable` as `mix` has it.
+fn mixed_job(world: &World, mix: Mix, job_id: &str) -> (String, Millis) {
+    let sent = START_MS + world.range(0, 2 * 3_600_000) as Millis;
+    let (soonest, latest) = ((5 * 60_000) as f64, (48 * 3_600_000) as f64);
+    let at = world.range(0, 1_000_000) as f64 / 1_000_000.0;
+    let due_in = (soonest.ln() + at * (latest / soonest).ln()).exp() as Millis;
+    let deferrable = if mix == Mix::ByHand && due_in >= BY_HAND_FROM_MS {
+        r#","deferrable":true"#
+    } else {
+        ""
+    };
+    let body = format!(
+        r#"{{"job_id":"{job_id}","tenant":"{TENANT}","contract":"chaos.v1","deadline_at":"{}","max_attempts":3,"input":{{"model":"m","prompt":"{job_id}"{deferrable}}}}}"#,
+        fenced_jobs::job::message::format_rfc3339_ms(sent + due_in),
+    );
+    (body, sent)
 }
 
 /// How long after its batch's end a job that succeeded from a line of it did (`ends`: each

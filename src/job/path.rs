@@ -107,16 +107,25 @@ impl Times {
         times
     }
 
-    /// What an attempt on `rate` is expected to take: the 90th percentile of its kept times,
-    /// once there are [`Times::ENOUGH`] of them.
+    /// What an attempt on `rate` is expected to take, once there are [`Times::ENOUGH`] of its
+    /// kept times: for the standard and priority paths, their 90th percentile; for flex, the
+    /// longest (a cheaper path is taken only where its slowest seen still leaves room for the
+    /// standard call after it: a slow flex call is not refused, it runs into the deadline). A
+    /// batch is never expected sooner than its completion window: its lines end together, so
+    /// they are few samples however many, and a line still running cannot be moved to another
+    /// path (the worker's measure of a batch would take its usual hour for its worst).
     pub fn expected(&self, rate: Rate) -> Option<Millis> {
         let taken = &self.taken[index(rate)];
-        if taken.len() < Self::ENOUGH {
+        if rate == Rate::Batch || taken.len() < Self::ENOUGH {
             return None;
         }
         let mut sorted: Vec<Millis> = taken.iter().copied().collect();
         sorted.sort_unstable();
-        sorted.get((sorted.len() * 9).div_ceil(10) - 1).copied()
+        let at = match rate {
+            Rate::Flex => sorted.len(),
+            _ => (sorted.len() * 9).div_ceil(10),
+        };
+        sorted.get(at - 1).copied()
     }
 }
 
@@ -318,24 +327,36 @@ mod tests {
     }
 
     #[test]
-    fn a_paths_expected_time_is_the_90th_percentile_of_its_last_times_once_there_are_enough() {
+    fn a_paths_expected_time_is_its_90th_percentile_flexs_its_longest_once_there_are_enough() {
         let mut times = Times::default();
         for ms in 1..Times::ENOUGH as Millis {
+            times.record(Rate::Standard, ms * 1_000);
             times.record(Rate::Flex, ms * 1_000);
         }
-        assert_eq!(times.expected(Rate::Flex), None, "seven are not enough");
-        times.record(Rate::Flex, 100_000);
-        // Eight: the 90th percentile is the eighth (1..7 s, then 100 s).
-        assert_eq!(times.expected(Rate::Flex), Some(100_000));
+        assert_eq!(times.expected(Rate::Standard), None, "seven are not enough");
+        assert_eq!(times.expected(Rate::Flex), None);
         for _ in 0..Times::KEPT {
-            times.record(Rate::Flex, 2_000);
+            times.record(Rate::Standard, 2_000);
         }
         assert_eq!(
-            times.expected(Rate::Flex),
+            times.expected(Rate::Standard),
             Some(2_000),
             "only the last are kept"
         );
-        assert_eq!(times.expected(Rate::Batch), None, "each path its own");
+        // Ten of 32: 1 s, then 100 s; the 90th percentile is the 29th.
+        for i in 0..Times::KEPT as Millis {
+            let ms = if i < 22 { 1_000 } else { 100_000 + i };
+            times.record(Rate::Standard, ms);
+            times.record(Rate::Flex, ms);
+        }
+        assert_eq!(times.expected(Rate::Standard), Some(100_028));
+        // Flex's is its slowest.
+        assert_eq!(times.expected(Rate::Flex), Some(100_031));
+        // A batch's is never measured below its window, however fast its lines came.
+        for _ in 0..Times::KEPT {
+            times.record(Rate::Batch, 60_000);
+        }
+        assert_eq!(times.expected(Rate::Batch), None);
     }
 
     #[test]

@@ -70,6 +70,7 @@ fn fixed_seeds_keep_every_invariant_under_every_fault() {
             consumers: 8,
             batch_size: 10,
             faults: sim::FaultRates::all(),
+            mix: None,
         };
         let report = sim::run_blocking(&config);
         seen.extend(report.faults.keys().copied());
@@ -113,10 +114,59 @@ fn the_same_seed_replays_the_same_run() {
         consumers: 4,
         batch_size: 10,
         faults: sim::FaultRates::all(),
+        mix: None,
     };
     let a = sim::run_blocking(&config);
     let b = sim::run_blocking(&config);
     assert_eq!(a.faults, b.faults);
     assert_eq!(a.end_states, b.end_states);
     assert_eq!(a.deliveries, b.deliveries);
+}
+
+#[test]
+fn in_a_mixed_backlog_the_chooser_pays_less_than_standard_and_meets_as_many_deadlines() {
+    // GIVEN one backlog of jobs due from five minutes to two days, flex and batches refused at
+    // random, some batches taking most of a day
+    let run = |mix| {
+        sim::run_blocking(&sim::ChaosConfig {
+            seed: 3,
+            jobs: 200,
+            consumers: 8,
+            batch_size: 10,
+            faults: sim::FaultRates::paths(),
+            mix: Some(mix),
+        })
+    };
+    // WHEN it runs everything at the standard price, and then through the chooser
+    let standard = run(sim::Mix::Standard);
+    let chosen = run(sim::Mix::Chooser { webhooks: false });
+    // THEN every invariant holds in both, and the standard run paid only standard calls
+    for report in [&standard, &chosen] {
+        assert!(report.violations.is_empty(), "{:#?}", report.violations);
+        assert_eq!(report.end_states.values().sum::<u64>(), 200);
+    }
+    assert_eq!(
+        standard.paid_by_path.keys().copied().collect::<Vec<_>>(),
+        ["standard"]
+    );
+    // AND the chooser took the cheaper paths, flex and batches, for well under the standard
+    // bill, and missed no more deadlines than the standard path did
+    assert!(
+        chosen.paid_by_path.get("flex") > Some(&100) && chosen.paid_by_path.contains_key("batch"),
+        "{:?}",
+        chosen.paid_by_path
+    );
+    assert!(
+        chosen.model_cost_micros * 10 < standard.model_cost_micros * 8,
+        "{} against {}",
+        chosen.model_cost_micros,
+        standard.model_cost_micros
+    );
+    assert!(
+        chosen.met_deadline >= standard.met_deadline,
+        "{} against {}: {:?}",
+        chosen.met_deadline,
+        standard.met_deadline,
+        chosen.end_states
+    );
 }

@@ -15,8 +15,9 @@ use crate::ledger::JobLedger;
 use crate::ledger::path_times::{SharedTimes, merged};
 use crate::provider::Provider;
 
-/// How long a batch line is expected to take: the providers' completion window (OpenAI's
-/// `completion_window` takes `24h` only; Anthropic ends a message batch within 24 hours).
+/// How long a batch line is expected to take, whatever was measured (decision 167): the
+/// providers' completion window (OpenAI's `completion_window` takes `24h` only; Anthropic ends a
+/// message batch within 24 hours), to which the worker's look at the batch is added.
 const BATCH_TAKES_MS: Millis = 24 * 3_600_000;
 /// How long a flex call is expected to take: OpenAI's flex processing guide has clients wait
 /// up to 15 minutes for one.
@@ -103,6 +104,10 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
     /// An attempt of `model` through `provider` on `rate` took `ms` from its claim to its
     /// answer: the chooser expects as much of the next ones.
     pub(super) fn path_took(&self, provider: &'static str, model: &str, rate: Rate, ms: Millis) {
+        // A batch is expected to take its window whatever its lines took (decision 167).
+        if rate == Rate::Batch {
+            return;
+        }
         let key = (provider, model.to_owned());
         // Shared only where paths are chosen (the share comes with a claim that chooses one);
         // each path's last kept only, however long the store fails.
@@ -161,7 +166,7 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
     /// documented bound.
     fn takes_ms(&self, rate: Rate) -> Millis {
         match rate {
-            Rate::Batch => BATCH_TAKES_MS,
+            Rate::Batch => BATCH_TAKES_MS + self.settings.batching.poll_ms,
             Rate::Flex => FLEX_TAKES_MS,
             // The longest a call may take.
             Rate::Standard | Rate::Priority => self.settings.provider_timeout_ms,
