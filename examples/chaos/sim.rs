@@ -349,12 +349,13 @@ pub struct ChaosReport {
     /// For each job that succeeded from a batch's line: the time from the batch's end to the
     /// job's `succeeded`.
     pub batch_to_succeeded_ms: Vec<Millis>,
-    /// What the model's executions cost at the deployment's prices, micro-dollars (a mixed
-    /// backlog's; each reports the same usage).
+    /// What the model's executions cost at the deployment's prices, each at its model's and
+    /// path's, micro-dollars (a mixed backlog's, whose calls report their usage).
     pub model_cost_micros: u64,
     /// Jobs that succeeded by their deadline.
     pub met_deadline: u64,
-    /// The model's executions (each one paid) by the path each took, as the provider ran them.
+    /// The model's executions (each one paid), whichever provider ran them, by the path each
+    /// took.
     pub paid_by_path: BTreeMap<&'static str, u64>,
 }
 
@@ -408,8 +409,8 @@ struct World {
     lost: Mutex<Vec<String>>,
     /// The mixed backlog's deployment, if the run is one.
     mix: Option<Mix>,
-    /// The model's executions by path (`standard`, `flex`, `batch`).
-    executed: Mutex<BTreeMap<&'static str, u64>>,
+    /// The model's executions by model and path (`standard`, `flex`, `batch`).
+    executed: Mutex<BTreeMap<(String, &'static str), u64>>,
 }
 
 /// A terminal item as first seen: state, inline answer, stored answer.
@@ -456,13 +457,13 @@ impl World {
         hit
     }
 
-    /// The model ran a call on `path`.
-    fn executed(&self, path: &'static str) {
+    /// `model` ran a call on `path`.
+    fn executed(&self, model: &str, path: &'static str) {
         *self
             .executed
             .lock()
             .expect("executed")
-            .entry(path)
+            .entry((model.to_owned(), path))
             .or_default() += 1;
     }
 
@@ -1822,7 +1823,10 @@ impl Provider for SimProvider {
             .expect("per job")
             .entry(req.job_id.to_owned())
             .or_default() += 1;
-        w.executed(if flex { "flex" } else { "standard" });
+        w.executed(
+            self.model(req.input),
+            if flex { "flex" } else { "standard" },
+        );
         let latency = self.latency(flex);
         let now = w.now();
         let permanent = w.fault("provider_permanent", w.rates.provider_permanent);
@@ -1995,7 +1999,8 @@ impl Provider for SimProvider {
         req: &ProviderRequest<'_>,
         line: &str,
     ) -> Result<fenced_jobs::provider::BatchLine, ProviderError> {
-        let body = serde_json::json!({"job": req.job_id, "attempt": req.attempt, "contract": req.contract});
+        let body = serde_json::json!({"job": req.job_id, "attempt": req.attempt,
+            "contract": req.contract, "model": self.model(req.input)});
         Ok(fenced_jobs::provider::BatchLine {
             id: line.to_owned(),
             body: body.to_string(),
@@ -2059,7 +2064,7 @@ impl Provider for SimProvider {
                 .expect("per job")
                 .entry(job.clone())
                 .or_default() += 1;
-            w.executed("batch");
+            w.executed(body["model"].as_str().unwrap_or_default(), "batch");
             let failed = if w.fault("provider_transient", w.rates.provider_transient) {
                 Some(ProviderError::Transient {
                     retry_after_ms: None,
@@ -2953,14 +2958,14 @@ pub async fn run(config: &ChaosConfig) -> ChaosReport {
         webhooks,
         ..ChaosReport::default()
     };
-    report.paid_by_path = world.executed.lock().expect("executed").clone();
-    if config.mix.is_some() {
-        let prices = settings(false, config.mix).prices;
-        let usage = provider.usage().unwrap_or_default();
-        for (path, n) in &report.paid_by_path {
-            let rate = fenced_jobs::job::path::parse(path).unwrap_or_default();
-            report.model_cost_micros += n * prices.cost_at("m", &usage, rate).unwrap_or(0);
-        }
+    // Each execution priced as its model is on its path (the mixed backlog's report usage).
+    let prices = settings(false, config.mix).prices;
+    let usage = provider.usage();
+    for ((model, path), n) in world.executed.lock().expect("executed").iter() {
+        *report.paid_by_path.entry(path).or_default() += n;
+        let rate = fenced_jobs::job::path::parse(path).unwrap_or_default();
+        let each = usage.and_then(|u| prices.cost_at(model, &u, rate));
+        report.model_cost_micros += n * each.unwrap_or(0);
     }
     let ends: HashMap<String, Millis> = world
         .batch_ends
@@ -3366,7 +3371,7 @@ impl fenced_jobs::ledger::pushed::PushedLedger for CutOff<'_> {
 
 /// A job of a mixed backlog (`mix`), and when its trigger is sent: within the run's first two
 /// hours, due five minutes to two days after that (evenly on a log scale: as many due within
-/// the hour as within the day's last sixteen hours), `deferrable` as `mix` has it.
+/// the first hour as from four hours to two days), `deferrable` as `mix` has it.
 fn mixed_job(world: &World, mix: Mix, job_id: &str) -> (String, Millis) {
     let sent = START_MS + world.range(0, 2 * 3_600_000) as Millis;
     let (soonest, latest) = ((5 * 60_000) as f64, (48 * 3_600_000) as f64);

@@ -546,3 +546,44 @@ async fn without_shared_times_an_environment_keeps_to_the_documented_bound() {
     let item = ledger.get("alone-soon").await.expect("get").expect("item");
     assert_eq!(fenced_jobs::job::path::of(&item), Some(Rate::Standard));
 }
+
+#[tokio::test]
+async fn a_flex_call_cut_off_counts_the_time_it_ran_so_a_job_due_sooner_goes_standard() {
+    // GIVEN the worker choosing between flex and standard, calls cut off after a second, flex
+    // having answered eight calls at once
+    use fenced_jobs::job::usage::Rate;
+    let ledger = Arc::new(InMemoryLedger::new());
+    let mut settings = choosing("flex");
+    settings.provider_timeout_ms = 1_000;
+    settings.deadline_margin_ms = 0;
+    let h = handler(ledger.clone(), settings);
+    let hourly: Vec<String> = (0..fenced_jobs::job::path::Times::ENOUGH)
+        .map(|i| due_in(&format!("quick-{i}"), 3_600_000, false))
+        .collect();
+    h.handle_batch(&event(&hourly, 1), &invocation()).await;
+    let path_of = |item: &fenced_jobs::job::JobItem| fenced_jobs::job::path::of(item);
+    let quick = ledger.get("quick-0").await.expect("get").expect("item");
+    assert_eq!(path_of(&quick), Some(Rate::Flex));
+
+    // WHEN a flex call hangs until it is cut off, its outcome unknown
+    let hung = due_in("hung", 3_600_000, false).replace(
+        r#""prompt":"summarise""#,
+        r#""prompt":"summarise","simulate":{"outcome":"hang","retrievable":false}"#,
+    );
+    h.handle_batch(&event(&[hung], 1), &invocation()).await;
+    let item = ledger.get("hung").await.expect("get").expect("item");
+    assert_eq!(path_of(&item), Some(Rate::Flex));
+    assert_eq!(item.attempt_log[0].outcome, AttemptOutcome::Uncertain);
+
+    // THEN a job due in 1.8 s goes standard: flex's slowest (the second it ran) and a standard
+    // call after it do not fit, though every flex answer came at once
+    h.handle_batch(&event(&[due_in("soon", 1_800, false)], 1), &invocation())
+        .await;
+    let soon = ledger.get("soon").await.expect("get").expect("item");
+    assert_eq!(
+        path_of(&soon),
+        Some(Rate::Standard),
+        "{:?}",
+        soon.attempt_log
+    );
+}

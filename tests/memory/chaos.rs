@@ -143,7 +143,7 @@ fn in_a_mixed_backlog_the_chooser_pays_less_than_standard_and_meets_as_many_dead
     // THEN every invariant holds in both, and the standard run paid only standard calls
     for report in [&standard, &chosen] {
         assert!(report.violations.is_empty(), "{:#?}", report.violations);
-        assert_eq!(report.end_states.values().sum::<u64>(), 200);
+        assert!(report.met_deadline >= 195, "{:?}", report.end_states);
     }
     assert_eq!(
         standard.paid_by_path.keys().copied().collect::<Vec<_>>(),

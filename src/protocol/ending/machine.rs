@@ -260,6 +260,15 @@ impl Ending {
         }
     }
 
+    /// The attempt ends with its outcome unknown (a call cut off, or one the replay policy
+    /// lets go).
+    pub fn uncertain(&self) -> bool {
+        matches!(
+            self.end,
+            Some(AttemptEnd::Unknown { .. } | AttemptEnd::Replay { .. })
+        )
+    }
+
     /// An answer that came within the skew margin of the deadline: not accepted.
     pub fn late(&self) -> bool {
         self.late

@@ -212,8 +212,11 @@ impl<L: JobLedger, P: Provider, C: Clock> Processor<L, P, C> {
             let took = u64::try_from(took).unwrap_or(0);
             watch.provider_latency(spent.provider, took);
         }
-        // A batch line's, hours and deliveries after its claim.
-        if spent.heard.is_some()
+        // From its claim, for the chooser (a batch line's is not kept: decision 167): an
+        // answer's time, or a call's that ended uncertain, which took at least as long (a path's
+        // slowest calls are cut off, never answered, and would otherwise go unseen).
+        let cut_off = d.ending().is_some_and(Ending::uncertain);
+        if (spent.heard.is_some() || cut_off)
             && let Some(claimed) = d.owner().and_then(|o| o.attempt_log.last())
         {
             let took = self.clock.now_ms() - claimed.started_at;
