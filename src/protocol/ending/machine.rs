@@ -263,10 +263,9 @@ impl Ending {
     /// The attempt ends with its outcome unknown (a call cut off, or one the replay policy
     /// lets go).
     pub fn uncertain(&self) -> bool {
-        matches!(
-            self.end,
-            Some(AttemptEnd::Unknown { .. } | AttemptEnd::Replay { .. })
-        )
+        self.end
+            .as_ref()
+            .is_some_and(|e| e.attempt_outcome() == crate::job::AttemptOutcome::Uncertain)
     }
 
     /// An answer that came within the skew margin of the deadline: not accepted.
