@@ -522,6 +522,8 @@ struct Msg {
     /// It waited in a backlog: at its first receive, its retention is found to end one to six
     /// hours later.
     backlogged: bool,
+    /// Sent to the urgent queue (the webhook function's triggers).
+    urgent: bool,
 }
 
 /// A standard queue with a redrive policy.
@@ -581,7 +583,11 @@ impl Queue {
     ) -> Vec<SqsMessage> {
         let mut msgs = self.msgs.lock().expect("queue");
         let mut out = Vec::new();
-        for m in msgs.iter_mut() {
+        // The urgent queue's own event source mapping receives while the work queue holds a
+        // backlog: its messages are taken first.
+        let (urgent, normal): (Vec<&mut Msg>, Vec<&mut Msg>) =
+            msgs.iter_mut().partition(|m| m.urgent);
+        for m in urgent.into_iter().chain(normal) {
             if out.len() >= max {
                 break;
             }
@@ -742,6 +748,18 @@ impl Queue {
         visible_at: Millis,
         attributes: Vec<(String, String)>,
     ) {
+        self.send(sender, (job_id, body), visible_at, attributes, false);
+    }
+
+    /// A new message, to the urgent queue if `urgent`.
+    fn send(
+        &self,
+        sender: &'static str,
+        (job_id, body): (&str, &str),
+        visible_at: Millis,
+        attributes: Vec<(String, String)>,
+        urgent: bool,
+    ) {
         let mut msgs = self.msgs.lock().expect("queue");
         let id = format!("msg-{:06}", msgs.len());
         msgs.push(Msg {
@@ -763,6 +781,7 @@ impl Queue {
             attributes,
             sent_at: visible_at,
             backlogged: false,
+            urgent,
         });
     }
 
@@ -835,6 +854,7 @@ impl Queue {
             attributes,
             sent_at: now,
             backlogged: false,
+            urgent: false,
         });
     }
 
@@ -1481,7 +1501,9 @@ impl TriggerSender for SimTriggers {
                 if let Some((_, first @ None)) = unsent.get_mut(&t.job_id) {
                     *first = Some(now);
                 }
-                self.queue.push(RECONCILER, &t.job_id, &t.body, now);
+                let message = (t.job_id.as_str(), t.body.as_str());
+                self.queue
+                    .send(RECONCILER, message, now, Vec::new(), t.class.urgent);
                 (t.job_id.clone(), Ok(()))
             })
             .collect()

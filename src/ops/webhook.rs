@@ -1,6 +1,7 @@
 //! The webhook function: OpenAI says when a batch ended (`batch.completed`, `batch.failed`,
-//! `batch.expired`, `batch.cancelled`), and each of its jobs' triggers is sent by id, so a
-//! worker looks at the batch in seconds instead of at its record's next poll.
+//! `batch.expired`, `batch.cancelled`), and each of its jobs' triggers is sent by id, by the
+//! urgent queue where there is one, so a worker looks at the batch in seconds instead of at its
+//! record's next poll, whatever the work queue holds.
 //!
 //! A delivery is acted on only when its signature is the endpoint's ([`signature`]), its
 //! timestamp within five minutes, and its `webhook-id` not acted on before
@@ -21,7 +22,7 @@ use base64::Engine;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::job::Millis;
+use crate::job::{JobClass, Millis};
 use crate::ledger::pushed::PushedLedger;
 use crate::queue::triggers::{Outgoing, TriggerSender};
 pub use signature::{Refused, TOLERANCE_S, WebhookSecret};
@@ -207,9 +208,19 @@ async fn trigger_members<L: PushedLedger, T: TriggerSender>(
         tracing::info!(%batch, "a batch ended whose jobs no list keeps");
         return Ok(0);
     }
+    // The answers are paid for and waiting, and collecting one is a few reads and writes: each
+    // trigger goes by the urgent queue (where there is one), whose own event source mapping
+    // receives it ahead of the work queue's backlog (decision 169). The job keeps its class: a
+    // trigger by id carries none.
     let triggers: Vec<Outgoing> = members
         .iter()
-        .map(|m| Outgoing::by_id(&m.job_id).of_class(&m.class))
+        .map(|m| {
+            let class = JobClass {
+                urgent: true,
+                ..m.class.clone()
+            };
+            Outgoing::by_id(&m.job_id).of_class(&class)
+        })
         .collect();
     let suffix = format!("webhook-{delivery}");
     let sent = sender.send(&triggers, &suffix).await;
