@@ -1,6 +1,6 @@
 //! The webhook function, behind a Lambda function URL: OpenAI's webhooks say when a batch
-//! ended, and each of its jobs' triggers is sent by id to the urgent queue (`URGENT_QUEUE_URL`;
-//! the work queue without one), ahead of any backlog, so its answer is collected in seconds. Needs `JOBS_TABLE`, `QUEUE_URL`
+//! ended, and each of its jobs' triggers is sent by id (a completed batch's to the urgent queue,
+//! `URGENT_QUEUE_URL`, ahead of any backlog), so its answer is collected in seconds. Needs `JOBS_TABLE`, `QUEUE_URL`
 //! and the endpoint's signing secret (`OPENAI_WEBHOOK_SECRET_ID`, a Secrets Manager secret).
 
 use fenced_jobs::clock::{Clock, SystemClock};

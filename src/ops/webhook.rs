@@ -1,7 +1,7 @@
 //! The webhook function: OpenAI says when a batch ended (`batch.completed`, `batch.failed`,
-//! `batch.expired`, `batch.cancelled`), and each of its jobs' triggers is sent by id, by the
-//! urgent queue where there is one, so a worker looks at the batch in seconds instead of at its
-//! record's next poll, whatever the work queue holds.
+//! `batch.expired`, `batch.cancelled`), and each of its jobs' triggers is sent by id (a
+//! completed batch's by the urgent queue where there is one, whatever the work queue holds), so
+//! a worker looks at the batch in seconds instead of at its record's next poll.
 //!
 //! A delivery is acted on only when its signature is the endpoint's ([`signature`]), its
 //! timestamp within five minutes, and its `webhook-id` not acted on before
@@ -179,7 +179,11 @@ pub async fn handle<L: PushedLedger, T: TriggerSender>(
         Ok(true) => return Answer::Replayed,
         Err(e) => return Answer::Failed(format!("the delivery's record was not read: {e}")),
     }
-    let sent = match trigger_members(ledger, sender, &event.data.id, id).await {
+    // A completed batch's answers wait, paid for: its triggers jump the work queue's backlog.
+    // A batch that failed, expired or was cancelled leaves lines to run again, which go by the
+    // jobs' own queues, as new work does (decision 169).
+    let jump = event.kind == "batch.completed";
+    let sent = match trigger_members(ledger, sender, (&event.data.id, jump), id).await {
         Ok(sent) => sent,
         Err(why) => return Answer::Failed(why),
     };
@@ -192,12 +196,12 @@ pub async fn handle<L: PushedLedger, T: TriggerSender>(
     Answer::Triggered(sent)
 }
 
-/// Sends the trigger of each job of `batch` (deduplicated on a FIFO queue by the delivery):
-/// how many, or why not all went.
+/// Sends the trigger of each job of `batch` (deduplicated on a FIFO queue by the delivery), by
+/// the urgent queue if `jump`: how many, or why not all went.
 async fn trigger_members<L: PushedLedger, T: TriggerSender>(
     ledger: &L,
     sender: &T,
-    batch: &str,
+    (batch, jump): (&str, bool),
     delivery: &str,
 ) -> Result<usize, String> {
     let members = ledger
@@ -208,15 +212,14 @@ async fn trigger_members<L: PushedLedger, T: TriggerSender>(
         tracing::info!(%batch, "a batch ended whose jobs no list keeps");
         return Ok(0);
     }
-    // The answers are paid for and waiting, and collecting one is a few reads and writes: each
-    // trigger goes by the urgent queue (where there is one), whose own event source mapping
-    // receives it ahead of the work queue's backlog (decision 169). The job keeps its class: a
-    // trigger by id carries none.
+    // Collecting an answer is a few reads and writes: by the urgent queue (where there is one),
+    // whose own event source mapping receives it ahead of the work queue's backlog. The job
+    // keeps its class: a trigger by id carries none.
     let triggers: Vec<Outgoing> = members
         .iter()
         .map(|m| {
             let class = JobClass {
-                urgent: true,
+                urgent: jump || m.class.urgent,
                 ..m.class.clone()
             };
             Outgoing::by_id(&m.job_id).of_class(&class)

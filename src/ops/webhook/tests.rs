@@ -158,14 +158,21 @@ async fn a_batch_that_ended_sends_each_of_its_jobs_trigger_once_whatever_the_rep
     let late = handle(&request, &secret(), &ledger, &sender, NOW + 301_000).await;
     assert_eq!(late, Answer::Refused(Refused::TooOld));
     assert_eq!(sender.sent().len(), 2);
-    // Every way a batch ends looks at its jobs; another delivery is acted on.
+    // Every way a batch ends looks at its jobs; another delivery is acted on. A batch that did
+    // not complete leaves lines to run again: by each job's own queue.
     for (n, kind) in ["batch.failed", "batch.expired", "batch.cancelled"]
         .iter()
         .enumerate()
     {
+        let before = sender.sent().len();
         let other = delivery(&format!("msg_{}", n + 2), &ended(kind, "batch_1"));
         let answer = handle(&other, &secret(), &ledger, &sender, NOW).await;
         assert_eq!(answer, Answer::Triggered(2), "{kind}");
+        let urgent: Vec<bool> = sender.sent()[before..]
+            .iter()
+            .map(|(t, _)| t.class.urgent)
+            .collect();
+        assert_eq!(urgent, [false, true], "{kind}");
     }
 }
 
