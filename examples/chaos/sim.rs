@@ -748,14 +748,15 @@ impl Queue {
         visible_at: Millis,
         attributes: Vec<(String, String)>,
     ) {
-        self.send(sender, (job_id, body), visible_at, attributes, false);
+        self.send(sender, job_id, body, visible_at, attributes, false);
     }
 
     /// A new message, to the urgent queue if `urgent`.
     fn send(
         &self,
         sender: &'static str,
-        (job_id, body): (&str, &str),
+        job_id: &str,
+        body: &str,
         visible_at: Millis,
         attributes: Vec<(String, String)>,
         urgent: bool,
@@ -896,9 +897,8 @@ impl Queue {
     /// The operator's pass over the DLQ: redrive the jobs that are not terminal (those waiting
     /// for a decision stay for a person), drop the ones that are. A live job's letter the
     /// redrive policy moved is the reconciler's sweep's: one it left through three of its sweeps
-    /// that read the DLQ through (none of their receives or reads failed; a failed receive ends a
-    /// sweep, and a large DLQ of letters waiting for an operator takes many) (three of
-    /// its runs) is a violation.
+    /// that read the DLQ through is a violation (a failed receive ends a sweep early, and a large
+    /// DLQ of letters waiting for an operator takes many receives).
     fn redrive(&self, world: &World, ledger: &InMemoryLedger) -> u64 {
         let mut moved = 0;
         let mut lost = Vec::new();
@@ -1501,9 +1501,8 @@ impl TriggerSender for SimTriggers {
                 if let Some((_, first @ None)) = unsent.get_mut(&t.job_id) {
                     *first = Some(now);
                 }
-                let message = (t.job_id.as_str(), t.body.as_str());
-                self.queue
-                    .send(RECONCILER, message, now, Vec::new(), t.class.urgent);
+                let urgent = t.class.urgent;
+                (self.queue).send(RECONCILER, &t.job_id, &t.body, now, Vec::new(), urgent);
                 (t.job_id.clone(), Ok(()))
             })
             .collect()

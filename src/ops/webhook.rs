@@ -183,7 +183,7 @@ pub async fn handle<L: PushedLedger, T: TriggerSender>(
     // A batch that failed, expired or was cancelled leaves lines to run again, which go by the
     // jobs' own queues, as new work does (decision 169).
     let jump = event.kind == "batch.completed";
-    let sent = match trigger_members(ledger, sender, (&event.data.id, jump), id).await {
+    let sent = match trigger_members(ledger, sender, &event.data.id, jump, id).await {
         Ok(sent) => sent,
         Err(why) => return Answer::Failed(why),
     };
@@ -201,7 +201,8 @@ pub async fn handle<L: PushedLedger, T: TriggerSender>(
 async fn trigger_members<L: PushedLedger, T: TriggerSender>(
     ledger: &L,
     sender: &T,
-    (batch, jump): (&str, bool),
+    batch: &str,
+    jump: bool,
     delivery: &str,
 ) -> Result<usize, String> {
     let members = ledger
