@@ -1,5 +1,5 @@
 # The two commands of the README need no set-up: they install what they need.
-.PHONY: demo local test drill chaos scale model-check model-check-full fuzz bench build invoke deploy check fmt clippy emulator-start emulator-stop clean
+.PHONY: demo local test drill chaos scale model-check model-check-full fuzz bench bench-against build invoke deploy check fmt clippy emulator-start emulator-stop clean
 
 demo: ## Run the main job end to end on the local emulator
 	scripts/demo.sh
@@ -34,6 +34,9 @@ fuzz: ## Each fuzz target for FUZZ_SECONDS (default 600) with cargo-fuzz on nigh
 
 bench: ## Benchmarks (release build; never part of `make test`)
 	scripts/bench.sh
+
+bench-against: ## Instructions per DynamoDB request here against another commit's, by callgrind (AGAINST=<commit>; needs valgrind)
+	scripts/bench-against.sh $(or $(AGAINST),$(error AGAINST=<commit> is required))
 
 build: ## The deployable arm64 zips (cargo-lambda from PyPI): target/lambda/{worker,reconciler,dispatcher}/bootstrap.zip
 	scripts/build.sh

@@ -7,12 +7,22 @@ cd "$(dirname "$0")/.."
 # The SAM CLI installs (into its own venv) while the rest runs; its check comes last.
 scripts/emulator.sh install-sam > .sam-install.log 2>&1 &
 sam_install=$!
-# moto and cfn-lint; cargo-lambda for tests/emulator/invoke.rs (`make invoke` under cargo-lambda).
-scripts/emulator.sh install-build
-# The IAM evaluator tests/emulator/iam.rs judges each role's calls with (npm).
-scripts/emulator.sh install-iam
-# The producer guide's TypeScript examples tests/emulator/producer_guide.rs runs (npm).
-scripts/emulator.sh install-producers
+# While the tests build: moto and cfn-lint; cargo-lambda for tests/emulator/invoke.rs (`make
+# invoke` under cargo-lambda); the IAM evaluator tests/emulator/iam.rs judges each role's calls
+# with (npm); the producer guide's TypeScript examples tests/emulator/producer_guide.rs runs
+# (npm). Mostly downloads: beside the compiler they take little of its time.
+{
+  scripts/emulator.sh install-build
+  scripts/emulator.sh install-iam
+  scripts/emulator.sh install-producers
+} > .tools-install.log 2>&1 &
+tools_install=$!
+echo "== cargo test: build" >&2
+if [ "$#" -eq 0 ]; then
+  cargo test --all-targets --no-run
+fi
+wait "$tools_install" || { cat .tools-install.log >&2; exit 1; }
+rm -f .tools-install.log
 echo "== cfn-lint template.yaml" >&2
 .venv/bin/cfn-lint template.yaml
 echo "== template consistency" >&2
@@ -32,7 +42,6 @@ echo "== cargo test" >&2
 if [ "$#" -gt 0 ]; then
   SECOND_DYNAMODB=1 scripts/with-emulator.sh cargo test --all-targets "$@"
 else
-  cargo test --all-targets --no-run
   SECOND_DYNAMODB=1 scripts/with-emulator.sh scripts/test_beside.sh
 fi
 echo "== sam validate" >&2
