@@ -17,8 +17,10 @@ sam_install=$!
   scripts/emulator.sh install-producers
 } > .tools-install.log 2>&1 &
 tools_install=$!
-echo "== cargo test: build" >&2
+# A failed build or check leaves no install running behind it.
+trap 'kill $(jobs -p) 2>/dev/null || true' EXIT
 if [ "$#" -eq 0 ]; then
+  echo "== cargo test: build" >&2
   cargo test --all-targets --no-run
 fi
 wait "$tools_install" || { cat .tools-install.log >&2; exit 1; }
