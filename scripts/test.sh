@@ -10,12 +10,15 @@ sam_install=$!
 # While the tests build: moto and cfn-lint; cargo-lambda for tests/emulator/invoke.rs (`make
 # invoke` under cargo-lambda); the IAM evaluator tests/emulator/iam.rs judges each role's calls
 # with (npm); the producer guide's TypeScript examples tests/emulator/producer_guide.rs runs
-# (npm). Mostly downloads: beside the compiler they take little of its time.
-{
+# (npm). At the lowest priority: on a small machine they take the CPU only where the compiler
+# leaves it (its links, its last crates), and wait on the network beside it; at worst they
+# finish after the build, as they would before it.
+nice -n 19 bash -c '
+  set -euo pipefail
   scripts/emulator.sh install-build
   scripts/emulator.sh install-iam
   scripts/emulator.sh install-producers
-} > .tools-install.log 2>&1 &
+' > .tools-install.log 2>&1 &
 tools_install=$!
 # A failed build or check leaves no install running behind it.
 trap 'kill $(jobs -p) 2>/dev/null || true' EXIT
