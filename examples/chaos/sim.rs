@@ -1501,8 +1501,9 @@ impl TriggerSender for SimTriggers {
                 if let Some((_, first @ None)) = unsent.get_mut(&t.job_id) {
                     *first = Some(now);
                 }
-                let urgent = t.class.urgent;
-                (self.queue).send(RECONCILER, &t.job_id, &t.body, now, Vec::new(), urgent);
+                let (job_id, body, urgent) = (&t.job_id, &t.body, t.class.urgent);
+                self.queue
+                    .send(RECONCILER, job_id, body, now, Vec::new(), urgent);
                 (t.job_id.clone(), Ok(()))
             })
             .collect()
